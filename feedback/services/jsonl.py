@@ -1,0 +1,83 @@
+"""Bulk moves of traces as JSONL in the OpenAI chat fine-tuning format."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import orjson
+
+from feedback.models import Deployment, Trace, TraceSource
+from feedback.selectors import trace_as_chat_jsonl_row
+from feedback.services.ingest import traces_ingest
+
+IMPORT_BATCH = 500
+
+
+@dataclass
+class ImportReport:
+    created: int = 0
+    exists: int = 0
+    appended: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+def _content_id(line: bytes) -> str:
+    # A line without an external_id gets one from its content, so importing the same
+    # file twice stores nothing new.
+    return "jsonl-" + hashlib.sha256(line.strip()).hexdigest()[:24]
+
+
+def traces_import_jsonl(*, deployment: Deployment, stream: IO[bytes]) -> ImportReport:
+    """Import `{"messages", "tools"?, "external_id"?, ...}` lines; bad lines are reported by number."""
+    report = ImportReport()
+    batch: list[tuple[int, Any]] = []
+
+    def flush() -> None:
+        results = traces_ingest(deployment=deployment, items=[item for _, item in batch], source=TraceSource.IMPORT)
+        for (line_no, _), r in zip(batch, results, strict=True):
+            if r.status == "error":
+                for e in r.errors:
+                    report.errors.append(f"line {line_no}: {e['field']}: {e['reason']}")
+            else:
+                setattr(report, r.status, getattr(report, r.status) + 1)
+        batch.clear()
+
+    for line_no, line in enumerate(stream, start=1):
+        if not line.strip():
+            continue
+        try:
+            item = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            report.errors.append(f"line {line_no}: not valid JSON: {exc}")
+            continue
+        if isinstance(item, dict) and not item.get("external_id"):
+            item["external_id"] = _content_id(line)
+        batch.append((line_no, item))
+        if len(batch) >= IMPORT_BATCH:
+            flush()
+    if batch:
+        flush()
+    return report
+
+
+def traces_export_jsonl(*, traces: Any, stream: IO[bytes], chunk_size: int = 500) -> int:
+    """Write each trace as one fine-tuning line; returns the number written."""
+    n = 0
+    for trace in _iter_with_messages(traces, chunk_size):
+        stream.write(orjson.dumps(trace_as_chat_jsonl_row(trace)) + b"\n")
+        n += 1
+    return n
+
+
+def _iter_with_messages(traces: Any, chunk_size: int) -> Iterator[Trace]:
+    last_id = 0
+    base = traces.order_by("id")
+    while True:
+        chunk = list(base.filter(id__gt=last_id).prefetch_related("messages")[:chunk_size])
+        if not chunk:
+            return
+        yield from chunk
+        last_id = chunk[-1].id

@@ -1,0 +1,53 @@
+"""Shared test setup: service detection with clear skip reasons, and factories' fixtures."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+
+import pytest
+from django.conf import settings
+
+
+def _port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _service_skips() -> dict[str, str | None]:
+    broker = os.environ.get("CELERY_BROKER_URL", "")
+    return {
+        "postgres": None
+        if settings.IS_POSTGRES
+        else "needs PostgreSQL: set DATABASE_URL=postgres://… (make test does when 127.0.0.1:5432 answers)",
+        "redis": None
+        if broker.startswith("redis://") and _port_open("127.0.0.1", 6379)
+        else "needs Redis for a real Celery worker: set CELERY_BROKER_URL=redis://… (make test does when 127.0.0.1:6379 answers)",
+        "browser": None
+        if shutil.which("chromium") or os.path.exists("/usr/bin/chromium")
+        else "needs Debian's chromium (apt-get install -y chromium)",
+    }
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    skips = _service_skips()
+    required = os.environ.get("PRACTICUM_REQUIRE_SERVICES") == "1"
+    for item in items:
+        for marker, reason in skips.items():
+            if reason and item.get_closest_marker(marker):
+                if required:
+                    # CI promises these tests run; a missing service there is a failure.
+                    raise pytest.UsageError(f"PRACTICUM_REQUIRE_SERVICES=1 but {item.nodeid} {reason}")
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def pytest_report_header(config) -> list[str]:
+    db = settings.DATABASES["default"]
+    lines = [f"practicum: database {db['ENGINE'].rsplit('.', 1)[-1]} {db.get('NAME')}"]
+    for marker, reason in _service_skips().items():
+        lines.append(f"practicum: {marker}: {'available' if reason is None else 'SKIPPED — ' + reason}")
+    return lines

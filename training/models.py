@@ -1,0 +1,85 @@
+"""Base models, the versions derived from them, and each deployment's live pointer."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+
+class BaseModel(models.Model):
+    """A local folder of Hugging Face weights (no hub downloads happen at run time)."""
+
+    name = models.SlugField(max_length=100, unique=True)
+    path = models.CharField(max_length=500)
+    description = models.TextField(blank=True)
+    metadata = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ModelVersionKind(models.TextChoices):
+    BASE = "base", "Base weights"
+    LORA = "lora", "LoRA adapter"
+    FULL = "full", "Full checkpoint"
+
+
+class ModelVersionStatus(models.TextChoices):
+    CANDIDATE = "candidate", "Candidate"
+    APPROVED = "approved", "Approved"
+    LIVE = "live", "Live"
+    RETIRED = "retired", "Retired"
+    FAILED = "failed", "Failed"
+
+
+class ModelVersion(models.Model):
+    """A servable version: the base weights themselves, a LoRA adapter over them, or a
+    full checkpoint. `name` is what the inference server and the gateway call it."""
+
+    name = models.SlugField(max_length=120, unique=True)
+    base_model = models.ForeignKey(BaseModel, on_delete=models.PROTECT, related_name="versions")
+    kind = models.CharField(max_length=10, choices=ModelVersionKind.choices)
+    path = models.CharField(max_length=500)
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="children")
+    deployment = models.ForeignKey(
+        "feedback.Deployment",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="model_versions",
+        help_text="The deployment whose data this version was trained for, if any.",
+    )
+    status = models.CharField(max_length=20, choices=ModelVersionStatus.choices, default=ModelVersionStatus.CANDIDATE)
+    metadata = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class LiveVersion(models.Model):
+    """The live pointer: the deployment is the primary key, so the database holds at
+    most one live version per deployment, and flipping it is a single-row update."""
+
+    deployment = models.OneToOneField(
+        "feedback.Deployment", primary_key=True, on_delete=models.CASCADE, related_name="live"
+    )
+    version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="live_for")
+    changed_at = models.DateTimeField(default=timezone.now)
+    changed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    def __str__(self) -> str:
+        return f"{self.deployment_id} → {self.version_id}"

@@ -1,0 +1,46 @@
+"""One error body for every API: `{"detail": summary, "errors": [{"field", "reason"}]}`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import exceptions
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+
+def _flatten(detail: Any, prefix: str = "") -> list[dict[str, str]]:
+    if isinstance(detail, dict):
+        out = []
+        for key, value in detail.items():
+            name = prefix if key == "non_field_errors" else (f"{prefix}.{key}" if prefix else str(key))
+            out.extend(_flatten(value, name))
+        return out
+    if isinstance(detail, list):
+        if all(not isinstance(d, dict | list) for d in detail):
+            return [{"field": prefix, "reason": str(d)} for d in detail]
+        out = []
+        for i, value in enumerate(detail):
+            out.extend(_flatten(value, f"{prefix}[{i}]"))
+        return out
+    return [{"field": prefix, "reason": str(detail)}]
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, exceptions.ValidationError):
+        errors = _flatten(exc.detail)
+        summary = "; ".join(f"{e['field']}: {e['reason']}" if e["field"] else e["reason"] for e in errors)
+        response.data = {"detail": summary or "invalid request", "errors": errors}
+    elif isinstance(response.data, dict) and "detail" in response.data:
+        response.data = {"detail": str(response.data["detail"])}
+    return response
+
+
+def error_response(status: int, field: str, reason: str) -> Response:
+    return Response(
+        {"detail": f"{field}: {reason}" if field else reason, "errors": [{"field": field, "reason": reason}]},
+        status=status,
+    )

@@ -1,0 +1,27 @@
+"""The Celery app. Queues: `default` (judge calls, flagging, bookkeeping), `training`
+(one GPU or the CPU, concurrency 1) and `deploy` (talks to the inference server)."""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+from kombu import Queue
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+
+app = Celery("practicum")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.conf.update(
+    task_queues=[Queue("default"), Queue("training"), Queue("deploy")],
+    task_default_queue="default",
+    task_ignore_result=True,
+    # Long jobs: acknowledge after the task finishes and hand a task back when its
+    # worker dies, so a killed training job is redelivered and resumes from its checkpoint.
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    worker_prefetch_multiplier=1,
+    broker_connection_retry_on_startup=True,
+    worker_hijack_root_logger=False,
+)
+app.autodiscover_tasks()
