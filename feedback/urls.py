@@ -1,8 +1,8 @@
 from django.urls import path
 
-from feedback import views
+from feedback.views import traces
 
 app_name = "feedback"
 urlpatterns = [
-    path("traces/", views.trace_list, name="trace-list"),
+    path("traces/", traces.trace_list, name="trace-list"),
 ]

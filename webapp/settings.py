@@ -180,3 +180,9 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
     "loggers": {"django.server": {"level": "WARNING"}},
 }
+
+# Customer feedback links: signed URLs that let a browser post feedback on one trace.
+# A link lives FEEDBACK_LINK_DEFAULT_AGE seconds unless the API call asks for less or more,
+# never longer than FEEDBACK_LINK_MAX_AGE.
+FEEDBACK_LINK_DEFAULT_AGE = int(os.environ.get("PRACTICUM_FEEDBACK_LINK_DEFAULT_AGE", 24 * 3600))
+FEEDBACK_LINK_MAX_AGE = int(os.environ.get("PRACTICUM_FEEDBACK_LINK_MAX_AGE", 7 * 24 * 3600))
