@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db.models import Length, Substr
+from django.db.models.functions import Length, Substr
 
 from feedback.models import Comment, Correction, CustomerFeedback, Message, Trace, TraceFlag, TurnRating
 

@@ -60,7 +60,11 @@ def tool_conversation(question: str = "Where is order A1?", answer: str = "It ha
             "role": "assistant",
             "content": None,
             "tool_calls": [
-                {"id": "call_1", "type": "function", "function": {"name": "lookup_order", "arguments": '{"order_id": "A1"}'}}
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "lookup_order", "arguments": '{"order_id": "A1"}'},
+                }
             ],
         },
         {"role": "tool", "tool_call_id": "call_1", "content": '{"status": "shipped"}'},

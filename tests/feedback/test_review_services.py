@@ -105,14 +105,26 @@ def test_a_correction_is_stored_beside_the_original_and_its_tool_calls_are_valid
     assert stored.as_openai()["role"] == "assistant"
 
     cases = [
-        ([{"function": {"name": "cancel_everything", "arguments": "{}"}}], "tool_calls[0].function.name", "unknown tool"),
-        ([{"function": {"name": "refund", "arguments": '{"order_id": "A1"}'}}], "tool_calls[0].function.arguments", "amount"),
+        (
+            [{"function": {"name": "cancel_everything", "arguments": "{}"}}],
+            "tool_calls[0].function.name",
+            "unknown tool",
+        ),
+        (
+            [{"function": {"name": "refund", "arguments": '{"order_id": "A1"}'}}],
+            "tool_calls[0].function.arguments",
+            "amount",
+        ),
         (
             [{"function": {"name": "refund", "arguments": '{"order_id": "A1", "amount": -3}'}}],
             "tool_calls[0].function.arguments.amount",
             "minimum",
         ),
-        ([{"function": {"name": "lookup_order", "arguments": "{not json"}}], "tool_calls[0].function.arguments", "JSON"),
+        (
+            [{"function": {"name": "lookup_order", "arguments": "{not json"}}],
+            "tool_calls[0].function.arguments",
+            "JSON",
+        ),
         ([{"function": {"name": "lookup_order", "arguments": "[1]"}}], "tool_calls[0].function.arguments", "object"),
     ]
     for calls, field, reason in cases:
