@@ -14,9 +14,9 @@ from training.models import ModelVersion
 YES_NO = [("", "any"), ("yes", "yes"), ("no", "no")]
 RATINGS = [
     ("", "any"),
-    ("negative", "negative (👎, 1-2)"),
+    ("negative", "negative (thumbs down, 1-2)"),
     ("neutral", "neutral (3)"),
-    ("positive", "positive (👍, 4-5)"),
+    ("positive", "positive (thumbs up, 4-5)"),
 ]
 RATING_VALUES = {"negative": -1, "neutral": 0, "positive": 1}
 # The parameters that make up a filter (the cursor `after` is not one).

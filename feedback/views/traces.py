@@ -9,6 +9,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django_htmx.http import push_url
 
 from feedback.forms import QueueCreateForm, TraceFilterForm
 from feedback.models import Message, Trace
@@ -50,7 +51,10 @@ def trace_list(request: HttpRequest) -> HttpResponse:
     if htmx and not htmx.history_restore_request:
         if after is not None:
             return render(request, "feedback/trace_list.html#rows", context)
-        return render(request, "feedback/trace_list.html#results", context)
+        # The address bar shows the filter without the form's empty fields.
+        return push_url(
+            render(request, "feedback/trace_list.html#results", context), f"{prefix}?{query}" if query else prefix
+        )
     context["flag_names"] = flag_names()
     return render(request, "feedback/trace_list.html", context)
 
