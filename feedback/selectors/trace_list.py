@@ -109,23 +109,23 @@ def traces_filtered(filters: dict) -> QuerySet[Trace]:
     return qs.order_by("-started_at", "-id")
 
 
-def _before(cursor: Cursor) -> RawSQL:
-    # A row comparison, so PostgreSQL turns it into one index range condition.
+def _compare(cursor: Cursor, op: str) -> RawSQL:
+    # A row comparison, so PostgreSQL turns it into one index range condition. Raw SQL
+    # skips the field's conversion, so the timestamp is adapted here (SQLite compares text).
     table = Trace._meta.db_table
     return RawSQL(
-        f'("{table}"."started_at", "{table}"."id") < (%s, %s)',
-        [cursor.started_at, cursor.id],
+        f'("{table}"."started_at", "{table}"."id") {op} (%s, %s)',
+        [connection.ops.adapt_datetimefield_value(cursor.started_at), cursor.id],
         output_field=BooleanField(),
     )
+
+
+def _before(cursor: Cursor) -> RawSQL:
+    return _compare(cursor, "<")
 
 
 def _after(cursor: Cursor) -> RawSQL:
-    table = Trace._meta.db_table
-    return RawSQL(
-        f'("{table}"."started_at", "{table}"."id") > (%s, %s)',
-        [cursor.started_at, cursor.id],
-        output_field=BooleanField(),
-    )
+    return _compare(cursor, ">")
 
 
 @dataclass(slots=True)
