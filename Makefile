@@ -54,6 +54,7 @@ format: install ## apply ruff's formatting and fixes
 
 bench: install ## run the benchmarks under bench/ (needs PostgreSQL)
 	DATABASE_URL="$(or $(TEST_DATABASE_URL),$(PG_URL))" $(PY) bench/ingest.py
+	DATABASE_URL="$(or $(TEST_DATABASE_URL),$(PG_URL))" nice -n 10 $(PY) bench/list_page.py
 
 browser-deps: ## install Debian's chromium for the browser tests (root)
 	@test -x /usr/bin/chromium || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
