@@ -9,8 +9,9 @@ import socket
 import pytest
 from django.conf import settings
 
-# Browser fixtures (Chromium, live server, logged-in pages, screenshots) for every app's tests.
-pytest_plugins = ["tests.fixtures.browser"]
+# Browser fixtures (Chromium, live server, logged-in pages, screenshots) and a real Celery
+# worker for every app's tests.
+pytest_plugins = ["tests.fixtures.browser", "tests.fixtures.worker"]
 
 
 def _port_open(host: str, port: int) -> bool:

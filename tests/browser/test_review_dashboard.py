@@ -9,6 +9,7 @@ import pytest
 from feedback.models import Comment, Correction, QueueItem, Trace, TraceFlag, TurnRating
 from feedback.services.deployments import deployment_get_or_create
 from feedback.services.ingest import traces_ingest
+from feedback.services.search import traces_search_index
 from tests.factories import user_with_role
 from tests.feedback.conftest import TOOLS, tool_conversation
 
@@ -35,6 +36,7 @@ def seed():
         )
     ]
     results = traces_ingest(deployment=deployment, items=items)
+    traces_search_index(trace_ids=[r.trace_id for r in results])  # what the worker does after commit
     return {r.external_id: r.trace_id for r in results}
 
 
