@@ -85,3 +85,10 @@ def test_correction_editor_shows_errors_in_place_and_saves_beside_the_original(o
     detail = operator_client.get(f"/traces/{tool_trace.id}/").content.decode()
     assert "Correction by <b>olga</b>" in detail and "Refunding now." in detail
     assert operator_client.get(f"/traces/{tool_trace.id}/messages/1/correction").status_code == 404
+
+
+def test_an_htmx_request_without_a_session_redirects_the_whole_page_to_login(client, tool_trace):
+    response = client.post(f"/traces/{tool_trace.id}/messages/4/comments", {"body": "x"}, HTTP_HX_REQUEST="true")
+    assert response.status_code == 200 and response["HX-Redirect"].startswith("/login/?next=")
+    assert not Comment.objects.exists()
+    assert client.get("/traces/").status_code == 302
