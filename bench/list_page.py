@@ -129,8 +129,9 @@ def load(
         f"SELECT {columns}, to_tsvector('english', preview || ' ' || external_id) FROM stage"
     )
     cursor.execute(
-        """INSERT INTO feedback_traceflag (trace_id, name, source, detail, created_at)
-           SELECT id, (%s::text[])[1 + (id / 50) %% %s], 'bench', '', started_at FROM stage WHERE id %% 50 = 0""",
+        """INSERT INTO feedback_traceflag (trace_id, name, trace_started_at, source, detail, created_at)
+           SELECT id, (%s::text[])[1 + (id / 50) %% %s], started_at, 'bench', '', started_at
+           FROM stage WHERE id %% 50 = 0""",
         [FLAGS, len(FLAGS)],
     )
     cursor.execute("SELECT setval(pg_get_serial_sequence('feedback_trace', 'id'), %s)", [start_id + count])

@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from feedback.models import Comment, Correction, QueueItem, Trace, TraceFlag, TurnRating
+from feedback.models import Comment, Correction, QueueItem, Trace, TurnRating
+from feedback.services.flags import trace_flag_set
 from feedback.services.deployments import deployment_get_or_create
 from feedback.services.ingest import traces_ingest
 from feedback.services.search import traces_search_index
@@ -116,7 +117,7 @@ def test_operator_filters_opens_navigates_comments_rates_and_corrects(open_page,
     assert "I have refunded order A1." in page.locator("#corrections-2").inner_text()
     assert Correction.objects.get().tool_calls[0]["function"]["name"] == "refund"
 
-    TraceFlag.objects.create(trace_id=ids["conv-1"], name="wrong-tool", source="judge")
+    trace_flag_set(trace=Trace.objects.get(pk=ids["conv-1"]), name="wrong-tool", source="judge")
     Trace.objects.filter(pk=ids["conv-2"]).update(judge_reward=0.25, has_customer_feedback=True, feedback_rating=-1)
     page.goto("/traces/")
     page.locator("tr.trace-row").first.wait_for()
