@@ -11,7 +11,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django_htmx.http import push_url
 
-from feedback.forms import QueueCreateForm, TraceFilterForm
+from feedback.forms import TraceFilterForm
 from feedback.models import Message, Trace
 from feedback.permissions import BROWSE, BUILD_QUEUE, can_annotate, can_see_trace
 from feedback.selectors.review import trace_by_id, trace_review
@@ -45,7 +45,6 @@ def trace_list(request: HttpRequest) -> HttpResponse:
         "next_url": f"?{query}&after={page.next_cursor.encode()}" if page.next_cursor else None,
         "can_build_queue": request.user.has_perm(BUILD_QUEUE),
         "filter_pairs": parse_qsl(query),
-        "queue_form": QueueCreateForm(),
     }
     htmx = request.htmx
     if htmx and not htmx.history_restore_request:
@@ -56,6 +55,7 @@ def trace_list(request: HttpRequest) -> HttpResponse:
             render(request, "feedback/trace_list.html#results", context), f"{prefix}?{query}" if query else prefix
         )
     context["flag_names"] = flag_names()
+    context["selects"] = form.selects()
     return render(request, "feedback/trace_list.html", context)
 
 
