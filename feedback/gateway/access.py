@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+from django.db import connections
 
 from feedback.gateway.errors import GatewayError
 from feedback.models import ApiKeyScope
@@ -90,6 +92,16 @@ class Access:
     def __init__(self, *, auth_ttl: float, route_ttl: float) -> None:
         self.keys = TTLCache(auth_ttl)
         self.routes = TTLCache(route_ttl)
+        # One thread owns the lookups' database connection (cache misses are rare), so
+        # shutting down can close it.
+        self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-db")
+
+    async def _in_db_thread(self, fn, arg):
+        return await asyncio.get_running_loop().run_in_executor(self._db, fn, arg)
+
+    def close(self) -> None:
+        self._db.submit(connections.close_all).result(timeout=10)
+        self._db.shutdown(wait=True)
 
     async def principal(self, authorization: bytes | None) -> Principal:
         if not authorization:
@@ -100,7 +112,7 @@ class Access:
             raise GatewayError(401, "the Authorization header must be 'Bearer <key>'", code="invalid_api_key")
         hit, result = self.keys.get(token)
         if not hit:
-            result = await asyncio.to_thread(_authenticate_sync, token)
+            result = await self._in_db_thread(_authenticate_sync, token)
             # Refusals are cached briefly too, so a client retrying a bad key does not hammer the database.
             self.keys.put(token, result, None if isinstance(result, Principal) else min(self.keys.ttl, 2.0))
         if isinstance(result, GatewayError):
@@ -112,7 +124,7 @@ class Access:
     async def route(self, principal: Principal) -> Route:
         hit, route = self.routes.get(principal.deployment_id)
         if not hit:
-            route = await asyncio.to_thread(_route_sync, principal.deployment_id)
+            route = await self._in_db_thread(_route_sync, principal.deployment_id)
             self.routes.put(principal.deployment_id, route)
         if route is None:
             raise GatewayError(

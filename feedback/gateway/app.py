@@ -179,6 +179,7 @@ class GatewayApp:
             await client.aclose()
         self._clients.clear()
         await asyncio.to_thread(self.recorder.stop)
+        await asyncio.to_thread(self.access.close)
 
     async def __call__(self, scope, receive, send) -> None:
         path, method = scope["path"], scope["method"]
