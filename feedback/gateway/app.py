@@ -10,7 +10,6 @@ import logging
 import time
 from typing import Any
 
-import httpx
 import orjson
 from django.conf import settings
 
@@ -18,6 +17,7 @@ from feedback.gateway.access import Access, Route
 from feedback.gateway.errors import GatewayError, error_body
 from feedback.gateway.exchange import Exchange, ExchangeStatus
 from feedback.gateway.recorder import Recorder
+from feedback.gateway.upstream import UpstreamError, UpstreamPool
 from feedback.services.capture import new_trace_key
 from feedback.services.chat_format import FieldError, parse_message, parse_tools
 
@@ -44,7 +44,6 @@ PARAM_KEYS = (
     "response_format",
     "stream",
 )
-JSON_HEADERS = {"content-type": "application/json"}
 
 
 def _headers(trace_key: str, version: str | None, content_type: bytes) -> list[tuple[bytes, bytes]]:
@@ -129,12 +128,12 @@ def _upstream_error(status: int, content: bytes) -> GatewayError:
     return GatewayError(502, f"upstream error ({status}): {message}", code="upstream_error")
 
 
-def _transport_error(exc: Exception) -> GatewayError:
-    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+def _transport_error(exc: UpstreamError) -> GatewayError:
+    if exc.kind == "connect":
         return GatewayError(503, "the inference server is unavailable", code="upstream_unavailable")
-    if isinstance(exc, httpx.TimeoutException):
+    if exc.kind == "timeout":
         return GatewayError(504, "the inference server did not answer in time", code="upstream_timeout")
-    return GatewayError(502, f"the inference server connection failed: {type(exc).__name__}", code="upstream_error")
+    return GatewayError(502, f"the inference server connection failed: {exc}", code="upstream_error")
 
 
 class GatewayApp:
@@ -155,29 +154,23 @@ class GatewayApp:
             auth_ttl=settings.GATEWAY_AUTH_CACHE_SECONDS if auth_ttl is None else auth_ttl,
             route_ttl=settings.GATEWAY_LIVE_CACHE_SECONDS if route_ttl is None else route_ttl,
         )
-        timeout = settings.GATEWAY_UPSTREAM_TIMEOUT if upstream_timeout is None else upstream_timeout
-        self.timeout = httpx.Timeout(timeout, connect=5.0)
+        self.timeout = settings.GATEWAY_UPSTREAM_TIMEOUT if upstream_timeout is None else upstream_timeout
         self.max_body = settings.INGEST_MAX_BODY_BYTES
-        self._clients: dict[str, httpx.AsyncClient] = {}
+        self._pools: dict[str, UpstreamPool] = {}
 
-    def _client(self, url: str) -> httpx.AsyncClient:
-        client = self._clients.get(url)
-        if client is None:
-            client = httpx.AsyncClient(
-                base_url=url,
-                timeout=self.timeout,
-                limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
-            )
-            self._clients[url] = client
-        return client
+    def _pool(self, url: str) -> UpstreamPool:
+        pool = self._pools.get(url)
+        if pool is None:
+            pool = self._pools[url] = UpstreamPool(url, read_timeout=self.timeout)
+        return pool
 
     async def startup(self) -> None:
         self.recorder.start()
 
     async def shutdown(self) -> None:
-        for client in self._clients.values():
-            await client.aclose()
-        self._clients.clear()
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
         await asyncio.to_thread(self.recorder.stop)
         await asyncio.to_thread(self.access.close)
 
@@ -323,16 +316,14 @@ class GatewayApp:
 
     async def _complete(self, send, route: Route, payload, exchange, t0, want_logprobs, want_token_ids) -> None:
         try:
-            response = await self._client(route.upstream_url).post(
-                "/v1/chat/completions", content=payload, headers=JSON_HEADERS
-            )
-        except httpx.HTTPError as exc:
+            response = await self._pool(route.upstream_url).request("POST", "/v1/chat/completions", payload)
+            content = await response.read()
+        except UpstreamError as exc:
             error = _transport_error(exc)
             self._fail(exchange, error, t0)
             raise error from exc
-        content = response.content
-        if response.status_code != 200:
-            error = _upstream_error(response.status_code, content)
+        if response.status != 200:
+            error = _upstream_error(response.status, content)
             self._fail(exchange, error, t0, content[:2000].decode(errors="replace"))
             raise error
         try:
@@ -350,11 +341,9 @@ class GatewayApp:
     async def _stream(
         self, send, receive, route: Route, payload, exchange, t0, want_logprobs, want_token_ids, want_usage
     ) -> None:
-        client = self._client(route.upstream_url)
-        request = client.build_request("POST", "/v1/chat/completions", content=payload, headers=JSON_HEADERS)
         try:
-            response = await client.send(request, stream=True)
-        except httpx.HTTPError as exc:
+            response = await self._pool(route.upstream_url).request("POST", "/v1/chat/completions", payload)
+        except UpstreamError as exc:
             error = _transport_error(exc)
             self._fail(exchange, error, t0)
             raise error from exc
@@ -369,9 +358,12 @@ class GatewayApp:
 
         watcher = None
         try:
-            if response.status_code != 200:
-                content = await response.aread()
-                error = _upstream_error(response.status_code, content)
+            if response.status != 200:
+                try:
+                    content = await response.read()
+                except UpstreamError:
+                    content = b""
+                error = _upstream_error(response.status, content)
                 self._fail(exchange, error, t0, content[:2000].decode(errors="replace"))
                 raise error
             watcher = asyncio.create_task(watch())
@@ -389,7 +381,7 @@ class GatewayApp:
             strip = not (want_logprobs and want_token_ids and want_usage)
             buffer = b""
             try:
-                async for data in response.aiter_bytes():
+                async for data in response.iter_bytes():
                     buffer += data
                     out = []
                     while (end := buffer.find(b"\n\n")) >= 0:
@@ -415,7 +407,7 @@ class GatewayApp:
                         await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
                         if exchange.ttft_ms is None:
                             exchange.ttft_ms = (time.perf_counter() - t0) * 1000
-            except httpx.HTTPError as exc:
+            except UpstreamError as exc:
                 # The upstream died mid-stream: tell the client in-band (the status line is sent).
                 error = _transport_error(exc)
                 exchange.status = ExchangeStatus.ERROR
@@ -438,7 +430,7 @@ class GatewayApp:
         finally:
             if watcher is not None:
                 watcher.cancel()
-            await response.aclose()
+            response.close()
 
 
 async def _lifespan(gateway: GatewayApp, receive, send) -> None:
