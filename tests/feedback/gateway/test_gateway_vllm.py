@@ -279,3 +279,19 @@ def test_client_disconnect_mid_stream_leaves_a_marked_partial_turn(gateway, api_
     assert partial.finish_reason == "client_disconnect"
     assert partial.raw["practicum"]["status"] == "partial"
     assert 0 < len(partial.token_ids) < 900
+
+
+def test_structured_output_passes_through_as_valid_json(gateway, openai_client, base_live):
+    schema = {
+        "type": "object",
+        "properties": {"reward": {"type": "integer", "minimum": 0, "maximum": 1}},
+        "required": ["reward"],
+        "additionalProperties": False,
+    }
+    r = openai_client.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "Score it"}],
+        max_tokens=20,
+        response_format={"type": "json_schema", "json_schema": {"name": "score", "schema": schema, "strict": True}},
+    )
+    assert json.loads(r.choices[0].message.content)["reward"] in (0, 1)
