@@ -182,8 +182,16 @@ def main() -> None:
             return -1
 
     todo = [size for size in sizes if count(urls[size]) != size]
-    for size in todo:
-        setup_database(urls[size])
+    for size in sizes:
+        if size in todo:
+            setup_database(urls[size])
+        else:  # a kept database: bring its schema up to date
+            subprocess.run(
+                [sys.executable, "manage.py", "migrate", "-v0"],
+                cwd=ROOT,
+                env={**os.environ, "DATABASE_URL": urls[size]},
+                check=True,
+            )
     os.environ["DATABASE_URL"] = urls[sizes[0]]
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
     import django

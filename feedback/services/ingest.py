@@ -215,11 +215,13 @@ def _copy(table: str, columns: Sequence[str], json_columns: set[str], rows: Iter
 
 
 def messages_insert(rows: Sequence[tuple]) -> None:
-    """Insert message rows (MESSAGE_COLUMNS tuples); on PostgreSQL through COPY."""
+    """Insert message rows (MESSAGE_COLUMNS tuples); on PostgreSQL through COPY. Every
+    writer of messages comes here, so here their traces are queued for search indexing."""
     if not rows:
         return
     if connection.vendor == "postgresql":
         _copy(Message._meta.db_table, MESSAGE_COLUMNS, _MESSAGE_JSON, rows)
+        traces_search_index_later(trace_ids=sorted({r[0] for r in rows}))
     else:
         Message.objects.bulk_create(
             [Message(**dict(zip(MESSAGE_COLUMNS, r, strict=True))) for r in rows], batch_size=500
@@ -338,7 +340,6 @@ def _ingest_parsed(deployment: Deployment, parsed: list[tuple[int, ParsedTrace]]
         _apply_appended(trace, extra, p, now)
         results.append(ItemResult(index, external_id, "appended", trace.id))
     messages_insert(rows)
-    traces_search_index_later(trace_ids=[r.trace_id for r in results if r.status in ("created", "appended")])
     return results
 
 
@@ -415,5 +416,4 @@ def trace_append_messages(*, trace: Trace, messages: Sequence[ParsedMessage]) ->
     first = trace.message_count
     messages_insert([_message_values(trace.id, first + k, m, now) for k, m in enumerate(messages)])
     _apply_appended(trace, list(messages), None, now)
-    traces_search_index_later(trace_ids=[trace.id])
     return first
