@@ -10,9 +10,11 @@ import pytest
 from feedback.services.search import traces_search_index_missing
 from tests.factories import user_with_role
 
-pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.postgres]
 
 
+@pytest.mark.redis
+@pytest.mark.django_db(transaction=True)
 def test_a_trace_sent_through_the_api_becomes_searchable(client, deployment, make_key, celery_worker_process):
     key = make_key(deployment, ["ingest"])
     body = {
@@ -33,3 +35,36 @@ def test_a_trace_sent_through_the_api_becomes_searchable(client, deployment, mak
     assert b"zz-2" not in page.content
     # Nothing is left for the catch-up command.
     assert traces_search_index_missing() == 0
+
+
+@pytest.fixture
+def eager_tasks():
+    from webapp.celery import app
+
+    before = app.conf.task_always_eager
+    app.conf.task_always_eager = True
+    yield
+    app.conf.task_always_eager = before
+
+
+@pytest.mark.django_db
+def test_every_message_writer_queues_its_traces_for_indexing(
+    deployment, operator_client, django_capture_on_commit_callbacks, eager_tasks
+):
+    from feedback.models import Trace
+    from feedback.services.chat_format import parse_message
+    from feedback.services.ingest import trace_append_messages, traces_ingest
+
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        (result,) = traces_ingest(
+            deployment=deployment, items=[{"external_id": "w1", "messages": [{"role": "user", "content": "hello"}]}]
+        )
+    assert len(callbacks) == 1
+    assert b"w1" in operator_client.get("/traces/", {"q": "hello"}).content
+    # An append (the gateway's path too) re-indexes the whole trace.
+    with django_capture_on_commit_callbacks(execute=True):
+        trace_append_messages(
+            trace=Trace.objects.get(pk=result.trace_id),
+            messages=[parse_message({"role": "assistant", "content": "a refund is on its way"}, "m")],
+        )
+    assert b"w1" in operator_client.get("/traces/", {"q": "hello refund"}).content
