@@ -270,7 +270,7 @@ def main() -> None:
         for _block in range(2):
             for size in sizes:
                 use(size)
-                for _ in range(3):  # warm-up: connection, caches
+                for _ in range(5):  # warm-up: connection, caches
                     url, headers = make(size)
                     clients[size].get(url, **headers)
                 for _ in range(args.requests // 2):
