@@ -9,6 +9,9 @@ import socket
 import pytest
 from django.conf import settings
 
+# Session-scoped test servers shared by every part's tests.
+pytest_plugins = ["tests.fixtures.judge"]
+
 
 def _port_open(host: str, port: int) -> bool:
     try:

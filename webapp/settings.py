@@ -180,3 +180,34 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
     "loggers": {"django.server": {"level": "WARNING"}},
 }
+
+# The LLM judge: any OpenAI-compatible chat-completions endpoint (a hosted model, or one
+# served by our own vLLM). No base URL means no judge: judging is then not offered.
+JUDGE_BASE_URL = os.environ.get("PRACTICUM_JUDGE_BASE_URL", "")
+JUDGE_MODEL = os.environ.get("PRACTICUM_JUDGE_MODEL", "")
+JUDGE_API_KEY = os.environ.get("PRACTICUM_JUDGE_API_KEY", "")
+JUDGE_TIMEOUT_S = float(os.environ.get("PRACTICUM_JUDGE_TIMEOUT_S", 60))
+JUDGE_MAX_ATTEMPTS = int(os.environ.get("PRACTICUM_JUDGE_MAX_ATTEMPTS", 3))
+JUDGE_RETRY_BACKOFF_S = float(os.environ.get("PRACTICUM_JUDGE_RETRY_BACKOFF_S", 1.0))
+JUDGE_MAX_TOKENS = int(os.environ.get("PRACTICUM_JUDGE_MAX_TOKENS", 1024))
+# "full" sends the whole output schema; "portable" leaves out length/range bounds that some
+# hosted providers' strict mode rejects (they are still checked on the answer).
+JUDGE_SCHEMA_MODE = os.environ.get("PRACTICUM_JUDGE_SCHEMA_MODE", "full")
+JUDGE_PRICE_INPUT_PER_MTOK = (
+    float(os.environ["PRACTICUM_JUDGE_PRICE_INPUT_PER_MTOK"])
+    if os.environ.get("PRACTICUM_JUDGE_PRICE_INPUT_PER_MTOK")
+    else None
+)
+JUDGE_PRICE_OUTPUT_PER_MTOK = (
+    float(os.environ["PRACTICUM_JUDGE_PRICE_OUTPUT_PER_MTOK"])
+    if os.environ.get("PRACTICUM_JUDGE_PRICE_OUTPUT_PER_MTOK")
+    else None
+)
+# Judge on every new operator comment / customer feedback (when a judge is configured).
+JUDGE_AUTO = env_bool("PRACTICUM_JUDGE_AUTO", True)
+# Training uses judge rewards automatically only when the judge version agrees with
+# operators' ratings at least this well (Cohen's kappa on pass/fail) over at least n turns.
+JUDGE_REWARD_MIN_KAPPA = float(os.environ.get("PRACTICUM_JUDGE_REWARD_MIN_KAPPA", 0.6))
+JUDGE_REWARD_MIN_N = int(os.environ.get("PRACTICUM_JUDGE_REWARD_MIN_N", 30))
+# A judge reward at or above this counts as "pass" when compared with thumbs up/down.
+JUDGE_PASS_THRESHOLD = float(os.environ.get("PRACTICUM_JUDGE_PASS_THRESHOLD", 0.5))
