@@ -22,7 +22,7 @@ from typing import Any, Generic, TypeVar
 
 import openai
 
-from feedback.judge.schemas import SchemaViolation
+from feedback.judge.schemas import OutputLimits, SchemaViolation
 
 T = TypeVar("T")
 
@@ -55,6 +55,7 @@ class JudgeEndpoint:
     schema_mode: str = "full"
     price_input_per_mtok: float | None = None
     price_output_per_mtok: float | None = None
+    limits: OutputLimits = field(default_factory=OutputLimits)
 
     @classmethod
     def from_settings(cls, **overrides: Any) -> JudgeEndpoint:
@@ -71,6 +72,9 @@ class JudgeEndpoint:
             "schema_mode": settings.JUDGE_SCHEMA_MODE,
             "price_input_per_mtok": settings.JUDGE_PRICE_INPUT_PER_MTOK,
             "price_output_per_mtok": settings.JUDGE_PRICE_OUTPUT_PER_MTOK,
+            "limits": OutputLimits(
+                rationale_max=settings.JUDGE_RATIONALE_MAX_CHARS, correction_max=settings.JUDGE_CORRECTION_MAX_CHARS
+            ),
         }
         values.update({k: v for k, v in overrides.items() if v not in (None, "")})
         endpoint = cls(**values)

@@ -28,39 +28,57 @@ class SchemaViolation(ValueError):
     """The judge's output did not match the schema or its semantic rules."""
 
 
-RUBRIC_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["criteria"],
-    "properties": {
-        "criteria": {
-            "type": "array",
-            "minItems": 1,
-            "maxItems": MAX_CRITERIA,
-            "items": {
-                "type": "object",
-                "additionalProperties": False,
-                "required": ["criterion", "weight"],
-                "properties": {
-                    "criterion": {"type": "string", "minLength": 3, "maxLength": CRITERION_MAX},
-                    "weight": {"type": "integer", "enum": [1, 2, 3]},
-                },
-            },
-        }
-    },
-}
+@dataclass(frozen=True, slots=True)
+class OutputLimits:
+    """Bounds on what the judge may write. They cap cost and latency, and a small judge
+    model needs them to stop: without a bound it can repeat a sentence to `max_tokens`."""
 
-TURN_JUDGEMENT_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["rubric", "rationale", "reward", "corrected_response"],
-    "properties": {
-        "rubric": RUBRIC_SCHEMA,
-        "rationale": {"type": "string", "minLength": 3, "maxLength": RATIONALE_MAX},
-        "reward": {"type": "number", "minimum": 0, "maximum": 1},
-        "corrected_response": {"type": "string", "maxLength": CORRECTION_MAX},
-    },
-}
+    max_criteria: int = MAX_CRITERIA
+    criterion_max: int = CRITERION_MAX
+    rationale_max: int = RATIONALE_MAX
+    correction_max: int = CORRECTION_MAX
+
+
+def rubric_schema(limits: OutputLimits = OutputLimits()) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["criteria"],
+        "properties": {
+            "criteria": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": limits.max_criteria,
+                "items": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["criterion", "weight"],
+                    "properties": {
+                        "criterion": {"type": "string", "minLength": 3, "maxLength": limits.criterion_max},
+                        "weight": {"type": "integer", "enum": [1, 2, 3]},
+                    },
+                },
+            }
+        },
+    }
+
+
+def turn_judgement_schema(limits: OutputLimits = OutputLimits()) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["rubric", "rationale", "reward", "corrected_response"],
+        "properties": {
+            "rubric": rubric_schema(limits),
+            "rationale": {"type": "string", "minLength": 3, "maxLength": limits.rationale_max},
+            "reward": {"type": "number", "minimum": 0, "maximum": 1},
+            "corrected_response": {"type": "string", "maxLength": limits.correction_max},
+        },
+    }
+
+
+RUBRIC_SCHEMA = rubric_schema()
+TURN_JUDGEMENT_SCHEMA = turn_judgement_schema()
 
 CLUSTER_NAME_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -155,8 +173,8 @@ class TurnJudgement:
     corrected_response: str | None
 
 
-def parse_turn_judgement(data: Any) -> TurnJudgement:
-    validate(data, TURN_JUDGEMENT_SCHEMA)
+def parse_turn_judgement(data: Any, schema: dict[str, Any] = TURN_JUDGEMENT_SCHEMA) -> TurnJudgement:
+    validate(data, schema)
     rationale = data["rationale"].strip()
     if not rationale:
         raise SchemaViolation("rationale: blank")

@@ -24,12 +24,12 @@ from feedback.judge.prompts import (
     turn_prompt_messages,
 )
 from feedback.judge.schemas import (
-    TURN_JUDGEMENT_SCHEMA,
     Rubric,
     TurnJudgement,
     group_scores_schema,
     parse_group_scores,
     parse_turn_judgement,
+    turn_judgement_schema,
 )
 
 Candidate = str | dict[str, Any]
@@ -74,12 +74,13 @@ def judge_turn(
     """Rubric, reward and (when implied) a corrected response for the assistant `turn`
     that answered `context`, from the `feedback` people gave. Raises `JudgeCallFailed`."""
     messages = turn_prompt_messages(context=context, turn=turn, feedback=feedback, tools=tools, prompt=prompt)
+    schema = turn_judgement_schema(endpoint.limits)
     result = call_structured(
         endpoint=endpoint,
         messages=messages,
         schema_name="turn_judgement",
-        schema=TURN_JUDGEMENT_SCHEMA,
-        parse=parse_turn_judgement,
+        schema=schema,
+        parse=lambda data: parse_turn_judgement(data, schema),
     )
     text, has_calls = _candidate_text(turn)
     return TurnOutcome(
