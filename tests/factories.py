@@ -43,3 +43,12 @@ class MessageFactory(factory.django.DjangoModelFactory):
     role = "user"
     content = "hello"
     raw = factory.LazyAttribute(lambda m: {"role": m.role, "content": m.content})
+
+
+def user_with_role(role: str, username: str | None = None, **kwargs):
+    """A user in one of the role groups (operator, reviewer, approver, admin)."""
+    from django.contrib.auth.models import Group
+
+    user = UserFactory(username=username or f"{role}-{UserFactory._meta.model.objects.count() + 1}", **kwargs)
+    user.groups.add(Group.objects.get(name=role))
+    return user

@@ -181,6 +181,12 @@ LOGGING = {
     "loggers": {"django.server": {"level": "WARNING"}},
 }
 
+# Customer feedback links: signed URLs that let a browser post feedback on one trace.
+# A link lives FEEDBACK_LINK_DEFAULT_AGE seconds unless the API call asks for less or more,
+# never longer than FEEDBACK_LINK_MAX_AGE.
+FEEDBACK_LINK_DEFAULT_AGE = int(os.environ.get("PRACTICUM_FEEDBACK_LINK_DEFAULT_AGE", 24 * 3600))
+FEEDBACK_LINK_MAX_AGE = int(os.environ.get("PRACTICUM_FEEDBACK_LINK_MAX_AGE", 7 * 24 * 3600))
+
 # The LLM judge: any OpenAI-compatible chat-completions endpoint (a hosted model, or one
 # served by our own vLLM). No base URL means no judge: judging is then not offered.
 JUDGE_BASE_URL = os.environ.get("PRACTICUM_JUDGE_BASE_URL", "")
