@@ -220,3 +220,6 @@ JUDGE_REWARD_MIN_KAPPA = float(os.environ.get("PRACTICUM_JUDGE_REWARD_MIN_KAPPA"
 JUDGE_REWARD_MIN_N = int(os.environ.get("PRACTICUM_JUDGE_REWARD_MIN_N", 30))
 # A judge reward at or above this counts as "pass" when compared with thumbs up/down.
 JUDGE_PASS_THRESHOLD = float(os.environ.get("PRACTICUM_JUDGE_PASS_THRESHOLD", 0.5))
+# Share of judgements with a correction that are followed by an order-swap check (the
+# logged turn and the correction scored in both orders), for the agreement page.
+JUDGE_SWAP_CHECK_RATE = float(os.environ.get("PRACTICUM_JUDGE_SWAP_CHECK_RATE", 0.2))

@@ -76,7 +76,9 @@ class JudgeEndpoint:
                 rationale_max=settings.JUDGE_RATIONALE_MAX_CHARS, correction_max=settings.JUDGE_CORRECTION_MAX_CHARS
             ),
         }
-        values.update({k: v for k, v in overrides.items() if v not in (None, "")})
+        # Every override given applies, empty ones included: a deployment's own endpoint
+        # without a key must not be sent the settings' key.
+        values.update(overrides)
         endpoint = cls(**values)
         endpoint.check()
         return endpoint
