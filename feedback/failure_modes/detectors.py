@@ -13,6 +13,7 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from statistics import median
 from typing import Any
 
@@ -98,6 +99,20 @@ def detect_tool_errors(trace: TraceView) -> list[Finding]:
 
 
 def _validators(tools: Sequence[dict[str, Any]]) -> dict[str, Draft202012Validator | None]:
+    # Most traces of a deployment share one tool list: build its validators once.
+    try:
+        key = json.dumps(tools, sort_keys=True)
+    except (TypeError, ValueError):
+        return _build_validators(tools)
+    return _cached_validators(key)
+
+
+@lru_cache(maxsize=64)
+def _cached_validators(tools_json: str) -> dict[str, Draft202012Validator | None]:
+    return _build_validators(json.loads(tools_json))
+
+
+def _build_validators(tools: Sequence[dict[str, Any]]) -> dict[str, Draft202012Validator | None]:
     out: dict[str, Draft202012Validator | None] = {}
     for tool in tools:
         fn = tool.get("function") or {}
