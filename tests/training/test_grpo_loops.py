@@ -1,0 +1,160 @@
+"""A few steps of every training path on the tiny model: parameters change, the loss
+stays finite, checkpoints resume where they stopped, a stop request is honoured."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from training.grpo.common import Hooks
+from training.grpo.config import ConfigError, DistillConfig, GRPOConfig, SFTConfig, config_from_dict
+from training.grpo.distill import distill_train, sft_train
+from training.grpo.grpo import grpo_train
+from training.grpo.items import TurnItem
+from training.grpo.policy import latest_checkpoint
+
+ITEMS = [
+    TurnItem(id=f"q{i}", messages=[{"role": "user", "content": f"refund order A{i} please"}], feedback="Say sorry.")
+    for i in range(6)
+]
+
+
+def parity_score(item, candidates):
+    # Any reward that varies within a group works for the mechanics.
+    return [float(len(c) % 2) for c in candidates]
+
+
+def small(cls, model_dir, **kw):
+    base = dict(
+        model_path=str(model_dir),
+        steps=3,
+        prompts_per_step=2,
+        max_new_tokens=6,
+        eval_every=0,
+        checkpoint_every=0,
+        samples_every=0,
+        learning_rate=5e-3,
+    )
+    return cls(**(base | kw))
+
+
+def trainable_snapshot(policy):
+    return {n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.parametrize("adapter", ["lora", "full"])
+def test_grpo_changes_parameters_and_keeps_the_loss_finite(tiny_model_dir, tmp_path, adapter):
+    from training.grpo.policy import load_policy
+
+    config = small(GRPOConfig, tiny_model_dir, adapter=adapter, group_size=4, beta=0.01)
+    policy = load_policy(config, reference=True)
+    before = trainable_snapshot(policy)
+    steps: list[dict] = []
+    result = grpo_train(
+        config=config,
+        items=ITEMS,
+        score=parity_score,
+        run_dir=tmp_path,
+        policy=policy,
+        hooks=Hooks(on_step=lambda s, m: steps.append(m)),
+    )
+    assert result.status == "finished" and result.step == 3
+    assert all(math.isfinite(m["loss"]) and m["kl"] is not None and m["kl"] >= 0 for m in steps)
+    assert any(m["trained_sequences"] > 0 for m in steps)
+    changed = [n for n, p in policy.model.named_parameters() if p.requires_grad and not torch.equal(p, before[n])]
+    assert changed
+    assert (result.export_path / ("adapter_config.json" if adapter == "lora" else "config.json")).exists()
+
+
+def test_grpo_resumes_from_its_checkpoint_exactly(tiny_model_dir, tmp_path):
+    full = small(GRPOConfig, tiny_model_dir, steps=4, group_size=4, checkpoint_every=2)
+    straight = grpo_train(config=full, items=ITEMS, score=parity_score, run_dir=tmp_path / "a", export=False)
+
+    # The same job stopped after step 2 (as a cancel does), then started again.
+    calls = {"n": 0}
+
+    def stop_after_two():
+        calls["n"] += 1
+        return calls["n"] > 2
+
+    first = grpo_train(
+        config=full,
+        items=ITEMS,
+        score=parity_score,
+        run_dir=tmp_path / "b",
+        hooks=Hooks(should_stop=stop_after_two),
+    )
+    assert first.status == "cancelled" and first.step == 2 and first.export_path is None
+    assert latest_checkpoint(tmp_path / "b").name == "step-000002"
+    saved = json.loads((latest_checkpoint(tmp_path / "b") / "trainer_state.json").read_text())
+    assert saved["config"]["kind"] == "grpo" and saved["config"]["group_size"] == 4
+    resumed = grpo_train(config=full, items=ITEMS, score=parity_score, run_dir=tmp_path / "b", export=False)
+    assert resumed.step == 4 and len(resumed.history) == 4
+    # Same batches, same samples, same rewards as the uninterrupted run.
+    assert [m["reward_mean"] for m in resumed.history] == [m["reward_mean"] for m in straight.history]
+    assert resumed.history[-1]["loss"] == pytest.approx(straight.history[-1]["loss"], rel=1e-4, abs=1e-7)
+
+
+def test_equal_rewards_mean_no_update(tiny_model_dir, tmp_path):
+    from training.grpo.policy import load_policy
+
+    config = small(GRPOConfig, tiny_model_dir, steps=2, group_size=4, log_kl=False)
+    policy = load_policy(config)
+    before = trainable_snapshot(policy)
+    result = grpo_train(
+        config=config, items=ITEMS, score=lambda i, c: [1.0] * len(c), run_dir=tmp_path, policy=policy, export=False
+    )
+    assert [m["zero_variance_share"] for m in result.history] == [1.0, 1.0]
+    assert all(torch.equal(p, before[n]) for n, p in policy.model.named_parameters() if p.requires_grad)
+
+
+def test_a_monitor_breach_flags_and_can_stop_the_job(tiny_model_dir, tmp_path):
+    config = small(GRPOConfig, tiny_model_dir, steps=3, group_size=2, max_new_tokens=2)
+    config.monitors.max_truncated_share = 0.0  # 2 new tokens: most answers are cut
+    config.monitors.stop_on_breach = True
+    flagged: list = []
+    result = grpo_train(
+        config=config,
+        items=ITEMS,
+        score=parity_score,
+        run_dir=tmp_path,
+        hooks=Hooks(on_breach=lambda s, b: flagged.extend(b)),
+        export=False,
+    )
+    assert result.status == "stopped" and result.step == 1
+    assert flagged[0]["monitor"] == "truncated"
+
+
+def test_self_distillation_and_sft_change_parameters(tiny_model_dir, tmp_path):
+    from training.grpo.policy import load_policy
+
+    config = small(DistillConfig, tiny_model_dir, samples_per_prompt=2)
+    policy = load_policy(config)
+    before = trainable_snapshot(policy)
+    result = distill_train(config=config, items=ITEMS, run_dir=tmp_path / "d", policy=policy)
+    assert all(math.isfinite(m["loss"]) and m["loss"] >= 0 for m in result.history)
+    assert any(not torch.equal(p, before[n]) for n, p in policy.model.named_parameters() if p.requires_grad)
+
+    sft_items = [TurnItem(id=it.id, messages=it.messages, target="Sorry, refunded.") for it in ITEMS]
+    config = small(SFTConfig, tiny_model_dir, steps=6, learning_rate=1e-2)
+    result = sft_train(config=config, items=sft_items, run_dir=tmp_path / "s")
+    losses = [m["loss"] for m in result.history]
+    assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
+
+
+def test_config_round_trips_through_json_and_rejects_bad_fields(tiny_model_dir):
+    config = small(GRPOConfig, tiny_model_dir, beta=0.02)
+    again = config_from_dict(json.loads(json.dumps(config.to_dict())))
+    assert again == config
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({"kind": "grpo", "group_sise": 8})
+    assert err.value.errors == [("group_sise", "unknown field")]
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({"kind": "grpo", "group_size": 1, "model_path": "x"})
+    assert err.value.errors[0][0] == "group_size"
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({"kind": "grpo", "steps": "ten"})
+    assert err.value.errors == [("steps", "must be int")]

@@ -1,0 +1,121 @@
+"""Each loss function against a computation done by hand on tiny tensors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from training.grpo import loss as L
+
+
+def test_masked_mean_ignores_masked_entries_and_an_empty_row_is_zero():
+    values = torch.tensor([[1.0, 2.0, 100.0], [5.0, 7.0, 9.0]])
+    mask = torch.tensor([[1, 1, 0], [0, 0, 0]])
+    assert L.masked_mean(values, mask).item() == pytest.approx(1.5)  # (1 + 2) / 2
+    assert L.masked_mean(values, mask, dim=1).tolist() == pytest.approx([1.5, 0.0])
+    assert L.masked_sum(values, mask).item() == pytest.approx(3.0)
+
+
+def test_rloo_advantage_is_reward_minus_the_mean_of_the_others():
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0]])
+    adv, keep = L.group_advantages(rewards)
+    # A_0 = 1 - (0 + 0 + 1)/3 = 2/3 ; A_1 = 0 - (1 + 0 + 1)/3 = -2/3
+    assert adv[0].tolist() == pytest.approx([2 / 3, -2 / 3, -2 / 3, 2 / 3])
+    assert keep.tolist() == [True]
+
+
+def test_mean_baseline_and_unbiased_std_scaling():
+    rewards = torch.tensor([[3.0, 1.0, 2.0]])
+    adv, _ = L.group_advantages(rewards, baseline="mean")
+    assert adv[0].tolist() == pytest.approx([1.0, -1.0, 0.0])  # mean is 2
+    scaled, _ = L.group_advantages(rewards, baseline="mean", scale_std=True, eps=0.0)
+    std = math.sqrt(((1) ** 2 + (-1) ** 2 + 0) / (3 - 1))  # unbiased: divisor G - 1 → 1.0
+    assert scaled[0].tolist() == pytest.approx([1.0 / std, -1.0 / std, 0.0])
+    clipped, _ = L.group_advantages(torch.tensor([[10.0, 0.0]]), baseline="mean", clip=2.0)
+    assert clipped[0].tolist() == pytest.approx([2.0, -2.0])
+
+
+def test_equal_rewards_give_zero_advantage_and_the_group_is_dropped():
+    rewards = torch.tensor([[0.5, 0.5, 0.5, 0.5], [1.0, 0.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]])
+    for scale in (False, True):
+        adv, keep = L.group_advantages(rewards, scale_std=scale)
+        assert keep.tolist() == [False, True, False]
+        assert adv[0].abs().sum().item() == 0.0 and adv[2].abs().sum().item() == 0.0
+        assert torch.isfinite(adv).all()
+
+
+def test_policy_loss_without_reuse_has_value_minus_a_and_gradient_minus_a_grad_logp():
+    logp = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.5, -9.0]], requires_grad=True)
+    adv = torch.tensor([2.0, -1.0])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]]).float()
+    loss, stats = L.policy_loss(logp, adv, mask, normaliser="constant", constant=10.0)
+    # sum over masked tokens of -A: -(2 + 2) - (-1 -1 -1) = -4 + 3 = -1 ; / 10
+    assert loss.item() == pytest.approx(-0.1)
+    loss.backward()
+    expected = torch.tensor([[-0.2, -0.2, 0.0], [0.1, 0.1, 0.1]])
+    assert torch.allclose(logp.grad, expected)
+    assert "clip_fraction" not in stats
+
+
+def test_token_and_sequence_normalisers():
+    logp = torch.zeros(2, 3, requires_grad=True)
+    adv = torch.tensor([1.0, 3.0])
+    mask = torch.tensor([[1, 0, 0], [1, 1, 1]]).float()
+    token, _ = L.policy_loss(logp, adv, mask, normaliser="token")
+    # -(1 + 3 + 3 + 3) / 4 tokens
+    assert token.item() == pytest.approx(-10 / 4)
+    seq, _ = L.policy_loss(logp, adv, mask, normaliser="sequence")
+    # mean of per-sequence means: (-1 + -3) / 2
+    assert seq.item() == pytest.approx(-2.0)
+    const, _ = L.policy_loss(logp, adv, mask, normaliser="constant")
+    assert const.item() == pytest.approx(-10 / 6)  # B x T = 6
+
+
+def test_ppo_clip_surrogate_by_hand():
+    old = torch.log(torch.tensor([[0.5, 0.5]]))
+    new = torch.log(torch.tensor([[0.8, 0.2]])).requires_grad_(True)
+    mask = torch.ones(1, 2)
+    # ratios 1.6 and 0.4
+    loss, stats = L.policy_loss(
+        new, torch.tensor([1.0]), mask, old_logprobs=old, clip_low=0.2, clip_high=0.28, normaliser="token"
+    )
+    # A > 0: min(1.6, 1.28) = 1.28 ; min(0.4, 0.8) = 0.4 → -(1.28 + 0.4) / 2
+    assert loss.item() == pytest.approx(-(1.28 + 0.4) / 2)
+    assert stats["clip_fraction"] == pytest.approx(0.5)
+    loss.backward()
+    # The clipped token carries no gradient; the other: -ratio * A / 2 = -0.2.
+    assert new.grad[0, 0].item() == pytest.approx(0.0)
+    assert new.grad[0, 1].item() == pytest.approx(-0.2)
+    neg, _ = L.policy_loss(new.detach(), torch.tensor([-1.0]), mask, old_logprobs=old, normaliser="token")
+    # A < 0: min(-1.6, -1.28) = -1.6 ; min(-0.4, -0.8) = -0.8 → (1.6 + 0.8) / 2
+    assert neg.item() == pytest.approx((1.6 + 0.8) / 2)
+
+
+def test_k3_kl_by_hand_and_zero_when_equal():
+    logp = torch.log(torch.tensor([[0.5, 0.25]]))
+    ref = torch.log(torch.tensor([[0.25, 0.25]]))
+    kl = L.kl_k3(logp, ref)
+    r = math.log(0.25 / 0.5)
+    assert kl[0, 0].item() == pytest.approx(math.exp(r) - r - 1)  # 0.5 + ln 2 - 1
+    assert kl[0, 1].item() == pytest.approx(0.0)
+    assert (L.kl_k3(torch.randn(4, 5), torch.randn(4, 5)) >= 0).all()
+
+
+def test_distill_kl_matches_the_reverse_kl_formula():
+    student = torch.log(torch.tensor([[[0.7, 0.2, 0.1], [0.3, 0.3, 0.4]]])).requires_grad_(True)
+    teacher = torch.log(torch.tensor([[[0.5, 0.25, 0.25], [0.3, 0.3, 0.4]]]))
+    mask = torch.tensor([[1.0, 1.0]])
+    value = L.distill_kl(student, teacher, mask)
+    by_hand = 0.7 * math.log(0.7 / 0.5) + 0.2 * math.log(0.2 / 0.25) + 0.1 * math.log(0.1 / 0.25)
+    assert value.item() == pytest.approx(by_hand / 2)  # second position: identical → 0
+    value.backward()
+    assert student.grad.abs().sum() > 0
+    masked = L.distill_kl(student.detach(), teacher, torch.tensor([[0.0, 1.0]]))
+    assert masked.item() == pytest.approx(0.0, abs=1e-7)
+
+
+def test_sft_loss_is_the_token_mean_nll():
+    logp = torch.tensor([[-1.0, -3.0, -50.0]])
+    assert L.sft_loss(logp, torch.tensor([[1.0, 1.0, 0.0]])).item() == pytest.approx(2.0)

@@ -1,0 +1,75 @@
+"""Batched sampling and per-token log-probs on the tiny model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from training.grpo.sampling import (
+    chat_tokens,
+    encode_prompt,
+    left_pad,
+    response_mask_from_ids,
+    sample,
+    token_logprobs,
+)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval(), AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def test_left_pad_and_response_mask_by_hand():
+    ids, mask = left_pad([[5, 6, 7], [8]], pad_id=0)
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 8]]
+    assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    response = torch.tensor([[4, 2, 9, 2], [4, 4, 4, 4], [2, 7, 7, 7]])
+    m, truncated = response_mask_from_ids(response, eos_ids=[2])
+    assert m.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
+    assert truncated.tolist() == [False, True, False]
+
+
+def test_left_padded_logprobs_equal_those_of_the_unpadded_sequence(tiny):
+    model, _ = tiny
+    short = [11, 12, 13, 14, 15]
+    long = [21, 22, 23, 24, 25, 26, 27, 28]
+    ids, attn = left_pad([short, long], pad_id=0)
+    with torch.no_grad():
+        batched = token_logprobs(model, ids, attn, keep=3)
+        alone = token_logprobs(model, torch.tensor([short]), torch.ones(1, 5, dtype=torch.long), keep=3)
+    assert torch.allclose(batched[0], alone[0], atol=1e-5)
+
+
+def test_sample_returns_groups_with_masks_that_stop_at_the_end_of_turn(tiny):
+    model, tokenizer = tiny
+    torch.manual_seed(0)
+    prompts = [encode_prompt(tokenizer, [{"role": "user", "content": q}]) for q in ("hello", "refund order A1 please")]
+    rollout = sample(model, tokenizer, prompts, num_samples=3, max_new_tokens=6)
+    assert rollout.input_ids.shape[0] == 6 and len(rollout.texts) == 6
+    assert rollout.response_ids.shape == rollout.response_mask.shape
+    eos = tokenizer.eos_token_id
+    for row in range(6):
+        tokens = rollout.response_ids[row][rollout.response_mask[row].bool()].tolist()
+        assert eos not in tokens[:-1]  # nothing trained after the end of turn
+        assert rollout.truncated[row] == (not tokens or tokens[-1] != eos)
+    # Prompt padding is masked out; responses come right after each prompt.
+    assert rollout.attention_mask[:3, : rollout.prompt_length].sum(dim=1).tolist() == [len(prompts[0])] * 3
+
+
+def test_chat_tokens_mask_every_assistant_span(tiny):
+    _, tokenizer = tiny
+    messages = [
+        {"role": "user", "content": "where is order A1"},
+        {"role": "assistant", "content": "shipped"},
+        {"role": "user", "content": "thanks"},
+        {"role": "assistant", "content": "yes"},
+    ]
+    ids, mask = chat_tokens(tokenizer, messages)
+    assert len(ids) == len(mask)
+    whole = tokenizer.apply_chat_template(messages, tokenize=False)
+    assert tokenizer.decode(ids) == whole
+    trained = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m])
+    assert trained.replace("\n", "") == "shipped<|im_end|>yes<|im_end|>"

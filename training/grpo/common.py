@@ -1,0 +1,156 @@
+"""What the GRPO, SFT and distillation loops share: callbacks to the caller, batch
+selection that survives a resume, seeded evaluation, rollout statistics."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import fmean, pstdev
+from typing import Any
+
+import torch
+
+from training.grpo import monitors
+from training.grpo.config import TrainConfig
+from training.grpo.items import Scorer, TurnItem
+from training.grpo.sampling import Rollout, encode_prompt, sample
+
+
+@dataclass
+class Hooks:
+    """How a loop reports to its caller (a Celery task, a script). All optional.
+
+    - on_step(step, metrics): after every optimiser step.
+    - on_eval(step, metrics): after each evaluation (step 0 = the starting model).
+    - on_samples(step, rows): sample rollouts with their rewards, every `samples_every`.
+    - on_checkpoint(step, path): after a checkpoint is written.
+    - on_breach(step, breaches): when a reward-hacking monitor fires.
+    - should_stop() -> bool: polled before each step; True checkpoints and stops.
+    - log(message): human-readable progress lines.
+    """
+
+    on_step: Callable[[int, dict], None] | None = None
+    on_eval: Callable[[int, dict], None] | None = None
+    on_samples: Callable[[int, list[dict]], None] | None = None
+    on_checkpoint: Callable[[int, Path], None] | None = None
+    on_breach: Callable[[int, list[dict]], None] | None = None
+    should_stop: Callable[[], bool] | None = None
+    log: Callable[[str], None] | None = None
+
+    def emit(self, name: str, *args: Any) -> None:
+        fn = getattr(self, name)
+        if fn is not None:
+            fn(*args)
+
+    def stop_requested(self) -> bool:
+        return bool(self.should_stop and self.should_stop())
+
+
+@dataclass
+class TrainResult:
+    status: str  # "finished", "cancelled" or "stopped" (a monitor breach stopped it)
+    step: int
+    export_path: Path | None = None
+    history: list[dict] = field(default_factory=list)
+    evals: list[dict] = field(default_factory=list)
+    breaches: list[dict] = field(default_factory=list)
+
+
+def setup_torch(config: TrainConfig) -> None:
+    torch.set_num_threads(config.torch_threads)
+    torch.manual_seed(config.seed)
+    random.seed(config.seed)
+
+
+def batch_for_step(items: list[TurnItem], *, step: int, size: int, seed: int) -> list[TurnItem]:
+    """The items of step `step` (1-based): epochs of seeded permutations walked in
+    order, so a resumed job sees exactly the batches it would have seen."""
+    n = len(items)
+    if n == 0:
+        raise ValueError("no training items")
+    out = []
+    for k in range((step - 1) * size, step * size):
+        epoch, index = divmod(k, n)
+        order = list(range(n))
+        random.Random(seed * 1_000_003 + epoch).shuffle(order)
+        out.append(items[order[index]])
+    return out
+
+
+class PromptCache:
+    """Chat-template encodings, computed once per item."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self._cache: dict[tuple[str, str], list[int]] = {}
+
+    def get(self, item: TurnItem, *, variant: str = "", messages: list[dict] | None = None) -> list[int]:
+        key = (item.id, variant)
+        if key not in self._cache:
+            self._cache[key] = encode_prompt(self.tokenizer, messages or item.messages, item.tools)
+        return self._cache[key]
+
+
+def rollout_stats(rollout: Rollout) -> dict[str, float]:
+    lengths = rollout.lengths.float().tolist()
+    texts = rollout.texts
+    seen, invalid = monitors.tool_call_validity(texts)
+    return {
+        "response_length": fmean(lengths),
+        "empty_share": fmean(1.0 if not t.strip() else 0.0 for t in texts),
+        "truncated_share": fmean(1.0 if t else 0.0 for t in rollout.truncated),
+        "tool_calls_seen": seen,
+        "tool_calls_invalid": invalid,
+    }
+
+
+def evaluate(
+    policy,
+    items: list[TurnItem],
+    score: Scorer,
+    *,
+    config: TrainConfig,
+    prompts: PromptCache,
+    samples: int | None = None,
+    batch: int = 16,
+) -> dict[str, float]:
+    """Mean reward and success rate (reward ≥ 0.5) of fresh samples on `items`.
+
+    Seeded with the job's seed and the global RNG restored afterwards, so evaluating
+    does not change the training run, and two evaluations of one model agree."""
+    if not items:
+        return {}
+    samples = samples or config.eval_samples
+    cpu_state = torch.get_rng_state()
+    cuda_state = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    torch.manual_seed(config.seed + 7919)
+    rewards: list[float] = []
+    lengths: list[float] = []
+    try:
+        for start in range(0, len(items), max(1, batch // samples)):
+            chunk = items[start : start + max(1, batch // samples)]
+            rollout = sample(
+                policy.model,
+                policy.tokenizer,
+                [prompts.get(it) for it in chunk],
+                num_samples=samples,
+                max_new_tokens=config.max_new_tokens,
+                temperature=config.temperature,
+                top_p=config.top_p,
+            )
+            for i, item in enumerate(chunk):
+                rewards += score(item, rollout.texts[i * samples : (i + 1) * samples])
+            lengths += rollout.lengths.float().tolist()
+    finally:
+        torch.set_rng_state(cpu_state)
+        if cuda_state is not None:
+            torch.cuda.set_rng_state_all(cuda_state)
+    return {
+        "reward": fmean(rewards),
+        "success": fmean(1.0 if r >= 0.5 else 0.0 for r in rewards),
+        "reward_std": pstdev(rewards) if len(rewards) > 1 else 0.0,
+        "response_length": fmean(lengths),
+        "n": len(rewards),
+    }

@@ -1,0 +1,220 @@
+"""One typed, JSON-serialisable config per job kind, saved on the job row and in every
+checkpoint. Defaults follow docs in `shared/notes/rl-methods.md`: RLOO advantages
+without std scaling, constant normaliser, LoRA on all linear layers, β = 0 with the KL
+always logged."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+
+@dataclass
+class MonitorConfig:
+    """Reward-hacking monitors. A breach is always flagged; it stops the job only when
+    `stop_on_breach` is set."""
+
+    length_tolerance: float = 0.15  # mean response length vs the starting model, ± this share
+    kl_budget: float | None = None  # mean per-token KL to the starting model (k3)
+    max_empty_share: float = 0.3  # share of empty responses in a step
+    max_truncated_share: float = 0.5  # share of responses cut at max_new_tokens
+    max_invalid_tool_call_share: float = 0.2  # share of <tool_call> blocks that do not parse
+    canary_drop: float = 0.2  # absolute drop of the canary reward below its start
+    window: int = 5  # steps averaged before comparing
+    stop_on_breach: bool = False
+
+
+@dataclass
+class TrainConfig:
+    """Fields every job kind shares."""
+
+    kind: ClassVar[str] = ""
+
+    model_path: str = ""
+    adapter: Literal["lora", "full"] = "lora"
+    lora_rank: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    lora_target: str = "all-linear"
+    init_adapter: str = ""  # continue training an existing LoRA version's adapter
+    trainable_layers: int | None = None  # full fine-tuning: only the top N blocks (None = all)
+    learning_rate: float = 2e-4
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    steps: int = 50
+    prompts_per_step: int = 4
+    max_new_tokens: int = 48
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+    eval_every: int = 10
+    eval_samples: int = 4
+    checkpoint_every: int = 10
+    keep_checkpoints: int = 2
+    samples_every: int = 5  # keep sample rollouts for the job page at these steps
+    device: str = "auto"  # "auto" = cuda when available, else cpu
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    torch_threads: int = 1
+    monitors: MonitorConfig = field(default_factory=MonitorConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["kind"] = self.kind
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]):
+        """Build from JSON, refusing unknown fields (a typo must not silently fall back
+        to a default). Raises ConfigError listing (field, reason) pairs."""
+        data = dict(data)
+        data.pop("kind", None)
+        names = {f.name for f in dataclasses.fields(cls)}
+        errors = [(key, "unknown field") for key in data if key not in names]
+        monitors = data.pop("monitors", None)
+        if isinstance(monitors, dict):
+            monitor_names = {f.name for f in dataclasses.fields(MonitorConfig)}
+            errors += [(f"monitors.{k}", "unknown field") for k in monitors if k not in monitor_names]
+        elif monitors is not None:
+            errors.append(("monitors", "must be an object"))
+        if errors:
+            raise ConfigError(errors)
+        config = cls(**{k: v for k, v in data.items() if k in names})
+        if isinstance(monitors, dict):
+            config.monitors = MonitorConfig(**monitors)
+        errors = config.validate()
+        if errors:
+            raise ConfigError(errors)
+        return config
+
+    def validate(self) -> list[tuple[str, str]]:
+        errors: list[tuple[str, str]] = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            expected = _BASIC_TYPES.get(f.type if isinstance(f.type, str) else "")
+            wrong_type = expected and value is not None and not isinstance(value, expected)
+            if wrong_type or (isinstance(value, bool) and f.type in ("int", "float", "int | None", "float | None")):
+                errors.append((f.name, f"must be {f.type}"))
+        if errors:
+            return errors
+        if self.adapter not in ("lora", "full"):
+            errors.append(("adapter", "must be 'lora' or 'full'"))
+        if self.dtype not in ("float32", "bfloat16"):
+            errors.append(("dtype", "must be 'float32' or 'bfloat16'"))
+        positive = ["lora_rank", "steps", "prompts_per_step", "max_new_tokens", "eval_samples", "torch_threads"]
+        errors += [(name, "must be ≥ 1") for name in positive if getattr(self, name) < 1]
+        if not 0 < self.learning_rate < 1:
+            errors.append(("learning_rate", "must be in (0, 1)"))
+        if self.temperature <= 0:
+            errors.append(("temperature", "must be > 0"))
+        if not 0 < self.top_p <= 1:
+            errors.append(("top_p", "must be in (0, 1]"))
+        if self.trainable_layers is not None and self.trainable_layers < 1:
+            errors.append(("trainable_layers", "must be ≥ 1 or null"))
+        for name in ("eval_every", "checkpoint_every", "samples_every", "keep_checkpoints"):
+            if getattr(self, name) < 0:
+                errors.append((name, "must be ≥ 0"))
+        return errors
+
+
+@dataclass
+class GRPOConfig(TrainConfig):
+    """Turn-level GRPO: resample a logged turn G times, score the group, update."""
+
+    kind: ClassVar[str] = "grpo"
+
+    group_size: int = 8
+    baseline: Literal["rloo", "mean"] = "rloo"
+    scale_std: bool = False
+    advantage_clip: float | None = None
+    drop_zero_variance: bool = True
+    normaliser: Literal["constant", "token", "sequence"] = "constant"
+    updates_per_batch: int = 1  # > 1 reuses a batch: the PPO-clip surrogate then applies
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    beta: float = 0.0  # KL(π ‖ π_start) penalty weight (k3)
+    log_kl: bool = True
+    rollout: Literal["local", "vllm"] = "local"
+    vllm_url: str = ""  # OpenAI-compatible base URL ending in /v1, for rollout="vllm"
+
+    def validate(self) -> list[tuple[str, str]]:
+        errors = super().validate()
+        if errors:
+            return errors
+        if self.group_size < 2:
+            errors.append(("group_size", "must be ≥ 2 (advantages compare samples of a group)"))
+        if self.baseline not in ("rloo", "mean"):
+            errors.append(("baseline", "must be 'rloo' or 'mean'"))
+        if self.normaliser not in ("constant", "token", "sequence"):
+            errors.append(("normaliser", "must be 'constant', 'token' or 'sequence'"))
+        if self.updates_per_batch < 1:
+            errors.append(("updates_per_batch", "must be ≥ 1"))
+        if self.beta < 0:
+            errors.append(("beta", "must be ≥ 0"))
+        if self.rollout not in ("local", "vllm"):
+            errors.append(("rollout", "must be 'local' or 'vllm'"))
+        if self.rollout == "vllm" and not self.vllm_url:
+            errors.append(("vllm_url", "required when rollout is 'vllm'"))
+        return errors
+
+
+@dataclass
+class DistillConfig(TrainConfig):
+    """Feedback-conditioned on-policy self-distillation: the student (no hint) samples,
+    and is pulled toward the teacher (the same model with the feedback as a system hint)
+    by a per-token reverse KL on the student's own tokens."""
+
+    kind: ClassVar[str] = "distill"
+
+    samples_per_prompt: int = 4
+    teacher: Literal["frozen", "current"] = "frozen"
+    hint_template: str = "Feedback on earlier answers, follow it: {feedback}"
+
+    def validate(self) -> list[tuple[str, str]]:
+        errors = super().validate()
+        if errors:
+            return errors
+        if self.samples_per_prompt < 1:
+            errors.append(("samples_per_prompt", "must be ≥ 1"))
+        if self.teacher not in ("frozen", "current"):
+            errors.append(("teacher", "must be 'frozen' or 'current'"))
+        if "{feedback}" not in self.hint_template:
+            errors.append(("hint_template", "must contain {feedback}"))
+        return errors
+
+
+@dataclass
+class SFTConfig(TrainConfig):
+    """Supervised fine-tuning on corrected responses (human or judge-written)."""
+
+    kind: ClassVar[str] = "sft"
+
+    learning_rate: float = 1e-4
+
+
+class ConfigError(ValueError):
+    """A config that does not validate; `errors` lists (field, reason) pairs."""
+
+    def __init__(self, errors: list[tuple[str, str]]):
+        self.errors = errors
+        super().__init__("; ".join(f"{f}: {r}" for f, r in errors))
+
+
+CONFIGS: dict[str, type[TrainConfig]] = {"grpo": GRPOConfig, "distill": DistillConfig, "sft": SFTConfig}
+
+_BASIC_TYPES: dict[str, type | tuple[type, ...]] = {
+    "str": str,
+    "int": int,
+    "float": (int, float),
+    "bool": bool,
+    "int | None": int,
+    "float | None": (int, float),
+}
+
+
+def config_from_dict(data: dict[str, Any]) -> TrainConfig:
+    """The config for `data["kind"]` ("grpo", "distill" or "sft")."""
+    kind = data.get("kind")
+    if kind not in CONFIGS:
+        raise ConfigError([("kind", f"must be one of {', '.join(CONFIGS)}")])
+    return CONFIGS[kind].from_dict(data)

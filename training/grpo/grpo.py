@@ -1,0 +1,263 @@
+"""Turn-level GRPO on logged contexts.
+
+The environment behind a production trace cannot be replayed, but one assistant turn
+given its logged context can: sample G responses from the current policy, score the
+group (the judge under the item's rubric, or a programmatic grader), compute group
+advantages, update. `grpo_train` reads top to bottom:
+rollout → reward → advantages → update → log → monitor → evaluate/checkpoint.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from statistics import fmean, pstdev
+
+import torch
+
+from training.grpo import loss as L
+from training.grpo import monitors
+from training.grpo.common import (
+    Hooks,
+    PromptCache,
+    TrainResult,
+    batch_for_step,
+    evaluate,
+    rollout_stats,
+    setup_torch,
+)
+from training.grpo.config import GRPOConfig
+from training.grpo.items import Scorer, TurnItem
+from training.grpo.policy import (
+    Policy,
+    export_model,
+    latest_checkpoint,
+    load_checkpoint,
+    load_policy,
+    make_optimizer,
+    save_checkpoint,
+)
+from training.grpo.sampling import sample, token_logprobs
+
+
+def grpo_train(
+    *,
+    config: GRPOConfig,
+    items: list[TurnItem],
+    score: Scorer,
+    run_dir: Path,
+    eval_items: list[TurnItem] | None = None,
+    canaries: list[TurnItem] | None = None,
+    hooks: Hooks | None = None,
+    policy: Policy | None = None,
+    export: bool = True,
+) -> TrainResult:
+    """Train for `config.steps` steps, resuming from `run_dir`'s latest checkpoint if
+    there is one. Returns how it ended; the trained version is exported to
+    `run_dir/model` when it finishes (also when stopped by a monitor: the candidate is
+    kept for inspection, and nothing is deployed without a person's approval)."""
+    hooks = hooks or Hooks()
+    setup_torch(config)
+    need_reference = config.beta > 0 or config.log_kl
+    policy = policy or load_policy(config, reference=need_reference)
+    optimizer = make_optimizer(policy, config)
+    prompts = PromptCache(policy.tokenizer)
+    rollout_client = None
+    if config.rollout == "vllm":
+        from training.grpo.vllm_rollout import VllmRollouts
+
+        rollout_client = VllmRollouts(base_url=config.vllm_url, run_dir=run_dir)
+
+    result = TrainResult(status="finished", step=0)
+    state: dict = {"history": [], "evals": [], "start_length": None, "start_canary": None, "breaches": []}
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is not None:
+        saved = load_checkpoint(checkpoint, policy=policy, optimizer=optimizer)
+        result.step = saved["step"]
+        state = saved["state"]
+        hooks.emit("log", f"resumed from {checkpoint.name}")
+    elif eval_items or canaries:
+        _evaluate_into(state, 0, policy, eval_items, canaries, score, config, prompts, hooks)
+
+    denominator = config.prompts_per_step * config.group_size * config.max_new_tokens
+    for step in range(result.step + 1, config.steps + 1):
+        if hooks.stop_requested():
+            _checkpoint(run_dir, policy, optimizer, step - 1, config, state, hooks)
+            result.status = "cancelled"
+            break
+        started = time.perf_counter()
+        batch = batch_for_step(items, step=step, size=config.prompts_per_step, seed=config.seed)
+        prompt_ids = [prompts.get(it) for it in batch]
+
+        # Rollout: G samples per prompt from the current policy.
+        if rollout_client is not None:
+            rollout = rollout_client.sample(policy, prompt_ids, step=step, config=config, num_samples=config.group_size)
+        else:
+            rollout = sample(
+                policy.model,
+                policy.tokenizer,
+                prompt_ids,
+                num_samples=config.group_size,
+                max_new_tokens=config.max_new_tokens,
+                temperature=config.temperature,
+                top_p=config.top_p,
+            )
+        sampled = time.perf_counter()
+
+        # Reward: score each group together (a judge compares candidates side by side).
+        rewards: list[float] = []
+        for i, item in enumerate(batch):
+            group = rollout.texts[i * config.group_size : (i + 1) * config.group_size]
+            scores = score(item, group)
+            if len(scores) != len(group):
+                raise ValueError(f"the scorer returned {len(scores)} rewards for {len(group)} candidates")
+            rewards += [float(s) for s in scores]
+        reward_tensor = torch.tensor(rewards).view(len(batch), config.group_size)  # (N, G)
+        scored = time.perf_counter()
+
+        # Advantages; groups with equal rewards carry no signal and leave the batch.
+        advantages, keep = L.group_advantages(
+            reward_tensor, baseline=config.baseline, scale_std=config.scale_std, clip=config.advantage_clip
+        )
+        row_keep = keep.repeat_interleave(config.group_size)  # (B,)
+        if not config.drop_zero_variance:
+            row_keep = torch.ones_like(row_keep)
+        rows = row_keep.nonzero().squeeze(1).to(policy.device)
+
+        # Update: log-probs from the same forward pass as the gradient.
+        loss_value = kl_value = grad_norm = 0.0
+        clip_fraction = None
+        if len(rows) > 0:
+            ids = rollout.input_ids.index_select(0, rows)
+            attn = rollout.attention_mask.index_select(0, rows)
+            mask = rollout.response_mask.index_select(0, rows).float()
+            adv = advantages.view(-1).to(policy.device).index_select(0, rows)  # (B',)
+            width = mask.shape[1]
+            old_logprobs = ref_logprobs = None
+            with torch.no_grad():
+                if config.updates_per_batch > 1:
+                    old_logprobs = token_logprobs(policy.model, ids, attn, keep=width, temperature=config.temperature)
+                if need_reference:
+                    with policy.as_reference() as reference:
+                        ref_logprobs = token_logprobs(reference, ids, attn, keep=width, temperature=config.temperature)
+            for _ in range(config.updates_per_batch):
+                logprobs = token_logprobs(policy.model, ids, attn, keep=width, temperature=config.temperature)
+                loss, stats = L.policy_loss(
+                    logprobs,
+                    adv,
+                    mask,
+                    old_logprobs=old_logprobs,
+                    clip_low=config.clip_low,
+                    clip_high=config.clip_high,
+                    normaliser=config.normaliser,
+                    constant=denominator,
+                )
+                if ref_logprobs is not None:
+                    kl = L.masked_mean(L.kl_k3(logprobs, ref_logprobs), mask)
+                    kl_value = float(kl.detach())
+                    if config.beta > 0:
+                        loss = loss + config.beta * kl
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), config.max_grad_norm))
+                optimizer.step()
+                loss_value = float(loss.detach())
+                clip_fraction = stats.get("clip_fraction", clip_fraction)
+        if not torch.isfinite(torch.tensor(loss_value)):
+            raise FloatingPointError(f"the loss became {loss_value} at step {step}")
+        finished = time.perf_counter()
+
+        # Log.
+        metrics = {
+            "step": step,
+            "reward_mean": fmean(rewards),
+            "reward_std": pstdev(rewards),
+            "zero_variance_share": 1.0 - float(keep.float().mean()),
+            "loss": loss_value,
+            "kl": kl_value if need_reference else None,
+            "grad_norm": grad_norm,
+            "clip_fraction": clip_fraction,
+            "trained_sequences": len(rows),
+            "generated_tokens": int(rollout.lengths.sum()),
+            "step_seconds": finished - started,
+            "sample_seconds": sampled - started,
+            "score_seconds": scored - sampled,
+            "update_seconds": finished - scored,
+            **rollout_stats(rollout),
+        }
+        if state["start_length"] is None:
+            state["start_length"] = metrics["response_length"]
+        state["history"].append(metrics)
+        result.step = step
+        hooks.emit("on_step", step, metrics)
+        if config.samples_every and (step == 1 or step % config.samples_every == 0):
+            hooks.emit("on_samples", step, _sample_rows(batch, rollout, rewards, advantages, config.group_size))
+
+        if config.eval_every and (step % config.eval_every == 0 or step == config.steps):
+            _evaluate_into(state, step, policy, eval_items, canaries, score, config, prompts, hooks)
+
+        # Monitor.
+        breaches = monitors.check(
+            config.monitors,
+            history=state["history"],
+            start_length=state["start_length"],
+            start_canary=state["start_canary"],
+        )
+        if breaches:
+            new = [b.to_dict() | {"step": step} for b in breaches]
+            state["breaches"] += new
+            hooks.emit("on_breach", step, new)
+            if config.monitors.stop_on_breach:
+                _checkpoint(run_dir, policy, optimizer, step, config, state, hooks)
+                result.status = "stopped"
+                break
+
+        if config.checkpoint_every and step % config.checkpoint_every == 0 and step < config.steps:
+            _checkpoint(run_dir, policy, optimizer, step, config, state, hooks)
+
+    result.history, result.evals, result.breaches = state["history"], state["evals"], state["breaches"]
+    if export and result.status != "cancelled":
+        result.export_path = export_model(policy, run_dir / "model")
+    return result
+
+
+def _checkpoint(run_dir, policy, optimizer, step, config, state, hooks) -> None:
+    path = save_checkpoint(
+        run_dir, policy=policy, optimizer=optimizer, step=step, config=config, state=state, keep=config.keep_checkpoints
+    )
+    hooks.emit("on_checkpoint", step, path)
+
+
+def _evaluate_into(state, step, policy, eval_items, canaries, score, config, prompts, hooks) -> None:
+    metrics: dict = {"step": step}
+    if eval_items:
+        metrics.update(evaluate(policy, eval_items, score, config=config, prompts=prompts))
+    if canaries:
+        canary = evaluate(policy, canaries, score, config=config, prompts=prompts)
+        metrics["canary_reward"] = canary["reward"]
+        if state["start_canary"] is None:
+            state["start_canary"] = canary["reward"]
+        if state["history"]:
+            state["history"][-1]["canary_reward"] = canary["reward"]
+    state["evals"].append(metrics)
+    hooks.emit("on_eval", step, metrics)
+
+
+def _sample_rows(batch, rollout, rewards, advantages, group_size) -> list[dict]:
+    rows = []
+    flat_adv = advantages.view(-1).tolist()
+    for i, item in enumerate(batch):
+        last_user = next((m.get("content") for m in reversed(item.messages) if m.get("role") == "user"), "")
+        for g in range(group_size):
+            k = i * group_size + g
+            rows.append(
+                {
+                    "item": item.id,
+                    "prompt": (last_user or "")[:2000],
+                    "response": rollout.texts[k][:4000],
+                    "reward": rewards[k],
+                    "advantage": round(flat_adv[k], 4),
+                    "truncated": rollout.truncated[k],
+                }
+            )
+    return rows

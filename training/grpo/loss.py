@@ -1,0 +1,176 @@
+"""Pure loss functions for policy-gradient training and distillation.
+
+Shapes: B = sequences in a batch (prompts x samples per prompt), T = response tokens
+(padded), N = groups (prompts), G = samples per group, V = vocabulary.
+
+Every function takes tensors and returns tensors; none holds state. The conventions
+(baseline, normaliser, std, eps) are spelled out in each docstring because papers and
+libraries differ on exactly these points.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+Normaliser = Literal["constant", "token", "sequence"]
+
+
+def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """sum(values * mask) over `dim` (all dims when None). `mask` is 0/1 (bool or float)."""
+    masked = values * mask.to(values.dtype)
+    return masked.sum() if dim is None else masked.sum(dim=dim)
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """sum(values * mask) / max(sum(mask), 1) over `dim` (all dims when None).
+
+    The max(·, 1) keeps an all-masked row at 0 instead of NaN."""
+    m = mask.to(values.dtype)
+    return masked_sum(values, m, dim) / m.sum(dim=dim).clamp(min=1.0)
+
+
+def group_advantages(
+    rewards: torch.Tensor,
+    *,
+    baseline: Literal["rloo", "mean"] = "rloo",
+    scale_std: bool = False,
+    eps: float = 1e-6,
+    clip: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Advantages of G samples per group, and which groups carry signal.
+
+    rewards: (N, G). Returns (advantages (N, G), keep (N,) bool).
+
+    - baseline="rloo" (default, Ahmadian et al. 2024): A_i = r_i - (1/(G-1)) Σ_{j≠i} r_j,
+      the leave-one-out mean of the *other* samples, so the baseline does not depend on
+      r_i. Equivalently A_i = G/(G-1) · (r_i - mean(r)).
+    - baseline="mean" (Dr. GRPO, Liu et al. 2025): A_i = r_i - mean(r).
+    - scale_std=True (original GRPO, Shao et al. 2024): divide by (std(r) + eps), where
+      std is the *unbiased* sample std (divisor G-1, torch's default, as in TRL). Off by
+      default: it amplifies judge noise in near-ties and over-weights very easy or very
+      hard prompts.
+    - clip: optional bound on |A| after scaling.
+
+    A group whose rewards are all equal (max - min ≤ eps) gives no learning signal: its
+    advantages are set to exactly 0 and keep[n] is False, so a caller can leave it out of
+    the batch (and report the share of such groups).
+    """
+    group_size = rewards.shape[1]  # rewards: (N, G)
+    if group_size < 2:
+        raise ValueError("group advantages need at least 2 samples per group")
+    rewards = rewards.to(torch.float32)
+    mean = rewards.mean(dim=1, keepdim=True)  # (N, 1)
+    if baseline == "rloo":
+        advantages = (rewards - mean) * (group_size / (group_size - 1))  # (N, G)
+    elif baseline == "mean":
+        advantages = rewards - mean
+    else:
+        raise ValueError(f"unknown baseline {baseline!r}")
+    if scale_std:
+        advantages = advantages / (rewards.std(dim=1, keepdim=True, unbiased=True) + eps)
+    if clip is not None:
+        advantages = advantages.clamp(-clip, clip)
+    keep = (rewards.max(dim=1).values - rewards.min(dim=1).values) > eps  # (N,)
+    advantages = advantages * keep.unsqueeze(1).to(advantages.dtype)
+    return advantages, keep
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    old_logprobs: torch.Tensor | None = None,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    normaliser: Normaliser = "constant",
+    constant: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The policy-gradient surrogate, to minimise.
+
+    logprobs: (B, T) log π_θ(y_t | …) with gradient; advantages: (B,) one per sequence;
+    mask: (B, T) 1 on tokens being trained (a mask may cover several assistant spans).
+
+    - old_logprobs None (one optimiser step per batch, the default): per-token term
+      -A · exp(logp - stopgrad(logp)). Its value is -A and its gradient is -A·∇logp: the
+      PPO ratio is exactly 1 and clipping would never act, so it is not computed. The
+      log-probs come from the same forward pass as the gradient, no second pass.
+    - old_logprobs given (a batch reused for several updates): the PPO-clip surrogate
+      -min(ratio·A, clip(ratio, 1-clip_low, 1+clip_high)·A), ratio = exp(logp - old_logp), with the
+      asymmetric "clip-higher" bounds of DAPO (0.2 / 0.28).
+
+    Normaliser of the per-token terms l_{b,t}:
+    - "constant" (default, Dr. GRPO): Σ_{b,t} mask·l / constant, with constant = B x T
+      unless given (pass G·max_new_tokens·prompts for a fixed value across batches);
+      no length bias toward short or long answers.
+    - "token" (DAPO): Σ mask·l / Σ mask — the mean over all trained tokens in the batch.
+    - "sequence" (original GRPO): mean over sequences of each sequence's token mean.
+    """
+    adv = advantages.to(logprobs.dtype).unsqueeze(1)  # (B, 1)
+    stats: dict[str, float] = {}
+    if old_logprobs is None:
+        ratio = torch.exp(logprobs - logprobs.detach())  # (B, T), == 1 in value
+        per_token = -ratio * adv
+    else:
+        ratio = torch.exp(logprobs - old_logprobs)  # (B, T)
+        unclipped = ratio * adv
+        clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv
+        per_token = -torch.minimum(unclipped, clipped)
+        with torch.no_grad():
+            # Share of tokens where the clipped term wins the min (their gradient is zero).
+            stats["clip_fraction"] = float(masked_mean((clipped < unclipped).float(), mask))
+    if normaliser == "constant":
+        denom = float(constant) if constant is not None else float(mask.numel())
+        loss = masked_sum(per_token, mask) / denom
+    elif normaliser == "token":
+        loss = masked_mean(per_token, mask)
+    elif normaliser == "sequence":
+        loss = masked_mean(per_token, mask, dim=1).mean()
+    else:
+        raise ValueError(f"unknown normaliser {normaliser!r}")
+    return loss, stats
+
+
+def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimator of KL(π_θ ‖ π_ref) on tokens sampled from π_θ (Schulman 2020).
+
+    k3 = exp(r) - r - 1 with r = log π_ref(y_t) - log π_θ(y_t). Unbiased, always ≥ 0,
+    low variance. Shapes (B, T) → (B, T); average it with `masked_mean`."""
+    log_ratio = ref_logprobs - logprobs  # (B, T)
+    return torch.exp(log_ratio) - log_ratio - 1.0
+
+
+def distill_kl(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    normaliser: Normaliser = "token",
+) -> torch.Tensor:
+    """Reverse KL of on-policy distillation: KL(p_student ‖ p_teacher) at every sampled
+    position, computed exactly over the vocabulary, to minimise.
+
+    student_logits, teacher_logits: (B, T, V) predicting the same tokens (the student's
+    own samples); mask: (B, T). Per token: Σ_v p_s(v) · (log p_s(v) - log p_t(v)). The
+    teacher is treated as a constant (its logits are detached). Normaliser as in
+    `policy_loss` ("token": mean over trained tokens; "sequence": mean of per-sequence
+    means; "constant": sum / (B x T))."""
+    log_s = torch.log_softmax(student_logits.float(), dim=-1)  # (B, T, V)
+    log_t = torch.log_softmax(teacher_logits.detach().float(), dim=-1)  # (B, T, V)
+    per_token = (log_s.exp() * (log_s - log_t)).sum(dim=-1)  # (B, T)
+    if normaliser == "token":
+        return masked_mean(per_token, mask)
+    if normaliser == "sequence":
+        return masked_mean(per_token, mask, dim=1).mean()
+    if normaliser == "constant":
+        return masked_sum(per_token, mask) / float(mask.numel())
+    raise ValueError(f"unknown normaliser {normaliser!r}")
+
+
+def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Negative log-likelihood of target tokens: -Σ mask·logp / Σ mask (token mean).
+
+    logprobs: (B, T) log π_θ of the target tokens; mask: (B, T)."""
+    return -masked_mean(logprobs, mask)

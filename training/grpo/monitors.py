@@ -1,0 +1,123 @@
+"""Reward-hacking monitors: pure checks over a job's recent step metrics.
+
+Each returns breaches (never raises); the loop flags the job with them and stops it
+only when `MonitorConfig.stop_on_breach` is set."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+from statistics import fmean
+
+from training.grpo.config import MonitorConfig
+
+_TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+
+
+@dataclass
+class Breach:
+    monitor: str  # "length", "kl", "empty", "truncated", "tool_calls", "canary"
+    value: float
+    limit: float
+    message: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def tool_call_validity(texts: list[str]) -> tuple[int, int]:
+    """(tool-call blocks seen, blocks that are not a JSON object with a string "name"
+    and object "arguments") across `texts`."""
+    seen = invalid = 0
+    for text in texts:
+        for body in _TOOL_CALL.findall(text):
+            seen += 1
+            try:
+                call = json.loads(body)
+            except ValueError:
+                invalid += 1
+                continue
+            if not (
+                isinstance(call, dict) and isinstance(call.get("name"), str) and isinstance(call.get("arguments"), dict)
+            ):
+                invalid += 1
+    return seen, invalid
+
+
+def check(
+    config: MonitorConfig,
+    *,
+    history: list[dict],
+    start_length: float | None,
+    start_canary: float | None = None,
+) -> list[Breach]:
+    """Compare the last `config.window` steps of `history` (each a step's metrics with
+    `response_length`, `kl`, `empty_share`, `truncated_share`, `tool_calls_seen`,
+    `tool_calls_invalid`, optional `canary_reward`) with the starting model."""
+    if not history:
+        return []
+    recent = history[-max(1, config.window) :]
+    breaches: list[Breach] = []
+
+    def mean_of(key: str) -> float | None:
+        values = [m[key] for m in recent if m.get(key) is not None]
+        return fmean(values) if values else None
+
+    length = mean_of("response_length")
+    if start_length and length is not None and len(history) >= config.window:
+        change = length / start_length - 1.0
+        if abs(change) > config.length_tolerance:
+            breaches.append(
+                Breach(
+                    "length",
+                    round(length, 2),
+                    config.length_tolerance,
+                    f"mean response length {length:.1f} tokens is {change:+.0%} vs the starting model's "
+                    f"{start_length:.1f} (tolerance ±{config.length_tolerance:.0%})",
+                )
+            )
+    kl = mean_of("kl")
+    if config.kl_budget is not None and kl is not None and kl > config.kl_budget:
+        breaches.append(
+            Breach(
+                "kl", round(kl, 5), config.kl_budget, f"KL to the starting model {kl:.4f} > budget {config.kl_budget}"
+            )
+        )
+    empty = history[-1].get("empty_share")
+    if empty is not None and empty > config.max_empty_share:
+        breaches.append(
+            Breach("empty", empty, config.max_empty_share, f"{empty:.0%} of responses were empty this step")
+        )
+    truncated = history[-1].get("truncated_share")
+    if truncated is not None and truncated > config.max_truncated_share:
+        breaches.append(
+            Breach(
+                "truncated",
+                truncated,
+                config.max_truncated_share,
+                f"{truncated:.0%} of responses hit max_new_tokens this step",
+            )
+        )
+    seen = sum(m.get("tool_calls_seen", 0) for m in recent)
+    invalid = sum(m.get("tool_calls_invalid", 0) for m in recent)
+    if seen and invalid / seen > config.max_invalid_tool_call_share:
+        breaches.append(
+            Breach(
+                "tool_calls",
+                round(invalid / seen, 3),
+                config.max_invalid_tool_call_share,
+                f"{invalid} of {seen} tool calls in the last {len(recent)} steps did not parse",
+            )
+        )
+    canary = next((m["canary_reward"] for m in reversed(history) if m.get("canary_reward") is not None), None)
+    if start_canary is not None and canary is not None and start_canary - canary > config.canary_drop:
+        breaches.append(
+            Breach(
+                "canary",
+                round(canary, 3),
+                round(start_canary - config.canary_drop, 3),
+                f"canary reward fell from {start_canary:.2f} to {canary:.2f}",
+            )
+        )
+    return breaches

@@ -1,0 +1,196 @@
+"""Loading the policy (LoRA via peft, or full fine-tuning), the frozen reference, and
+saving checkpoints, resuming from them, and exporting the trained version."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from training.grpo.config import TrainConfig
+
+
+@dataclass
+class Policy:
+    model: Any  # a transformers causal LM, wrapped by peft for LoRA
+    tokenizer: Any
+    device: torch.device
+    adapter: str  # "lora" or "full"
+    reference: Any = None  # a frozen copy for full fine-tuning when a reference is needed
+
+    @contextlib.contextmanager
+    def as_reference(self):
+        """The model as it was at the start of the job, for KL and a frozen teacher.
+
+        LoRA: the same module with its adapter switched off (no second copy in memory).
+        Full fine-tuning: the frozen copy kept in `reference`."""
+        if self.adapter == "lora":
+            with self.model.disable_adapter():
+                yield self.model
+        else:
+            if self.reference is None:
+                raise RuntimeError("full fine-tuning without a reference copy (load with reference=True)")
+            yield self.reference
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def load_policy(config: TrainConfig, *, reference: bool = False, model=None, tokenizer=None) -> Policy:
+    """The trainable policy described by `config`. `model`/`tokenizer` may be passed in
+    already built (the GPU check builds random models); otherwise they are loaded from
+    `config.model_path`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = pick_device(config.device)
+    dtype = torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
+    if tokenizer is None:
+        tokenizer = AutoTokenizer.from_pretrained(config.model_path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if model is None:
+        model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=dtype)
+    model = model.to(device=device, dtype=dtype)
+    model.config.use_cache = True
+    ref = None
+    if config.adapter == "lora":
+        from peft import LoraConfig, PeftModel, get_peft_model
+
+        if config.init_adapter:
+            model = PeftModel.from_pretrained(model, config.init_adapter, is_trainable=True)
+        else:
+            lora = LoraConfig(
+                r=config.lora_rank,
+                lora_alpha=config.lora_alpha,
+                lora_dropout=config.lora_dropout,
+                target_modules=config.lora_target,
+                task_type="CAUSAL_LM",
+            )
+            model = get_peft_model(model, lora)
+    else:
+        if reference:
+            import copy
+
+            ref = copy.deepcopy(model).eval()
+            ref.requires_grad_(False)
+        if config.trainable_layers is not None:
+            _train_top_layers(model, config.trainable_layers)
+    model.train()
+    return Policy(model=model, tokenizer=tokenizer, device=device, adapter=config.adapter, reference=ref)
+
+
+def _train_top_layers(model, count: int) -> None:
+    """Freeze everything but the last `count` transformer blocks and the final norm
+    (embeddings stay frozen: with tied weights they are the output layer too)."""
+    model.requires_grad_(False)
+    blocks = model.model.layers
+    for block in blocks[max(0, len(blocks) - count) :]:
+        block.requires_grad_(True)
+    model.model.norm.requires_grad_(True)
+
+
+def make_optimizer(policy: Policy, config: TrainConfig) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(
+        policy.trainable_parameters(), lr=config.learning_rate, weight_decay=config.weight_decay, betas=(0.9, 0.99)
+    )
+
+
+# --- checkpoints -----------------------------------------------------------------------
+
+
+def save_checkpoint(
+    run_dir: Path,
+    *,
+    policy: Policy,
+    optimizer: torch.optim.Optimizer,
+    step: int,
+    config: TrainConfig,
+    state: dict[str, Any],
+    keep: int = 2,
+) -> Path:
+    """Write `run_dir/checkpoints/step-NNNNNN/` atomically (a temp folder renamed into
+    place, then the `latest` pointer), keeping the newest `keep` checkpoints.
+
+    Holds the trainable weights (the adapter, or the trained blocks), the optimizer
+    state, the step, the RNG states, the job config and the loop's own `state`."""
+    root = run_dir / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{step:06d}"
+    tmp = root / f".step-{step:06d}.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    from safetensors.torch import save_file
+
+    trainable = {n: p.detach().to("cpu").contiguous() for n, p in policy.model.named_parameters() if p.requires_grad}
+    save_file(trainable, str(tmp / "trainable.safetensors"))
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    torch.save(rng, tmp / "rng.pt")
+    (tmp / "trainer_state.json").write_text(
+        json.dumps({"step": step, "config": config.to_dict(), "state": state}, indent=1, default=str)
+    )
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    pointer = root / "latest.tmp"
+    pointer.write_text(final.name)
+    pointer.replace(root / "latest")
+    existing = sorted(p for p in root.glob("step-*") if p.is_dir())
+    for old in existing[: max(0, len(existing) - max(keep, 1))]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    pointer = run_dir / "checkpoints" / "latest"
+    if not pointer.exists():
+        return None
+    path = run_dir / "checkpoints" / pointer.read_text().strip()
+    return path if (path / "trainer_state.json").exists() else None
+
+
+def load_checkpoint(path: Path, *, policy: Policy, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Restore weights, optimizer and RNG from `path`; return {"step", "config", "state"}."""
+    from safetensors.torch import load_file
+
+    weights = load_file(str(path / "trainable.safetensors"), device=str(policy.device))
+    params = dict(policy.model.named_parameters())
+    missing = [n for n in weights if n not in params]
+    if missing:
+        raise RuntimeError(f"checkpoint {path} does not fit this model: {missing[:3]}…")
+    with torch.no_grad():
+        for name, value in weights.items():
+            params[name].copy_(value)
+    optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location=policy.device, weights_only=False))
+    rng = torch.load(path / "rng.pt", weights_only=False)
+    torch.set_rng_state(rng["torch"])
+    random.setstate(rng["python"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    return json.loads((path / "trainer_state.json").read_text())
+
+
+def export_model(policy: Policy, dest: Path) -> Path:
+    """Save the trained version: a PEFT adapter folder for LoRA (servable by vLLM:
+    no `modules_to_save`), or a full HF model folder; the tokenizer goes with either."""
+    tmp = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    policy.model.save_pretrained(tmp, safe_serialization=True)
+    policy.tokenizer.save_pretrained(tmp)
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+    return dest

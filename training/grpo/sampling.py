@@ -1,0 +1,243 @@
+"""Sampling and per-token log-probs with a Hugging Face causal LM (plain or peft).
+
+Layout of a batch: prompts are left-padded to a common length P and responses follow,
+right-padded to T, so row b is `[pad… prompt_b | response_b pad…]`. Position ids come
+from the attention mask, which makes left padding invisible to the model. The
+log-probs used for the gradient come from one forward pass over this layout.
+
+`chat_tokens` gives a whole conversation with a mask over *every* assistant span, for
+multi-turn training where the mask covers several spans.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Rollout:
+    """G samples for each of N prompts, in prompt-major order (row = n * G + g)."""
+
+    input_ids: torch.Tensor  # (B, P + T) left-padded prompts, then responses
+    attention_mask: torch.Tensor  # (B, P + T) prompt padding and post-EOS padding are 0
+    response_mask: torch.Tensor  # (B, T) 1 on response tokens up to and including EOS
+    prompt_length: int  # P
+    texts: list[str]  # decoded responses, special tokens removed
+    truncated: list[bool]  # no EOS within max_new_tokens
+
+    @property
+    def response_ids(self) -> torch.Tensor:  # (B, T)
+        return self.input_ids[:, self.prompt_length :]
+
+    @property
+    def lengths(self) -> torch.Tensor:  # (B,)
+        return self.response_mask.sum(dim=1)
+
+
+def left_pad(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists → (ids (B, L), attention mask (B, L)), padded on the left."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        if seq:
+            ids[row, width - len(seq) :] = torch.tensor(list(seq), dtype=torch.long)
+            mask[row, width - len(seq) :] = 1
+    return ids, mask
+
+
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """0, 1, 2… counted over real tokens only, so left padding does not shift positions."""
+    return (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
+
+
+def encode_prompt(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    """The chat template applied to a context, ending with the assistant header."""
+    text = tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def encode_target(tokenizer, response: str) -> list[int]:
+    """A response's tokens as the model would emit them: the text, then end-of-turn."""
+    return tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+
+
+def chat_tokens(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> tuple[list[int], list[int]]:
+    """A whole conversation's tokens and a 0/1 mask that is 1 on every assistant reply
+    (its content, tool calls and end-of-turn token), 0 on everything else.
+
+    Built segment by segment from growing prefixes of the rendered template, so each
+    assistant span is exactly the text the template adds for that message."""
+    ids: list[int] = []
+    mask: list[int] = []
+    rendered = ""
+    for i, message in enumerate(messages):
+        if message.get("role") == "assistant":
+            header = tokenizer.apply_chat_template(
+                messages[:i], tools=tools or None, tokenize=False, add_generation_prompt=True
+            )
+            piece = header[len(rendered) :]
+            chunk = tokenizer(piece, add_special_tokens=False)["input_ids"]
+            ids += chunk
+            mask += [0] * len(chunk)
+            rendered = header
+        full = tokenizer.apply_chat_template(messages[: i + 1], tools=tools or None, tokenize=False)
+        piece = full[len(rendered) :]
+        chunk = tokenizer(piece, add_special_tokens=False)["input_ids"]
+        train = 1 if message.get("role") == "assistant" else 0
+        ids += chunk
+        mask += [train] * len(chunk)
+        rendered = full
+    return ids, mask
+
+
+def response_mask_from_ids(response_ids: torch.Tensor, eos_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T) sampled tokens → (mask (B, T): 1 up to and including the first EOS,
+    truncated (B,): True where no EOS appeared)."""
+    is_eos = torch.zeros_like(response_ids, dtype=torch.bool)
+    for eos in eos_ids:
+        is_eos |= response_ids == eos
+    # Tokens strictly after the first EOS: an EOS occurred at an earlier position.
+    after = (is_eos.long().cumsum(dim=1) - is_eos.long()) > 0  # (B, T)
+    return (~after).long(), ~is_eos.any(dim=1)
+
+
+@torch.no_grad()
+def sample(
+    model,
+    tokenizer,
+    prompts: Sequence[Sequence[int]],
+    *,
+    num_samples: int,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+) -> Rollout:
+    """Sample `num_samples` responses to each prompt (token lists) with `generate`."""
+    eos_ids = _eos_ids(model, tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+    repeated = [p for p in prompts for _ in range(num_samples)]
+    ids, attn = left_pad(repeated, pad_id)
+    device = next(model.parameters()).device
+    ids, attn = ids.to(device), attn.to(device)
+    was_training = model.training
+    model.eval()
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=attn,
+        do_sample=True,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=0,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos_ids,
+        pad_token_id=pad_id,
+    )
+    if was_training:
+        model.train()
+    response = out[:, ids.shape[1] :]  # (B, T)
+    if response.shape[1] == 0:
+        response = torch.full((len(repeated), 1), pad_id, dtype=torch.long, device=device)
+    mask, truncated = response_mask_from_ids(response, eos_ids)
+    response = torch.where(mask.bool(), response, torch.full_like(response, pad_id))
+    texts = tokenizer.batch_decode(response, skip_special_tokens=True)
+    return Rollout(
+        input_ids=torch.cat([ids, response], dim=1),
+        attention_mask=torch.cat([attn, mask], dim=1),
+        response_mask=mask,
+        prompt_length=ids.shape[1],
+        texts=texts,
+        truncated=truncated.tolist(),
+    )
+
+
+def rollout_from_tokens(
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    *,
+    num_samples: int,
+    eos_ids: Sequence[int],
+    pad_id: int,
+    texts: list[str],
+    device: torch.device | str = "cpu",
+) -> Rollout:
+    """A Rollout from tokens sampled elsewhere (an inference server), same layout as `sample`."""
+    repeated = [p for p in prompts for _ in range(num_samples)]
+    ids, attn = left_pad(repeated, pad_id)
+    width = max(1, max(len(r) for r in responses))
+    resp = torch.full((len(responses), width), pad_id, dtype=torch.long)
+    for row, r in enumerate(responses):
+        resp[row, : len(r)] = torch.tensor(list(r), dtype=torch.long)
+    mask, truncated = response_mask_from_ids(resp, eos_ids)
+    for row, r in enumerate(responses):
+        mask[row, len(r) :] = 0
+    return Rollout(
+        input_ids=torch.cat([ids, resp], dim=1).to(device),
+        attention_mask=torch.cat([attn, mask], dim=1).to(device),
+        response_mask=mask.to(device),
+        prompt_length=ids.shape[1],
+        texts=texts,
+        truncated=truncated.tolist(),
+    )
+
+
+def forward_logits(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, keep: int, temperature: float = 1.0
+) -> torch.Tensor:
+    """Logits (B, keep, V) predicting the last `keep` tokens of `input_ids`.
+
+    Only the positions needed are projected to the vocabulary (`logits_to_keep`), which
+    is most of the cost of a small model's forward pass. Logits are divided by the
+    sampling temperature, so the log-probs are those of the distribution sampled from."""
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids(attention_mask),
+        logits_to_keep=keep + 1,
+        use_cache=False,
+    )
+    logits = out.logits[:, :-1, :]  # (B, keep, V): position t predicts token t + 1
+    if temperature != 1.0:
+        logits = logits / temperature
+    return logits
+
+
+def gather_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[token] per position: (B, T, V), (B, T) → (B, T), without
+    materialising the full log-softmax twice."""
+    logits = logits.float()
+    picked = logits.gather(dim=-1, index=tokens.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+def token_logprobs(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, keep: int, temperature: float = 1.0
+) -> torch.Tensor:
+    """(B, keep) log-probs of the last `keep` tokens of each row, with gradient if enabled.
+
+    For a Rollout, keep = T (the response width); for a multi-span mask from
+    `chat_tokens`, keep = L - 1 (every token but the first)."""
+    logits = forward_logits(model, input_ids, attention_mask, keep=keep, temperature=temperature)
+    return gather_logprobs(logits, input_ids[:, -keep:])
+
+
+def _eos_ids(model, tokenizer) -> list[int]:
+    ids: list[int] = []
+    for source in (getattr(model, "generation_config", None), getattr(model, "config", None)):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        if value is None:
+            continue
+        ids += list(value) if isinstance(value, list | tuple) else [int(value)]
+    if tokenizer.eos_token_id is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    if not ids:
+        raise ValueError("the model and tokenizer name no end-of-sequence token")
+    return sorted(set(ids))
+
+
+def eos_ids(model, tokenizer) -> list[int]:
+    """Every token id that ends a response for this model/tokenizer pair."""
+    return _eos_ids(model, tokenizer)
