@@ -212,6 +212,7 @@ JUDGE_PRICE_OUTPUT_PER_MTOK = (
 # Caps on what the judge writes (characters): they bound cost and latency per judgement.
 JUDGE_RATIONALE_MAX_CHARS = int(os.environ.get("PRACTICUM_JUDGE_RATIONALE_MAX_CHARS", 800))
 JUDGE_CORRECTION_MAX_CHARS = int(os.environ.get("PRACTICUM_JUDGE_CORRECTION_MAX_CHARS", 2000))
+JUDGE_MAX_CRITERIA = int(os.environ.get("PRACTICUM_JUDGE_MAX_CRITERIA", 6))
 # Judge on every new operator comment / customer feedback (when a judge is configured).
 JUDGE_AUTO = env_bool("PRACTICUM_JUDGE_AUTO", True)
 # Training uses judge rewards automatically only when the judge version agrees with

@@ -73,7 +73,9 @@ class JudgeEndpoint:
             "price_input_per_mtok": settings.JUDGE_PRICE_INPUT_PER_MTOK,
             "price_output_per_mtok": settings.JUDGE_PRICE_OUTPUT_PER_MTOK,
             "limits": OutputLimits(
-                rationale_max=settings.JUDGE_RATIONALE_MAX_CHARS, correction_max=settings.JUDGE_CORRECTION_MAX_CHARS
+                max_criteria=settings.JUDGE_MAX_CRITERIA,
+                rationale_max=settings.JUDGE_RATIONALE_MAX_CHARS,
+                correction_max=settings.JUDGE_CORRECTION_MAX_CHARS,
             ),
         }
         # Every override given applies, empty ones included: a deployment's own endpoint
