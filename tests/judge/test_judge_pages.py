@@ -8,7 +8,7 @@ from feedback.models import JobStatus, JudgeJob, JudgeResult, JudgeStatus
 from feedback.services.judging import judge_job_cancel, judge_job_create, judge_job_run
 from feedback.services.review import comment_add
 from feedback.tasks import judge_job_run_task
-from tests.factories import user_with_role
+from tests.factories import DeploymentFactory, user_with_role
 from tests.fixtures.judge import Reply, user_prompt
 from tests.judge.conftest import VALID_JUDGEMENT
 
@@ -129,3 +129,30 @@ def test_bad_backfill_input_is_reported_not_stored(operator, judge_settings, cli
     response = client.post("/judge/jobs", {"limit": "0"}, follow=True)
     assert "limit: Ensure this value is greater than or equal to 1." in response.content.decode()
     assert JudgeJob.objects.count() == 0
+
+
+def test_trace_judgements_api_lists_every_version_in_pinned_queries(
+    make_trace, deployment, operator, judge_settings, client, django_assert_num_queries
+):
+    from feedback.models import JudgeTrigger
+    from feedback.services.api_keys import api_key_create
+    from feedback.services.judging import judge_request, judge_run
+
+    trace = make_trace()
+    answer = trace.messages.get(position=4)
+    comment_add(message=answer, author=operator, body="wrong")
+    judge_settings.script(Reply.json(VALID_JUDGEMENT), Reply.text("bad"), Reply.text("bad"), Reply.text("bad"))
+    judge_run(result=JudgeResult.objects.get())
+    judge_run(result=judge_request(message=answer, trigger=JudgeTrigger.MANUAL, enqueue=False))
+    key = api_key_create(deployment=deployment, scopes=["read"]).plaintext
+
+    # key lookup, trace, judgements, their messages, comments, customer feedback
+    with django_assert_num_queries(6):
+        data = client.get(f"/api/v1/traces/{trace.pk}/judgements", HTTP_AUTHORIZATION=f"Bearer {key}").json()
+    newest, oldest = data["judgements"]
+    assert newest["status"] == "failed" and newest["reward"] is None and "after 3 attempts" in newest["failure_reason"]
+    assert oldest["status"] == "succeeded" and oldest["is_latest"] and oldest["reward"] == 0.2
+    assert oldest["corrected_response_author"] == "judge"
+    assert oldest["comment_ids"] == [answer.comments.get().pk]
+    other = api_key_create(deployment=DeploymentFactory(name="other"), scopes=["read"]).plaintext
+    assert client.get(f"/api/v1/traces/{trace.pk}/judgements", HTTP_AUTHORIZATION=f"Bearer {other}").status_code == 404
