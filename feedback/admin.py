@@ -1,6 +1,21 @@
 from django.contrib import admin
 
-from feedback.models import ApiKey, Deployment, DeploymentJudge, FailureModeRun, JudgeJob, JudgeResult, Message, Trace
+from feedback.models import (
+    AnnotationQueue,
+    ApiKey,
+    Comment,
+    Correction,
+    CustomerFeedback,
+    Deployment,
+    DeploymentJudge,
+    FailureModeRun,
+    JudgeJob,
+    JudgeResult,
+    Message,
+    Trace,
+    TraceFlag,
+    TurnRating,
+)
 
 
 @admin.register(Deployment)
@@ -35,6 +50,46 @@ class TraceAdmin(admin.ModelAdmin):
     show_full_result_count = False  # no COUNT(*) of a large table
     raw_id_fields = ("model_version",)
     inlines = [MessageInline]
+
+
+@admin.register(Comment)
+class CommentAdmin(admin.ModelAdmin):
+    list_display = ("id", "trace", "message", "author", "created_at", "resolved_at")
+    raw_id_fields = ("trace", "message", "author", "resolved_by")
+    list_filter = ("resolved_at",)
+
+
+@admin.register(TurnRating)
+class TurnRatingAdmin(admin.ModelAdmin):
+    list_display = ("id", "trace", "message", "user", "kind", "value", "updated_at")
+    raw_id_fields = ("trace", "message", "user")
+
+
+@admin.register(Correction)
+class CorrectionAdmin(admin.ModelAdmin):
+    list_display = ("id", "trace", "message", "author", "created_at")
+    raw_id_fields = ("trace", "message", "author")
+
+
+@admin.register(CustomerFeedback)
+class CustomerFeedbackAdmin(admin.ModelAdmin):
+    list_display = ("id", "deployment", "trace", "source", "rating_kind", "rating", "customer_ref", "created_at")
+    list_filter = ("deployment", "source")
+    raw_id_fields = ("trace", "message", "api_key")
+
+
+@admin.register(TraceFlag)
+class TraceFlagAdmin(admin.ModelAdmin):
+    list_display = ("name", "trace", "source", "created_at")
+    list_filter = ("source",)
+    raw_id_fields = ("trace",)
+    show_full_result_count = False
+
+
+@admin.register(AnnotationQueue)
+class AnnotationQueueAdmin(admin.ModelAdmin):
+    list_display = ("name", "item_count", "lock_minutes", "created_by", "created_at")
+    raw_id_fields = ("created_by",)
 
 
 # The judge ------------------------------------------------------------------------------

@@ -182,6 +182,7 @@ class FeedbackCreateApi(APIView):
     parser_classes: list = []
 
     @extend_schema(
+        operation_id="feedback_create",
         request=_feedback_in,
         responses={
             201: OpenApiResponse(description="Stored."),
@@ -209,6 +210,7 @@ class FeedbackLinkCreateApi(APIView):
     parser_classes: list = []
 
     @extend_schema(
+        operation_id="feedback_link_create",
         request=inline_serializer(
             "FeedbackLinkIn",
             fields={

@@ -7,6 +7,8 @@ shared, bookmarked and restored with the back button.
 from __future__ import annotations
 
 from django import forms
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
 
 from feedback.models import Deployment, TraceStatus
 from training.models import ModelVersion
@@ -14,9 +16,9 @@ from training.models import ModelVersion
 YES_NO = [("", "any"), ("yes", "yes"), ("no", "no")]
 RATINGS = [
     ("", "any"),
-    ("negative", "negative (👎, 1-2)"),
+    ("negative", "negative (thumbs down, 1-2)"),
     ("neutral", "neutral (3)"),
-    ("positive", "positive (👍, 4-5)"),
+    ("positive", "positive (thumbs up, 4-5)"),
 ]
 RATING_VALUES = {"negative": -1, "neutral": 0, "positive": 1}
 # The parameters that make up a filter (the cursor `after` is not one).
@@ -39,9 +41,10 @@ FILTER_FIELDS = (
 
 class TraceFilterForm(forms.Form):
     q = forms.CharField(required=False, max_length=500, label="Search")
-    deployment = forms.TypedChoiceField(required=False, coerce=int, empty_value=None)
+    # Ids, not choices: validating against the lists would query them on every htmx request.
+    deployment = forms.IntegerField(required=False, min_value=1)
     environment = forms.CharField(required=False, max_length=200)
-    version = forms.TypedChoiceField(required=False, coerce=int, empty_value=None, label="Model version")
+    version = forms.IntegerField(required=False, min_value=1, label="Model version")
     status = forms.ChoiceField(required=False, choices=[("", "any"), *TraceStatus.choices])
     start = forms.DateField(required=False, label="From", widget=forms.DateInput(attrs={"type": "date"}))
     end = forms.DateField(required=False, label="To", widget=forms.DateInput(attrs={"type": "date"}))
@@ -54,14 +57,30 @@ class TraceFilterForm(forms.Form):
     reward_max = forms.FloatField(required=False, label="≤", widget=forms.NumberInput(attrs={"step": "any"}))
     flag = forms.SlugField(required=False, max_length=100, label="Failure flag")
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        # One small query each; versions are capped so a long history cannot bloat the page.
-        self.fields["deployment"].choices = [("", "all"), *Deployment.objects.values_list("id", "name")]
-        self.fields["version"].choices = [
-            ("", "any"),
-            *ModelVersion.objects.order_by("-created_at", "-id").values_list("id", "name")[:200],
-        ]
+    def selects(self) -> dict[str, SafeString]:
+        """The filter's drop-downs as HTML. Built here rather than by the widgets' templates,
+        which cost ~12 ms a page on a busy machine; format_html escapes every value."""
+        choices = {
+            "deployment": [("", "all"), *Deployment.objects.values_list("id", "name")],
+            # Capped, so a long history of versions cannot bloat the page.
+            "version": [
+                ("", "any"),
+                *ModelVersion.objects.order_by("-created_at", "-id").values_list("id", "name")[:200],
+            ],
+        }
+        out = {}
+        for name in ("deployment", "version", "status", "comment", "feedback", "rating"):
+            current = str(self.data.get(name, "")) if self.is_bound else ""
+            options = format_html_join(
+                "",
+                '<option value="{}"{}>{}</option>',
+                (
+                    (value, " selected" if str(value) == current else "", label)
+                    for value, label in choices.get(name) or self.fields[name].choices
+                ),
+            )
+            out[name] = format_html('<select name="{}" id="id_{}">{}</select>', name, name, options)
+        return out
 
     def filters(self) -> dict:
         """The valid filter values (an invalid field is left out and shown as an error)."""

@@ -6,12 +6,16 @@ nothing happens there. Existing traces are indexed from their stored messages.
 
 from django.db import migrations
 
+# The document feedback.services.search builds, as of this migration.
 BACKFILL = """
 UPDATE feedback_trace AS t SET search_vector = to_tsvector('english'::regconfig, d.doc)
 FROM (
-    SELECT trace_id, left(string_agg(left(content, 20000) || coalesce(' ' || tool_calls::text, ''), E'\\n'
-                                     ORDER BY position), 200000) AS doc
-    FROM feedback_message GROUP BY trace_id
+    SELECT m.trace_id, left(string_agg(
+        left(m.content, 20000) || coalesce(' ' || (
+            SELECT string_agg(concat_ws(' ', c->'function'->>'name', c->'function'->>'arguments'), ' ')
+            FROM jsonb_array_elements(m.tool_calls) AS c
+        ), ''), E'\\n' ORDER BY m.position), 200000) AS doc
+    FROM feedback_message AS m GROUP BY m.trace_id
 ) AS d
 WHERE t.id = d.trace_id
 """

@@ -185,17 +185,26 @@ class CustomerFeedback(models.Model):
 
 class TraceFlag(models.Model):
     """A named failure mode seen in a trace (e.g. `wrong-tool`, `hallucinated-order`),
-    written by the failure-mode pipeline or a person; the list filters on `name`."""
+    written by the failure-mode pipeline or a person; the list filters on `name`.
 
-    trace = models.ForeignKey(Trace, on_delete=models.CASCADE, related_name="flags")
-    name = models.SlugField(max_length=100)
-    source = models.CharField(max_length=40, blank=True, default="", help_text="who set it: judge, rule, user…")
+    `trace_started_at` copies the trace's start so the list can walk one flag's traces
+    newest first straight from the (name, trace_started_at, trace) index, whatever the
+    size of the trace table. Write flags with `feedback.services.flags.trace_flag_set`.
+    """
+
+    # The unique (trace, name) index serves lookups by trace.
+    trace = models.ForeignKey(Trace, on_delete=models.CASCADE, related_name="flags", db_index=False)
+    name = models.SlugField(max_length=100, db_index=False)
+    trace_started_at = models.DateTimeField()
+    source = models.CharField(max_length=40, blank=True, default="", help_text="who set it: judge, rule, user...")
     detail = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["trace", "name", "source"], name="traceflag_unique")]
-        indexes = [models.Index(fields=["name", "trace"], name="traceflag_name_trace_idx")]
+        constraints = [models.UniqueConstraint(fields=["trace", "name"], name="traceflag_unique")]
+        indexes = [
+            models.Index(fields=["name", "-trace_started_at", "-trace"], name="traceflag_name_started_idx"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.name} on {self.trace_id}"

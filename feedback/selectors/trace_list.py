@@ -102,28 +102,27 @@ def traces_filtered(filters: dict) -> QuerySet[Trace]:
         qs = qs.filter(judge_reward__gte=filters["reward_min"])
     if "reward_max" in filters:
         qs = qs.filter(judge_reward__lte=filters["reward_max"])
-    if "flag" in filters:
-        qs = qs.filter(Exists(TraceFlag.objects.filter(trace=OuterRef("pk"), name=filters["flag"])))
     if "q" in filters:
         qs = traces_search(qs, filters["q"])
+    if "flag" in filters:
+        # Walk the flag's (name, trace_started_at, trace) index newest first and join the
+        # traces: the cost follows the page, not how many traces carry the flag. A trace has
+        # a flag name at most once, so the join adds no duplicates.
+        return qs.filter(flags__name=filters["flag"]).order_by("-flags__trace_started_at", "-flags__trace_id")
     return qs.order_by("-started_at", "-id")
 
 
-def _before(cursor: Cursor) -> RawSQL:
-    # A row comparison, so PostgreSQL turns it into one index range condition.
-    table = Trace._meta.db_table
+def _compare(cursor: Cursor, op: str, *, flagged: bool) -> RawSQL:
+    # A row comparison, so PostgreSQL turns it into one index range condition; on the flag
+    # table's copy of the columns when the list is driven by a flag. Raw SQL skips the
+    # field's conversion, so the timestamp is adapted here (SQLite compares text).
+    if flagged:
+        columns = f'"{TraceFlag._meta.db_table}"."trace_started_at", "{TraceFlag._meta.db_table}"."trace_id"'
+    else:
+        columns = f'"{Trace._meta.db_table}"."started_at", "{Trace._meta.db_table}"."id"'
     return RawSQL(
-        f'("{table}"."started_at", "{table}"."id") < (%s, %s)',
-        [cursor.started_at, cursor.id],
-        output_field=BooleanField(),
-    )
-
-
-def _after(cursor: Cursor) -> RawSQL:
-    table = Trace._meta.db_table
-    return RawSQL(
-        f'("{table}"."started_at", "{table}"."id") > (%s, %s)',
-        [cursor.started_at, cursor.id],
+        f"({columns}) {op} (%s, %s)",
+        [connection.ops.adapt_datetimefield_value(cursor.started_at), cursor.id],
         output_field=BooleanField(),
     )
 
@@ -138,7 +137,7 @@ def trace_page(*, filters: dict, after: Cursor | None = None, limit: int = PAGE_
     """One page of the list (dicts of LIST_COLUMNS plus `flags`), and the cursor of the next."""
     qs = traces_filtered(filters)
     if after is not None:
-        qs = qs.filter(_before(after))
+        qs = qs.filter(_compare(after, "<", flagged="flag" in filters))
     rows = list(qs.values(*LIST_COLUMNS)[: limit + 1])
     more = len(rows) > limit
     rows = rows[:limit]
@@ -162,7 +161,12 @@ def trace_neighbour(*, filters: dict, trace: Trace, older: bool) -> int | None:
     """The id of the next older (or newer) trace in the filtered list, if any."""
     here = Cursor(trace.started_at, trace.id)
     qs = traces_filtered(filters)
-    qs = qs.filter(_before(here)) if older else qs.filter(_after(here)).order_by("started_at", "id")
+    flagged = "flag" in filters
+    if older:
+        qs = qs.filter(_compare(here, "<", flagged=flagged))
+    else:
+        order = ("flags__trace_started_at", "flags__trace_id") if flagged else ("started_at", "id")
+        qs = qs.filter(_compare(here, ">", flagged=flagged)).order_by(*order)
     return qs.values_list("id", flat=True).first()
 
 

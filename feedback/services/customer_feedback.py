@@ -81,6 +81,8 @@ def _text(data: dict[str, Any], key: str, limit: int = MAX_TEXT_CHARS) -> str:
         raise FieldError(key, "must be a string")
     if len(value) > limit:
         raise FieldError(key, f"{len(value)} characters; at most {limit}")
+    if "\x00" in value:
+        raise FieldError(key, "contains a NUL character")
     return value.strip()
 
 
@@ -92,7 +94,7 @@ def feedback_target_find(
     if len(given) != 1:
         raise FieldError("trace_id", "give exactly one of trace_id, external_id, response_id")
     if response_id:
-        if not isinstance(response_id, str) or len(response_id) > 200:
+        if not isinstance(response_id, str) or len(response_id) > 200 or "\x00" in response_id:
             raise FieldError("response_id", "must be a string of at most 200 characters")
         message = (
             Message.objects.select_related("trace")
@@ -105,8 +107,8 @@ def feedback_target_find(
             )
         return FeedbackTarget(message.trace, message)
     if external_id:
-        if not isinstance(external_id, str):
-            raise FieldError("external_id", "must be a string")
+        if not isinstance(external_id, str) or "\x00" in external_id:
+            raise FieldError("external_id", "must be a string without NUL characters")
         trace = Trace.objects.filter(deployment=deployment, external_id=external_id).first()
         if trace is None:
             raise FeedbackTargetNotFound(

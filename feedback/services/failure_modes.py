@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -138,6 +138,7 @@ def _views(trace_ids: Sequence[int]) -> list[TraceView]:
 def _write_rule_flags(trace_ids: Sequence[int], findings: dict[int, list[Finding]], names: Sequence[str]) -> int:
     """Replace the scanned traces' rule flags of `names` by the current findings."""
     TraceFlag.objects.filter(trace_id__in=trace_ids, source=RULE_SOURCE, name__in=names).delete()
+    started = _started_at(findings)
     flags = {}
     for trace_id, found in findings.items():
         for f in found:
@@ -145,10 +146,20 @@ def _write_rule_flags(trace_ids: Sequence[int], findings: dict[int, list[Finding
             if name in names and (trace_id, name) not in flags:
                 where = f"message #{f.position}: " if f.position is not None else ""
                 flags[(trace_id, name)] = TraceFlag(
-                    trace_id=trace_id, name=name, source=RULE_SOURCE, detail=(where + f.detail)[:2000]
+                    trace_id=trace_id,
+                    name=name,
+                    source=RULE_SOURCE,
+                    detail=(where + f.detail)[:2000],
+                    trace_started_at=started[trace_id],
                 )
+    # A flag of the same name a person set by hand is kept as it is.
     TraceFlag.objects.bulk_create(flags.values(), ignore_conflicts=True)
     return len(flags)
+
+
+def _started_at(trace_ids: Iterable[int]) -> dict[int, datetime]:
+    """Each trace's start, which its flags carry (the list walks flags newest first)."""
+    return dict(Trace.objects.filter(id__in=list(trace_ids)).values_list("id", "started_at"))
 
 
 def _notes(trace_ids: Sequence[int]) -> list[dict[str, Any]]:
@@ -266,6 +277,9 @@ def _cluster(
                 TraceFlag(trace_id=key[0], name=slug, source=CLUSTER_SOURCE, detail=f"failure mode: {cluster.name}"),
             )
         _progress(run, progress_done=rank + 1)
+    started = _started_at({trace_id for trace_id, _ in flags})
+    for (trace_id, _), flag in flags.items():
+        flag.trace_started_at = started[trace_id]
     TraceFlag.objects.bulk_create(flags.values(), ignore_conflicts=True)
     return count
 

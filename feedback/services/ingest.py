@@ -28,7 +28,7 @@ from feedback.services.chat_format import (
     parse_timestamp,
     parse_tools,
 )
-from feedback.services.search import search_document, traces_search_index
+from feedback.services.search import traces_search_index_later
 
 PREVIEW_CHARS = 300
 
@@ -305,11 +305,8 @@ def _ingest_parsed(deployment: Deployment, parsed: list[tuple[int, ParsedTrace]]
         )
     ids = traces_insert([row for _, _, row in new_traces])
     rows: list[tuple] = []
-    documents: list[tuple[int, str]] = []
-    appended_documents: list[tuple[int, str]] = []
     for (index, p, _), trace_id in zip(new_traces, ids, strict=True):
         rows.extend(_message_values(trace_id, pos, m, now) for pos, m in enumerate(p.messages))
-        documents.append((trace_id, search_document(p.messages)))
         results.append(ItemResult(index, p.external_id, "created", trace_id))
 
     for external_id, trace in existing.items():
@@ -338,12 +335,10 @@ def _ingest_parsed(deployment: Deployment, parsed: list[tuple[int, ParsedTrace]]
             results.append(ItemResult(index, external_id, "exists", trace.id))
             continue
         rows.extend(_message_values(trace.id, len(stored) + k, m, now) for k, m in enumerate(extra))
-        appended_documents.append((trace.id, search_document(extra)))
         _apply_appended(trace, extra, p, now)
         results.append(ItemResult(index, external_id, "appended", trace.id))
     messages_insert(rows)
-    traces_search_index(documents=documents)
-    traces_search_index(documents=appended_documents, append=True)
+    traces_search_index_later(trace_ids=[r.trace_id for r in results if r.status in ("created", "appended")])
     return results
 
 
@@ -420,5 +415,5 @@ def trace_append_messages(*, trace: Trace, messages: Sequence[ParsedMessage]) ->
     first = trace.message_count
     messages_insert([_message_values(trace.id, first + k, m, now) for k, m in enumerate(messages)])
     _apply_appended(trace, list(messages), None, now)
-    traces_search_index(documents=[(trace.id, search_document(messages))], append=True)
+    traces_search_index_later(trace_ids=[trace.id])
     return first

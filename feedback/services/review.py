@@ -25,8 +25,15 @@ MAX_CORRECTION_CHARS = 100_000
 MAX_TOOL_CALLS = 32
 
 
+def _no_nul(value: str, field: str) -> str:
+    # PostgreSQL text cannot hold NUL characters; refuse them instead of failing the write.
+    if "\x00" in value:
+        raise FieldError(field, "contains a NUL character")
+    return value
+
+
 def _body(value: str, field: str = "body", *, limit: int = MAX_COMMENT_CHARS) -> str:
-    value = (value or "").strip()
+    value = _no_nul((value or "").strip(), field)
     if not value:
         raise FieldError(field, "required; write what went wrong")
     if len(value) > limit:
@@ -200,6 +207,7 @@ def correction_tool_calls_validate(*, trace: Trace, tool_calls: Any) -> list[dic
             )
         arguments = function.get("arguments", {})
         if isinstance(arguments, str):
+            _no_nul(arguments, f"{here}.function.arguments")
             try:
                 arguments = orjson.loads(arguments) if arguments.strip() else {}
             except orjson.JSONDecodeError as exc:
@@ -227,7 +235,7 @@ def correction_tool_calls_validate(*, trace: Trace, tool_calls: Any) -> list[dic
 
 
 def _correction_fields(*, trace: Trace, content: str, tool_calls: Any) -> tuple[str, list | None]:
-    content = (content or "").strip()
+    content = _no_nul((content or "").strip(), "content")
     if len(content) > MAX_CORRECTION_CHARS:
         raise FieldError("content", f"{len(content)} characters; at most {MAX_CORRECTION_CHARS}")
     calls = correction_tool_calls_validate(trace=trace, tool_calls=tool_calls)
@@ -249,7 +257,7 @@ def correction_add(
         author=author,
         content=content,
         tool_calls=calls,
-        note=(note or "").strip()[:MAX_COMMENT_CHARS],
+        note=_no_nul((note or "").strip()[:MAX_COMMENT_CHARS], "note"),
         created_at=now,
         updated_at=now,
     )
@@ -268,7 +276,7 @@ def correction_update(
     correction.content, correction.tool_calls = _correction_fields(
         trace=correction.trace, content=content, tool_calls=tool_calls
     )
-    correction.note = (note or "").strip()[:MAX_COMMENT_CHARS]
+    correction.note = _no_nul((note or "").strip()[:MAX_COMMENT_CHARS], "note")
     correction.updated_at = now or timezone.now()
     correction.save(update_fields=["content", "tool_calls", "note", "updated_at"])
     return correction

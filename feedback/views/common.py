@@ -10,10 +10,13 @@ from collections.abc import Callable
 from functools import wraps
 from urllib.parse import urlencode
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, QueryDict
+from django.shortcuts import resolve_url
 from django.utils.http import url_has_allowed_host_and_scheme
+from django_htmx.http import HttpResponseClientRedirect
 
 from feedback.forms import FILTER_FIELDS
 
@@ -33,12 +36,24 @@ def dashboard_view(permission: str | None = None) -> Callable:
 
     def decorate(view: Callable) -> Callable:
         @wraps(view)
-        def wrapped(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        def inner(request: HttpRequest, *args, **kwargs) -> HttpResponse:
             if permission and not request.user.has_perm(permission):
                 raise PermissionDenied(f"your role does not include {permission}")
             return with_csp(view(request, *args, **kwargs))
 
-        return login_required(wrapped)
+        guarded = login_required(inner)
+
+        @wraps(view)
+        def outer(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+            if request.htmx and not request.user.is_authenticated:
+                # A fragment request after the session expired: send the whole page to login,
+                # rather than swapping the login form into a corner of it.
+                return HttpResponseClientRedirect(
+                    f"{resolve_url(settings.LOGIN_URL)}?{urlencode({'next': request.path})}"
+                )
+            return guarded(request, *args, **kwargs)
+
+        return outer
 
     return decorate
 

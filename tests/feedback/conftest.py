@@ -74,13 +74,16 @@ def tool_conversation(question: str = "Where is order A1?", answer: str = "It ha
 
 @pytest.fixture
 def ingest(db):
-    """Store traces through the real ingest service (so search vectors are written)."""
+    """Store traces through the real ingest service and build their search vectors, as the
+    worker would after commit (test transactions never commit)."""
     from feedback.models import Trace
     from feedback.services.ingest import traces_ingest
+    from feedback.services.search import traces_search_index
 
     def do(deployment, *items) -> list[Trace]:
         results = traces_ingest(deployment=deployment, items=list(items))
         assert all(r.status == "created" for r in results), [r.as_dict() for r in results]
+        traces_search_index(trace_ids=[r.trace_id for r in results])
         return [Trace.objects.get(pk=r.trace_id) for r in results]
 
     return do

@@ -29,6 +29,7 @@ def test_comment_through_htmx_returns_the_thread_and_a_plain_post_redirects(oper
     assert evil.url == f"/traces/{tool_trace.id}/#msg-4"
     bad = operator_client.post(url, {"body": "x", "quote_start": "3", "quote_end": "999"}, HTTP_HX_REQUEST="true")
     assert bad.status_code == 400 and "quote_end" in bad.content.decode()
+    assert operator_client.post(url, {"body": "nul \x00"}, HTTP_HX_REQUEST="true").status_code == 400
 
 
 def test_edit_and_delete_are_for_the_author_only(client, operator_client, tool_trace, operator):
@@ -85,3 +86,13 @@ def test_correction_editor_shows_errors_in_place_and_saves_beside_the_original(o
     detail = operator_client.get(f"/traces/{tool_trace.id}/").content.decode()
     assert "Correction by <b>olga</b>" in detail and "Refunding now." in detail
     assert operator_client.get(f"/traces/{tool_trace.id}/messages/1/correction").status_code == 404
+    nul = operator_client.post(url, {"content": "a\x00b", "tool_name": [""], "tool_args": [""]})
+    assert nul.status_code == 400 and "NUL" in nul.content.decode()
+    assert Correction.objects.count() == 1
+
+
+def test_an_htmx_request_without_a_session_redirects_the_whole_page_to_login(client, tool_trace):
+    response = client.post(f"/traces/{tool_trace.id}/messages/4/comments", {"body": "x"}, HTTP_HX_REQUEST="true")
+    assert response.status_code == 200 and response["HX-Redirect"].startswith("/login/?next=")
+    assert not Comment.objects.exists()
+    assert client.get("/traces/").status_code == 302

@@ -116,6 +116,8 @@ def test_scopes_are_enforced_both_ways(client, tool_trace, deployment, make_key,
         ({"comment": "x" * 20_001}, "comment"),
         ({"rating": "up", "trace_id": "abc"}, "trace_id"),
         ({"rating": "up", "trace_id": 1, "response_id": "x"}, "trace_id"),
+        ({"comment": "nul \u0000 byte"}, "comment"),
+        ({"rating": "up", "response_id": "a\u0000b"}, "response_id"),
     ],
 )
 def test_bad_input_is_a_400_naming_the_field(client, tool_trace, feedback_key, body, field):

@@ -7,7 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from feedback.models import CustomerFeedback, Trace, TraceFlag
+from feedback.models import CustomerFeedback, Trace
+from feedback.services.flags import trace_flag_set
 from feedback.services.review import comment_add
 from tests.factories import DeploymentFactory, user_with_role
 from tests.feedback.conftest import TOOLS, tool_conversation
@@ -54,7 +55,8 @@ def test_filters_narrow_the_list_and_live_in_the_url(operator_client, deployment
     comment_add(message=b.messages.get(position=1), author=operator, body="too curt")
     Trace.objects.filter(pk=c.pk).update(judge_reward=0.2)
     Trace.objects.filter(pk=a.pk).update(judge_reward=0.9)
-    TraceFlag.objects.create(trace=c, name="wrong-tool", source="judge")
+    trace_flag_set(trace=c, name="wrong-tool", source="judge")
+    trace_flag_set(trace=b, name="loop", source="rule")
     CustomerFeedback.objects.create(deployment=deployment, trace=a, rating_kind="thumbs", rating=-1)
     Trace.objects.filter(pk=a.pk).update(has_customer_feedback=True, feedback_rating=-1)
 
@@ -75,6 +77,8 @@ def test_filters_narrow_the_list_and_live_in_the_url(operator_client, deployment
     assert ids(reward_min="0.5") == ["refund-1"]
     assert ids(reward_max="0.5") == ["track-2"]
     assert ids(flag="wrong-tool") == ["track-2"]
+    assert ids(flag="loop", environment="web") == ["track-1"]
+    assert ids(flag="loop", environment="phone") == []
     assert ids(start="2026-11-01", end="2026-11-01") == ["sales-1", "refund-1", "track-1", "track-2"]
     assert ids(start="2026-11-02") == []
     # Full-text search: every word must occur ("blenders" matches: stemmed on PostgreSQL,
@@ -202,12 +206,13 @@ def test_list_page_queries_are_pinned_and_do_not_grow_with_rows(
     operator_client, deployment, ingest, django_assert_num_queries
 ):
     ingest(deployment, *[simple(f"t{i}", "hello", i) for i in range(60)])
-    TraceFlag.objects.create(trace=Trace.objects.first(), name="loop", source="rule")
+    trace_flag_set(trace=Trace.objects.first(), name="loop", source="rule")
     operator_client.get(LIST)  # warm the session
-    # session, user, permissions (user + groups), deployments, versions, page, flags, flag names
+    # session, user, permissions (user + groups), page, flags, flag names, deployments, versions
     with django_assert_num_queries(9):
         assert len(listed(operator_client.get(LIST, {"deployment": deployment.id, "q": "hello"}))) == 50
-    with django_assert_num_queries(7):  # htmx "load more": no flag names
+    # An htmx "load more" (here past the end): session, user, permissions, page; no choice lists.
+    with django_assert_num_queries(5):
         operator_client.get(LIST, {"after": "1790000000000000.1"}, HTTP_HX_REQUEST="true")
 
 
@@ -220,3 +225,23 @@ def test_detail_page_queries_are_pinned(operator_client, deployment, ingest, ope
     # judgements
     with django_assert_num_queries(12):
         assert operator_client.get(f"/traces/{trace.id}/").status_code == 200
+
+
+def test_a_flag_filter_pages_and_navigates_in_list_order(operator_client, deployment, ingest):
+    traces = ingest(
+        deployment, *[simple(f"t{i:03d}", "hello", i // 2, environment="web" if i % 3 else "phone") for i in range(130)]
+    )
+    flagged = [t for i, t in enumerate(traces) if i % 10]  # 117 flagged traces
+    for t in flagged:
+        trace_flag_set(trace=t, name="loop", source="rule")
+    expected = [t.external_id for t in sorted(flagged, key=lambda t: (t.started_at, t.id), reverse=True)]
+    seen, url = [], LIST + "?flag=loop"
+    while url:
+        body = operator_client.get(url).content.decode()
+        seen += re.findall(r'class="trace-link" href="[^"]+">([^<]+)</a>', body)
+        match = re.search(r'hx-get="(\?[^"]+)"', body)
+        url = LIST + match.group(1).replace("&amp;", "&") if match else None
+    assert seen == expected
+    first, second = (next(t for t in flagged if t.external_id == e) for e in expected[:2])
+    assert operator_client.get(f"/traces/{first.id}/next?flag=loop").url == f"/traces/{second.id}/?flag=loop"
+    assert operator_client.get(f"/traces/{second.id}/prev?flag=loop").url == f"/traces/{first.id}/?flag=loop"

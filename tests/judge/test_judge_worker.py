@@ -12,11 +12,13 @@ from feedback.services.api_keys import api_key_create
 from tests.fixtures.judge import Reply
 from tests.judge.conftest import VALID_JUDGEMENT
 
-pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.redis, pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture(scope="module")
-def celery_worker():
+def judge_worker():
+    """A worker thread in this process, so it sees the judge settings a test points at the
+    test server (the subprocess worker of tests/fixtures/worker.py would not)."""
     from celery.contrib.testing.worker import start_worker
 
     from webapp.celery import app
@@ -37,7 +39,7 @@ def wait_for(predicate, timeout: float = 30.0):
 
 
 def test_a_comment_posted_in_the_browser_is_judged_by_the_worker(
-    celery_worker, make_trace, operator, judge_settings, client
+    judge_worker, make_trace, operator, judge_settings, client
 ):
     judge_settings.script(Reply.json(VALID_JUDGEMENT))
     trace = make_trace()
@@ -51,7 +53,7 @@ def test_a_comment_posted_in_the_browser_is_judged_by_the_worker(
 
 
 def test_customer_feedback_posted_to_the_api_is_judged_by_the_worker(
-    celery_worker, make_trace, deployment, judge_settings, client
+    judge_worker, make_trace, deployment, judge_settings, client
 ):
     judge_settings.script(Reply.text("{broken"), Reply.json({**VALID_JUDGEMENT, "reward": 0.1}))
     trace = make_trace()

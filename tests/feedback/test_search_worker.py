@@ -1,0 +1,35 @@
+"""Search vectors are built by a real worker after ingest commits."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from feedback.services.search import traces_search_index_missing
+from tests.factories import user_with_role
+
+pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.django_db(transaction=True)]
+
+
+def test_a_trace_sent_through_the_api_becomes_searchable(client, deployment, make_key, celery_worker_process):
+    key = make_key(deployment, ["ingest"])
+    body = {
+        "traces": [
+            {"external_id": "zz-1", "messages": [{"role": "user", "content": "My toaster exploded"}]},
+            {"external_id": "zz-2", "messages": [{"role": "user", "content": "Where is my kettle?"}]},
+        ]
+    }
+    response = client.post(
+        "/api/v1/traces", data=json.dumps(body), content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {key}"
+    )
+    assert response.status_code == 207
+    client.force_login(user_with_role("operator", "olga"))
+    deadline = time.monotonic() + 30
+    while b"zz-1" not in (page := client.get("/traces/", {"q": "toasters"})).content:
+        assert time.monotonic() < deadline, "the worker did not index the trace within 30 s"
+        time.sleep(0.3)
+    assert b"zz-2" not in page.content
+    # Nothing is left for the catch-up command.
+    assert traces_search_index_missing() == 0
