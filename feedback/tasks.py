@@ -29,7 +29,7 @@ def judge_result_run_task(result_id: int) -> None:
 
 @shared_task(name="feedback.judge_job_run", queue="default")
 def judge_job_run_task(job_id: int) -> None:
-    from feedback.services.judging import judge_job_run
+    from feedback.services.judge_jobs import judge_job_run
 
     job = JudgeJob.objects.filter(pk=job_id).first()
     if job is not None:

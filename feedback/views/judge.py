@@ -16,7 +16,8 @@ from feedback.judge.prompts import CURRENT_TURN
 from feedback.models import Deployment, JudgeJob, JudgeResult, JudgeTrigger, Message
 from feedback.permissions import BROWSE
 from feedback.selectors.judge import agreement_by_version, judge_endpoint_for
-from feedback.services.judging import JudgeError, judge_job_cancel, judge_job_create, judge_request
+from feedback.services.judge_jobs import judge_job_cancel, judge_job_create
+from feedback.services.judging import JudgeError, judge_request
 from feedback.views.common import dashboard_view, safe_next
 from feedback.views.traces import trace_or_404
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from feedback.models import JobStatus, JudgeJob, JudgeResult, JudgeStatus
-from feedback.services.judging import judge_job_cancel, judge_job_create, judge_job_run
+from feedback.services.judge_jobs import judge_job_cancel, judge_job_create, judge_job_run
 from feedback.services.review import comment_add
 from feedback.tasks import judge_job_run_task
 from tests.factories import DeploymentFactory, user_with_role
