@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import random
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -162,10 +163,16 @@ def _update_trace_reward(trace_id: int) -> None:
 
 
 def judge_run(*, result: JudgeResult, endpoint: JudgeEndpoint | None = None) -> JudgeResult:
-    """Run a pending judgement and store its outcome. A result that is no longer pending
-    (a redelivered task) is returned as it is."""
-    claimed = JudgeResult.objects.filter(pk=result.pk, status=JudgeStatus.PENDING).update(
-        status=JudgeStatus.RUNNING, started_at=timezone.now()
+    """Run a pending judgement and store its outcome. A result already finished, or
+    running elsewhere (a redelivered task), is returned as it is."""
+    now = timezone.now()
+    # A judgement left running by a worker that died is taken over once it is older than
+    # the longest a call can take; a live one is left to finish.
+    stale = now - timedelta(seconds=settings.JUDGE_TIMEOUT_S * settings.JUDGE_MAX_ATTEMPTS + 60)
+    claimed = (
+        JudgeResult.objects.filter(pk=result.pk)
+        .filter(Q(status=JudgeStatus.PENDING) | Q(status=JudgeStatus.RUNNING, started_at__lt=stale))
+        .update(status=JudgeStatus.RUNNING, started_at=now)
     )
     result.refresh_from_db()
     if not claimed:

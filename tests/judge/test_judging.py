@@ -219,3 +219,20 @@ def test_a_deployment_can_use_its_own_judge_without_getting_the_default_key(
     DeploymentJudge.objects.filter(deployment=deployment).update(api_key_env="SUPPORT_BOT_JUDGE_KEY")
     judge_run(result=judge_request(message=answer_of(trace), trigger=JudgeTrigger.MANUAL, enqueue=False))
     assert judge_settings.headers[1]["authorization"] == "Bearer own-secret"
+
+
+def test_a_judgement_left_running_by_a_dead_worker_is_taken_over(make_trace, operator, judge_settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    trace = make_trace()
+    comment_add(message=answer_of(trace), author=operator, body=COMMENT)
+    result = JudgeResult.objects.get()
+    JudgeResult.objects.filter(pk=result.pk).update(status=JudgeStatus.RUNNING, started_at=timezone.now())
+    assert judge_run(result=result).status == JudgeStatus.RUNNING  # maybe still alive: left alone
+    assert judge_settings.requests == []
+
+    JudgeResult.objects.filter(pk=result.pk).update(started_at=timezone.now() - timedelta(hours=1))
+    judge_settings.script(Reply.json(VALID_JUDGEMENT))
+    assert judge_run(result=result).status == JudgeStatus.SUCCEEDED
