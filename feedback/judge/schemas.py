@@ -79,6 +79,7 @@ def turn_judgement_schema(limits: OutputLimits = OutputLimits()) -> dict[str, An
 
 RUBRIC_SCHEMA = rubric_schema()
 TURN_JUDGEMENT_SCHEMA = turn_judgement_schema()
+STORED_RUBRIC_SCHEMA = rubric_schema(OutputLimits(max_criteria=50, criterion_max=5000))
 
 CLUSTER_NAME_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -153,7 +154,8 @@ class Rubric:
             return cls(criteria=(Criterion(criterion=data.strip(), weight=1),))
         if isinstance(data, list):
             data = {"criteria": data}
-        validate(data, RUBRIC_SCHEMA)
+        # Structure only: a rubric stored under other output limits is still a rubric.
+        validate(data, STORED_RUBRIC_SCHEMA)
         return cls(criteria=tuple(Criterion(c["criterion"].strip(), int(c["weight"])) for c in data["criteria"]))
 
     def as_dict(self) -> dict[str, Any]:

@@ -151,3 +151,15 @@ def test_judge_turn_guards_a_content_free_logged_turn(judge_server):
     )
     assert outcome.judgement.reward == pytest.approx(0.9)
     assert outcome.reward == 0.0 and outcome.guard_reason
+
+
+def test_rubrics_are_taken_as_stored_lists_or_text_and_bad_ones_refused():
+    from feedback.judge.schemas import Rubric, SchemaViolation
+
+    stored = {"criteria": [{"criterion": f"criterion number {i}", "weight": 2} for i in range(9)]}
+    assert len(Rubric.from_data(stored).criteria) == 9  # more than today's output limit
+    assert Rubric.from_data("Be polite").as_text() == "- (1) Be polite"
+    assert Rubric.from_data([{"criterion": "Cites the order", "weight": 3}]).criteria[0].weight == 3
+    for bad in ("", {"criteria": []}, {"criteria": [{"criterion": "x y z", "weight": 7}]}):
+        with pytest.raises(SchemaViolation):
+            Rubric.from_data(bad)
