@@ -68,6 +68,75 @@ def judge_latest_for_message(*, message_id: int) -> JudgeResult | None:
     return JudgeResult.objects.filter(message_id=message_id, is_latest=True).first()
 
 
+@dataclass(frozen=True, slots=True)
+class JudgedTurn:
+    """A judged assistant turn as training reads it: the context it answered (OpenAI chat
+    messages), the logged turn, the trace's tools, and the latest judgement of it."""
+
+    result_id: int
+    trace_id: int
+    message_id: int
+    context: list[dict[str, Any]]
+    logged: dict[str, Any]
+    tools: list[dict[str, Any]]
+    rubric: dict[str, Any]
+    reward: float
+    rationale: str
+    corrected_response: str | None  # written by the judge; operators' are `Correction`s
+    judge_model: str
+    prompt_version: str
+
+
+def judged_turns(
+    *,
+    deployment: Deployment | None = None,
+    judge_model: str | None = None,
+    prompt_version: str | None = None,
+    limit: int = 10_000,
+) -> list[JudgedTurn]:
+    """The latest successful judgement of each judged turn, newest first, with its context,
+    in two queries whatever the number of turns. Check `judge_reward_gate` before using
+    the rewards without a person's say-so."""
+    from feedback.models import Message
+    from feedback.selectors.traces import message_as_openai
+
+    qs = JudgeResult.objects.filter(is_latest=True, status=JudgeStatus.SUCCEEDED).select_related("message", "trace")
+    if deployment is not None:
+        qs = qs.filter(trace__deployment=deployment)
+    if judge_model is not None:
+        qs = qs.filter(judge_model=judge_model)
+    if prompt_version is not None:
+        qs = qs.filter(prompt_version=prompt_version)
+    results = list(qs.order_by("-created_at", "-id")[:limit])
+    needed: dict[int, int] = {}
+    for r in results:
+        needed[r.trace_id] = max(needed.get(r.trace_id, -1), r.message.position)
+    by_trace: dict[int, list[Message]] = defaultdict(list)
+    for m in Message.objects.filter(trace_id__in=list(needed)).order_by("trace_id", "position"):
+        if m.position <= needed[m.trace_id]:
+            by_trace[m.trace_id].append(m)
+    out = []
+    for r in results:
+        earlier = [message_as_openai(m) for m in by_trace[r.trace_id] if m.position < r.message.position]
+        out.append(
+            JudgedTurn(
+                result_id=r.pk,
+                trace_id=r.trace_id,
+                message_id=r.message_id,
+                context=earlier,
+                logged=message_as_openai(r.message),
+                tools=r.trace.tools or [],
+                rubric=r.rubric or {},
+                reward=r.reward if r.reward is not None else 0.0,
+                rationale=r.rationale,
+                corrected_response=r.corrected_response or None,
+                judge_model=r.judge_model,
+                prompt_version=r.prompt_version,
+            )
+        )
+    return out
+
+
 # Agreement ------------------------------------------------------------------------------
 
 

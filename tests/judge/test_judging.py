@@ -236,3 +236,29 @@ def test_a_judgement_left_running_by_a_dead_worker_is_taken_over(make_trace, ope
     JudgeResult.objects.filter(pk=result.pk).update(started_at=timezone.now() - timedelta(hours=1))
     judge_settings.script(Reply.json(VALID_JUDGEMENT))
     assert judge_run(result=result).status == JudgeStatus.SUCCEEDED
+
+
+def test_training_reads_the_latest_judgement_of_each_turn_with_its_context(
+    make_trace, operator, judge_settings, django_assert_num_queries
+):
+    from feedback.selectors.judge import judged_turns
+
+    traces = [make_trace(external_id=f"c{i}") for i in range(3)]
+    for t in traces:
+        comment_add(message=answer_of(t), author=operator, body=COMMENT)
+    judge_settings.respond_with(lambda request: Reply.json(VALID_JUDGEMENT))
+    for result in JudgeResult.objects.all():
+        judge_run(result=result)
+    judge_settings.respond_with(lambda request: Reply.json({**VALID_JUDGEMENT, "reward": 0.7}))
+    judge_run(result=judge_request(message=answer_of(traces[0]), trigger=JudgeTrigger.MANUAL, enqueue=False))
+
+    with django_assert_num_queries(2):
+        turns = judged_turns()
+    assert len(turns) == 3
+    newest = turns[0]
+    assert newest.trace_id == traces[0].pk and newest.reward == pytest.approx(0.7)
+    assert [m["role"] for m in newest.context] == ["system", "user", "assistant", "tool"]
+    assert newest.logged == {"role": "assistant", "content": "It has shipped."}
+    assert newest.rubric["criteria"][0]["weight"] == 3
+    assert newest.corrected_response == "Let me check order A1 for you."
+    assert newest.tools and newest.tools[0]["function"]["name"] == "lookup_order"
