@@ -1,4 +1,4 @@
-"""Template helpers for the judge's pages."""
+"""Template filters for the judge's pages."""
 
 from __future__ import annotations
 
