@@ -7,6 +7,10 @@ from feedback.models import (
     Correction,
     CustomerFeedback,
     Deployment,
+    DeploymentJudge,
+    FailureModeRun,
+    JudgeJob,
+    JudgeResult,
     Message,
     Trace,
     TraceFlag,
@@ -86,3 +90,37 @@ class TraceFlagAdmin(admin.ModelAdmin):
 class AnnotationQueueAdmin(admin.ModelAdmin):
     list_display = ("name", "item_count", "lock_minutes", "created_by", "created_at")
     raw_id_fields = ("created_by",)
+
+
+# The judge ------------------------------------------------------------------------------
+
+
+@admin.register(DeploymentJudge)
+class DeploymentJudgeAdmin(admin.ModelAdmin):
+    """A deployment's own judge endpoint. The key stays in the environment: give the name
+    of the variable that holds it."""
+
+    list_display = ("deployment", "model", "base_url", "api_key_env", "schema_mode", "updated_at")
+
+
+@admin.register(JudgeResult)
+class JudgeResultAdmin(admin.ModelAdmin):
+    list_display = ("id", "trace", "status", "reward", "judge_model", "prompt_version", "is_latest", "created_at")
+    list_filter = ("status", "judge_model", "prompt_version", "trigger")
+    raw_id_fields = ("trace", "message", "job", "comments", "customer_feedback", "human_corrections")
+    show_full_result_count = False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        # A judgement is a record of what the judge said: it is never edited.
+        return False
+
+
+@admin.register(JudgeJob)
+class JudgeJobAdmin(admin.ModelAdmin):
+    list_display = ("id", "deployment", "status", "total", "succeeded", "failed", "created_at")
+    exclude = ("message_ids",)
+
+
+@admin.register(FailureModeRun)
+class FailureModeRunAdmin(admin.ModelAdmin):
+    list_display = ("id", "deployment", "status", "traces_scanned", "traces_flagged", "notes_clustered", "created_at")

@@ -1,6 +1,6 @@
 from django.urls import path, re_path
 
-from feedback.views import links, queues, review, traces
+from feedback.views import failure_modes, judge, links, queues, review, traces
 
 app_name = "feedback"
 urlpatterns = [
@@ -29,4 +29,14 @@ urlpatterns = [
         name="queue-item-action",
     ),
     path("f/<str:token>", links.feedback_link_page, name="feedback-link"),
+]
+urlpatterns += [
+    path("judge/", judge.judge_overview, name="judge"),
+    path("judge/jobs", judge.judge_job_create_view, name="judge-job-create"),
+    path("judge/jobs/<int:job_id>/cancel", judge.judge_job_cancel_view, name="judge-job-cancel"),
+    path("judge/results/<int:result_id>/", judge.judge_result_detail, name="judge-result"),
+    path("judge/agreement/", judge.judge_agreement, name="judge-agreement"),
+    path("traces/<int:trace_id>/messages/<int:position>/judge", judge.judge_turn_view, name="judge-turn"),
+    path("failure-modes/", failure_modes.failure_modes, name="failure-modes"),
+    path("failure-modes/runs", failure_modes.failure_mode_run_create_view, name="failure-mode-run-create"),
 ]

@@ -10,9 +10,9 @@ import socket
 import pytest
 from django.conf import settings
 
-# Shared fixtures: the inference server, headless Chromium (live server, logged-in pages,
-# screenshots) and a real Celery worker, for every app's tests.
-pytest_plugins = ["tests.fixtures.inference", "tests.fixtures.browser", "tests.fixtures.worker"]
+# Session-scoped test servers and fixtures shared by every part's tests: browser (Chromium, live
+# server, logged-in pages), a real Celery worker, the vLLM server, and the scriptable judge.
+pytest_plugins = ["tests.fixtures.browser", "tests.fixtures.worker", "tests.fixtures.inference", "tests.fixtures.judge"]
 
 
 def _port_open(host: str, port: int) -> bool:

@@ -1,5 +1,18 @@
 """The feedback app's models, by sub-domain; import them from here."""
 
+from feedback.models.judge import (
+    DeploymentJudge,
+    FailureCluster,
+    FailureClusterMember,
+    FailureModeRun,
+    JobStatus,
+    JudgeJob,
+    JudgeResult,
+    JudgeStatus,
+    JudgeTrigger,
+    OrderSwapCheck,
+    SchemaMode,
+)
 from feedback.models.queues import AnnotationQueue, QueueItem, QueueItemStatus, QueueSkip
 from feedback.models.review import (
     Comment,
@@ -31,13 +44,24 @@ __all__ = [
     "Correction",
     "CustomerFeedback",
     "Deployment",
+    "DeploymentJudge",
+    "FailureCluster",
+    "FailureClusterMember",
+    "FailureModeRun",
     "FeedbackSource",
+    "JobStatus",
+    "JudgeJob",
+    "JudgeResult",
+    "JudgeStatus",
+    "JudgeTrigger",
     "Message",
     "MessageRole",
+    "OrderSwapCheck",
     "QueueItem",
     "QueueItemStatus",
     "QueueSkip",
     "RatingKind",
+    "SchemaMode",
     "Trace",
     "TraceFlag",
     "TraceSource",

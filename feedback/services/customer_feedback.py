@@ -34,6 +34,7 @@ from feedback.models import (
     rating_sentiment,
 )
 from feedback.services.chat_format import FieldError
+from feedback.services.judging import judge_on_customer_feedback
 
 MAX_TEXT_CHARS = 20_000
 LINK_SALT = "practicum.feedback-link"
@@ -195,6 +196,7 @@ def _store(deployment, target, fields, idempotency_key, request_hash, api_key, s
         sentiment = rating_sentiment(fields["rating_kind"], fields["rating"])
         updates["feedback_rating"] = Least(Coalesce(F("feedback_rating"), Value(sentiment)), Value(sentiment))
     Trace.objects.filter(pk=target.trace.pk).update(**updates)
+    judge_on_customer_feedback(feedback=feedback)
     return feedback
 
 

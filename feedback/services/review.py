@@ -18,6 +18,7 @@ from django.utils.crypto import get_random_string
 
 from feedback.models import Comment, Correction, Message, MessageRole, RatingKind, Trace, TurnRating
 from feedback.services.chat_format import FieldError
+from feedback.services.judging import judge_on_comment
 
 MAX_COMMENT_CHARS = 20_000
 MAX_CORRECTION_CHARS = 100_000
@@ -87,6 +88,7 @@ def comment_add(
         created_at=now or timezone.now(),
     )
     Trace.objects.filter(pk=message.trace_id, has_comment=False).update(has_comment=True)
+    judge_on_comment(comment=comment)
     return comment
 
 

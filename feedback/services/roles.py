@@ -40,6 +40,9 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "feedback.view_annotationqueue",
         "feedback.add_annotationqueue",
         "feedback.work_annotationqueue",
+        # Spending judge calls: backfill batches, re-judging a turn, failure-mode runs.
+        "feedback.add_judgejob",
+        "feedback.add_failuremoderun",
     ],
     REVIEWER: [*_ANNOTATE, "feedback.view_annotationqueue", "feedback.work_annotationqueue"],
     APPROVER: ["training.approve_promotion", "feedback.view_trace", "training.view_modelversion"],

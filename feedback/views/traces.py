@@ -14,6 +14,7 @@ from django_htmx.http import push_url
 from feedback.forms import TraceFilterForm
 from feedback.models import Message, Trace
 from feedback.permissions import BROWSE, BUILD_QUEUE, can_annotate, can_see_trace
+from feedback.selectors.judge import judge_results_for_messages
 from feedback.selectors.review import trace_by_id, trace_review
 from feedback.selectors.trace_list import Cursor, flag_names, trace_neighbour, trace_page
 from feedback.selectors.traces import message_as_openai
@@ -70,8 +71,11 @@ def trace_or_404(request: HttpRequest, trace_id: int) -> Trace:
 
 def trace_detail_context(request: HttpRequest, trace: Trace, **extra) -> dict:
     query = filter_query(request.GET)
+    review = trace_review(trace=trace, user=request.user)
     return {
-        "review": trace_review(trace=trace, user=request.user),
+        "review": review,
+        "judgements": judge_results_for_messages(message_ids=[t.message.id for t in review.turns if t.is_assistant]),
+        "can_judge": request.user.has_perm("feedback.add_judgejob"),
         "trace": trace,
         "query": query,
         "can_annotate": can_annotate(request.user),

@@ -221,8 +221,9 @@ def test_detail_page_queries_are_pinned(operator_client, deployment, ingest, ope
     for position in (4, 9, 14):
         comment_add(message=trace.messages.get(position=position), author=operator, body="hm")
     operator_client.get(f"/traces/{trace.id}/")
-    # session, user, trace, permissions (2), messages, comments, corrections, ratings, feedback, flags
-    with django_assert_num_queries(11):
+    # session, user, trace, permissions (2), messages, comments, corrections, ratings, feedback, flags,
+    # judgements
+    with django_assert_num_queries(12):
         assert operator_client.get(f"/traces/{trace.id}/").status_code == 200
 
 
