@@ -109,3 +109,13 @@ class LiveVersionChange(models.Model):
 
     def __str__(self) -> str:
         return f"{self.deployment_id}: {self.from_version_id} → {self.to_version_id}"
+
+
+# Evaluation, promotion, release and the audit log live in their own module.
+from training.models_promotion import (  # noqa: E402, F401
+    AuditEvent,
+    Evaluation,
+    EvaluationItem,
+    PromotionRequest,
+    Release,
+)

@@ -243,3 +243,20 @@ GATEWAY_LIVE_CACHE_SECONDS = float(os.environ.get("PRACTICUM_GATEWAY_LIVE_CACHE_
 # Exchanges waiting to be written; past this the overflow goes to a spill file under DATA_DIR.
 GATEWAY_LOG_QUEUE_SIZE = int(os.environ.get("PRACTICUM_GATEWAY_LOG_QUEUE_SIZE", 20000))
 GATEWAY_LOG_BATCH_SIZE = int(os.environ.get("PRACTICUM_GATEWAY_LOG_BATCH_SIZE", 500))
+
+# Evaluation, promotion and release. Evaluations generate through the inference server
+# ("server"), in the worker with transformers ("local"), or "auto": the server when it
+# answers, else local. Releases load a version, send one smoke request, then flip.
+EVAL_GENERATOR = os.environ.get("PRACTICUM_EVAL_GENERATOR", "auto")
+EVAL_MAX_ITEMS = int(os.environ.get("PRACTICUM_EVAL_MAX_ITEMS", 500))
+EVAL_MAX_TOKENS = int(os.environ.get("PRACTICUM_EVAL_MAX_TOKENS", 256))
+EVAL_TEMPERATURE = float(os.environ.get("PRACTICUM_EVAL_TEMPERATURE", 0))
+# The rubric for held-out turns that carry none of their own (no judgement yet).
+EVAL_DEFAULT_RUBRIC = os.environ.get(
+    "PRACTICUM_EVAL_DEFAULT_RUBRIC",
+    "Answers the user's last message correctly and helpfully; calls a tool, with valid arguments, "
+    "when the answer needs one; does not invent facts.",
+)
+RELEASE_SMOKE_PROMPT = os.environ.get("PRACTICUM_RELEASE_SMOKE_PROMPT", "Say hello.")
+RELEASE_SMOKE_MAX_TOKENS = int(os.environ.get("PRACTICUM_RELEASE_SMOKE_MAX_TOKENS", 8))
+RELEASE_LOAD_TIMEOUT = float(os.environ.get("PRACTICUM_RELEASE_LOAD_TIMEOUT", 120))

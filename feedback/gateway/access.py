@@ -2,13 +2,18 @@
 
 The database answers once per key (and per deployment) per TTL; every other request is a
 dict lookup. A revoked key or a flipped live pointer takes effect within the TTL
-(`PRACTICUM_GATEWAY_AUTH_CACHE_SECONDS`, `PRACTICUM_GATEWAY_LIVE_CACHE_SECONDS`).
+(`PRACTICUM_GATEWAY_AUTH_CACHE_SECONDS`, `PRACTICUM_GATEWAY_LIVE_CACHE_SECONDS`). On
+PostgreSQL a flip is also announced with NOTIFY (`live_version_set`); `LiveListener` drops
+the cached route as it arrives, so the next request already goes to the new version.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +24,8 @@ from django.db import connections
 from feedback.gateway.errors import GatewayError
 from feedback.models import ApiKeyScope
 from feedback.services.api_keys import ApiKeyError, api_key_authenticate
+
+logger = logging.getLogger(__name__)
 
 GATEWAY_SCOPE = ApiKeyScope.INGEST
 MAX_ENTRIES = 10000
@@ -56,8 +63,61 @@ class TTLCache:
             self._items.clear()
         self._items[key] = (time.monotonic() + (self.ttl if ttl is None else ttl), value)
 
+    def discard(self, key: Any) -> None:
+        self._items.pop(key, None)
+
     def clear(self) -> None:
         self._items.clear()
+
+
+class LiveListener:
+    """LISTENs for live-pointer flips on its own PostgreSQL connection, in a thread, and
+    calls `on_flip(deployment_id)` for each; `on_flip(None)` after every (re)connect, since
+    flips made while it was not listening were missed. Reconnects until stopped."""
+
+    def __init__(self, on_flip: Callable[[int | None], None], *, poll_s: float = 0.5) -> None:
+        self.on_flip = on_flip
+        self.poll_s = poll_s
+        self.listening = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gateway-live-listener", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+
+    @staticmethod
+    def _conninfo() -> dict[str, Any]:
+        db = connections["default"].settings_dict
+        params = {"dbname": db["NAME"], "user": db.get("USER"), "password": db.get("PASSWORD")}
+        params.update(host=db.get("HOST") or None, port=db.get("PORT") or None)
+        return {k: v for k, v in params.items() if v}
+
+    def _run(self) -> None:
+        import psycopg
+
+        from training.services.models import LIVE_CHANNEL
+
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(**self._conninfo(), autocommit=True, connect_timeout=5) as conn:
+                    conn.execute(f"LISTEN {LIVE_CHANNEL}")
+                    self.on_flip(None)
+                    self.listening.set()
+                    while not self._stop.is_set():
+                        for note in conn.notifies(timeout=self.poll_s):
+                            try:
+                                self.on_flip(int(note.payload))
+                            except ValueError:
+                                self.on_flip(None)
+            except psycopg.Error as exc:
+                self.listening.clear()
+                logger.warning("live-version listener lost its connection (%s); retrying", exc)
+                self._stop.wait(1.0)
+        self.listening.clear()
 
 
 def _authenticate_sync(token: str) -> Principal | GatewayError:
@@ -92,6 +152,7 @@ class Access:
     def __init__(self, *, auth_ttl: float, route_ttl: float) -> None:
         self.keys = TTLCache(auth_ttl)
         self.routes = TTLCache(route_ttl)
+        self.listener: LiveListener | None = None
         # One thread owns the lookups' database connection (cache misses are rare), so
         # shutting down can close it.
         self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-db")
@@ -99,7 +160,22 @@ class Access:
     async def _in_db_thread(self, fn, arg):
         return await asyncio.get_running_loop().run_in_executor(self._db, fn, arg)
 
+    def _route_changed(self, deployment_id: int | None) -> None:
+        if deployment_id is None:
+            self.routes.clear()
+        else:
+            self.routes.discard(deployment_id)
+
+    def listen(self) -> LiveListener:
+        """Start dropping cached routes on NOTIFY (PostgreSQL only)."""
+        if self.listener is None:
+            self.listener = LiveListener(self._route_changed)
+            self.listener.start()
+        return self.listener
+
     def close(self) -> None:
+        if self.listener is not None:
+            self.listener.stop()
         self._db.submit(connections.close_all).result(timeout=10)
         self._db.shutdown(wait=True)
 

@@ -166,6 +166,8 @@ class GatewayApp:
 
     async def startup(self) -> None:
         self.recorder.start()
+        if settings.IS_POSTGRES and self.access.routes.ttl > 0:
+            self.access.listen()
 
     async def shutdown(self) -> None:
         for pool in self._pools.values():

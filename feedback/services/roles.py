@@ -51,6 +51,18 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
 }
 ADMIN_APPS = ("feedback", "training")
 
+# Evaluation and promotion: operators evaluate candidates and request promotions; approvers
+# read the same pages and decide (approve, reject, roll back: `training.approve_promotion`).
+_PROMOTION_READ = [
+    "training.view_modelversion",
+    "training.view_evaluation",
+    "training.view_promotionrequest",
+    "training.view_release",
+    "training.view_auditevent",
+]
+ROLE_PERMISSIONS[OPERATOR] += [*_PROMOTION_READ, "training.add_evaluation", "training.add_promotionrequest"]
+ROLE_PERMISSIONS[APPROVER] += [p for p in _PROMOTION_READ if p not in ROLE_PERMISSIONS[APPROVER]]
+
 
 def roles_sync(*, apps=global_apps) -> None:
     """Create the role groups and the extra permissions; add missing permissions."""

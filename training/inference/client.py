@@ -185,3 +185,33 @@ def chat(
         usage=body.get("usage") or {},
         raw=body,
     )
+
+
+def prompt_logprobs(
+    *,
+    model: str,
+    token_ids: list[int],
+    start: int,
+    base_url: str | None = None,
+    timeout: float = 60.0,
+) -> list[float]:
+    """The log-probs `model` gives each of `token_ids[start:]` after the tokens before it
+    (scoring a response another version wrote, for a KL estimate).
+
+    One completion of one token over the whole sequence with `prompt_logprobs=0`: vLLM then
+    returns, for every prompt position, the log-prob of the token that is there.
+    """
+    if not 0 < start < len(token_ids):
+        raise ValueError("start must fall inside token_ids, after at least one token")
+    payload = {"model": model, "prompt": token_ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0}
+    body = _request("POST", f"{_base(base_url)}/v1/completions", json=payload, timeout=timeout, retries=0).json()
+    entries = body["choices"][0].get("prompt_logprobs") or []
+    if len(entries) != len(token_ids):
+        raise InferenceError(f"expected {len(token_ids)} prompt log-probs, got {len(entries)}")
+    out = []
+    for token, entry in zip(token_ids[start:], entries[start:], strict=True):
+        value = (entry or {}).get(str(token))
+        if not isinstance(value, dict) or "logprob" not in value:
+            raise InferenceError(f"no prompt log-prob for token {token}")
+        out.append(float(value["logprob"]))
+    return out

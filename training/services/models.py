@@ -13,7 +13,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_slug
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from feedback.models import Deployment
@@ -25,6 +25,18 @@ from training.models import (
     ModelVersionKind,
     ModelVersionStatus,
 )
+
+# PostgreSQL channel a live-pointer flip is announced on (the payload is the deployment id);
+# the gateway listens and drops its cached route at once instead of waiting for its TTL.
+LIVE_CHANNEL = "practicum_live_version"
+
+
+def live_version_announce(*, deployment_id: int) -> None:
+    """NOTIFY the flip; PostgreSQL delivers it when the surrounding transaction commits
+    (never, if it rolls back). Other databases have no such channel: the TTL applies."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, %s)", [LIVE_CHANNEL, str(deployment_id)])
 
 
 class ModelRegistryError(ValueError):
@@ -141,6 +153,7 @@ def live_version_set(*, deployment: Deployment, version: ModelVersion, user=None
     LiveVersionChange.objects.create(
         deployment=deployment, from_version=previous, to_version=version, changed_at=now, changed_by=user, reason=reason
     )
+    live_version_announce(deployment_id=deployment.pk)
     if version.status != ModelVersionStatus.LIVE:
         version.status = ModelVersionStatus.LIVE
         version.save(update_fields=["status"])

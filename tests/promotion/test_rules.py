@@ -1,0 +1,213 @@
+"""Who may request, approve, reject and roll back, and which preconditions are named when
+they do not hold (services; no inference server needed)."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.exceptions import PermissionDenied
+
+from tests.factories import user_with_role
+from tests.promotion.conftest import evaluation_row
+from training.models import LiveVersion
+from training.models_promotion import AuditAction, AuditEvent, PromotionStatus, Release, ReleaseStatus
+from training.services.promotion import (
+    PromotionRefused,
+    promotion_approve,
+    promotion_approve_check,
+    promotion_reject,
+    promotion_request_create,
+    promotion_withdraw,
+)
+from training.services.release import release_run, rollback_request, rollback_target
+
+
+def request(registry, user, evaluation, **kwargs):
+    return promotion_request_create(
+        candidate=registry.candidate,
+        deployment=registry.deployment,
+        evaluation=evaluation,
+        requested_by=user,
+        note="fixes refunds",
+        **kwargs,
+    )
+
+
+def test_a_requester_cannot_approve_their_own_request(registry, approving_operator, approver):
+    evaluation = evaluation_row(registry.candidate, registry.deployment, registry.base_version)
+    promotion = request(registry, approving_operator, evaluation)
+    with pytest.raises(PermissionDenied, match="another approver must decide"):
+        promotion_approve(promotion=promotion, user=approving_operator)
+    with pytest.raises(PermissionDenied, match="another approver"):
+        promotion_reject(promotion=promotion, user=approving_operator, comment="no")
+    promotion.refresh_from_db()
+    assert promotion.status == PromotionStatus.PENDING
+    assert not Release.objects.exists()
+
+    release = promotion_approve(promotion=promotion, user=approver, comment="numbers look right")
+    promotion.refresh_from_db()
+    assert (promotion.status, promotion.decided_by, promotion.decision_comment) == (
+        PromotionStatus.APPROVED,
+        approver,
+        "numbers look right",
+    )
+    assert (release.status, release.version, release.from_version) == (
+        ReleaseStatus.QUEUED,
+        registry.candidate,
+        registry.base_version,
+    )
+    # Nothing changes what customers get until the release has run.
+    assert LiveVersion.objects.get(deployment=registry.deployment).version == registry.base_version
+
+
+def test_an_operator_without_the_approve_permission_is_refused(registry, operator, approver):
+    evaluation = evaluation_row(registry.candidate, registry.deployment, registry.base_version)
+    promotion = request(registry, operator, evaluation)
+    other_operator = user_with_role("operator", "otto")
+    with pytest.raises(PermissionDenied, match=r"training\.approve_promotion"):
+        promotion_approve(promotion=promotion, user=other_operator)
+    with pytest.raises(PermissionDenied, match=r"training\.add_promotionrequest"):
+        request(registry, approver, evaluation)
+
+
+def test_an_unfinished_evaluation_is_named_and_blocks_approval(registry, operator, approver):
+    evaluation = evaluation_row(
+        registry.candidate, registry.deployment, registry.base_version, status="running", done=1
+    )
+    promotion = request(registry, operator, evaluation)  # asking early is fine
+    with pytest.raises(PromotionRefused, match=r"evaluation \d+ is not finished \(running, 1/4 items\)") as refused:
+        promotion_approve(promotion=promotion, user=approver)
+    assert refused.value.field == "evaluation"
+    checks = {c.code: c for c in promotion_approve_check(promotion=promotion, user=approver)}
+    assert not checks["evaluation"].ok and checks["four_eyes"].ok and checks["permission"].ok
+    promotion.refresh_from_db()
+    assert promotion.status == PromotionStatus.PENDING
+
+
+def test_a_request_needs_an_evaluation_that_can_still_finish(registry, operator):
+    with pytest.raises(PromotionRefused, match="evaluate smol-v1 against the live version first"):
+        request(registry, operator, None)
+    failed = evaluation_row(registry.candidate, registry.deployment, registry.base_version, status="failed")
+    with pytest.raises(PromotionRefused, match="failed: run a new one"):
+        request(registry, operator, failed)
+
+
+def test_an_evaluation_against_an_older_live_version_is_refused(registry, operator, approver, tmp_path):
+    from tests.promotion.conftest import make_adapter_folder
+    from training.services.models import live_version_set, model_version_create
+
+    evaluation = evaluation_row(registry.candidate, registry.deployment, registry.base_version)
+    promotion = request(registry, operator, evaluation)
+    hotfix = model_version_create(
+        name="smol-hotfix",
+        base_model=registry.base,
+        kind="lora",
+        path=make_adapter_folder(tmp_path / "hotfix"),
+        parent=registry.base_version,
+    )
+    live_version_set(deployment=registry.deployment, version=hotfix)
+    with pytest.raises(PromotionRefused, match="compared against smol, but smol-hotfix is live now"):
+        promotion_approve(promotion=promotion, user=approver)
+
+
+def test_a_candidate_outside_the_live_lineage_needs_an_explicit_rebase(registry, operator, approver, tmp_path):
+    from tests.promotion.conftest import make_adapter_folder
+    from training.services.models import live_version_set, model_version_create
+
+    sibling = model_version_create(
+        name="smol-sibling",
+        base_model=registry.base,
+        kind="lora",
+        path=make_adapter_folder(tmp_path / "sib"),
+        parent=registry.base_version,
+    )
+    live_version_set(deployment=registry.deployment, version=sibling)
+    evaluation = evaluation_row(registry.candidate, registry.deployment, sibling)
+    with pytest.raises(PromotionRefused, match="not built from the live version smol-sibling") as refused:
+        request(registry, operator, evaluation)
+    assert refused.value.field == "rebase_reason"
+    promotion = request(registry, operator, evaluation, rebase_reason="sibling was a stopgap; v1 supersedes it")
+    checks = {c.code: c for c in promotion_approve_check(promotion=promotion, user=approver)}
+    assert checks["lineage"].ok and "rebased explicitly" in checks["lineage"].detail
+
+
+def test_full_checkpoints_are_refused_with_the_way_to_serve_them(registry, operator, tmp_path):
+    from training.services.models import model_version_create
+
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "config.json").write_text("{}")
+    full = model_version_create(
+        name="smol-full", base_model=registry.base, kind="full", path=tmp_path / "full", parent=registry.base_version
+    )
+    evaluation = evaluation_row(full, registry.deployment, registry.base_version)
+    with pytest.raises(PromotionRefused, match=r"full checkpoint.*serve_inference --base"):
+        promotion_request_create(
+            candidate=full, deployment=registry.deployment, evaluation=evaluation, requested_by=operator
+        )
+
+
+def test_reject_needs_a_comment_and_withdraw_is_the_requesters(registry, operator, approver):
+    evaluation = evaluation_row(registry.candidate, registry.deployment, registry.base_version)
+    promotion = request(registry, operator, evaluation)
+    with pytest.raises(PromotionRefused, match="say why"):
+        promotion_reject(promotion=promotion, user=approver, comment="  ")
+    with pytest.raises(PermissionDenied):
+        promotion_withdraw(promotion=promotion, user=approver)
+    promotion_reject(promotion=promotion, user=approver, comment="win rate CI includes 0.5")
+    promotion.refresh_from_db()
+    assert promotion.status == PromotionStatus.REJECTED
+    with pytest.raises(PromotionRefused, match="rejected"):
+        promotion_approve(promotion=promotion, user=approver)
+    # One waiting request per candidate and deployment; a new one after a decision is fine.
+    again = request(registry, operator, evaluation)
+    with pytest.raises(PromotionRefused, match="already has a promotion request waiting"):
+        request(registry, operator, evaluation)
+    promotion_withdraw(promotion=again, user=operator)
+    actions = list(AuditEvent.objects.order_by("id").values_list("action", "actor_name"))
+    assert actions == [
+        (AuditAction.PROMOTION_REQUESTED, "olga"),
+        (AuditAction.PROMOTION_REJECTED, "arno"),
+        (AuditAction.PROMOTION_REQUESTED, "olga"),
+        (AuditAction.PROMOTION_WITHDRAWN, "olga"),
+    ]
+
+
+def test_a_release_whose_weights_cannot_load_leaves_the_old_version_live(registry, operator, approver):
+    evaluation = evaluation_row(registry.candidate, registry.deployment, registry.base_version)
+    promotion = request(registry, operator, evaluation)
+    release = promotion_approve(promotion=promotion, user=approver)
+
+    release = release_run(release_id=release.pk)  # the server at inference_url is down
+
+    assert release.status == ReleaseStatus.FAILED
+    assert "loading smol-v1 into the inference server failed" in release.error
+    assert LiveVersion.objects.get(deployment=registry.deployment).version == registry.base_version
+    promotion.refresh_from_db()
+    assert promotion.status == PromotionStatus.FAILED
+    failed = AuditEvent.objects.get(action=AuditAction.RELEASE_FAILED)
+    assert (failed.from_version, failed.to_version, failed.release) == (
+        registry.base_version,
+        registry.candidate,
+        release,
+    )
+    # A redelivered task finds the release finished and does nothing.
+    assert release_run(release_id=release.pk).status == ReleaseStatus.FAILED
+    assert AuditEvent.objects.filter(action=AuditAction.RELEASE_FAILED).count() == 1
+
+
+def test_rollback_needs_an_approver_and_a_previous_version(registry, operator, approver):
+    with pytest.raises(PermissionDenied):
+        rollback_request(deployment=registry.deployment, user=operator)
+    with pytest.raises(PromotionRefused, match="no earlier live version"):
+        rollback_request(deployment=registry.deployment, user=approver)
+    from training.services.models import live_version_set
+
+    live_version_set(deployment=registry.deployment, version=registry.candidate)
+    assert rollback_target(deployment=registry.deployment) == registry.base_version
+    release = rollback_request(deployment=registry.deployment, user=approver, reason="refund answers regressed")
+    assert (release.kind, release.version, release.from_version) == (
+        "rollback",
+        registry.base_version,
+        registry.candidate,
+    )
+    with pytest.raises(PromotionRefused, match="in progress"):
+        rollback_request(deployment=registry.deployment, user=approver)

@@ -1,0 +1,1 @@
+"""Evaluating a candidate version against the live one: generation and figures."""

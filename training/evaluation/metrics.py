@@ -1,0 +1,198 @@
+"""Evaluation figures: pure functions over responses and per-item results (no database).
+
+- `response_checks`: what one response shows — tool calls and how many are invalid,
+  empty, refusal, truncated, length.
+- `wilson_interval`: the Wilson score interval of a proportion.
+- `kl_k3`: the k3 estimate of KL(candidate ‖ baseline) per token from the two models'
+  log-probs of the candidate's tokens.
+- `summarize`: both versions' figures and the candidate's win rate over finished items.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Sequence
+from statistics import fmean
+from typing import Any
+
+from feedback.failure_modes.detectors import TraceView, detect_invalid_tool_args, detect_refusals
+
+Z_95 = 1.959963984540054
+TIE_EPS = 1e-9
+_TOOL_CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+
+
+def message_text(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, list):
+        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return content or ""
+
+
+def parse_tool_call_blocks(text: str) -> tuple[str, list[dict[str, Any]]]:
+    """Split `<tool_call>{…}</tool_call>` blocks (the ChatML tool format) out of generated
+    text, as the inference server's hermes parser does. Blocks that are not a JSON object
+    with a string `name` stay in the text, where `response_checks` counts them invalid."""
+    calls: list[dict[str, Any]] = []
+    kept: list[str] = []
+    last = 0
+    for i, match in enumerate(_TOOL_CALL_BLOCK.finditer(text)):
+        try:
+            body = json.loads(match.group(1))
+        except ValueError:
+            continue
+        if not (isinstance(body, dict) and isinstance(body.get("name"), str)):
+            continue
+        arguments = body.get("arguments", {})
+        calls.append(
+            {
+                "id": f"call_{i}",
+                "type": "function",
+                "function": {
+                    "name": body["name"],
+                    "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
+                },
+            }
+        )
+        kept.append(text[last : match.start()])
+        last = match.end()
+    if not calls:
+        return text, []
+    kept.append(text[last:])
+    return "".join(kept).strip(), calls
+
+
+def response_checks(message: dict[str, Any], *, finish_reason: str, tools: Sequence[dict[str, Any]] | None) -> dict:
+    """Per-response facts for the report. A tool call is invalid when it names a tool the
+    item does not define, its arguments are not a JSON object, or they break the tool's
+    JSON Schema; a `<tool_call>` block left unparsed in the text counts as an invalid call."""
+    text = message_text(message)
+    calls = message.get("tool_calls") or []
+    unparsed = len(_TOOL_CALL_BLOCK.findall(text))
+    view = TraceView(trace_id=0, messages=[{"role": "assistant", **message}], tools=list(tools or []))
+    invalid = len(detect_invalid_tool_args(view)) + unparsed
+    return {
+        "chars": len(text),
+        "tool_calls_seen": len(calls) + unparsed,
+        "tool_calls_invalid": invalid,
+        "empty": not text.strip() and not calls,
+        "refusal": bool(message.get("refusal")) or bool(detect_refusals(view)),
+        "truncated": finish_reason == "length",
+    }
+
+
+def wilson_interval(successes: float, n: int, *, z: float = Z_95) -> tuple[float | None, float | None]:
+    """Wilson score interval for a proportion successes/n (None, None when n = 0).
+
+    centre = (p + z²/2n) / (1 + z²/n),  half-width = z √(p(1-p)/n + z²/4n²) / (1 + z²/n)."""
+    if n <= 0:
+        return None, None
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(max(p * (1 - p) / n + z * z / (4 * n * n), 0.0)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def kl_k3(candidate_logprobs: Sequence[float], baseline_logprobs: Sequence[float]) -> float | None:
+    """Mean over the candidate's tokens of k3 = exp(r) - 1 - r, r = log p_base - log p_cand
+    (Schulman's low-variance, non-negative estimator of KL(cand ‖ base)). Unbiased when
+    the tokens were sampled from the candidate at temperature 1; on greedy responses it
+    measures how far the models disagree on the candidate's own answers."""
+    pairs = [(c, b) for c, b in zip(candidate_logprobs, baseline_logprobs, strict=False) if b is not None]
+    if not pairs or len(candidate_logprobs) != len(baseline_logprobs):
+        return None
+    total = 0.0
+    for c, b in pairs:
+        if not (math.isfinite(c) and math.isfinite(b)):
+            return None
+        r = max(min(b - c, 50.0), -50.0)
+        total += math.exp(r) - 1 - r
+    return total / len(pairs)
+
+
+def compare(candidate: float | None, baseline: float | None) -> str:
+    """win / tie / loss for the candidate, "" when either score is missing."""
+    if candidate is None or baseline is None:
+        return ""
+    if abs(candidate - baseline) <= TIE_EPS:
+        return "tie"
+    return "win" if candidate > baseline else "loss"
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return fmean(kept) if kept else None
+
+
+def _rate(flags: Sequence[bool]) -> float | None:
+    return sum(flags) / len(flags) if flags else None
+
+
+def side_summary(sides: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Figures for one version over its per-item results (errored items left out)."""
+    ok = [s for s in sides if not s.get("error")]
+    rewards = [s["reward"] for s in ok if s.get("reward") is not None]
+    graded = [s["graded"] for s in ok if s.get("graded") is not None]
+    seen = sum(s.get("tool_calls_seen", 0) for s in ok)
+    invalid = sum(s.get("tool_calls_invalid", 0) for s in ok)
+    return {
+        "n": len(ok),
+        "errors": len(sides) - len(ok),
+        "reward_mean": _mean(rewards),
+        "reward_n": len(rewards),
+        "graded_accuracy": _mean(graded),
+        "graded_n": len(graded),
+        "tokens_mean": _mean(s.get("tokens") for s in ok),
+        "chars_mean": _mean(s.get("chars") for s in ok),
+        "tool_calls": seen,
+        "tool_calls_invalid": invalid,
+        "tool_call_validity": (seen - invalid) / seen if seen else None,
+        "refusal_rate": _rate([bool(s.get("refusal")) for s in ok]),
+        "empty_rate": _rate([bool(s.get("empty")) for s in ok]),
+        "truncated_rate": _rate([bool(s.get("truncated")) for s in ok]),
+    }
+
+
+def summarize(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Both versions' figures and the comparison over items, each a dict with
+    `candidate`, `baseline` (per-side results), `outcome` and `kl`.
+
+    Win rate = (wins + ties / 2) / compared items, with a Wilson 95% interval on that
+    proportion (ties make the true variance smaller, so the interval is conservative)."""
+    outcomes = [i.get("outcome") or "" for i in items]
+    wins, ties, losses = outcomes.count("win"), outcomes.count("tie"), outcomes.count("loss")
+    n = wins + ties + losses
+    score = wins + 0.5 * ties
+    low, high = wilson_interval(score, n)
+    diffs = [
+        i["candidate"]["reward"] - i["baseline"]["reward"]
+        for i in items
+        if i["candidate"].get("reward") is not None and i["baseline"].get("reward") is not None
+    ]
+    kls = [i["kl"] for i in items if i.get("kl") is not None]
+    return {
+        "items": len(items),
+        "candidate": side_summary([i["candidate"] for i in items]),
+        "baseline": side_summary([i["baseline"] for i in items]),
+        "comparison": {
+            "n": n,
+            "wins": wins,
+            "ties": ties,
+            "losses": losses,
+            "win_rate": score / n if n else None,
+            "ci_low": low,
+            "ci_high": high,
+            "ci": "Wilson 95%, ties count half",
+            "reward_diff_mean": _mean(diffs),
+            "reward_diff_n": len(diffs),
+        },
+        "kl": {
+            "mean": _mean(kls),
+            "n": len(kls),
+            "estimator": "k3 per token of KL(candidate ‖ baseline) on the candidate's responses",
+        },
+        "judge_failures": sum(1 for i in items if i.get("judge_error")),
+    }

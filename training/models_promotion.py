@@ -1,0 +1,301 @@
+"""Evaluation, promotion, release and their audit log.
+
+- `Evaluation`: a candidate version against the deployment's live version on held-out
+  items; `EvaluationItem` keeps each item's context and both versions' responses and
+  scores, so the report can show every item side by side.
+- `PromotionRequest`: someone asks that a candidate go live for a deployment; another
+  person with `training.approve_promotion` approves or rejects it.
+- `Release`: the worker's job of putting a version live (load, smoke request, flip), for a
+  promotion or a rollback. The row is the source of truth for the page's live status.
+- `AuditEvent`: append-only; every step above writes one. Rows cannot be changed or
+  deleted through the ORM (and on PostgreSQL a trigger refuses UPDATE and DELETE).
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from training.models import ModelVersion
+
+
+class EvaluationStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    FINISHED = "finished", "Finished"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+ACTIVE_EVALUATION_STATUSES = (EvaluationStatus.QUEUED, EvaluationStatus.RUNNING)
+
+
+class Evaluation(models.Model):
+    """A candidate scored against a baseline (the live version when it was created)."""
+
+    deployment = models.ForeignKey("feedback.Deployment", on_delete=models.PROTECT, related_name="evaluations")
+    candidate = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="evaluations")
+    baseline = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="+")
+    status = models.CharField(max_length=12, choices=EvaluationStatus.choices, default=EvaluationStatus.QUEUED)
+    config = models.JSONField(default=dict, blank=True, help_text="generation and scoring settings, as run")
+    sources = models.JSONField(default=dict, blank=True, help_text="where the items came from")
+    total = models.PositiveIntegerField(default=0)
+    done = models.PositiveIntegerField(default=0)
+    summary = models.JSONField(default=dict, blank=True, help_text="both versions' figures and the win rate")
+    error = models.TextField(blank=True, default="")
+    cancel_requested = models.BooleanField(default=False)
+    worker = models.CharField(max_length=200, blank=True, default="")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["candidate", "deployment", "-created_at"], name="evaluation_cand_dep_idx")]
+
+    def __str__(self) -> str:
+        return f"evaluation {self.pk}: {self.candidate_id} vs {self.baseline_id}"
+
+    @property
+    def is_active(self) -> bool:
+        return self.status in ACTIVE_EVALUATION_STATUSES
+
+
+class EvaluationItemKind(models.TextChoices):
+    TURN = "turn", "Logged turn"
+    TASK = "task", "Replayable task"
+
+
+class Outcome(models.TextChoices):
+    """The candidate's result against the baseline on one item."""
+
+    NONE = "", "Not compared"
+    WIN = "win", "Candidate better"
+    TIE = "tie", "Tie"
+    LOSS = "loss", "Baseline better"
+
+
+class EvaluationItem(models.Model):
+    """One held-out item: its context, and each version's response and scores.
+
+    `candidate`/`baseline` hold per-side results: the assistant message (`content`,
+    `tool_calls`), `finish_reason`, `tokens`, `chars`, `reward`, `reason`, `graded`,
+    `tool_calls_seen`, `tool_calls_invalid`, `empty`, `refusal`, `truncated`, `error`."""
+
+    evaluation = models.ForeignKey(Evaluation, on_delete=models.CASCADE, related_name="items")
+    position = models.PositiveIntegerField()
+    kind = models.CharField(max_length=10, choices=EvaluationItemKind.choices, default=EvaluationItemKind.TURN)
+    key = models.CharField(max_length=300)
+    source = models.JSONField(default=dict, blank=True, help_text="ids it came from (training item, trace, message)")
+    messages = models.JSONField(help_text="the context, in the OpenAI chat format")
+    tools = models.JSONField(null=True, blank=True)
+    rubric = models.JSONField(null=True, blank=True)
+    reference = models.TextField(blank=True, default="")
+    grader = models.CharField(max_length=50, blank=True, default="")
+    logged_response = models.JSONField(null=True, blank=True)
+    done = models.BooleanField(default=False)
+    candidate = models.JSONField(default=dict, blank=True)
+    baseline = models.JSONField(default=dict, blank=True)
+    outcome = models.CharField(max_length=5, choices=Outcome.choices, blank=True, default=Outcome.NONE)
+    judge_error = models.TextField(blank=True, default="")
+    kl = models.FloatField(null=True, blank=True, help_text="k3 estimate per token of KL(candidate ‖ baseline)")
+
+    class Meta:
+        ordering = ["evaluation_id", "position"]
+        constraints = [
+            models.UniqueConstraint(fields=["evaluation", "position"], name="evaluationitem_position_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.evaluation_id}#{self.position}"
+
+
+class PromotionStatus(models.TextChoices):
+    PENDING = "pending", "Waiting for approval"
+    APPROVED = "approved", "Approved, deploying"
+    DEPLOYED = "deployed", "Deployed"
+    FAILED = "failed", "Deployment failed"
+    REJECTED = "rejected", "Rejected"
+    CANCELLED = "cancelled", "Withdrawn"
+    ROLLED_BACK = "rolled_back", "Rolled back"
+
+
+class PromotionRequest(models.Model):
+    """A request that `candidate` become the live version of `deployment`."""
+
+    deployment = models.ForeignKey("feedback.Deployment", on_delete=models.PROTECT, related_name="promotions")
+    candidate = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="promotions")
+    from_version = models.ForeignKey(
+        ModelVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+", help_text="live when asked"
+    )
+    evaluation = models.ForeignKey(Evaluation, on_delete=models.PROTECT, related_name="promotions")
+    status = models.CharField(max_length=12, choices=PromotionStatus.choices, default=PromotionStatus.PENDING)
+    note = models.TextField(blank=True, default="")
+    breach_override_reason = models.TextField(
+        blank=True, default="", help_text="why a monitor breach of the training job does not block this"
+    )
+    rebase_reason = models.TextField(
+        blank=True, default="", help_text="why a candidate not built from the live version may replace it"
+    )
+    # What the requester saw: the training job's monitors and the judge's agreement figures.
+    snapshot = models.JSONField(default=dict, blank=True)
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    requested_at = models.DateTimeField(default=timezone.now)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    decision_comment = models.TextField(blank=True, default="")
+    # What the approver saw when deciding (the same figures, at that moment).
+    decision_snapshot = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-requested_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["deployment", "candidate"],
+                condition=models.Q(status="pending"),
+                name="promotion_one_pending_per_candidate",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"promotion {self.pk}: {self.candidate_id} → {self.deployment_id}"
+
+
+class ReleaseKind(models.TextChoices):
+    PROMOTION = "promotion", "Promotion"
+    ROLLBACK = "rollback", "Rollback"
+
+
+class ReleaseStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    LOADING = "loading", "Loading weights"
+    SMOKE_TEST = "smoke_test", "Smoke test"
+    LIVE = "live", "Live"
+    FAILED = "failed", "Failed"
+
+
+ACTIVE_RELEASE_STATUSES = (ReleaseStatus.QUEUED, ReleaseStatus.LOADING, ReleaseStatus.SMOKE_TEST)
+
+
+class Release(models.Model):
+    """Putting `version` live for `deployment` on the inference server: load it, send a
+    smoke request, flip the live pointer. A failure leaves `from_version` live."""
+
+    deployment = models.ForeignKey("feedback.Deployment", on_delete=models.PROTECT, related_name="releases")
+    version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="releases")
+    from_version = models.ForeignKey(ModelVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    kind = models.CharField(max_length=10, choices=ReleaseKind.choices, default=ReleaseKind.PROMOTION)
+    promotion = models.ForeignKey(
+        PromotionRequest, null=True, blank=True, on_delete=models.PROTECT, related_name="releases"
+    )
+    status = models.CharField(max_length=12, choices=ReleaseStatus.choices, default=ReleaseStatus.QUEUED)
+    error = models.TextField(blank=True, default="")
+    reason = models.CharField(max_length=500, blank=True, default="")
+    smoke = models.JSONField(default=dict, blank=True, help_text="the smoke request and what came back")
+    # Milliseconds from queueing to each step, for the page and the approval-to-serving figure.
+    timings = models.JSONField(default=dict, blank=True)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    worker = models.CharField(max_length=200, blank=True, default="")
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            # One release at a time per deployment: two racing flips would make "previous" meaningless.
+            models.UniqueConstraint(
+                fields=["deployment"],
+                condition=models.Q(status__in=["queued", "loading", "smoke_test"]),
+                name="release_one_active_per_deployment",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"release {self.pk}: {self.version_id} → {self.deployment_id} ({self.status})"
+
+    @property
+    def is_active(self) -> bool:
+        return self.status in ACTIVE_RELEASE_STATUSES
+
+
+class AuditAction(models.TextChoices):
+    EVALUATION_STARTED = "evaluation_started", "Evaluation started"
+    EVALUATION_FINISHED = "evaluation_finished", "Evaluation finished"
+    EVALUATION_FAILED = "evaluation_failed", "Evaluation failed"
+    EVALUATION_CANCELLED = "evaluation_cancelled", "Evaluation cancelled"
+    PROMOTION_REQUESTED = "promotion_requested", "Promotion requested"
+    PROMOTION_WITHDRAWN = "promotion_withdrawn", "Promotion withdrawn"
+    PROMOTION_APPROVED = "promotion_approved", "Promotion approved"
+    PROMOTION_REJECTED = "promotion_rejected", "Promotion rejected"
+    ROLLBACK_REQUESTED = "rollback_requested", "Rollback requested"
+    RELEASE_LOADED = "release_loaded", "Weights loaded"
+    RELEASE_SMOKE_PASSED = "release_smoke_passed", "Smoke test passed"
+    LIVE_SWITCHED = "live_switched", "Live version switched"
+    RELEASE_FAILED = "release_failed", "Release failed"
+
+
+class AuditImmutable(Exception):
+    """An audit row was about to be changed or deleted."""
+
+
+class AuditEventQuerySet(models.QuerySet):
+    def update(self, **kwargs):
+        raise AuditImmutable("the audit log is append-only")
+
+    def delete(self):
+        raise AuditImmutable("the audit log is append-only")
+
+
+class AuditEvent(models.Model):
+    """One step of evaluation, promotion, release or rollback: who, when, what, from
+    which version to which. Append-only."""
+
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="blank: the system (a worker)",
+    )
+    # Kept as text too, so the row reads the same if the account is renamed.
+    actor_name = models.CharField(max_length=150, blank=True, default="")
+    action = models.CharField(max_length=30, choices=AuditAction.choices)
+    deployment = models.ForeignKey("feedback.Deployment", on_delete=models.PROTECT, related_name="+")
+    from_version = models.ForeignKey(ModelVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    to_version = models.ForeignKey(ModelVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    evaluation = models.ForeignKey(Evaluation, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    promotion = models.ForeignKey(
+        PromotionRequest, null=True, blank=True, on_delete=models.PROTECT, related_name="audit_events"
+    )
+    release = models.ForeignKey(Release, null=True, blank=True, on_delete=models.PROTECT, related_name="audit_events")
+    detail = models.TextField(blank=True, default="")
+    data = models.JSONField(default=dict, blank=True)
+
+    objects = AuditEventQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["deployment", "-at"], name="audit_deployment_at_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor_name or 'system'} {self.action}"
+
+    def save(self, *args, **kwargs) -> None:
+        if self.pk is not None and not self._state.adding:
+            raise AuditImmutable("the audit log is append-only: an event cannot be changed")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise AuditImmutable("the audit log is append-only: an event cannot be deleted")

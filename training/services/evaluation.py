@@ -1,0 +1,449 @@
+"""Evaluating a candidate version against the deployment's live version.
+
+`evaluation_create` snapshots the items (held-out training items, hand-picked traces, or
+items given directly) and queues the run; `evaluation_run` (a worker) generates both
+versions' responses to every item, scores them, and writes the summary. A redelivered run
+resumes after the last finished item; cancelling sets a flag the loop checks.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from feedback.models import Deployment, Message, Trace
+from training.models import ModelVersion, ModelVersionKind, ModelVersionStatus
+from training.models_promotion import (
+    AuditAction,
+    Evaluation,
+    EvaluationItem,
+    EvaluationItemKind,
+    EvaluationStatus,
+)
+from training.selectors import live_version_get
+from training.services.audit import audit_record
+
+logger = logging.getLogger(__name__)
+
+GENERATORS = ("auto", "server", "local")
+
+
+class EvaluationError(ValueError):
+    """The evaluation cannot be created as asked: (field, reason) pairs."""
+
+    def __init__(self, errors: list[tuple[str, str]]) -> None:
+        self.errors = errors
+        super().__init__("; ".join(f"{f}: {r}" if f else r for f, r in errors))
+
+
+# Items ---------------------------------------------------------------------------------
+
+
+def _turn_items_of_trace(trace: Trace, messages: list[Message]) -> list[dict[str, Any]]:
+    """A hand-picked trace's assistant turns that a judge has given a rubric, or, when none
+    has, its last assistant turn (scored under the default rubric)."""
+    from feedback.selectors.judge import judge_results_for_messages
+    from feedback.selectors.traces import message_as_openai
+
+    turns = [m for m in messages if m.role == "assistant"]
+    if not turns:
+        return []
+    latest = {
+        mid: next((r for r in results if r.is_latest and r.rubric), None)
+        for mid, results in judge_results_for_messages(message_ids=[m.pk for m in turns]).items()
+    }
+    judged = [m for m in turns if latest.get(m.pk) is not None]
+    chosen = judged or [turns[-1]]
+    out = []
+    for m in chosen:
+        result = latest.get(m.pk)
+        out.append(
+            {
+                "kind": EvaluationItemKind.TURN,
+                "key": f"trace:{trace.pk}:{m.position}",
+                "source": {"trace": trace.pk, "message": m.pk, "judge_result": result.pk if result else None},
+                "messages": [message_as_openai(x) for x in messages if x.position < m.position],
+                "tools": trace.tools or None,
+                "rubric": result.rubric if result else None,
+                "logged_response": message_as_openai(m),
+            }
+        )
+    return out
+
+
+def items_from_traces(*, trace_ids: Sequence[int], deployment: Deployment) -> list[dict[str, Any]]:
+    traces = {t.pk: t for t in Trace.objects.filter(pk__in=list(trace_ids), deployment=deployment)}
+    missing = [t for t in trace_ids if t not in traces]
+    if missing:
+        raise EvaluationError([("trace_ids", f"no traces {missing[:10]} in deployment {deployment.name}")])
+    by_trace: dict[int, list[Message]] = {t: [] for t in traces}
+    for m in Message.objects.filter(trace_id__in=list(traces)).order_by("trace_id", "position"):
+        by_trace[m.trace_id].append(m)
+    out: list[dict[str, Any]] = []
+    for trace_id in trace_ids:
+        out += _turn_items_of_trace(traces[trace_id], by_trace[trace_id])
+    return out
+
+
+def _check_given_item(i: int, item: Any) -> list[tuple[str, str]]:
+    from training.grpo.graders import GRADERS
+
+    where = f"items[{i}]"
+    if not isinstance(item, dict):
+        return [(where, "must be an object")]
+    errors = []
+    messages = item.get("messages")
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        errors.append((f"{where}.messages", "must be a non-empty list of chat messages"))
+    elif messages[-1].get("role") == "assistant":
+        errors.append((f"{where}.messages", "must end before the assistant turn to generate"))
+    if item.get("tools") is not None and not isinstance(item["tools"], list):
+        errors.append((f"{where}.tools", "must be a list of tool definitions"))
+    grader = item.get("grader") or ""
+    if grader and grader not in GRADERS:
+        errors.append((f"{where}.grader", f"unknown grader {grader!r}; known: {', '.join(GRADERS)}"))
+    if grader and not isinstance(item.get("reference"), str):
+        errors.append((f"{where}.reference", "a graded item needs its reference answer"))
+    if item.get("rubric") is not None:
+        from feedback.judge.schemas import Rubric, SchemaViolation
+
+        try:
+            Rubric.from_data(item["rubric"])
+        except SchemaViolation as exc:
+            errors.append((f"{where}.rubric", str(exc)))
+    return errors
+
+
+def items_given(items: Sequence[Any]) -> list[dict[str, Any]]:
+    """Items given directly (API): context messages, optional tools, rubric, grader and
+    reference. All are checked before any is stored."""
+    errors = [e for i, item in enumerate(items) for e in _check_given_item(i, item)]
+    if errors:
+        raise EvaluationError(errors)
+    return [
+        {
+            "kind": EvaluationItemKind.TASK if item.get("grader") else EvaluationItemKind.TURN,
+            "key": str(item.get("key") or f"given:{i}")[:300],
+            "source": {"given": i},
+            "messages": item["messages"],
+            "tools": item.get("tools"),
+            "rubric": item.get("rubric"),
+            "reference": item.get("reference") or "",
+            "grader": item.get("grader") or "",
+        }
+        for i, item in enumerate(items)
+    ]
+
+
+# Create / cancel -----------------------------------------------------------------------
+
+
+def _generator_for(candidate: ModelVersion, requested: str) -> str:
+    from training.inference import client
+
+    if requested not in GENERATORS:
+        raise EvaluationError([("generator", f"one of {', '.join(GENERATORS)}")])
+    if requested != "auto":
+        return requested
+    if candidate.kind == ModelVersionKind.FULL:
+        return "local"
+    url = candidate.base_model.inference_url or None
+    return "server" if client.health(base_url=url, timeout=2.0) else "local"
+
+
+def evaluation_check(*, candidate: ModelVersion, deployment: Deployment) -> ModelVersion:
+    """The baseline the candidate would be compared with (the live version); raises
+    `EvaluationError` naming what is missing."""
+    baseline = live_version_get(deployment_id=deployment.pk)
+    if baseline is None:
+        raise EvaluationError([("deployment", f"{deployment.name} has no live version to compare against")])
+    if baseline.pk == candidate.pk:
+        raise EvaluationError([("candidate", f"{candidate.name} is already live for {deployment.name}")])
+    if candidate.status == ModelVersionStatus.FAILED:
+        raise EvaluationError([("candidate", f"{candidate.name} failed; it cannot be evaluated")])
+    return baseline
+
+
+@transaction.atomic
+def evaluation_create(
+    *,
+    candidate: ModelVersion,
+    deployment: Deployment,
+    created_by=None,
+    trace_ids: Sequence[int] = (),
+    items: Sequence[Any] = (),
+    training_set=None,
+    generator: str | None = None,
+    max_tokens: int | None = None,
+    temperature: float | None = None,
+) -> Evaluation:
+    """Snapshot the items, store the evaluation and queue its run after commit."""
+    baseline = evaluation_check(candidate=candidate, deployment=deployment)
+    rows: list[dict[str, Any]] = []
+    sources: dict[str, Any] = {}
+    if training_set is not None:
+        rows += items_from_training_set(training_set=training_set)
+        sources["training_set"] = {"id": training_set.pk, "name": str(training_set)}
+    if trace_ids:
+        rows += items_from_traces(trace_ids=list(trace_ids), deployment=deployment)
+        sources["traces"] = list(trace_ids)
+    if items:
+        rows += items_given(items)
+        sources["given"] = len(items)
+    if not rows:
+        raise EvaluationError([("items", "nothing to evaluate: choose a training set's held-out items or traces")])
+    if len(rows) > settings.EVAL_MAX_ITEMS:
+        raise EvaluationError([("items", f"{len(rows)} items; at most {settings.EVAL_MAX_ITEMS} per evaluation")])
+    max_tokens = settings.EVAL_MAX_TOKENS if max_tokens is None else max_tokens
+    if not 1 <= max_tokens <= 8192:
+        raise EvaluationError([("max_tokens", "between 1 and 8192")])
+    temperature = settings.EVAL_TEMPERATURE if temperature is None else temperature
+    if not 0 <= temperature <= 2:
+        raise EvaluationError([("temperature", "between 0 and 2")])
+    chosen = _generator_for(candidate, generator or settings.EVAL_GENERATOR)
+    evaluation = Evaluation.objects.create(
+        deployment=deployment,
+        candidate=candidate,
+        baseline=baseline,
+        config={"generator": chosen, "max_tokens": max_tokens, "temperature": temperature, "seed": 0},
+        sources=sources,
+        total=len(rows),
+        created_by=created_by,
+    )
+    EvaluationItem.objects.bulk_create(
+        EvaluationItem(evaluation=evaluation, position=i, **row) for i, row in enumerate(rows)
+    )
+    audit_record(
+        action=AuditAction.EVALUATION_STARTED,
+        deployment=deployment,
+        actor=created_by,
+        from_version=baseline,
+        to_version=candidate,
+        evaluation=evaluation,
+        detail=f"{len(rows)} items, generator {chosen}",
+    )
+    from training.tasks import evaluation_run_task
+
+    # Local generation loads the model: it belongs with the training queue's single slot.
+    queue = "training" if chosen == "local" else "default"
+    evaluation_run_task.apply_async_on_commit(args=[evaluation.pk], queue=queue)
+    return evaluation
+
+
+def items_from_training_set(*, training_set) -> list[dict[str, Any]]:
+    raise EvaluationError([("training_set", "training sets are not available in this version")])
+
+
+@transaction.atomic
+def evaluation_cancel(*, evaluation: Evaluation, user=None) -> Evaluation:
+    """Ask a running evaluation to stop after its current item (a queued one stops at once)."""
+    evaluation = Evaluation.objects.select_for_update().get(pk=evaluation.pk)
+    if not evaluation.is_active:
+        return evaluation
+    if evaluation.status == EvaluationStatus.QUEUED:
+        _finish(evaluation, EvaluationStatus.CANCELLED, actor=user, detail="cancelled before it started")
+    else:
+        evaluation.cancel_requested = True
+        evaluation.save(update_fields=["cancel_requested"])
+    return evaluation
+
+
+def _finish(evaluation: Evaluation, status: str, *, actor=None, error: str = "", detail: str = "") -> None:
+    evaluation.status = status
+    evaluation.error = error
+    evaluation.finished_at = timezone.now()
+    evaluation.save(update_fields=["status", "error", "finished_at", "summary", "done"])
+    action = {
+        EvaluationStatus.FINISHED: AuditAction.EVALUATION_FINISHED,
+        EvaluationStatus.FAILED: AuditAction.EVALUATION_FAILED,
+        EvaluationStatus.CANCELLED: AuditAction.EVALUATION_CANCELLED,
+    }[status]
+    audit_record(
+        action=action,
+        deployment=evaluation.deployment,
+        actor=actor,
+        from_version=evaluation.baseline,
+        to_version=evaluation.candidate,
+        evaluation=evaluation,
+        detail=error or detail,
+    )
+
+
+# Run (worker) --------------------------------------------------------------------------
+
+
+def _make_generator(config: dict[str, Any]):
+    from training.evaluation.generate import LocalGenerator, ServerGenerator
+
+    options = {"temperature": float(config.get("temperature", 0.0)), "seed": int(config.get("seed", 0))}
+    if config.get("generator") == "local":
+        return LocalGenerator(**options)
+    return ServerGenerator(**options)
+
+
+def _judge_endpoint(deployment: Deployment):
+    from feedback.judge.client import JudgeNotConfigured
+    from feedback.selectors.judge import judge_endpoint_for
+
+    try:
+        return judge_endpoint_for(deployment=deployment)
+    except JudgeNotConfigured:
+        return None
+
+
+def _grading_text(message: dict[str, Any]) -> str:
+    import json
+
+    from training.evaluation.metrics import message_text
+
+    text = message_text(message)
+    if not text.strip() and message.get("tool_calls"):
+        return json.dumps([c.get("function") for c in message["tool_calls"]])
+    return text
+
+
+def evaluation_item_run(*, item: EvaluationItem, evaluation: Evaluation, generator, endpoint) -> None:
+    """Both versions' responses to one item, their checks, judge rewards under the item's
+    rubric (one call scoring both, shuffled), grader scores, the outcome and the KL."""
+    from feedback.judge.client import JudgeCallFailed
+    from feedback.judge.schemas import SchemaViolation
+    from feedback.judge.scoring import score_candidates
+    from training.evaluation.generate import GenerationError, same_tokenizer
+    from training.evaluation.metrics import compare, kl_k3, response_checks
+    from training.grpo.graders import grade
+
+    config = evaluation.config
+    generated = {}
+    results: dict[str, dict[str, Any]] = {}
+    for side, version in (("candidate", evaluation.candidate), ("baseline", evaluation.baseline)):
+        try:
+            g = generator.generate(
+                version, messages=item.messages, tools=item.tools, max_tokens=int(config.get("max_tokens", 256))
+            )
+        except GenerationError as exc:
+            results[side] = {"error": str(exc)[:2000]}
+            continue
+        generated[side] = g
+        result = {
+            "message": g.message,
+            "finish_reason": g.finish_reason,
+            "tokens": len(g.token_ids),
+            **response_checks(g.message, finish_reason=g.finish_reason, tools=item.tools),
+        }
+        if item.grader:
+            result["graded"] = grade(item.grader, _grading_text(g.message), item.reference)
+        results[side] = result
+
+    item.judge_error = ""
+    wants_judge = item.kind == EvaluationItemKind.TURN or item.rubric
+    if endpoint is not None and wants_judge and len(generated) == 2:
+        try:
+            scores = score_candidates(
+                item.messages,
+                item.rubric or settings.EVAL_DEFAULT_RUBRIC,
+                [generated["candidate"].message, generated["baseline"].message],
+                endpoint=endpoint,
+                tools=item.tools or (),
+                rng=random.Random(f"{evaluation.pk}:{item.position}"),
+            )
+        except (JudgeCallFailed, SchemaViolation) as exc:
+            item.judge_error = str(exc)[:2000]
+        else:
+            for index, side in enumerate(("candidate", "baseline")):
+                results[side]["reward"] = scores[index]
+                results[side]["reason"] = scores.reasons[index]
+
+    cand, base = results["candidate"], results["baseline"]
+    if item.grader and cand.get("graded") is not None and base.get("graded") is not None:
+        item.outcome = compare(cand["graded"], base["graded"])
+    else:
+        item.outcome = compare(cand.get("reward"), base.get("reward"))
+
+    item.kl = None
+    g = generated.get("candidate")
+    if (
+        g is not None
+        and g.prompt_token_ids
+        and g.logprobs
+        and same_tokenizer(evaluation.candidate, evaluation.baseline)
+    ):
+        under_base = generator.token_logprobs(
+            evaluation.baseline, prompt_token_ids=g.prompt_token_ids, token_ids=g.token_ids
+        )
+        if under_base is not None:
+            item.kl = kl_k3(g.logprobs, under_base)
+    item.candidate, item.baseline = cand, base
+    item.done = True
+    item.save(update_fields=["candidate", "baseline", "outcome", "kl", "judge_error", "done"])
+
+
+def evaluation_summary(*, evaluation: Evaluation) -> dict[str, Any]:
+    from training.evaluation.metrics import summarize
+
+    rows = evaluation.items.filter(done=True).values("candidate", "baseline", "outcome", "kl", "judge_error")
+    summary = summarize(list(rows))
+    summary["generator"] = evaluation.config.get("generator")
+    return summary
+
+
+def evaluation_run(*, evaluation_id: int, worker: str = "") -> Evaluation | None:
+    """Run (or resume) an evaluation. A finished, failed or cancelled one is left alone."""
+    from training.evaluation.generate import GenerationError
+
+    with transaction.atomic():
+        evaluation = (
+            Evaluation.objects.select_for_update(of=("self",))
+            .select_related("candidate__base_model", "baseline__base_model", "deployment")
+            .filter(pk=evaluation_id)
+            .first()
+        )
+        if evaluation is None or not evaluation.is_active:
+            return evaluation
+        evaluation.status = EvaluationStatus.RUNNING
+        evaluation.started_at = evaluation.started_at or timezone.now()
+        evaluation.heartbeat_at = timezone.now()
+        evaluation.worker = worker[:200]
+        evaluation.save(update_fields=["status", "started_at", "heartbeat_at", "worker"])
+
+    generator = None
+    try:
+        generator = _make_generator(evaluation.config)
+        generator.prepare(evaluation.candidate)
+        generator.prepare(evaluation.baseline)
+        endpoint = _judge_endpoint(evaluation.deployment)
+        if endpoint is None:
+            Evaluation.objects.filter(pk=evaluation.pk).update(config={**evaluation.config, "judge": None})
+        else:
+            Evaluation.objects.filter(pk=evaluation.pk).update(
+                config={**evaluation.config, "judge": {"model": endpoint.model, "base_url": endpoint.base_url}}
+            )
+        for item in evaluation.items.filter(done=False).order_by("position"):
+            if Evaluation.objects.filter(pk=evaluation.pk, cancel_requested=True).exists():
+                evaluation.refresh_from_db()
+                evaluation.summary = evaluation_summary(evaluation=evaluation)
+                _finish(evaluation, EvaluationStatus.CANCELLED, detail=f"cancelled after {evaluation.done} items")
+                return evaluation
+            evaluation_item_run(item=item, evaluation=evaluation, generator=generator, endpoint=endpoint)
+            Evaluation.objects.filter(pk=evaluation.pk).update(done=F("done") + 1, heartbeat_at=timezone.now())
+        evaluation.refresh_from_db()
+        evaluation.summary = evaluation_summary(evaluation=evaluation)
+        evaluation.done = evaluation.items.filter(done=True).count()
+        _finish(evaluation, EvaluationStatus.FINISHED)
+    except GenerationError as exc:
+        evaluation.refresh_from_db()
+        _finish(evaluation, EvaluationStatus.FAILED, error=str(exc)[:5000])
+    except Exception as exc:
+        logger.exception("evaluation %s failed", evaluation_id)
+        evaluation.refresh_from_db()
+        _finish(evaluation, EvaluationStatus.FAILED, error=f"{type(exc).__name__}: {exc}"[:5000])
+    finally:
+        if generator is not None:
+            generator.close()
+    return evaluation

@@ -1,0 +1,31 @@
+"""Celery tasks of the training app: shells that take ids and call one service.
+
+- `training.evaluation_run`: `default` (generation through the inference server, judge
+  calls), or `training` when the evaluation generates in the worker with transformers.
+- `training.release_run`: `deploy` — the only queue that changes what the server serves.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from celery import shared_task
+
+
+def _worker_name(task) -> str:
+    return f"{task.request.hostname or socket.gethostname()}:{os.getpid()}"
+
+
+@shared_task(bind=True, name="training.evaluation_run", queue="default", acks_late=True, reject_on_worker_lost=True)
+def evaluation_run_task(self, evaluation_id: int) -> None:
+    from training.services.evaluation import evaluation_run
+
+    evaluation_run(evaluation_id=evaluation_id, worker=_worker_name(self))
+
+
+@shared_task(bind=True, name="training.release_run", queue="deploy", acks_late=True, reject_on_worker_lost=True)
+def release_run_task(self, release_id: int) -> None:
+    from training.services.release import release_run
+
+    release_run(release_id=release_id, worker=_worker_name(self))
