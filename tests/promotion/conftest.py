@@ -25,9 +25,24 @@ class Registry:
     candidate: object
 
 
-def make_adapter_folder(path):
+def make_adapter_folder(path, *, poison: bool = False):
+    """A folder shaped like a peft LoRA adapter (config and safetensors weights); `poison`
+    puts NaN in its B matrix, as a diverged run would."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
     path.mkdir(parents=True, exist_ok=True)
-    (path / "adapter_config.json").write_text(json.dumps({"r": 8}))
+    (path / "adapter_config.json").write_text(json.dumps({"r": 8, "peft_type": "LORA"}))
+    b = np.zeros((16, 8), dtype=np.float32)
+    if poison:
+        b[3, 2] = np.nan
+    save_file(
+        {
+            "base_model.model.layers.0.self_attn.q_proj.lora_A.weight": np.ones((8, 16), dtype=np.float32),
+            "base_model.model.layers.0.self_attn.q_proj.lora_B.weight": b,
+        },
+        str(path / "adapter_model.safetensors"),
+    )
     return path
 
 

@@ -211,3 +211,27 @@ def test_rollback_needs_an_approver_and_a_previous_version(registry, operator, a
     )
     with pytest.raises(PromotionRefused, match="in progress"):
         rollback_request(deployment=registry.deployment, user=approver)
+
+
+def test_an_adapter_with_non_finite_weights_is_refused_before_it_reaches_the_server(
+    registry, operator, approver, tmp_path
+):
+    from tests.promotion.conftest import make_adapter_folder
+    from training.services.models import model_version_create
+
+    diverged = model_version_create(
+        name="smol-diverged",
+        base_model=registry.base,
+        kind="lora",
+        path=make_adapter_folder(tmp_path / "diverged", poison=True),
+        parent=registry.base_version,
+    )
+    evaluation = evaluation_row(diverged, registry.deployment, registry.base_version)
+    promotion = promotion_request_create(
+        candidate=diverged, deployment=registry.deployment, evaluation=evaluation, requested_by=operator
+    )
+    release = release_run(release_id=promotion_approve(promotion=promotion, user=approver).pk)
+    assert release.status == ReleaseStatus.FAILED
+    assert "smol-diverged was not loaded: adapter_model.safetensors: 1 tensors hold NaN" in release.error
+    assert "lora_B" in release.error
+    assert LiveVersion.objects.get(deployment=registry.deployment).version == registry.base_version

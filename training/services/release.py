@@ -171,6 +171,11 @@ def release_load(version: ModelVersion) -> dict[str, Any]:
     """Make the inference server serve `version` under its name."""
     url = _server(version)
     if version.kind == ModelVersionKind.LORA:
+        from training.inference.adapters import adapter_problems
+
+        problems = adapter_problems(version.path)
+        if problems:
+            raise ReleaseFailed(f"{version.name} was not loaded: " + "; ".join(problems))
         try:
             client.adapter_load(version.name, version.path, base_url=url, timeout=settings.RELEASE_LOAD_TIMEOUT)
         except client.InferenceError as exc:
@@ -202,7 +207,7 @@ def release_smoke(version: ModelVersion) -> dict[str, Any]:
             base_url=_server(version),
             max_tokens=settings.RELEASE_SMOKE_MAX_TOKENS,
             temperature=0.0,
-            timeout=60.0,
+            timeout=settings.RELEASE_SMOKE_TIMEOUT,
         )
     except client.InferenceError as exc:
         raise ReleaseFailed(f"smoke request failed: {exc}") from exc
