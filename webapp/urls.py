@@ -13,5 +13,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/v1/", include("feedback.api_urls")),
+    path("api/v1/", include("training.api_urls")),
     path("", include("feedback.urls")),
+    path("", include("training.urls_promotion")),
 ]

@@ -1,0 +1,277 @@
+"""The evaluation, promotion, release and audit API (`/api/v1/...`), one class per operation.
+
+These act for a person: a logged-in session, or HTTP Basic with the person's own login
+for scripts. Deployment API keys are not accepted — approval means someone decided.
+A refused precondition is a 409 naming the field; a missing permission or a requester
+approving their own request a 403; bad input a 400.
+"""
+
+from __future__ import annotations
+
+from django.core.exceptions import PermissionDenied
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import serializers, status
+from rest_framework.authentication import BasicAuthentication, SessionAuthentication
+from rest_framework.exceptions import PermissionDenied as ApiPermissionDenied
+from rest_framework.permissions import BasePermission, IsAuthenticated
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from feedback.models import Deployment
+from training.models import ModelVersion
+from training.models_promotion import Evaluation, PromotionRequest
+from training.selectors_promotion import (
+    audit_as_dict,
+    audit_events,
+    evaluation_as_dict,
+    evaluation_get,
+    evaluation_items,
+    promotion_as_dict,
+    promotion_get,
+    release_as_dict,
+    release_get,
+)
+from training.services.evaluation import GENERATORS, EvaluationError, evaluation_cancel, evaluation_create
+from training.services.promotion import (
+    PromotionRefused,
+    promotion_approve,
+    promotion_approve_check,
+    promotion_reject,
+    promotion_request_create,
+    promotion_withdraw,
+)
+from training.services.release import rollback_request
+from webapp.api_errors import error_response
+
+VIEW = "training.view_promotionrequest"
+EVALUATE = "training.add_evaluation"
+
+
+def needs(permission: str) -> type[BasePermission]:
+    class HasPermission(BasePermission):
+        message = f"your role does not include {permission}"
+
+        def has_permission(self, request, view) -> bool:
+            return bool(request.user and request.user.is_authenticated and request.user.has_perm(permission))
+
+    HasPermission.__name__ = f"Has_{permission.replace('.', '_')}"
+    return HasPermission
+
+
+class PersonApi(APIView):
+    authentication_classes = [SessionAuthentication, BasicAuthentication]
+    permission_classes = [IsAuthenticated, needs(VIEW)]
+
+    def handle_exception(self, exc):
+        if isinstance(exc, PermissionDenied):
+            exc = ApiPermissionDenied(str(exc))
+        elif isinstance(exc, PromotionRefused):
+            return error_response(status.HTTP_409_CONFLICT, exc.field, str(exc))
+        elif isinstance(exc, EvaluationError):
+            return Response(
+                {"detail": str(exc), "errors": [{"field": f, "reason": r} for f, r in exc.errors]},
+                status=status.HTTP_400_BAD_REQUEST,
+            )
+        return super().handle_exception(exc)
+
+
+_versions = ModelVersion.objects.select_related("base_model")
+
+
+class EvaluationCreateApi(PersonApi):
+    """Evaluate a candidate against the deployment's live version on held-out items."""
+
+    permission_classes = [IsAuthenticated, needs(EVALUATE)]
+
+    class InputSerializer(serializers.Serializer):
+        candidate = serializers.SlugRelatedField(slug_field="name", queryset=_versions)
+        deployment = serializers.SlugRelatedField(slug_field="name", queryset=Deployment.objects.all())
+        trace_ids = serializers.ListField(child=serializers.IntegerField(min_value=1), required=False, max_length=500)
+        items = serializers.ListField(child=serializers.JSONField(), required=False, max_length=500)
+        generator = serializers.ChoiceField(choices=GENERATORS, required=False)
+        max_tokens = serializers.IntegerField(min_value=1, max_value=8192, required=False)
+        temperature = serializers.FloatField(min_value=0, max_value=2, required=False)
+
+    @extend_schema(request=InputSerializer, responses={201: OpenApiResponse(description="The queued evaluation.")})
+    def post(self, request):
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        v = data.validated_data
+        evaluation = evaluation_create(
+            candidate=v["candidate"],
+            deployment=v["deployment"],
+            created_by=request.user,
+            trace_ids=v.get("trace_ids", []),
+            items=v.get("items", []),
+            generator=v.get("generator"),
+            max_tokens=v.get("max_tokens"),
+            temperature=v.get("temperature"),
+        )
+        return Response(evaluation_as_dict(evaluation_get(evaluation_id=evaluation.pk)), status=201)
+
+
+class EvaluationDetailApi(PersonApi):
+    """An evaluation's status, progress and summary; `?items=1` adds every item."""
+
+    @extend_schema(
+        parameters=[OpenApiParameter("items", bool, required=False, description="include per-item results")],
+        responses={200: OpenApiResponse(description="The evaluation.")},
+    )
+    def get(self, request, evaluation_id: int):
+        evaluation = evaluation_get(evaluation_id=evaluation_id)
+        if evaluation is None:
+            return error_response(404, "evaluation_id", "no such evaluation")
+        items = list(evaluation_items(evaluation=evaluation)) if request.query_params.get("items") else None
+        return Response(evaluation_as_dict(evaluation, items=items))
+
+
+class EvaluationCancelApi(PersonApi):
+    permission_classes = [IsAuthenticated, needs(EVALUATE)]
+
+    @extend_schema(request=None, responses={200: OpenApiResponse(description="The evaluation.")})
+    def post(self, request, evaluation_id: int):
+        evaluation = get_object_or_404(Evaluation, pk=evaluation_id)
+        evaluation_cancel(evaluation=evaluation, user=request.user)
+        return Response(evaluation_as_dict(evaluation_get(evaluation_id=evaluation_id)))
+
+
+class PromotionRequestCreateApi(PersonApi):
+    """Ask for a candidate to become the deployment's live version."""
+
+    permission_classes = [IsAuthenticated]  # the service names the permission it needs
+
+    class InputSerializer(serializers.Serializer):
+        candidate = serializers.SlugRelatedField(slug_field="name", queryset=_versions)
+        deployment = serializers.SlugRelatedField(slug_field="name", queryset=Deployment.objects.all())
+        evaluation = serializers.PrimaryKeyRelatedField(queryset=Evaluation.objects.select_related("baseline"))
+        note = serializers.CharField(required=False, allow_blank=True, max_length=5000, default="")
+        breach_override_reason = serializers.CharField(required=False, allow_blank=True, max_length=2000, default="")
+        rebase_reason = serializers.CharField(required=False, allow_blank=True, max_length=2000, default="")
+
+    @extend_schema(request=InputSerializer, responses={201: OpenApiResponse(description="The request.")})
+    def post(self, request):
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        v = data.validated_data
+        promotion = promotion_request_create(
+            candidate=v["candidate"],
+            deployment=v["deployment"],
+            evaluation=v["evaluation"],
+            requested_by=request.user,
+            note=v["note"],
+            breach_override_reason=v["breach_override_reason"],
+            rebase_reason=v["rebase_reason"],
+        )
+        promotion = promotion_get(promotion_id=promotion.pk)
+        return Response(promotion_as_dict(promotion, preconditions=promotion_approve_check(promotion=promotion)), 201)
+
+
+class PromotionRequestDetailApi(PersonApi):
+    """A request, its snapshot, its preconditions for you now, and its releases."""
+
+    @extend_schema(responses={200: OpenApiResponse(description="The request.")})
+    def get(self, request, promotion_id: int):
+        promotion = promotion_get(promotion_id=promotion_id)
+        if promotion is None:
+            return error_response(404, "promotion_id", "no such promotion request")
+        checks = promotion_approve_check(promotion=promotion, user=request.user)
+        return Response(promotion_as_dict(promotion, preconditions=checks))
+
+
+class CommentSerializer(serializers.Serializer):
+    comment = serializers.CharField(required=False, allow_blank=True, max_length=5000, default="")
+
+
+class PromotionApproveApi(PersonApi):
+    """Approve (not your own request): the release is queued; poll `GET releases/<id>`."""
+
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(request=CommentSerializer, responses={202: OpenApiResponse(description="The queued release.")})
+    def post(self, request, promotion_id: int):
+        promotion = get_object_or_404(PromotionRequest, pk=promotion_id)
+        data = CommentSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        release = promotion_approve(promotion=promotion, user=request.user, comment=data.validated_data["comment"])
+        return Response(release_as_dict(release_get(release_id=release.pk)), status=202)
+
+
+class PromotionRejectApi(PersonApi):
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(request=CommentSerializer, responses={200: OpenApiResponse(description="The request.")})
+    def post(self, request, promotion_id: int):
+        promotion = get_object_or_404(PromotionRequest, pk=promotion_id)
+        data = CommentSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        promotion_reject(promotion=promotion, user=request.user, comment=data.validated_data["comment"])
+        return Response(promotion_as_dict(promotion_get(promotion_id=promotion_id)))
+
+
+class PromotionWithdrawApi(PersonApi):
+    @extend_schema(request=None, responses={200: OpenApiResponse(description="The request.")})
+    def post(self, request, promotion_id: int):
+        promotion_withdraw(promotion=get_object_or_404(PromotionRequest, pk=promotion_id), user=request.user)
+        return Response(promotion_as_dict(promotion_get(promotion_id=promotion_id)))
+
+
+class RollbackApi(PersonApi):
+    """Return the deployment to the version that was live before the current one."""
+
+    permission_classes = [IsAuthenticated]
+
+    class InputSerializer(serializers.Serializer):
+        reason = serializers.CharField(required=False, allow_blank=True, max_length=500, default="")
+
+    @extend_schema(request=InputSerializer, responses={202: OpenApiResponse(description="The queued release.")})
+    def post(self, request, deployment: str):
+        target = get_object_or_404(Deployment, name=deployment)
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        release = rollback_request(deployment=target, user=request.user, reason=data.validated_data["reason"])
+        return Response(release_as_dict(release_get(release_id=release.pk)), status=202)
+
+
+class ReleaseDetailApi(PersonApi):
+    @extend_schema(responses={200: OpenApiResponse(description="The release and its step timings.")})
+    def get(self, request, release_id: int):
+        release = release_get(release_id=release_id)
+        if release is None:
+            return error_response(404, "release_id", "no such release")
+        return Response(release_as_dict(release))
+
+
+class AuditLogApi(PersonApi):
+    """The audit log, newest first; page with `before=<id of the last event you got>`."""
+
+    permission_classes = [IsAuthenticated, needs("training.view_auditevent")]
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("deployment", str, required=False),
+            OpenApiParameter("before", int, required=False),
+            OpenApiParameter("limit", int, required=False, description="1-500, default 100"),
+        ],
+        responses={200: OpenApiResponse(description="Audit events.")},
+    )
+    def get(self, request):
+        deployment = None
+        if request.query_params.get("deployment"):
+            deployment = Deployment.objects.filter(name=request.query_params["deployment"]).first()
+            if deployment is None:
+                return error_response(400, "deployment", "no deployment of that name")
+        try:
+            before = int(request.query_params["before"]) if request.query_params.get("before") else None
+            limit = int(request.query_params.get("limit", 100))
+        except ValueError:
+            return error_response(400, "before", "before and limit are integers")
+        if not 1 <= limit <= 500:
+            return error_response(400, "limit", "between 1 and 500")
+        events = audit_events(deployment=deployment, before_id=before, limit=limit)
+        return Response(
+            {
+                "events": [audit_as_dict(e) for e in events],
+                "next_before": events[-1].pk if len(events) == limit else None,
+            }
+        )

@@ -1,0 +1,244 @@
+"""Reads for the evaluation, promotion, release and audit pages and APIs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db.models import QuerySet
+
+from feedback.models import Deployment
+from training.models import LiveVersion, ModelVersion, ModelVersionStatus
+from training.models_promotion import (
+    ACTIVE_RELEASE_STATUSES,
+    AuditEvent,
+    Evaluation,
+    EvaluationItem,
+    PromotionRequest,
+    PromotionStatus,
+    Release,
+)
+
+
+def evaluation_get(*, evaluation_id: int) -> Evaluation | None:
+    return (
+        Evaluation.objects.select_related("candidate__base_model", "baseline", "deployment", "created_by")
+        .filter(pk=evaluation_id)
+        .first()
+    )
+
+
+def evaluation_items(*, evaluation: Evaluation) -> QuerySet[EvaluationItem]:
+    return evaluation.items.order_by("position")
+
+
+def evaluations_recent(*, limit: int = 30) -> list[Evaluation]:
+    return list(Evaluation.objects.select_related("candidate", "baseline", "deployment", "created_by")[:limit])
+
+
+def promotion_get(*, promotion_id: int) -> PromotionRequest | None:
+    return (
+        PromotionRequest.objects.select_related(
+            "candidate__base_model",
+            "candidate__parent",
+            "deployment",
+            "from_version",
+            "evaluation__baseline",
+            "requested_by",
+            "decided_by",
+        )
+        .filter(pk=promotion_id)
+        .first()
+    )
+
+
+def promotions_recent(*, limit: int = 50, status: str | None = None) -> list[PromotionRequest]:
+    qs = PromotionRequest.objects.select_related(
+        "candidate", "deployment", "from_version", "requested_by", "decided_by"
+    )
+    if status:
+        qs = qs.filter(status=status)
+    return list(qs[:limit])
+
+
+def release_get(*, release_id: int) -> Release | None:
+    return (
+        Release.objects.select_related("version", "from_version", "deployment", "promotion", "requested_by")
+        .filter(pk=release_id)
+        .first()
+    )
+
+
+def releases_of(*, promotion: PromotionRequest) -> list[Release]:
+    return list(promotion.releases.select_related("version", "from_version").order_by("-created_at", "-id"))
+
+
+def audit_events(
+    *, deployment: Deployment | None = None, before_id: int | None = None, limit: int = 100
+) -> list[AuditEvent]:
+    """Newest first, keyset-paged by id."""
+    qs = AuditEvent.objects.select_related("deployment", "from_version", "to_version").order_by("-id")
+    if deployment is not None:
+        qs = qs.filter(deployment=deployment)
+    if before_id is not None:
+        qs = qs.filter(id__lt=before_id)
+    return list(qs[:limit])
+
+
+@dataclass
+class DeploymentState:
+    deployment: Deployment
+    live: ModelVersion | None
+    rollback_to: ModelVersion | None
+    active_release: Release | None
+    recent_releases: list[Release]
+
+
+def deployment_states() -> list[DeploymentState]:
+    """Each deployment's live version, the version a rollback would return to, and releases."""
+    from training.services.release import rollback_target
+
+    lives = {
+        lv.deployment_id: lv.version for lv in LiveVersion.objects.select_related("version__base_model", "deployment")
+    }
+    releases: dict[int, list[Release]] = {}
+    for release in Release.objects.select_related("version", "from_version").order_by("-created_at", "-id")[:200]:
+        releases.setdefault(release.deployment_id, []).append(release)
+    out = []
+    for deployment in Deployment.objects.order_by("name"):
+        recent = releases.get(deployment.pk, [])[:5]
+        out.append(
+            DeploymentState(
+                deployment=deployment,
+                live=lives.get(deployment.pk),
+                rollback_to=rollback_target(deployment=deployment) if deployment.pk in lives else None,
+                active_release=next((r for r in recent if r.status in ACTIVE_RELEASE_STATUSES), None),
+                recent_releases=recent,
+            )
+        )
+    return out
+
+
+def candidate_versions(*, limit: int = 50) -> list[ModelVersion]:
+    """Versions that could be promoted: candidates and approved versions, newest first."""
+    return list(
+        ModelVersion.objects.select_related("base_model", "parent", "deployment")
+        .filter(status__in=[ModelVersionStatus.CANDIDATE, ModelVersionStatus.APPROVED])
+        .exclude(kind="base")[:limit]
+    )
+
+
+def latest_evaluation(*, candidate: ModelVersion, deployment: Deployment) -> Evaluation | None:
+    return Evaluation.objects.filter(candidate=candidate, deployment=deployment).order_by("-created_at", "-id").first()
+
+
+def pending_promotions_count() -> int:
+    return PromotionRequest.objects.filter(status=PromotionStatus.PENDING).count()
+
+
+# As JSON (API) ---------------------------------------------------------------------------
+
+
+def _name(version: ModelVersion | None) -> str | None:
+    return version.name if version is not None else None
+
+
+def evaluation_as_dict(e: Evaluation, *, items: list[EvaluationItem] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": e.pk,
+        "deployment": e.deployment.name,
+        "candidate": e.candidate.name,
+        "baseline": e.baseline.name,
+        "status": e.status,
+        "progress": {"done": e.done, "total": e.total},
+        "config": e.config,
+        "sources": e.sources,
+        "summary": e.summary,
+        "error": e.error or None,
+        "created_by": e.created_by.username if e.created_by else None,
+        "created_at": e.created_at.isoformat(),
+        "finished_at": e.finished_at.isoformat() if e.finished_at else None,
+    }
+    if items is not None:
+        out["items"] = [evaluation_item_as_dict(i) for i in items]
+    return out
+
+
+def evaluation_item_as_dict(i: EvaluationItem) -> dict[str, Any]:
+    return {
+        "position": i.position,
+        "kind": i.kind,
+        "key": i.key,
+        "source": i.source,
+        "messages": i.messages,
+        "tools": i.tools,
+        "rubric": i.rubric,
+        "reference": i.reference or None,
+        "grader": i.grader or None,
+        "logged_response": i.logged_response,
+        "done": i.done,
+        "candidate": i.candidate,
+        "baseline": i.baseline,
+        "outcome": i.outcome or None,
+        "kl": i.kl,
+        "judge_error": i.judge_error or None,
+    }
+
+
+def release_as_dict(r: Release) -> dict[str, Any]:
+    return {
+        "id": r.pk,
+        "kind": r.kind,
+        "deployment": r.deployment.name,
+        "version": r.version.name,
+        "from_version": _name(r.from_version),
+        "promotion": r.promotion_id,
+        "status": r.status,
+        "error": r.error or None,
+        "smoke": r.smoke,
+        "timings_ms": r.timings,
+        "requested_by": r.requested_by.username if r.requested_by else None,
+        "created_at": r.created_at.isoformat(),
+        "finished_at": r.finished_at.isoformat() if r.finished_at else None,
+    }
+
+
+def promotion_as_dict(p: PromotionRequest, *, preconditions: list | None = None) -> dict[str, Any]:
+    out = {
+        "id": p.pk,
+        "deployment": p.deployment.name,
+        "candidate": p.candidate.name,
+        "from_version": _name(p.from_version),
+        "evaluation": p.evaluation_id,
+        "status": p.status,
+        "note": p.note,
+        "breach_override_reason": p.breach_override_reason or None,
+        "rebase_reason": p.rebase_reason or None,
+        "requested_by": p.requested_by.username,
+        "requested_at": p.requested_at.isoformat(),
+        "decided_by": p.decided_by.username if p.decided_by else None,
+        "decided_at": p.decided_at.isoformat() if p.decided_at else None,
+        "decision_comment": p.decision_comment or None,
+        "snapshot": p.snapshot,
+        "releases": [release_as_dict(r) for r in releases_of(promotion=p)],
+    }
+    if preconditions is not None:
+        out["preconditions"] = [c.as_dict() for c in preconditions]
+    return out
+
+
+def audit_as_dict(a: AuditEvent) -> dict[str, Any]:
+    return {
+        "id": a.pk,
+        "at": a.at.isoformat(),
+        "actor": a.actor_name or None,
+        "action": a.action,
+        "deployment": a.deployment.name,
+        "from_version": _name(a.from_version),
+        "to_version": _name(a.to_version),
+        "evaluation": a.evaluation_id,
+        "promotion": a.promotion_id,
+        "release": a.release_id,
+        "detail": a.detail or None,
+        "data": a.data,
+    }

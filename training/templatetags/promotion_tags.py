@@ -1,0 +1,69 @@
+"""Template filters for the evaluation and promotion pages."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django import template
+
+register = template.Library()
+
+
+def _number(value: Any) -> float | None:
+    # A missing key reaches a filter as "" (the template engine's invalid-variable value).
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+@register.filter
+def pct(value: float | None, digits: int = 0) -> str:
+    """A share as a percentage: 0.754 → '75%'; '—' when undefined."""
+    value = _number(value)
+    if value is None:
+        return "—"
+    return f"{100 * value:.{int(digits)}f}%"
+
+
+@register.filter
+def num(value: float | None, digits: int = 2) -> str:
+    value = _number(value)
+    if value is None:
+        return "—"
+    return f"{value:.{int(digits)}f}"
+
+
+@register.filter
+def signed(value: float | None, digits: int = 2) -> str:
+    value = _number(value)
+    if value is None:
+        return "—"
+    return f"{value:+.{int(digits)}f}"
+
+
+@register.filter
+def pretty(value: Any) -> str:
+    """JSON for a <pre>: tool-call arguments, rubrics, raw results (escaped by the template)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return value
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+
+
+@register.filter
+def text_of(message: Any) -> str:
+    """A chat message's text (content parts joined)."""
+    if not isinstance(message, dict):
+        return ""
+    content = message.get("content")
+    if isinstance(content, list):
+        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return str(content or "")
+
+
+@register.filter
+def get(mapping: Any, key: str) -> Any:
+    return mapping.get(key) if isinstance(mapping, dict) else None

@@ -1,0 +1,356 @@
+"""Pages for evaluation, promotion, release, rollback and the audit log (htmx).
+
+Every button posts to a view that calls the same service the API and the admin call;
+a refusal comes back as a flash message naming the unmet precondition. The release
+status on a request page is a partial the page polls while the release is running.
+"""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import messages as flash
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from feedback.models import Deployment
+from feedback.views.common import dashboard_view
+from training.models import ModelVersion
+from training.models_promotion import (
+    AuditAction,
+    Evaluation,
+    EvaluationItem,
+    PromotionRequest,
+    PromotionStatus,
+    ReleaseStatus,
+)
+from training.selectors import live_version_get
+from training.selectors_promotion import (
+    audit_events,
+    candidate_versions,
+    deployment_states,
+    evaluation_get,
+    evaluation_items,
+    evaluations_recent,
+    latest_evaluation,
+    promotion_get,
+    promotions_recent,
+    releases_of,
+)
+from training.services.evaluation import EvaluationError, evaluation_cancel, evaluation_create
+from training.services.promotion import (
+    APPROVE,
+    PromotionRefused,
+    lineage,
+    promotion_approve,
+    promotion_approve_check,
+    promotion_reject,
+    promotion_request_check,
+    promotion_request_create,
+    promotion_withdraw,
+)
+from training.services.release import rollback_check, rollback_request
+
+VIEW = "training.view_promotionrequest"
+EVALUATE = "training.add_evaluation"
+REQUEST = "training.add_promotionrequest"
+AUDIT = "training.view_auditevent"
+
+
+def _refused(request: HttpRequest, exc: Exception) -> None:
+    flash.error(request, str(exc))
+
+
+# Overview ------------------------------------------------------------------------------
+
+
+class EvaluateForm(forms.Form):
+    candidate = forms.ModelChoiceField(queryset=ModelVersion.objects.exclude(kind="base"), to_field_name="name")
+    deployment = forms.ModelChoiceField(queryset=Deployment.objects.all(), to_field_name="name")
+    trace_ids = forms.CharField(
+        label="Traces",
+        help_text="ids of hand-picked traces, separated by commas or spaces",
+        widget=forms.TextInput(attrs={"placeholder": "e.g. 12, 40, 41"}),
+    )
+    max_tokens = forms.IntegerField(min_value=1, max_value=8192, required=False, label="Max tokens")
+
+    def clean_trace_ids(self) -> list[int]:
+        raw = self.cleaned_data["trace_ids"].replace(",", " ").split()
+        try:
+            ids = [int(x) for x in raw]
+        except ValueError:
+            raise forms.ValidationError("whole numbers only") from None
+        if not ids or len(ids) > 500:
+            raise forms.ValidationError("between 1 and 500 trace ids")
+        return ids
+
+
+@dashboard_view(VIEW)
+def models_overview(request: HttpRequest) -> HttpResponse:
+    if request.htmx and request.GET.get("part") == "deployments":
+        return render(request, "training/models.html#deployments", _deployments_context(request))
+    context = {
+        **_deployments_context(request),
+        "candidates": candidate_versions(),
+        "promotions": promotions_recent(limit=20),
+        "evaluations": evaluations_recent(limit=15),
+        "evaluate_form": EvaluateForm(initial=request.GET or None),
+        "can_evaluate": request.user.has_perm(EVALUATE),
+        "can_request": request.user.has_perm(REQUEST),
+    }
+    return render(request, "training/models.html", context)
+
+
+def _deployments_context(request: HttpRequest) -> dict:
+    states = deployment_states()
+    return {
+        "states": states,
+        "any_release_active": any(s.active_release for s in states),
+        "can_rollback": request.user.has_perm(APPROVE),
+    }
+
+
+# Evaluations ---------------------------------------------------------------------------
+
+
+@require_POST
+@dashboard_view(EVALUATE)
+def evaluation_create_view(request: HttpRequest) -> HttpResponse:
+    form = EvaluateForm(request.POST)
+    if not form.is_valid():
+        for field, errors in form.errors.items():
+            flash.error(request, f"{field}: {'; '.join(errors)}")
+        return redirect("promotion:models")
+    data = form.cleaned_data
+    try:
+        evaluation = evaluation_create(
+            candidate=data["candidate"],
+            deployment=data["deployment"],
+            trace_ids=data["trace_ids"],
+            max_tokens=data["max_tokens"],
+            created_by=request.user,
+        )
+    except EvaluationError as exc:
+        _refused(request, exc)
+        return redirect("promotion:models")
+    return redirect("promotion:evaluation", evaluation_id=evaluation.pk)
+
+
+@dashboard_view(VIEW)
+def evaluation_detail(request: HttpRequest, evaluation_id: int) -> HttpResponse:
+    evaluation = evaluation_get(evaluation_id=evaluation_id)
+    if evaluation is None:
+        raise Http404("no such evaluation")
+    context = {
+        "evaluation": evaluation,
+        "items": evaluation_items(evaluation=evaluation),
+        "can_evaluate": request.user.has_perm(EVALUATE),
+        "can_request": request.user.has_perm(REQUEST),
+    }
+    if request.htmx and request.GET.get("part") == "report":
+        return render(request, "training/evaluation.html#report", context)
+    return render(request, "training/evaluation.html", context)
+
+
+@dashboard_view(VIEW)
+def evaluation_item_detail(request: HttpRequest, evaluation_id: int, position: int) -> HttpResponse:
+    evaluation = evaluation_get(evaluation_id=evaluation_id)
+    item = EvaluationItem.objects.filter(evaluation_id=evaluation_id, position=position).first()
+    if evaluation is None or item is None:
+        raise Http404("no such item")
+    neighbours = EvaluationItem.objects.filter(evaluation_id=evaluation_id)
+    context = {
+        "evaluation": evaluation,
+        "item": item,
+        "previous": neighbours.filter(position__lt=position).order_by("-position").first(),
+        "next": neighbours.filter(position__gt=position).order_by("position").first(),
+    }
+    return render(request, "training/evaluation_item.html", context)
+
+
+@require_POST
+@dashboard_view(EVALUATE)
+def evaluation_cancel_view(request: HttpRequest, evaluation_id: int) -> HttpResponse:
+    evaluation_cancel(evaluation=get_object_or_404(Evaluation, pk=evaluation_id), user=request.user)
+    flash.info(request, "The evaluation stops after the item it is on.")
+    return redirect("promotion:evaluation", evaluation_id=evaluation_id)
+
+
+# Promotion requests ---------------------------------------------------------------------
+
+
+class PromotionForm(forms.Form):
+    candidate = forms.ModelChoiceField(queryset=ModelVersion.objects.exclude(kind="base"), to_field_name="name")
+    deployment = forms.ModelChoiceField(queryset=Deployment.objects.all(), to_field_name="name")
+    evaluation = forms.ModelChoiceField(queryset=Evaluation.objects.all(), required=False)
+    note = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), required=False, max_length=5000)
+    breach_override_reason = forms.CharField(
+        label="Override a monitor breach because…", widget=forms.Textarea(attrs={"rows": 2}), required=False
+    )
+    rebase_reason = forms.CharField(
+        label="Rebase onto the live version because…", widget=forms.Textarea(attrs={"rows": 2}), required=False
+    )
+
+
+@dashboard_view(VIEW)
+def promotion_list(request: HttpRequest) -> HttpResponse:
+    status = request.GET.get("status") or None
+    if status and status not in PromotionStatus.values:
+        raise Http404("no such status")
+    context = {"promotions": promotions_recent(limit=200, status=status), "status": status}
+    context["statuses"] = PromotionStatus.choices
+    return render(request, "training/promotion_list.html", context)
+
+
+@dashboard_view(REQUEST)
+def promotion_new(request: HttpRequest) -> HttpResponse:
+    if request.method == "POST":
+        form = PromotionForm(request.POST)
+        if form.is_valid():
+            data = form.cleaned_data
+            try:
+                promotion = promotion_request_create(
+                    candidate=data["candidate"],
+                    deployment=data["deployment"],
+                    evaluation=data["evaluation"],
+                    requested_by=request.user,
+                    note=data["note"],
+                    breach_override_reason=data["breach_override_reason"],
+                    rebase_reason=data["rebase_reason"],
+                )
+            except PromotionRefused as exc:
+                form.add_error(exc.field if exc.field in form.fields else None, str(exc))
+            else:
+                flash.success(request, f"Promotion of {promotion.candidate.name} requested; an approver decides.")
+                return redirect("promotion:promotion", promotion_id=promotion.pk)
+    else:
+        form = PromotionForm(initial=request.GET or None)
+    checks = []
+    if form.is_bound or request.GET.get("candidate"):
+        source = form.data if form.is_bound else request.GET
+        candidate = ModelVersion.objects.filter(name=source.get("candidate")).first()
+        deployment = Deployment.objects.filter(name=source.get("deployment")).first()
+        if candidate and deployment:
+            evaluation = Evaluation.objects.filter(pk=source.get("evaluation") or 0).first() or latest_evaluation(
+                candidate=candidate, deployment=deployment
+            )
+            if evaluation and not form.is_bound:
+                form.initial["evaluation"] = evaluation.pk
+            checks = promotion_request_check(
+                candidate=candidate,
+                deployment=deployment,
+                evaluation=evaluation,
+                breach_override_reason=source.get("breach_override_reason", ""),
+                rebase_reason=source.get("rebase_reason", ""),
+            )
+    return render(request, "training/promotion_new.html", {"form": form, "checks": checks})
+
+
+def _promotion_context(request: HttpRequest, promotion: PromotionRequest) -> dict:
+    releases = releases_of(promotion=promotion)
+    live = live_version_get(deployment_id=promotion.deployment_id)
+    checks = promotion_approve_check(promotion=promotion, user=request.user)
+    return {
+        "promotion": promotion,
+        "evaluation": promotion.evaluation,
+        "releases": releases,
+        "release": releases[0] if releases else None,
+        "release_active": bool(releases) and releases[0].is_active,
+        "live": live,
+        "checks": checks,
+        "can_decide": promotion.status == PromotionStatus.PENDING and all(c.ok for c in checks[:2]),
+        "can_approve": all(c.ok for c in checks),
+        "can_withdraw": promotion.status == PromotionStatus.PENDING and promotion.requested_by_id == request.user.pk,
+        "can_rollback": (
+            request.user.has_perm(APPROVE)
+            and live is not None
+            and live.pk == promotion.candidate_id
+            and all(c.ok for c in rollback_check(deployment=promotion.deployment))
+        ),
+        "lineage": lineage(promotion.candidate)[:8],
+        "snapshot": promotion.decision_snapshot or promotion.snapshot,
+        "audit": promotion.audit_events.select_related("from_version", "to_version").order_by("id"),
+    }
+
+
+@dashboard_view(VIEW)
+def promotion_detail(request: HttpRequest, promotion_id: int) -> HttpResponse:
+    promotion = promotion_get(promotion_id=promotion_id)
+    if promotion is None:
+        raise Http404("no such promotion request")
+    context = _promotion_context(request, promotion)
+    if request.htmx and request.GET.get("part") == "release":
+        return render(request, "training/promotion.html#release", context)
+    return render(request, "training/promotion.html", context)
+
+
+def _decision(request: HttpRequest, promotion_id: int, act) -> HttpResponse:
+    promotion = get_object_or_404(PromotionRequest, pk=promotion_id)
+    try:
+        act(promotion)
+    except (PermissionDenied, PromotionRefused) as exc:
+        _refused(request, exc)
+    return redirect("promotion:promotion", promotion_id=promotion_id)
+
+
+@require_POST
+@dashboard_view(APPROVE)
+def promotion_approve_view(request: HttpRequest, promotion_id: int) -> HttpResponse:
+    comment = request.POST.get("comment", "")[:5000]
+    return _decision(
+        request, promotion_id, lambda p: promotion_approve(promotion=p, user=request.user, comment=comment)
+    )
+
+
+@require_POST
+@dashboard_view(APPROVE)
+def promotion_reject_view(request: HttpRequest, promotion_id: int) -> HttpResponse:
+    comment = request.POST.get("comment", "")[:5000]
+    return _decision(request, promotion_id, lambda p: promotion_reject(promotion=p, user=request.user, comment=comment))
+
+
+@require_POST
+@dashboard_view(REQUEST)
+def promotion_withdraw_view(request: HttpRequest, promotion_id: int) -> HttpResponse:
+    return _decision(request, promotion_id, lambda p: promotion_withdraw(promotion=p, user=request.user))
+
+
+@require_POST
+@dashboard_view(APPROVE)
+def rollback_view(request: HttpRequest, deployment: str) -> HttpResponse:
+    target = get_object_or_404(Deployment, name=deployment)
+    try:
+        release = rollback_request(deployment=target, user=request.user, reason=request.POST.get("reason", "")[:500])
+    except PromotionRefused as exc:
+        _refused(request, exc)
+    else:
+        flash.success(request, f"Rolling {target.name} back to {release.version.name} (release {release.pk}).")
+    back = request.POST.get("promotion")
+    if back and back.isdigit() and PromotionRequest.objects.filter(pk=back).exists():
+        return redirect("promotion:promotion", promotion_id=int(back))
+    return redirect("promotion:models")
+
+
+# Audit ---------------------------------------------------------------------------------
+
+
+@dashboard_view(AUDIT)
+def audit_log(request: HttpRequest) -> HttpResponse:
+    deployment = None
+    if request.GET.get("deployment"):
+        deployment = Deployment.objects.filter(name=request.GET["deployment"]).first()
+        if deployment is None:
+            raise Http404("no such deployment")
+    before = request.GET.get("before")
+    before_id = int(before) if before and before.isdigit() else None
+    events = audit_events(deployment=deployment, before_id=before_id, limit=100)
+    context = {
+        "events": events,
+        "deployment": deployment,
+        "deployments": Deployment.objects.order_by("name").values_list("name", flat=True),
+        "next_before": events[-1].pk if len(events) == 100 else None,
+        "actions": AuditAction,
+        "release_statuses": ReleaseStatus,
+    }
+    return render(request, "training/audit.html", context)
