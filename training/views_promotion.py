@@ -50,7 +50,7 @@ from training.services.promotion import (
     promotion_request_create,
     promotion_withdraw,
 )
-from training.services.release import rollback_check, rollback_request
+from training.services.release import rollback_check, rollback_request, rollback_target
 
 VIEW = "training.view_promotionrequest"
 EVALUATE = "training.add_evaluation"
@@ -95,7 +95,7 @@ def models_overview(request: HttpRequest) -> HttpResponse:
         "candidates": candidate_versions(),
         "promotions": promotions_recent(limit=20),
         "evaluations": evaluations_recent(limit=15),
-        "evaluate_form": EvaluateForm(initial=request.GET or None),
+        "evaluate_form": EvaluateForm(initial=request.GET.dict()),
         "can_evaluate": request.user.has_perm(EVALUATE),
         "can_request": request.user.has_perm(REQUEST),
     }
@@ -225,7 +225,7 @@ def promotion_new(request: HttpRequest) -> HttpResponse:
                 flash.success(request, f"Promotion of {promotion.candidate.name} requested; an approver decides.")
                 return redirect("promotion:promotion", promotion_id=promotion.pk)
     else:
-        form = PromotionForm(initial=request.GET or None)
+        form = PromotionForm(initial=request.GET.dict())
     checks = []
     if form.is_bound or request.GET.get("candidate"):
         source = form.data if form.is_bound else request.GET
@@ -268,6 +268,7 @@ def _promotion_context(request: HttpRequest, promotion: PromotionRequest) -> dic
             and live.pk == promotion.candidate_id
             and all(c.ok for c in rollback_check(deployment=promotion.deployment))
         ),
+        "rollback_to": rollback_target(deployment=promotion.deployment),
         "lineage": lineage(promotion.candidate)[:8],
         "snapshot": promotion.decision_snapshot or promotion.snapshot,
         "audit": promotion.audit_events.select_related("from_version", "to_version").order_by("id"),

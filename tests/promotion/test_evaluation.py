@@ -161,8 +161,9 @@ def test_a_local_evaluation_scores_both_versions_side_by_side(local_registry, ju
     assert (s["candidate"]["graded_accuracy"], s["baseline"]["graded_accuracy"]) == (1.0, 0.0)
     assert (s["comparison"]["wins"], s["comparison"]["n"], s["comparison"]["win_rate"]) == (3, 3, 1.0)
     assert 0.43 < s["comparison"]["ci_low"] < 0.44
-    # The adapter's tool calls are complete and valid; the random base model calls nothing.
-    assert (s["candidate"]["tool_calls"], s["candidate"]["tool_call_validity"]) == (3, 1.0)
+    # The adapter calls lookup_order everywhere: valid where the item offers the tool, not
+    # where it offers none; the random base model calls nothing.
+    assert (s["candidate"]["tool_calls"], s["candidate"]["tool_calls_invalid"]) == (3, 1)
     assert s["baseline"]["tool_calls"] == 0
     assert (s["baseline"]["empty_rate"], s["baseline"]["truncated_rate"], s["candidate"]["empty_rate"]) == (
         1.0,

@@ -225,7 +225,8 @@ class LocalGenerator:
                 token_logprobs(model, full, torch.ones_like(full), keep=len(response))[0].tolist() if response else []
             )
         text = tokenizer.decode([t for t in response if t not in ends], skip_special_tokens=True)
-        content, calls = parse_tool_call_blocks(text)
+        # As the server does: tool-call blocks become calls only when the request offered tools.
+        content, calls = parse_tool_call_blocks(text) if tools else (text, [])
         message: dict[str, Any] = {"role": "assistant", "content": content or None}
         if calls:
             message["tool_calls"] = calls

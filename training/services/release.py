@@ -141,11 +141,18 @@ def rollback_request(*, deployment: Deployment, user, reason: str = "") -> Relea
     _raise_first(checks)
     target = rollback_target(deployment=deployment)
     live = LiveVersion.objects.select_related("version").get(deployment=deployment)
+    # The request that put the current version live, so its page shows the rollback too.
+    undone = (
+        PromotionRequest.objects.filter(deployment=deployment, candidate=live.version, status=PromotionStatus.DEPLOYED)
+        .order_by("-decided_at", "-id")
+        .first()
+    )
     release = release_queue(
         deployment=deployment,
         version=target,
         kind=ReleaseKind.ROLLBACK,
         user=user,
+        promotion=undone,
         reason=reason or f"rollback from {live.version.name}",
     )
     audit_record(
@@ -154,6 +161,7 @@ def rollback_request(*, deployment: Deployment, user, reason: str = "") -> Relea
         actor=user,
         from_version=live.version,
         to_version=target,
+        promotion=undone,
         release=release,
         detail=reason,
     )
@@ -306,7 +314,7 @@ def _flip(release_id: int) -> Release | None:
     )
     timings = {**release.timings, "live_ms": _ms_since(release.created_at)}
     Release.objects.filter(pk=release.pk).update(status=ReleaseStatus.LIVE, finished_at=timezone.now(), timings=timings)
-    if release.promotion_id:
+    if release.kind == ReleaseKind.PROMOTION and release.promotion_id:
         PromotionRequest.objects.filter(pk=release.promotion_id).update(status=PromotionStatus.DEPLOYED)
     if release.kind == ReleaseKind.ROLLBACK and previous is not None:
         PromotionRequest.objects.filter(
@@ -336,7 +344,7 @@ def _fail(release_id: int, reason: str) -> Release | None:
         Release.objects.filter(pk=release.pk).update(
             status=ReleaseStatus.FAILED, error=reason[:5000], finished_at=timezone.now(), timings=timings
         )
-        if release.promotion_id:
+        if release.kind == ReleaseKind.PROMOTION and release.promotion_id:
             PromotionRequest.objects.filter(pk=release.promotion_id).update(status=PromotionStatus.FAILED)
         live = LiveVersion.objects.filter(deployment=release.deployment).select_related("version").first()
         audit_record(

@@ -67,3 +67,8 @@ def text_of(message: Any) -> str:
 @register.filter
 def get(mapping: Any, key: str) -> Any:
     return mapping.get(key) if isinstance(mapping, dict) else None
+
+
+@register.filter
+def is_blank(text: Any) -> bool:
+    return not str(text or "").strip()
