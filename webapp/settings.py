@@ -240,6 +240,9 @@ GATEWAY_UPSTREAM_TIMEOUT = float(os.environ.get("PRACTICUM_GATEWAY_UPSTREAM_TIME
 # a revoked key or a flipped live pointer takes effect within this many seconds.
 GATEWAY_AUTH_CACHE_SECONDS = float(os.environ.get("PRACTICUM_GATEWAY_AUTH_CACHE_SECONDS", 10))
 GATEWAY_LIVE_CACHE_SECONDS = float(os.environ.get("PRACTICUM_GATEWAY_LIVE_CACHE_SECONDS", 2))
+# On PostgreSQL the gateway also LISTENs for live-pointer flips and drops the cached route at
+# once, so a promotion or rollback applies from the next request (the TTL stays as a fallback).
+GATEWAY_LIVE_LISTEN = env_bool("PRACTICUM_GATEWAY_LIVE_LISTEN", True)
 # Exchanges waiting to be written; past this the overflow goes to a spill file under DATA_DIR.
 GATEWAY_LOG_QUEUE_SIZE = int(os.environ.get("PRACTICUM_GATEWAY_LOG_QUEUE_SIZE", 20000))
 GATEWAY_LOG_BATCH_SIZE = int(os.environ.get("PRACTICUM_GATEWAY_LOG_BATCH_SIZE", 500))

@@ -166,7 +166,7 @@ class GatewayApp:
 
     async def startup(self) -> None:
         self.recorder.start()
-        if settings.IS_POSTGRES and self.access.routes.ttl > 0:
+        if settings.IS_POSTGRES and settings.GATEWAY_LIVE_LISTEN and self.access.routes.ttl > 0:
             self.access.listen()
 
     async def shutdown(self) -> None:
