@@ -155,7 +155,13 @@ def run_shape(name: str, args, tokenizer, tokenizer_dir: Path) -> dict:
         torch.cuda.reset_peak_memory_stats()
     try:
         grpo_train(
-            config=config, items=items, score=score, run_dir=work, policy=policy, hooks=Hooks(on_step=on_step), export=False
+            config=config,
+            items=items,
+            score=score,
+            run_dir=work,
+            policy=policy,
+            hooks=Hooks(on_step=on_step),
+            export=False,
         )
     finally:
         if server is not None:

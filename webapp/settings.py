@@ -180,3 +180,12 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
     "loggers": {"django.server": {"level": "WARNING"}},
 }
+
+# Training jobs: run folders, and how a worker's liveness is judged. A running job whose
+# heartbeat is older than TRAINING_STALE_AFTER_SECONDS is resumed from its checkpoint
+# (at most TRAINING_MAX_ATTEMPTS starts in all) or marked failed.
+TRAINING_DIR = Path(os.environ.get("PRACTICUM_TRAINING_DIR", DATA_DIR / "training")).resolve()
+TRAINING_HEARTBEAT_SECONDS = float(os.environ.get("PRACTICUM_TRAINING_HEARTBEAT_SECONDS", 10))
+TRAINING_STALE_AFTER_SECONDS = float(os.environ.get("PRACTICUM_TRAINING_STALE_AFTER_SECONDS", 300))
+TRAINING_MAX_ATTEMPTS = int(os.environ.get("PRACTICUM_TRAINING_MAX_ATTEMPTS", 3))
+TRAINING_STALE_CHECK_SECONDS = float(os.environ.get("PRACTICUM_TRAINING_STALE_CHECK_SECONDS", 60))
