@@ -89,7 +89,9 @@ def test_bad_requests_name_the_field(base_version, task_set):
         training_job_create(kind="grpo", config={"group_size": 1}, base_version=base_version, training_set=task_set)
     assert err.value.errors[0][0] == "config.group_size"
     with pytest.raises(JobError) as err:
-        training_job_create(kind="grpo", config={"model_path": "/etc"}, base_version=base_version, training_set=task_set)
+        training_job_create(
+            kind="grpo", config={"model_path": "/etc"}, base_version=base_version, training_set=task_set
+        )
     assert err.value.errors[0][0] == "config.model_path"
     with pytest.raises(JobError) as err:
         training_job_create(kind="sft", config={}, base_version=base_version, training_set=task_set)
@@ -106,7 +108,9 @@ def test_cancel_before_and_during_a_run(base_version, task_set):
     assert training_job_cancel(job=queued).status == JobStatus.CANCELLED
     assert training_job_run(job_id=queued.pk, worker="w1") == "skipped"
 
-    job = training_job_create(kind="grpo", config=FAST | {"steps": 50}, base_version=base_version, training_set=task_set)
+    job = training_job_create(
+        kind="grpo", config=FAST | {"steps": 50}, base_version=base_version, training_set=task_set
+    )
     TrainingJob.objects.filter(pk=job.pk).update(status=JobStatus.RUNNING, heartbeat_at=None)
     job.refresh_from_db()
     assert training_job_cancel(job=job).status == JobStatus.CANCELLING
@@ -139,7 +143,7 @@ def test_stale_heartbeats_resume_then_fail_never_stay_running(base_version, task
 
 def test_the_split_is_stable_across_rebuilds():
     first = training_set_from_tasks(name="qa", tasks=TASKS, heldout_fraction=0.3)
-    second = training_set_from_tasks(name="qa", tasks=list(reversed(TASKS)) + [TASKS[0] | {"prompt": "new"}])
+    second = training_set_from_tasks(name="qa", tasks=[*reversed(TASKS), TASKS[0] | {"prompt": "new"}])
     assert (first.version, second.version) == (1, 2)
     split_one = dict(first.items.values_list("key", "split"))
     split_two = dict(second.items.values_list("key", "split"))

@@ -7,126 +7,286 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('feedback', '0002_initial'),
-        ('training', '0001_initial'),
+        ("feedback", "0002_initial"),
+        ("training", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='TrainingSet',
+            name="TrainingSet",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.SlugField(max_length=100)),
-                ('version', models.PositiveIntegerField(default=1)),
-                ('description', models.TextField(blank=True)),
-                ('selection', models.JSONField(blank=True, default=dict)),
-                ('heldout_fraction', models.FloatField(default=0.2)),
-                ('item_count', models.PositiveIntegerField(default=0)),
-                ('train_count', models.PositiveIntegerField(default=0)),
-                ('heldout_count', models.PositiveIntegerField(default=0)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('created_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('deployment', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='training_sets', to='feedback.deployment')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.SlugField(max_length=100)),
+                ("version", models.PositiveIntegerField(default=1)),
+                ("description", models.TextField(blank=True)),
+                ("selection", models.JSONField(blank=True, default=dict)),
+                ("heldout_fraction", models.FloatField(default=0.2)),
+                ("item_count", models.PositiveIntegerField(default=0)),
+                ("train_count", models.PositiveIntegerField(default=0)),
+                ("heldout_count", models.PositiveIntegerField(default=0)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "created_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "deployment",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="training_sets",
+                        to="feedback.deployment",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at', '-id'],
+                "ordering": ["-created_at", "-id"],
             },
         ),
         migrations.CreateModel(
-            name='TrainingJob',
+            name="TrainingJob",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('kind', models.CharField(choices=[('grpo', 'GRPO'), ('distill', 'Self-distillation (feedback hint)'), ('sft', 'SFT on corrections')], max_length=10)),
-                ('status', models.CharField(choices=[('queued', 'Queued'), ('running', 'Running'), ('cancelling', 'Cancelling'), ('cancelled', 'Cancelled'), ('stopped', 'Stopped by a monitor'), ('finished', 'Finished'), ('failed', 'Failed')], default='queued', max_length=12)),
-                ('config', models.JSONField(help_text="the job's typed config (training.grpo.config), as JSON")),
-                ('step', models.PositiveIntegerField(default=0)),
-                ('total_steps', models.PositiveIntegerField(default=0)),
-                ('metrics', models.JSONField(blank=True, default=dict, help_text="the latest step's metrics")),
-                ('eval_metrics', models.JSONField(blank=True, default=dict, help_text='the first and latest evaluation')),
-                ('flagged', models.BooleanField(default=False, help_text='a reward-hacking monitor fired')),
-                ('breaches', models.JSONField(blank=True, default=list)),
-                ('cancel_requested', models.BooleanField(default=False)),
-                ('checkpoint_path', models.CharField(blank=True, default='', max_length=500)),
-                ('checkpoint_step', models.PositiveIntegerField(default=0)),
-                ('attempts', models.PositiveIntegerField(default=0, help_text='times a worker started or resumed it')),
-                ('worker', models.CharField(blank=True, default='', max_length=200)),
-                ('error', models.TextField(blank=True, default='')),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('heartbeat_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('base_version', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='training_jobs', to='training.modelversion')),
-                ('created_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('deployment', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='training_jobs', to='feedback.deployment')),
-                ('result_version', models.OneToOneField(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='produced_by_job', to='training.modelversion')),
-                ('training_set', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='jobs', to='training.trainingset')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[
+                            ("grpo", "GRPO"),
+                            ("distill", "Self-distillation (feedback hint)"),
+                            ("sft", "SFT on corrections"),
+                        ],
+                        max_length=10,
+                    ),
+                ),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("queued", "Queued"),
+                            ("running", "Running"),
+                            ("cancelling", "Cancelling"),
+                            ("cancelled", "Cancelled"),
+                            ("stopped", "Stopped by a monitor"),
+                            ("finished", "Finished"),
+                            ("failed", "Failed"),
+                        ],
+                        default="queued",
+                        max_length=12,
+                    ),
+                ),
+                ("config", models.JSONField(help_text="the job's typed config (training.grpo.config), as JSON")),
+                ("step", models.PositiveIntegerField(default=0)),
+                ("total_steps", models.PositiveIntegerField(default=0)),
+                ("metrics", models.JSONField(blank=True, default=dict, help_text="the latest step's metrics")),
+                (
+                    "eval_metrics",
+                    models.JSONField(blank=True, default=dict, help_text="the first and latest evaluation"),
+                ),
+                ("flagged", models.BooleanField(default=False, help_text="a reward-hacking monitor fired")),
+                ("breaches", models.JSONField(blank=True, default=list)),
+                ("cancel_requested", models.BooleanField(default=False)),
+                ("checkpoint_path", models.CharField(blank=True, default="", max_length=500)),
+                ("checkpoint_step", models.PositiveIntegerField(default=0)),
+                ("attempts", models.PositiveIntegerField(default=0, help_text="times a worker started or resumed it")),
+                ("worker", models.CharField(blank=True, default="", max_length=200)),
+                ("error", models.TextField(blank=True, default="")),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("heartbeat_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "base_version",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="training_jobs",
+                        to="training.modelversion",
+                    ),
+                ),
+                (
+                    "created_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "deployment",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="training_jobs",
+                        to="feedback.deployment",
+                    ),
+                ),
+                (
+                    "result_version",
+                    models.OneToOneField(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="produced_by_job",
+                        to="training.modelversion",
+                    ),
+                ),
+                (
+                    "training_set",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="jobs",
+                        to="training.trainingset",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at', '-id'],
+                "ordering": ["-created_at", "-id"],
             },
         ),
         migrations.CreateModel(
-            name='TrainingItem',
+            name="TrainingItem",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('kind', models.CharField(choices=[('turn', 'Logged turn'), ('task', 'Replayable task')], default='turn', max_length=10)),
-                ('key', models.CharField(max_length=300)),
-                ('split', models.CharField(choices=[('train', 'Train'), ('heldout', 'Held out')], default='train', max_length=10)),
-                ('messages', models.JSONField(help_text='the context up to the turn, in the OpenAI chat format')),
-                ('tools', models.JSONField(blank=True, null=True)),
-                ('rubric', models.JSONField(blank=True, help_text="the judge's rubric for this turn", null=True)),
-                ('feedback', models.TextField(blank=True, default='', help_text='the critique, used as a self-distillation hint')),
-                ('logged_response', models.JSONField(blank=True, help_text='the assistant message as served', null=True)),
-                ('reward', models.FloatField(blank=True, help_text="the logged response's reward under the rubric", null=True)),
-                ('corrected_response', models.TextField(blank=True, default='')),
-                ('correction_source', models.CharField(blank=True, choices=[('', 'None'), ('human', 'Operator'), ('judge', 'Judge'), ('customer', 'Customer')], default='', max_length=10)),
-                ('reference', models.TextField(blank=True, default='', help_text='tasks: the reference answer')),
-                ('grader', models.CharField(blank=True, default='', help_text='tasks: a grader name', max_length=50)),
-                ('provenance', models.JSONField(blank=True, default=dict)),
-                ('message', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='training_items', to='feedback.message')),
-                ('trace', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='training_items', to='feedback.trace')),
-                ('training_set', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='items', to='training.trainingset')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[("turn", "Logged turn"), ("task", "Replayable task")], default="turn", max_length=10
+                    ),
+                ),
+                ("key", models.CharField(max_length=300)),
+                (
+                    "split",
+                    models.CharField(
+                        choices=[("train", "Train"), ("heldout", "Held out")], default="train", max_length=10
+                    ),
+                ),
+                ("messages", models.JSONField(help_text="the context up to the turn, in the OpenAI chat format")),
+                ("tools", models.JSONField(blank=True, null=True)),
+                ("rubric", models.JSONField(blank=True, help_text="the judge's rubric for this turn", null=True)),
+                (
+                    "feedback",
+                    models.TextField(
+                        blank=True, default="", help_text="the critique, used as a self-distillation hint"
+                    ),
+                ),
+                (
+                    "logged_response",
+                    models.JSONField(blank=True, help_text="the assistant message as served", null=True),
+                ),
+                (
+                    "reward",
+                    models.FloatField(blank=True, help_text="the logged response's reward under the rubric", null=True),
+                ),
+                ("corrected_response", models.TextField(blank=True, default="")),
+                (
+                    "correction_source",
+                    models.CharField(
+                        blank=True,
+                        choices=[("", "None"), ("human", "Operator"), ("judge", "Judge"), ("customer", "Customer")],
+                        default="",
+                        max_length=10,
+                    ),
+                ),
+                ("reference", models.TextField(blank=True, default="", help_text="tasks: the reference answer")),
+                ("grader", models.CharField(blank=True, default="", help_text="tasks: a grader name", max_length=50)),
+                ("provenance", models.JSONField(blank=True, default=dict)),
+                (
+                    "message",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="training_items",
+                        to="feedback.message",
+                    ),
+                ),
+                (
+                    "trace",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="training_items",
+                        to="feedback.trace",
+                    ),
+                ),
+                (
+                    "training_set",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="items", to="training.trainingset"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['training_set_id', 'id'],
+                "ordering": ["training_set_id", "id"],
             },
         ),
         migrations.CreateModel(
-            name='TrainingJobEvent',
+            name="TrainingJobEvent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('kind', models.CharField(choices=[('step', 'Step metrics'), ('eval', 'Evaluation'), ('sample', 'Sample rollouts'), ('log', 'Log line'), ('breach', 'Monitor breach')], max_length=10)),
-                ('step', models.PositiveIntegerField(default=0)),
-                ('data', models.JSONField(default=dict)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('job', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='events', to='training.trainingjob')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[
+                            ("step", "Step metrics"),
+                            ("eval", "Evaluation"),
+                            ("sample", "Sample rollouts"),
+                            ("log", "Log line"),
+                            ("breach", "Monitor breach"),
+                        ],
+                        max_length=10,
+                    ),
+                ),
+                ("step", models.PositiveIntegerField(default=0)),
+                ("data", models.JSONField(default=dict)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "job",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="events", to="training.trainingjob"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['job_id', 'id'],
-                'indexes': [models.Index(fields=['job', 'kind', 'step'], name='jobevent_job_kind_step_idx')],
+                "ordering": ["job_id", "id"],
+                "indexes": [models.Index(fields=["job", "kind", "step"], name="jobevent_job_kind_step_idx")],
             },
         ),
         migrations.AddConstraint(
-            model_name='trainingset',
-            constraint=models.UniqueConstraint(fields=('name', 'version'), name='trainingset_name_version_unique'),
+            model_name="trainingset",
+            constraint=models.UniqueConstraint(fields=("name", "version"), name="trainingset_name_version_unique"),
         ),
         migrations.AddConstraint(
-            model_name='trainingset',
-            constraint=models.CheckConstraint(condition=models.Q(('heldout_fraction__gte', 0), ('heldout_fraction__lt', 1)), name='trainingset_heldout_range'),
+            model_name="trainingset",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("heldout_fraction__gte", 0), ("heldout_fraction__lt", 1)),
+                name="trainingset_heldout_range",
+            ),
         ),
         migrations.AddIndex(
-            model_name='trainingjob',
-            index=models.Index(fields=['status', 'heartbeat_at'], name='trainingjob_status_hb_idx'),
+            model_name="trainingjob",
+            index=models.Index(fields=["status", "heartbeat_at"], name="trainingjob_status_hb_idx"),
         ),
         migrations.AddIndex(
-            model_name='trainingitem',
-            index=models.Index(fields=['training_set', 'split'], name='trainingitem_set_split_idx'),
+            model_name="trainingitem",
+            index=models.Index(fields=["training_set", "split"], name="trainingitem_set_split_idx"),
         ),
         migrations.AddConstraint(
-            model_name='trainingitem',
-            constraint=models.UniqueConstraint(fields=('training_set', 'key'), name='trainingitem_key_unique'),
+            model_name="trainingitem",
+            constraint=models.UniqueConstraint(fields=("training_set", "key"), name="trainingitem_key_unique"),
         ),
     ]
