@@ -9,11 +9,13 @@ import uuid
 from celery import shared_task
 
 
-@shared_task(name="training.run_job", queue="training", acks_late=True, reject_on_worker_lost=True)
-def training_job_run_task(job_id: int) -> None:
+@shared_task(bind=True, name="training.run_job", queue="training", acks_late=True, reject_on_worker_lost=True)
+def training_job_run_task(self, job_id: int) -> None:
     from training.services.job_runner import training_job_run
 
-    training_job_run(job_id=job_id, worker=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}")
+    # Unique per run, so a stale worker's late writes cannot touch a job another worker took over.
+    host = self.request.hostname or socket.gethostname()
+    training_job_run(job_id=job_id, worker=f"{host}:{os.getpid()}:{uuid.uuid4().hex[:8]}")
 
 
 @shared_task(name="training.check_stale_jobs", queue="default")
