@@ -14,4 +14,5 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/v1/", include("feedback.api_urls")),
     path("", include("feedback.urls")),
+    path("", include("training.urls")),
 ]

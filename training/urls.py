@@ -1,0 +1,10 @@
+from django.urls import path
+
+from training import views
+
+app_name = "training"
+urlpatterns = [
+    path("training/jobs/", views.job_list, name="job-list"),
+    path("training/jobs/<int:job_id>/", views.job_detail, name="job-detail"),
+    path("training/jobs/<int:job_id>/cancel", views.job_cancel, name="job-cancel"),
+]
