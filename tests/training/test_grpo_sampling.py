@@ -73,3 +73,22 @@ def test_chat_tokens_mask_every_assistant_span(tiny):
     assert tokenizer.decode(ids) == whole
     trained = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m])
     assert trained.replace("\n", "") == "shipped<|im_end|>yes<|im_end|>"
+
+
+def test_the_decode_loop_matches_generate_greedily_and_with_padding(tiny):
+    model, tokenizer = tiny
+    prompts = [encode_prompt(tokenizer, [{"role": "user", "content": q}]) for q in ("hi", "where is my order A1?")]
+    ours = sample(model, tokenizer, prompts, num_samples=1, max_new_tokens=8, temperature=0)
+    theirs = sample(model, tokenizer, prompts, num_samples=1, max_new_tokens=8, temperature=0, engine="generate")
+    width = min(ours.response_ids.shape[1], theirs.response_ids.shape[1])
+    mask = ours.response_mask[:, :width].bool()
+    assert torch.equal(ours.response_ids[:, :width][mask], theirs.response_ids[:, :width][mask])
+    assert ours.texts == theirs.texts
+
+
+def test_nucleus_keeps_the_top_mass():
+    from training.grpo.sampling import _nucleus
+
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    kept = _nucleus(probs, 0.75)  # 0.5 + 0.3 reach 0.75: the rest is dropped
+    assert kept.tolist()[0] == pytest.approx([0.5 / 0.8, 0.3 / 0.8, 0.0, 0.0])
