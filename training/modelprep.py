@@ -189,8 +189,9 @@ def tiny_prepare(dest: Path, *, force: bool = False, seed: int = 0) -> Path:
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        # head_dim 32: vLLM's CPU attention supports head sizes of 32, 64, 80, … only.
+        num_attention_heads=2,
+        num_key_value_heads=1,
         max_position_embeddings=2048,
         tie_word_embeddings=True,
         bos_token_id=None,

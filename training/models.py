@@ -15,6 +15,12 @@ class BaseModel(models.Model):
     description = models.TextField(blank=True)
     metadata = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
+    inference_url = models.CharField(
+        max_length=300,
+        blank=True,
+        default="",
+        help_text="The inference server serving this base model (and its adapters); blank: the default one.",
+    )
 
     class Meta:
         ordering = ["name"]
@@ -83,6 +89,26 @@ class LiveVersion(models.Model):
 
     def __str__(self) -> str:
         return f"{self.deployment_id} → {self.version_id}"
+
+
+class LiveVersionChange(models.Model):
+    """Audit row for every flip of a deployment's live pointer: who, when, from what, to what."""
+
+    deployment = models.ForeignKey("feedback.Deployment", on_delete=models.CASCADE, related_name="live_changes")
+    from_version = models.ForeignKey(ModelVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    to_version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="+")
+    changed_at = models.DateTimeField(default=timezone.now)
+    changed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    reason = models.CharField(max_length=300, blank=True, default="")
+
+    class Meta:
+        ordering = ["-changed_at", "-id"]
+        indexes = [models.Index(fields=["deployment", "-changed_at"], name="live_change_dep_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.deployment_id}: {self.from_version_id} → {self.to_version_id}"
 
 
 # --- training sets and jobs ----------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Reads for the training pages."""
+"""Reads for models, versions, live pointers and the training pages."""
 
 from __future__ import annotations
 
@@ -6,7 +6,23 @@ from statistics import median
 
 from django.db.models import QuerySet
 
-from training.models import JobEventKind, ModelVersion, TrainingJob, TrainingJobEvent, TrainingSet
+from training.models import JobEventKind, LiveVersion, ModelVersion, TrainingJob, TrainingJobEvent, TrainingSet
+
+
+def live_version_get(*, deployment_id: int) -> ModelVersion | None:
+    """The version a deployment serves now, with its base model, or None."""
+    live = LiveVersion.objects.select_related("version__base_model").filter(deployment_id=deployment_id).first()
+    return live.version if live else None
+
+
+def live_versions_for_base(*, base_model_id: int) -> list[ModelVersion]:
+    """The distinct versions over one base model that some deployment serves now."""
+    return list(
+        ModelVersion.objects.filter(base_model_id=base_model_id, live_for__isnull=False)
+        .select_related("base_model")
+        .distinct()
+    )
+
 
 CHARTS = [
     ("reward_mean", "Reward (mean ± std)"),

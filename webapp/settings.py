@@ -181,6 +181,25 @@ LOGGING = {
     "loggers": {"django.server": {"level": "WARNING"}},
 }
 
+# Inference server (a vLLM OpenAI-compatible server the project starts, bound to loopback)
+# and the /v1/ completion gateway in front of it.
+INFERENCE_HOST = os.environ.get("PRACTICUM_INFERENCE_HOST", "127.0.0.1")
+INFERENCE_PORT = int(os.environ.get("PRACTICUM_INFERENCE_PORT", 8001))
+INFERENCE_URL = os.environ.get("PRACTICUM_INFERENCE_URL") or f"http://{INFERENCE_HOST}:{INFERENCE_PORT}"
+INFERENCE_MAX_MODEL_LEN = int(os.environ.get("PRACTICUM_INFERENCE_MAX_MODEL_LEN", 2048))
+INFERENCE_MAX_LORA_RANK = int(os.environ.get("PRACTICUM_INFERENCE_MAX_LORA_RANK", 32))
+INFERENCE_MAX_LORAS = int(os.environ.get("PRACTICUM_INFERENCE_MAX_LORAS", 4))
+INFERENCE_KV_CACHE_GIB = int(os.environ.get("PRACTICUM_INFERENCE_KV_CACHE_GIB", 1))
+# Seconds a completion may take end to end before the gateway gives up on the upstream.
+GATEWAY_UPSTREAM_TIMEOUT = float(os.environ.get("PRACTICUM_GATEWAY_UPSTREAM_TIMEOUT", 600))
+# How long the gateway trusts a cached API key / live version before asking the database again:
+# a revoked key or a flipped live pointer takes effect within this many seconds.
+GATEWAY_AUTH_CACHE_SECONDS = float(os.environ.get("PRACTICUM_GATEWAY_AUTH_CACHE_SECONDS", 10))
+GATEWAY_LIVE_CACHE_SECONDS = float(os.environ.get("PRACTICUM_GATEWAY_LIVE_CACHE_SECONDS", 2))
+# Exchanges waiting to be written; past this the overflow goes to a spill file under DATA_DIR.
+GATEWAY_LOG_QUEUE_SIZE = int(os.environ.get("PRACTICUM_GATEWAY_LOG_QUEUE_SIZE", 20000))
+GATEWAY_LOG_BATCH_SIZE = int(os.environ.get("PRACTICUM_GATEWAY_LOG_BATCH_SIZE", 500))
+
 # Training jobs: run folders, and how a worker's liveness is judged. A running job whose
 # heartbeat is older than TRAINING_STALE_AFTER_SECONDS is resumed from its checkpoint
 # (at most TRAINING_MAX_ATTEMPTS starts in all) or marked failed.

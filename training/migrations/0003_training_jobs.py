@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
     dependencies = [
         ("feedback", "0002_initial"),
-        ("training", "0001_initial"),
+        ("training", "0002_model_server_and_live_audit"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

@@ -1,0 +1,137 @@
+"""API-key and live-version lookups for the gateway, cached in memory for a few seconds.
+
+The database answers once per key (and per deployment) per TTL; every other request is a
+dict lookup. A revoked key or a flipped live pointer takes effect within the TTL
+(`PRACTICUM_GATEWAY_AUTH_CACHE_SECONDS`, `PRACTICUM_GATEWAY_LIVE_CACHE_SECONDS`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db import connections
+
+from feedback.gateway.errors import GatewayError
+from feedback.models import ApiKeyScope
+from feedback.services.api_keys import ApiKeyError, api_key_authenticate
+
+GATEWAY_SCOPE = ApiKeyScope.INGEST
+MAX_ENTRIES = 10000
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    key_id: int
+    deployment_id: int
+    deployment_name: str
+    scopes: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    version_id: int
+    version_name: str
+    upstream_url: str
+    created: int
+
+
+class TTLCache:
+    def __init__(self, ttl: float) -> None:
+        self.ttl = ttl
+        self._items: dict[Any, tuple[float, Any]] = {}
+
+    def get(self, key: Any) -> tuple[bool, Any]:
+        item = self._items.get(key)
+        if item is None or item[0] < time.monotonic():
+            return False, None
+        return True, item[1]
+
+    def put(self, key: Any, value: Any, ttl: float | None = None) -> None:
+        if len(self._items) >= MAX_ENTRIES:
+            self._items.clear()
+        self._items[key] = (time.monotonic() + (self.ttl if ttl is None else ttl), value)
+
+    def clear(self) -> None:
+        self._items.clear()
+
+
+def _authenticate_sync(token: str) -> Principal | GatewayError:
+    try:
+        key = api_key_authenticate(token)
+    except ApiKeyError as exc:
+        return GatewayError(401, str(exc), code="invalid_api_key")
+    return Principal(
+        key_id=key.id,
+        deployment_id=key.deployment_id,
+        deployment_name=key.deployment.name,
+        scopes=frozenset(key.scopes),
+    )
+
+
+def _route_sync(deployment_id: int) -> Route | None:
+    from training.selectors import live_version_get
+
+    version = live_version_get(deployment_id=deployment_id)
+    if version is None:
+        return None
+    url = (version.base_model.inference_url or settings.INFERENCE_URL).rstrip("/")
+    return Route(
+        version_id=version.id,
+        version_name=version.name,
+        upstream_url=url,
+        created=int(version.created_at.timestamp()),
+    )
+
+
+class Access:
+    def __init__(self, *, auth_ttl: float, route_ttl: float) -> None:
+        self.keys = TTLCache(auth_ttl)
+        self.routes = TTLCache(route_ttl)
+        # One thread owns the lookups' database connection (cache misses are rare), so
+        # shutting down can close it.
+        self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-db")
+
+    async def _in_db_thread(self, fn, arg):
+        return await asyncio.get_running_loop().run_in_executor(self._db, fn, arg)
+
+    def close(self) -> None:
+        self._db.submit(connections.close_all).result(timeout=10)
+        self._db.shutdown(wait=True)
+
+    async def principal(self, authorization: bytes | None) -> Principal:
+        if not authorization:
+            raise GatewayError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+        scheme, _, token = authorization.decode("latin-1").partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise GatewayError(401, "the Authorization header must be 'Bearer <key>'", code="invalid_api_key")
+        hit, result = self.keys.get(token)
+        if not hit:
+            result = await self._in_db_thread(_authenticate_sync, token)
+            # Refusals are cached briefly too, so a client retrying a bad key does not hammer the database.
+            self.keys.put(token, result, None if isinstance(result, Principal) else min(self.keys.ttl, 2.0))
+        if isinstance(result, GatewayError):
+            raise result
+        if GATEWAY_SCOPE not in result.scopes:
+            raise GatewayError(403, f"this API key lacks the '{GATEWAY_SCOPE}' scope", code="insufficient_scope")
+        return result
+
+    async def route(self, principal: Principal) -> Route:
+        hit, route = self.routes.get(principal.deployment_id)
+        if not hit:
+            route = await self._in_db_thread(_route_sync, principal.deployment_id)
+            self.routes.put(principal.deployment_id, route)
+        if route is None:
+            raise GatewayError(
+                404,
+                f"deployment {principal.deployment_name!r} has no live model version "
+                "(manage.py prepare_model … --live-for, or manage.py set_live)",
+                param="model",
+                code="model_not_found",
+            )
+        return route

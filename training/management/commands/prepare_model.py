@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from feedback.services.deployments import deployment_get_or_create
+from training.services.models import ModelRegistryError, base_model_register, live_version_set
+
+DEFAULT_NAMES = {"smollm2": "smollm2-135m-instruct", "tiny": "tiny"}
+
+
+class Command(BaseCommand):
+    help = (
+        "Prepare a base model folder and register it: `smollm2` converts the packaged SmolLM2-135M-Instruct "
+        "GGUF, `tiny` builds the tiny test model, `local` registers any local Hugging Face folder (--path)."
+    )
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("kind", choices=["smollm2", "tiny", "local"])
+        parser.add_argument("--path", type=Path, help="folder to write (smollm2/tiny) or to register (local)")
+        parser.add_argument("--name", help="the base model's name, also the name the inference server serves")
+        parser.add_argument("--live-for", metavar="DEPLOYMENT", help="make the base version live for this deployment")
+        parser.add_argument("--force", action="store_true", help="rebuild the folder even if it exists")
+
+    def handle(self, *args, **opts) -> None:
+        kind = opts["kind"]
+        name = opts["name"] or DEFAULT_NAMES.get(kind)
+        if not name:
+            raise CommandError("--name is required with `local`")
+        path: Path | None = opts["path"]
+        if kind == "local":
+            if path is None:
+                raise CommandError("--path is required with `local`")
+        else:
+            from training import modelprep  # torch/transformers: only on this command's path
+
+            path = path or settings.MODELS_DIR / name
+            self.stdout.write(f"Preparing {kind} at {path} …")
+            prepare = modelprep.smollm2_prepare if kind == "smollm2" else modelprep.tiny_prepare
+            path = prepare(path, force=opts["force"])
+        try:
+            base, version = base_model_register(name=name, path=path, metadata={"prepared_as": kind})
+        except ModelRegistryError as exc:
+            raise CommandError(str(exc)) from exc
+        self.stdout.write(self.style.SUCCESS(f"Registered base model {base.name} ({base.path})"))
+        if opts["live_for"]:
+            deployment = deployment_get_or_create(name=opts["live_for"])
+            live_version_set(deployment=deployment, version=version, reason="prepare_model --live-for")
+            self.stdout.write(f"{deployment.name} now serves {version.name}")

@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand, CommandError
+
+from feedback.services.deployments import deployment_get_or_create
+from training.inference import client
+from training.models import ModelVersion, ModelVersionKind
+from training.services.models import ModelRegistryError, live_version_set
+
+
+class Command(BaseCommand):
+    help = (
+        "Point a deployment at a model version. A LoRA version is loaded into the running inference "
+        "server first (unless --no-load), so the gateway never routes to an adapter that is not there."
+    )
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("deployment")
+        parser.add_argument("version", help="model version name")
+        parser.add_argument("--reason", default="")
+        parser.add_argument("--no-load", action="store_true", help="do not load the adapter into the server")
+
+    def handle(self, *args, **opts) -> None:
+        version = ModelVersion.objects.select_related("base_model").filter(name=opts["version"]).first()
+        if version is None:
+            raise CommandError(f"no model version named {opts['version']!r}")
+        deployment = deployment_get_or_create(name=opts["deployment"])
+        if version.kind == ModelVersionKind.LORA and not opts["no_load"]:
+            url = version.base_model.inference_url or None
+            try:
+                client.adapter_load(version.name, version.path, base_url=url)
+            except client.InferenceError as exc:
+                raise CommandError(f"could not load {version.name} into the inference server: {exc}") from exc
+        try:
+            live_version_set(deployment=deployment, version=version, reason=opts["reason"] or "set_live command")
+        except ModelRegistryError as exc:
+            raise CommandError(str(exc)) from exc
+        self.stdout.write(self.style.SUCCESS(f"{deployment.name} now serves {version.name}"))

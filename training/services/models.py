@@ -1,0 +1,150 @@
+"""Base models, model versions and the live pointer.
+
+Flipping the live pointer is one small transaction (`live_version_set`): the LiveVersion row
+(primary key = deployment) is updated or created, the version statuses follow, and an audit
+row records who moved it from what to what. Loading the weights into the inference server
+is a separate step (`training.inference`): promotion checks that first, then flips.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.core.validators import validate_slug
+from django.db import transaction
+from django.utils import timezone
+
+from feedback.models import Deployment
+from training.models import (
+    BaseModel,
+    LiveVersion,
+    LiveVersionChange,
+    ModelVersion,
+    ModelVersionKind,
+    ModelVersionStatus,
+)
+
+
+class ModelRegistryError(ValueError):
+    """A model or version cannot be registered as asked; the message says why."""
+
+
+def _slug(value: str, what: str) -> str:
+    try:
+        validate_slug(value)
+    except ValidationError as exc:
+        raise ModelRegistryError(f"{what} {value!r}: use letters, digits, '-' and '_' only") from exc
+    return value
+
+
+def _hf_folder(path: Path) -> Path:
+    path = path.expanduser().resolve()
+    if not (path / "config.json").is_file():
+        raise ModelRegistryError(f"{path} is not a Hugging Face model folder (no config.json)")
+    return path
+
+
+@transaction.atomic
+def base_model_register(
+    *,
+    name: str,
+    path: Path,
+    description: str = "",
+    metadata: dict[str, Any] | None = None,
+    inference_url: str = "",
+) -> tuple[BaseModel, ModelVersion]:
+    """Register (or update) a local HF folder as a base model, with its `base` version of the
+    same name — the name the inference server serves the base weights under."""
+    _slug(name, "base model name")
+    path = _hf_folder(path)
+    base, _ = BaseModel.objects.update_or_create(
+        name=name,
+        defaults={
+            "path": str(path),
+            "description": description,
+            "metadata": metadata or {},
+            "inference_url": inference_url,
+        },
+    )
+    version = ModelVersion.objects.filter(name=name).first()
+    if version is None:
+        version = ModelVersion.objects.create(
+            name=name, base_model=base, kind=ModelVersionKind.BASE, path=str(path), status=ModelVersionStatus.APPROVED
+        )
+    elif version.base_model_id != base.id or version.kind != ModelVersionKind.BASE:
+        raise ModelRegistryError(f"a {version.kind} version named {name!r} already exists; pick another name")
+    elif version.path != str(path):
+        version.path = str(path)
+        version.save(update_fields=["path"])
+    return base, version
+
+
+@transaction.atomic
+def model_version_create(
+    *,
+    name: str,
+    base_model: BaseModel,
+    kind: str,
+    path: Path,
+    parent: ModelVersion | None = None,
+    deployment: Deployment | None = None,
+    metadata: dict[str, Any] | None = None,
+    created_by=None,
+) -> ModelVersion:
+    """A new candidate version: a LoRA adapter folder over `base_model`, or a full checkpoint."""
+    _slug(name, "version name")
+    if kind not in (ModelVersionKind.LORA, ModelVersionKind.FULL):
+        raise ModelRegistryError("kind: a derived version is 'lora' or 'full' (base versions come with the base model)")
+    path = path.expanduser().resolve()
+    marker = "adapter_config.json" if kind == ModelVersionKind.LORA else "config.json"
+    if not (path / marker).is_file():
+        raise ModelRegistryError(f"{path} has no {marker}: not a {kind} folder")
+    if parent is not None and parent.base_model_id != base_model.id:
+        raise ModelRegistryError(f"parent {parent.name} is built on another base model")
+    if ModelVersion.objects.filter(name=name).exists():
+        raise ModelRegistryError(f"a version named {name!r} already exists")
+    return ModelVersion.objects.create(
+        name=name,
+        base_model=base_model,
+        kind=kind,
+        path=str(path),
+        parent=parent,
+        deployment=deployment,
+        metadata=metadata or {},
+        created_by=created_by,
+        status=ModelVersionStatus.CANDIDATE,
+    )
+
+
+@transaction.atomic
+def live_version_set(*, deployment: Deployment, version: ModelVersion, user=None, reason: str = "") -> LiveVersion:
+    """Point `deployment` at `version`. Returns the live row; a no-op when it already is live.
+
+    The previous version goes back to `approved` unless another deployment still serves it.
+    """
+    if version.status == ModelVersionStatus.FAILED:
+        raise ModelRegistryError(f"version {version.name} failed; it cannot go live")
+    now = timezone.now()
+    live = LiveVersion.objects.select_for_update().filter(deployment=deployment).first()
+    previous = live.version if live else None
+    if previous is not None and previous.pk == version.pk:
+        return live
+    if live is None:
+        live = LiveVersion.objects.create(deployment=deployment, version=version, changed_at=now, changed_by=user)
+    else:
+        live.version = version
+        live.changed_at = now
+        live.changed_by = user
+        live.save(update_fields=["version", "changed_at", "changed_by"])
+    LiveVersionChange.objects.create(
+        deployment=deployment, from_version=previous, to_version=version, changed_at=now, changed_by=user, reason=reason
+    )
+    if version.status != ModelVersionStatus.LIVE:
+        version.status = ModelVersionStatus.LIVE
+        version.save(update_fields=["status"])
+    if previous is not None and not LiveVersion.objects.filter(version=previous).exists():
+        previous.status = ModelVersionStatus.APPROVED
+        previous.save(update_fields=["status"])
+    return live
