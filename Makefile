@@ -12,7 +12,7 @@ REDIS_URL ?= redis://127.0.0.1:6379/15
 TEST_DATABASE_URL = $(or $(DATABASE_URL),$(shell pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null && echo $(PG_URL)))
 TEST_BROKER_URL = $(or $(CELERY_BROKER_URL),$(shell (redis-cli -h 127.0.0.1 ping 2>/dev/null | grep -q PONG) && echo $(REDIS_URL)))
 
-.PHONY: help install demo test lint format bench migrate browser-deps clean inference
+.PHONY: help install demo test lint format bench migrate browser-deps clean inference learn-demo gpu-check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -55,6 +55,8 @@ format: install ## apply ruff's formatting and fixes
 bench: install ## run the benchmarks under bench/ (needs PostgreSQL)
 	DATABASE_URL="$(or $(TEST_DATABASE_URL),$(PG_URL))" $(PY) bench/ingest.py
 	DATABASE_URL="$(or $(TEST_DATABASE_URL),$(PG_URL))" $(PY) bench/gateway.py
+	$(PIP) install -q -c constraints.txt -r requirements-bench.txt
+	nice -n 10 $(PY) bench/grpo_vs_trl.py
 
 inference: migrate ## serve the live base model and adapters with vLLM on 127.0.0.1:8001 (BASE=name to choose)
 	$(PY) manage.py serve_inference $(if $(BASE),--base $(BASE))
@@ -64,3 +66,9 @@ browser-deps: ## install Debian's chromium for the browser tests (root)
 
 clean: ## remove the virtualenv and local data
 	rm -rf .venv var
+
+learn-demo: install ## GRPO and self-distillation on SmolLM2-135M on the CPU; held-out gains printed (~30-40 min)
+	nice -n 10 $(PY) scripts/learn_demo.py all
+
+gpu-check: ## a short GRPO job on random SmolLM2- and 0.5B-shaped models on a CUDA machine (system python3)
+	scripts/gpu_check.sh

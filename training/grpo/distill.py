@@ -112,7 +112,7 @@ def distill_train(
         metrics = {
             "step": step,
             "loss": loss_value,
-            "kl": loss_value,  # the distillation loss is the KL to the teacher
+            "teacher_kl": loss_value,  # the loss is the KL to the hinted teacher, not to the start
             "grad_norm": grad_norm,
             "generated_tokens": int(rollout.lengths.sum()),
             "step_seconds": time.perf_counter() - started,
