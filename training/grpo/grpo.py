@@ -206,13 +206,19 @@ def grpo_train(
             start_canary=state["start_canary"],
         )
         if breaches:
-            new = [b.to_dict() | {"step": step} for b in breaches]
-            state["breaches"] += new
-            hooks.emit("on_breach", step, new)
+            # Report a monitor when it starts firing, not on every step it stays over.
+            active = set(state.get("active_breaches", []))
+            new = [b.to_dict() | {"step": step} for b in breaches if b.monitor not in active]
+            state["active_breaches"] = sorted(b.monitor for b in breaches)
+            if new:
+                state["breaches"] += new
+                hooks.emit("on_breach", step, new)
             if config.monitors.stop_on_breach:
                 _checkpoint(run_dir, policy, optimizer, step, config, state, hooks)
                 result.status = "stopped"
                 break
+        else:
+            state["active_breaches"] = []
 
         if config.checkpoint_every and step % config.checkpoint_every == 0 and step < config.steps:
             _checkpoint(run_dir, policy, optimizer, step, config, state, hooks)
