@@ -150,3 +150,19 @@ def test_the_split_is_stable_across_rebuilds():
     assert all(split_two[k] == v for k, v in split_one.items())
     assert first.heldout_count == sum(1 for v in split_one.values() if v == TrainingSplit.HELDOUT) > 0
     assert split_for("x", 0.0) == TrainingSplit.TRAIN and split_for("x", 0.999999) == TrainingSplit.HELDOUT
+
+
+def test_import_tasks_command(tmp_path):
+    import json
+
+    from django.core.management import CommandError, call_command
+
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("\n".join(json.dumps(t) for t in TASKS) + "\n")
+    call_command("import_tasks", str(path), "--name", "cmd")
+    path.write_text('{"prompt": "x", "reference": "y", "grader": "vibes"}\n')
+    with pytest.raises(CommandError, match="grader"):
+        call_command("import_tasks", str(path), "--name", "cmd")
+    from training.models import TrainingSet
+
+    assert list(TrainingSet.objects.filter(name="cmd").values_list("version", "item_count")) == [(1, 12)]
