@@ -25,7 +25,6 @@ from training.models import (
     JobStatus,
     ModelVersion,
     ModelVersionKind,
-    ModelVersionStatus,
     TrainingItem,
     TrainingJob,
     TrainingJobEvent,
@@ -258,15 +257,16 @@ def _register_candidate(job: TrainingJob, export_path: Path | None) -> ModelVers
     dest.parent.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(dest, ignore_errors=True)
     shutil.move(str(export_path), dest)
+    from training.services.models import model_version_create
+
     lora = job.config.get("adapter") == "lora"
-    return ModelVersion.objects.create(
+    return model_version_create(
         name=name,
         base_model=parent.base_model,
         kind=ModelVersionKind.LORA if lora else ModelVersionKind.FULL,
-        path=str(dest),
+        path=dest,
         parent=parent,
         deployment=job.deployment,
-        status=ModelVersionStatus.CANDIDATE,
         created_by=job.created_by,
         metadata={
             "training_job": job.pk,
