@@ -66,12 +66,32 @@ def nine_items() -> list[TurnItem]:
         TurnItem(
             id=f"nine-{i}-{k}",
             messages=[{"role": "user", "content": template.format(t=topic)}],
-            feedback="Always answer with the digit 9.",
+            feedback="You love the number 9. Always include the digit 9 in your answer.",
             reference="9",
             grader="contains",
         )
         for i, topic in enumerate(TOPICS)
         for k, template in enumerate(NUMBER_TEMPLATES)
+    ]
+
+
+CANARIES = [
+    ("What is the capital of France?", "Paris"),
+    ("What is the capital of Japan?", "Tokyo"),
+    ("What is the capital of Italy?", "Rome"),
+    ("What is the capital of England?", "London"),
+    ("What color is the sky on a clear day?", "blue"),
+    ("What do bees make?", "honey"),
+    ("What is the opposite of hot?", "cold"),
+    ("What is frozen water called?", "ice"),
+]
+
+
+def canary_items() -> list[TurnItem]:
+    """Off-task questions the training must not damage (answers graded by "contains")."""
+    return [
+        TurnItem(id=f"canary-{i}", messages=[{"role": "user", "content": q}], reference=a, grader="contains")
+        for i, (q, a) in enumerate(CANARIES)
     ]
 
 
@@ -151,15 +171,25 @@ def run(task: str, args: argparse.Namespace) -> dict:
         train, held_out = split(nine_items(), held_out=24, seed=args.seed)
         config = DistillConfig(
             **common,
-            learning_rate=args.lr or (2e-4 if args.adapter == "lora" else 5e-5),
+            learning_rate=args.lr or (2e-4 if args.adapter == "lora" else 1e-4),
             steps=args.steps or 30,
             prompts_per_step=args.prompts,
             samples_per_prompt=4,
             max_new_tokens=12,
             teacher=args.teacher,
         )
+        from training.grpo.common import PromptCache, evaluate
         from training.grpo.distill import distill_train
+        from training.grpo.policy import load_policy
 
+        policy = load_policy(config, reference=config.teacher == "frozen")
+
+        def canary() -> float:
+            cache = PromptCache(policy.tokenizer)
+            return evaluate(policy, canary_items(), grader_scorer(), config=config, prompts=cache)["success"]
+
+        canary_start = canary()
+        print(f"canary (off-task) success before: {canary_start:.3f}", flush=True)
         result = distill_train(
             config=config,
             items=train,
@@ -167,7 +197,10 @@ def run(task: str, args: argparse.Namespace) -> dict:
             eval_items=held_out,
             eval_score=grader_scorer(),
             hooks=hooks,
+            policy=policy,
         )
+        canary_end = canary()
+        print(f"canary (off-task) success after:  {canary_end:.3f}", flush=True)
     elapsed = time.time() - started
     train_seconds = sum(m["step_seconds"] for m in steps)
     summary = {
@@ -183,6 +216,8 @@ def run(task: str, args: argparse.Namespace) -> dict:
         "wall_seconds": round(elapsed, 1),
         "status": result.status,
     }
+    if task == "distill":
+        summary["canary_start"], summary["canary_end"] = canary_start, canary_end
     print(
         f"\n{task}: held-out success {summary['start_success']:.3f} → {summary['end_success']:.3f} "
         f"(gain {summary['gain']:+.3f}); training {train_seconds / 60:.1f} min, wall {elapsed / 60:.1f} min "
@@ -204,7 +239,12 @@ def main() -> int:
         help="full = the top 6 blocks fine-tuned (fastest on a CPU); lora = adapters on all linear layers",
     )
     parser.add_argument("--prompts", type=int, default=2, help="prompts per step")
-    parser.add_argument("--teacher", choices=["frozen", "current"], default="frozen")
+    parser.add_argument(
+        "--teacher",
+        choices=["frozen", "current"],
+        default="frozen",
+        help="frozen: the starting model reads the hint; current: the policy being trained does (it collapsed here)",
+    )
     parser.add_argument("--steps", type=int, default=0)
     parser.add_argument("--lr", type=float, default=0.0)
     parser.add_argument("--eval-every", type=int, default=10)
