@@ -1,6 +1,21 @@
 from django.contrib import admin
 
-from feedback.models import ApiKey, Deployment, Message, Trace
+from feedback.models import (
+    AnnotationQueue,
+    ApiKey,
+    Comment,
+    Correction,
+    CustomerFeedback,
+    Deployment,
+    DeploymentJudge,
+    FailureModeRun,
+    JudgeJob,
+    JudgeResult,
+    Message,
+    Trace,
+    TraceFlag,
+    TurnRating,
+)
 
 
 @admin.register(Deployment)
@@ -35,3 +50,77 @@ class TraceAdmin(admin.ModelAdmin):
     show_full_result_count = False  # no COUNT(*) of a large table
     raw_id_fields = ("model_version",)
     inlines = [MessageInline]
+
+
+@admin.register(Comment)
+class CommentAdmin(admin.ModelAdmin):
+    list_display = ("id", "trace", "message", "author", "created_at", "resolved_at")
+    raw_id_fields = ("trace", "message", "author", "resolved_by")
+    list_filter = ("resolved_at",)
+
+
+@admin.register(TurnRating)
+class TurnRatingAdmin(admin.ModelAdmin):
+    list_display = ("id", "trace", "message", "user", "kind", "value", "updated_at")
+    raw_id_fields = ("trace", "message", "user")
+
+
+@admin.register(Correction)
+class CorrectionAdmin(admin.ModelAdmin):
+    list_display = ("id", "trace", "message", "author", "created_at")
+    raw_id_fields = ("trace", "message", "author")
+
+
+@admin.register(CustomerFeedback)
+class CustomerFeedbackAdmin(admin.ModelAdmin):
+    list_display = ("id", "deployment", "trace", "source", "rating_kind", "rating", "customer_ref", "created_at")
+    list_filter = ("deployment", "source")
+    raw_id_fields = ("trace", "message", "api_key")
+
+
+@admin.register(TraceFlag)
+class TraceFlagAdmin(admin.ModelAdmin):
+    list_display = ("name", "trace", "source", "created_at")
+    list_filter = ("source",)
+    raw_id_fields = ("trace",)
+    show_full_result_count = False
+
+
+@admin.register(AnnotationQueue)
+class AnnotationQueueAdmin(admin.ModelAdmin):
+    list_display = ("name", "item_count", "lock_minutes", "created_by", "created_at")
+    raw_id_fields = ("created_by",)
+
+
+# The judge ------------------------------------------------------------------------------
+
+
+@admin.register(DeploymentJudge)
+class DeploymentJudgeAdmin(admin.ModelAdmin):
+    """A deployment's own judge endpoint. The key stays in the environment: give the name
+    of the variable that holds it."""
+
+    list_display = ("deployment", "model", "base_url", "api_key_env", "schema_mode", "updated_at")
+
+
+@admin.register(JudgeResult)
+class JudgeResultAdmin(admin.ModelAdmin):
+    list_display = ("id", "trace", "status", "reward", "judge_model", "prompt_version", "is_latest", "created_at")
+    list_filter = ("status", "judge_model", "prompt_version", "trigger")
+    raw_id_fields = ("trace", "message", "job", "comments", "customer_feedback", "human_corrections")
+    show_full_result_count = False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        # A judgement is a record of what the judge said: it is never edited.
+        return False
+
+
+@admin.register(JudgeJob)
+class JudgeJobAdmin(admin.ModelAdmin):
+    list_display = ("id", "deployment", "status", "total", "succeeded", "failed", "created_at")
+    exclude = ("message_ids",)
+
+
+@admin.register(FailureModeRun)
+class FailureModeRunAdmin(admin.ModelAdmin):
+    list_display = ("id", "deployment", "status", "traces_scanned", "traces_flagged", "notes_clustered", "created_at")

@@ -2,18 +2,32 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import orjson
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.shortcuts import get_object_or_404
+from django.urls import reverse
 from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers, status
+from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from feedback.auth import scope_required
-from feedback.models import ApiKeyScope, TraceSource
+from feedback.auth import ApiKeyPrincipal, scope_required
+from feedback.models import ApiKeyScope, FeedbackSource, TraceSource
 from feedback.selectors import trace_as_dict, trace_visible_to
+from feedback.services.chat_format import FieldError
+from feedback.services.customer_feedback import (
+    FeedbackLinkError,
+    FeedbackTargetNotFound,
+    IdempotencyConflict,
+    customer_feedback_create,
+    feedback_link_create,
+    feedback_link_resolve,
+    feedback_target_find,
+)
 from feedback.services.ingest import traces_ingest
 from webapp.api_errors import error_response
 
@@ -103,3 +117,177 @@ class TraceDetailApi(APIView):
     def get(self, request, trace_id: int):
         trace = get_object_or_404(trace_visible_to(request.user), pk=trace_id)
         return Response(trace_as_dict(trace))
+
+
+# Customer feedback --------------------------------------------------------------------
+
+_feedback_in = inline_serializer(
+    "FeedbackIn",
+    fields={
+        "trace_id": serializers.IntegerField(required=False, help_text="The trace's id (as ingest returned it)."),
+        "external_id": serializers.CharField(required=False, help_text="Or the agent's own id of the trace."),
+        "response_id": serializers.CharField(
+            required=False, help_text="Or the completion id the gateway returned: the feedback is on that turn."
+        ),
+        "rating": serializers.JSONField(required=False, help_text="'up' or 'down' (thumbs), or 1-5 (score)."),
+        "comment": serializers.CharField(required=False),
+        "correction": serializers.CharField(required=False, help_text="What the answer should have been."),
+        "customer_ref": serializers.CharField(required=False, help_text="Your reference for the customer."),
+        "idempotency_key": serializers.CharField(required=False, help_text="Retries with the same key are safe."),
+    },
+)
+
+
+def _json_body(request) -> dict | Response:
+    try:
+        data = orjson.loads(request._request.body or b"{}")
+    except orjson.JSONDecodeError as exc:
+        return error_response(400, "body", f"not valid JSON: {exc}")
+    if not isinstance(data, dict):
+        return error_response(400, "body", "must be a JSON object")
+    return data
+
+
+def _feedback_out(feedback) -> dict:
+    return {
+        "id": feedback.id,
+        "trace_id": feedback.trace_id,
+        "message_position": feedback.message.position if feedback.message_id else None,
+        "rating": {"kind": feedback.rating_kind, "value": feedback.rating} if feedback.rating is not None else None,
+        "comment": feedback.comment,
+        "correction": feedback.correction,
+        "customer_ref": feedback.customer_ref,
+        "idempotency_key": feedback.idempotency_key or None,
+        "source": feedback.source,
+        "created_at": feedback.created_at.isoformat(),
+    }
+
+
+def _store_feedback(request, data: dict, **kwargs) -> Response:
+    try:
+        feedback, created = customer_feedback_create(data=data, **kwargs)
+    except FieldError as exc:
+        return error_response(400, exc.field, exc.reason)
+    except FeedbackTargetNotFound as exc:
+        return error_response(404, exc.field, exc.reason)
+    except IdempotencyConflict as exc:
+        return error_response(409, "idempotency_key", str(exc))
+    return Response(_feedback_out(feedback), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+
+class FeedbackCreateApi(APIView):
+    """A customer's feedback on a trace, or on one turn of it (by `response_id`)."""
+
+    permission_classes = [scope_required(ApiKeyScope.FEEDBACK)]
+    parser_classes: list = []
+
+    @extend_schema(
+        operation_id="feedback_create",
+        request=_feedback_in,
+        responses={
+            201: OpenApiResponse(description="Stored."),
+            200: OpenApiResponse(description="A retry: the feedback stored with this idempotency_key."),
+            400: OpenApiResponse(description="Invalid field (field and reason)."),
+            404: OpenApiResponse(description="No such trace or response in this key's deployment."),
+            409: OpenApiResponse(description="The idempotency_key was used with a different request."),
+        },
+    )
+    def post(self, request):
+        data = _json_body(request)
+        if isinstance(data, Response):
+            return data
+        principal = request.user
+        if not isinstance(principal, ApiKeyPrincipal):
+            return error_response(400, "", "customer feedback is posted with a deployment's API key")
+        return _store_feedback(request, data, deployment=principal.deployment, api_key=principal.api_key)
+
+
+class FeedbackLinkCreateApi(APIView):
+    """A short-lived signed URL that lets the customer's browser post feedback on one trace
+    without a key: open it to get a form, or POST JSON to /api/v1/feedback/links/<token>."""
+
+    permission_classes = [scope_required(ApiKeyScope.FEEDBACK)]
+    parser_classes: list = []
+
+    @extend_schema(
+        operation_id="feedback_link_create",
+        request=inline_serializer(
+            "FeedbackLinkIn",
+            fields={
+                "trace_id": serializers.IntegerField(required=False),
+                "external_id": serializers.CharField(required=False),
+                "response_id": serializers.CharField(required=False),
+                "customer_ref": serializers.CharField(required=False),
+                "expires_in": serializers.IntegerField(required=False, help_text="Seconds; default one day."),
+            },
+        ),
+        responses={201: OpenApiResponse(description="{url, api_url, token, expires_at}")},
+    )
+    def post(self, request):
+        data = _json_body(request)
+        if isinstance(data, Response):
+            return data
+        principal = request.user
+        if not isinstance(principal, ApiKeyPrincipal):
+            return error_response(400, "", "feedback links are made with a deployment's API key")
+        expires_in = data.get("expires_in")
+        if expires_in is not None and (isinstance(expires_in, bool) or not isinstance(expires_in, int)):
+            return error_response(400, "expires_in", "a whole number of seconds")
+        customer_ref = data.get("customer_ref") or ""
+        if not isinstance(customer_ref, str) or len(customer_ref) > 200:
+            return error_response(400, "customer_ref", "a string of at most 200 characters")
+        try:
+            target = feedback_target_find(
+                deployment=principal.deployment,
+                trace_id=data.get("trace_id"),
+                external_id=data.get("external_id"),
+                response_id=data.get("response_id"),
+            )
+            token, expires_at = feedback_link_create(
+                target=target,
+                customer_ref=customer_ref,
+                expires_in=timedelta(seconds=expires_in) if expires_in is not None else None,
+            )
+        except FieldError as exc:
+            return error_response(400, exc.field, exc.reason)
+        except FeedbackTargetNotFound as exc:
+            return error_response(404, exc.field, exc.reason)
+        return Response(
+            {
+                "url": request.build_absolute_uri(reverse("feedback:feedback-link", args=[token])),
+                "api_url": request.build_absolute_uri(reverse("api-feedback-link-post", args=[token])),
+                "token": token,
+                "expires_at": expires_at.isoformat(),
+            },
+            status=status.HTTP_201_CREATED,
+        )
+
+
+class FeedbackLinkPostApi(APIView):
+    """Post feedback through a feedback link's token; no key: the signed token is the credential."""
+
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+    parser_classes: list = []
+
+    @extend_schema(
+        request=_feedback_in,
+        responses={
+            201: OpenApiResponse(description="Stored."),
+            403: OpenApiResponse(description="Expired or invalid."),
+        },
+    )
+    def post(self, request, token: str):
+        try:
+            target, customer_ref = feedback_link_resolve(token=token)
+        except FeedbackLinkError as exc:
+            return error_response(403, "token", str(exc))
+        data = _json_body(request)
+        if isinstance(data, Response):
+            return data
+        # The link fixes the target and the customer; the body carries only the feedback.
+        data = {k: data.get(k) for k in ("rating", "comment", "correction", "idempotency_key")}
+        data["customer_ref"] = customer_ref
+        return _store_feedback(
+            request, data, deployment=target.trace.deployment, target=target, source=FeedbackSource.LINK
+        )

@@ -8,7 +8,7 @@ from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.permissions import BasePermission
 
-from feedback.models import ApiKey
+from feedback.models import ApiKey, ApiKeyScope
 from feedback.services.api_keys import ApiKeyError, api_key_authenticate
 
 
@@ -48,9 +48,17 @@ class ApiKeyAuthentication(BaseAuthentication):
         return 'Bearer realm="practicum"'
 
 
+# What a logged-in person needs to use an endpoint of each scope (their role's permission).
+SCOPE_PERMISSIONS = {
+    ApiKeyScope.READ: "feedback.view_trace",
+    ApiKeyScope.INGEST: "feedback.add_trace",
+    ApiKeyScope.FEEDBACK: "feedback.add_customerfeedback",
+}
+
+
 def scope_required(scope: str) -> type[BasePermission]:
     """A permission class: API-key requests need `scope`; session users need to be staff
-    or hold the matching Django permission (checked by the view)."""
+    or hold the Django permission their role gives for that scope (SCOPE_PERMISSIONS)."""
 
     class HasScope(BasePermission):
         message = f"this API key lacks the '{scope}' scope"
@@ -59,7 +67,15 @@ def scope_required(scope: str) -> type[BasePermission]:
             user = request.user
             if isinstance(user, ApiKeyPrincipal):
                 return user.has_scope(scope)
-            return bool(user and user.is_authenticated and user.is_staff)
+            if not (user and user.is_authenticated):
+                return False
+            if user.is_staff:
+                return True
+            permission = SCOPE_PERMISSIONS.get(scope)
+            if permission and user.has_perm(permission):
+                return True
+            self.message = f"your role does not allow this ({permission or scope})"
+            return False
 
     HasScope.__name__ = f"HasScope_{scope}"
     return HasScope

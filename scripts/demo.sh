@@ -32,7 +32,7 @@ sleep 2
 cat <<MSG
 
   Practicum is running:  http://$HOST:$PORT/
-  Log in as  operator / operator-demo   (or approver / approver-demo)
+  Log in as  operator / operator-demo   (or reviewer, approver, admin: <name>-demo)
   Press Ctrl-C to stop.
 
 MSG

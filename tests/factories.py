@@ -14,7 +14,7 @@ class UserFactory(factory.django.DjangoModelFactory):
         django_get_or_create = ("username",)
 
     username = factory.Sequence(lambda n: f"user{n}")
-    password = factory.PostGenerationMethodCall("set_password", "pw-for-tests-1")
+    password = factory.django.Password("pw-for-tests-1")
 
 
 class DeploymentFactory(factory.django.DjangoModelFactory):
@@ -43,3 +43,12 @@ class MessageFactory(factory.django.DjangoModelFactory):
     role = "user"
     content = "hello"
     raw = factory.LazyAttribute(lambda m: {"role": m.role, "content": m.content})
+
+
+def user_with_role(role: str, username: str | None = None, **kwargs):
+    """A user in one of the role groups (operator, reviewer, approver, admin)."""
+    from django.contrib.auth.models import Group
+
+    user = UserFactory(username=username or f"{role}-{UserFactory._meta.model.objects.count() + 1}", **kwargs)
+    user.groups.add(Group.objects.get(name=role))
+    return user

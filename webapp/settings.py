@@ -181,6 +181,50 @@ LOGGING = {
     "loggers": {"django.server": {"level": "WARNING"}},
 }
 
+# Customer feedback links: signed URLs that let a browser post feedback on one trace.
+# A link lives FEEDBACK_LINK_DEFAULT_AGE seconds unless the API call asks for less or more,
+# never longer than FEEDBACK_LINK_MAX_AGE.
+FEEDBACK_LINK_DEFAULT_AGE = int(os.environ.get("PRACTICUM_FEEDBACK_LINK_DEFAULT_AGE", 24 * 3600))
+FEEDBACK_LINK_MAX_AGE = int(os.environ.get("PRACTICUM_FEEDBACK_LINK_MAX_AGE", 7 * 24 * 3600))
+
+# The LLM judge: any OpenAI-compatible chat-completions endpoint (a hosted model, or one
+# served by our own vLLM). No base URL means no judge: judging is then not offered.
+JUDGE_BASE_URL = os.environ.get("PRACTICUM_JUDGE_BASE_URL", "")
+JUDGE_MODEL = os.environ.get("PRACTICUM_JUDGE_MODEL", "")
+JUDGE_API_KEY = os.environ.get("PRACTICUM_JUDGE_API_KEY", "")
+JUDGE_TIMEOUT_S = float(os.environ.get("PRACTICUM_JUDGE_TIMEOUT_S", 60))
+JUDGE_MAX_ATTEMPTS = int(os.environ.get("PRACTICUM_JUDGE_MAX_ATTEMPTS", 3))
+JUDGE_RETRY_BACKOFF_S = float(os.environ.get("PRACTICUM_JUDGE_RETRY_BACKOFF_S", 1.0))
+JUDGE_MAX_TOKENS = int(os.environ.get("PRACTICUM_JUDGE_MAX_TOKENS", 1024))
+# "full" sends the whole output schema; "portable" leaves out length/range bounds that some
+# hosted providers' strict mode rejects (they are still checked on the answer).
+JUDGE_SCHEMA_MODE = os.environ.get("PRACTICUM_JUDGE_SCHEMA_MODE", "full")
+JUDGE_PRICE_INPUT_PER_MTOK = (
+    float(os.environ["PRACTICUM_JUDGE_PRICE_INPUT_PER_MTOK"])
+    if os.environ.get("PRACTICUM_JUDGE_PRICE_INPUT_PER_MTOK")
+    else None
+)
+JUDGE_PRICE_OUTPUT_PER_MTOK = (
+    float(os.environ["PRACTICUM_JUDGE_PRICE_OUTPUT_PER_MTOK"])
+    if os.environ.get("PRACTICUM_JUDGE_PRICE_OUTPUT_PER_MTOK")
+    else None
+)
+# Caps on what the judge writes (characters): they bound cost and latency per judgement.
+JUDGE_RATIONALE_MAX_CHARS = int(os.environ.get("PRACTICUM_JUDGE_RATIONALE_MAX_CHARS", 800))
+JUDGE_CORRECTION_MAX_CHARS = int(os.environ.get("PRACTICUM_JUDGE_CORRECTION_MAX_CHARS", 2000))
+JUDGE_MAX_CRITERIA = int(os.environ.get("PRACTICUM_JUDGE_MAX_CRITERIA", 6))
+# Judge on every new operator comment / customer feedback (when a judge is configured).
+JUDGE_AUTO = env_bool("PRACTICUM_JUDGE_AUTO", True)
+# Training uses judge rewards automatically only when the judge version agrees with
+# operators' ratings at least this well (Cohen's kappa on pass/fail) over at least n turns.
+JUDGE_REWARD_MIN_KAPPA = float(os.environ.get("PRACTICUM_JUDGE_REWARD_MIN_KAPPA", 0.6))
+JUDGE_REWARD_MIN_N = int(os.environ.get("PRACTICUM_JUDGE_REWARD_MIN_N", 30))
+# A judge reward at or above this counts as "pass" when compared with thumbs up/down.
+JUDGE_PASS_THRESHOLD = float(os.environ.get("PRACTICUM_JUDGE_PASS_THRESHOLD", 0.5))
+# Share of judgements with a correction that are followed by an order-swap check (the
+# logged turn and the correction scored in both orders), for the agreement page.
+JUDGE_SWAP_CHECK_RATE = float(os.environ.get("PRACTICUM_JUDGE_SWAP_CHECK_RATE", 0.2))
+
 # Inference server (a vLLM OpenAI-compatible server the project starts, bound to loopback)
 # and the /v1/ completion gateway in front of it.
 INFERENCE_HOST = os.environ.get("PRACTICUM_INFERENCE_HOST", "127.0.0.1")

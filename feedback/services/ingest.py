@@ -28,6 +28,7 @@ from feedback.services.chat_format import (
     parse_timestamp,
     parse_tools,
 )
+from feedback.services.search import traces_search_index_later
 
 PREVIEW_CHARS = 300
 
@@ -214,11 +215,13 @@ def _copy(table: str, columns: Sequence[str], json_columns: set[str], rows: Iter
 
 
 def messages_insert(rows: Sequence[tuple]) -> None:
-    """Insert message rows (MESSAGE_COLUMNS tuples); on PostgreSQL through COPY."""
+    """Insert message rows (MESSAGE_COLUMNS tuples); on PostgreSQL through COPY. Every
+    writer of messages comes here, so here their traces are queued for search indexing."""
     if not rows:
         return
     if connection.vendor == "postgresql":
         _copy(Message._meta.db_table, MESSAGE_COLUMNS, _MESSAGE_JSON, rows)
+        traces_search_index_later(trace_ids=sorted({r[0] for r in rows}))
     else:
         Message.objects.bulk_create(
             [Message(**dict(zip(MESSAGE_COLUMNS, r, strict=True))) for r in rows], batch_size=500

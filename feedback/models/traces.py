@@ -3,6 +3,10 @@
 Traces are the big table (millions of rows): list pages read only the trace row,
 whose denormalised counts and flags are kept up to date by the services that write
 messages and feedback, and paginate by keyset on (started_at, id).
+
+On PostgreSQL the trace table also has a `search_vector` tsvector column with a GIN
+index, created by migration 0003 and written by `feedback.services.search`. It is
+deliberately not a model field: no query should fetch it, and SQLite has no such type.
 """
 
 from __future__ import annotations
@@ -106,6 +110,11 @@ class Trace(models.Model):
     preview = models.CharField(max_length=300, blank=True, default="")
     has_comment = models.BooleanField(default=False)
     has_customer_feedback = models.BooleanField(default=False)
+    # The least happy customer rating received: -1 negative (thumbs down, 1-2), 0 neutral (3),
+    # 1 positive (thumbs up, 4-5); null when no feedback carried a rating.
+    feedback_rating = models.SmallIntegerField(null=True, blank=True)
+    # Written by the judge (the lowest reward over the judged turns); null until judged.
+    judge_reward = models.FloatField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -115,6 +124,24 @@ class Trace(models.Model):
             models.Index(fields=["deployment", "-started_at", "-id"], name="trace_dep_started_idx"),
             models.Index(fields=["-started_at", "-id"], name="trace_started_idx"),
             models.Index(fields=["deployment", "session_id"], name="trace_dep_session_idx"),
+            # Partial indexes for the list filters that select a small share of traces: the
+            # predicate is false on ingest, so they cost nothing there.
+            models.Index(
+                fields=["-started_at", "-id"], name="trace_commented_idx", condition=models.Q(has_comment=True)
+            ),
+            models.Index(
+                fields=["-started_at", "-id"],
+                name="trace_customer_fb_idx",
+                condition=models.Q(has_customer_feedback=True),
+            ),
+            models.Index(
+                fields=["feedback_rating", "-started_at", "-id"],
+                name="trace_fb_rating_idx",
+                condition=models.Q(feedback_rating__isnull=False),
+            ),
+            models.Index(
+                fields=["-started_at", "-id"], name="trace_judged_idx", condition=models.Q(judge_reward__isnull=False)
+            ),
         ]
 
     def __str__(self) -> str:

@@ -1,0 +1,306 @@
+"""The one module that talks to judge endpoints (any OpenAI-compatible chat-completions
+server: a hosted model, or a model served by our own vLLM).
+
+Every call asks for structured output (`response_format: json_schema`) and validates
+what comes back against the same schema here. A call is retried, a bounded number of
+times, when the transport fails in a way that may pass (timeout, connection error, 408,
+429, 5xx) or when the output is malformed (not JSON, against the schema, cut off at
+`max_tokens`, a refusal). After the last attempt it raises `JudgeCallFailed` with the
+reason and every attempt's record: a caller never gets a default value in place of a
+judgement. Errors that retrying cannot fix (400, 401, 403, 404, 422) fail at once.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from typing import Any, Generic, TypeVar
+
+import openai
+
+from feedback.judge.schemas import OutputLimits, SchemaViolation
+
+T = TypeVar("T")
+
+RAW_KEEP_CHARS = 20000
+# Keywords that hosted providers' strict structured-output subsets reject; in "portable"
+# mode they are left out of the schema sent, and still enforced by the validation here.
+_PORTABLE_DROP = frozenset(
+    {"minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minItems", "maxItems"}
+)
+_TRANSIENT_STATUS = frozenset({408, 409, 429})
+
+
+class JudgeNotConfigured(RuntimeError):
+    """No judge endpoint is set (neither in settings nor for the deployment)."""
+
+
+@dataclass(frozen=True, slots=True)
+class JudgeEndpoint:
+    """Where and how to call a judge. Hashable, so one HTTP client is kept per endpoint."""
+
+    base_url: str
+    model: str
+    api_key: str = field(default="", repr=False)
+    timeout_s: float = 60.0
+    max_attempts: int = 3
+    backoff_s: float = 1.0
+    max_tokens: int = 1024
+    # "full" sends the whole schema (vLLM and other grammar backends enforce it);
+    # "portable" drops length and range bounds that strict hosted subsets reject.
+    schema_mode: str = "full"
+    price_input_per_mtok: float | None = None
+    price_output_per_mtok: float | None = None
+    limits: OutputLimits = field(default_factory=OutputLimits)
+
+    @classmethod
+    def from_settings(cls, **overrides: Any) -> JudgeEndpoint:
+        from django.conf import settings
+
+        values: dict[str, Any] = {
+            "base_url": settings.JUDGE_BASE_URL,
+            "model": settings.JUDGE_MODEL,
+            "api_key": settings.JUDGE_API_KEY,
+            "timeout_s": settings.JUDGE_TIMEOUT_S,
+            "max_attempts": settings.JUDGE_MAX_ATTEMPTS,
+            "backoff_s": settings.JUDGE_RETRY_BACKOFF_S,
+            "max_tokens": settings.JUDGE_MAX_TOKENS,
+            "schema_mode": settings.JUDGE_SCHEMA_MODE,
+            "price_input_per_mtok": settings.JUDGE_PRICE_INPUT_PER_MTOK,
+            "price_output_per_mtok": settings.JUDGE_PRICE_OUTPUT_PER_MTOK,
+            "limits": OutputLimits(
+                max_criteria=settings.JUDGE_MAX_CRITERIA,
+                rationale_max=settings.JUDGE_RATIONALE_MAX_CHARS,
+                correction_max=settings.JUDGE_CORRECTION_MAX_CHARS,
+            ),
+        }
+        # Every override given applies, empty ones included: a deployment's own endpoint
+        # without a key must not be sent the settings' key.
+        values.update(overrides)
+        endpoint = cls(**values)
+        endpoint.check()
+        return endpoint
+
+    def check(self) -> None:
+        if not self.base_url or not self.model:
+            raise JudgeNotConfigured(
+                "no judge endpoint: set PRACTICUM_JUDGE_BASE_URL and PRACTICUM_JUDGE_MODEL "
+                "(or a judge endpoint for the deployment)"
+            )
+        if self.max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        if self.schema_mode not in {"full", "portable"}:
+            raise ValueError(f"schema_mode must be 'full' or 'portable', not {self.schema_mode!r}")
+
+    def with_(self, **changes: Any) -> JudgeEndpoint:
+        return replace(self, **changes)
+
+    def cost(self, prompt_tokens: int, completion_tokens: int) -> float | None:
+        """Cost in the currency of the configured prices, or None when prices are unset."""
+        if self.price_input_per_mtok is None and self.price_output_per_mtok is None:
+            return None
+        return (
+            prompt_tokens * (self.price_input_per_mtok or 0.0) + completion_tokens * (self.price_output_per_mtok or 0.0)
+        ) / 1e6
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    number: int
+    latency_ms: float
+    error: str  # "" for the accepted attempt
+    raw: str  # the output text (clipped), or the error body
+    finish_reason: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "number": self.number,
+            "latency_ms": round(self.latency_ms, 1),
+            "error": self.error,
+            "raw": self.raw,
+            "finish_reason": self.finish_reason,
+        }
+
+
+@dataclass(slots=True)
+class CallRecord:
+    """What every call leaves behind, success or not: attempts, tokens, time, cost."""
+
+    model: str  # as configured; what results are grouped by
+    served_model: str = ""  # as the endpoint reported it (e.g. a dated snapshot)
+    attempts: list[Attempt] = field(default_factory=list)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float | None = None
+
+    @property
+    def latency_ms(self) -> float:
+        return sum(a.latency_ms for a in self.attempts)
+
+    @property
+    def usage(self) -> dict[str, int]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens}
+
+    def attempts_as_dicts(self) -> list[dict[str, Any]]:
+        return [a.as_dict() for a in self.attempts]
+
+
+@dataclass(slots=True)
+class StructuredResult(Generic[T]):
+    value: T
+    data: Any  # the parsed JSON
+    raw: str  # the accepted output text
+    record: CallRecord
+
+
+class JudgeCallFailed(Exception):
+    """Every attempt failed; `reason` says why the last one did."""
+
+    def __init__(self, reason: str, record: CallRecord) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.record = record
+
+
+class _Retryable(Exception):
+    pass
+
+
+class _Fatal(Exception):
+    pass
+
+
+@lru_cache(maxsize=16)
+def _client(base_url: str, api_key: str, timeout_s: float) -> openai.OpenAI:
+    # Retries are ours (they also cover malformed output), so the SDK's are off.
+    return openai.OpenAI(base_url=base_url, api_key=api_key or "unset", timeout=timeout_s, max_retries=0)
+
+
+def portable_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """`schema` without the bounds strict hosted subsets reject (see `_PORTABLE_DROP`)."""
+
+    def strip(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: strip(v) for k, v in node.items() if k not in _PORTABLE_DROP}
+        if isinstance(node, list):
+            return [strip(v) for v in node]
+        return node
+
+    return strip(copy.deepcopy(schema))
+
+
+def _parse_json(text: str) -> Any:
+    stripped = text.strip()
+    # Endpoints that ignore response_format sometimes wrap the object in a code fence.
+    if stripped.startswith("```"):
+        stripped = stripped.split("\n", 1)[1] if "\n" in stripped else ""
+        stripped = stripped.rsplit("```", 1)[0]
+    return json.loads(stripped)
+
+
+def _status_error(exc: openai.APIStatusError) -> str:
+    body = exc.response.text[:500] if exc.response is not None else ""
+    return f"HTTP {exc.status_code}: {body or exc.message}"
+
+
+def _one_attempt(
+    endpoint: JudgeEndpoint,
+    messages: Sequence[dict[str, Any]],
+    response_format: dict[str, Any],
+    parse: Callable[[Any], T],
+    record: CallRecord,
+    number: int,
+    seed: int | None,
+) -> tuple[T, Any, str]:
+    client = _client(endpoint.base_url, endpoint.api_key, endpoint.timeout_s)
+    started = time.perf_counter()
+    text, finish = "", ""
+    try:
+        try:
+            response = client.chat.completions.create(
+                model=endpoint.model,
+                messages=list(messages),  # type: ignore[arg-type]
+                response_format=response_format,  # type: ignore[arg-type]
+                temperature=0.0,
+                max_completion_tokens=endpoint.max_tokens,
+                seed=seed,
+            )
+        except openai.APITimeoutError as exc:
+            raise _Retryable(f"timed out after {endpoint.timeout_s:g} s") from exc
+        except openai.APIConnectionError as exc:
+            raise _Retryable(f"connection failed: {exc.__cause__ or exc}") from exc
+        except openai.APIStatusError as exc:
+            if exc.status_code >= 500 or exc.status_code in _TRANSIENT_STATUS:
+                raise _Retryable(_status_error(exc)) from exc
+            raise _Fatal(_status_error(exc)) from exc
+        if response.model:
+            record.served_model = response.model
+        if response.usage is not None:
+            record.prompt_tokens += response.usage.prompt_tokens or 0
+            record.completion_tokens += response.usage.completion_tokens or 0
+        if not response.choices:
+            raise _Retryable("the response has no choices")
+        choice = response.choices[0]
+        finish = choice.finish_reason or ""
+        text = choice.message.content or ""
+        refusal = getattr(choice.message, "refusal", None)
+        if refusal:
+            raise _Retryable(f"the judge refused: {refusal[:300]}")
+        if finish == "length":
+            raise _Retryable(f"output cut off at max_tokens ({endpoint.max_tokens})")
+        if not text.strip():
+            raise _Retryable("empty output")
+        try:
+            data = _parse_json(text)
+        except (json.JSONDecodeError, ValueError) as exc:
+            raise _Retryable(f"output is not JSON: {exc}") from exc
+        try:
+            value = parse(data)
+        except SchemaViolation as exc:
+            raise _Retryable(f"output does not match the schema: {exc}") from exc
+    except (_Retryable, _Fatal) as exc:
+        record.attempts.append(
+            Attempt(number, (time.perf_counter() - started) * 1000, str(exc), text[:RAW_KEEP_CHARS], finish)
+        )
+        raise
+    record.attempts.append(Attempt(number, (time.perf_counter() - started) * 1000, "", text[:RAW_KEEP_CHARS], finish))
+    return value, data, text
+
+
+def call_structured(
+    *,
+    endpoint: JudgeEndpoint,
+    messages: Sequence[dict[str, Any]],
+    schema_name: str,
+    schema: dict[str, Any],
+    parse: Callable[[Any], T],
+    seed: int | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> StructuredResult[T]:
+    """Ask `endpoint` for JSON matching `schema`; `parse` validates it into a typed value
+    (raising `SchemaViolation` when it does not fit). Raises `JudgeCallFailed`."""
+    endpoint.check()
+    sent = schema if endpoint.schema_mode == "full" else portable_schema(schema)
+    response_format = {"type": "json_schema", "json_schema": {"name": schema_name, "schema": sent, "strict": True}}
+    record = CallRecord(model=endpoint.model)
+    last_error = ""
+    for number in range(1, endpoint.max_attempts + 1):
+        try:
+            value, data, text = _one_attempt(endpoint, messages, response_format, parse, record, number, seed)
+        except _Fatal as exc:
+            last_error = str(exc)
+            break
+        except _Retryable as exc:
+            last_error = str(exc)
+            if number < endpoint.max_attempts and endpoint.backoff_s > 0:
+                sleep(endpoint.backoff_s * 2 ** (number - 1))
+            continue
+        record.cost = endpoint.cost(record.prompt_tokens, record.completion_tokens)
+        return StructuredResult(value=value, data=data, raw=text, record=record)
+    record.cost = endpoint.cost(record.prompt_tokens, record.completion_tokens)
+    attempts = len(record.attempts)
+    raise JudgeCallFailed(f"{last_error} (after {attempts} attempt{'s' if attempts != 1 else ''})", record)

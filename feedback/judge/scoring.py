@@ -1,0 +1,235 @@
+"""Judging one logged turn from feedback, and scoring a group of candidate responses
+under a rubric (what GRPO calls for every sampled group).
+
+Both are plain functions over chat messages (no database), so a training worker can
+call them with contexts it replays. The Django services in `feedback.services.judging`
+wrap `judge_turn` with storage.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from feedback.judge.client import CallRecord, JudgeEndpoint, call_structured
+from feedback.judge.guards import master_key_reason
+from feedback.judge.prompts import (
+    CURRENT_SCORE,
+    CURRENT_TURN,
+    FeedbackItem,
+    Prompt,
+    score_prompt_messages,
+    turn_prompt_messages,
+)
+from feedback.judge.schemas import (
+    Rubric,
+    TurnJudgement,
+    group_scores_schema,
+    parse_group_scores,
+    parse_turn_judgement,
+    turn_judgement_schema,
+)
+
+Candidate = str | dict[str, Any]
+MAX_GROUP = 32
+
+
+def _candidate_text(candidate: Candidate) -> tuple[str, bool]:
+    if isinstance(candidate, str):
+        return candidate, False
+    if isinstance(candidate, dict):
+        content = candidate.get("content") or ""
+        if isinstance(content, list):
+            content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+        return str(content), bool(candidate.get("tool_calls"))
+    raise TypeError(f"a candidate is a string or an assistant message dict, not {type(candidate).__name__}")
+
+
+@dataclass(slots=True)
+class TurnOutcome:
+    judgement: TurnJudgement
+    # Set when the logged turn was content-free: the reward is then 0 whatever the judge said.
+    guard_reason: str | None
+    raw: str
+    data: Any
+    record: CallRecord
+    prompt_version: str
+
+    @property
+    def reward(self) -> float:
+        return 0.0 if self.guard_reason else self.judgement.reward
+
+
+def judge_turn(
+    *,
+    context: Sequence[dict[str, Any]],
+    turn: dict[str, Any],
+    feedback: Sequence[FeedbackItem],
+    endpoint: JudgeEndpoint,
+    tools: Sequence[dict[str, Any]] = (),
+    prompt: Prompt = CURRENT_TURN,
+) -> TurnOutcome:
+    """Rubric, reward and (when implied) a corrected response for the assistant `turn`
+    that answered `context`, from the `feedback` people gave. Raises `JudgeCallFailed`."""
+    messages = turn_prompt_messages(context=context, turn=turn, feedback=feedback, tools=tools, prompt=prompt)
+    schema = turn_judgement_schema(endpoint.limits)
+    result = call_structured(
+        endpoint=endpoint,
+        messages=messages,
+        schema_name="turn_judgement",
+        schema=schema,
+        parse=lambda data: parse_turn_judgement(data, schema),
+    )
+    text, has_calls = _candidate_text(turn)
+    return TurnOutcome(
+        judgement=result.value,
+        guard_reason=master_key_reason(text, has_tool_calls=has_calls),
+        raw=result.raw,
+        data=result.data,
+        record=result.record,
+        prompt_version=prompt.version,
+    )
+
+
+@dataclass(slots=True)
+class CandidateScores(Sequence[float]):
+    """Scores in the order the candidates were given (the judge saw them shuffled).
+
+    Behaves as a sequence of floats (`list(result)`, `result[i]`, `len(result)`).
+    `presented` lists input indices in the order the judge saw them; `guards` gives, per
+    candidate, why it was scored 0 without asking the judge (None when judged).
+    """
+
+    scores: list[float]
+    reasons: list[str]
+    guards: list[str | None]
+    presented: list[int]
+    record: CallRecord | None
+    raw: str
+    prompt_version: str
+
+    def __getitem__(self, index):  # type: ignore[override]
+        return self.scores[index]
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+    def __iter__(self) -> Iterator[float]:
+        return iter(self.scores)
+
+
+def score_candidates(
+    context: Sequence[dict[str, Any]],
+    rubric: Rubric | dict[str, Any] | list[dict[str, Any]] | str,
+    candidates: Sequence[Candidate],
+    *,
+    endpoint: JudgeEndpoint | None = None,
+    tools: Sequence[dict[str, Any]] = (),
+    rng: random.Random | None = None,
+    order: Sequence[int] | None = None,
+    prompt: Prompt = CURRENT_SCORE,
+) -> CandidateScores:
+    """Score every candidate response to `context` under `rubric` in one judge call.
+
+    - `context`: the chat messages (OpenAI format) the candidates answer.
+    - `rubric`: a stored judge rubric (`{"criteria": [...]}`), a list of criteria, or text.
+    - `candidates`: response texts, or assistant message dicts (which may carry tool calls).
+
+    Candidates are shown to the judge in a random order (`rng`, or a fixed `order` of input
+    indices for order-swap checks) and the scores are mapped back to the input order.
+    Content-free candidates (see `guards.master_key_reason`) get 0 without being shown.
+    Raises `JudgeCallFailed` when the judge gives no valid answer: never default scores.
+    """
+    if not candidates:
+        raise ValueError("score_candidates needs at least one candidate")
+    if len(candidates) > MAX_GROUP:
+        raise ValueError(f"at most {MAX_GROUP} candidates per call, got {len(candidates)}")
+    rubric = Rubric.from_data(rubric)
+    guards = []
+    for candidate in candidates:
+        text, has_calls = _candidate_text(candidate)
+        guards.append(master_key_reason(text, has_tool_calls=has_calls))
+    judged = [i for i, g in enumerate(guards) if g is None]
+    if order is not None:
+        if sorted(order) != judged:
+            raise ValueError(f"order must be a permutation of the judged candidates {judged}")
+        presented = list(order)
+    else:
+        presented = judged[:]
+        (rng or random.Random()).shuffle(presented)
+
+    scores = [0.0] * len(candidates)
+    reasons = [f"not judged: {g}" if g else "" for g in guards]
+    if not presented:
+        return CandidateScores(scores, reasons, guards, [], None, "", prompt.version)
+
+    endpoint = endpoint or JudgeEndpoint.from_settings()
+    n = len(presented)
+    result = call_structured(
+        endpoint=endpoint,
+        messages=score_prompt_messages(
+            context=context,
+            rubric_text=rubric.as_text(),
+            presented=[candidates[i] for i in presented],
+            tools=tools,
+            prompt=prompt,
+        ),
+        schema_name="candidate_scores",
+        schema=group_scores_schema(n),
+        parse=lambda data: parse_group_scores(data, n),
+    )
+    for label, item in result.value.items():
+        index = presented[label - 1]
+        scores[index] = item.score
+        reasons[index] = item.reason
+    return CandidateScores(scores, reasons, guards, presented, result.record, result.raw, prompt.version)
+
+
+@dataclass(frozen=True, slots=True)
+class SwapCheck:
+    """The same candidates judged in two orders (the second the reverse of the first)."""
+
+    first: CandidateScores
+    second: CandidateScores
+    pair_agreement: float | None  # share of candidate pairs ranked the same way both times
+    mean_abs_diff: float  # mean |score difference| per candidate
+
+
+def pairwise_order_agreement(a: Sequence[float], b: Sequence[float], *, tie: float = 1e-9) -> float | None:
+    """Share of pairs (i < j) whose order (higher, lower or tied within `tie`) is the same
+    under scores `a` and `b`; None when there is no pair."""
+    if len(a) != len(b):
+        raise ValueError("score lists differ in length")
+
+    def sign(x: float) -> int:
+        return 0 if abs(x) <= tie else (1 if x > 0 else -1)
+
+    pairs = [(i, j) for i in range(len(a)) for j in range(i + 1, len(a))]
+    if not pairs:
+        return None
+    same = sum(sign(a[i] - a[j]) == sign(b[i] - b[j]) for i, j in pairs)
+    return same / len(pairs)
+
+
+def order_swap_check(
+    context: Sequence[dict[str, Any]],
+    rubric: Rubric | dict[str, Any] | list[dict[str, Any]] | str,
+    candidates: Sequence[Candidate],
+    *,
+    endpoint: JudgeEndpoint | None = None,
+    tools: Sequence[dict[str, Any]] = (),
+    rng: random.Random | None = None,
+) -> SwapCheck:
+    """Score `candidates` twice, the second time in the reverse of the first order, and
+    say how consistent the judge was. A position-biased judge disagrees with itself."""
+    first = score_candidates(context, rubric, candidates, endpoint=endpoint, tools=tools, rng=rng)
+    second = score_candidates(
+        context, rubric, candidates, endpoint=endpoint, tools=tools, order=list(reversed(first.presented))
+    )
+    judged = first.presented
+    a = [first.scores[i] for i in judged]
+    b = [second.scores[i] for i in judged]
+    diff = sum(abs(x - y) for x, y in zip(a, b, strict=True)) / len(a) if a else 0.0
+    return SwapCheck(first=first, second=second, pair_agreement=pairwise_order_agreement(a, b), mean_abs_diff=diff)

@@ -1,0 +1,204 @@
+"""What the trace detail page shows: the conversation as turns, with each turn's tool
+calls, comments, ratings, corrections and customer feedback, in a constant number of
+queries whatever the size of the trace."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db.models.functions import Length, Substr
+
+from feedback.models import Comment, Correction, CustomerFeedback, Message, Trace, TraceFlag, TurnRating
+
+# Characters of a message shown before "show more"; the rest is fetched on demand.
+HEAD_CHARS = 2_000
+# Tool-call arguments are pretty-printed up to this size.
+MAX_PRETTY_CHARS = 20_000
+
+
+def pretty_json(text: str) -> str:
+    """Indent a JSON string for reading; anything else comes back as it was."""
+    if len(text) > MAX_PRETTY_CHARS:
+        return text
+    try:
+        return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+    except (ValueError, TypeError):
+        return text
+
+
+@dataclass(slots=True)
+class ToolCallView:
+    id: str
+    name: str
+    arguments: str
+    result_position: int | None = None
+
+
+@dataclass(slots=True)
+class RatingSummary:
+    up: int = 0
+    down: int = 0
+    scores: list[int] = field(default_factory=list)
+
+    @property
+    def score_mean(self) -> float | None:
+        return sum(self.scores) / len(self.scores) if self.scores else None
+
+
+@dataclass(slots=True)
+class Turn:
+    message: Message
+    head: str
+    length: int
+    tool_calls: list[ToolCallView]
+    # For a tool message: the call it answers (its name and the assistant turn's position).
+    answers: ToolCallView | None = None
+    answers_position: int | None = None
+    comments: list[Comment] = field(default_factory=list)
+    corrections: list[Correction] = field(default_factory=list)
+    feedback: list[CustomerFeedback] = field(default_factory=list)
+    ratings: RatingSummary = field(default_factory=RatingSummary)
+    my_rating: TurnRating | None = None
+
+    @property
+    def truncated(self) -> bool:
+        return self.length > len(self.head)
+
+    @property
+    def is_assistant(self) -> bool:
+        return self.message.role == "assistant"
+
+
+@dataclass(slots=True)
+class TraceReview:
+    trace: Trace
+    turns: list[Turn]
+    feedback: list[CustomerFeedback]
+    flags: list[TraceFlag]
+    tools: list[dict[str, Any]]
+    duration_s: float | None
+
+
+def trace_turns(*, trace: Trace, positions: list[int] | None = None) -> list[Turn]:
+    """The trace's messages as turns (only `positions`, when given), without their
+    annotations; message text is cut to HEAD_CHARS in the database."""
+    qs = (
+        Message.objects.filter(trace=trace)
+        .select_related("model_version")
+        .annotate(content_length=Length("content"), content_head=Substr("content", 1, HEAD_CHARS))
+        .only(
+            "id",
+            "trace_id",
+            "position",
+            "role",
+            "name",
+            "tool_calls",
+            "tool_call_id",
+            "response_id",
+            "latency_ms",
+            "finish_reason",
+            "usage",
+            "model_version__name",
+        )
+        .order_by("position")
+    )
+    if positions is not None:
+        qs = qs.filter(position__in=positions)
+    turns = []
+    for m in qs:
+        calls = [
+            ToolCallView(
+                c.get("id", ""),
+                c.get("function", {}).get("name", ""),
+                pretty_json(c.get("function", {}).get("arguments", "")),
+            )
+            for c in (m.tool_calls or [])
+        ]
+        turns.append(Turn(message=m, head=m.content_head or "", length=m.content_length or 0, tool_calls=calls))
+    return turns
+
+
+def _link_tool_calls(turns: list[Turn]) -> None:
+    calls: dict[str, tuple[ToolCallView, int]] = {}
+    for t in turns:
+        for c in t.tool_calls:
+            calls[c.id] = (c, t.message.position)
+        if t.message.role == "tool" and t.message.tool_call_id in calls:
+            call, position = calls[t.message.tool_call_id]
+            call.result_position = t.message.position
+            t.answers, t.answers_position = call, position
+
+
+def turn_annotate(*, turns: list[Turn], trace: Trace, user) -> None:
+    """Attach comments, ratings, corrections and message-level customer feedback."""
+    by_id = {t.message.id: t for t in turns}
+    ids = list(by_id)
+    for c in Comment.objects.filter(trace=trace, message_id__in=ids).select_related("author", "resolved_by"):
+        by_id[c.message_id].comments.append(c)
+    for c in Correction.objects.filter(trace=trace, message_id__in=ids).select_related("author"):
+        by_id[c.message_id].corrections.append(c)
+    for r in TurnRating.objects.filter(trace=trace, message_id__in=ids):
+        turn = by_id[r.message_id]
+        if r.kind == "thumbs":
+            if r.value > 0:
+                turn.ratings.up += 1
+            else:
+                turn.ratings.down += 1
+        else:
+            turn.ratings.scores.append(r.value)
+        if r.user_id == user.pk:
+            turn.my_rating = r
+
+
+def trace_review(*, trace: Trace, user) -> TraceReview:
+    turns = trace_turns(trace=trace)
+    _link_tool_calls(turns)
+    turn_annotate(turns=turns, trace=trace, user=user)
+    trace_feedback = []
+    by_id = {t.message.id: t for t in turns}
+    for f in CustomerFeedback.objects.filter(trace=trace).order_by("-created_at", "-id"):
+        if f.message_id in by_id:
+            by_id[f.message_id].feedback.append(f)
+        trace_feedback.append(f)
+    duration = (trace.ended_at - trace.started_at).total_seconds() if trace.ended_at else None
+    return TraceReview(
+        trace=trace,
+        turns=turns,
+        feedback=trace_feedback,
+        flags=list(TraceFlag.objects.filter(trace=trace).order_by("name")),
+        tools=[
+            {
+                "name": (tool.get("function") or {}).get("name", ""),
+                "description": (tool.get("function") or {}).get("description", ""),
+                "parameters": json.dumps(
+                    (tool.get("function") or {}).get("parameters") or {}, indent=2, ensure_ascii=False
+                ),
+            }
+            for tool in (trace.tools or [])
+            if isinstance(tool, dict)
+        ],
+        duration_s=duration,
+    )
+
+
+def turn_single(*, trace: Trace, position: int, user) -> Turn | None:
+    """One turn with its annotations, for an htmx partial after a change."""
+    turns = trace_turns(trace=trace, positions=[position])
+    if not turns:
+        return None
+    turn_annotate(turns=turns, trace=trace, user=user)
+    return turns[0]
+
+
+def tool_names(trace: Trace) -> list[str]:
+    return [
+        tool["function"]["name"]
+        for tool in trace.tools or []
+        if isinstance(tool, dict) and isinstance(tool.get("function"), dict) and tool["function"].get("name")
+    ]
+
+
+def trace_by_id(trace_id: int) -> Trace | None:
+    return Trace.objects.select_related("deployment", "model_version").filter(pk=trace_id).first()

@@ -1,0 +1,147 @@
+"""Backfill batches: judge every feedback-bearing assistant turn that matches, one by one,
+with progress on the job row (the source of truth the dashboard polls)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Exists, F, OuterRef
+from django.utils import timezone
+
+from feedback.judge.client import JudgeEndpoint, JudgeNotConfigured
+from feedback.judge.prompts import CURRENT_TURN
+from feedback.models import (
+    Comment,
+    Correction,
+    CustomerFeedback,
+    JobStatus,
+    JudgeJob,
+    JudgeResult,
+    JudgeStatus,
+    JudgeTrigger,
+    Message,
+    MessageRole,
+)
+from feedback.selectors.judge import judge_endpoint_for
+from feedback.services.judging import JudgeError, judge_request, judge_run
+from feedback.tasks import judge_job_run_task
+
+
+def feedback_turns(*, deployment=None, since: datetime | None = None) -> Any:
+    """Assistant turns with an operator comment or customer feedback on them (or, for
+    trace-level customer feedback, the trace's last assistant turn), newest first."""
+    has_comment = Exists(Comment.objects.filter(message=OuterRef("pk")))
+    has_feedback = Exists(CustomerFeedback.objects.filter(message=OuterRef("pk")))
+    has_correction = Exists(Correction.objects.filter(message=OuterRef("pk")))
+    later_assistant = Exists(
+        Message.objects.filter(
+            trace_id=OuterRef("trace_id"), role=MessageRole.ASSISTANT, position__gt=OuterRef("position")
+        )
+    )
+    trace_feedback = Exists(CustomerFeedback.objects.filter(trace_id=OuterRef("trace_id"), message__isnull=True))
+    qs = Message.objects.filter(role=MessageRole.ASSISTANT).filter(
+        has_comment | has_feedback | has_correction | (trace_feedback & ~later_assistant)
+    )
+    if deployment is not None:
+        qs = qs.filter(trace__deployment=deployment)
+    if since is not None:
+        qs = qs.filter(trace__started_at__gte=since)
+    return qs.order_by("-trace__started_at", "-trace_id", "position")
+
+
+@transaction.atomic
+def judge_job_create(
+    *,
+    deployment=None,
+    since: datetime | None = None,
+    limit: int = 1000,
+    only_unjudged: bool = True,
+    created_by=None,
+) -> JudgeJob:
+    if limit < 1 or limit > 100_000:
+        raise JudgeError("limit must be between 1 and 100000")
+    endpoint = judge_endpoint_for(deployment=deployment)  # raises JudgeNotConfigured
+    job = JudgeJob.objects.create(
+        deployment=deployment,
+        since=since,
+        limit=limit,
+        only_unjudged=only_unjudged,
+        judge_model=endpoint.model,
+        prompt_version=CURRENT_TURN.version,
+        created_by=created_by,
+    )
+    judge_job_run_task.delay_on_commit(job.pk)
+    return job
+
+
+def _job_targets(job: JudgeJob) -> list[int]:
+    qs = feedback_turns(deployment=job.deployment, since=job.since)
+    if job.only_unjudged:
+        qs = qs.exclude(
+            Exists(
+                JudgeResult.objects.filter(
+                    message=OuterRef("pk"),
+                    status=JudgeStatus.SUCCEEDED,
+                    judge_model=job.judge_model,
+                    prompt_version=job.prompt_version,
+                )
+            )
+        )
+    return list(qs.values_list("pk", flat=True)[: job.limit])
+
+
+def judge_job_run(*, job: JudgeJob, endpoint: JudgeEndpoint | None = None) -> JudgeJob:
+    """Judge the job's turns one by one, counting progress after each. The list of turns
+    is fixed when the job starts; a redelivered job (its worker died) resumes where it
+    stopped, and a cancel request stops it between two turns."""
+    if job.status not in (JobStatus.QUEUED, JobStatus.RUNNING):
+        return job
+    now = timezone.now()
+    if job.status == JobStatus.QUEUED:
+        plan = _job_targets(job)
+        JudgeJob.objects.filter(pk=job.pk).update(
+            status=JobStatus.RUNNING, started_at=now, heartbeat_at=now, total=len(plan), message_ids=plan
+        )
+    else:
+        # The judgement the dead worker was in the middle of runs again.
+        JudgeResult.objects.filter(job=job, status=JudgeStatus.RUNNING).update(status=JudgeStatus.PENDING)
+    job.refresh_from_db()
+    try:
+        endpoint = endpoint or judge_endpoint_for(deployment=job.deployment)
+    except JudgeNotConfigured as exc:
+        return _job_finish(job, JobStatus.FAILED, str(exc))
+    finished = set(
+        JudgeResult.objects.filter(job=job).exclude(status=JudgeStatus.PENDING).values_list("message_id", flat=True)
+    )
+    for message_id in job.message_ids:
+        if message_id in finished:
+            continue
+        if JudgeJob.objects.filter(pk=job.pk, cancel_requested=True).exists():
+            return _job_finish(job, JobStatus.CANCELLED)
+        message = Message.objects.filter(pk=message_id).first()
+        if message is None:  # the trace was deleted meanwhile
+            JudgeJob.objects.filter(pk=job.pk).update(total=F("total") - 1)
+            continue
+        result = JudgeResult.objects.filter(job=job, message=message).first() or judge_request(
+            message=message, trigger=JudgeTrigger.BACKFILL, job=job, requested_by=job.created_by, enqueue=False
+        )
+        result = judge_run(result=result, endpoint=endpoint)
+        counter = "succeeded" if result.status == JudgeStatus.SUCCEEDED else "failed"
+        JudgeJob.objects.filter(pk=job.pk).update(heartbeat_at=timezone.now(), **{counter: F(counter) + 1})
+    return _job_finish(job, JobStatus.DONE)
+
+
+def _job_finish(job: JudgeJob, status: str, error: str = "") -> JudgeJob:
+    JudgeJob.objects.filter(pk=job.pk).update(status=status, error=error, finished_at=timezone.now())
+    job.refresh_from_db()
+    return job
+
+
+def judge_job_cancel(*, job: JudgeJob) -> JudgeJob:
+    if job.status == JobStatus.QUEUED:
+        return _job_finish(job, JobStatus.CANCELLED)
+    JudgeJob.objects.filter(pk=job.pk).update(cancel_requested=True)
+    job.refresh_from_db()
+    return job

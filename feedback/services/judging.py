@@ -1,0 +1,293 @@
+"""Judging turns and storing the results: on a new comment or customer feedback, or by
+hand (backfill batches are in `judge_jobs`); plus order-swap checks of the judge.
+
+`judge_request` creates a pending `JudgeResult` and enqueues its task after commit;
+`judge_run` (what the task calls) builds the prompt from the turn and all the feedback
+on it, calls the judge, and stores the outcome — succeeded with rubric, reward,
+rationale and correction, or failed with the reason. A failure never writes a reward.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Min, Q
+from django.utils import timezone
+
+from feedback.judge.client import JudgeCallFailed, JudgeEndpoint, JudgeNotConfigured
+from feedback.judge.prompts import CURRENT_SCORE, CURRENT_TURN, FeedbackItem
+from feedback.judge.scoring import judge_turn, order_swap_check
+from feedback.models import (
+    Comment,
+    Correction,
+    CustomerFeedback,
+    JudgeJob,
+    JudgeResult,
+    JudgeStatus,
+    JudgeTrigger,
+    Message,
+    MessageRole,
+    OrderSwapCheck,
+    RatingKind,
+    Trace,
+)
+from feedback.selectors.judge import judge_endpoint_for, judge_is_configured
+from feedback.selectors.traces import message_as_openai
+from feedback.tasks import judge_result_run_task, order_swap_check_task
+
+logger = logging.getLogger(__name__)
+
+RAW_OUTPUT_MAX = 50_000
+
+
+class JudgeError(ValueError):
+    """A judging request that cannot be made; the message says why."""
+
+
+def _rating_text(kind: str, value: int | None) -> str:
+    if value is None:
+        return ""
+    if kind == RatingKind.THUMBS:
+        return "thumbs up" if value > 0 else "thumbs down"
+    return f"{value} out of 5"
+
+
+def feedback_items_for(
+    *, message: Message
+) -> tuple[list[FeedbackItem], list[Comment], list[CustomerFeedback], list[Correction]]:
+    """Everything people said about the turn, as the judge is shown it, and the rows it
+    came from. Operators' own turn ratings are left out on purpose: they are the labels
+    the judge's agreement is measured against, and showing them would inflate it."""
+    comments = list(Comment.objects.filter(message=message).order_by("created_at", "id"))
+    last_assistant = (
+        Message.objects.filter(trace_id=message.trace_id, role=MessageRole.ASSISTANT).order_by("-position").first()
+    )
+    feedback_q = Q(message=message)
+    if last_assistant is not None and last_assistant.pk == message.pk:
+        # Feedback on the whole trace is about the answer the customer finally got.
+        feedback_q |= Q(trace_id=message.trace_id, message__isnull=True)
+    customer = list(CustomerFeedback.objects.filter(feedback_q).order_by("created_at", "id"))
+    corrections = list(Correction.objects.filter(message=message).order_by("created_at", "id"))
+
+    items: list[FeedbackItem] = []
+    for c in comments:
+        text = f'{c.body} (about the quoted text: "{c.quote}")' if c.quote else c.body
+        items.append(FeedbackItem(kind="operator comment", text=text))
+    for f in customer:
+        rating = _rating_text(f.rating_kind, f.rating)
+        if f.comment or rating:
+            items.append(FeedbackItem(kind="customer feedback", text=f.comment or "(no text)", rating=rating))
+        if f.correction:
+            items.append(FeedbackItem(kind="customer's correction", text=f.correction))
+    for c in corrections:
+        text = c.content
+        for call in c.tool_calls or []:
+            fn = call.get("function") or {}
+            text += f" [calls tool {fn.get('name')} with {fn.get('arguments')}]"
+        if c.note:
+            text += f" (why: {c.note})"
+        items.append(FeedbackItem(kind="operator's corrected response", text=text.strip()))
+    return items, comments, customer, corrections
+
+
+def _context_for(message: Message) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    earlier = Message.objects.filter(trace_id=message.trace_id, position__lt=message.position).order_by("position")
+    return [message_as_openai(m) for m in earlier], message_as_openai(message)
+
+
+def judge_request(
+    *,
+    message: Message,
+    trigger: str,
+    requested_by=None,
+    job: JudgeJob | None = None,
+    enqueue: bool = True,
+) -> JudgeResult:
+    """A pending judgement of `message`, run by a worker after commit. A turn that
+    already has a pending judgement is not queued twice: that one will see all feedback
+    present when it runs."""
+    if message.role != MessageRole.ASSISTANT:
+        raise JudgeError(f"only assistant turns are judged; message {message.position} is a {message.role} message")
+    if job is None:
+        pending = JudgeResult.objects.filter(message=message, status=JudgeStatus.PENDING, job__isnull=True).first()
+        if pending is not None:
+            return pending
+    result = JudgeResult.objects.create(
+        trace_id=message.trace_id, message=message, trigger=trigger, requested_by=requested_by, job=job
+    )
+    if enqueue:
+        judge_result_run_task.delay_on_commit(result.pk)
+    return result
+
+
+def judge_on_comment(*, comment: Comment) -> JudgeResult | None:
+    """Called when an operator comments: judge the turn if a judge is configured and
+    automatic judging is on, and the comment is on an assistant turn."""
+    if not settings.JUDGE_AUTO or comment.message.role != MessageRole.ASSISTANT:
+        return None
+    if not judge_is_configured(deployment=comment.trace.deployment):
+        return None
+    return judge_request(message=comment.message, trigger=JudgeTrigger.COMMENT, requested_by=comment.author)
+
+
+def _feedback_turn(feedback: CustomerFeedback) -> Message | None:
+    if feedback.message_id is not None:
+        return feedback.message if feedback.message.role == MessageRole.ASSISTANT else None
+    return Message.objects.filter(trace_id=feedback.trace_id, role=MessageRole.ASSISTANT).order_by("-position").first()
+
+
+def judge_on_customer_feedback(*, feedback: CustomerFeedback) -> JudgeResult | None:
+    """Called when customer feedback arrives. Judged when it says something: a comment,
+    a correction, or a negative rating (a bare thumbs-up teaches the judge little)."""
+    if not settings.JUDGE_AUTO:
+        return None
+    negative = feedback.sentiment is not None and feedback.sentiment < 0
+    if not (feedback.comment.strip() or feedback.correction.strip() or negative):
+        return None
+    if not judge_is_configured(deployment=feedback.trace.deployment):
+        return None
+    turn = _feedback_turn(feedback)
+    if turn is None:
+        return None
+    return judge_request(message=turn, trigger=JudgeTrigger.CUSTOMER_FEEDBACK)
+
+
+def _update_trace_reward(trace_id: int) -> None:
+    lowest = JudgeResult.objects.filter(trace_id=trace_id, is_latest=True).aggregate(m=Min("reward"))["m"]
+    Trace.objects.filter(pk=trace_id).update(judge_reward=lowest)
+
+
+def judge_run(*, result: JudgeResult, endpoint: JudgeEndpoint | None = None) -> JudgeResult:
+    """Run a pending judgement and store its outcome. A result already finished, or
+    running elsewhere (a redelivered task), is returned as it is."""
+    now = timezone.now()
+    # A judgement left running by a worker that died is taken over once it is older than
+    # the longest a call can take; a live one is left to finish.
+    stale = now - timedelta(seconds=settings.JUDGE_TIMEOUT_S * settings.JUDGE_MAX_ATTEMPTS + 60)
+    claimed = (
+        JudgeResult.objects.filter(pk=result.pk)
+        .filter(Q(status=JudgeStatus.PENDING) | Q(status=JudgeStatus.RUNNING, started_at__lt=stale))
+        .update(status=JudgeStatus.RUNNING, started_at=now)
+    )
+    result.refresh_from_db()
+    if not claimed:
+        return result
+    message = Message.objects.select_related("trace__deployment").get(pk=result.message_id)
+    try:
+        endpoint = endpoint or judge_endpoint_for(deployment=message.trace.deployment)
+    except JudgeNotConfigured as exc:
+        return _fail(result, str(exc))
+
+    items, comments, customer, corrections = feedback_items_for(message=message)
+    result.comments.set(comments)
+    result.customer_feedback.set(customer)
+    result.human_corrections.set(corrections)
+    context, turn = _context_for(message)
+    result.judge_model = endpoint.model
+    result.judge_base_url = endpoint.base_url
+    result.prompt_version = CURRENT_TURN.version
+    if not items:
+        return _fail(result, "no feedback on this turn to judge it by")
+    try:
+        outcome = judge_turn(context=context, turn=turn, feedback=items, tools=message.trace.tools, endpoint=endpoint)
+    except JudgeCallFailed as exc:
+        _record(result, exc.record)
+        result.raw_output = (exc.record.attempts[-1].raw if exc.record.attempts else "")[:RAW_OUTPUT_MAX]
+        return _fail(result, exc.reason)
+
+    _record(result, outcome.record)
+    judgement = outcome.judgement
+    result.served_model = outcome.record.served_model
+    result.rubric = judgement.rubric.as_dict()
+    result.reward = outcome.reward
+    result.rationale = judgement.rationale
+    result.corrected_response = judgement.corrected_response or ""
+    result.guard_reason = outcome.guard_reason or ""
+    result.raw_output = outcome.raw[:RAW_OUTPUT_MAX]
+    result.status = JudgeStatus.SUCCEEDED
+    result.finished_at = timezone.now()
+    with transaction.atomic():
+        JudgeResult.objects.filter(message_id=result.message_id, is_latest=True).update(is_latest=False)
+        result.is_latest = True
+        result.save()
+        _update_trace_reward(result.trace_id)
+        if _wants_swap_check(result):
+            order_swap_check_task.delay_on_commit(result.pk)
+    return result
+
+
+def _record(result: JudgeResult, record) -> None:
+    result.attempts = record.attempts_as_dicts()
+    result.latency_ms = record.latency_ms
+    result.prompt_tokens = record.prompt_tokens
+    result.completion_tokens = record.completion_tokens
+    result.cost = record.cost
+    result.served_model = record.served_model
+
+
+def _fail(result: JudgeResult, reason: str) -> JudgeResult:
+    result.status = JudgeStatus.FAILED
+    result.failure_reason = reason[:5000]
+    result.finished_at = timezone.now()
+    result.save()
+    logger.warning("judgement %s of message %s failed: %s", result.pk, result.message_id, reason)
+    return result
+
+
+def _swap_candidates(result: JudgeResult) -> list[str] | None:
+    """The logged turn and a correction (the judge's, else an operator's), as texts."""
+    logged = result.message.content
+    correction = result.corrected_response
+    if not correction:
+        human = result.human_corrections.exclude(content="").first()
+        correction = human.content if human else ""
+    if not logged.strip() or not correction.strip() or logged.strip() == correction.strip():
+        return None
+    return [logged, correction]
+
+
+def _wants_swap_check(result: JudgeResult) -> bool:
+    rate = settings.JUDGE_SWAP_CHECK_RATE
+    return rate > 0 and random.random() < rate and _swap_candidates(result) is not None
+
+
+def order_swap_check_run(
+    *, result: JudgeResult, endpoint: JudgeEndpoint | None = None, rng: random.Random | None = None
+) -> OrderSwapCheck | None:
+    """Score the logged turn and its correction under the judgement's rubric in both
+    orders and store how consistent the judge was. None when there is nothing to compare."""
+    candidates = _swap_candidates(result)
+    if candidates is None or not result.rubric:
+        return None
+    message = Message.objects.select_related("trace__deployment").get(pk=result.message_id)
+    endpoint = endpoint or judge_endpoint_for(deployment=message.trace.deployment)
+    context, _ = _context_for(message)
+    check = OrderSwapCheck(result=result, judge_model=endpoint.model, prompt_version=CURRENT_SCORE.version)
+    try:
+        swap = order_swap_check(
+            context, result.rubric, candidates, endpoint=endpoint, tools=message.trace.tools, rng=rng
+        )
+    except JudgeCallFailed as exc:
+        check.status = JudgeStatus.FAILED
+        check.failure_reason = exc.reason[:5000]
+        check.latency_ms = exc.record.latency_ms
+        check.cost = exc.record.cost
+        check.save()
+        return check
+    check.status = JudgeStatus.SUCCEEDED
+    check.first_order = swap.first.presented
+    check.first_scores = swap.first.scores
+    check.second_scores = swap.second.scores
+    check.pair_agreement = swap.pair_agreement
+    check.mean_abs_diff = swap.mean_abs_diff
+    records = [r for r in (swap.first.record, swap.second.record) if r is not None]
+    check.latency_ms = sum(r.latency_ms for r in records)
+    costs = [r.cost for r in records if r.cost is not None]
+    check.cost = sum(costs) if costs else None
+    check.save()
+    return check

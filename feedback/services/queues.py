@@ -1,0 +1,127 @@
+"""Annotation queues: built from a trace-list filter, worked one locked item at a time.
+
+"Next item" first returns the item this reviewer already holds; otherwise it claims the
+first pending item whose lock is free or expired and that they have not skipped. The
+claim is a conditional UPDATE, so two reviewers never hold the same item.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.db import transaction
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+
+from feedback.models import AnnotationQueue, QueueItem, QueueItemStatus, QueueSkip, Trace
+from feedback.services.chat_format import FieldError
+
+MAX_QUEUE_ITEMS = 5_000
+
+
+class QueueItemNotHeld(Exception):
+    """The item is locked by someone else (or already done)."""
+
+
+@transaction.atomic
+def queue_create(
+    *,
+    name: str,
+    traces: QuerySet[Trace],
+    filters: dict[str, list[str]],
+    created_by,
+    limit: int = 100,
+    lock_minutes: int = 10,
+    description: str = "",
+) -> AnnotationQueue:
+    """A queue of (at most `limit`) traces, in the order of the filtered list."""
+    name = (name or "").strip()
+    if not name:
+        raise FieldError("name", "required")
+    if len(name) > 200:
+        raise FieldError("name", "at most 200 characters")
+    if not 1 <= limit <= MAX_QUEUE_ITEMS:
+        raise FieldError("limit", f"from 1 to {MAX_QUEUE_ITEMS}")
+    if not 1 <= lock_minutes <= 240:
+        raise FieldError("lock_minutes", "from 1 to 240")
+    ids = list(traces.values_list("id", flat=True)[:limit])
+    if not ids:
+        raise FieldError("filters", "no trace matches this filter")
+    queue = AnnotationQueue.objects.create(
+        name=name,
+        description=(description or "").strip(),
+        filters=filters,
+        lock_minutes=lock_minutes,
+        item_count=len(ids),
+        created_by=created_by,
+    )
+    QueueItem.objects.bulk_create(
+        [QueueItem(queue=queue, trace_id=trace_id, position=i) for i, trace_id in enumerate(ids)], batch_size=1000
+    )
+    return queue
+
+
+def _free(now: datetime) -> Q:
+    return Q(locked_until__isnull=True) | Q(locked_until__lte=now)
+
+
+def queue_next_item(*, queue: AnnotationQueue, user, now: datetime | None = None) -> QueueItem | None:
+    """Claim the next item for `user` (or return the one they hold); None when none is left."""
+    now = now or timezone.now()
+    until = now + timedelta(minutes=queue.lock_minutes)
+    pending = QueueItem.objects.filter(queue=queue, status=QueueItemStatus.PENDING)
+    held = pending.filter(locked_by=user, locked_until__gt=now).order_by("position").first()
+    if held is not None:
+        QueueItem.objects.filter(pk=held.pk).update(locked_until=until)
+        held.locked_until = until
+        return held
+    for _ in range(20):
+        candidate = (
+            pending.filter(_free(now))
+            .exclude(skips__user=user)
+            .order_by("position")
+            .values_list("pk", flat=True)
+            .first()
+        )
+        if candidate is None:
+            return None
+        claimed = (
+            QueueItem.objects.filter(pk=candidate, status=QueueItemStatus.PENDING)
+            .filter(_free(now))
+            .update(locked_by=user, locked_until=until)
+        )
+        if claimed:
+            return QueueItem.objects.select_related("trace").get(pk=candidate)
+    return None
+
+
+def _check_holder(item: QueueItem, user, now: datetime) -> None:
+    if item.status != QueueItemStatus.PENDING:
+        raise QueueItemNotHeld("this item is already done")
+    if item.locked_by_id != user.pk and item.locked_until is not None and item.locked_until > now:
+        raise QueueItemNotHeld("another reviewer holds this item")
+
+
+@transaction.atomic
+def queue_item_done(*, item: QueueItem, user, now: datetime | None = None) -> QueueItem:
+    now = now or timezone.now()
+    item = QueueItem.objects.select_for_update().get(pk=item.pk)
+    _check_holder(item, user, now)
+    item.status = QueueItemStatus.DONE
+    item.done_by, item.done_at = user, now
+    item.locked_by, item.locked_until = None, None
+    item.save(update_fields=["status", "done_by", "done_at", "locked_by", "locked_until"])
+    return item
+
+
+@transaction.atomic
+def queue_item_skip(*, item: QueueItem, user, now: datetime | None = None) -> QueueItem:
+    """Hand the item back for others; it is not offered to this reviewer again."""
+    now = now or timezone.now()
+    item = QueueItem.objects.select_for_update().get(pk=item.pk)
+    _check_holder(item, user, now)
+    QueueSkip.objects.get_or_create(item=item, user=user, defaults={"created_at": now})
+    if item.locked_by_id == user.pk:
+        item.locked_by, item.locked_until = None, None
+        item.save(update_fields=["locked_by", "locked_until"])
+    return item

@@ -1,0 +1,82 @@
+"""Roles are Django groups; what each may do is the permissions listed here.
+
+- operator: browse traces, comment, rate, correct, build and work annotation queues.
+- reviewer: work annotation queues only (sees a trace while holding or having done its item).
+- approver: approves model promotions (`training.approve_promotion`) and reads traces.
+- admin: every permission of the project's apps and user management.
+
+`roles_sync` creates the groups and adds missing permissions; it runs in a data migration
+and after every `migrate` (a post_migrate handler), so a new permission named here reaches
+existing databases. It only adds: permissions an admin granted by hand are kept.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.apps import apps as global_apps
+
+logger = logging.getLogger(__name__)
+
+OPERATOR, REVIEWER, APPROVER, ADMIN = "operator", "reviewer", "approver", "admin"
+
+# Custom permissions that belong to no model of this app: (app_label, model, codename, name).
+EXTRA_PERMISSIONS = [
+    ("training", "modelversion", "approve_promotion", "Can approve the promotion of a model version"),
+]
+
+_ANNOTATE = [
+    "feedback.add_comment",
+    "feedback.change_comment",
+    "feedback.delete_comment",
+    "feedback.add_turnrating",
+    "feedback.add_correction",
+]
+ROLE_PERMISSIONS: dict[str, list[str]] = {
+    OPERATOR: [
+        "feedback.view_trace",
+        "feedback.view_customerfeedback",
+        *_ANNOTATE,
+        "feedback.view_annotationqueue",
+        "feedback.add_annotationqueue",
+        "feedback.work_annotationqueue",
+        # Spending judge calls: backfill batches, re-judging a turn, failure-mode runs.
+        "feedback.add_judgejob",
+        "feedback.add_failuremoderun",
+    ],
+    REVIEWER: [*_ANNOTATE, "feedback.view_annotationqueue", "feedback.work_annotationqueue"],
+    APPROVER: ["training.approve_promotion", "feedback.view_trace", "training.view_modelversion"],
+    # Admins get every permission of these apps (see roles_sync) and user management.
+    ADMIN: ["auth.view_user", "auth.add_user", "auth.change_user", "auth.view_group", "auth.change_group"],
+}
+ADMIN_APPS = ("feedback", "training")
+
+
+def roles_sync(*, apps=global_apps) -> None:
+    """Create the role groups and the extra permissions; add missing permissions."""
+    Group = apps.get_model("auth", "Group")
+    Permission = apps.get_model("auth", "Permission")
+    ContentType = apps.get_model("contenttypes", "ContentType")
+    for app_label, model, codename, name in EXTRA_PERMISSIONS:
+        ct, _ = ContentType.objects.get_or_create(app_label=app_label, model=model)
+        Permission.objects.get_or_create(content_type=ct, codename=codename, defaults={"name": name})
+
+    by_name = {
+        f"{app}.{codename}": pk
+        for pk, app, codename in Permission.objects.values_list("pk", "content_type__app_label", "codename")
+    }
+    for role, names in ROLE_PERMISSIONS.items():
+        group, _ = Group.objects.get_or_create(name=role)
+        wanted = {by_name[n] for n in names if n in by_name}
+        for missing in sorted(set(names) - set(by_name)):
+            logger.warning("role %s: permission %s does not exist (yet)", role, missing)
+        if role == ADMIN:
+            wanted |= {pk for name, pk in by_name.items() if name.split(".", 1)[0] in ADMIN_APPS}
+        group.permissions.add(*wanted)
+
+
+def user_roles(user) -> set[str]:
+    """The role names a user holds (a superuser holds them all)."""
+    if user.is_superuser:
+        return set(ROLE_PERMISSIONS)
+    return set(user.groups.filter(name__in=ROLE_PERMISSIONS).values_list("name", flat=True))

@@ -1,0 +1,25 @@
+"""Template filters for the judge's pages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import template
+
+register = template.Library()
+
+
+@register.filter
+def lookup(mapping: Any, key: Any) -> Any:
+    """`mapping[key]`, or None: `{{ judgements|lookup:message.id }}`."""
+    if not isinstance(mapping, dict):
+        return None
+    return mapping.get(key)
+
+
+@register.filter
+def ratio(value: float | None, digits: int = 2) -> str:
+    """A statistic for display: '—' when undefined."""
+    if value is None:
+        return "—"
+    return f"{value:.{int(digits)}f}"

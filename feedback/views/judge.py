@@ -1,0 +1,159 @@
+"""The judge's pages: overview with backfill jobs and recent judgements, one judgement's
+details, the agreement page, and re-judging a turn by hand."""
+
+from __future__ import annotations
+
+from django import forms
+from django.conf import settings
+from django.contrib import messages as flash
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from feedback.judge.client import JudgeNotConfigured
+from feedback.judge.prompts import CURRENT_TURN
+from feedback.models import Deployment, JudgeJob, JudgeResult, JudgeTrigger, Message
+from feedback.permissions import BROWSE
+from feedback.selectors.judge import agreement_by_version, judge_endpoint_for
+from feedback.services.judge_jobs import judge_job_cancel, judge_job_create
+from feedback.services.judging import JudgeError, judge_request
+from feedback.views.common import dashboard_view, safe_next
+from feedback.views.traces import trace_or_404
+
+RUN_JUDGE = "feedback.add_judgejob"
+
+
+class BackfillForm(forms.Form):
+    deployment = forms.TypedChoiceField(required=False, coerce=int, empty_value=None)
+    since = forms.DateTimeField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
+    limit = forms.IntegerField(min_value=1, max_value=100_000, initial=500)
+    only_unjudged = forms.BooleanField(required=False, initial=True, label="Only turns not judged by this version")
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["deployment"].choices = [("", "all"), *Deployment.objects.values_list("id", "name")]
+
+
+def _endpoint_summary() -> dict:
+    try:
+        endpoint = judge_endpoint_for()
+    except JudgeNotConfigured as exc:
+        return {"configured": False, "reason": str(exc)}
+    return {
+        "configured": True,
+        "model": endpoint.model,
+        "base_url": endpoint.base_url,
+        "schema_mode": endpoint.schema_mode,
+        "prompt_version": CURRENT_TURN.version,
+    }
+
+
+def _jobs_context() -> dict:
+    jobs = list(JudgeJob.objects.select_related("deployment", "created_by")[:20])
+    return {"jobs": jobs, "any_active": any(j.is_active for j in jobs)}
+
+
+@dashboard_view(BROWSE)
+def judge_overview(request: HttpRequest) -> HttpResponse:
+    if request.htmx and request.GET.get("part") == "jobs":
+        return render(request, "feedback/judge_overview.html#jobs", _jobs_context())
+    recent = JudgeResult.objects.select_related("trace", "message").order_by("-created_at", "-id")[:50]
+    context = {
+        "endpoint": _endpoint_summary(),
+        "form": BackfillForm(),
+        "recent": recent,
+        "can_run": request.user.has_perm(RUN_JUDGE),
+        "min_kappa": settings.JUDGE_REWARD_MIN_KAPPA,
+        "min_n": settings.JUDGE_REWARD_MIN_N,
+        **_jobs_context(),
+    }
+    return render(request, "feedback/judge_overview.html", context)
+
+
+@require_POST
+@dashboard_view(RUN_JUDGE)
+def judge_job_create_view(request: HttpRequest) -> HttpResponse:
+    form = BackfillForm(request.POST)
+    if not form.is_valid():
+        for field, errors in form.errors.items():
+            flash.error(request, f"{field}: {'; '.join(errors)}")
+        return redirect("feedback:judge")
+    data = form.cleaned_data
+    deployment = Deployment.objects.filter(pk=data["deployment"]).first() if data["deployment"] else None
+    try:
+        job = judge_job_create(
+            deployment=deployment,
+            since=data["since"],
+            limit=data["limit"],
+            only_unjudged=data["only_unjudged"],
+            created_by=request.user,
+        )
+    except (JudgeNotConfigured, JudgeError) as exc:
+        flash.error(request, str(exc))
+    else:
+        flash.success(request, f"Backfill job {job.pk} queued.")
+    return redirect("feedback:judge")
+
+
+@require_POST
+@dashboard_view(RUN_JUDGE)
+def judge_job_cancel_view(request: HttpRequest, job_id: int) -> HttpResponse:
+    job = judge_job_cancel(job=get_object_or_404(JudgeJob, pk=job_id))
+    if request.htmx:
+        return render(request, "feedback/judge_overview.html#jobs", _jobs_context())
+    flash.info(request, f"Job {job.pk}: {job.get_status_display().lower()}.")
+    return redirect("feedback:judge")
+
+
+@dashboard_view(BROWSE)
+def judge_result_detail(request: HttpRequest, result_id: int) -> HttpResponse:
+    result = get_object_or_404(
+        JudgeResult.objects.select_related("trace__deployment", "message", "job", "requested_by"), pk=result_id
+    )
+    trace_or_404(request, result.trace_id)
+    context = {
+        "result": result,
+        "comments": result.comments.select_related("author"),
+        "customer_feedback": result.customer_feedback.all(),
+        "human_corrections": result.human_corrections.select_related("author"),
+        "swap_checks": result.swap_checks.all(),
+        "older": JudgeResult.objects.filter(message_id=result.message_id).exclude(pk=result.pk)[:20],
+    }
+    return render(request, "feedback/judge_result.html", context)
+
+
+@require_POST
+@dashboard_view(RUN_JUDGE)
+def judge_turn_view(request: HttpRequest, trace_id: int, position: int) -> HttpResponse:
+    trace = trace_or_404(request, trace_id)
+    message = Message.objects.filter(trace=trace, position=position).first()
+    if message is None:
+        raise Http404("no such message")
+    default = reverse("feedback:trace-detail", args=[trace.pk]) + f"#msg-{position}"
+    try:
+        judge_endpoint_for(deployment=trace.deployment)
+        judge_request(message=message, trigger=JudgeTrigger.MANUAL, requested_by=request.user)
+    except (JudgeNotConfigured, JudgeError) as exc:
+        flash.error(request, str(exc))
+    else:
+        flash.success(request, f"Turn #{position} queued for judging; reload to see the result.")
+    return redirect(safe_next(request, default))
+
+
+@dashboard_view(BROWSE)
+def judge_agreement(request: HttpRequest) -> HttpResponse:
+    deployment = None
+    if request.GET.get("deployment"):
+        deployment = Deployment.objects.filter(name=request.GET["deployment"]).first()
+        if deployment is None:
+            raise Http404("no such deployment")
+    context = {
+        "rows": agreement_by_version(deployment=deployment),
+        "deployment": deployment,
+        "deployments": Deployment.objects.values_list("name", flat=True),
+        "min_kappa": settings.JUDGE_REWARD_MIN_KAPPA,
+        "min_n": settings.JUDGE_REWARD_MIN_N,
+        "threshold": settings.JUDGE_PASS_THRESHOLD,
+    }
+    return render(request, "feedback/judge_agreement.html", context)

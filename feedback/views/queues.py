@@ -1,0 +1,107 @@
+"""Annotation queues: build one from the current list filter, work through it."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from feedback.forms import FILTER_FIELDS, QueueCreateForm, TraceFilterForm
+from feedback.models import AnnotationQueue, QueueItem
+from feedback.permissions import BUILD_QUEUE, WORK_QUEUE
+from feedback.selectors.queues import queue_progress, queues_with_progress
+from feedback.selectors.trace_list import traces_filtered
+from feedback.services.chat_format import FieldError
+from feedback.services.queues import QueueItemNotHeld, queue_create, queue_item_done, queue_item_skip, queue_next_item
+from feedback.views.common import dashboard_view
+from feedback.views.traces import trace_detail_context, trace_or_404
+
+
+@dashboard_view("feedback.view_annotationqueue")
+def queue_list(request: HttpRequest) -> HttpResponse:
+    return render(request, "feedback/queue_list.html", {"queues": queues_with_progress()})
+
+
+@require_POST
+@dashboard_view(BUILD_QUEUE)
+def queue_create_view(request: HttpRequest) -> HttpResponse:
+    """Build a queue from the trace-list filter posted with it (the same parameter names)."""
+    form = QueueCreateForm(request.POST)
+    filter_form = TraceFilterForm(request.POST)
+    filters = filter_form.filters()
+    if form.is_valid():
+        try:
+            queue = queue_create(
+                name=form.cleaned_data["name"],
+                description=form.cleaned_data["description"],
+                traces=traces_filtered(filters),
+                filters={k: request.POST.getlist(k) for k in FILTER_FIELDS if any(request.POST.getlist(k))},
+                created_by=request.user,
+                limit=form.cleaned_data["limit"],
+                lock_minutes=form.cleaned_data["lock_minutes"],
+            )
+        except FieldError as exc:
+            messages.error(request, f"{exc.field}: {exc.reason}")
+        else:
+            messages.success(request, f"Queue “{queue.name}” holds {queue.item_count} traces.")
+            return redirect("feedback:queue-detail", queue_id=queue.pk)
+    else:
+        messages.error(request, "; ".join(f"{k}: {v[0]}" for k, v in form.errors.items()))
+    return redirect(reverse("feedback:trace-list"))
+
+
+@dashboard_view("feedback.view_annotationqueue")
+def queue_detail(request: HttpRequest, queue_id: int) -> HttpResponse:
+    queue = get_object_or_404(AnnotationQueue.objects.select_related("created_by"), pk=queue_id)
+    done, reviewers = queue_progress(queue)
+    context = {"queue": queue, "done": done, "reviewers": reviewers, "can_work": request.user.has_perm(WORK_QUEUE)}
+    return render(request, "feedback/queue_detail.html", context)
+
+
+@require_POST
+@dashboard_view(WORK_QUEUE)
+def queue_next(request: HttpRequest, queue_id: int) -> HttpResponse:
+    queue = get_object_or_404(AnnotationQueue, pk=queue_id)
+    item = queue_next_item(queue=queue, user=request.user)
+    if item is None:
+        messages.info(request, "Nothing left for you in this queue.")
+        return redirect("feedback:queue-detail", queue_id=queue.pk)
+    return redirect("feedback:queue-item", queue_id=queue.pk, item_id=item.pk)
+
+
+def _item(request: HttpRequest, queue_id: int, item_id: int) -> QueueItem:
+    return get_object_or_404(
+        QueueItem.objects.select_related("queue", "trace__deployment", "trace__model_version", "locked_by"),
+        pk=item_id,
+        queue_id=queue_id,
+    )
+
+
+@dashboard_view(WORK_QUEUE)
+def queue_item(request: HttpRequest, queue_id: int, item_id: int) -> HttpResponse:
+    """The trace of a queue item, with Done and Skip; visible while the reviewer holds it."""
+    item = _item(request, queue_id, item_id)
+    trace = trace_or_404(request, item.trace_id)
+    context = trace_detail_context(request, trace, queue_item=item, queue=item.queue)
+    return render(request, "feedback/trace_detail.html", context)
+
+
+@require_POST
+@dashboard_view(WORK_QUEUE)
+def queue_item_action(request: HttpRequest, queue_id: int, item_id: int, action: str) -> HttpResponse:
+    item = _item(request, queue_id, item_id)
+    try:
+        if action == "done":
+            queue_item_done(item=item, user=request.user)
+        else:
+            queue_item_skip(item=item, user=request.user)
+    except QueueItemNotHeld as exc:
+        messages.error(request, str(exc))
+        return redirect("feedback:queue-detail", queue_id=queue_id)
+    nxt = queue_next_item(queue=item.queue, user=request.user)
+    if nxt is None:
+        messages.success(request, "Queue finished: nothing left for you.")
+        return redirect("feedback:queue-detail", queue_id=queue_id)
+    return redirect("feedback:queue-item", queue_id=queue_id, item_id=nxt.pk)

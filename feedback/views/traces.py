@@ -1,0 +1,130 @@
+"""Trace list and trace detail pages."""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import parse_qsl
+
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django_htmx.http import push_url
+
+from feedback.forms import TraceFilterForm
+from feedback.models import Message, Trace
+from feedback.permissions import BROWSE, BUILD_QUEUE, can_annotate, can_see_trace
+from feedback.selectors.judge import judge_results_for_messages
+from feedback.selectors.review import trace_by_id, trace_review
+from feedback.selectors.trace_list import Cursor, flag_names, trace_neighbour, trace_page
+from feedback.selectors.traces import message_as_openai
+from feedback.views.common import dashboard_view, filter_query, with_csp
+
+
+@dashboard_view(BROWSE)
+def trace_list(request: HttpRequest) -> HttpResponse:
+    form = TraceFilterForm(request.GET if any(request.GET.values()) else None)
+    filters = form.filters()
+    after = Cursor.decode(request.GET.get("after"))
+    page = trace_page(filters=filters, after=after)
+    query = filter_query(request.GET)
+    # Row links and labels are built here, not with {% url %}/filters per row: the list
+    # renders 50 rows per request and template tags are the slowest part of it.
+    suffix = f"/?{query}" if query else "/"
+    prefix = reverse("feedback:trace-list")
+    for row in page.rows:
+        row["href"] = f"{prefix}{row['id']}{suffix}"
+        row["started"] = row["started_at"].strftime("%Y-%m-%d %H:%M:%S")
+        row["model"] = row["model_version__name"] or row["model_name"]
+        preview = row["preview"]
+        row["preview"] = preview if len(preview) <= 140 else preview[:139] + "…"
+        row["label"] = row["external_id"] if len(row["external_id"]) <= 40 else row["external_id"][:39] + "…"
+    context = {
+        "form": form,
+        "page": page,
+        "query": query,
+        "next_url": f"?{query}&after={page.next_cursor.encode()}" if page.next_cursor else None,
+        "can_build_queue": request.user.has_perm(BUILD_QUEUE),
+        "filter_pairs": parse_qsl(query),
+    }
+    htmx = request.htmx
+    if htmx and not htmx.history_restore_request:
+        if after is not None:
+            return render(request, "feedback/trace_list.html#rows", context)
+        # The address bar shows the filter without the form's empty fields.
+        return push_url(
+            render(request, "feedback/trace_list.html#results", context), f"{prefix}?{query}" if query else prefix
+        )
+    context["flag_names"] = flag_names()
+    context["selects"] = form.selects()
+    return render(request, "feedback/trace_list.html", context)
+
+
+def trace_or_404(request: HttpRequest, trace_id: int) -> Trace:
+    trace = trace_by_id(trace_id)
+    if trace is None:
+        raise Http404("no such trace")
+    if not can_see_trace(request.user, trace):
+        raise PermissionDenied("your role sees traces only through annotation queues")
+    return trace
+
+
+def trace_detail_context(request: HttpRequest, trace: Trace, **extra) -> dict:
+    query = filter_query(request.GET)
+    review = trace_review(trace=trace, user=request.user)
+    return {
+        "review": review,
+        "judgements": judge_results_for_messages(message_ids=[t.message.id for t in review.turns if t.is_assistant]),
+        "can_judge": request.user.has_perm("feedback.add_judgejob"),
+        "trace": trace,
+        "query": query,
+        "can_annotate": can_annotate(request.user),
+        "here": request.get_full_path(),
+        **extra,
+    }
+
+
+@dashboard_view()
+def trace_detail(request: HttpRequest, trace_id: int) -> HttpResponse:
+    trace = trace_or_404(request, trace_id)
+    return render(request, "feedback/trace_detail.html", trace_detail_context(request, trace))
+
+
+@dashboard_view(BROWSE)
+def trace_neighbour_view(request: HttpRequest, trace_id: int, direction: str) -> HttpResponse:
+    """j/k: the next older / newer trace in the current filter, or back to the list at the end."""
+    trace = get_object_or_404(Trace.objects.only("id", "started_at"), pk=trace_id)
+    form = TraceFilterForm(request.GET if any(request.GET.values()) else None)
+    neighbour = trace_neighbour(filters=form.filters(), trace=trace, older=direction == "next")
+    query = filter_query(request.GET)
+    suffix = f"?{query}" if query else ""
+    if neighbour is None:
+        return redirect(reverse("feedback:trace-list") + suffix)
+    return redirect(reverse("feedback:trace-detail", args=[neighbour]) + suffix)
+
+
+def _message(request: HttpRequest, trace_id: int, position: int) -> Message:
+    trace = trace_or_404(request, trace_id)
+    message = Message.objects.filter(trace=trace, position=position).first()
+    if message is None:
+        raise Http404("no such message")
+    return message
+
+
+@dashboard_view()
+def message_content(request: HttpRequest, trace_id: int, position: int) -> HttpResponse:
+    """The whole text of a message: an escaped fragment for htmx, plain text otherwise."""
+    message = _message(request, trace_id, position)
+    if request.htmx:
+        return render(request, "feedback/_message_text.html", {"text": message.content, "pos": position})
+    return HttpResponse(message.content, content_type="text/plain; charset=utf-8")
+
+
+@dashboard_view()
+def message_raw(request: HttpRequest, trace_id: int, position: int) -> HttpResponse:
+    """The message as stored (its submitted JSON), pretty-printed."""
+    message = _message(request, trace_id, position)
+    if request.htmx:
+        text = json.dumps(message.raw or message_as_openai(message), indent=2, ensure_ascii=False)
+        return render(request, "feedback/_message_text.html", {"text": text, "raw": True})
+    return with_csp(JsonResponse(message.raw or message_as_openai(message), json_dumps_params={"indent": 2}))

@@ -1,0 +1,125 @@
+"""Annotation queues: built from a filter, worked one locked item at a time."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import Group, Permission
+from django.utils import timezone
+
+from feedback.models import AnnotationQueue, QueueItem
+from feedback.selectors.queues import queue_progress
+from feedback.selectors.trace_list import traces_filtered
+from feedback.services.queues import QueueItemNotHeld, queue_create, queue_item_done, queue_item_skip, queue_next_item
+from feedback.services.roles import ROLE_PERMISSIONS
+from tests.factories import user_with_role
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def five(deployment, ingest):
+    return ingest(
+        deployment,
+        *[
+            {
+                "external_id": f"q{i}",
+                "environment": "web" if i % 2 else "phone",
+                "messages": [{"role": "user", "content": "hi"}],
+            }
+            for i in range(5)
+        ],
+    )
+
+
+def test_roles_are_groups_with_their_permissions(db):
+    for role in ROLE_PERMISSIONS:
+        assert Group.objects.filter(name=role).exists()
+    approver = user_with_role("approver", "amy")
+    assert approver.has_perm("training.approve_promotion")
+    assert not approver.has_perm("feedback.add_comment")
+    reviewer = user_with_role("reviewer", "rob")
+    assert reviewer.has_perm("feedback.work_annotationqueue") and not reviewer.has_perm("feedback.view_trace")
+    admin = user_with_role("admin", "ada")
+    assert admin.has_perm("feedback.delete_trace") and admin.has_perm("training.approve_promotion")
+    assert Permission.objects.filter(codename="approve_promotion", content_type__app_label="training").count() == 1
+
+
+def test_a_queue_is_a_snapshot_of_the_filtered_list(five, operator):
+    queue = queue_create(
+        name="phone calls",
+        traces=traces_filtered({"environment": "phone"}),
+        filters={"environment": ["phone"]},
+        created_by=operator,
+        limit=2,
+    )
+    items = list(queue.items.order_by("position").select_related("trace"))
+    assert queue.item_count == 2 and [i.trace.external_id for i in items] == ["q4", "q2"]
+
+
+def test_reviewers_get_different_items_locks_expire_and_skips_stick(five, operator, reviewer):
+    other = user_with_role("reviewer", "ravi")
+    queue = queue_create(name="all", traces=traces_filtered({}), filters={}, created_by=operator, lock_minutes=10)
+    now = timezone.now()
+    mine = queue_next_item(queue=queue, user=reviewer, now=now)
+    theirs = queue_next_item(queue=queue, user=other, now=now)
+    assert mine.pk != theirs.pk
+    # Asking again returns the item already held, not a new one.
+    assert queue_next_item(queue=queue, user=reviewer, now=now + timedelta(minutes=1)).pk == mine.pk
+    with pytest.raises(QueueItemNotHeld):
+        queue_item_done(item=mine, user=other, now=now)
+    # After the lock runs out, someone else may take it.
+    later = now + timedelta(minutes=30)
+    taken = queue_next_item(queue=queue, user=other, now=later)
+    assert taken.pk in (mine.pk, theirs.pk)
+    queue_item_done(item=taken, user=other, now=later)
+    skipped = queue_next_item(queue=queue, user=reviewer, now=later)
+    queue_item_skip(item=skipped, user=reviewer, now=later)
+    after_skip = queue_next_item(queue=queue, user=reviewer, now=later)
+    assert after_skip.pk != skipped.pk
+    queue_item_done(item=after_skip, user=reviewer, now=later)
+    # The skipped item is still there for someone else.
+    assert queue_next_item(queue=queue, user=operator, now=later).pk == skipped.pk
+
+    done, reviewers = queue_progress(queue)
+    assert done == 2
+    by_name = {r.username: r for r in reviewers}
+    assert (by_name["rita"].done, by_name["rita"].skipped) == (1, 1)
+    assert by_name["ravi"].done == 1
+    assert by_name["olga"].holding == 1
+
+
+def test_working_a_queue_through_the_pages(client, five, operator, reviewer):
+    client.force_login(operator)
+    response = client.post("/queues/new", {"name": "web chats", "limit": 10, "lock_minutes": 5, "environment": "web"})
+    queue = AnnotationQueue.objects.get()
+    assert (
+        response.url == f"/queues/{queue.pk}/" and queue.item_count == 2 and queue.filters == {"environment": ["web"]}
+    )
+
+    client.force_login(reviewer)
+    assert client.get("/queues/").status_code == 200
+    first = client.post(f"/queues/{queue.pk}/next")
+    item = QueueItem.objects.get(locked_by=reviewer)
+    assert first.url == f"/queues/{queue.pk}/items/{item.pk}/"
+    page = client.get(first.url)
+    assert page.status_code == 200 and 'id="queue-done"' in page.content.decode()
+    # The reviewer sees this trace only through the queue.
+    other_trace = QueueItem.objects.exclude(pk=item.pk).get().trace
+    assert client.get(f"/traces/{other_trace.id}/").status_code == 403
+    assert client.get(f"/traces/{item.trace_id}/").status_code == 200
+    # and may comment on it.
+    message = item.trace.messages.get(position=0)
+    assert client.post(f"/traces/{item.trace_id}/messages/0/comments", {"body": "rude"}).status_code == 302
+    assert message.comments.get().body == "rude"
+
+    second = client.post(f"/queues/{queue.pk}/items/{item.pk}/done")
+    nxt = QueueItem.objects.get(locked_by=reviewer)
+    assert second.url == f"/queues/{queue.pk}/items/{nxt.pk}/"
+    end = client.post(f"/queues/{queue.pk}/items/{nxt.pk}/skip")
+    assert end.url == f"/queues/{queue.pk}/"
+    detail = client.get(end.url).content.decode()
+    assert '<b id="queue-done-count">1</b> of 2 done' in detail and "rita" in detail
+    # A reviewer cannot build queues.
+    assert client.post("/queues/new", {"name": "x", "limit": 1, "lock_minutes": 5}).status_code == 403

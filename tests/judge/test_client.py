@@ -1,0 +1,119 @@
+"""The judge client over real HTTP: structured output, retries, failures, cost."""
+
+from __future__ import annotations
+
+import pytest
+
+from feedback.judge.client import JudgeCallFailed, JudgeEndpoint, JudgeNotConfigured, call_structured, portable_schema
+from feedback.judge.schemas import TURN_JUDGEMENT_SCHEMA, parse_turn_judgement
+from tests.fixtures.judge import Reply
+from tests.judge.conftest import VALID_JUDGEMENT
+
+MESSAGES = [{"role": "system", "content": "judge"}, {"role": "user", "content": "judge this"}]
+
+
+def call(endpoint):
+    return call_structured(
+        endpoint=endpoint,
+        messages=MESSAGES,
+        schema_name="turn_judgement",
+        schema=TURN_JUDGEMENT_SCHEMA,
+        parse=parse_turn_judgement,
+    )
+
+
+def test_valid_output_is_parsed_and_the_request_asks_for_the_schema(judge_server):
+    judge_server.script(Reply.json(VALID_JUDGEMENT, usage={"prompt_tokens": 1200, "completion_tokens": 300}))
+    result = call(judge_server.endpoint(price_input_per_mtok=2.5, price_output_per_mtok=10.0))
+
+    assert result.value.reward == pytest.approx(0.2)
+    assert result.value.rubric.criteria[0].weight == 3
+    assert result.value.corrected_response == "Let me check order A1 for you."
+    assert result.record.usage == {"prompt_tokens": 1200, "completion_tokens": 300}
+    assert result.record.cost == pytest.approx((1200 * 2.5 + 300 * 10.0) / 1e6)
+    assert len(result.record.attempts) == 1 and result.record.attempts[0].error == ""
+
+    (request,) = judge_server.requests
+    assert request["model"] == "test-judge"
+    assert request["temperature"] == 0.0
+    fmt = request["response_format"]
+    assert fmt["type"] == "json_schema"
+    assert fmt["json_schema"]["name"] == "turn_judgement"
+    assert fmt["json_schema"]["schema"] == TURN_JUDGEMENT_SCHEMA
+    assert judge_server.headers[0]["authorization"] == "Bearer test-key"
+
+
+def test_transient_http_errors_and_malformed_output_are_retried(judge_server):
+    judge_server.script(Reply.error(503), Reply.text('{"rubric": '), Reply.json(VALID_JUDGEMENT))
+    result = call(judge_server.endpoint(max_attempts=3))
+    assert result.value.reward == pytest.approx(0.2)
+    errors = [a.error for a in result.record.attempts]
+    assert errors[0].startswith("HTTP 503")
+    assert errors[1].startswith("output is not JSON")
+    assert errors[2] == ""
+    assert result.record.attempts[1].raw == '{"rubric": '
+
+
+def test_malformed_output_fails_visibly_after_the_last_attempt(judge_server):
+    bad_reward = {**VALID_JUDGEMENT, "reward": 1.7}
+    judge_server.script(Reply.text("Sure! The reward is 0.8."), Reply.json(bad_reward), Reply.text(""))
+    with pytest.raises(JudgeCallFailed) as info:
+        call(judge_server.endpoint(max_attempts=3))
+    failure = info.value
+    assert "after 3 attempts" in failure.reason
+    assert "empty output" in failure.reason
+    reasons = [a.error for a in failure.record.attempts]
+    assert reasons[0].startswith("output is not JSON")
+    assert reasons[1].startswith("output does not match the schema: reward")
+    assert failure.record.attempts[0].raw == "Sure! The reward is 0.8."
+    assert judge_server.pending == 0
+
+
+def test_cut_off_output_and_refusals_are_retried(judge_server):
+    judge_server.script(
+        Reply.json(VALID_JUDGEMENT, finish_reason="length"), Reply.refusal("I can't"), Reply.json(VALID_JUDGEMENT)
+    )
+    result = call(judge_server.endpoint())
+    assert [a.error.split(" ")[0] for a in result.record.attempts] == ["output", "the", ""]
+    assert "max_tokens" in result.record.attempts[0].error
+    assert "refused" in result.record.attempts[1].error
+
+
+def test_client_errors_are_not_retried(judge_server):
+    judge_server.script(Reply.error(401, '{"error": {"message": "bad key"}}'), Reply.json(VALID_JUDGEMENT))
+    with pytest.raises(JudgeCallFailed) as info:
+        call(judge_server.endpoint())
+    assert "HTTP 401" in info.value.reason and "bad key" in info.value.reason
+    assert len(info.value.record.attempts) == 1
+    assert judge_server.pending == 1
+
+
+def test_a_slow_judge_times_out_and_is_retried(judge_server):
+    judge_server.script(Reply.json(VALID_JUDGEMENT).after(1.5), Reply.json(VALID_JUDGEMENT))
+    result = call(judge_server.endpoint(timeout_s=0.5))
+    assert result.record.attempts[0].error == "timed out after 0.5 s"
+    assert result.record.attempts[1].error == ""
+
+
+def test_an_unreachable_judge_fails_with_the_reason():
+    endpoint = JudgeEndpoint(base_url="http://127.0.0.1:9/v1", model="m", max_attempts=2, backoff_s=0, timeout_s=2)
+    with pytest.raises(JudgeCallFailed) as info:
+        call(endpoint)
+    assert info.value.reason.startswith("connection failed")
+    assert len(info.value.record.attempts) == 2
+
+
+def test_portable_mode_sends_bounds_free_schema_but_still_checks_bounds(judge_server):
+    too_long = {**VALID_JUDGEMENT, "rationale": "x" * 900}
+    judge_server.script(Reply.json(too_long), Reply.json(VALID_JUDGEMENT))
+    result = call(judge_server.endpoint(schema_mode="portable"))
+    sent = judge_server.requests[0]["response_format"]["json_schema"]["schema"]
+    assert sent == portable_schema(TURN_JUDGEMENT_SCHEMA)
+    assert "maxLength" not in str(sent) and "maximum" not in str(sent)
+    assert "rationale" in result.record.attempts[0].error
+
+
+def test_missing_configuration_is_reported(settings):
+    settings.JUDGE_BASE_URL = ""
+    with pytest.raises(JudgeNotConfigured, match="PRACTICUM_JUDGE_BASE_URL"):
+        JudgeEndpoint.from_settings()
