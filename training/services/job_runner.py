@@ -114,8 +114,9 @@ def job_items(job: TrainingJob) -> tuple[list[TurnItem], list[TurnItem]]:
     return train, heldout
 
 
-def scorer_for(items: list[TurnItem]):
-    """Each item's grader when it has one; else the judge under the item's rubric."""
+def scorer_for(items: list[TurnItem], *, deployment=None):
+    """Each item's grader when it has one; else the judge under the item's rubric (the
+    deployment's own judge endpoint when it has one)."""
     from training.grpo.items import grader_scorer
 
     graded = grader_scorer()
@@ -126,20 +127,21 @@ def scorer_for(items: list[TurnItem]):
         if item.grader:
             return graded(item, candidates)
         if judge is None:
-            judge = _judge_scorer()
+            judge = _judge_scorer(deployment)
         return judge(item, candidates)
 
     return score
 
 
-def _judge_scorer():
-    try:
-        from feedback.judge.scoring import score_candidates
-    except ImportError as exc:
-        raise RuntimeError("items without a grader need the judge (feedback.judge), which is not installed") from exc
+def _judge_scorer(deployment):
+    from feedback.judge.scoring import score_candidates
+    from feedback.selectors.judge import judge_endpoint_for
+
+    endpoint = judge_endpoint_for(deployment=deployment)
 
     def score(item: TurnItem, candidates: list[str]) -> list[float]:
-        return [float(s) for s in score_candidates(item.messages, item.rubric, candidates, tools=item.tools or ())]
+        scores = score_candidates(item.messages, item.rubric, candidates, endpoint=endpoint, tools=item.tools or ())
+        return [float(s) for s in scores]
 
     return score
 
@@ -156,10 +158,15 @@ def _train(job: TrainingJob, worker: str):
         from training.grpo.grpo import grpo_train
 
         return grpo_train(
-            config=config, items=train, score=scorer_for(train), run_dir=run_dir, eval_items=heldout, hooks=hooks
+            config=config,
+            items=train,
+            score=scorer_for(train, deployment=job.deployment),
+            run_dir=run_dir,
+            eval_items=heldout,
+            hooks=hooks,
         )
     eval_items = [it for it in heldout if it.grader]  # compliance is measured by a grader
-    score = scorer_for(eval_items) if eval_items else None
+    score = scorer_for(eval_items, deployment=job.deployment) if eval_items else None
     if job.kind == JobKind.DISTILL:
         from training.grpo.distill import distill_train
 
