@@ -7,6 +7,7 @@ import json
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_POST
 
@@ -43,6 +44,8 @@ def job_list(request: HttpRequest) -> HttpResponse:
         "kinds": JobKind.choices,
         "errors": errors,
         "form": form,
+        "queues": _queues(),
+        "set_form": {"heldout_fraction": "0.2"},
     }
     return render(request, "training/job_list.html", context, status=400 if errors else 200)
 
@@ -129,3 +132,69 @@ def job_cancel(request: HttpRequest, job_id: int) -> HttpResponse:
         raise Http404("no such job")
     training_job_cancel(job=job, user=request.user)
     return redirect("training:job-detail", job_id=job.pk)
+
+
+@login_required
+@require_POST
+def training_set_build(request: HttpRequest) -> HttpResponse:
+    """Build a training set from the trace list's filters (its query string) or a queue."""
+    from django.http import QueryDict
+
+    from feedback.forms import TraceFilterForm
+    from training.services.feedback_sets import training_set_from_feedback
+    from training.services.training_sets import TrainingSetError
+
+    data = request.POST
+    errors: list[tuple[str, str]] = []
+    name = (data.get("name") or "").strip()
+    if not name or not name.replace("-", "").replace("_", "").isalnum():
+        errors.append(("name", "use letters, digits, - and _"))
+    try:
+        heldout = float(data.get("heldout_fraction") or 0.2)
+    except ValueError:
+        heldout = -1.0
+    if not 0 <= heldout < 1:
+        errors.append(("heldout_fraction", "must be a number in [0, 1)"))
+    queue = data.get("queue") or ""
+    query = (data.get("filters") or "").strip().lstrip("?")
+    if "?" in query:  # a whole trace-list URL was pasted
+        query = query.split("?", 1)[1]
+    filters = None
+    if not queue:
+        form = TraceFilterForm(QueryDict(query))
+        filters = form.filters()
+        errors += [(f"filters.{field}", "; ".join(msgs)) for field, msgs in form.errors.items()]
+    elif not queue.isdigit():
+        errors.append(("queue", "choose a queue"))
+    built = None
+    if not errors:
+        try:
+            built = training_set_from_feedback(
+                name=name,
+                filters=filters,
+                queue_id=int(queue) if queue else None,
+                heldout_fraction=heldout,
+                user=request.user,
+            )
+        except TrainingSetError as exc:
+            errors = exc.errors
+    if built is not None:
+        return redirect(f"{reverse('training:job-list')}?built={built.pk}")
+    context = {
+        "jobs": selectors.training_job_list(),
+        "versions": selectors.versions_to_train_from(),
+        "training_sets": selectors.training_sets(),
+        "kinds": JobKind.choices,
+        "errors": [],
+        "form": {"kind": "grpo", "config": "{}"},
+        "set_errors": errors,
+        "set_form": data.dict(),
+        "queues": _queues(),
+    }
+    return render(request, "training/job_list.html", context, status=400)
+
+
+def _queues():
+    from feedback.models import AnnotationQueue
+
+    return AnnotationQueue.objects.only("id", "name", "item_count")[:100]

@@ -78,3 +78,25 @@ def test_from_a_queue_and_nothing_to_build():
         training_set_from_feedback(name="nothing", queue_id=empty.pk)
     with pytest.raises(TrainingSetError):
         training_set_from_feedback(name="both", queue_id=queue.pk, filters={})
+
+
+def test_the_build_form_uses_the_trace_list_filters(client):
+    from django.contrib.auth import get_user_model
+    from django.urls import reverse
+
+    from training.models import TrainingSet
+
+    client.force_login(get_user_model().objects.create(username="op"))
+    trace, m = conversation()
+    Comment.objects.create(trace=trace, message=m[1], body="Look it up first.")
+    trace.has_comment = True  # kept by the review services; set by hand here
+    trace.save(update_fields=["has_comment"])
+    url = reverse("training:set-build")
+    bad = client.post(url, {"name": "x y", "filters": "comment=maybe", "heldout_fraction": "2"})
+    body = bad.content.decode()
+    assert bad.status_code == 400 and "heldout_fraction" in body and "filters.comment" in body and "name" in body
+    ok = client.post(url, {"name": "fixes", "filters": "/traces/?comment=yes", "heldout_fraction": "0.5"})
+    built = TrainingSet.objects.get(name="fixes")
+    assert ok.status_code == 302 and built.item_count == 1 and built.selection["filters"] == {"comment": "yes"}
+    page = client.get(reverse("training:job-list")).content.decode()
+    assert "fixes v1" in page
