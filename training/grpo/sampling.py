@@ -215,7 +215,9 @@ def decode(
             probs = torch.softmax(logits / temperature, dim=-1)
             if top_p < 1.0:
                 probs = _nucleus(probs, top_p)
-            chosen = torch.multinomial(probs, 1).squeeze(1)  # (B,)
+            # argmax(p / E), E ~ Exp(1), is an exact draw from p (the "exponential race",
+            # as vLLM samples); torch.multinomial took ~2 ms per call on (64, 1024) here.
+            chosen = (probs / torch.empty_like(probs).exponential_(1.0)).argmax(dim=-1)  # (B,)
         chosen = torch.where(finished, torch.full_like(chosen, pad_id), chosen)
         tokens.append(chosen)
         finished |= torch.isin(chosen, eos)
