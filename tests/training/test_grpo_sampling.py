@@ -112,3 +112,13 @@ def test_the_decode_loop_samples_from_the_softmax(tiny):
     observed = torch.bincount(first, minlength=expected.numel()).float() / len(first)
     top = expected.argsort(descending=True)[:10]
     assert (observed[top] - expected[top]).abs().max() < 0.03
+
+
+def test_inverse_cdf_draws_match_the_probabilities_and_never_pick_a_zero():
+    from training.grpo.sampling import _inverse_cdf
+
+    torch.manual_seed(0)
+    probs = torch.tensor([[0.7, 0.2, 0.0, 0.1]]).repeat(20000, 1)
+    counts = torch.bincount(_inverse_cdf(probs), minlength=4).float() / 20000
+    assert counts.tolist() == pytest.approx([0.7, 0.2, 0.0, 0.1], abs=0.015)
+    assert counts[2] == 0

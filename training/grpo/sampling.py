@@ -215,9 +215,7 @@ def decode(
             probs = torch.softmax(logits / temperature, dim=-1)
             if top_p < 1.0:
                 probs = _nucleus(probs, top_p)
-            # argmax(p / E), E ~ Exp(1), is an exact draw from p (the "exponential race",
-            # as vLLM samples); torch.multinomial took ~2 ms per call on (64, 1024) here.
-            chosen = (probs / torch.empty_like(probs).exponential_(1.0)).argmax(dim=-1)  # (B,)
+            chosen = _inverse_cdf(probs)
         chosen = torch.where(finished, torch.full_like(chosen, pad_id), chosen)
         tokens.append(chosen)
         finished |= torch.isin(chosen, eos)
@@ -235,6 +233,16 @@ def decode(
     if not tokens:
         return torch.empty((batch, 0), dtype=torch.long, device=device)
     return torch.stack(tokens, dim=1)
+
+
+def _inverse_cdf(probs: torch.Tensor) -> torch.Tensor:
+    """One exact draw per row of `probs` (B, V) → (B,): the first index whose cumulative
+    probability exceeds a uniform number. One random number per row, where
+    torch.multinomial draws one per vocabulary entry (~2 ms a token at B=64, V=1024 on
+    one CPU thread, a quarter of a small model's sampling time)."""
+    cdf = probs.cumsum(dim=-1)  # (B, V)
+    u = torch.rand((probs.shape[0], 1), device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp(max=probs.shape[-1] - 1)
 
 
 def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
