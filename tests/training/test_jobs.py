@@ -166,3 +166,24 @@ def test_import_tasks_command(tmp_path):
     from training.models import TrainingSet
 
     assert list(TrainingSet.objects.filter(name="cmd").values_list("version", "item_count")) == [(1, 12)]
+
+
+def test_a_job_can_continue_from_a_lora_candidate(base_version, task_set):
+    from training.services.job_runner import training_job_run
+
+    first = training_job_create(kind="grpo", config=FAST, base_version=base_version, training_set=task_set)
+    training_job_run(job_id=first.pk, worker="w1")
+    candidate = TrainingJob.objects.get(pk=first.pk).result_version
+    second = training_job_create(kind="grpo", config=FAST, base_version=candidate, training_set=task_set)
+    assert second.config["init_adapter"] == candidate.path and second.config["model_path"] == base_version.path
+    with pytest.raises(JobError):
+        training_job_create(
+            kind="grpo", config=FAST | {"adapter": "full"}, base_version=candidate, training_set=task_set
+        )
+    assert training_job_run(job_id=second.pk, worker="w1") == JobStatus.FINISHED
+    child = TrainingJob.objects.get(pk=second.pk).result_version
+    assert (
+        child.parent == candidate
+        and child.kind == ModelVersionKind.LORA
+        and child.base_model == base_version.base_model
+    )
