@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from django.contrib.auth.decorators import login_required
+from django.contrib.auth.decorators import login_required, permission_required
+from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -29,10 +30,13 @@ FORM_FIELDS = {
 
 
 @login_required
+@permission_required("training.view_trainingjob", raise_exception=True)
 def job_list(request: HttpRequest) -> HttpResponse:
     errors: list[tuple[str, str]] = []
     form = {"kind": "grpo", "config": "{}"}
     if request.method == "POST":
+        if not request.user.has_perm("training.add_trainingjob"):
+            raise PermissionDenied("starting training jobs needs the operator or admin role")
         form = request.POST.dict()
         job, errors = _create_from_form(request)
         if job is not None:
@@ -94,6 +98,7 @@ def _is_int(value) -> bool:
 
 
 @login_required
+@permission_required("training.view_trainingjob", raise_exception=True)
 def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     job = selectors.training_job_get(job_id=job_id)
     if job is None:
@@ -125,6 +130,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
 
 
 @login_required
+@permission_required("training.change_trainingjob", raise_exception=True)
 @require_POST
 def job_cancel(request: HttpRequest, job_id: int) -> HttpResponse:
     job = selectors.training_job_get(job_id=job_id)
@@ -135,6 +141,7 @@ def job_cancel(request: HttpRequest, job_id: int) -> HttpResponse:
 
 
 @login_required
+@permission_required("training.add_trainingset", raise_exception=True)
 @require_POST
 def training_set_build(request: HttpRequest) -> HttpResponse:
     """Build a training set from the trace list's filters (its query string) or a queue."""

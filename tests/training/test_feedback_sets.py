@@ -82,11 +82,14 @@ def test_from_a_queue_and_nothing_to_build():
 
 def test_the_build_form_uses_the_trace_list_filters(client):
     from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Group
     from django.urls import reverse
 
     from training.models import TrainingSet
 
-    client.force_login(get_user_model().objects.create(username="op"))
+    operator = get_user_model().objects.create(username="op")
+    operator.groups.add(Group.objects.get(name="operator"))
+    client.force_login(operator)
     trace, m = conversation()
     Comment.objects.create(trace=trace, message=m[1], body="Look it up first.")
     trace.has_comment = True  # kept by the review services; set by hand here

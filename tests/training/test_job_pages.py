@@ -22,9 +22,17 @@ pytestmark = pytest.mark.django_db
 XSS = '<script>alert("x")</script>'
 
 
+def with_role(username: str, role: str):
+    from django.contrib.auth.models import Group
+
+    user = UserFactory(username=username)
+    user.groups.add(Group.objects.get(name=role))
+    return user
+
+
 @pytest.fixture
 def client_in(client):
-    client.force_login(UserFactory(username="operator"))
+    client.force_login(with_role("operator", "operator"))
     return client
 
 
@@ -135,3 +143,22 @@ def test_line_chart_draws_points_and_escapes_its_title():
     assert XSS not in svg and "&lt;script&gt;" in svg
     assert svg.count("<polyline") == 1 and "<polygon" in svg
     assert "no data yet" in line_chart([], title="empty")
+
+
+def test_roles_decide_who_sees_starts_and_cancels_jobs(client, running_job, version, training_set):
+    detail = reverse("training:job-detail", args=[running_job.pk])
+    form = {"kind": "grpo", "base_version": version.pk, "training_set": training_set.pk, "config": "{}"}
+    client.force_login(with_role("rita", "reviewer"))
+    assert client.get(detail).status_code == 403
+    assert client.get(reverse("training:job-list")).status_code == 403
+    assert client.post(reverse("training:job-cancel", args=[running_job.pk])).status_code == 403
+    assert client.post(reverse("training:set-build"), {"name": "x", "filters": ""}).status_code == 403
+
+    client.force_login(with_role("ann", "approver"))
+    page = client.get(detail).content.decode()
+    assert "step 4 / 10" in page and "Cancel" not in page
+    assert "Start a job" not in client.get(reverse("training:job-list")).content.decode()
+    assert client.post(reverse("training:job-list"), form).status_code == 403
+    assert client.post(reverse("training:job-cancel", args=[running_job.pk])).status_code == 403
+    running_job.refresh_from_db()
+    assert running_job.status == JobStatus.RUNNING and TrainingJob.objects.count() == 1
