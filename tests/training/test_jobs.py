@@ -187,3 +187,49 @@ def test_a_job_can_continue_from_a_lora_candidate(base_version, task_set):
         and child.kind == ModelVersionKind.LORA
         and child.base_model == base_version.base_model
     )
+
+
+def test_grpo_on_turns_needs_something_to_score_against(base_version):
+    from training.services.training_sets import training_set_create
+
+    turns = training_set_create(
+        name="turns",
+        items=[{"key": "turn:1:a:1", "messages": [{"role": "user", "content": "hi"}], "feedback": ""}],
+        heldout_fraction=0.0,
+    )
+    with pytest.raises(JobError) as err:
+        training_job_create(kind="grpo", config=FAST, base_version=base_version, training_set=turns)
+    assert "rubric" in err.value.errors[0][1]
+
+
+def test_grpo_on_logged_turns_scores_each_group_with_the_judge(base_version, judge_settings):
+    from tests.fixtures.judge import presented_responses, user_prompt
+    from training.services.job_runner import training_job_run
+    from training.services.training_sets import training_set_create
+
+    def judge(request):
+        shown = presented_responses(request)
+        return {"scores": [{"response": i, "reason": "r", "score": float("e" in t)} for i, t in enumerate(shown, 1)]}
+
+    judge_settings.respond_with(judge)
+    rubric = {"criteria": [{"criterion": "Apologises for the delay", "weight": 1}]}
+    turns = training_set_create(
+        name="turns",
+        items=[
+            {
+                "key": f"turn:1:t{i}:1",
+                "messages": [{"role": "user", "content": f"Order A{i} is late!"}],
+                "rubric": rubric,
+            }
+            for i in range(4)
+        ],
+        heldout_fraction=0.0,
+    )
+    job = training_job_create(
+        kind="grpo", config=FAST | {"steps": 2, "eval_every": 0}, base_version=base_version, training_set=turns
+    )
+    assert training_job_run(job_id=job.pk, worker="w1") == JobStatus.FINISHED
+    assert len(judge_settings.requests) >= 2  # at least one call per group
+    assert "Apologises for the delay" in user_prompt(judge_settings.requests[0])
+    rewards = [e.data["reward_mean"] for e in TrainingJob.objects.get(pk=job.pk).events.filter(kind="step")]
+    assert len(rewards) == 2 and all(0.0 <= r <= 1.0 for r in rewards)

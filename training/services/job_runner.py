@@ -103,7 +103,8 @@ def job_items(job: TrainingJob) -> tuple[list[TurnItem], list[TurnItem]]:
             id=row.key,
             messages=row.messages,
             tools=row.tools or None,
-            rubric=row.rubric if row.rubric is not None else "",
+            # Without a judge rubric the critique itself is what the judge scores against.
+            rubric=row.rubric if row.rubric is not None else row.feedback,
             reference=row.reference or None,
             grader=row.grader,
             feedback=row.feedback,

@@ -93,6 +93,9 @@ def _check_items(kind: str, training_set: TrainingSet) -> None:
         ungraded = items.filter(kind=TrainingItemKind.TASK, grader="")
         if ungraded.exists():
             raise JobError([("training_set", "has tasks without a grader")])
+        unscorable = items.filter(kind=TrainingItemKind.TURN, rubric__isnull=True, feedback="")
+        if unscorable.exists():
+            raise JobError([("training_set", "has turns with neither a judge rubric nor feedback to score against")])
 
 
 def _enqueue(job: TrainingJob) -> None:
