@@ -19,7 +19,11 @@ cleanup() {
 }
 trap cleanup INT TERM EXIT
 
-.venv/bin/celery -A webapp worker -Q default,training,deploy --concurrency 1 --loglevel WARNING &
+.venv/bin/celery -A webapp worker -Q default,deploy --concurrency 1 --loglevel WARNING \
+  -B --schedule "${PRACTICUM_DATA_DIR:-var}/celerybeat-schedule" &
+pids+=($!)
+# Training gets its own worker (one job at a time), so judge calls are not stuck behind it.
+.venv/bin/celery -A webapp worker -Q training --concurrency 1 --hostname training@%h --loglevel WARNING &
 pids+=($!)
 .venv/bin/uvicorn webapp.asgi:application --host "$HOST" --port "$PORT" --log-level warning &
 pids+=($!)

@@ -59,3 +59,9 @@ def pytest_report_header(config) -> list[str]:
     for marker, reason in _service_skips().items():
         lines.append(f"practicum: {marker}: {'available' if reason is None else 'SKIPPED — ' + reason}")
     return lines
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _fast_password_hashing(django_test_environment) -> None:
+    # The default PBKDF2 hasher spends ~0.3 s per user created or logged in; tests make many.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

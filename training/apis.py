@@ -19,7 +19,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from feedback.models import Deployment
-from training.models import ModelVersion
+from training.models import ModelVersion, TrainingSet
 from training.models_promotion import Evaluation, PromotionRequest
 from training.selectors_promotion import (
     audit_as_dict,
@@ -87,6 +87,9 @@ class EvaluationCreateApi(PersonApi):
     class InputSerializer(serializers.Serializer):
         candidate = serializers.SlugRelatedField(slug_field="name", queryset=_versions)
         deployment = serializers.SlugRelatedField(slug_field="name", queryset=Deployment.objects.all())
+        training_set = serializers.PrimaryKeyRelatedField(
+            queryset=TrainingSet.objects.all(), required=False, help_text="evaluate on its held-out items"
+        )
         trace_ids = serializers.ListField(child=serializers.IntegerField(min_value=1), required=False, max_length=500)
         items = serializers.ListField(child=serializers.JSONField(), required=False, max_length=500)
         generator = serializers.ChoiceField(choices=GENERATORS, required=False)
@@ -102,6 +105,7 @@ class EvaluationCreateApi(PersonApi):
             candidate=v["candidate"],
             deployment=v["deployment"],
             created_by=request.user,
+            training_set=v.get("training_set"),
             trace_ids=v.get("trace_ids", []),
             items=v.get("items", []),
             generator=v.get("generator"),

@@ -111,6 +111,199 @@ class LiveVersionChange(models.Model):
         return f"{self.deployment_id}: {self.from_version_id} → {self.to_version_id}"
 
 
+# --- training sets and jobs ----------------------------------------------------------------
+
+
+class TrainingSet(models.Model):
+    """A versioned set of items to train on, built from traces and their feedback (or
+    replayable tasks). Rebuilding with the same name makes the next version; every item
+    keeps the ids it came from."""
+
+    name = models.SlugField(max_length=100)
+    version = models.PositiveIntegerField(default=1)
+    deployment = models.ForeignKey(
+        "feedback.Deployment", null=True, blank=True, on_delete=models.SET_NULL, related_name="training_sets"
+    )
+    description = models.TextField(blank=True)
+    # How the set was selected (the dashboard's filters or a saved queue), to rebuild it.
+    selection = models.JSONField(default=dict, blank=True)
+    heldout_fraction = models.FloatField(default=0.2)
+    item_count = models.PositiveIntegerField(default=0)
+    train_count = models.PositiveIntegerField(default=0)
+    heldout_count = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["name", "version"], name="trainingset_name_version_unique"),
+            models.CheckConstraint(
+                condition=models.Q(heldout_fraction__gte=0, heldout_fraction__lt=1), name="trainingset_heldout_range"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} v{self.version}"
+
+
+class TrainingItemKind(models.TextChoices):
+    TURN = "turn", "Logged turn"
+    TASK = "task", "Replayable task"
+
+
+class TrainingSplit(models.TextChoices):
+    TRAIN = "train", "Train"
+    HELDOUT = "heldout", "Held out"
+
+
+class CorrectionSource(models.TextChoices):
+    NONE = "", "None"
+    HUMAN = "human", "Operator"
+    JUDGE = "judge", "Judge"
+    CUSTOMER = "customer", "Customer"
+
+
+class TrainingItem(models.Model):
+    """One assistant turn in its logged context (kind "turn"), or a replayable task with a
+    programmatic grader (kind "task"). `key` is stable across rebuilds (it names the
+    turn, not the row), and the split is a hash of it, so an item never moves between
+    train and held-out when the set is rebuilt."""
+
+    training_set = models.ForeignKey(TrainingSet, on_delete=models.CASCADE, related_name="items")
+    kind = models.CharField(max_length=10, choices=TrainingItemKind.choices, default=TrainingItemKind.TURN)
+    key = models.CharField(max_length=300)
+    split = models.CharField(max_length=10, choices=TrainingSplit.choices, default=TrainingSplit.TRAIN)
+    messages = models.JSONField(help_text="the context up to the turn, in the OpenAI chat format")
+    tools = models.JSONField(null=True, blank=True)
+    rubric = models.JSONField(null=True, blank=True, help_text="the judge's rubric for this turn")
+    feedback = models.TextField(blank=True, default="", help_text="the critique, used as a self-distillation hint")
+    logged_response = models.JSONField(null=True, blank=True, help_text="the assistant message as served")
+    reward = models.FloatField(null=True, blank=True, help_text="the logged response's reward under the rubric")
+    corrected_response = models.TextField(blank=True, default="")
+    correction_source = models.CharField(
+        max_length=10, choices=CorrectionSource.choices, blank=True, default=CorrectionSource.NONE
+    )
+    reference = models.TextField(blank=True, default="", help_text="tasks: the reference answer")
+    grader = models.CharField(max_length=50, blank=True, default="", help_text="tasks: a grader name")
+    trace = models.ForeignKey(
+        "feedback.Trace", null=True, blank=True, on_delete=models.SET_NULL, related_name="training_items"
+    )
+    message = models.ForeignKey(
+        "feedback.Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="training_items"
+    )
+    # Ids of what the item was built from: comments, ratings, corrections, judge results…
+    provenance = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["training_set_id", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["training_set", "key"], name="trainingitem_key_unique"),
+        ]
+        indexes = [models.Index(fields=["training_set", "split"], name="trainingitem_set_split_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.training_set_id}:{self.key}"
+
+
+class JobKind(models.TextChoices):
+    GRPO = "grpo", "GRPO"
+    DISTILL = "distill", "Self-distillation (feedback hint)"
+    SFT = "sft", "SFT on corrections"
+
+
+class JobStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    CANCELLING = "cancelling", "Cancelling"
+    CANCELLED = "cancelled", "Cancelled"
+    STOPPED = "stopped", "Stopped by a monitor"
+    FINISHED = "finished", "Finished"
+    FAILED = "failed", "Failed"
+
+
+ACTIVE_JOB_STATUSES = (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.CANCELLING)
+
+
+class TrainingJob(models.Model):
+    """A training run on the `training` queue. The row is the source of truth: status,
+    config, heartbeat, progress, latest metrics and the last checkpoint."""
+
+    kind = models.CharField(max_length=10, choices=JobKind.choices)
+    status = models.CharField(max_length=12, choices=JobStatus.choices, default=JobStatus.QUEUED)
+    config = models.JSONField(help_text="the job's typed config (training.grpo.config), as JSON")
+    training_set = models.ForeignKey(TrainingSet, null=True, blank=True, on_delete=models.PROTECT, related_name="jobs")
+    base_version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="training_jobs")
+    result_version = models.OneToOneField(
+        ModelVersion, null=True, blank=True, on_delete=models.SET_NULL, related_name="produced_by_job"
+    )
+    deployment = models.ForeignKey(
+        "feedback.Deployment", null=True, blank=True, on_delete=models.SET_NULL, related_name="training_jobs"
+    )
+    step = models.PositiveIntegerField(default=0)
+    total_steps = models.PositiveIntegerField(default=0)
+    metrics = models.JSONField(default=dict, blank=True, help_text="the latest step's metrics")
+    eval_metrics = models.JSONField(default=dict, blank=True, help_text="the first and latest evaluation")
+    flagged = models.BooleanField(default=False, help_text="a reward-hacking monitor fired")
+    breaches = models.JSONField(default=list, blank=True)
+    cancel_requested = models.BooleanField(default=False)
+    checkpoint_path = models.CharField(max_length=500, blank=True, default="")
+    checkpoint_step = models.PositiveIntegerField(default=0)
+    attempts = models.PositiveIntegerField(default=0, help_text="times a worker started or resumed it")
+    worker = models.CharField(max_length=200, blank=True, default="")
+    error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    started_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["status", "heartbeat_at"], name="trainingjob_status_hb_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.get_kind_display()} job {self.pk} ({self.status})"
+
+    @property
+    def is_active(self) -> bool:
+        return self.status in ACTIVE_JOB_STATUSES
+
+    @property
+    def progress(self) -> float:
+        return self.step / self.total_steps if self.total_steps else 0.0
+
+
+class JobEventKind(models.TextChoices):
+    STEP = "step", "Step metrics"
+    EVAL = "eval", "Evaluation"
+    SAMPLE = "sample", "Sample rollouts"
+    LOG = "log", "Log line"
+    BREACH = "breach", "Monitor breach"
+
+
+class TrainingJobEvent(models.Model):
+    """What a job reports as it runs: one row per step's metrics, evaluation, batch of
+    sample rollouts, log line or monitor breach. The job page's charts read the steps."""
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="events")
+    kind = models.CharField(max_length=10, choices=JobEventKind.choices)
+    step = models.PositiveIntegerField(default=0)
+    data = models.JSONField(default=dict)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["job_id", "id"]
+        indexes = [models.Index(fields=["job", "kind", "step"], name="jobevent_job_kind_step_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} {self.kind}@{self.step}"
+
+
 # Evaluation, promotion, release and the audit log live in their own module.
 from training.models_promotion import (  # noqa: E402, F401
     AuditEvent,

@@ -37,6 +37,14 @@ class Evaluation(models.Model):
     deployment = models.ForeignKey("feedback.Deployment", on_delete=models.PROTECT, related_name="evaluations")
     candidate = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="evaluations")
     baseline = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="+")
+    training_set = models.ForeignKey(
+        "training.TrainingSet",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="evaluations",
+        help_text="whose held-out items were evaluated, if any",
+    )
     status = models.CharField(max_length=12, choices=EvaluationStatus.choices, default=EvaluationStatus.QUEUED)
     config = models.JSONField(default=dict, blank=True, help_text="generation and scoring settings, as run")
     sources = models.JSONField(default=dict, blank=True, help_text="where the items came from")

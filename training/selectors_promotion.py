@@ -152,6 +152,7 @@ def evaluation_as_dict(e: Evaluation, *, items: list[EvaluationItem] | None = No
         "status": e.status,
         "progress": {"done": e.done, "total": e.total},
         "config": e.config,
+        "training_set": e.training_set_id,
         "sources": e.sources,
         "summary": e.summary,
         "error": e.error or None,

@@ -16,7 +16,7 @@ from django.views.decorators.http import require_POST
 
 from feedback.models import Deployment
 from feedback.views.common import dashboard_view
-from training.models import ModelVersion
+from training.models import ModelVersion, TrainingSet
 from training.models_promotion import (
     AuditAction,
     Evaluation,
@@ -68,8 +68,12 @@ def _refused(request: HttpRequest, exc: Exception) -> None:
 class EvaluateForm(forms.Form):
     candidate = forms.ModelChoiceField(queryset=ModelVersion.objects.exclude(kind="base"), to_field_name="name")
     deployment = forms.ModelChoiceField(queryset=Deployment.objects.all(), to_field_name="name")
+    training_set = forms.ModelChoiceField(
+        queryset=TrainingSet.objects.all(), required=False, label="Held-out items of", empty_label="(none)"
+    )
     trace_ids = forms.CharField(
-        label="Traces",
+        label="and/or traces",
+        required=False,
         help_text="ids of hand-picked traces, separated by commas or spaces",
         widget=forms.TextInput(attrs={"placeholder": "e.g. 12, 40, 41"}),
     )
@@ -81,8 +85,8 @@ class EvaluateForm(forms.Form):
             ids = [int(x) for x in raw]
         except ValueError:
             raise forms.ValidationError("whole numbers only") from None
-        if not ids or len(ids) > 500:
-            raise forms.ValidationError("between 1 and 500 trace ids")
+        if len(ids) > 500:
+            raise forms.ValidationError("at most 500 trace ids")
         return ids
 
 
@@ -127,6 +131,7 @@ def evaluation_create_view(request: HttpRequest) -> HttpResponse:
         evaluation = evaluation_create(
             candidate=data["candidate"],
             deployment=data["deployment"],
+            training_set=data["training_set"],
             trace_ids=data["trace_ids"],
             max_tokens=data["max_tokens"],
             created_by=request.user,

@@ -25,3 +25,11 @@ app.conf.update(
     worker_hijack_root_logger=False,
 )
 app.autodiscover_tasks()
+
+# Periodic work (run by `celery beat`, or a worker started with -B as `make demo` does).
+app.conf.beat_schedule = {
+    "training-stale-jobs": {
+        "task": "training.check_stale_jobs",
+        "schedule": float(os.environ.get("PRACTICUM_TRAINING_STALE_CHECK_SECONDS", 60)),
+    },
+}

@@ -247,6 +247,15 @@ GATEWAY_LIVE_LISTEN = env_bool("PRACTICUM_GATEWAY_LIVE_LISTEN", True)
 GATEWAY_LOG_QUEUE_SIZE = int(os.environ.get("PRACTICUM_GATEWAY_LOG_QUEUE_SIZE", 20000))
 GATEWAY_LOG_BATCH_SIZE = int(os.environ.get("PRACTICUM_GATEWAY_LOG_BATCH_SIZE", 500))
 
+# Training jobs: run folders, and how a worker's liveness is judged. A running job whose
+# heartbeat is older than TRAINING_STALE_AFTER_SECONDS is resumed from its checkpoint
+# (at most TRAINING_MAX_ATTEMPTS starts in all) or marked failed.
+TRAINING_DIR = Path(os.environ.get("PRACTICUM_TRAINING_DIR", DATA_DIR / "training")).resolve()
+TRAINING_HEARTBEAT_SECONDS = float(os.environ.get("PRACTICUM_TRAINING_HEARTBEAT_SECONDS", 10))
+TRAINING_STALE_AFTER_SECONDS = float(os.environ.get("PRACTICUM_TRAINING_STALE_AFTER_SECONDS", 300))
+TRAINING_MAX_ATTEMPTS = int(os.environ.get("PRACTICUM_TRAINING_MAX_ATTEMPTS", 3))
+TRAINING_STALE_CHECK_SECONDS = float(os.environ.get("PRACTICUM_TRAINING_STALE_CHECK_SECONDS", 60))
+
 # Evaluation, promotion and release. Evaluations generate through the inference server
 # ("server"), in the worker with transformers ("local"), or "auto": the server when it
 # answers, else local. Releases load a version, send one smoke request, then flip.

@@ -15,5 +15,6 @@ urlpatterns = [
     path("api/v1/", include("feedback.api_urls")),
     path("api/v1/", include("training.api_urls")),
     path("", include("feedback.urls")),
+    path("", include("training.urls")),
     path("", include("training.urls_promotion")),
 ]

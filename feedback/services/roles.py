@@ -1,8 +1,10 @@
 """Roles are Django groups; what each may do is the permissions listed here.
 
-- operator: browse traces, comment, rate, correct, build and work annotation queues.
+- operator: browse traces, comment, rate, correct, build and work annotation queues; build
+  training sets, start and cancel training jobs.
 - reviewer: work annotation queues only (sees a trace while holding or having done its item).
-- approver: approves model promotions (`training.approve_promotion`) and reads traces.
+- approver: approves model promotions (`training.approve_promotion`), reads traces and
+  training jobs.
 - admin: every permission of the project's apps and user management.
 
 `roles_sync` creates the groups and adds missing permissions; it runs in a data migration
@@ -43,9 +45,20 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         # Spending judge calls: backfill batches, re-judging a turn, failure-mode runs.
         "feedback.add_judgejob",
         "feedback.add_failuremoderun",
+        # Turning feedback into weights: build training sets, start and cancel jobs.
+        "training.view_trainingset",
+        "training.add_trainingset",
+        "training.view_trainingjob",
+        "training.add_trainingjob",
+        "training.change_trainingjob",
     ],
     REVIEWER: [*_ANNOTATE, "feedback.view_annotationqueue", "feedback.work_annotationqueue"],
-    APPROVER: ["training.approve_promotion", "feedback.view_trace", "training.view_modelversion"],
+    APPROVER: [
+        "training.approve_promotion",
+        "feedback.view_trace",
+        "training.view_modelversion",
+        "training.view_trainingjob",
+    ],
     # Admins get every permission of these apps (see roles_sync) and user management.
     ADMIN: ["auth.view_user", "auth.add_user", "auth.change_user", "auth.view_group", "auth.change_group"],
 }
@@ -60,8 +73,11 @@ _PROMOTION_READ = [
     "training.view_release",
     "training.view_auditevent",
 ]
-ROLE_PERMISSIONS[OPERATOR] += [*_PROMOTION_READ, "training.add_evaluation", "training.add_promotionrequest"]
-ROLE_PERMISSIONS[APPROVER] += [p for p in _PROMOTION_READ if p not in ROLE_PERMISSIONS[APPROVER]]
+for _role, _extra in (
+    (OPERATOR, [*_PROMOTION_READ, "training.add_evaluation", "training.add_promotionrequest"]),
+    (APPROVER, _PROMOTION_READ),
+):
+    ROLE_PERMISSIONS[_role] += [p for p in _extra if p not in ROLE_PERMISSIONS[_role]]
 
 
 def roles_sync(*, apps=global_apps) -> None:

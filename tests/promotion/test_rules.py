@@ -235,3 +235,66 @@ def test_an_adapter_with_non_finite_weights_is_refused_before_it_reaches_the_ser
     assert "smol-diverged was not loaded: adapter_model.safetensors: 1 tensors hold NaN" in release.error
     assert "lora_B" in release.error
     assert LiveVersion.objects.get(deployment=registry.deployment).version == registry.base_version
+
+
+def test_a_monitor_breach_of_the_training_job_needs_a_reason_to_override(registry, operator, approver):
+    from training.models import TrainingJob
+
+    breach = {"monitor": "length", "value": 2.1, "limit": 1.15, "message": "mean length 2.1x the starting model's"}
+    TrainingJob.objects.create(
+        kind="grpo",
+        status="finished",
+        config={},
+        base_version=registry.base_version,
+        result_version=registry.candidate,
+        flagged=True,
+        breaches=[breach],
+    )
+    evaluation = evaluation_row(registry.candidate, registry.deployment, registry.base_version)
+    with pytest.raises(PromotionRefused, match=r"breached a monitor \(mean length 2\.1x") as refused:
+        request(registry, operator, evaluation)
+    assert refused.value.field == "breach_override_reason"
+
+    promotion = request(registry, operator, evaluation, breach_override_reason="longer answers carry tracking links")
+    assert promotion.snapshot["monitors"]["breaches"] == [breach]
+    checks = {c.code: c for c in promotion_approve_check(promotion=promotion, user=approver)}
+    assert checks["monitors"].ok and "longer answers carry tracking links" in checks["monitors"].detail
+    promotion_approve(promotion=promotion, user=approver)
+    requested = AuditEvent.objects.get(action=AuditAction.PROMOTION_REQUESTED)
+    assert requested.data == {"breach_override_reason": "longer answers carry tracking links"}
+
+
+def test_an_evaluation_takes_the_held_out_items_of_a_training_set(registry, operator):
+    from training.models import TrainingItem
+    from training.services.evaluation import evaluation_create
+    from training.services.training_sets import training_set_create
+
+    items = [
+        {"key": f"turn-{i}", "messages": [{"role": "user", "content": f"question {i}"}], "rubric": {"criteria": [
+            {"criterion": "answers the question", "weight": 2}]}}
+        for i in range(12)
+    ] + [
+        {"key": f"task-{i}", "kind": "task", "messages": [{"role": "user", "content": f"2+{i}?"}], "grader": "number",
+         "reference": str(2 + i)}
+        for i in range(12)
+    ]  # fmt: skip
+    training_set = training_set_create(
+        name="refunds", items=items, deployment=registry.deployment, heldout_fraction=0.3
+    )
+    heldout = list(TrainingItem.objects.filter(training_set=training_set, split="heldout").order_by("id"))
+    assert 0 < len(heldout) < len(items)
+
+    evaluation = evaluation_create(
+        candidate=registry.candidate, deployment=registry.deployment, training_set=training_set, created_by=operator
+    )
+    stored = list(evaluation.items.order_by("position"))
+    assert [i.key for i in stored] == [h.key for h in heldout]
+    assert evaluation.training_set == training_set and evaluation.total == len(heldout)
+    for item, source in zip(stored, heldout, strict=True):
+        assert (item.kind, item.grader, item.reference, item.rubric) == (
+            source.kind,
+            source.grader,
+            source.reference,
+            source.rubric,
+        )
+        assert item.source["training_item"] == source.pk

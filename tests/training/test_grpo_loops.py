@@ -158,3 +158,19 @@ def test_config_round_trips_through_json_and_rejects_bad_fields(tiny_model_dir):
     with pytest.raises(ConfigError) as err:
         config_from_dict({"kind": "grpo", "steps": "ten"})
     assert err.value.errors == [("steps", "must be int")]
+
+
+def test_a_monitor_that_keeps_firing_is_reported_once(tiny_model_dir, tmp_path):
+    config = small(GRPOConfig, tiny_model_dir, steps=3, group_size=2, max_new_tokens=2, log_kl=False)
+    config.monitors.max_truncated_share = 0.0
+    flagged: list = []
+    result = grpo_train(
+        config=config,
+        items=ITEMS,
+        score=parity_score,
+        run_dir=tmp_path,
+        hooks=Hooks(on_breach=lambda s, b: flagged.extend(b)),
+        export=False,
+    )
+    assert result.status == "finished" and result.step == 3
+    assert [b["monitor"] for b in flagged] == ["truncated"] and flagged[0]["step"] == 1

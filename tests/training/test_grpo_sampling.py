@@ -73,3 +73,52 @@ def test_chat_tokens_mask_every_assistant_span(tiny):
     assert tokenizer.decode(ids) == whole
     trained = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m])
     assert trained.replace("\n", "") == "shipped<|im_end|>yes<|im_end|>"
+
+
+def test_the_decode_loop_matches_generate_greedily_and_with_padding(tiny):
+    model, tokenizer = tiny
+    prompts = [encode_prompt(tokenizer, [{"role": "user", "content": q}]) for q in ("hi", "where is my order A1?")]
+    ours = sample(model, tokenizer, prompts, num_samples=1, max_new_tokens=8, temperature=0)
+    theirs = sample(model, tokenizer, prompts, num_samples=1, max_new_tokens=8, temperature=0, engine="generate")
+    width = min(ours.response_ids.shape[1], theirs.response_ids.shape[1])
+    mask = ours.response_mask[:, :width].bool()
+    assert torch.equal(ours.response_ids[:, :width][mask], theirs.response_ids[:, :width][mask])
+    assert ours.texts == theirs.texts
+
+
+def test_nucleus_keeps_the_top_mass():
+    from training.grpo.sampling import _nucleus
+
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    kept = _nucleus(probs, 0.75)  # 0.5 + 0.3 reach 0.75: the rest is dropped
+    assert kept.tolist()[0] == pytest.approx([0.5 / 0.8, 0.3 / 0.8, 0.0, 0.0])
+
+
+def test_the_decode_loop_samples_from_the_softmax(tiny):
+    """Frequencies of the first sampled token match softmax(logits / T) on the top tokens."""
+    from training.grpo.sampling import decode, position_ids
+
+    model, tokenizer = tiny
+    prompt = encode_prompt(tokenizer, [{"role": "user", "content": "hello"}])
+    ids = torch.tensor([prompt] * 4000)
+    attn = torch.ones_like(ids)
+    with torch.no_grad():
+        logits = model(input_ids=ids[:1], attention_mask=attn[:1], position_ids=position_ids(attn[:1])).logits[0, -1]
+    # At T = 0.2 the random model's flat distribution has a clear top token.
+    expected = torch.softmax(logits / 0.2, dim=-1)
+    assert 0.1 < expected.max() < 0.5  # a 1.3x wrong temperature would move it by ~0.1
+    torch.manual_seed(3)
+    first = decode(model, ids, attn, max_new_tokens=1, temperature=0.2, top_p=1.0, eos_ids=[-1], pad_id=0)[:, 0]
+    observed = torch.bincount(first, minlength=expected.numel()).float() / len(first)
+    top = expected.argsort(descending=True)[:10]
+    assert (observed[top] - expected[top]).abs().max() < 0.03
+
+
+def test_inverse_cdf_draws_match_the_probabilities_and_never_pick_a_zero():
+    from training.grpo.sampling import _inverse_cdf
+
+    torch.manual_seed(0)
+    probs = torch.tensor([[0.7, 0.2, 0.0, 0.1]]).repeat(20000, 1)
+    counts = torch.bincount(_inverse_cdf(probs), minlength=4).float() / 20000
+    assert counts.tolist() == pytest.approx([0.7, 0.2, 0.0, 0.1], abs=0.015)
+    assert counts[2] == 0

@@ -57,6 +57,9 @@ class TrainConfig:
     dtype: Literal["float32", "bfloat16"] = "float32"
     torch_threads: int = 1
     monitors: MonitorConfig = field(default_factory=MonitorConfig)
+    # Canary prompts, scored at each evaluation; a drop below their start flags the job.
+    # Each: {"prompt": str (or "messages": [...]), "reference": str, "grader": name}.
+    canaries: list = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -111,6 +114,16 @@ class TrainConfig:
             errors.append(("top_p", "must be in (0, 1]"))
         if self.trainable_layers is not None and self.trainable_layers < 1:
             errors.append(("trainable_layers", "must be ≥ 1 or null"))
+        if not isinstance(self.canaries, list):
+            errors.append(("canaries", "must be a list"))
+        else:
+            from training.grpo.graders import GRADERS
+
+            for i, canary in enumerate(self.canaries):
+                if not isinstance(canary, dict) or not (canary.get("prompt") or canary.get("messages")):
+                    errors.append((f"canaries[{i}]", "needs a prompt (or messages)"))
+                elif canary.get("grader") not in GRADERS:
+                    errors.append((f"canaries[{i}].grader", f"must be one of {', '.join(GRADERS)}"))
         for name in ("eval_every", "checkpoint_every", "samples_every", "keep_checkpoints"):
             if getattr(self, name) < 0:
                 errors.append((name, "must be ≥ 0"))

@@ -112,7 +112,7 @@ def distill_train(
         metrics = {
             "step": step,
             "loss": loss_value,
-            "kl": loss_value,  # the distillation loss is the KL to the teacher
+            "teacher_kl": loss_value,  # the loss is the KL to the hinted teacher, not to the start
             "grad_norm": grad_norm,
             "generated_tokens": int(rollout.lengths.sum()),
             "step_seconds": time.perf_counter() - started,
@@ -243,9 +243,13 @@ def _eval(state, step, policy, eval_items, score, config, prompts, hooks) -> Non
 def _monitor(state, step, config, hooks) -> bool:
     """Run the monitors; True when the job must stop."""
     breaches = monitors.check(config.monitors, history=state["history"], start_length=state["start_length"])
+    active = set(state.get("active_breaches", []))
+    state["active_breaches"] = sorted(b.monitor for b in breaches)
     if not breaches:
         return False
-    new = [b.to_dict() | {"step": step} for b in breaches]
-    state["breaches"] += new
-    hooks.emit("on_breach", step, new)
+    # Report a monitor when it starts firing, not on every step it stays over.
+    new = [b.to_dict() | {"step": step} for b in breaches if b.monitor not in active]
+    if new:
+        state["breaches"] += new
+        hooks.emit("on_breach", step, new)
     return config.monitors.stop_on_breach

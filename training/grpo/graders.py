@@ -37,6 +37,18 @@ def number(response: str, reference: str) -> float:
         return 0.0
 
 
+def last_number(response: str, reference: str) -> float:
+    """1 when the last number in the response equals the reference number
+    ("4 + 5 = 9" answers 9)."""
+    found = re.findall(r"-?\d+(?:\.\d+)?", response.replace(",", ""))
+    if not found:
+        return 0.0
+    try:
+        return float(abs(float(found[-1]) - float(reference)) < 1e-9)
+    except ValueError:
+        return 0.0
+
+
 def starts_with(response: str, reference: str) -> float:
     """1 when the response starts with the reference (case-insensitive, leading space ignored)."""
     return float(_normalise(response).startswith(_normalise(reference)))
@@ -55,6 +67,7 @@ GRADERS: dict[str, Callable[[str, str], float]] = {
     "exact": exact,
     "contains": contains,
     "number": number,
+    "last_number": last_number,
     "starts_with": starts_with,
     "json_valid": json_valid,
 }

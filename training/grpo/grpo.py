@@ -27,7 +27,7 @@ from training.grpo.common import (
     setup_torch,
 )
 from training.grpo.config import GRPOConfig
-from training.grpo.items import Scorer, TurnItem
+from training.grpo.items import Scorer, TurnItem, canary_items, grader_scorer
 from training.grpo.policy import (
     Policy,
     export_model,
@@ -57,6 +57,8 @@ def grpo_train(
     `run_dir/model` when it finishes (also when stopped by a monitor: the candidate is
     kept for inspection, and nothing is deployed without a person's approval)."""
     hooks = hooks or Hooks()
+    if canaries is None and config.canaries:
+        canaries = canary_items(config.canaries)
     setup_torch(config)
     need_reference = config.beta > 0 or config.log_kl
     policy = policy or load_policy(config, reference=need_reference)
@@ -204,13 +206,19 @@ def grpo_train(
             start_canary=state["start_canary"],
         )
         if breaches:
-            new = [b.to_dict() | {"step": step} for b in breaches]
-            state["breaches"] += new
-            hooks.emit("on_breach", step, new)
+            # Report a monitor when it starts firing, not on every step it stays over.
+            active = set(state.get("active_breaches", []))
+            new = [b.to_dict() | {"step": step} for b in breaches if b.monitor not in active]
+            state["active_breaches"] = sorted(b.monitor for b in breaches)
+            if new:
+                state["breaches"] += new
+                hooks.emit("on_breach", step, new)
             if config.monitors.stop_on_breach:
                 _checkpoint(run_dir, policy, optimizer, step, config, state, hooks)
                 result.status = "stopped"
                 break
+        else:
+            state["active_breaches"] = []
 
         if config.checkpoint_every and step % config.checkpoint_every == 0 and step < config.steps:
             _checkpoint(run_dir, policy, optimizer, step, config, state, hooks)
@@ -233,7 +241,7 @@ def _evaluate_into(state, step, policy, eval_items, canaries, score, config, pro
     if eval_items:
         metrics.update(evaluate(policy, eval_items, score, config=config, prompts=prompts))
     if canaries:
-        canary = evaluate(policy, canaries, score, config=config, prompts=prompts)
+        canary = evaluate(policy, canaries, grader_scorer(), config=config, prompts=prompts)
         metrics["canary_reward"] = canary["reward"]
         if state["start_canary"] is None:
             state["start_canary"] = canary["reward"]

@@ -77,3 +77,16 @@ def with_hint(messages: list[dict[str, Any]], hint: str) -> list[dict[str, Any]]
         first["content"] = f"{first.get('content') or ''}\n\n{hint}".strip()
         return [first, *messages[1:]]
     return [{"role": "system", "content": hint}, *messages]
+
+
+def canary_items(canaries: list[dict[str, Any]]) -> list[TurnItem]:
+    """A config's canary prompts as graded items."""
+    return [
+        TurnItem(
+            id=f"canary-{i}",
+            messages=c.get("messages") or [{"role": "user", "content": str(c["prompt"])}],
+            reference=str(c.get("reference", "")),
+            grader=c["grader"],
+        )
+        for i, c in enumerate(canaries)
+    ]

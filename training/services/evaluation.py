@@ -212,6 +212,7 @@ def evaluation_create(
         deployment=deployment,
         candidate=candidate,
         baseline=baseline,
+        training_set=training_set,
         config={"generator": chosen, "max_tokens": max_tokens, "temperature": temperature, "seed": 0},
         sources=sources,
         total=len(rows),
@@ -238,7 +239,35 @@ def evaluation_create(
 
 
 def items_from_training_set(*, training_set) -> list[dict[str, Any]]:
-    raise EvaluationError([("training_set", "training sets are not available in this version")])
+    """The set's held-out items: logged turns (scored by the judge under their rubric) and
+    replayable tasks (graded against their reference)."""
+    from training.models import TrainingItem, TrainingItemKind, TrainingSplit
+
+    rows = TrainingItem.objects.filter(training_set=training_set, split=TrainingSplit.HELDOUT).order_by("id")
+    out = []
+    for item in rows:
+        task = item.kind == TrainingItemKind.TASK
+        out.append(
+            {
+                "kind": EvaluationItemKind.TASK if task else EvaluationItemKind.TURN,
+                "key": item.key[:300],
+                "source": {
+                    "training_item": item.pk,
+                    "training_set": training_set.pk,
+                    "trace": item.trace_id,
+                    "message": item.message_id,
+                },
+                "messages": item.messages,
+                "tools": item.tools or None,
+                "rubric": item.rubric or None,
+                "reference": item.reference,
+                "grader": item.grader,
+                "logged_response": item.logged_response,
+            }
+        )
+    if not out:
+        raise EvaluationError([("training_set", f"{training_set} has no held-out items")])
+    return out
 
 
 @transaction.atomic

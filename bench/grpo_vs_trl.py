@@ -1,0 +1,222 @@
+"""Our GRPO step vs TRL's GRPOTrainer, on the same tiny model and the same prompts.
+
+8 prompts x 8 samples x 32 new tokens per step, fp32, one torch thread, beta = 0, full
+fine-tuning at the same learning rate for both, run alternately in one process: a
+block of our steps, then a block of TRL's, and so on, so machine noise hits both alike.
+The reward (the share of vowels in the answer) is learnable from scratch, so the
+two learning curves can be compared.
+
+    .venv/bin/python bench/grpo_vs_trl.py [--steps 24] [--block 4]
+
+Needs TRL (requirements-bench.txt); it is a benchmark dependency only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PROMPTS = [f"Write the numbers for order A{i} and ticket {i * 7 % 97}." for i in range(64)]
+PROMPTS_PER_STEP, GROUP, NEW_TOKENS = 8, 8, 32
+
+
+def vowel_share(text: str) -> float:
+    """The reward: the share of the answer's characters that are lowercase vowels."""
+    return sum(c in "aeiou" for c in text) / max(len(text), 1)
+
+
+class Ours:
+    """Our loop in a thread, paused after each step so the two trainers alternate."""
+
+    def __init__(self, model_dir: Path, steps: int, lr: float, seed: int):
+        from training.grpo.common import Hooks
+        from training.grpo.config import GRPOConfig
+        from training.grpo.items import TurnItem
+
+        self.times: list[float] = []
+        self.rewards: list[float] = []
+        self.go = threading.Semaphore(0)
+        self.done_step = threading.Semaphore(0)
+        items = [TurnItem(id=f"p{i}", messages=[{"role": "user", "content": p}]) for i, p in enumerate(PROMPTS)]
+        config = GRPOConfig(
+            model_path=str(model_dir),
+            adapter="full",
+            learning_rate=lr,
+            steps=steps,
+            prompts_per_step=PROMPTS_PER_STEP,
+            group_size=GROUP,
+            max_new_tokens=NEW_TOKENS,
+            temperature=1.0,
+            beta=0.0,
+            log_kl=False,
+            eval_every=0,
+            checkpoint_every=0,
+            samples_every=0,
+            seed=seed,
+        )
+
+        def on_step(step: int, m: dict) -> None:
+            self.times.append(m["step_seconds"])
+            self.rewards.append(m["reward_mean"])
+            self.done_step.release()
+            self.go.acquire()
+
+        def score(item, candidates):
+            return [vowel_share(c) for c in candidates]
+
+        def run() -> None:
+            from training.grpo.grpo import grpo_train
+
+            self.go.acquire()
+            grpo_train(
+                config=config,
+                items=items,
+                score=score,
+                run_dir=Path(tempfile.mkdtemp(prefix="bench-ours-")),
+                hooks=Hooks(on_step=on_step),
+                export=False,
+            )
+            self.done_step.release()
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def step(self) -> None:
+        self.go.release()
+        self.done_step.acquire()
+
+
+class Trl:
+    """TRL's GRPOTrainer driven one optimiser step at a time, as its own loop does."""
+
+    def __init__(self, model_dir: Path, steps: int, lr: float, seed: int):
+        import torch
+        from datasets import Dataset
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from trl import GRPOConfig, GRPOTrainer
+
+        self.times: list[float] = []
+        self.rewards: list[float] = []
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in PROMPTS])
+
+        def reward(completions, **kwargs):
+            texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+            values = [vowel_share(t) for t in texts]
+            self._last_rewards = values
+            return values
+
+        args = GRPOConfig(
+            output_dir=tempfile.mkdtemp(prefix="bench-trl-"),
+            per_device_train_batch_size=PROMPTS_PER_STEP * GROUP,
+            num_generations=GROUP,
+            max_completion_length=NEW_TOKENS,
+            learning_rate=lr,
+            lr_scheduler_type="constant",
+            warmup_steps=0,
+            beta=0.0,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            max_steps=steps,
+            logging_steps=10**6,
+            save_strategy="no",
+            report_to="none",
+            use_cpu=True,
+            bf16=False,
+            fp16=False,
+            seed=seed,
+            dataloader_num_workers=0,
+            disable_tqdm=True,
+        )
+        self.trainer = GRPOTrainer(
+            model=model, reward_funcs=reward, args=args, train_dataset=dataset, processing_class=tokenizer
+        )
+        self.trainer.create_optimizer_and_scheduler(num_training_steps=steps)
+        # Set by Trainer's own loop, which this drives step by step.
+        self.trainer.current_gradient_accumulation_steps = args.gradient_accumulation_steps
+        self.trainer.model.train()
+        self.batches = iter(self.trainer.get_train_dataloader())
+
+    def step(self) -> None:
+        trainer = self.trainer
+        started = time.perf_counter()
+        batch = next(self.batches, None)
+        if batch is None:  # a new epoch over the prompts
+            self.batches = iter(trainer.get_train_dataloader())
+            batch = next(self.batches)
+        trainer.training_step(trainer.model, batch, None)
+        trainer.accelerator.clip_grad_norm_(trainer.model.parameters(), trainer.args.max_grad_norm)
+        trainer.optimizer.step()
+        trainer.lr_scheduler.step()
+        trainer.model.zero_grad(set_to_none=True)
+        self.times.append(time.perf_counter() - started)
+        self.rewards.append(statistics.fmean(self._last_rewards))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=24, help="optimiser steps for each trainer")
+    parser.add_argument("--block", type=int, default=4, help="steps of one trainer before switching")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    import torch
+    import transformers
+    import trl
+
+    from training.modelprep import tiny_prepare
+
+    torch.set_num_threads(1)
+    model_dir = tiny_prepare(ROOT / "var" / "bench" / "tiny")
+    print(
+        f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}; "
+        f"{PROMPTS_PER_STEP} prompts x {GROUP} samples x {NEW_TOKENS} new tokens, fp32, 1 thread, beta 0, "
+        f"lr {args.lr}, {args.steps} steps each in blocks of {args.block}",
+        flush=True,
+    )
+    ours = Ours(model_dir, args.steps, args.lr, args.seed)
+    theirs = Trl(model_dir, args.steps, args.lr, args.seed)
+    for start in range(0, args.steps, args.block):
+        for _ in range(min(args.block, args.steps - start)):
+            ours.step()
+        for _ in range(min(args.block, args.steps - start)):
+            theirs.step()
+        print(
+            f"after {start + args.block:3d} steps: ours {statistics.median(ours.times):.3f} s/step "
+            f"(reward {ours.rewards[-1]:.3f}), TRL {statistics.median(theirs.times):.3f} s/step "
+            f"(reward {theirs.rewards[-1]:.3f})",
+            flush=True,
+        )
+    ours.go.release()
+    ours.thread.join(timeout=60)
+
+    # The first step of each pays for warm-up (allocations, lazy inits).
+    ours_t, trl_t = ours.times[1:], theirs.times[1:]
+    ratio = statistics.median(ours_t) / statistics.median(trl_t)
+    tail = max(1, args.steps // 4)
+    print("\nstep  ours_s  trl_s  ours_reward  trl_reward")
+    for i, (a, b, ra, rb) in enumerate(zip(ours.times, theirs.times, ours.rewards, theirs.rewards, strict=True), 1):
+        print(f"{i:4d}  {a:6.3f}  {b:5.3f}  {ra:11.3f}  {rb:10.3f}")
+    print(
+        f"\nmedian step time: ours {statistics.median(ours_t):.3f} s, TRL {statistics.median(trl_t):.3f} s, "
+        f"ratio {ratio:.2f} (target <= 0.66)\n"
+        f"mean reward, first {tail} steps: ours {statistics.fmean(ours.rewards[:tail]):.3f}, "
+        f"TRL {statistics.fmean(theirs.rewards[:tail]):.3f}; last {tail} steps: ours "
+        f"{statistics.fmean(ours.rewards[-tail:]):.3f}, TRL {statistics.fmean(theirs.rewards[-tail:]):.3f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

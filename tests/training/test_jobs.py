@@ -1,0 +1,235 @@
+"""Training jobs through their services, in process: lifecycle, candidate versions,
+cancel, the stale-heartbeat check, training sets and their stable split."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.utils import timezone
+
+from training.models import (
+    JobEventKind,
+    JobStatus,
+    LiveVersion,
+    ModelVersion,
+    ModelVersionKind,
+    ModelVersionStatus,
+    TrainingJob,
+    TrainingSplit,
+)
+from training.services.jobs import JobError, training_job_cancel, training_job_create, training_jobs_check_stale
+from training.services.training_sets import split_for, training_set_from_tasks
+
+pytestmark = pytest.mark.django_db
+
+TASKS = [{"prompt": f"Say something about order A{i}.", "reference": "e", "grader": "contains"} for i in range(12)]
+FAST = {
+    "steps": 3,
+    "prompts_per_step": 2,
+    "group_size": 4,
+    "max_new_tokens": 6,
+    "eval_every": 3,
+    "eval_samples": 2,
+    "checkpoint_every": 2,
+    "samples_every": 2,
+    "learning_rate": 1e-3,
+}
+
+
+@pytest.fixture
+def base_version(tiny_model_dir, settings, tmp_path):
+    from training.models import BaseModel
+
+    settings.TRAINING_DIR = tmp_path / "training"
+    settings.MODELS_DIR = tmp_path / "models"
+    base = BaseModel.objects.create(name="tiny", path=str(tiny_model_dir))
+    return ModelVersion.objects.create(
+        name="tiny-base", base_model=base, kind=ModelVersionKind.BASE, path=str(tiny_model_dir), status="live"
+    )
+
+
+@pytest.fixture
+def task_set():
+    return training_set_from_tasks(name="orders", tasks=TASKS, heldout_fraction=0.25)
+
+
+def test_a_job_runs_to_a_candidate_version_without_touching_the_live_one(base_version, task_set):
+    from training.services.job_runner import training_job_run
+
+    job = training_job_create(kind="grpo", config=FAST, base_version=base_version, training_set=task_set)
+    assert job.status == JobStatus.QUEUED and job.total_steps == 3
+    assert job.config["model_path"] == base_version.path
+
+    assert training_job_run(job_id=job.pk, worker="w1") == JobStatus.FINISHED
+    job.refresh_from_db()
+    assert job.step == 3 and job.attempts == 1 and job.finished_at is not None
+    steps = job.events.filter(kind=JobEventKind.STEP)
+    assert [e.step for e in steps] == [1, 2, 3]
+    assert {"reward_mean", "reward_std", "loss", "kl", "zero_variance_share", "response_length"} <= set(
+        steps.last().data
+    )
+    assert job.events.filter(kind=JobEventKind.EVAL).count() == 2  # the start and step 3
+    assert job.events.filter(kind=JobEventKind.SAMPLE).exists()
+
+    version = job.result_version
+    assert version.status == ModelVersionStatus.CANDIDATE and version.kind == ModelVersionKind.LORA
+    assert version.parent == base_version and version.metadata["training_job"] == job.pk
+    assert (Path(version.path) / "adapter_config.json").exists()
+    base_version.refresh_from_db()
+    assert base_version.status == "live" and not LiveVersion.objects.exists()
+
+    # A redelivered task for a finished job does nothing.
+    assert training_job_run(job_id=job.pk, worker="w2") == "skipped"
+
+
+def test_bad_requests_name_the_field(base_version, task_set):
+    with pytest.raises(JobError) as err:
+        training_job_create(kind="grpo", config={"group_size": 1}, base_version=base_version, training_set=task_set)
+    assert err.value.errors[0][0] == "config.group_size"
+    with pytest.raises(JobError) as err:
+        training_job_create(
+            kind="grpo", config={"model_path": "/etc"}, base_version=base_version, training_set=task_set
+        )
+    assert err.value.errors[0][0] == "config.model_path"
+    with pytest.raises(JobError) as err:
+        training_job_create(kind="sft", config={}, base_version=base_version, training_set=task_set)
+    assert err.value.errors == [("training_set", "has no corrected responses to fine-tune on")]
+    with pytest.raises(JobError):
+        training_job_create(kind="nope", config={}, base_version=base_version, training_set=task_set)
+    assert not TrainingJob.objects.exists()
+
+
+def test_cancel_before_and_during_a_run(base_version, task_set):
+    from training.services.job_runner import training_job_run
+
+    queued = training_job_create(kind="grpo", config=FAST, base_version=base_version, training_set=task_set)
+    assert training_job_cancel(job=queued).status == JobStatus.CANCELLED
+    assert training_job_run(job_id=queued.pk, worker="w1") == "skipped"
+
+    job = training_job_create(
+        kind="grpo", config=FAST | {"steps": 50}, base_version=base_version, training_set=task_set
+    )
+    TrainingJob.objects.filter(pk=job.pk).update(status=JobStatus.RUNNING, heartbeat_at=None)
+    job.refresh_from_db()
+    assert training_job_cancel(job=job).status == JobStatus.CANCELLING
+    assert training_job_run(job_id=job.pk, worker="w1") == JobStatus.CANCELLED
+    job.refresh_from_db()
+    assert job.step < 50 and job.result_version is None and job.checkpoint_path
+
+
+def test_stale_heartbeats_resume_then_fail_never_stay_running(base_version, task_set, settings):
+    settings.TRAINING_STALE_AFTER_SECONDS = 60
+    settings.TRAINING_MAX_ATTEMPTS = 2
+    now = timezone.now()
+    make = lambda **kw: TrainingJob.objects.create(  # noqa: E731
+        kind="grpo", config={}, base_version=base_version, training_set=task_set, **kw
+    )
+    resumable = make(status=JobStatus.RUNNING, heartbeat_at=now - timedelta(seconds=61), attempts=1)
+    exhausted = make(status=JobStatus.RUNNING, heartbeat_at=now - timedelta(seconds=600), attempts=2)
+    cancelling = make(status=JobStatus.CANCELLING, heartbeat_at=now - timedelta(seconds=600), attempts=1)
+    alive = make(status=JobStatus.RUNNING, heartbeat_at=now - timedelta(seconds=5), attempts=1)
+
+    actions = dict(training_jobs_check_stale(now=now))
+    assert actions == {resumable.pk: "requeued", exhausted.pk: "failed", cancelling.pk: "cancelled"}
+    statuses = dict(TrainingJob.objects.values_list("pk", "status"))
+    assert statuses[resumable.pk] == JobStatus.QUEUED
+    assert statuses[exhausted.pk] == JobStatus.FAILED
+    assert statuses[cancelling.pk] == JobStatus.CANCELLED
+    assert statuses[alive.pk] == JobStatus.RUNNING
+    assert "heartbeats" in TrainingJob.objects.get(pk=exhausted.pk).error
+
+
+def test_the_split_is_stable_across_rebuilds():
+    first = training_set_from_tasks(name="qa", tasks=TASKS, heldout_fraction=0.3)
+    second = training_set_from_tasks(name="qa", tasks=[*reversed(TASKS), TASKS[0] | {"prompt": "new"}])
+    assert (first.version, second.version) == (1, 2)
+    split_one = dict(first.items.values_list("key", "split"))
+    split_two = dict(second.items.values_list("key", "split"))
+    assert all(split_two[k] == v for k, v in split_one.items())
+    assert first.heldout_count == sum(1 for v in split_one.values() if v == TrainingSplit.HELDOUT) > 0
+    assert split_for("x", 0.0) == TrainingSplit.TRAIN and split_for("x", 0.999999) == TrainingSplit.HELDOUT
+
+
+def test_import_tasks_command(tmp_path):
+    import json
+
+    from django.core.management import CommandError, call_command
+
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("\n".join(json.dumps(t) for t in TASKS) + "\n")
+    call_command("import_tasks", str(path), "--name", "cmd")
+    path.write_text('{"prompt": "x", "reference": "y", "grader": "vibes"}\n')
+    with pytest.raises(CommandError, match="grader"):
+        call_command("import_tasks", str(path), "--name", "cmd")
+    from training.models import TrainingSet
+
+    assert list(TrainingSet.objects.filter(name="cmd").values_list("version", "item_count")) == [(1, 12)]
+
+
+def test_a_job_can_continue_from_a_lora_candidate(base_version, task_set):
+    from training.services.job_runner import training_job_run
+
+    first = training_job_create(kind="grpo", config=FAST, base_version=base_version, training_set=task_set)
+    training_job_run(job_id=first.pk, worker="w1")
+    candidate = TrainingJob.objects.get(pk=first.pk).result_version
+    second = training_job_create(kind="grpo", config=FAST, base_version=candidate, training_set=task_set)
+    assert second.config["init_adapter"] == candidate.path and second.config["model_path"] == base_version.path
+    with pytest.raises(JobError):
+        training_job_create(
+            kind="grpo", config=FAST | {"adapter": "full"}, base_version=candidate, training_set=task_set
+        )
+    assert training_job_run(job_id=second.pk, worker="w1") == JobStatus.FINISHED
+    child = TrainingJob.objects.get(pk=second.pk).result_version
+    assert (
+        child.parent == candidate
+        and child.kind == ModelVersionKind.LORA
+        and child.base_model == base_version.base_model
+    )
+
+
+def test_grpo_on_turns_needs_something_to_score_against(base_version):
+    from training.services.training_sets import training_set_create
+
+    turns = training_set_create(
+        name="turns",
+        items=[{"key": "turn:1:a:1", "messages": [{"role": "user", "content": "hi"}], "feedback": ""}],
+        heldout_fraction=0.0,
+    )
+    with pytest.raises(JobError) as err:
+        training_job_create(kind="grpo", config=FAST, base_version=base_version, training_set=turns)
+    assert "rubric" in err.value.errors[0][1]
+
+
+def test_grpo_on_logged_turns_scores_each_group_with_the_judge(base_version, judge_settings):
+    from tests.fixtures.judge import presented_responses, user_prompt
+    from training.services.job_runner import training_job_run
+    from training.services.training_sets import training_set_create
+
+    def judge(request):
+        shown = presented_responses(request)
+        return {"scores": [{"response": i, "reason": "r", "score": float("e" in t)} for i, t in enumerate(shown, 1)]}
+
+    judge_settings.respond_with(judge)
+    rubric = {"criteria": [{"criterion": "Apologises for the delay", "weight": 1}]}
+    turns = training_set_create(
+        name="turns",
+        items=[
+            {
+                "key": f"turn:1:t{i}:1",
+                "messages": [{"role": "user", "content": f"Order A{i} is late!"}],
+                "rubric": rubric,
+            }
+            for i in range(4)
+        ],
+        heldout_fraction=0.0,
+    )
+    job = training_job_create(
+        kind="grpo", config=FAST | {"steps": 2, "eval_every": 0}, base_version=base_version, training_set=turns
+    )
+    assert training_job_run(job_id=job.pk, worker="w1") == JobStatus.FINISHED
+    assert len(judge_settings.requests) >= 2  # at least one call per group
+    assert "Apologises for the delay" in user_prompt(judge_settings.requests[0])
+    rewards = [e.data["reward_mean"] for e in TrainingJob.objects.get(pk=job.pk).events.filter(kind="step")]
+    assert len(rewards) == 2 and all(0.0 <= r <= 1.0 for r in rewards)

@@ -1,0 +1,57 @@
+"""Reward-hacking monitors on hand-made step histories."""
+
+from __future__ import annotations
+
+from training.grpo import monitors
+from training.grpo.config import ConfigError, GRPOConfig, MonitorConfig
+
+
+def steps(n, **metrics):
+    return [dict(metrics) for _ in range(n)]
+
+
+def names(breaches):
+    return sorted(b.monitor for b in breaches)
+
+
+def test_length_within_tolerance_passes_and_outside_flags():
+    config = MonitorConfig(length_tolerance=0.15, window=3)
+    assert monitors.check(config, history=steps(3, response_length=11.4), start_length=10.0) == []
+    long = monitors.check(config, history=steps(3, response_length=11.6), start_length=10.0)
+    assert names(long) == ["length"] and "+16%" in long[0].message
+    assert names(monitors.check(config, history=steps(3, response_length=8.4), start_length=10.0)) == ["length"]
+    # Not before a full window: one odd step is not a trend.
+    assert monitors.check(config, history=steps(2, response_length=20), start_length=10.0) == []
+
+
+def test_kl_budget_empty_truncated_and_canary():
+    config = MonitorConfig(kl_budget=0.05, max_empty_share=0.2, max_truncated_share=0.5, canary_drop=0.2, window=2)
+    history = steps(2, kl=0.06, empty_share=0.25, truncated_share=0.6, canary_reward=0.5)
+    found = monitors.check(config, history=history, start_length=None, start_canary=0.8)
+    assert names(found) == ["canary", "empty", "kl", "truncated"]
+    calm = steps(2, kl=0.04, empty_share=0.1, truncated_share=0.1, canary_reward=0.7)
+    assert monitors.check(config, history=calm, start_length=None, start_canary=0.8) == []
+
+
+def test_tool_call_validity():
+    texts = [
+        '<tool_call>{"name": "lookup", "arguments": {"id": 1}}</tool_call>',
+        '<tool_call>{"name": "lookup", "arguments": "id=1"}</tool_call>',
+        "<tool_call>{not json</tool_call>",
+        "plain answer",
+    ]
+    assert monitors.tool_call_validity(texts) == (3, 2)
+    config = MonitorConfig(max_invalid_tool_call_share=0.2, window=1)
+    found = monitors.check(config, history=[{"tool_calls_seen": 3, "tool_calls_invalid": 2}], start_length=None)
+    assert names(found) == ["tool_calls"]
+
+
+def test_canaries_in_a_config_are_validated():
+    ok = GRPOConfig.from_dict({"canaries": [{"prompt": "2+2?", "reference": "4", "grader": "number"}]})
+    assert ok.canaries[0]["grader"] == "number"
+    try:
+        GRPOConfig.from_dict({"canaries": [{"prompt": "2+2?", "grader": "vibes"}]})
+    except ConfigError as exc:
+        assert exc.errors[0][0] == "canaries[0].grader"
+    else:
+        raise AssertionError("an unknown grader was accepted")

@@ -1,0 +1,94 @@
+"""Small server-rendered SVG line charts for the job page (no chart library, no CDN).
+
+Inputs are numbers; the only text (title, labels) is escaped, so the output is safe to
+mark safe."""
+
+from __future__ import annotations
+
+import math
+from html import escape
+
+
+def _fmt(value: float) -> str:
+    if value == 0:
+        return "0"
+    if abs(value) >= 1000 or abs(value) < 0.01:
+        return f"{value:.2e}"
+    return f"{value:.3g}"
+
+
+def downsample(points: list[tuple[float, float]], limit: int = 300) -> list[tuple[float, float]]:
+    """Every k-th point (and the last), so a long job draws at most `limit` points."""
+    if len(points) <= limit:
+        return points
+    stride = math.ceil(len(points) / limit)
+    out = points[::stride]
+    return out if out[-1] == points[-1] else [*out, points[-1]]
+
+
+def line_chart(
+    points: list[tuple[float, float]],
+    *,
+    title: str,
+    band: list[tuple[float, float, float]] | None = None,
+    width: int = 320,
+    height: int = 150,
+    color: str = "#3056d3",
+) -> str:
+    """An SVG line chart of (x, y) points, with an optional shaded band (x, low, high)
+    such as mean ± std. Non-finite values are skipped."""
+    points = downsample([(x, y) for x, y in points if y is not None and math.isfinite(y)])
+    band = downsample_band(band or [])
+    pad_l, pad_r, pad_t, pad_b = 44, 8, 20, 18
+    inner_w, inner_h = width - pad_l - pad_r, height - pad_t - pad_b
+    head = (
+        f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
+        f'role="img" aria-label="{escape(title)}" xmlns="http://www.w3.org/2000/svg">'
+        f'<text x="{pad_l}" y="13" class="chart-title">{escape(title)}</text>'
+    )
+    if not points:
+        return head + f'<text x="{pad_l}" y="{pad_t + inner_h / 2:.0f}" class="chart-empty">no data yet</text></svg>'
+    xs = [p[0] for p in points] + [b[0] for b in band]
+    ys = [p[1] for p in points] + [v for b in band for v in b[1:]]
+    x0, x1 = min(xs), max(xs)
+    y0, y1 = min(ys), max(ys)
+    if x1 == x0:
+        x1 = x0 + 1
+    if y1 == y0:
+        y0, y1 = y0 - 0.5, y1 + 0.5
+
+    def sx(x: float) -> float:
+        return pad_l + (x - x0) / (x1 - x0) * inner_w
+
+    def sy(y: float) -> float:
+        return pad_t + (1 - (y - y0) / (y1 - y0)) * inner_h
+
+    parts = [head]
+    parts.append(
+        f'<line x1="{pad_l}" y1="{pad_t + inner_h}" x2="{pad_l + inner_w}" y2="{pad_t + inner_h}" class="chart-axis"/>'
+        f'<line x1="{pad_l}" y1="{pad_t}" x2="{pad_l}" y2="{pad_t + inner_h}" class="chart-axis"/>'
+        f'<text x="{pad_l - 4}" y="{pad_t + 4}" text-anchor="end" class="chart-label">{_fmt(y1)}</text>'
+        f'<text x="{pad_l - 4}" y="{pad_t + inner_h}" text-anchor="end" class="chart-label">{_fmt(y0)}</text>'
+        f'<text x="{pad_l}" y="{height - 4}" class="chart-label">{_fmt(x0)}</text>'
+        f'<text x="{pad_l + inner_w}" y="{height - 4}" text-anchor="end" class="chart-label">{_fmt(x1)}</text>'
+    )
+    if band:
+        upper = " ".join(f"{sx(x):.1f},{sy(hi):.1f}" for x, _, hi in band)
+        lower = " ".join(f"{sx(x):.1f},{sy(lo):.1f}" for x, lo, _ in reversed(band))
+        parts.append(f'<polygon points="{upper} {lower}" fill="{color}" fill-opacity="0.15" stroke="none"/>')
+    line = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in points)
+    parts.append(f'<polyline points="{line}" fill="none" stroke="{color}" stroke-width="1.5"/>')
+    last_x, last_y = points[-1]
+    parts.append(f'<circle cx="{sx(last_x):.1f}" cy="{sy(last_y):.1f}" r="2.5" fill="{color}"/>')
+    parts.append(
+        f'<text x="{pad_l + inner_w}" y="13" text-anchor="end" class="chart-label">last {_fmt(last_y)}</text></svg>'
+    )
+    return "".join(parts)
+
+
+def downsample_band(band: list[tuple[float, float, float]], limit: int = 300) -> list[tuple[float, float, float]]:
+    band = [b for b in band if all(v is not None and math.isfinite(v) for v in b)]
+    if len(band) <= limit:
+        return band
+    stride = math.ceil(len(band) / limit)
+    return band[::stride]

@@ -1,0 +1,154 @@
+"""Rollouts through a vLLM OpenAI-compatible server (the GPU path).
+
+Each step the current LoRA adapter is saved and loaded into the running server at
+runtime (`POST /v1/load_lora_adapter`), and the step's prompts are sampled by the
+server under that adapter's name; the previous step's adapter is unloaded. The
+trainer then computes log-probs for the gradient itself, in its own forward pass, so
+the server's sampling numerics never enter the loss.
+
+This module owns that boundary: timeouts, bounded retries, typed results.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from training.grpo.sampling import Rollout, eos_ids, rollout_from_tokens
+
+
+class VllmError(RuntimeError):
+    pass
+
+
+class VllmRollouts:
+    def __init__(self, *, base_url: str, run_dir: Path, timeout: float = 600.0, retries: int = 2):
+        self.base_url = base_url.rstrip("/")
+        self.root = self.base_url.removesuffix("/v1")
+        self.run_dir = run_dir
+        self.client = httpx.Client(timeout=timeout)
+        self.retries = retries
+        self.loaded: str | None = None
+        self.base_model: str | None = None
+
+    def _post(self, url: str, payload: dict) -> httpx.Response:
+        last: Exception | None = None
+        for attempt in range(self.retries + 1):
+            try:
+                response = self.client.post(url, json=payload)
+                if response.status_code < 500:
+                    return response
+                last = VllmError(f"{url}: {response.status_code} {response.text[:300]}")
+            except httpx.TransportError as exc:
+                last = exc
+            time.sleep(min(2**attempt, 10))
+        raise VllmError(f"{url} failed after {self.retries + 1} tries: {last}")
+
+    def _base_model(self) -> str:
+        if self.base_model is None:
+            models = self.client.get(f"{self.base_url}/models").json()["data"]
+            self.base_model = models[0]["id"]
+        return self.base_model
+
+    def _load_adapter(self, policy, step: int) -> str:
+        """Save the current adapter and make the server serve it under a fresh name."""
+        if policy.adapter != "lora":
+            raise VllmError("vLLM rollouts need a LoRA adapter (full fine-tuning reloads weights another way)")
+        name = f"step-{step}"
+        folder = self.run_dir / "rollout-adapters" / name
+        shutil.rmtree(folder, ignore_errors=True)
+        policy.model.save_pretrained(folder, safe_serialization=True)
+        response = self._post(f"{self.base_url}/load_lora_adapter", {"lora_name": name, "lora_path": str(folder)})
+        if response.status_code != 200:
+            raise VllmError(f"loading the adapter failed: {response.status_code} {response.text[:300]}")
+        if self.loaded:
+            self._post(f"{self.base_url}/unload_lora_adapter", {"lora_name": self.loaded})
+            shutil.rmtree(self.run_dir / "rollout-adapters" / self.loaded, ignore_errors=True)
+        self.loaded = name
+        return name
+
+    def sample(self, policy, prompts: list[list[int]], *, step: int, config, num_samples: int) -> Rollout:
+        model_name = self._load_adapter(policy, step)
+        stop_ids = eos_ids(policy.model, policy.tokenizer)
+        responses: list[list[int]] = []
+        texts: list[str] = []
+        for prompt in prompts:
+            response = self._post(
+                f"{self.base_url}/completions",
+                {
+                    "model": model_name,
+                    "prompt": prompt,
+                    "n": num_samples,
+                    "max_tokens": config.max_new_tokens,
+                    "temperature": config.temperature,
+                    "top_p": config.top_p,
+                    "stop_token_ids": stop_ids,
+                    "skip_special_tokens": True,
+                    "return_token_ids": True,
+                },
+            )
+            if response.status_code != 200:
+                raise VllmError(f"completion failed: {response.status_code} {response.text[:300]}")
+            for choice in sorted(response.json()["choices"], key=lambda c: c["index"]):
+                tokens = choice.get("token_ids")
+                if tokens is None:
+                    tokens = policy.tokenizer(choice["text"], add_special_tokens=False)["input_ids"]
+                tokens = list(tokens)
+                if choice.get("finish_reason") == "stop" and (not tokens or tokens[-1] not in stop_ids):
+                    tokens.append(stop_ids[0])
+                responses.append(tokens)
+                texts.append(choice["text"])
+        return rollout_from_tokens(
+            prompts,
+            responses,
+            num_samples=num_samples,
+            eos_ids=stop_ids,
+            pad_id=policy.tokenizer.pad_token_id,
+            texts=texts,
+            device=policy.device,
+        )
+
+
+def start_server(
+    model_dir: Path, *, port: int, max_lora_rank: int = 16, timeout: float = 600.0, extra: list[str] | None = None
+) -> tuple[subprocess.Popen, str]:
+    """Start `vllm.entrypoints.openai.api_server` on 127.0.0.1:`port` with runtime LoRA
+    loading enabled; wait until it answers. Returns (process, base URL ending in /v1)."""
+    env = os.environ | {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "HF_HUB_OFFLINE": "1"}
+    command = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--enable-lora",
+        "--max-lora-rank",
+        str(max_lora_rank),
+        "--max-model-len",
+        "2048",
+        *(extra or []),
+    ]
+    process = subprocess.Popen(command, env=env)
+    url = f"http://127.0.0.1:{port}/v1"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise VllmError(f"the vLLM server exited with {process.returncode}")
+        try:
+            if httpx.get(f"{url}/models", timeout=2).status_code == 200:
+                return process, url
+        except httpx.TransportError:
+            pass
+        time.sleep(2)
+    process.terminate()
+    raise VllmError(f"the vLLM server did not answer within {timeout:.0f} s")

@@ -1,0 +1,295 @@
+"""Training jobs, worker side: claim the row, run the loop with callbacks that write
+progress, heartbeat, metrics, samples and breaches, then register the candidate.
+
+Imported only by the Celery task (torch is imported inside `training_job_run`)."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+from django.utils.text import slugify
+
+from training.grpo.config import config_from_dict
+from training.grpo.items import TurnItem
+from training.models import (
+    JobEventKind,
+    JobKind,
+    JobStatus,
+    ModelVersion,
+    ModelVersionKind,
+    TrainingItem,
+    TrainingJob,
+    TrainingJobEvent,
+    TrainingSplit,
+)
+
+log = logging.getLogger(__name__)
+MAX_SAMPLE_ROWS = 64
+
+
+def job_run_dir(job: TrainingJob) -> Path:
+    return Path(settings.TRAINING_DIR) / f"job-{job.pk}"
+
+
+def _claim(job_id: int, worker: str) -> TrainingJob | None:
+    """Take the job for this worker, or None when there is nothing to do: it is gone,
+    over, or another live worker holds it (a duplicate delivery)."""
+    now = timezone.now()
+    fresh = now - timedelta(seconds=settings.TRAINING_STALE_AFTER_SECONDS)
+    with transaction.atomic():
+        job = TrainingJob.objects.select_for_update().filter(pk=job_id).first()
+        if job is None or job.status not in (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.CANCELLING):
+            return None
+        if job.status != JobStatus.QUEUED and job.heartbeat_at and job.heartbeat_at >= fresh:
+            return None
+        resumed = job.status != JobStatus.QUEUED or job.attempts > 0
+        job.status = JobStatus.CANCELLING if job.cancel_requested else JobStatus.RUNNING
+        job.attempts += 1
+        job.worker = worker
+        job.started_at = job.started_at or now
+        job.heartbeat_at = now
+        job.save(update_fields=["status", "attempts", "worker", "started_at", "heartbeat_at"])
+        verb = "resuming" if resumed else "started"
+        _event(job, JobEventKind.LOG, job.step, {"message": f"{verb} on {worker} (attempt {job.attempts})"})
+    return job
+
+
+def training_job_run(*, job_id: int, worker: str) -> str:
+    """Run (or resume) a job to its end. Returns the final status, or "skipped"."""
+    job = _claim(job_id, worker)
+    if job is None:
+        return "skipped"
+    stop_beat = threading.Event()
+    beat = threading.Thread(target=_heartbeat, args=(job.pk, worker, stop_beat), daemon=True)
+    beat.start()
+    try:
+        result = _train(job, worker)
+    except Exception as exc:
+        log.exception("training job %s failed", job.pk)
+        tail = "".join(traceback.format_exception(exc)[-3:])[-2000:]
+        TrainingJob.objects.filter(pk=job.pk, worker=worker).update(
+            status=JobStatus.FAILED, error=f"{type(exc).__name__}: {exc}"[:2000], finished_at=timezone.now()
+        )
+        _event(job, JobEventKind.LOG, job.step, {"message": f"failed: {tail}"})
+        return JobStatus.FAILED
+    finally:
+        stop_beat.set()
+        beat.join(timeout=5)
+    return _finish(job.pk, worker, result)
+
+
+def _heartbeat(job_id: int, worker: str, stop: threading.Event) -> None:
+    """Beat while the loop runs: a step can take minutes on a CPU."""
+    try:
+        while not stop.wait(settings.TRAINING_HEARTBEAT_SECONDS):
+            TrainingJob.objects.filter(pk=job_id, worker=worker).update(heartbeat_at=timezone.now())
+    finally:
+        connection.close()
+
+
+def job_items(job: TrainingJob) -> tuple[list[TurnItem], list[TurnItem]]:
+    """(train, held-out) items of the job's training set."""
+    train, heldout = [], []
+    for row in TrainingItem.objects.filter(training_set=job.training_set).order_by("id").iterator():
+        item = TurnItem(
+            id=row.key,
+            messages=row.messages,
+            tools=row.tools or None,
+            # Without a judge rubric the critique itself is what the judge scores against.
+            rubric=row.rubric if row.rubric is not None else row.feedback,
+            reference=row.reference or None,
+            grader=row.grader,
+            feedback=row.feedback,
+            target=row.corrected_response or None,
+            logged_response=(row.logged_response or {}).get("content") if row.logged_response else None,
+        )
+        (heldout if row.split == TrainingSplit.HELDOUT else train).append(item)
+    return train, heldout
+
+
+def scorer_for(items: list[TurnItem], *, deployment=None):
+    """Each item's grader when it has one; else the judge under the item's rubric (the
+    deployment's own judge endpoint when it has one)."""
+    from training.grpo.items import grader_scorer
+
+    graded = grader_scorer()
+    judge = None
+
+    def score(item: TurnItem, candidates: list[str]) -> list[float]:
+        nonlocal judge
+        if item.grader:
+            return graded(item, candidates)
+        if judge is None:
+            judge = _judge_scorer(deployment)
+        return judge(item, candidates)
+
+    return score
+
+
+def _judge_scorer(deployment):
+    from feedback.judge.scoring import score_candidates
+    from feedback.selectors.judge import judge_endpoint_for
+
+    endpoint = judge_endpoint_for(deployment=deployment)
+
+    def score(item: TurnItem, candidates: list[str]) -> list[float]:
+        scores = score_candidates(item.messages, item.rubric, candidates, endpoint=endpoint, tools=item.tools or ())
+        return [float(s) for s in scores]
+
+    return score
+
+
+def _train(job: TrainingJob, worker: str):
+    from training.grpo.common import Hooks
+
+    config = config_from_dict(job.config)
+    run_dir = job_run_dir(job)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    train, heldout = job_items(job)
+    hooks = _hooks(job.pk, worker, Hooks)
+    if job.kind == JobKind.GRPO:
+        from training.grpo.grpo import grpo_train
+
+        return grpo_train(
+            config=config,
+            items=train,
+            score=scorer_for(train, deployment=job.deployment),
+            run_dir=run_dir,
+            eval_items=heldout,
+            hooks=hooks,
+        )
+    eval_items = [it for it in heldout if it.grader]  # compliance is measured by a grader
+    score = scorer_for(eval_items, deployment=job.deployment) if eval_items else None
+    if job.kind == JobKind.DISTILL:
+        from training.grpo.distill import distill_train
+
+        items = [it for it in train if it.feedback]
+        return distill_train(
+            config=config, items=items, run_dir=run_dir, eval_items=eval_items, eval_score=score, hooks=hooks
+        )
+    from training.grpo.distill import sft_train
+
+    return sft_train(config=config, items=train, run_dir=run_dir, eval_items=eval_items, eval_score=score, hooks=hooks)
+
+
+def _hooks(job_id: int, worker: str, Hooks):
+    jobs = TrainingJob.objects.filter(pk=job_id, worker=worker)
+
+    def on_step(step: int, metrics: dict) -> None:
+        clean = {k: v for k, v in metrics.items() if v is not None}
+        TrainingJobEvent.objects.create(job_id=job_id, kind=JobEventKind.STEP, step=step, data=clean)
+        jobs.update(step=step, metrics=clean, heartbeat_at=timezone.now())
+
+    def on_eval(step: int, metrics: dict) -> None:
+        TrainingJobEvent.objects.create(job_id=job_id, kind=JobEventKind.EVAL, step=step, data=metrics)
+        job = TrainingJob.objects.get(pk=job_id)
+        summary = dict(job.eval_metrics or {})
+        summary.setdefault("first", metrics)
+        summary["latest"] = metrics
+        jobs.update(eval_metrics=summary)
+
+    def on_samples(step: int, rows: list[dict]) -> None:
+        TrainingJobEvent.objects.create(
+            job_id=job_id, kind=JobEventKind.SAMPLE, step=step, data={"rows": rows[:MAX_SAMPLE_ROWS]}
+        )
+
+    def on_checkpoint(step: int, path: Path) -> None:
+        jobs.update(checkpoint_path=str(path), checkpoint_step=step)
+        _event_id(job_id, JobEventKind.LOG, step, {"message": f"checkpoint at step {step}"})
+
+    def on_breach(step: int, breaches: list[dict]) -> None:
+        job = TrainingJob.objects.get(pk=job_id)
+        jobs.update(flagged=True, breaches=[*job.breaches, *breaches][-100:])
+        for breach in breaches:
+            TrainingJobEvent.objects.create(job_id=job_id, kind=JobEventKind.BREACH, step=step, data=breach)
+
+    def should_stop() -> bool:
+        row = TrainingJob.objects.filter(pk=job_id).values("cancel_requested", "worker").first()
+        # Stop too if another worker has taken the job over.
+        return row is None or row["cancel_requested"] or row["worker"] != worker
+
+    def log_line(message: str) -> None:
+        _event_id(job_id, JobEventKind.LOG, 0, {"message": message})
+
+    return Hooks(
+        on_step=on_step,
+        on_eval=on_eval,
+        on_samples=on_samples,
+        on_checkpoint=on_checkpoint,
+        on_breach=on_breach,
+        should_stop=should_stop,
+        log=log_line,
+    )
+
+
+def _finish(job_id: int, worker: str, result) -> str:
+    with transaction.atomic():
+        job = TrainingJob.objects.select_for_update().get(pk=job_id)
+        if job.worker != worker:
+            return "skipped"
+        now = timezone.now()
+        if result.status == "cancelled":
+            job.status = JobStatus.CANCELLED
+        elif result.status == "stopped":
+            job.status = JobStatus.STOPPED
+            job.error = "stopped by a monitor: " + "; ".join(b["message"] for b in result.breaches[-3:])
+        else:
+            job.status = JobStatus.FINISHED
+            job.result_version = _register_candidate(job, result.export_path)
+        job.finished_at = now
+        job.heartbeat_at = now
+        job.save(update_fields=["status", "error", "result_version", "finished_at", "heartbeat_at"])
+        message = f"{job.get_status_display().lower()} at step {result.step}"
+        if job.result_version_id:
+            message += f"; candidate version {job.result_version.name}"
+        _event(job, JobEventKind.LOG, result.step, {"message": message})
+    return job.status
+
+
+def _register_candidate(job: TrainingJob, export_path: Path | None) -> ModelVersion:
+    """A new version (status candidate), child of the version trained from. The live
+    pointer is not touched: promotion is a separate, approved step."""
+    if export_path is None:
+        raise RuntimeError("the job finished without an exported model")
+    parent = job.base_version
+    name = slugify(f"{parent.name}-{job.kind}-job{job.pk}")[:120]
+    dest = Path(settings.MODELS_DIR) / "versions" / name
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.move(str(export_path), dest)
+    from training.services.models import model_version_create
+
+    lora = job.config.get("adapter") == "lora"
+    return model_version_create(
+        name=name,
+        base_model=parent.base_model,
+        kind=ModelVersionKind.LORA if lora else ModelVersionKind.FULL,
+        path=dest,
+        parent=parent,
+        deployment=job.deployment,
+        created_by=job.created_by,
+        metadata={
+            "training_job": job.pk,
+            "job_kind": job.kind,
+            "training_set": job.training_set_id,
+            "steps": job.step,
+            "eval": job.eval_metrics,
+            "flagged": job.flagged,
+        },
+    )
+
+
+def _event(job: TrainingJob, kind: str, step: int, data: dict) -> None:
+    TrainingJobEvent.objects.create(job=job, kind=kind, step=step, data=data)
+
+
+def _event_id(job_id: int, kind: str, step: int, data: dict) -> None:
+    TrainingJobEvent.objects.create(job_id=job_id, kind=kind, step=step, data=data)

@@ -1,0 +1,170 @@
+"""Training jobs, web side: create, cancel, and the periodic check of stale heartbeats.
+
+Nothing here imports torch: the worker side lives in `training.services.job_runner`."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from training.grpo.config import ConfigError, config_from_dict
+from training.models import (
+    JobEventKind,
+    JobKind,
+    JobStatus,
+    ModelVersion,
+    ModelVersionKind,
+    TrainingItemKind,
+    TrainingJob,
+    TrainingJobEvent,
+    TrainingSet,
+)
+
+
+class JobError(ValueError):
+    """A job request that cannot be honoured; `errors` lists (field, reason) pairs."""
+
+    def __init__(self, errors: list[tuple[str, str]]):
+        self.errors = errors
+        super().__init__("; ".join(f"{f}: {r}" for f, r in errors))
+
+
+def model_paths(version: ModelVersion) -> dict[str, str]:
+    """Where the weights of `version` are, as config fields: a LoRA version trains on as
+    an adapter over its base model; a base or full version is the model itself."""
+    if version.kind == ModelVersionKind.LORA:
+        return {"model_path": version.base_model.path, "init_adapter": version.path}
+    return {"model_path": version.path, "init_adapter": ""}
+
+
+@transaction.atomic
+def training_job_create(
+    *,
+    kind: str,
+    config: dict,
+    base_version: ModelVersion,
+    training_set: TrainingSet,
+    user=None,
+) -> TrainingJob:
+    """Validate the config, store a queued job, and enqueue it once the row is committed.
+
+    The model paths come from `base_version`, never from the request."""
+    if kind not in JobKind.values:
+        raise JobError([("kind", f"must be one of {', '.join(JobKind.values)}")])
+    if not isinstance(config, dict):
+        raise JobError([("config", "must be an object")])
+    forbidden = [k for k in ("model_path", "init_adapter", "kind") if k in config]
+    if forbidden:
+        raise JobError([(f"config.{k}", "is set from the base version and kind") for k in forbidden])
+    data = {**config, **model_paths(base_version), "kind": kind}
+    if base_version.kind == ModelVersionKind.LORA and data.get("adapter", "lora") != "lora":
+        raise JobError([("config.adapter", "a LoRA version trains on as LoRA")])
+    try:
+        parsed = config_from_dict(data)
+    except ConfigError as exc:
+        raise JobError([(f"config.{f}", r) for f, r in exc.errors]) from None
+    _check_items(kind, training_set)
+    job = TrainingJob.objects.create(
+        kind=kind,
+        config=parsed.to_dict(),
+        training_set=training_set,
+        base_version=base_version,
+        deployment=training_set.deployment or base_version.deployment,
+        total_steps=parsed.steps,
+        created_by=user,
+    )
+    _log(job, "queued")
+    _enqueue(job)
+    return job
+
+
+def _check_items(kind: str, training_set: TrainingSet) -> None:
+    items = training_set.items.filter(split="train")
+    if not items.exists():
+        raise JobError([("training_set", "has no training items")])
+    if kind == JobKind.SFT and not items.exclude(corrected_response="").exists():
+        raise JobError([("training_set", "has no corrected responses to fine-tune on")])
+    if kind == JobKind.DISTILL and not items.exclude(feedback="").exists():
+        raise JobError([("training_set", "has no feedback to use as a hint")])
+    if kind == JobKind.GRPO:
+        ungraded = items.filter(kind=TrainingItemKind.TASK, grader="")
+        if ungraded.exists():
+            raise JobError([("training_set", "has tasks without a grader")])
+        unscorable = items.filter(kind=TrainingItemKind.TURN, rubric__isnull=True, feedback="")
+        if unscorable.exists():
+            raise JobError([("training_set", "has turns with neither a judge rubric nor feedback to score against")])
+
+
+def _enqueue(job: TrainingJob) -> None:
+    from training.tasks import training_job_run_task
+
+    training_job_run_task.delay_on_commit(job.pk)
+
+
+@transaction.atomic
+def training_job_cancel(*, job: TrainingJob, user=None) -> TrainingJob:
+    """A queued job is cancelled at once; a running one gets a flag that its loop reads
+    before the next step (it checkpoints, then stops)."""
+    job = TrainingJob.objects.select_for_update().get(pk=job.pk)
+    who = getattr(user, "username", "") or "someone"
+    if job.status == JobStatus.QUEUED:
+        job.status = JobStatus.CANCELLED
+        job.cancel_requested = True
+        job.finished_at = timezone.now()
+        job.save(update_fields=["status", "cancel_requested", "finished_at"])
+        _log(job, f"cancelled by {who} before it started")
+    elif job.status == JobStatus.RUNNING:
+        job.status = JobStatus.CANCELLING
+        job.cancel_requested = True
+        job.save(update_fields=["status", "cancel_requested"])
+        _log(job, f"cancel requested by {who}; stopping after the current step")
+    return job
+
+
+def training_jobs_check_stale(*, now: datetime | None = None) -> list[tuple[int, str]]:
+    """Find running jobs whose worker stopped sending heartbeats. Each is re-queued to
+    resume from its last checkpoint, or marked failed after too many attempts — never
+    left "running". A job that was being cancelled is marked cancelled."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.TRAINING_STALE_AFTER_SECONDS)
+    actions: list[tuple[int, str]] = []
+    stale = TrainingJob.objects.filter(
+        status__in=[JobStatus.RUNNING, JobStatus.CANCELLING], heartbeat_at__lt=cutoff
+    ).values_list("pk", flat=True)
+    for pk in stale:
+        with transaction.atomic():
+            job = TrainingJob.objects.select_for_update().get(pk=pk)
+            if job.status not in (JobStatus.RUNNING, JobStatus.CANCELLING) or (
+                job.heartbeat_at and job.heartbeat_at >= cutoff
+            ):
+                continue
+            silent = int((now - job.heartbeat_at).total_seconds()) if job.heartbeat_at else None
+            if job.status == JobStatus.CANCELLING:
+                job.status = JobStatus.CANCELLED
+                job.finished_at = now
+                job.save(update_fields=["status", "finished_at"])
+                _log(job, f"worker silent for {silent} s while cancelling; marked cancelled")
+                actions.append((pk, "cancelled"))
+            elif job.attempts < settings.TRAINING_MAX_ATTEMPTS:
+                job.status = JobStatus.QUEUED
+                job.worker = ""
+                job.save(update_fields=["status", "worker"])
+                where = f"checkpoint at step {job.checkpoint_step}" if job.checkpoint_path else "the start"
+                _log(job, f"worker silent for {silent} s; re-queued to resume from {where}")
+                _enqueue(job)
+                actions.append((pk, "requeued"))
+            else:
+                job.status = JobStatus.FAILED
+                job.error = f"the worker stopped sending heartbeats ({silent} s) after {job.attempts} attempts"
+                job.finished_at = now
+                job.save(update_fields=["status", "error", "finished_at"])
+                _log(job, job.error)
+                actions.append((pk, "failed"))
+    return actions
+
+
+def _log(job: TrainingJob, message: str) -> None:
+    TrainingJobEvent.objects.create(job=job, kind=JobEventKind.LOG, step=job.step, data={"message": message})

@@ -1,0 +1,143 @@
+"""Training sets: versioned, with provenance, and a train/held-out split that is a
+hash of each item's stable key (so a rebuild never moves an item across the split)."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Max
+
+from training.grpo.graders import GRADERS
+from training.models import TrainingItem, TrainingItemKind, TrainingSet, TrainingSplit
+
+
+class TrainingSetError(ValueError):
+    def __init__(self, errors: list[tuple[str, str]]):
+        self.errors = errors
+        super().__init__("; ".join(f"{f}: {r}" for f, r in errors))
+
+
+def split_for(key: str, heldout_fraction: float) -> str:
+    """Held out when the first 8 bytes of sha256(key), read as a fraction of 2^64, fall
+    below `heldout_fraction`: deterministic, uniform, independent of the other items."""
+    value = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64
+    return TrainingSplit.HELDOUT if value < heldout_fraction else TrainingSplit.TRAIN
+
+
+def _next_version(name: str) -> int:
+    return (TrainingSet.objects.filter(name=name).aggregate(v=Max("version"))["v"] or 0) + 1
+
+
+@transaction.atomic
+def training_set_create(
+    *,
+    name: str,
+    items: list[dict[str, Any]],
+    deployment=None,
+    selection: dict | None = None,
+    description: str = "",
+    heldout_fraction: float = 0.2,
+    user=None,
+) -> TrainingSet:
+    """Store the next version of `name` with `items` (dicts with TrainingItem's fields;
+    `key` required and unique). Validates everything before writing anything."""
+    errors: list[tuple[str, str]] = []
+    if not 0 <= heldout_fraction < 1:
+        errors.append(("heldout_fraction", "must be in [0, 1)"))
+    seen: set[str] = set()
+    for i, item in enumerate(items):
+        key = item.get("key")
+        if not isinstance(key, str) or not key:
+            errors.append((f"items[{i}].key", "required"))
+        elif key in seen:
+            errors.append((f"items[{i}].key", f"duplicate key {key!r}"))
+        else:
+            seen.add(key)
+        messages = item.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            errors.append((f"items[{i}].messages", "must be a non-empty list of chat messages"))
+        is_task = item.get("kind", TrainingItemKind.TURN) == TrainingItemKind.TASK
+        if is_task and item.get("grader") not in GRADERS:
+            errors.append((f"items[{i}].grader", f"must be one of {', '.join(GRADERS)}"))
+    if not items:
+        errors.append(("items", "no items selected"))
+    if errors:
+        raise TrainingSetError(errors)
+    training_set = TrainingSet.objects.create(
+        name=name,
+        version=_next_version(name),
+        deployment=deployment,
+        selection=selection or {},
+        description=description,
+        heldout_fraction=heldout_fraction,
+        created_by=user,
+    )
+    rows = [
+        TrainingItem(training_set=training_set, split=split_for(item["key"], heldout_fraction), **_item_fields(item))
+        for item in items
+    ]
+    TrainingItem.objects.bulk_create(rows, batch_size=500)
+    heldout = sum(1 for r in rows if r.split == TrainingSplit.HELDOUT)
+    training_set.item_count, training_set.heldout_count = len(rows), heldout
+    training_set.train_count = len(rows) - heldout
+    training_set.save(update_fields=["item_count", "heldout_count", "train_count"])
+    return training_set
+
+
+_FIELDS = {
+    "kind",
+    "key",
+    "messages",
+    "tools",
+    "rubric",
+    "feedback",
+    "logged_response",
+    "reward",
+    "corrected_response",
+    "correction_source",
+    "reference",
+    "grader",
+    "trace_id",
+    "message_id",
+    "provenance",
+}
+
+
+def _item_fields(item: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in item.items() if k in _FIELDS and v is not None}
+
+
+def training_set_from_tasks(
+    *, name: str, tasks: list[dict[str, Any]], heldout_fraction: float = 0.2, user=None, deployment=None
+) -> TrainingSet:
+    """Replayable tasks (prompt + reference answer + grader name) as a training set.
+    Each task: {"prompt": str | messages, "reference": str, "grader": str, "system"?: str}."""
+    items = []
+    for task in tasks:
+        prompt = task.get("prompt")
+        messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": str(prompt or "")}]
+        if task.get("system"):
+            messages = [{"role": "system", "content": task["system"]}, *messages]
+        key = "task:" + hashlib.sha256(repr((messages, task.get("reference"))).encode()).hexdigest()[:24]
+        items.append(
+            {
+                "kind": TrainingItemKind.TASK,
+                "key": key,
+                "messages": messages,
+                "reference": str(task.get("reference", "")),
+                "grader": task.get("grader", ""),
+                "feedback": task.get("feedback", ""),
+                "corrected_response": task.get("target", ""),
+                "provenance": {"source": "tasks"},
+            }
+        )
+    return training_set_create(
+        name=name,
+        items=items,
+        heldout_fraction=heldout_fraction,
+        user=user,
+        deployment=deployment,
+        selection={"kind": "tasks"},
+    )

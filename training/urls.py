@@ -1,0 +1,11 @@
+from django.urls import path
+
+from training import views
+
+app_name = "training"
+urlpatterns = [
+    path("training/jobs/", views.job_list, name="job-list"),
+    path("training/jobs/<int:job_id>/", views.job_detail, name="job-detail"),
+    path("training/jobs/<int:job_id>/cancel", views.job_cancel, name="job-cancel"),
+    path("training/sets/", views.training_set_build, name="set-build"),
+]

@@ -1,0 +1,207 @@
+"""Training pages: the job list with a start form, and the live job page (htmx)."""
+
+from __future__ import annotations
+
+import json
+
+from django.contrib.auth.decorators import login_required, permission_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils.safestring import mark_safe
+from django.views.decorators.http import require_POST
+
+from training import selectors
+from training.charts import line_chart
+from training.models import JobKind, ModelVersion, TrainingSet
+from training.services.jobs import JobError, training_job_cancel, training_job_create
+
+# The form's common fields; anything else goes in the JSON box.
+FORM_FIELDS = {
+    "steps": int,
+    "learning_rate": float,
+    "group_size": int,
+    "prompts_per_step": int,
+    "max_new_tokens": int,
+    "adapter": str,
+    "beta": float,
+}
+
+
+@login_required
+@permission_required("training.view_trainingjob", raise_exception=True)
+def job_list(request: HttpRequest) -> HttpResponse:
+    errors: list[tuple[str, str]] = []
+    form = {"kind": "grpo", "config": "{}"}
+    if request.method == "POST":
+        if not request.user.has_perm("training.add_trainingjob"):
+            raise PermissionDenied("starting training jobs needs the operator or admin role")
+        form = request.POST.dict()
+        job, errors = _create_from_form(request)
+        if job is not None:
+            return redirect("training:job-detail", job_id=job.pk)
+    context = {
+        "jobs": selectors.training_job_list(),
+        "versions": selectors.versions_to_train_from(),
+        "training_sets": selectors.training_sets(),
+        "kinds": JobKind.choices,
+        "errors": errors,
+        "form": form,
+        "queues": _queues(),
+        "set_form": {"heldout_fraction": "0.2"},
+    }
+    return render(request, "training/job_list.html", context, status=400 if errors else 200)
+
+
+def _create_from_form(request: HttpRequest):
+    errors: list[tuple[str, str]] = []
+    data = request.POST
+    try:
+        config = json.loads(data.get("config") or "{}")
+        if not isinstance(config, dict):
+            raise ValueError
+    except ValueError:
+        return None, [("config", "must be a JSON object")]
+    for name, cast in FORM_FIELDS.items():
+        raw = (data.get(name) or "").strip()
+        if raw:
+            try:
+                config[name] = cast(raw)
+            except ValueError:
+                errors.append((name, "must be an integer" if cast is int else "must be a number"))
+    version = (
+        ModelVersion.objects.filter(pk=data.get("base_version") or 0).first()
+        if _is_int(data.get("base_version"))
+        else None
+    )
+    training_set = (
+        TrainingSet.objects.filter(pk=data.get("training_set")).first() if _is_int(data.get("training_set")) else None
+    )
+    if version is None:
+        errors.append(("base_version", "choose a model version to train from"))
+    if training_set is None:
+        errors.append(("training_set", "choose a training set"))
+    if errors:
+        return None, errors
+    try:
+        job = training_job_create(
+            kind=data.get("kind", ""), config=config, base_version=version, training_set=training_set, user=request.user
+        )
+    except JobError as exc:
+        return None, exc.errors
+    return job, []
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, str) and value.isdigit()
+
+
+@login_required
+@permission_required("training.view_trainingjob", raise_exception=True)
+def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
+    job = selectors.training_job_get(job_id=job_id)
+    if job is None:
+        raise Http404("no such job")
+    series = selectors.job_step_series(job=job)
+    charts = [
+        mark_safe(line_chart(series[key], title=title, band=series["reward_band"] if key == "reward_mean" else None))
+        for key, title in selectors.CHARTS
+    ]
+    sample_steps = selectors.job_sample_steps(job=job)
+    chosen = request.GET.get("sample_step")
+    sample_step = int(chosen) if chosen and chosen.isdigit() else (sample_steps[-1] if sample_steps else None)
+    context = {
+        "job": job,
+        "charts": charts,
+        "eta": selectors.job_eta_seconds(job=job, step_seconds=series["step_seconds"]),
+        "percent": round(100 * job.progress),
+        "evals": selectors.job_evals(job=job),
+        "logs": selectors.job_logs(job=job),
+        "sample_steps": sample_steps,
+        "sample_step": sample_step,
+        "samples": selectors.job_samples(job=job, step=sample_step) if sample_step is not None else [],
+        "config_json": json.dumps(job.config, indent=1, sort_keys=True),
+    }
+    template = "training/job_detail.html"
+    if request.htmx and request.GET.get("partial") == "live":
+        template += "#live"
+    return render(request, template, context)
+
+
+@login_required
+@permission_required("training.change_trainingjob", raise_exception=True)
+@require_POST
+def job_cancel(request: HttpRequest, job_id: int) -> HttpResponse:
+    job = selectors.training_job_get(job_id=job_id)
+    if job is None:
+        raise Http404("no such job")
+    training_job_cancel(job=job, user=request.user)
+    return redirect("training:job-detail", job_id=job.pk)
+
+
+@login_required
+@permission_required("training.add_trainingset", raise_exception=True)
+@require_POST
+def training_set_build(request: HttpRequest) -> HttpResponse:
+    """Build a training set from the trace list's filters (its query string) or a queue."""
+    from django.http import QueryDict
+
+    from feedback.forms import TraceFilterForm
+    from training.services.feedback_sets import training_set_from_feedback
+    from training.services.training_sets import TrainingSetError
+
+    data = request.POST
+    errors: list[tuple[str, str]] = []
+    name = (data.get("name") or "").strip()
+    if not name or not name.replace("-", "").replace("_", "").isalnum():
+        errors.append(("name", "use letters, digits, - and _"))
+    try:
+        heldout = float(data.get("heldout_fraction") or 0.2)
+    except ValueError:
+        heldout = -1.0
+    if not 0 <= heldout < 1:
+        errors.append(("heldout_fraction", "must be a number in [0, 1)"))
+    queue = data.get("queue") or ""
+    query = (data.get("filters") or "").strip().lstrip("?")
+    if "?" in query:  # a whole trace-list URL was pasted
+        query = query.split("?", 1)[1]
+    filters = None
+    if not queue:
+        form = TraceFilterForm(QueryDict(query))
+        filters = form.filters()
+        errors += [(f"filters.{field}", "; ".join(msgs)) for field, msgs in form.errors.items()]
+    elif not queue.isdigit():
+        errors.append(("queue", "choose a queue"))
+    built = None
+    if not errors:
+        try:
+            built = training_set_from_feedback(
+                name=name,
+                filters=filters,
+                queue_id=int(queue) if queue else None,
+                heldout_fraction=heldout,
+                user=request.user,
+            )
+        except TrainingSetError as exc:
+            errors = exc.errors
+    if built is not None:
+        return redirect(f"{reverse('training:job-list')}?built={built.pk}")
+    context = {
+        "jobs": selectors.training_job_list(),
+        "versions": selectors.versions_to_train_from(),
+        "training_sets": selectors.training_sets(),
+        "kinds": JobKind.choices,
+        "errors": [],
+        "form": {"kind": "grpo", "config": "{}"},
+        "set_errors": errors,
+        "set_form": data.dict(),
+        "queues": _queues(),
+    }
+    return render(request, "training/job_list.html", context, status=400)
+
+
+def _queues():
+    from feedback.models import AnnotationQueue
+
+    return AnnotationQueue.objects.only("id", "name", "item_count")[:100]
