@@ -20,7 +20,7 @@ from rest_framework.views import APIView
 
 from feedback.models import Deployment
 from training.models import ModelVersion, TrainingSet
-from training.models_promotion import Evaluation, PromotionRequest
+from training.models_promotion import Evaluation, PromotionRequest, PromotionStatus
 from training.selectors_promotion import (
     audit_as_dict,
     audit_events,
@@ -29,6 +29,8 @@ from training.selectors_promotion import (
     evaluation_items,
     promotion_as_dict,
     promotion_get,
+    promotion_summary_as_dict,
+    promotions_recent,
     release_as_dict,
     release_get,
 )
@@ -85,6 +87,9 @@ class EvaluationCreateApi(PersonApi):
     permission_classes = [IsAuthenticated, needs(EVALUATE)]
 
     class InputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "EvaluationCreateInput"
+
         candidate = serializers.SlugRelatedField(slug_field="name", queryset=_versions)
         deployment = serializers.SlugRelatedField(slug_field="name", queryset=Deployment.objects.all())
         training_set = serializers.PrimaryKeyRelatedField(
@@ -140,12 +145,16 @@ class EvaluationCancelApi(PersonApi):
         return Response(evaluation_as_dict(evaluation_get(evaluation_id=evaluation_id)))
 
 
-class PromotionRequestCreateApi(PersonApi):
-    """Ask for a candidate to become the deployment's live version."""
+class PromotionRequestsApi(PersonApi):
+    """The requests: POST asks for a candidate to become the deployment's live version;
+    GET lists them, newest first (`?status=pending` for those waiting for a decision)."""
 
     permission_classes = [IsAuthenticated]  # the service names the permission it needs
 
     class InputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "PromotionRequestCreateInput"
+
         candidate = serializers.SlugRelatedField(slug_field="name", queryset=_versions)
         deployment = serializers.SlugRelatedField(slug_field="name", queryset=Deployment.objects.all())
         evaluation = serializers.PrimaryKeyRelatedField(queryset=Evaluation.objects.select_related("baseline"))
@@ -169,6 +178,28 @@ class PromotionRequestCreateApi(PersonApi):
         )
         promotion = promotion_get(promotion_id=promotion.pk)
         return Response(promotion_as_dict(promotion, preconditions=promotion_approve_check(promotion=promotion)), 201)
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("status", str, required=False, enum=PromotionStatus.values),
+            OpenApiParameter("limit", int, required=False, description="1-200, default 50"),
+        ],
+        responses={200: OpenApiResponse(description="Promotion requests.")},
+    )
+    def get(self, request):
+        if not request.user.has_perm(VIEW):
+            raise PermissionDenied(f"your role does not include {VIEW}")
+        status_ = request.query_params.get("status") or None
+        if status_ and status_ not in PromotionStatus.values:
+            return error_response(400, "status", f"one of {', '.join(PromotionStatus.values)}")
+        try:
+            limit = int(request.query_params.get("limit", 50))
+        except ValueError:
+            limit = 0
+        if not 1 <= limit <= 200:
+            return error_response(400, "limit", "between 1 and 200")
+        rows = promotions_recent(limit=limit, status=status_)
+        return Response({"promotions": [promotion_summary_as_dict(p) for p in rows]})
 
 
 class PromotionRequestDetailApi(PersonApi):
@@ -226,6 +257,9 @@ class RollbackApi(PersonApi):
     permission_classes = [IsAuthenticated]
 
     class InputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "RollbackInput"
+
         reason = serializers.CharField(required=False, allow_blank=True, max_length=500, default="")
 
     @extend_schema(request=InputSerializer, responses={202: OpenApiResponse(description="The queued release.")})

@@ -122,7 +122,7 @@ def deployment_states() -> list[DeploymentState]:
 def candidate_versions(*, limit: int = 50) -> list[ModelVersion]:
     """Versions that could be promoted: candidates and approved versions, newest first."""
     return list(
-        ModelVersion.objects.select_related("base_model", "parent", "deployment")
+        ModelVersion.objects.select_related("base_model", "parent", "deployment", "produced_by_job")
         .filter(status__in=[ModelVersionStatus.CANDIDATE, ModelVersionStatus.APPROVED])
         .exclude(kind="base")[:limit]
     )
@@ -226,6 +226,22 @@ def promotion_as_dict(p: PromotionRequest, *, preconditions: list | None = None)
     if preconditions is not None:
         out["preconditions"] = [c.as_dict() for c in preconditions]
     return out
+
+
+def promotion_summary_as_dict(p: PromotionRequest) -> dict[str, Any]:
+    """A request without its snapshot and releases (for lists)."""
+    return {
+        "id": p.pk,
+        "deployment": p.deployment.name,
+        "candidate": p.candidate.name,
+        "from_version": _name(p.from_version),
+        "evaluation": p.evaluation_id,
+        "status": p.status,
+        "requested_by": p.requested_by.username,
+        "requested_at": p.requested_at.isoformat(),
+        "decided_by": p.decided_by.username if p.decided_by else None,
+        "decided_at": p.decided_at.isoformat() if p.decided_at else None,
+    }
 
 
 def audit_as_dict(a: AuditEvent) -> dict[str, Any]:

@@ -221,3 +221,15 @@ def test_evaluation_report_escapes_trace_content(client, registry, operator):
         assert "<script>alert" not in html and "<img src=x" not in html
         assert "&lt;script&gt;" in html
         assert "script-src 'self'" in response["Content-Security-Policy"]
+
+
+def test_listing_requests_waiting_for_a_decision(client, registry, pending, operator, django_assert_num_queries):
+    as_user(client, operator)
+    with django_assert_num_queries(5):  # session, user, two permission queries, the requests (joined)
+        body = client.get("/api/v1/promotions?status=pending").json()
+    assert [(p["id"], p["candidate"], p["requested_by"]) for p in body["promotions"]] == [
+        (pending.pk, "smol-v1", "olga")
+    ]
+    assert client.get("/api/v1/promotions?status=rejected").json() == {"promotions": []}
+    assert client.get("/api/v1/promotions?status=nope").status_code == 400
+    assert as_user(client, user_with_role("reviewer", "rita")).get("/api/v1/promotions").status_code == 403
