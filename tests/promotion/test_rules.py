@@ -298,3 +298,25 @@ def test_an_evaluation_takes_the_held_out_items_of_a_training_set(registry, oper
             source.rubric,
         )
         assert item.source["training_item"] == source.pk
+
+
+def test_a_release_no_worker_finished_does_not_block_the_next_one_forever(registry, operator, approver):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from training.services.models import live_version_set
+
+    live_version_set(deployment=registry.deployment, version=registry.candidate)
+    stuck = rollback_request(deployment=registry.deployment, user=approver)
+    with pytest.raises(PromotionRefused, match=f"release {stuck.pk} is in progress"):
+        rollback_request(deployment=registry.deployment, user=approver)
+
+    Release.objects.filter(pk=stuck.pk).update(created_at=timezone.now() - timedelta(minutes=11))
+    again = rollback_request(deployment=registry.deployment, user=approver)
+
+    stuck.refresh_from_db()
+    assert stuck.status == ReleaseStatus.FAILED
+    assert "not finished within 600 s: is a worker consuming the deploy queue?" in stuck.error
+    assert again.status == ReleaseStatus.QUEUED
+    assert release_run(release_id=stuck.pk).status == ReleaseStatus.FAILED  # a late worker does nothing

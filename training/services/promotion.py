@@ -214,8 +214,13 @@ def _not_live(candidate: ModelVersion, live: ModelVersion | None) -> Preconditio
 
 def _no_release_running(deployment: Deployment) -> Precondition:
     from training.models_promotion import ACTIVE_RELEASE_STATUSES
+    from training.services.release import releases_stale
 
-    running = Release.objects.filter(deployment=deployment, status__in=ACTIVE_RELEASE_STATUSES).first()
+    running = (
+        Release.objects.filter(deployment=deployment, status__in=ACTIVE_RELEASE_STATUSES)
+        .exclude(pk__in=releases_stale(deployment=deployment))
+        .first()
+    )
     if running is not None:
         return Precondition(
             "release",
@@ -414,11 +419,12 @@ def _locked(promotion: PromotionRequest) -> PromotionRequest:
 def promotion_approve(*, promotion: PromotionRequest, user, comment: str = "") -> Release:
     """Approve and queue the release. Raises PermissionDenied (not an approver, or the
     requester) or PromotionRefused (a precondition that does not hold)."""
-    from training.services.release import release_queue
+    from training.services.release import release_queue, releases_fail_stale
 
     promotion = _locked(promotion)
     checks = promotion_approve_check(promotion=promotion, user=user)
     _refuse_decider(checks[:2])
+    releases_fail_stale(deployment=promotion.deployment)
     _raise_first(checks)
     live = live_version_get(deployment_id=promotion.deployment_id)
     promotion.status = PromotionStatus.APPROVED

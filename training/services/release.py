@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -50,6 +51,23 @@ def _ms_since(start) -> int:
 
 
 # Queue ---------------------------------------------------------------------------------
+
+
+def releases_stale(*, deployment: Deployment):
+    """Active releases no worker finished in time (none running, or one that died for good)."""
+    cutoff = timezone.now() - timedelta(seconds=settings.RELEASE_STALE_SECONDS)
+    return Release.objects.filter(deployment=deployment, status__in=ACTIVE_RELEASE_STATUSES, created_at__lt=cutoff)
+
+
+def releases_fail_stale(*, deployment: Deployment) -> int:
+    """Mark stale releases failed (the live pointer never moved for them), so a new release
+    or a rollback is not blocked forever by one that will not finish."""
+    count = 0
+    for release in releases_stale(deployment=deployment).values_list("pk", flat=True):
+        reason = f"not finished within {settings.RELEASE_STALE_SECONDS:.0f} s: is a worker consuming the deploy queue?"
+        if _fail(release, reason, unload=False) is not None:
+            count += 1
+    return count
 
 
 def release_queue(
@@ -120,7 +138,11 @@ def rollback_check(*, deployment: Deployment, user=None) -> list[Precondition]:
         checks.append(
             Precondition("deployable", "Deployable", ok, "" if ok else f"{target.name} cannot be served again")
         )
-    running = Release.objects.filter(deployment=deployment, status__in=ACTIVE_RELEASE_STATUSES).first()
+    running = (
+        Release.objects.filter(deployment=deployment, status__in=ACTIVE_RELEASE_STATUSES)
+        .exclude(pk__in=releases_stale(deployment=deployment))
+        .first()
+    )
     checks.append(
         Precondition(
             "release",
@@ -136,6 +158,8 @@ def rollback_check(*, deployment: Deployment, user=None) -> list[Precondition]:
 def rollback_request(*, deployment: Deployment, user, reason: str = "") -> Release:
     """Return the deployment to its previous version (load if needed, smoke, flip)."""
     checks = rollback_check(deployment=deployment, user=user)
+    if checks[0].ok:
+        releases_fail_stale(deployment=deployment)
     if not checks[0].ok:
         raise PermissionDenied(checks[0].detail)
     _raise_first(checks)
@@ -335,7 +359,7 @@ def _flip(release_id: int) -> Release | None:
     return release
 
 
-def _fail(release_id: int, reason: str) -> Release | None:
+def _fail(release_id: int, reason: str, *, unload: bool = True) -> Release | None:
     with transaction.atomic():
         release = _lock_active(release_id)
         if release is None:
@@ -359,7 +383,8 @@ def _fail(release_id: int, reason: str) -> Release | None:
     version = release.version
     # A broken adapter should not linger in the server; one some deployment serves stays.
     if (
-        release.kind == ReleaseKind.PROMOTION
+        unload
+        and release.kind == ReleaseKind.PROMOTION
         and version.kind == ModelVersionKind.LORA
         and not LiveVersion.objects.filter(version=version).exists()
     ):
