@@ -272,6 +272,7 @@ class GatewayApp:
             api_key_id=principal.key_id,
         )
         payload = orjson.dumps(request)
+        self.recorder.expect()
         try:
             if stream:
                 await self._stream(
@@ -282,7 +283,7 @@ class GatewayApp:
         finally:
             if not exchange.latency_ms:
                 exchange.latency_ms = (time.perf_counter() - t0) * 1000
-            self.recorder.submit(exchange)
+            self.recorder.submit(exchange, expected=True)
 
     @staticmethod
     def _parse(body: bytes) -> dict[str, Any]:

@@ -59,11 +59,18 @@ class Recorder:
 
     # -- the event loop's side: never blocks on the database ------------------------------------
 
-    def submit(self, exchange: Exchange) -> None:
-        if self._thread is None:
-            self.start()
+    def expect(self) -> None:
+        """Count an exchange that is still in flight, so `drain` also waits for it (a streamed
+        response may end at the client before the server side has submitted its exchange)."""
         with self._idle:
             self._pending += 1
+
+    def submit(self, exchange: Exchange, *, expected: bool = False) -> None:
+        if self._thread is None:
+            self.start()
+        if not expected:
+            with self._idle:
+                self._pending += 1
         self.stats["submitted"] += 1
         try:
             self._queue.put_nowait(exchange)
