@@ -57,7 +57,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 def _each(modeladmin, request, queryset, act, done: str) -> None:
     from training.services.evaluation import EvaluationError
-    from training.services.promotion import PromotionRefused
+    from training.services.promotion_checks import PromotionRefused
 
     for obj in queryset:
         try:

@@ -36,13 +36,13 @@ from training.selectors_promotion import (
 )
 from training.services.evaluation import GENERATORS, EvaluationError, evaluation_cancel, evaluation_create
 from training.services.promotion import (
-    PromotionRefused,
     promotion_approve,
     promotion_approve_check,
     promotion_reject,
     promotion_request_create,
     promotion_withdraw,
 )
+from training.services.promotion_checks import PromotionRefused
 from training.services.release import rollback_request
 from webapp.api_errors import error_response
 

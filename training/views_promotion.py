@@ -40,9 +40,6 @@ from training.selectors_promotion import (
 )
 from training.services.evaluation import EvaluationError, evaluation_cancel, evaluation_create
 from training.services.promotion import (
-    APPROVE,
-    PromotionRefused,
-    lineage,
     promotion_approve,
     promotion_approve_check,
     promotion_reject,
@@ -50,6 +47,7 @@ from training.services.promotion import (
     promotion_request_create,
     promotion_withdraw,
 )
+from training.services.promotion_checks import APPROVE, PromotionRefused, lineage
 from training.services.release import rollback_check, rollback_request, rollback_target
 
 VIEW = "training.view_promotionrequest"

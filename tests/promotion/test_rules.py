@@ -11,13 +11,13 @@ from tests.promotion.conftest import evaluation_row
 from training.models import LiveVersion
 from training.models_promotion import AuditAction, AuditEvent, PromotionStatus, Release, ReleaseStatus
 from training.services.promotion import (
-    PromotionRefused,
     promotion_approve,
     promotion_approve_check,
     promotion_reject,
     promotion_request_create,
     promotion_withdraw,
 )
+from training.services.promotion_checks import PromotionRefused
 from training.services.release import release_run, rollback_request, rollback_target
 
 

@@ -37,7 +37,7 @@ from training.models_promotion import (
 )
 from training.services.audit import audit_record
 from training.services.models import ModelRegistryError, live_version_set
-from training.services.promotion import APPROVE, Precondition, PromotionRefused, _raise_first
+from training.services.promotion_checks import APPROVE, Precondition, PromotionRefused, raise_first_unmet
 
 logger = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ def rollback_request(*, deployment: Deployment, user, reason: str = "") -> Relea
         releases_fail_stale(deployment=deployment)
     if not checks[0].ok:
         raise PermissionDenied(checks[0].detail)
-    _raise_first(checks)
+    raise_first_unmet(checks)
     target = rollback_target(deployment=deployment)
     live = LiveVersion.objects.select_related("version").get(deployment=deployment)
     # The request that put the current version live, so its page shows the rollback too.

@@ -1,0 +1,146 @@
+"""Evaluation items: what a candidate is evaluated on, snapshotted when the evaluation is
+created — a training set's held-out items, hand-picked traces, or items given directly."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from feedback.models import Deployment, Message, Trace
+from training.models_promotion import EvaluationItemKind
+
+
+class EvaluationError(ValueError):
+    """The evaluation cannot be created as asked: (field, reason) pairs."""
+
+    def __init__(self, errors: list[tuple[str, str]]) -> None:
+        self.errors = errors
+        super().__init__("; ".join(f"{f}: {r}" if f else r for f, r in errors))
+
+
+def _turn_items_of_trace(trace: Trace, messages: list[Message]) -> list[dict[str, Any]]:
+    """A hand-picked trace's assistant turns that a judge has given a rubric, or, when none
+    has, its last assistant turn (scored under the default rubric)."""
+    from feedback.selectors.judge import judge_results_for_messages
+    from feedback.selectors.traces import message_as_openai
+
+    turns = [m for m in messages if m.role == "assistant"]
+    if not turns:
+        return []
+    latest = {
+        mid: next((r for r in results if r.is_latest and r.rubric), None)
+        for mid, results in judge_results_for_messages(message_ids=[m.pk for m in turns]).items()
+    }
+    judged = [m for m in turns if latest.get(m.pk) is not None]
+    chosen = judged or [turns[-1]]
+    out = []
+    for m in chosen:
+        result = latest.get(m.pk)
+        out.append(
+            {
+                "kind": EvaluationItemKind.TURN,
+                "key": f"trace:{trace.pk}:{m.position}",
+                "source": {"trace": trace.pk, "message": m.pk, "judge_result": result.pk if result else None},
+                "messages": [message_as_openai(x) for x in messages if x.position < m.position],
+                "tools": trace.tools or None,
+                "rubric": result.rubric if result else None,
+                "logged_response": message_as_openai(m),
+            }
+        )
+    return out
+
+
+def items_from_traces(*, trace_ids: Sequence[int], deployment: Deployment) -> list[dict[str, Any]]:
+    traces = {t.pk: t for t in Trace.objects.filter(pk__in=list(trace_ids), deployment=deployment)}
+    missing = [t for t in trace_ids if t not in traces]
+    if missing:
+        raise EvaluationError([("trace_ids", f"no traces {missing[:10]} in deployment {deployment.name}")])
+    by_trace: dict[int, list[Message]] = {t: [] for t in traces}
+    for m in Message.objects.filter(trace_id__in=list(traces)).order_by("trace_id", "position"):
+        by_trace[m.trace_id].append(m)
+    out: list[dict[str, Any]] = []
+    for trace_id in trace_ids:
+        out += _turn_items_of_trace(traces[trace_id], by_trace[trace_id])
+    return out
+
+
+def _check_given_item(i: int, item: Any) -> list[tuple[str, str]]:
+    from training.grpo.graders import GRADERS
+
+    where = f"items[{i}]"
+    if not isinstance(item, dict):
+        return [(where, "must be an object")]
+    errors = []
+    messages = item.get("messages")
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        errors.append((f"{where}.messages", "must be a non-empty list of chat messages"))
+    elif messages[-1].get("role") == "assistant":
+        errors.append((f"{where}.messages", "must end before the assistant turn to generate"))
+    if item.get("tools") is not None and not isinstance(item["tools"], list):
+        errors.append((f"{where}.tools", "must be a list of tool definitions"))
+    grader = item.get("grader") or ""
+    if grader and grader not in GRADERS:
+        errors.append((f"{where}.grader", f"unknown grader {grader!r}; known: {', '.join(GRADERS)}"))
+    if grader and not isinstance(item.get("reference"), str):
+        errors.append((f"{where}.reference", "a graded item needs its reference answer"))
+    if item.get("rubric") is not None:
+        from feedback.judge.schemas import Rubric, SchemaViolation
+
+        try:
+            Rubric.from_data(item["rubric"])
+        except SchemaViolation as exc:
+            errors.append((f"{where}.rubric", str(exc)))
+    return errors
+
+
+def items_given(items: Sequence[Any]) -> list[dict[str, Any]]:
+    """Items given directly (API): context messages, optional tools, rubric, grader and
+    reference. All are checked before any is stored."""
+    errors = [e for i, item in enumerate(items) for e in _check_given_item(i, item)]
+    if errors:
+        raise EvaluationError(errors)
+    return [
+        {
+            "kind": EvaluationItemKind.TASK if item.get("grader") else EvaluationItemKind.TURN,
+            "key": str(item.get("key") or f"given:{i}")[:300],
+            "source": {"given": i},
+            "messages": item["messages"],
+            "tools": item.get("tools"),
+            "rubric": item.get("rubric"),
+            "reference": item.get("reference") or "",
+            "grader": item.get("grader") or "",
+        }
+        for i, item in enumerate(items)
+    ]
+
+
+def items_from_training_set(*, training_set) -> list[dict[str, Any]]:
+    """The set's held-out items: logged turns (scored by the judge under their rubric) and
+    replayable tasks (graded against their reference)."""
+    from training.models import TrainingItem, TrainingItemKind, TrainingSplit
+
+    rows = TrainingItem.objects.filter(training_set=training_set, split=TrainingSplit.HELDOUT).order_by("id")
+    out = []
+    for item in rows:
+        task = item.kind == TrainingItemKind.TASK
+        out.append(
+            {
+                "kind": EvaluationItemKind.TASK if task else EvaluationItemKind.TURN,
+                "key": item.key[:300],
+                "source": {
+                    "training_item": item.pk,
+                    "training_set": training_set.pk,
+                    "trace": item.trace_id,
+                    "message": item.message_id,
+                },
+                "messages": item.messages,
+                "tools": item.tools or None,
+                "rubric": item.rubric or None,
+                "reference": item.reference,
+                "grader": item.grader,
+                "logged_response": item.logged_response,
+            }
+        )
+    if not out:
+        raise EvaluationError([("training_set", f"{training_set} has no held-out items")])
+    return out

@@ -1,0 +1,214 @@
+"""The preconditions of a promotion, each named with whether it holds, and the figures a
+request records (the producing job's monitors, the judge's agreement)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.utils import timezone
+
+from feedback.models import Deployment
+from training.models import ModelVersion, ModelVersionKind, ModelVersionStatus
+from training.models_promotion import ACTIVE_RELEASE_STATUSES, Evaluation, EvaluationStatus, Release
+
+APPROVE = "training.approve_promotion"
+REQUEST = "training.add_promotionrequest"
+
+
+class PromotionRefused(Exception):
+    """A precondition does not hold; `field` names what, the message says why."""
+
+    def __init__(self, reason: str, *, field: str = "", code: str = "") -> None:
+        super().__init__(reason)
+        self.field = field
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class Precondition:
+    code: str
+    label: str
+    ok: bool
+    detail: str
+    field: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "label": self.label, "ok": self.ok, "detail": self.detail}
+
+
+def raise_first_unmet(checks: list[Precondition]) -> None:
+    for check in checks:
+        if not check.ok:
+            raise PromotionRefused(check.detail, field=check.field, code=check.code)
+
+
+def lineage(version: ModelVersion, *, limit: int = 100) -> list[ModelVersion]:
+    """The version and its ancestors, nearest first."""
+    chain, seen, current = [], set(), version
+    while current is not None and current.pk not in seen and len(chain) < limit:
+        chain.append(current)
+        seen.add(current.pk)
+        current = current.parent
+    return chain
+
+
+def training_job_of(version: ModelVersion):
+    """The training job that produced the version, if it was trained here."""
+    return getattr(version, "produced_by_job", None)
+
+
+def monitors_snapshot(version: ModelVersion) -> dict[str, Any]:
+    """The producing job's monitor state: breaches, whether it was flagged or stopped."""
+    job = training_job_of(version)
+    if job is None:
+        return {"job": None, "breaches": [], "flagged": False}
+    return {
+        "job": job.pk,
+        "job_status": job.status,
+        "flagged": bool(job.flagged),
+        "breaches": list(job.breaches or [])[-20:],
+        "eval_metrics": job.eval_metrics or {},
+    }
+
+
+def agreement_snapshot(deployment: Deployment) -> dict[str, Any]:
+    """The judge's agreement with operators now, per judge version, and the training gate."""
+    from feedback.selectors.judge import agreement_as_dict, agreement_by_version, judge_reward_gate
+
+    gate = judge_reward_gate(deployment=deployment)
+    return {
+        "at": timezone.now().isoformat(),
+        "gate": {
+            "allowed": gate.allowed,
+            "reason": gate.reason,
+            "judge_model": gate.judge_model,
+            "prompt_version": gate.prompt_version,
+            "kappa": gate.kappa,
+            "n": gate.n,
+        },
+        "versions": [agreement_as_dict(row) for row in agreement_by_version(deployment=deployment)],
+    }
+
+
+def snapshot(candidate: ModelVersion, deployment: Deployment, evaluation: Evaluation) -> dict[str, Any]:
+    return {
+        "at": timezone.now().isoformat(),
+        "monitors": monitors_snapshot(candidate),
+        "judge_agreement": agreement_snapshot(deployment),
+        "evaluation": {"id": evaluation.pk, "status": evaluation.status, "summary": evaluation.summary},
+    }
+
+
+# Shared preconditions -----------------------------------------------------------------
+
+
+def check_deployable(candidate: ModelVersion) -> Precondition:
+    if candidate.status == ModelVersionStatus.FAILED:
+        return Precondition("deployable", "Deployable", False, f"{candidate.name} failed", "candidate")
+    if candidate.kind == ModelVersionKind.FULL:
+        return Precondition(
+            "deployable",
+            "Deployable",
+            False,
+            f"{candidate.name} is a full checkpoint: the shared inference server hot-loads LoRA adapters only. "
+            "Register the checkpoint as a base model served by its own server (prepare_model local --path … "
+            "--name …; serve_inference --base … --port …) and promote that base version",
+            "candidate",
+        )
+    return Precondition("deployable", "Deployable", True, f"{candidate.get_kind_display()} over {candidate.base_model}")
+
+
+def check_evaluation_finished(evaluation: Evaluation, candidate: ModelVersion, deployment: Deployment) -> Precondition:
+    label = "Evaluation finished"
+    if evaluation.candidate_id != candidate.pk or evaluation.deployment_id != deployment.pk:
+        return Precondition(
+            "evaluation", label, False, f"evaluation {evaluation.pk} is not of {candidate.name} on {deployment.name}"
+        )
+    if evaluation.status != EvaluationStatus.FINISHED:
+        progress = f", {evaluation.done}/{evaluation.total} items" if evaluation.is_active else ""
+        error = f": {evaluation.error[:200]}" if evaluation.error else ""
+        return Precondition(
+            "evaluation",
+            label,
+            False,
+            f"evaluation {evaluation.pk} is not finished ({evaluation.get_status_display().lower()}{progress}{error})",
+            "evaluation",
+        )
+    return Precondition("evaluation", label, True, f"evaluation {evaluation.pk}: {evaluation.total} items")
+
+
+def check_evaluation_current(evaluation: Evaluation, live: ModelVersion | None) -> Precondition:
+    label = "Compared with the live version"
+    if live is not None and evaluation.baseline_id != live.pk:
+        return Precondition(
+            "baseline",
+            label,
+            False,
+            f"evaluation {evaluation.pk} compared against {evaluation.baseline.name}, but {live.name} is live now: "
+            "run a new evaluation",
+            "evaluation",
+        )
+    return Precondition("baseline", label, True, f"against {evaluation.baseline.name}")
+
+
+def check_monitors(candidate: ModelVersion, override_reason: str) -> Precondition:
+    label = "No monitor breach"
+    snap = monitors_snapshot(candidate)
+    breaches = snap["breaches"]
+    if snap.get("flagged") or breaches or snap.get("job_status") == "stopped":
+        what = "; ".join(str(b.get("message", b)) for b in breaches[-3:]) or "the job was flagged"
+        if override_reason.strip():
+            return Precondition("monitors", label, True, f"breach overridden: {override_reason.strip()[:300]}")
+        return Precondition(
+            "monitors",
+            label,
+            False,
+            f"training job {snap['job']} breached a monitor ({what}); give a reason to override",
+            "breach_override_reason",
+        )
+    detail = f"training job {snap['job']}: no breach" if snap["job"] else "not trained here: no monitors"
+    return Precondition("monitors", label, True, detail)
+
+
+def check_lineage(candidate: ModelVersion, live: ModelVersion | None, rebase_reason: str) -> Precondition:
+    label = "Built from the live version"
+    if live is None:
+        return Precondition("lineage", label, True, "no live version yet")
+    if any(v.pk == live.pk for v in lineage(candidate)):
+        return Precondition("lineage", label, True, f"{live.name} is an ancestor")
+    if rebase_reason.strip():
+        return Precondition("lineage", label, True, f"rebased explicitly: {rebase_reason.strip()[:300]}")
+    return Precondition(
+        "lineage",
+        label,
+        False,
+        f"{candidate.name} was not built from the live version {live.name} (its lineage: "
+        f"{' ← '.join(v.name for v in lineage(candidate)[:6])}); rebase explicitly with a reason",
+        "rebase_reason",
+    )
+
+
+def check_not_live(candidate: ModelVersion, live: ModelVersion | None) -> Precondition:
+    ok = live is None or live.pk != candidate.pk
+    return Precondition(
+        "not_live", "Not live already", ok, "" if ok else f"{candidate.name} is already live", "candidate"
+    )
+
+
+def check_no_release_running(deployment: Deployment) -> Precondition:
+    from training.services.release import releases_stale
+
+    running = (
+        Release.objects.filter(deployment=deployment, status__in=ACTIVE_RELEASE_STATUSES)
+        .exclude(pk__in=releases_stale(deployment=deployment))
+        .first()
+    )
+    if running is not None:
+        return Precondition(
+            "release",
+            "No release in progress",
+            False,
+            f"release {running.pk} of {running.version.name} to {deployment.name} is in progress",
+        )
+    return Precondition("release", "No release in progress", True, "")
