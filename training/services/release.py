@@ -43,7 +43,12 @@ logger = logging.getLogger(__name__)
 
 
 class ReleaseFailed(Exception):
-    """A release step failed; the message is the reason shown on the page."""
+    """A release step failed; the message is the reason shown on the page. `reached_server`
+    is False when the version was refused before anything was sent to the server."""
+
+    def __init__(self, reason: str, *, reached_server: bool = True) -> None:
+        super().__init__(reason)
+        self.reached_server = reached_server
 
 
 def _ms_since(start) -> int:
@@ -207,7 +212,7 @@ def release_load(version: ModelVersion) -> dict[str, Any]:
 
         problems = adapter_problems(version.path)
         if problems:
-            raise ReleaseFailed(f"{version.name} was not loaded: " + "; ".join(problems))
+            raise ReleaseFailed(f"{version.name} was not loaded: " + "; ".join(problems), reached_server=False)
         try:
             client.adapter_load(version.name, version.path, base_url=url, timeout=settings.RELEASE_LOAD_TIMEOUT)
         except client.InferenceError as exc:
@@ -216,7 +221,8 @@ def release_load(version: ModelVersion) -> dict[str, Any]:
     if version.kind == ModelVersionKind.FULL:
         raise ReleaseFailed(
             f"{version.name} is a full checkpoint; the shared server hot-loads LoRA adapters only "
-            "(serve the checkpoint as its own base model)"
+            "(serve the checkpoint as its own base model)",
+            reached_server=False,
         )
     try:
         served = {m.id for m in client.models_list(base_url=url)}
@@ -315,7 +321,9 @@ def release_run(*, release_id: int, worker: str = "") -> Release | None:
             data=smoke,
         )
         return _flip(release_id)
-    except (ReleaseFailed, ModelRegistryError) as exc:
+    except ReleaseFailed as exc:
+        return _fail(release_id, str(exc), unload=exc.reached_server)
+    except ModelRegistryError as exc:
         return _fail(release_id, str(exc))
     except Exception as exc:
         logger.exception("release %s failed", release_id)
