@@ -199,10 +199,23 @@ def _message_values(trace_id: int, position: int, m: ParsedMessage, now: datetim
     )
 
 
+def strip_nul(value: Any) -> Any:
+    """`value` with U+0000 replaced by U+FFFD in every string: PostgreSQL's text and jsonb
+    cannot hold NUL, and untrusted trace content (or a model's output) may contain it."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, list):
+        return [strip_nul(v) for v in value]
+    if isinstance(value, dict):
+        return {strip_nul(k): strip_nul(v) for k, v in value.items()}
+    return value
+
+
 def _copy(table: str, columns: Sequence[str], json_columns: set[str], rows: Iterable[tuple]) -> None:
     """COPY rows into a table; JSON values are serialised here with orjson (psycopg's own
     JSON dumper uses the standard library, several times slower on large batches)."""
     json_at = [i for i, c in enumerate(columns) if c in json_columns]
+    text_at = [i for i, c in enumerate(columns) if c not in json_columns]
     dumps = orjson.dumps
     sql = f"COPY {table} ({', '.join(columns)}) FROM STDIN"
     with connection.cursor() as cursor, cursor.cursor.copy(sql) as copy:
@@ -210,7 +223,14 @@ def _copy(table: str, columns: Sequence[str], json_columns: set[str], rows: Iter
             row = list(row)
             for i in json_at:
                 if row[i] is not None:
-                    row[i] = dumps(row[i]).decode()
+                    dumped = dumps(row[i])
+                    if b"\\u0000" in dumped:
+                        dumped = dumps(strip_nul(row[i]))
+                    row[i] = dumped.decode()
+            for i in text_at:
+                value = row[i]
+                if value.__class__ is str and "\x00" in value:
+                    row[i] = strip_nul(value)
             copy.write_row(row)
 
 
@@ -353,7 +373,7 @@ def _apply_appended(trace: Trace, extra: list[ParsedMessage], p: ParsedTrace | N
     trace.updated_at = now
     fields = ["message_count", "assistant_turn_count", "tool_call_count", "total_tokens", "preview", "updated_at"]
     if p is not None:
-        trace.metadata = {**trace.metadata, **p.metadata}
+        trace.metadata = strip_nul({**trace.metadata, **p.metadata})
         trace.status = p.status
         fields += ["metadata", "status"]
         if p.ended_at:

@@ -250,3 +250,17 @@ def test_openapi_schema_is_served(client):
     response = client.get("/api/schema/", HTTP_ACCEPT="application/json")
     assert response.status_code == 200
     assert b"/api/v1/traces" in response.content
+
+
+@pytest.mark.django_db
+def test_nul_characters_in_untrusted_content_do_not_fail_the_batch(client, ingest_key, settings):
+    trace = tool_trace("nul")
+    trace["messages"][1] = {"role": "user", "content": "before\x00after"}
+    trace["metadata"] = {"note": "a\x00b"}
+    response = post(client, ingest_key, {"traces": [trace, tool_trace("plain")]})
+    assert response.status_code == 207 and response.json()["created"] == 2
+    stored = Trace.objects.get(external_id="nul")
+    # PostgreSQL cannot hold NUL in text or jsonb: it becomes U+FFFD there; SQLite keeps it.
+    nul = "\ufffd" if settings.IS_POSTGRES else "\x00"
+    assert stored.messages.get(position=1).content == f"before{nul}after"
+    assert stored.metadata["note"] == f"a{nul}b"
