@@ -275,3 +275,6 @@ RELEASE_SMOKE_TIMEOUT = float(os.environ.get("PRACTICUM_RELEASE_SMOKE_TIMEOUT", 
 RELEASE_LOAD_TIMEOUT = float(os.environ.get("PRACTICUM_RELEASE_LOAD_TIMEOUT", 120))
 # A release no worker finished in this long is marked failed when the next one is asked for.
 RELEASE_STALE_SECONDS = float(os.environ.get("PRACTICUM_RELEASE_STALE_SECONDS", 600))
+
+# Task environments for multi-turn episodes: modules whose import registers them (`@register`).
+PRACTICUM_ENVIRONMENT_MODULES = env_list("PRACTICUM_ENVIRONMENT_MODULES", "")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -13,6 +14,13 @@ from tests.factories import DeploymentFactory
 from tests.promotion.conftest import make_adapter_folder
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+
+def _run(coroutine):
+    """Run a coroutine on its own thread: a session-scoped browser (Playwright's sync API) keeps
+    an event loop running on the main thread, where `asyncio.run` refuses to start another."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
 
 
 def test_a_flip_reaches_a_gateway_with_a_long_cache_at_once(tmp_path):
@@ -32,12 +40,12 @@ def test_a_flip_reaches_a_gateway_with_a_long_cache_at_once(tmp_path):
     listener = access.listen()
     try:
         assert listener.listening.wait(10)
-        assert asyncio.run(access.route(principal)).version_name == "smol"
+        assert _run(access.route(principal)).version_name == "smol"
         live_version_set(deployment=deployment, version=v1)  # commits: NOTIFY is delivered
         deadline = time.monotonic() + 5
         while access.routes.get(deployment.pk)[0] and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert asyncio.run(access.route(principal)).version_name == "smol-v1"
+        assert _run(access.route(principal)).version_name == "smol-v1"
         # A flip that rolls back is never announced: the cached route stays.
         from django.db import transaction
 

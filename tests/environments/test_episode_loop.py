@@ -1,0 +1,132 @@
+"""The episode loop: tool results go back to the model, a tool's failure never ends the
+episode, budgets end it, and the state is always released."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from training.environments import Completion, Environment, Grade, Task, ToolError, episode_run
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "add", "description": "a + b", "parameters": {"type": "object", "properties": {}}},
+    }
+]
+
+
+class Counter(Environment):
+    name = "counter-test"
+    max_steps = 4
+
+    def __init__(self):
+        self.closed = 0
+
+    def tasks(self):
+        return [Task(id="t1", prompt="Add 2 and 3.", tools=TOOLS, hidden={"answer": 5})]
+
+    def reset(self, task):
+        return {"total": None}
+
+    def call(self, state, name, arguments):
+        if arguments.get("a") == "boom":
+            raise RuntimeError("a bug in the tool")
+        if not isinstance(arguments.get("a"), int):
+            raise ToolError("a must be an integer")
+        state["total"] = arguments["a"] + arguments["b"]
+        return str(state["total"])
+
+    def grade(self, state, messages):
+        ok = state["total"] == 5 and "5" in (messages[-1].get("content") or "")
+        return Grade(1.0 if ok else 0.0, "added and answered" if ok else "wrong or no answer")
+
+    def close(self, state):
+        self.closed += 1
+
+
+def call(arguments) -> Completion:
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    message = {
+        "content": "",
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "add", "arguments": args}}],
+    }
+    return Completion(message=message, tokens=10, finish_reason="tool_calls")
+
+
+def scripted(*turns):
+    seen = []
+
+    def complete(messages, tools, max_tokens):
+        seen.append([dict(m) for m in messages])
+        return turns[len(seen) - 1]
+
+    complete.seen = seen
+    return complete
+
+
+def test_a_tool_result_reaches_the_model_and_the_grader_reads_the_final_state():
+    env = Counter()
+    complete = scripted(call({"a": 2, "b": 3}), Completion({"content": "It is 5."}, tokens=4))
+    episode = episode_run(env, env.task("t1"), complete)
+    assert episode.reward == 1.0 and episode.end == "answered"
+    assert complete.seen[1][-1] == {"role": "tool", "tool_call_id": "c1", "name": "add", "content": "5"}
+    assert (episode.tool_calls, episode.tool_errors, episode.tokens, env.closed) == (1, 0, 14, 1)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error"),
+    [
+        ("{not json", "error: the arguments are not valid JSON"),
+        ("[1, 2]", "error: the arguments must be a JSON object"),
+        ({"a": "x", "b": 1}, "error: a must be an integer"),
+        ({"a": "boom", "b": 1}, "error: add failed: RuntimeError"),
+        ({"a": 1}, "error: add failed: KeyError"),
+    ],
+)
+def test_a_bad_call_is_an_error_the_model_reads_not_a_crash(arguments, error):
+    env = Counter()
+    complete = scripted(call(arguments), call({"a": 2, "b": 3}), Completion({"content": "5"}, tokens=1))
+    episode = episode_run(env, env.task("t1"), complete)
+    assert complete.seen[1][-1]["content"].startswith(error)
+    assert episode.tool_errors == 1 and episode.reward == 1.0
+
+
+def test_an_unknown_tool_is_named_in_the_error():
+    env = Counter()
+    bad = Completion({"tool_calls": [{"id": "x", "function": {"name": "rm", "arguments": "{}"}}]}, tokens=3)
+    complete = scripted(bad, Completion({"content": "no"}, tokens=1))
+    episode = episode_run(env, env.task("t1"), complete)
+    assert complete.seen[1][-1]["content"] == "error: unknown tool 'rm'; the tools are: add"
+    assert episode.reward == 0.0
+
+
+def test_the_step_budget_ends_an_episode_that_never_answers():
+    env = Counter()
+    episode = episode_run(env, env.task("t1"), lambda m, t, n: call({"a": 2, "b": 3}))
+    assert episode.end == "step_budget" and len(episode.completions) == Counter.max_steps
+    assert env.closed == 1
+
+
+def test_the_token_budget_ends_an_episode_and_the_model_is_told_what_is_left():
+    env = Counter()
+    budgets = []
+
+    def complete(messages, tools, max_tokens):
+        budgets.append(max_tokens)
+        return call({"a": 2, "b": 3})
+
+    episode = episode_run(env, env.task("t1"), complete, max_tokens=25)
+    assert budgets == [25, 15, 5] and episode.end == "token_budget"
+
+
+def test_the_state_is_released_when_the_model_fails():
+    env = Counter()
+
+    def complete(messages, tools, max_tokens):
+        raise ConnectionError("the server went away")
+
+    with pytest.raises(ConnectionError):
+        episode_run(env, env.task("t1"), complete)
+    assert env.closed == 1

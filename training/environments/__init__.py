@@ -1,0 +1,32 @@
+"""Task environments: multi-turn tool tasks whose state lives outside the trainer.
+
+`base` holds the interface and the registry, `episodes` the loop that drives one episode
+with any completion function (the trainer's policy, vLLM, or the gateway through the
+`openai` client). Importing this package imports no ML library.
+"""
+
+from training.environments.base import (
+    Environment,
+    Grade,
+    Task,
+    ToolError,
+    ToolResult,
+    environment_get,
+    environment_names,
+    register,
+)
+from training.environments.episodes import Completion, Episode, episode_run
+
+__all__ = [
+    "Completion",
+    "Environment",
+    "Episode",
+    "Grade",
+    "Task",
+    "ToolError",
+    "ToolResult",
+    "environment_get",
+    "environment_names",
+    "episode_run",
+    "register",
+]

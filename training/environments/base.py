@@ -1,0 +1,159 @@
+"""The environment interface, small enough to implement in an afternoon.
+
+An environment is a task set plus four methods:
+
+- `tasks()` → the tasks (id, prompt, tools in OpenAI function format, hidden grading data);
+- `reset(task)` → a fresh per-episode state (a temporary directory, a copy of a table, …);
+- `call(state, name, arguments)` → the tool's result as text; raise `ToolError` for a
+  mistake the model should read and recover from;
+- `grade(state, messages)` → a `Grade` (reward in [0, 1] and a reason), from the final state.
+
+`close(state)` releases what `reset` made. The step and token budgets are class attributes
+the episode loop enforces. Environments register by name with `@register`.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+MAX_TOOL_RESULT_CHARS = 4000
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task. `hidden` is for the grader only and never reaches the model."""
+
+    id: str
+    prompt: str
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    hidden: dict[str, Any] = field(default_factory=dict)
+    system: str = ""
+    split: str = "train"  # "train" or "heldout"
+
+    def first_messages(self) -> list[dict[str, Any]]:
+        messages: list[dict[str, Any]] = []
+        if self.system:
+            messages.append({"role": "system", "content": self.system})
+        messages.append({"role": "user", "content": self.prompt})
+        return messages
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    content: str
+    error: bool = False
+
+
+@dataclass(frozen=True)
+class Grade:
+    reward: float  # in [0, 1]
+    reason: str
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.reward <= 1.0:
+            raise ValueError(f"a reward must lie in [0, 1], not {self.reward}")
+
+
+class ToolError(Exception):
+    """A tool refused or failed; the message goes back to the model as the tool's result."""
+
+
+class Environment(ABC):
+    """Subclass, set `name`, implement `tasks`, `reset`, `call` and `grade`."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    max_steps: ClassVar[int] = 8  # assistant turns per episode
+    max_tokens: ClassVar[int] = 1024  # model tokens per episode, all turns together
+
+    @abstractmethod
+    def tasks(self) -> list[Task]: ...
+
+    @abstractmethod
+    def reset(self, task: Task) -> Any: ...
+
+    @abstractmethod
+    def call(self, state: Any, name: str, arguments: dict[str, Any]) -> str: ...
+
+    @abstractmethod
+    def grade(self, state: Any, messages: list[dict[str, Any]]) -> Grade: ...
+
+    def close(self, state: Any) -> None:  # noqa: B027 - optional hook
+        """Release what `reset` made (temporary folders, connections)."""
+
+    def task(self, task_id: str) -> Task:
+        for task in self.tasks():
+            if task.id == task_id:
+                return task
+        raise KeyError(f"environment {self.name!r} has no task {task_id!r}")
+
+    def tool_names(self, task: Task) -> set[str]:
+        return {t["function"]["name"] for t in task.tools if t.get("type") == "function"}
+
+    def execute(self, state: Any, task: Task, name: str, arguments: str | dict[str, Any] | None) -> ToolResult:
+        """Run one model-chosen tool call. Never raises: whatever goes wrong (an unknown
+        tool, arguments that are not a JSON object, a refusal, a bug in the tool) becomes
+        an error result the model reads, so one bad call does not end the episode."""
+        if name not in self.tool_names(task):
+            known = ", ".join(sorted(self.tool_names(task))) or "none"
+            return ToolResult(f"error: unknown tool {name!r}; the tools are: {known}", error=True)
+        if isinstance(arguments, str) or arguments is None:
+            try:
+                arguments = json.loads(arguments or "{}")
+            except ValueError as e:
+                return ToolResult(f"error: the arguments are not valid JSON ({e.msg})", error=True)
+        if not isinstance(arguments, dict):
+            return ToolResult("error: the arguments must be a JSON object", error=True)
+        try:
+            content = self.call(state, name, arguments)
+        except ToolError as e:
+            return ToolResult(f"error: {e}", error=True)
+        except TypeError as e:  # wrong or missing arguments for the tool's Python signature
+            return ToolResult(f"error: bad arguments for {name}: {e}", error=True)
+        except Exception as e:  # a tool's bug is the episode's error, not the trainer's
+            return ToolResult(f"error: {name} failed: {type(e).__name__}", error=True)
+        if len(content) > MAX_TOOL_RESULT_CHARS:
+            content = content[:MAX_TOOL_RESULT_CHARS] + f"\n… (cut at {MAX_TOOL_RESULT_CHARS} characters)"
+        return ToolResult(content)
+
+
+_REGISTRY: dict[str, type[Environment]] = {}
+
+
+def register(cls: type[Environment]) -> type[Environment]:
+    """Class decorator: make an environment available by its `name`."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} needs a name")
+    existing = _REGISTRY.get(cls.name)
+    if existing is not None and existing is not cls:
+        raise ValueError(f"an environment named {cls.name!r} is already registered ({existing.__name__})")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def _load_builtin() -> None:
+    # The built-in environments register themselves on import.
+    import importlib
+
+    from django.conf import settings
+
+    for module in getattr(settings, "PRACTICUM_ENVIRONMENT_MODULES", []):
+        importlib.import_module(module)
+
+
+def environment_names() -> list[str]:
+    _load_builtin()
+    return sorted(_REGISTRY)
+
+
+def environment_get(name: str, **options: Any) -> Environment:
+    _load_builtin()
+    try:
+        cls = _REGISTRY[name]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY)) or "none"
+        raise KeyError(f"unknown environment {name!r}; registered: {known}") from None
+    return cls(**options)

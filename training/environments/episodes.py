@@ -1,0 +1,133 @@
+"""Drive one episode: the model speaks, its tool calls run in the task's sandbox, the
+results go back, until it answers without a tool call or a budget runs out; then the
+grader reads the final state.
+
+The model is any `complete(messages, tools, max_tokens) -> Completion`: the trainer's
+policy, a vLLM server, or a deployment's gateway through the `openai` client, so the
+same loop serves training, evaluation and the demo agent.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from training.environments.base import Environment, Grade, Task
+
+
+@dataclass
+class Completion:
+    """One assistant turn. `message` is in the OpenAI chat format (`content`, optional
+    `tool_calls` with `function.arguments` as a JSON string); `tokens` counts the tokens
+    the model generated; `extra` carries what the caller needs later (token ids, logprobs,
+    the served model's name)."""
+
+    message: dict[str, Any]
+    tokens: int
+    finish_reason: str = "stop"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+Complete = Callable[[list[dict[str, Any]], list[dict[str, Any]], int], Completion]
+
+
+@dataclass
+class Episode:
+    task: Task
+    messages: list[dict[str, Any]]
+    completions: list[Completion]
+    grade: Grade
+    end: str  # "answered", "step_budget" or "token_budget"
+    tool_calls: int
+    tool_errors: int
+    tokens: int
+    seconds: float
+
+    @property
+    def reward(self) -> float:
+        return self.grade.reward
+
+    @property
+    def budget_exhausted(self) -> bool:
+        return self.end != "answered"
+
+    def metadata(self, environment: str) -> dict[str, Any]:
+        """What a recorded trace keeps about the episode."""
+        return {
+            "environment": environment,
+            "task_id": self.task.id,
+            "split": self.task.split,
+            "reward": self.grade.reward,
+            "reason": self.grade.reason,
+            "end": self.end,
+            "tool_calls": self.tool_calls,
+            "tool_errors": self.tool_errors,
+            "tokens": self.tokens,
+        }
+
+
+def episode_run(
+    env: Environment,
+    task: Task,
+    complete: Complete,
+    *,
+    max_steps: int | None = None,
+    max_tokens: int | None = None,
+) -> Episode:
+    """Run `task` to its end in a fresh state and grade it. The state is closed whatever
+    happens; a tool's failure is a tool result, never an exception here."""
+    max_steps = max_steps or env.max_steps
+    max_tokens = max_tokens or env.max_tokens
+    started = time.perf_counter()
+    messages = task.first_messages()
+    completions: list[Completion] = []
+    tokens = tool_calls = tool_errors = 0
+    end = "step_budget"
+    state = env.reset(task)
+    try:
+        for _ in range(max_steps):
+            remaining = max_tokens - tokens
+            if remaining <= 0:
+                end = "token_budget"
+                break
+            completion = complete(messages, task.tools, remaining)
+            completions.append(completion)
+            tokens += completion.tokens
+            message = {"role": "assistant", **{k: v for k, v in completion.message.items() if k != "role"}}
+            messages.append(message)
+            calls = message.get("tool_calls") or []
+            if not calls:
+                end = "answered"
+                break
+            for call in calls:
+                function = call.get("function") or {}
+                result = env.execute(state, task, function.get("name", ""), function.get("arguments"))
+                tool_calls += 1
+                tool_errors += int(result.error)
+                messages.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": call.get("id", ""),
+                        "name": function.get("name", ""),
+                        "content": result.content,
+                    }
+                )
+        else:
+            # The last turn still asked for tools: the step budget ended the episode.
+            end = "step_budget"
+        grade = env.grade(state, messages)
+    finally:
+        env.close(state)
+    return Episode(
+        task=task,
+        messages=messages,
+        completions=completions,
+        grade=grade,
+        end=end,
+        tool_calls=tool_calls,
+        tool_errors=tool_errors,
+        tokens=tokens,
+        seconds=time.perf_counter() - started,
+    )
