@@ -80,7 +80,7 @@ def _create_from_form(request: HttpRequest):
     )
     if version is None:
         errors.append(("base_version", "choose a model version to train from"))
-    if training_set is None:
+    if training_set is None and data.get("kind") != JobKind.EPISODES:
         errors.append(("training_set", "choose a training set"))
     if errors:
         return None, errors
