@@ -125,3 +125,20 @@ def test_turns_and_sampled_ids_must_agree(tokenizer):
             None,
             [[1]],
         )
+
+
+def test_assistant_turns_of_a_worked_example_are_context(tokenizer):
+    eos = tokenizer.eos_token_id
+    opening = [
+        {"role": "user", "content": "example question"},
+        {"role": "assistant", "content": "example answer"},
+        {"role": "user", "content": "real question"},
+    ]
+    sampled = [*pieces(tokenizer, "real answer"), eos]
+    messages = [*opening, {"role": "assistant", "content": "real answer"}]
+    segments = episode_segments(tokenizer, messages, None, [sampled], context_messages=len(opening))
+    ids, mask = episode_tokens(segments)
+    assert [t for t, m in zip(ids, mask, strict=True) if m] == sampled
+    assert "example answer" in tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if not m])
+    with pytest.raises(ValueError, match="2 assistant messages but 1 sampled"):
+        episode_segments(tokenizer, messages, None, [sampled])

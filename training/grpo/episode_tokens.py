@@ -38,8 +38,8 @@ def _render(tokenizer, messages: list[dict[str, Any]], tools, *, generation: boo
     )
 
 
-def _assistant_positions(messages: list[dict[str, Any]]) -> list[int]:
-    return [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+def _assistant_positions(messages: list[dict[str, Any]], start: int) -> list[int]:
+    return [i for i, m in enumerate(messages) if m.get("role") == "assistant" and i >= start]
 
 
 def episode_segments(
@@ -49,6 +49,7 @@ def episode_segments(
     sampled: Sequence[Sequence[int]],
     *,
     generation: bool = False,
+    context_messages: int = 0,
 ) -> list[Segment]:
     """Segments of an episode whose assistant turns were sampled as `sampled` (one id list
     per assistant message, in order). With `generation=True` a last context segment is
@@ -58,8 +59,11 @@ def episode_segments(
     before the first assistant turn plus the assistant header; c_j is what the template
     adds after the end-of-turn token of turn j-1 up to the next assistant header. When a
     sampled turn did not end with the end-of-turn token (cut by the token budget), c_j
-    starts with it, as context."""
-    positions = _assistant_positions(messages)
+    starts with it, as context.
+
+    The first `context_messages` messages are the task's opening (system prompt, worked
+    examples, the prompt): assistant messages among them are context, not sampled."""
+    positions = _assistant_positions(messages, context_messages)
     if len(positions) != len(sampled):
         raise ValueError(f"{len(positions)} assistant messages but {len(sampled)} sampled turns")
     eos_text = tokenizer.eos_token

@@ -121,14 +121,19 @@ def local_generate(policy: Policy, config: EpisodesConfig) -> Generate:
     return generate
 
 
-def policy_completer(tokenizer, batcher: _Batcher, stop_ids: set[int]) -> Callable[..., Completion]:
+def policy_completer(
+    tokenizer, batcher: _Batcher, stop_ids: set[int], *, context_messages: int = 0
+) -> Callable[..., Completion]:
     """A `complete(messages, tools, max_tokens)` for one episode: it keeps the ids the
     model sampled, builds the next context from them (`episode_segments`), and parses the
     sampled text into an OpenAI-format message (`<tool_call>` blocks → `tool_calls`)."""
     sampled: list[list[int]] = []
 
     def complete(messages: list[dict[str, Any]], tools: list[dict[str, Any]], max_tokens: int) -> Completion:
-        context, _ = episode_tokens(episode_segments(tokenizer, messages, tools, sampled, generation=True))
+        segments = episode_segments(
+            tokenizer, messages, tools, sampled, generation=True, context_messages=context_messages
+        )
+        context, _ = episode_tokens(segments)
         ids = batcher.submit(context, max_tokens)
         sampled.append(ids)
         text = tokenizer.decode(ids, skip_special_tokens=True)
@@ -167,7 +172,7 @@ def episodes_rollout(
 
     def run(index: int, task: Task) -> None:
         try:
-            complete = policy_completer(tokenizer, batcher, stop_ids)
+            complete = policy_completer(tokenizer, batcher, stop_ids, context_messages=len(task.first_messages()))
             results[index] = episode_run(env, task, complete, max_steps=max_steps, max_tokens=max_tokens)
         except BaseException as exc:
             errors.append(exc)
@@ -248,7 +253,10 @@ def episode_batch(tokenizer, episodes: list[Episode], rows: list[int], pad_id: i
     for r in rows:
         e = episodes[r]
         sampled = [c.extra["ids"] for c in e.completions]
-        ids, mask = episode_tokens(episode_segments(tokenizer, e.messages, e.task.tools, sampled))
+        opening = len(e.task.first_messages())
+        ids, mask = episode_tokens(
+            episode_segments(tokenizer, e.messages, e.task.tools, sampled, context_messages=opening)
+        )
         seqs.append(ids)
         masks.append(mask)
     input_ids, attention = left_pad(seqs, pad_id)
