@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from training.environments import Completion, environment_get, environment_names, episode_run
-from training.environments.files import FileSandbox, FileTasks, grade_files
+from training.environments.files import HELDOUT_WORDS, FileSandbox, FileTasks, grade_files
 
 
 @pytest.fixture
@@ -25,7 +25,7 @@ def host(tmp_path):
 
 @pytest.fixture
 def env():
-    return FileTasks(count=8, heldout=2, kinds=("write", "copy"))
+    return FileTasks(count=8, heldout=2, kinds=("write", "copy"), example=False)
 
 
 def run_call(env, state, name, **arguments):
@@ -244,6 +244,15 @@ def test_the_task_family_is_deterministic_and_split():
     a, b = FileTasks(count=20, heldout=5).tasks(), FileTasks(count=20, heldout=5).tasks()
     assert [(t.id, t.prompt, t.hidden) for t in a] == [(t.id, t.prompt, t.hidden) for t in b]
     assert [t.split for t in a].count("heldout") == 5 and len({t.prompt for t in a}) == 20
+    # Held-out tasks ask for words that no training task uses.
+    words = {t.split: set() for t in a}
+    for t in a:
+        words[t.split] |= {v for v in t.hidden["expect"].values() if v}
+    assert words["heldout"] <= set(HELDOUT_WORDS) and not words["train"] & set(HELDOUT_WORDS)
+    # Each opens with a worked example of its kind, then the prompt.
+    opening = a[0].first_messages()
+    assert [m["role"] for m in opening] == ["system", "user", "assistant", "tool", "assistant", "user"]
+    assert opening[-1]["content"] == a[0].prompt
     assert "files" in environment_names()
     assert environment_get("files", count=4, heldout=1).tasks()[0].prompt == a[0].prompt
 

@@ -56,7 +56,7 @@ def scripted_generate(tokenizer, calls: list[list[list[int]]]):
 
 
 def test_the_orchestrator_batches_the_turns_of_parallel_episodes_in_separate_sandboxes(tokenizer):
-    env = FileTasks(count=4, heldout=0)
+    env = FileTasks(count=4, heldout=0, example=False)
     tasks = env.tasks()[:2]
     calls: list = []
     episodes = episodes_rollout(
@@ -95,7 +95,7 @@ def test_the_loss_value_counts_exactly_the_sampled_tokens(tiny_model_dir, tokeni
 
     config = EpisodesConfig(model_path=str(tiny_model_dir), adapter="full", log_kl=False, temperature=1.0)
     policy = load_policy(config)
-    env = FileTasks(count=2, heldout=0)
+    env = FileTasks(count=2, heldout=0, example=False)
     episodes = episodes_rollout(
         env,
         env.tasks()[:1],

@@ -16,6 +16,7 @@ need one to three tool calls, split into training and held-out tasks.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -275,18 +276,52 @@ WORDS = (
     "apple river stone cloud maple tiger lemon piano candle rocket violet harbor pepper falcon "
     "meadow silver garden winter copper orange marble forest summer planet"
 ).split()
+HELDOUT_WORDS = WORDS[-8:]  # held-out tasks use words no training task uses
 NAMES = "notes todo report draft memo list log plan summary ideas".split()
+SYSTEM = "You work on the files in a folder by calling tools."
 
 
-def _write_task(rng: random.Random, i: int) -> tuple[str, dict[str, Any]]:
-    name, word = f"{rng.choice(NAMES)}.txt", rng.choice(WORDS)
+def _call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {"id": "call_0", "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+
+
+# One worked example per kind, shown as earlier turns of the conversation.
+EXAMPLES: dict[str, tuple[dict[str, Any], ...]] = {
+    "write": (
+        {"role": "user", "content": "Create a file named example.txt that contains the word hello."},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [_call("write_file", {"path": "example.txt", "content": "hello"})],
+        },
+        {"role": "tool", "tool_call_id": "call_0", "name": "write_file", "content": "wrote 5 bytes to example.txt"},
+        {"role": "assistant", "content": "Done."},
+    ),
+    "copy": (
+        {"role": "user", "content": "Copy the file a.txt to a new file named b.txt."},
+        {"role": "assistant", "content": "", "tool_calls": [_call("read_file", {"path": "a.txt"})]},
+        {"role": "tool", "tool_call_id": "call_0", "name": "read_file", "content": "hello"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [_call("write_file", {"path": "b.txt", "content": "hello"})],
+        },
+        {"role": "tool", "tool_call_id": "call_0", "name": "write_file", "content": "wrote 5 bytes to b.txt"},
+        {"role": "assistant", "content": "Done."},
+    ),
+}
+TOOLS_BY_KIND = {"write": ("read_file", "write_file"), "copy": ("read_file", "write_file")}
+
+
+def _write_task(rng: random.Random, words: list[str]) -> tuple[str, dict[str, Any]]:
+    name, word = f"{rng.choice(NAMES)}.txt", rng.choice(words)
     prompt = f"Create a file named {name} that contains the word {word}."
     return prompt, {"files": {}, "expect": {name: word}}
 
 
-def _copy_task(rng: random.Random, i: int) -> tuple[str, dict[str, Any]]:
+def _copy_task(rng: random.Random, words: list[str]) -> tuple[str, dict[str, Any]]:
     source, dest = rng.sample(NAMES, 2)
-    word = rng.choice(WORDS)
+    word = rng.choice(words)
     prompt = f"Copy the file {source}.txt to a new file named {dest}.txt."
     return prompt, {"files": {f"{source}.txt": word}, "expect": {f"{source}.txt": word, f"{dest}.txt": word}}
 
@@ -294,22 +329,45 @@ def _copy_task(rng: random.Random, i: int) -> tuple[str, dict[str, Any]]:
 KINDS = {"write": _write_task, "copy": _copy_task}
 
 
-def file_tasks(*, count: int = 64, heldout: int = 16, seed: int = 0, kinds: tuple[str, ...] = ("write",)) -> list[Task]:
+def file_tasks(
+    *,
+    count: int = 64,
+    heldout: int = 16,
+    seed: int = 0,
+    kinds: tuple[str, ...] = ("write",),
+    example: bool = True,
+) -> list[Task]:
     """A deterministic family of file tasks: the same arguments give the same tasks.
-    The last `heldout` tasks are held out (split "heldout")."""
+    The last `heldout` tasks are held out (split "heldout") and use words no training
+    task uses. With `example`, each task opens with a worked example of its kind."""
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        raise ValueError(f"unknown task kinds {unknown}; known: {', '.join(KINDS)}")
     rng = random.Random(seed)
-    tasks = []
+    train_words = [w for w in WORDS if w not in HELDOUT_WORDS]
+    tasks: list[Task] = []
     seen: set[str] = set()
-    i = 0
-    while len(tasks) < count and i < count * 50:
-        kind = kinds[i % len(kinds)]
-        prompt, hidden = KINDS[kind](rng, i)
-        i += 1
+    attempts = 0
+    while len(tasks) < count and attempts < count * 100:
+        attempts += 1
+        split = "heldout" if len(tasks) >= count - heldout else "train"
+        kind = kinds[len(tasks) % len(kinds)]
+        prompt, hidden = KINDS[kind](rng, HELDOUT_WORDS if split == "heldout" else train_words)
         if prompt in seen:
             continue
         seen.add(prompt)
-        split = "heldout" if len(tasks) >= count - heldout else "train"
-        tasks.append(Task(id=f"{kind}-{len(tasks):03d}", prompt=prompt, tools=FILE_TOOLS, hidden=hidden, split=split))
+        tools = [t for t in FILE_TOOLS if t["function"]["name"] in TOOLS_BY_KIND[kind]] if example else FILE_TOOLS
+        tasks.append(
+            Task(
+                id=f"{kind}-{len(tasks):03d}",
+                prompt=prompt,
+                tools=tools,
+                hidden=hidden,
+                system=SYSTEM if example else "",
+                split=split,
+                examples=EXAMPLES[kind] if example else (),
+            )
+        )
     return tasks
 
 
@@ -320,10 +378,18 @@ class FileTasks(FileSandboxEnvironment):
     name = "files"
     description = "Create and copy text files in a private folder; graded on the files it leaves."
     max_steps = 4
-    max_tokens = 256
+    max_tokens = 192
 
-    def __init__(self, *, count: int = 64, heldout: int = 16, seed: int = 0, kinds: tuple[str, ...] = ("write",)):
-        self._tasks = file_tasks(count=count, heldout=heldout, seed=seed, kinds=tuple(kinds))
+    def __init__(
+        self,
+        *,
+        count: int = 64,
+        heldout: int = 16,
+        seed: int = 0,
+        kinds: tuple[str, ...] | list[str] = ("write",),
+        example: bool = True,
+    ):
+        self._tasks = file_tasks(count=count, heldout=heldout, seed=seed, kinds=tuple(kinds), example=example)
 
     def tasks(self) -> list[Task]:
         return list(self._tasks)
