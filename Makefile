@@ -12,7 +12,7 @@ REDIS_URL ?= redis://127.0.0.1:6379/15
 TEST_DATABASE_URL = $(or $(DATABASE_URL),$(shell pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null && echo $(PG_URL)))
 TEST_BROKER_URL = $(or $(CELERY_BROKER_URL),$(shell (redis-cli -h 127.0.0.1 ping 2>/dev/null | grep -q PONG) && echo $(REDIS_URL)))
 
-.PHONY: help install demo test lint format bench migrate browser-deps clean inference learn-demo gpu-check
+.PHONY: help install demo test lint format bench migrate browser-deps clean inference learn-demo episodes-demo gpu-check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -73,6 +73,9 @@ clean: ## remove the virtualenv and local data
 
 learn-demo: install ## GRPO and self-distillation on SmolLM2-135M on the CPU; held-out gains printed (~30-40 min)
 	nice -n 10 $(PY) scripts/learn_demo.py all
+
+episodes-demo: install migrate ## full-episode GRPO on SmolLM2-135M in the file sandbox; held-out gain printed (~15 min)
+	nice -n 10 $(PY) scripts/episodes_demo.py
 
 gpu-check: ## a short GRPO job on random SmolLM2- and 0.5B-shaped models on a CUDA machine (system python3)
 	scripts/gpu_check.sh
