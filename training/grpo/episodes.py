@@ -42,7 +42,7 @@ from training.grpo.policy import (
     make_optimizer,
     save_checkpoint,
 )
-from training.grpo.sampling import eos_ids, left_pad, sample, token_logprobs
+from training.grpo.sampling import eos_ids, left_pad, token_logprobs
 
 # generate(contexts, limits) -> sampled ids per context (end-of-turn included when sampled)
 Generate = Callable[[list[list[int]], list[int]], list[list[int]]]
@@ -96,28 +96,114 @@ class _Batcher:
         self.cv.notify_all()
 
 
+def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
+    """Length of the longest token prefix every sequence shares."""
+    if not sequences:
+        return 0
+    n = min(len(s) for s in sequences)
+    first = sequences[0]
+    for i in range(n):
+        if any(s[i] != first[i] for s in sequences[1:]):
+            return i
+    return n
+
+
+@torch.no_grad()
+def prefix_decode(
+    model,
+    contexts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    eos: Sequence[int],
+    pad_id: int,
+) -> list[list[int]]:
+    """Sample one continuation of each context, computing the key/value cache of their
+    common prefix once (the system prompt, tools and worked example every episode of a
+    job shares) instead of once per row.
+
+    Layout: [shared prefix | left-padded suffix_b | sampled…]; the attention mask is 0 on
+    the padding between prefix and suffix, and positions count real tokens only, so each
+    row is computed exactly as if it were alone. Returns each row's ids up to and
+    including its first end token."""
+    from transformers import DynamicCache
+
+    from training.grpo.sampling import _inverse_cdf, _nucleus, position_ids
+
+    device = next(model.parameters()).device
+    batch = len(contexts)
+    shared = min(common_prefix_length(contexts), min(len(c) for c in contexts) - 1)
+    cache = DynamicCache()
+    if shared > 0:
+        prefix = torch.tensor([list(contexts[0][:shared])], device=device)
+        model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        cache.batch_repeat_interleave(batch)
+    suffix_ids, suffix_mask = left_pad([list(c[shared:]) for c in contexts], pad_id)
+    suffix_ids, suffix_mask = suffix_ids.to(device), suffix_mask.to(device)
+    mask = torch.cat([torch.ones((batch, shared), dtype=torch.long, device=device), suffix_mask], dim=1)
+    positions = position_ids(mask)[:, shared:]
+    out = model(
+        input_ids=suffix_ids,
+        attention_mask=mask,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    next_position = positions[:, -1:] + 1
+    eos_t = torch.tensor(list(eos), device=device)
+    finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    rows: list[list[int]] = [[] for _ in range(batch)]
+    for step in range(max_new_tokens):
+        logits = out.logits[:, -1, :].float()  # (B, V)
+        if temperature <= 0:
+            chosen = logits.argmax(dim=-1)
+        else:
+            probs = torch.softmax(logits / temperature, dim=-1)
+            chosen = _inverse_cdf(_nucleus(probs, top_p) if top_p < 1.0 else probs)
+        for b, token in enumerate(chosen.tolist()):
+            if not finished[b]:
+                rows[b].append(token)
+        finished |= torch.isin(chosen, eos_t)
+        if bool(finished.all()) or step == max_new_tokens - 1:
+            break
+        mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=device)], dim=1)
+        out = model(
+            input_ids=chosen.unsqueeze(1),
+            attention_mask=mask,
+            position_ids=next_position,
+            past_key_values=out.past_key_values,
+            use_cache=True,
+        )
+        next_position = next_position + 1
+    return rows
+
+
 def local_generate(policy: Policy, config: EpisodesConfig) -> Generate:
-    """Sample with the trainer's own model (KV-cached decode loop, one batch)."""
-    stop = set(eos_ids(policy.model, policy.tokenizer))
+    """Sample with the trainer's own model: one batched, KV-cached decode per call, the
+    contexts' shared prefix computed once."""
+    stop = eos_ids(policy.model, policy.tokenizer)
+    pad_id = policy.tokenizer.pad_token_id if policy.tokenizer.pad_token_id is not None else stop[0]
 
     def generate(contexts: list[list[int]], limits: list[int]) -> list[list[int]]:
-        rollout = sample(
-            policy.model,
-            policy.tokenizer,
-            contexts,
-            num_samples=1,
-            max_new_tokens=max(1, min(config.max_new_tokens, max(limits))),
-            temperature=config.temperature,
-            top_p=config.top_p,
-        )
-        out = []
-        for row, limit in enumerate(limits):
-            ids = rollout.response_ids[row][rollout.response_mask[row].bool()].tolist()
-            ids = ids[: max(1, min(limit, config.max_new_tokens))]
-            out.append(ids)
-        return out
+        was_training = policy.model.training
+        policy.model.eval()
+        try:
+            rows = prefix_decode(
+                policy.model,
+                contexts,
+                max_new_tokens=max(1, min(config.max_new_tokens, max(limits))),
+                temperature=config.temperature,
+                top_p=config.top_p,
+                eos=stop,
+                pad_id=pad_id,
+            )
+        finally:
+            if was_training:
+                policy.model.train()
+        return [ids[: max(1, min(limit, config.max_new_tokens))] for ids, limit in zip(rows, limits, strict=True)]
 
-    generate.stop = stop  # type: ignore[attr-defined]
     return generate
 
 
