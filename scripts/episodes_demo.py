@@ -35,15 +35,15 @@ CONFIG = {
     "adapter": "full",
     "trainable_layers": 6,
     "learning_rate": 1e-4,
-    "steps": 12,
+    "steps": 16,
     "group_size": 6,
     "prompts_per_step": 2,
     "temperature": 0.7,
     "max_new_tokens": 40,
     "max_steps": 3,
     "max_episode_tokens": 96,
-    "eval_every": 12,
-    "eval_samples": 2,
+    "eval_every": 8,
+    "eval_samples": 4,
     "log_kl": False,
     "checkpoint_every": 0,
     "samples_every": 4,
@@ -81,7 +81,7 @@ def main() -> int:
         smollm2_prepare(path)
     _, version = base_model_register(name="smollm2-135m-instruct", path=path, metadata={"prepared_as": "smollm2"})
     deployment = deployment_get_or_create(name="file-agent")
-    config = {**CONFIG, "steps": args.steps, "eval_every": args.steps, **json.loads(args.config)}
+    config = {**CONFIG, "steps": args.steps, "eval_every": max(1, args.steps // 2), **json.loads(args.config)}
     job = training_job_create(
         kind="episodes", config=config, base_version=version, training_set=None, deployment=deployment
     )

@@ -106,7 +106,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     series = selectors.job_step_series(job=job)
     charts = [
         mark_safe(line_chart(series[key], title=title, band=series["reward_band"] if key == "reward_mean" else None))
-        for key, title in selectors.CHARTS
+        for key, title in selectors.job_charts(job=job)
     ]
     sample_steps = selectors.job_sample_steps(job=job)
     chosen = request.GET.get("sample_step")

@@ -58,14 +58,20 @@ def test_an_episode_job_records_its_episodes_as_traces_and_yields_a_candidate(ve
     assert trace.environment == "files" and meta["environment"] == "files"
     assert meta["model_version"] == f"tiny-base+job{job.pk}@step2" and meta["training_job"] == job.pk
     assert meta["task_id"].startswith("write-") and 0.0 <= meta["reward"] <= 1.0 and meta["reason"]
-    assert trace.messages.first().role == "user"
+    roles = list(trace.messages.order_by("position").values_list("role", flat=True))
+    assert roles[:6] == ["system", "user", "assistant", "tool", "assistant", "user"] and roles[6] == "assistant"
     assert not job.events.filter(kind=JobEventKind.LOG, data__message__contains="not recorded").exists()
+
+    # The job page charts the environment-fidelity figures next to the reward.
+    client.force_login(user_with_role("operator"))
+    job_page = client.get(reverse("training:job-detail", args=[job.pk])).content.decode()
+    for title in ("Tool-error rate per episode", "Budget exhausted", "Early stops", "Reward (mean"):
+        assert title in job_page
 
     # The dashboard shows an episode like any trace, with the model's text escaped.
     message = trace.messages.filter(role="assistant").first()
     message.content = "<script>alert(1)</script>"
     message.save(update_fields=["content"])
-    client.force_login(user_with_role("operator"))
     page = client.get(reverse("feedback:trace-detail", args=[trace.pk]))
     assert page.status_code == 200
     body = page.content.decode()
