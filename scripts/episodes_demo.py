@@ -42,7 +42,7 @@ CONFIG = {
     "max_new_tokens": 40,
     "max_steps": 3,
     "max_episode_tokens": 96,
-    "eval_every": 8,
+    "eval_every": 16,
     "eval_samples": 4,
     "log_kl": False,
     "checkpoint_every": 0,
@@ -81,7 +81,7 @@ def main() -> int:
         smollm2_prepare(path)
     _, version = base_model_register(name="smollm2-135m-instruct", path=path, metadata={"prepared_as": "smollm2"})
     deployment = deployment_get_or_create(name="file-agent")
-    config = {**CONFIG, "steps": args.steps, "eval_every": max(1, args.steps // 2), **json.loads(args.config)}
+    config = {**CONFIG, "steps": args.steps, "eval_every": args.steps, **json.loads(args.config)}
     job = training_job_create(
         kind="episodes", config=config, base_version=version, training_set=None, deployment=deployment
     )

@@ -251,7 +251,7 @@ def test_the_task_family_is_deterministic_and_split():
     assert words["heldout"] <= set(HELDOUT_WORDS) and not words["train"] & set(HELDOUT_WORDS)
     # Each opens with a worked example of its kind, then the prompt.
     opening = a[0].first_messages()
-    assert [m["role"] for m in opening] == ["system", "user", "assistant", "tool", "assistant", "user"]
+    assert [m["role"] for m in opening] == ["user", "assistant", "tool", "assistant", "user"]
     assert opening[-1]["content"] == a[0].prompt
     assert "files" in environment_names()
     assert environment_get("files", count=4, heldout=1).tasks()[0].prompt == a[0].prompt

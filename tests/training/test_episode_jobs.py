@@ -59,7 +59,7 @@ def test_an_episode_job_records_its_episodes_as_traces_and_yields_a_candidate(ve
     assert meta["model_version"] == f"tiny-base+job{job.pk}@step2" and meta["training_job"] == job.pk
     assert meta["task_id"].startswith("write-") and 0.0 <= meta["reward"] <= 1.0 and meta["reason"]
     roles = list(trace.messages.order_by("position").values_list("role", flat=True))
-    assert roles[:6] == ["system", "user", "assistant", "tool", "assistant", "user"] and roles[6] == "assistant"
+    assert roles[:5] == ["user", "assistant", "tool", "assistant", "user"] and roles[5] == "assistant"
     assert not job.events.filter(kind=JobEventKind.LOG, data__message__contains="not recorded").exists()
 
     # The job page charts the environment-fidelity figures next to the reward.

@@ -278,7 +278,7 @@ WORDS = (
 ).split()
 HELDOUT_WORDS = WORDS[-8:]  # held-out tasks use words no training task uses
 NAMES = "notes todo report draft memo list log plan summary ideas".split()
-SYSTEM = "You work on the files in a folder by calling tools."
+SYSTEM = ""  # the model's own default system prompt: a custom one cut its tool use to almost none
 
 
 def _call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
