@@ -250,3 +250,33 @@ def test_prefix_cached_decoding_matches_decoding_each_context_alone(tiny_model_d
         expected = alone.response_ids[0][alone.response_mask[0].bool()].tolist()
         assert got == expected
     assert common_prefix_length([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2
+
+
+def test_sharing_the_prompt_prefix_in_the_update_gives_the_same_loss_and_gradients(tiny_model_dir):
+    """The shared-prefix forward (prefix once, its key/value cache repeated per row) is an
+    exact rewrite: the loss and every gradient equal those of one pass per full row."""
+    from training.grpo.episodes import EpisodeBatch
+    from training.grpo.policy import load_policy
+
+    config = EpisodesConfig(model_path=str(tiny_model_dir), adapter="full", log_kl=False, temperature=0.7)
+    prefix = list(range(40, 70))
+    sequences = [[*prefix, 5, 6, 7, 8, 9, 10], [*prefix, 11, 12, 13], [*prefix, 14, 15, 16, 17, 18, 19, 20, 21]]
+    masks = [[0] * 30 + [0, 1, 1, 0, 1, 1], [0] * 30 + [0, 1, 1], [0] * 30 + [0, 0, 1, 1, 1, 0, 1, 1]]
+    batch = EpisodeBatch(
+        input_ids=torch.zeros(1), attention_mask=torch.zeros(1), mask=torch.zeros(1), sequences=sequences, masks=masks
+    )
+    advantages = torch.tensor([1.0, -0.5, 0.25])
+    results = []
+    for share in (False, True):
+        torch.manual_seed(0)
+        policy = load_policy(config)
+        out = episode_loss_backward(
+            policy, batch, advantages, config=config, constant=50.0, micro_batch=3, share_prefix=share
+        )
+        grads = {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.grad is not None}
+        results.append((out["loss"], grads))
+    (plain_loss, plain), (shared_loss, shared) = results
+    assert shared_loss == pytest.approx(plain_loss, abs=1e-6)
+    assert plain.keys() == shared.keys() and plain
+    for name in plain:
+        assert torch.allclose(plain[name], shared[name], atol=1e-6, rtol=1e-4), name

@@ -329,6 +329,9 @@ class EpisodeBatch:
     attention_mask: torch.Tensor  # (B, L)
     mask: torch.Tensor  # (B, L - 1) 1 on the model's sampled tokens (as targets)
     rows: list[int] = field(default_factory=list)  # which episodes, in order
+    sequences: list[list[int]] = field(default_factory=list)  # unpadded ids per row
+    masks: list[list[int]] = field(default_factory=list)  # unpadded 0/1 per token per row
+    pad_id: int = 0
 
 
 def episode_batch(tokenizer, episodes: list[Episode], rows: list[int], pad_id: int) -> EpisodeBatch:
@@ -347,7 +350,69 @@ def episode_batch(tokenizer, episodes: list[Episode], rows: list[int], pad_id: i
         masks.append(mask)
     input_ids, attention = left_pad(seqs, pad_id)
     mask_padded, _ = left_pad(masks, 0)
-    return EpisodeBatch(input_ids=input_ids, attention_mask=attention, mask=mask_padded[:, 1:], rows=list(rows))
+    return EpisodeBatch(
+        input_ids=input_ids,
+        attention_mask=attention,
+        mask=mask_padded[:, 1:],
+        rows=list(rows),
+        sequences=seqs,
+        masks=masks,
+        pad_id=pad_id,
+    )
+
+
+def sequence_logprobs(
+    model,
+    sequences: list[list[int]],
+    masks: list[list[int]],
+    *,
+    pad_id: int,
+    temperature: float,
+    share_prefix: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probs (b, T), mask (b, T)) of every target token of `sequences`, with the
+    gradient when enabled; mask[b, t] = 1 where the target is a token the model sampled.
+
+    With `share_prefix`, the tokens all sequences share before the first sampled token
+    (the system prompt, tools and worked example of a job) go through the model once,
+    batch 1, and their key/value cache is repeated for the rows; gradients flow back
+    through the repeat, so the result (values and gradients) equals one forward pass per
+    full row, at a fraction of the cost when the shared part is most of each row."""
+    device = next(model.parameters()).device
+    shared = common_prefix_length(sequences) if share_prefix and len(sequences) > 1 else 0
+    first_target = min(m.index(1) if 1 in m else len(m) for m in masks)
+    shared = min(shared, first_target - 1, min(len(s) for s in sequences) - 2)
+    if shared < 8:
+        ids, attn = left_pad(sequences, pad_id)
+        mask_padded, _ = left_pad(masks, 0)
+        ids, attn = ids.to(device), attn.to(device)
+        keep = ids.shape[1] - 1
+        logprobs = token_logprobs(model, ids, attn, keep=keep, temperature=temperature)
+        return logprobs, mask_padded[:, 1:].to(device).float()
+    from transformers import DynamicCache
+
+    from training.grpo.sampling import gather_logprobs, position_ids
+
+    cache = DynamicCache()
+    prefix = torch.tensor([sequences[0][:shared]], device=device)
+    model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    cache.batch_repeat_interleave(len(sequences))
+    suffix_ids, suffix_attn = left_pad([s[shared:] for s in sequences], pad_id)
+    suffix_mask, _ = left_pad([m[shared:] for m in masks], 0)
+    suffix_ids, suffix_attn = suffix_ids.to(device), suffix_attn.to(device)
+    full_attn = torch.cat([torch.ones((len(sequences), shared), dtype=torch.long, device=device), suffix_attn], dim=1)
+    out = model(
+        input_ids=suffix_ids,
+        attention_mask=full_attn,
+        position_ids=position_ids(full_attn)[:, shared:],
+        past_key_values=cache,
+        use_cache=True,
+    )
+    logits = out.logits[:, :-1, :]  # (b, S - 1, V): suffix position j predicts suffix token j + 1
+    if temperature != 1.0:
+        logits = logits / temperature
+    logprobs = gather_logprobs(logits, suffix_ids[:, 1:])
+    return logprobs, suffix_mask[:, 1:].to(device).float()
 
 
 def episode_loss_backward(
@@ -358,6 +423,7 @@ def episode_loss_backward(
     config: EpisodesConfig,
     constant: float,
     micro_batch: int,
+    share_prefix: bool = True,
 ) -> dict[str, float]:
     """Accumulate the gradient of the episode loss over micro-batches.
 
@@ -369,21 +435,16 @@ def episode_loss_backward(
     device = policy.device
     total_loss = 0.0
     kl_sum = kl_tokens = 0.0
-    for start in range(0, batch.input_ids.shape[0], micro_batch):
-        part = slice(start, start + micro_batch)
-        # Trim the left padding this micro-batch does not need.
-        attn = batch.attention_mask[part]
-        first = int((attn.sum(dim=0) > 0).nonzero()[0])
-        ids = batch.input_ids[part, first:].to(device)
-        attn = attn[:, first:].to(device)
-        mask = batch.mask[part, first:].to(device).float()  # (b, L' - 1)
-        keep = ids.shape[1] - 1
-        adv = advantages[part].to(device)
-        logprobs = token_logprobs(policy.model, ids, attn, keep=keep, temperature=config.temperature)
+    for start in range(0, len(batch.sequences), micro_batch):
+        seqs = batch.sequences[start : start + micro_batch]
+        masks = batch.masks[start : start + micro_batch]
+        adv = advantages[start : start + micro_batch].to(device)
+        options = {"pad_id": batch.pad_id, "temperature": config.temperature, "share_prefix": share_prefix}
+        logprobs, mask = sequence_logprobs(policy.model, seqs, masks, **options)
         loss, _ = L.policy_loss(logprobs, adv, mask, normaliser="constant", constant=constant)
         if config.beta > 0 or config.log_kl:
             with torch.no_grad(), policy.as_reference() as reference:
-                ref = token_logprobs(reference, ids, attn, keep=keep, temperature=config.temperature)
+                ref, _ = sequence_logprobs(reference, seqs, masks, **options)
             kl = L.kl_k3(logprobs, ref)
             kl_sum += float(L.masked_sum(kl.detach(), mask))
             kl_tokens += float(mask.sum())
