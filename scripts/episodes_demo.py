@@ -47,7 +47,7 @@ CONFIG = {
     "log_kl": False,
     "checkpoint_every": 0,
     "samples_every": 4,
-    "micro_batch": 4,
+    "micro_batch": 6,
     "seed": 0,
 }
 

@@ -229,7 +229,7 @@ class EpisodesConfig(GRPOConfig):
     judge_rubric: str = ""
     eval_samples: int = 2
     eval_batch: int = 16  # episodes run together during an evaluation
-    micro_batch: int = 4  # episodes per forward/backward pass (gradient accumulated)
+    micro_batch: int = 6  # episodes per forward/backward pass (gradient accumulated)
     record_traces: bool = True  # record every episode as a trace of the job's deployment
 
     def validate(self) -> list[tuple[str, str]]:
