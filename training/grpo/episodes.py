@@ -52,6 +52,8 @@ EpisodeJudge = Callable[[Task, list[Episode]], list[float]]
 
 # --- the orchestrator ----------------------------------------------------------------------
 
+_TOKENIZER_LOCK = threading.Lock()
+
 
 class _Batcher:
     """Collects the model calls of episodes running in threads and serves them in one
@@ -216,13 +218,15 @@ def policy_completer(
     sampled: list[list[int]] = []
 
     def complete(messages: list[dict[str, Any]], tools: list[dict[str, Any]], max_tokens: int) -> Completion:
-        segments = episode_segments(
-            tokenizer, messages, tools, sampled, generation=True, context_messages=context_messages
-        )
+        with _TOKENIZER_LOCK:  # a fast tokenizer may refuse concurrent calls ("Already borrowed")
+            segments = episode_segments(
+                tokenizer, messages, tools, sampled, generation=True, context_messages=context_messages
+            )
         context, _ = episode_tokens(segments)
         ids = batcher.submit(context, max_tokens)
         sampled.append(ids)
-        text = tokenizer.decode(ids, skip_special_tokens=True)
+        with _TOKENIZER_LOCK:
+            text = tokenizer.decode(ids, skip_special_tokens=True)
         content, calls = parse_tool_call_blocks(text)
         message: dict[str, Any] = {"content": content}
         if calls:
