@@ -280,3 +280,26 @@ def test_sharing_the_prompt_prefix_in_the_update_gives_the_same_loss_and_gradien
     assert plain.keys() == shared.keys() and plain
     for name in plain:
         assert torch.allclose(plain[name], shared[name], atol=1e-6, rtol=1e-4), name
+
+
+def test_a_seeded_rollout_repeats_exactly_whatever_the_threads_timing(tiny_model_dir, tokenizer):
+    from training.grpo.episodes import local_generate
+    from training.grpo.policy import load_policy
+
+    config = EpisodesConfig(model_path=str(tiny_model_dir), adapter="full", max_new_tokens=8, temperature=1.0)
+    policy = load_policy(config)
+    env = ParityTask(count=3, heldout=0)
+    texts = []
+    for _ in range(3):
+        torch.manual_seed(0)
+        episodes = episodes_rollout(
+            env,
+            env.tasks(),
+            group_size=4,
+            tokenizer=tokenizer,
+            generate=local_generate(policy, config),
+            stop_ids={tokenizer.eos_token_id},
+        )
+        texts.append([[c.extra["ids"] for c in e.completions] for e in episodes])
+    assert texts[0] == texts[1] == texts[2]
+    assert len({str(t) for t in texts[0]}) > 1  # the episodes themselves differ

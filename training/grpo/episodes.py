@@ -57,7 +57,9 @@ _TOKENIZER_LOCK = threading.Lock()
 
 class _Batcher:
     """Collects the model calls of episodes running in threads and serves them in one
-    batched `generate` call once every episode still running is waiting for the model."""
+    batched `generate` call once every episode still running is waiting for the model.
+    Rows go to `generate` ordered by episode, not by arrival, so a seeded run draws the
+    same random numbers for the same episodes whatever the threads' timing."""
 
     def __init__(self, generate: Generate, active: int):
         self.generate = generate
@@ -66,12 +68,11 @@ class _Batcher:
         self.pending: dict[int, tuple[list[int], int]] = {}
         self.results: dict[int, list[int]] = {}
         self.error: BaseException | None = None
-        self.tickets = 0
 
-    def submit(self, ids: list[int], limit: int) -> list[int]:
+    def submit(self, ids: list[int], limit: int, *, key: int) -> list[int]:
+        """Wait for the model's continuation of `ids`; `key` is the episode's index."""
         with self.cv:
-            ticket = self.tickets
-            self.tickets += 1
+            ticket = key
             self.pending[ticket] = (ids, limit)
             self._run_if_ready()
             while ticket not in self.results and self.error is None:
@@ -88,7 +89,7 @@ class _Batcher:
     def _run_if_ready(self) -> None:  # holds the lock
         if not self.pending or len(self.pending) < self.active or self.error is not None:
             return
-        batch, self.pending = self.pending, {}
+        batch, self.pending = dict(sorted(self.pending.items())), {}
         try:
             out = self.generate([ids for ids, _ in batch.values()], [limit for _, limit in batch.values()])
         except BaseException as exc:  # every waiting episode re-raises it
@@ -210,7 +211,7 @@ def local_generate(policy: Policy, config: EpisodesConfig) -> Generate:
 
 
 def policy_completer(
-    tokenizer, batcher: _Batcher, stop_ids: set[int], *, context_messages: int = 0
+    tokenizer, batcher: _Batcher, stop_ids: set[int], *, context_messages: int = 0, key: int = 0
 ) -> Callable[..., Completion]:
     """A `complete(messages, tools, max_tokens)` for one episode: it keeps the ids the
     model sampled, builds the next context from them (`episode_segments`), and parses the
@@ -223,7 +224,7 @@ def policy_completer(
                 tokenizer, messages, tools, sampled, generation=True, context_messages=context_messages
             )
         context, _ = episode_tokens(segments)
-        ids = batcher.submit(context, max_tokens)
+        ids = batcher.submit(context, max_tokens, key=key)
         sampled.append(ids)
         with _TOKENIZER_LOCK:
             text = tokenizer.decode(ids, skip_special_tokens=True)
@@ -262,7 +263,9 @@ def episodes_rollout(
 
     def run(index: int, task: Task) -> None:
         try:
-            complete = policy_completer(tokenizer, batcher, stop_ids, context_messages=len(task.first_messages()))
+            complete = policy_completer(
+                tokenizer, batcher, stop_ids, context_messages=len(task.first_messages()), key=index
+            )
             results[index] = episode_run(env, task, complete, max_steps=max_steps, max_tokens=max_tokens)
         except BaseException as exc:
             errors.append(exc)
