@@ -532,9 +532,13 @@ def episodes_train(
     stop_ids = set(eos_ids(policy.model, policy.tokenizer))
     pad_id = policy.tokenizer.pad_token_id
     if config.rollout == "vllm":
+        import uuid
+
         from training.grpo.vllm_rollout import VllmRollouts
 
-        server = VllmRollouts(base_url=config.vllm_url, run_dir=run_dir)
+        # Unique per run: another job (or this one, resumed) may share the server.
+        prefix = f"{run_dir.name}-{uuid.uuid4().hex[:6]}-"
+        server = VllmRollouts(base_url=config.vllm_url, run_dir=run_dir, name_prefix=prefix)
         generate = vllm_generate(server, policy, config)
     else:
         server = None

@@ -28,7 +28,12 @@ class VllmError(RuntimeError):
 
 
 class VllmRollouts:
-    def __init__(self, *, base_url: str, run_dir: Path, timeout: float = 600.0, retries: int = 2):
+    def __init__(
+        self, *, base_url: str, run_dir: Path, timeout: float = 600.0, retries: int = 2, name_prefix: str = ""
+    ):
+        """`name_prefix` goes before each adapter's name on the server ("step-N"): jobs
+        sharing one server need distinct prefixes, or a later job's "step-1" is refused."""
+        self.name_prefix = name_prefix
         self.base_url = base_url.rstrip("/")
         self.root = self.base_url.removesuffix("/v1")
         self.run_dir = run_dir
@@ -93,7 +98,7 @@ class VllmRollouts:
         """Save the current adapter and make the server serve it under a fresh name."""
         if policy.adapter != "lora":
             raise VllmError("vLLM rollouts need a LoRA adapter (full fine-tuning reloads weights another way)")
-        name = f"step-{step}"
+        name = f"{self.name_prefix}step-{step}"
         folder = self.run_dir / "rollout-adapters" / name
         shutil.rmtree(folder, ignore_errors=True)
         policy.model.save_pretrained(folder, safe_serialization=True)
