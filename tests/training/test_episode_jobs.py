@@ -136,3 +136,25 @@ def test_a_celery_worker_runs_an_episode_job(tiny_model_dir, tmp_path):
     job = TrainingJob.objects.get(pk=job.pk)
     assert job.step == 2 and job.result_version is not None
     assert Trace.objects.filter(deployment=deployment, source=TraceSource.ORCHESTRATOR).count() == 12
+
+
+@pytest.mark.django_db
+def test_episode_rewards_combine_the_grader_with_the_judge_by_the_configured_weights(version, judge_settings):
+    from tests.fixtures.judge import presented_responses
+    from training.services.job_runner import training_job_run
+
+    def judge(request):
+        shown = presented_responses(request)
+        return {"scores": [{"response": i, "reason": "r", "score": 0.5} for i in range(1, len(shown) + 1)]}
+
+    judge_settings.respond_with(judge)
+    config = FAST | {"steps": 1, "eval_every": 0, "judge_weight": 3.0, "judge_rubric": "The agent answers briefly."}
+    job = training_job_create(kind="episodes", config=config, base_version=version, training_set=None)
+    assert training_job_run(job_id=job.pk, worker="w1") == JobStatus.FINISHED
+    step = job.events.get(kind=JobEventKind.STEP).data
+    assert step["judge_mean"] == 0.5
+    assert step["reward_mean"] == pytest.approx((1.0 * step["grade_mean"] + 3.0 * 0.5) / 4.0)
+    # One judge call per task group, each episode shown as its transcript after the opening.
+    assert len(judge_settings.requests) == 2
+    shown = presented_responses(judge_settings.requests[0])
+    assert len(shown) == 2 and all(text.startswith("assistant:") for text in shown)
