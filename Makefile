@@ -35,8 +35,8 @@ install: $(STAMP) ## create .venv and install everything
 migrate: install ## apply database migrations
 	$(PY) manage.py migrate --noinput
 
-demo: install migrate ## load a demo and serve the dashboard with a worker on 127.0.0.1:8000
-	scripts/demo.sh
+demo: install ## the whole loop on this machine: SmolLM2 on vLLM (CPU), dashboard, workers, demo agent (FAST=1: tiny model)
+	scripts/demo.sh $(if $(filter 1 yes true,$(FAST)),--fast)
 
 test: install ## run the test suite (uses PostgreSQL and Redis when they answer)
 	@echo "database: $(or $(TEST_DATABASE_URL),SQLite (no PostgreSQL answered))"
