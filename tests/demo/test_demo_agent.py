@@ -53,7 +53,7 @@ def test_each_episode_is_one_trace_of_the_live_version_with_its_graded_outcome(g
 
 
 def test_the_command_seeds_customer_words_and_operator_comments_on_tracking_tasks(gateway, live):
-    deployment, version, key = live
+    deployment, _version, key = live
     user_with_role("operator", username="operator")
     call_command(
         "demo_agent", "--base-url", gateway.url, "--api-key", key, "--split", "train", "--episodes", "6", "--seed", "2"
