@@ -277,6 +277,4 @@ RELEASE_LOAD_TIMEOUT = float(os.environ.get("PRACTICUM_RELEASE_LOAD_TIMEOUT", 12
 RELEASE_STALE_SECONDS = float(os.environ.get("PRACTICUM_RELEASE_STALE_SECONDS", 600))
 
 # Task environments for multi-turn episodes: modules whose import registers them (`@register`).
-PRACTICUM_ENVIRONMENT_MODULES = env_list(
-    "PRACTICUM_ENVIRONMENT_MODULES", "training.environments.support_desk"
-)
+PRACTICUM_ENVIRONMENT_MODULES = env_list("PRACTICUM_ENVIRONMENT_MODULES", "training.environments.support_desk")

@@ -111,8 +111,7 @@ _TRACKING_ASKS = [
 ]
 # What people say about tracking answers (seeded by the demo agent on those tasks).
 _OPERATOR_COMMENTS = [
-    "Look the order up and tell the customer its status. Do not offer a refund for an order "
-    "that is still on its way.",
+    "Look the order up and tell the customer its status. Do not offer a refund for an order that is still on its way.",
     "The reply should say whether the order has shipped, in one sentence, without making up a date.",
 ]
 _CUSTOMER_FEEDBACK = [
