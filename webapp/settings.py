@@ -283,4 +283,4 @@ DEMO_AGENT_EPISODES = int(os.environ.get("PRACTICUM_DEMO_AGENT_EPISODES", 12))
 DEMO_AGENT_KEY_SECONDS = int(os.environ.get("PRACTICUM_DEMO_AGENT_KEY_SECONDS", 7200))
 
 # Task environments for multi-turn episodes: modules whose import registers them (`@register`).
-PRACTICUM_ENVIRONMENT_MODULES = env_list("PRACTICUM_ENVIRONMENT_MODULES", "")
+PRACTICUM_ENVIRONMENT_MODULES = env_list("PRACTICUM_ENVIRONMENT_MODULES", "training.environments.support_desk")
