@@ -158,7 +158,7 @@ if [ "${PRACTICUM_DEMO_AGENT:-1}" != 0 ]; then
     say "The demo agent works $EPISODES support tasks through the gateway (traces appear as they arrive) …"
     key=$($PY manage.py create_api_key --deployment support-bot --scopes ingest,feedback --name "make demo agent" --expires-in-days 1 --quiet)
     # In the background (its own process group), so Ctrl-C still reaches this script.
-    $PY manage.py demo_agent --base-url "$URL" --api-key "$key" --split train --episodes "$EPISODES" &
+    LOG_LEVEL=WARNING $PY manage.py demo_agent --base-url "$URL" --api-key "$key" --split train --episodes "$EPISODES" &
     agent=$!
     wait "$agent" || echo "the demo agent stopped early (exit $?)"
     agent=""
