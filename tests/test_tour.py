@@ -72,13 +72,13 @@ def test_the_steps_tick_as_the_loop_goes_round(tour_page, operator, tmp_path):
         message=turn,
         trigger="comment",
         status=JudgeStatus.SUCCEEDED,
-        rubric=[{"criterion": "looks the order up first", "weight": 1.0}],
+        rubric={"criteria": [{"criterion": "looks the order up first", "weight": 1}]},
         reward=0.2,
         is_latest=True,
     )
     html = tour_page()
     assert done_steps(html) == ["traces", "comment", "judge"]
-    assert "latest reward 0.20" in html
+    assert "latest reward 0.20 under a rubric of 1 criterion" in html
 
     training_set = training_set_create(
         name="refunds",

@@ -110,7 +110,7 @@ def tour_get(*, deployment: Deployment | None) -> Tour:
             how="Comments are judged automatically; “Judge this turn” or a backfill on the Judge page does it by hand.",
             done=latest_ok is not None,
             detail=(
-                f"latest reward {latest_ok.reward:.2f} under a rubric of {len(latest_ok.rubric or [])} criteria"
+                f"latest reward {latest_ok.reward:.2f} under a rubric of {_criteria(latest_ok.rubric)}"
                 if latest_ok and latest_ok.reward is not None
                 else ("a judgement is running" if pending else "no judgement yet")
             ),
@@ -251,6 +251,11 @@ def tour_get(*, deployment: Deployment | None) -> Tour:
         )
     )
     return Tour(deployment=deployment, live=live, steps=steps)
+
+
+def _criteria(rubric) -> str:
+    criteria = (rubric or {}).get("criteria", []) if isinstance(rubric, dict) else (rubric or [])
+    return f"{len(criteria)} criterion" if len(criteria) == 1 else f"{len(criteria)} criteria"
 
 
 def _overview_url() -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from feedback.models import Comment, DeploymentJudge, JudgeResult, JudgeStatus, Trace
+from feedback.models import ApiKey, Comment, DeploymentJudge, JudgeResult, JudgeStatus, Trace
 from tests.factories import DeploymentFactory, user_with_role
 from tests.fixtures.judge import presented_responses
 from tests.fixtures.worker import celery_worker
@@ -212,6 +212,11 @@ def test_the_whole_tour_in_the_browser(
     assert new_traces.exists()
     assert all(t.metadata.get("split") == "heldout" for t in new_traces)
     assert Trace.objects.filter(model_version=base_version).count() == 3  # the first run's stay as they were
+    # The key made for the run is revoked once the run is over.
+    wait_until(
+        lambda: ApiKey.objects.filter(name="demo agent run").exclude(revoked_at=None).exists(), 120, "the run to end"
+    )
+    assert not ApiKey.objects.filter(name="demo agent run", revoked_at=None).exists()
     screenshot(page, "tour", full_page=True)
 
     page.click("#step-rerun a:has-text('Traces of')")
