@@ -29,7 +29,9 @@ def versions(tmp_path):
     (tmp_path / "base").mkdir()
     (tmp_path / "base" / "config.json").write_text("{}")
     base, base_version = base_model_register(name="smol", path=tmp_path / "base")
-    deployment = DeploymentFactory(name="support-bot", description="<script>alert('desc')</script>")
+    deployment = DeploymentFactory(
+        name="support-bot", description="<script>window.__overview_xss = 1; alert('desc')</script>"
+    )
     live_version_set(deployment=deployment, version=base_version)
     candidate = model_version_create(
         name="smol-v1", base_model=base, kind="lora", path=make_adapter_folder(tmp_path / "v1"), parent=base_version
@@ -89,7 +91,7 @@ def test_success_rate_and_reward_per_version_and_the_live_version(client, versio
         ("smol-v1", 1.0), ("smol-v1", 1.0), ("smol-v1", 1.0), ("smol-v1", 0.75),
     ]  # fmt: skip
     assert '<svg class="chart"' in html and "smol-v1 (4 points, last 0.75)" in html
-    assert "<script>alert('desc')</script>" not in html and "&lt;script&gt;alert(&#x27;desc&#x27;)" in html
+    assert "<script>window.__overview_xss" not in html and "&lt;script&gt;window.__overview_xss" in html
     assert 'href="/overview/">Overview</a>' in html
 
 
