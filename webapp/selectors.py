@@ -1,267 +1,204 @@
-"""Reads that span the apps: the guided tour's checklist, ticked from the database.
+"""Reads for the overview page: per deployment, what happened over a recent window.
 
-Every step asks one or two indexed `EXISTS`/`LIMIT 1` questions about one deployment, so the
-page costs the same with a hundred traces or a million (no table is counted)."""
+Everything is bounded: counts are over the last `days` days (each query filtered by time
+on an indexed column, or cut by a LIMIT), and the graded outcomes are the latest
+`max_graded`. Nothing counts a whole table.
+
+Graded outcomes are customer feedback with `customer_ref: "grader"` — how a harness
+reports a task's programmatic grade (the demo agent does; see feedback/demo/agent.py):
+a score of 5 is a success, and the reward is (score - 1) / 4. They are attributed to the
+model version that served the trace.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import date, datetime, timedelta
 
-from django.db.models import Q
-from django.urls import reverse
+from django.db.models import Avg, Count, Q
+from django.db.models.functions import TruncDate
+from django.utils import timezone
 
-from feedback.models import Comment, CustomerFeedback, Deployment, JudgeResult, JudgeStatus, Trace
-from training.models import JobStatus, LiveVersion, ModelVersion, ModelVersionKind, TrainingJob, TrainingSet
-from training.models_promotion import Evaluation, EvaluationStatus, PromotionRequest, PromotionStatus
+from feedback.models import Comment, CustomerFeedback, Deployment, Trace, TraceFlag
+from feedback.models.judge import JudgeResult, JudgeStatus
+from training.models import LiveVersion, LiveVersionChange
 
-DEFAULT_TOUR_DEPLOYMENT = "support-bot"
-
-
-@dataclass(frozen=True, slots=True)
-class TourStep:
-    key: str
-    title: str
-    how: str  # what to do, in a sentence
-    done: bool
-    detail: str  # what the database shows for this step now
-    link: str
-    link_text: str
-    in_progress: bool = False
+GRADER_REF = "grader"
+MAX_DEPLOYMENTS = 20
+ROLLING = 10  # graded episodes per point of the success-rate curve
 
 
-@dataclass(slots=True)
-class Tour:
-    deployment: Deployment | None
-    live: ModelVersion | None
-    steps: list[TourStep] = field(default_factory=list)
+@dataclass
+class VersionStats:
+    name: str
+    graded: int = 0
+    successes: int = 0
+    reward_sum: float = 0.0
+    judged: int = 0
+    judge_reward: float | None = None
+    first_at: datetime | None = None
+    last_at: datetime | None = None
+    live: bool = False
 
     @property
-    def done_count(self) -> int:
-        return sum(step.done for step in self.steps)
+    def success_rate(self) -> float | None:
+        return self.successes / self.graded if self.graded else None
 
     @property
-    def current(self) -> TourStep | None:
-        """The first step not done yet: the one the page points at."""
-        return next((step for step in self.steps if not step.done), None)
+    def mean_reward(self) -> float | None:
+        return self.reward_sum / self.graded if self.graded else None
+
+
+@dataclass
+class CurvePoint:
+    index: int  # the graded episode's position in time order, from 1
+    version: str
+    rate: float  # success over this version's last ROLLING graded episodes (fewer at its start)
+
+
+@dataclass
+class DeploymentOverview:
+    deployment: Deployment
+    days: list[date]
+    traces_per_day: list[int]
+    live_version: str | None
+    live_since: datetime | None
+    comments: int
+    customer_positive: int
+    customer_negative: int
+    customer_other: int
+    graded_success: int
+    graded_failure: int
+    judged: int
+    failure_modes: list[tuple[str, int]]
+    versions: list[VersionStats]
+    curve: list[CurvePoint] = field(default_factory=list)
+    flips: list[tuple[datetime, str]] = field(default_factory=list)
 
     @property
-    def trained_live(self) -> bool:
-        """The live version is one a training job here produced (not a base model)."""
-        return self.live is not None and self.live.kind != ModelVersionKind.BASE
+    def traces_total(self) -> int:
+        return sum(self.traces_per_day)
+
+    @property
+    def traces_peak(self) -> int:
+        return max(self.traces_per_day, default=0)
 
 
-def tour_deployment(*, name: str | None) -> Deployment | None:
-    """The deployment the tour follows: the one named, else the demo's, else the first."""
-    if name:
-        return Deployment.objects.filter(name=name).first()
-    return (
-        Deployment.objects.filter(name=DEFAULT_TOUR_DEPLOYMENT).first() or Deployment.objects.order_by("name").first()
-    )
-
-
-def tour_get(*, deployment: Deployment | None) -> Tour:
-    """The tour's checklist for `deployment`: each step done or not, from what is stored."""
-    if deployment is None:
-        return Tour(deployment=None, live=None)
-    live_row = LiveVersion.objects.select_related("version").filter(deployment=deployment).first()
-    live = live_row.version if live_row else None
-    traces = Trace.objects.filter(deployment=deployment)
-    trace_list = f"{reverse('feedback:trace-list')}?deployment={deployment.pk}"
-    first_trace = traces.order_by("-started_at", "-id").only("id").first()
-
-    steps: list[TourStep] = []
-    steps.append(
-        TourStep(
-            key="traces",
-            title="Browse the agent's traces",
-            how="Open the trace list, filter it, and open a conversation: the chat, its tool calls and results.",
-            done=first_trace is not None,
-            detail="traces have arrived" if first_trace else "no traces yet: run the demo agent",
-            link=trace_list,
-            link_text="Trace list",
+def _graded(deployment: Deployment, since: datetime, limit: int) -> list[tuple[datetime, str, int]]:
+    """(when, version name, score) of the latest `limit` graded outcomes, oldest first."""
+    rows = (
+        CustomerFeedback.objects.filter(
+            deployment=deployment, customer_ref=GRADER_REF, rating_kind="score", created_at__gte=since
         )
+        .order_by("-id")
+        .values_list("created_at", "trace__model_version__name", "rating")[:limit]
     )
+    return [(at, name or "(unknown version)", rating) for at, name, rating in reversed(list(rows))]
 
-    comment = Comment.objects.filter(trace__deployment=deployment).select_related("author").order_by("-id").first()
-    customer = CustomerFeedback.objects.filter(trace__deployment=deployment).exists()
-    steps.append(
-        TourStep(
-            key="comment",
-            title="Comment on a turn",
-            how="Select a reply that went wrong and say in plain words what it should have done (key c).",
-            done=comment is not None,
-            detail=(
-                f"latest comment by {comment.author.username if comment.author else 'someone'}"
-                if comment
-                else "no operator comment yet" + (" (customers have sent feedback)" if customer else "")
-            ),
-            link=reverse("feedback:trace-detail", args=[first_trace.pk]) if first_trace else trace_list,
-            link_text="Open a trace" if first_trace else "Trace list",
+
+def deployment_overview(
+    *, deployment: Deployment, days: int = 14, now: datetime | None = None, max_graded: int = 500
+) -> DeploymentOverview:
+    now = now or timezone.now()
+    today = timezone.localdate(now)
+    first = today - timedelta(days=days - 1)
+    since = now - timedelta(days=days)
+    day_list = [first + timedelta(days=i) for i in range(days)]
+    index = {d: i for i, d in enumerate(day_list)}
+
+    per_day = [0] * days
+    rows = (
+        Trace.objects.filter(deployment=deployment, started_at__gte=since)
+        .annotate(day=TruncDate("started_at"))
+        .values("day")
+        .annotate(n=Count("id"))
+    )
+    for r in rows:
+        if r["day"] in index:
+            per_day[index[r["day"]]] += r["n"]
+
+    comments = Comment.objects.filter(trace__deployment=deployment, created_at__gte=since).count()
+    fb = CustomerFeedback.objects.filter(deployment=deployment, created_at__gte=since).aggregate(
+        success=Count("id", filter=Q(customer_ref=GRADER_REF, rating=5, rating_kind="score")),
+        failure=Count("id", filter=Q(customer_ref=GRADER_REF, rating_kind="score") & ~Q(rating=5)),
+        positive=Count(
+            "id",
+            filter=~Q(customer_ref=GRADER_REF)
+            & (Q(rating_kind="thumbs", rating=1) | Q(rating_kind="score", rating__gte=4)),
+        ),
+        negative=Count(
+            "id",
+            filter=~Q(customer_ref=GRADER_REF)
+            & (Q(rating_kind="thumbs", rating=-1) | Q(rating_kind="score", rating__lte=2)),
+        ),
+        total=Count("id", filter=~Q(customer_ref=GRADER_REF)),
+    )
+    flags = (
+        TraceFlag.objects.filter(trace__deployment=deployment, trace_started_at__gte=since)
+        .values("name")
+        .annotate(n=Count("id"))
+        .order_by("-n", "name")[:8]
+    )
+    judged = list(
+        JudgeResult.objects.filter(
+            trace__deployment=deployment, created_at__gte=since, status=JudgeStatus.SUCCEEDED, is_latest=True
         )
+        .values("trace__model_version__name")
+        .annotate(n=Count("id"), reward=Avg("reward"))
+    )
+    live = LiveVersion.objects.filter(deployment=deployment).select_related("version").first()
+    flips = [
+        (at, name)
+        for at, name in LiveVersionChange.objects.filter(deployment=deployment, changed_at__gte=since)
+        .order_by("changed_at")
+        .values_list("changed_at", "to_version__name")[:50]
+    ]
+
+    versions: dict[str, VersionStats] = {}
+    curve: list[CurvePoint] = []
+    recent: dict[str, list[int]] = {}
+    for i, (at, name, rating) in enumerate(_graded(deployment, since, max_graded), 1):
+        v = versions.setdefault(name, VersionStats(name=name, first_at=at))
+        v.graded += 1
+        v.successes += int(rating == 5)
+        v.reward_sum += (rating - 1) / 4
+        v.last_at = at
+        window = recent.setdefault(name, [])
+        window.append(int(rating == 5))
+        del window[:-ROLLING]
+        curve.append(CurvePoint(index=i, version=name, rate=sum(window) / len(window)))
+    for row in judged:
+        name = row["trace__model_version__name"] or "(unknown version)"
+        v = versions.setdefault(name, VersionStats(name=name))
+        v.judged, v.judge_reward = row["n"], row["reward"]
+    live_name = live.version.name if live else None
+    if live_name:
+        versions.setdefault(live_name, VersionStats(name=live_name))
+        versions[live_name].live = True
+    ordered = sorted(versions.values(), key=lambda v: (v.first_at is None, v.first_at or now, v.name))
+    return DeploymentOverview(
+        deployment=deployment,
+        days=day_list,
+        traces_per_day=per_day,
+        live_version=live_name,
+        live_since=live.changed_at if live else None,
+        comments=comments,
+        customer_positive=fb["positive"],
+        customer_negative=fb["negative"],
+        customer_other=fb["total"] - fb["positive"] - fb["negative"],
+        graded_success=fb["success"],
+        graded_failure=fb["failure"],
+        judged=sum(r["n"] for r in judged),
+        failure_modes=[(r["name"], r["n"]) for r in flags],
+        versions=ordered,
+        curve=curve,
+        flips=flips,
     )
 
-    judged = JudgeResult.objects.filter(trace__deployment=deployment, is_latest=True)
-    latest_ok = judged.filter(status=JudgeStatus.SUCCEEDED).order_by("-id").first()
-    pending = judged.filter(status__in=[JudgeStatus.PENDING, JudgeStatus.RUNNING]).exists()
-    steps.append(
-        TourStep(
-            key="judge",
-            title="Let the judge turn the words into signal",
-            how="Comments are judged automatically; “Judge this turn” or a backfill on the Judge page does it by hand.",
-            done=latest_ok is not None,
-            detail=(
-                f"latest reward {latest_ok.reward:.2f} under a rubric of {_criteria(latest_ok.rubric)}"
-                if latest_ok and latest_ok.reward is not None
-                else ("a judgement is running" if pending else "no judgement yet")
-            ),
-            link=reverse("feedback:judge"),
-            link_text="Judge",
-            in_progress=pending and latest_ok is None,
-        )
-    )
 
-    sets = TrainingSet.objects.filter(Q(deployment=deployment) | Q(items__trace__deployment=deployment)).distinct()
-    latest_set = sets.order_by("-created_at", "-id").first()
-    steps.append(
-        TourStep(
-            key="training_set",
-            title="Build a training set",
-            how="From the trace list's filter (e.g. commented traces): each commented turn, its rubric and correction.",
-            done=latest_set is not None,
-            detail=(
-                f"{latest_set}: {latest_set.train_count} to train on, {latest_set.heldout_count} held out"
-                if latest_set
-                else "no training set yet"
-            ),
-            link=reverse("training:job-list") + "#build-set",
-            link_text="Training",
-        )
-    )
-
-    jobs = TrainingJob.objects.filter(
-        Q(deployment=deployment)
-        | Q(training_set__in=sets.values("pk"))
-        | Q(base_version__live_for__deployment=deployment)
-    ).distinct()
-    finished = jobs.filter(status=JobStatus.FINISHED, result_version__isnull=False).order_by("-finished_at").first()
-    active = jobs.filter(status__in=[JobStatus.QUEUED, JobStatus.RUNNING]).order_by("-created_at").first()
-    steps.append(
-        TourStep(
-            key="job",
-            title="Start a job and watch it learn",
-            how="Train from the live version on the set; the job page draws reward, KL and length as it goes.",
-            done=finished is not None,
-            detail=(
-                f"job {finished.pk} finished: candidate {finished.result_version.name}"
-                if finished
-                else (f"job {active.pk}: step {active.step}/{active.total_steps}" if active else "no finished job yet")
-            ),
-            link=reverse("training:job-detail", args=[(finished or active).pk])
-            if (finished or active)
-            else reverse("training:job-list"),
-            link_text="The job" if (finished or active) else "Training",
-            in_progress=finished is None and active is not None,
-        )
-    )
-
-    evaluations = Evaluation.objects.filter(deployment=deployment).select_related("candidate", "baseline")
-    evaluation = evaluations.filter(status=EvaluationStatus.FINISHED).order_by("-created_at", "-id").first()
-    running_eval = evaluations.filter(status__in=[EvaluationStatus.QUEUED, EvaluationStatus.RUNNING]).first()
-    win = (evaluation.summary or {}).get("comparison", {}).get("win_rate") if evaluation else None
-    steps.append(
-        TourStep(
-            key="evaluate",
-            title="Evaluate the candidate against the live version",
-            how="On Models, pick the candidate and the set's held-out items; read the report side by side.",
-            done=evaluation is not None,
-            detail=(
-                f"{evaluation.candidate.name} vs {evaluation.baseline.name}"
-                + (f": win rate {100 * win:.0f}%" if isinstance(win, int | float) else "")
-                if evaluation
-                else ("an evaluation is running" if running_eval else "no finished evaluation yet")
-            ),
-            link=reverse("promotion:evaluation", args=[(evaluation or running_eval).pk])
-            if (evaluation or running_eval)
-            else reverse("promotion:models"),
-            link_text="The evaluation" if (evaluation or running_eval) else "Models",
-            in_progress=evaluation is None and running_eval is not None,
-        )
-    )
-
-    promotions = PromotionRequest.objects.filter(deployment=deployment).select_related("candidate", "decided_by")
-    approved = (
-        promotions.filter(status__in=[PromotionStatus.APPROVED, PromotionStatus.DEPLOYED])
-        .order_by("-decided_at", "-id")
-        .first()
-    )
-    pending_request = promotions.filter(status=PromotionStatus.PENDING).order_by("-id").first()
-    shown = approved or pending_request
-    steps.append(
-        TourStep(
-            key="promote",
-            title="Request the promotion; another person approves it",
-            how="The operator asks with a note; the approver (not the requester) approves and the release goes live.",
-            done=approved is not None and approved.status == PromotionStatus.DEPLOYED,
-            detail=(
-                f"{approved.candidate.name} approved by {approved.decided_by.username if approved.decided_by else '?'}"
-                f" — {approved.get_status_display().lower()}"
-                if approved
-                else (
-                    f"{pending_request.candidate.name} waits for an approver" if pending_request else "no request yet"
-                )
-            ),
-            link=reverse("promotion:promotion", args=[shown.pk]) if shown else reverse("promotion:promotion-list"),
-            link_text="The request" if shown else "Promotion requests",
-            in_progress=approved is not None and approved.status == PromotionStatus.APPROVED,
-        )
-    )
-
-    served_by_live = (
-        traces.filter(model_version=live).order_by("-started_at", "-id").only("id").first()
-        if live is not None and live.kind != ModelVersionKind.BASE
-        else None
-    )
-    steps.append(
-        TourStep(
-            key="rerun",
-            title="Run the agent again",
-            how="Send the agent held-out tasks through the gateway: the live version answers them now.",
-            done=served_by_live is not None,
-            detail=(
-                f"traces served by {live.name} have arrived"
-                if served_by_live
-                else (f"{live.name} is live; no traces of it yet" if live else "no live version")
-            ),
-            link=f"{trace_list}&version={live.pk}" if live is not None else trace_list,
-            link_text=f"Traces of {live.name}" if live is not None else "Trace list",
-        )
-    )
-
-    overview = _overview_url()
-    steps.append(
-        TourStep(
-            key="overview",
-            title="See the improvement",
-            how="The overview charts success rate and reward per model version over time.",
-            done=served_by_live is not None
-            and traces.exclude(model_version=live).filter(model_version__isnull=False).exists(),
-            detail="two versions' traces to compare" if served_by_live else "needs traces of the new version",
-            link=overview or trace_list,
-            link_text="Overview" if overview else "Trace list",
-        )
-    )
-    return Tour(deployment=deployment, live=live, steps=steps)
-
-
-def _criteria(rubric) -> str:
-    criteria = (rubric or {}).get("criteria", []) if isinstance(rubric, dict) else (rubric or [])
-    return f"{len(criteria)} criterion" if len(criteria) == 1 else f"{len(criteria)} criteria"
-
-
-def _overview_url() -> str:
-    from django.urls import NoReverseMatch
-
-    try:
-        return reverse("overview")
-    except NoReverseMatch:
-        return ""
+def deployments_overview(*, days: int = 14, now: datetime | None = None) -> list[DeploymentOverview]:
+    """The overview of each deployment (the first MAX_DEPLOYMENTS by name)."""
+    return [
+        deployment_overview(deployment=d, days=days, now=now)
+        for d in Deployment.objects.order_by("name")[:MAX_DEPLOYMENTS]
+    ]

@@ -5,9 +5,15 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_POST
 
-from webapp.selectors import tour_deployment, tour_get
+from feedback.views.common import dashboard_view
+from training.charts import series_chart
+from webapp.selectors import ROLLING, deployments_overview
+from webapp.selectors_tour import tour_deployment, tour_get
+
+DAYS_CHOICES = (14, 7, 30, 90)
 
 
 def home(request: HttpRequest) -> HttpResponse:
@@ -67,3 +73,36 @@ def tour_agent_run(request: HttpRequest, deployment: str) -> HttpResponse:
         )
     messages.success(request, f"The agent is working on {episodes} held-out tasks; its traces appear as they arrive.")
     return redirect(f"{reverse('tour')}?deployment={target.name}")
+
+
+@dashboard_view("feedback.view_trace")
+def overview(request: HttpRequest) -> HttpResponse:
+    """Per deployment: traffic, feedback, failure modes, the live version, and success
+    rate and reward per model version over time."""
+    days = DAYS_CHOICES[0]
+    if request.GET.get("days"):
+        try:
+            days = int(request.GET["days"])
+        except ValueError:
+            days = 0
+        if days not in DAYS_CHOICES:
+            return render(
+                request,
+                "overview.html",
+                {"error": f"days: must be one of {', '.join(map(str, DAYS_CHOICES))}", "days_choices": DAYS_CHOICES},
+                status=400,
+            )
+    overviews = deployments_overview(days=days)
+    for o in overviews:
+        by_version: dict[str, list[tuple[float, float]]] = {}
+        for p in o.curve:
+            by_version.setdefault(p.version, []).append((p.index, p.rate))
+        # series_chart escapes every label; the rest is numbers.
+        o.chart = mark_safe(
+            series_chart(
+                list(by_version.items()),
+                title=f"success rate per model version (rolling, last {ROLLING} graded episodes of each version)",
+                y_range=(0.0, 1.0),
+            )
+        )
+    return render(request, "overview.html", {"overviews": overviews, "days": days, "days_choices": DAYS_CHOICES})

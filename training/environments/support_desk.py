@@ -275,14 +275,57 @@ class SupportDesk(Environment):
         return records_grade(state=state, expected=task.hidden["expected"], success=success)
 
 
+def turn_reference(*, task: Task, messages: list[dict[str, Any]]) -> str | None:
+    """The actions the hidden policy accepts as the next assistant turn after `messages`
+    (a JSON list for the `tool_action` grader), or None for a task without a grade.
+
+    Not looked up yet: look the order up (or refund it at once when the policy allows).
+    Looked up: refund it when the policy allows, else answer in words. Refunded: answer."""
+    if not task.hidden.get("graded"):
+        return None
+    order_id = task.hidden["order_id"]
+    lookup = {"tool": "lookup_order", "arguments": {"order_id": order_id}}
+    refund = {"tool": "issue_refund", "arguments": {"order_id": order_id}}
+    reply = {"reply": True}
+    names = {}
+    for m in messages:
+        if m.get("role") == "assistant":
+            for call in m.get("tool_calls") or []:
+                function = call.get("function") or {}
+                try:
+                    arguments = json.loads(function.get("arguments") or "{}")
+                except ValueError:
+                    arguments = {}
+                if isinstance(arguments, dict) and arguments.get("order_id") == order_id:
+                    names[call.get("id", "")] = function.get("name", "")
+    done = {
+        names[m.get("tool_call_id", "")]
+        for m in messages
+        if m.get("role") == "tool"
+        and m.get("tool_call_id", "") in names
+        and not str(m.get("content") or "").startswith("error")
+    }
+    if "issue_refund" in done:
+        accepted = [reply]
+    elif "lookup_order" in done:
+        accepted = [refund] if task.hidden["refund"] else [reply]
+    else:
+        accepted = [lookup, refund] if task.hidden["refund"] else [lookup]
+    return json.dumps(accepted)
+
+
 def tasks_sample(*, split: str, count: int, seed: int = 0, graded_share: float = 1.0) -> list[Task]:
-    """`count` tasks of `split`, graded ones with probability `graded_share`, reproducibly."""
+    """`count` tasks of `split`, graded ones with probability `graded_share`, reproducibly.
+    Each pool is dealt like a shuffled deck (reshuffled when used up), so a run of
+    `k * len(pool)` graded tasks covers every task `k` times."""
     desk = SupportDesk()
     rng = random.Random(seed)
-    graded = desk.tasks_for(split=split, graded=True)
-    ungraded = desk.tasks_for(split=split, graded=False)
+    pools = {True: desk.tasks_for(split=split, graded=True), False: desk.tasks_for(split=split, graded=False)}
+    decks: dict[bool, list[Task]] = {True: [], False: []}
     out = []
     for _ in range(count):
-        pool = graded if (not ungraded or rng.random() < graded_share) else ungraded
-        out.append(rng.choice(pool))
+        graded = not pools[False] or rng.random() < graded_share
+        if not decks[graded]:
+            decks[graded] = rng.sample(pools[graded], len(pools[graded]))
+        out.append(decks[graded].pop())
     return out

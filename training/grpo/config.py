@@ -38,7 +38,9 @@ class TrainConfig:
     lora_dropout: float = 0.0
     lora_target: str = "all-linear"
     init_adapter: str = ""  # continue training an existing LoRA version's adapter
-    trainable_layers: int | None = None  # full fine-tuning: only the top N blocks (None = all)
+    trainable_layers: int | None = (
+        None  # only the top N blocks train (full: those blocks; lora: adapters on them); None = all
+    )
     learning_rate: float = 2e-4
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
