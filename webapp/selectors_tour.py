@@ -126,7 +126,10 @@ def tour_get(*, deployment: Deployment | None) -> Tour:
         TourStep(
             key="training_set",
             title="Build a training set",
-            how="From the trace list's filter (e.g. commented traces): each commented turn, its rubric and correction.",
+            how=(
+                "On Training: from the agent's graded episodes (each turn replayable, with a grader), or from the "
+                "trace list's filter (each commented turn with its rubric and correction)."
+            ),
             done=latest_set is not None,
             detail=(
                 f"{latest_set}: {latest_set.train_count} to train on, {latest_set.heldout_count} held out"

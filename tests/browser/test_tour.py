@@ -142,10 +142,10 @@ def test_the_whole_tour_in_the_browser(
 
     # 4. Build a training set from the commented traces.
     page.click("#step-training_set a:has-text('Training')")
-    page.fill("input[name=name]", "tour-refunds")
-    page.fill("input[name=heldout_fraction]", "0")
-    page.fill("input[name=filters]", f"comment=yes&deployment={deployment.pk}")
-    page.click("button:has-text('Build')")
+    page.fill("#set-form input[name=name]", "tour-refunds")
+    page.fill("#set-form input[name=heldout_fraction]", "0")
+    page.fill("#set-form input[name=filters]", f"comment=yes&deployment={deployment.pk}")
+    page.click("#set-form button[type=submit]")
     page.wait_for_url(re.compile(r"/training/jobs/\?built=\d+"))
     training_set = TrainingSet.objects.get(name="tour-refunds")
     assert training_set.train_count == 1
