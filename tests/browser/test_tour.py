@@ -101,7 +101,7 @@ def test_the_whole_tour_in_the_browser(
 
     # The agent works: its traces arrive through the gateway, as `make demo` has it do.
     key = api_key_create(deployment=deployment, scopes=["ingest", "feedback"]).plaintext
-    first_run = demo_agent_run(base_url=gateway.url, api_key=key, split="train", episodes=3, seed=1, report=False)
+    first_run = demo_agent_run(base_url=gateway.url, api_key=key, split="train", episodes=3, seed=1)
     gateway.drain()
     assert Trace.objects.filter(deployment=deployment, model_version=base_version).count() == 3
 
