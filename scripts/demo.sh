@@ -51,6 +51,10 @@ export PRACTICUM_JUDGE_RATIONALE_MAX_CHARS=${PRACTICUM_JUDGE_RATIONALE_MAX_CHARS
 export PRACTICUM_JUDGE_CORRECTION_MAX_CHARS=${PRACTICUM_JUDGE_CORRECTION_MAX_CHARS:-160}
 export PRACTICUM_JUDGE_MAX_CRITERIA=${PRACTICUM_JUDGE_MAX_CRITERIA:-2}
 export PRACTICUM_JUDGE_TIMEOUT_S=${PRACTICUM_JUDGE_TIMEOUT_S:-300}
+export PRACTICUM_JUDGE_MAX_ATTEMPTS=${PRACTICUM_JUDGE_MAX_ATTEMPTS:-2}
+# On a CPU one judgement takes tens of seconds, and every graded outcome the agent reports
+# would queue one: judge by hand ("Judge this turn", or a backfill on /judge/) unless asked.
+export PRACTICUM_JUDGE_AUTO=${PRACTICUM_JUDGE_AUTO:-false}
 # The tour's "run the agent again" goes through this server's gateway.
 export PRACTICUM_DEMO_AGENT_BASE_URL=${PRACTICUM_DEMO_AGENT_BASE_URL:-$URL}
 export PRACTICUM_DEMO_AGENT_EPISODES=${PRACTICUM_DEMO_AGENT_EPISODES:-$(( EPISODES / 3 > 4 ? EPISODES / 3 : 4 ))}
@@ -111,7 +115,8 @@ trap 'cleanup; exit 130' INT
 trap 'cleanup; exit 143' TERM
 trap 'cleanup' EXIT
 
-start "$LOGS/inference.log" $PY manage.py serve_inference --base "$BASE" --port "$PRACTICUM_INFERENCE_PORT"
+# vLLM sets up its own OpenMP threads per core; the one-thread limit is for the other processes.
+start "$LOGS/inference.log" env -u OMP_NUM_THREADS $PY manage.py serve_inference --base "$BASE" --port "$PRACTICUM_INFERENCE_PORT"
 start "$LOGS/worker.log" .venv/bin/celery -A webapp worker -Q default,deploy --concurrency 1 \
   --hostname "demo@%h" --loglevel WARNING -B --schedule "$DATA_DIR/celerybeat-schedule"
 # Training gets its own worker (one job at a time), so judge calls are not stuck behind it.

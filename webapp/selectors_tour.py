@@ -107,7 +107,10 @@ def tour_get(*, deployment: Deployment | None) -> Tour:
         TourStep(
             key="judge",
             title="Let the judge turn the words into signal",
-            how="Comments are judged automatically; “Judge this turn” or a backfill on the Judge page does it by hand.",
+            how=(
+                "Press “Judge this turn” under the commented turn (automatic when PRACTICUM_JUDGE_AUTO is on), "
+                "or run a backfill on the Judge page: a rubric, a reward and a corrected reply."
+            ),
             done=latest_ok is not None,
             detail=(
                 f"latest reward {latest_ok.reward:.2f} under a rubric of {_criteria(latest_ok.rubric)}"
