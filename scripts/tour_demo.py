@@ -11,7 +11,8 @@ With everything real, in this order:
 4. A training set of every graded turn of those episodes (`training_set_from_episodes`:
    the context, and the actions the hidden policy accepts, for the `tool_action` grader).
 5. A turn-level GRPO job (`training_job_create`, run in this process as a worker would):
-   LoRA on the top blocks → a candidate version.
+   LoRA on the top blocks, rollouts sampled by the vLLM server under the same structured-
+   output constraint the agent's harness serves with → a candidate version.
 6. The candidate is loaded into the server and made live (the browser tour does this
    through an evaluation, a promotion request and another person's approval).
 7. The agent works the same held-out tasks again, with the same seeds → the new rate.
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -61,10 +63,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--heldout-episodes", type=int, default=36, help="per measurement (12 tasks, each 3 times)")
     parser.add_argument("--train-episodes", type=int, default=48)
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--group-size", type=int, default=6)
     parser.add_argument("--prompts", type=int, default=2, help="prompts per step")
-    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--lr", type=float, default=4e-4)
     parser.add_argument("--layers", type=int, default=6, help="LoRA on the top N blocks")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--inference-url", default="", help="use this running vLLM server instead of starting one")
@@ -78,7 +80,7 @@ def main() -> int:
     from django.conf import settings
     from django.core.management import call_command
 
-    from feedback.demo.agent import demo_agent_run
+    from feedback.demo.agent import ACT_OR_REPLY_REGEX, demo_agent_run
     from feedback.services.api_keys import api_key_create
     from feedback.services.deployments import deployment_get_or_create
     from training.inference import client
@@ -90,6 +92,8 @@ def main() -> int:
     from training.services.models import base_model_register, live_version_set
 
     torch.set_num_threads(1)
+    # Ctrl-C or a TERM stops the server and the site on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     timings: dict[str, float] = {}
@@ -150,7 +154,7 @@ def main() -> int:
 
         time.sleep(2)  # the gateway writes traces off the response path
         training_set = training_set_from_episodes(
-            deployment=deployment, environment="support-desk", name="support-desk-episodes", heldout_fraction=0.15
+            deployment=deployment, environment="support-desk", name="support-desk-episodes", heldout_fraction=0.0
         )
         print(f"{training_set}: {training_set.train_count} train turns, {training_set.heldout_count} held out")
         config = {
@@ -161,7 +165,11 @@ def main() -> int:
             "steps": args.steps,
             "prompts_per_step": args.prompts,
             "group_size": args.group_size,
-            "max_new_tokens": 40,
+            "max_new_tokens": 48,
+            # Rollouts on the vLLM server, under the constraint the agent's harness serves with.
+            "rollout": "vllm",
+            "vllm_url": url.rstrip("/") + "/v1",
+            "structured_outputs": {"regex": ACT_OR_REPLY_REGEX},
             "temperature": 0.7,
             "eval_every": 10,
             "eval_samples": 2,
