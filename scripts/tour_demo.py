@@ -65,7 +65,7 @@ def main() -> int:
     parser.add_argument("--train-episodes", type=int, default=48)
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--group-size", type=int, default=6)
-    parser.add_argument("--prompts", type=int, default=2, help="prompts per step")
+    parser.add_argument("--prompts", type=int, default=4, help="prompts per step")
     parser.add_argument("--lr", type=float, default=4e-4)
     parser.add_argument("--layers", type=int, default=6, help="LoRA on the top N blocks")
     parser.add_argument("--seed", type=int, default=0)
@@ -154,7 +154,13 @@ def main() -> int:
 
         time.sleep(2)  # the gateway writes traces off the response path
         training_set = training_set_from_episodes(
-            deployment=deployment, environment="support-desk", name="support-desk-episodes", heldout_fraction=0.0
+            deployment=deployment,
+            environment="support-desk",
+            name="support-desk-episodes",
+            heldout_fraction=0.0,
+            # The harness forces the first turn to act (lookup or refund) with another
+            # regex than later turns; the decisions after the lookup are what is trained.
+            first_turns=False,
         )
         print(f"{training_set}: {training_set.train_count} train turns, {training_set.heldout_count} held out")
         config = {
