@@ -11,7 +11,8 @@ With everything real, in this order:
 4. A training set of every graded turn of those episodes (`training_set_from_episodes`:
    the context, and the actions the hidden policy accepts, for the `tool_action` grader).
 5. A turn-level GRPO job (`training_job_create`, run in this process as a worker would):
-   LoRA on the top blocks → a candidate version.
+   LoRA on the top blocks, rollouts sampled by the vLLM server under the same structured-
+   output constraint the agent's harness serves with → a candidate version.
 6. The candidate is loaded into the server and made live (the browser tour does this
    through an evaluation, a promotion request and another person's approval).
 7. The agent works the same held-out tasks again, with the same seeds → the new rate.
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -57,18 +59,52 @@ def wait_http(url: str, timeout: float = 60.0) -> None:
         time.sleep(0.5)
 
 
+def stored_run(deployment, version: str, split: str):
+    """A finished run's outcome, read back from the graded feedback in the database."""
+    from feedback.demo.agent import GRADER_REF, DemoEpisode, DemoRunResult
+    from feedback.models import CustomerFeedback
+
+    result = DemoRunResult(split=split)
+    rows = CustomerFeedback.objects.filter(
+        deployment=deployment,
+        customer_ref=GRADER_REF,
+        trace__metadata__split=split,
+        trace__model_version__name=version,
+    ).values_list("trace__external_id", "trace__metadata__task_id", "rating", "comment")
+    for external_id, task_id, rating, reason in rows:
+        result.episodes.append(
+            DemoEpisode(
+                trace_id=external_id,
+                task_id=task_id,
+                split=split,
+                graded=True,
+                reward=(rating - 1) / 4,
+                reason=reason,
+                model=version,
+                end="answered",
+            )
+        )
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--heldout-episodes", type=int, default=36, help="per measurement (12 tasks, each 3 times)")
     parser.add_argument("--train-episodes", type=int, default=48)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--group-size", type=int, default=6)
-    parser.add_argument("--prompts", type=int, default=2, help="prompts per step")
-    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--prompts", type=int, default=3, help="prompts per step")
+    parser.add_argument("--lr", type=float, default=4e-4)
     parser.add_argument("--layers", type=int, default=6, help="LoRA on the top N blocks")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--inference-url", default="", help="use this running vLLM server instead of starting one")
     parser.add_argument("--out", type=Path, default=ROOT / "var" / "tour-demo")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="keep the base run, the training traffic and the training set already in this database "
+        "(from an earlier run that stopped) and start at the training job",
+    )
     args = parser.parse_args()
 
     import django
@@ -78,18 +114,20 @@ def main() -> int:
     from django.conf import settings
     from django.core.management import call_command
 
-    from feedback.demo.agent import demo_agent_run
+    from feedback.demo.agent import ACT_OR_REPLY_REGEX, demo_agent_run
     from feedback.services.api_keys import api_key_create
     from feedback.services.deployments import deployment_get_or_create
     from training.inference import client
     from training.inference.server import InferenceServer, ServerSpec
-    from training.models import ModelVersion
+    from training.models import ModelVersion, TrainingSet
     from training.services.episode_sets import training_set_from_episodes
     from training.services.job_runner import training_job_run
     from training.services.jobs import training_job_create
     from training.services.models import base_model_register, live_version_set
 
     torch.set_num_threads(1)
+    # Ctrl-C or a TERM stops the server and the site on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     timings: dict[str, float] = {}
@@ -140,18 +178,32 @@ def main() -> int:
         def agent(split: str, episodes: int, seed: int):
             return demo_agent_run(base_url=site_url, api_key=key, split=split, episodes=episodes, seed=seed)
 
-        before = agent("heldout", args.heldout_episodes, 1000 + args.seed)
-        print(before.summary(), flush=True)
-        t = mark("held-out run, base model", t)
+        if args.reuse:
+            before = stored_run(deployment, base_version.name, "heldout")
+            train_run = stored_run(deployment, base_version.name, "train")
+            training_set = TrainingSet.objects.filter(name="support-desk-episodes").latest("version")
+            print(f"reusing: base held-out {before.success_rate:.3f} ({before.graded} graded), {training_set}")
+        else:
+            before = agent("heldout", args.heldout_episodes, 1000 + args.seed)
+            print(before.summary(), flush=True)
+            t = mark("held-out run, base model", t)
 
-        train_run = agent("train", args.train_episodes, 2000 + args.seed)
-        print(train_run.summary(), flush=True)
-        t = mark("training traffic", t)
+            train_run = agent("train", args.train_episodes, 2000 + args.seed)
+            print(train_run.summary(), flush=True)
+            t = mark("training traffic", t)
 
-        time.sleep(2)  # the gateway writes traces off the response path
-        training_set = training_set_from_episodes(
-            deployment=deployment, environment="support-desk", name="support-desk-episodes", heldout_fraction=0.15
-        )
+            time.sleep(2)  # the gateway writes traces off the response path
+            training_set = None
+        if training_set is None:
+            training_set = training_set_from_episodes(
+                deployment=deployment,
+                environment="support-desk",
+                name="support-desk-episodes",
+                heldout_fraction=0.0,
+                # The harness forces the first turn to act (lookup or refund) with another
+                # regex than later turns; the decisions after the lookup are what is trained.
+                first_turns=False,
+            )
         print(f"{training_set}: {training_set.train_count} train turns, {training_set.heldout_count} held out")
         config = {
             "adapter": "lora",
@@ -161,7 +213,11 @@ def main() -> int:
             "steps": args.steps,
             "prompts_per_step": args.prompts,
             "group_size": args.group_size,
-            "max_new_tokens": 40,
+            "max_new_tokens": 48,
+            # Rollouts on the vLLM server, under the constraint the agent's harness serves with.
+            "rollout": "vllm",
+            "vllm_url": url.rstrip("/") + "/v1",
+            "structured_outputs": {"regex": ACT_OR_REPLY_REGEX},
             "temperature": 0.7,
             "eval_every": 10,
             "eval_samples": 2,

@@ -149,6 +149,9 @@ def test_a_training_set_holds_every_graded_turn_of_the_training_tasks_only():
     assert second["messages"][-1]["role"] == "tool"
     assert json.loads(second["reference"]) == json.loads(turn_reference(task=train_task, messages=second["messages"]))
 
+    later = episode_turn_items(deployment=deployment, environment="support-desk", first_turns=False)
+    assert [it["key"] for it in later] == [second["key"]]
+
     training_set = training_set_from_episodes(
         deployment=deployment, environment="support-desk", name="desk", heldout_fraction=0
     )

@@ -113,6 +113,12 @@ def _key(state: RecordsState, value: Any) -> Any:
     raise ToolError(f"no {state.table.name} with {state.table.key} {json.dumps(value)[:60]}")
 
 
+def records_row(*, state: RecordsState, key: Any) -> dict[str, Any]:
+    """The episode's current row for `key` (a copy) without counting a tool call: for a
+    tool that reads a row before it changes it."""
+    return copy.deepcopy(state.rows[_key(state, key)])
+
+
 def records_lookup(*, state: RecordsState, key: Any) -> dict[str, Any]:
     """The episode's current row for `key` (a copy), or a ToolError naming the unknown id."""
     state.charge()

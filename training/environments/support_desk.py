@@ -30,6 +30,7 @@ from training.environments.records import (
     RecordTable,
     records_grade,
     records_lookup,
+    records_row,
     records_state_new,
     records_update,
 )
@@ -240,8 +241,7 @@ class SupportDesk(Environment):
             row = records_lookup(state=state, key=arguments["order_id"])
             return json.dumps(row)
         if name == "issue_refund":
-            row = records_lookup(state=state, key=arguments["order_id"])
-            state.calls -= 1  # the lookup inside a refund is not the model's call
+            row = records_row(state=state, key=arguments["order_id"])
             if row["status"] == "refunded":
                 raise ToolError(f"order {row['order_id']} was already refunded")
             amount = arguments.get("amount", row["price"])

@@ -151,6 +151,9 @@ class GRPOConfig(TrainConfig):
     log_kl: bool = True
     rollout: Literal["local", "vllm"] = "local"
     vllm_url: str = ""  # OpenAI-compatible base URL ending in /v1, for rollout="vllm"
+    # vLLM structured outputs for rollout="vllm" (e.g. {"regex": …}): sample under the same
+    # constraint the agent's harness serves with, so the trained choices are the served ones.
+    structured_outputs: dict = field(default_factory=dict)
 
     def validate(self) -> list[tuple[str, str]]:
         errors = super().validate()
@@ -170,6 +173,10 @@ class GRPOConfig(TrainConfig):
             errors.append(("rollout", "must be 'local' or 'vllm'"))
         if self.rollout == "vllm" and not self.vllm_url:
             errors.append(("vllm_url", "required when rollout is 'vllm'"))
+        if not isinstance(self.structured_outputs, dict):
+            errors.append(("structured_outputs", "must be an object"))
+        elif self.structured_outputs and self.rollout != "vllm":
+            errors.append(("structured_outputs", "needs rollout 'vllm' (the local sampler does not constrain)"))
         return errors
 
 

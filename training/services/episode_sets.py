@@ -34,10 +34,17 @@ def _turn_reference(env):
 
 
 def episode_turn_items(
-    *, deployment: Deployment, environment: str, split: str = "train", limit: int = MAX_TRACES
+    *,
+    deployment: Deployment,
+    environment: str,
+    split: str = "train",
+    limit: int = MAX_TRACES,
+    first_turns: bool = True,
 ) -> list[dict[str, Any]]:
     """One item per assistant turn of the deployment's latest `limit` traces of
-    `environment`'s `split` tasks that have a programmatic grade."""
+    `environment`'s `split` tasks that have a programmatic grade. Without `first_turns`,
+    only the turns after the agent's first one (e.g. when a harness constrains its first
+    turn differently from the rest)."""
     try:
         env = environment_get(environment)
     except KeyError as exc:
@@ -57,9 +64,14 @@ def episode_turn_items(
     for trace in sorted(traces, key=lambda t: t.external_id):
         task = tasks[trace.metadata["task_id"]]
         messages = history[trace.pk]
+        first = True
         for turn in messages:
             if turn.role != MessageRole.ASSISTANT or turn.finish_reason in ("error", "client_disconnect"):
                 continue
+            if first:
+                first = False
+                if not first_turns:
+                    continue
             context = [message_as_openai(m) for m in messages if m.position < turn.position]
             reference = reference_for(task=task, messages=context)
             if reference is None or not context:
@@ -89,15 +101,24 @@ def training_set_from_episodes(
     split: str = "train",
     heldout_fraction: float = 0.2,
     limit: int = MAX_TRACES,
+    first_turns: bool = True,
     user=None,
 ) -> TrainingSet:
     """The next version of `name`: every graded turn of the logged `environment` episodes."""
-    items = episode_turn_items(deployment=deployment, environment=environment, split=split, limit=limit)
+    items = episode_turn_items(
+        deployment=deployment, environment=environment, split=split, limit=limit, first_turns=first_turns
+    )
     return training_set_create(
         name=name,
         items=items,
         deployment=deployment,
-        selection={"kind": "episodes", "environment": environment, "split": split, "limit": limit},
+        selection={
+            "kind": "episodes",
+            "environment": environment,
+            "split": split,
+            "limit": limit,
+            "first_turns": first_turns,
+        },
         description=f"every graded turn of the {environment} episodes ({split} tasks)",
         heldout_fraction=heldout_fraction,
         user=user,
