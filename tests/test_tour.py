@@ -183,3 +183,19 @@ def test_running_the_agent_again_is_queued_for_operators(client, operator, djang
     assert response.status_code == 302 and response.url == f"{reverse('tour')}?deployment=support-bot"
     assert len(queued) == 1  # one task, sent once the request's transaction commits
     assert "4 held-out tasks" in client.get(response.url).content.decode()
+
+
+def test_the_job_step_offers_settings_a_job_accepts(tour_page):
+    import html as html_lib
+    import json
+
+    from training.grpo.config import config_from_dict
+    from webapp.selectors_tour import episode_job_settings
+
+    DeploymentFactory(name="support-bot")
+    page = tour_page()
+    shown = re.search(r'<pre class="hint"><code>(.*?)</code></pre>', page, re.S).group(1)
+    settings_json = json.loads(html_lib.unescape(shown))
+    assert settings_json == json.loads(episode_job_settings())
+    config = config_from_dict({**settings_json, "kind": "grpo", "model_path": "/models/x", "init_adapter": ""})
+    assert config.steps == 10 and config.rollout == "vllm"

@@ -235,7 +235,12 @@ def training_set_build_episodes(request: HttpRequest) -> HttpResponse:
     if not errors:
         try:
             built = training_set_from_episodes(
-                deployment=deployment, environment=environment, name=name, heldout_fraction=heldout, user=request.user
+                deployment=deployment,
+                environment=environment,
+                name=name,
+                heldout_fraction=heldout,
+                first_turns=not data.get("skip_first_turns"),
+                user=request.user,
             )
         except TrainingSetError as exc:
             errors = exc.errors

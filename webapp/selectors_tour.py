@@ -27,6 +27,7 @@ class TourStep:
     link: str
     link_text: str
     in_progress: bool = False
+    hint: str = ""  # settings to paste, shown under the step
 
 
 @dataclass(slots=True)
@@ -155,7 +156,11 @@ def tour_get(*, deployment: Deployment | None) -> Tour:
         TourStep(
             key="job",
             title="Start a job and watch it learn",
-            how="Train from the live version on the set; the job page draws reward, KL and length as it goes.",
+            how=(
+                "GRPO from the live version on the set; the job page draws reward, KL and length as it goes. "
+                "For the agent's episodes, these settings (as `make tour-demo` uses them) go in the JSON box:"
+            ),
+            hint=episode_job_settings(),
             done=finished is not None,
             detail=(
                 f"job {finished.pk} finished: candidate {finished.result_version.name}"
@@ -257,6 +262,31 @@ def tour_get(*, deployment: Deployment | None) -> Tour:
         )
     )
     return Tour(deployment=deployment, live=live, steps=steps)
+
+
+def episode_job_settings() -> str:
+    """The GRPO settings the tour's measurement trains the demo agent's episodes with:
+    rollouts on the inference server, under the constraint the agent's harness serves with."""
+    import json
+
+    from django.conf import settings
+
+    from feedback.demo.agent import ACT_OR_REPLY_REGEX
+
+    config = {
+        "steps": 10,
+        "prompts_per_step": 3,
+        "group_size": 4,
+        "learning_rate": 4e-4,
+        "lora_rank": 16,
+        "trainable_layers": 6,
+        "max_new_tokens": 48,
+        "temperature": 0.7,
+        "rollout": "vllm",
+        "vllm_url": settings.INFERENCE_URL.rstrip("/") + "/v1",
+        "structured_outputs": {"regex": ACT_OR_REPLY_REGEX},
+    }
+    return json.dumps(config)
 
 
 def _criteria(rubric) -> str:

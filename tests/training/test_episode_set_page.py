@@ -75,6 +75,16 @@ def test_bad_input_is_refused_with_the_field(operator_client, post, field):
     assert not TrainingSet.objects.exists()
 
 
+def test_leaving_out_first_turns_leaves_nothing_of_one_turn_episodes(operator_client):
+    deployment = DeploymentFactory(name="support-bot")
+    task = next(t for t in SupportDesk().tasks() if t.split == "train" and t.hidden.get("graded"))
+    logged_episode(deployment, task, "ep-0")
+    data = {"name": "desk", "heldout_fraction": "0", "deployment": "support-bot", "environment": "support-desk"}
+    response = operator_client.post(reverse("training:set-build-episodes"), data | {"skip_first_turns": "1"})
+    assert response.status_code == 400 and not TrainingSet.objects.exists()
+    assert operator_client.post(reverse("training:set-build-episodes"), data).status_code == 302
+
+
 def test_no_episodes_yet_is_a_400_not_a_500(operator_client):
     DeploymentFactory(name="support-bot")
     data = {"name": "desk", "heldout_fraction": "0.1", "deployment": "support-bot", "environment": "support-desk"}
