@@ -158,7 +158,7 @@ def tour_get(*, deployment: Deployment | None) -> Tour:
             title="Start a job and watch it learn",
             how=(
                 "GRPO from the live version on the set; the job page draws reward, KL and length as it goes. "
-                "For the agent's episodes, these settings (as `make tour-demo` uses them) go in the JSON box:"
+                "For the agent's episodes, these settings (the ones make tour-demo measures) go in the JSON box:"
             ),
             hint=episode_job_settings(),
             done=finished is not None,
