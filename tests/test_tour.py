@@ -67,6 +67,18 @@ def test_the_steps_tick_as_the_loop_goes_round(tour_page, operator, tmp_path):
     comment_add(message=turn, author=operator, body="It refunded without looking the order up.")
     assert done_steps(tour_page()) == ["traces", "comment"]
 
+    failed = JudgeResult.objects.create(
+        trace=trace,
+        message=turn,
+        trigger="comment",
+        status=JudgeStatus.FAILED,
+        failure_reason="output cut off at max_tokens (400) (after 2 attempts)",
+        is_latest=True,
+    )
+    html = tour_page()
+    assert "judge" not in done_steps(html)
+    assert "the latest judgement failed (output cut off at max_tokens (400) (after 2 attempts)): judge again" in html
+    JudgeResult.objects.filter(pk=failed.pk).update(is_latest=False)  # as judging again does
     JudgeResult.objects.create(
         trace=trace,
         message=turn,

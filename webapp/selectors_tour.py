@@ -104,6 +104,7 @@ def tour_get(*, deployment: Deployment | None) -> Tour:
     judged = JudgeResult.objects.filter(trace__deployment=deployment, is_latest=True)
     latest_ok = judged.filter(status=JudgeStatus.SUCCEEDED).order_by("-id").first()
     pending = judged.filter(status__in=[JudgeStatus.PENDING, JudgeStatus.RUNNING]).exists()
+    failed = None if latest_ok or pending else judged.filter(status=JudgeStatus.FAILED).order_by("-id").first()
     steps.append(
         TourStep(
             key="judge",
@@ -116,7 +117,16 @@ def tour_get(*, deployment: Deployment | None) -> Tour:
             detail=(
                 f"latest reward {latest_ok.reward:.2f} under a rubric of {_criteria(latest_ok.rubric)}"
                 if latest_ok and latest_ok.reward is not None
-                else ("a judgement is running" if pending else "no judgement yet")
+                else (
+                    "a judgement is running"
+                    if pending
+                    else (
+                        f"the latest judgement failed ({failed.failure_reason[:160]}): judge again, "
+                        "or connect a stronger judge"
+                        if failed
+                        else "no judgement yet"
+                    )
+                )
             ),
             link=reverse("feedback:judge"),
             link_text="Judge",
