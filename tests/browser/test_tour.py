@@ -130,8 +130,14 @@ def test_the_whole_tour_in_the_browser(
     assert Comment.objects.get(message=turn).author == operator
 
     # 3. The judge turns the comment into a rubric and a reward (the worker calls it).
+    # (The agent's graded outcome on this trace may have been judged already; the comment's
+    # judgement is the latest one of the turn.)
     result = wait_until(
-        lambda: JudgeResult.objects.filter(message=turn, status=JudgeStatus.SUCCEEDED).first(), 60, "the judgement"
+        lambda: JudgeResult.objects.filter(
+            message=turn, trigger="comment", is_latest=True, status=JudgeStatus.SUCCEEDED
+        ).first(),
+        90,
+        "the judgement of the comment",
     )
     assert result.reward == 0.25
     page.reload()
