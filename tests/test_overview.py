@@ -39,11 +39,13 @@ def versions(tmp_path):
     return deployment, base_version, candidate
 
 
-def graded_traces(deployment, version, outcomes, *, start=0, when=None):
+def graded_traces(deployment, version, outcomes, *, start=0, when=None, split="heldout"):
     """One trace per outcome (True = success), served by `version`, with the grader's feedback."""
     traces = []
     for i, ok in enumerate(outcomes, start):
-        trace = TraceFactory(deployment=deployment, external_id=f"{version.name}-{i}", model_version=version)
+        trace = TraceFactory(
+            deployment=deployment, external_id=f"{version.name}-{i}", model_version=version, metadata={"split": split}
+        )
         if when is not None:
             trace.started_at = when
             trace.save(update_fields=["started_at"])
@@ -64,6 +66,7 @@ def test_success_rate_and_reward_per_version_and_the_live_version(client, versio
     base_traces = graded_traces(deployment, base_version, [True, False, False, False])  # 0.25
     live_version_set(deployment=deployment, version=candidate)
     graded_traces(deployment, candidate, [True, True, True, False], start=10)  # 0.75
+    graded_traces(deployment, candidate, [False, False], start=20, split="train")  # not held out
     operator = user_with_role("operator")
     message = base_traces[1].messages.get(position=1)
     comment_add(message=message, author=operator, body="<b>refunded an order the policy forbids</b>")
@@ -79,18 +82,19 @@ def test_success_rate_and_reward_per_version_and_the_live_version(client, versio
     html = response.content.decode()
     o = response.context["overviews"][0]
     assert o.live_version == "smol-v1"
-    rates = {v.name: (v.graded, v.success_rate, v.mean_reward, v.live) for v in o.versions}
-    assert rates == {"smol": (4, 0.25, 0.25, False), "smol-v1": (4, 0.75, 0.75, True)}
+    rates = {v.name: (v.graded, v.success_rate, v.heldout_success_rate, v.live) for v in o.versions}
+    assert rates == {"smol": (4, 0.25, 0.25, False), "smol-v1": (6, 0.5, 0.75, True)}
+    assert {v.name: v.mean_reward for v in o.versions} == {"smol": 0.25, "smol-v1": 0.5}
     assert [v.name for v in o.versions] == ["smol", "smol-v1"]  # in the order they were first graded
-    assert (o.graded_success, o.graded_failure, o.comments, o.customer_negative) == (4, 4, 1, 1)
+    assert (o.graded_success, o.graded_failure, o.comments, o.customer_negative) == (4, 6, 1, 1)
     assert o.failure_modes == [("wrong-refund", 1)]
-    assert o.traces_per_day[-1] == 8 and o.traces_total == 8
+    assert o.traces_per_day[-1] == 10 and o.traces_total == 10
     # The curve: each version's rolling success rate, in the order the outcomes arrived.
     assert [(p.version, round(p.rate, 2)) for p in o.curve] == [
         ("smol", 1.0), ("smol", 0.5), ("smol", 0.33), ("smol", 0.25),
-        ("smol-v1", 1.0), ("smol-v1", 1.0), ("smol-v1", 1.0), ("smol-v1", 0.75),
+        ("smol-v1", 1.0), ("smol-v1", 1.0), ("smol-v1", 1.0), ("smol-v1", 0.75), ("smol-v1", 0.6), ("smol-v1", 0.5),
     ]  # fmt: skip
-    assert '<svg class="chart"' in html and "smol-v1 (4 points, last 0.75)" in html
+    assert '<svg class="chart"' in html and "smol-v1 (6 points, last 0.5)" in html
     assert "<script>window.__overview_xss" not in html and "&lt;script&gt;window.__overview_xss" in html
     assert 'href="/overview/">Overview</a>' in html
 

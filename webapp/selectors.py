@@ -39,10 +39,16 @@ class VersionStats:
     first_at: datetime | None = None
     last_at: datetime | None = None
     live: bool = False
+    heldout: int = 0  # graded episodes on held-out tasks (trace metadata `split: heldout`)
+    heldout_successes: int = 0
 
     @property
     def success_rate(self) -> float | None:
         return self.successes / self.graded if self.graded else None
+
+    @property
+    def heldout_success_rate(self) -> float | None:
+        return self.heldout_successes / self.heldout if self.heldout else None
 
     @property
     def mean_reward(self) -> float | None:
@@ -84,16 +90,19 @@ class DeploymentOverview:
         return max(self.traces_per_day, default=0)
 
 
-def _graded(deployment: Deployment, since: datetime, limit: int) -> list[tuple[datetime, str, int]]:
-    """(when, version name, score) of the latest `limit` graded outcomes, oldest first."""
+def _graded(deployment: Deployment, since: datetime, limit: int) -> list[tuple[datetime, str, int, bool]]:
+    """(when, version name, score, held out) of the latest `limit` graded outcomes, oldest first."""
     rows = (
         CustomerFeedback.objects.filter(
             deployment=deployment, customer_ref=GRADER_REF, rating_kind="score", created_at__gte=since
         )
         .order_by("-id")
-        .values_list("created_at", "trace__model_version__name", "rating")[:limit]
+        .values_list("created_at", "trace__model_version__name", "rating", "trace__metadata__split")[:limit]
     )
-    return [(at, name or "(unknown version)", rating) for at, name, rating in reversed(list(rows))]
+    return [
+        (at, name or "(unknown version)", rating, split == "heldout")
+        for at, name, rating, split in reversed(list(rows))
+    ]
 
 
 def deployment_overview(
@@ -157,10 +166,12 @@ def deployment_overview(
     versions: dict[str, VersionStats] = {}
     curve: list[CurvePoint] = []
     recent: dict[str, list[int]] = {}
-    for i, (at, name, rating) in enumerate(_graded(deployment, since, max_graded), 1):
+    for i, (at, name, rating, heldout) in enumerate(_graded(deployment, since, max_graded), 1):
         v = versions.setdefault(name, VersionStats(name=name, first_at=at))
         v.graded += 1
         v.successes += int(rating == 5)
+        v.heldout += int(heldout)
+        v.heldout_successes += int(heldout and rating == 5)
         v.reward_sum += (rating - 1) / 4
         v.last_at = at
         window = recent.setdefault(name, [])

@@ -26,10 +26,13 @@ def test_the_overview_shows_each_versions_success_rate_and_the_live_one(open_pag
     section = page.locator("#deployment-support-bot")
     assert section.locator(".live-version").inner_text() == "smol-v1"
     rows = {
-        row.get_attribute("data-version"): row.locator(".success-rate").inner_text()
+        row.get_attribute("data-version"): (
+            row.locator(".success-rate").inner_text(),
+            row.locator(".heldout-success").inner_text(),
+        )
         for row in section.locator("tr.version-row").all()
     }
-    assert rows == {"smol": "0.250", "smol-v1": "0.750"}
+    assert rows == {"smol": ("0.250", "0.250 (1/4)"), "smol-v1": ("0.750", "0.750 (3/4)")}
     assert section.locator("svg.chart polyline").count() == 2
     assert "<script>" in section.inner_text()  # the description is shown as text, not run
     assert page.evaluate("window.__overview_xss === undefined")
