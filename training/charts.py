@@ -92,3 +92,71 @@ def downsample_band(band: list[tuple[float, float, float]], limit: int = 300) ->
         return band
     stride = math.ceil(len(band) / limit)
     return band[::stride]
+
+
+PALETTE = ("#3056d3", "#d9480f", "#2b8a3e", "#862e9c", "#c92a2a", "#1098ad", "#e67700", "#5c940d")
+
+
+def series_chart(
+    series: list[tuple[str, list[tuple[float, float]]]],
+    *,
+    title: str,
+    y_range: tuple[float, float] | None = None,
+    width: int = 640,
+    height: int = 200,
+) -> str:
+    """Several (x, y) series on shared axes, each in its own colour with a legend entry
+    (label, point count and last value). `y_range` fixes the y axis (e.g. (0, 1) for
+    rates). Labels are escaped; non-finite values are skipped."""
+    series = [
+        (label, downsample([(x, y) for x, y in pts if y is not None and math.isfinite(y)])) for label, pts in series
+    ]
+    series = [(label, pts) for label, pts in series if pts]
+    pad_l, pad_r, pad_t, pad_b = 44, 8, 20, 18
+    legend_h = 16 * len(series)
+    total_h = height + legend_h
+    inner_w, inner_h = width - pad_l - pad_r, height - pad_t - pad_b
+    head = (
+        f'<svg class="chart" viewBox="0 0 {width} {total_h}" width="{width}" height="{total_h}" '
+        f'role="img" aria-label="{escape(title)}" xmlns="http://www.w3.org/2000/svg">'
+        f'<text x="{pad_l}" y="13" class="chart-title">{escape(title)}</text>'
+    )
+    if not series:
+        return head + f'<text x="{pad_l}" y="{pad_t + inner_h / 2:.0f}" class="chart-empty">no data yet</text></svg>'
+    xs = [x for _, pts in series for x, _ in pts]
+    ys = [y for _, pts in series for _, y in pts]
+    x0, x1 = min(xs), max(xs)
+    y0, y1 = y_range if y_range else (min(ys), max(ys))
+    if x1 == x0:
+        x1 = x0 + 1
+    if y1 == y0:
+        y0, y1 = y0 - 0.5, y1 + 0.5
+
+    def sx(x: float) -> float:
+        return pad_l + (x - x0) / (x1 - x0) * inner_w
+
+    def sy(y: float) -> float:
+        return pad_t + (1 - (y - y0) / (y1 - y0)) * inner_h
+
+    parts = [
+        head,
+        f'<line x1="{pad_l}" y1="{pad_t + inner_h}" x2="{pad_l + inner_w}" y2="{pad_t + inner_h}" class="chart-axis"/>'
+        f'<line x1="{pad_l}" y1="{pad_t}" x2="{pad_l}" y2="{pad_t + inner_h}" class="chart-axis"/>'
+        f'<text x="{pad_l - 4}" y="{pad_t + 4}" text-anchor="end" class="chart-label">{_fmt(y1)}</text>'
+        f'<text x="{pad_l - 4}" y="{pad_t + inner_h}" text-anchor="end" class="chart-label">{_fmt(y0)}</text>'
+        f'<text x="{pad_l}" y="{height - 4}" class="chart-label">{_fmt(x0)}</text>'
+        f'<text x="{pad_l + inner_w}" y="{height - 4}" text-anchor="end" class="chart-label">{_fmt(x1)}</text>',
+    ]
+    for k, (label, pts) in enumerate(series):
+        color = PALETTE[k % len(PALETTE)]
+        line = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts)
+        parts.append(f'<polyline points="{line}" fill="none" stroke="{color}" stroke-width="1.5"/>')
+        parts.extend(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="1.8" fill="{color}"/>' for x, y in pts)
+        ly = height + 12 + 16 * k
+        parts.append(
+            f'<rect x="{pad_l}" y="{ly - 8}" width="10" height="10" fill="{color}"/>'
+            f'<text x="{pad_l + 16}" y="{ly}" class="chart-label chart-legend">{escape(label)} '
+            f"({len(pts)} points, last {_fmt(pts[-1][1])})</text>"
+        )
+    parts.append("</svg>")
+    return "".join(parts)

@@ -174,3 +174,15 @@ def test_a_monitor_that_keeps_firing_is_reported_once(tiny_model_dir, tmp_path):
     )
     assert result.status == "finished" and result.step == 3
     assert [b["monitor"] for b in flagged] == ["truncated"] and flagged[0]["step"] == 1
+
+
+def test_lora_with_trainable_layers_puts_adapters_on_the_top_blocks_only(tiny_model_dir):
+    from training.grpo.config import GRPOConfig
+    from training.grpo.policy import load_policy
+
+    config = GRPOConfig(model_path=str(tiny_model_dir), adapter="lora", trainable_layers=1, lora_rank=4)
+    policy = load_policy(config)
+    blocks = len(policy.model.base_model.model.model.layers)
+    trainable = {n for n, p in policy.model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    assert {int(n.split(".layers.")[1].split(".")[0]) for n in trainable} == {blocks - 1}

@@ -47,3 +47,37 @@ def test_grpo_samples_through_vllm_with_the_current_adapter(vllm_server, tmp_pat
     assert any(not torch.equal(p, before[n]) for n, p in policy.model.named_parameters() if p.requires_grad)
     served = [m["id"] for m in httpx.get(f"{vllm_server.url}/v1/models", timeout=10).json()["data"]]
     assert "step-2" in served and "step-1" not in served  # the previous step's adapter was unloaded
+
+
+def test_rollouts_follow_the_structured_output_constraint_the_agent_serves_with(vllm_server, tmp_path):
+    """With `structured_outputs`, every sample obeys the harness's regex (here: the support
+    desk's tool-call-or-reply turn), so the trained choices are the ones served."""
+    import re
+
+    from feedback.demo.agent import ACT_REGEX
+
+    config = GRPOConfig(
+        model_path=str(vllm_server.model_path),
+        adapter="lora",
+        trainable_layers=1,
+        steps=1,
+        prompts_per_step=2,
+        group_size=3,
+        max_new_tokens=128,
+        eval_every=0,
+        checkpoint_every=0,
+        samples_every=0,
+        rollout="vllm",
+        vllm_url=f"{vllm_server.url}/v1",
+        structured_outputs={"regex": ACT_REGEX},
+    )
+    seen: list[str] = []
+
+    def score(item, candidates):
+        seen.extend(candidates)
+        return [float(i % 2) for i in range(len(candidates))]
+
+    items = [TurnItem(id=f"q{i}", messages=[{"role": "user", "content": f"Refund order A100{i}."}]) for i in range(2)]
+    result = grpo_train(config=config, items=items, score=score, run_dir=tmp_path, export=False)
+    assert result.step == 1 and len(seen) == 6
+    assert all(re.fullmatch(ACT_REGEX, text) for text in seen), seen

@@ -41,7 +41,9 @@ class TrainConfig:
     lora_dropout: float = 0.0
     lora_target: str = "all-linear"
     init_adapter: str = ""  # continue training an existing LoRA version's adapter
-    trainable_layers: int | None = None  # full fine-tuning: only the top N blocks (None = all)
+    trainable_layers: int | None = (
+        None  # only the top N blocks train (full: those blocks; lora: adapters on them); None = all
+    )
     learning_rate: float = 2e-4
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
@@ -152,6 +154,9 @@ class GRPOConfig(TrainConfig):
     log_kl: bool = True
     rollout: Literal["local", "vllm"] = "local"
     vllm_url: str = ""  # OpenAI-compatible base URL ending in /v1, for rollout="vllm"
+    # vLLM structured outputs for rollout="vllm" (e.g. {"regex": …}): sample under the same
+    # constraint the agent's harness serves with, so the trained choices are the served ones.
+    structured_outputs: dict = field(default_factory=dict)
 
     def validate(self) -> list[tuple[str, str]]:
         errors = super().validate()
@@ -171,6 +176,10 @@ class GRPOConfig(TrainConfig):
             errors.append(("rollout", "must be 'local' or 'vllm'"))
         if self.rollout == "vllm" and not self.vllm_url:
             errors.append(("vllm_url", "required when rollout is 'vllm'"))
+        if not isinstance(self.structured_outputs, dict):
+            errors.append(("structured_outputs", "must be an object"))
+        elif self.structured_outputs and self.rollout != "vllm":
+            errors.append(("structured_outputs", "needs rollout 'vllm' (the local sampler does not constrain)"))
         return errors
 
 

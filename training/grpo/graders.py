@@ -63,6 +63,48 @@ def json_valid(response: str, reference: str) -> float:
     return 1.0
 
 
+_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+
+
+def response_action(response: str) -> dict | None:
+    """What a response does: its first tool call written as
+    `<tool_call>{"name": …, "arguments": {…}}</tool_call>` → `{"tool": name, "arguments": {…}}`;
+    a reply of at least 10 characters without a tool call → `{"reply": True}`; anything
+    else (a tool call that does not parse, an empty or near-empty answer) → None."""
+    match = _TOOL_CALL.search(response)
+    if match:
+        try:
+            call = json.loads(match.group(1))
+        except ValueError:
+            return None
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            return None
+        arguments = call.get("arguments", {})
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                return None
+        if not isinstance(arguments, dict):
+            return None
+        return {"tool": call["name"], "arguments": arguments}
+    if "<tool_call" in response or len(response.strip()) < 10:
+        return None
+    return {"reply": True}
+
+
+def tool_action(response: str, reference: str) -> float:
+    """1 when the response's action (see `response_action`) is one of those the reference
+    accepts: a JSON list of `{"tool": name, "arguments": {…}}` (the arguments must be
+    exactly these) or `{"reply": true}` (answer in words, no tool call)."""
+    try:
+        accepted = json.loads(reference)
+    except ValueError:
+        return 0.0
+    action = response_action(response)
+    return float(action is not None and isinstance(accepted, list) and action in accepted)
+
+
 GRADERS: dict[str, Callable[[str, str], float]] = {
     "exact": exact,
     "contains": contains,
@@ -70,6 +112,7 @@ GRADERS: dict[str, Callable[[str, str], float]] = {
     "last_number": last_number,
     "starts_with": starts_with,
     "json_valid": json_valid,
+    "tool_action": tool_action,
 }
 
 

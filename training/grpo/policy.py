@@ -71,11 +71,24 @@ def load_policy(config: TrainConfig, *, reference: bool = False, model=None, tok
         if config.init_adapter:
             model = PeftModel.from_pretrained(model, config.init_adapter, is_trainable=True)
         else:
+            # `trainable_layers` with LoRA: adapters on the top N blocks only, so the
+            # backward pass stops there (several times cheaper on a CPU).
+            blocks = len(model.model.layers) if config.trainable_layers else 0
+            target: str | list[str] = config.lora_target
+            if blocks and target == "all-linear":  # peft wants module names with layers_to_transform
+                target = sorted(
+                    {
+                        n.rsplit(".", 1)[-1]
+                        for n, m in model.model.layers.named_modules()
+                        if isinstance(m, torch.nn.Linear)
+                    }
+                )
             lora = LoraConfig(
                 r=config.lora_rank,
                 lora_alpha=config.lora_alpha,
                 lora_dropout=config.lora_dropout,
-                target_modules=config.lora_target,
+                target_modules=target,
+                layers_to_transform=list(range(max(0, blocks - config.trainable_layers), blocks)) if blocks else None,
                 task_type="CAUSAL_LM",
             )
             model = get_peft_model(model, lora)

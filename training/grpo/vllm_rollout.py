@@ -129,6 +129,11 @@ class VllmRollouts:
                     "stop_token_ids": stop_ids,
                     "skip_special_tokens": True,
                     "return_token_ids": True,
+                    **(
+                        {"structured_outputs": config.structured_outputs}
+                        if getattr(config, "structured_outputs", None)
+                        else {}
+                    ),
                 },
             )
             if response.status_code != 200:

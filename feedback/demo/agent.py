@@ -1,0 +1,292 @@
+"""The demo agent: Acme Store's support bot working on `support-desk` tasks through the
+gateway, exactly as a customer's agent would.
+
+Each episode is one conversation: the real `openai` client calls the gateway's
+`/v1/chat/completions` with the deployment's API key and `X-Practicum-Trace-Id`, so all
+turns of the episode land in one trace, served by the deployment's live version. The
+tools run in the episode's own copy of the orders table (`training/environments/`).
+
+How outcomes are reported (the way a customer's harness reports them): after a graded
+episode the agent posts customer feedback (`POST /api/v1/feedback`) on the trace with
+`customer_ref: "grader"`, a score (`rating` 5 for a success, 1 for a failure) and the
+grader's reason as the comment. On a tracking task (no programmatic grade) it posts the
+customer's own words instead (`customer_ref: "customer"`, thumbs down). The overview page
+reads the `grader` feedback as the success rate per model version.
+
+The trace's metadata (sent as the request's `metadata`) names the environment, the task
+and its split, so held-out traffic can be told apart.
+
+This module needs no Django: it talks HTTP only.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from training.environments.episodes import Completion, episode_run
+from training.environments.support_desk import SupportDesk, tasks_sample
+
+GRADER_REF = "grader"
+CUSTOMER_REF = "customer"
+DEFAULT_TEMPERATURE = 0.7
+MAX_TURN_TOKENS = 96
+# The harness keeps each turn in the hermes tool-call format with vLLM's structured outputs
+# (a 135M model seldom writes a tool call unprompted): the first turn must act on the
+# order, later turns act again or answer the customer in a sentence. The gateway passes
+# `structured_outputs` through and vLLM's tool parser turns the text into `tool_calls`.
+_CALL = (
+    r'<tool_call>\{"name": "(lookup_order|issue_refund)", "arguments": \{"order_id": "[A-Z][0-9]{4}"\}\}</tool_call>'
+)
+_REPLY = r"[A-Z][A-Za-z0-9 ,.$'!?:-]{10,200}[.!?]"
+ACT_REGEX = _CALL
+ACT_OR_REPLY_REGEX = f"{_CALL}|{_REPLY}"
+
+
+@dataclass
+class DemoEpisode:
+    trace_id: str  # the X-Practicum-Trace-Id the episode's turns were logged under
+    task_id: str
+    split: str
+    graded: bool
+    reward: float | None  # None for an ungraded task or an episode the gateway failed
+    reason: str
+    model: str  # the model version that served the first turn
+    end: str  # "answered", "step_budget", "token_budget" or "error"
+    tool_calls: int = 0
+    tool_errors: int = 0
+    seconds: float = 0.0
+    operator_comment: str = ""  # what an operator would write about this answer (tracking tasks)
+    feedback_posted: bool = False
+
+    @property
+    def success(self) -> bool | None:
+        return None if self.reward is None else self.reward >= 1.0
+
+
+@dataclass
+class VersionOutcome:
+    model: str
+    episodes: int = 0
+    graded: int = 0
+    successes: int = 0
+    reward_sum: float = 0.0
+
+    @property
+    def success_rate(self) -> float | None:
+        return self.successes / self.graded if self.graded else None
+
+    @property
+    def mean_reward(self) -> float | None:
+        return self.reward_sum / self.graded if self.graded else None
+
+
+@dataclass
+class DemoRunResult:
+    split: str
+    episodes: list[DemoEpisode] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def by_model(self) -> dict[str, VersionOutcome]:
+        out: dict[str, VersionOutcome] = {}
+        for ep in self.episodes:
+            row = out.setdefault(ep.model, VersionOutcome(model=ep.model))
+            row.episodes += 1
+            if ep.reward is not None:
+                row.graded += 1
+                row.successes += int(bool(ep.success))
+                row.reward_sum += ep.reward
+        return out
+
+    @property
+    def graded(self) -> int:
+        return sum(1 for ep in self.episodes if ep.reward is not None)
+
+    @property
+    def success_rate(self) -> float | None:
+        graded = [ep for ep in self.episodes if ep.reward is not None]
+        return sum(1 for ep in graded if ep.success) / len(graded) if graded else None
+
+    def summary(self) -> str:
+        lines = [f"{len(self.episodes)} episodes on {self.split} tasks in {self.seconds:.1f} s"]
+        for row in self.by_model.values():
+            rate = "—" if row.success_rate is None else f"{row.success_rate:.3f}"
+            lines.append(
+                f"  {row.model}: success {rate} ({row.successes}/{row.graded} graded, {row.episodes} episodes)"
+            )
+        return "\n".join(lines)
+
+
+def _message_dict(message: Any) -> dict[str, Any]:
+    data = message.model_dump(exclude_none=True)
+    out: dict[str, Any] = {"content": data.get("content") or ""}
+    if data.get("tool_calls"):
+        out["tool_calls"] = [
+            {
+                "id": c.get("id", ""),
+                "type": "function",
+                "function": {
+                    "name": (c.get("function") or {}).get("name", ""),
+                    "arguments": (c.get("function") or {}).get("arguments") or "{}",
+                },
+            }
+            for c in data["tool_calls"]
+        ]
+    return out
+
+
+def _post_feedback(client: httpx.Client, body: dict[str, Any], *, wait_s: float = 20.0) -> bool:
+    """Post one piece of feedback; the gateway writes traces off the response path, so a
+    trace that is not stored yet (404) is retried for up to `wait_s` seconds."""
+    deadline = time.monotonic() + wait_s
+    delay = 0.2
+    while True:
+        response = client.post("/api/v1/feedback", json=body)
+        if response.status_code in (200, 201):
+            return True
+        if response.status_code != 404 or time.monotonic() > deadline:
+            raise RuntimeError(f"feedback refused ({response.status_code}): {response.text[:300]}")
+        time.sleep(delay)
+        delay = min(delay * 2, 2.0)
+
+
+def demo_agent_run(
+    *,
+    base_url: str,
+    api_key: str,
+    split: str,
+    episodes: int,
+    seed: int = 0,
+    feedback_base_url: str | None = None,
+    report: bool = True,
+    temperature: float = DEFAULT_TEMPERATURE,
+    model: str = "support-bot",
+    graded_share: float | None = None,
+    constrained: bool = True,
+    progress: Callable[[DemoEpisode], None] | None = None,
+) -> DemoRunResult:
+    """Run `episodes` support-desk conversations of `split` ("train" or "heldout")
+    through the OpenAI-compatible endpoint at `base_url` (the gateway: `<base_url>/v1`).
+
+    With `report`, each outcome is posted as customer feedback to `feedback_base_url`
+    (default: `base_url`). Tasks are drawn reproducibly from `seed`; on the train split a
+    quarter of them are tracking questions (no grade, seeded words), held-out runs are all
+    graded. An episode the endpoint fails is kept with `end="error"` and no reward.
+    """
+    import openai
+
+    if split not in ("train", "heldout"):
+        raise ValueError("split must be 'train' or 'heldout'")
+    if episodes < 1:
+        raise ValueError("episodes must be at least 1")
+    if graded_share is None:
+        graded_share = 1.0 if split == "heldout" else 0.75
+    env = SupportDesk()
+    tasks = tasks_sample(split=split, count=episodes, seed=seed, graded_share=graded_share)
+    client = openai.OpenAI(base_url=base_url.rstrip("/") + "/v1", api_key=api_key, max_retries=2, timeout=600)
+    http = httpx.Client(
+        base_url=(feedback_base_url or base_url).rstrip("/"),
+        headers={"Authorization": f"Bearer {api_key}"},
+        timeout=30,
+    )
+    run_id = uuid.uuid4().hex[:8]
+    result = DemoRunResult(split=split)
+    started = time.perf_counter()
+    try:
+        for index, task in enumerate(tasks):
+            trace_id = f"demo-{run_id}-{split}-{index:03d}"
+            served: list[str] = []
+
+            def complete(
+                messages, tools, max_tokens_left, _trace_id=trace_id, _task=task, _index=index, _served=served
+            ):
+                response = client.chat.completions.create(
+                    model=model,
+                    messages=messages,
+                    tools=tools,
+                    max_tokens=max(1, min(MAX_TURN_TOKENS, max_tokens_left)),
+                    temperature=temperature,
+                    seed=seed * 100_003 + _index,
+                    metadata={"environment": env.name, "task_id": _task.id, "split": _task.split},
+                    extra_body=(
+                        {"structured_outputs": {"regex": ACT_OR_REPLY_REGEX if len(messages) > 2 else ACT_REGEX}}
+                        if constrained
+                        else None
+                    ),
+                    extra_headers={
+                        "X-Practicum-Trace-Id": _trace_id,
+                        "X-Practicum-Session-Id": f"customer-{_task.hidden['order_id']}",
+                    },
+                )
+                _served.append(response.model)
+                choice = response.choices[0]
+                tokens = response.usage.completion_tokens if response.usage else 0
+                return Completion(
+                    message=_message_dict(choice.message), tokens=tokens, finish_reason=choice.finish_reason or ""
+                )
+
+            t0 = time.perf_counter()
+            graded = env.graded(task)
+            try:
+                episode = episode_run(env, task, complete)
+            except openai.APIError as e:
+                ep = DemoEpisode(
+                    trace_id=trace_id,
+                    task_id=task.id,
+                    split=task.split,
+                    graded=graded,
+                    reward=None,
+                    reason=f"the endpoint failed: {type(e).__name__}: {str(e)[:200]}",
+                    model=served[0] if served else "",
+                    end="error",
+                    seconds=time.perf_counter() - t0,
+                )
+            else:
+                ep = DemoEpisode(
+                    trace_id=trace_id,
+                    task_id=task.id,
+                    split=task.split,
+                    graded=graded,
+                    reward=episode.reward if graded else None,
+                    reason=episode.grade.reason,
+                    model=served[0] if served else "",
+                    end=episode.end,
+                    tool_calls=episode.tool_calls,
+                    tool_errors=episode.tool_errors,
+                    seconds=episode.seconds,
+                    operator_comment=task.hidden.get("operator_comment", ""),
+                )
+                if report:
+                    ep.feedback_posted = _post_feedback(http, _feedback_body(ep, task))
+            result.episodes.append(ep)
+            if progress is not None:
+                progress(ep)
+    finally:
+        http.close()
+        client.close()
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _feedback_body(ep: DemoEpisode, task) -> dict[str, Any]:
+    if ep.graded and ep.reward is not None:
+        return {
+            "external_id": ep.trace_id,
+            "rating": 1 + round(4 * ep.reward),
+            "comment": ep.reason,
+            "customer_ref": GRADER_REF,
+            "idempotency_key": f"{ep.trace_id}:grade",
+        }
+    return {
+        "external_id": ep.trace_id,
+        "rating": "down",
+        "comment": task.hidden.get("customer_feedback", ""),
+        "customer_ref": CUSTOMER_REF,
+        "idempotency_key": f"{ep.trace_id}:customer",
+    }

@@ -1,0 +1,71 @@
+"""The demo agent through the real gateway (uvicorn, real openai client) in front of the
+real vLLM server on the tiny model: one trace per episode served by the live version,
+graded outcomes reported as customer feedback, seeded operator comments."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.management import call_command
+
+from feedback.demo.agent import GRADER_REF, demo_agent_run
+from feedback.models import Comment, CustomerFeedback, Trace, TraceSource
+from feedback.services.api_keys import api_key_create
+from tests.factories import DeploymentFactory, user_with_role
+
+pytestmark = [pytest.mark.vllm, pytest.mark.postgres]
+
+
+@pytest.fixture
+def live(transactional_db, tiny_base):
+    from training.models import ModelVersion
+    from training.services.models import live_version_set
+
+    deployment = DeploymentFactory(name="support-bot")
+    version = ModelVersion.objects.get(name=tiny_base.name)
+    live_version_set(deployment=deployment, version=version)
+    key = api_key_create(deployment=deployment, scopes=["ingest", "feedback"]).plaintext
+    return deployment, version, key
+
+
+def test_each_episode_is_one_trace_of_the_live_version_with_its_graded_outcome(gateway, live):
+    deployment, version, key = live
+    result = demo_agent_run(base_url=gateway.url, api_key=key, split="heldout", episodes=3, seed=5)
+    gateway.drain()
+
+    assert len(result.episodes) == 3 and result.graded == 3
+    assert set(result.by_model) == {version.name}
+    assert result.by_model[version.name].success_rate == result.success_rate
+    for ep in result.episodes:
+        trace = Trace.objects.get(deployment=deployment, external_id=ep.trace_id)
+        assert (trace.source, trace.model_version_id, trace.environment) == (
+            TraceSource.GATEWAY,
+            version.id,
+            "support-desk",
+        )
+        assert trace.metadata["task_id"] == ep.task_id and trace.metadata["split"] == "heldout"
+        # The first turn is a tool call in the OpenAI format (the harness keeps the model to it).
+        first = trace.messages.filter(role="assistant").order_by("position").first()
+        assert first.tool_calls[0]["function"]["name"] in {"lookup_order", "issue_refund"}
+        assert trace.messages.filter(role="tool").count() == ep.tool_calls
+        feedback = CustomerFeedback.objects.get(trace=trace, customer_ref=GRADER_REF)
+        assert feedback.rating == (5 if ep.success else 1) and feedback.comment == ep.reason
+        assert trace.has_customer_feedback
+
+
+def test_the_command_seeds_customer_words_and_operator_comments_on_tracking_tasks(gateway, live):
+    deployment, _version, key = live
+    user_with_role("operator", username="operator")
+    call_command(
+        "demo_agent", "--base-url", gateway.url, "--api-key", key, "--split", "train", "--episodes", "6", "--seed", "2"
+    )
+    gateway.drain()
+    traces = Trace.objects.filter(deployment=deployment)
+    tracking = [t for t in traces if t.metadata["task_id"].startswith("track-")]
+    assert traces.count() == 6 and tracking, "seed 2 draws at least one tracking task"
+    for trace in tracking:
+        words = CustomerFeedback.objects.get(trace=trace)
+        assert words.customer_ref == "customer" and words.rating == -1 and words.comment
+        comment = Comment.objects.get(trace=trace)
+        assert comment.author.username == "operator" and comment.message.role == "assistant"
+    graded = [t for t in traces if t.metadata["task_id"].startswith("refund-")]
+    assert all(CustomerFeedback.objects.filter(trace=t, customer_ref=GRADER_REF).exists() for t in graded)

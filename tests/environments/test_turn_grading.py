@@ -1,0 +1,162 @@
+"""Grading one turn of a support-desk episode: the `tool_action` grader (by hand), the
+actions the hidden policy accepts at each point, and training sets built from logged
+episodes (train tasks only, every graded turn with its context)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from feedback.models import Trace, TraceSource
+from training.environments import Completion, episode_run
+from training.environments.support_desk import SupportDesk, turn_reference
+from training.grpo.graders import grade, response_action
+from training.models import TrainingItem
+from training.services.episode_sets import episode_turn_items, training_set_from_episodes
+
+LOOKUP = '<tool_call>{"name": "lookup_order", "arguments": {"order_id": "A1001"}}</tool_call>'
+REFUND = '<tool_call>{"name": "issue_refund", "arguments": {"order_id": "A1001"}}</tool_call>'
+
+
+@pytest.mark.parametrize(
+    ("response", "action"),
+    [
+        (LOOKUP, {"tool": "lookup_order", "arguments": {"order_id": "A1001"}}),
+        (
+            '<tool_call>\n{"name": "issue_refund", "arguments": "{\\"order_id\\": \\"A1001\\"}"}',
+            {"tool": "issue_refund", "arguments": {"order_id": "A1001"}},
+        ),
+        ("I have refunded your order.", {"reply": True}),
+        ("<tool_call>{not json}</tool_call>", None),
+        ('<tool_call>{"arguments": {}}</tool_call>', None),
+        ("Ok.", None),
+        ("", None),
+    ],
+)
+def test_what_a_response_does(response, action):
+    assert response_action(response) == action
+
+
+def test_tool_action_grades_against_the_accepted_actions():
+    accepted = json.dumps([{"tool": "lookup_order", "arguments": {"order_id": "A1001"}}])
+    assert grade("tool_action", LOOKUP, accepted) == 1.0
+    assert grade("tool_action", LOOKUP.replace("A1001", "A1002"), accepted) == 0.0
+    assert grade("tool_action", REFUND, accepted) == 0.0
+    assert grade("tool_action", "Let me check that order for you.", accepted) == 0.0
+    assert grade("tool_action", "Sorry, that order cannot be refunded.", json.dumps([{"reply": True}])) == 1.0
+    assert grade("tool_action", LOOKUP, "not json") == 0.0
+
+
+def _context(desk, task_id, *turns):
+    """The messages an episode produced after the scripted turns."""
+    it = iter([*turns, Completion({"content": "Done, thank you."}, 3)])
+    return episode_run(desk, desk.task(task_id), lambda m, t, n: next(it)).messages
+
+
+def _call(name, order_id):
+    arguments = json.dumps({"order_id": order_id})
+    return Completion(
+        {
+            "content": "",
+            "tool_calls": [{"id": f"c{name}", "type": "function", "function": {"name": name, "arguments": arguments}}],
+        },
+        9,
+    )
+
+
+def accepted(task_id, messages):
+    desk = SupportDesk()
+    return json.loads(turn_reference(task=desk.task(task_id), messages=messages))
+
+
+def test_the_accepted_next_action_follows_the_hidden_policy():
+    desk = SupportDesk()
+    lookup = {"tool": "lookup_order", "arguments": {"order_id": "A1001"}}
+    refund = {"tool": "issue_refund", "arguments": {"order_id": "A1001"}}
+    start = desk.task("refund-A1001").first_messages()
+    assert accepted("refund-A1001", start) == [lookup, refund]  # refundable: look it up, or refund at once
+    looked = _context(desk, "refund-A1001", _call("lookup_order", "A1001"))[:-1]
+    assert accepted("refund-A1001", looked) == [refund]
+    refunded = _context(desk, "refund-A1001", _call("issue_refund", "A1001"))[:-1]
+    assert accepted("refund-A1001", refunded) == [{"reply": True}]
+
+    not_allowed = desk.task("refund-A1004").first_messages()
+    assert accepted("refund-A1004", not_allowed) == [{"tool": "lookup_order", "arguments": {"order_id": "A1004"}}]
+    looked = _context(desk, "refund-A1004", _call("lookup_order", "A1004"))[:-1]
+    assert accepted("refund-A1004", looked) == [{"reply": True}]
+    # A failed lookup (wrong id) does not count as having looked the order up.
+    missed = _context(desk, "refund-A1004", _call("lookup_order", "A9999"))[:-1]
+    assert accepted("refund-A1004", missed) == [{"tool": "lookup_order", "arguments": {"order_id": "A1004"}}]
+    tracking = next(t for t in desk.tasks() if not t.hidden["graded"])
+    assert turn_reference(task=tracking, messages=tracking.first_messages()) is None
+
+
+def _store(deployment, external_id, task_id, split, messages):
+    from feedback.services.ingest import traces_ingest
+
+    result = traces_ingest(
+        deployment=deployment,
+        items=[
+            {
+                "external_id": external_id,
+                "environment": "support-desk",
+                "metadata": {"task_id": task_id, "split": split},
+                "tools": SupportDesk().task(task_id).tools,
+                "messages": messages,
+            }
+        ],
+        source=TraceSource.INGEST,
+    )
+    assert result[0].status == "created", result[0]
+
+
+@pytest.mark.django_db
+def test_a_training_set_holds_every_graded_turn_of_the_training_tasks_only():
+    from tests.factories import DeploymentFactory
+
+    desk = SupportDesk()
+    deployment = DeploymentFactory(name="support-bot")
+    train_task = desk.tasks_for(split="train", graded=True)[0]
+    heldout_task = desk.tasks_for(split="heldout", graded=True)[0]
+    tracking = desk.tasks_for(split="train", graded=False)[0]
+    order = train_task.hidden["order_id"]
+    _store(deployment, "ep-1", train_task.id, "train", _context(desk, train_task.id, _call("lookup_order", order)))
+    _store(
+        deployment,
+        "ep-2",
+        heldout_task.id,
+        "heldout",
+        _context(desk, heldout_task.id, _call("lookup_order", heldout_task.hidden["order_id"])),
+    )
+    _store(
+        deployment,
+        "ep-3",
+        tracking.id,
+        "train",
+        [*tracking.first_messages(), {"role": "assistant", "content": "It ships soon."}],
+    )
+
+    items = episode_turn_items(deployment=deployment, environment="support-desk")
+    assert [it["key"].rsplit(":", 2)[1:] for it in items] == [["ep-1", "2"], ["ep-1", "4"]]
+    first, second = items
+    assert first["messages"] == [
+        {"role": "system", "content": train_task.system},
+        {"role": "user", "content": train_task.prompt},
+    ]
+    assert first["grader"] == "tool_action" and first["tools"] == train_task.tools
+    assert json.loads(first["reference"])[0] == {"tool": "lookup_order", "arguments": {"order_id": order}}
+    assert second["messages"][-1]["role"] == "tool"
+    assert json.loads(second["reference"]) == json.loads(turn_reference(task=train_task, messages=second["messages"]))
+
+    later = episode_turn_items(deployment=deployment, environment="support-desk", first_turns=False)
+    assert [it["key"] for it in later] == [second["key"]]
+
+    training_set = training_set_from_episodes(
+        deployment=deployment, environment="support-desk", name="desk", heldout_fraction=0
+    )
+    assert (
+        training_set.item_count == 2
+        and TrainingItem.objects.filter(training_set=training_set, grader="tool_action").count() == 2
+    )
+    assert Trace.objects.count() == 3

@@ -1,0 +1,183 @@
+"""A records sandbox: each episode gets its own copy of a small table.
+
+An environment built on it declares a table (rows keyed by one field) and which fields a
+tool may change, with what values. `reset` copies the rows, so episodes running side by
+side never see each other's changes and the source table is never touched. Tools call
+`records_lookup` and `records_update`; every refusal (an unknown id or field, a value of
+the wrong type or outside its choices, a read-only field, too many calls) is a `ToolError`
+the model reads and can recover from. `records_grade` compares the final rows with the
+rows a task expects, field by field, and says which differ: the same final rows always
+get the same grade.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from training.environments.base import Grade, Task, ToolError
+
+DEFAULT_MAX_CALLS = 12
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """What an update may write into a field: its Python type(s), optional allowed
+    values, and optional numeric bounds. A field without a spec is read-only."""
+
+    types: tuple[type, ...]
+    choices: tuple[Any, ...] = ()
+    minimum: float | None = None
+    maximum: float | None = None
+
+    def check(self, name: str, value: Any) -> Any:
+        if isinstance(value, bool) and bool not in self.types:
+            raise ToolError(f"{name} must be {self._type_names()}, not a boolean")
+        if not isinstance(value, self.types):
+            raise ToolError(f"{name} must be {self._type_names()}, not {json.dumps(value)[:60]}")
+        if self.choices and value not in self.choices:
+            allowed = ", ".join(json.dumps(c) for c in self.choices)
+            raise ToolError(f"{name} must be one of {allowed}")
+        if self.minimum is not None and value < self.minimum:
+            raise ToolError(f"{name} must be at least {self.minimum:g}")
+        if self.maximum is not None and value > self.maximum:
+            raise ToolError(f"{name} must be at most {self.maximum:g}")
+        return value
+
+    def _type_names(self) -> str:
+        names = {int: "a number", float: "a number", str: "a string", bool: "true or false"}
+        return " or ".join(sorted({names.get(t, t.__name__) for t in self.types}))
+
+
+@dataclass(frozen=True)
+class RecordTable:
+    """A read-only source table. `rows` are frozen on construction; use `rows_copy()`."""
+
+    name: str  # what the rows are called in messages ("order")
+    key: str  # the field that identifies a row ("order_id")
+    rows: tuple[Mapping[str, Any], ...]
+    writable: Mapping[str, FieldSpec] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        frozen = tuple(MappingProxyType(copy.deepcopy(dict(r))) for r in self.rows)
+        keys = [r[self.key] for r in frozen]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"table {self.name!r} has duplicate {self.key} values")
+        object.__setattr__(self, "rows", frozen)
+        object.__setattr__(self, "writable", MappingProxyType(dict(self.writable)))
+
+    def rows_copy(self) -> dict[Any, dict[str, Any]]:
+        return {r[self.key]: copy.deepcopy(dict(r)) for r in self.rows}
+
+    def row(self, key: Any) -> dict[str, Any]:
+        for r in self.rows:
+            if r[self.key] == key:
+                return copy.deepcopy(dict(r))
+        raise KeyError(key)
+
+
+@dataclass
+class RecordsState:
+    """One episode's copy of the table, the changes made to it, and the call budget."""
+
+    table: RecordTable
+    rows: dict[Any, dict[str, Any]]
+    max_calls: int = DEFAULT_MAX_CALLS
+    calls: int = 0
+    changes: list[dict[str, Any]] = field(default_factory=list)
+    task: Task | None = None
+
+    def charge(self) -> None:
+        """Count one tool call; refuse once the episode's budget is spent."""
+        self.calls += 1
+        if self.calls > self.max_calls:
+            raise ToolError(f"too many tool calls (at most {self.max_calls} per conversation); answer the customer")
+
+
+def records_state_new(
+    *, table: RecordTable, max_calls: int = DEFAULT_MAX_CALLS, task: Task | None = None
+) -> RecordsState:
+    return RecordsState(table=table, rows=table.rows_copy(), max_calls=max_calls, task=task)
+
+
+def _key(state: RecordsState, value: Any) -> Any:
+    if not isinstance(value, str | int) or isinstance(value, bool) or value == "":
+        raise ToolError(f"{state.table.key} must be a non-empty string")
+    for candidate in (value, str(value).strip(), str(value).strip().upper()):
+        if candidate in state.rows:
+            return candidate
+    raise ToolError(f"no {state.table.name} with {state.table.key} {json.dumps(value)[:60]}")
+
+
+def records_row(*, state: RecordsState, key: Any) -> dict[str, Any]:
+    """The episode's current row for `key` (a copy) without counting a tool call: for a
+    tool that reads a row before it changes it."""
+    return copy.deepcopy(state.rows[_key(state, key)])
+
+
+def records_lookup(*, state: RecordsState, key: Any) -> dict[str, Any]:
+    """The episode's current row for `key` (a copy), or a ToolError naming the unknown id."""
+    state.charge()
+    return copy.deepcopy(state.rows[_key(state, key)])
+
+
+def records_update(*, state: RecordsState, key: Any, values: Mapping[str, Any]) -> dict[str, Any]:
+    """Write `values` into the row `key` of this episode's copy, all or nothing; returns
+    the new row. Unknown or read-only fields and bad values are refused by name."""
+    state.charge()
+    row_key = _key(state, key)
+    if not values:
+        raise ToolError("nothing to change")
+    row = state.rows[row_key]
+    checked: dict[str, Any] = {}
+    for name, value in values.items():
+        if name not in row:
+            known = ", ".join(sorted(row))
+            raise ToolError(f"unknown field {name!r}; the fields are: {known}")
+        spec = state.table.writable.get(name)
+        if spec is None:
+            raise ToolError(f"field {name!r} cannot be changed")
+        checked[name] = spec.check(name, value)
+    before = {name: row[name] for name in checked}
+    row.update(checked)
+    state.changes.append({"key": row_key, "before": before, "after": dict(checked)})
+    return copy.deepcopy(row)
+
+
+def records_diff(*, state: RecordsState, expected: Mapping[Any, Mapping[str, Any]]) -> list[str]:
+    """Where the final rows differ from what is expected: each row named in `expected`
+    must hold those values, and every other row must be as in the source table."""
+    problems: list[str] = []
+    name = state.table.name
+    for key in sorted(expected, key=str):
+        row = state.rows.get(key)
+        if row is None:
+            problems.append(f"{name} {key} is missing")
+            continue
+        for field_name, want in expected[key].items():
+            got = row.get(field_name)
+            if got != want:
+                problems.append(f"{name} {key}: {field_name} is {json.dumps(got)}, expected {json.dumps(want)}")
+    for source in state.table.rows:
+        key = source[state.table.key]
+        if key in expected:
+            continue
+        if state.rows.get(key) != dict(source):
+            problems.append(f"{name} {key} was changed but should not have been")
+    return problems
+
+
+def records_grade(
+    *, state: RecordsState, expected: Mapping[Any, Mapping[str, Any]], success: str, extra: Iterable[str] = ()
+) -> Grade:
+    """1.0 when the final rows are as expected (and no `extra` problem), else 0.0 with the
+    first problems as the reason."""
+    problems = [*records_diff(state=state, expected=expected), *extra]
+    if not problems:
+        return Grade(1.0, success)
+    more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+    return Grade(0.0, "; ".join(problems[:3]) + more)

@@ -1,0 +1,125 @@
+"""Training sets from logged episodes of a task environment.
+
+An environment whose tasks know what the right next action is (`turn_reference(task=…,
+messages=…)`, e.g. support-desk's hidden refund policy) makes every logged assistant turn
+of its traces a replayable item: the context up to the turn, the tools, and a programmatic
+grader (`tool_action`) with the accepted actions as the reference. A GRPO job then
+resamples each turn and rewards the samples the policy would accept — no judge needed.
+
+The traces are found by the metadata the agent sent (`environment`, `task_id`, `split`);
+only the environment's training split is used, so its held-out tasks stay unseen.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections import defaultdict
+from typing import Any
+
+from feedback.models import Deployment, Message, MessageRole, Trace
+from feedback.selectors.traces import message_as_openai
+from training.environments import environment_get
+from training.models import TrainingItemKind, TrainingSet
+from training.services.training_sets import TrainingSetError, training_set_create
+
+MAX_TRACES = 2000
+
+
+def _turn_reference(env):
+    module = importlib.import_module(type(env).__module__)
+    reference = getattr(module, "turn_reference", None)
+    if reference is None:
+        raise TrainingSetError([("environment", f"{env.name!r} cannot grade a single turn (no turn_reference)")])
+    return reference
+
+
+def episode_turn_items(
+    *,
+    deployment: Deployment,
+    environment: str,
+    split: str = "train",
+    limit: int = MAX_TRACES,
+    first_turns: bool = True,
+) -> list[dict[str, Any]]:
+    """One item per assistant turn of the deployment's latest `limit` traces of
+    `environment`'s `split` tasks that have a programmatic grade. Without `first_turns`,
+    only the turns after the agent's first one (e.g. when a harness constrains its first
+    turn differently from the rest)."""
+    try:
+        env = environment_get(environment)
+    except KeyError as exc:
+        raise TrainingSetError([("environment", str(exc.args[0]))]) from None
+    reference_for = _turn_reference(env)
+    tasks = {t.id: t for t in env.tasks()}
+    traces = list(
+        Trace.objects.filter(deployment=deployment, environment=environment, metadata__split=split).order_by(
+            "-started_at", "-id"
+        )[:limit]
+    )
+    traces = [t for t in traces if tasks.get(t.metadata.get("task_id")) is not None]
+    history: dict[int, list[Message]] = defaultdict(list)
+    for m in Message.objects.filter(trace__in=traces).order_by("trace_id", "position"):
+        history[m.trace_id].append(m)
+    items = []
+    for trace in sorted(traces, key=lambda t: t.external_id):
+        task = tasks[trace.metadata["task_id"]]
+        messages = history[trace.pk]
+        first = True
+        for turn in messages:
+            if turn.role != MessageRole.ASSISTANT or turn.finish_reason in ("error", "client_disconnect"):
+                continue
+            if first:
+                first = False
+                if not first_turns:
+                    continue
+            context = [message_as_openai(m) for m in messages if m.position < turn.position]
+            reference = reference_for(task=task, messages=context)
+            if reference is None or not context:
+                continue
+            items.append(
+                {
+                    "kind": TrainingItemKind.TASK,
+                    "key": f"episode:{trace.deployment_id}:{trace.external_id}:{turn.position}",
+                    "messages": context,
+                    "tools": trace.tools or task.tools,
+                    "reference": reference,
+                    "grader": "tool_action",
+                    "logged_response": message_as_openai(turn),
+                    "trace_id": trace.pk,
+                    "message_id": turn.pk,
+                    "provenance": {"environment": environment, "task_id": task.id, "split": split},
+                }
+            )
+    return items
+
+
+def training_set_from_episodes(
+    *,
+    deployment: Deployment,
+    environment: str,
+    name: str,
+    split: str = "train",
+    heldout_fraction: float = 0.2,
+    limit: int = MAX_TRACES,
+    first_turns: bool = True,
+    user=None,
+) -> TrainingSet:
+    """The next version of `name`: every graded turn of the logged `environment` episodes."""
+    items = episode_turn_items(
+        deployment=deployment, environment=environment, split=split, limit=limit, first_turns=first_turns
+    )
+    return training_set_create(
+        name=name,
+        items=items,
+        deployment=deployment,
+        selection={
+            "kind": "episodes",
+            "environment": environment,
+            "split": split,
+            "limit": limit,
+            "first_turns": first_turns,
+        },
+        description=f"every graded turn of the {environment} episodes ({split} tasks)",
+        heldout_fraction=heldout_fraction,
+        user=user,
+    )
