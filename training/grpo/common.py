@@ -157,3 +157,26 @@ def evaluate(
         "response_length": fmean(lengths),
         "n": len(rewards),
     }
+
+
+def checkpoint_save(
+    run_dir: Path, policy, optimizer, step: int, config: TrainConfig, state: dict, hooks: Hooks
+) -> None:
+    """Save a resumable checkpoint (keeping the newest `config.keep_checkpoints`) and tell the caller."""
+    from training.grpo.policy import save_checkpoint
+
+    path = save_checkpoint(
+        run_dir, policy=policy, optimizer=optimizer, step=step, config=config, state=state, keep=config.keep_checkpoints
+    )
+    hooks.emit("on_checkpoint", step, path)
+
+
+def breaches_record(state: dict, step: int, breaches: list, hooks: Hooks) -> None:
+    """Keep the monitors that fire at `step` in the job's state. A monitor is reported when it
+    starts firing, not on every step it stays over."""
+    active = set(state.get("active_breaches", []))
+    state["active_breaches"] = sorted(b.monitor for b in breaches)
+    new = [b.to_dict() | {"step": step} for b in breaches if b.monitor not in active]
+    if new:
+        state["breaches"] += new
+        hooks.emit("on_breach", step, new)

@@ -15,7 +15,17 @@ import torch
 
 from training.grpo import loss as L
 from training.grpo import monitors
-from training.grpo.common import Hooks, PromptCache, TrainResult, batch_for_step, evaluate, rollout_stats, setup_torch
+from training.grpo.common import (
+    Hooks,
+    PromptCache,
+    TrainResult,
+    batch_for_step,
+    breaches_record,
+    checkpoint_save,
+    evaluate,
+    rollout_stats,
+    setup_torch,
+)
 from training.grpo.config import DistillConfig, SFTConfig
 from training.grpo.items import Scorer, TurnItem, with_hint
 from training.grpo.policy import (
@@ -25,7 +35,6 @@ from training.grpo.policy import (
     load_checkpoint,
     load_policy,
     make_optimizer,
-    save_checkpoint,
 )
 from training.grpo.sampling import encode_target, forward_logits, left_pad, rollout_from_tokens, sample, token_logprobs
 
@@ -60,7 +69,7 @@ def distill_train(
 
     for step in range(result.step + 1, config.steps + 1):
         if hooks.stop_requested():
-            _save(run_dir, policy, optimizer, step - 1, config, state, hooks)
+            checkpoint_save(run_dir, policy, optimizer, step - 1, config, state, hooks)
             result.status = "cancelled"
             break
         started = time.perf_counter()
@@ -135,11 +144,11 @@ def distill_train(
         if eval_items and eval_score and config.eval_every and (step % config.eval_every == 0 or step == config.steps):
             _eval(state, step, policy, eval_items, eval_score, config, prompts, hooks)
         if _monitor(state, step, config, hooks):
-            _save(run_dir, policy, optimizer, step, config, state, hooks)
+            checkpoint_save(run_dir, policy, optimizer, step, config, state, hooks)
             result.status = "stopped"
             break
         if config.checkpoint_every and step % config.checkpoint_every == 0 and step < config.steps:
-            _save(run_dir, policy, optimizer, step, config, state, hooks)
+            checkpoint_save(run_dir, policy, optimizer, step, config, state, hooks)
 
     result.history, result.evals, result.breaches = state["history"], state["evals"], state["breaches"]
     if export and result.status != "cancelled":
@@ -181,7 +190,7 @@ def sft_train(
 
     for step in range(result.step + 1, config.steps + 1):
         if hooks.stop_requested():
-            _save(run_dir, policy, optimizer, step - 1, config, state, hooks)
+            checkpoint_save(run_dir, policy, optimizer, step - 1, config, state, hooks)
             result.status = "cancelled"
             break
         started = time.perf_counter()
@@ -219,19 +228,12 @@ def sft_train(
         if eval_items and eval_score and config.eval_every and (step % config.eval_every == 0 or step == config.steps):
             _eval(state, step, policy, eval_items, eval_score, config, prompts, hooks)
         if config.checkpoint_every and step % config.checkpoint_every == 0 and step < config.steps:
-            _save(run_dir, policy, optimizer, step, config, state, hooks)
+            checkpoint_save(run_dir, policy, optimizer, step, config, state, hooks)
 
     result.history, result.evals = state["history"], state["evals"]
     if export and result.status != "cancelled":
         result.export_path = export_model(policy, run_dir / "model")
     return result
-
-
-def _save(run_dir, policy, optimizer, step, config, state, hooks) -> None:
-    path = save_checkpoint(
-        run_dir, policy=policy, optimizer=optimizer, step=step, config=config, state=state, keep=config.keep_checkpoints
-    )
-    hooks.emit("on_checkpoint", step, path)
 
 
 def _eval(state, step, policy, eval_items, score, config, prompts, hooks) -> None:
@@ -243,13 +245,5 @@ def _eval(state, step, policy, eval_items, score, config, prompts, hooks) -> Non
 def _monitor(state, step, config, hooks) -> bool:
     """Run the monitors; True when the job must stop."""
     breaches = monitors.check(config.monitors, history=state["history"], start_length=state["start_length"])
-    active = set(state.get("active_breaches", []))
-    state["active_breaches"] = sorted(b.monitor for b in breaches)
-    if not breaches:
-        return False
-    # Report a monitor when it starts firing, not on every step it stays over.
-    new = [b.to_dict() | {"step": step} for b in breaches if b.monitor not in active]
-    if new:
-        state["breaches"] += new
-        hooks.emit("on_breach", step, new)
-    return config.monitors.stop_on_breach
+    breaches_record(state, step, breaches, hooks)
+    return bool(breaches) and config.monitors.stop_on_breach

@@ -30,7 +30,7 @@ from training.environments.episodes import Completion, Episode, episode_run
 from training.evaluation.metrics import parse_tool_call_blocks
 from training.grpo import loss as L
 from training.grpo import monitors
-from training.grpo.common import Hooks, TrainResult, batch_for_step, setup_torch
+from training.grpo.common import Hooks, TrainResult, batch_for_step, breaches_record, checkpoint_save, setup_torch
 from training.grpo.config import EpisodesConfig
 from training.grpo.episode_tokens import episode_segments, episode_tokens
 from training.grpo.policy import (
@@ -40,7 +40,6 @@ from training.grpo.policy import (
     load_checkpoint,
     load_policy,
     make_optimizer,
-    save_checkpoint,
 )
 from training.grpo.sampling import eos_ids, left_pad, token_logprobs
 
@@ -573,7 +572,7 @@ def episodes_train(
     constant = config.prompts_per_step * config.group_size * budget
     for step in range(result.step + 1, config.steps + 1):
         if hooks.stop_requested():
-            _checkpoint(run_dir, policy, optimizer, step - 1, config, state, hooks)
+            checkpoint_save(run_dir, policy, optimizer, step - 1, config, state, hooks)
             result.status = "cancelled"
             break
         started = time.perf_counter()
@@ -669,34 +668,19 @@ def episodes_train(
         # Monitor: the turn-level monitors, and the environment-fidelity guard.
         breaches = monitors.check(config.monitors, history=state["history"], start_length=state["start_length"])
         breaches += monitors.fidelity(config.monitors, history=state["history"])
-        if breaches:
-            active = set(state.get("active_breaches", []))
-            new = [b.to_dict() | {"step": step} for b in breaches if b.monitor not in active]
-            state["active_breaches"] = sorted(b.monitor for b in breaches)
-            if new:
-                state["breaches"] += new
-                hooks.emit("on_breach", step, new)
-            if config.monitors.stop_on_breach:
-                _checkpoint(run_dir, policy, optimizer, step, config, state, hooks)
-                result.status = "stopped"
-                break
-        else:
-            state["active_breaches"] = []
+        breaches_record(state, step, breaches, hooks)
+        if breaches and config.monitors.stop_on_breach:
+            checkpoint_save(run_dir, policy, optimizer, step, config, state, hooks)
+            result.status = "stopped"
+            break
 
         if config.checkpoint_every and step % config.checkpoint_every == 0 and step < config.steps:
-            _checkpoint(run_dir, policy, optimizer, step, config, state, hooks)
+            checkpoint_save(run_dir, policy, optimizer, step, config, state, hooks)
 
     result.history, result.evals, result.breaches = state["history"], state["evals"], state["breaches"]
     if export and result.status != "cancelled":
         result.export_path = export_model(policy, run_dir / "model")
     return result
-
-
-def _checkpoint(run_dir, policy, optimizer, step, config, state, hooks) -> None:
-    path = save_checkpoint(
-        run_dir, policy=policy, optimizer=optimizer, step=step, config=config, state=state, keep=config.keep_checkpoints
-    )
-    hooks.emit("on_checkpoint", step, path)
 
 
 def _sample_rows(episodes: list[Episode], rewards: list[float], advantages: torch.Tensor) -> list[dict]:

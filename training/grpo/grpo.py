@@ -22,6 +22,8 @@ from training.grpo.common import (
     PromptCache,
     TrainResult,
     batch_for_step,
+    breaches_record,
+    checkpoint_save,
     evaluate,
     rollout_stats,
     setup_torch,
@@ -35,7 +37,6 @@ from training.grpo.policy import (
     load_checkpoint,
     load_policy,
     make_optimizer,
-    save_checkpoint,
 )
 from training.grpo.sampling import sample, token_logprobs
 
@@ -84,7 +85,7 @@ def grpo_train(
     denominator = config.prompts_per_step * config.group_size * config.max_new_tokens
     for step in range(result.step + 1, config.steps + 1):
         if hooks.stop_requested():
-            _checkpoint(run_dir, policy, optimizer, step - 1, config, state, hooks)
+            checkpoint_save(run_dir, policy, optimizer, step - 1, config, state, hooks)
             result.status = "cancelled"
             break
         started = time.perf_counter()
@@ -205,35 +206,19 @@ def grpo_train(
             start_length=state["start_length"],
             start_canary=state["start_canary"],
         )
-        if breaches:
-            # Report a monitor when it starts firing, not on every step it stays over.
-            active = set(state.get("active_breaches", []))
-            new = [b.to_dict() | {"step": step} for b in breaches if b.monitor not in active]
-            state["active_breaches"] = sorted(b.monitor for b in breaches)
-            if new:
-                state["breaches"] += new
-                hooks.emit("on_breach", step, new)
-            if config.monitors.stop_on_breach:
-                _checkpoint(run_dir, policy, optimizer, step, config, state, hooks)
-                result.status = "stopped"
-                break
-        else:
-            state["active_breaches"] = []
+        breaches_record(state, step, breaches, hooks)
+        if breaches and config.monitors.stop_on_breach:
+            checkpoint_save(run_dir, policy, optimizer, step, config, state, hooks)
+            result.status = "stopped"
+            break
 
         if config.checkpoint_every and step % config.checkpoint_every == 0 and step < config.steps:
-            _checkpoint(run_dir, policy, optimizer, step, config, state, hooks)
+            checkpoint_save(run_dir, policy, optimizer, step, config, state, hooks)
 
     result.history, result.evals, result.breaches = state["history"], state["evals"], state["breaches"]
     if export and result.status != "cancelled":
         result.export_path = export_model(policy, run_dir / "model")
     return result
-
-
-def _checkpoint(run_dir, policy, optimizer, step, config, state, hooks) -> None:
-    path = save_checkpoint(
-        run_dir, policy=policy, optimizer=optimizer, step=step, config=config, state=state, keep=config.keep_checkpoints
-    )
-    hooks.emit("on_checkpoint", step, path)
 
 
 def _evaluate_into(state, step, policy, eval_items, canaries, score, config, prompts, hooks) -> None:
