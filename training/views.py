@@ -142,6 +142,21 @@ def job_cancel(request: HttpRequest, job_id: int) -> HttpResponse:
     return redirect("training:job-detail", job_id=job.pk)
 
 
+def _set_name_and_heldout(data, *, default_heldout: float) -> tuple[str, float, list[tuple[str, str]]]:
+    """A training-set form's name and held-out share, with (field, reason) for each bad one."""
+    errors: list[tuple[str, str]] = []
+    name = (data.get("name") or "").strip()
+    if not name or not name.replace("-", "").replace("_", "").isalnum():
+        errors.append(("name", "use letters, digits, - and _"))
+    try:
+        heldout = float(data.get("heldout_fraction") or default_heldout)
+    except ValueError:
+        heldout = -1.0
+    if not 0 <= heldout < 1:
+        errors.append(("heldout_fraction", "must be a number in [0, 1)"))
+    return name, heldout, errors
+
+
 @login_required
 @permission_required("training.add_trainingset", raise_exception=True)
 @require_POST
@@ -154,16 +169,7 @@ def training_set_build(request: HttpRequest) -> HttpResponse:
     from training.services.training_sets import TrainingSetError
 
     data = request.POST
-    errors: list[tuple[str, str]] = []
-    name = (data.get("name") or "").strip()
-    if not name or not name.replace("-", "").replace("_", "").isalnum():
-        errors.append(("name", "use letters, digits, - and _"))
-    try:
-        heldout = float(data.get("heldout_fraction") or 0.2)
-    except ValueError:
-        heldout = -1.0
-    if not 0 <= heldout < 1:
-        errors.append(("heldout_fraction", "must be a number in [0, 1)"))
+    name, heldout, errors = _set_name_and_heldout(data, default_heldout=0.2)
     queue = data.get("queue") or ""
     query = (data.get("filters") or "").strip().lstrip("?")
     if "?" in query:  # a whole trace-list URL was pasted
@@ -215,16 +221,7 @@ def training_set_build_episodes(request: HttpRequest) -> HttpResponse:
     from training.services.training_sets import TrainingSetError
 
     data = request.POST
-    errors: list[tuple[str, str]] = []
-    name = (data.get("name") or "").strip()
-    if not name or not name.replace("-", "").replace("_", "").isalnum():
-        errors.append(("name", "use letters, digits, - and _"))
-    try:
-        heldout = float(data.get("heldout_fraction") or 0.15)
-    except ValueError:
-        heldout = -1.0
-    if not 0 <= heldout < 1:
-        errors.append(("heldout_fraction", "must be a number in [0, 1)"))
+    name, heldout, errors = _set_name_and_heldout(data, default_heldout=0.15)
     deployment = Deployment.objects.filter(name=data.get("deployment") or "").first()
     if deployment is None:
         errors.append(("deployment", "choose a deployment"))
