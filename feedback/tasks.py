@@ -52,3 +52,13 @@ def failure_mode_run_task(run_id: int) -> None:
     run = FailureModeRun.objects.filter(pk=run_id).first()
     if run is not None:
         failure_mode_run_execute(run=run)
+
+
+@shared_task(name="feedback.demo_agent_run", queue="default")
+def demo_agent_run_task(deployment_id: int, base_url: str, split: str, episodes: int) -> None:
+    from feedback.models import Deployment
+    from feedback.services.demo_runs import demo_agent_run_for
+
+    deployment = Deployment.objects.filter(pk=deployment_id).first()
+    if deployment is not None:
+        demo_agent_run_for(deployment=deployment, base_url=base_url, split=split, episodes=episodes)

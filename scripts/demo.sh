@@ -1,39 +1,187 @@
 #!/usr/bin/env bash
-# Serve the dashboard and a Celery worker on the embedded default (SQLite + filesystem
-# broker) with demo data. Ctrl-C stops both.
+# `make demo`: the whole loop on one machine, with no GPU and no services. SQLite and Celery's
+# filesystem broker under var/; SmolLM2-135M-Instruct (from a pip package, no download) served
+# by vLLM on the CPU; the web server (dashboard + OpenAI-compatible gateway) and Celery workers;
+# the judge pointed at the local model; then the demo agent works a few dozen support tasks
+# through the gateway so traces, comments and customer feedback are there to start from.
+#
+#   scripts/demo.sh [--fast]     --fast: the tiny random test model instead of SmolLM2
+#
+# Ctrl-C (or SIGTERM) stops everything it started: each child runs in its own process group
+# (set -m), and the vLLM supervisor stops its server's group when told to stop.
+#
+# Environment: PRACTICUM_HOST/PRACTICUM_PORT (127.0.0.1:8000), PRACTICUM_INFERENCE_PORT (8001),
+# PRACTICUM_DATA_DIR (var/), PRACTICUM_DEMO_EPISODES (36, --fast 12), PRACTICUM_DEMO_AGENT=0 to
+# skip the agent run, PRACTICUM_JUDGE_* to use another judge.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
+FAST=0
+for arg in "$@"; do
+  case "$arg" in
+    --fast) FAST=1 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    *) echo "unknown argument: $arg (use --fast)" >&2; exit 2 ;;
+  esac
+done
+[ "${FAST_DEMO:-0}" = 1 ] && FAST=1
+
 HOST=${PRACTICUM_HOST:-127.0.0.1}
 PORT=${PRACTICUM_PORT:-8000}
+export PRACTICUM_INFERENCE_PORT=${PRACTICUM_INFERENCE_PORT:-8001}
+export PRACTICUM_INFERENCE_URL=${PRACTICUM_INFERENCE_URL:-http://127.0.0.1:$PRACTICUM_INFERENCE_PORT}
+DATA_DIR=${PRACTICUM_DATA_DIR:-$PWD/var}
+export PRACTICUM_DATA_DIR=$DATA_DIR
+LOGS="$DATA_DIR/logs"
+mkdir -p "$LOGS"
+if [ "$FAST" = 1 ]; then
+  KIND=tiny; BASE=tiny; EPISODES=${PRACTICUM_DEMO_EPISODES:-12}
+else
+  KIND=smollm2; BASE=smollm2-135m-instruct; EPISODES=${PRACTICUM_DEMO_EPISODES:-36}
+fi
+URL="http://$HOST:$PORT"
 
-$PY manage.py demo_setup
-$PY manage.py import_traces feedback/demo/example_traces.jsonl --deployment support-bot
+# The judge: our own vLLM, through structured output. A 135M model only proves the path (its
+# rewards mean little); point PRACTICUM_JUDGE_* at a stronger model for real judgements.
+# Tight bounds keep a small model from repeating itself up to max_tokens.
+export PRACTICUM_JUDGE_BASE_URL=${PRACTICUM_JUDGE_BASE_URL:-$PRACTICUM_INFERENCE_URL/v1}
+export PRACTICUM_JUDGE_MODEL=${PRACTICUM_JUDGE_MODEL:-$BASE}
+export PRACTICUM_JUDGE_MAX_TOKENS=${PRACTICUM_JUDGE_MAX_TOKENS:-400}
+export PRACTICUM_JUDGE_RATIONALE_MAX_CHARS=${PRACTICUM_JUDGE_RATIONALE_MAX_CHARS:-160}
+export PRACTICUM_JUDGE_CORRECTION_MAX_CHARS=${PRACTICUM_JUDGE_CORRECTION_MAX_CHARS:-160}
+export PRACTICUM_JUDGE_MAX_CRITERIA=${PRACTICUM_JUDGE_MAX_CRITERIA:-2}
+export PRACTICUM_JUDGE_TIMEOUT_S=${PRACTICUM_JUDGE_TIMEOUT_S:-300}
+export PRACTICUM_JUDGE_MAX_ATTEMPTS=${PRACTICUM_JUDGE_MAX_ATTEMPTS:-2}
+# On a CPU one judgement takes tens of seconds, and every graded outcome the agent reports
+# would queue one: judge by hand ("Judge this turn", or a backfill on /judge/) unless asked.
+export PRACTICUM_JUDGE_AUTO=${PRACTICUM_JUDGE_AUTO:-false}
+# The tour's "run the agent again" goes through this server's gateway.
+export PRACTICUM_DEMO_AGENT_BASE_URL=${PRACTICUM_DEMO_AGENT_BASE_URL:-$URL}
+export PRACTICUM_DEMO_AGENT_EPISODES=${PRACTICUM_DEMO_AGENT_EPISODES:-$(( EPISODES / 3 > 4 ? EPISODES / 3 : 4 ))}
+# One torch thread per process: several processes share the cores.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
+say() { printf '\033[1m%s\033[0m\n' "$*"; }
+
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+for p in "$PORT" "$PRACTICUM_INFERENCE_PORT"; do
+  port_free "$p" || { echo "port $p is in use: stop what uses it, or set PRACTICUM_PORT / PRACTICUM_INFERENCE_PORT" >&2; exit 1; }
+done
+
+say "Preparing the database and the $BASE model (cached after the first run) …"
+$PY manage.py migrate --noinput -v 0
+$PY manage.py prepare_model "$KIND" --name "$BASE"
+$PY manage.py demo_setup --serve-base "$BASE"
+
+# Children in their own process groups: Ctrl-C reaches this script only, and cleanup stops
+# each group in turn (the vLLM supervisor first stops its server, which runs in its own session).
+set -m
 pids=()
-cleanup() {
-  trap - INT TERM EXIT
-  echo; echo "Stopping…"
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
+agent=""
+start() {  # start LOGFILE CMD...
+  local log=$1; shift
+  "$@" >>"$log" 2>&1 &
+  pids+=($!)
 }
-trap cleanup INT TERM EXIT
 
-.venv/bin/celery -A webapp worker -Q default,deploy --concurrency 1 --loglevel WARNING \
-  -B --schedule "${PRACTICUM_DATA_DIR:-var}/celerybeat-schedule" &
-pids+=($!)
+stopping=0
+tree() {  # tree PID: PID and every process below it (vLLM runs in a session of its own)
+  local child
+  echo "$1"
+  for child in $(ps -o pid= --ppid "$1" 2>/dev/null); do tree "$child"; done
+}
+cleanup() {
+  [ "$stopping" = 1 ] && return
+  stopping=1
+  trap '' INT TERM
+  set +m  # no job-status lines while stopping
+  echo; say "Stopping …"
+  local pid alive all=("${pids[@]}") everyone=()
+  [ -n "$agent" ] && all+=("$agent")
+  for pid in "${all[@]}"; do everyone+=($(tree "$pid")); done
+  for pid in "${all[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || true; done
+  # Celery finishes its current task on TERM; the vLLM supervisor stops its server (up to 15 s).
+  for _ in $(seq 60); do
+    alive=0
+    for pid in "${everyone[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [ "$alive" = 0 ] && break
+    sleep 0.5
+  done
+  for pid in "${everyone[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  say "Stopped."
+}
+trap 'cleanup; exit 130' INT
+trap 'cleanup; exit 143' TERM
+trap 'cleanup' EXIT
+
+# vLLM sets up its own OpenMP threads per core; the one-thread limit is for the other processes.
+start "$LOGS/inference.log" env -u OMP_NUM_THREADS $PY manage.py serve_inference --base "$BASE" --port "$PRACTICUM_INFERENCE_PORT"
+start "$LOGS/worker.log" .venv/bin/celery -A webapp worker -Q default,deploy --concurrency 1 \
+  --hostname "demo@%h" --loglevel WARNING -B --schedule "$DATA_DIR/celerybeat-schedule"
 # Training gets its own worker (one job at a time), so judge calls are not stuck behind it.
-.venv/bin/celery -A webapp worker -Q training --concurrency 1 --hostname training@%h --loglevel WARNING &
-pids+=($!)
-.venv/bin/uvicorn webapp.asgi:application --host "$HOST" --port "$PORT" --log-level warning &
-pids+=($!)
+start "$LOGS/training.log" .venv/bin/celery -A webapp worker -Q training --concurrency 1 \
+  --hostname "training@%h" --loglevel WARNING
+start "$LOGS/web.log" .venv/bin/uvicorn webapp.asgi:application --host "$HOST" --port "$PORT" --log-level warning
 
-sleep 2
+wait_http() {  # wait_http URL SECONDS WHAT: until URL answers 200, or a child dies
+  $PY - "$1" "$2" "$3" "${pids[@]}" <<'PYEOF'
+import os, sys, time, urllib.request
+url, seconds, what, pids = sys.argv[1], float(sys.argv[2]), sys.argv[3], [int(p) for p in sys.argv[4:]]
+deadline = time.monotonic() + seconds
+while time.monotonic() < deadline:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            if r.status == 200:
+                sys.exit(0)
+    except OSError:
+        pass
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            sys.exit(f"a process of the demo exited while waiting for {what}: see the logs")
+    time.sleep(0.5)
+sys.exit(f"{what} did not answer {url} within {seconds:.0f} s")
+PYEOF
+}
+
+wait_http "$URL/healthz" 120 "the web server" || { tail -n 20 "$LOGS/web.log" >&2; exit 1; }
 cat <<MSG
 
-  Practicum is running:  http://$HOST:$PORT/
-  Log in as  operator / operator-demo   (or reviewer, approver, admin: <name>-demo)
+  Practicum is up:  $URL/tour/   (the guided tour; the dashboard is at $URL/)
+  Logins:  operator / operator-demo   approver / approver-demo   (also reviewer, admin: <name>-demo)
+  Logs:    $LOGS/
+
+MSG
+say "Waiting for the inference server ($BASE on vLLM, CPU; about a minute) …"
+wait_http "$PRACTICUM_INFERENCE_URL/health" 900 "the inference server" || { tail -n 30 "$LOGS/inference.log" >&2; exit 1; }
+
+if [ "${PRACTICUM_DEMO_AGENT:-1}" != 0 ]; then
+  have=$($PY manage.py shell -v 0 -c "from feedback.models import Trace; print(Trace.objects.filter(deployment__name='support-bot', source='gateway')[:$EPISODES].count())")
+  if [ "$have" -lt "$EPISODES" ]; then
+    say "The demo agent works $EPISODES support tasks through the gateway (traces appear as they arrive) …"
+    key=$($PY manage.py create_api_key --deployment support-bot --scopes ingest,feedback --name "make demo agent" --expires-in-days 1 --quiet)
+    # In the background (its own process group), so Ctrl-C still reaches this script.
+    LOG_LEVEL=WARNING $PY manage.py demo_agent --base-url "$URL" --api-key "$key" --split train --episodes "$EPISODES" &
+    agent=$!
+    wait "$agent" || echo "the demo agent stopped early (exit $?)"
+    agent=""
+  else
+    say "The demo agent's traces are already there ($have); the tour starts from them."
+  fi
+fi
+
+cat <<MSG
+
+  Ready:   $URL/tour/
+  Logins:  operator / operator-demo   approver / approver-demo
   Press Ctrl-C to stop.
 
 MSG
+# Until Ctrl-C, or until one of the processes exits.
+set +e
 wait -n "${pids[@]}"
+code=$?
+[ "$stopping" = 1 ] || echo "a process of the demo exited ($code); see $LOGS/"
+exit "$code"

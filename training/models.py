@@ -212,6 +212,7 @@ class JobKind(models.TextChoices):
     GRPO = "grpo", "GRPO"
     DISTILL = "distill", "Self-distillation (feedback hint)"
     SFT = "sft", "SFT on corrections"
+    EPISODES = "episodes", "Full-episode GRPO (environment)"
 
 
 class JobStatus(models.TextChoices):

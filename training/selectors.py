@@ -31,6 +31,18 @@ CHARTS = [
     ("response_length", "Response length (tokens)"),
     ("zero_variance_share", "Zero-variance groups (share)"),
 ]
+# Environment fidelity, for episode jobs: a reward that rises with these is suspect.
+EPISODE_CHARTS = [
+    ("success", "Task success (training episodes)"),
+    ("tool_error_rate", "Tool-error rate per episode"),
+    ("budget_exhaustion", "Budget exhausted (share of episodes)"),
+    ("early_stop", "Early stops (share of episodes)"),
+]
+
+
+def job_charts(*, job: TrainingJob) -> list[tuple[str, str]]:
+    """The (metric, title) charts of a job's page."""
+    return CHARTS + EPISODE_CHARTS if job.kind == "episodes" else CHARTS
 
 
 def training_job_list(*, limit: int = 50) -> QuerySet[TrainingJob]:
@@ -53,7 +65,7 @@ def job_step_series(*, job: TrainingJob) -> dict[str, list]:
         by_step[step] = data
     steps = sorted(by_step)
     series: dict[str, list] = {}
-    for key, _ in CHARTS:
+    for key, _ in CHARTS + EPISODE_CHARTS:
         series[key] = [(s, by_step[s][key]) for s in steps if by_step[s].get(key) is not None]
     series["reward_band"] = [
         (s, by_step[s]["reward_mean"] - by_step[s]["reward_std"], by_step[s]["reward_mean"] + by_step[s]["reward_std"])

@@ -8,4 +8,5 @@ urlpatterns = [
     path("training/jobs/<int:job_id>/", views.job_detail, name="job-detail"),
     path("training/jobs/<int:job_id>/cancel", views.job_cancel, name="job-cancel"),
     path("training/sets/", views.training_set_build, name="set-build"),
+    path("training/sets/episodes", views.training_set_build_episodes, name="set-build-episodes"),
 ]

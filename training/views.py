@@ -50,6 +50,8 @@ def job_list(request: HttpRequest) -> HttpResponse:
         "form": form,
         "queues": _queues(),
         "set_form": {"heldout_fraction": "0.2"},
+        "episode_form": {"heldout_fraction": "0.15", "name": "support-desk-episodes"},
+        **_episode_choices(),
     }
     return render(request, "training/job_list.html", context, status=400 if errors else 200)
 
@@ -80,7 +82,7 @@ def _create_from_form(request: HttpRequest):
     )
     if version is None:
         errors.append(("base_version", "choose a model version to train from"))
-    if training_set is None:
+    if training_set is None and data.get("kind") != JobKind.EPISODES:
         errors.append(("training_set", "choose a training set"))
     if errors:
         return None, errors
@@ -106,7 +108,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     series = selectors.job_step_series(job=job)
     charts = [
         mark_safe(line_chart(series[key], title=title, band=series["reward_band"] if key == "reward_mean" else None))
-        for key, title in selectors.CHARTS
+        for key, title in selectors.job_charts(job=job)
     ]
     sample_steps = selectors.job_sample_steps(job=job)
     chosen = request.GET.get("sample_step")
@@ -197,8 +199,79 @@ def training_set_build(request: HttpRequest) -> HttpResponse:
         "set_errors": errors,
         "set_form": data.dict(),
         "queues": _queues(),
+        "episode_form": {"heldout_fraction": "0.15", "name": "support-desk-episodes"},
+        **_episode_choices(),
     }
     return render(request, "training/job_list.html", context, status=400)
+
+
+@login_required
+@permission_required("training.add_trainingset", raise_exception=True)
+@require_POST
+def training_set_build_episodes(request: HttpRequest) -> HttpResponse:
+    """Build a training set from a deployment's logged, graded episodes of an environment."""
+    from feedback.models import Deployment
+    from training.services.episode_sets import training_set_from_episodes
+    from training.services.training_sets import TrainingSetError
+
+    data = request.POST
+    errors: list[tuple[str, str]] = []
+    name = (data.get("name") or "").strip()
+    if not name or not name.replace("-", "").replace("_", "").isalnum():
+        errors.append(("name", "use letters, digits, - and _"))
+    try:
+        heldout = float(data.get("heldout_fraction") or 0.15)
+    except ValueError:
+        heldout = -1.0
+    if not 0 <= heldout < 1:
+        errors.append(("heldout_fraction", "must be a number in [0, 1)"))
+    deployment = Deployment.objects.filter(name=data.get("deployment") or "").first()
+    if deployment is None:
+        errors.append(("deployment", "choose a deployment"))
+    environment = (data.get("environment") or "").strip()
+    if environment not in _environments():
+        errors.append(("environment", "choose a registered environment"))
+    built = None
+    if not errors:
+        try:
+            built = training_set_from_episodes(
+                deployment=deployment,
+                environment=environment,
+                name=name,
+                heldout_fraction=heldout,
+                first_turns=not data.get("skip_first_turns"),
+                user=request.user,
+            )
+        except TrainingSetError as exc:
+            errors = exc.errors
+    if built is not None:
+        return redirect(f"{reverse('training:job-list')}?built={built.pk}")
+    context = {
+        "jobs": selectors.training_job_list(),
+        "versions": selectors.versions_to_train_from(),
+        "training_sets": selectors.training_sets(),
+        "kinds": JobKind.choices,
+        "errors": [],
+        "form": {"kind": "grpo", "config": "{}"},
+        "set_form": {"heldout_fraction": "0.2"},
+        "episode_errors": errors,
+        "episode_form": data.dict(),
+        "queues": _queues(),
+        **_episode_choices(),
+    }
+    return render(request, "training/job_list.html", context, status=400)
+
+
+def _environments() -> list[str]:
+    from training.environments import environment_names
+
+    return environment_names()
+
+
+def _episode_choices() -> dict:
+    from feedback.models import Deployment
+
+    return {"deployments": Deployment.objects.order_by("name")[:100], "environments": _environments()}
 
 
 def _queues():

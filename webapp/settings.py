@@ -276,5 +276,13 @@ RELEASE_LOAD_TIMEOUT = float(os.environ.get("PRACTICUM_RELEASE_LOAD_TIMEOUT", 12
 # A release no worker finished in this long is marked failed when the next one is asked for.
 RELEASE_STALE_SECONDS = float(os.environ.get("PRACTICUM_RELEASE_STALE_SECONDS", 600))
 
+# The tour's "run the agent again": where the agent finds the gateway (blank: the address the
+# page was served from, which serves /v1/ too under uvicorn), and how long its key lives.
+DEMO_AGENT_BASE_URL = os.environ.get("PRACTICUM_DEMO_AGENT_BASE_URL", "")
+DEMO_AGENT_EPISODES = int(os.environ.get("PRACTICUM_DEMO_AGENT_EPISODES", 12))
+DEMO_AGENT_KEY_SECONDS = int(os.environ.get("PRACTICUM_DEMO_AGENT_KEY_SECONDS", 7200))
+
 # Task environments for multi-turn episodes: modules whose import registers them (`@register`).
-PRACTICUM_ENVIRONMENT_MODULES = env_list("PRACTICUM_ENVIRONMENT_MODULES", "training.environments.support_desk")
+PRACTICUM_ENVIRONMENT_MODULES = env_list(
+    "PRACTICUM_ENVIRONMENT_MODULES", "training.environments.files,training.environments.support_desk"
+)

@@ -8,6 +8,8 @@ from webapp import views
 urlpatterns = [
     path("", views.home, name="home"),
     path("healthz", views.healthz, name="healthz"),
+    path("tour/", views.tour, name="tour"),
+    path("tour/<str:deployment>/agent-run", views.tour_agent_run, name="tour-agent-run"),
     path("overview/", views.overview, name="overview"),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),

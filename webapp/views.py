@@ -1,10 +1,17 @@
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required, permission_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.utils.safestring import mark_safe
+from django.views.decorators.http import require_POST
 
 from feedback.views.common import dashboard_view
 from training.charts import series_chart
 from webapp.selectors import ROLLING, deployments_overview
+from webapp.selectors_tour import tour_deployment, tour_get
 
 DAYS_CHOICES = (14, 7, 30, 90)
 
@@ -18,6 +25,54 @@ def home(request: HttpRequest) -> HttpResponse:
 
 def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"ok": True})
+
+
+@login_required
+@permission_required("feedback.view_trace", raise_exception=True)
+def tour(request: HttpRequest) -> HttpResponse:
+    """The guided tour: the loop as a checklist, each step ticked from the database."""
+    name = request.GET.get("deployment") or None
+    deployment = tour_deployment(name=name)
+    if name and deployment is None:
+        raise Http404("no such deployment")
+    context = {
+        "tour": tour_get(deployment=deployment),
+        "can_run_agent": request.user.has_perm("training.add_trainingjob"),
+        "episodes": settings.DEMO_AGENT_EPISODES,
+    }
+    template = "tour.html#steps" if request.htmx else "tour.html"
+    return render(request, template, context)
+
+
+@login_required
+@require_POST
+def tour_agent_run(request: HttpRequest, deployment: str) -> HttpResponse:
+    """Queue a run of the demo agent on held-out tasks, through the gateway."""
+    from feedback.models import Deployment
+    from feedback.services.demo_runs import DemoRunError, demo_agent_run_enqueue
+
+    if not request.user.has_perm("training.add_trainingjob"):
+        raise PermissionDenied("running the agent needs the operator or admin role")
+    target = Deployment.objects.filter(name=deployment).first()
+    if target is None:
+        raise Http404("no such deployment")
+    episodes = request.POST.get("episodes") or str(settings.DEMO_AGENT_EPISODES)
+    base_url = settings.DEMO_AGENT_BASE_URL or request.build_absolute_uri("/").rstrip("/")
+    try:
+        if not episodes.isdigit():
+            raise DemoRunError([("episodes", "must be a whole number")])
+        demo_agent_run_enqueue(deployment=target, base_url=base_url, split="heldout", episodes=int(episodes))
+    except DemoRunError as exc:
+        for field, reason in exc.errors:
+            messages.error(request, f"{field}: {reason}")
+        return render(
+            request,
+            "tour.html",
+            {"tour": tour_get(deployment=target), "can_run_agent": True, "episodes": episodes},
+            status=400,
+        )
+    messages.success(request, f"The agent is working on {episodes} held-out tasks; its traces appear as they arrive.")
+    return redirect(f"{reverse('tour')}?deployment={target.name}")
 
 
 @dashboard_view("feedback.view_trace")

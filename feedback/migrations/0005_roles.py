@@ -13,7 +13,7 @@ def forwards(apps, schema_editor):
         app_config.models_module = True
         create_permissions(app_config, apps=apps, verbosity=0)
         app_config.models_module = None
-    roles_sync(apps=apps)
+    roles_sync(apps=apps, during_migration=True)
 
 
 class Migration(migrations.Migration):

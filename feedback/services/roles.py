@@ -80,8 +80,11 @@ for _role, _extra in (
     ROLE_PERMISSIONS[_role] += [p for p in _extra if p not in ROLE_PERMISSIONS[_role]]
 
 
-def roles_sync(*, apps=global_apps) -> None:
-    """Create the role groups and the extra permissions; add missing permissions."""
+def roles_sync(*, apps=global_apps, during_migration: bool = False) -> None:
+    """Create the role groups and the extra permissions; add missing permissions.
+
+    In the data migration, permissions of models that later migrations create do not exist
+    yet (the post_migrate run adds them), so their absence is only worth a debug line."""
     Group = apps.get_model("auth", "Group")
     Permission = apps.get_model("auth", "Permission")
     ContentType = apps.get_model("contenttypes", "ContentType")
@@ -97,7 +100,8 @@ def roles_sync(*, apps=global_apps) -> None:
         group, _ = Group.objects.get_or_create(name=role)
         wanted = {by_name[n] for n in names if n in by_name}
         for missing in sorted(set(names) - set(by_name)):
-            logger.warning("role %s: permission %s does not exist (yet)", role, missing)
+            level = logging.DEBUG if during_migration else logging.WARNING
+            logger.log(level, "role %s: permission %s does not exist (yet)", role, missing)
         if role == ADMIN:
             wanted |= {pk for name, pk in by_name.items() if name.split(".", 1)[0] in ADMIN_APPS}
         group.permissions.add(*wanted)

@@ -32,11 +32,15 @@ class Task:
     hidden: dict[str, Any] = field(default_factory=dict)
     system: str = ""
     split: str = "train"  # "train" or "heldout"
+    # Earlier turns shown before the prompt (a worked example in the chat format): small
+    # models follow a demonstrated tool call far more readily than a described one.
+    examples: tuple[dict[str, Any], ...] = ()
 
     def first_messages(self) -> list[dict[str, Any]]:
         messages: list[dict[str, Any]] = []
         if self.system:
             messages.append({"role": "system", "content": self.system})
+        messages += [dict(m) for m in self.examples]
         messages.append({"role": "user", "content": self.prompt})
         return messages
 

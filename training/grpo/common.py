@@ -29,6 +29,8 @@ class Hooks:
     - on_breach(step, breaches): when a reward-hacking monitor fires.
     - should_stop() -> bool: polled before each step; True checkpoints and stops.
     - log(message): human-readable progress lines.
+    - on_episodes(step, phase, episodes): every environment episode of a step ("train")
+      or an evaluation ("eval"), for recording them as traces.
     """
 
     on_step: Callable[[int, dict], None] | None = None
@@ -38,6 +40,7 @@ class Hooks:
     on_breach: Callable[[int, list[dict]], None] | None = None
     should_stop: Callable[[], bool] | None = None
     log: Callable[[str], None] | None = None
+    on_episodes: Callable[[int, str, list], None] | None = None
 
     def emit(self, name: str, *args: Any) -> None:
         fn = getattr(self, name)
@@ -64,7 +67,7 @@ def setup_torch(config: TrainConfig) -> None:
     random.seed(config.seed)
 
 
-def batch_for_step(items: list[TurnItem], *, step: int, size: int, seed: int) -> list[TurnItem]:
+def batch_for_step(items: list, *, step: int, size: int, seed: int) -> list:
     """The items of step `step` (1-based): epochs of seeded permutations walked in
     order, so a resumed job sees exactly the batches it would have seen."""
     n = len(items)

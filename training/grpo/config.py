@@ -21,6 +21,9 @@ class MonitorConfig:
     max_truncated_share: float = 0.5  # share of responses cut at max_new_tokens
     max_invalid_tool_call_share: float = 0.2  # share of <tool_call> blocks that do not parse
     canary_drop: float = 0.2  # absolute drop of the canary reward below its start
+    # Environment fidelity (episode jobs): flag a job whose reward rises while the rate of
+    # tool errors, budget exhaustion or early stops rises too, each by more than this.
+    fidelity_rise: float = 0.15
     window: int = 5  # steps averaged before comparing
     stop_on_breach: bool = False
 
@@ -214,6 +217,55 @@ class SFTConfig(TrainConfig):
     learning_rate: float = 1e-4
 
 
+@dataclass
+class EpisodesConfig(GRPOConfig):
+    """Full-episode GRPO: G episodes per task of a registered environment, each graded
+    on its final state (optionally combined with a judge's score), group advantages over
+    the G episodes, loss on the model's own tokens of every turn. `max_new_tokens` bounds
+    one turn; `max_steps`/`max_episode_tokens` bound an episode (0 = the environment's)."""
+
+    kind: ClassVar[str] = "episodes"
+
+    environment: str = "files"
+    environment_options: dict = field(default_factory=dict)
+    group_size: int = 6
+    prompts_per_step: int = 2
+    max_new_tokens: int = 64
+    max_steps: int = 0
+    max_episode_tokens: int = 0
+    grader_weight: float = 1.0
+    judge_weight: float = 0.0  # > 0: the judge also scores each episode under `judge_rubric`
+    judge_rubric: str = ""
+    eval_samples: int = 2
+    eval_batch: int = 16  # episodes run together during an evaluation
+    micro_batch: int = 6  # episodes per forward/backward pass (gradient accumulated)
+    record_traces: bool = True  # record every episode as a trace of the job's deployment
+
+    def validate(self) -> list[tuple[str, str]]:
+        errors = super().validate()
+        if errors:
+            return errors
+        if not isinstance(self.environment_options, dict):
+            errors.append(("environment_options", "must be an object"))
+        else:
+            from training.environments.base import environment_names
+
+            if self.environment not in environment_names():
+                known = ", ".join(environment_names()) or "none"
+                errors.append(("environment", f"unknown environment {self.environment!r}; registered: {known}"))
+        for name in ("max_steps", "max_episode_tokens"):
+            if getattr(self, name) < 0:
+                errors.append((name, "must be ≥ 0 (0 = the environment's budget)"))
+        for name in ("micro_batch", "eval_batch"):
+            if getattr(self, name) < 1:
+                errors.append((name, "must be ≥ 1"))
+        if self.grader_weight < 0 or self.judge_weight < 0 or self.grader_weight + self.judge_weight <= 0:
+            errors.append(("judge_weight", "weights must be ≥ 0 and not both 0"))
+        if self.judge_weight > 0 and not self.judge_rubric.strip():
+            errors.append(("judge_rubric", "required when judge_weight > 0"))
+        return errors
+
+
 class ConfigError(ValueError):
     """A config that does not validate; `errors` lists (field, reason) pairs."""
 
@@ -222,7 +274,12 @@ class ConfigError(ValueError):
         super().__init__("; ".join(f"{f}: {r}" for f, r in errors))
 
 
-CONFIGS: dict[str, type[TrainConfig]] = {"grpo": GRPOConfig, "distill": DistillConfig, "sft": SFTConfig}
+CONFIGS: dict[str, type[TrainConfig]] = {
+    "grpo": GRPOConfig,
+    "distill": DistillConfig,
+    "sft": SFTConfig,
+    "episodes": EpisodesConfig,
+}
 
 _BASIC_TYPES: dict[str, type | tuple[type, ...]] = {
     "str": str,
@@ -231,11 +288,12 @@ _BASIC_TYPES: dict[str, type | tuple[type, ...]] = {
     "bool": bool,
     "int | None": int,
     "float | None": (int, float),
+    "dict": dict,
 }
 
 
 def config_from_dict(data: dict[str, Any]) -> TrainConfig:
-    """The config for `data["kind"]` ("grpo", "distill" or "sft")."""
+    """The config for `data["kind"]` ("grpo", "distill", "sft" or "episodes")."""
     kind = data.get("kind")
     if kind not in CONFIGS:
         raise ConfigError([("kind", f"must be one of {', '.join(CONFIGS)}")])

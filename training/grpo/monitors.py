@@ -121,3 +121,44 @@ def check(
             )
         )
     return breaches
+
+
+FIDELITY_SIGNALS = {
+    "tool_error_rate": "tool-error rate",
+    "budget_exhaustion": "budget exhaustion",
+    "early_stop": "early stops",
+}
+
+
+def fidelity(config: MonitorConfig, *, history: list[dict], reward_key: str = "grade_mean") -> list[Breach]:
+    """Environment-fidelity guard for episode jobs: compare the mean of the first and the
+    last `config.window` steps. A job whose reward rose while a signal of a broken or
+    gamed environment (tool errors, budget exhaustion, early stops) rose too, each by more
+    than `config.fidelity_rise`, is flagged: the reward may come from the environment's
+    flaws rather than from the task. Needs 2 x window steps of history."""
+    window = max(1, config.window)
+    if len(history) < 2 * window:
+        return []
+    first, last = history[:window], history[-window:]
+
+    def mean(rows: list[dict], key: str) -> float | None:
+        values = [m[key] for m in rows if m.get(key) is not None]
+        return fmean(values) if values else None
+
+    r0, r1 = mean(first, reward_key), mean(last, reward_key)
+    if r0 is None or r1 is None or r1 - r0 <= config.fidelity_rise:
+        return []
+    breaches: list[Breach] = []
+    for key, label in FIDELITY_SIGNALS.items():
+        s0, s1 = mean(first, key), mean(last, key)
+        if s0 is not None and s1 is not None and s1 - s0 > config.fidelity_rise:
+            breaches.append(
+                Breach(
+                    f"fidelity_{key}",
+                    round(s1, 3),
+                    round(s0 + config.fidelity_rise, 3),
+                    f"reward rose {r0:.2f} → {r1:.2f} while {label} rose {s0:.2f} → {s1:.2f}: "
+                    "check the environment for a shortcut",
+                )
+            )
+    return breaches

@@ -28,7 +28,12 @@ class VllmError(RuntimeError):
 
 
 class VllmRollouts:
-    def __init__(self, *, base_url: str, run_dir: Path, timeout: float = 600.0, retries: int = 2):
+    def __init__(
+        self, *, base_url: str, run_dir: Path, timeout: float = 600.0, retries: int = 2, name_prefix: str = ""
+    ):
+        """`name_prefix` goes before each adapter's name on the server ("step-N"): jobs
+        sharing one server need distinct prefixes, or a later job's "step-1" is refused."""
+        self.name_prefix = name_prefix
         self.base_url = base_url.rstrip("/")
         self.root = self.base_url.removesuffix("/v1")
         self.run_dir = run_dir
@@ -56,11 +61,44 @@ class VllmRollouts:
             self.base_model = models[0]["id"]
         return self.base_model
 
-    def _load_adapter(self, policy, step: int) -> str:
+    def load(self, policy, *, step: int | str) -> str:
+        """Make the server serve the policy's current adapter; later `complete_ids` use it."""
+        return self._load_adapter(policy, step)
+
+    def complete_ids(
+        self, prompt: list[int], *, max_tokens: int, temperature: float, top_p: float, stop_ids: list[int]
+    ) -> list[int]:
+        """One sample continuing the token ids `prompt` under the current adapter: the ids
+        sampled, with the end-of-turn id when the server stopped on it."""
+        if self.loaded is None:
+            raise VllmError("no adapter loaded: call load() first")
+        response = self._post(
+            f"{self.base_url}/completions",
+            {
+                "model": self.loaded,
+                "prompt": prompt,
+                "n": 1,
+                "max_tokens": max_tokens,
+                "temperature": temperature,
+                "top_p": top_p,
+                "stop_token_ids": stop_ids,
+                "skip_special_tokens": False,
+                "return_token_ids": True,
+            },
+        )
+        if response.status_code != 200:
+            raise VllmError(f"completion failed: {response.status_code} {response.text[:300]}")
+        choice = response.json()["choices"][0]
+        tokens = list(choice.get("token_ids") or [])
+        if choice.get("finish_reason") == "stop" and (not tokens or tokens[-1] not in stop_ids):
+            tokens.append(stop_ids[0])
+        return tokens
+
+    def _load_adapter(self, policy, step: int | str) -> str:
         """Save the current adapter and make the server serve it under a fresh name."""
         if policy.adapter != "lora":
             raise VllmError("vLLM rollouts need a LoRA adapter (full fine-tuning reloads weights another way)")
-        name = f"step-{step}"
+        name = f"{self.name_prefix}step-{step}"
         folder = self.run_dir / "rollout-adapters" / name
         shutil.rmtree(folder, ignore_errors=True)
         policy.model.save_pretrained(folder, safe_serialization=True)

@@ -153,8 +153,10 @@ def _train(job: TrainingJob, worker: str):
     config = config_from_dict(job.config)
     run_dir = job_run_dir(job)
     run_dir.mkdir(parents=True, exist_ok=True)
-    train, heldout = job_items(job)
     hooks = _hooks(job.pk, worker, Hooks)
+    if job.kind == JobKind.EPISODES:
+        return _train_episodes(job, config, run_dir, hooks)
+    train, heldout = job_items(job)
     if job.kind == JobKind.GRPO:
         from training.grpo.grpo import grpo_train
 
@@ -178,6 +180,77 @@ def _train(job: TrainingJob, worker: str):
     from training.grpo.distill import sft_train
 
     return sft_train(config=config, items=train, run_dir=run_dir, eval_items=eval_items, eval_score=score, hooks=hooks)
+
+
+def _train_episodes(job: TrainingJob, config, run_dir: Path, hooks):
+    """Full-episode GRPO on the tasks of the job's environment: its "heldout" tasks are
+    the evaluation; every episode is recorded as a trace of the job's deployment."""
+    from training.environments.base import environment_get
+    from training.grpo.episodes import episodes_train
+
+    env = environment_get(config.environment, **config.environment_options)
+    tasks = env.tasks()
+    train = [t for t in tasks if t.split != TrainingSplit.HELDOUT]
+    heldout = [t for t in tasks if t.split == TrainingSplit.HELDOUT]
+    if config.record_traces and job.deployment is not None:
+        hooks.on_episodes = _episode_recorder(job, env.name)
+    judge = _episode_judge(job.deployment, config.judge_rubric) if config.judge_weight > 0 else None
+    return episodes_train(
+        config=config, env=env, tasks=train, run_dir=run_dir, eval_tasks=heldout, judge=judge, hooks=hooks
+    )
+
+
+def _episode_recorder(job: TrainingJob, environment: str):
+    from training.services.episodes import episodes_record
+
+    deployment, version = job.deployment, job.base_version.name
+
+    def on_episodes(step: int, phase: str, episodes: list) -> None:
+        model_version = version if step == 0 else f"{version}+job{job.pk}@step{step}"
+        results = episodes_record(
+            deployment=deployment,
+            environment=environment,
+            episodes=episodes,
+            model_version=model_version,
+            job_id=job.pk,
+            step=step,
+            phase=phase,
+        )
+        failed = [r for r in results if r.status == "error"]
+        if failed:
+            _event_id(
+                job.pk, JobEventKind.LOG, step, {"message": f"{len(failed)} episodes not recorded: {failed[0].errors}"}
+            )
+
+    return on_episodes
+
+
+def _episode_judge(deployment, rubric: str):
+    """The judge scores the G episodes of a task side by side, each as its transcript."""
+    from feedback.judge.scoring import score_candidates
+    from feedback.selectors.judge import judge_endpoint_for
+
+    endpoint = judge_endpoint_for(deployment=deployment)
+
+    def judge(task, episodes: list) -> list[float]:
+        candidates = [_transcript(e.messages[len(task.first_messages()) :]) for e in episodes]
+        scores = score_candidates(task.first_messages(), rubric, candidates, endpoint=endpoint, tools=task.tools or ())
+        return [float(s) for s in scores]
+
+    return judge
+
+
+def _transcript(messages: list[dict]) -> str:
+    lines = []
+    for m in messages:
+        if m.get("role") == "assistant":
+            calls = " ".join(
+                f"{c['function']['name']}({c['function'].get('arguments', '')})" for c in m.get("tool_calls") or []
+            )
+            lines.append(f"assistant: {m.get('content') or ''} {calls}".strip())
+        else:
+            lines.append(f"{m.get('role')}: {m.get('content') or ''}")
+    return "\n".join(lines)
 
 
 def _hooks(job_id: int, worker: str, Hooks):

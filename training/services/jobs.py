@@ -46,12 +46,15 @@ def training_job_create(
     kind: str,
     config: dict,
     base_version: ModelVersion,
-    training_set: TrainingSet,
+    training_set: TrainingSet | None,
     user=None,
+    deployment=None,
 ) -> TrainingJob:
     """Validate the config, store a queued job, and enqueue it once the row is committed.
 
-    The model paths come from `base_version`, never from the request."""
+    The model paths come from `base_version`, never from the request. An "episodes" job
+    takes its tasks from its environment and needs no training set; its episodes are
+    recorded as traces of `deployment` (default: the training set's, else the version's)."""
     if kind not in JobKind.values:
         raise JobError([("kind", f"must be one of {', '.join(JobKind.values)}")])
     if not isinstance(config, dict):
@@ -66,13 +69,18 @@ def training_job_create(
         parsed = config_from_dict(data)
     except ConfigError as exc:
         raise JobError([(f"config.{f}", r) for f, r in exc.errors]) from None
-    _check_items(kind, training_set)
+    if training_set is None and kind != JobKind.EPISODES:
+        raise JobError([("training_set", "choose a training set")])
+    if training_set is not None and kind != JobKind.EPISODES:
+        _check_items(kind, training_set)
+    if kind == JobKind.EPISODES and parsed.rollout == "vllm" and parsed.adapter != "lora":
+        raise JobError([("config.rollout", "vLLM rollouts need a LoRA adapter")])
     job = TrainingJob.objects.create(
         kind=kind,
         config=parsed.to_dict(),
         training_set=training_set,
         base_version=base_version,
-        deployment=training_set.deployment or base_version.deployment,
+        deployment=deployment or (training_set.deployment if training_set else None) or base_version.deployment,
         total_steps=parsed.steps,
         created_by=user,
     )

@@ -1,0 +1,59 @@
+"""Running the demo agent from the dashboard (the tour's "run the agent again" step).
+
+The agent talks to the gateway exactly as a customer's harness would: with a deployment
+API key, over HTTP. The key is made for the run, lives at most `DEMO_AGENT_KEY_SECONDS`,
+and is revoked when the run ends, so no key travels through the broker or stays behind."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+
+from feedback.models import Deployment
+from feedback.services.api_keys import api_key_create, api_key_revoke
+
+SPLITS = ("train", "heldout")
+MAX_EPISODES = 200
+
+
+class DemoRunError(ValueError):
+    """A run that cannot be started; `errors` lists (field, reason) pairs."""
+
+    def __init__(self, errors: list[tuple[str, str]]):
+        self.errors = errors
+        super().__init__("; ".join(f"{f}: {r}" for f, r in errors))
+
+
+def demo_agent_run_enqueue(*, deployment: Deployment, base_url: str, split: str, episodes: int) -> None:
+    """Check the request and queue a run of the demo agent on the `default` queue."""
+    errors = []
+    if split not in SPLITS:
+        errors.append(("split", f"must be one of {', '.join(SPLITS)}"))
+    if not 1 <= episodes <= MAX_EPISODES:
+        errors.append(("episodes", f"must be between 1 and {MAX_EPISODES}"))
+    if not base_url.startswith(("http://", "https://")):
+        errors.append(("base_url", "must be an http(s) URL"))
+    if errors:
+        raise DemoRunError(errors)
+    from feedback.tasks import demo_agent_run_task
+
+    demo_agent_run_task.delay_on_commit(deployment.pk, base_url, split, episodes)
+
+
+def demo_agent_run_for(*, deployment: Deployment, base_url: str, split: str, episodes: int, seed: int = 0) -> Any:
+    """Run the demo agent against the gateway at `base_url` with a key made for this run."""
+    from feedback.demo.agent import demo_agent_run
+
+    created = api_key_create(
+        deployment=deployment,
+        scopes=["ingest", "feedback"],
+        name="demo agent run",
+        expires_at=timezone.now() + timedelta(seconds=settings.DEMO_AGENT_KEY_SECONDS),
+    )
+    try:
+        return demo_agent_run(base_url=base_url, api_key=created.plaintext, split=split, episodes=episodes, seed=seed)
+    finally:
+        api_key_revoke(api_key=created.api_key)

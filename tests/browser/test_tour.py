@@ -1,0 +1,240 @@
+"""The guided tour, walked in real headless Chromium on the tiny model, with everything real
+behind it: the demo agent drives the gateway (uvicorn) with the openai client in front of a
+vLLM server; a Celery worker on Redis runs the judge calls, the training job, the evaluation
+and the release; only the judge is a double (it speaks the OpenAI wire protocol).
+
+Each step asserts its effect: the agent's traces appear, the judge's result appears under
+the commented turn, the job finishes with a candidate, the approval is recorded, the live
+version changes, and the traces of the agent's next run carry the new version's name."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from feedback.models import ApiKey, Comment, DeploymentJudge, JudgeResult, JudgeStatus, Trace
+from tests.factories import DeploymentFactory, user_with_role
+from tests.fixtures.judge import presented_responses
+from tests.fixtures.worker import celery_worker
+from training.models import JobStatus, LiveVersion, ModelVersion, TrainingJob, TrainingSet
+from training.models_promotion import AuditEvent, PromotionRequest, PromotionStatus
+
+pytestmark = [pytest.mark.browser, pytest.mark.vllm, pytest.mark.redis, pytest.mark.postgres, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[2]
+
+JUDGEMENT = {
+    "rubric": {"criteria": [{"criterion": "Looks the order up before refunding it", "weight": 2}]},
+    "rationale": "The operator says the agent refunded without checking the order.",
+    "reward": 0.25,
+    "corrected_response": "Let me look order A1001 up first.",
+}
+
+
+def judge_answers(request: dict) -> dict:
+    """The judge double: a judgement for a turn, or scores for a group of candidates."""
+    schema = (request.get("response_format") or {}).get("json_schema", {}).get("name")
+    if schema == "candidate_scores":
+        shown = presented_responses(request)
+        return {
+            "scores": [
+                {"response": i, "reason": "mentions the order", "score": 0.9 if "order" in text else 0.1}
+                for i, text in enumerate(shown, 1)
+            ]
+        }
+    return JUDGEMENT
+
+
+def wait_until(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def step_done(page, key: str) -> bool:
+    return page.locator(f"#step-{key}").get_attribute("data-done") == "true"
+
+
+@pytest.fixture
+def worker(monkeypatch, tmp_path, judge_server):
+    """One worker on every queue (judge calls, training, evaluation, release, the agent)."""
+    monkeypatch.setenv("PRACTICUM_JUDGE_BASE_URL", judge_server.base_url)
+    monkeypatch.setenv("PRACTICUM_JUDGE_MODEL", "test-judge")
+    monkeypatch.setenv("PRACTICUM_JUDGE_RETRY_BACKOFF_S", "0")
+    monkeypatch.setenv("PRACTICUM_TRAINING_DIR", str(tmp_path / "training"))
+    monkeypatch.setenv("PRACTICUM_MODELS_DIR", str(tmp_path / "models"))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    # Messages an earlier, interrupted run left on the broker must not reach this worker.
+    subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "webapp", "purge", "-f", "-Q", "default,deploy,training"],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=60,
+    )
+    with celery_worker("default,deploy,training") as name:
+        yield name
+
+
+def test_the_whole_tour_in_the_browser(
+    open_page, screenshot, settings, vllm_server, tiny_base, gateway, judge_server, worker
+):
+    from feedback.demo.agent import demo_agent_run
+    from feedback.services.api_keys import api_key_create
+    from training.services.models import live_version_set
+
+    judge_server.respond_with(judge_answers)
+    settings.DEMO_AGENT_BASE_URL = gateway.url
+    settings.DEMO_AGENT_EPISODES = 2
+    operator, approver = user_with_role("operator", "olga"), user_with_role("approver", "arno")
+    deployment = DeploymentFactory(name="support-bot")
+    base_version = ModelVersion.objects.get(name=tiny_base.name)
+    live_version_set(deployment=deployment, version=base_version)
+    DeploymentJudge.objects.create(deployment=deployment, base_url=judge_server.base_url, model="test-judge")
+
+    # The agent works: its traces arrive through the gateway, as `make demo` has it do.
+    key = api_key_create(deployment=deployment, scopes=["ingest", "feedback"]).plaintext
+    first_run = demo_agent_run(base_url=gateway.url, api_key=key, split="train", episodes=3, seed=1)
+    gateway.drain()
+    assert Trace.objects.filter(deployment=deployment, model_version=base_version).count() == 3
+
+    page = open_page(operator)
+    page.goto("/tour/")
+    assert step_done(page, "traces") and not step_done(page, "comment")
+    assert page.inner_text("#tour-live") == tiny_base.name
+    screenshot(page, "tour-start", full_page=True)
+
+    # 1. Browse: the trace list shows the agent's conversations.
+    page.click("#step-traces a:has-text('Trace list')")
+    page.wait_for_function("document.querySelectorAll('a.trace-link').length === 3")
+
+    # 2. Comment on the last assistant turn of a trace.
+    page.goto("/tour/")
+    page.click("#step-comment a:has-text('Open a trace')")
+    page.wait_for_url(re.compile(r"/traces/\d+/"))
+    trace = Trace.objects.get(pk=int(re.search(r"/traces/(\d+)/", page.url).group(1)))
+    turn = trace.messages.filter(role="assistant").order_by("-position").first()
+    box = page.locator(f"#comments-{turn.position}")
+    box.locator("summary:has-text('Comment')").click()
+    box.locator("textarea[name=body]").fill("It refunded <b>without</b> looking the order up.")
+    box.locator("button:has-text('Add comment')").click()
+    box = page.locator(f"#comments-{turn.position}")
+    box.locator(".comment-body").wait_for()
+    assert Comment.objects.get(message=turn).author == operator
+
+    # 3. The judge turns the comment into a rubric and a reward (the worker calls it).
+    # (The agent's graded outcome on this trace may have been judged already; the comment's
+    # judgement is the latest one of the turn.)
+    result = wait_until(
+        lambda: JudgeResult.objects.filter(
+            message=turn, trigger="comment", is_latest=True, status=JudgeStatus.SUCCEEDED
+        ).first(),
+        90,
+        "the judgement of the comment",
+    )
+    assert result.reward == 0.25
+    page.reload()
+    judged = page.locator(f"#judge-{turn.position}")
+    assert "reward 0.25" in judged.inner_text() and "Looks the order up before refunding it" in judged.inner_text()
+    page.goto("/tour/")
+    assert step_done(page, "comment") and step_done(page, "judge")
+
+    # 4. Build a training set from the commented traces.
+    page.click("#step-training_set a:has-text('Training')")
+    page.fill("#set-form input[name=name]", "tour-refunds")
+    page.fill("#set-form input[name=heldout_fraction]", "0")
+    page.fill("#set-form input[name=filters]", f"comment=yes&deployment={deployment.pk}")
+    page.click("#set-form button[type=submit]")
+    page.wait_for_url(re.compile(r"/training/jobs/\?built=\d+"))
+    training_set = TrainingSet.objects.get(name="tour-refunds")
+    assert training_set.train_count == 1
+
+    # 5. Start a GRPO job from the live version and watch it finish.
+    page.select_option("select[name=kind]", "grpo")
+    page.select_option("select[name=base_version]", str(base_version.pk))
+    page.select_option("select[name=training_set]", str(training_set.pk))
+    for name, value in [("steps", "2"), ("group_size", "2"), ("prompts_per_step", "1"), ("max_new_tokens", "8")]:
+        page.fill(f"input[name={name}]", value)
+    page.fill("textarea[name=config]", '{"eval_every": 0}')
+    page.click("button:has-text('Start')")
+    page.wait_for_url(re.compile(r"/training/jobs/\d+/$"))
+    job = TrainingJob.objects.get()
+    wait_until(lambda: TrainingJob.objects.get(pk=job.pk).status not in ("queued", "running"), 240, "the job")
+    job.refresh_from_db()
+    assert job.status == JobStatus.FINISHED, (job.status, job.error)
+    candidate = job.result_version
+    assert candidate is not None and candidate.parent == base_version
+    page.reload()
+    screenshot(page, "training-job", full_page=True)
+    page.goto("/tour/")
+    assert step_done(page, "job") and candidate.name in page.inner_text("#step-job")
+
+    # 6. Evaluate the candidate against the live version on the commented trace.
+    page.click("#step-evaluate a:has-text('Models')")
+    page.select_option("select[name=candidate]", candidate.name)
+    page.select_option("select[name=deployment]", "support-bot")
+    page.fill("input[name=trace_ids]", str(trace.pk))
+    page.fill("input[name=max_tokens]", "16")
+    page.click("button:has-text('Evaluate')")
+    page.wait_for_url(re.compile(r"/evaluations/\d+/$"))
+    page.wait_for_selector("#evaluation-status:has-text('Finished')", timeout=180_000)
+
+    # 7. The operator requests the promotion; the approver approves; the release goes live.
+    page.click("text=Request promotion →")
+    page.fill("#id_note", "Looks the order up before refunding.")
+    if job.flagged:  # a monitor on two steps of a random model is no verdict; say so
+        page.fill("#id_breach_override_reason", "two-step job on the tiny test model")
+    page.click("button:has-text('Request promotion')")
+    page.wait_for_selector("#promotion-status:has-text('Waiting for approval')")
+    promotion = PromotionRequest.objects.get()
+    review = open_page(approver)
+    review.goto("/tour/")
+    review.click("#step-promote a:has-text('The request')")
+    review.fill("textarea[name=comment]", "Checks the order first now.")
+    review.click("#approve")
+    review.wait_for_selector("#promotion-status:has-text('Deployed')", timeout=120_000)
+    promotion.refresh_from_db()
+    assert (promotion.status, promotion.decided_by) == (PromotionStatus.DEPLOYED, approver)
+    assert AuditEvent.objects.filter(action="promotion_approved", actor=approver).exists()
+    assert LiveVersion.objects.get(deployment=deployment).version == candidate
+
+    page.goto("/tour/")
+    assert step_done(page, "promote") and page.inner_text("#tour-live") == candidate.name
+    assert not step_done(page, "rerun")
+
+    # 8. Run the agent again from the tour: the new version answers, and its traces say so.
+    page.click("#run-agent")
+    page.wait_for_url(re.compile(r"/tour/\?deployment=support-bot"))
+    assert "2 held-out tasks" in page.inner_text(".flash")
+    page.wait_for_function("document.querySelector('#step-rerun').dataset.done === 'true'", timeout=180_000)
+    new_traces = Trace.objects.filter(deployment=deployment, model_version=candidate)
+    assert new_traces.exists()
+    assert all(t.metadata.get("split") == "heldout" for t in new_traces)
+    assert Trace.objects.filter(model_version=base_version).count() == 3  # the first run's stay as they were
+    # The key made for the run is revoked once the run is over.
+    wait_until(
+        lambda: ApiKey.objects.filter(name="demo agent run").exclude(revoked_at=None).exists(), 120, "the run to end"
+    )
+    assert not ApiKey.objects.filter(name="demo agent run", revoked_at=None).exists()
+    screenshot(page, "tour", full_page=True)
+
+    page.click("#step-rerun a:has-text('Traces of')")
+    page.wait_for_function("document.querySelectorAll('a.trace-link').length >= 1")
+    page.locator("a.trace-link").first.click()
+    page.wait_for_url(re.compile(r"/traces/\d+/"))
+    assert candidate.name in page.inner_text("main")
+
+    # 9. The overview compares the versions.
+    page.goto("/tour/")
+    assert step_done(page, "overview")
+    assert page.inner_text("#tour-progress").startswith("9 of 9 steps done")
+    page.click("#step-overview a")
+    assert candidate.name in page.inner_text("main") and base_version.name in page.inner_text("main")
+    assert len(first_run.episodes) == 3

@@ -1,0 +1,213 @@
+"""The guided tour: each step is ticked from what the database holds, in order, and the
+"run the agent again" button queues a run for operators only, refusing bad input with 400."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from feedback.models import JudgeResult, JudgeStatus
+from feedback.services.review import comment_add
+from tests.factories import DeploymentFactory, MessageFactory, TraceFactory, user_with_role
+from tests.promotion.conftest import evaluation_row, make_adapter_folder
+from training.models import JobStatus, TrainingJob
+from training.models_promotion import PromotionRequest, PromotionStatus
+from training.services.models import base_model_register, live_version_set, model_version_create
+from training.services.training_sets import training_set_create
+
+pytestmark = pytest.mark.django_db
+
+
+def done_steps(html: str) -> list[str]:
+    return re.findall(r'id="step-([a-z_]+)" class="tour-step done', html)
+
+
+@pytest.fixture
+def operator():
+    return user_with_role("operator", "olga")
+
+
+@pytest.fixture
+def tour_page(client, operator):
+    client.force_login(operator)
+
+    def get(**params):
+        response = client.get(reverse("tour"), params)
+        assert response.status_code == 200
+        return response.content.decode()
+
+    return get
+
+
+def test_without_a_deployment_the_tour_says_how_to_start(tour_page):
+    html = tour_page()
+    assert "No deployment yet" in html and "make demo" in html
+
+
+def test_the_steps_tick_as_the_loop_goes_round(tour_page, operator, tmp_path):
+    deployment = DeploymentFactory(name="support-bot")
+    DeploymentFactory(name="another")
+    assert done_steps(tour_page()) == []
+    assert 'href="#step-traces"' in tour_page()  # the next step is pointed at
+
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "config.json").write_text("{}")
+    base, base_version = base_model_register(name="smol", path=tmp_path / "base")
+    live_version_set(deployment=deployment, version=base_version)
+    trace = TraceFactory(deployment=deployment, model_version=base_version)
+    MessageFactory(trace=trace, position=0, role="user", content="Refund order A1")
+    turn = MessageFactory(trace=trace, position=1, role="assistant", content="Done!", model_version=base_version)
+    assert done_steps(tour_page()) == ["traces"]
+    # Another deployment's tour is its own.
+    assert done_steps(tour_page(deployment="another")) == []
+
+    comment_add(message=turn, author=operator, body="It refunded without looking the order up.")
+    assert done_steps(tour_page()) == ["traces", "comment"]
+
+    failed = JudgeResult.objects.create(
+        trace=trace,
+        message=turn,
+        trigger="comment",
+        status=JudgeStatus.FAILED,
+        failure_reason="output cut off at max_tokens (400) (after 2 attempts)",
+        is_latest=True,
+    )
+    html = tour_page()
+    assert "judge" not in done_steps(html)
+    assert "the latest judgement failed (output cut off at max_tokens (400) (after 2 attempts)): judge again" in html
+    JudgeResult.objects.filter(pk=failed.pk).update(is_latest=False)  # as judging again does
+    JudgeResult.objects.create(
+        trace=trace,
+        message=turn,
+        trigger="comment",
+        status=JudgeStatus.SUCCEEDED,
+        rubric={"criteria": [{"criterion": "looks the order up first", "weight": 1}]},
+        reward=0.2,
+        is_latest=True,
+    )
+    html = tour_page()
+    assert done_steps(html) == ["traces", "comment", "judge"]
+    assert "latest reward 0.20 under a rubric of 1 criterion" in html
+
+    training_set = training_set_create(
+        name="refunds",
+        items=[
+            {
+                "key": "turn:1",
+                "messages": [{"role": "user", "content": "Refund order A1"}],
+                "feedback": "look it up",
+                "trace_id": trace.pk,
+                "message_id": turn.pk,
+            }
+        ],
+        heldout_fraction=0.0,
+    )
+    assert done_steps(tour_page())[-1] == "training_set"
+
+    candidate = model_version_create(
+        name="smol-v1", base_model=base, kind="lora", path=make_adapter_folder(tmp_path / "v1"), parent=base_version
+    )
+    job = TrainingJob.objects.create(
+        kind="grpo",
+        status=JobStatus.RUNNING,
+        config={"kind": "grpo", "steps": 4},
+        base_version=base_version,
+        training_set=training_set,
+        step=1,
+        total_steps=4,
+    )
+    html = tour_page()
+    assert "job" not in done_steps(html) and "step 1/4" in html
+    assert 'hx-trigger="every 3s"' in html  # the page follows a running job
+    job.status, job.result_version, job.finished_at = JobStatus.FINISHED, candidate, timezone.now()
+    job.save()
+    html = tour_page()
+    assert done_steps(html)[-1] == "job" and "candidate smol-v1" in html
+
+    evaluation = evaluation_row(candidate, deployment, base_version)
+    html = tour_page()
+    assert done_steps(html)[-1] == "evaluate" and "win rate 75%" in html
+
+    promotion = PromotionRequest.objects.create(
+        deployment=deployment,
+        candidate=candidate,
+        from_version=base_version,
+        evaluation=evaluation,
+        requested_by=operator,
+    )
+    assert "waits for an approver" in tour_page()
+    approver = user_with_role("approver", "arno")
+    promotion.status, promotion.decided_by, promotion.decided_at = PromotionStatus.DEPLOYED, approver, timezone.now()
+    promotion.save()
+    live_version_set(deployment=deployment, version=candidate)
+    html = tour_page()
+    assert done_steps(html)[-1] == "promote" and "approved by arno" in html
+    assert '<b id="tour-live">smol-v1</b>' in html
+    assert 'id="run-agent"' in html
+
+    new_trace = TraceFactory(deployment=deployment, model_version=candidate)
+    MessageFactory(trace=new_trace, position=0, role="user", content="Refund order B2")
+    html = tour_page()
+    assert done_steps(html) == [
+        "traces",
+        "comment",
+        "judge",
+        "training_set",
+        "job",
+        "evaluate",
+        "promote",
+        "rerun",
+        "overview",
+    ]
+    assert "9</b> of 9 steps done" in html
+
+
+def test_the_tour_is_for_people_who_read_traces(client):
+    client.force_login(user_with_role("reviewer", "rita"))
+    assert client.get(reverse("tour")).status_code == 403
+    client.force_login(user_with_role("approver", "arno"))
+    assert client.get(reverse("tour")).status_code == 200
+    assert client.get(reverse("tour"), {"deployment": "nope"}).status_code == 404
+
+
+def test_running_the_agent_again_is_queued_for_operators(client, operator, django_capture_on_commit_callbacks):
+    DeploymentFactory(name="support-bot")
+    url = reverse("tour-agent-run", args=["support-bot"])
+
+    client.force_login(user_with_role("approver", "arno"))
+    assert client.post(url, {"episodes": "4"}).status_code == 403
+    assert 'id="run-agent"' not in client.get(reverse("tour")).content.decode()
+
+    client.force_login(operator)
+    for bad, reason in [("0", "between 1 and"), ("lots", "whole number"), ("100000", "between 1 and")]:
+        with django_capture_on_commit_callbacks() as queued:
+            response = client.post(url, {"episodes": bad})
+        assert response.status_code == 400
+        assert "episodes: must be" in response.content.decode() and reason in response.content.decode()
+        assert queued == []
+    assert client.post(reverse("tour-agent-run", args=["nope"]), {"episodes": "4"}).status_code == 404
+
+    with django_capture_on_commit_callbacks() as queued:
+        response = client.post(url, {"episodes": "4"})
+    assert response.status_code == 302 and response.url == f"{reverse('tour')}?deployment=support-bot"
+    assert len(queued) == 1  # one task, sent once the request's transaction commits
+    assert "4 held-out tasks" in client.get(response.url).content.decode()
+
+
+def test_the_job_step_offers_settings_a_job_accepts(tour_page):
+    import html as html_lib
+    import json
+
+    from training.grpo.config import config_from_dict
+    from webapp.selectors_tour import episode_job_settings
+
+    DeploymentFactory(name="support-bot")
+    page = tour_page()
+    shown = re.search(r'<pre class="hint"><code>(.*?)</code></pre>', page, re.S).group(1)
+    settings_json = json.loads(html_lib.unescape(shown))
+    assert settings_json == json.loads(episode_job_settings())
+    config = config_from_dict({**settings_json, "kind": "grpo", "model_path": "/models/x", "init_adapter": ""})
+    assert config.steps == 10 and config.rollout == "vllm"

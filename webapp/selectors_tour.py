@@ -1,0 +1,313 @@
+"""The guided tour's checklist, ticked from the database.
+
+Every step asks one or two indexed `EXISTS`/`LIMIT 1` questions about one deployment, so the
+page costs the same with a hundred traces or a million (no table is counted)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from django.db.models import Q
+from django.urls import reverse
+
+from feedback.models import Comment, CustomerFeedback, Deployment, JudgeResult, JudgeStatus, Trace
+from training.models import JobStatus, LiveVersion, ModelVersion, ModelVersionKind, TrainingJob, TrainingSet
+from training.models_promotion import Evaluation, EvaluationStatus, PromotionRequest, PromotionStatus
+
+DEFAULT_TOUR_DEPLOYMENT = "support-bot"
+
+
+@dataclass(frozen=True, slots=True)
+class TourStep:
+    key: str
+    title: str
+    how: str  # what to do, in a sentence
+    done: bool
+    detail: str  # what the database shows for this step now
+    link: str
+    link_text: str
+    in_progress: bool = False
+    hint: str = ""  # settings to paste, shown under the step
+
+
+@dataclass(slots=True)
+class Tour:
+    deployment: Deployment | None
+    live: ModelVersion | None
+    steps: list[TourStep] = field(default_factory=list)
+
+    @property
+    def done_count(self) -> int:
+        return sum(step.done for step in self.steps)
+
+    @property
+    def current(self) -> TourStep | None:
+        """The first step not done yet: the one the page points at."""
+        return next((step for step in self.steps if not step.done), None)
+
+    @property
+    def trained_live(self) -> bool:
+        """The live version is one a training job here produced (not a base model)."""
+        return self.live is not None and self.live.kind != ModelVersionKind.BASE
+
+
+def tour_deployment(*, name: str | None) -> Deployment | None:
+    """The deployment the tour follows: the one named, else the demo's, else the first."""
+    if name:
+        return Deployment.objects.filter(name=name).first()
+    return (
+        Deployment.objects.filter(name=DEFAULT_TOUR_DEPLOYMENT).first() or Deployment.objects.order_by("name").first()
+    )
+
+
+def tour_get(*, deployment: Deployment | None) -> Tour:
+    """The tour's checklist for `deployment`: each step done or not, from what is stored."""
+    if deployment is None:
+        return Tour(deployment=None, live=None)
+    live_row = LiveVersion.objects.select_related("version").filter(deployment=deployment).first()
+    live = live_row.version if live_row else None
+    traces = Trace.objects.filter(deployment=deployment)
+    trace_list = f"{reverse('feedback:trace-list')}?deployment={deployment.pk}"
+    first_trace = traces.order_by("-started_at", "-id").only("id").first()
+
+    steps: list[TourStep] = []
+    steps.append(
+        TourStep(
+            key="traces",
+            title="Browse the agent's traces",
+            how="Open the trace list, filter it, and open a conversation: the chat, its tool calls and results.",
+            done=first_trace is not None,
+            detail="traces have arrived" if first_trace else "no traces yet: run the demo agent",
+            link=trace_list,
+            link_text="Trace list",
+        )
+    )
+
+    comment = Comment.objects.filter(trace__deployment=deployment).select_related("author").order_by("-id").first()
+    customer = CustomerFeedback.objects.filter(trace__deployment=deployment).exists()
+    steps.append(
+        TourStep(
+            key="comment",
+            title="Comment on a turn",
+            how="Select a reply that went wrong and say in plain words what it should have done (key c).",
+            done=comment is not None,
+            detail=(
+                f"latest comment by {comment.author.username if comment.author else 'someone'}"
+                if comment
+                else "no operator comment yet" + (" (customers have sent feedback)" if customer else "")
+            ),
+            link=reverse("feedback:trace-detail", args=[first_trace.pk]) if first_trace else trace_list,
+            link_text="Open a trace" if first_trace else "Trace list",
+        )
+    )
+
+    judged = JudgeResult.objects.filter(trace__deployment=deployment, is_latest=True)
+    latest_ok = judged.filter(status=JudgeStatus.SUCCEEDED).order_by("-id").first()
+    pending = judged.filter(status__in=[JudgeStatus.PENDING, JudgeStatus.RUNNING]).exists()
+    failed = None if latest_ok or pending else judged.filter(status=JudgeStatus.FAILED).order_by("-id").first()
+    steps.append(
+        TourStep(
+            key="judge",
+            title="Let the judge turn the words into signal",
+            how=(
+                "Press “Judge this turn” under the commented turn (automatic when PRACTICUM_JUDGE_AUTO is on), "
+                "or run a backfill on the Judge page: a rubric, a reward and a corrected reply."
+            ),
+            done=latest_ok is not None,
+            detail=(
+                f"latest reward {latest_ok.reward:.2f} under a rubric of {_criteria(latest_ok.rubric)}"
+                if latest_ok and latest_ok.reward is not None
+                else (
+                    "a judgement is running"
+                    if pending
+                    else (
+                        f"the latest judgement failed ({failed.failure_reason[:160]}): judge again, "
+                        "or connect a stronger judge"
+                        if failed
+                        else "no judgement yet"
+                    )
+                )
+            ),
+            link=reverse("feedback:judge"),
+            link_text="Judge",
+            in_progress=pending and latest_ok is None,
+        )
+    )
+
+    sets = TrainingSet.objects.filter(Q(deployment=deployment) | Q(items__trace__deployment=deployment)).distinct()
+    latest_set = sets.order_by("-created_at", "-id").first()
+    steps.append(
+        TourStep(
+            key="training_set",
+            title="Build a training set",
+            how=(
+                "On Training: from the agent's graded episodes (each turn replayable, with a grader), or from the "
+                "trace list's filter (each commented turn with its rubric and correction)."
+            ),
+            done=latest_set is not None,
+            detail=(
+                f"{latest_set}: {latest_set.train_count} to train on, {latest_set.heldout_count} held out"
+                if latest_set
+                else "no training set yet"
+            ),
+            link=reverse("training:job-list") + "#build-set",
+            link_text="Training",
+        )
+    )
+
+    jobs = TrainingJob.objects.filter(
+        Q(deployment=deployment)
+        | Q(training_set__in=sets.values("pk"))
+        | Q(base_version__live_for__deployment=deployment)
+    ).distinct()
+    finished = jobs.filter(status=JobStatus.FINISHED, result_version__isnull=False).order_by("-finished_at").first()
+    active = jobs.filter(status__in=[JobStatus.QUEUED, JobStatus.RUNNING]).order_by("-created_at").first()
+    steps.append(
+        TourStep(
+            key="job",
+            title="Start a job and watch it learn",
+            how=(
+                "GRPO from the live version on the set; the job page draws reward, KL and length as it goes. "
+                "For the agent's episodes, these settings (the ones make tour-demo measures) go in the JSON box:"
+            ),
+            hint=episode_job_settings(),
+            done=finished is not None,
+            detail=(
+                f"job {finished.pk} finished: candidate {finished.result_version.name}"
+                if finished
+                else (f"job {active.pk}: step {active.step}/{active.total_steps}" if active else "no finished job yet")
+            ),
+            link=reverse("training:job-detail", args=[(finished or active).pk])
+            if (finished or active)
+            else reverse("training:job-list"),
+            link_text="The job" if (finished or active) else "Training",
+            in_progress=finished is None and active is not None,
+        )
+    )
+
+    evaluations = Evaluation.objects.filter(deployment=deployment).select_related("candidate", "baseline")
+    evaluation = evaluations.filter(status=EvaluationStatus.FINISHED).order_by("-created_at", "-id").first()
+    running_eval = evaluations.filter(status__in=[EvaluationStatus.QUEUED, EvaluationStatus.RUNNING]).first()
+    win = (evaluation.summary or {}).get("comparison", {}).get("win_rate") if evaluation else None
+    steps.append(
+        TourStep(
+            key="evaluate",
+            title="Evaluate the candidate against the live version",
+            how="On Models, pick the candidate and the set's held-out items; read the report side by side.",
+            done=evaluation is not None,
+            detail=(
+                f"{evaluation.candidate.name} vs {evaluation.baseline.name}"
+                + (f": win rate {100 * win:.0f}%" if isinstance(win, int | float) else "")
+                if evaluation
+                else ("an evaluation is running" if running_eval else "no finished evaluation yet")
+            ),
+            link=reverse("promotion:evaluation", args=[(evaluation or running_eval).pk])
+            if (evaluation or running_eval)
+            else reverse("promotion:models"),
+            link_text="The evaluation" if (evaluation or running_eval) else "Models",
+            in_progress=evaluation is None and running_eval is not None,
+        )
+    )
+
+    promotions = PromotionRequest.objects.filter(deployment=deployment).select_related("candidate", "decided_by")
+    approved = (
+        promotions.filter(status__in=[PromotionStatus.APPROVED, PromotionStatus.DEPLOYED])
+        .order_by("-decided_at", "-id")
+        .first()
+    )
+    pending_request = promotions.filter(status=PromotionStatus.PENDING).order_by("-id").first()
+    shown = approved or pending_request
+    steps.append(
+        TourStep(
+            key="promote",
+            title="Request the promotion; another person approves it",
+            how="The operator asks with a note; the approver (not the requester) approves and the release goes live.",
+            done=approved is not None and approved.status == PromotionStatus.DEPLOYED,
+            detail=(
+                f"{approved.candidate.name} approved by {approved.decided_by.username if approved.decided_by else '?'}"
+                f" — {approved.get_status_display().lower()}"
+                if approved
+                else (
+                    f"{pending_request.candidate.name} waits for an approver" if pending_request else "no request yet"
+                )
+            ),
+            link=reverse("promotion:promotion", args=[shown.pk]) if shown else reverse("promotion:promotion-list"),
+            link_text="The request" if shown else "Promotion requests",
+            in_progress=approved is not None and approved.status == PromotionStatus.APPROVED,
+        )
+    )
+
+    served_by_live = (
+        traces.filter(model_version=live).order_by("-started_at", "-id").only("id").first()
+        if live is not None and live.kind != ModelVersionKind.BASE
+        else None
+    )
+    steps.append(
+        TourStep(
+            key="rerun",
+            title="Run the agent again",
+            how="Send the agent held-out tasks through the gateway: the live version answers them now.",
+            done=served_by_live is not None,
+            detail=(
+                f"traces served by {live.name} have arrived"
+                if served_by_live
+                else (f"{live.name} is live; no traces of it yet" if live else "no live version")
+            ),
+            link=f"{trace_list}&version={live.pk}" if live is not None else trace_list,
+            link_text=f"Traces of {live.name}" if live is not None else "Trace list",
+        )
+    )
+
+    overview = _overview_url()
+    steps.append(
+        TourStep(
+            key="overview",
+            title="See the improvement",
+            how="The overview charts success rate and reward per model version over time.",
+            done=served_by_live is not None
+            and traces.exclude(model_version=live).filter(model_version__isnull=False).exists(),
+            detail="two versions' traces to compare" if served_by_live else "needs traces of the new version",
+            link=overview or trace_list,
+            link_text="Overview" if overview else "Trace list",
+        )
+    )
+    return Tour(deployment=deployment, live=live, steps=steps)
+
+
+def episode_job_settings() -> str:
+    """The GRPO settings the tour's measurement trains the demo agent's episodes with:
+    rollouts on the inference server, under the constraint the agent's harness serves with."""
+    import json
+
+    from django.conf import settings
+
+    from feedback.demo.agent import ACT_OR_REPLY_REGEX
+
+    config = {
+        "steps": 10,
+        "prompts_per_step": 3,
+        "group_size": 4,
+        "learning_rate": 4e-4,
+        "lora_rank": 16,
+        "trainable_layers": 6,
+        "max_new_tokens": 48,
+        "temperature": 0.7,
+        "rollout": "vllm",
+        "vllm_url": settings.INFERENCE_URL.rstrip("/") + "/v1",
+        "structured_outputs": {"regex": ACT_OR_REPLY_REGEX},
+    }
+    return json.dumps(config)
+
+
+def _criteria(rubric) -> str:
+    criteria = (rubric or {}).get("criteria", []) if isinstance(rubric, dict) else (rubric or [])
+    return f"{len(criteria)} criterion" if len(criteria) == 1 else f"{len(criteria)} criteria"
+
+
+def _overview_url() -> str:
+    from django.urls import NoReverseMatch
+
+    try:
+        return reverse("overview")
+    except NoReverseMatch:
+        return ""
