@@ -105,6 +105,7 @@ def main() -> int:
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--prompts", type=int, default=3, help="prompts per step")
     parser.add_argument("--lr", type=float, default=4e-4)
+    parser.add_argument("--temperature", type=float, default=0.7, help="GRPO sampling temperature")
     parser.add_argument("--layers", type=int, default=6, help="LoRA on the top N blocks")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--inference-url", default="", help="use this running vLLM server instead of starting one")
@@ -242,7 +243,7 @@ def main() -> int:
                 "rollout": "vllm",
                 "vllm_url": url.rstrip("/") + "/v1",
                 "structured_outputs": {"regex": ACT_OR_REPLY_REGEX},
-                "temperature": 0.7,
+                "temperature": args.temperature,
                 "log_kl": False,
             }
             jobs.append(("grpo", config))
