@@ -12,7 +12,8 @@ With everything real, in this order:
    the context, and the actions the hidden policy accepts, for the `tool_action` grader).
 5. A turn-level GRPO job (`training_job_create`, run in this process as a worker would):
    LoRA on the top blocks, rollouts sampled by the vLLM server under the same structured-
-   output constraint the agent's harness serves with → a candidate version.
+   output constraint the agent's harness serves with → a candidate version. (`--method sft`
+   fine-tunes on each turn's accepted action instead; `sft+grpo` runs GRPO from that.)
 6. The candidate is loaded into the server and made live (the browser tour does this
    through an evaluation, a promotion request and another person's approval).
 7. The agent works the same held-out tasks again, with the same seeds → the new rate.
@@ -94,7 +95,7 @@ def main() -> int:
     parser.add_argument(
         "--method",
         choices=["sft", "grpo", "sft+grpo"],
-        default="sft",
+        default="grpo",
         help="sft: fine-tune on the accepted actions of the logged turns (the corrected responses); "
         "grpo: turn-level GRPO against the tool_action grader; sft+grpo: GRPO from the SFT adapter",
     )
