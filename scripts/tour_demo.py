@@ -12,7 +12,8 @@ With everything real, in this order:
    the context, and the actions the hidden policy accepts, for the `tool_action` grader).
 5. A turn-level GRPO job (`training_job_create`, run in this process as a worker would):
    LoRA on the top blocks, rollouts sampled by the vLLM server under the same structured-
-   output constraint the agent's harness serves with → a candidate version.
+   output constraint the agent's harness serves with → a candidate version. (`--method sft`
+   fine-tunes on each turn's accepted action instead; `sft+grpo` runs GRPO from that.)
 6. The candidate is loaded into the server and made live (the browser tour does this
    through an evaluation, a promotion request and another person's approval).
 7. The agent works the same held-out tasks again, with the same seeds → the new rate.
@@ -91,10 +92,21 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--heldout-episodes", type=int, default=36, help="per measurement (12 tasks, each 3 times)")
     parser.add_argument("--train-episodes", type=int, default=48)
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument(
+        "--method",
+        choices=["sft", "grpo", "sft+grpo"],
+        default="grpo",
+        help="sft: fine-tune on the accepted actions of the logged turns (the corrected responses); "
+        "grpo: turn-level GRPO against the tool_action grader; sft+grpo: GRPO from the SFT adapter",
+    )
+    parser.add_argument("--sft-steps", type=int, default=40)
+    parser.add_argument("--sft-prompts", type=int, default=4, help="SFT turns per step")
+    parser.add_argument("--sft-lr", type=float, default=5e-4)
+    parser.add_argument("--steps", type=int, default=10, help="GRPO steps")
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--prompts", type=int, default=3, help="prompts per step")
     parser.add_argument("--lr", type=float, default=4e-4)
+    parser.add_argument("--temperature", type=float, default=0.7, help="GRPO sampling temperature")
     parser.add_argument("--layers", type=int, default=6, help="LoRA on the top N blocks")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--inference-url", default="", help="use this running vLLM server instead of starting one")
@@ -119,7 +131,7 @@ def main() -> int:
     from feedback.services.deployments import deployment_get_or_create
     from training.inference import client
     from training.inference.server import InferenceServer, ServerSpec
-    from training.models import ModelVersion, TrainingSet
+    from training.models import ModelVersion
     from training.services.episode_sets import training_set_from_episodes
     from training.services.job_runner import training_job_run
     from training.services.jobs import training_job_create
@@ -181,8 +193,7 @@ def main() -> int:
         if args.reuse:
             before = stored_run(deployment, base_version.name, "heldout")
             train_run = stored_run(deployment, base_version.name, "train")
-            training_set = TrainingSet.objects.filter(name="support-desk-episodes").latest("version")
-            print(f"reusing: base held-out {before.success_rate:.3f} ({before.graded} graded), {training_set}")
+            print(f"reusing: base held-out {before.success_rate:.3f} ({before.graded} graded)")
         else:
             before = agent("heldout", args.heldout_episodes, 1000 + args.seed)
             print(before.summary(), flush=True)
@@ -193,48 +204,60 @@ def main() -> int:
             t = mark("training traffic", t)
 
             time.sleep(2)  # the gateway writes traces off the response path
-            training_set = None
-        if training_set is None:
-            training_set = training_set_from_episodes(
-                deployment=deployment,
-                environment="support-desk",
-                name="support-desk-episodes",
-                heldout_fraction=0.0,
-                # The harness forces the first turn to act (lookup or refund) with another
-                # regex than later turns; the decisions after the lookup are what is trained.
-                first_turns=False,
-            )
+        training_set = training_set_from_episodes(
+            deployment=deployment,
+            environment="support-desk",
+            name="support-desk-episodes",
+            heldout_fraction=0.0,
+            # The harness forces the first turn to act (lookup or refund) with another
+            # regex than later turns; the decisions after the lookup are what is trained.
+            first_turns=False,
+            # Each turn's accepted action written out as the harness writes a turn: the
+            # corrected responses an SFT job trains on.
+            targets=True,
+        )
         print(f"{training_set}: {training_set.train_count} train turns, {training_set.heldout_count} held out")
-        config = {
-            "adapter": "lora",
-            "lora_rank": 16,
-            "trainable_layers": args.layers,
-            "learning_rate": args.lr,
-            "steps": args.steps,
-            "prompts_per_step": args.prompts,
-            "group_size": args.group_size,
-            "max_new_tokens": 48,
-            # Rollouts on the vLLM server, under the constraint the agent's harness serves with.
-            "rollout": "vllm",
-            "vllm_url": url.rstrip("/") + "/v1",
-            "structured_outputs": {"regex": ACT_OR_REPLY_REGEX},
-            "temperature": 0.7,
-            "eval_every": 10,
-            "eval_samples": 2,
-            "checkpoint_every": 0,
-            "samples_every": 0,
-            "log_kl": False,
-            "seed": args.seed,
-        }
-        job = training_job_create(kind="grpo", config=config, base_version=base_version, training_set=training_set)
+        lora = {"adapter": "lora", "lora_rank": 16, "trainable_layers": args.layers, "seed": args.seed}
+        quiet = {"eval_every": 10, "eval_samples": 2, "checkpoint_every": 0, "samples_every": 0}
+        jobs = []
+        start_version = base_version
         t = mark("training set", t)
-        status = training_job_run(job_id=job.pk, worker="tour-demo")
-        job.refresh_from_db()
-        print(f"job {job.pk}: {status}; held-out turn evaluations: {job.eval_metrics}", flush=True)
+        if args.method in ("sft", "sft+grpo"):
+            config = {
+                **lora,
+                **quiet,
+                "learning_rate": args.sft_lr,
+                "steps": args.sft_steps,
+                "prompts_per_step": args.sft_prompts,
+            }
+            jobs.append(("sft", config))
+        if args.method in ("grpo", "sft+grpo"):
+            config = {
+                **lora,
+                **quiet,
+                "learning_rate": args.lr,
+                "steps": args.steps,
+                "prompts_per_step": args.prompts,
+                "group_size": args.group_size,
+                "max_new_tokens": 48,
+                # Rollouts on the vLLM server, under the constraint the agent's harness serves with.
+                "rollout": "vllm",
+                "vllm_url": url.rstrip("/") + "/v1",
+                "structured_outputs": {"regex": ACT_OR_REPLY_REGEX},
+                "temperature": args.temperature,
+                "log_kl": False,
+            }
+            jobs.append(("grpo", config))
+        for kind, config in jobs:
+            job = training_job_create(kind=kind, config=config, base_version=start_version, training_set=training_set)
+            status = training_job_run(job_id=job.pk, worker="tour-demo")
+            job.refresh_from_db()
+            print(f"{kind} job {job.pk}: {status}; held-out turn evaluations: {job.eval_metrics}", flush=True)
+            start_version = ModelVersion.objects.filter(metadata__training_job=job.pk).first()
+            if start_version is None:
+                raise RuntimeError(f"the {kind} job ended {status!r} without a candidate version")
         t = mark("training job", t)
-        candidate = ModelVersion.objects.filter(metadata__training_job=job.pk).first()
-        if candidate is None:
-            raise RuntimeError(f"the job ended {status!r} without a candidate version")
+        candidate = start_version
         client.adapter_load(candidate.name, candidate.path, base_url=url)
         live_version_set(deployment=deployment, version=candidate, reason="tour-demo: the trained candidate")
         t = mark(f"release of {candidate.name}", t)
@@ -257,7 +280,9 @@ def main() -> int:
             "train": training_set.train_count,
             "heldout": training_set.heldout_count,
         },
-        "job": {"id": job.pk, "status": status, "config": config},
+        "method": args.method,
+        "jobs": [{"kind": kind, "config": config} for kind, config in jobs],
+        "job": {"id": job.pk, "status": status},
         "train_traffic_success_rate": train_run.success_rate,
         "timings_s": timings,
         "wall_s": round(time.time() - started, 1),

@@ -237,6 +237,7 @@ def training_set_build_episodes(request: HttpRequest) -> HttpResponse:
                 name=name,
                 heldout_fraction=heldout,
                 first_turns=not data.get("skip_first_turns"),
+                targets=bool(data.get("targets")),
                 user=request.user,
             )
         except TrainingSetError as exc:

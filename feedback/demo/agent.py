@@ -141,6 +141,10 @@ def _message_dict(message: Any) -> dict[str, Any]:
     return out
 
 
+class DemoAgentError(RuntimeError):
+    """The site refused what the agent sent (a key without the feedback scope, …)."""
+
+
 def _post_feedback(client: httpx.Client, body: dict[str, Any], *, wait_s: float = 20.0) -> bool:
     """Post one piece of feedback; the gateway writes traces off the response path, so a
     trace that is not stored yet (404) is retried for up to `wait_s` seconds."""
@@ -151,7 +155,7 @@ def _post_feedback(client: httpx.Client, body: dict[str, Any], *, wait_s: float 
         if response.status_code in (200, 201):
             return True
         if response.status_code != 404 or time.monotonic() > deadline:
-            raise RuntimeError(f"feedback refused ({response.status_code}): {response.text[:300]}")
+            raise DemoAgentError(f"feedback refused ({response.status_code}): {response.text[:300]}")
         time.sleep(delay)
         delay = min(delay * 2, 2.0)
 
@@ -235,6 +239,8 @@ def demo_agent_run(
             graded = env.graded(task)
             try:
                 episode = episode_run(env, task, complete)
+            except (openai.AuthenticationError, openai.PermissionDeniedError):
+                raise  # a wrong key fails every episode: say so once
             except openai.APIError as e:
                 ep = DemoEpisode(
                     trace_id=trace_id,

@@ -69,3 +69,16 @@ def test_the_command_seeds_customer_words_and_operator_comments_on_tracking_task
         assert comment.author.username == "operator" and comment.message.role == "assistant"
     graded = [t for t in traces if t.metadata["task_id"].startswith("refund-")]
     assert all(CustomerFeedback.objects.filter(trace=t, customer_ref=GRADER_REF).exists() for t in graded)
+
+
+def test_a_wrong_key_or_a_key_without_the_feedback_scope_is_a_clear_error(gateway, live):
+    from django.core.management.base import CommandError
+
+    deployment, _version, _key = live
+    with pytest.raises(CommandError, match="the gateway refused the key"):
+        call_command("demo_agent", "--base-url", gateway.url, "--api-key", "prk_wrong", "--episodes", "1")
+    ingest_only = api_key_create(deployment=deployment, scopes=["ingest"]).plaintext
+    with pytest.raises(CommandError, match=r"feedback refused \(403\).*needs the ingest and feedback scopes"):
+        call_command(
+            "demo_agent", "--base-url", gateway.url, "--api-key", ingest_only, "--split", "heldout", "--episodes", "1"
+        )

@@ -5,12 +5,14 @@ episodes (train tasks only, every graded turn with its context)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
+from feedback.demo.agent import ACT_OR_REPLY_REGEX
 from feedback.models import Trace, TraceSource
 from training.environments import Completion, episode_run
-from training.environments.support_desk import SupportDesk, turn_reference
+from training.environments.support_desk import SupportDesk, turn_reference, turn_target
 from training.grpo.graders import grade, response_action
 from training.models import TrainingItem
 from training.services.episode_sets import episode_turn_items, training_set_from_episodes
@@ -160,3 +162,61 @@ def test_a_training_set_holds_every_graded_turn_of_the_training_tasks_only():
         and TrainingItem.objects.filter(training_set=training_set, grader="tool_action").count() == 2
     )
     assert Trace.objects.count() == 3
+
+
+def test_a_corrected_turn_is_the_accepted_action_in_the_harness_format():
+    """The SFT targets: refund where the policy allows, answer in words where it does not,
+    each one what the grader accepts and what the harness's regex lets the agent write."""
+    desk = SupportDesk()
+    targets = {}
+    for task_id, order in (("refund-A1001", "A1001"), ("refund-A1004", "A1004")):
+        task = desk.task(task_id)
+        for name, context in (
+            ("start", task.first_messages()),
+            ("looked", _context(desk, task_id, _call("lookup_order", order))[:-1]),
+            ("refunded", _context(desk, task_id, _call("issue_refund", order))[:-1]),
+        ):
+            target = turn_target(task=task, messages=context)
+            assert re.fullmatch(ACT_OR_REPLY_REGEX, target), target
+            assert grade("tool_action", target, turn_reference(task=task, messages=context)) == 1.0
+            targets[task_id, name] = target
+    assert targets["refund-A1001", "looked"] == REFUND
+    assert targets["refund-A1001", "start"] == LOOKUP
+    assert response_action(targets["refund-A1004", "looked"]) == {"reply": True}
+    assert "not eligible" in targets["refund-A1004", "looked"]
+    assert "issued" in targets["refund-A1001", "refunded"]
+    tracking = next(t for t in desk.tasks() if not t.hidden["graded"])
+    assert turn_target(task=tracking, messages=tracking.first_messages()) is None
+
+
+@pytest.mark.django_db
+def test_a_training_set_with_targets_holds_the_corrected_turns_for_sft():
+    from tests.factories import DeploymentFactory
+
+    desk = SupportDesk()
+    deployment = DeploymentFactory(name="support-bot")
+    refundable = desk.task("refund-A1003")
+    refused = desk.task("refund-A1004")
+    for external_id, task in (("ep-1", refundable), ("ep-2", refused)):
+        order = task.hidden["order_id"]
+        _store(deployment, external_id, task.id, task.split, _context(desk, task.id, _call("lookup_order", order)))
+
+    without = episode_turn_items(deployment=deployment, environment="support-desk", split="train", first_turns=False)
+    assert all(it.get("corrected_response") is None for it in without)
+
+    training_set = training_set_from_episodes(
+        deployment=deployment,
+        environment="support-desk",
+        name="desk",
+        split="train",
+        heldout_fraction=0,
+        first_turns=False,
+        targets=True,
+    )
+    rows = {
+        row.trace.external_id: row.corrected_response
+        for row in TrainingItem.objects.filter(training_set=training_set).select_related("trace")
+    }
+    assert rows["ep-1"] == REFUND.replace("A1001", "A1003")
+    assert response_action(rows["ep-2"]) == {"reply": True}
+    assert training_set.selection["targets"] is True

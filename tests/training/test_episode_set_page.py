@@ -54,6 +54,22 @@ def test_a_set_of_the_graded_training_episodes_is_built(operator_client):
     assert len(items) == 2  # the held-out task's episode stays out
     assert {i.grader for i in items} == {"tool_action"} and all(i.reference for i in items)
     assert built.deployment == deployment
+    assert not any(i.corrected_response for i in items)  # no corrected turns unless asked
+
+    operator_client.post(
+        reverse("training:set-build-episodes"),
+        {
+            "name": "desk",
+            "heldout_fraction": "0",
+            "deployment": "support-bot",
+            "environment": "support-desk",
+            "targets": "1",
+        },
+    )
+    with_targets = TrainingSet.objects.filter(name="desk").latest("version")
+    assert with_targets.version == built.version + 1
+    # Each turn's accepted action, written as the agent's harness writes a turn: an SFT job's targets.
+    assert all(i.corrected_response.startswith("<tool_call>") for i in with_targets.items.all())
 
 
 @pytest.mark.parametrize(

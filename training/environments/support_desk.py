@@ -287,6 +287,35 @@ def turn_reference(*, task: Task, messages: list[dict[str, Any]]) -> str | None:
     lookup = {"tool": "lookup_order", "arguments": {"order_id": order_id}}
     refund = {"tool": "issue_refund", "arguments": {"order_id": order_id}}
     reply = {"reply": True}
+    done = _done_actions(messages, order_id)
+    if "issue_refund" in done:
+        accepted = [reply]
+    elif "lookup_order" in done:
+        accepted = [refund] if task.hidden["refund"] else [reply]
+    else:
+        accepted = [lookup, refund] if task.hidden["refund"] else [lookup]
+    return json.dumps(accepted)
+
+
+def turn_target(*, task: Task, messages: list[dict[str, Any]]) -> str | None:
+    """A corrected response for the next assistant turn after `messages`: the first action
+    `turn_reference` accepts, written the way the agent's harness writes a turn (a hermes
+    tool call, or a sentence to the customer). None for a task without a grade."""
+    reference = turn_reference(task=task, messages=messages)
+    if reference is None:
+        return None
+    action = json.loads(reference)[0]
+    order_id = task.hidden["order_id"]
+    if "tool" in action:
+        call = {"name": action["tool"], "arguments": action["arguments"]}
+        return f"<tool_call>{json.dumps(call)}</tool_call>"
+    if "issue_refund" in _done_actions(messages, order_id):
+        return f"Your refund for order {order_id} has been issued in full."
+    return f"I am sorry, order {order_id} is not eligible for a refund under our policy."
+
+
+def _done_actions(messages: list[dict[str, Any]], order_id: str) -> set[str]:
+    """The tools called on `order_id` in `messages` whose result was not an error."""
     names = {}
     for m in messages:
         if m.get("role") == "assistant":
@@ -298,20 +327,13 @@ def turn_reference(*, task: Task, messages: list[dict[str, Any]]) -> str | None:
                     arguments = {}
                 if isinstance(arguments, dict) and arguments.get("order_id") == order_id:
                     names[call.get("id", "")] = function.get("name", "")
-    done = {
+    return {
         names[m.get("tool_call_id", "")]
         for m in messages
         if m.get("role") == "tool"
         and m.get("tool_call_id", "") in names
         and not str(m.get("content") or "").startswith("error")
     }
-    if "issue_refund" in done:
-        accepted = [reply]
-    elif "lookup_order" in done:
-        accepted = [refund] if task.hidden["refund"] else [reply]
-    else:
-        accepted = [lookup, refund] if task.hidden["refund"] else [lookup]
-    return json.dumps(accepted)
 
 
 def tasks_sample(*, split: str, count: int, seed: int = 0, graded_share: float = 1.0) -> list[Task]:

@@ -25,12 +25,12 @@ from training.services.training_sets import TrainingSetError, training_set_creat
 MAX_TRACES = 2000
 
 
-def _turn_reference(env):
+def _turn_function(env, name: str, what: str):
     module = importlib.import_module(type(env).__module__)
-    reference = getattr(module, "turn_reference", None)
-    if reference is None:
-        raise TrainingSetError([("environment", f"{env.name!r} cannot grade a single turn (no turn_reference)")])
-    return reference
+    function = getattr(module, name, None)
+    if function is None:
+        raise TrainingSetError([("environment", f"{env.name!r} cannot {what} (no {name})")])
+    return function
 
 
 def episode_turn_items(
@@ -40,16 +40,19 @@ def episode_turn_items(
     split: str = "train",
     limit: int = MAX_TRACES,
     first_turns: bool = True,
+    targets: bool = False,
 ) -> list[dict[str, Any]]:
     """One item per assistant turn of the deployment's latest `limit` traces of
     `environment`'s `split` tasks that have a programmatic grade. Without `first_turns`,
     only the turns after the agent's first one (e.g. when a harness constrains its first
-    turn differently from the rest)."""
+    turn differently from the rest). With `targets`, each item also carries the accepted
+    action written out as a corrected response (`turn_target`), for an SFT job."""
     try:
         env = environment_get(environment)
     except KeyError as exc:
         raise TrainingSetError([("environment", str(exc.args[0]))]) from None
-    reference_for = _turn_reference(env)
+    reference_for = _turn_function(env, "turn_reference", "grade a single turn")
+    target_for = _turn_function(env, "turn_target", "write a corrected turn") if targets else None
     tasks = {t.id: t for t in env.tasks()}
     traces = list(
         Trace.objects.filter(deployment=deployment, environment=environment, metadata__split=split).order_by(
@@ -85,6 +88,7 @@ def episode_turn_items(
                     "reference": reference,
                     "grader": "tool_action",
                     "logged_response": message_as_openai(turn),
+                    "corrected_response": target_for(task=task, messages=context) if target_for else None,
                     "trace_id": trace.pk,
                     "message_id": turn.pk,
                     "provenance": {"environment": environment, "task_id": task.id, "split": split},
@@ -102,11 +106,17 @@ def training_set_from_episodes(
     heldout_fraction: float = 0.2,
     limit: int = MAX_TRACES,
     first_turns: bool = True,
+    targets: bool = False,
     user=None,
 ) -> TrainingSet:
     """The next version of `name`: every graded turn of the logged `environment` episodes."""
     items = episode_turn_items(
-        deployment=deployment, environment=environment, split=split, limit=limit, first_turns=first_turns
+        deployment=deployment,
+        environment=environment,
+        split=split,
+        limit=limit,
+        first_turns=first_turns,
+        targets=targets,
     )
     return training_set_create(
         name=name,
@@ -118,6 +128,7 @@ def training_set_from_episodes(
             "split": split,
             "limit": limit,
             "first_turns": first_turns,
+            "targets": targets,
         },
         description=f"every graded turn of the {environment} episodes ({split} tasks)",
         heldout_fraction=heldout_fraction,

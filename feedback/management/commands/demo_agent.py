@@ -5,7 +5,7 @@ import json
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from feedback.demo.agent import demo_agent_run
+from feedback.demo.agent import DemoAgentError, demo_agent_run
 from feedback.demo.seed import demo_operator_comments_add
 
 
@@ -37,16 +37,23 @@ class Command(BaseCommand):
                 outcome = "—" if ep.reward is None else ("success" if ep.success else "failure")
                 self.stdout.write(f"{ep.trace_id} {ep.task_id:<16} {ep.model:<24} {outcome:<8} {ep.reason[:70]}")
 
-        result = demo_agent_run(
-            base_url=opts["base_url"],
-            api_key=opts["api_key"],
-            split=opts["split"],
-            episodes=opts["episodes"],
-            seed=opts["seed"],
-            feedback_base_url=opts["feedback_base_url"],
-            report=not opts["no_report"],
-            progress=progress,
-        )
+        import openai
+
+        try:
+            result = demo_agent_run(
+                base_url=opts["base_url"],
+                api_key=opts["api_key"],
+                split=opts["split"],
+                episodes=opts["episodes"],
+                seed=opts["seed"],
+                feedback_base_url=opts["feedback_base_url"],
+                report=not opts["no_report"],
+                progress=progress,
+            )
+        except openai.AuthenticationError as exc:
+            raise CommandError(f"the gateway refused the key: {exc}") from None
+        except DemoAgentError as exc:
+            raise CommandError(f"{exc} (the key needs the ingest and feedback scopes)") from None
         added = 0
         wanted = [(ep.trace_id, ep.operator_comment) for ep in result.episodes if ep.operator_comment]
         if opts["comments"] > 0 and wanted and get_user_model().objects.filter(username=opts["comment_as"]).exists():
