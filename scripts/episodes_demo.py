@@ -83,7 +83,7 @@ def main() -> int:
     deployment = deployment_get_or_create(name="file-agent")
     config = {**CONFIG, "steps": args.steps, "eval_every": args.steps, **json.loads(args.config)}
     job = training_job_create(
-        kind="episodes", config=config, base_version=version, training_set=None, deployment=deployment
+        kind="episodes", config=config, base_version=version, training_set=None, deployment=deployment, enqueue=False
     )
     print(f"job {job.pk}: {json.dumps(config)}", flush=True)
 

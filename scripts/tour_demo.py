@@ -249,7 +249,9 @@ def main() -> int:
             }
             jobs.append(("grpo", config))
         for kind, config in jobs:
-            job = training_job_create(kind=kind, config=config, base_version=start_version, training_set=training_set)
+            job = training_job_create(
+                kind=kind, config=config, base_version=start_version, training_set=training_set, enqueue=False
+            )
             status = training_job_run(job_id=job.pk, worker="tour-demo")
             job.refresh_from_db()
             print(f"{kind} job {job.pk}: {status}; held-out turn evaluations: {job.eval_metrics}", flush=True)

@@ -233,3 +233,17 @@ def test_grpo_on_logged_turns_scores_each_group_with_the_judge(base_version, jud
     assert "Apologises for the delay" in user_prompt(judge_settings.requests[0])
     rewards = [e.data["reward_mean"] for e in TrainingJob.objects.get(pk=job.pk).events.filter(kind="step")]
     assert len(rewards) == 2 and all(0.0 <= r <= 1.0 for r in rewards)
+
+
+def test_a_job_is_queued_for_a_worker_unless_its_caller_runs_it_itself(
+    base_version, task_set, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks() as queued:
+        training_job_create(kind="grpo", config=FAST, base_version=base_version, training_set=task_set)
+    assert len(queued) == 1
+    # A script that runs the job in its own process must not also hand it to a worker.
+    with django_capture_on_commit_callbacks() as queued:
+        job = training_job_create(
+            kind="grpo", config=FAST, base_version=base_version, training_set=task_set, enqueue=False
+        )
+    assert queued == [] and job.status == JobStatus.QUEUED

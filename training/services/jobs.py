@@ -49,8 +49,10 @@ def training_job_create(
     training_set: TrainingSet | None,
     user=None,
     deployment=None,
+    enqueue: bool = True,
 ) -> TrainingJob:
-    """Validate the config, store a queued job, and enqueue it once the row is committed.
+    """Validate the config, store a queued job, and enqueue it once the row is committed
+    (`enqueue=False` for a script that runs the job in its own process).
 
     The model paths come from `base_version`, never from the request. An "episodes" job
     takes its tasks from its environment and needs no training set; its episodes are
@@ -85,7 +87,8 @@ def training_job_create(
         created_by=user,
     )
     _log(job, "queued")
-    _enqueue(job)
+    if enqueue:
+        _enqueue(job)
     return job
 
 
