@@ -131,7 +131,7 @@ def prefix_decode(
     including its first end token."""
     from transformers import DynamicCache
 
-    from training.grpo.sampling import _inverse_cdf, _nucleus, position_ids
+    from training.grpo.sampling import decode_from, position_ids
 
     device = next(model.parameters()).device
     batch = len(contexts)
@@ -153,32 +153,22 @@ def prefix_decode(
         use_cache=True,
         logits_to_keep=1,
     )
-    next_position = positions[:, -1:] + 1
-    eos_t = torch.tensor(list(eos), device=device)
-    finished = torch.zeros(batch, dtype=torch.bool, device=device)
-    rows: list[list[int]] = [[] for _ in range(batch)]
-    for step in range(max_new_tokens):
-        logits = out.logits[:, -1, :].float()  # (B, V)
-        if temperature <= 0:
-            chosen = logits.argmax(dim=-1)
-        else:
-            probs = torch.softmax(logits / temperature, dim=-1)
-            chosen = _inverse_cdf(_nucleus(probs, top_p) if top_p < 1.0 else probs)
-        for b, token in enumerate(chosen.tolist()):
-            if not finished[b]:
-                rows[b].append(token)
-        finished |= torch.isin(chosen, eos_t)
-        if bool(finished.all()) or step == max_new_tokens - 1:
-            break
-        mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=device)], dim=1)
-        out = model(
-            input_ids=chosen.unsqueeze(1),
-            attention_mask=mask,
-            position_ids=next_position,
-            past_key_values=out.past_key_values,
-            use_cache=True,
-        )
-        next_position = next_position + 1
+    sampled = decode_from(
+        model,
+        out,
+        mask,
+        positions[:, -1:] + 1,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        eos_ids=eos,
+        pad_id=pad_id,
+    )
+    ends = set(eos)
+    rows: list[list[int]] = []
+    for tokens in sampled.tolist():
+        end = next((i for i, token in enumerate(tokens) if token in ends), len(tokens) - 1)
+        rows.append(tokens[: end + 1])
     return rows
 
 

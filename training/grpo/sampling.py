@@ -190,9 +190,6 @@ def decode(
     finished get `pad_id`)."""
     from transformers import DynamicCache
 
-    batch = input_ids.shape[0]
-    device = input_ids.device
-    eos = torch.tensor(list(eos_ids), device=device)
     cache = DynamicCache()
     positions = position_ids(attention_mask)
     out = model(
@@ -203,10 +200,41 @@ def decode(
         use_cache=True,
         logits_to_keep=1,
     )
-    next_position = positions[:, -1:] + 1  # (B, 1)
+    return decode_from(
+        model,
+        out,
+        attention_mask,
+        positions[:, -1:] + 1,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        eos_ids=eos_ids,
+        pad_id=pad_id,
+    )
+
+
+@torch.no_grad()
+def decode_from(
+    model,
+    out,
+    mask: torch.Tensor,
+    next_position: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    eos_ids: Sequence[int],
+    pad_id: int,
+) -> torch.Tensor:
+    """The sampling loop after a prefill: `out` is the prefill's output (its last logits and
+    key/value cache), `mask` (B, P) the attention mask so far and `next_position` (B, 1) the
+    position of the first new token. Returns (B, T ≤ max_new_tokens); rows already finished
+    get `pad_id`."""
+    batch = mask.shape[0]
+    device = mask.device
+    eos = torch.tensor(list(eos_ids), device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     tokens: list[torch.Tensor] = []
-    mask = attention_mask
     for _ in range(max_new_tokens):
         logits = out.logits[:, -1, :].float()  # (B, V)
         if temperature <= 0:
