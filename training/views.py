@@ -41,19 +41,27 @@ def job_list(request: HttpRequest) -> HttpResponse:
         job, errors = _create_from_form(request)
         if job is not None:
             return redirect("training:job-detail", job_id=job.pk)
+    return _job_list_page(request, status=400 if errors else 200, errors=errors, form=form)
+
+
+def _job_list_page(request: HttpRequest, *, status: int = 200, **forms) -> HttpResponse:
+    """The jobs page, with the forms' values and errors given in `forms` (the job form's
+    `form`/`errors`, the training-set forms' `set_form`/`set_errors` and
+    `episode_form`/`episode_errors`) and every other form empty."""
     context = {
         "jobs": selectors.training_job_list(),
         "versions": selectors.versions_to_train_from(),
         "training_sets": selectors.training_sets(),
         "kinds": JobKind.choices,
-        "errors": errors,
-        "form": form,
+        "errors": [],
+        "form": {"kind": "grpo", "config": "{}"},
         "queues": _queues(),
         "set_form": {"heldout_fraction": "0.2"},
         "episode_form": {"heldout_fraction": "0.15", "name": "support-desk-episodes"},
         **_episode_choices(),
+        **forms,
     }
-    return render(request, "training/job_list.html", context, status=400 if errors else 200)
+    return render(request, "training/job_list.html", context, status=status)
 
 
 def _create_from_form(request: HttpRequest):
@@ -195,20 +203,7 @@ def training_set_build(request: HttpRequest) -> HttpResponse:
             errors = exc.errors
     if built is not None:
         return redirect(f"{reverse('training:job-list')}?built={built.pk}")
-    context = {
-        "jobs": selectors.training_job_list(),
-        "versions": selectors.versions_to_train_from(),
-        "training_sets": selectors.training_sets(),
-        "kinds": JobKind.choices,
-        "errors": [],
-        "form": {"kind": "grpo", "config": "{}"},
-        "set_errors": errors,
-        "set_form": data.dict(),
-        "queues": _queues(),
-        "episode_form": {"heldout_fraction": "0.15", "name": "support-desk-episodes"},
-        **_episode_choices(),
-    }
-    return render(request, "training/job_list.html", context, status=400)
+    return _job_list_page(request, status=400, set_errors=errors, set_form=data.dict())
 
 
 @login_required
@@ -244,20 +239,7 @@ def training_set_build_episodes(request: HttpRequest) -> HttpResponse:
             errors = exc.errors
     if built is not None:
         return redirect(f"{reverse('training:job-list')}?built={built.pk}")
-    context = {
-        "jobs": selectors.training_job_list(),
-        "versions": selectors.versions_to_train_from(),
-        "training_sets": selectors.training_sets(),
-        "kinds": JobKind.choices,
-        "errors": [],
-        "form": {"kind": "grpo", "config": "{}"},
-        "set_form": {"heldout_fraction": "0.2"},
-        "episode_errors": errors,
-        "episode_form": data.dict(),
-        "queues": _queues(),
-        **_episode_choices(),
-    }
-    return render(request, "training/job_list.html", context, status=400)
+    return _job_list_page(request, status=400, episode_errors=errors, episode_form=data.dict())
 
 
 def _environments() -> list[str]:
