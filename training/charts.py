@@ -6,6 +6,7 @@ mark safe."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from html import escape
 
 
@@ -39,39 +40,12 @@ def line_chart(
     such as mean ± std. Non-finite values are skipped."""
     points = downsample([(x, y) for x, y in points if y is not None and math.isfinite(y)])
     band = downsample_band(band or [])
-    pad_l, pad_r, pad_t, pad_b = 44, 8, 20, 18
-    inner_w, inner_h = width - pad_l - pad_r, height - pad_t - pad_b
-    head = (
-        f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
-        f'role="img" aria-label="{escape(title)}" xmlns="http://www.w3.org/2000/svg">'
-        f'<text x="{pad_l}" y="13" class="chart-title">{escape(title)}</text>'
-    )
     if not points:
-        return head + f'<text x="{pad_l}" y="{pad_t + inner_h / 2:.0f}" class="chart-empty">no data yet</text></svg>'
+        return _no_data(title, width=width, height=height, svg_height=height)
     xs = [p[0] for p in points] + [b[0] for b in band]
     ys = [p[1] for p in points] + [v for b in band for v in b[1:]]
-    x0, x1 = min(xs), max(xs)
-    y0, y1 = min(ys), max(ys)
-    if x1 == x0:
-        x1 = x0 + 1
-    if y1 == y0:
-        y0, y1 = y0 - 0.5, y1 + 0.5
-
-    def sx(x: float) -> float:
-        return pad_l + (x - x0) / (x1 - x0) * inner_w
-
-    def sy(y: float) -> float:
-        return pad_t + (1 - (y - y0) / (y1 - y0)) * inner_h
-
-    parts = [head]
-    parts.append(
-        f'<line x1="{pad_l}" y1="{pad_t + inner_h}" x2="{pad_l + inner_w}" y2="{pad_t + inner_h}" class="chart-axis"/>'
-        f'<line x1="{pad_l}" y1="{pad_t}" x2="{pad_l}" y2="{pad_t + inner_h}" class="chart-axis"/>'
-        f'<text x="{pad_l - 4}" y="{pad_t + 4}" text-anchor="end" class="chart-label">{_fmt(y1)}</text>'
-        f'<text x="{pad_l - 4}" y="{pad_t + inner_h}" text-anchor="end" class="chart-label">{_fmt(y0)}</text>'
-        f'<text x="{pad_l}" y="{height - 4}" class="chart-label">{_fmt(x0)}</text>'
-        f'<text x="{pad_l + inner_w}" y="{height - 4}" text-anchor="end" class="chart-label">{_fmt(x1)}</text>'
-    )
+    axes, sx, sy = _axes(min(xs), max(xs), min(ys), max(ys), width=width, height=height)
+    parts = [_svg_open(title, width=width, svg_height=height), axes]
     if band:
         upper = " ".join(f"{sx(x):.1f},{sy(hi):.1f}" for x, _, hi in band)
         lower = " ".join(f"{sx(x):.1f},{sy(lo):.1f}" for x, lo, _ in reversed(band))
@@ -81,7 +55,7 @@ def line_chart(
     last_x, last_y = points[-1]
     parts.append(f'<circle cx="{sx(last_x):.1f}" cy="{sy(last_y):.1f}" r="2.5" fill="{color}"/>')
     parts.append(
-        f'<text x="{pad_l + inner_w}" y="13" text-anchor="end" class="chart-label">last {_fmt(last_y)}</text></svg>'
+        f'<text x="{width - PAD_R}" y="13" text-anchor="end" class="chart-label">last {_fmt(last_y)}</text></svg>'
     )
     return "".join(parts)
 
@@ -112,41 +86,14 @@ def series_chart(
         (label, downsample([(x, y) for x, y in pts if y is not None and math.isfinite(y)])) for label, pts in series
     ]
     series = [(label, pts) for label, pts in series if pts]
-    pad_l, pad_r, pad_t, pad_b = 44, 8, 20, 18
-    legend_h = 16 * len(series)
-    total_h = height + legend_h
-    inner_w, inner_h = width - pad_l - pad_r, height - pad_t - pad_b
-    head = (
-        f'<svg class="chart" viewBox="0 0 {width} {total_h}" width="{width}" height="{total_h}" '
-        f'role="img" aria-label="{escape(title)}" xmlns="http://www.w3.org/2000/svg">'
-        f'<text x="{pad_l}" y="13" class="chart-title">{escape(title)}</text>'
-    )
+    svg_height = height + 16 * len(series)  # a legend line per series
     if not series:
-        return head + f'<text x="{pad_l}" y="{pad_t + inner_h / 2:.0f}" class="chart-empty">no data yet</text></svg>'
+        return _no_data(title, width=width, height=height, svg_height=svg_height)
     xs = [x for _, pts in series for x, _ in pts]
     ys = [y for _, pts in series for _, y in pts]
-    x0, x1 = min(xs), max(xs)
     y0, y1 = y_range if y_range else (min(ys), max(ys))
-    if x1 == x0:
-        x1 = x0 + 1
-    if y1 == y0:
-        y0, y1 = y0 - 0.5, y1 + 0.5
-
-    def sx(x: float) -> float:
-        return pad_l + (x - x0) / (x1 - x0) * inner_w
-
-    def sy(y: float) -> float:
-        return pad_t + (1 - (y - y0) / (y1 - y0)) * inner_h
-
-    parts = [
-        head,
-        f'<line x1="{pad_l}" y1="{pad_t + inner_h}" x2="{pad_l + inner_w}" y2="{pad_t + inner_h}" class="chart-axis"/>'
-        f'<line x1="{pad_l}" y1="{pad_t}" x2="{pad_l}" y2="{pad_t + inner_h}" class="chart-axis"/>'
-        f'<text x="{pad_l - 4}" y="{pad_t + 4}" text-anchor="end" class="chart-label">{_fmt(y1)}</text>'
-        f'<text x="{pad_l - 4}" y="{pad_t + inner_h}" text-anchor="end" class="chart-label">{_fmt(y0)}</text>'
-        f'<text x="{pad_l}" y="{height - 4}" class="chart-label">{_fmt(x0)}</text>'
-        f'<text x="{pad_l + inner_w}" y="{height - 4}" text-anchor="end" class="chart-label">{_fmt(x1)}</text>',
-    ]
+    axes, sx, sy = _axes(min(xs), max(xs), y0, y1, width=width, height=height)
+    parts = [_svg_open(title, width=width, svg_height=svg_height), axes]
     for k, (label, pts) in enumerate(series):
         color = PALETTE[k % len(PALETTE)]
         line = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts)
@@ -154,9 +101,57 @@ def series_chart(
         parts.extend(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="1.8" fill="{color}"/>' for x, y in pts)
         ly = height + 12 + 16 * k
         parts.append(
-            f'<rect x="{pad_l}" y="{ly - 8}" width="10" height="10" fill="{color}"/>'
-            f'<text x="{pad_l + 16}" y="{ly}" class="chart-label chart-legend">{escape(label)} '
+            f'<rect x="{PAD_L}" y="{ly - 8}" width="10" height="10" fill="{color}"/>'
+            f'<text x="{PAD_L + 16}" y="{ly}" class="chart-label chart-legend">{escape(label)} '
             f"({len(pts)} points, last {_fmt(pts[-1][1])})</text>"
         )
     parts.append("</svg>")
     return "".join(parts)
+
+
+# Plot-area padding: left (room for the y labels), right, top (the title), bottom (x labels).
+PAD_L, PAD_R, PAD_T, PAD_B = 44, 8, 20, 18
+
+
+def _svg_open(title: str, *, width: int, svg_height: int) -> str:
+    return (
+        f'<svg class="chart" viewBox="0 0 {width} {svg_height}" width="{width}" height="{svg_height}" '
+        f'role="img" aria-label="{escape(title)}" xmlns="http://www.w3.org/2000/svg">'
+        f'<text x="{PAD_L}" y="13" class="chart-title">{escape(title)}</text>'
+    )
+
+
+def _no_data(title: str, *, width: int, height: int, svg_height: int) -> str:
+    inner_h = height - PAD_T - PAD_B
+    return (
+        _svg_open(title, width=width, svg_height=svg_height)
+        + f'<text x="{PAD_L}" y="{PAD_T + inner_h / 2:.0f}" class="chart-empty">no data yet</text></svg>'
+    )
+
+
+def _axes(
+    x0: float, x1: float, y0: float, y1: float, *, width: int, height: int
+) -> tuple[str, Callable[[float], float], Callable[[float], float]]:
+    """The axes, labelled with their ends, for data spanning x0..x1 and y0..y1 (a zero span
+    is widened so a single point still draws), and the maps from data to drawing coordinates."""
+    if x1 == x0:
+        x1 = x0 + 1
+    if y1 == y0:
+        y0, y1 = y0 - 0.5, y1 + 0.5
+    inner_w, inner_h = width - PAD_L - PAD_R, height - PAD_T - PAD_B
+
+    def sx(x: float) -> float:
+        return PAD_L + (x - x0) / (x1 - x0) * inner_w
+
+    def sy(y: float) -> float:
+        return PAD_T + (1 - (y - y0) / (y1 - y0)) * inner_h
+
+    svg = (
+        f'<line x1="{PAD_L}" y1="{PAD_T + inner_h}" x2="{PAD_L + inner_w}" y2="{PAD_T + inner_h}" class="chart-axis"/>'
+        f'<line x1="{PAD_L}" y1="{PAD_T}" x2="{PAD_L}" y2="{PAD_T + inner_h}" class="chart-axis"/>'
+        f'<text x="{PAD_L - 4}" y="{PAD_T + 4}" text-anchor="end" class="chart-label">{_fmt(y1)}</text>'
+        f'<text x="{PAD_L - 4}" y="{PAD_T + inner_h}" text-anchor="end" class="chart-label">{_fmt(y0)}</text>'
+        f'<text x="{PAD_L}" y="{height - 4}" class="chart-label">{_fmt(x0)}</text>'
+        f'<text x="{PAD_L + inner_w}" y="{height - 4}" text-anchor="end" class="chart-label">{_fmt(x1)}</text>'
+    )
+    return svg, sx, sy
