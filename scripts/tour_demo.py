@@ -9,11 +9,13 @@ With everything real, in this order:
 2. The demo agent works the held-out tasks through the gateway → the base success rate.
 3. It works training tasks → logged episodes, each graded (customer feedback).
 4. A training set of every graded turn of those episodes (`training_set_from_episodes`:
-   the context, and the actions the hidden policy accepts, for the `tool_action` grader).
-5. A turn-level GRPO job (`training_job_create`, run in this process as a worker would):
-   LoRA on the top blocks, rollouts sampled by the vLLM server under the same structured-
-   output constraint the agent's harness serves with → a candidate version. (`--method sft`
-   fine-tunes on each turn's accepted action instead; `sft+grpo` runs GRPO from that.)
+   the context, the actions the hidden policy accepts for the `tool_action` grader, and
+   the first of them written out as the harness writes a turn — the corrected response).
+5. An SFT job on those corrected turns (`training_job_create`, run in this process as a
+   worker would): LoRA on the top blocks, about four passes over the turns → a candidate
+   version. (`--method grpo` runs turn-level GRPO against the grader instead, rollouts
+   sampled by the vLLM server under the agent's structured-output constraint;
+   `sft+grpo` runs GRPO from the SFT adapter.)
 6. The candidate is loaded into the server and made live (the browser tour does this
    through an evaluation, a promotion request and another person's approval).
 7. The agent works the same held-out tasks again, with the same seeds → the new rate.
@@ -90,16 +92,21 @@ def stored_run(deployment, version: str, split: str):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--heldout-episodes", type=int, default=36, help="per measurement (12 tasks, each 3 times)")
-    parser.add_argument("--train-episodes", type=int, default=48)
+    parser.add_argument("--heldout-episodes", type=int, default=72, help="per measurement (12 tasks, each 6 times)")
+    parser.add_argument("--train-episodes", type=int, default=96)
     parser.add_argument(
         "--method",
         choices=["sft", "grpo", "sft+grpo"],
-        default="grpo",
+        default="sft",
         help="sft: fine-tune on the accepted actions of the logged turns (the corrected responses); "
         "grpo: turn-level GRPO against the tool_action grader; sft+grpo: GRPO from the SFT adapter",
     )
-    parser.add_argument("--sft-steps", type=int, default=40)
+    parser.add_argument("--sft-steps", type=int, default=200)
+    parser.add_argument(
+        "--skip-first-turns",
+        action="store_true",
+        help="leave each episode's first turn out of an SFT set too (always left out for GRPO)",
+    )
     parser.add_argument("--sft-prompts", type=int, default=4, help="SFT turns per step")
     parser.add_argument("--sft-lr", type=float, default=5e-4)
     parser.add_argument("--steps", type=int, default=10, help="GRPO steps")
@@ -116,6 +123,12 @@ def main() -> int:
         action="store_true",
         help="keep the base run, the training traffic and the training set already in this database "
         "(from an earlier run that stopped) and start at the training job",
+    )
+    parser.add_argument(
+        "--candidate",
+        default="",
+        help="measure this trained version again (implies --reuse; more held-out episodes or other "
+        "seeds with --heldout-episodes and --seed) instead of training a new one",
     )
     args = parser.parse_args()
 
@@ -190,7 +203,7 @@ def main() -> int:
         def agent(split: str, episodes: int, seed: int):
             return demo_agent_run(base_url=site_url, api_key=key, split=split, episodes=episodes, seed=seed)
 
-        if args.reuse:
+        if args.reuse or args.candidate:
             before = stored_run(deployment, base_version.name, "heldout")
             train_run = stored_run(deployment, base_version.name, "train")
             print(f"reusing: base held-out {before.success_rate:.3f} ({before.graded} graded)")
@@ -204,62 +217,68 @@ def main() -> int:
             t = mark("training traffic", t)
 
             time.sleep(2)  # the gateway writes traces off the response path
-        training_set = training_set_from_episodes(
-            deployment=deployment,
-            environment="support-desk",
-            name="support-desk-episodes",
-            heldout_fraction=0.0,
-            # The harness forces the first turn to act (lookup or refund) with another
-            # regex than later turns; the decisions after the lookup are what is trained.
-            first_turns=False,
-            # Each turn's accepted action written out as the harness writes a turn: the
-            # corrected responses an SFT job trains on.
-            targets=True,
-        )
-        print(f"{training_set}: {training_set.train_count} train turns, {training_set.heldout_count} held out")
-        lora = {"adapter": "lora", "lora_rank": 16, "trainable_layers": args.layers, "seed": args.seed}
-        quiet = {"eval_every": 10, "eval_samples": 2, "checkpoint_every": 0, "samples_every": 0}
-        jobs = []
-        start_version = base_version
-        t = mark("training set", t)
-        if args.method in ("sft", "sft+grpo"):
-            config = {
-                **lora,
-                **quiet,
-                "learning_rate": args.sft_lr,
-                "steps": args.sft_steps,
-                "prompts_per_step": args.sft_prompts,
-            }
-            jobs.append(("sft", config))
-        if args.method in ("grpo", "sft+grpo"):
-            config = {
-                **lora,
-                **quiet,
-                "learning_rate": args.lr,
-                "steps": args.steps,
-                "prompts_per_step": args.prompts,
-                "group_size": args.group_size,
-                "max_new_tokens": 48,
-                # Rollouts on the vLLM server, under the constraint the agent's harness serves with.
-                "rollout": "vllm",
-                "vllm_url": url.rstrip("/") + "/v1",
-                "structured_outputs": {"regex": ACT_OR_REPLY_REGEX},
-                "temperature": args.temperature,
-                "log_kl": False,
-            }
-            jobs.append(("grpo", config))
-        for kind, config in jobs:
-            job = training_job_create(
-                kind=kind, config=config, base_version=start_version, training_set=training_set, enqueue=False
+        if args.candidate:
+            candidate = ModelVersion.objects.get(name=args.candidate)
+            training_set, jobs, job, status = None, [], None, "measured again"
+        else:
+            training_set = training_set_from_episodes(
+                deployment=deployment,
+                environment="support-desk",
+                name="support-desk-episodes",
+                heldout_fraction=0.0,
+                # The harness forces the first turn to act (lookup or refund) with another regex
+                # than later turns, so GRPO samples only the later turns. SFT needs the first
+                # turns too: trained on "refund after the lookup" alone, the model starts
+                # refunding before it has looked anything up.
+                first_turns=args.method != "grpo" and not args.skip_first_turns,
+                # Each turn's accepted action written out as the harness writes a turn: the
+                # corrected responses an SFT job trains on.
+                targets=True,
             )
-            status = training_job_run(job_id=job.pk, worker="tour-demo")
-            job.refresh_from_db()
-            print(f"{kind} job {job.pk}: {status}; held-out turn evaluations: {job.eval_metrics}", flush=True)
-            start_version = ModelVersion.objects.filter(metadata__training_job=job.pk).first()
-            if start_version is None:
-                raise RuntimeError(f"the {kind} job ended {status!r} without a candidate version")
-        t = mark("training job", t)
-        candidate = start_version
+            print(f"{training_set}: {training_set.train_count} train turns, {training_set.heldout_count} held out")
+            lora = {"adapter": "lora", "lora_rank": 16, "trainable_layers": args.layers, "seed": args.seed}
+            quiet = {"eval_every": 10, "eval_samples": 2, "checkpoint_every": 0, "samples_every": 0}
+            jobs = []
+            start_version = base_version
+            t = mark("training set", t)
+            if args.method in ("sft", "sft+grpo"):
+                config = {
+                    **lora,
+                    **quiet,
+                    "learning_rate": args.sft_lr,
+                    "steps": args.sft_steps,
+                    "prompts_per_step": args.sft_prompts,
+                }
+                jobs.append(("sft", config))
+            if args.method in ("grpo", "sft+grpo"):
+                config = {
+                    **lora,
+                    **quiet,
+                    "learning_rate": args.lr,
+                    "steps": args.steps,
+                    "prompts_per_step": args.prompts,
+                    "group_size": args.group_size,
+                    "max_new_tokens": 48,
+                    # Rollouts on the vLLM server, under the constraint the agent's harness serves with.
+                    "rollout": "vllm",
+                    "vllm_url": url.rstrip("/") + "/v1",
+                    "structured_outputs": {"regex": ACT_OR_REPLY_REGEX},
+                    "temperature": args.temperature,
+                    "log_kl": False,
+                }
+                jobs.append(("grpo", config))
+            for kind, config in jobs:
+                job = training_job_create(
+                    kind=kind, config=config, base_version=start_version, training_set=training_set, enqueue=False
+                )
+                status = training_job_run(job_id=job.pk, worker="tour-demo")
+                job.refresh_from_db()
+                print(f"{kind} job {job.pk}: {status}; held-out turn evaluations: {job.eval_metrics}", flush=True)
+                start_version = ModelVersion.objects.filter(metadata__training_job=job.pk).first()
+                if start_version is None:
+                    raise RuntimeError(f"the {kind} job ended {status!r} without a candidate version")
+            t = mark("training job", t)
+            candidate = start_version
         client.adapter_load(candidate.name, candidate.path, base_url=url)
         live_version_set(deployment=deployment, version=candidate, reason="tour-demo: the trained candidate")
         t = mark(f"release of {candidate.name}", t)
@@ -277,14 +296,11 @@ def main() -> int:
         "base": {"version": base_version.name, "success_rate": before.success_rate, "graded": before.graded},
         "candidate": {"version": candidate.name, "success_rate": after.success_rate, "graded": after.graded},
         "gain": after.success_rate - before.success_rate,
-        "training_set": {
-            "id": training_set.pk,
-            "train": training_set.train_count,
-            "heldout": training_set.heldout_count,
-        },
+        "training_set": training_set
+        and {"id": training_set.pk, "train": training_set.train_count, "heldout": training_set.heldout_count},
         "method": args.method,
         "jobs": [{"kind": kind, "config": config} for kind, config in jobs],
-        "job": {"id": job.pk, "status": status},
+        "job": {"id": job.pk if job else None, "status": status},
         "train_traffic_success_rate": train_run.success_rate,
         "timings_s": timings,
         "wall_s": round(time.time() - started, 1),
@@ -293,7 +309,7 @@ def main() -> int:
     print(
         f"\nheld-out success: {before.success_rate:.3f} ({before.graded} episodes, {base_version.name}) → "
         f"{after.success_rate:.3f} ({after.graded} episodes, {candidate.name}), gain {result['gain']:+.3f}; "
-        f"wall {result['wall_s'] / 60:.1f} min (training job {timings['training job'] / 60:.1f} min)",
+        f"wall {result['wall_s'] / 60:.1f} min (training job {timings.get('training job', 0) / 60:.1f} min)",
         flush=True,
     )
     return 0

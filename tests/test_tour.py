@@ -209,5 +209,5 @@ def test_the_job_step_offers_settings_a_job_accepts(tour_page):
     shown = re.search(r'<pre class="hint"><code>(.*?)</code></pre>', page, re.S).group(1)
     settings_json = json.loads(html_lib.unescape(shown))
     assert settings_json == json.loads(episode_job_settings())
-    config = config_from_dict({**settings_json, "kind": "grpo", "model_path": "/models/x", "init_adapter": ""})
-    assert config.steps == 10 and config.rollout == "vllm"
+    config = config_from_dict({**settings_json, "kind": "sft", "model_path": "/models/x", "init_adapter": ""})
+    assert config.steps == 200 and config.prompts_per_step == 4 and config.learning_rate == 5e-4

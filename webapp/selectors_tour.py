@@ -167,8 +167,10 @@ def tour_get(*, deployment: Deployment | None) -> Tour:
             key="job",
             title="Start a job and watch it learn",
             how=(
-                "GRPO from the live version on the set; the job page draws reward, KL and length as it goes. "
-                "For the agent's episodes, these settings (the ones make tour-demo measures) go in the JSON box:"
+                "GRPO, self-distillation or SFT from the live version on the set; the job page draws reward, "
+                "loss, KL and length as it goes. For the agent's episodes (a set built with corrected turns, "
+                "first turns included), an SFT job with these settings (the ones make tour-demo measures) "
+                "goes in the JSON box:"
             ),
             hint=episode_job_settings(),
             done=finished is not None,
@@ -275,26 +277,17 @@ def tour_get(*, deployment: Deployment | None) -> Tour:
 
 
 def episode_job_settings() -> str:
-    """The GRPO settings the tour's measurement trains the demo agent's episodes with:
-    rollouts on the inference server, under the constraint the agent's harness serves with."""
+    """The settings of the SFT job the tour's measurement (`make tour-demo`) trains the demo
+    agent's episodes with: each logged turn's accepted action as the corrected response,
+    LoRA on the top blocks, about four passes over two hundred turns."""
     import json
 
-    from django.conf import settings
-
-    from feedback.demo.agent import ACT_OR_REPLY_REGEX
-
     config = {
-        "steps": 10,
-        "prompts_per_step": 3,
-        "group_size": 4,
-        "learning_rate": 4e-4,
+        "steps": 200,
+        "prompts_per_step": 4,
+        "learning_rate": 5e-4,
         "lora_rank": 16,
         "trainable_layers": 6,
-        "max_new_tokens": 48,
-        "temperature": 0.7,
-        "rollout": "vllm",
-        "vllm_url": settings.INFERENCE_URL.rstrip("/") + "/v1",
-        "structured_outputs": {"regex": ACT_OR_REPLY_REGEX},
     }
     return json.dumps(config)
 
