@@ -3,6 +3,8 @@ from a deployment's logged training-split episodes; bad input is a 400 naming th
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.urls import reverse
 
@@ -42,6 +44,10 @@ def test_a_set_of_the_graded_training_episodes_is_built(operator_client):
 
     page = operator_client.get(reverse("training:job-list")).content.decode()
     assert 'id="episode-form"' in page and '<option value="support-desk"' in page
+    # The defaults are the tour's SFT recipe: corrected turns, and the first turns kept (an
+    # SFT set without them teaches the agent to refund before it looks the order up).
+    assert re.search(r'name="targets" value="1" checked', page)
+    assert re.search(r'name="skip_first_turns" value="1">', page)
 
     response = operator_client.post(
         reverse("training:set-build-episodes"),
