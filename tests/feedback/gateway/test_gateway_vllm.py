@@ -203,20 +203,33 @@ def test_n_choices_are_all_logged_and_continuing_with_any_one_extends_its_trace(
 
 
 @pytest.fixture
-def relay(vllm_server):
-    port = free_port()
-    target = int(vllm_server.url.rsplit(":", 1)[1])
-    process = subprocess.Popen(
-        # Dies after relaying 2 KB of a response: the headers and a few stream chunks.
-        [sys.executable, "-m", "tests.fixtures.relay", str(port), str(target), "2048"],
-        stdout=subprocess.PIPE,
-        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__)))),
-    )
-    assert process.stdout.readline().strip() == b"ready"
-    yield process, f"http://127.0.0.1:{port}"
-    if process.poll() is None:
-        process.kill()
-    process.wait(5)
+def relay_to(vllm_server):
+    """Start a relay to the vLLM server with these options; returns (process, url)."""
+    started = []
+
+    def start(*options: str):
+        port = free_port()
+        target = int(vllm_server.url.rsplit(":", 1)[1])
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tests.fixtures.relay", str(port), str(target), *options],
+            stdout=subprocess.PIPE,
+            cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__)))),
+        )
+        started.append(process)
+        assert process.stdout.readline().strip() == b"ready"
+        return process, f"http://127.0.0.1:{port}"
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+        process.wait(5)
+
+
+@pytest.fixture
+def relay(relay_to):
+    # Dies after relaying 2 KB of a response: the headers and a few stream chunks.
+    return relay_to("--cut-after", "2048")
 
 
 def test_upstream_killed_mid_stream_gets_an_error_and_the_turn_is_logged_as_failed(
@@ -259,7 +272,13 @@ def test_upstream_killed_mid_stream_gets_an_error_and_the_turn_is_logged_as_fail
     assert trace.messages.order_by("position").last().response_id == ok.id
 
 
-def test_client_disconnect_mid_stream_leaves_a_marked_partial_turn(gateway, api_key, base_live):
+def test_client_disconnect_mid_stream_leaves_a_marked_partial_turn(gateway, api_key, tiny_base, base_live, relay_to):
+    # Through a relay that paces the stream (10 ms a piece): the tiny model would otherwise
+    # finish all 900 tokens before a loaded machine's gateway notices the client has gone.
+    _, url = relay_to("--delay-ms", "10")
+    original = tiny_base.inference_url
+    tiny_base.inference_url = url
+    tiny_base.save(update_fields=["inference_url"])
     body = {
         "model": "m",
         "messages": [{"role": "user", "content": "Go on forever"}],
@@ -276,6 +295,8 @@ def test_client_disconnect_mid_stream_leaves_a_marked_partial_turn(gateway, api_
     time.sleep(0.5)
     gateway.drain()
     _, partial = trace_messages("left")
+    tiny_base.inference_url = original
+    tiny_base.save(update_fields=["inference_url"])
     assert partial.finish_reason == "client_disconnect"
     assert partial.raw["practicum"]["status"] == "partial"
     assert 0 < len(partial.token_ids) < 900
