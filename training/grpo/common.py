@@ -180,3 +180,37 @@ def breaches_record(state: dict, step: int, breaches: list, hooks: Hooks) -> Non
     if new:
         state["breaches"] += new
         hooks.emit("on_breach", step, new)
+
+
+def step_close(
+    run_dir: Path,
+    policy,
+    optimizer,
+    step: int,
+    config: TrainConfig,
+    state: dict,
+    hooks: Hooks,
+    breaches: list | None = None,
+) -> bool:
+    """The end of a training step: record the monitors that fire (`breaches`; None for a
+    loop without monitors) and save a checkpoint when one is due. True when a breach stops
+    the job (`stop_on_breach`); that step is checkpointed first, so the job can resume."""
+    if breaches is not None:
+        breaches_record(state, step, breaches, hooks)
+        if breaches and config.monitors.stop_on_breach:
+            checkpoint_save(run_dir, policy, optimizer, step, config, state, hooks)
+            return True
+    if config.checkpoint_every and step % config.checkpoint_every == 0 and step < config.steps:
+        checkpoint_save(run_dir, policy, optimizer, step, config, state, hooks)
+    return False
+
+
+def result_close(result: TrainResult, state: dict, policy, run_dir: Path, export: bool) -> TrainResult:
+    """Copy the run's history, evaluations and breaches into `result`, and export the model
+    unless the job was cancelled or `export` is off."""
+    from training.grpo.policy import export_model
+
+    result.history, result.evals, result.breaches = state["history"], state["evals"], state["breaches"]
+    if export and result.status != "cancelled":
+        result.export_path = export_model(policy, run_dir / "model")
+    return result

@@ -20,17 +20,17 @@ from training.grpo.common import (
     PromptCache,
     TrainResult,
     batch_for_step,
-    breaches_record,
     checkpoint_save,
     evaluate,
+    result_close,
     rollout_stats,
     setup_torch,
+    step_close,
 )
 from training.grpo.config import DistillConfig, SFTConfig
 from training.grpo.items import Scorer, TurnItem, with_hint
 from training.grpo.policy import (
     Policy,
-    export_model,
     latest_checkpoint,
     load_checkpoint,
     load_policy,
@@ -143,17 +143,12 @@ def distill_train(
             )
         if eval_items and eval_score and config.eval_every and (step % config.eval_every == 0 or step == config.steps):
             _eval(state, step, policy, eval_items, eval_score, config, prompts, hooks)
-        if _monitor(state, step, config, hooks):
-            checkpoint_save(run_dir, policy, optimizer, step, config, state, hooks)
+        breaches = monitors.check(config.monitors, history=state["history"], start_length=state["start_length"])
+        if step_close(run_dir, policy, optimizer, step, config, state, hooks, breaches):
             result.status = "stopped"
             break
-        if config.checkpoint_every and step % config.checkpoint_every == 0 and step < config.steps:
-            checkpoint_save(run_dir, policy, optimizer, step, config, state, hooks)
 
-    result.history, result.evals, result.breaches = state["history"], state["evals"], state["breaches"]
-    if export and result.status != "cancelled":
-        result.export_path = export_model(policy, run_dir / "model")
-    return result
+    return result_close(result, state, policy, run_dir, export)
 
 
 def sft_train(
@@ -227,23 +222,12 @@ def sft_train(
         hooks.emit("on_step", step, metrics)
         if eval_items and eval_score and config.eval_every and (step % config.eval_every == 0 or step == config.steps):
             _eval(state, step, policy, eval_items, eval_score, config, prompts, hooks)
-        if config.checkpoint_every and step % config.checkpoint_every == 0 and step < config.steps:
-            checkpoint_save(run_dir, policy, optimizer, step, config, state, hooks)
+        step_close(run_dir, policy, optimizer, step, config, state, hooks)
 
-    result.history, result.evals = state["history"], state["evals"]
-    if export and result.status != "cancelled":
-        result.export_path = export_model(policy, run_dir / "model")
-    return result
+    return result_close(result, state, policy, run_dir, export)
 
 
 def _eval(state, step, policy, eval_items, score, config, prompts, hooks) -> None:
     metrics = {"step": step, **evaluate(policy, eval_items, score, config=config, prompts=prompts)}
     state["evals"].append(metrics)
     hooks.emit("on_eval", step, metrics)
-
-
-def _monitor(state, step, config, hooks) -> bool:
-    """Run the monitors; True when the job must stop."""
-    breaches = monitors.check(config.monitors, history=state["history"], start_length=state["start_length"])
-    breaches_record(state, step, breaches, hooks)
-    return bool(breaches) and config.monitors.stop_on_breach

@@ -30,12 +30,19 @@ from training.environments.episodes import Completion, Episode, episode_run
 from training.evaluation.metrics import parse_tool_call_blocks
 from training.grpo import loss as L
 from training.grpo import monitors
-from training.grpo.common import Hooks, TrainResult, batch_for_step, breaches_record, checkpoint_save, setup_torch
+from training.grpo.common import (
+    Hooks,
+    TrainResult,
+    batch_for_step,
+    checkpoint_save,
+    result_close,
+    setup_torch,
+    step_close,
+)
 from training.grpo.config import EpisodesConfig
 from training.grpo.episode_tokens import episode_segments, episode_tokens
 from training.grpo.policy import (
     Policy,
-    export_model,
     latest_checkpoint,
     load_checkpoint,
     load_policy,
@@ -658,19 +665,11 @@ def episodes_train(
         # Monitor: the turn-level monitors, and the environment-fidelity guard.
         breaches = monitors.check(config.monitors, history=state["history"], start_length=state["start_length"])
         breaches += monitors.fidelity(config.monitors, history=state["history"])
-        breaches_record(state, step, breaches, hooks)
-        if breaches and config.monitors.stop_on_breach:
-            checkpoint_save(run_dir, policy, optimizer, step, config, state, hooks)
+        if step_close(run_dir, policy, optimizer, step, config, state, hooks, breaches):
             result.status = "stopped"
             break
 
-        if config.checkpoint_every and step % config.checkpoint_every == 0 and step < config.steps:
-            checkpoint_save(run_dir, policy, optimizer, step, config, state, hooks)
-
-    result.history, result.evals, result.breaches = state["history"], state["evals"], state["breaches"]
-    if export and result.status != "cancelled":
-        result.export_path = export_model(policy, run_dir / "model")
-    return result
+    return result_close(result, state, policy, run_dir, export)
 
 
 def _sample_rows(episodes: list[Episode], rewards: list[float], advantages: torch.Tensor) -> list[dict]:

@@ -22,17 +22,17 @@ from training.grpo.common import (
     PromptCache,
     TrainResult,
     batch_for_step,
-    breaches_record,
     checkpoint_save,
     evaluate,
+    result_close,
     rollout_stats,
     setup_torch,
+    step_close,
 )
 from training.grpo.config import GRPOConfig
 from training.grpo.items import Scorer, TurnItem, canary_items, grader_scorer
 from training.grpo.policy import (
     Policy,
-    export_model,
     latest_checkpoint,
     load_checkpoint,
     load_policy,
@@ -206,19 +206,11 @@ def grpo_train(
             start_length=state["start_length"],
             start_canary=state["start_canary"],
         )
-        breaches_record(state, step, breaches, hooks)
-        if breaches and config.monitors.stop_on_breach:
-            checkpoint_save(run_dir, policy, optimizer, step, config, state, hooks)
+        if step_close(run_dir, policy, optimizer, step, config, state, hooks, breaches):
             result.status = "stopped"
             break
 
-        if config.checkpoint_every and step % config.checkpoint_every == 0 and step < config.steps:
-            checkpoint_save(run_dir, policy, optimizer, step, config, state, hooks)
-
-    result.history, result.evals, result.breaches = state["history"], state["evals"], state["breaches"]
-    if export and result.status != "cancelled":
-        result.export_path = export_model(policy, run_dir / "model")
-    return result
+    return result_close(result, state, policy, run_dir, export)
 
 
 def _evaluate_into(state, step, policy, eval_items, canaries, score, config, prompts, hooks) -> None:
