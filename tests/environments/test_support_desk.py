@@ -113,3 +113,43 @@ def test_task_samples_are_reproducible():
         t.id for t in tasks_sample(split="train", count=10, seed=3, graded_share=0.5)
     ]
     assert all(t.hidden["graded"] for t in tasks_sample(split="heldout", count=20, seed=1))
+
+
+def test_the_audit_names_writes_to_other_customers_orders_and_ids_the_customer_never_gave():
+    desk = SupportDesk()
+    task = desk.task("refund-A1001")
+    # The order the customer wrote is A1001; the agent looks up and refunds A1002 instead,
+    # an id it was never shown (as a model that learned its training traffic by heart does).
+    wrong = episode_run(
+        desk,
+        task,
+        scripted(call("lookup_order", "A1002"), call("issue_refund", "A1002"), Completion({"content": "Done."}, 2)),
+    )
+    assert wrong.reward == 0.0
+    assert wrong.audit.unknown_ids == ("A1002", "A1002")
+    assert len(wrong.audit.collateral_changes) == 1 and "A1002" in wrong.audit.collateral_changes[0]
+    assert wrong.metadata("support-desk")["collateral_changes"] == 1
+
+    right = episode_run(
+        desk,
+        task,
+        scripted(call("lookup_order", "a1001 "), call("issue_refund", "A1001"), Completion({"content": "Done."}, 2)),
+    )
+    assert right.reward == 1.0
+    assert right.audit.collateral_changes == () and right.audit.unknown_ids == ()
+
+    # An id that only appeared in an error message is still unknown: the error is not a source.
+    guessed = episode_run(
+        desk,
+        task,
+        scripted(call("lookup_order", "Z9"), call("lookup_order", "Z9"), Completion({"content": "Sorry."}, 2)),
+    )
+    assert guessed.audit.unknown_ids == ("Z9", "Z9") and guessed.audit.collateral_changes == ()
+
+
+def test_an_id_is_known_only_as_a_whole_token_of_what_the_customer_wrote():
+    desk = SupportDesk()
+    partial = episode_run(
+        desk, desk.task("refund-A1001"), scripted(call("lookup_order", "A100"), Completion({"content": "?"}, 2))
+    )
+    assert partial.audit.unknown_ids == ("A100",)

@@ -7,6 +7,7 @@ with any completion function (the trainer's policy, vLLM, or the gateway through
 
 from training.environments.base import (
     Environment,
+    EpisodeAudit,
     Grade,
     Task,
     ToolError,
@@ -21,6 +22,7 @@ __all__ = [
     "Completion",
     "Environment",
     "Episode",
+    "EpisodeAudit",
     "Grade",
     "Task",
     "ToolError",

@@ -52,6 +52,20 @@ class ToolResult:
 
 
 @dataclass(frozen=True)
+class EpisodeAudit:
+    """What an episode did beyond its task, whatever its grade: writes to records the task
+    does not concern (`collateral_changes`) and tool calls naming ids that appear nowhere
+    earlier in the conversation (`unknown_ids`, i.e. invented or remembered from training).
+    A promotion gate compares the rates of both against the live version's."""
+
+    collateral_changes: tuple[str, ...] = ()
+    unknown_ids: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"collateral_changes": list(self.collateral_changes), "unknown_ids": list(self.unknown_ids)}
+
+
+@dataclass(frozen=True)
 class Grade:
     reward: float  # in [0, 1]
     reason: str
@@ -87,6 +101,11 @@ class Environment(ABC):
 
     def close(self, state: Any) -> None:  # noqa: B027 - optional hook
         """Release what `reset` made (temporary folders, connections)."""
+
+    def audit(self, state: Any, messages: list[dict[str, Any]]) -> EpisodeAudit:
+        """What the episode changed or named outside its task (see `EpisodeAudit`); read
+        before `close`. An environment that cannot tell returns an empty audit."""
+        return EpisodeAudit()
 
     def task(self, task_id: str) -> Task:
         for task in self.tasks():

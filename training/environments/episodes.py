@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from training.environments.base import Environment, Grade, Task
+from training.environments.base import Environment, EpisodeAudit, Grade, Task
 
 
 @dataclass
@@ -44,6 +44,7 @@ class Episode:
     tool_errors: int
     tokens: int
     seconds: float
+    audit: EpisodeAudit = field(default_factory=EpisodeAudit)
 
     @property
     def reward(self) -> float:
@@ -65,6 +66,9 @@ class Episode:
             "tool_calls": self.tool_calls,
             "tool_errors": self.tool_errors,
             "tokens": self.tokens,
+            "collateral_changes": len(self.audit.collateral_changes),
+            "unknown_ids": len(self.audit.unknown_ids),
+            "audit": self.audit.as_dict(),
         }
 
 
@@ -118,6 +122,7 @@ def episode_run(
             # The last turn still asked for tools: the step budget ended the episode.
             end = "step_budget"
         grade = env.grade(state, messages)
+        audit = env.audit(state, messages)
     finally:
         env.close(state)
     return Episode(
@@ -130,4 +135,5 @@ def episode_run(
         tool_errors=tool_errors,
         tokens=tokens,
         seconds=time.perf_counter() - started,
+        audit=audit,
     )

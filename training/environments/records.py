@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from training.environments.base import Grade, Task, ToolError
+from training.environments.base import EpisodeAudit, Grade, Task, ToolError
 
 DEFAULT_MAX_CALLS = 12
 
@@ -181,3 +182,66 @@ def records_grade(
         return Grade(1.0, success)
     more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
     return Grade(0.0, "; ".join(problems[:3]) + more)
+
+
+def _normalized(value: Any) -> str:
+    return str(value).strip().upper()
+
+
+def _mentioned(value: str, texts: list[str]) -> bool:
+    # A whole token, so that a made-up "A10" is not found inside "A1001".
+    pattern = re.compile(rf"(?<![A-Z0-9]){re.escape(value)}(?![A-Z0-9])")
+    return any(pattern.search(text) for text in texts)
+
+
+def _call_key(call: dict[str, Any], key: str) -> str | int | None:
+    arguments = (call.get("function") or {}).get("arguments")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments or "{}")
+        except ValueError:
+            return None
+    value = arguments.get(key) if isinstance(arguments, dict) else None
+    if isinstance(value, str | int) and not isinstance(value, bool) and str(value).strip():
+        return value
+    return None
+
+
+def records_audit(*, state: RecordsState, messages: list[dict[str, Any]]) -> EpisodeAudit:
+    """The episode's writes outside its task and its calls on ids it was never shown.
+
+    A task concerns the rows named in `hidden["expected"]` and in `hidden["concerns"]`; any
+    other row written is a collateral change. A tool call whose key argument (the table's key
+    field) names an id that no earlier system, user or successful tool message contains is an
+    unknown id: the model invented it or recalled it from training, not from this customer.
+    A lookup's result does not make the id it was asked for known. Ids are compared as the
+    tools match them (trimmed, case-insensitive)."""
+    task = state.task
+    hidden = task.hidden if task is not None else {}
+    concerned = {_normalized(k) for k in (hidden.get("expected") or {})}
+    concerned |= {_normalized(k) for k in (hidden.get("concerns") or ())}
+    name = state.table.name
+    collateral = []
+    for change in state.changes:
+        if _normalized(change["key"]) not in concerned:
+            after = ", ".join(f"{k} {json.dumps(v)}" for k, v in change["after"].items())
+            collateral.append(f"{name} {change['key']}: {after}")
+    seen: list[str] = []
+    unknown: list[str] = []
+    tainted: set[str] = set()  # calls on unknown ids: their results do not make the id known
+    for message in messages:
+        role = message.get("role")
+        content = message.get("content")
+        text = content if isinstance(content, str) else json.dumps(content or "")
+        if role in ("system", "user"):
+            seen.append(text.upper())
+        elif role == "tool":
+            if not text.startswith("error") and message.get("tool_call_id", "") not in tainted:
+                seen.append(text.upper())
+        elif role == "assistant":
+            for call in message.get("tool_calls") or []:
+                value = _call_key(call, state.table.key)
+                if value is not None and not _mentioned(_normalized(value), seen):
+                    unknown.append(str(value)[:60])
+                    tainted.add(call.get("id", ""))
+    return EpisodeAudit(collateral_changes=tuple(collateral), unknown_ids=tuple(unknown))

@@ -23,11 +23,12 @@ import json
 import random
 from typing import Any
 
-from training.environments.base import Environment, Grade, Task, ToolError, register
+from training.environments.base import Environment, EpisodeAudit, Grade, Task, ToolError, register
 from training.environments.records import (
     FieldSpec,
     RecordsState,
     RecordTable,
+    records_audit,
     records_grade,
     records_lookup,
     records_row,
@@ -196,6 +197,7 @@ def _tasks(table: RecordTable) -> list[Task]:
                     hidden={
                         "graded": False,
                         "order_id": row["order_id"],
+                        "concerns": [row["order_id"]],
                         "operator_comment": _OPERATOR_COMMENTS[i % len(_OPERATOR_COMMENTS)],
                         "customer_feedback": _CUSTOMER_FEEDBACK[i % len(_CUSTOMER_FEEDBACK)],
                     },
@@ -259,6 +261,9 @@ class SupportDesk(Environment):
             )
             return json.dumps({"refunded": updated["order_id"], "amount": updated["refunded_amount"]})
         raise ToolError(f"unknown tool {name!r}")
+
+    def audit(self, state: RecordsState, messages: list[dict[str, Any]]) -> EpisodeAudit:
+        return records_audit(state=state, messages=messages)
 
     def grade(self, state: RecordsState, messages: list[dict[str, Any]]) -> Grade:
         """The final rows against the task's hidden expectation. A tracking task has no
