@@ -102,6 +102,13 @@ class Environment(ABC):
     def close(self, state: Any) -> None:  # noqa: B027 - optional hook
         """Release what `reset` made (temporary folders, connections)."""
 
+    def tasks_fresh(self, *, seed: int) -> list[Task]:
+        """Tasks generated anew from `seed` (split "fresh"), sharing no record ids, customers or
+        request wordings with the environment's own train, validation and test splits: a slice
+        no training set can have contained, for measuring a candidate on cases it never saw.
+        An environment whose tasks are fixed raises `NotImplementedError`."""
+        raise NotImplementedError(f"environment {self.name!r} cannot generate fresh tasks")
+
     def audit(self, state: Any, messages: list[dict[str, Any]]) -> EpisodeAudit:
         """What the episode changed or named outside its task (see `EpisodeAudit`); read
         before `close`. An environment that cannot tell returns an empty audit."""
