@@ -20,6 +20,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 
 from feedback.schema_validation import UnusableSchema, schema_errors, schema_validator
+from feedback.services.chat_format import json_loads_bounded
 
 TOOL_ERROR = "tool_error"
 INVALID_TOOL_ARGS = "invalid_tool_args"
@@ -71,7 +72,7 @@ def _tool_error_detail(content: str) -> str | None:
     stripped = content.strip()
     if stripped.startswith("{"):
         try:
-            data = json.loads(stripped)
+            data = json_loads_bounded(stripped)
         except ValueError:
             data = None
         if isinstance(data, dict):
@@ -149,7 +150,7 @@ def detect_invalid_tool_args(trace: TraceView) -> list[Finding]:
                 out.append(Finding(INVALID_TOOL_ARGS, pos, f"call to undefined tool {name[:80]!r}"))
                 continue
             try:
-                args = json.loads(raw) if isinstance(raw, str) and raw.strip() else (raw or {})
+                args = json_loads_bounded(raw) if isinstance(raw, str) and raw.strip() else (raw or {})
             except ValueError as exc:
                 out.append(Finding(INVALID_TOOL_ARGS, pos, f"{name[:80]}: arguments are not JSON ({exc})"))
                 continue

@@ -17,7 +17,7 @@ from django.utils.crypto import get_random_string
 
 from feedback.models import Comment, Correction, Message, MessageRole, RatingKind, Trace, TurnRating
 from feedback.schema_validation import UnusableSchema, schema_first_error, schema_validator
-from feedback.services.chat_format import FieldError
+from feedback.services.chat_format import FieldError, json_depth_check
 from feedback.services.judging import judge_on_comment
 
 MAX_COMMENT_CHARS = 20_000
@@ -206,6 +206,7 @@ def correction_tool_calls_validate(*, trace: Trace, tool_calls: Any) -> list[dic
                 f"{here}.function.name", f"unknown tool {name[:80]!r}; this trace defines {', '.join(sorted(schemas))}"
             )
         arguments = function.get("arguments", {})
+        json_depth_check(arguments, f"{here}.function.arguments")
         if isinstance(arguments, str):
             _no_nul(arguments, f"{here}.function.arguments")
             try:
