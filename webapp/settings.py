@@ -104,6 +104,26 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "timeout": 30,
     }
 IS_POSTGRES = DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
+# PostgreSQL connections are bounded per process: a pool of at most DB_POOL_MAX_SIZE (psycopg's
+# pool; Django borrows one per request or task and hands it back at the end), and a web process
+# runs at most WEB_MAX_CONCURRENT_REQUESTS Django requests at once — the others wait for a slot
+# without a thread or a connection. Sizing: web processes x DB_POOL_MAX_SIZE + worker processes
+# x DB_POOL_MAX_SIZE (+1 per gateway process, which listens on its own connection) must stay
+# under the server's max_connections (README, Configuration).
+DB_POOL_MAX_SIZE = int(os.environ.get("PRACTICUM_DB_POOL_MAX_SIZE", 10))
+DB_POOL_TIMEOUT = float(os.environ.get("PRACTICUM_DB_POOL_TIMEOUT", 60))
+# Two of a web process's pooled connections stay for the gateway (its key/route lookups and its
+# log writer each hold one).
+WEB_MAX_CONCURRENT_REQUESTS = int(os.environ.get("PRACTICUM_WEB_MAX_CONCURRENT_REQUESTS", max(1, DB_POOL_MAX_SIZE - 2)))
+if IS_POSTGRES and DB_POOL_MAX_SIZE > 0:
+    # A pooled connection is returned at the end of each request; persistent connections
+    # (CONN_MAX_AGE) would instead keep one per thread, and ASGI runs each request in a new one.
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": 1,
+        "max_size": DB_POOL_MAX_SIZE,
+        "timeout": DB_POOL_TIMEOUT,
+    }
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
