@@ -296,9 +296,16 @@ RELEASE_LOAD_TIMEOUT = float(os.environ.get("PRACTICUM_RELEASE_LOAD_TIMEOUT", 12
 # A release no worker finished in this long is marked failed when the next one is asked for.
 RELEASE_STALE_SECONDS = float(os.environ.get("PRACTICUM_RELEASE_STALE_SECONDS", 600))
 
-# The tour's "run the agent again": where the agent finds the gateway (blank: the address the
-# page was served from, which serves /v1/ too under uvicorn), and how long its key lives.
-DEMO_AGENT_BASE_URL = os.environ.get("PRACTICUM_DEMO_AGENT_BASE_URL", "")
+# Where the project's own processes reach its gateway (`/v1/`), e.g. the tour's "run the agent
+# again", whose worker sends a freshly minted key there. Always configured, never taken from a
+# request: a Host header (whose port ALLOWED_HOSTS does not check) must not choose where a
+# key goes. PRACTICUM_DEMO_AGENT_BASE_URL is the older name of the same setting.
+GATEWAY_URL = (
+    os.environ.get("PRACTICUM_GATEWAY_URL")
+    or os.environ.get("PRACTICUM_DEMO_AGENT_BASE_URL")
+    or f"http://127.0.0.1:{os.environ.get('PRACTICUM_PORT', '8000')}"
+).rstrip("/")
+# The tour's "run the agent again": how many tasks, and how long its key lives.
 DEMO_AGENT_EPISODES = int(os.environ.get("PRACTICUM_DEMO_AGENT_EPISODES", 12))
 DEMO_AGENT_KEY_SECONDS = int(os.environ.get("PRACTICUM_DEMO_AGENT_KEY_SECONDS", 7200))
 

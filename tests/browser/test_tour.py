@@ -91,7 +91,7 @@ def test_the_whole_tour_in_the_browser(
     from training.services.models import live_version_set
 
     judge_server.respond_with(judge_answers)
-    settings.DEMO_AGENT_BASE_URL = gateway.url
+    settings.GATEWAY_URL = gateway.url
     settings.DEMO_AGENT_EPISODES = 2
     operator, approver = user_with_role("operator", "olga"), user_with_role("approver", "arno")
     deployment = DeploymentFactory(name="support-bot")
