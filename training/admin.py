@@ -3,13 +3,29 @@ from django.contrib import admin
 from training.models import BaseModel, LiveVersion, ModelVersion
 
 
+class RegistryAdmin(admin.ModelAdmin):
+    """Read-only, for everyone: a base model's weights folder and inference server, a
+    version's folder, kind and status decide what answers customers. They are set when
+    registered (`prepare_model`, `register_version`, a training job) and change only
+    through a release (approved by a second person, audited)."""
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
 @admin.register(BaseModel)
-class BaseModelAdmin(admin.ModelAdmin):
-    list_display = ("name", "path", "created_at")
+class BaseModelAdmin(RegistryAdmin):
+    list_display = ("name", "path", "inference_url", "created_at")
 
 
 @admin.register(ModelVersion)
-class ModelVersionAdmin(admin.ModelAdmin):
+class ModelVersionAdmin(RegistryAdmin):
     list_display = ("name", "base_model", "kind", "status", "deployment", "created_at")
     list_filter = ("kind", "status")
 
