@@ -11,6 +11,7 @@ from typing import Any
 from django.db.models.functions import Length, Substr
 
 from feedback.models import Comment, Correction, CustomerFeedback, Message, Trace, TraceFlag, TurnRating
+from feedback.permissions import can_see_customer_feedback
 from feedback.services.chat_format import MAX_JSON_DEPTH, json_depth, json_loads_bounded
 
 # Characters of a message shown before "show more"; the rest is fetched on demand.
@@ -174,7 +175,10 @@ def trace_review(*, trace: Trace, user) -> TraceReview:
     turn_annotate(turns=turns, trace=trace, user=user)
     trace_feedback = []
     by_id = {t.message.id: t for t in turns}
-    for f in CustomerFeedback.objects.filter(trace=trace).order_by("-created_at", "-id"):
+    # Customers' words and references are for roles that hold the permission to read them
+    # (reviewers and approvers see the conversation, not what customers said about it).
+    feedback = CustomerFeedback.objects.filter(trace=trace).order_by("-created_at", "-id")
+    for f in feedback if can_see_customer_feedback(user) else feedback.none():
         if f.message_id in by_id:
             by_id[f.message_id].feedback.append(f)
         trace_feedback.append(f)
