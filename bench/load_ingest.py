@@ -34,27 +34,10 @@ from pathlib import Path
 import aiohttp
 import orjson
 import psycopg
+from support import free_port, fresh_database
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def fresh_database(base_url: str) -> str:
-    name = base_url.rsplit("/", 1)[1].split("?")[0] + "_load"
-    admin = base_url.rsplit("/", 1)[0] + "/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = base_url.rsplit("/", 1)[0] + "/" + name
-    env = {**os.environ, "DATABASE_URL": url}
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
-    return url
 
 
 def create_key(db_url: str) -> str:
@@ -218,7 +201,7 @@ def main() -> int:
     base = os.environ.get("DATABASE_URL", "")
     if not base.startswith("postgres"):
         raise SystemExit("set DATABASE_URL=postgres://… (a database of its own, <name>_load, is created)")
-    db_url = fresh_database(base)
+    db_url = fresh_database(base, "_load")
     key = create_key(db_url)
     port = free_port()
     log = ROOT / "var" / "bench" / "load_ingest-server.log"

@@ -3,38 +3,20 @@ fetch anything (no http, no file:, no relative reference), wherever a schema is 
 
 from __future__ import annotations
 
-import http.server
-import threading
-
 import pytest
 
 from feedback.failure_modes.detectors import INVALID_TOOL_ARGS, TraceView, detect_invalid_tool_args
 from feedback.judge.schemas import SchemaViolation, validate
 from feedback.services.review import correction_add
 from tests.factories import user_with_role
+from tests.security.conftest import recording_server
 
 
 @pytest.fixture
 def fetch_server():
     """A real HTTP server that serves a schema and records every request it gets."""
-    hits: list[str] = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            hits.append(self.path)
-            body = b'{"type": "string"}'
-            self.send_response(200)
-            self.send_header("Content-Type", "application/schema+json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}", hits
+    server, seen = recording_server(status=200, body=b'{"type": "string"}', content_type="application/schema+json")
+    yield f"http://127.0.0.1:{server.server_port}", seen
     server.shutdown()
 
 
