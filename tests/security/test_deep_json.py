@@ -134,3 +134,23 @@ def test_a_failure_mode_run_flags_a_deep_trace_instead_of_failing(stored_deep_tr
     run.refresh_from_db()
     assert run.status == JobStatus.DONE, run.error
     assert TraceFlag.objects.filter(trace=stored_deep_trace, name="invalid-tool-args").exists()
+
+
+def test_the_gateway_refuses_deep_messages_and_tools_through_the_same_check():
+    from feedback.gateway.app import GatewayApp
+    from feedback.gateway.errors import GatewayError
+
+    deep_call = {"role": "assistant", "content": None, "tool_calls": deep_call_conversation()[2]["tool_calls"]}
+    for request, param in (
+        ({"messages": [{"role": "user", "content": "hi"}, deep_call]}, "messages[1].tool_calls[0].function.arguments"),
+        (
+            {
+                "messages": [{"role": "user", "content": "hi"}],
+                "tools": [{"type": "function", "function": {"name": "x", "parameters": nested(100)}}],
+            },
+            "tools[0]",
+        ),
+    ):
+        with pytest.raises(GatewayError) as exc:
+            GatewayApp._validate(request)
+        assert (exc.value.status, exc.value.param, exc.value.message) == (400, param, "nested more than 64 levels deep")
