@@ -54,8 +54,13 @@ def test_a_burst_of_clients_is_served_within_the_connection_pool():
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
+    responses: list[httpx.Response] = []
+    # A loop of its own in a thread of its own: this thread may already run one (a browser
+    # test's driver, earlier in the session).
+    runner = threading.Thread(target=lambda: responses.extend(asyncio.run(burst())))
     try:
-        responses = asyncio.run(burst())
+        runner.start()
+        runner.join()
     finally:
         stop.set()
         watcher.join()
