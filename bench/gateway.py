@@ -31,6 +31,8 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from support import fresh_database  # noqa: E402  (bench/, the script's own folder)
+
 N_TOKENS = 16
 
 
@@ -136,17 +138,7 @@ def serve_stub(port: int, model: str) -> None:
 
 
 def setup_database(base_url: str) -> str:
-    import psycopg
-
-    name = base_url.rsplit("/", 1)[1].split("?")[0] + "_gwbench"
-    admin = base_url.rsplit("/", 1)[0] + "/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = base_url.rsplit("/", 1)[0] + "/" + name
-    env = {**os.environ, "DATABASE_URL": url}
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
-    return url
+    return fresh_database(base_url, "_gwbench")
 
 
 def create_deployment(db_url: str, upstream: str, model_dir: Path) -> str:

@@ -30,6 +30,8 @@ logging.getLogger("httpx").setLevel(logging.WARNING)
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from support import fresh_database  # noqa: E402  (bench/, the script's own folder)
+
 
 def make_batch(n_traces: int, n_messages: int, msg_bytes: int, tag: str) -> list[dict]:
     filler = ("lorem ipsum dolor sit amet " * (msg_bytes // 27 + 1))[:msg_bytes]
@@ -52,17 +54,7 @@ def make_batch(n_traces: int, n_messages: int, msg_bytes: int, tag: str) -> list
 
 
 def setup_database(base_url: str) -> str:
-    import psycopg
-
-    name = base_url.rsplit("/", 1)[1].split("?")[0] + "_bench"
-    admin = base_url.rsplit("/", 1)[0] + "/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = base_url.rsplit("/", 1)[0] + "/" + name
-    env = {**os.environ, "DATABASE_URL": url}
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
-    return url
+    return fresh_database(base_url, "_bench")
 
 
 def create_key(db_url: str) -> tuple[str, int]:

@@ -35,11 +35,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from support import free_port  # noqa: E402  (bench/, the script's own folder)
 
 
 def wait_port(port: int, timeout: float = 60) -> None:

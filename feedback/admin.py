@@ -28,7 +28,9 @@ class DeploymentAdmin(admin.ModelAdmin):
 class ApiKeyAdmin(admin.ModelAdmin):
     list_display = ("prefix", "deployment", "name", "scopes", "expires_at", "last_used_at", "revoked_at")
     list_filter = ("deployment",)
-    readonly_fields = ("prefix", "hashed_secret", "last_used_at", "created_at")
+    # Which deployment a key writes to and what it may do are fixed when it is made: a key
+    # is never moved to another deployment or widened. Revoke it and make a new one.
+    readonly_fields = ("prefix", "hashed_secret", "deployment", "scopes", "last_used_at", "created_at")
 
     def has_add_permission(self, request) -> bool:
         # Keys are created with `manage.py create_api_key`, which shows the secret once.
@@ -50,6 +52,10 @@ class TraceAdmin(admin.ModelAdmin):
     show_full_result_count = False  # no COUNT(*) of a large table
     raw_id_fields = ("model_version",)
     inlines = [MessageInline]
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        # A stored trace is a record of what happened; it is never rewritten.
+        return False
 
 
 @admin.register(Comment)
@@ -124,3 +130,69 @@ class JudgeJobAdmin(admin.ModelAdmin):
 @admin.register(FailureModeRun)
 class FailureModeRunAdmin(admin.ModelAdmin):
     list_display = ("id", "deployment", "status", "traces_scanned", "traces_flagged", "notes_clustered", "created_at")
+
+
+# Users and roles ------------------------------------------------------------------------
+# The admin role manages users (auth.change_user, auth.change_group) but is not a superuser:
+# it must not be able to make itself (or anyone) one, grant permissions it does not hold,
+# or take over a superuser's account by changing its password.
+from django.contrib.auth import get_user_model  # noqa: E402
+from django.contrib.auth.admin import GroupAdmin, UserAdmin  # noqa: E402
+from django.contrib.auth.models import Group  # noqa: E402
+
+User = get_user_model()
+
+
+def _grantable_groups(user):
+    """Groups whose every permission `user` holds: the ones they may hand out."""
+    if user.is_superuser:
+        return Group.objects.all()
+    held = user.get_all_permissions()
+    return Group.objects.filter(
+        pk__in=[
+            g.pk
+            for g in Group.objects.prefetch_related("permissions__content_type")
+            if {f"{p.content_type.app_label}.{p.codename}" for p in g.permissions.all()} <= held
+        ]
+    )
+
+
+class PracticumUserAdmin(UserAdmin):
+    def get_readonly_fields(self, request, obj=None):
+        fields = list(super().get_readonly_fields(request, obj))
+        if not request.user.is_superuser:
+            fields += ["is_superuser", "user_permissions"]
+        return fields
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        if obj is not None and obj.is_superuser and not request.user.is_superuser:
+            return False
+        return super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        if obj is not None and obj.is_superuser and not request.user.is_superuser:
+            return False
+        return super().has_delete_permission(request, obj)
+
+    def formfield_for_manytomany(self, db_field, request, **kwargs):
+        if db_field.name == "groups" and not request.user.is_superuser:
+            # What they may hand out, plus what the edited user already has (kept, not added).
+            edited = (request.resolver_match.kwargs if request.resolver_match else {}).get("object_id")
+            held = Group.objects.filter(user__pk=edited) if edited and str(edited).isdigit() else Group.objects.none()
+            kwargs["queryset"] = (_grantable_groups(request.user) | held).distinct()
+        return super().formfield_for_manytomany(db_field, request, **kwargs)
+
+
+class PracticumGroupAdmin(GroupAdmin):
+    def get_readonly_fields(self, request, obj=None):
+        fields = list(super().get_readonly_fields(request, obj))
+        if not request.user.is_superuser:
+            # A role's permissions come from the code (feedback/services/roles.py).
+            fields += ["permissions"]
+        return fields
+
+
+admin.site.unregister(User)
+admin.site.register(User, PracticumUserAdmin)
+admin.site.unregister(Group)
+admin.site.register(Group, PracticumGroupAdmin)

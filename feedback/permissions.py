@@ -26,6 +26,11 @@ def can_annotate(user) -> bool:
     return user.is_authenticated and user.has_perm(ANNOTATE)
 
 
+def can_see_customer_feedback(user) -> bool:
+    """Customers' comments, corrections and references: operators and admins only."""
+    return user.is_authenticated and user.has_perm(VIEW_CUSTOMER_FEEDBACK)
+
+
 def can_see_trace(user, trace: Trace) -> bool:
     if can_browse(user):
         return True

@@ -56,7 +56,7 @@ export PRACTICUM_JUDGE_MAX_ATTEMPTS=${PRACTICUM_JUDGE_MAX_ATTEMPTS:-2}
 # would queue one: judge by hand ("Judge this turn", or a backfill on /judge/) unless asked.
 export PRACTICUM_JUDGE_AUTO=${PRACTICUM_JUDGE_AUTO:-false}
 # The tour's "run the agent again" goes through this server's gateway.
-export PRACTICUM_DEMO_AGENT_BASE_URL=${PRACTICUM_DEMO_AGENT_BASE_URL:-$URL}
+export PRACTICUM_GATEWAY_URL=${PRACTICUM_GATEWAY_URL:-${PRACTICUM_DEMO_AGENT_BASE_URL:-$URL}}
 export PRACTICUM_DEMO_AGENT_EPISODES=${PRACTICUM_DEMO_AGENT_EPISODES:-$(( EPISODES / 3 > 4 ? EPISODES / 3 : 4 ))}
 # One torch thread per process: several processes share the cores.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}

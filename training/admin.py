@@ -3,23 +3,7 @@ from django.contrib import admin
 from training.models import BaseModel, LiveVersion, ModelVersion
 
 
-@admin.register(BaseModel)
-class BaseModelAdmin(admin.ModelAdmin):
-    list_display = ("name", "path", "created_at")
-
-
-@admin.register(ModelVersion)
-class ModelVersionAdmin(admin.ModelAdmin):
-    list_display = ("name", "base_model", "kind", "status", "deployment", "created_at")
-    list_filter = ("kind", "status")
-
-
-@admin.register(LiveVersion)
-class LiveVersionAdmin(admin.ModelAdmin):
-    """Read-only: a flip goes through a release (load, smoke, audit) or `manage.py set_live`."""
-
-    list_display = ("deployment", "version", "changed_at", "changed_by")
-
+class ReadOnlyAdmin(admin.ModelAdmin):
     def has_add_permission(self, request) -> bool:
         return False
 
@@ -28,6 +12,28 @@ class LiveVersionAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False
+
+
+# Read-only, for everyone: a base model's weights folder and inference server, a version's
+# folder, kind and status decide what answers customers. They are set when registered
+# (`prepare_model`, `register_version`, a training job) and change only through a release
+# (approved by a second person, audited).
+@admin.register(BaseModel)
+class BaseModelAdmin(ReadOnlyAdmin):
+    list_display = ("name", "path", "inference_url", "created_at")
+
+
+@admin.register(ModelVersion)
+class ModelVersionAdmin(ReadOnlyAdmin):
+    list_display = ("name", "base_model", "kind", "status", "deployment", "created_at")
+    list_filter = ("kind", "status")
+
+
+@admin.register(LiveVersion)
+class LiveVersionAdmin(ReadOnlyAdmin):
+    """Read-only: a flip goes through a release (load, smoke, audit) or `manage.py set_live`."""
+
+    list_display = ("deployment", "version", "changed_at", "changed_by")
 
 
 # Evaluation, promotion, release and the audit log: read-only here. Decisions go through the
@@ -42,17 +48,6 @@ from training.models_promotion import (  # noqa: E402
     PromotionRequest,
     Release,
 )
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
 
 def _each(modeladmin, request, queryset, act, done: str) -> None:

@@ -104,6 +104,26 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "timeout": 30,
     }
 IS_POSTGRES = DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
+# PostgreSQL connections are bounded per process: a pool of at most DB_POOL_MAX_SIZE (psycopg's
+# pool; Django borrows one per request or task and hands it back at the end), and a web process
+# runs at most WEB_MAX_CONCURRENT_REQUESTS Django requests at once — the others wait for a slot
+# without a thread or a connection. Sizing: web processes x DB_POOL_MAX_SIZE + worker processes
+# x DB_POOL_MAX_SIZE (+1 per gateway process, which listens on its own connection) must stay
+# under the server's max_connections (README, Configuration).
+DB_POOL_MAX_SIZE = int(os.environ.get("PRACTICUM_DB_POOL_MAX_SIZE", 10))
+DB_POOL_TIMEOUT = float(os.environ.get("PRACTICUM_DB_POOL_TIMEOUT", 60))
+# Two of a web process's pooled connections stay for the gateway (its key/route lookups and its
+# log writer each hold one).
+WEB_MAX_CONCURRENT_REQUESTS = int(os.environ.get("PRACTICUM_WEB_MAX_CONCURRENT_REQUESTS", max(1, DB_POOL_MAX_SIZE - 2)))
+if IS_POSTGRES and DB_POOL_MAX_SIZE > 0:
+    # A pooled connection is returned at the end of each request; persistent connections
+    # (CONN_MAX_AGE) would instead keep one per thread, and ASGI runs each request in a new one.
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": 1,
+        "max_size": DB_POOL_MAX_SIZE,
+        "timeout": DB_POOL_TIMEOUT,
+    }
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -276,9 +296,16 @@ RELEASE_LOAD_TIMEOUT = float(os.environ.get("PRACTICUM_RELEASE_LOAD_TIMEOUT", 12
 # A release no worker finished in this long is marked failed when the next one is asked for.
 RELEASE_STALE_SECONDS = float(os.environ.get("PRACTICUM_RELEASE_STALE_SECONDS", 600))
 
-# The tour's "run the agent again": where the agent finds the gateway (blank: the address the
-# page was served from, which serves /v1/ too under uvicorn), and how long its key lives.
-DEMO_AGENT_BASE_URL = os.environ.get("PRACTICUM_DEMO_AGENT_BASE_URL", "")
+# Where the project's own processes reach its gateway (`/v1/`), e.g. the tour's "run the agent
+# again", whose worker sends a freshly minted key there. Always configured, never taken from a
+# request: a Host header (whose port ALLOWED_HOSTS does not check) must not choose where a
+# key goes. PRACTICUM_DEMO_AGENT_BASE_URL is the older name of the same setting.
+GATEWAY_URL = (
+    os.environ.get("PRACTICUM_GATEWAY_URL")
+    or os.environ.get("PRACTICUM_DEMO_AGENT_BASE_URL")
+    or f"http://127.0.0.1:{os.environ.get('PRACTICUM_PORT', '8000')}"
+).rstrip("/")
+# The tour's "run the agent again": how many tasks, and how long its key lives.
 DEMO_AGENT_EPISODES = int(os.environ.get("PRACTICUM_DEMO_AGENT_EPISODES", 12))
 DEMO_AGENT_KEY_SECONDS = int(os.environ.get("PRACTICUM_DEMO_AGENT_KEY_SECONDS", 7200))
 

@@ -57,11 +57,10 @@ def tour_agent_run(request: HttpRequest, deployment: str) -> HttpResponse:
     if target is None:
         raise Http404("no such deployment")
     episodes = request.POST.get("episodes") or str(settings.DEMO_AGENT_EPISODES)
-    base_url = settings.DEMO_AGENT_BASE_URL or request.build_absolute_uri("/").rstrip("/")
     try:
         if not episodes.isdigit():
             raise DemoRunError([("episodes", "must be a whole number")])
-        demo_agent_run_enqueue(deployment=target, base_url=base_url, split="heldout", episodes=int(episodes))
+        demo_agent_run_enqueue(deployment=target, split="heldout", episodes=int(episodes))
     except DemoRunError as exc:
         for field, reason in exc.errors:
             messages.error(request, f"{field}: {reason}")

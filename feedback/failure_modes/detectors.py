@@ -18,7 +18,9 @@ from statistics import median
 from typing import Any
 
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
+
+from feedback.schema_validation import UnusableSchema, schema_errors, schema_validator
+from feedback.services.chat_format import json_loads_bounded
 
 TOOL_ERROR = "tool_error"
 INVALID_TOOL_ARGS = "invalid_tool_args"
@@ -70,7 +72,7 @@ def _tool_error_detail(content: str) -> str | None:
     stripped = content.strip()
     if stripped.startswith("{"):
         try:
-            data = json.loads(stripped)
+            data = json_loads_bounded(stripped)
         except ValueError:
             data = None
         if isinstance(data, dict):
@@ -124,9 +126,8 @@ def _build_validators(tools: Sequence[dict[str, Any]]) -> dict[str, Draft202012V
             out[name] = None
             continue
         try:
-            Draft202012Validator.check_schema(params)
-            out[name] = Draft202012Validator(params)
-        except SchemaError:
+            out[name] = schema_validator(params)
+        except UnusableSchema:
             # A broken schema in the agent's tool list says nothing about this call.
             out[name] = None
     return out
@@ -149,7 +150,7 @@ def detect_invalid_tool_args(trace: TraceView) -> list[Finding]:
                 out.append(Finding(INVALID_TOOL_ARGS, pos, f"call to undefined tool {name[:80]!r}"))
                 continue
             try:
-                args = json.loads(raw) if isinstance(raw, str) and raw.strip() else (raw or {})
+                args = json_loads_bounded(raw) if isinstance(raw, str) and raw.strip() else (raw or {})
             except ValueError as exc:
                 out.append(Finding(INVALID_TOOL_ARGS, pos, f"{name[:80]}: arguments are not JSON ({exc})"))
                 continue
@@ -159,7 +160,10 @@ def detect_invalid_tool_args(trace: TraceView) -> list[Finding]:
             validator = validators.get(name)
             if validator is None:
                 continue
-            error = next(iter(sorted(validator.iter_errors(args), key=lambda e: list(e.absolute_path))), None)
+            try:
+                error = next(iter(schema_errors(validator, args)), None)
+            except UnusableSchema:
+                continue  # a schema that refers outside itself says nothing about this call
             if error is not None:
                 where = "/".join(str(p) for p in error.absolute_path) or "(arguments)"
                 out.append(Finding(INVALID_TOOL_ARGS, pos, f"{name[:80]}: {where}: {error.message[:200]}"))

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from jsonschema import Draft202012Validator
+from feedback.schema_validation import UnusableSchema, schema_errors, schema_validator
 
 RATIONALE_MAX = 800
 CORRECTION_MAX = 2000
@@ -120,7 +120,10 @@ def group_scores_schema(n: int) -> dict[str, Any]:
 
 def validate(data: Any, schema: dict[str, Any]) -> None:
     """Raise `SchemaViolation` naming the first offending path and the rule it broke."""
-    errors = sorted(Draft202012Validator(schema).iter_errors(data), key=lambda e: list(e.absolute_path))
+    try:
+        errors = schema_errors(schema_validator(schema), data)
+    except UnusableSchema as exc:
+        raise SchemaViolation(f"(root): {exc}") from None
     if errors:
         first = errors[0]
         where = "/".join(str(p) for p in first.absolute_path) or "(root)"

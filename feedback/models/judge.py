@@ -8,7 +8,10 @@ row; old rows stay, and `is_latest` marks the one training and the trace list us
 
 from __future__ import annotations
 
+import re
+
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
@@ -43,6 +46,33 @@ class SchemaMode(models.TextChoices):
     PORTABLE = "portable", "Without length/range bounds (strict hosted APIs)"
 
 
+# The environment variables a deployment's judge may take its key from: ones named for that
+# purpose, never any other (an admin could otherwise send SECRET_KEY or a database password as
+# a Bearer token to a URL of their choice). The settings' own judge key may be named too.
+JUDGE_KEY_ENV_PREFIX = "PRACTICUM_JUDGE_KEY_"
+JUDGE_DEFAULT_KEY_ENV = "PRACTICUM_JUDGE_API_KEY"
+_KEY_ENV_NAME = re.compile(r"[A-Z0-9_]+")
+
+
+def judge_key_env_check(name: str) -> None:
+    """Raise ValidationError unless `name` (blank: no key) is a variable a judge key may be
+    read from."""
+    if not name:
+        return
+    if name == JUDGE_DEFAULT_KEY_ENV or (
+        name.startswith(JUDGE_KEY_ENV_PREFIX)
+        and len(name) > len(JUDGE_KEY_ENV_PREFIX)
+        and _KEY_ENV_NAME.fullmatch(name)
+    ):
+        return
+    raise ValidationError(
+        {
+            "api_key_env": f"{name[:100]!r} is not a judge key variable: use a name that starts with "
+            f"{JUDGE_KEY_ENV_PREFIX} (capitals, digits, _), or {JUDGE_DEFAULT_KEY_ENV}"
+        }
+    )
+
+
 class DeploymentJudge(models.Model):
     """A deployment's own judge endpoint, used instead of the settings' one. The API key
     is not stored: `api_key_env` names the environment variable that holds it."""
@@ -63,6 +93,9 @@ class DeploymentJudge(models.Model):
 
     def __str__(self) -> str:
         return f"{self.deployment_id}: {self.model} at {self.base_url}"
+
+    def clean(self) -> None:
+        judge_key_env_check(self.api_key_env)
 
 
 class JudgeJob(models.Model):

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db.models import Avg, Count, Q
 
 from feedback.judge.agreement import (
@@ -31,6 +32,7 @@ from feedback.models import (
     TurnRating,
     rating_normalised,
 )
+from feedback.models.judge import judge_key_env_check
 
 
 def judge_endpoint_for(*, deployment: Deployment | None = None) -> JudgeEndpoint:
@@ -39,6 +41,14 @@ def judge_endpoint_for(*, deployment: Deployment | None = None) -> JudgeEndpoint
     override = DeploymentJudge.objects.filter(deployment=deployment).first() if deployment is not None else None
     if override is None:
         return JudgeEndpoint.from_settings()
+    try:
+        # Checked again at use: a row written past the model's validation (a migration, raw
+        # SQL, an older version) must not make us read and send any variable it names.
+        judge_key_env_check(override.api_key_env)
+    except ValidationError as exc:
+        raise JudgeNotConfigured(
+            f"deployment {deployment.name}: judge key variable refused: {'; '.join(exc.messages)}"
+        ) from None
     return JudgeEndpoint.from_settings(
         base_url=override.base_url,
         model=override.model,

@@ -11,6 +11,8 @@ from typing import Any
 from django.db.models.functions import Length, Substr
 
 from feedback.models import Comment, Correction, CustomerFeedback, Message, Trace, TraceFlag, TurnRating
+from feedback.permissions import can_see_customer_feedback
+from feedback.services.chat_format import MAX_JSON_DEPTH, json_depth, json_loads_bounded
 
 # Characters of a message shown before "show more"; the rest is fetched on demand.
 HEAD_CHARS = 2_000
@@ -19,13 +21,28 @@ MAX_PRETTY_CHARS = 20_000
 
 
 def pretty_json(text: str) -> str:
-    """Indent a JSON string for reading; anything else comes back as it was."""
-    if len(text) > MAX_PRETTY_CHARS:
+    """Indent a JSON string for reading; anything else (too long, nested too deeply to
+    walk, not JSON) comes back as it was."""
+    if not isinstance(text, str) or len(text) > MAX_PRETTY_CHARS:
         return text
     try:
-        return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+        return json_pretty(json_loads_bounded(text))
     except (ValueError, TypeError):
         return text
+
+
+def json_pretty(value: Any, *, sort_keys: bool = False) -> str:
+    """Indented JSON of a stored value, for a page. Never raises: a value nested too deeply
+    to indent (stored before ingest bounded depth) is shown compact, or as a placeholder."""
+    if json_depth(value) <= MAX_JSON_DEPTH:
+        try:
+            return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=sort_keys)
+        except (ValueError, TypeError, RecursionError):
+            pass
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (ValueError, TypeError, RecursionError):
+        return f"(not shown: nested more than {MAX_JSON_DEPTH} levels deep)"
 
 
 @dataclass(slots=True)
@@ -158,7 +175,10 @@ def trace_review(*, trace: Trace, user) -> TraceReview:
     turn_annotate(turns=turns, trace=trace, user=user)
     trace_feedback = []
     by_id = {t.message.id: t for t in turns}
-    for f in CustomerFeedback.objects.filter(trace=trace).order_by("-created_at", "-id"):
+    # Customers' words and references are for roles that hold the permission to read them
+    # (reviewers and approvers see the conversation, not what customers said about it).
+    feedback = CustomerFeedback.objects.filter(trace=trace).order_by("-created_at", "-id")
+    for f in feedback if can_see_customer_feedback(user) else feedback.none():
         if f.message_id in by_id:
             by_id[f.message_id].feedback.append(f)
         trace_feedback.append(f)
@@ -172,9 +192,7 @@ def trace_review(*, trace: Trace, user) -> TraceReview:
             {
                 "name": (tool.get("function") or {}).get("name", ""),
                 "description": (tool.get("function") or {}).get("description", ""),
-                "parameters": json.dumps(
-                    (tool.get("function") or {}).get("parameters") or {}, indent=2, ensure_ascii=False
-                ),
+                "parameters": json_pretty((tool.get("function") or {}).get("parameters") or {}),
             }
             for tool in (trace.tools or [])
             if isinstance(tool, dict)

@@ -7,6 +7,8 @@ what was wrong with one item and keep the others.
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -16,6 +18,11 @@ from django.utils.dateparse import parse_datetime
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 SERVING_KEYS = ("token_ids", "token_logprobs", "latency_ms", "finish_reason", "usage", "response_id")
+# The deepest nesting of JSON (objects and arrays inside one another) a trace may carry, in
+# its messages, tool definitions, metadata and tool-call arguments. Real data stays far below;
+# a few thousand levels (6 kB) break every recursive reader (Python's json, the templates,
+# JSON Schema validation) and orjson writes no more than 254.
+MAX_JSON_DEPTH = 64
 
 
 class FieldError(ValueError):
@@ -38,6 +45,61 @@ class ParsedMessage:
     tool_call_id: str
     raw: dict[str, Any]
     serving: dict[str, Any] = field(default_factory=dict)
+
+
+def json_depth(value: Any, *, stop_after: int = MAX_JSON_DEPTH) -> int:
+    """How deeply objects and arrays nest in `value` (a scalar is 0, `[]` is 1), counted
+    without recursion; counting stops once past `stop_after`."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if deepest > stop_after:
+            return deepest
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list | tuple))
+    return deepest
+
+
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def json_text_depth(text: str) -> int:
+    """How deeply arrays and objects nest in a JSON text (valid or not), without parsing it."""
+    if text.count("[") + text.count("{") <= 1:
+        return min(1, text.count("[") + text.count("{"))
+    depth = deepest = 0
+    for match in _BRACKET.finditer(_JSON_STRING.sub("", text)):
+        if match.group() in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif depth:
+            depth -= 1
+    return deepest
+
+
+def json_depth_check(value: Any, path: str, *, limit: int = MAX_JSON_DEPTH) -> None:
+    """Raise `FieldError(path, …)` when `value` (or, for a string, the JSON text it holds)
+    nests deeper than `limit`. Every way traces come in (the batch API, JSONL import, the
+    gateway) checks here, so nothing deeper is ever stored."""
+    depth = json_text_depth(value) if isinstance(value, str) else json_depth(value, stop_after=limit)
+    if depth > limit:
+        raise FieldError(path, f"nested more than {limit} levels deep")
+
+
+def json_loads_bounded(text: str, *, limit: int = MAX_JSON_DEPTH) -> Any:
+    """`json.loads` for untrusted text: a text nested deeper than `limit` raises
+    ValueError like any other unreadable JSON, instead of RecursionError."""
+    if json_text_depth(text) > limit:
+        raise ValueError(f"nested more than {limit} levels deep")
+    return json.loads(text)
 
 
 def _type_name(value: Any) -> str:
@@ -89,6 +151,7 @@ def _tool_calls(value: Any, path: str) -> list[dict[str, Any]]:
             arguments = orjson.dumps(arguments).decode()
         elif not isinstance(arguments, str):
             raise FieldError(f"{here}.function.arguments", "must be a JSON string")
+        json_depth_check(arguments, f"{here}.function.arguments")
         calls.append(
             {"id": call_id, "type": call.get("type") or "function", "function": {"name": name, "arguments": arguments}}
         )
@@ -99,6 +162,7 @@ def parse_message(value: Any, path: str) -> ParsedMessage:
     """Validate one chat message; `path` prefixes field names in errors."""
     if not isinstance(value, dict):
         raise FieldError(path, f"must be an object, got {_type_name(value)}")
+    json_depth_check(value, path)
     role = value.get("role")
     if role not in ROLES:
         if role is None:
@@ -153,6 +217,7 @@ def parse_tools(value: Any, path: str) -> list[dict[str, Any]]:
     for i, tool in enumerate(value):
         if not isinstance(tool, dict):
             raise FieldError(f"{path}[{i}]", f"must be an object, got {_type_name(tool)}")
+        json_depth_check(tool, f"{path}[{i}]")
         function = tool.get("function")
         if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
             raise FieldError(f"{path}[{i}].function.name", "required non-empty string")
@@ -187,4 +252,7 @@ def optional_string(item: dict[str, Any], key: str, *, max_length: int = 200) ->
         raise FieldError(key, f"must be a string, got {_type_name(value)}")
     if len(value) > max_length:
         raise FieldError(key, f"longer than {max_length} characters")
+    if "\x00" in value:
+        # An identifier is looked up and compared as it is; PostgreSQL cannot hold NUL.
+        raise FieldError(key, "contains a NUL character")
     return value

@@ -27,26 +27,29 @@ class DemoRunError(ValueError):
         super().__init__("; ".join(f"{f}: {r}" for f, r in errors))
 
 
-def demo_agent_run_enqueue(*, deployment: Deployment, base_url: str, split: str, episodes: int) -> None:
-    """Check the request and queue a run of the demo agent on the `default` queue."""
+def demo_agent_run_enqueue(*, deployment: Deployment, split: str, episodes: int) -> None:
+    """Check the request and queue a run of the demo agent on the `default` queue. The
+    agent goes to the configured gateway (`GATEWAY_URL`), never to an address a request
+    names: the run carries a freshly minted key there."""
     errors = []
     if split not in SPLITS:
         errors.append(("split", f"must be one of {', '.join(SPLITS)}"))
     if not 1 <= episodes <= MAX_EPISODES:
         errors.append(("episodes", f"must be between 1 and {MAX_EPISODES}"))
-    if not base_url.startswith(("http://", "https://")):
-        errors.append(("base_url", "must be an http(s) URL"))
+    if not settings.GATEWAY_URL.startswith(("http://", "https://")):
+        errors.append(("PRACTICUM_GATEWAY_URL", "must be an http(s) URL"))
     if errors:
         raise DemoRunError(errors)
     from feedback.tasks import demo_agent_run_task
 
-    demo_agent_run_task.delay_on_commit(deployment.pk, base_url, split, episodes)
+    demo_agent_run_task.delay_on_commit(deployment.pk, split, episodes)
 
 
-def demo_agent_run_for(*, deployment: Deployment, base_url: str, split: str, episodes: int, seed: int = 0) -> Any:
-    """Run the demo agent against the gateway at `base_url` with a key made for this run."""
+def demo_agent_run_for(*, deployment: Deployment, split: str, episodes: int, seed: int = 0) -> Any:
+    """Run the demo agent against the configured gateway with a key made for this run."""
     from feedback.demo.agent import demo_agent_run
 
+    base_url = settings.GATEWAY_URL
     created = api_key_create(
         deployment=deployment,
         scopes=["ingest", "feedback"],

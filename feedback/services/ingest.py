@@ -16,13 +16,14 @@ from typing import Any
 
 import orjson
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, OperationalError, connection, transaction
 from django.utils import timezone
 
 from feedback.models import Deployment, Message, Trace, TraceSource, TraceStatus
 from feedback.services.chat_format import (
     FieldError,
     ParsedMessage,
+    json_depth_check,
     optional_string,
     parse_message,
     parse_timestamp,
@@ -75,6 +76,10 @@ def parse_trace_item(item: Any, *, max_messages: int | None = None) -> ParsedTra
         raise FieldError("external_id", "required non-empty string")
     if len(external_id) > 200:
         raise FieldError("external_id", "longer than 200 characters")
+    if "\x00" in external_id:
+        # It is looked up as it is, and PostgreSQL text cannot hold NUL: refuse this item
+        # rather than fail the batch's query.
+        raise FieldError("external_id", "contains a NUL character")
     raw_messages = item.get("messages")
     if not isinstance(raw_messages, list) or not raw_messages:
         raise FieldError("messages", "required non-empty array of chat messages")
@@ -85,6 +90,10 @@ def parse_trace_item(item: Any, *, max_messages: int | None = None) -> ParsedTra
     metadata = item.get("metadata") or {}
     if not isinstance(metadata, dict):
         raise FieldError("metadata", "must be an object")
+    for key, value in item.items():
+        # Each message and tool is checked as it is parsed.
+        if key not in ("messages", "tools") and isinstance(value, dict | list):
+            json_depth_check(value, str(key)[:100])
     status = item.get("status") or TraceStatus.OK
     if status not in TraceStatus.values:
         raise FieldError("status", f"one of {', '.join(TraceStatus.values)}")
@@ -218,7 +227,10 @@ def _copy(table: str, columns: Sequence[str], json_columns: set[str], rows: Iter
     text_at = [i for i, c in enumerate(columns) if c not in json_columns]
     dumps = orjson.dumps
     sql = f"COPY {table} ({', '.join(columns)}) FROM STDIN"
-    with connection.cursor() as cursor, cursor.cursor.copy(sql) as copy:
+    # The raw psycopg cursor bypasses Django's error translation: without it a unique
+    # violation from a concurrent batch surfaces as psycopg's UniqueViolation, not as the
+    # IntegrityError `traces_ingest` retries on.
+    with connection.wrap_database_errors, connection.cursor() as cursor, cursor.cursor.copy(sql) as copy:
         for row in rows:
             row = list(row)
             for i in json_at:
@@ -282,9 +294,15 @@ def _divergence(stored: list[dict[str, Any]], new: list[ParsedMessage]) -> int |
 def _ingest_parsed(deployment: Deployment, parsed: list[tuple[int, ParsedTrace]], source: str) -> list[ItemResult]:
     now = timezone.now()
     by_id = {p.external_id: (i, p) for i, p in parsed}
+    # Stored traces this batch may extend are locked (in id order, so two batches never
+    # wait on each other crosswise) before their messages are read: a concurrent append to
+    # the same trace waits here and then sees this one's messages and counts.
     existing = {
         t.external_id: t
-        for t in Trace.objects.filter(deployment=deployment, external_id__in=list(by_id)).only(
+        for t in Trace.objects.select_for_update()
+        .filter(deployment=deployment, external_id__in=list(by_id))
+        .order_by("id")
+        .only(
             "id",
             "external_id",
             "message_count",
@@ -357,15 +375,20 @@ def _ingest_parsed(deployment: Deployment, parsed: list[tuple[int, ParsedTrace]]
             results.append(ItemResult(index, external_id, "exists", trace.id))
             continue
         rows.extend(_message_values(trace.id, len(stored) + k, m, now) for k, m in enumerate(extra))
-        _apply_appended(trace, extra, p, now)
+        _apply_appended(trace, extra, p, now, stored_count=len(stored))
         results.append(ItemResult(index, external_id, "appended", trace.id))
     messages_insert(rows)
     return results
 
 
-def _apply_appended(trace: Trace, extra: list[ParsedMessage], p: ParsedTrace | None, now: datetime) -> None:
+def _apply_appended(
+    trace: Trace, extra: list[ParsedMessage], p: ParsedTrace | None, now: datetime, *, stored_count: int | None = None
+) -> None:
     add = trace_counts(extra)
-    trace.message_count += add["message_count"]
+    # With the stored messages just counted under the row lock, the count is set, not added
+    # to, so it always equals the rows that exist.
+    base = trace.message_count if stored_count is None else stored_count
+    trace.message_count = base + add["message_count"]
     trace.assistant_turn_count += add["assistant_turn_count"]
     trace.tool_call_count += add["tool_call_count"]
     trace.total_tokens += add["total_tokens"]
@@ -416,15 +439,33 @@ def traces_ingest(
         seen.add(p.external_id)
         parsed.append((index, p))
     if parsed:
-        try:
-            written = _ingest_parsed(deployment, parsed, source)
-        except IntegrityError:
-            # A concurrent request created some of these external ids first; a second pass
-            # sees them as stored and compares instead of inserting.
-            written = _ingest_parsed(deployment, parsed, source)
+        written = _ingest_with_retries(deployment, parsed, source)
         for r in written:
             results[r.index] = r
     return [results[i] for i in sorted(results)]
+
+
+# How often a batch is written again after losing a race with a concurrent one.
+INGEST_ATTEMPTS = 4
+_RETRYABLE_SQLSTATES = {"40P01", "40001"}  # deadlock detected, serialization failure
+
+
+def _ingest_with_retries(
+    deployment: Deployment, parsed: list[tuple[int, ParsedTrace]], source: str
+) -> list[ItemResult]:
+    """A concurrent request may create some of these external ids first (a unique violation)
+    or, rarely, the two may deadlock; the whole batch was rolled back, so it is written
+    again, and the next pass sees those traces as stored and compares instead of inserting."""
+    for attempt in range(1, INGEST_ATTEMPTS + 1):
+        try:
+            return _ingest_parsed(deployment, parsed, source)
+        except (IntegrityError, OperationalError) as exc:
+            retryable = isinstance(exc, IntegrityError) or (
+                getattr(exc.__cause__, "sqlstate", None) in _RETRYABLE_SQLSTATES
+            )
+            if not retryable or attempt == INGEST_ATTEMPTS:
+                raise
+    raise AssertionError("unreachable")
 
 
 @transaction.atomic

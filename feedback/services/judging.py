@@ -26,6 +26,8 @@ from feedback.models import (
     Comment,
     Correction,
     CustomerFeedback,
+    Deployment,
+    DeploymentJudge,
     JudgeJob,
     JudgeResult,
     JudgeStatus,
@@ -291,3 +293,18 @@ def order_swap_check_run(
     check.cost = sum(costs) if costs else None
     check.save()
     return check
+
+
+@transaction.atomic
+def deployment_judge_set(
+    *, deployment: Deployment, base_url: str, model: str, api_key_env: str = "", schema_mode: str = "full"
+) -> DeploymentJudge:
+    """Give `deployment` its own judge endpoint (or change it). The key is never stored:
+    `api_key_env` names the variable that holds it, and only judge key variables are
+    accepted (`judge_key_env_check`); a bad value raises ValidationError naming the field."""
+    judge = DeploymentJudge.objects.filter(deployment=deployment).first() or DeploymentJudge(deployment=deployment)
+    judge.base_url, judge.model, judge.api_key_env, judge.schema_mode = base_url, model, api_key_env, schema_mode
+    judge.updated_at = timezone.now()
+    judge.full_clean()
+    judge.save()
+    return judge

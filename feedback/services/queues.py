@@ -95,18 +95,22 @@ def queue_next_item(*, queue: AnnotationQueue, user, now: datetime | None = None
     return None
 
 
-def _check_holder(item: QueueItem, user, now: datetime) -> None:
+def _check_holder(item: QueueItem, user, now: datetime, *, must_hold: bool = False) -> None:
     if item.status != QueueItemStatus.PENDING:
         raise QueueItemNotHeld("this item is already done")
     if item.locked_by_id != user.pk and item.locked_until is not None and item.locked_until > now:
         raise QueueItemNotHeld("another reviewer holds this item")
+    if must_hold and item.locked_by_id != user.pk:
+        # Done means "I reviewed this trace": only the one who took the item (with "Next
+        # item") can say so. A lock that ran out still counts while nobody else took it.
+        raise QueueItemNotHeld("take this item with “Next item” before marking it done")
 
 
 @transaction.atomic
 def queue_item_done(*, item: QueueItem, user, now: datetime | None = None) -> QueueItem:
     now = now or timezone.now()
     item = QueueItem.objects.select_for_update().get(pk=item.pk)
-    _check_holder(item, user, now)
+    _check_holder(item, user, now, must_hold=True)
     item.status = QueueItemStatus.DONE
     item.done_by, item.done_at = user, now
     item.locked_by, item.locked_until = None, None

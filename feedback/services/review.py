@@ -9,7 +9,6 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-import jsonschema
 import orjson
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
@@ -17,7 +16,8 @@ from django.utils import timezone
 from django.utils.crypto import get_random_string
 
 from feedback.models import Comment, Correction, Message, MessageRole, RatingKind, Trace, TurnRating
-from feedback.services.chat_format import FieldError
+from feedback.schema_validation import UnusableSchema, schema_first_error, schema_validator
+from feedback.services.chat_format import FieldError, json_depth_check
 from feedback.services.judging import judge_on_comment
 
 MAX_COMMENT_CHARS = 20_000
@@ -206,6 +206,7 @@ def correction_tool_calls_validate(*, trace: Trace, tool_calls: Any) -> list[dic
                 f"{here}.function.name", f"unknown tool {name[:80]!r}; this trace defines {', '.join(sorted(schemas))}"
             )
         arguments = function.get("arguments", {})
+        json_depth_check(arguments, f"{here}.function.arguments")
         if isinstance(arguments, str):
             _no_nul(arguments, f"{here}.function.arguments")
             try:
@@ -217,9 +218,11 @@ def correction_tool_calls_validate(*, trace: Trace, tool_calls: Any) -> list[dic
         schema = schemas[name]
         if schema:
             try:
-                error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(arguments))
-            except jsonschema.exceptions.SchemaError:
-                error = None  # the agent's own tool schema is broken; accept any object
+                error = schema_first_error(schema_validator(schema), arguments)
+            except UnusableSchema:
+                # The agent's own tool schema is broken (or points outside itself, which is
+                # never fetched): accept any object.
+                error = None
             if error is not None:
                 where = "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
                 raise FieldError(f"{here}.function.arguments{where}", error.message[:300])

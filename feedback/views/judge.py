@@ -14,7 +14,7 @@ from django.views.decorators.http import require_POST
 from feedback.judge.client import JudgeNotConfigured
 from feedback.judge.prompts import CURRENT_TURN
 from feedback.models import Deployment, JudgeJob, JudgeResult, JudgeTrigger, Message
-from feedback.permissions import BROWSE
+from feedback.permissions import BROWSE, can_see_customer_feedback
 from feedback.selectors.judge import agreement_by_version, judge_endpoint_for
 from feedback.services.judge_jobs import judge_job_cancel, judge_job_create
 from feedback.services.judging import JudgeError, judge_request
@@ -115,7 +115,7 @@ def judge_result_detail(request: HttpRequest, result_id: int) -> HttpResponse:
     context = {
         "result": result,
         "comments": result.comments.select_related("author"),
-        "customer_feedback": result.customer_feedback.all(),
+        "customer_feedback": result.customer_feedback.all() if can_see_customer_feedback(request.user) else [],
         "human_corrections": result.human_corrections.select_related("author"),
         "swap_checks": result.swap_checks.all(),
         "older": JudgeResult.objects.filter(message_id=result.message_id).exclude(pk=result.pk)[:20],

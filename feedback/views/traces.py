@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from urllib.parse import parse_qsl
 
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django_htmx.http import push_url
@@ -15,7 +14,7 @@ from feedback.forms import TraceFilterForm
 from feedback.models import Message, Trace
 from feedback.permissions import BROWSE, BUILD_QUEUE, can_annotate, can_see_trace
 from feedback.selectors.judge import judge_results_for_messages
-from feedback.selectors.review import trace_by_id, trace_review
+from feedback.selectors.review import json_pretty, trace_by_id, trace_review
 from feedback.selectors.trace_list import Cursor, flag_names, trace_neighbour, trace_page
 from feedback.selectors.traces import message_as_openai
 from feedback.views.common import dashboard_view, filter_query, with_csp
@@ -124,7 +123,7 @@ def message_content(request: HttpRequest, trace_id: int, position: int) -> HttpR
 def message_raw(request: HttpRequest, trace_id: int, position: int) -> HttpResponse:
     """The message as stored (its submitted JSON), pretty-printed."""
     message = _message(request, trace_id, position)
+    text = json_pretty(message.raw or message_as_openai(message))
     if request.htmx:
-        text = json.dumps(message.raw or message_as_openai(message), indent=2, ensure_ascii=False)
         return render(request, "feedback/_message_text.html", {"text": text, "raw": True})
-    return with_csp(JsonResponse(message.raw or message_as_openai(message), json_dumps_params={"indent": 2}))
+    return with_csp(HttpResponse(text, content_type="application/json"))

@@ -64,9 +64,11 @@ def step_done(page, key: str) -> bool:
 
 
 @pytest.fixture
-def worker(monkeypatch, tmp_path, judge_server):
+def worker(monkeypatch, tmp_path, judge_server, gateway):
     """One worker on every queue (judge calls, training, evaluation, release, the agent)."""
     monkeypatch.setenv("PRACTICUM_JUDGE_BASE_URL", judge_server.base_url)
+    # The agent the tour runs again goes to the configured gateway, as in production.
+    monkeypatch.setenv("PRACTICUM_GATEWAY_URL", gateway.url)
     monkeypatch.setenv("PRACTICUM_JUDGE_MODEL", "test-judge")
     monkeypatch.setenv("PRACTICUM_JUDGE_RETRY_BACKOFF_S", "0")
     monkeypatch.setenv("PRACTICUM_TRAINING_DIR", str(tmp_path / "training"))
@@ -91,7 +93,6 @@ def test_the_whole_tour_in_the_browser(
     from training.services.models import live_version_set
 
     judge_server.respond_with(judge_answers)
-    settings.DEMO_AGENT_BASE_URL = gateway.url
     settings.DEMO_AGENT_EPISODES = 2
     operator, approver = user_with_role("operator", "olga"), user_with_role("approver", "arno")
     deployment = DeploymentFactory(name="support-bot")

@@ -215,8 +215,8 @@ def test_a_deployment_can_use_its_own_judge_without_getting_the_default_key(
     assert result.judge_model == "own-judge" and result.status == JudgeStatus.SUCCEEDED
     assert "default-secret" not in judge_settings.headers[0].get("authorization", "")
 
-    monkeypatch.setenv("SUPPORT_BOT_JUDGE_KEY", "own-secret")
-    DeploymentJudge.objects.filter(deployment=deployment).update(api_key_env="SUPPORT_BOT_JUDGE_KEY")
+    monkeypatch.setenv("PRACTICUM_JUDGE_KEY_SUPPORT_BOT", "own-secret")
+    DeploymentJudge.objects.filter(deployment=deployment).update(api_key_env="PRACTICUM_JUDGE_KEY_SUPPORT_BOT")
     judge_run(result=judge_request(message=answer_of(trace), trigger=JudgeTrigger.MANUAL, enqueue=False))
     assert judge_settings.headers[1]["authorization"] == "Bearer own-secret"
 

@@ -132,9 +132,14 @@ class Environment(ABC):
             return ToolResult(f"error: unknown tool {name!r}; the tools are: {known}", error=True)
         if isinstance(arguments, str) or arguments is None:
             try:
-                arguments = json.loads(arguments or "{}")
+                arguments = json.loads(arguments or "{}", parse_constant=_not_a_number)
+            except RecursionError:
+                return ToolResult("error: the arguments are nested too deeply", error=True)
             except ValueError as e:
-                return ToolResult(f"error: the arguments are not valid JSON ({e.msg})", error=True)
+                # A JSONDecodeError says where; Python's cap on an integer's digits raises a
+                # plain ValueError (4,300 digits), as does a NaN or Infinity literal.
+                reason = e.msg if isinstance(e, json.JSONDecodeError) else str(e).split(":")[0]
+                return ToolResult(f"error: the arguments are not valid JSON ({reason})", error=True)
         if not isinstance(arguments, dict):
             return ToolResult("error: the arguments must be a JSON object", error=True)
         try:
@@ -148,6 +153,10 @@ class Environment(ABC):
         if len(content) > MAX_TOOL_RESULT_CHARS:
             content = content[:MAX_TOOL_RESULT_CHARS] + f"\n… (cut at {MAX_TOOL_RESULT_CHARS} characters)"
         return ToolResult(content)
+
+
+def _not_a_number(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 _REGISTRY: dict[str, type[Environment]] = {}

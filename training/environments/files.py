@@ -6,7 +6,8 @@ tool error the model reads:
 
 - absolute paths and any `..` component (no walking out by name);
 - paths that resolve outside the root through a symlink, and writes to a symlink;
-- writes over `max_write_bytes`, a sandbox over `max_total_bytes` or `max_files`;
+- writes over `max_write_bytes`, a sandbox over `max_total_bytes`, `max_files` or
+  `max_folders`, and paths more than `max_depth` folders deep;
 - more than `max_calls` tool calls in one episode (a runaway loop).
 
 The grader reads the files the episode leaves (`FileSandbox.snapshot`). `FileTasks`,
@@ -16,6 +17,7 @@ need one to three tool calls, split into training and held-out tasks.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -70,6 +72,8 @@ class FileSandbox:
     max_calls: int = 32
     max_read_bytes: int = 16_384
     max_search_files: int = 200
+    max_folders: int = 32
+    max_depth: int = 8
     calls: int = 0
     meta: dict[str, Any] = field(default_factory=dict)
 
@@ -84,7 +88,14 @@ class FileSandbox:
         return sandbox
 
     def remove(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
+        """Delete the folder, whatever the episode left in it. Never raises: a tree too deep
+        for a recursive delete is taken apart from the bottom without recursion."""
+        try:
+            shutil.rmtree(self.root)
+        except FileNotFoundError:
+            return
+        except (OSError, RecursionError):
+            _remove_tree(self.root)
 
     # --- confinement -----------------------------------------------------------------
 
@@ -101,6 +112,8 @@ class FileSandbox:
             raise ToolError(f"{path!r} is an absolute path; use a path relative to the working folder")
         if ".." in pure.parts:
             raise ToolError(f"{path!r} leaves the working folder ('..' is not allowed)")
+        if len(pure.parts) > self.max_depth:
+            raise ToolError(f"{path[:80]!r} is too deep: at most {self.max_depth} levels of folders")
         candidate = self.root.joinpath(*pure.parts) if pure.parts else self.root
         real = Path(os.path.realpath(candidate))
         if real != self.root and self.root not in real.parents:
@@ -114,16 +127,34 @@ class FileSandbox:
         if self.calls > self.max_calls:
             raise ToolError(f"too many tool calls in this episode (limit {self.max_calls}); give your answer now")
 
+    def _walk(self, under: Path) -> tuple[list[Path], list[Path]]:
+        """(regular files, folders) below `under`, in sorted depth-first order, never
+        descending through symbolic links. Iterative: however deep a tree got (a seeded
+        one, or one made before these limits), reading it cannot overflow the stack."""
+        files: list[Path] = []
+        folders: list[Path] = []
+        stack = [under]
+        while stack:
+            folder = stack.pop()
+            try:
+                entries = sorted(os.scandir(folder), key=lambda e: e.name)
+            except OSError:
+                continue
+            subfolders = []
+            for entry in entries:
+                if entry.is_symlink():
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    subfolders.append(Path(entry.path))
+                elif entry.is_file(follow_symlinks=False):
+                    files.append(Path(entry.path))
+            folders.extend(subfolders)
+            stack.extend(reversed(subfolders))
+        return files, folders
+
     def _regular_files(self, under: Path) -> list[Path]:
         """Regular files below `under`, never descending through symbolic links."""
-        found: list[Path] = []
-        for folder, dirs, files in os.walk(under, followlinks=False):
-            dirs[:] = sorted(d for d in dirs if not os.path.islink(os.path.join(folder, d)))
-            for name in sorted(files):
-                p = Path(folder, name)
-                if not p.is_symlink() and p.is_file():
-                    found.append(p)
-        return found
+        return self._walk(under)[0]
 
     # --- tools -----------------------------------------------------------------------
 
@@ -172,6 +203,13 @@ class FileSandbox:
         used = sum(p.stat().st_size for p in existing if p != real)
         if used + len(data) > self.max_total_bytes:
             raise ToolError(f"the working folder would exceed {self.max_total_bytes} bytes")
+        missing = 0
+        parent = real.parent
+        while parent != self.root and not parent.exists():
+            missing += 1
+            parent = parent.parent
+        if missing and len(self._walk(self.root)[1]) + missing > self.max_folders:
+            raise ToolError(f"the working folder would hold more than {self.max_folders} folders, the limit")
         real.parent.mkdir(parents=True, exist_ok=True)
         # The parent was checked to be inside the root; O_NOFOLLOW refuses a symlink
         # planted at the last component between the check and the open.
@@ -214,6 +252,29 @@ class FileSandbox:
             if stat.S_ISREG(p.lstat().st_mode):
                 out[self.relative(p)] = p.read_bytes()[: self.max_total_bytes].decode("utf-8", errors="replace")
         return out
+
+
+def _remove_tree(root: Path) -> None:
+    """Delete `root` and everything below it without recursion (bottom-up); what cannot be
+    deleted is left, silently: cleanup must not end an episode or a training step."""
+    folders: list[str] = []
+    stack = [str(root)]
+    while stack:
+        folder = stack.pop()
+        folders.append(folder)
+        try:
+            with os.scandir(folder) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                    else:
+                        with contextlib.suppress(OSError):
+                            os.unlink(entry.path)
+        except OSError:
+            continue
+    for folder in reversed(folders):
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
 
 
 class FileSandboxEnvironment(Environment):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -36,6 +37,9 @@ class FieldSpec:
     maximum: float | None = None
 
     def check(self, name: str, value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            # NaN compares false with every bound, so it would pass them all.
+            raise ToolError(f"{name} must be a finite number")
         if isinstance(value, bool) and bool not in self.types:
             raise ToolError(f"{name} must be {self._type_names()}, not a boolean")
         if not isinstance(value, self.types):
@@ -199,7 +203,7 @@ def _call_key(call: dict[str, Any], key: str) -> str | int | None:
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments or "{}")
-        except ValueError:
+        except (ValueError, RecursionError):  # the model's text: any length, any depth
             return None
     value = arguments.get(key) if isinstance(arguments, dict) else None
     if isinstance(value, str | int) and not isinstance(value, bool) and str(value).strip():

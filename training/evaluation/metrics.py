@@ -41,7 +41,7 @@ def parse_tool_call_blocks(text: str) -> tuple[str, list[dict[str, Any]]]:
     for i, match in enumerate(_TOOL_CALL_BLOCK.finditer(text)):
         try:
             body = json.loads(match.group(1))
-        except ValueError:
+        except (ValueError, RecursionError):  # model output: any depth
             continue
         if not (isinstance(body, dict) and isinstance(body.get("name"), str)):
             continue

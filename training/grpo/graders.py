@@ -58,7 +58,7 @@ def json_valid(response: str, reference: str) -> float:
     """1 when the response parses as JSON (the reference is unused)."""
     try:
         json.loads(response)
-    except ValueError:
+    except (ValueError, RecursionError):  # model output: any depth
         return 0.0
     return 1.0
 
@@ -75,7 +75,7 @@ def response_action(response: str) -> dict | None:
     if match:
         try:
             call = json.loads(match.group(1))
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
         if not isinstance(call, dict) or not isinstance(call.get("name"), str):
             return None
@@ -83,7 +83,7 @@ def response_action(response: str) -> dict | None:
         if isinstance(arguments, str):
             try:
                 arguments = json.loads(arguments)
-            except ValueError:
+            except (ValueError, RecursionError):
                 return None
         if not isinstance(arguments, dict):
             return None

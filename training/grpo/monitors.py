@@ -35,7 +35,7 @@ def tool_call_validity(texts: list[str]) -> tuple[int, int]:
             seen += 1
             try:
                 call = json.loads(body)
-            except ValueError:
+            except (ValueError, RecursionError):  # model output: any depth
                 invalid += 1
                 continue
             if not (

@@ -6,6 +6,7 @@ Imported only by the Celery task (torch is imported inside `training_job_run`)."
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import threading
 import traceback
@@ -332,13 +333,16 @@ def _register_candidate(job: TrainingJob, export_path: Path | None) -> ModelVers
     pointer is not touched: promotion is a separate, approved step."""
     if export_path is None:
         raise RuntimeError("the job finished without an exported model")
+    from training.services.models import model_folder_claim, model_version_create, model_version_name_free
+
     parent = job.base_version
-    name = slugify(f"{parent.name}-{job.kind}-job{job.pk}")[:120]
-    dest = Path(settings.MODELS_DIR) / "versions" / name
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(dest, ignore_errors=True)
-    shutil.move(str(export_path), dest)
-    from training.services.models import model_version_create
+    # The parent's name is cut so the job's own suffix always survives: a long chain of
+    # jobs can never produce its parent's (or any registered) name again.
+    name = model_version_name_free(slugify(f"{parent.name[:80]}-{job.kind}-job{job.pk}"))
+    # The folder is new and unique (never derived from the name): nothing of a registered
+    # version is ever deleted or written into.
+    dest = model_folder_claim(prefix=f"job{job.pk}")
+    _move_into(export_path, dest)
 
     lora = job.config.get("adapter") == "lora"
     return model_version_create(
@@ -358,6 +362,18 @@ def _register_candidate(job: TrainingJob, export_path: Path | None) -> ModelVers
             "flagged": job.flagged,
         },
     )
+
+
+def _move_into(source: Path, dest: Path) -> None:
+    """Move the folder `source` to `dest`, an empty folder just claimed for it."""
+    try:
+        # On one filesystem, rename(2) replaces an empty directory atomically.
+        os.rename(source, dest)
+    except OSError:
+        # Another filesystem (the run folder and the models folder may be on different
+        # mounts): copy into the claimed folder, then drop the run's copy.
+        shutil.copytree(source, dest, dirs_exist_ok=True)
+        shutil.rmtree(source, ignore_errors=True)
 
 
 def _event(job: TrainingJob, kind: str, step: int, data: dict) -> None:

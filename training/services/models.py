@@ -8,9 +8,11 @@ is a separate step (`training.inference`): promotion checks that first, then fli
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_slug
 from django.db import connection, transaction
@@ -51,6 +53,44 @@ def _slug(value: str, what: str) -> str:
     return value
 
 
+def model_folder_claim(*, prefix: str) -> Path:
+    """A new, empty folder under `MODELS_DIR/versions/` for a version's weights, named
+    `<prefix>-<random id>`: unique, so it can never be a registered version's folder.
+    Creating it is the claim (it fails if the name exists)."""
+    root = Path(settings.MODELS_DIR) / "versions"
+    root.mkdir(parents=True, exist_ok=True)
+    for _ in range(5):
+        folder = root / f"{prefix}-{uuid.uuid4().hex[:16]}"
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            continue
+        return folder
+    raise ModelRegistryError(f"could not claim a new folder under {root}")
+
+
+def model_version_name_free(name: str) -> str:
+    """`name`, or `name-2`, `name-3`, … — the first no version has."""
+    candidate, n = name, 1
+    while ModelVersion.objects.filter(name=candidate).exists():
+        n += 1
+        candidate = f"{name}-{n}"
+    return candidate
+
+
+def registered_folder_owner(path: Path) -> str | None:
+    """The name of a registered base model or version whose weights live at `path` (or
+    inside it, or around it), else None. Nothing may write into such a folder."""
+    path = path.expanduser().resolve()
+    folders = [(f"version {name}", p) for name, p in ModelVersion.objects.values_list("name", "path")]
+    folders += [(f"base model {name}", p) for name, p in BaseModel.objects.values_list("name", "path")]
+    for owner, folder in folders:
+        other = Path(folder).expanduser().resolve()
+        if other == path or other in path.parents or path in other.parents:
+            return owner
+    return None
+
+
 def _hf_folder(path: Path) -> Path:
     path = path.expanduser().resolve()
     if not (path / "config.json").is_file():
@@ -71,15 +111,22 @@ def base_model_register(
     same name — the name the inference server serves the base weights under."""
     _slug(name, "base model name")
     path = _hf_folder(path)
-    base, _ = BaseModel.objects.update_or_create(
-        name=name,
-        defaults={
-            "path": str(path),
-            "description": description,
-            "metadata": metadata or {},
-            "inference_url": inference_url,
-        },
-    )
+    base = BaseModel.objects.select_for_update().filter(name=name).first()
+    if base is None:
+        base = BaseModel.objects.create(
+            name=name, path=str(path), description=description, metadata=metadata or {}, inference_url=inference_url
+        )
+    elif base.path != str(path) or (inference_url and base.inference_url != inference_url):
+        # The weights and the server a base model's versions are served from decide what
+        # answers customers: registered once, never repointed by a later registration.
+        raise ModelRegistryError(
+            f"base model {name!r} is registered at {base.path}"
+            + (f" on {base.inference_url}" if base.inference_url else "")
+            + "; register other weights or another server under a new name"
+        )
+    else:
+        base.description, base.metadata = description or base.description, metadata or base.metadata
+        base.save(update_fields=["description", "metadata"])
     version = ModelVersion.objects.filter(name=name).first()
     if version is None:
         version = ModelVersion.objects.create(
@@ -87,9 +134,6 @@ def base_model_register(
         )
     elif version.base_model_id != base.id or version.kind != ModelVersionKind.BASE:
         raise ModelRegistryError(f"a {version.kind} version named {name!r} already exists; pick another name")
-    elif version.path != str(path):
-        version.path = str(path)
-        version.save(update_fields=["path"])
     return base, version
 
 

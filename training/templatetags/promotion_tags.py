@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django import template
@@ -45,12 +44,16 @@ def signed(value: float | None, digits: int = 2) -> str:
 @register.filter
 def pretty(value: Any) -> str:
     """JSON for a <pre>: tool-call arguments, rubrics, raw results (escaped by the template)."""
+    from feedback.selectors.review import json_pretty
+    from feedback.services.chat_format import json_loads_bounded
+
+    # Values come from traces and model output: one nested too deeply never breaks the page.
     if isinstance(value, str):
         try:
-            value = json.loads(value)
+            value = json_loads_bounded(value)
         except ValueError:
             return value
-    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+    return json_pretty(value, sort_keys=True)
 
 
 @register.filter

@@ -6,7 +6,12 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from feedback.services.deployments import deployment_get_or_create
-from training.services.models import ModelRegistryError, base_model_register, live_version_set
+from training.services.models import (
+    ModelRegistryError,
+    base_model_register,
+    live_version_set,
+    registered_folder_owner,
+)
 
 DEFAULT_NAMES = {"smollm2": "smollm2-135m-instruct", "tiny": "tiny"}
 
@@ -37,6 +42,15 @@ class Command(BaseCommand):
             from training import modelprep  # torch/transformers: only on this command's path
 
             path = path or settings.MODELS_DIR / name
+            owner = registered_folder_owner(path)
+            complete = (path / "config.json").is_file() and (path / "model.safetensors").is_file()
+            if owner is not None and (opts["force"] or not complete):
+                # A registered folder's weights are what a deployment may be serving: never
+                # rebuilt or written into, only read.
+                raise CommandError(
+                    f"{path} holds the weights of {owner}; nothing writes into a registered folder. "
+                    "Prepare into another --path and register it under a new --name."
+                )
             self.stdout.write(f"Preparing {kind} at {path} …")
             prepare = modelprep.smollm2_prepare if kind == "smollm2" else modelprep.tiny_prepare
             path = prepare(path, force=opts["force"])
