@@ -124,14 +124,14 @@ def run_shape(name: str, args, tokenizer, tokenizer_dir: Path) -> dict:
         log_kl=False,
         learning_rate=1e-4,
     )
-    server = None
+    server, vllm_key = None, ""
     work = Path(tempfile.mkdtemp(prefix=f"gpu-check-{name}-"))
     if args.vllm:
         from training.grpo.vllm_rollout import start_server
 
         model.save_pretrained(work / "base")
         tokenizer.save_pretrained(work / "base")
-        server, url = start_server(work / "base", port=args.vllm_port, max_lora_rank=config.lora_rank)
+        server, url, vllm_key = start_server(work / "base", port=args.vllm_port, max_lora_rank=config.lora_rank)
         config.rollout, config.vllm_url = "vllm", url
     policy = load_policy(config, model=model, tokenizer=tokenizer)
     steps: list[dict] = []
@@ -162,6 +162,7 @@ def run_shape(name: str, args, tokenizer, tokenizer_dir: Path) -> dict:
             policy=policy,
             hooks=Hooks(on_step=on_step),
             export=False,
+            vllm_api_key=vllm_key,
         )
     finally:
         if server is not None:

@@ -250,6 +250,35 @@ JUDGE_SWAP_CHECK_RATE = float(os.environ.get("PRACTICUM_JUDGE_SWAP_CHECK_RATE", 
 INFERENCE_HOST = os.environ.get("PRACTICUM_INFERENCE_HOST", "127.0.0.1")
 INFERENCE_PORT = int(os.environ.get("PRACTICUM_INFERENCE_PORT", 8001))
 INFERENCE_URL = os.environ.get("PRACTICUM_INFERENCE_URL") or f"http://{INFERENCE_HOST}:{INFERENCE_PORT}"
+# The inference server's own key: vLLM is started with it (runtime LoRA loading is on, so
+# whoever reaches its port could otherwise load or unload the adapter behind a live name), and
+# every project client sends it. Unset: generated once per installation into DATA_DIR, like
+# SECRET_KEY; servers on other machines need PRACTICUM_INFERENCE_API_KEY set to the same value.
+INFERENCE_API_KEY = os.environ.get("PRACTICUM_INFERENCE_API_KEY", "")
+if not INFERENCE_API_KEY:
+    _inference_key_file = DATA_DIR / "inference_api_key"
+    if not _inference_key_file.exists():
+        import secrets
+        import tempfile
+
+        # Written aside, then linked into place: processes starting together agree on one key.
+        with tempfile.NamedTemporaryFile("w", dir=DATA_DIR, prefix=".inference_api_key.", delete=False) as _tmp:
+            _tmp.write(secrets.token_urlsafe(32))
+        os.chmod(_tmp.name, 0o600)
+        try:
+            os.link(_tmp.name, _inference_key_file)
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(_tmp.name)
+    INFERENCE_API_KEY = _inference_key_file.read_text().strip()
+# A judge served by our own inference server (as `make demo` runs it) gets that server's key
+# unless PRACTICUM_JUDGE_API_KEY says otherwise; no other judge URL is sent it.
+if JUDGE_BASE_URL and not JUDGE_API_KEY and JUDGE_BASE_URL.rstrip("/").removesuffix("/v1") == INFERENCE_URL.rstrip("/"):
+    JUDGE_API_KEY = INFERENCE_API_KEY
+# Other OpenAI-compatible servers a training job may sample rollouts from, besides each base
+# model's own inference server (comma-separated base URLs). A job config cannot name any other.
+INFERENCE_ROLLOUT_URLS = env_list("PRACTICUM_INFERENCE_ROLLOUT_URLS", "")
 INFERENCE_MAX_MODEL_LEN = int(os.environ.get("PRACTICUM_INFERENCE_MAX_MODEL_LEN", 2048))
 INFERENCE_MAX_LORA_RANK = int(os.environ.get("PRACTICUM_INFERENCE_MAX_LORA_RANK", 32))
 INFERENCE_MAX_LORAS = int(os.environ.get("PRACTICUM_INFERENCE_MAX_LORAS", 4))

@@ -161,7 +161,7 @@ class GatewayApp:
     def _pool(self, url: str) -> UpstreamPool:
         pool = self._pools.get(url)
         if pool is None:
-            pool = self._pools[url] = UpstreamPool(url, read_timeout=self.timeout)
+            pool = self._pools[url] = UpstreamPool(url, read_timeout=self.timeout, api_key=settings.INFERENCE_API_KEY)
         return pool
 
     async def startup(self) -> None:

@@ -132,7 +132,9 @@ class UpstreamResponse:
 
 
 class UpstreamPool:
-    def __init__(self, url: str, *, connect_timeout: float = 5.0, read_timeout: float = 600.0) -> None:
+    def __init__(
+        self, url: str, *, connect_timeout: float = 5.0, read_timeout: float = 600.0, api_key: str = ""
+    ) -> None:
         parts = urlsplit(url)
         if parts.scheme != "http":
             raise ValueError(f"{url}: the inference server is reached over plain http on a private network")
@@ -143,6 +145,10 @@ class UpstreamPool:
         self.read_timeout = read_timeout
         self._idle: list[_Connection] = []
         self._host_header = f"{self.host}:{self.port}".encode()
+        # The inference server's own key (it refuses /v1/... without it).
+        if any(c in api_key for c in "\r\n\0"):
+            raise ValueError("the inference server's key holds a line break or NUL")
+        self._auth = b"authorization: Bearer %s\r\n" % api_key.encode() if api_key else b""
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
@@ -156,10 +162,11 @@ class UpstreamPool:
 
     async def request(self, method: str, path: str, body: bytes = b"", content_type: bytes = b"application/json"):
         """Send a request; returns once the status line and headers are in."""
-        head = b"%s %s HTTP/1.1\r\nhost: %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n" % (
+        head = b"%s %s HTTP/1.1\r\nhost: %s\r\n%scontent-type: %s\r\ncontent-length: %d\r\n\r\n" % (
             method.encode(),
             (self.prefix + path).encode(),
             self._host_header,
+            self._auth,
             content_type,
             len(body),
         )

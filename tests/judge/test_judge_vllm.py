@@ -27,7 +27,12 @@ def test_a_rambling_judge_on_real_vllm_fails_visibly(vllm_server):
     whitespace until max_tokens. vLLM accepts and enforces the schema (the answer opens
     the object the schema asks for), and the client fails the call instead of scoring."""
     endpoint = JudgeEndpoint(
-        base_url=f"{vllm_server.url}/v1", model=vllm_server.served_name, max_attempts=2, backoff_s=0, max_tokens=64
+        base_url=f"{vllm_server.url}/v1",
+        model=vllm_server.served_name,
+        api_key=vllm_server.api_key,
+        max_attempts=2,
+        backoff_s=0,
+        max_tokens=64,
     )
     with pytest.raises(JudgeCallFailed) as info:
         score_candidates(
@@ -62,7 +67,9 @@ def smollm2_server(tmp_path_factory):
         server.stop()
 
 
-def test_smollm2_judges_a_commented_turn_through_structured_output(smollm2_server, make_trace, operator, settings):
+def test_smollm2_judges_a_commented_turn_through_structured_output(
+    smollm2_server, make_trace, operator, settings, monkeypatch
+):
     # Tight bounds: a 135M model repeats itself until a string's maxLength stops it.
     settings.JUDGE_RATIONALE_MAX_CHARS = 160
     settings.JUDGE_CORRECTION_MAX_CHARS = 160
@@ -72,8 +79,13 @@ def test_smollm2_judges_a_commented_turn_through_structured_output(smollm2_serve
     settings.JUDGE_TIMEOUT_S = 300
     settings.JUDGE_BASE_URL = ""  # only the deployment's own endpoint is configured
     trace = make_trace()
+    # Our own vLLM wants its key: the deployment's endpoint names the variable holding it.
+    monkeypatch.setenv("PRACTICUM_JUDGE_KEY_LOCAL_VLLM", smollm2_server.api_key)
     DeploymentJudge.objects.create(
-        deployment=trace.deployment, base_url=f"{smollm2_server.url}/v1", model=smollm2_server.served_name
+        deployment=trace.deployment,
+        base_url=f"{smollm2_server.url}/v1",
+        model=smollm2_server.served_name,
+        api_key_env="PRACTICUM_JUDGE_KEY_LOCAL_VLLM",
     )
     comment_add(message=trace.messages.get(position=4), author=operator, body="It should give the tracking number.")
 

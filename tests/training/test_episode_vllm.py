@@ -46,12 +46,16 @@ def test_episode_grpo_samples_every_turn_through_vllm_with_the_current_adapter(v
         policy=policy,
         export=False,
         hooks=Hooks(on_episodes=lambda step, phase, eps: episodes.extend(eps)),
+        vllm_api_key=vllm_server.api_key,
     )
     assert result.step == 2 and len(episodes) == 16
     assert all(math.isfinite(m["loss"]) and m["generated_tokens"] > 0 for m in result.history)
     assert any(not torch.equal(p, before[n]) for n, p in policy.model.named_parameters() if p.requires_grad)
     # Every turn's ids came back from the server and at most max_new_tokens of them.
     assert all(0 < len(c.extra["ids"]) <= 6 for e in episodes for c in e.completions)
-    served = [m["id"] for m in httpx.get(f"{vllm_server.url}/v1/models", timeout=10).json()["data"]]
+    served = [
+        m["id"]
+        for m in httpx.get(f"{vllm_server.url}/v1/models", timeout=10, headers=vllm_server.headers).json()["data"]
+    ]
     ours = [name for name in served if name.startswith(f"{tmp_path.name}-")]
     assert len(ours) == 1 and ours[0].endswith("-step-2")  # each step's adapter replaced the previous one

@@ -41,11 +41,15 @@ def test_grpo_samples_through_vllm_with_the_current_adapter(vllm_server, tmp_pat
         run_dir=tmp_path,
         policy=policy,
         export=False,
+        vllm_api_key=vllm_server.api_key,
     )
     assert result.step == 2
     assert all(math.isfinite(m["loss"]) and m["generated_tokens"] > 0 for m in result.history)
     assert any(not torch.equal(p, before[n]) for n, p in policy.model.named_parameters() if p.requires_grad)
-    served = [m["id"] for m in httpx.get(f"{vllm_server.url}/v1/models", timeout=10).json()["data"]]
+    served = [
+        m["id"]
+        for m in httpx.get(f"{vllm_server.url}/v1/models", timeout=10, headers=vllm_server.headers).json()["data"]
+    ]
     assert "step-2" in served and "step-1" not in served  # the previous step's adapter was unloaded
 
 
@@ -78,6 +82,8 @@ def test_rollouts_follow_the_structured_output_constraint_the_agent_serves_with(
         return [float(i % 2) for i in range(len(candidates))]
 
     items = [TurnItem(id=f"q{i}", messages=[{"role": "user", "content": f"Refund order A100{i}."}]) for i in range(2)]
-    result = grpo_train(config=config, items=items, score=score, run_dir=tmp_path, export=False)
+    result = grpo_train(
+        config=config, items=items, score=score, run_dir=tmp_path, export=False, vllm_api_key=vllm_server.api_key
+    )
     assert result.step == 1 and len(seen) == 6
     assert all(re.fullmatch(ACT_REGEX, text) for text in seen), seen

@@ -515,10 +515,12 @@ def episodes_train(
     hooks: Hooks | None = None,
     policy: Policy | None = None,
     export: bool = True,
+    vllm_api_key: str = "",
 ) -> TrainResult:
     """Train for `config.steps` steps on `tasks` of `env`, resuming from `run_dir`'s latest
     checkpoint if there is one. `hooks.on_episodes(step, phase, episodes)` receives every
-    episode (phase "train" or "eval") so the caller can record them as traces."""
+    episode (phase "train" or "eval") so the caller can record them as traces.
+    `vllm_api_key`: the inference server's key, for `rollout="vllm"`."""
     hooks = hooks or Hooks()
     if not tasks:
         raise ValueError("no training tasks")
@@ -534,7 +536,7 @@ def episodes_train(
 
         # Unique per run: another job (or this one, resumed) may share the server.
         prefix = f"{run_dir.name}-{uuid.uuid4().hex[:6]}-"
-        server = VllmRollouts(base_url=config.vllm_url, run_dir=run_dir, name_prefix=prefix)
+        server = VllmRollouts(base_url=config.vllm_url, run_dir=run_dir, name_prefix=prefix, api_key=vllm_api_key)
         generate = vllm_generate(server, policy, config)
     else:
         server = None

@@ -52,11 +52,13 @@ def grpo_train(
     hooks: Hooks | None = None,
     policy: Policy | None = None,
     export: bool = True,
+    vllm_api_key: str = "",
 ) -> TrainResult:
     """Train for `config.steps` steps, resuming from `run_dir`'s latest checkpoint if
     there is one. Returns how it ended; the trained version is exported to
     `run_dir/model` when it finishes (also when stopped by a monitor: the candidate is
-    kept for inspection, and nothing is deployed without a person's approval)."""
+    kept for inspection, and nothing is deployed without a person's approval).
+    `vllm_api_key`: the inference server's key, for `rollout="vllm"`."""
     hooks = hooks or Hooks()
     if canaries is None and config.canaries:
         canaries = canary_items(config.canaries)
@@ -69,7 +71,7 @@ def grpo_train(
     if config.rollout == "vllm":
         from training.grpo.vllm_rollout import VllmRollouts
 
-        rollout_client = VllmRollouts(base_url=config.vllm_url, run_dir=run_dir)
+        rollout_client = VllmRollouts(base_url=config.vllm_url, run_dir=run_dir, api_key=vllm_api_key)
 
     result = TrainResult(status="finished", step=0)
     state: dict = {"history": [], "evals": [], "start_length": None, "start_canary": None, "breaches": []}

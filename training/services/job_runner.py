@@ -152,6 +152,12 @@ def _train(job: TrainingJob, worker: str):
     from training.grpo.common import Hooks
 
     config = config_from_dict(job.config)
+    if getattr(config, "vllm_url", ""):
+        from training.services.jobs import rollout_url_resolve
+
+        # Checked again here: a config written past the create service must not send the
+        # inference server's key, and this worker's rollouts, anywhere else.
+        config.vllm_url = rollout_url_resolve(base_model=job.base_version.base_model, requested=config.vllm_url)
     run_dir = job_run_dir(job)
     run_dir.mkdir(parents=True, exist_ok=True)
     hooks = _hooks(job.pk, worker, Hooks)
@@ -168,6 +174,7 @@ def _train(job: TrainingJob, worker: str):
             run_dir=run_dir,
             eval_items=heldout,
             hooks=hooks,
+            vllm_api_key=settings.INFERENCE_API_KEY,
         )
     eval_items = [it for it in heldout if it.grader]  # compliance is measured by a grader
     score = scorer_for(eval_items, deployment=job.deployment) if eval_items else None
@@ -197,7 +204,14 @@ def _train_episodes(job: TrainingJob, config, run_dir: Path, hooks):
         hooks.on_episodes = _episode_recorder(job, env.name)
     judge = _episode_judge(job.deployment, config.judge_rubric) if config.judge_weight > 0 else None
     return episodes_train(
-        config=config, env=env, tasks=train, run_dir=run_dir, eval_tasks=heldout, judge=judge, hooks=hooks
+        config=config,
+        env=env,
+        tasks=train,
+        run_dir=run_dir,
+        eval_tasks=heldout,
+        judge=judge,
+        hooks=hooks,
+        vllm_api_key=settings.INFERENCE_API_KEY,
     )
 
 

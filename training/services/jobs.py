@@ -40,6 +40,46 @@ def model_paths(version: ModelVersion) -> dict[str, str]:
     return {"model_path": version.path, "init_adapter": ""}
 
 
+def rollout_urls_allowed(*, base_model) -> list[str]:
+    """The servers a job over `base_model` may sample rollouts from, as base URLs ending
+    in /v1: the base model's own inference server first (its `inference_url`, else
+    PRACTICUM_INFERENCE_URL), then PRACTICUM_INFERENCE_ROLLOUT_URLS."""
+    roots = [base_model.inference_url or settings.INFERENCE_URL, *settings.INFERENCE_ROLLOUT_URLS]
+    out: list[str] = []
+    for root in roots:
+        url = _rollout_root(root) + "/v1"
+        if url not in out:
+            out.append(url)
+    return out
+
+
+def _rollout_root(url: str) -> str:
+    return url.strip().rstrip("/").removesuffix("/v1").rstrip("/")
+
+
+def rollout_url_resolve(*, base_model, requested: str) -> str:
+    """The rollout server for a job: `requested` when it is one of the configured servers
+    (`rollout_urls_allowed`), the base model's own when blank. A job config never points a
+    worker at any other URL (the worker sends the inference server's key there and loads
+    what it answers). Raises `JobError` naming `config.vllm_url`."""
+    allowed = rollout_urls_allowed(base_model=base_model)
+    if not requested.strip():
+        return allowed[0]
+    wanted = _rollout_root(requested) + "/v1"
+    if wanted not in allowed:
+        raise JobError(
+            [
+                (
+                    "config.vllm_url",
+                    f"must be the base model's inference server ({allowed[0]})"
+                    + (f" or one of PRACTICUM_INFERENCE_ROLLOUT_URLS ({', '.join(allowed[1:])})" if allowed[1:] else "")
+                    + "; leave it out to use the base model's",
+                )
+            ]
+        )
+    return wanted
+
+
 @transaction.atomic
 def training_job_create(
     *,
@@ -65,6 +105,10 @@ def training_job_create(
     if forbidden:
         raise JobError([(f"config.{k}", "is set from the base version and kind") for k in forbidden])
     data = {**config, **model_paths(base_version), "kind": kind}
+    if data.get("rollout") == "vllm" or data.get("vllm_url"):
+        if not isinstance(data.get("vllm_url", ""), str):
+            raise JobError([("config.vllm_url", "must be a string")])
+        data["vllm_url"] = rollout_url_resolve(base_model=base_version.base_model, requested=data.get("vllm_url", ""))
     if base_version.kind == ModelVersionKind.LORA and data.get("adapter", "lora") != "lora":
         raise JobError([("config.adapter", "a LoRA version trains on as LoRA")])
     try:
