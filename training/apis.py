@@ -12,7 +12,7 @@ from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers, status
-from rest_framework.authentication import BasicAuthentication, SessionAuthentication
+from rest_framework.authentication import SessionAuthentication
 from rest_framework.exceptions import PermissionDenied as ApiPermissionDenied
 from rest_framework.permissions import BasePermission, IsAuthenticated
 from rest_framework.response import Response
@@ -45,6 +45,7 @@ from training.services.promotion import (
 from training.services.promotion_checks import PromotionRefused
 from training.services.release import rollback_request
 from webapp.api_errors import error_response
+from webapp.auth import ThrottledBasicAuthentication
 
 VIEW = "training.view_promotionrequest"
 EVALUATE = "training.add_evaluation"
@@ -62,7 +63,7 @@ def needs(permission: str) -> type[BasePermission]:
 
 
 class PersonApi(APIView):
-    authentication_classes = [SessionAuthentication, BasicAuthentication]
+    authentication_classes = [SessionAuthentication, ThrottledBasicAuthentication]
     permission_classes = [IsAuthenticated, needs(VIEW)]
 
     def handle_exception(self, exc):

@@ -7,6 +7,7 @@ The embedded default (no environment at all) is a SQLite file and Celery's
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -56,6 +57,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "django_htmx",
     "template_partials",
+    "axes",
     "webapp",
     "feedback",
     "training",
@@ -71,6 +73,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last: turns a locked-out login into the lockout page (django-axes).
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "webapp.urls"
@@ -130,6 +134,21 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
+# Login throttling (django-axes) for the login form, the admin and HTTP Basic: after
+# LOGIN_FAILURE_LIMIT failed attempts for one username (from anywhere) or from one client
+# address (any username), further attempts are refused for LOGIN_COOLOFF_MINUTES, the right
+# password included. `manage.py axes_reset` (or `axes_reset_username NAME`) lifts a lockout.
+# Behind a proxy, let the server set the client address (uvicorn --forwarded-allow-ips).
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = int(os.environ.get("PRACTICUM_LOGIN_FAILURE_LIMIT", 10))
+AXES_COOLOFF_TIME = timedelta(minutes=float(os.environ.get("PRACTICUM_LOGIN_COOLOFF_MINUTES", 15)))
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+AXES_VERBOSE = False
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "login"
