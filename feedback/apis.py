@@ -21,6 +21,7 @@ from feedback.selectors import trace_as_dict, trace_visible_to
 from feedback.services.chat_format import FieldError
 from feedback.services.customer_feedback import (
     FeedbackLinkError,
+    FeedbackLinkUsed,
     FeedbackTargetNotFound,
     IdempotencyConflict,
     customer_feedback_create,
@@ -172,6 +173,8 @@ def _store_feedback(request, data: dict, **kwargs) -> Response:
         return error_response(404, exc.field, exc.reason)
     except IdempotencyConflict as exc:
         return error_response(409, "idempotency_key", str(exc))
+    except FeedbackLinkUsed as exc:
+        return error_response(409, "token", str(exc))
     return Response(_feedback_out(feedback), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
@@ -275,11 +278,12 @@ class FeedbackLinkPostApi(APIView):
         responses={
             201: OpenApiResponse(description="Stored."),
             403: OpenApiResponse(description="Expired or invalid."),
+            409: OpenApiResponse(description="The link was already used (each link takes one answer)."),
         },
     )
     def post(self, request, token: str):
         try:
-            target, customer_ref = feedback_link_resolve(token=token)
+            link = feedback_link_resolve(token=token)
         except FeedbackLinkError as exc:
             return error_response(403, "token", str(exc))
         data = _json_body(request)
@@ -287,7 +291,12 @@ class FeedbackLinkPostApi(APIView):
             return data
         # The link fixes the target and the customer; the body carries only the feedback.
         data = {k: data.get(k) for k in ("rating", "comment", "correction", "idempotency_key")}
-        data["customer_ref"] = customer_ref
+        data["customer_ref"] = link.customer_ref
         return _store_feedback(
-            request, data, deployment=target.trace.deployment, target=target, source=FeedbackSource.LINK
+            request,
+            data,
+            deployment=link.target.trace.deployment,
+            target=link.target,
+            source=FeedbackSource.LINK,
+            link_id=link.link_id,
         )

@@ -181,6 +181,7 @@ class PromotionRequestsApi(PersonApi):
         return Response(promotion_as_dict(promotion, preconditions=promotion_approve_check(promotion=promotion)), 201)
 
     @extend_schema(
+        operation_id="v1_promotions_list",
         parameters=[
             OpenApiParameter("status", str, required=False, enum=PromotionStatus.values),
             OpenApiParameter("limit", int, required=False, description="1-200, default 50"),

@@ -30,8 +30,21 @@ def env_list(name: str, default: str) -> list[str]:
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
 
+# PRACTICUM_PRODUCTION=1: the settings for a deployment behind HTTPS (README, Security):
+# secure cookies, HSTS, HTTP redirected to HTTPS, DEBUG refused, SECRET_KEY required.
+# `manage.py check --deploy` is clean under it.
+PRODUCTION = env_bool("PRACTICUM_PRODUCTION", False)
 DEBUG = env_bool("DEBUG", False)
 SECRET_KEY = os.environ.get("SECRET_KEY", "")
+if PRODUCTION:
+    from django.core.exceptions import ImproperlyConfigured
+
+    if DEBUG:
+        raise ImproperlyConfigured("PRACTICUM_PRODUCTION=1 with DEBUG on: turn DEBUG off")
+    if len(SECRET_KEY) < 50:
+        raise ImproperlyConfigured(
+            "PRACTICUM_PRODUCTION=1 needs SECRET_KEY (50 or more random characters, the same for every process)"
+        )
 if not SECRET_KEY:
     # A stable per-checkout key so sessions and signed feedback links survive restarts
     # on a developer machine; production sets SECRET_KEY explicitly.
@@ -45,6 +58,20 @@ if not SECRET_KEY:
 
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1],testserver")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", "")
+
+if PRODUCTION:
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_SSL_REDIRECT = env_bool("PRACTICUM_SSL_REDIRECT", True)
+    # The load balancer's health check may stay on plain HTTP.
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+    SECURE_HSTS_SECONDS = int(os.environ.get("PRACTICUM_HSTS_SECONDS", 365 * 24 * 3600))
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("PRACTICUM_HSTS_INCLUDE_SUBDOMAINS", True)
+    # Only allows submitting the domain to browsers' preload lists; nothing is submitted.
+    SECURE_HSTS_PRELOAD = env_bool("PRACTICUM_HSTS_PRELOAD", True)
+    if env_bool("PRACTICUM_BEHIND_TLS_PROXY", False):
+        # TLS ends at a proxy that sets X-Forwarded-Proto (and strips it from clients).
+        SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -64,6 +91,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First, so every response of the site carries the policy (webapp/csp.py).
+    "webapp.csp.ContentSecurityPolicyMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -182,6 +211,8 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Capture agent traces, collect feedback, train and promote model versions.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # The schema lists every endpoint and field: for logged-in people and API keys only.
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
 }
 
 # Ingest limits: a request over any of them is refused whole with 413, before parsing.

@@ -151,12 +151,17 @@ class CustomerFeedback(models.Model):
     idempotency_key = models.CharField(max_length=200, blank=True, default="")
     # A hash of the request, so a reused idempotency key with a different body is refused.
     request_hash = models.CharField(max_length=64, blank=True, default="")
+    # The feedback link this came through: a link is single-use.
+    link_id = models.CharField(max_length=64, blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         verbose_name_plural = "customer feedback"
         ordering = ["created_at", "id"]
         constraints = [
+            models.UniqueConstraint(
+                fields=["link_id"], name="customerfeedback_link_once", condition=~models.Q(link_id="")
+            ),
             models.UniqueConstraint(
                 fields=["deployment", "idempotency_key"],
                 name="customerfeedback_idempotency",

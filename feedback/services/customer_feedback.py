@@ -4,12 +4,14 @@ A request names its target by `trace_id`, `external_id` (the agent's own id) or
 `response_id` (the completion id the gateway returned; it also pins the assistant turn).
 A target outside the key's deployment is reported as not found, like an unknown one.
 With an `idempotency_key`, a retried request returns the stored feedback; the same key
-with a different request is a conflict.
+with a different request is a conflict. A feedback link takes one answer: replaying it is
+refused, saying so.
 """
 
 from __future__ import annotations
 
 import hashlib
+import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -52,6 +54,21 @@ class IdempotencyConflict(Exception):
 
 class FeedbackLinkError(Exception):
     """The link is malformed, tampered with, or expired; the message says which."""
+
+
+class FeedbackLinkUsed(FeedbackLinkError):
+    """The link already carried its one answer: a link is single-use."""
+
+    def __init__(self) -> None:
+        super().__init__("this feedback link has already been used: each link takes one answer")
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedLink:
+    target: FeedbackTarget
+    customer_ref: str
+    link_id: str  # what makes the link single-use (stored on the feedback it carried)
+    used: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,11 +152,14 @@ def customer_feedback_create(
     api_key: ApiKey | None = None,
     target: FeedbackTarget | None = None,
     source: str = FeedbackSource.API,
+    link_id: str = "",
     now: datetime | None = None,
 ) -> tuple[CustomerFeedback, bool]:
     """Validate and store one piece of customer feedback; returns it and whether it is new.
 
     `data` is the request body; `target`, when given (a feedback link), replaces the ids in it.
+    `link_id` (a feedback link's): the link takes one answer; another raises `FeedbackLinkUsed`
+    (a retry with the first answer's idempotency_key still gets that answer back).
     """
     if not isinstance(data, dict):
         raise FieldError("", "the body must be a JSON object")
@@ -168,9 +188,13 @@ def customer_feedback_create(
             if existing.request_hash != request_hash:
                 raise IdempotencyConflict("this idempotency_key was used for a different request")
             return existing, False
+    if link_id and CustomerFeedback.objects.filter(link_id=link_id).exists():
+        raise FeedbackLinkUsed()
     try:
-        return _store(deployment, target, fields, idempotency_key, request_hash, api_key, source, now), True
+        return _store(deployment, target, fields, idempotency_key, request_hash, api_key, source, link_id, now), True
     except IntegrityError:
+        if link_id and CustomerFeedback.objects.filter(link_id=link_id).exists():
+            raise FeedbackLinkUsed() from None  # a concurrent answer through the same link won
         # A concurrent retry with the same key won the race.
         existing = CustomerFeedback.objects.get(deployment=deployment, idempotency_key=idempotency_key)
         if existing.request_hash != request_hash:
@@ -179,13 +203,16 @@ def customer_feedback_create(
 
 
 @transaction.atomic
-def _store(deployment, target, fields, idempotency_key, request_hash, api_key, source, now) -> CustomerFeedback:
+def _store(
+    deployment, target, fields, idempotency_key, request_hash, api_key, source, link_id, now
+) -> CustomerFeedback:
     feedback = CustomerFeedback.objects.create(
         deployment=deployment,
         trace=target.trace,
         message=target.message,
         api_key=api_key,
         source=source,
+        link_id=link_id,
         idempotency_key=idempotency_key,
         request_hash=request_hash,
         created_at=now or timezone.now(),
@@ -214,6 +241,7 @@ def feedback_link_create(
         raise FieldError("expires_in", f"seconds from 1 to {int(max_age.total_seconds())}")
     expires_at = (now or timezone.now()) + expires_in
     payload = {
+        "n": secrets.token_urlsafe(12),  # the link's own id: each link is single-use
         "t": target.trace.pk,
         "m": target.message.pk if target.message else None,
         "c": customer_ref[:200],
@@ -222,8 +250,9 @@ def feedback_link_create(
     return signing.dumps(payload, salt=LINK_SALT, compress=True), expires_at
 
 
-def feedback_link_resolve(*, token: str, now: datetime | None = None) -> tuple[FeedbackTarget, str]:
-    """The target and customer_ref of a link, or `FeedbackLinkError`."""
+def feedback_link_resolve(*, token: str, now: datetime | None = None) -> ResolvedLink:
+    """The target, customer_ref and single-use id of a link (and whether it was used), or
+    `FeedbackLinkError`."""
     try:
         payload = signing.loads(token, salt=LINK_SALT, max_age=settings.FEEDBACK_LINK_MAX_AGE)
     except signing.SignatureExpired as exc:
@@ -239,4 +268,11 @@ def feedback_link_resolve(*, token: str, now: datetime | None = None) -> tuple[F
     if trace is None:
         raise FeedbackLinkError("the conversation of this feedback link no longer exists")
     message = Message.objects.filter(pk=payload["m"], trace=trace).first() if payload.get("m") else None
-    return FeedbackTarget(trace, message), payload.get("c", "")
+    # Links made before links had ids are told apart by their token (unique per link).
+    link_id = str(payload.get("n") or hashlib.sha256(token.encode()).hexdigest())[:64]
+    return ResolvedLink(
+        target=FeedbackTarget(trace, message),
+        customer_ref=payload.get("c", ""),
+        link_id=link_id,
+        used=CustomerFeedback.objects.filter(link_id=link_id).exists(),
+    )

@@ -1,8 +1,5 @@
-"""What every dashboard view shares: login, a role check, and a strict Content-Security-Policy.
-
-Trace content is escaped by the templates; the policy is a second wall: only the app's own
-script files run, so a `<script>` that ever slipped through escaping would still not run.
-"""
+"""What every dashboard view shares: login, a role check, and a strict Content-Security-Policy
+(webapp/csp.py; the site's middleware also sends it with every other response)."""
 
 from __future__ import annotations
 
@@ -19,16 +16,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django_htmx.http import HttpResponseClientRedirect
 
 from feedback.forms import FILTER_FIELDS
-
-CSP = (
-    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
-    "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
-)
-
-
-def with_csp(response: HttpResponse) -> HttpResponse:
-    response.headers.setdefault("Content-Security-Policy", CSP)
-    return response
+from webapp.csp import with_csp
 
 
 def dashboard_view(permission: str | None = None) -> Callable:

@@ -9,26 +9,45 @@ from django.views.decorators.http import require_http_methods
 
 from feedback.models import FeedbackSource
 from feedback.services.chat_format import FieldError
-from feedback.services.customer_feedback import FeedbackLinkError, customer_feedback_create, feedback_link_resolve
+from feedback.services.customer_feedback import (
+    FeedbackLinkError,
+    FeedbackLinkUsed,
+    customer_feedback_create,
+    feedback_link_resolve,
+)
 from feedback.views.common import with_csp
 
 
 @require_http_methods(["GET", "POST"])
 def feedback_link_page(request: HttpRequest, token: str) -> HttpResponse:
     try:
-        target, customer_ref = feedback_link_resolve(token=token)
+        link = feedback_link_resolve(token=token)
     except FeedbackLinkError as exc:
         return with_csp(render(request, "feedback/feedback_link.html", {"refused": str(exc)}, status=403))
+    if link.used:
+        return _used(request)
+    target = link.target
     context = {"target": target, "error": None, "sent": False}
     if request.method == "POST":
         data = {k: request.POST.get(k) or None for k in ("rating", "comment", "correction")}
-        data["customer_ref"] = customer_ref
+        data["customer_ref"] = link.customer_ref
         try:
             customer_feedback_create(
-                deployment=target.trace.deployment, data=data, target=target, source=FeedbackSource.LINK
+                deployment=target.trace.deployment,
+                data=data,
+                target=target,
+                source=FeedbackSource.LINK,
+                link_id=link.link_id,
             )
+        except FeedbackLinkUsed:
+            return _used(request)
         except FieldError as exc:
             context["error"] = exc
             return with_csp(render(request, "feedback/feedback_link.html", context, status=400))
         context["sent"] = True
     return with_csp(render(request, "feedback/feedback_link.html", context))
+
+
+def _used(request: HttpRequest) -> HttpResponse:
+    context = {"refused": str(FeedbackLinkUsed()), "used": True}
+    return with_csp(render(request, "feedback/feedback_link.html", context, status=409))

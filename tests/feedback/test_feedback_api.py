@@ -150,10 +150,34 @@ def test_a_feedback_link_lets_a_browser_post_without_a_key(client, tool_trace, f
     fb = CustomerFeedback.objects.get()
     assert (fb.source, fb.customer_ref, fb.rating, fb.api_key) == ("link", "cust-7", -1, None)
     assert fb.message.position == 4
-    # The same link, as a JSON endpoint for a customer's own widget.
-    api = post(client, None, {"rating": 5, "comment": "later: fine", "trace_id": 12345}, url=link["api_url"])
+    # Another link, through the JSON endpoint for a customer's own widget.
+    other = post(client, feedback_key, {"trace_id": tool_trace.id}, url="/api/v1/feedback/links").json()
+    api = post(client, None, {"rating": 5, "comment": "later: fine", "trace_id": 12345}, url=other["api_url"])
     assert api.status_code == 201 and api.json()["trace_id"] == tool_trace.id
     assert CustomerFeedback.objects.count() == 2
+
+
+def test_a_feedback_link_takes_one_answer_and_a_replay_is_refused_saying_so(client, tool_trace, feedback_key):
+    link = post(client, feedback_key, {"trace_id": tool_trace.id}, url="/api/v1/feedback/links").json()
+    sent = client.post(link["url"], {"rating": "down", "comment": "Did not help"})
+    assert sent.status_code == 200 and "Thank you" in sent.content.decode()
+    # The form again, a second post through it, and the JSON endpoint: all refused.
+    for replay in (
+        client.get(link["url"]),
+        client.post(link["url"], {"rating": "up", "comment": "all good actually"}),
+    ):
+        assert replay.status_code == 409 and "already been used" in replay.content.decode()
+    api = post(client, None, {"rating": 5}, url=link["api_url"])
+    assert api.status_code == 409 and api.json()["errors"][0]["field"] == "token"
+    assert "already been used" in api.json()["detail"]
+    assert CustomerFeedback.objects.count() == 1
+
+    # The widget's retry of its own answer (same idempotency_key) gets that answer back.
+    widget = post(client, feedback_key, {"trace_id": tool_trace.id}, url="/api/v1/feedback/links").json()
+    first = post(client, None, {"rating": 4, "idempotency_key": "w-1"}, url=widget["api_url"])
+    retry = post(client, None, {"rating": 4, "idempotency_key": "w-1"}, url=widget["api_url"])
+    assert (first.status_code, retry.status_code) == (201, 200) and first.json()["id"] == retry.json()["id"]
+    assert post(client, None, {"rating": 1, "idempotency_key": "w-2"}, url=widget["api_url"]).status_code == 409
 
 
 def test_expired_and_tampered_links_are_refused(client, tool_trace):
