@@ -32,4 +32,8 @@ app.conf.beat_schedule = {
         "task": "training.check_stale_jobs",
         "schedule": float(os.environ.get("PRACTICUM_TRAINING_STALE_CHECK_SECONDS", 60)),
     },
+    "judge-stale-judgements": {
+        "task": "feedback.judge_fail_stale",
+        "schedule": float(os.environ.get("PRACTICUM_JUDGE_STALE_CHECK_SECONDS", 60)),
+    },
 }

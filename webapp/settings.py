@@ -265,6 +265,12 @@ JUDGE_API_KEY = os.environ.get("PRACTICUM_JUDGE_API_KEY", "")
 JUDGE_TIMEOUT_S = float(os.environ.get("PRACTICUM_JUDGE_TIMEOUT_S", 60))
 JUDGE_MAX_ATTEMPTS = int(os.environ.get("PRACTICUM_JUDGE_MAX_ATTEMPTS", 3))
 JUDGE_RETRY_BACKOFF_S = float(os.environ.get("PRACTICUM_JUDGE_RETRY_BACKOFF_S", 1.0))
+# The most one judge call may take, every attempt and every wait between them included.
+JUDGE_DEADLINE_S = float(os.environ.get("PRACTICUM_JUDGE_DEADLINE_S", 300))
+# A judgement still "running" this long past the deadline is failed by the periodic sweep
+# (its worker died); the sweep runs every JUDGE_STALE_CHECK_SECONDS.
+JUDGE_STALE_GRACE_S = float(os.environ.get("PRACTICUM_JUDGE_STALE_GRACE_S", 120))
+JUDGE_STALE_CHECK_SECONDS = float(os.environ.get("PRACTICUM_JUDGE_STALE_CHECK_SECONDS", 60))
 JUDGE_MAX_TOKENS = int(os.environ.get("PRACTICUM_JUDGE_MAX_TOKENS", 1024))
 # "full" sends the whole output schema; "portable" leaves out length/range bounds that some
 # hosted providers' strict mode rejects (they are still checked on the answer).

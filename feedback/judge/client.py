@@ -4,16 +4,24 @@ server: a hosted model, or a model served by our own vLLM).
 Every call asks for structured output (`response_format: json_schema`) and validates
 what comes back against the same schema here. A call is retried, a bounded number of
 times, when the transport fails in a way that may pass (timeout, connection error, 408,
-429, 5xx) or when the output is malformed (not JSON, against the schema, cut off at
-`max_tokens`, a refusal). After the last attempt it raises `JudgeCallFailed` with the
-reason and every attempt's record: a caller never gets a default value in place of a
-judgement. Errors that retrying cannot fix (400, 401, 403, 404, 422) fail at once.
+429, 5xx, a 200 whose body is not a chat completion: a cut-off JSON body, a proxy's HTML
+page) or when the output is malformed (not JSON, against the schema, cut off at
+`max_tokens`, a refusal). A malformed answer is asked for again with the reason it was
+refused, rather than with the identical prompt. Waits between attempts grow, with jitter,
+and honour the endpoint's `Retry-After`. Every call has a total deadline (`deadline_s`,
+all attempts and waits included) and every attempt a total time limit (`timeout_s`, the
+whole body included, however slowly it trickles in). After the last attempt it raises
+`JudgeCallFailed` with the reason and every attempt's record: a caller never gets a
+default value in place of a judgement. Errors that retrying cannot fix (400, 401, 403,
+404, 422) fail at once.
 """
 
 from __future__ import annotations
 
 import copy
+import email.utils
 import json
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -21,6 +29,8 @@ from functools import lru_cache
 from typing import Any, Generic, TypeVar
 
 import openai
+import pydantic
+from openai.types.chat import ChatCompletion
 
 from feedback.judge.schemas import OutputLimits, SchemaViolation
 
@@ -46,9 +56,10 @@ class JudgeEndpoint:
     base_url: str
     model: str
     api_key: str = field(default="", repr=False)
-    timeout_s: float = 60.0
+    timeout_s: float = 60.0  # per attempt, the whole response included
     max_attempts: int = 3
     backoff_s: float = 1.0
+    deadline_s: float = 300.0  # per call: every attempt and every wait between them
     max_tokens: int = 1024
     # "full" sends the whole schema (vLLM and other grammar backends enforce it);
     # "portable" drops length and range bounds that strict hosted subsets reject.
@@ -68,6 +79,7 @@ class JudgeEndpoint:
             "timeout_s": settings.JUDGE_TIMEOUT_S,
             "max_attempts": settings.JUDGE_MAX_ATTEMPTS,
             "backoff_s": settings.JUDGE_RETRY_BACKOFF_S,
+            "deadline_s": settings.JUDGE_DEADLINE_S,
             "max_tokens": settings.JUDGE_MAX_TOKENS,
             "schema_mode": settings.JUDGE_SCHEMA_MODE,
             "price_input_per_mtok": settings.JUDGE_PRICE_INPUT_PER_MTOK,
@@ -93,6 +105,8 @@ class JudgeEndpoint:
             )
         if self.max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
+        if not (self.timeout_s > 0 and self.deadline_s > 0):
+            raise ValueError("timeout_s and deadline_s must be positive")
         if self.schema_mode not in {"full", "portable"}:
             raise ValueError(f"schema_mode must be 'full' or 'portable', not {self.schema_mode!r}")
 
@@ -167,17 +181,77 @@ class JudgeCallFailed(Exception):
 
 
 class _Retryable(Exception):
-    pass
+    def __init__(self, message: str, *, retry_after: float | None = None, reask: bool = False) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after  # seconds the endpoint asked us to wait
+        self.reask = reask  # the answer was malformed: ask again, saying why
 
 
 class _Fatal(Exception):
     pass
 
 
+class _TooSlow(Exception):
+    pass
+
+
 @lru_cache(maxsize=16)
-def _client(base_url: str, api_key: str, timeout_s: float) -> openai.OpenAI:
-    # Retries are ours (they also cover malformed output), so the SDK's are off.
-    return openai.OpenAI(base_url=base_url, api_key=api_key or "unset", timeout=timeout_s, max_retries=0)
+def _client(base_url: str, api_key: str) -> openai.OpenAI:
+    # Retries are ours (they also cover malformed output), so the SDK's are off; the
+    # timeout is given per attempt.
+    return openai.OpenAI(base_url=base_url, api_key=api_key or "unset", max_retries=0)
+
+
+def retry_after_seconds(headers: Any, *, now: float | None = None) -> float | None:
+    """The wait an error response asks for (`retry-after-ms`, `retry-after` in seconds or
+    as an HTTP date), or None."""
+    if headers is None:
+        return None
+    for name, divisor in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            seconds = float(value) / divisor
+        except ValueError:
+            if name != "retry-after":
+                continue
+            try:
+                when = email.utils.parsedate_to_datetime(value)
+            except (TypeError, ValueError):
+                continue
+            seconds = when.timestamp() - (time.time() if now is None else now)
+        if seconds == seconds and seconds >= 0:  # not NaN
+            return min(seconds, 24 * 3600.0)
+    return None
+
+
+def _read_body(response: Any, attempt_deadline: float) -> bytes:
+    """The whole body, or `_TooSlow` once the attempt's time is up: a body trickled in
+    small pieces must not outlive the limit that a single read respects."""
+    chunks: list[bytes] = []
+    for chunk in response.iter_bytes():
+        chunks.append(chunk)
+        if time.monotonic() > attempt_deadline:
+            raise _TooSlow()
+    return b"".join(chunks)
+
+
+def _completion_from(body: bytes) -> ChatCompletion:
+    """The body as a chat completion, or a retryable failure saying what it was instead."""
+    shown = body[:200].decode("utf-8", "replace")
+    try:
+        data = json.loads(body)
+    except ValueError:
+        raise _Retryable(f"the response is not a chat completion (not JSON): {shown!r}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
+        raise _Retryable(f"the response is not a chat completion (no choices): {shown!r}")
+    try:
+        return ChatCompletion.model_validate(data)
+    except pydantic.ValidationError as exc:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        raise _Retryable(f"the response is not a chat completion ({where}: {first.get('msg', exc)})") from None
 
 
 def portable_schema(schema: dict[str, Any]) -> dict[str, Any]:
@@ -215,28 +289,35 @@ def _one_attempt(
     record: CallRecord,
     number: int,
     seed: int | None,
+    budget_s: float,
 ) -> tuple[T, Any, str]:
-    client = _client(endpoint.base_url, endpoint.api_key, endpoint.timeout_s)
+    client = _client(endpoint.base_url, endpoint.api_key).with_options(timeout=budget_s)
     started = time.perf_counter()
+    attempt_deadline = time.monotonic() + budget_s
     text, finish = "", ""
     try:
         try:
-            response = client.chat.completions.create(
+            with client.chat.completions.with_streaming_response.create(
                 model=endpoint.model,
                 messages=list(messages),  # type: ignore[arg-type]
                 response_format=response_format,  # type: ignore[arg-type]
                 temperature=0.0,
                 max_completion_tokens=endpoint.max_tokens,
                 seed=seed,
-            )
-        except openai.APITimeoutError as exc:
-            raise _Retryable(f"timed out after {endpoint.timeout_s:g} s") from exc
+            ) as raw_response:
+                body = _read_body(raw_response, attempt_deadline)
+        except (openai.APITimeoutError, _TooSlow) as exc:
+            raise _Retryable(f"timed out after {budget_s:g} s") from exc
         except openai.APIConnectionError as exc:
             raise _Retryable(f"connection failed: {exc.__cause__ or exc}") from exc
         except openai.APIStatusError as exc:
             if exc.status_code >= 500 or exc.status_code in _TRANSIENT_STATUS:
-                raise _Retryable(_status_error(exc)) from exc
+                wait = retry_after_seconds(exc.response.headers if exc.response is not None else None)
+                raise _Retryable(_status_error(exc), retry_after=wait) from exc
             raise _Fatal(_status_error(exc)) from exc
+        except Exception as exc:  # anything else the transport raises is a failed attempt too
+            raise _Retryable(f"the call failed: {type(exc).__name__}: {exc}") from exc
+        response = _completion_from(body)
         if response.model:
             record.served_model = response.model
         if response.usage is not None:
@@ -251,17 +332,17 @@ def _one_attempt(
         if refusal:
             raise _Retryable(f"the judge refused: {refusal[:300]}")
         if finish == "length":
-            raise _Retryable(f"output cut off at max_tokens ({endpoint.max_tokens})")
+            raise _Retryable(f"output cut off at max_tokens ({endpoint.max_tokens})", reask=True)
         if not text.strip():
             raise _Retryable("empty output")
         try:
             data = _parse_json(text)
         except (json.JSONDecodeError, ValueError) as exc:
-            raise _Retryable(f"output is not JSON: {exc}") from exc
+            raise _Retryable(f"output is not JSON: {exc}", reask=True) from exc
         try:
             value = parse(data)
         except SchemaViolation as exc:
-            raise _Retryable(f"output does not match the schema: {exc}") from exc
+            raise _Retryable(f"output does not match the schema: {exc}", reask=True) from exc
     except (_Retryable, _Fatal) as exc:
         record.attempts.append(
             Attempt(number, (time.perf_counter() - started) * 1000, str(exc), text[:RAW_KEEP_CHARS], finish)
@@ -269,6 +350,33 @@ def _one_attempt(
         raise
     record.attempts.append(Attempt(number, (time.perf_counter() - started) * 1000, "", text[:RAW_KEEP_CHARS], finish))
     return value, data, text
+
+
+REASK_CHARS = 4000
+
+
+def reask_messages(messages: Sequence[dict[str, Any]], answer: str, error: str) -> list[dict[str, Any]]:
+    """The prompt again, followed by the refused answer and why it was refused, so the
+    next attempt corrects it rather than repeating it."""
+    return [
+        *messages,
+        {"role": "assistant", "content": answer[:REASK_CHARS]},
+        {
+            "role": "user",
+            "content": f"That answer was not accepted: {error[:1000]}. Answer again with only the JSON object "
+            "the schema asks for, within its limits.",
+        },
+    ]
+
+
+def _wait_s(endpoint: JudgeEndpoint, number: int, retry_after: float | None, rng: random.Random) -> float:
+    """Exponential backoff with jitter (half fixed, half random), or the endpoint's own
+    `Retry-After` plus a little jitter when it asked for longer."""
+    base = endpoint.backoff_s * 2 ** (number - 1)
+    wait = base / 2 + rng.uniform(0, base / 2) if base > 0 else 0.0
+    if retry_after is not None and retry_after >= wait:
+        wait = retry_after + rng.uniform(0, min(1.0, max(retry_after, 0.01) * 0.1))
+    return wait
 
 
 def call_structured(
@@ -280,24 +388,42 @@ def call_structured(
     parse: Callable[[Any], T],
     seed: int | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    rng: random.Random | None = None,
 ) -> StructuredResult[T]:
     """Ask `endpoint` for JSON matching `schema`; `parse` validates it into a typed value
     (raising `SchemaViolation` when it does not fit). Raises `JudgeCallFailed`."""
     endpoint.check()
+    rng = rng or random.Random()
+    deadline = time.monotonic() + endpoint.deadline_s
     sent = schema if endpoint.schema_mode == "full" else portable_schema(schema)
     response_format = {"type": "json_schema", "json_schema": {"name": schema_name, "schema": sent, "strict": True}}
     record = CallRecord(model=endpoint.model)
     last_error = ""
+    prompt = list(messages)
     for number in range(1, endpoint.max_attempts + 1):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            last_error = f"{last_error}; no time left for another attempt (deadline {endpoint.deadline_s:g} s)"
+            break
         try:
-            value, data, text = _one_attempt(endpoint, messages, response_format, parse, record, number, seed)
+            value, data, text = _one_attempt(
+                endpoint, prompt, response_format, parse, record, number, seed, min(endpoint.timeout_s, remaining)
+            )
         except _Fatal as exc:
             last_error = str(exc)
             break
         except _Retryable as exc:
             last_error = str(exc)
-            if number < endpoint.max_attempts and endpoint.backoff_s > 0:
-                sleep(endpoint.backoff_s * 2 ** (number - 1))
+            if number == endpoint.max_attempts:
+                break
+            wait = _wait_s(endpoint, number, exc.retry_after, rng)
+            if wait >= deadline - time.monotonic():
+                last_error = f"{last_error}; waiting {wait:.1f} s before another attempt would pass the deadline"
+                break
+            if wait > 0:
+                sleep(wait)
+            bad = record.attempts[-1].raw if record.attempts else ""
+            prompt = reask_messages(messages, bad, last_error) if exc.reask and bad.strip() else list(messages)
             continue
         record.cost = endpoint.cost(record.prompt_tokens, record.completion_tokens)
         return StructuredResult(value=value, data=data, raw=text, record=record)

@@ -164,21 +164,66 @@ def _update_trace_reward(trace_id: int) -> None:
     Trace.objects.filter(pk=trace_id).update(judge_reward=lowest)
 
 
+def _stale_before(now) -> Any:
+    """A judgement running since before this has outlived any call (the call's deadline,
+    plus a grace for storing it): its worker died or hung."""
+    return now - timedelta(seconds=settings.JUDGE_DEADLINE_S + settings.JUDGE_STALE_GRACE_S)
+
+
 def judge_run(*, result: JudgeResult, endpoint: JudgeEndpoint | None = None) -> JudgeResult:
     """Run a pending judgement and store its outcome. A result already finished, or
-    running elsewhere (a redelivered task), is returned as it is."""
+    running elsewhere (a redelivered task), is returned as it is. Whatever goes wrong
+    while it runs (the judge, the data, a bug) marks it failed with the reason: it is
+    never left `running`."""
     now = timezone.now()
     # A judgement left running by a worker that died is taken over once it is older than
     # the longest a call can take; a live one is left to finish.
-    stale = now - timedelta(seconds=settings.JUDGE_TIMEOUT_S * settings.JUDGE_MAX_ATTEMPTS + 60)
     claimed = (
         JudgeResult.objects.filter(pk=result.pk)
-        .filter(Q(status=JudgeStatus.PENDING) | Q(status=JudgeStatus.RUNNING, started_at__lt=stale))
+        .filter(Q(status=JudgeStatus.PENDING) | Q(status=JudgeStatus.RUNNING, started_at__lt=_stale_before(now)))
         .update(status=JudgeStatus.RUNNING, started_at=now)
     )
     result.refresh_from_db()
     if not claimed:
         return result
+    try:
+        return _judge_claimed(result, endpoint)
+    except Exception as exc:
+        logger.exception("judgement %s of message %s failed unexpectedly", result.pk, result.message_id)
+        reason = f"the judgement could not be completed: {type(exc).__name__}: {exc}"[:5000]
+        # Only the outcome is written: no reward, and nothing half-set by the failed run.
+        JudgeResult.objects.filter(pk=result.pk, status=JudgeStatus.RUNNING).update(
+            status=JudgeStatus.FAILED, failure_reason=reason, reward=None, finished_at=timezone.now()
+        )
+        result.refresh_from_db()
+        return result
+
+
+def judge_results_fail_stale(*, now=None) -> list[int]:
+    """Mark failed every judgement still `running` long after any call could have ended
+    (its worker died or hung); the periodic sweep calls this. Returns their ids."""
+    now = now or timezone.now()
+    stale = list(
+        JudgeResult.objects.filter(status=JudgeStatus.RUNNING, started_at__lt=_stale_before(now)).values_list(
+            "pk", "started_at"
+        )
+    )
+    failed = []
+    for pk, started_at in stale:
+        seconds = int((now - started_at).total_seconds())
+        reason = (
+            f"the worker stopped while judging: running for {seconds} s, longer than a judge call may take "
+            f"(PRACTICUM_JUDGE_DEADLINE_S = {settings.JUDGE_DEADLINE_S:g} s)"
+        )
+        if JudgeResult.objects.filter(pk=pk, status=JudgeStatus.RUNNING, started_at=started_at).update(
+            status=JudgeStatus.FAILED, failure_reason=reason, finished_at=now
+        ):
+            failed.append(pk)
+            logger.warning("judgement %s: %s", pk, reason)
+    return failed
+
+
+def _judge_claimed(result: JudgeResult, endpoint: JudgeEndpoint | None) -> JudgeResult:
     message = Message.objects.select_related("trace__deployment").get(pk=result.message_id)
     try:
         endpoint = endpoint or judge_endpoint_for(deployment=message.trace.deployment)

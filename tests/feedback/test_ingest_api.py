@@ -246,8 +246,9 @@ def test_a_key_reads_only_its_own_deployments_traces(client, ingest_key, make_ke
 
 
 @pytest.mark.django_db
-def test_openapi_schema_is_served(client):
-    response = client.get("/api/schema/", HTTP_ACCEPT="application/json")
+def test_openapi_schema_is_served_to_key_holders(client, ingest_key):
+    assert client.get("/api/schema/", HTTP_ACCEPT="application/json").status_code in (401, 403)
+    response = client.get("/api/schema/", HTTP_ACCEPT="application/json", HTTP_AUTHORIZATION=f"Bearer {ingest_key}")
     assert response.status_code == 200
     assert b"/api/v1/traces" in response.content
 

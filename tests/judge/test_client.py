@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import random
+import time
+
 import pytest
 
 from feedback.judge.client import JudgeCallFailed, JudgeEndpoint, JudgeNotConfigured, call_structured, portable_schema
@@ -117,3 +121,100 @@ def test_missing_configuration_is_reported(settings):
     settings.JUDGE_BASE_URL = ""
     with pytest.raises(JudgeNotConfigured, match="PRACTICUM_JUDGE_BASE_URL"):
         JudgeEndpoint.from_settings()
+
+
+def test_a_200_that_is_not_a_chat_completion_is_a_retryable_failure(judge_server):
+    judge_server.script(
+        Reply.raw(b'{"id": "chatcmpl-1", "object": "chat.completion", "choi'),  # cut off
+        Reply.raw(b"<html><body>502 Bad Gateway</body></html>", content_type="text/html"),
+        Reply.raw(b'{"id": "x", "choices": [{"index": 0}]}'),  # JSON, but no message
+        Reply.json(VALID_JUDGEMENT),
+    )
+    result = call(judge_server.endpoint(max_attempts=4))
+    assert result.value.reward == pytest.approx(0.2)
+    errors = [a.error for a in result.record.attempts]
+    assert all(e.startswith("the response is not a chat completion") for e in errors[:3]), errors
+    assert "502 Bad Gateway" in errors[1] and errors[3] == ""
+
+
+def test_a_trickled_body_cannot_outlive_the_attempts_time_limit(judge_server):
+    # Each piece arrives well within the per-read timeout; the whole takes 6 s.
+    judge_server.script(Reply.json(VALID_JUDGEMENT).trickle(6.0), Reply.json(VALID_JUDGEMENT))
+    started = time.monotonic()
+    result = call(judge_server.endpoint(timeout_s=1.0))
+    assert time.monotonic() - started < 4.0
+    first = result.record.attempts[0]
+    assert first.error == "timed out after 1 s" and first.latency_ms < 2500
+    assert result.record.attempts[1].error == ""
+
+
+def test_every_call_has_a_total_deadline(judge_server):
+    judge_server.respond_with(lambda request: Reply.json(VALID_JUDGEMENT).trickle(6.0))
+    started = time.monotonic()
+    with pytest.raises(JudgeCallFailed) as info:
+        call(judge_server.endpoint(timeout_s=1.0, deadline_s=2.0, max_attempts=5))
+    assert time.monotonic() - started < 4.0
+    assert "deadline 2 s" in info.value.reason or "pass the deadline" in info.value.reason
+    assert len(info.value.record.attempts) <= 3
+
+
+def test_retry_after_is_honoured_and_waits_have_jitter(judge_server):
+    waits: list[float] = []
+    judge_server.script(Reply.error(429).with_headers(retry_after="1.5"), Reply.json(VALID_JUDGEMENT))
+    call_structured(
+        endpoint=judge_server.endpoint(backoff_s=0.2),
+        messages=MESSAGES,
+        schema_name="turn_judgement",
+        schema=TURN_JUDGEMENT_SCHEMA,
+        parse=parse_turn_judgement,
+        sleep=waits.append,
+    )
+    assert len(waits) == 1 and 1.5 <= waits[0] <= 1.65
+
+    # Without Retry-After: the backoff, half of it random.
+    seen = set()
+    for seed in range(5):
+        judge_server.script(Reply.error(503), Reply.json(VALID_JUDGEMENT))
+        waits.clear()
+        call_structured(
+            endpoint=judge_server.endpoint(backoff_s=1.0),
+            messages=MESSAGES,
+            schema_name="turn_judgement",
+            schema=TURN_JUDGEMENT_SCHEMA,
+            parse=parse_turn_judgement,
+            sleep=waits.append,
+            rng=random.Random(seed),
+        )
+        assert 0.5 <= waits[0] <= 1.0
+        seen.add(round(waits[0], 6))
+    assert len(seen) == 5
+
+
+def test_a_retry_after_past_the_deadline_fails_at_once(judge_server):
+    judge_server.script(Reply.error(503).with_headers(retry_after="120"), Reply.json(VALID_JUDGEMENT))
+    waits: list[float] = []
+    with pytest.raises(JudgeCallFailed) as info:
+        call_structured(
+            endpoint=judge_server.endpoint(deadline_s=10.0),
+            messages=MESSAGES,
+            schema_name="turn_judgement",
+            schema=TURN_JUDGEMENT_SCHEMA,
+            parse=parse_turn_judgement,
+            sleep=waits.append,
+        )
+    assert waits == [] and "pass the deadline" in info.value.reason
+    assert judge_server.pending == 1
+
+
+def test_a_malformed_answer_is_asked_for_again_with_the_reason(judge_server):
+    bad = json.dumps({**VALID_JUDGEMENT, "reward": 1.7})
+    judge_server.script(Reply.text(bad), Reply.error(503), Reply.json(VALID_JUDGEMENT))
+    result = call(judge_server.endpoint(max_attempts=3))
+    assert result.value.reward == pytest.approx(0.2)
+    first, second, third = (r["messages"] for r in judge_server.requests)
+    assert first == MESSAGES
+    # The re-ask shows the refused answer and the validation error, not the same prompt again.
+    assert second[: len(MESSAGES)] == MESSAGES and second[-2] == {"role": "assistant", "content": bad}
+    assert second[-1]["role"] == "user" and "reward: 1.7 is greater than the maximum of 1" in second[-1]["content"]
+    # A transport failure (503) is sent again as it was: nothing was wrong with the prompt.
+    assert third == MESSAGES
