@@ -250,6 +250,7 @@ class AuditAction(models.TextChoices):
     RELEASE_SMOKE_PASSED = "release_smoke_passed", "Smoke test passed"
     LIVE_SWITCHED = "live_switched", "Live version switched"
     RELEASE_FAILED = "release_failed", "Release failed"
+    JUDGE_GATE_OVERRIDDEN = "judge_gate_overridden", "Judge training gate overridden"
 
 
 class AuditImmutable(Exception):

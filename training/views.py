@@ -96,7 +96,12 @@ def _create_from_form(request: HttpRequest):
         return None, errors
     try:
         job = training_job_create(
-            kind=data.get("kind", ""), config=config, base_version=version, training_set=training_set, user=request.user
+            kind=data.get("kind", ""),
+            config=config,
+            base_version=version,
+            training_set=training_set,
+            user=request.user,
+            judge_gate_override_reason=data.get("judge_gate_override_reason") or "",
         )
     except JobError as exc:
         return None, exc.errors
@@ -198,6 +203,7 @@ def training_set_build(request: HttpRequest) -> HttpResponse:
                 queue_id=int(queue) if queue else None,
                 heldout_fraction=heldout,
                 user=request.user,
+                judge_gate_override_reason=data.get("judge_gate_override_reason") or "",
             )
         except TrainingSetError as exc:
             errors = exc.errors

@@ -295,6 +295,18 @@ JUDGE_AUTO = env_bool("PRACTICUM_JUDGE_AUTO", True)
 # operators' ratings at least this well (Cohen's kappa on pass/fail) over at least n turns.
 JUDGE_REWARD_MIN_KAPPA = float(os.environ.get("PRACTICUM_JUDGE_REWARD_MIN_KAPPA", 0.6))
 JUDGE_REWARD_MIN_N = int(os.environ.get("PRACTICUM_JUDGE_REWARD_MIN_N", 30))
+# The training gate (feedback/selectors/judge_gate.py) also asks the score-candidates prompt
+# for at least this many order-swap checks, this consistency, and at most this failure rate;
+# the kappa minimum applies to the lower bound of its 95% interval.
+JUDGE_GATE_MIN_SWAP_N = int(os.environ.get("PRACTICUM_JUDGE_GATE_MIN_SWAP_N", 10))
+JUDGE_GATE_MIN_SWAP_AGREEMENT = float(os.environ.get("PRACTICUM_JUDGE_GATE_MIN_SWAP_AGREEMENT", 0.8))
+JUDGE_GATE_MAX_FAILURE_RATE = float(os.environ.get("PRACTICUM_JUDGE_GATE_MAX_FAILURE_RATE", 0.1))
+# The rubric a rated turn without a judgement is calibrated under.
+JUDGE_CALIBRATION_RUBRIC = os.environ.get(
+    "PRACTICUM_JUDGE_CALIBRATION_RUBRIC",
+    "Answers the user's last message correctly and helpfully; calls a tool, with valid arguments, "
+    "when the answer needs one; does not invent facts.",
+)
 # A judge reward at or above this counts as "pass" when compared with thumbs up/down.
 JUDGE_PASS_THRESHOLD = float(os.environ.get("PRACTICUM_JUDGE_PASS_THRESHOLD", 0.5))
 # Share of judgements with a correction that are followed by an order-swap check (the

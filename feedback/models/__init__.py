@@ -1,6 +1,7 @@
 """The feedback app's models, by sub-domain; import them from here."""
 
 from feedback.models.judge import (
+    CandidateScoring,
     DeploymentJudge,
     FailureCluster,
     FailureClusterMember,
@@ -12,6 +13,7 @@ from feedback.models.judge import (
     JudgeTrigger,
     OrderSwapCheck,
     SchemaMode,
+    ScoringPurpose,
 )
 from feedback.models.queues import AnnotationQueue, QueueItem, QueueItemStatus, QueueSkip
 from feedback.models.review import (
@@ -40,6 +42,7 @@ __all__ = [
     "AnnotationQueue",
     "ApiKey",
     "ApiKeyScope",
+    "CandidateScoring",
     "Comment",
     "Correction",
     "CustomerFeedback",
@@ -62,6 +65,7 @@ __all__ = [
     "QueueSkip",
     "RatingKind",
     "SchemaMode",
+    "ScoringPurpose",
     "Trace",
     "TraceFlag",
     "TraceSource",

@@ -212,6 +212,51 @@ class JudgeResult(models.Model):
         return f"{self.judge_model} · {self.prompt_version}"
 
 
+class ScoringPurpose(models.TextChoices):
+    TRAINING = "training", "A training job's reward"
+    CALIBRATION = "calibration", "Agreement calibration on a rated turn"
+
+
+class CandidateScoring(models.Model):
+    """One `score_candidates` call: a training job scoring a group of samples, or a
+    calibration scoring a rated turn for the training gate. Kept like a judgement: the
+    judge model, the prompt version, the raw output of every attempt, tokens and cost."""
+
+    purpose = models.CharField(max_length=20, choices=ScoringPurpose.choices)
+    deployment = models.ForeignKey(Deployment, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    # The training job (by id: training sits above feedback) or the rated turn calibrated.
+    training_job_id = models.PositiveBigIntegerField(null=True, blank=True, db_index=True)
+    step = models.IntegerField(null=True, blank=True)
+    item_key = models.CharField(max_length=300, blank=True, default="")
+    message = models.ForeignKey(Message, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    status = models.CharField(max_length=20, choices=JudgeStatus.choices)
+    failure_reason = models.TextField(blank=True, default="")
+    judge_model = models.CharField(max_length=200, blank=True, default="")
+    served_model = models.CharField(max_length=200, blank=True, default="")
+    judge_base_url = models.CharField(max_length=500, blank=True, default="")
+    prompt_version = models.CharField(max_length=100, blank=True, default="")
+    rubric = models.JSONField(null=True, blank=True)
+    candidates = models.PositiveIntegerField(default=0)
+    scores = models.JSONField(default=list, blank=True)
+    presented = models.JSONField(default=list, blank=True)
+    raw_output = models.TextField(blank=True, default="")
+    attempts = models.JSONField(default=list, blank=True)
+    latency_ms = models.FloatField(null=True, blank=True)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    cost = models.FloatField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [
+            models.Index(fields=["purpose", "judge_model", "prompt_version", "status"], name="scoring_version_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.purpose} scoring {self.pk} ({self.status})"
+
+
 class OrderSwapCheck(models.Model):
     """The logged turn and a correction scored twice, in both orders, under a judgement's
     rubric: a judge that prefers whatever it sees first disagrees with itself."""

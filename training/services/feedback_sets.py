@@ -15,6 +15,7 @@ from feedback.models import (
     Comment,
     Correction,
     CustomerFeedback,
+    Deployment,
     JudgeResult,
     Message,
     QueueItem,
@@ -37,9 +38,14 @@ def training_set_from_feedback(
     heldout_fraction: float = 0.2,
     description: str = "",
     user=None,
+    judge_gate_override_reason: str = "",
 ) -> TrainingSet:
     """Build the next version of `name` from the traces the dashboard's filters select
-    (cleaned `TraceFilterForm` values) or those of a saved annotation queue."""
+    (cleaned `TraceFilterForm` values) or those of a saved annotation queue.
+
+    Items that carry the judge's rubric, reward or written correction need the judge's
+    training gate open for their deployments, or `judge_gate_override_reason` from `user`
+    (audited); the gate as it stood is kept in the set's `selection`."""
     from feedback.selectors.trace_list import traces_filtered
 
     if (filters is None) == (queue_id is None):
@@ -56,6 +62,23 @@ def training_set_from_feedback(
         raise TrainingSetError([("source", "no assistant turn in the selected traces has feedback or a judgement")])
     selection = {"filters": json.loads(json.dumps(filters, default=str)) if filters is not None else None}
     selection |= {"queue": queue_id, "traces": len(trace_ids)}
+    judged = [it for it in items if it["provenance"]["judge_result"] is not None]
+    if judged:
+        from training.services.judge_gate import JudgeGateClosed, judge_gate_pass
+
+        trace_deployments = dict(
+            Trace.objects.filter(pk__in={it["trace_id"] for it in judged}).values_list("pk", "deployment")
+        )
+        deployments = Deployment.objects.filter(pk__in=set(trace_deployments.values())).order_by("name")
+        try:
+            selection["judge_gate"] = judge_gate_pass(
+                deployments=list(deployments),
+                uses="a training set with the judge's rubrics, rewards or corrections",
+                override_reason=judge_gate_override_reason,
+                user=user,
+            )
+        except JudgeGateClosed as exc:
+            raise TrainingSetError([(exc.field, exc.reason)]) from None
     return training_set_create(
         name=name,
         items=items,

@@ -116,9 +116,10 @@ def job_items(job: TrainingJob) -> tuple[list[TurnItem], list[TurnItem]]:
     return train, heldout
 
 
-def scorer_for(items: list[TurnItem], *, deployment=None):
+def scorer_for(items: list[TurnItem], *, deployment=None, job_id: int | None = None):
     """Each item's grader when it has one; else the judge under the item's rubric (the
-    deployment's own judge endpoint when it has one)."""
+    deployment's own judge endpoint when it has one). Every judge call is stored
+    (`CandidateScoring`, with `job_id`)."""
     from training.grpo.items import grader_scorer
 
     graded = grader_scorer()
@@ -129,21 +130,46 @@ def scorer_for(items: list[TurnItem], *, deployment=None):
         if item.grader:
             return graded(item, candidates)
         if judge is None:
-            judge = _judge_scorer(deployment)
+            judge = _judge_scorer(deployment, job_id)
         return judge(item, candidates)
 
     return score
 
 
-def _judge_scorer(deployment):
+def _scored_and_stored(endpoint, deployment, job_id: int | None, key: str, context, rubric, candidates, tools):
+    """One `score_candidates` call, stored like a judgement whether it succeeds or fails."""
+    from feedback.judge.client import JudgeCallFailed
     from feedback.judge.scoring import score_candidates
+    from feedback.models import ScoringPurpose
+    from feedback.services.judge_gate import candidate_scoring_record
+
+    common = {
+        "purpose": ScoringPurpose.TRAINING,
+        "endpoint": endpoint,
+        "rubric": rubric,
+        "candidates": len(candidates),
+        "deployment": deployment,
+        "training_job_id": job_id,
+        "item_key": key,
+    }
+    try:
+        scores = score_candidates(context, rubric, candidates, endpoint=endpoint, tools=tools or ())
+    except JudgeCallFailed as exc:
+        candidate_scoring_record(failure=exc, **common)
+        raise
+    candidate_scoring_record(scores=scores, **common)
+    return [float(s) for s in scores]
+
+
+def _judge_scorer(deployment, job_id: int | None = None):
     from feedback.selectors.judge import judge_endpoint_for
 
     endpoint = judge_endpoint_for(deployment=deployment)
 
     def score(item: TurnItem, candidates: list[str]) -> list[float]:
-        scores = score_candidates(item.messages, item.rubric, candidates, endpoint=endpoint, tools=item.tools or ())
-        return [float(s) for s in scores]
+        return _scored_and_stored(
+            endpoint, deployment, job_id, item.id, item.messages, item.rubric, candidates, item.tools
+        )
 
     return score
 
@@ -170,14 +196,14 @@ def _train(job: TrainingJob, worker: str):
         return grpo_train(
             config=config,
             items=train,
-            score=scorer_for(train, deployment=job.deployment),
+            score=scorer_for(train, deployment=job.deployment, job_id=job.pk),
             run_dir=run_dir,
             eval_items=heldout,
             hooks=hooks,
             vllm_api_key=settings.INFERENCE_API_KEY,
         )
     eval_items = [it for it in heldout if it.grader]  # compliance is measured by a grader
-    score = scorer_for(eval_items, deployment=job.deployment) if eval_items else None
+    score = scorer_for(eval_items, deployment=job.deployment, job_id=job.pk) if eval_items else None
     if job.kind == JobKind.DISTILL:
         from training.grpo.distill import distill_train
 
@@ -202,7 +228,7 @@ def _train_episodes(job: TrainingJob, config, run_dir: Path, hooks):
     heldout = [t for t in tasks if t.split == TrainingSplit.HELDOUT]
     if config.record_traces and job.deployment is not None:
         hooks.on_episodes = _episode_recorder(job, env.name)
-    judge = _episode_judge(job.deployment, config.judge_rubric) if config.judge_weight > 0 else None
+    judge = _episode_judge(job.deployment, config.judge_rubric, job.pk) if config.judge_weight > 0 else None
     return episodes_train(
         config=config,
         env=env,
@@ -240,17 +266,18 @@ def _episode_recorder(job: TrainingJob, environment: str):
     return on_episodes
 
 
-def _episode_judge(deployment, rubric: str):
+def _episode_judge(deployment, rubric: str, job_id: int | None = None):
     """The judge scores the G episodes of a task side by side, each as its transcript."""
-    from feedback.judge.scoring import score_candidates
     from feedback.selectors.judge import judge_endpoint_for
 
     endpoint = judge_endpoint_for(deployment=deployment)
 
     def judge(task, episodes: list) -> list[float]:
         candidates = [_transcript(e.messages[len(task.first_messages()) :]) for e in episodes]
-        scores = score_candidates(task.first_messages(), rubric, candidates, endpoint=endpoint, tools=task.tools or ())
-        return [float(s) for s in scores]
+        key = str(getattr(task, "id", "") or "")
+        return _scored_and_stored(
+            endpoint, deployment, job_id, key, task.first_messages(), rubric, candidates, task.tools
+        )
 
     return judge
 

@@ -90,13 +90,16 @@ def training_job_create(
     user=None,
     deployment=None,
     enqueue: bool = True,
+    judge_gate_override_reason: str = "",
 ) -> TrainingJob:
     """Validate the config, store a queued job, and enqueue it once the row is committed
     (`enqueue=False` for a script that runs the job in its own process).
 
     The model paths come from `base_version`, never from the request. An "episodes" job
     takes its tasks from its environment and needs no training set; its episodes are
-    recorded as traces of `deployment` (default: the training set's, else the version's)."""
+    recorded as traces of `deployment` (default: the training set's, else the version's).
+    A job whose rewards the judge scores needs the judge's training gate open, or
+    `judge_gate_override_reason` from `user` (audited)."""
     if kind not in JobKind.values:
         raise JobError([("kind", f"must be one of {', '.join(JobKind.values)}")])
     if not isinstance(config, dict):
@@ -121,19 +124,55 @@ def training_job_create(
         _check_items(kind, training_set)
     if kind == JobKind.EPISODES and parsed.rollout == "vllm" and parsed.adapter != "lora":
         raise JobError([("config.rollout", "vLLM rollouts need a LoRA adapter")])
+    deployment = deployment or (training_set.deployment if training_set else None) or base_version.deployment
+    gate = None
+    uses = _judge_scored(kind, parsed, training_set)
+    if uses:
+        from training.services.judge_gate import JudgeGateClosed, judge_gate_pass
+
+        try:
+            gate = judge_gate_pass(
+                deployments=[deployment], uses=uses, override_reason=judge_gate_override_reason, user=user
+            )
+        except JudgeGateClosed as exc:
+            raise JobError([(exc.field, exc.reason)]) from None
     job = TrainingJob.objects.create(
         kind=kind,
         config=parsed.to_dict(),
         training_set=training_set,
         base_version=base_version,
-        deployment=deployment or (training_set.deployment if training_set else None) or base_version.deployment,
+        deployment=deployment,
         total_steps=parsed.steps,
         created_by=user,
     )
+    if gate is not None:
+        override = gate["override"]
+        said = (
+            f"judge gate overridden by {override['by']}: {override['reason']}"
+            if override
+            else "judge gate open: " + "; ".join(g["reason"] for g in gate["gates"])
+        )
+        TrainingJobEvent.objects.create(
+            job=job, kind=JobEventKind.LOG, step=0, data={"message": said, "judge_gate": gate}
+        )
     _log(job, "queued")
     if enqueue:
         _enqueue(job)
     return job
+
+
+def _judge_scored(kind: str, config, training_set: TrainingSet | None) -> str:
+    """What the judge would score in this job ("" when nothing): GRPO turns without a
+    grader, or episodes with a judge weight."""
+    if (
+        kind == JobKind.GRPO
+        and training_set is not None
+        and training_set.items.filter(kind=TrainingItemKind.TURN, grader="").exists()
+    ):
+        return "a GRPO job rewarded by the judge"
+    if kind == JobKind.EPISODES and getattr(config, "judge_weight", 0) > 0:
+        return "an episodes job rewarded partly by the judge"
+    return ""
 
 
 def _check_items(kind: str, training_set: TrainingSet) -> None:

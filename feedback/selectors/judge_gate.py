@@ -1,0 +1,143 @@
+"""The training gate: may a training job use this judge's scores, or a training set the
+judge's rubrics and corrections, without a person overriding it?
+
+It is decided on the prompt training actually uses (`score-candidates/…`, scored on the
+operators' rated turns with their feedback left out: `feedback.services.judge_gate`), and
+on evidence rather than a point estimate:
+
+- Cohen's kappa between the judge's pass/fail (score >= PRACTICUM_JUDGE_PASS_THRESHOLD) and
+  the operators' verdicts, over at least PRACTICUM_JUDGE_REWARD_MIN_N rated turns, with the
+  **lower bound** of its 95% bootstrap interval at least PRACTICUM_JUDGE_REWARD_MIN_KAPPA;
+- order-swap consistency (the same candidates scored in both orders) over at least
+  PRACTICUM_JUDGE_GATE_MIN_SWAP_N checks, at least PRACTICUM_JUDGE_GATE_MIN_SWAP_AGREEMENT;
+- the judge's failure rate on these calls at most PRACTICUM_JUDGE_GATE_MAX_FAILURE_RATE.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Avg, Count, Q
+
+from feedback.judge.agreement import kappa_estimate
+from feedback.judge.client import JudgeNotConfigured
+from feedback.judge.prompts import CURRENT_SCORE
+from feedback.models import CandidateScoring, Deployment, JudgeStatus, OrderSwapCheck, ScoringPurpose
+from feedback.selectors.judge import human_labels, judge_endpoint_for
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingGate:
+    allowed: bool
+    reason: str  # every unmet condition, or what was met
+    judge_model: str
+    prompt_version: str
+    kappa: float | None
+    kappa_low: float | None
+    n: int
+    swap_n: int
+    swap_agreement: float | None
+    calls: int
+    failure_rate: float | None
+    thresholds: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _thresholds() -> dict[str, float]:
+    return {
+        "min_kappa_low": settings.JUDGE_REWARD_MIN_KAPPA,
+        "min_n": settings.JUDGE_REWARD_MIN_N,
+        "min_swap_n": settings.JUDGE_GATE_MIN_SWAP_N,
+        "min_swap_agreement": settings.JUDGE_GATE_MIN_SWAP_AGREEMENT,
+        "max_failure_rate": settings.JUDGE_GATE_MAX_FAILURE_RATE,
+    }
+
+
+def judge_training_gate(*, deployment: Deployment | None, judge_model: str | None = None) -> TrainingGate:
+    """The gate for `deployment`'s judge (its own endpoint, else the settings' one)."""
+    version = CURRENT_SCORE.version
+    t = _thresholds()
+    if judge_model is None:
+        try:
+            judge_model = judge_endpoint_for(deployment=deployment).model
+        except JudgeNotConfigured:
+            return TrainingGate(
+                False, "no judge endpoint is configured", "", version, None, None, 0, 0, None, 0, None, t
+            )
+    calls = CandidateScoring.objects.filter(
+        purpose=ScoringPurpose.CALIBRATION, judge_model=judge_model, prompt_version=version
+    )
+    swaps = OrderSwapCheck.objects.filter(judge_model=judge_model, prompt_version=version)
+    if deployment is not None:
+        calls = calls.filter(deployment=deployment)
+        swaps = swaps.filter(result__trace__deployment=deployment)
+    labels = human_labels(deployment=deployment)
+    latest: dict[int, float] = {}
+    for message_id, scores in (
+        calls.filter(status=JudgeStatus.SUCCEEDED, message_id__in=list(labels))
+        .order_by("created_at", "id")
+        .values_list("message_id", "scores")
+    ):
+        if scores:
+            latest[message_id] = float(scores[0])  # later rows overwrite earlier ones
+    threshold = settings.JUDGE_PASS_THRESHOLD
+    judge_pf, human_pf = [], []
+    for message_id, score in latest.items():
+        passed = labels[message_id].passed
+        if passed is not None:
+            judge_pf.append("pass" if score >= threshold else "fail")
+            human_pf.append("pass" if passed else "fail")
+    kappa = kappa_estimate(judge_pf, human_pf, categories=["fail", "pass"])
+    swap = swaps.aggregate(
+        n=Count("id", filter=Q(status=JudgeStatus.SUCCEEDED)),
+        failed=Count("id", filter=Q(status=JudgeStatus.FAILED)),
+        agreement=Avg("pair_agreement", filter=Q(status=JudgeStatus.SUCCEEDED)),
+    )
+    counted = calls.aggregate(total=Count("id"), failed=Count("id", filter=Q(status=JudgeStatus.FAILED)))
+    total = counted["total"] + swap["n"] + swap["failed"]
+    failures = counted["failed"] + swap["failed"]
+    failure_rate = failures / total if total else None
+
+    unmet = []
+    if kappa.n < t["min_n"]:
+        unmet.append(f"only {kappa.n} rated turns scored with {version}; {t['min_n']:g} needed")
+    elif kappa.value is None or kappa.low is None:
+        unmet.append("kappa undefined: the judge or the operators used a single label")
+    elif kappa.low < t["min_kappa_low"]:
+        unmet.append(
+            f"kappa {kappa.value:.2f}, but its 95% lower bound {kappa.low:.2f} is below {t['min_kappa_low']:.2f}"
+        )
+    if swap["n"] < t["min_swap_n"]:
+        unmet.append(f"only {swap['n']} order-swap checks; {t['min_swap_n']:g} needed")
+    elif swap["agreement"] is None or swap["agreement"] < t["min_swap_agreement"]:
+        unmet.append(f"order-swap consistency {swap['agreement'] or 0:.2f} is below {t['min_swap_agreement']:.2f}")
+    if failure_rate is not None and failure_rate > t["max_failure_rate"]:
+        unmet.append(
+            f"the judge failed {failures} of {total} calls ({failure_rate:.0%}), over {t['max_failure_rate']:.0%}"
+        )
+    if unmet:
+        reason = "; ".join(unmet)
+    else:
+        reason = (
+            f"kappa {kappa.value:.2f} (95% lower bound {kappa.low:.2f}) over {kappa.n} rated turns, "
+            f"order-swap consistency {swap['agreement']:.2f} over {swap['n']} checks, "
+            f"{failure_rate or 0:.0%} of calls failed"
+        )
+    return TrainingGate(
+        allowed=not unmet,
+        reason=reason,
+        judge_model=judge_model,
+        prompt_version=version,
+        kappa=kappa.value,
+        kappa_low=kappa.low,
+        n=kappa.n,
+        swap_n=swap["n"],
+        swap_agreement=swap["agreement"],
+        calls=total,
+        failure_rate=failure_rate,
+        thresholds=t,
+    )

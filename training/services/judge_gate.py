@@ -1,0 +1,68 @@
+"""The judge's training gate, enforced where judge output would enter training: a job
+whose rewards the judge scores (GRPO on turns without a grader, episodes with a judge
+weight) and a training set carrying judge-written rubrics, rewards or corrections.
+
+Closed gate: the service refuses, naming `judge_gate_override_reason`. A person may
+override it with a reason; the override (who, why, when, and the gate as it stood) is
+written to the audit log and kept with the job or set."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils import timezone
+
+from feedback.models import Deployment
+from feedback.selectors.judge_gate import judge_training_gate
+from training.models_promotion import AuditAction
+from training.services.audit import audit_record
+
+OVERRIDE_FIELD = "judge_gate_override_reason"
+
+
+class JudgeGateClosed(ValueError):
+    def __init__(self, reason: str) -> None:
+        self.field = OVERRIDE_FIELD
+        self.reason = reason
+        super().__init__(f"{OVERRIDE_FIELD}: {reason}")
+
+
+def judge_gate_pass(
+    *, deployments: list[Deployment | None], uses: str, override_reason: str = "", user=None
+) -> dict[str, Any]:
+    """Check the gate of each deployment's judge for `uses` (what the judge's output is for).
+
+    Returns what to keep with the job or set: the gates, and the override when one was
+    needed. Raises `JudgeGateClosed` when a gate is closed and no reason was given, or the
+    overriding person is unknown."""
+    now = timezone.now()
+    gates = [(d, judge_training_gate(deployment=d)) for d in dict.fromkeys(deployments)]
+    closed = [(d, g) for d, g in gates if not g.allowed]
+    record: dict[str, Any] = {
+        "uses": uses,
+        "checked_at": now.isoformat(),
+        "gates": [{"deployment": d.name if d else None, **g.as_dict()} for d, g in gates],
+        "override": None,
+    }
+    if not closed:
+        return record
+    why = "; ".join(f"{d.name if d else 'default judge'}: {g.reason}" for d, g in closed)
+    reason = override_reason.strip()
+    if not reason:
+        raise JudgeGateClosed(
+            f"the judge's training gate is closed ({why}); {uses} needs it open, or an override with a reason "
+            "(recorded in the audit log)"
+        )
+    if not getattr(user, "is_authenticated", False):
+        raise JudgeGateClosed("overriding the judge's training gate needs a logged-in person to answer for it")
+    record["override"] = {"by": user.username, "by_id": user.pk, "reason": reason[:2000], "at": now.isoformat()}
+    for deployment, gate in closed:
+        if deployment is not None:
+            audit_record(
+                action=AuditAction.JUDGE_GATE_OVERRIDDEN,
+                deployment=deployment,
+                actor=user,
+                detail=f"{uses}: {reason[:2000]}",
+                data={"gate": gate.as_dict(), "uses": uses},
+            )
+    return record
