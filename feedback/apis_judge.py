@@ -54,6 +54,8 @@ class JudgeAgreementApi(APIView):
     def get(self, request):
         from django.conf import settings
 
+        from feedback.selectors.judge_gate import judge_training_gate
+
         deployment = None
         if isinstance(request.user, ApiKeyPrincipal):
             deployment = request.user.deployment
@@ -71,6 +73,7 @@ class JudgeAgreementApi(APIView):
                 "min_n": settings.JUDGE_REWARD_MIN_N,
                 "pass_threshold": settings.JUDGE_PASS_THRESHOLD,
                 "versions": [agreement_as_dict(row) for row in agreement_by_version(deployment=deployment)],
+                "training_gate": judge_training_gate(deployment=deployment).as_dict(),
             }
         )
 

@@ -142,7 +142,8 @@ def tour_get(*, deployment: Deployment | None) -> Tour:
             title="Build a training set",
             how=(
                 "On Training: from the agent's graded episodes (each turn replayable, with a grader), or from the "
-                "trace list's filter (each commented turn with its rubric and correction)."
+                "trace list's filter (each commented turn with its rubric and correction). The judge's rubrics and "
+                "corrections need its training gate open (Judge → Agreement), or an override with a reason."
             ),
             done=latest_set is not None,
             detail=(

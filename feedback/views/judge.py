@@ -148,8 +148,11 @@ def judge_agreement(request: HttpRequest) -> HttpResponse:
         deployment = Deployment.objects.filter(name=request.GET["deployment"]).first()
         if deployment is None:
             raise Http404("no such deployment")
+    from feedback.selectors.judge_gate import judge_training_gate
+
     context = {
         "rows": agreement_by_version(deployment=deployment),
+        "training_gate": judge_training_gate(deployment=deployment),
         "deployment": deployment,
         "deployments": Deployment.objects.values_list("name", flat=True),
         "min_kappa": settings.JUDGE_REWARD_MIN_KAPPA,

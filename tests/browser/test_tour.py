@@ -153,6 +153,10 @@ def test_the_whole_tour_in_the_browser(
     page.fill("#set-form input[name=heldout_fraction]", "0")
     page.fill("#set-form input[name=filters]", f"comment=yes&deployment={deployment.pk}")
     page.click("#set-form button[type=submit]")
+    # The judge's rubric is in it, and no rated turns calibrate the judge: its gate is closed.
+    assert "training gate is closed" in page.locator("ul.error").inner_text()
+    page.fill("#set-form input[name=judge_gate_override_reason]", "The tour: one turn, read by hand")
+    page.click("#set-form button[type=submit]")
     page.wait_for_url(re.compile(r"/training/jobs/\?built=\d+"))
     training_set = TrainingSet.objects.get(name="tour-refunds")
     assert training_set.train_count == 1
@@ -164,6 +168,7 @@ def test_the_whole_tour_in_the_browser(
     for name, value in [("steps", "2"), ("group_size", "2"), ("prompts_per_step", "1"), ("max_new_tokens", "8")]:
         page.fill(f"input[name={name}]", value)
     page.fill("textarea[name=config]", '{"eval_every": 0}')
+    page.fill("#job-form input[name=judge_gate_override_reason]", "The tour: a two-step run")
     page.click("button:has-text('Start')")
     page.wait_for_url(re.compile(r"/training/jobs/\d+/$"))
     job = TrainingJob.objects.get()

@@ -267,3 +267,22 @@ def test_every_score_candidates_call_a_job_makes_is_stored(deployment, gate_sett
     assert ok.raw_output.startswith('{"scores"') and ok.cost is not None and ok.cost > 0
     assert ok.rubric == RUBRIC and sorted(ok.scores) == [0.2, 0.8] and len(ok.presented) == 2
     assert failed.status == "failed" and "not JSON" in failed.failure_reason and failed.raw_output == "not json"
+
+
+def test_the_calibrate_command_and_the_agreement_page_show_the_gate(deployment, operator, gate_settings, client):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    for n in range(2):
+        rated_turn(deployment, operator, good=n == 0, n=n)
+    gate_settings.respond_with(honest_judge())
+    out = StringIO()
+    call_command("judge_calibrate", "--deployment", deployment.name, stdout=out)
+    assert "Scored 2 rated turns (0 failed), 2 order-swap checks." in out.getvalue()
+    assert "Training gate: closed — only 2 rated turns scored with score-candidates/v1; 30 needed" in out.getvalue()
+    client.force_login(operator)
+    page = client.get(f"/judge/agreement/?deployment={deployment.name}").content.decode()
+    assert 'id="training-gate"' in page and "only 2 rated turns scored with score-candidates/v1" in page
+    api = client.get(f"/api/v1/judge/agreement?deployment={deployment.name}").json()["training_gate"]
+    assert api["allowed"] is False and api["n"] == 2 and api["prompt_version"] == CURRENT_SCORE.version

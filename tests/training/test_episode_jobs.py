@@ -149,7 +149,16 @@ def test_episode_rewards_combine_the_grader_with_the_judge_by_the_configured_wei
 
     judge_settings.respond_with(judge)
     config = FAST | {"steps": 1, "eval_every": 0, "judge_weight": 3.0, "judge_rubric": "The agent answers briefly."}
-    job = training_job_create(kind="episodes", config=config, base_version=version, training_set=None)
+    with pytest.raises(JobError, match="judge_gate_override_reason"):  # the judge's gate is closed
+        training_job_create(kind="episodes", config=config, base_version=version, training_set=None)
+    job = training_job_create(
+        kind="episodes",
+        config=config,
+        base_version=version,
+        training_set=None,
+        user=user_with_role("operator", "olga"),
+        judge_gate_override_reason="mechanics test on a scripted judge",
+    )
     assert training_job_run(job_id=job.pk, worker="w1") == JobStatus.FINISHED
     step = job.events.get(kind=JobEventKind.STEP).data
     assert step["judge_mean"] == 0.5

@@ -13,7 +13,7 @@ from feedback.models import (
     QueueItem,
 )
 from feedback.models.judge import JudgeStatus, JudgeTrigger
-from tests.factories import MessageFactory, TraceFactory
+from tests.factories import MessageFactory, TraceFactory, user_with_role
 from training.models import CorrectionSource
 from training.services.feedback_sets import training_set_from_feedback
 from training.services.training_sets import TrainingSetError
@@ -46,7 +46,12 @@ def test_each_turn_with_feedback_becomes_an_item_with_its_context_and_provenance
         deployment=trace.deployment, trace=trace, message=m[3], comment="too short", correction="Shipped Monday."
     )
 
-    built = training_set_from_feedback(name="support", filters={"deployment": trace.deployment_id})
+    with pytest.raises(TrainingSetError, match="training gate is closed"):  # the judge's output is in it
+        training_set_from_feedback(name="support", filters={"deployment": trace.deployment_id})
+    olga = user_with_role("operator", "olga")
+    built = training_set_from_feedback(
+        name="support", filters={"deployment": trace.deployment_id}, user=olga, judge_gate_override_reason="pilot"
+    )
     first, second = built.items.order_by("key")
     assert first.key == f"turn:{trace.deployment_id}:conv-1:1"
     assert first.messages == [{"role": "user", "content": "Where is A1?"}]
@@ -60,7 +65,9 @@ def test_each_turn_with_feedback_becomes_an_item_with_its_context_and_provenance
     assert second.corrected_response == human.content and second.correction_source == CorrectionSource.HUMAN
     assert second.feedback == "too short" and second.reward is None
 
-    again = training_set_from_feedback(name="support", filters={"deployment": trace.deployment_id})
+    again = training_set_from_feedback(
+        name="support", filters={"deployment": trace.deployment_id}, user=olga, judge_gate_override_reason="pilot"
+    )
     assert again.version == 2
     assert dict(again.items.values_list("key", "split")) == dict(built.items.values_list("key", "split"))
 

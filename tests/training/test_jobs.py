@@ -203,6 +203,8 @@ def test_grpo_on_turns_needs_something_to_score_against(base_version):
 
 
 def test_grpo_on_logged_turns_scores_each_group_with_the_judge(base_version, judge_settings):
+    from feedback.models import CandidateScoring
+    from tests.factories import user_with_role
     from tests.fixtures.judge import presented_responses, user_prompt
     from training.services.job_runner import training_job_run
     from training.services.training_sets import training_set_create
@@ -225,11 +227,22 @@ def test_grpo_on_logged_turns_scores_each_group_with_the_judge(base_version, jud
         ],
         heldout_fraction=0.0,
     )
+    create = {"kind": "grpo", "config": FAST | {"steps": 2, "eval_every": 0}, "base_version": base_version}
+    with pytest.raises(JobError) as closed:  # nothing calibrates this judge: its training gate is closed
+        training_job_create(**create, training_set=turns)
+    assert closed.value.errors[0][0] == "judge_gate_override_reason"
     job = training_job_create(
-        kind="grpo", config=FAST | {"steps": 2, "eval_every": 0}, base_version=base_version, training_set=turns
+        **create,
+        training_set=turns,
+        user=user_with_role("operator", "olga"),
+        judge_gate_override_reason="mechanics test on a scripted judge",
     )
     assert training_job_run(job_id=job.pk, worker="w1") == JobStatus.FINISHED
     assert len(judge_settings.requests) >= 2  # at least one call per group
+    # Every scoring call is kept, like a judgement.
+    stored = CandidateScoring.objects.filter(training_job_id=job.pk)
+    assert stored.count() == len(judge_settings.requests)
+    assert all(s.raw_output and s.judge_model == "test-judge" for s in stored)
     assert "Apologises for the delay" in user_prompt(judge_settings.requests[0])
     rewards = [e.data["reward_mean"] for e in TrainingJob.objects.get(pk=job.pk).events.filter(kind="step")]
     assert len(rewards) == 2 and all(0.0 <= r <= 1.0 for r in rewards)
