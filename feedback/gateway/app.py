@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from typing import Any
 
@@ -19,7 +20,7 @@ from feedback.gateway.exchange import Exchange, ExchangeStatus
 from feedback.gateway.recorder import Recorder
 from feedback.gateway.upstream import UpstreamError, UpstreamPool
 from feedback.services.capture import new_trace_key
-from feedback.services.chat_format import FieldError, parse_message, parse_tools
+from feedback.services.chat_format import FieldError, json_depth_check, parse_message, parse_tools
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,24 @@ PARAM_KEYS = (
     "response_format",
     "stream",
 )
+
+
+# C0 and C1 control characters (CR, LF, NUL, …) and DEL: none belongs in an identifier that is
+# echoed in a response header and looked up in PostgreSQL (whose text cannot hold NUL).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _identifier(value: Any, param: str, max_length: int, *, allow_empty: bool = False) -> str | None:
+    """A client-chosen trace or session id, or a 400 naming the field and the reason."""
+    if value is None or (allow_empty and value == ""):
+        return None
+    if not isinstance(value, str) or not 0 < len(value) <= max_length:
+        raise GatewayError(400, f"a non-empty string of at most {max_length} characters", param=param)
+    if (bad := _CONTROL.search(value)) is not None:
+        raise GatewayError(
+            400, f"contains a control character ({ord(bad.group()):#04x}); send printable text only", param=param
+        )
+    return value
 
 
 def _headers(trace_key: str, version: str | None, content_type: bytes) -> list[tuple[bytes, bytes]]:
@@ -229,17 +248,20 @@ class GatewayApp:
         principal = await self.access.principal(authorization)
         request = self._parse(await _read_body(receive, self.max_body))
         messages, tools = self._validate(request)
-        metadata = request.pop("metadata", None)
-        if metadata is not None and not isinstance(metadata, dict):
-            raise GatewayError(400, "must be an object", param="metadata")
-        metadata = metadata or {}
-        trace_key = trace_header.decode("utf-8", "replace") if trace_header else metadata.get("trace_id")
+        metadata = self._metadata(request.pop("metadata", None))
+        # Both identifiers are checked before the model is called: the trace id is echoed in a
+        # response header, where a CR/LF or NUL would make the server drop the connection after
+        # the model had answered (and the turn would be logged as if the client had it).
+        if trace_header:
+            trace_key = _identifier(trace_header.decode("utf-8", "replace"), "X-Practicum-Trace-Id", 150)
+        else:
+            trace_key = _identifier(metadata.get("trace_id"), "metadata.trace_id", 150)
         explicit = bool(trace_key)
-        if trace_key is not None and (not isinstance(trace_key, str) or not 0 < len(trace_key) <= 150):
-            raise GatewayError(400, "a non-empty string of at most 150 characters", param="metadata.trace_id")
-        session = session_header.decode("utf-8", "replace") if session_header else metadata.get("session_id", "")
-        if not isinstance(session, str):
-            raise GatewayError(400, "must be a string", param="metadata.session_id")
+        if session_header:
+            session = _identifier(session_header.decode("utf-8", "replace"), "X-Practicum-Session-Id", 200)
+        else:
+            session = _identifier(metadata.get("session_id"), "metadata.session_id", 200, allow_empty=True)
+        session = session or ""
         route = await self.access.route(principal)
 
         params = {k: request[k] for k in PARAM_KEYS if k in request}
@@ -294,6 +316,18 @@ class GatewayApp:
         if not isinstance(request, dict):
             raise GatewayError(400, "the body must be a JSON object", param="body")
         return request
+
+    @staticmethod
+    def _metadata(value: Any) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise GatewayError(400, "must be an object", param="metadata")
+        try:
+            json_depth_check(value, "metadata")
+        except FieldError as exc:
+            raise GatewayError(400, exc.reason, param=exc.field) from exc
+        return value
 
     @staticmethod
     def _validate(request: dict[str, Any]) -> tuple[list, list]:
