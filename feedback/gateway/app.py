@@ -206,8 +206,14 @@ class GatewayApp:
                 if method != "GET":
                     raise GatewayError(405, "use GET")
                 await self.models(scope, send)
+            elif path == "/v1/health":
+                if method != "GET":
+                    raise GatewayError(405, "use GET")
+                await self.health(send)
             else:
-                raise GatewayError(404, f"no route {path}; the gateway serves /v1/chat/completions and /v1/models")
+                raise GatewayError(
+                    404, f"no route {path}; the gateway serves /v1/chat/completions, /v1/models and /v1/health"
+                )
         except GatewayError as exc:
             await _send_json(send, exc.status, exc.body())
 
@@ -217,6 +223,12 @@ class GatewayApp:
             if key == name:
                 return value
         return None
+
+    async def health(self, send) -> None:
+        """The log writer's state (no key needed: it holds no trace data). 503 when the writer
+        is not running or its queue is full, so a load balancer can take the process out."""
+        report = self.recorder.health()
+        await _send_json(send, 200 if report["status"] == "ok" else 503, orjson.dumps({"recorder": report}))
 
     async def models(self, scope, send) -> None:
         principal = await self.access.principal(self._header(scope, b"authorization"))

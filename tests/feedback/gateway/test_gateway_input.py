@@ -58,3 +58,13 @@ def test_metadata_nested_too_deep_is_a_400_naming_the_field(gateway, openai_clie
         )
     assert (exc.value.body["param"], exc.value.body["message"]) == ("metadata", "nested more than 64 levels deep")
     assert chat_upstream.requests == []
+
+
+def test_the_health_endpoint_reports_the_log_writer_and_its_queue(gateway):
+    import httpx
+
+    response = httpx.get(f"{gateway.url}/v1/health")
+    assert response.status_code == 200
+    report = response.json()["recorder"]
+    assert report["status"] == "ok" and report["writer_alive"] is True
+    assert report["queue_depth"] == 0 and report["queue_size"] > 0
