@@ -346,6 +346,16 @@ class GatewayApp:
         raw_messages = request.get("messages")
         if not isinstance(raw_messages, list) or not raw_messages:
             raise GatewayError(400, "required non-empty array of chat messages", param="messages")
+        # The batch API's limit on messages per trace: the logged trace holds these and the answer.
+        limit = settings.INGEST_MAX_MESSAGES_PER_TRACE
+        if len(raw_messages) >= limit:
+            raise GatewayError(
+                400,
+                f"{len(raw_messages)} messages; at most {limit - 1} per call "
+                f"(a trace holds at most {limit} messages, the answer included: PRACTICUM_INGEST_MAX_MESSAGES)",
+                param="messages",
+                code="too_many_messages",
+            )
         try:
             messages = [parse_message(m, f"messages[{i}]") for i, m in enumerate(raw_messages)]
             tools = parse_tools(request["tools"], "tools") if request.get("tools") is not None else []

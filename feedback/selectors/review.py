@@ -18,6 +18,9 @@ from feedback.services.chat_format import MAX_JSON_DEPTH, json_depth, json_loads
 HEAD_CHARS = 2_000
 # Tool-call arguments are pretty-printed up to this size.
 MAX_PRETTY_CHARS = 20_000
+# Messages shown on one page of a trace: a long trace (thousands of messages) is read and
+# rendered a page at a time, never whole.
+TURNS_PER_PAGE = 200
 
 
 def pretty_json(text: str) -> str:
@@ -96,11 +99,31 @@ class TraceReview:
     flags: list[TraceFlag]
     tools: list[dict[str, Any]]
     duration_s: float | None
+    page: int = 1
+    pages: int = 1
+    first_position: int = 0  # of this page
+    last_position: int = -1
+
+    @property
+    def page_numbers(self) -> list[int]:
+        return list(range(1, self.pages + 1))
 
 
-def trace_turns(*, trace: Trace, positions: list[int] | None = None) -> list[Turn]:
-    """The trace's messages as turns (only `positions`, when given), without their
-    annotations; message text is cut to HEAD_CHARS in the database."""
+def trace_page_count(trace: Trace, page_size: int = TURNS_PER_PAGE) -> int:
+    return max(1, -(-trace.message_count // page_size))
+
+
+def trace_page_of(position: int, page_size: int = TURNS_PER_PAGE) -> int:
+    """The page that shows the message at `position`."""
+    return position // page_size + 1
+
+
+def trace_turns(
+    *, trace: Trace, positions: list[int] | None = None, between: tuple[int, int] | None = None
+) -> list[Turn]:
+    """The trace's messages as turns (only `positions`, or positions in `between` =
+    [first, stop), when given), without their annotations; message text is cut to HEAD_CHARS
+    in the database."""
     qs = (
         Message.objects.filter(trace=trace)
         .select_related("model_version")
@@ -123,6 +146,8 @@ def trace_turns(*, trace: Trace, positions: list[int] | None = None) -> list[Tur
     )
     if positions is not None:
         qs = qs.filter(position__in=positions)
+    if between is not None:
+        qs = qs.filter(position__gte=between[0], position__lt=between[1])
     turns = []
     for m in qs:
         calls = [
@@ -169,8 +194,12 @@ def turn_annotate(*, turns: list[Turn], trace: Trace, user) -> None:
             turn.my_rating = r
 
 
-def trace_review(*, trace: Trace, user) -> TraceReview:
-    turns = trace_turns(trace=trace)
+def trace_review(*, trace: Trace, user, page: int = 1, page_size: int = TURNS_PER_PAGE) -> TraceReview:
+    """One page of the trace (`page_size` messages, 1-based `page`, clamped to the pages there are)."""
+    pages = trace_page_count(trace, page_size)
+    page = min(max(1, page), pages)
+    first = (page - 1) * page_size
+    turns = trace_turns(trace=trace, between=(first, first + page_size))
     _link_tool_calls(turns)
     turn_annotate(turns=turns, trace=trace, user=user)
     trace_feedback = []
@@ -198,6 +227,10 @@ def trace_review(*, trace: Trace, user) -> TraceReview:
             if isinstance(tool, dict)
         ],
         duration_s=duration,
+        page=page,
+        pages=pages,
+        first_position=first,
+        last_position=first + len(turns) - 1,
     )
 
 

@@ -68,3 +68,17 @@ def test_the_health_endpoint_reports_the_log_writer_and_its_queue(gateway):
     report = response.json()["recorder"]
     assert report["status"] == "ok" and report["writer_alive"] is True
     assert report["queue_depth"] == 0 and report["queue_size"] > 0
+
+
+def test_the_gateway_applies_the_batch_apis_messages_per_trace_limit(
+    gateway, openai_client, fake_live, chat_upstream, settings
+):
+    settings.INGEST_MAX_MESSAGES_PER_TRACE = 6
+    history = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"m{i}"} for i in range(6)]
+    with pytest.raises(openai.BadRequestError) as exc:
+        openai_client.chat.completions.create(model="m", messages=history)
+    assert exc.value.body["param"] == "messages" and "at most 5 per call" in exc.value.body["message"]
+    assert chat_upstream.requests == []
+    openai_client.chat.completions.create(model="m", messages=history[:5])  # the answer makes 6: allowed
+    gateway.drain()
+    assert Trace.objects.get().message_count == 6
