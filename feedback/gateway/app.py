@@ -65,11 +65,20 @@ def _identifier(value: Any, param: str, max_length: int, *, allow_empty: bool = 
     return value
 
 
-def _headers(trace_key: str, version: str | None, content_type: bytes) -> list[tuple[bytes, bytes]]:
-    out = [(b"content-type", content_type), (TRACE_HEADER, trace_key.encode())]
+def _headers(trace_key: str | None, version: str | None, content_type: bytes) -> list[tuple[bytes, bytes]]:
+    out = [(b"content-type", content_type)]
+    if trace_key is not None:
+        out.append((TRACE_HEADER, trace_key.encode()))
     if version:
         out.append((b"x-practicum-model-version", version.encode()))
     return out
+
+
+def _trace_header(exchange: Exchange) -> str | None:
+    """The trace id to send back: the one the client named, or the new trace's when the
+    deployment does not stitch. A stitched call's trace is found later, off the response path,
+    so none is sent (customer feedback refers to the completion's `id`)."""
+    return None if exchange.stitch else exchange.trace_key
 
 
 async def _send_json(send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
@@ -304,6 +313,7 @@ class GatewayApp:
             started_at=started_at,
             latency_ms=0.0,
             api_key_id=principal.key_id,
+            stitch=principal.stitch and not explicit,
         )
         payload = orjson.dumps(request)
         self.recorder.expect()
@@ -313,7 +323,7 @@ class GatewayApp:
                     send, receive, route, payload, exchange, t0, want_logprobs, want_token_ids, want_usage
                 )
             else:
-                await self._complete(send, route, payload, exchange, t0, want_logprobs, want_token_ids)
+                await self._complete(send, receive, route, payload, exchange, t0, want_logprobs, want_token_ids)
         finally:
             if not exchange.latency_ms:
                 exchange.latency_ms = (time.perf_counter() - t0) * 1000
@@ -373,7 +383,21 @@ class GatewayApp:
         exchange.error = {**error.as_dict(), **({"upstream_body": body} if body is not None else {})}
         exchange.latency_ms = (time.perf_counter() - t0) * 1000
 
-    async def _complete(self, send, route: Route, payload, exchange, t0, want_logprobs, want_token_ids) -> None:
+    async def _complete(
+        self, send, receive, route: Route, payload, exchange, t0, want_logprobs, want_token_ids
+    ) -> None:
+        # The body is read, so the next message can only be the client leaving (an SDK's
+        # timeout, before it retries): the answer then never reached it, and is logged as such.
+        gone = asyncio.ensure_future(receive())
+        try:
+            await self._complete_call(send, gone, route, payload, exchange, t0, want_logprobs, want_token_ids)
+        finally:
+            if not gone.done():
+                gone.cancel()
+
+    async def _complete_call(
+        self, send, gone, route: Route, payload, exchange, t0, want_logprobs, want_token_ids
+    ) -> None:
         try:
             response = await self._pool(route.upstream_url).request("POST", "/v1/chat/completions", payload)
             content = await response.read()
@@ -392,10 +416,15 @@ class GatewayApp:
             self._fail(exchange, error, t0, content[:2000].decode(errors="replace"))
             raise error from exc
         exchange.response = body
+        if gone.done() and not gone.cancelled() and gone.result().get("type") == "http.disconnect":
+            exchange.status = ExchangeStatus.PARTIAL
+            exchange.error = {"status": 499, "message": "the client disconnected before the answer was sent"}
+            exchange.latency_ms = (time.perf_counter() - t0) * 1000
+            return
         out = body if want_logprobs and want_token_ids else _strip_response(body, want_logprobs, want_token_ids)
         data = orjson.dumps(out)
         exchange.latency_ms = (time.perf_counter() - t0) * 1000
-        await _send_json(send, 200, data, _headers(exchange.trace_key, route.version_name, b"application/json"))
+        await _send_json(send, 200, data, _headers(_trace_header(exchange), route.version_name, b"application/json"))
 
     async def _stream(
         self, send, receive, route: Route, payload, exchange, t0, want_logprobs, want_token_ids, want_usage
@@ -431,7 +460,7 @@ class GatewayApp:
                     "type": "http.response.start",
                     "status": 200,
                     "headers": [
-                        *_headers(exchange.trace_key, route.version_name, b"text/event-stream"),
+                        *_headers(_trace_header(exchange), route.version_name, b"text/event-stream"),
                         (b"cache-control", b"no-cache"),
                     ],
                 }

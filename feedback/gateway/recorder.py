@@ -32,9 +32,11 @@ from pathlib import Path
 
 import orjson
 from django.db import DatabaseError, IntegrityError, InterfaceError, OperationalError, connection
+from django.utils import timezone
 
 from feedback.gateway.exchange import Exchange
 from feedback.services.capture import TraceDigestCache, exchanges_record
+from feedback.services.stitching import conversation_tips_expire
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +76,7 @@ class Recorder:
         }
         self._stopping = False
         self._last_replay = 0.0
+        self._last_expiry = time.monotonic()
 
     # -- the event loop's side: never blocks on the database ------------------------------------
 
@@ -182,6 +185,10 @@ class Recorder:
             if time.monotonic() - self._last_replay > 5:
                 self._last_replay = time.monotonic()
                 self._replay_spills()
+            if time.monotonic() - self._last_expiry > 60:
+                self._last_expiry = time.monotonic()
+                connection.close_if_unusable_or_obsolete()
+                conversation_tips_expire(now=timezone.now())
             return True
         if first is _STOP:
             return False

@@ -28,6 +28,7 @@ from feedback.models.review import (
 from feedback.models.traces import (
     ApiKey,
     ApiKeyScope,
+    ConversationTip,
     Deployment,
     Message,
     MessageRole,
@@ -41,6 +42,7 @@ __all__ = [
     "ApiKey",
     "ApiKeyScope",
     "Comment",
+    "ConversationTip",
     "Correction",
     "CustomerFeedback",
     "Deployment",

@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.db.models import Q
 from django.db.models.functions import Length, Substr
 
 from feedback.models import Comment, Correction, CustomerFeedback, Message, Trace, TraceFlag, TurnRating
@@ -101,6 +102,8 @@ class TraceReview:
     duration_s: float | None
     page: int = 1
     pages: int = 1
+    forked_from: Trace | None = None  # the trace this one forks (id and external id loaded)
+    forks: list[Trace] = field(default_factory=list)  # forks of this one, oldest first (at most 50)
     first_position: int = 0  # of this page
     last_position: int = -1
 
@@ -212,6 +215,19 @@ def trace_review(*, trace: Trace, user, page: int = 1, page_size: int = TURNS_PE
             by_id[f.message_id].feedback.append(f)
         trace_feedback.append(f)
     duration = (trace.ended_at - trace.started_at).total_seconds() if trace.ended_at else None
+    # Its parent and its forks in one query (the FK's index serves `forked_from`).
+    related = (
+        Trace.objects.filter(Q(id=trace.forked_from_id) | Q(forked_from=trace))
+        .only("id", "external_id", "forked_from_id", "forked_at", "started_at")
+        .order_by("started_at", "id")[:51]
+    )
+    parent = None
+    forks = []
+    for other in related:
+        if other.id == trace.forked_from_id:
+            parent = other
+        else:
+            forks.append(other)
     return TraceReview(
         trace=trace,
         turns=turns,
@@ -229,6 +245,8 @@ def trace_review(*, trace: Trace, user, page: int = 1, page_size: int = TURNS_PE
         duration_s=duration,
         page=page,
         pages=pages,
+        forked_from=parent,
+        forks=forks[:50],
         first_position=first,
         last_position=first + len(turns) - 1,
     )
