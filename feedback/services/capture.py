@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from feedback.gateway.exchange import Exchange, ExchangeStatus
@@ -40,6 +40,7 @@ from feedback.services.chat_format import ParsedMessage
 from feedback.services.ingest import (
     _message_values,  # the row builder batch ingest uses; shared so both paths store the same columns
     messages_insert,
+    strip_nul,
     trace_counts,
     traces_insert,
 )
@@ -67,9 +68,17 @@ def message_digest(
 
 
 def parsed_digest(m: ParsedMessage) -> str | None:
+    """The message's digest; None for a turn the client never saw."""
     if m.role == "assistant" and m.serving.get("finish_reason") in UNSEEN_FINISH_REASONS:
         return None
-    return message_digest(m.role, m.content, m.tool_calls, m.tool_call_id, m.name)
+    return content_digest(m)
+
+
+def content_digest(m: ParsedMessage) -> str:
+    """The digest of what the message says, computed once per message."""
+    if m.digest is None:
+        m.digest = message_digest(m.role, m.content, m.tool_calls, m.tool_call_id, m.name)
+    return m.digest
 
 
 def fork_key(root: str, position: int, digest: str) -> str:
@@ -428,25 +437,46 @@ class _Batch:
                 updated.append(t)
         messages_insert(rows)
         if updated:
-            Trace.objects.bulk_update(
-                updated,
-                [
-                    "message_count",
-                    "assistant_turn_count",
-                    "tool_call_count",
-                    "total_tokens",
-                    "preview",
-                    "updated_at",
-                    "status",
-                    "model_version_id",
-                    "tools",
-                ],
-            )
+            _traces_update(updated)
 
     def remember(self) -> None:
         for key, s in self.states.items():
             if s is not None and s.id is not None:
                 self.cache.put(key, s.id, s.digests)
+
+
+_UPDATED = (
+    "message_count",
+    "assistant_turn_count",
+    "tool_call_count",
+    "total_tokens",
+    "preview",
+    "updated_at",
+    "status",
+    "model_version_id",
+    "tools",
+)
+
+
+def _traces_update(traces: list[Trace]) -> None:
+    """Write the counts of extended traces. On PostgreSQL one pipelined statement per trace:
+    Django's `bulk_update` builds a CASE expression per field and row, which cost ~13 ms per
+    trace in Python at 500 traces a batch — slower than the traffic it logs."""
+    if connection.vendor != "postgresql":
+        Trace.objects.bulk_update(traces, list(_UPDATED))
+        return
+    sets = ", ".join(f"{f} = %s" + ("::jsonb" if f == "tools" else "") for f in _UPDATED)
+    sql = f"UPDATE {Trace._meta.db_table} SET {sets} WHERE id = %s"
+
+    def tools(value: Any) -> str:
+        dumped = orjson.dumps(value)
+        return (orjson.dumps(strip_nul(value)) if b"\\u0000" in dumped else dumped).decode()
+
+    params = [
+        (*(getattr(t, f) for f in _UPDATED[:-1]), tools(t.tools), t.id) for t in sorted(traces, key=lambda t: t.id)
+    ]
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, params)
 
 
 def exchanges_record(*, exchanges: Sequence[Exchange], cache: TraceDigestCache | None = None) -> None:
@@ -462,8 +492,9 @@ def exchanges_record(*, exchanges: Sequence[Exchange], cache: TraceDigestCache |
         with transaction.atomic():
             stitched = [ex for ex in exchanges if ex.stitch and not ex.explicit_trace]
             stitcher.prepare(stitched)
-            # Lock every named trace up front, in one query per deployment.
-            by_dep: dict[int, list[str]] = {}
+            # Lock every named trace, and every trace a stitched call may continue, up front,
+            # in one query per deployment.
+            by_dep: dict[int, list[str]] = {dep: list(keys) for dep, keys in stitcher.keys.items()}
             for ex in exchanges:
                 if ex.explicit_trace:
                     by_dep.setdefault(ex.deployment_id, []).append(ex.trace_key)

@@ -52,9 +52,12 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from django.conf import settings
-from django.db.models import Q
+from django.db.models import F, Window
+from django.db.models.functions import RowNumber
 
 from feedback.models import ConversationTip
+
+TIPS_PER_HISTORY = 4
 
 if TYPE_CHECKING:
     from feedback.gateway.exchange import Exchange
@@ -103,45 +106,60 @@ class Stitcher:
     def __init__(self, batch: _Batch, now: datetime) -> None:
         self.batch = batch
         self.now = now
-        self.window = timedelta(seconds=settings.GATEWAY_STITCH_WINDOW_SECONDS)
+        self.cutoff = now - timedelta(seconds=settings.GATEWAY_STITCH_WINDOW_SECONDS)
         self.by_digest: dict[tuple[int, str], list[_Tip]] = {}
         self.by_last: dict[tuple[int, str], list[_Tip]] = {}
         self.calls: dict[int, _Call] = {}
         self.new: list[tuple[int, _Tip]] = []
         self.continued_ids: set[int] = set()
+        self.keys: dict[int, set[str]] = {}  # the traces the stored tips point to, per deployment
         self._order = 0.0
 
     # -- before the batch: one query per deployment ---------------------------------------------
 
     def prepare(self, exchanges: Sequence[Exchange]) -> None:
-        from feedback.services.capture import message_digest
+        from feedback.services.capture import content_digest
 
-        wanted: dict[int, tuple[set[str], set[str]]] = {}
+        wanted: dict[int, set[str]] = {}
         for ex in exchanges:
-            digests = [message_digest(m.role, m.content, m.tool_calls, m.tool_call_id, m.name) for m in ex.messages]
+            digests = [content_digest(m) for m in ex.messages]
             call = _Call(digests=digests, chain=history_chain(digests))
             answers = [i + 1 for i, m in enumerate(ex.messages) if m.role == "assistant"][::-1]
             # The whole request too: the resend of a call whose answer never reached the client.
             call.candidates = ([len(digests)] if not answers or answers[0] != len(digests) else []) + answers
-            prefixes, lasts = wanted.setdefault(ex.deployment_id, (set(), set()))
-            prefixes.update(call.chain[k - 1] for k in call.candidates)
+            wanted.setdefault(ex.deployment_id, set()).update(call.chain[k - 1] for k in call.candidates)
             if answers:
                 call.last = answer_key(digests[0], digests[answers[0] - 1])
-                lasts.add(call.last)
             self.calls[id(ex)] = call
-        cutoff = self.now - self.window
-        for dep, (prefixes, lasts) in wanted.items():
+        for dep, prefixes in wanted.items():
+            # Many conversations can open alike (the same greeting and answer): per history,
+            # the few most recent open tips and the few most recent continued ones are enough.
+            rank = Window(RowNumber(), partition_by=[F("digest"), F("continued")], order_by=F("created_at").desc())
             rows = (
-                ConversationTip.objects.filter(deployment_id=dep, created_at__gte=cutoff)
-                .filter(Q(digest__in=prefixes) | Q(last_digest__in=lasts))
+                ConversationTip.objects.filter(deployment_id=dep, created_at__gte=self.cutoff, digest__in=prefixes)
+                .annotate(rank=rank)
+                .filter(rank__lte=TIPS_PER_HISTORY)
                 .values_list("id", "digest", "last_digest", "trace__external_id", "length", "continued", "created_at")
             )
             for tip_id, digest, last, key, length, continued, created in rows:
                 tip = _Tip(tip_id, key, length, continued, created.timestamp(), digest, last)
-                if digest in prefixes:
-                    self.by_digest.setdefault((dep, digest), []).append(tip)
-                if last in lasts:
-                    self.by_last.setdefault((dep, last), []).append(tip)
+                self.keys.setdefault(dep, set()).add(key)
+                self.by_digest.setdefault((dep, digest), []).append(tip)
+
+    def _by_last(self, dep: int, last: str) -> list[_Tip]:
+        """Tips of answers equal to `last` (this batch's, and the most recent stored one):
+        asked only for a call whose history matched no prefix, so rarely."""
+        tips = [t for t in self.by_last.get((dep, last), ()) if t.last]
+        row = (
+            ConversationTip.objects.filter(deployment_id=dep, last_digest=last, created_at__gte=self.cutoff)
+            .order_by("-created_at")
+            .values_list("id", "digest", "trace__external_id", "length", "continued", "created_at")
+            .first()
+        )
+        if row is not None:
+            tip_id, digest, key, length, continued, created = row
+            tips.append(_Tip(tip_id, key, length, continued, created.timestamp(), digest, last))
+        return tips
 
     # -- per exchange, in order -----------------------------------------------------------------
 
@@ -162,7 +180,7 @@ class Stitcher:
                         self.continued_ids.add(tip.id)
                 return tip.key, None
         if call.last:
-            tips = [t for t in self.by_last.get((dep, call.last), ()) if t.last]
+            tips = self._by_last(dep, call.last)
             if tips:
                 parent = max(tips, key=lambda t: t.order)
                 return None, {"from": parent.key, "position": parent.length, "rewritten": True}
