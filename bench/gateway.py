@@ -8,10 +8,18 @@ own work dominates. The gateway runs as in production: uvicorn serving webapp.as
 every exchange logged to PostgreSQL. The same requests go to the gateway and straight to the
 upstream, alternating one by one, from one client:
 
-- non-streaming: p50 added latency (gateway p50 - direct p50, and the median paired gap);
+- non-streaming: p50 added latency (gateway p50 - direct p50, and the median paired gap),
+  side by side for a deployment that stitches conversations and one that does not: the
+  requests are turns of 8-turn conversations sent without a trace id, each resending the
+  history, one request to each deployment and one direct, in turn;
 - streaming: p50 added time to first token (first `data:` chunk);
 - throughput: 16 concurrent clients, requests/s through the gateway (and direct, for scale),
-  then the check that every exchange reached the database.
+  then the check that every exchange reached the database;
+- stitching: the conversations the latency run sent, and the traces they became;
+- the recorder alone, in this process: exchanges of 1,000 interleaved conversations
+  submitted at 1,000/s (`--recorder-rate`) for `--recorder-seconds`, with stitching on, then
+  off: the deepest its queue got, how long after the last one everything was written, and its
+  own rate when fed as fast as it takes them.
 
 Uses its own database (<name>_gwbench), dropped and recreated each run.
 """
@@ -24,6 +32,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import orjson
@@ -141,7 +150,7 @@ def setup_database(base_url: str) -> str:
     return fresh_database(base_url, "_gwbench")
 
 
-def create_deployment(db_url: str, upstream: str, model_dir: Path) -> str:
+def create_deployment(db_url: str, upstream: str, model_dir: Path) -> tuple[str, str]:
     os.environ["DATABASE_URL"] = db_url
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
     import django
@@ -154,16 +163,36 @@ def create_deployment(db_url: str, upstream: str, model_dir: Path) -> str:
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.json").write_text("{}")  # the stub serves it; no weights are read
     dep = deployment_get_or_create(name="bench")
+    plain = deployment_get_or_create(name="bench-unstitched")
+    plain.stitch_conversations = False
+    plain.save(update_fields=["stitch_conversations"])
     _, version = base_model_register(name="bench-model", path=model_dir, inference_url=upstream)
     live_version_set(deployment=dep, version=version)
-    return api_key_create(deployment=dep, scopes=["ingest"]).plaintext
+    live_version_set(deployment=plain, version=version)
+    return (
+        api_key_create(deployment=dep, scopes=["ingest"]).plaintext,
+        api_key_create(deployment=plain, scopes=["ingest"]).plaintext,
+    )
 
 
-def count_traces(db_url: str) -> int:
+def count_traces(db_url: str, deployment: str | None = None) -> int:
     import psycopg
 
     with psycopg.connect(db_url) as conn:
-        return conn.execute("SELECT count(*) FROM feedback_trace").fetchone()[0]
+        if deployment is None:
+            return conn.execute("SELECT count(*) FROM feedback_trace").fetchone()[0]
+        return conn.execute(
+            "SELECT count(*) FROM feedback_trace t JOIN feedback_deployment d ON d.id = t.deployment_id"
+            " WHERE d.name = %s",
+            [deployment],
+        ).fetchone()[0]
+
+
+def count_messages(db_url: str) -> int:
+    import psycopg
+
+    with psycopg.connect(db_url) as conn:
+        return conn.execute("SELECT count(*) FROM feedback_message").fetchone()[0]
 
 
 def wait_port(port: int, timeout: float = 30) -> None:
@@ -182,18 +211,22 @@ def wait_port(port: int, timeout: float = 30) -> None:
 # ---- measurements ------------------------------------------------------------------------------
 
 
-def body(stream: bool, i: int) -> bytes:
+TURNS = 8  # calls per conversation in the latency and throughput runs
+ANSWER = " ".join(f"t{i}" for i in range(N_TOKENS))  # what the stub answers
+ANSWER_STREAMED = "".join(f"t{i} " for i in range(N_TOKENS))  # and streams
+
+
+def body(stream: bool, i: int, *, conversation: str | None = None) -> bytes:
+    """Call `i % TURNS` of conversation `conversation or i // TURNS`: the whole history so far
+    (the stub's earlier answers included), as a harness resends it, and no trace id."""
+    name, turn = conversation or str(i // TURNS), i % TURNS
+    messages = [{"role": "system", "content": "You are a support agent."}]
+    for t in range(turn + 1):
+        messages.append({"role": "user", "content": f"Conversation {name}: where is order {t}?"})
+        if t < turn:
+            messages.append({"role": "assistant", "content": ANSWER_STREAMED if stream else ANSWER})
     return orjson.dumps(
-        {
-            "model": "bench-model",
-            "messages": [
-                {"role": "system", "content": "You are a support agent."},
-                {"role": "user", "content": f"Where is order {i}?"},
-            ],
-            "max_tokens": N_TOKENS,
-            "temperature": 0,
-            "stream": stream,
-        }
+        {"model": "bench-model", "messages": messages, "max_tokens": N_TOKENS, "temperature": 0, "stream": stream}
     )
 
 
@@ -242,36 +275,51 @@ class RawClient:
 GATEWAY_PATH = UPSTREAM_PATH = "/v1/chat/completions"
 
 
-async def latency(gw_port: int, up_port: int, key: str, n: int, stream: bool) -> tuple[list[float], list[float]]:
-    gw_t, up_t = [], []
-    gw_headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
-    up_headers = {"content-type": "application/json"}
-    gw, up = RawClient(gw_port), RawClient(up_port)
+async def latency(targets: list[tuple[str, int, dict[str, str]]], n: int, stream: bool) -> dict[str, list[float]]:
+    """`n` rounds (after 20 to warm up); each round sends call i to every target in turn."""
+    times: dict[str, list[float]] = {label: [] for label, _, _ in targets}
+    clients = {label: RawClient(port) for label, port, _ in targets}
     for i in range(n + 20):
-        payload = body(stream, i)
-        a = await gw.request(GATEWAY_PATH, payload, gw_headers, stream)
-        b = await up.request(UPSTREAM_PATH, payload, up_headers, stream)
-        if i >= 20:  # warm-up: connections, caches
-            gw_t.append(a)
-            up_t.append(b)
-    return gw_t, up_t
+        for label, _, headers in targets:
+            t = await clients[label].request(
+                GATEWAY_PATH,
+                body(stream, i, conversation=f"{label}-{'s' if stream else 'n'}{i // TURNS}"),
+                headers,
+                stream,
+            )
+            if i >= 20:  # warm-up: connections, caches
+                times[label].append(t)
+    return times
 
 
-async def throughput(port: int, headers: dict, clients: int, seconds: float) -> tuple[int, float]:
-    done = 0
+async def throughput(port: int, headers: dict, clients: int, seconds: float) -> tuple[int, float, list[int]]:
+    calls = [0] * clients
     deadline = time.perf_counter() + seconds
 
     async def worker(w: int) -> None:
-        nonlocal done
-        client, i = RawClient(port), 0
+        client = RawClient(port)
         while time.perf_counter() < deadline:
-            await client.request(GATEWAY_PATH, body(False, w * 1_000_000 + i), headers, False)
-            done += 1
-            i += 1
+            i = calls[w]
+            await client.request(GATEWAY_PATH, body(False, i, conversation=f"load-{w}-{i // TURNS}"), headers, False)
+            calls[w] += 1
 
     t0 = time.perf_counter()
     await asyncio.gather(*(worker(w) for w in range(clients)))
-    return done, time.perf_counter() - t0
+    return sum(calls), time.perf_counter() - t0, calls
+
+
+def recorder_idle(port: int, timeout: float = 120) -> float:
+    """Wait until the gateway's log writer has written everything (GET /v1/health); seconds waited."""
+    import urllib.request
+
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/health") as answer:
+            report = orjson.loads(answer.read())["recorder"]
+        if report["queue_depth"] == 0 and report["in_flight"] == 0:
+            return time.perf_counter() - t0
+        time.sleep(0.1)
+    raise RuntimeError("the gateway's recorder did not catch up")
 
 
 def ms(values: list[float], q: float = 0.5) -> float:
@@ -286,6 +334,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10, help="length of each throughput run")
     parser.add_argument("--workers", type=int, default=1, help="uvicorn worker processes for the gateway")
     parser.add_argument("--port", type=int, default=8150, help="gateway port; the stub upstream uses port+1")
+    parser.add_argument("--recorder-rate", type=int, default=1000, help="exchanges/s fed to the recorder alone")
+    parser.add_argument("--recorder-seconds", type=float, default=10)
     parser.add_argument("--stub", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.stub:
@@ -300,7 +350,7 @@ def main() -> None:
     db_url = setup_database(base_url)
     up_port = args.port + 1
     upstream = f"http://127.0.0.1:{up_port}"
-    key = create_deployment(db_url, upstream, ROOT / "var" / "bench-model")
+    key, plain_key = create_deployment(db_url, upstream, ROOT / "var" / "bench-model")
     procs = [subprocess.Popen([sys.executable, __file__, "--stub", str(up_port)], cwd=ROOT)]
     procs.append(
         subprocess.Popen(
@@ -324,43 +374,129 @@ def main() -> None:
         )
     )
     gw, up = args.port, up_port
+    json_headers = {"content-type": "application/json"}
+    stitched = {"authorization": f"Bearer {key}", **json_headers}
+    unstitched = {"authorization": f"Bearer {plain_key}", **json_headers}
     try:
         wait_port(up_port)
         wait_port(args.port)
-        print(
-            f"{'':28} {'gateway p50':>12} {'direct p50':>11} {'added p50':>10} {'paired gap p50':>15} {'p90 added':>10}"
-        )
+        print(f"{'':34} {'p50':>8} {'p90':>8} {'added p50':>10} {'paired gap p50':>15}")
         for stream, label in ((False, "non-streaming latency (ms)"), (True, "streaming TTFT (ms)")):
-            gw_t, up_t = uvloop.run(latency(gw, up, key, args.requests, stream))
-            gaps = [a - b for a, b in zip(gw_t, up_t, strict=True)]
+            print(label)
+            times = uvloop.run(
+                latency(
+                    [("stitched", gw, stitched), ("unstitched", gw, unstitched), ("direct", up, json_headers)],
+                    args.requests,
+                    stream,
+                )
+            )
+            direct = times["direct"]
+            for name in ("stitched", "unstitched", "direct"):
+                t = times[name]
+                gaps = [a - b for a, b in zip(t, direct, strict=True)]
+                print(f"  {name:32} {ms(t):>8.3f} {ms(t, 0.9):>8.3f} {ms(t) - ms(direct):>10.3f} {ms(gaps):>15.3f}")
+            on, off = times["stitched"], times["unstitched"]
+            pairs = [a - b for a, b in zip(on, off, strict=True)]
             print(
-                f"{label:28} {ms(gw_t):>12.3f} {ms(up_t):>11.3f} {ms(gw_t) - ms(up_t):>10.3f} "
-                f"{ms(gaps):>15.3f} {ms(gw_t, 0.9) - ms(up_t, 0.9):>10.3f}"
+                f"  stitching on / off: p50 ratio {ms(on) / ms(off):.3f}, p50 difference {ms(on) - ms(off):+.3f} ms, "
+                f"median paired difference {ms(pairs):+.3f} ms"
             )
         # Everything the latency runs sent is written before the throughput run starts.
-        before = 2 * (args.requests + 20)
-        t0 = time.perf_counter()
-        while count_traces(db_url) < before and time.perf_counter() - t0 < 60:
-            time.sleep(0.2)
-        headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
-        n_gw, s_gw = uvloop.run(throughput(gw, headers, args.clients, args.seconds))
-        n_up, s_up = uvloop.run(throughput(up, {"content-type": "application/json"}, args.clients, args.seconds))
+        recorder_idle(gw)
+        sent = 2 * (args.requests + 20)  # to each deployment
+        conversations = -(-(args.requests + 20) // TURNS) * 2  # streaming and not, per deployment
+        on_traces, off_traces = count_traces(db_url, "bench"), count_traces(db_url, "bench-unstitched")
+        print(
+            f"stitching: {sent} calls of {conversations} conversations, sent without a trace id, became "
+            f"{on_traces} traces with stitching on, {off_traces} with it off"
+        )
+        before = count_traces(db_url)
+        n_gw, s_gw, per_client = uvloop.run(throughput(gw, stitched, args.clients, args.seconds))
+        n_up, s_up, _ = uvloop.run(throughput(up, json_headers, args.clients, args.seconds))
         print(
             f"throughput, {args.clients} clients: gateway {n_gw / s_gw:.0f} req/s, direct {n_up / s_up:.0f} req/s "
             f"(ratio {n_gw / s_gw / (n_up / s_up):.2f})"
         )
-        expected = before + n_gw
-        t0 = time.perf_counter()
-        while count_traces(db_url) < expected and time.perf_counter() - t0 < 60:
-            time.sleep(0.2)
-        logged = count_traces(db_url) - before
+        waited = recorder_idle(gw)
+        started = sum(-(-n // TURNS) for n in per_client)
         print(
-            f"logged: {logged}/{n_gw} exchanges of the throughput run in the database ({time.perf_counter() - t0:.1f} s after the last response)"
+            f"logged: the {n_gw} calls of the throughput run's {started} conversations are "
+            f"{count_traces(db_url) - before} traces ({waited:.1f} s after the last response)"
         )
     finally:
         for p in reversed(procs):
             p.terminate()
             p.wait(15)
+    for stitch in (True, False):
+        recorder_run(rate=args.recorder_rate, seconds=args.recorder_seconds, stitch=stitch)
+
+
+def _exchange(k: int, conversations: int, stitch: bool, deployment_id: int, version_id: int):
+    from feedback.gateway.exchange import Exchange
+    from feedback.services.chat_format import parse_message
+
+    conv, turn = k % conversations, k // conversations
+    raw = [{"role": "system", "content": "You are a support agent."}]
+    for t in range(turn + 1):
+        raw.append({"role": "user", "content": f"Recorder {stitch} conversation {conv}: where is order {t}?"})
+        if t < turn:
+            raw.append({"role": "assistant", "content": ANSWER})
+    return Exchange(
+        deployment_id=deployment_id,
+        trace_key=f"gw-{uuid.uuid4().hex}",
+        explicit_trace=False,
+        session_id="",
+        requested_model="bench-model",
+        version_id=version_id,
+        messages=[parse_message(m, "m") for m in raw],
+        tools=[],
+        params={"temperature": 0},
+        metadata={},
+        started_at=time.time(),
+        latency_ms=5.0,
+        response=orjson.loads(_completion("bench-model")),
+        stitch=stitch,
+    )
+
+
+def recorder_run(*, rate: int, seconds: float, stitch: bool, conversations: int = 1000) -> None:
+    """The gateway's recorder fed at `rate` exchanges/s: does it keep up?"""
+    import tempfile
+
+    from feedback.gateway.recorder import Recorder
+    from feedback.models import Deployment, Trace
+    from training.models import ModelVersion
+
+    dep = Deployment.objects.get(name="bench" if stitch else "bench-unstitched")
+    version = ModelVersion.objects.get(name="bench-model")
+    total = int(rate * seconds)
+    exchanges = [_exchange(k, conversations, stitch, dep.id, version.id) for k in range(total)]
+    before = Trace.objects.filter(deployment=dep).count()
+    with tempfile.TemporaryDirectory() as spill:
+        recorder = Recorder(queue_size=20000, batch_size=500, spill_dir=Path(spill))
+        recorder.start()
+        t0 = time.perf_counter()
+        sent, deepest = 0, 0
+        while sent < total:
+            due = min(total, int((time.perf_counter() - t0) * rate) + 1)
+            while sent < due:
+                exchanges[sent].started_at = time.time()
+                recorder.submit(exchanges[sent])
+                sent += 1
+            deepest = max(deepest, recorder._queue.qsize())
+            time.sleep(0.002)
+        submitted = time.perf_counter()
+        assert recorder.drain(300)
+        done = time.perf_counter()
+        spilled = recorder.stats["spilled"]
+        recorder.stop()
+    traces = Trace.objects.filter(deployment=dep).count() - before
+    label = "on" if stitch else "off"
+    print(
+        f"recorder, stitching {label}: {total} exchanges of {conversations} conversations at {total / (submitted - t0):.0f}/s "
+        f"for {submitted - t0:.1f} s: deepest queue {deepest}, all written {done - submitted:.2f} s after the last, "
+        f"{spilled} spilled; {traces} traces"
+    )
 
 
 if __name__ == "__main__":

@@ -363,6 +363,8 @@ GATEWAY_LIVE_LISTEN = env_bool("PRACTICUM_GATEWAY_LIVE_LISTEN", True)
 # Exchanges waiting to be written; past this the overflow goes to a spill file under DATA_DIR.
 GATEWAY_LOG_QUEUE_SIZE = int(os.environ.get("PRACTICUM_GATEWAY_LOG_QUEUE_SIZE", 20000))
 GATEWAY_LOG_BATCH_SIZE = int(os.environ.get("PRACTICUM_GATEWAY_LOG_BATCH_SIZE", 500))
+# How long a logged history can be continued by a call that names no trace (conversation stitching).
+GATEWAY_STITCH_WINDOW_SECONDS = float(os.environ.get("PRACTICUM_GATEWAY_STITCH_WINDOW_SECONDS", 6 * 3600))
 
 # Training jobs: run folders, and how a worker's liveness is judged. A running job whose
 # heartbeat is older than TRAINING_STALE_AFTER_SECONDS is resumed from its checkpoint

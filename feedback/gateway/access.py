@@ -37,6 +37,7 @@ class Principal:
     deployment_id: int
     deployment_name: str
     scopes: frozenset[str]
+    stitch: bool = True  # the deployment joins calls that name no trace into conversations
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +131,7 @@ def _authenticate_sync(token: str) -> Principal | GatewayError:
         deployment_id=key.deployment_id,
         deployment_name=key.deployment.name,
         scopes=frozenset(key.scopes),
+        stitch=key.deployment.stitch_conversations,
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from typing import Any
 
@@ -19,7 +20,7 @@ from feedback.gateway.exchange import Exchange, ExchangeStatus
 from feedback.gateway.recorder import Recorder
 from feedback.gateway.upstream import UpstreamError, UpstreamPool
 from feedback.services.capture import new_trace_key
-from feedback.services.chat_format import FieldError, parse_message, parse_tools
+from feedback.services.chat_format import FieldError, json_depth_check, parse_message, parse_tools
 
 logger = logging.getLogger(__name__)
 
@@ -46,11 +47,38 @@ PARAM_KEYS = (
 )
 
 
-def _headers(trace_key: str, version: str | None, content_type: bytes) -> list[tuple[bytes, bytes]]:
-    out = [(b"content-type", content_type), (TRACE_HEADER, trace_key.encode())]
+# C0 and C1 control characters (CR, LF, NUL, …) and DEL: none belongs in an identifier that is
+# echoed in a response header and looked up in PostgreSQL (whose text cannot hold NUL).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _identifier(value: Any, param: str, max_length: int, *, allow_empty: bool = False) -> str | None:
+    """A client-chosen trace or session id, or a 400 naming the field and the reason."""
+    if value is None or (allow_empty and value == ""):
+        return None
+    if not isinstance(value, str) or not 0 < len(value) <= max_length:
+        raise GatewayError(400, f"a non-empty string of at most {max_length} characters", param=param)
+    if (bad := _CONTROL.search(value)) is not None:
+        raise GatewayError(
+            400, f"contains a control character ({ord(bad.group()):#04x}); send printable text only", param=param
+        )
+    return value
+
+
+def _headers(trace_key: str | None, version: str | None, content_type: bytes) -> list[tuple[bytes, bytes]]:
+    out = [(b"content-type", content_type)]
+    if trace_key is not None:
+        out.append((TRACE_HEADER, trace_key.encode()))
     if version:
         out.append((b"x-practicum-model-version", version.encode()))
     return out
+
+
+def _trace_header(exchange: Exchange) -> str | None:
+    """The trace id to send back: the one the client named, or the new trace's when the
+    deployment does not stitch. A stitched call's trace is found later, off the response path,
+    so none is sent (customer feedback refers to the completion's `id`)."""
+    return None if exchange.stitch else exchange.trace_key
 
 
 async def _send_json(send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
@@ -187,8 +215,14 @@ class GatewayApp:
                 if method != "GET":
                     raise GatewayError(405, "use GET")
                 await self.models(scope, send)
+            elif path == "/v1/health":
+                if method != "GET":
+                    raise GatewayError(405, "use GET")
+                await self.health(send)
             else:
-                raise GatewayError(404, f"no route {path}; the gateway serves /v1/chat/completions and /v1/models")
+                raise GatewayError(
+                    404, f"no route {path}; the gateway serves /v1/chat/completions, /v1/models and /v1/health"
+                )
         except GatewayError as exc:
             await _send_json(send, exc.status, exc.body())
 
@@ -198,6 +232,12 @@ class GatewayApp:
             if key == name:
                 return value
         return None
+
+    async def health(self, send) -> None:
+        """The log writer's state (no key needed: it holds no trace data). 503 when the writer
+        is not running or its queue is full, so a load balancer can take the process out."""
+        report = self.recorder.health()
+        await _send_json(send, 200 if report["status"] == "ok" else 503, orjson.dumps({"recorder": report}))
 
     async def models(self, scope, send) -> None:
         principal = await self.access.principal(self._header(scope, b"authorization"))
@@ -229,17 +269,20 @@ class GatewayApp:
         principal = await self.access.principal(authorization)
         request = self._parse(await _read_body(receive, self.max_body))
         messages, tools = self._validate(request)
-        metadata = request.pop("metadata", None)
-        if metadata is not None and not isinstance(metadata, dict):
-            raise GatewayError(400, "must be an object", param="metadata")
-        metadata = metadata or {}
-        trace_key = trace_header.decode("utf-8", "replace") if trace_header else metadata.get("trace_id")
+        metadata = self._metadata(request.pop("metadata", None))
+        # Both identifiers are checked before the model is called: the trace id is echoed in a
+        # response header, where a CR/LF or NUL would make the server drop the connection after
+        # the model had answered (and the turn would be logged as if the client had it).
+        if trace_header:
+            trace_key = _identifier(trace_header.decode("utf-8", "replace"), "X-Practicum-Trace-Id", 150)
+        else:
+            trace_key = _identifier(metadata.get("trace_id"), "metadata.trace_id", 150)
         explicit = bool(trace_key)
-        if trace_key is not None and (not isinstance(trace_key, str) or not 0 < len(trace_key) <= 150):
-            raise GatewayError(400, "a non-empty string of at most 150 characters", param="metadata.trace_id")
-        session = session_header.decode("utf-8", "replace") if session_header else metadata.get("session_id", "")
-        if not isinstance(session, str):
-            raise GatewayError(400, "must be a string", param="metadata.session_id")
+        if session_header:
+            session = _identifier(session_header.decode("utf-8", "replace"), "X-Practicum-Session-Id", 200)
+        else:
+            session = _identifier(metadata.get("session_id"), "metadata.session_id", 200, allow_empty=True)
+        session = session or ""
         route = await self.access.route(principal)
 
         params = {k: request[k] for k in PARAM_KEYS if k in request}
@@ -270,6 +313,7 @@ class GatewayApp:
             started_at=started_at,
             latency_ms=0.0,
             api_key_id=principal.key_id,
+            stitch=principal.stitch and not explicit,
         )
         payload = orjson.dumps(request)
         self.recorder.expect()
@@ -279,7 +323,7 @@ class GatewayApp:
                     send, receive, route, payload, exchange, t0, want_logprobs, want_token_ids, want_usage
                 )
             else:
-                await self._complete(send, route, payload, exchange, t0, want_logprobs, want_token_ids)
+                await self._complete(send, receive, route, payload, exchange, t0, want_logprobs, want_token_ids)
         finally:
             if not exchange.latency_ms:
                 exchange.latency_ms = (time.perf_counter() - t0) * 1000
@@ -296,10 +340,32 @@ class GatewayApp:
         return request
 
     @staticmethod
+    def _metadata(value: Any) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise GatewayError(400, "must be an object", param="metadata")
+        try:
+            json_depth_check(value, "metadata")
+        except FieldError as exc:
+            raise GatewayError(400, exc.reason, param=exc.field) from exc
+        return value
+
+    @staticmethod
     def _validate(request: dict[str, Any]) -> tuple[list, list]:
         raw_messages = request.get("messages")
         if not isinstance(raw_messages, list) or not raw_messages:
             raise GatewayError(400, "required non-empty array of chat messages", param="messages")
+        # The batch API's limit on messages per trace: the logged trace holds these and the answer.
+        limit = settings.INGEST_MAX_MESSAGES_PER_TRACE
+        if len(raw_messages) >= limit:
+            raise GatewayError(
+                400,
+                f"{len(raw_messages)} messages; at most {limit - 1} per call "
+                f"(a trace holds at most {limit} messages, the answer included: PRACTICUM_INGEST_MAX_MESSAGES)",
+                param="messages",
+                code="too_many_messages",
+            )
         try:
             messages = [parse_message(m, f"messages[{i}]") for i, m in enumerate(raw_messages)]
             tools = parse_tools(request["tools"], "tools") if request.get("tools") is not None else []
@@ -317,7 +383,21 @@ class GatewayApp:
         exchange.error = {**error.as_dict(), **({"upstream_body": body} if body is not None else {})}
         exchange.latency_ms = (time.perf_counter() - t0) * 1000
 
-    async def _complete(self, send, route: Route, payload, exchange, t0, want_logprobs, want_token_ids) -> None:
+    async def _complete(
+        self, send, receive, route: Route, payload, exchange, t0, want_logprobs, want_token_ids
+    ) -> None:
+        # The body is read, so the next message can only be the client leaving (an SDK's
+        # timeout, before it retries): the answer then never reached it, and is logged as such.
+        gone = asyncio.ensure_future(receive())
+        try:
+            await self._complete_call(send, gone, route, payload, exchange, t0, want_logprobs, want_token_ids)
+        finally:
+            if not gone.done():
+                gone.cancel()
+
+    async def _complete_call(
+        self, send, gone, route: Route, payload, exchange, t0, want_logprobs, want_token_ids
+    ) -> None:
         try:
             response = await self._pool(route.upstream_url).request("POST", "/v1/chat/completions", payload)
             content = await response.read()
@@ -336,10 +416,15 @@ class GatewayApp:
             self._fail(exchange, error, t0, content[:2000].decode(errors="replace"))
             raise error from exc
         exchange.response = body
+        if gone.done() and not gone.cancelled() and gone.result().get("type") == "http.disconnect":
+            exchange.status = ExchangeStatus.PARTIAL
+            exchange.error = {"status": 499, "message": "the client disconnected before the answer was sent"}
+            exchange.latency_ms = (time.perf_counter() - t0) * 1000
+            return
         out = body if want_logprobs and want_token_ids else _strip_response(body, want_logprobs, want_token_ids)
         data = orjson.dumps(out)
         exchange.latency_ms = (time.perf_counter() - t0) * 1000
-        await _send_json(send, 200, data, _headers(exchange.trace_key, route.version_name, b"application/json"))
+        await _send_json(send, 200, data, _headers(_trace_header(exchange), route.version_name, b"application/json"))
 
     async def _stream(
         self, send, receive, route: Route, payload, exchange, t0, want_logprobs, want_token_ids, want_usage
@@ -375,7 +460,7 @@ class GatewayApp:
                     "type": "http.response.start",
                     "status": 200,
                     "headers": [
-                        *_headers(exchange.trace_key, route.version_name, b"text/event-stream"),
+                        *_headers(_trace_header(exchange), route.version_name, b"text/event-stream"),
                         (b"cache-control", b"no-cache"),
                     ],
                 }

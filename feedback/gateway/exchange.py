@@ -37,6 +37,8 @@ class Exchange:
     error: dict[str, Any] | None = None  # {"status", "message", "body"?}
     api_key_id: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # No trace named and the deployment stitches: the recorder finds the conversation by history.
+    stitch: bool = False
 
     def to_json(self) -> dict[str, Any]:
         data = {name: getattr(self, name) for name in self.__slots__}

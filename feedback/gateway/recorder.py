@@ -10,7 +10,14 @@ appended to a spill file (`DATA_DIR/gateway-spill/`, one JSON line each) instead
 dropped or making the client wait; spill files — also those a crashed process left — are
 written to the database when the queue is idle again. A batch that keeps failing on a
 database error goes to the spill file too; an exchange that fails on its own data is kept in
-`failed-<pid>.jsonl` beside them, with the error in the log.
+`failed-<pid>.jsonl` beside them, with the error in the log. A spill line that cannot be read
+back (a process killed mid-write leaves a truncated one) is moved to `quarantine-<pid>.jsonl`
+and the rest of its file is written.
+
+The writer thread is supervised: an unexpected error in one pass is logged and the loop goes
+on, and a thread that ended anyway is restarted by the next `submit` or `health` call.
+`health()` reports whether it runs, the queue's depth and what was spilled or quarantined
+(the gateway serves it at `GET /v1/health`).
 """
 
 from __future__ import annotations
@@ -25,9 +32,11 @@ from pathlib import Path
 
 import orjson
 from django.db import DatabaseError, IntegrityError, InterfaceError, OperationalError, connection
+from django.utils import timezone
 
 from feedback.gateway.exchange import Exchange
 from feedback.services.capture import TraceDigestCache, exchanges_record
+from feedback.services.stitching import conversation_tips_expire
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +64,19 @@ class Recorder:
         self._idle = threading.Condition()
         self._pending = 0
         self._cache = TraceDigestCache()
-        self.stats = {"submitted": 0, "written": 0, "spilled": 0, "failed": 0, "batches": 0}
+        self.stats = {
+            "submitted": 0,
+            "written": 0,
+            "spilled": 0,
+            "failed": 0,
+            "batches": 0,
+            "quarantined": 0,
+            "writer_errors": 0,
+            "writer_restarts": 0,
+        }
+        self._stopping = False
+        self._last_replay = 0.0
+        self._last_expiry = time.monotonic()
 
     # -- the event loop's side: never blocks on the database ------------------------------------
 
@@ -66,7 +87,8 @@ class Recorder:
             self._pending += 1
 
     def submit(self, exchange: Exchange, *, expected: bool = False) -> None:
-        if self._thread is None:
+        thread = self._thread
+        if thread is None or not thread.is_alive():
             self.start()
         if not expected:
             with self._idle:
@@ -81,8 +103,32 @@ class Recorder:
     def start(self) -> None:
         with self._start_lock:
             if self._thread is None or not self._thread.is_alive():
+                if self._thread is not None and not self._stopping:
+                    self.stats["writer_restarts"] += 1
+                    logger.error("gateway log: the writer thread had ended; restarted")
+                self._stopping = False
                 self._thread = threading.Thread(target=self._run, name="gateway-recorder", daemon=True)
                 self._thread.start()
+
+    def health(self) -> dict:
+        """The writer's state for a health check; restarts a writer that has ended."""
+        thread = self._thread
+        if thread is not None and not thread.is_alive() and not self._stopping:
+            self.start()
+        spill_files = 0
+        if self.spill_dir.is_dir():
+            spill_files = sum(1 for p in self.spill_dir.glob("*.jsonl") if p.name.startswith(("spill-", "claimed-")))
+        depth = self._queue.qsize()
+        alive = self._thread is not None and self._thread.is_alive()
+        return {
+            "status": "ok" if alive and depth < self._queue.maxsize else "degraded",
+            "writer_alive": alive,
+            "queue_depth": depth,
+            "queue_size": self._queue.maxsize,
+            "in_flight": self._pending,
+            "spill_files": spill_files,
+            **self.stats,
+        }
 
     def drain(self, timeout: float = 10.0) -> bool:
         """Wait until everything submitted so far is written (or spilled); False on timeout."""
@@ -100,6 +146,7 @@ class Recorder:
         if self._thread is None:
             return
         self.drain(timeout)
+        self._stopping = True
         self._queue.put(_STOP)
         self._thread.join(timeout)
         self._thread = None
@@ -113,35 +160,54 @@ class Recorder:
                 self._idle.notify_all()
 
     def _run(self) -> None:
-        last_replay = 0.0
-        while True:
-            try:
-                first = self._queue.get(timeout=0.5)
-            except queue.Empty:
-                if time.monotonic() - last_replay > 5:
-                    last_replay = time.monotonic()
-                    self._replay_spills()
-                continue
-            if first is _STOP:
-                break
-            batch = [first]
-            stop = False
-            while len(batch) < self.batch_size:
+        self._last_replay = 0.0
+        try:
+            while True:
                 try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is _STOP:
-                    stop = True
-                    break
-                batch.append(item)
+                    if not self._step():
+                        break
+                except Exception:
+                    # Supervision: one bad pass (a bug, an unreadable file) must not end the
+                    # writer, or every later exchange would wait in memory forever.
+                    self.stats["writer_errors"] += 1
+                    logger.exception("gateway log: the writer's pass failed; carrying on")
+                    connection.close()
+                    time.sleep(0.2)
+        finally:
+            connection.close()
+
+    def _step(self) -> bool:
+        """One pass: write what is queued (up to a batch), or replay spill files when idle.
+        False when told to stop."""
+        try:
+            first = self._queue.get(timeout=0.5)
+        except queue.Empty:
+            if time.monotonic() - self._last_replay > 5:
+                self._last_replay = time.monotonic()
+                self._replay_spills()
+            if time.monotonic() - self._last_expiry > 60:
+                self._last_expiry = time.monotonic()
+                connection.close_if_unusable_or_obsolete()
+                conversation_tips_expire(now=timezone.now())
+            return True
+        if first is _STOP:
+            return False
+        batch = [first]
+        stop = False
+        while len(batch) < self.batch_size:
             try:
-                self._write(batch)
-            finally:
-                self._done(len(batch))
-            if stop:
+                item = self._queue.get_nowait()
+            except queue.Empty:
                 break
-        connection.close()
+            if item is _STOP:
+                stop = True
+                break
+            batch.append(item)
+        try:
+            self._write(batch)
+        finally:
+            self._done(len(batch))
+        return not stop
 
     def _write(self, batch: list[Exchange]) -> bool:
         """Write a batch; True when it reached the database."""
@@ -231,10 +297,26 @@ class Recorder:
             claimed.append(target)
         return claimed
 
+    def _quarantine(self, source: Path, lines: list[tuple[bytes, Exception]]) -> None:
+        self.stats["quarantined"] += len(lines)
+        for _, exc in lines:
+            logger.error("gateway log: an unreadable line in %s was quarantined (%s)", source.name, exc)
+        target = self.spill_dir / f"quarantine-{os.getpid()}.jsonl"
+        with self._spill_lock, target.open("ab") as f:
+            f.write(b"".join(line + b"\n" for line, _ in lines))
+
     def _replay_spills(self) -> None:
         for path in self._claim_spills():
-            lines = [line for line in path.read_bytes().splitlines() if line.strip()]
-            exchanges = [Exchange.from_json(orjson.loads(line)) for line in lines]
+            exchanges, bad = [], []
+            for line in path.read_bytes().splitlines():
+                if not line.strip():
+                    continue
+                try:
+                    exchanges.append(Exchange.from_json(orjson.loads(line)))
+                except Exception as exc:  # truncated or otherwise unreadable: keep it aside
+                    bad.append((line, exc))
+            if bad:
+                self._quarantine(path, bad)
             written = True
             for start in range(0, len(exchanges), self.batch_size):
                 chunk = exchanges[start : start + self.batch_size]

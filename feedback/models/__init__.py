@@ -30,6 +30,7 @@ from feedback.models.review import (
 from feedback.models.traces import (
     ApiKey,
     ApiKeyScope,
+    ConversationTip,
     Deployment,
     Message,
     MessageRole,
@@ -44,6 +45,7 @@ __all__ = [
     "ApiKeyScope",
     "CandidateScoring",
     "Comment",
+    "ConversationTip",
     "Correction",
     "CustomerFeedback",
     "Deployment",

@@ -22,6 +22,12 @@ class Deployment(models.Model):
     name = models.SlugField(max_length=100, unique=True)
     description = models.TextField(blank=True)
     created_at = models.DateTimeField(default=timezone.now)
+    # Gateway calls that name no trace continue the conversation whose logged history they
+    # repeat (see feedback/services/stitching.py); off: every such call is a trace of its own.
+    stitch_conversations = models.BooleanField(
+        default=True,
+        help_text="Join gateway calls that send no trace id into conversations by their message history.",
+    )
 
     class Meta:
         ordering = ["name"]
@@ -115,6 +121,10 @@ class Trace(models.Model):
     feedback_rating = models.SmallIntegerField(null=True, blank=True)
     # Written by the judge (the lowest reward over the judged turns); null until judged.
     judge_reward = models.FloatField(null=True, blank=True)
+    # A fork: the trace whose history this one shares up to `forked_at` messages and then
+    # leaves (an edited or rewritten history, a regenerated answer, another of `n` choices).
+    forked_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="forks")
+    forked_at = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -200,3 +210,34 @@ class Message(models.Model):
 
     def __str__(self) -> str:
         return f"{self.trace_id}#{self.position} {self.role}"
+
+
+class ConversationTip(models.Model):
+    """Where a logged conversation can be continued: the digest of a history the gateway
+    logged (a call's messages followed by its answer), and the trace that holds it. A later
+    call that names no trace and whose messages start with that history continues the trace.
+
+    Rows live `PRACTICUM_GATEWAY_STITCH_WINDOW_SECONDS` (older ones are deleted by the log
+    writer); `continued` is set once a call has extended the history, so two conversations
+    that happen to open identically each keep a trace of their own.
+    """
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="+", db_index=False)
+    digest = models.CharField(max_length=32)  # the whole history's chained digest
+    last_digest = models.CharField(max_length=20)  # the answer's own digest (finds rewritten histories)
+    trace = models.ForeignKey(Trace, on_delete=models.CASCADE, related_name="+")
+    length = models.PositiveIntegerField()  # messages of the history
+    continued = models.BooleanField(default=False)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["deployment", "digest", "trace"], name="conversationtip_unique"),
+        ]
+        indexes = [
+            models.Index(fields=["deployment", "last_digest"], name="conversationtip_last_idx"),
+            models.Index(fields=["created_at"], name="conversationtip_created_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.deployment_id}:{self.digest[:12]} → {self.trace_id}"

@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.db.models import Q
 from django.db.models.functions import Length, Substr
 
 from feedback.models import Comment, Correction, CustomerFeedback, Message, Trace, TraceFlag, TurnRating
@@ -18,6 +19,9 @@ from feedback.services.chat_format import MAX_JSON_DEPTH, json_depth, json_loads
 HEAD_CHARS = 2_000
 # Tool-call arguments are pretty-printed up to this size.
 MAX_PRETTY_CHARS = 20_000
+# Messages shown on one page of a trace: a long trace (thousands of messages) is read and
+# rendered a page at a time, never whole.
+TURNS_PER_PAGE = 200
 
 
 def pretty_json(text: str) -> str:
@@ -96,11 +100,33 @@ class TraceReview:
     flags: list[TraceFlag]
     tools: list[dict[str, Any]]
     duration_s: float | None
+    page: int = 1
+    pages: int = 1
+    forked_from: Trace | None = None  # the trace this one forks (id and external id loaded)
+    forks: list[Trace] = field(default_factory=list)  # forks of this one, oldest first (at most 50)
+    first_position: int = 0  # of this page
+    last_position: int = -1
+
+    @property
+    def page_numbers(self) -> list[int]:
+        return list(range(1, self.pages + 1))
 
 
-def trace_turns(*, trace: Trace, positions: list[int] | None = None) -> list[Turn]:
-    """The trace's messages as turns (only `positions`, when given), without their
-    annotations; message text is cut to HEAD_CHARS in the database."""
+def trace_page_count(trace: Trace, page_size: int = TURNS_PER_PAGE) -> int:
+    return max(1, -(-trace.message_count // page_size))
+
+
+def trace_page_of(position: int, page_size: int = TURNS_PER_PAGE) -> int:
+    """The page that shows the message at `position`."""
+    return position // page_size + 1
+
+
+def trace_turns(
+    *, trace: Trace, positions: list[int] | None = None, between: tuple[int, int] | None = None
+) -> list[Turn]:
+    """The trace's messages as turns (only `positions`, or positions in `between` =
+    [first, stop), when given), without their annotations; message text is cut to HEAD_CHARS
+    in the database."""
     qs = (
         Message.objects.filter(trace=trace)
         .select_related("model_version")
@@ -123,6 +149,8 @@ def trace_turns(*, trace: Trace, positions: list[int] | None = None) -> list[Tur
     )
     if positions is not None:
         qs = qs.filter(position__in=positions)
+    if between is not None:
+        qs = qs.filter(position__gte=between[0], position__lt=between[1])
     turns = []
     for m in qs:
         calls = [
@@ -169,8 +197,12 @@ def turn_annotate(*, turns: list[Turn], trace: Trace, user) -> None:
             turn.my_rating = r
 
 
-def trace_review(*, trace: Trace, user) -> TraceReview:
-    turns = trace_turns(trace=trace)
+def trace_review(*, trace: Trace, user, page: int = 1, page_size: int = TURNS_PER_PAGE) -> TraceReview:
+    """One page of the trace (`page_size` messages, 1-based `page`, clamped to the pages there are)."""
+    pages = trace_page_count(trace, page_size)
+    page = min(max(1, page), pages)
+    first = (page - 1) * page_size
+    turns = trace_turns(trace=trace, between=(first, first + page_size))
     _link_tool_calls(turns)
     turn_annotate(turns=turns, trace=trace, user=user)
     trace_feedback = []
@@ -183,6 +215,19 @@ def trace_review(*, trace: Trace, user) -> TraceReview:
             by_id[f.message_id].feedback.append(f)
         trace_feedback.append(f)
     duration = (trace.ended_at - trace.started_at).total_seconds() if trace.ended_at else None
+    # Its parent and its forks in one query (the FK's index serves `forked_from`).
+    related = (
+        Trace.objects.filter(Q(id=trace.forked_from_id) | Q(forked_from=trace))
+        .only("id", "external_id", "forked_from_id", "forked_at", "started_at")
+        .order_by("started_at", "id")[:51]
+    )
+    parent = None
+    forks = []
+    for other in related:
+        if other.id == trace.forked_from_id:
+            parent = other
+        else:
+            forks.append(other)
     return TraceReview(
         trace=trace,
         turns=turns,
@@ -198,6 +243,12 @@ def trace_review(*, trace: Trace, user) -> TraceReview:
             if isinstance(tool, dict)
         ],
         duration_s=duration,
+        page=page,
+        pages=pages,
+        forked_from=parent,
+        forks=forks[:50],
+        first_position=first,
+        last_position=first + len(turns) - 1,
     )
 
 

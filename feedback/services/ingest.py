@@ -179,6 +179,8 @@ TRACE_COLUMNS = (
     "preview",
     "has_comment",
     "has_customer_feedback",
+    "forked_from_id",
+    "forked_at",
 )
 _TRACE_JSON = {"metadata", "tools", "raw"}
 

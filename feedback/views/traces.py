@@ -70,7 +70,11 @@ def trace_or_404(request: HttpRequest, trace_id: int) -> Trace:
 
 def trace_detail_context(request: HttpRequest, trace: Trace, **extra) -> dict:
     query = filter_query(request.GET)
-    review = trace_review(trace=trace, user=request.user)
+    try:
+        page = int(request.GET.get("page") or 1)
+    except ValueError:
+        page = 1
+    review = trace_review(trace=trace, user=request.user, page=page)
     return {
         "review": review,
         "judgements": judge_results_for_messages(message_ids=[t.message.id for t in review.turns if t.is_assistant]),

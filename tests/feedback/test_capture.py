@@ -130,7 +130,7 @@ def test_exchanges_of_one_conversation_in_one_batch_are_written_in_order(deploym
 def test_a_full_queue_spills_to_disk_and_the_spill_is_written_later(transactional_db, tmp_path):
     deployment = DeploymentFactory()
     recorder = Recorder(queue_size=1, batch_size=10, spill_dir=tmp_path)
-    recorder._thread = object()  # not started: the queue fills up
+    recorder._thread = type("Busy", (), {"is_alive": lambda self: True})()  # a writer that never takes: the queue fills
     for i in range(3):
         recorder.submit(
             exchange(deployment, [{"role": "user", "content": f"m{i}"}], response=answer("ok"), key=f"k{i}")
@@ -143,3 +143,47 @@ def test_a_full_queue_spills_to_disk_and_the_spill_is_written_later(transactiona
     recorder.stop()
     assert sorted(Trace.objects.values_list("external_id", flat=True)) == ["k0", "k1", "k2"]
     assert not list(tmp_path.glob("*.jsonl"))
+
+
+def _line(deployment, key: str) -> bytes:
+    import orjson
+
+    ex = exchange(deployment, [{"role": "user", "content": key}], response=answer("ok"), key=key)
+    return orjson.dumps(ex.to_json(), default=str) + b"\n"
+
+
+def test_a_truncated_spill_line_is_quarantined_and_the_writer_keeps_writing(transactional_db, tmp_path):
+    deployment = DeploymentFactory()
+    good, cut = _line(deployment, "before"), _line(deployment, "cut")
+    # A process killed mid-write (pid 999999999 is not running) left a truncated line.
+    (tmp_path / "spill-999999999.jsonl").write_bytes(good + cut[: len(cut) // 2] + b"\n" + _line(deployment, "after"))
+    recorder = Recorder(queue_size=100, batch_size=10, spill_dir=tmp_path)
+    recorder.start()
+    deadline = time.monotonic() + 10
+    while list(tmp_path.glob("spill-*.jsonl")) + list(tmp_path.glob("claimed-*.jsonl")):
+        assert time.monotonic() < deadline, "the spill file was never replayed"
+        time.sleep(0.1)
+    recorder.submit(exchange(deployment, [{"role": "user", "content": "later"}], response=answer("ok"), key="later"))
+    assert recorder.drain(10), "exchanges submitted after the bad line were never written"
+    health = recorder.health()
+    recorder.stop()
+    assert sorted(Trace.objects.values_list("external_id", flat=True)) == ["after", "before", "later"]
+    (quarantine,) = tmp_path.glob("quarantine-*.jsonl")
+    assert quarantine.read_bytes() == cut[: len(cut) // 2] + b"\n"
+    assert (health["writer_alive"], health["quarantined"], health["queue_depth"]) == (True, 1, 0)
+
+
+def test_a_writer_thread_that_ended_is_restarted_by_the_next_exchange(transactional_db, tmp_path):
+    deployment = DeploymentFactory()
+    recorder = Recorder(queue_size=100, batch_size=10, spill_dir=tmp_path)
+    recorder.start()
+    dead = recorder._thread
+    recorder.submit(object())  # something the writer cannot handle: its pass fails
+    deadline = time.monotonic() + 5
+    while recorder.stats["writer_errors"] == 0 and dead.is_alive():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    recorder.submit(exchange(deployment, [{"role": "user", "content": "x"}], response=answer("ok"), key="x"))
+    assert recorder.drain(10)
+    recorder.stop()
+    assert Trace.objects.filter(external_id="x").exists()

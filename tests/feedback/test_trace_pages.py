@@ -222,8 +222,8 @@ def test_detail_page_queries_are_pinned(operator_client, deployment, ingest, ope
         comment_add(message=trace.messages.get(position=position), author=operator, body="hm")
     operator_client.get(f"/traces/{trace.id}/")
     # session, user, trace, permissions (2), messages, comments, corrections, ratings, feedback, flags,
-    # judgements
-    with django_assert_num_queries(12):
+    # its fork parent and forks, judgements
+    with django_assert_num_queries(13):
         assert operator_client.get(f"/traces/{trace.id}/").status_code == 200
 
 
@@ -245,3 +245,21 @@ def test_a_flag_filter_pages_and_navigates_in_list_order(operator_client, deploy
     first, second = (next(t for t in flagged if t.external_id == e) for e in expected[:2])
     assert operator_client.get(f"/traces/{first.id}/next?flag=loop").url == f"/traces/{second.id}/?flag=loop"
     assert operator_client.get(f"/traces/{second.id}/prev?flag=loop").url == f"/traces/{first.id}/?flag=loop"
+
+
+def test_a_long_trace_is_shown_a_page_of_messages_at_a_time(operator_client, deployment, ingest, operator):
+    messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i}"} for i in range(450)]
+    (trace,) = ingest(deployment, {"external_id": "long", "messages": messages})
+    comment_add(message=trace.messages.get(position=401), author=operator, body="on the last page")
+
+    first = operator_client.get(f"/traces/{trace.id}/").content.decode()
+    assert len(re.findall(r'<article class="msg ', first)) == 200
+    assert 'id="msg-0"' in first and 'id="msg-199"' in first and 'id="msg-200"' not in first
+    assert "page 1 of 3" in first and 'href="?page=3"' in first
+
+    last = operator_client.get(f"/traces/{trace.id}/?page=3").content.decode()
+    assert len(re.findall(r'<article class="msg ', last)) == 50
+    assert 'id="msg-400"' in last and 'id="msg-449"' in last and "on the last page" in last
+    # Out of range or not a number: the nearest page, never an error.
+    assert 'id="msg-449"' in operator_client.get(f"/traces/{trace.id}/?page=99").content.decode()
+    assert 'id="msg-0"' in operator_client.get(f"/traces/{trace.id}/?page=x").content.decode()

@@ -50,3 +50,22 @@ def openai_client(gateway, api_key):
     import openai
 
     return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=api_key, max_retries=0, timeout=60)
+
+
+@pytest.fixture
+def chat_upstream():
+    """An OpenAI-compatible server with scripted answers (`tests/fixtures/chat_upstream.py`);
+    set `.reply` to script it. Answers "hello" until told otherwise."""
+    from tests.fixtures.chat_upstream import ChatUpstream
+
+    upstream = ChatUpstream(reply=lambda request: {"content": "hello"})
+    yield upstream
+    upstream.close()
+
+
+@pytest.fixture
+def fake_live(deployment, chat_upstream, tmp_path):
+    """The deployment is served by `chat_upstream`."""
+    from tests.fixtures.chat_upstream import live_on
+
+    return live_on(deployment, chat_upstream, tmp_path)

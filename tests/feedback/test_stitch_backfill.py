@@ -1,0 +1,120 @@
+"""`manage.py stitch_traces`: joining stored header-less gateway traces into conversations."""
+
+from __future__ import annotations
+
+import time
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+
+from feedback.gateway.exchange import Exchange
+from feedback.models import Comment, Trace, TurnRating
+from feedback.services.capture import exchanges_record, new_trace_key
+from feedback.services.chat_format import parse_message
+from feedback.services.review import comment_add
+from tests.factories import DeploymentFactory, user_with_role
+
+pytestmark = pytest.mark.django_db
+
+SYSTEM = {"role": "system", "content": "You are Acme's support agent."}
+
+
+def call(deployment, messages: list[dict], reply: dict, rid: str) -> Exchange:
+    """An exchange as the gateway logged it before stitching: a new trace per call."""
+    return Exchange(
+        deployment_id=deployment.id,
+        trace_key=new_trace_key(),
+        explicit_trace=False,
+        session_id="",
+        requested_model="agent",
+        version_id=None,
+        messages=[parse_message(m, "m") for m in messages],
+        tools=[],
+        params={},
+        metadata={},
+        started_at=time.time(),
+        latency_ms=10.0,
+        response={
+            "id": rid,
+            "choices": [{"index": 0, "message": {"role": "assistant", **reply}, "finish_reason": "stop"}],
+            "usage": {"total_tokens": 5},
+        },
+    )
+
+
+def converse(deployment, first_words: str, replies: list[dict], users: list[str]) -> list[dict]:
+    """Log a conversation call by call; returns the history the client ends with."""
+    history = [SYSTEM, {"role": "user", "content": first_words}]
+    said = iter(users)
+    for i, reply in enumerate(replies):
+        exchanges_record(exchanges=[call(deployment, history, reply, f"{first_words[:3]}-{i}")])
+        history = [*history, {"role": "assistant", **reply}]
+        if reply.get("tool_calls"):
+            history.append({"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": "shipped"})
+        elif (words := next(said, None)) is not None:
+            history.append({"role": "user", "content": words})
+    return history
+
+
+def lookup(order: str) -> dict:
+    return {
+        "content": None,
+        "tool_calls": [{"id": f"call_{order}", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}],
+    }
+
+
+def test_stitch_traces_plans_first_then_merges_keeping_annotations_on_their_turns():
+    deployment = DeploymentFactory(name="old-agent")
+    operator = user_with_role("operator", "olga")
+    a = converse(deployment, "Where is A1?", [lookup("A1"), {"content": "Shipped."}, {"content": "Bye!"}], ["Thanks"])
+    b = converse(deployment, "Refund B1?", [{"content": "Done."}, {"content": "You're welcome."}], ["Thanks"])
+    assert Trace.objects.count() == 5  # one per call, each repeating the history so far
+
+    # An operator commented on the second call's answer in the third call's copy of it, and
+    # rated the answer of the third call.
+    third = Trace.objects.get(messages__response_id="Whe-2")
+    repeated = third.messages.get(position=4)  # "Shipped." as the client sent it back
+    comment_add(message=repeated, author=operator, body="good")
+    TurnRating.objects.create(
+        trace=third, message=third.messages.get(position=6), user=operator, kind="thumbs", value=1
+    )
+
+    out = StringIO()
+    call_command("stitch_traces", "--deployment", "old-agent", stdout=out)
+    assert "would merge 3 into 2 conversation trace(s)" in out.getvalue()
+    assert Trace.objects.count() == 5  # a dry run changes nothing
+
+    call_command("stitch_traces", "--deployment", "old-agent", "--apply", stdout=StringIO())
+    traces = {t.messages.get(position=1).content: t for t in Trace.objects.all()}
+    assert sorted(traces) == ["Refund B1?", "Where is A1?"]
+    trace_a, trace_b = traces["Where is A1?"], traces["Refund B1?"]
+    rows = [(m.role, m.content, m.response_id) for m in trace_a.messages.order_by("position")]
+    assert [(role, content) for role, content, _ in rows] == [(m["role"], m.get("content") or "") for m in a]
+    assert [rid for role, _, rid in rows if role == "assistant"] == ["Whe-0", "Whe-1", "Whe-2"]  # serving data kept
+    assert [m.content for m in trace_b.messages.order_by("position")] == [m["content"] for m in b]
+    assert (trace_a.message_count, trace_a.assistant_turn_count, trace_a.has_comment) == (7, 3, True)
+    comment = Comment.objects.get()
+    assert (comment.trace_id, comment.message.position, comment.message.response_id) == (trace_a.id, 4, "Whe-1")
+    rating = TurnRating.objects.get()
+    assert (rating.trace_id, rating.message.response_id) == (trace_a.id, "Whe-2")
+
+    out = StringIO()
+    call_command("stitch_traces", "--deployment", "old-agent", stdout=out)
+    assert "would merge 0 into 2" in out.getvalue()  # done once, nothing left
+
+
+def test_stitch_traces_links_an_edited_history_as_a_fork_and_never_touches_named_traces():
+    deployment = DeploymentFactory(name="old-agent")
+    history = converse(deployment, "Hi", [{"content": "Hello"}, {"content": "Sure."}], ["Can you help?"])
+    edited = [*history[:3], {"role": "user", "content": "Something else"}]
+    exchanges_record(exchanges=[call(deployment, edited, {"content": "Ok."}, "edit")])
+    named = call(deployment, [*history[:3], {"role": "user", "content": "x"}], {"content": "y"}, "named")
+    named.trace_key, named.explicit_trace = "client-named", True
+    exchanges_record(exchanges=[named])
+    call_command("stitch_traces", "--deployment", "old-agent", "--apply", stdout=StringIO())
+    fork = Trace.objects.get(messages__response_id="edit")
+    root = Trace.objects.get(messages__response_id="Hi-1")
+    assert (fork.forked_from_id, fork.forked_at) == (root.id, 3)
+    assert Trace.objects.get(external_id="client-named").forked_from_id is None
+    assert Trace.objects.count() == 3
