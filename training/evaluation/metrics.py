@@ -10,58 +10,16 @@
 
 from __future__ import annotations
 
-import json
 import math
-import re
 from collections.abc import Iterable, Sequence
 from statistics import fmean
 from typing import Any
 
 from feedback.failure_modes.detectors import TraceView, detect_invalid_tool_args, detect_refusals
+from training.inference.codec import message_text, tool_call_blocks
 
 Z_95 = 1.959963984540054
 TIE_EPS = 1e-9
-_TOOL_CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
-
-
-def message_text(message: dict[str, Any]) -> str:
-    content = message.get("content")
-    if isinstance(content, list):
-        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-    return content or ""
-
-
-def parse_tool_call_blocks(text: str) -> tuple[str, list[dict[str, Any]]]:
-    """Split `<tool_call>{…}</tool_call>` blocks (the ChatML tool format) out of generated
-    text, as the inference server's hermes parser does. Blocks that are not a JSON object
-    with a string `name` stay in the text, where `response_checks` counts them invalid."""
-    calls: list[dict[str, Any]] = []
-    kept: list[str] = []
-    last = 0
-    for i, match in enumerate(_TOOL_CALL_BLOCK.finditer(text)):
-        try:
-            body = json.loads(match.group(1))
-        except (ValueError, RecursionError):  # model output: any depth
-            continue
-        if not (isinstance(body, dict) and isinstance(body.get("name"), str)):
-            continue
-        arguments = body.get("arguments", {})
-        calls.append(
-            {
-                "id": f"call_{i}",
-                "type": "function",
-                "function": {
-                    "name": body["name"],
-                    "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
-                },
-            }
-        )
-        kept.append(text[last : match.start()])
-        last = match.end()
-    if not calls:
-        return text, []
-    kept.append(text[last:])
-    return "".join(kept).strip(), calls
 
 
 def response_checks(message: dict[str, Any], *, finish_reason: str, tools: Sequence[dict[str, Any]] | None) -> dict:
@@ -70,7 +28,7 @@ def response_checks(message: dict[str, Any], *, finish_reason: str, tools: Seque
     JSON Schema; a `<tool_call>` block left unparsed in the text counts as an invalid call."""
     text = message_text(message)
     calls = message.get("tool_calls") or []
-    unparsed = len(_TOOL_CALL_BLOCK.findall(text))
+    unparsed = len(tool_call_blocks(text))
     view = TraceView(trace_id=0, messages=[{"role": "assistant", **message}], tools=list(tools or []))
     invalid = len(detect_invalid_tool_args(view)) + unparsed
     return {

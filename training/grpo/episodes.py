@@ -27,7 +27,6 @@ import torch
 
 from training.environments.base import Environment, Task
 from training.environments.episodes import Completion, Episode, episode_run
-from training.evaluation.metrics import parse_tool_call_blocks
 from training.grpo import loss as L
 from training.grpo import monitors
 from training.grpo.common import (
@@ -49,6 +48,7 @@ from training.grpo.policy import (
     make_optimizer,
 )
 from training.grpo.sampling import eos_ids, left_pad, token_logprobs
+from training.inference.codec import tool_calls_parse
 
 # generate(contexts, limits) -> sampled ids per context (end-of-turn included when sampled)
 Generate = Callable[[list[list[int]], list[int]], list[list[int]]]
@@ -224,7 +224,7 @@ def policy_completer(
         sampled.append(ids)
         with _TOKENIZER_LOCK:
             text = tokenizer.decode(ids, skip_special_tokens=True)
-        content, calls = parse_tool_call_blocks(text)
+        content, calls = tool_calls_parse(text)
         message: dict[str, Any] = {"content": content}
         if calls:
             message["tool_calls"] = calls

@@ -5,14 +5,11 @@ only when `MonitorConfig.stop_on_breach` is set."""
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import asdict, dataclass
 from statistics import fmean
 
 from training.grpo.config import MonitorConfig
-
-_TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+from training.inference import codec
 
 
 @dataclass
@@ -28,21 +25,8 @@ class Breach:
 
 def tool_call_validity(texts: list[str]) -> tuple[int, int]:
     """(tool-call blocks seen, blocks that are not a JSON object with a string "name"
-    and object "arguments") across `texts`."""
-    seen = invalid = 0
-    for text in texts:
-        for body in _TOOL_CALL.findall(text):
-            seen += 1
-            try:
-                call = json.loads(body)
-            except (ValueError, RecursionError):  # model output: any depth
-                invalid += 1
-                continue
-            if not (
-                isinstance(call, dict) and isinstance(call.get("name"), str) and isinstance(call.get("arguments"), dict)
-            ):
-                invalid += 1
-    return seen, invalid
+    and object "arguments") across `texts`, read by the chat codec."""
+    return codec.tool_call_validity(texts)
 
 
 def check(

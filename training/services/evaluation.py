@@ -195,14 +195,12 @@ def _judge_endpoint(deployment: Deployment):
 
 
 def _grading_text(message: dict[str, Any]) -> str:
-    import json
+    """What a grader reads of a served message: the text the model produced, its tool calls
+    written back as the blocks the chat codec (and the graders, the environment's completer
+    and the monitors through it) parse."""
+    from training.inference.codec import message_served_text
 
-    from training.evaluation.metrics import message_text
-
-    text = message_text(message)
-    if not text.strip() and message.get("tool_calls"):
-        return json.dumps([c.get("function") for c in message["tool_calls"]])
-    return text
+    return message_served_text(message)
 
 
 def evaluation_item_run(*, item: EvaluationItem, evaluation: Evaluation, generator, endpoint) -> None:
