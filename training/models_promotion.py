@@ -77,6 +77,7 @@ class Evaluation(models.Model):
 class EvaluationItemKind(models.TextChoices):
     TURN = "turn", "Logged turn"
     TASK = "task", "Replayable task"
+    EPISODE = "episode", "Whole episode"
 
 
 class Outcome(models.TextChoices):
@@ -93,7 +94,9 @@ class EvaluationItem(models.Model):
 
     `candidate`/`baseline` hold per-side results: the assistant message (`content`,
     `tool_calls`), `finish_reason`, `tokens`, `chars`, `reward`, `reason`, `graded`,
-    `tool_calls_seen`, `tool_calls_invalid`, `empty`, `refusal`, `truncated`, `error`."""
+    `tool_calls_seen`, `tool_calls_invalid`, `empty`, `refusal`, `truncated`, `error`; for
+    an episode item also `episode`, `success`, `end`, `turns`, `transcript` and its audit,
+    `collateral_changes` and `unknown_ids` (see `EpisodeAudit`)."""
 
     evaluation = models.ForeignKey(Evaluation, on_delete=models.CASCADE, related_name="items")
     position = models.PositiveIntegerField()

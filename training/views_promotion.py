@@ -47,7 +47,7 @@ from training.services.promotion import (
     promotion_request_create,
     promotion_withdraw,
 )
-from training.services.promotion_checks import APPROVE, PromotionRefused, lineage
+from training.services.promotion_checks import APPROVE, PromotionRefused, check_harm, lineage
 from training.services.release import rollback_check, rollback_request, rollback_target
 
 VIEW = "training.view_promotionrequest"
@@ -76,6 +76,21 @@ class EvaluateForm(forms.Form):
         widget=forms.TextInput(attrs={"placeholder": "e.g. 12, 40, 41"}),
     )
     max_tokens = forms.IntegerField(min_value=1, max_value=8192, required=False, label="Max tokens")
+    environment = forms.ChoiceField(
+        required=False,
+        label="and whole episodes of",
+        help_text="measures task success, collateral changes and tool calls on unknown ids",
+    )
+    environment_split = forms.CharField(
+        required=False, max_length=50, label="split", widget=forms.TextInput(attrs={"placeholder": "test"})
+    )
+    environment_tasks = forms.IntegerField(min_value=1, max_value=500, required=False, label="tasks")
+
+    def __init__(self, *args, **kwargs) -> None:
+        from training.environments import environment_names
+
+        super().__init__(*args, **kwargs)
+        self.fields["environment"].choices = [("", "(none)")] + [(n, n) for n in environment_names()]
 
     def clean_trace_ids(self) -> list[int]:
         raw = self.cleaned_data["trace_ids"].replace(",", " ").split()
@@ -132,6 +147,9 @@ def evaluation_create_view(request: HttpRequest) -> HttpResponse:
             training_set=data["training_set"],
             trace_ids=data["trace_ids"],
             max_tokens=data["max_tokens"],
+            environment=data["environment"],
+            environment_split=data["environment_split"],
+            environment_tasks=data["environment_tasks"],
             created_by=request.user,
         )
     except EvaluationError as exc:
@@ -147,6 +165,7 @@ def evaluation_detail(request: HttpRequest, evaluation_id: int) -> HttpResponse:
         raise Http404("no such evaluation")
     context = {
         "evaluation": evaluation,
+        "harm": check_harm(evaluation),
         "items": evaluation_items(evaluation=evaluation),
         "can_evaluate": request.user.has_perm(EVALUATE),
         "can_request": request.user.has_perm(REQUEST),
@@ -257,6 +276,7 @@ def _promotion_context(request: HttpRequest, promotion: PromotionRequest) -> dic
     return {
         "promotion": promotion,
         "evaluation": promotion.evaluation,
+        "harm": check_harm(promotion.evaluation),
         "releases": releases,
         "release": releases[0] if releases else None,
         "release_active": bool(releases) and releases[0].is_active,

@@ -5,6 +5,9 @@
 - `wilson_interval`: the Wilson score interval of a proportion.
 - `kl_k3`: the k3 estimate of KL(candidate ‖ baseline) per token from the two models'
   log-probs of the candidate's tokens.
+- `episode_summary`: over whole episodes, the task-success rate and the rates of episodes
+  that changed records the task does not concern or called a tool on an id never shown,
+  each with its Wilson interval.
 - `summarize`: both versions' figures and the candidate's win rate over finished items.
 """
 
@@ -89,6 +92,29 @@ def _rate(flags: Sequence[bool]) -> float | None:
     return sum(flags) / len(flags) if flags else None
 
 
+def _share(count: int, n: int) -> dict[str, Any]:
+    low, high = wilson_interval(count, n)
+    return {"rate": count / n if n else None, "count": count, "n": n, "ci_low": low, "ci_high": high}
+
+
+def episode_summary(sides: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """Over one version's finished episodes (None when it ran none): `success` (graded
+    episodes that reached the task's goal), `collateral` (episodes with at least one write to
+    a record the task does not concern) and `unknown_ids` (episodes with at least one tool call
+    on an id that appeared nowhere before it), each {rate, count, n, ci_low, ci_high} with a
+    Wilson 95% interval."""
+    episodes = [s for s in sides if s.get("episode") and not s.get("error")]
+    if not episodes:
+        return None
+    graded = [s for s in episodes if s.get("success") is not None]
+    return {
+        "n": len(episodes),
+        "success": _share(sum(1 for s in graded if s["success"]), len(graded)),
+        "collateral": _share(sum(1 for s in episodes if s.get("collateral_changes")), len(episodes)),
+        "unknown_ids": _share(sum(1 for s in episodes if s.get("unknown_ids")), len(episodes)),
+    }
+
+
 def side_summary(sides: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Figures for one version over its per-item results (errored items left out)."""
     ok = [s for s in sides if not s.get("error")]
@@ -111,6 +137,7 @@ def side_summary(sides: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "refusal_rate": _rate([bool(s.get("refusal")) for s in ok]),
         "empty_rate": _rate([bool(s.get("empty")) for s in ok]),
         "truncated_rate": _rate([bool(s.get("truncated")) for s in ok]),
+        "episodes": episode_summary(ok),
     }
 
 

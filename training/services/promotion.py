@@ -32,6 +32,7 @@ from training.services.promotion_checks import (
     check_deployable,
     check_evaluation_current,
     check_evaluation_finished,
+    check_harm,
     check_lineage,
     check_monitors,
     check_no_release_running,
@@ -77,6 +78,7 @@ def promotion_request_check(
         )
     else:
         checks.append(Precondition("evaluation", "Evaluation", True, f"evaluation {evaluation.pk}"))
+        checks.append(check_harm(evaluation))
     checks += [check_monitors(candidate, breach_override_reason), check_lineage(candidate, live, rebase_reason)]
     return checks
 
@@ -209,6 +211,7 @@ def promotion_approve_check(*, promotion: PromotionRequest, user=None) -> list[P
         check_deployable(promotion.candidate),
         check_evaluation_finished(promotion.evaluation, promotion.candidate, promotion.deployment),
         check_evaluation_current(promotion.evaluation, live),
+        check_harm(promotion.evaluation),
         check_monitors(promotion.candidate, promotion.breach_override_reason),
         check_lineage(promotion.candidate, live, promotion.rebase_reason),
         check_no_release_running(promotion.deployment),

@@ -68,6 +68,12 @@ def text_of(message: Any) -> str:
 
 
 @register.filter
+def pair(first: Any, second: Any) -> list[Any]:
+    """Two values to loop over side by side (`{% for x in a|pair:b %}`); a missing one as {}."""
+    return [first or {}, second or {}]
+
+
+@register.filter
 def get(mapping: Any, key: str) -> Any:
     return mapping.get(key) if isinstance(mapping, dict) else None
 
