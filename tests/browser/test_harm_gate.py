@@ -54,3 +54,7 @@ def test_the_approver_sees_the_harm_and_cannot_approve(open_page, screenshot, me
     page.goto(f"/evaluations/{evaluation.pk}/")
     assert "Blocks promotion" in page.inner_text("#harm-verdict")
     assert order_id not in page.inner_text("#episode-success")
+    # Each episode's page names the record it changed.
+    item = next(i for i in evaluation.items.order_by("position") if i.candidate["collateral_changes"])
+    page.goto(f"/evaluations/{evaluation.pk}/items/{item.position}/")
+    assert f"order {order_id}" in page.inner_text("#candidate-response")
