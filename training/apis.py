@@ -175,6 +175,9 @@ class PromotionRequestsApi(PersonApi):
         note = serializers.CharField(required=False, allow_blank=True, max_length=5000, default="")
         breach_override_reason = serializers.CharField(required=False, allow_blank=True, max_length=2000, default="")
         rebase_reason = serializers.CharField(required=False, allow_blank=True, max_length=2000, default="")
+        regression_override_reason = serializers.CharField(
+            required=False, allow_blank=True, max_length=2000, default=""
+        )
 
     @extend_schema(request=InputSerializer, responses={201: OpenApiResponse(description="The request.")})
     def post(self, request):
@@ -189,6 +192,7 @@ class PromotionRequestsApi(PersonApi):
             note=v["note"],
             breach_override_reason=v["breach_override_reason"],
             rebase_reason=v["rebase_reason"],
+            regression_override_reason=v["regression_override_reason"],
         )
         promotion = promotion_get(promotion_id=promotion.pk)
         return Response(promotion_as_dict(promotion, preconditions=promotion_approve_check(promotion=promotion)), 201)

@@ -153,6 +153,9 @@ class PromotionRequest(models.Model):
     rebase_reason = models.TextField(
         blank=True, default="", help_text="why a candidate not built from the live version may replace it"
     )
+    regression_override_reason = models.TextField(
+        blank=True, default="", help_text="why a signal that regresses beyond its threshold does not block this"
+    )
     # What the requester saw: the training job's monitors and the judge's agreement figures.
     snapshot = models.JSONField(default=dict, blank=True)
     requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")

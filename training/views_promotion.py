@@ -48,6 +48,7 @@ from training.services.promotion import (
     promotion_withdraw,
 )
 from training.services.promotion_checks import APPROVE, PromotionRefused, check_harm, lineage
+from training.services.promotion_signals import promotion_signals
 from training.services.release import rollback_check, rollback_request, rollback_target
 
 VIEW = "training.view_promotionrequest"
@@ -213,6 +214,12 @@ class PromotionForm(forms.Form):
     rebase_reason = forms.CharField(
         label="Rebase onto the live version because…", widget=forms.Textarea(attrs={"rows": 2}), required=False
     )
+    regression_override_reason = forms.CharField(
+        label="Promote despite a regressing signal because…",
+        widget=forms.Textarea(attrs={"rows": 2}),
+        required=False,
+        max_length=2000,
+    )
 
 
 @dashboard_view(VIEW)
@@ -240,6 +247,7 @@ def promotion_new(request: HttpRequest) -> HttpResponse:
                     note=data["note"],
                     breach_override_reason=data["breach_override_reason"],
                     rebase_reason=data["rebase_reason"],
+                    regression_override_reason=data["regression_override_reason"],
                 )
             except PromotionRefused as exc:
                 form.add_error(exc.field if exc.field in form.fields else None, str(exc))
@@ -248,7 +256,7 @@ def promotion_new(request: HttpRequest) -> HttpResponse:
                 return redirect("promotion:promotion", promotion_id=promotion.pk)
     else:
         form = PromotionForm(initial=request.GET.dict())
-    checks = []
+    checks, signals = [], []
     if form.is_bound or request.GET.get("candidate"):
         source = form.data if form.is_bound else request.GET
         candidate = ModelVersion.objects.filter(name=source.get("candidate")).first()
@@ -265,8 +273,10 @@ def promotion_new(request: HttpRequest) -> HttpResponse:
                 evaluation=evaluation,
                 breach_override_reason=source.get("breach_override_reason", ""),
                 rebase_reason=source.get("rebase_reason", ""),
+                regression_override_reason=source.get("regression_override_reason", ""),
             )
-    return render(request, "training/promotion_new.html", {"form": form, "checks": checks})
+            signals = promotion_signals(candidate=candidate, evaluation=evaluation)
+    return render(request, "training/promotion_new.html", {"form": form, "checks": checks, "signals": signals})
 
 
 def _promotion_context(request: HttpRequest, promotion: PromotionRequest) -> dict:
@@ -277,6 +287,7 @@ def _promotion_context(request: HttpRequest, promotion: PromotionRequest) -> dic
         "promotion": promotion,
         "evaluation": promotion.evaluation,
         "harm": check_harm(promotion.evaluation),
+        "signals": promotion_signals(candidate=promotion.candidate, evaluation=promotion.evaluation),
         "releases": releases,
         "release": releases[0] if releases else None,
         "release_active": bool(releases) and releases[0].is_active,

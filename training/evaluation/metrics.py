@@ -74,6 +74,17 @@ def kl_k3(candidate_logprobs: Sequence[float], baseline_logprobs: Sequence[float
     return total / len(pairs)
 
 
+def mean_interval(values: Sequence[float], *, z: float = Z_95) -> tuple[float | None, float | None]:
+    """Normal-approximation interval of a mean: x̄ ± z·s/√n with the unbiased s (n - 1);
+    None, None below 2 values."""
+    if len(values) < 2:
+        return None, None
+    mean = fmean(values)
+    s = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+    half = z * s / math.sqrt(len(values))
+    return mean - half, mean + half
+
+
 def compare(candidate: float | None, baseline: float | None) -> str:
     """win / tie / loss for the candidate, "" when either score is missing."""
     if candidate is None or baseline is None:
@@ -158,6 +169,7 @@ def summarize(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if i["candidate"].get("reward") is not None and i["baseline"].get("reward") is not None
     ]
     kls = [i["kl"] for i in items if i.get("kl") is not None]
+    diff_low, diff_high = mean_interval(diffs)
     return {
         "items": len(items),
         "candidate": side_summary([i["candidate"] for i in items]),
@@ -173,6 +185,8 @@ def summarize(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "ci": "Wilson 95%, ties count half",
             "reward_diff_mean": _mean(diffs),
             "reward_diff_n": len(diffs),
+            "reward_diff_ci_low": diff_low,
+            "reward_diff_ci_high": diff_high,
         },
         "kl": {
             "mean": _mean(kls),

@@ -92,7 +92,10 @@ def agreement_snapshot(deployment: Deployment) -> dict[str, Any]:
 
 
 def snapshot(candidate: ModelVersion, deployment: Deployment, evaluation: Evaluation) -> dict[str, Any]:
+    from training.services.promotion_signals import promotion_signals
+
     return {
+        "signals": [s.as_dict() for s in promotion_signals(candidate=candidate, evaluation=evaluation)],
         "at": timezone.now().isoformat(),
         "monitors": monitors_snapshot(candidate),
         "judge_agreement": agreement_snapshot(deployment),
@@ -200,6 +203,32 @@ def check_harm(evaluation: Evaluation | None) -> Precondition:
         detail = "blocked whatever the success rate: " + "; ".join(findings)
         return Precondition("harm", label, False, detail + (f" ({success})" if success else ""), "evaluation")
     return Precondition("harm", label, True, "; ".join(measured))
+
+
+def check_regressions(
+    candidate: ModelVersion, evaluation: Evaluation | None, override_reason: str, *, overridden_by: str = ""
+) -> Precondition:
+    """No signal regresses beyond its threshold (see `promotion_signals`) — or the requester
+    gave a reason, recorded with their name."""
+    from training.services.promotion_signals import promotion_signals, regressions
+
+    label = "No signal regresses beyond its threshold"
+    worse = regressions(promotion_signals(candidate=candidate, evaluation=evaluation))
+    if not worse:
+        return Precondition("regression", label, True, "every signal within its threshold of the live version")
+    what = "; ".join(s.describe() for s in worse)
+    if override_reason.strip():
+        who = f" by {overridden_by}" if overridden_by else ""
+        return Precondition(
+            "regression", label, True, f"regression overridden{who}: {override_reason.strip()[:300]} ({what})"
+        )
+    return Precondition(
+        "regression",
+        label,
+        False,
+        f"{what}; give a reason to override",
+        "regression_override_reason",
+    )
 
 
 def check_monitors(candidate: ModelVersion, override_reason: str) -> Precondition:
