@@ -101,6 +101,16 @@ class EvaluationCreateApi(PersonApi):
         generator = serializers.ChoiceField(choices=GENERATORS, required=False)
         max_tokens = serializers.IntegerField(min_value=1, max_value=8192, required=False)
         temperature = serializers.FloatField(min_value=0, max_value=2, required=False)
+        environment = serializers.CharField(
+            required=False, max_length=100, help_text="also run whole episodes of this environment's tasks"
+        )
+        environment_split = serializers.CharField(
+            required=False, max_length=50, help_text="its split (default: test, else heldout)"
+        )
+        environment_tasks = serializers.IntegerField(min_value=1, max_value=500, required=False)
+        fresh_seed = serializers.IntegerField(
+            min_value=0, required=False, help_text="a slice of tasks generated anew from this seed"
+        )
 
     @extend_schema(request=InputSerializer, responses={201: OpenApiResponse(description="The queued evaluation.")})
     def post(self, request):
@@ -117,6 +127,10 @@ class EvaluationCreateApi(PersonApi):
             generator=v.get("generator"),
             max_tokens=v.get("max_tokens"),
             temperature=v.get("temperature"),
+            environment=v.get("environment", ""),
+            environment_split=v.get("environment_split", ""),
+            environment_tasks=v.get("environment_tasks"),
+            fresh_seed=v.get("fresh_seed"),
         )
         return Response(evaluation_as_dict(evaluation_get(evaluation_id=evaluation.pk)), status=201)
 
@@ -162,6 +176,9 @@ class PromotionRequestsApi(PersonApi):
         note = serializers.CharField(required=False, allow_blank=True, max_length=5000, default="")
         breach_override_reason = serializers.CharField(required=False, allow_blank=True, max_length=2000, default="")
         rebase_reason = serializers.CharField(required=False, allow_blank=True, max_length=2000, default="")
+        regression_override_reason = serializers.CharField(
+            required=False, allow_blank=True, max_length=2000, default=""
+        )
 
     @extend_schema(request=InputSerializer, responses={201: OpenApiResponse(description="The request.")})
     def post(self, request):
@@ -176,6 +193,7 @@ class PromotionRequestsApi(PersonApi):
             note=v["note"],
             breach_override_reason=v["breach_override_reason"],
             rebase_reason=v["rebase_reason"],
+            regression_override_reason=v["regression_override_reason"],
         )
         promotion = promotion_get(promotion_id=promotion.pk)
         return Response(promotion_as_dict(promotion, preconditions=promotion_approve_check(promotion=promotion)), 201)

@@ -77,6 +77,7 @@ class Evaluation(models.Model):
 class EvaluationItemKind(models.TextChoices):
     TURN = "turn", "Logged turn"
     TASK = "task", "Replayable task"
+    EPISODE = "episode", "Whole episode"
 
 
 class Outcome(models.TextChoices):
@@ -93,7 +94,9 @@ class EvaluationItem(models.Model):
 
     `candidate`/`baseline` hold per-side results: the assistant message (`content`,
     `tool_calls`), `finish_reason`, `tokens`, `chars`, `reward`, `reason`, `graded`,
-    `tool_calls_seen`, `tool_calls_invalid`, `empty`, `refusal`, `truncated`, `error`."""
+    `tool_calls_seen`, `tool_calls_invalid`, `empty`, `refusal`, `truncated`, `error`; for
+    an episode item also `episode`, `success`, `end`, `turns`, `transcript` and its audit,
+    `collateral_changes` and `unknown_ids` (see `EpisodeAudit`)."""
 
     evaluation = models.ForeignKey(Evaluation, on_delete=models.CASCADE, related_name="items")
     position = models.PositiveIntegerField()
@@ -149,6 +152,9 @@ class PromotionRequest(models.Model):
     )
     rebase_reason = models.TextField(
         blank=True, default="", help_text="why a candidate not built from the live version may replace it"
+    )
+    regression_override_reason = models.TextField(
+        blank=True, default="", help_text="why a signal that regresses beyond its threshold does not block this"
     )
     # What the requester saw: the training job's monitors and the judge's agreement figures.
     snapshot = models.JSONField(default=dict, blank=True)

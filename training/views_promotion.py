@@ -47,7 +47,8 @@ from training.services.promotion import (
     promotion_request_create,
     promotion_withdraw,
 )
-from training.services.promotion_checks import APPROVE, PromotionRefused, lineage
+from training.services.promotion_checks import APPROVE, PromotionRefused, check_harm, lineage
+from training.services.promotion_signals import promotion_signals
 from training.services.release import rollback_check, rollback_request, rollback_target
 
 VIEW = "training.view_promotionrequest"
@@ -76,6 +77,21 @@ class EvaluateForm(forms.Form):
         widget=forms.TextInput(attrs={"placeholder": "e.g. 12, 40, 41"}),
     )
     max_tokens = forms.IntegerField(min_value=1, max_value=8192, required=False, label="Max tokens")
+    environment = forms.ChoiceField(
+        required=False,
+        label="and whole episodes of",
+        help_text="measures task success, collateral changes and tool calls on unknown ids",
+    )
+    environment_split = forms.CharField(
+        required=False, max_length=50, label="split", widget=forms.TextInput(attrs={"placeholder": "test"})
+    )
+    environment_tasks = forms.IntegerField(min_value=1, max_value=500, required=False, label="tasks")
+
+    def __init__(self, *args, **kwargs) -> None:
+        from training.environments import environment_names
+
+        super().__init__(*args, **kwargs)
+        self.fields["environment"].choices = [("", "(none)")] + [(n, n) for n in environment_names()]
 
     def clean_trace_ids(self) -> list[int]:
         raw = self.cleaned_data["trace_ids"].replace(",", " ").split()
@@ -132,6 +148,9 @@ def evaluation_create_view(request: HttpRequest) -> HttpResponse:
             training_set=data["training_set"],
             trace_ids=data["trace_ids"],
             max_tokens=data["max_tokens"],
+            environment=data["environment"],
+            environment_split=data["environment_split"],
+            environment_tasks=data["environment_tasks"],
             created_by=request.user,
         )
     except EvaluationError as exc:
@@ -147,6 +166,7 @@ def evaluation_detail(request: HttpRequest, evaluation_id: int) -> HttpResponse:
         raise Http404("no such evaluation")
     context = {
         "evaluation": evaluation,
+        "harm": check_harm(evaluation),
         "items": evaluation_items(evaluation=evaluation),
         "can_evaluate": request.user.has_perm(EVALUATE),
         "can_request": request.user.has_perm(REQUEST),
@@ -194,6 +214,12 @@ class PromotionForm(forms.Form):
     rebase_reason = forms.CharField(
         label="Rebase onto the live version because…", widget=forms.Textarea(attrs={"rows": 2}), required=False
     )
+    regression_override_reason = forms.CharField(
+        label="Promote despite a regressing signal because…",
+        widget=forms.Textarea(attrs={"rows": 2}),
+        required=False,
+        max_length=2000,
+    )
 
 
 @dashboard_view(VIEW)
@@ -221,6 +247,7 @@ def promotion_new(request: HttpRequest) -> HttpResponse:
                     note=data["note"],
                     breach_override_reason=data["breach_override_reason"],
                     rebase_reason=data["rebase_reason"],
+                    regression_override_reason=data["regression_override_reason"],
                 )
             except PromotionRefused as exc:
                 form.add_error(exc.field if exc.field in form.fields else None, str(exc))
@@ -229,7 +256,7 @@ def promotion_new(request: HttpRequest) -> HttpResponse:
                 return redirect("promotion:promotion", promotion_id=promotion.pk)
     else:
         form = PromotionForm(initial=request.GET.dict())
-    checks = []
+    checks, signals = [], []
     if form.is_bound or request.GET.get("candidate"):
         source = form.data if form.is_bound else request.GET
         candidate = ModelVersion.objects.filter(name=source.get("candidate")).first()
@@ -246,8 +273,10 @@ def promotion_new(request: HttpRequest) -> HttpResponse:
                 evaluation=evaluation,
                 breach_override_reason=source.get("breach_override_reason", ""),
                 rebase_reason=source.get("rebase_reason", ""),
+                regression_override_reason=source.get("regression_override_reason", ""),
             )
-    return render(request, "training/promotion_new.html", {"form": form, "checks": checks})
+            signals = promotion_signals(candidate=candidate, evaluation=evaluation)
+    return render(request, "training/promotion_new.html", {"form": form, "checks": checks, "signals": signals})
 
 
 def _promotion_context(request: HttpRequest, promotion: PromotionRequest) -> dict:
@@ -257,6 +286,8 @@ def _promotion_context(request: HttpRequest, promotion: PromotionRequest) -> dic
     return {
         "promotion": promotion,
         "evaluation": promotion.evaluation,
+        "harm": check_harm(promotion.evaluation),
+        "signals": promotion_signals(candidate=promotion.candidate, evaluation=promotion.evaluation),
         "releases": releases,
         "release": releases[0] if releases else None,
         "release_active": bool(releases) and releases[0].is_active,

@@ -14,11 +14,11 @@ from tests.fixtures.judge import presented_responses
 from training.evaluation.metrics import (
     compare,
     kl_k3,
-    parse_tool_call_blocks,
     response_checks,
     summarize,
     wilson_interval,
 )
+from training.inference.codec import tool_calls_parse
 
 
 def test_wilson_interval_matches_a_hand_computation():
@@ -45,7 +45,7 @@ def test_response_checks_count_invalid_tool_calls_against_the_schema():
     message = {"role": "assistant", "content": None, "tool_calls": [good, bad_args, unknown]}
     checks = response_checks(message, finish_reason="tool_calls", tools=[LOOKUP_TOOL])
     assert (checks["tool_calls_seen"], checks["tool_calls_invalid"], checks["empty"]) == (3, 2, False)
-    text, calls = parse_tool_call_blocks(
+    text, calls = tool_calls_parse(
         'ok <tool_call>{"name": "lookup_order", "arguments": {"order_id": "A1"}}</tool_call>'
     )
     assert text == "ok" and json.loads(calls[0]["function"]["arguments"]) == {"order_id": "A1"}
@@ -226,3 +226,74 @@ def test_the_evaluation_api_answers_400_with_fields(client, local_registry, oper
     client.force_login(approver)  # approvers read evaluations but do not start them
     assert client.get(f"/api/v1/evaluations/{body['id']}?items=1").json()["items"][2]["grader"] == "contains"
     assert client.post("/api/v1/evaluations", {}, content_type="application/json").status_code == 403
+
+
+LOOKUP_A1001 = {
+    "id": "call_0",
+    "type": "function",
+    "function": {"name": "lookup_order", "arguments": '{"order_id": "A1001"}'},
+}
+
+
+def test_a_served_tool_call_is_graded_as_the_call_it_is():
+    """A served message carries its call in `tool_calls` (the server parsed the block out of
+    the text): the grader reads it back through the same codec, as the call it was."""
+    from training.grpo.graders import grade
+    from training.services.evaluation import _grading_text
+
+    served = {"role": "assistant", "content": None, "tool_calls": [LOOKUP_A1001]}
+    text = _grading_text(served)
+    assert tool_calls_parse(text) == ("", [LOOKUP_A1001])
+    assert grade("tool_action", text, '[{"reply": true}]') == 0.0
+    assert grade("tool_action", text, '[{"tool": "lookup_order", "arguments": {"order_id": "A1001"}}]') == 1.0
+    assert grade("tool_action", text, '[{"tool": "lookup_order", "arguments": {"order_id": "A1002"}}]') == 0.0
+    # Words before the call do not turn it into a reply.
+    worded = {**served, "content": "Let me look that order up for you."}
+    assert grade("tool_action", _grading_text(worded), '[{"reply": true}]') == 0.0
+    assert (
+        grade(
+            "tool_action",
+            _grading_text({"role": "assistant", "content": "Your refund is on its way."}),
+            '[{"reply": true}]',
+        )
+        == 1.0
+    )
+
+
+TOOL_GRADED = [
+    {
+        "key": "should-reply",
+        "messages": [{"role": "user", "content": "Where is my order A1001?"}],
+        "tools": [LOOKUP_TOOL],
+        "grader": "tool_action",
+        "reference": '[{"reply": true}]',
+    },
+    {
+        "key": "should-look-up",
+        "messages": [{"role": "user", "content": "Where is my order A1001?"}],
+        "tools": [LOOKUP_TOOL],
+        "grader": "tool_action",
+        "reference": '[{"tool": "lookup_order", "arguments": {"order_id": "A1001"}}]',
+    },
+]
+
+
+def test_an_evaluation_grades_a_tool_calling_candidate_right_on_both_outcomes(local_registry, operator):
+    from training.models_promotion import EvaluationStatus
+    from training.services.evaluation import evaluation_create, evaluation_run
+
+    deployment, _, candidate = local_registry
+    evaluation = evaluation_create(
+        candidate=candidate, deployment=deployment, items=TOOL_GRADED, created_by=operator, max_tokens=40
+    )
+    evaluation = evaluation_run(evaluation_id=evaluation.pk)
+    assert evaluation.status == EvaluationStatus.FINISHED, evaluation.error
+
+    reply, look_up = evaluation.items.get(key="should-reply"), evaluation.items.get(key="should-look-up")
+    # The candidate calls lookup_order on A1001 in both: wrong where a reply is wanted, right
+    # where the look-up is; the random base model does neither.
+    assert reply.candidate["message"]["tool_calls"][0]["function"]["name"] == "lookup_order"
+    assert (reply.candidate["graded"], look_up.candidate["graded"]) == (0.0, 1.0)
+    assert (reply.baseline["graded"], look_up.baseline["graded"]) == (0.0, 0.0)
+    assert (reply.outcome, look_up.outcome) == ("tie", "win")
+    assert evaluation.summary["candidate"]["graded_accuracy"] == 0.5

@@ -55,3 +55,21 @@ def test_canaries_in_a_config_are_validated():
         assert exc.errors[0][0] == "canaries[0].grader"
     else:
         raise AssertionError("an unknown grader was accepted")
+
+
+def test_harm_flags_evaluation_episodes_that_change_more_records_than_at_the_start():
+    config = MonitorConfig()
+    evals = [
+        {"step": 0, "success": 0.2, "collateral_rate": 0.1, "unknown_id_rate": 0.0},
+        {"step": 10, "success": 0.9, "collateral_rate": 0.1, "unknown_id_rate": 0.0},
+    ]
+    assert monitors.harm(config, evals=evals) == []
+    evals.append({"step": 20, "success": 0.95, "collateral_rate": 0.5, "unknown_id_rate": 0.25})
+    breaches = monitors.harm(config, evals=evals)
+    assert [b.monitor for b in breaches] == ["collateral", "unknown_ids"]
+    assert breaches[0].message == (
+        "50% of the evaluation episodes at step 20 changed records their task does not concern, "
+        "against 10% for the starting model"
+    )
+    assert monitors.harm(config, evals=evals[:1]) == []
+    assert monitors.harm(MonitorConfig(harm_rise=0.5), evals=evals) == []

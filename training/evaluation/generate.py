@@ -18,8 +18,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from training.evaluation.metrics import parse_tool_call_blocks
 from training.inference import client
+from training.inference.codec import tool_calls_parse
 from training.models import ModelVersion, ModelVersionKind
 
 
@@ -226,7 +226,7 @@ class LocalGenerator:
             )
         text = tokenizer.decode([t for t in response if t not in ends], skip_special_tokens=True)
         # As the server does: tool-call blocks become calls only when the request offered tools.
-        content, calls = parse_tool_call_blocks(text) if tools else (text, [])
+        content, calls = tool_calls_parse(text) if tools else (text, [])
         message: dict[str, Any] = {"role": "assistant", "content": content or None}
         if calls:
             message["tool_calls"] = calls

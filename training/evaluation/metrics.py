@@ -5,63 +5,24 @@
 - `wilson_interval`: the Wilson score interval of a proportion.
 - `kl_k3`: the k3 estimate of KL(candidate ‖ baseline) per token from the two models'
   log-probs of the candidate's tokens.
+- `episode_summary`: over whole episodes, the task-success rate and the rates of episodes
+  that changed records the task does not concern or called a tool on an id never shown,
+  each with its Wilson interval.
 - `summarize`: both versions' figures and the candidate's win rate over finished items.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import re
 from collections.abc import Iterable, Sequence
 from statistics import fmean
 from typing import Any
 
 from feedback.failure_modes.detectors import TraceView, detect_invalid_tool_args, detect_refusals
+from training.inference.codec import message_text, tool_call_blocks
 
 Z_95 = 1.959963984540054
 TIE_EPS = 1e-9
-_TOOL_CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
-
-
-def message_text(message: dict[str, Any]) -> str:
-    content = message.get("content")
-    if isinstance(content, list):
-        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-    return content or ""
-
-
-def parse_tool_call_blocks(text: str) -> tuple[str, list[dict[str, Any]]]:
-    """Split `<tool_call>{…}</tool_call>` blocks (the ChatML tool format) out of generated
-    text, as the inference server's hermes parser does. Blocks that are not a JSON object
-    with a string `name` stay in the text, where `response_checks` counts them invalid."""
-    calls: list[dict[str, Any]] = []
-    kept: list[str] = []
-    last = 0
-    for i, match in enumerate(_TOOL_CALL_BLOCK.finditer(text)):
-        try:
-            body = json.loads(match.group(1))
-        except (ValueError, RecursionError):  # model output: any depth
-            continue
-        if not (isinstance(body, dict) and isinstance(body.get("name"), str)):
-            continue
-        arguments = body.get("arguments", {})
-        calls.append(
-            {
-                "id": f"call_{i}",
-                "type": "function",
-                "function": {
-                    "name": body["name"],
-                    "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
-                },
-            }
-        )
-        kept.append(text[last : match.start()])
-        last = match.end()
-    if not calls:
-        return text, []
-    kept.append(text[last:])
-    return "".join(kept).strip(), calls
 
 
 def response_checks(message: dict[str, Any], *, finish_reason: str, tools: Sequence[dict[str, Any]] | None) -> dict:
@@ -70,7 +31,7 @@ def response_checks(message: dict[str, Any], *, finish_reason: str, tools: Seque
     JSON Schema; a `<tool_call>` block left unparsed in the text counts as an invalid call."""
     text = message_text(message)
     calls = message.get("tool_calls") or []
-    unparsed = len(_TOOL_CALL_BLOCK.findall(text))
+    unparsed = len(tool_call_blocks(text))
     view = TraceView(trace_id=0, messages=[{"role": "assistant", **message}], tools=list(tools or []))
     invalid = len(detect_invalid_tool_args(view)) + unparsed
     return {
@@ -113,6 +74,17 @@ def kl_k3(candidate_logprobs: Sequence[float], baseline_logprobs: Sequence[float
     return total / len(pairs)
 
 
+def mean_interval(values: Sequence[float], *, z: float = Z_95) -> tuple[float | None, float | None]:
+    """Normal-approximation interval of a mean: x̄ ± z·s/√n with the unbiased s (n - 1);
+    None, None below 2 values."""
+    if len(values) < 2:
+        return None, None
+    mean = fmean(values)
+    s = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+    half = z * s / math.sqrt(len(values))
+    return mean - half, mean + half
+
+
 def compare(candidate: float | None, baseline: float | None) -> str:
     """win / tie / loss for the candidate, "" when either score is missing."""
     if candidate is None or baseline is None:
@@ -129,6 +101,29 @@ def _mean(values: Iterable[float | None]) -> float | None:
 
 def _rate(flags: Sequence[bool]) -> float | None:
     return sum(flags) / len(flags) if flags else None
+
+
+def _share(count: int, n: int) -> dict[str, Any]:
+    low, high = wilson_interval(count, n)
+    return {"rate": count / n if n else None, "count": count, "n": n, "ci_low": low, "ci_high": high}
+
+
+def episode_summary(sides: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """Over one version's finished episodes (None when it ran none): `success` (graded
+    episodes that reached the task's goal), `collateral` (episodes with at least one write to
+    a record the task does not concern) and `unknown_ids` (episodes with at least one tool call
+    on an id that appeared nowhere before it), each {rate, count, n, ci_low, ci_high} with a
+    Wilson 95% interval."""
+    episodes = [s for s in sides if s.get("episode") and not s.get("error")]
+    if not episodes:
+        return None
+    graded = [s for s in episodes if s.get("success") is not None]
+    return {
+        "n": len(episodes),
+        "success": _share(sum(1 for s in graded if s["success"]), len(graded)),
+        "collateral": _share(sum(1 for s in episodes if s.get("collateral_changes")), len(episodes)),
+        "unknown_ids": _share(sum(1 for s in episodes if s.get("unknown_ids")), len(episodes)),
+    }
 
 
 def side_summary(sides: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -153,6 +148,7 @@ def side_summary(sides: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "refusal_rate": _rate([bool(s.get("refusal")) for s in ok]),
         "empty_rate": _rate([bool(s.get("empty")) for s in ok]),
         "truncated_rate": _rate([bool(s.get("truncated")) for s in ok]),
+        "episodes": episode_summary(ok),
     }
 
 
@@ -173,6 +169,7 @@ def summarize(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if i["candidate"].get("reward") is not None and i["baseline"].get("reward") is not None
     ]
     kls = [i["kl"] for i in items if i.get("kl") is not None]
+    diff_low, diff_high = mean_interval(diffs)
     return {
         "items": len(items),
         "candidate": side_summary([i["candidate"] for i in items]),
@@ -188,6 +185,8 @@ def summarize(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "ci": "Wilson 95%, ties count half",
             "reward_diff_mean": _mean(diffs),
             "reward_diff_n": len(diffs),
+            "reward_diff_ci_low": diff_low,
+            "reward_diff_ci_high": diff_high,
         },
         "kl": {
             "mean": _mean(kls),

@@ -27,7 +27,6 @@ import torch
 
 from training.environments.base import Environment, Task
 from training.environments.episodes import Completion, Episode, episode_run
-from training.evaluation.metrics import parse_tool_call_blocks
 from training.grpo import loss as L
 from training.grpo import monitors
 from training.grpo.common import (
@@ -49,6 +48,7 @@ from training.grpo.policy import (
     make_optimizer,
 )
 from training.grpo.sampling import eos_ids, left_pad, token_logprobs
+from training.inference.codec import tool_calls_parse
 
 # generate(contexts, limits) -> sampled ids per context (end-of-turn included when sampled)
 Generate = Callable[[list[list[int]], list[int]], list[list[int]]]
@@ -224,7 +224,7 @@ def policy_completer(
         sampled.append(ids)
         with _TOKENIZER_LOCK:
             text = tokenizer.decode(ids, skip_special_tokens=True)
-        content, calls = parse_tool_call_blocks(text)
+        content, calls = tool_calls_parse(text)
         message: dict[str, Any] = {"content": content}
         if calls:
             message["tool_calls"] = calls
@@ -500,6 +500,8 @@ def episodes_evaluate(
         "budget_exhaustion": stats["budget_exhaustion"],
         "early_stop": stats["early_stop"],
         "episode_tokens": stats["episode_tokens"],
+        "collateral_rate": fmean(1.0 if e.audit.collateral_changes else 0.0 for e in episodes),
+        "unknown_id_rate": fmean(1.0 if e.audit.unknown_ids else 0.0 for e in episodes),
     }
     return metrics, episodes
 
@@ -546,9 +548,9 @@ def episodes_train(
     state: dict = {"history": [], "evals": [], "start_length": None, "start_canary": None, "breaches": []}
     checkpoint = latest_checkpoint(run_dir)
 
-    def evaluate_now(step: int) -> None:
+    def evaluate_now(step: int) -> bool:
         if not eval_tasks:
-            return
+            return False
         if server is not None:
             server.load(policy, step=f"eval-{step}")
         metrics, episodes = episodes_evaluate(
@@ -558,6 +560,7 @@ def episodes_train(
         state["evals"].append(metrics)
         hooks.emit("on_episodes", step, "eval", episodes)
         hooks.emit("on_eval", step, metrics)
+        return True
 
     if checkpoint is not None:
         saved = load_checkpoint(checkpoint, policy=policy, optimizer=optimizer)
@@ -661,12 +664,15 @@ def episodes_train(
         if config.samples_every and (step == 1 or step % config.samples_every == 0):
             hooks.emit("on_samples", step, _sample_rows(episodes, rewards, advantages))
 
-        if config.eval_every and (step % config.eval_every == 0 or step == config.steps):
-            evaluate_now(step)
+        evaluated = bool(config.eval_every and (step % config.eval_every == 0 or step == config.steps))
+        if evaluated:
+            evaluated = evaluate_now(step)
 
-        # Monitor: the turn-level monitors, and the environment-fidelity guard.
+        # Monitor: the turn-level monitors, the environment-fidelity guard and, on the
+        # evaluation episodes, harm to records outside each task.
         breaches = monitors.check(config.monitors, history=state["history"], start_length=state["start_length"])
         breaches += monitors.fidelity(config.monitors, history=state["history"])
+        breaches += monitors.harm(config.monitors, evals=state["evals"])
         if step_close(run_dir, policy, optimizer, step, config, state, hooks, breaches):
             result.status = "stopped"
             break

@@ -9,6 +9,8 @@ import re
 import unicodedata
 from collections.abc import Callable
 
+from training.inference.codec import tool_call_blocks
+
 
 def _normalise(text: str) -> str:
     text = unicodedata.normalize("NFKC", text).strip().lower()
@@ -63,31 +65,20 @@ def json_valid(response: str, reference: str) -> float:
     return 1.0
 
 
-_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
-
-
 def response_action(response: str) -> dict | None:
     """What a response does: its first tool call written as
-    `<tool_call>{"name": …, "arguments": {…}}</tool_call>` → `{"tool": name, "arguments": {…}}`;
-    a reply of at least 10 characters without a tool call → `{"reply": True}`; anything
-    else (a tool call that does not parse, an empty or near-empty answer) → None."""
-    match = _TOOL_CALL.search(response)
-    if match:
-        try:
-            call = json.loads(match.group(1))
-        except (ValueError, RecursionError):
+    `<tool_call>{"name": …, "arguments": {…}}</tool_call>` (read by the chat codec, as the
+    inference server reads it) → `{"tool": name, "arguments": {…}}`; a reply of at least 10
+    characters without a tool call → `{"reply": True}`; anything else (a tool call that does
+    not parse, an empty or near-empty answer) → None. A served message is graded through
+    `codec.message_served_text`, so its `tool_calls` count here as the blocks they were."""
+    blocks = tool_call_blocks(response)
+    if blocks:
+        first = blocks[0]
+        arguments = first.arguments_object if first.parsed else None
+        if arguments is None:
             return None
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-            return None
-        arguments = call.get("arguments", {})
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments)
-            except (ValueError, RecursionError):
-                return None
-        if not isinstance(arguments, dict):
-            return None
-        return {"tool": call["name"], "arguments": arguments}
+        return {"tool": first.name, "arguments": arguments}
     if "<tool_call" in response or len(response.strip()) < 10:
         return None
     return {"reply": True}

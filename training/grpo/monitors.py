@@ -5,14 +5,11 @@ only when `MonitorConfig.stop_on_breach` is set."""
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import asdict, dataclass
 from statistics import fmean
 
 from training.grpo.config import MonitorConfig
-
-_TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+from training.inference import codec
 
 
 @dataclass
@@ -28,21 +25,8 @@ class Breach:
 
 def tool_call_validity(texts: list[str]) -> tuple[int, int]:
     """(tool-call blocks seen, blocks that are not a JSON object with a string "name"
-    and object "arguments") across `texts`."""
-    seen = invalid = 0
-    for text in texts:
-        for body in _TOOL_CALL.findall(text):
-            seen += 1
-            try:
-                call = json.loads(body)
-            except (ValueError, RecursionError):  # model output: any depth
-                invalid += 1
-                continue
-            if not (
-                isinstance(call, dict) and isinstance(call.get("name"), str) and isinstance(call.get("arguments"), dict)
-            ):
-                invalid += 1
-    return seen, invalid
+    and object "arguments") across `texts`, read by the chat codec."""
+    return codec.tool_call_validity(texts)
 
 
 def check(
@@ -161,4 +145,36 @@ def fidelity(config: MonitorConfig, *, history: list[dict], reward_key: str = "g
                     "check the environment for a shortcut",
                 )
             )
+    return breaches
+
+
+HARM_SIGNALS = {
+    "collateral_rate": ("collateral", "changed records their task does not concern"),
+    "unknown_id_rate": ("unknown_ids", "called a tool on an id never shown"),
+}
+
+
+def harm(config: MonitorConfig, *, evals: list[dict]) -> list[Breach]:
+    """The promotion gate's harm check, run on an episode job's evaluation episodes: the share
+    of the latest evaluation's episodes that changed records outside their task (or named an
+    id never shown) against the starting model's share (the first evaluation), each flagged
+    when higher by more than `config.harm_rise`. Needs two evaluations with those figures."""
+    rated = [e for e in evals if e.get("collateral_rate") is not None]
+    if len(rated) < 2:
+        return []
+    first, last = rated[0], rated[-1]
+    breaches = []
+    for key, (monitor, label) in HARM_SIGNALS.items():
+        start, now = first.get(key), last.get(key)
+        if start is None or now is None or now - start <= config.harm_rise:
+            continue
+        breaches.append(
+            Breach(
+                monitor,
+                round(now, 3),
+                round(start + config.harm_rise, 3),
+                f"{now:.0%} of the evaluation episodes at step {last.get('step')} {label}, "
+                f"against {start:.0%} for the starting model",
+            )
+        )
     return breaches

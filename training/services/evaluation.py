@@ -31,6 +31,7 @@ from training.selectors import live_version_get
 from training.services.audit import audit_record
 from training.services.evaluation_items import (
     EvaluationError,
+    items_from_environment,
     items_from_traces,
     items_from_training_set,
     items_given,
@@ -82,8 +83,15 @@ def evaluation_create(
     generator: str | None = None,
     max_tokens: int | None = None,
     temperature: float | None = None,
+    environment: str = "",
+    environment_split: str = "",
+    environment_tasks: int | None = None,
+    fresh_seed: int | None = None,
 ) -> Evaluation:
-    """Snapshot the items, store the evaluation and queue its run after commit."""
+    """Snapshot the items, store the evaluation and queue its run after commit. With
+    `environment`, each version also runs whole episodes of its `environment_split` tasks
+    (the first `environment_tasks` of them; with `fresh_seed`, a slice generated anew), graded
+    and audited for collateral changes and unknown ids."""
     baseline = evaluation_check(candidate=candidate, deployment=deployment)
     rows: list[dict[str, Any]] = []
     sources: dict[str, Any] = {}
@@ -96,8 +104,21 @@ def evaluation_create(
     if items:
         rows += items_given(items)
         sources["given"] = len(items)
+    if environment:
+        episodes = items_from_environment(
+            environment=environment, split=environment_split, count=environment_tasks, fresh_seed=fresh_seed
+        )
+        rows += episodes
+        sources["environment"] = {
+            "name": environment,
+            "split": episodes[0]["source"]["split"],
+            "tasks": len(episodes),
+            **({"fresh_seed": fresh_seed} if fresh_seed is not None else {}),
+        }
     if not rows:
-        raise EvaluationError([("items", "nothing to evaluate: choose a training set's held-out items or traces")])
+        raise EvaluationError(
+            [("items", "nothing to evaluate: choose a training set's held-out items, traces or an environment")]
+        )
     if len(rows) > settings.EVAL_MAX_ITEMS:
         raise EvaluationError([("items", f"{len(rows)} items; at most {settings.EVAL_MAX_ITEMS} per evaluation")])
     max_tokens = settings.EVAL_MAX_TOKENS if max_tokens is None else max_tokens
@@ -195,14 +216,12 @@ def _judge_endpoint(deployment: Deployment):
 
 
 def _grading_text(message: dict[str, Any]) -> str:
-    import json
+    """What a grader reads of a served message: the text the model produced, its tool calls
+    written back as the blocks the chat codec (and the graders, the environment's completer
+    and the monitors through it) parse."""
+    from training.inference.codec import message_served_text
 
-    from training.evaluation.metrics import message_text
-
-    text = message_text(message)
-    if not text.strip() and message.get("tool_calls"):
-        return json.dumps([c.get("function") for c in message["tool_calls"]])
-    return text
+    return message_served_text(message)
 
 
 def evaluation_item_run(*, item: EvaluationItem, evaluation: Evaluation, generator, endpoint) -> None:
@@ -215,6 +234,9 @@ def evaluation_item_run(*, item: EvaluationItem, evaluation: Evaluation, generat
     from training.evaluation.metrics import compare, kl_k3, response_checks
     from training.grpo.graders import grade
 
+    if item.kind == EvaluationItemKind.EPISODE:
+        _episode_item_run(item=item, evaluation=evaluation, generator=generator)
+        return
     config = evaluation.config
     generated = {}
     results: dict[str, dict[str, Any]] = {}
@@ -275,6 +297,101 @@ def evaluation_item_run(*, item: EvaluationItem, evaluation: Evaluation, generat
         )
         if under_base is not None:
             item.kl = kl_k3(g.logprobs, under_base)
+    item.candidate, item.baseline = cand, base
+    item.done = True
+    item.save(update_fields=["candidate", "baseline", "outcome", "kl", "judge_error", "done"])
+
+
+TRANSCRIPT_MESSAGES = 40
+TRANSCRIPT_CHARS = 2000
+
+
+def _episode_task(source: dict[str, Any]):
+    """The task an episode item names, from its environment (a fresh slice is generated
+    again from its seed: the same seed gives the same tasks)."""
+    from training.environments import environment_get
+
+    env = environment_get(source["environment"])
+    if source.get("fresh_seed") is not None:
+        tasks = {t.id: t for t in env.tasks_fresh(seed=int(source["fresh_seed"]))}
+        return env, tasks[source["task_id"]]
+    return env, env.task(source["task_id"])
+
+
+def _transcript(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What the episode added after its opening, each message's text cut to a bound."""
+    out = []
+    for m in messages[:TRANSCRIPT_MESSAGES]:
+        row = {k: v for k, v in m.items() if k in ("role", "name", "tool_call_id", "tool_calls")}
+        content = m.get("content")
+        row["content"] = content[:TRANSCRIPT_CHARS] if isinstance(content, str) else content
+        out.append(row)
+    return out
+
+
+def episode_side_run(*, env, task, version: ModelVersion, generator, max_tokens: int) -> dict[str, Any]:
+    """One version's whole episode of `task`: every turn generated as it would be served,
+    its tool calls run in a fresh sandbox, then the grade and the audit of what it changed
+    or named outside its task."""
+    from training.environments.episodes import Completion, episode_run
+    from training.evaluation.metrics import response_checks
+
+    def complete(messages: list[dict[str, Any]], tools: list[dict[str, Any]], remaining: int) -> Completion:
+        g = generator.generate(version, messages=messages, tools=tools or None, max_tokens=min(max_tokens, remaining))
+        message = {k: v for k, v in g.message.items() if k != "role"}
+        return Completion(message=message, tokens=max(1, len(g.token_ids)), finish_reason=g.finish_reason)
+
+    episode = episode_run(env, task, complete)
+    turns = [m for m in episode.messages if m.get("role") == "assistant"]
+    checks = [
+        response_checks(m, finish_reason=c.finish_reason, tools=task.tools)
+        for m, c in zip(turns, episode.completions, strict=False)
+    ]
+    last = turns[-1] if turns else {"role": "assistant", "content": ""}
+    graded = bool(task.hidden.get("graded", True))
+    return {
+        "episode": True,
+        "message": last,
+        "finish_reason": episode.completions[-1].finish_reason if episode.completions else "",
+        "tokens": episode.tokens,
+        "chars": sum(c["chars"] for c in checks),
+        "tool_calls_seen": sum(c["tool_calls_seen"] for c in checks),
+        "tool_calls_invalid": sum(c["tool_calls_invalid"] for c in checks),
+        "empty": bool(checks) and checks[-1]["empty"],
+        "refusal": any(c["refusal"] for c in checks),
+        "truncated": any(c["truncated"] for c in checks),
+        "graded": episode.reward if graded else None,
+        "success": (episode.reward >= 1.0 - 1e-9) if graded else None,
+        "reason": episode.grade.reason,
+        "end": episode.end,
+        "turns": len(turns),
+        "tool_errors": episode.tool_errors,
+        "collateral_changes": list(episode.audit.collateral_changes)[:50],
+        "unknown_ids": list(episode.audit.unknown_ids)[:50],
+        "transcript": _transcript(episode.messages[len(task.first_messages()) :]),
+    }
+
+
+def _episode_item_run(*, item: EvaluationItem, evaluation: Evaluation, generator) -> None:
+    """Both versions run the item's task as a whole episode; the outcome compares their
+    grades. A generation error ends that side with an error, as for a single turn."""
+    from training.evaluation.generate import GenerationError
+    from training.evaluation.metrics import compare
+
+    env, task = _episode_task(item.source)
+    max_tokens = int(evaluation.config.get("max_tokens", 256))
+    results: dict[str, dict[str, Any]] = {}
+    for side, version in (("candidate", evaluation.candidate), ("baseline", evaluation.baseline)):
+        try:
+            results[side] = episode_side_run(
+                env=env, task=task, version=version, generator=generator, max_tokens=max_tokens
+            )
+        except GenerationError as exc:
+            results[side] = {"episode": True, "error": str(exc)[:2000]}
+    cand, base = results["candidate"], results["baseline"]
+    item.outcome = compare(cand.get("graded"), base.get("graded"))
+    item.kl = None
+    item.judge_error = ""
     item.candidate, item.baseline = cand, base
     item.done = True
     item.save(update_fields=["candidate", "baseline", "outcome", "kl", "judge_error", "done"])

@@ -144,3 +144,65 @@ def items_from_training_set(*, training_set) -> list[dict[str, Any]]:
     if not out:
         raise EvaluationError([("training_set", f"{training_set} has no held-out items")])
     return out
+
+
+MAX_ENVIRONMENT_TASKS = 500
+
+
+def environment_split_default(env) -> str:
+    """The split an evaluation measures by default: `test` where the environment has one,
+    else `heldout` (the tasks no training set is built from)."""
+    splits = {t.split for t in env.tasks()}
+    return "test" if "test" in splits else "heldout"
+
+
+def environment_tasks(*, environment: str, split: str = "", fresh_seed: int | None = None) -> list:
+    """The tasks of `environment`'s `split` (its default when empty), or, with `fresh_seed`,
+    a slice generated anew from that seed (`Environment.tasks_fresh`)."""
+    from training.environments import environment_get
+
+    try:
+        env = environment_get(environment)
+    except KeyError as exc:
+        raise EvaluationError([("environment", str(exc.args[0]))]) from None
+    if fresh_seed is not None:
+        try:
+            return env.tasks_fresh(seed=fresh_seed)
+        except NotImplementedError as exc:
+            raise EvaluationError([("fresh_seed", str(exc))]) from None
+    split = split or environment_split_default(env)
+    tasks = [t for t in env.tasks() if t.split == split]
+    if not tasks:
+        known = ", ".join(sorted({t.split for t in env.tasks()})) or "none"
+        raise EvaluationError([("environment_split", f"{environment} has no {split!r} tasks; its splits: {known}")])
+    return tasks
+
+
+def items_from_environment(
+    *, environment: str, split: str = "", count: int | None = None, fresh_seed: int | None = None
+) -> list[dict[str, Any]]:
+    """Whole episodes of `environment`'s tasks, run by each version from the task's opening
+    messages to its end in a fresh sandbox: graded on the final state, and audited for writes
+    to records the task does not concern and tool calls on ids never shown. `count` keeps the
+    first tasks of the split (in the environment's order)."""
+    if count is not None and not 1 <= count <= MAX_ENVIRONMENT_TASKS:
+        raise EvaluationError([("environment_tasks", f"between 1 and {MAX_ENVIRONMENT_TASKS}")])
+    tasks = environment_tasks(environment=environment, split=split, fresh_seed=fresh_seed)
+    if count is not None:
+        tasks = tasks[:count]
+    return [
+        {
+            "kind": EvaluationItemKind.EPISODE,
+            "key": f"{environment}:{task.id}"[:300],
+            "source": {
+                "environment": environment,
+                "task_id": task.id,
+                "split": task.split,
+                **({"fresh_seed": fresh_seed} if fresh_seed is not None else {}),
+            },
+            "messages": task.first_messages(),
+            "tools": task.tools or None,
+            "grader": "environment" if task.hidden.get("graded", True) else "",
+        }
+        for task in tasks
+    ]

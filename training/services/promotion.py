@@ -32,10 +32,12 @@ from training.services.promotion_checks import (
     check_deployable,
     check_evaluation_current,
     check_evaluation_finished,
+    check_harm,
     check_lineage,
     check_monitors,
     check_no_release_running,
     check_not_live,
+    check_regressions,
     raise_first_unmet,
     snapshot,
 )
@@ -50,6 +52,7 @@ def promotion_request_check(
     evaluation: Evaluation | None,
     breach_override_reason: str = "",
     rebase_reason: str = "",
+    regression_override_reason: str = "",
 ) -> list[Precondition]:
     live = live_version_get(deployment_id=deployment.pk)
     checks = [check_not_live(candidate, live), check_deployable(candidate)]
@@ -77,6 +80,8 @@ def promotion_request_check(
         )
     else:
         checks.append(Precondition("evaluation", "Evaluation", True, f"evaluation {evaluation.pk}"))
+        checks.append(check_harm(evaluation))
+        checks.append(check_regressions(candidate, evaluation, regression_override_reason))
     checks += [check_monitors(candidate, breach_override_reason), check_lineage(candidate, live, rebase_reason)]
     return checks
 
@@ -91,6 +96,7 @@ def promotion_request_create(
     note: str = "",
     breach_override_reason: str = "",
     rebase_reason: str = "",
+    regression_override_reason: str = "",
 ) -> PromotionRequest:
     """Ask for `candidate` to go live for `deployment`. The evaluation may still be running:
     approval waits for it. Snapshots the monitors and the judge's agreement as they are now."""
@@ -103,6 +109,7 @@ def promotion_request_create(
             evaluation=evaluation,
             breach_override_reason=breach_override_reason,
             rebase_reason=rebase_reason,
+            regression_override_reason=regression_override_reason,
         )
     )
     live = live_version_get(deployment_id=deployment.pk)
@@ -116,6 +123,7 @@ def promotion_request_create(
                 note=note,
                 breach_override_reason=breach_override_reason.strip(),
                 rebase_reason=rebase_reason.strip(),
+                regression_override_reason=regression_override_reason.strip(),
                 snapshot=snapshot(candidate, deployment, evaluation),
                 requested_by=requested_by,
             )
@@ -134,7 +142,11 @@ def promotion_request_create(
         detail=note,
         data={
             k: v
-            for k, v in {"breach_override_reason": breach_override_reason, "rebase_reason": rebase_reason}.items()
+            for k, v in {
+                "breach_override_reason": breach_override_reason,
+                "rebase_reason": rebase_reason,
+                "regression_override_reason": regression_override_reason,
+            }.items()
             if v
         },
     )
@@ -209,6 +221,13 @@ def promotion_approve_check(*, promotion: PromotionRequest, user=None) -> list[P
         check_deployable(promotion.candidate),
         check_evaluation_finished(promotion.evaluation, promotion.candidate, promotion.deployment),
         check_evaluation_current(promotion.evaluation, live),
+        check_harm(promotion.evaluation),
+        check_regressions(
+            promotion.candidate,
+            promotion.evaluation,
+            promotion.regression_override_reason,
+            overridden_by=promotion.requested_by.username if promotion.requested_by_id else "",
+        ),
         check_monitors(promotion.candidate, promotion.breach_override_reason),
         check_lineage(promotion.candidate, live, promotion.rebase_reason),
         check_no_release_running(promotion.deployment),

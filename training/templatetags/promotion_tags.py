@@ -68,6 +68,12 @@ def text_of(message: Any) -> str:
 
 
 @register.filter
+def pair(first: Any, second: Any) -> list[Any]:
+    """Two values to loop over side by side (`{% for x in a|pair:b %}`); a missing one as {}."""
+    return [first or {}, second or {}]
+
+
+@register.filter
 def get(mapping: Any, key: str) -> Any:
     return mapping.get(key) if isinstance(mapping, dict) else None
 
@@ -75,3 +81,15 @@ def get(mapping: Any, key: str) -> Any:
 @register.filter
 def is_blank(text: Any) -> bool:
     return not str(text or "").strip()
+
+
+@register.filter
+def curve_svg(points: Any, title: str = "") -> str:
+    """A small line chart of (step, value) points (numbers only; the title is escaped)."""
+    from django.utils.safestring import mark_safe
+
+    from training.charts import line_chart
+
+    if not points:
+        return ""
+    return mark_safe(line_chart([(float(x), float(y)) for x, y in points], title=title, width=260, height=110))
