@@ -12,7 +12,8 @@ import pytest
 from feedback.demo.agent import ACT_OR_REPLY_REGEX
 from feedback.models import Trace, TraceSource
 from training.environments import Completion, episode_run
-from training.environments.support_desk import SupportDesk, turn_reference, turn_target
+from training.environments.support_desk import SupportDesk, oracle_turns, turn_reference, turn_target
+from training.evaluation.metrics import parse_tool_call_blocks
 from training.grpo.graders import grade, response_action
 from training.models import TrainingItem
 from training.services.episode_sets import episode_turn_items, training_set_from_episodes
@@ -264,3 +265,29 @@ def test_a_training_set_with_targets_holds_the_corrected_turns_for_sft():
     assert rows["ep-1"] == REFUND.replace("A1001", refundable.hidden["order_id"])
     assert response_action(rows["ep-2"]) == {"reply": True}
     assert training_set.selection["targets"] is True
+
+
+def test_the_oracle_turns_play_each_task_to_success_over_its_own_order():
+    """`oracle_turns` (oracle labels: the hidden policy's own moves) are contexts an SFT set
+    can use without logged traffic: played back as a model's turns they succeed, touch no
+    other order and name no id the customer did not give."""
+    desk = SupportDesk()
+    fresh = [t for t in desk.tasks_fresh(seed=3) if t.hidden["graded"]]
+    tasks = desk.tasks_for(split="train", graded=True)[:24] + fresh[:12]
+    for task in tasks:
+        turns = oracle_turns(task=task, env=desk)
+        assert turns and turns[0]["messages"] == task.first_messages()
+        targets = iter(t["target"] for t in turns)
+
+        def complete(messages, tools, max_tokens, targets=targets):
+            content, calls = parse_tool_call_blocks(next(targets))
+            return Completion({"content": content, **({"tool_calls": calls} if calls else {})}, 5)
+
+        episode = episode_run(desk, task, complete)
+        assert episode.reward == 1.0, (task.id, episode.grade.reason)
+        assert episode.audit.collateral_changes == () and episode.audit.unknown_ids == ()
+        for turn in turns:
+            assert turn["target"] == turn_target(task=task, messages=turn["messages"])
+            assert grade("tool_action", turn["target"], turn["reference"]) == 1.0
+    tracking = desk.tasks_for(split="train", graded=False)[0]
+    assert oracle_turns(task=tracking, env=desk) == []

@@ -518,6 +518,53 @@ def turn_target(*, task: Task, messages: list[dict[str, Any]]) -> str | None:
     )
 
 
+def oracle_turns(*, task: Task, env: SupportDesk | None = None) -> list[dict[str, Any]]:
+    """The turns of `task` played by the hidden policy itself (oracle labels, computed from
+    the task's hidden answer, not anybody's feedback): at each point the context, the
+    corrected response `turn_target` writes and the accepted actions `turn_reference`
+    gives, the tool calls run in a fresh copy of the table. [] for a task without a grade.
+
+    Contexts for an SFT set without logged traffic: every order of a split walked once."""
+    env = env or SupportDesk()
+    if not task.hidden.get("graded"):
+        return []
+    messages = task.first_messages()
+    turns: list[dict[str, Any]] = []
+    state = env.reset(task)
+    try:
+        for step in range(env.max_steps):
+            reference = turn_reference(task=task, messages=messages)
+            target = turn_target(task=task, messages=messages)
+            if reference is None or target is None:
+                break
+            turns.append({"messages": [dict(m) for m in messages], "target": target, "reference": reference})
+            action = json.loads(reference)[0]
+            if "tool" not in action:
+                break
+            call_id = f"call_{step}"
+            arguments = json.dumps(action["arguments"])
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {
+                            "id": call_id,
+                            "type": "function",
+                            "function": {"name": action["tool"], "arguments": arguments},
+                        }
+                    ],
+                }
+            )
+            result = env.execute(state, task, action["tool"], arguments)
+            messages.append(
+                {"role": "tool", "tool_call_id": call_id, "name": action["tool"], "content": result.content}
+            )
+    finally:
+        env.close(state)
+    return turns
+
+
 def _looked_up(messages: list[dict[str, Any]], order_id: str) -> dict[str, Any] | None:
     """The row the conversation's last successful lookup of `order_id` returned."""
     found = None
