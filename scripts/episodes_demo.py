@@ -10,9 +10,11 @@ service as the jobs page and runs it in this process with the worker's code. Eve
 episode is recorded as a trace of the deployment "file-agent", so after the run the
 dashboard (/traces/?deployment=file-agent) shows them and /training/jobs/<id>/ the job.
 
-Held-out tasks use words no training task uses. Prints one line per step, the held-out
-success before and after, writes var/episodes-demo/result.json, and exits non-zero when
-the held-out gain is below --min-gain (0.2).
+The figures are measured on the TEST split: the environment's 16 held-out tasks, which
+use words no training task uses and choose nothing (no checkpoint, no setting), graded by
+the files each episode leaves (an oracle label: the task's hidden answer). Prints one line
+per step, the test-split success before and after, writes var/episodes-demo/result.json,
+and exits non-zero when the gain is below --min-gain (0.2).
 """
 
 from __future__ import annotations
@@ -96,7 +98,10 @@ def main() -> int:
                 seen = event.id
                 d = event.data
                 if event.kind == JobEventKind.EVAL:
-                    print(f"eval @ step {event.step}: held-out success {d['success']:.3f} (n={d['n']})", flush=True)
+                    print(
+                        f"eval @ step {event.step}: test-split success {d['success']:.3f} (n={d['n']}, oracle-graded)",
+                        flush=True,
+                    )
                 else:
                     print(
                         f"step {event.step:3d}  success {d['success']:.2f}  reward {d['reward_mean']:.2f}  "
@@ -138,7 +143,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "result.json").write_text(json.dumps(result, indent=1, default=str))
     print(
-        f"job {job.pk} {job.status}: held-out success {first['success']:.3f} → {last['success']:.3f} "
+        f"job {job.pk} {job.status}: test-split success {first['success']:.3f} → {last['success']:.3f} "
         f"(gain {gain:+.3f}, n={last['n']}), wall {wall / 60:.1f} min, "
         f"flagged={job.flagged}, candidate {result['candidate']}",
         flush=True,

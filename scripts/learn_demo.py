@@ -5,7 +5,9 @@ programmatic grader, and a feedback-conditioned self-distillation job.
     … scripts/learn_demo.py distill
 
 Each prints one line per step and per evaluation, and writes a JSON summary to
-var/learn-demo/<task>.json. The held-out prompts never appear in training.
+var/learn-demo/<task>.json. Every figure is measured on the TEST split: 24 prompts set aside
+before training that never appear in it and choose nothing (no checkpoint, no setting),
+graded by the program's own answer (an oracle label, e.g. the true sum).
 Needs no Django: it drives the training core directly, as a worker would.
 """
 
@@ -133,7 +135,8 @@ def run(task: str, args: argparse.Namespace) -> dict:
     def on_eval(step: int, m: dict) -> None:
         evals.append(m)
         print(
-            f"eval  step {step:3d}: held-out success {m['success']:.3f} (n={m['n']}) len {m['response_length']:.1f}",
+            f"eval  step {step:3d}: test-split success {m['success']:.3f} (n={m['n']}, oracle-graded) "
+            f"len {m['response_length']:.1f}",
             flush=True,
         )
 
@@ -208,6 +211,7 @@ def run(task: str, args: argparse.Namespace) -> dict:
         "config": config.to_dict(),
         "train_items": len(train),
         "held_out_items": len(held_out),
+        "test_items": len(held_out),  # the test split: the figures below are measured on it
         "start_success": evals[0]["success"],
         "end_success": evals[-1]["success"],
         "gain": evals[-1]["success"] - evals[0]["success"],
@@ -219,7 +223,8 @@ def run(task: str, args: argparse.Namespace) -> dict:
     if task == "distill":
         summary["canary_start"], summary["canary_end"] = canary_start, canary_end
     print(
-        f"\n{task}: held-out success {summary['start_success']:.3f} → {summary['end_success']:.3f} "
+        f"\n{task}: test-split success {summary['start_success']:.3f} → {summary['end_success']:.3f} "
+        f"({summary['test_items']} test prompts, oracle-graded) "
         f"(gain {summary['gain']:+.3f}); training {train_seconds / 60:.1f} min, wall {elapsed / 60:.1f} min "
         "(evaluations and model loading included)",
         flush=True,

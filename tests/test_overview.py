@@ -39,7 +39,7 @@ def versions(tmp_path):
     return deployment, base_version, candidate
 
 
-def graded_traces(deployment, version, outcomes, *, start=0, when=None, split="heldout"):
+def graded_traces(deployment, version, outcomes, *, start=0, when=None, split="test"):
     """One trace per outcome (True = success), served by `version`, with the grader's feedback."""
     traces = []
     for i, ok in enumerate(outcomes, start):

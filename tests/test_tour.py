@@ -194,7 +194,7 @@ def test_running_the_agent_again_is_queued_for_operators(client, operator, djang
         response = client.post(url, {"episodes": "4"})
     assert response.status_code == 302 and response.url == f"{reverse('tour')}?deployment=support-bot"
     assert len(queued) == 1  # one task, sent once the request's transaction commits
-    assert "4 held-out tasks" in client.get(response.url).content.decode()
+    assert "4 test tasks" in client.get(response.url).content.decode()
 
 
 def test_the_job_step_offers_settings_a_job_accepts(tour_page):

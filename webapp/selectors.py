@@ -26,6 +26,8 @@ from training.models import LiveVersion, LiveVersionChange
 GRADER_REF = "grader"
 MAX_DEPLOYMENTS = 20
 ROLLING = 10  # graded episodes per point of the success-rate curve
+# Trace metadata `split` values of tasks no training set may contain (support-desk: test).
+HELD_OUT_SPLITS = ("test", "heldout")
 
 
 @dataclass
@@ -39,7 +41,7 @@ class VersionStats:
     first_at: datetime | None = None
     last_at: datetime | None = None
     live: bool = False
-    heldout: int = 0  # graded episodes on held-out tasks (trace metadata `split: heldout`)
+    heldout: int = 0  # graded episodes on held-out tasks (trace metadata `split`: test or heldout)
     heldout_successes: int = 0
 
     @property
@@ -100,7 +102,7 @@ def _graded(deployment: Deployment, since: datetime, limit: int) -> list[tuple[d
         .values_list("created_at", "trace__model_version__name", "rating", "trace__metadata__split")[:limit]
     )
     return [
-        (at, name or "(unknown version)", rating, split == "heldout")
+        (at, name or "(unknown version)", rating, split in HELD_OUT_SPLITS)
         for at, name, rating, split in reversed(list(rows))
     ]
 

@@ -249,7 +249,7 @@ def tour_get(*, deployment: Deployment | None) -> Tour:
         TourStep(
             key="rerun",
             title="Run the agent again",
-            how="Send the agent held-out tasks through the gateway: the live version answers them now.",
+            how="Send the agent test tasks (never trained on) through the gateway: the live version answers them now.",
             done=served_by_live is not None,
             detail=(
                 f"traces served by {live.name} have arrived"

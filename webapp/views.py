@@ -47,7 +47,7 @@ def tour(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_POST
 def tour_agent_run(request: HttpRequest, deployment: str) -> HttpResponse:
-    """Queue a run of the demo agent on held-out tasks, through the gateway."""
+    """Queue a run of the demo agent on test tasks (never trained on), through the gateway."""
     from feedback.models import Deployment
     from feedback.services.demo_runs import DemoRunError, demo_agent_run_enqueue
 
@@ -60,7 +60,7 @@ def tour_agent_run(request: HttpRequest, deployment: str) -> HttpResponse:
     try:
         if not episodes.isdigit():
             raise DemoRunError([("episodes", "must be a whole number")])
-        demo_agent_run_enqueue(deployment=target, split="heldout", episodes=int(episodes))
+        demo_agent_run_enqueue(deployment=target, split="test", episodes=int(episodes))
     except DemoRunError as exc:
         for field, reason in exc.errors:
             messages.error(request, f"{field}: {reason}")
@@ -70,7 +70,7 @@ def tour_agent_run(request: HttpRequest, deployment: str) -> HttpResponse:
             {"tour": tour_get(deployment=target), "can_run_agent": True, "episodes": episodes},
             status=400,
         )
-    messages.success(request, f"The agent is working on {episodes} held-out tasks; its traces appear as they arrive.")
+    messages.success(request, f"The agent is working on {episodes} test tasks; its traces appear as they arrive.")
     return redirect(f"{reverse('tour')}?deployment={target.name}")
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 
 from training.environments.episodes import Completion, episode_run
-from training.environments.support_desk import SupportDesk, tasks_sample
+from training.environments.support_desk import FRESH_SPLIT, ORDER_ID_PATTERN, SPLITS, SupportDesk, tasks_sample
 
 GRADER_REF = "grader"
 CUSTOMER_REF = "customer"
@@ -41,7 +41,9 @@ MAX_TURN_TOKENS = 96
 # order, later turns act again or answer the customer in a sentence. The gateway passes
 # `structured_outputs` through and vLLM's tool parser turns the text into `tool_calls`.
 _CALL = (
-    r'<tool_call>\{"name": "(lookup_order|issue_refund)", "arguments": \{"order_id": "[A-Z][0-9]{4}"\}\}</tool_call>'
+    r'<tool_call>\{"name": "(lookup_order|issue_refund)", "arguments": \{"order_id": "'
+    + ORDER_ID_PATTERN
+    + r'"\}\}</tool_call>'
 )
 _REPLY = r"[A-Z][A-Za-z0-9 ,.$'!?:-]{10,200}[.!?]"
 ACT_REGEX = _CALL
@@ -63,6 +65,8 @@ class DemoEpisode:
     seconds: float = 0.0
     operator_comment: str = ""  # what an operator would write about this answer (tracking tasks)
     feedback_posted: bool = False
+    collateral_changes: int = 0  # writes to orders the task does not concern (the episode's audit)
+    unknown_ids: int = 0  # tool calls on ids the conversation never showed
 
     @property
     def success(self) -> bool | None:
@@ -112,6 +116,12 @@ class DemoRunResult:
     def success_rate(self) -> float | None:
         graded = [ep for ep in self.episodes if ep.reward is not None]
         return sum(1 for ep in graded if ep.success) / len(graded) if graded else None
+
+    @property
+    def collateral_rate(self) -> float | None:
+        """The share of finished episodes that changed an order the task does not concern."""
+        done = [ep for ep in self.episodes if ep.end != "error"]
+        return sum(1 for ep in done if ep.collateral_changes) / len(done) if done else None
 
     def summary(self) -> str:
         lines = [f"{len(self.episodes)} episodes on {self.split} tasks in {self.seconds:.1f} s"]
@@ -174,25 +184,26 @@ def demo_agent_run(
     graded_share: float | None = None,
     constrained: bool = True,
     progress: Callable[[DemoEpisode], None] | None = None,
+    fresh_seed: int | None = None,
 ) -> DemoRunResult:
-    """Run `episodes` support-desk conversations of `split` ("train" or "heldout")
-    through the OpenAI-compatible endpoint at `base_url` (the gateway: `<base_url>/v1`).
+    """Run `episodes` support-desk conversations of `split` ("train", "validation",
+    "test", or "fresh": the slice generated from `fresh_seed`) through the OpenAI-compatible endpoint at `base_url` (the gateway: `<base_url>/v1`).
 
     With `report`, each outcome is posted as customer feedback to `feedback_base_url`
     (default: `base_url`). Tasks are drawn reproducibly from `seed`; on the train split a
-    quarter of them are tracking questions (no grade, seeded words), held-out runs are all
-    graded. An episode the endpoint fails is kept with `end="error"` and no reward.
+    quarter of them are tracking questions (no grade, seeded words), runs on the other
+    splits are all graded. An episode the endpoint fails is kept with `end="error"` and no reward.
     """
     import openai
 
-    if split not in ("train", "heldout"):
-        raise ValueError("split must be 'train' or 'heldout'")
+    if split not in (*SPLITS, FRESH_SPLIT):
+        raise ValueError(f"split must be one of {', '.join((*SPLITS, FRESH_SPLIT))}")
     if episodes < 1:
         raise ValueError("episodes must be at least 1")
     if graded_share is None:
-        graded_share = 1.0 if split == "heldout" else 0.75
+        graded_share = 0.75 if split == "train" else 1.0
     env = SupportDesk()
-    tasks = tasks_sample(split=split, count=episodes, seed=seed, graded_share=graded_share)
+    tasks = tasks_sample(split=split, count=episodes, seed=seed, graded_share=graded_share, fresh_seed=fresh_seed)
     client = openai.OpenAI(base_url=base_url.rstrip("/") + "/v1", api_key=api_key, max_retries=2, timeout=600)
     http = httpx.Client(
         base_url=(feedback_base_url or base_url).rstrip("/"),
@@ -267,6 +278,8 @@ def demo_agent_run(
                     tool_errors=episode.tool_errors,
                     seconds=episode.seconds,
                     operator_comment=task.hidden.get("operator_comment", ""),
+                    collateral_changes=len(episode.audit.collateral_changes),
+                    unknown_ids=len(episode.audit.unknown_ids),
                 )
                 if report:
                     ep.feedback_posted = _post_feedback(http, _feedback_body(ep, task))

@@ -15,7 +15,7 @@ from django.utils import timezone
 from feedback.models import Deployment
 from feedback.services.api_keys import api_key_create, api_key_revoke
 
-SPLITS = ("train", "heldout")
+SPLITS = ("train", "test")
 MAX_EPISODES = 200
 
 

@@ -218,11 +218,11 @@ def test_the_whole_tour_in_the_browser(
     # 8. Run the agent again from the tour: the new version answers, and its traces say so.
     page.click("#run-agent")
     page.wait_for_url(re.compile(r"/tour/\?deployment=support-bot"))
-    assert "2 held-out tasks" in page.inner_text(".flash")
+    assert "2 test tasks" in page.inner_text(".flash")
     page.wait_for_function("document.querySelector('#step-rerun').dataset.done === 'true'", timeout=180_000)
     new_traces = Trace.objects.filter(deployment=deployment, model_version=candidate)
     assert new_traces.exists()
-    assert all(t.metadata.get("split") == "heldout" for t in new_traces)
+    assert all(t.metadata.get("split") == "test" for t in new_traces)
     assert Trace.objects.filter(model_version=base_version).count() == 3  # the first run's stay as they were
     # The key made for the run is revoked once the run is over.
     wait_until(

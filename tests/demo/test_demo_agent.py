@@ -29,7 +29,7 @@ def live(transactional_db, tiny_base):
 
 def test_each_episode_is_one_trace_of_the_live_version_with_its_graded_outcome(gateway, live):
     deployment, version, key = live
-    result = demo_agent_run(base_url=gateway.url, api_key=key, split="heldout", episodes=3, seed=5)
+    result = demo_agent_run(base_url=gateway.url, api_key=key, split="test", episodes=3, seed=5)
     gateway.drain()
 
     assert len(result.episodes) == 3 and result.graded == 3
@@ -42,7 +42,7 @@ def test_each_episode_is_one_trace_of_the_live_version_with_its_graded_outcome(g
             version.id,
             "support-desk",
         )
-        assert trace.metadata["task_id"] == ep.task_id and trace.metadata["split"] == "heldout"
+        assert trace.metadata["task_id"] == ep.task_id and trace.metadata["split"] == "test"
         # The first turn is a tool call in the OpenAI format (the harness keeps the model to it).
         first = trace.messages.filter(role="assistant").order_by("position").first()
         assert first.tool_calls[0]["function"]["name"] in {"lookup_order", "issue_refund"}
@@ -80,5 +80,5 @@ def test_a_wrong_key_or_a_key_without_the_feedback_scope_is_a_clear_error(gatewa
     ingest_only = api_key_create(deployment=deployment, scopes=["ingest"]).plaintext
     with pytest.raises(CommandError, match=r"feedback refused \(403\).*needs the ingest and feedback scopes"):
         call_command(
-            "demo_agent", "--base-url", gateway.url, "--api-key", ingest_only, "--split", "heldout", "--episodes", "1"
+            "demo_agent", "--base-url", gateway.url, "--api-key", ingest_only, "--split", "test", "--episodes", "1"
         )

@@ -1,12 +1,25 @@
-"""The support-desk environment: a fixed task family, a hidden refund policy graded on the
-final rows, tracking tasks without a grade, and a train / held-out split."""
+"""The support-desk environment: a store generated from a seed, a hidden refund policy
+graded on the final rows, tracking tasks without a grade, train / validation / test splits
+that share no order, id, customer or wording, and freshly generated slices."""
 
 from __future__ import annotations
 
 import json
+import re
+
+import pytest
 
 from training.environments import Completion, environment_get, episode_run
-from training.environments.support_desk import SupportDesk, orders_table, refund_allowed, tasks_sample
+from training.environments.support_desk import (
+    FRESH_ORDERS,
+    REFUND_WINDOW_DAYS,
+    SPLITS,
+    SupportDesk,
+    orders_table,
+    refund_allowed,
+    store_orders,
+    tasks_sample,
+)
 
 
 def call(name: str, order_id: str, **extra) -> Completion:
@@ -25,76 +38,186 @@ def scripted(*turns):
     return lambda messages, tools, max_tokens: next(it)
 
 
+def refund_task(desk, *, allowed: bool, split: str = "train", index: int = 0):
+    return [t for t in desk.tasks_for(split=split, graded=True) if t.hidden["refund"] == allowed][index]
+
+
+def template(task) -> str:
+    """The request's wording with the order's fields taken out."""
+    row = orders_table().row(task.hidden["order_id"]) if "fresh_seed" not in task.hidden else None
+    text = task.prompt
+    fields = row or {}
+    for value in (task.hidden["order_id"], fields.get("customer"), fields.get("item")):
+        if value:
+            text = text.replace(str(value), "{}")
+    return text
+
+
 def test_it_is_registered_and_its_tasks_are_the_same_on_every_build():
     desk = environment_get("support-desk")
     assert isinstance(desk, SupportDesk)
     again = SupportDesk()
     assert [(t.id, t.prompt, t.split) for t in desk.tasks()] == [(t.id, t.prompt, t.split) for t in again.tasks()]
-    heldout = desk.tasks_for(split="heldout", graded=True)
-    train = desk.tasks_for(split="train", graded=True)
-    assert len(heldout) == 12 and len(train) == 36
-    assert not {t.hidden["order_id"] for t in heldout} & {t.hidden["order_id"] for t in train}
-    # Both splits hold orders the policy refunds and orders it does not.
-    assert {t.hidden["refund"] for t in heldout} == {True, False} == {t.hidden["refund"] for t in train}
+    counts = {split: len(desk.tasks_for(split=split, graded=True)) for split in SPLITS}
+    assert counts == {"train": 192, "validation": 32, "test": 64}
+    for split in SPLITS:
+        graded = desk.tasks_for(split=split, graded=True)
+        # Every split holds orders the policy refunds and orders it does not, about half each.
+        refunds = sum(t.hidden["refund"] for t in graded)
+        assert refunds == len(graded) // 2, split
     assert all("policy" not in t.system and "30 days" not in t.prompt for t in desk.tasks())
+    # Another store seed is another store.
+    other = SupportDesk(store_seed=7)
+    assert not {t.hidden["order_id"] for t in other.tasks()} & {t.hidden["order_id"] for t in desk.tasks()}
+
+
+def test_the_splits_share_no_order_id_customer_or_wording():
+    desk = SupportDesk()
+    orders = store_orders()
+    fresh = desk.tasks_fresh(seed=1)
+    ids = {split: {r["order_id"] for r in rows} for split, rows in orders.items()}
+    customers = {split: {r["customer"] for r in rows} for split, rows in orders.items()}
+    wordings = {split: {t.hidden["wording"] for t in desk.tasks_for(split=split)} for split in SPLITS}
+    templates = {split: {template(t) for t in desk.tasks_for(split=split)} for split in SPLITS}
+    ids["fresh"] = {t.hidden["order_id"] for t in fresh}
+    wordings["fresh"] = {t.hidden["wording"] for t in fresh}
+    fresh_rows = {r["order_id"]: r for r in SupportDesk().reset(fresh[0]).table.rows}
+    customers["fresh"] = {fresh_rows[i]["customer"] for i in ids["fresh"]}
+    templates["fresh"] = {
+        t.prompt.replace(t.hidden["order_id"], "{}")
+        .replace(fresh_rows[t.hidden["order_id"]]["customer"], "{}")
+        .replace(fresh_rows[t.hidden["order_id"]]["item"], "{}")
+        for t in fresh
+    }
+    names = [*SPLITS, "fresh"]
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            for what, sets in (("ids", ids), ("customers", customers), ("wordings", wordings), ("text", templates)):
+                assert not sets[a] & sets[b], (what, a, b, sets[a] & sets[b])
+    # Tasks of a split never name another split's order.
+    for split in SPLITS:
+        assert all(t.hidden["order_id"] in ids[split] for t in desk.tasks_for(split=split))
+    # Many wordings in training, several in each of the others.
+    assert len(wordings["train"]) >= 12 and all(len(wordings[s]) >= 4 for s in ("validation", "test", "fresh"))
+
+
+def test_ids_come_in_several_formats_and_ages_fall_on_both_sides_of_the_line():
+    for split, rows in store_orders().items():
+        shapes = {re.sub(r"[A-Z]", "A", re.sub(r"[0-9]", "9", r["order_id"])) for r in rows}
+        assert len(shapes) == 5, (split, shapes)
+        days = [r["delivered_days_ago"] for r in rows if r["status"] == "delivered"]
+        assert min(days) <= 5 and max(days) > 60, split
+        near = [d for d in days if REFUND_WINDOW_DAYS - 5 <= d <= REFUND_WINDOW_DAYS + 8]
+        assert any(d <= REFUND_WINDOW_DAYS for d in near) and any(d > REFUND_WINDOW_DAYS for d in near), split
+        assert {r["status"] for r in rows} >= {"delivered", "shipped", "refunded"}
+        assert len({r["item"] for r in rows}) >= 10 and len({r["price"] for r in rows}) >= 10
+
+
+def test_a_fresh_slice_is_generated_anew_from_its_seed_and_played_on_the_store_table():
+    desk = SupportDesk()
+    first, again, other = desk.tasks_fresh(seed=1), SupportDesk().tasks_fresh(seed=1), desk.tasks_fresh(seed=2)
+    assert [(t.id, t.prompt) for t in first] == [(t.id, t.prompt) for t in again]
+    assert {t.id for t in first} != {t.id for t in other}
+    graded = [t for t in first if t.hidden["graded"]]
+    assert len(graded) == FRESH_ORDERS and all(t.split == "fresh" for t in first)
+    assert {t.hidden["refund"] for t in graded} == {True, False}
+    assert not {t.id for t in first} & {t.id for t in desk.tasks()}
+    # The fresh order is in its episode's table, beside the store's own orders.
+    task = next(t for t in graded if t.hidden["refund"])
+    order = task.hidden["order_id"]
+    train_order = refund_task(desk, allowed=True).hidden["order_id"]
+    done = episode_run(
+        desk,
+        task,
+        scripted(call("lookup_order", order), call("issue_refund", order), Completion({"content": "Ok."}, 2)),
+    )
+    assert done.reward == 1.0 and done.audit.collateral_changes == ()
+    # Refunding a training order instead is caught: the grade fails and the audit names it.
+    wrong = episode_run(
+        desk,
+        task,
+        scripted(call("issue_refund", train_order), Completion({"content": "Ok."}, 2)),
+    )
+    assert wrong.reward == 0.0 and wrong.audit.unknown_ids == (train_order,)
+    assert len(wrong.audit.collateral_changes) == 1 and train_order in wrong.audit.collateral_changes[0]
+    # The store's own tasks never see a fresh order.
+    assert (
+        "no order"
+        in episode_run(
+            desk,
+            refund_task(desk, allowed=True),
+            scripted(call("lookup_order", order), Completion({"content": "?"}, 2)),
+        ).messages[3]["content"]
+    )
+    fresh_sample = tasks_sample(split="fresh", count=5, seed=0, fresh_seed=1)
+    assert {t.id for t in fresh_sample} <= {t.id for t in first}
+    with pytest.raises(ValueError, match="fresh_seed"):
+        tasks_sample(split="fresh", count=5)
 
 
 def test_the_hidden_policy():
-    rows = {r["order_id"]: dict(r) for r in orders_table().rows}
-    assert refund_allowed(rows["A1001"])  # delivered 3 days ago
-    assert not refund_allowed(rows["A1002"])  # still shipping
-    assert not refund_allowed(rows["A1004"])  # delivered 45 days ago
+    rows = [dict(r) for r in orders_table().rows]
+    for row in rows:
+        expected = (
+            row["status"] == "delivered"
+            and row["delivered_days_ago"] is not None
+            and row["delivered_days_ago"] <= REFUND_WINDOW_DAYS
+        )
+        assert refund_allowed(row) == expected
+    assert refund_allowed({"status": "delivered", "delivered_days_ago": 30})
+    assert not refund_allowed({"status": "delivered", "delivered_days_ago": 31})
+    assert not refund_allowed({"status": "shipped", "delivered_days_ago": None})
+    assert not refund_allowed({"status": "refunded", "delivered_days_ago": 3})
 
 
 def test_a_refund_the_policy_allows_succeeds_and_one_it_forbids_fails_with_a_reason():
     desk = SupportDesk()
-    allowed, forbidden = desk.task("refund-A1001"), desk.task("refund-A1004")
+    allowed, forbidden = refund_task(desk, allowed=True), refund_task(desk, allowed=False, index=1)
+    a, f = allowed.hidden["order_id"], forbidden.hidden["order_id"]
     refund_done = episode_run(
         desk,
         allowed,
-        scripted(call("lookup_order", "A1001"), call("issue_refund", "A1001"), Completion({"content": "Done."}, 2)),
+        scripted(call("lookup_order", a), call("issue_refund", a), Completion({"content": "Done."}, 2)),
     )
-    assert (refund_done.reward, refund_done.grade.reason) == (1.0, "refunded order A1001 in full, as the policy allows")
+    assert (refund_done.reward, refund_done.grade.reason) == (1.0, f"refunded order {a} in full, as the policy allows")
     assert json.loads(refund_done.messages[3]["content"])["status"] == "delivered"
 
-    wrong = episode_run(desk, forbidden, scripted(call("issue_refund", "A1004"), Completion({"content": "Done."}, 2)))
-    assert wrong.reward == 0.0
-    assert wrong.grade.reason.startswith('order A1004: status is "refunded", expected "delivered"')
-
-    declined = episode_run(
-        desk, forbidden, scripted(call("lookup_order", "A1004"), Completion({"content": "Sorry."}, 2))
-    )
+    declined = episode_run(desk, forbidden, scripted(call("lookup_order", f), Completion({"content": "Sorry."}, 2)))
     assert (declined.reward, declined.grade.reason) == (
         1.0,
-        "did not refund order A1004, which the policy does not allow",
+        f"did not refund order {f}, which the policy does not allow",
     )
+    if forbidden.hidden["expected"][f]["status"] != "refunded":
+        wrong = episode_run(desk, forbidden, scripted(call("issue_refund", f), Completion({"content": "Done."}, 2)))
+        assert wrong.reward == 0.0
+        assert wrong.grade.reason.startswith(f'order {f}: status is "refunded"')
 
-    partial = episode_run(
-        desk, allowed, scripted(call("issue_refund", "A1001", amount=1), Completion({"content": "Ok."}, 2))
-    )
+    partial = episode_run(desk, allowed, scripted(call("issue_refund", a, amount=1), Completion({"content": "Ok."}, 2)))
     assert partial.reward == 0.0 and "refunded_amount is 1" in partial.grade.reason
 
-    other = episode_run(desk, forbidden, scripted(call("issue_refund", "A1001"), Completion({"content": "Ok."}, 2)))
-    assert other.reward == 0.0 and "order A1001 was changed" in other.grade.reason
+    other = episode_run(desk, forbidden, scripted(call("issue_refund", a), Completion({"content": "Ok."}, 2)))
+    assert other.reward == 0.0 and f"order {a} was changed" in other.grade.reason
 
 
 def test_tool_mistakes_are_errors_the_model_reads():
     desk = SupportDesk()
-    task = desk.task("refund-A1001")
+    task = refund_task(desk, allowed=True)
+    order = task.hidden["order_id"]
+    price = orders_table().row(order)["price"]
     episode = episode_run(
         desk,
         task,
         scripted(
             call("lookup_order", "Z9999"),
-            call("issue_refund", "A1001", amount=10_000),
-            call("issue_refund", "A1001", note="x"),
+            call("issue_refund", order, amount=10_000),
+            call("issue_refund", order, note="x"),
             Completion({"content": "Sorry."}, 2),
         ),
     )
     errors = [m["content"] for m in episode.messages if m["role"] == "tool"]
     assert errors == [
         'error: no order with order_id "Z9999"',
-        "error: amount must be at most the order's price, 12.50",
+        f"error: amount must be at most the order's price, {price:.2f}",
         "error: unknown argument(s) note",
     ]
     assert episode.tool_errors == 3 and episode.reward == 0.0
@@ -112,28 +235,36 @@ def test_task_samples_are_reproducible():
     assert [t.id for t in tasks_sample(split="train", count=10, seed=3, graded_share=0.5)] == [
         t.id for t in tasks_sample(split="train", count=10, seed=3, graded_share=0.5)
     ]
-    assert all(t.hidden["graded"] for t in tasks_sample(split="heldout", count=20, seed=1))
+    test = tasks_sample(split="test", count=20, seed=1)
+    assert all(t.hidden["graded"] and t.split == "test" for t in test)
+    with pytest.raises(ValueError, match="split must be one of"):
+        tasks_sample(split="heldout", count=2)
 
 
 def test_the_audit_names_writes_to_other_customers_orders_and_ids_the_customer_never_gave():
     desk = SupportDesk()
-    task = desk.task("refund-A1001")
-    # The order the customer wrote is A1001; the agent looks up and refunds A1002 instead,
-    # an id it was never shown (as a model that learned its training traffic by heart does).
+    task = refund_task(desk, allowed=True, split="test")
+    order = task.hidden["order_id"]
+    # The order the customer wrote is `order`; the agent looks up and refunds a training
+    # order instead, an id it was never shown (as a model that learned its training traffic
+    # by heart does).
+    other = refund_task(desk, allowed=True).hidden["order_id"]
     wrong = episode_run(
         desk,
         task,
-        scripted(call("lookup_order", "A1002"), call("issue_refund", "A1002"), Completion({"content": "Done."}, 2)),
+        scripted(call("lookup_order", other), call("issue_refund", other), Completion({"content": "Done."}, 2)),
     )
     assert wrong.reward == 0.0
-    assert wrong.audit.unknown_ids == ("A1002", "A1002")
-    assert len(wrong.audit.collateral_changes) == 1 and "A1002" in wrong.audit.collateral_changes[0]
+    assert wrong.audit.unknown_ids == (other, other)
+    assert len(wrong.audit.collateral_changes) == 1 and other in wrong.audit.collateral_changes[0]
     assert wrong.metadata("support-desk")["collateral_changes"] == 1
 
     right = episode_run(
         desk,
         task,
-        scripted(call("lookup_order", "a1001 "), call("issue_refund", "A1001"), Completion({"content": "Done."}, 2)),
+        scripted(
+            call("lookup_order", f"{order.lower()} "), call("issue_refund", order), Completion({"content": "Done."}, 2)
+        ),
     )
     assert right.reward == 1.0
     assert right.audit.collateral_changes == () and right.audit.unknown_ids == ()
@@ -149,7 +280,7 @@ def test_the_audit_names_writes_to_other_customers_orders_and_ids_the_customer_n
 
 def test_an_id_is_known_only_as_a_whole_token_of_what_the_customer_wrote():
     desk = SupportDesk()
-    partial = episode_run(
-        desk, desk.task("refund-A1001"), scripted(call("lookup_order", "A100"), Completion({"content": "?"}, 2))
-    )
-    assert partial.audit.unknown_ids == ("A100",)
+    task = refund_task(desk, allowed=True)
+    part = task.hidden["order_id"][:-1]
+    partial = episode_run(desk, task, scripted(call("lookup_order", part), Completion({"content": "?"}, 2)))
+    assert partial.audit.unknown_ids == (part,)

@@ -12,13 +12,28 @@ import pytest
 from feedback.demo.agent import ACT_OR_REPLY_REGEX
 from feedback.models import Trace, TraceSource
 from training.environments import Completion, episode_run
-from training.environments.support_desk import SupportDesk, turn_reference, turn_target
+from training.environments.support_desk import SupportDesk, oracle_turns, turn_reference, turn_target
+from training.evaluation.metrics import parse_tool_call_blocks
 from training.grpo.graders import grade, response_action
 from training.models import TrainingItem
 from training.services.episode_sets import episode_turn_items, training_set_from_episodes
 
 LOOKUP = '<tool_call>{"name": "lookup_order", "arguments": {"order_id": "A1001"}}</tool_call>'
 REFUND = '<tool_call>{"name": "issue_refund", "arguments": {"order_id": "A1001"}}</tool_call>'
+
+
+def _tasks(*, allowed: bool, split: str = "train") -> list:
+    return [t for t in SupportDesk().tasks_for(split=split, graded=True) if t.hidden["refund"] == allowed]
+
+
+# A refundable training order, and one the policy refuses because it was delivered too long ago.
+ALLOWED = _tasks(allowed=True)[0]
+LATE = next(
+    t
+    for t in _tasks(allowed=False)
+    if t.hidden["expected"][t.hidden["order_id"]]["status"] == "delivered"
+    and SupportDesk().table.row(t.hidden["order_id"])["delivered_days_ago"] is not None
+)
 
 
 @pytest.mark.parametrize(
@@ -74,22 +89,23 @@ def accepted(task_id, messages):
 
 def test_the_accepted_next_action_follows_the_hidden_policy():
     desk = SupportDesk()
-    lookup = {"tool": "lookup_order", "arguments": {"order_id": "A1001"}}
-    refund = {"tool": "issue_refund", "arguments": {"order_id": "A1001"}}
-    start = desk.task("refund-A1001").first_messages()
-    assert accepted("refund-A1001", start) == [lookup, refund]  # refundable: look it up, or refund at once
-    looked = _context(desk, "refund-A1001", _call("lookup_order", "A1001"))[:-1]
-    assert accepted("refund-A1001", looked) == [refund]
-    refunded = _context(desk, "refund-A1001", _call("issue_refund", "A1001"))[:-1]
-    assert accepted("refund-A1001", refunded) == [{"reply": True}]
+    a, f = ALLOWED.hidden["order_id"], LATE.hidden["order_id"]
+    lookup = {"tool": "lookup_order", "arguments": {"order_id": a}}
+    refund = {"tool": "issue_refund", "arguments": {"order_id": a}}
+    start = ALLOWED.first_messages()
+    assert accepted(ALLOWED.id, start) == [lookup, refund]  # refundable: look it up, or refund at once
+    looked = _context(desk, ALLOWED.id, _call("lookup_order", a))[:-1]
+    assert accepted(ALLOWED.id, looked) == [refund]
+    refunded = _context(desk, ALLOWED.id, _call("issue_refund", a))[:-1]
+    assert accepted(ALLOWED.id, refunded) == [{"reply": True}]
 
-    not_allowed = desk.task("refund-A1004").first_messages()
-    assert accepted("refund-A1004", not_allowed) == [{"tool": "lookup_order", "arguments": {"order_id": "A1004"}}]
-    looked = _context(desk, "refund-A1004", _call("lookup_order", "A1004"))[:-1]
-    assert accepted("refund-A1004", looked) == [{"reply": True}]
+    not_allowed = LATE.first_messages()
+    assert accepted(LATE.id, not_allowed) == [{"tool": "lookup_order", "arguments": {"order_id": f}}]
+    looked = _context(desk, LATE.id, _call("lookup_order", f))[:-1]
+    assert accepted(LATE.id, looked) == [{"reply": True}]
     # A failed lookup (wrong id) does not count as having looked the order up.
-    missed = _context(desk, "refund-A1004", _call("lookup_order", "A9999"))[:-1]
-    assert accepted("refund-A1004", missed) == [{"tool": "lookup_order", "arguments": {"order_id": "A1004"}}]
+    missed = _context(desk, LATE.id, _call("lookup_order", "A9999"))[:-1]
+    assert accepted(LATE.id, missed) == [{"tool": "lookup_order", "arguments": {"order_id": f}}]
     tracking = next(t for t in desk.tasks() if not t.hidden["graded"])
     assert turn_reference(task=tracking, messages=tracking.first_messages()) is None
 
@@ -120,7 +136,7 @@ def test_a_training_set_holds_every_graded_turn_of_the_training_tasks_only():
     desk = SupportDesk()
     deployment = DeploymentFactory(name="support-bot")
     train_task = desk.tasks_for(split="train", graded=True)[0]
-    heldout_task = desk.tasks_for(split="heldout", graded=True)[0]
+    heldout_task = desk.tasks_for(split="test", graded=True)[0]
     tracking = desk.tasks_for(split="train", graded=False)[0]
     order = train_task.hidden["order_id"]
     _store(deployment, "ep-1", train_task.id, "train", _context(desk, train_task.id, _call("lookup_order", order)))
@@ -128,7 +144,7 @@ def test_a_training_set_holds_every_graded_turn_of_the_training_tasks_only():
         deployment,
         "ep-2",
         heldout_task.id,
-        "heldout",
+        "test",
         _context(desk, heldout_task.id, _call("lookup_order", heldout_task.hidden["order_id"])),
     )
     _store(
@@ -169,24 +185,53 @@ def test_a_corrected_turn_is_the_accepted_action_in_the_harness_format():
     each one what the grader accepts and what the harness's regex lets the agent write."""
     desk = SupportDesk()
     targets = {}
-    for task_id, order in (("refund-A1001", "A1001"), ("refund-A1004", "A1004")):
-        task = desk.task(task_id)
+    for key, task in (("allowed", ALLOWED), ("late", LATE)):
+        order = task.hidden["order_id"]
         for name, context in (
             ("start", task.first_messages()),
-            ("looked", _context(desk, task_id, _call("lookup_order", order))[:-1]),
-            ("refunded", _context(desk, task_id, _call("issue_refund", order))[:-1]),
+            ("looked", _context(desk, task.id, _call("lookup_order", order))[:-1]),
+            ("refunded", _context(desk, task.id, _call("issue_refund", order))[:-1]),
         ):
             target = turn_target(task=task, messages=context)
             assert re.fullmatch(ACT_OR_REPLY_REGEX, target), target
             assert grade("tool_action", target, turn_reference(task=task, messages=context)) == 1.0
-            targets[task_id, name] = target
-    assert targets["refund-A1001", "looked"] == REFUND
-    assert targets["refund-A1001", "start"] == LOOKUP
-    assert response_action(targets["refund-A1004", "looked"]) == {"reply": True}
-    assert "not eligible" in targets["refund-A1004", "looked"]
-    assert "issued" in targets["refund-A1001", "refunded"]
+            targets[key, name] = target
+    a = ALLOWED.hidden["order_id"]
+    assert targets["allowed", "looked"] == REFUND.replace("A1001", a)
+    assert targets["allowed", "start"] == LOOKUP.replace("A1001", a)
+    assert response_action(targets["late", "looked"]) == {"reply": True}
+    assert "issued" in targets["allowed", "refunded"]
     tracking = next(t for t in desk.tasks() if not t.hidden["graded"])
     assert turn_target(task=tracking, messages=tracking.first_messages()) is None
+
+
+def test_a_corrected_turn_is_rendered_over_the_order_the_customer_named_and_its_lookup():
+    """Every target names the order of its own conversation (whatever the id's format) and a
+    refusal says what the lookup showed: a model trained on them is taught to copy the id it
+    was given and to read the order, not one training order's words."""
+    desk = SupportDesk()
+    late_days = desk.table.row(LATE.hidden["order_id"])["delivered_days_ago"]
+    looked = _context(desk, LATE.id, _call("lookup_order", LATE.hidden["order_id"]))[:-1]
+    assert f"delivered {late_days} days ago" in turn_target(task=LATE, messages=looked)
+    shapes = set()
+    every_id = {t.hidden["order_id"] for t in desk.tasks()}
+    for task in desk.tasks_for(split="test", graded=True):
+        order = task.hidden["order_id"]
+        shapes.add(re.sub(r"[A-Z]", "A", re.sub(r"[0-9]", "9", order)))
+        for context in (task.first_messages(), _context(desk, task.id, _call("lookup_order", order))[:-1]):
+            target = turn_target(task=task, messages=context)
+            assert re.fullmatch(ACT_OR_REPLY_REGEX, target), target
+            assert order in target
+            assert not (every_id - {order}) & set(re.findall(r"[A-Z0-9][A-Z0-9-]{2,14}", target)), target
+            row = desk.table.row(order)
+            if not task.hidden["refund"] and len(context) > 2:
+                if row["status"] == "refunded":
+                    assert "already been refunded" in target
+                elif row["status"] == "delivered":
+                    assert f"{row['delivered_days_ago']} days ago" in target
+                else:
+                    assert row["status"] in target
+    assert len(shapes) == 5
 
 
 @pytest.mark.django_db
@@ -195,8 +240,8 @@ def test_a_training_set_with_targets_holds_the_corrected_turns_for_sft():
 
     desk = SupportDesk()
     deployment = DeploymentFactory(name="support-bot")
-    refundable = desk.task("refund-A1003")
-    refused = desk.task("refund-A1004")
+    refundable = _tasks(allowed=True)[1]
+    refused = LATE
     for external_id, task in (("ep-1", refundable), ("ep-2", refused)):
         order = task.hidden["order_id"]
         _store(deployment, external_id, task.id, task.split, _context(desk, task.id, _call("lookup_order", order)))
@@ -217,6 +262,32 @@ def test_a_training_set_with_targets_holds_the_corrected_turns_for_sft():
         row.trace.external_id: row.corrected_response
         for row in TrainingItem.objects.filter(training_set=training_set).select_related("trace")
     }
-    assert rows["ep-1"] == REFUND.replace("A1001", "A1003")
+    assert rows["ep-1"] == REFUND.replace("A1001", refundable.hidden["order_id"])
     assert response_action(rows["ep-2"]) == {"reply": True}
     assert training_set.selection["targets"] is True
+
+
+def test_the_oracle_turns_play_each_task_to_success_over_its_own_order():
+    """`oracle_turns` (oracle labels: the hidden policy's own moves) are contexts an SFT set
+    can use without logged traffic: played back as a model's turns they succeed, touch no
+    other order and name no id the customer did not give."""
+    desk = SupportDesk()
+    fresh = [t for t in desk.tasks_fresh(seed=3) if t.hidden["graded"]]
+    tasks = desk.tasks_for(split="train", graded=True)[:24] + fresh[:12]
+    for task in tasks:
+        turns = oracle_turns(task=task, env=desk)
+        assert turns and turns[0]["messages"] == task.first_messages()
+        targets = iter(t["target"] for t in turns)
+
+        def complete(messages, tools, max_tokens, targets=targets):
+            content, calls = parse_tool_call_blocks(next(targets))
+            return Completion({"content": content, **({"tool_calls": calls} if calls else {})}, 5)
+
+        episode = episode_run(desk, task, complete)
+        assert episode.reward == 1.0, (task.id, episode.grade.reason)
+        assert episode.audit.collateral_changes == () and episode.audit.unknown_ids == ()
+        for turn in turns:
+            assert turn["target"] == turn_target(task=task, messages=turn["messages"])
+            assert grade("tool_action", turn["target"], turn["reference"]) == 1.0
+    tracking = desk.tasks_for(split="train", graded=False)[0]
+    assert oracle_turns(task=tracking, env=desk) == []

@@ -38,7 +38,7 @@ def test_a_set_of_the_graded_training_episodes_is_built(operator_client):
     deployment = DeploymentFactory(name="support-bot")
     desk = SupportDesk()
     train = [t for t in desk.tasks() if t.split == "train" and t.hidden.get("graded")][:2]
-    heldout = next(t for t in desk.tasks() if t.split == "heldout" and t.hidden.get("graded"))
+    heldout = next(t for t in desk.tasks() if t.split == "test" and t.hidden.get("graded"))
     for i, task in enumerate([*train, heldout]):
         logged_episode(deployment, task, f"ep-{i}")
 

@@ -1,6 +1,6 @@
 """`support-desk`: Acme Store's customer-support desk, the demo's task environment.
 
-The agent has two tools over a small orders table: `lookup_order(order_id)` and
+The agent has two tools over the store's orders table: `lookup_order(order_id)` and
 `issue_refund(order_id, amount?)`. Each task is one customer's message. The store's refund
 policy is hidden from the agent (only the grader knows it):
 
@@ -13,14 +13,22 @@ other order may change. Tracking questions ("where is my parcel?") have no progr
 grade — only an operator's comment or a customer's words say whether the answer was good
 (`Task.hidden["graded"]` is False, and they carry the demo's seeded feedback).
 
-Tasks are a pure function of the code: the same ids, prompts and splits on every machine.
-One order in four (rotating over the order kinds) is held out (`split="heldout"`), never used for training.
+The store is generated from a seed (`STORE_SEED`): order ids in several formats, items,
+customers, prices and delivery ages on both sides of the policy's line, and many request
+wordings. Its orders fall into three splits that share no order, id, customer or wording:
+`train` (what training traffic may come from), `validation` (for choosing a checkpoint)
+and `test` (every figure the project reports). `tasks_fresh(seed=…)` generates a slice
+anew ("fresh"): other orders, ids, customers and wordings again, added to the same table,
+so that a candidate is also measured on cases no training set can have contained.
+The same seed gives the same store on every machine.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import string
+from functools import lru_cache
 from typing import Any
 
 from training.environments.base import Environment, EpisodeAudit, Grade, Task, ToolError, register
@@ -49,7 +57,7 @@ TOOLS: list[dict[str, Any]] = [
             "description": "Look up an order by its id: item, price, status, days since delivery.",
             "parameters": {
                 "type": "object",
-                "properties": {"order_id": {"type": "string", "description": "e.g. A1001"}},
+                "properties": {"order_id": {"type": "string", "description": "the id the customer gave"}},
                 "required": ["order_id"],
                 "additionalProperties": False,
             },
@@ -73,12 +81,27 @@ TOOLS: list[dict[str, Any]] = [
     },
 ]
 
-_CUSTOMERS = (
-    "Maria Lopez, James Smith, Aiko Tanaka, Omar Haddad, Priya Patel, Lena Fischer, Tom Baker, "
-    "Chen Wei, Sofia Rossi, Noah Brown, Fatima Ali, Lucas Martin, Emma Wilson, Ivan Petrov, "
-    "Grace Kim, Diego Silva"
-).split(", ")
-_ITEMS = [
+STORE_SEED = 20261202
+SPLITS = ("train", "validation", "test")
+SPLIT_ORDERS = {"train": 192, "validation": 32, "test": 64}
+FRESH_SPLIT = "fresh"
+FRESH_ORDERS = 48
+TRACKING_EVERY = 3  # a tracking question about every third order
+# What an order id looks like (a regex fragment the agent's harness allows in a tool call).
+ORDER_ID_PATTERN = "[A-Z0-9][A-Z0-9-]{2,14}"
+
+_FIRST_NAMES = (
+    "Maria James Aiko Omar Priya Lena Tom Chen Sofia Noah Fatima Lucas Emma Ivan Grace Diego Amara Bjorn "
+    "Chloe Dmitri Elif Farid Greta Hugo Ines Jonas Kofi Leila Mateo Nadia Oscar Paula Quentin Rosa Samir "
+    "Tara Umar Vera Wen Yusuf Zoe Anil Beatriz Carlos Dana Emil Freya Goran Hana Ilya"
+).split()
+_LAST_NAMES = (
+    "Lopez Smith Tanaka Haddad Patel Fischer Baker Wei Rossi Brown Ali Martin Wilson Petrov Kim Silva Okafor "
+    "Larsen Dubois Novak Yilmaz Rahimi Berg Laurent Costa Weber Mensah Nasser Ortiz Ivanova Lindqvist Moreau "
+    "Garcia Kaur Park Schulz Adeyemi Horvat Santos Keller Murphy Nakamura Reyes Olsen Varga Chowdhury Ferreira "
+    "Jansen Kowalski Tran"
+).split()
+_ITEMS = (
     ("coffee mug", 12.5),
     ("desk lamp", 34.0),
     ("wool scarf", 25.0),
@@ -91,26 +114,104 @@ _ITEMS = [
     ("teapot", 22.0),
     ("umbrella", 16.0),
     ("board game", 39.0),
-]
-# (status, days since delivery or None), cycled over the orders: half are refundable.
-_CASES = [
-    ("delivered", 3),
-    ("shipped", None),
-    ("delivered", 12),
-    ("delivered", 45),
-    ("delivered", 7),
-    ("processing", None),
-    ("delivered", 21),
-    ("delivered", 60),
-]
-_REFUND_ASKS = [
-    "Hi, I'm {customer}. The {item} from order {order_id} is not what I expected. Can I get a refund?",
-    "Order {order_id}: my {item} broke. Please refund me. - {customer}",
-    "Hello, this is {customer}. I would like my money back for order {order_id} (the {item}).",
-]
-_TRACKING_ASKS = [
-    "Hi, I'm {customer}. Where is my order {order_id}? When will the {item} arrive?",
-]
+    ("running shoes", 89.0),
+    ("bath towel", 14.0),
+    ("picture frame", 19.5),
+    ("kitchen scale", 27.0),
+    ("bluetooth speaker", 45.0),
+    ("plant pot", 11.0),
+    ("rain jacket", 75.0),
+    ("chess set", 32.0),
+    ("wall clock", 24.0),
+    ("cutting board", 21.0),
+    ("travel pillow", 17.5),
+    ("sunglasses", 38.0),
+    ("bike light", 23.0),
+    ("cookbook", 26.0),
+    ("candle set", 13.0),
+    ("laptop stand", 42.0),
+    ("puzzle", 18.5),
+    ("leather wallet", 55.0),
+    ("french press", 31.0),
+    ("desk organizer", 16.5),
+)
+
+
+def _id_letter_digits(rng: random.Random) -> str:  # K4821
+    return rng.choice(string.ascii_uppercase) + str(rng.randrange(1000, 10000))
+
+
+def _id_ord(rng: random.Random) -> str:  # ORD-30417
+    return f"ORD-{rng.randrange(10000, 100000)}"
+
+
+def _id_letters_dash(rng: random.Random) -> str:  # MXR-552
+    return "".join(rng.choices(string.ascii_uppercase, k=3)) + f"-{rng.randrange(100, 1000)}"
+
+
+def _id_digits(rng: random.Random) -> str:  # 7043918
+    return str(rng.randrange(1_000_000, 10_000_000))
+
+
+def _id_two_letters(rng: random.Random) -> str:  # BX204518
+    return "".join(rng.choices(string.ascii_uppercase, k=2)) + str(rng.randrange(100000, 1000000))
+
+
+ID_FORMATS = (_id_letter_digits, _id_ord, _id_letters_dash, _id_digits, _id_two_letters)
+
+# Each split has wordings of its own: a request phrased as in training never reaches the test.
+_REFUND_ASKS = {
+    "train": (
+        "Hi, I'm {customer}. The {item} from order {order_id} is not what I expected. Can I get a refund?",
+        "Order {order_id}: my {item} broke. Please refund me. - {customer}",
+        "Hello, this is {customer}. I would like my money back for order {order_id} (the {item}).",
+        "I want to return the {item} I bought. Order number {order_id}. Thanks, {customer}",
+        "Can you refund order {order_id}? The {item} arrived damaged. {customer}",
+        "{customer} here. Please give me a refund for my {item}, order {order_id}.",
+        "Refund request for order {order_id}, a {item}. It doesn't fit my needs. Regards, {customer}",
+        "Hey, the {item} (order {order_id}) stopped working. I'd like a refund please. {customer}",
+        "Dear support, I am {customer} and I request a refund of order {order_id}.",
+        "My order {order_id} was a {item} and I changed my mind. Refund please! - {customer}",
+        "Hi there, could I get my money back on {order_id}? It was the {item}. Best, {customer}",
+        "This is {customer}: the {item} in order {order_id} is faulty, I want a refund.",
+    ),
+    "validation": (
+        "Good morning, {customer} writing. I'd like to be refunded for order {order_id}, the {item}.",
+        "Please process a refund on my order {order_id} ({item}). Thank you, {customer}",
+        "Not happy with the {item}. Order {order_id}. Money back? {customer}",
+        "I'm {customer}, order {order_id}. The {item} is the wrong color, please refund it.",
+    ),
+    "test": (
+        "Hello! {customer} again. I need a refund for the {item}, order reference {order_id}.",
+        "Order #{order_id} - the {item} never worked properly. Can you refund me? {customer}",
+        "Hi support, it's {customer}. Requesting my money back for order {order_id}; the {item} was a gift nobody wanted.",
+        "The {item} I ordered ({order_id}) is too small. I would like a refund. Cheers, {customer}",
+        "Could you please refund order {order_id}? I no longer need the {item}. Kind regards, {customer}",
+    ),
+    FRESH_SPLIT: (
+        "Hi, {customer} speaking. Is it possible to get a refund on order {order_id}? The {item} disappointed me.",
+        "{customer}: order {order_id} ({item}) - please send my money back.",
+        "Hello team, the {item} from my order {order_id} has a defect. I'd like a full refund. {customer}",
+        "Refund for {order_id}, please. I returned the {item} already. Thanks! {customer}",
+        "Hi, I bought a {item}, order {order_id}, and I want to get refunded. Sincerely, {customer}",
+    ),
+}
+_TRACKING_ASKS = {
+    "train": (
+        "Hi, I'm {customer}. Where is my order {order_id}? When will the {item} arrive?",
+        "Any news on order {order_id}? I'm waiting for my {item}. {customer}",
+        "Hello, {customer} here. What is the status of order {order_id}?",
+    ),
+    "validation": ("Has my {item} (order {order_id}) shipped yet? - {customer}",),
+    "test": (
+        "Hi, it's {customer}. Can you tell me where order {order_id} is right now?",
+        "When should I expect the {item} from order {order_id}? {customer}",
+    ),
+    FRESH_SPLIT: (
+        "Hello, {customer} asking: has order {order_id} left the warehouse?",
+        "Tracking question for order {order_id} (the {item}). Thanks, {customer}",
+    ),
+}
 # What people say about tracking answers (seeded by the demo agent on those tasks).
 _OPERATOR_COMMENTS = [
     "Look the order up and tell the customer its status. Do not offer a refund for an order that is still on its way.",
@@ -121,27 +222,61 @@ _CUSTOMER_FEEDBACK = [
     "I only wanted to know the status of my order.",
 ]
 
-N_ORDERS = 48
-HELDOUT_EVERY = 4
+
+def _case(rng: random.Random, kind: int) -> tuple[str, int | None, bool]:
+    """(status, days since delivery, already refunded) for the `kind`-th case of eight:
+    four refundable (one of them close to the line), four not (two of those just past it
+    or long past it, one shipping, one processing or already refunded)."""
+    if kind in (0, 1, 2):
+        return "delivered", rng.randint(0, REFUND_WINDOW_DAYS - 6), False
+    if kind == 3:
+        return "delivered", rng.randint(REFUND_WINDOW_DAYS - 5, REFUND_WINDOW_DAYS), False
+    if kind == 4:
+        return "delivered", rng.randint(REFUND_WINDOW_DAYS + 1, REFUND_WINDOW_DAYS + 8), False
+    if kind == 5:
+        return "delivered", rng.randint(REFUND_WINDOW_DAYS + 9, 180), False
+    if kind == 6:
+        return "shipped", None, False
+    if rng.random() < 0.5:
+        return "processing", None, False
+    return "delivered", rng.randint(1, 60), True
 
 
-def orders_table() -> RecordTable:
-    """The store's orders, the same on every machine."""
+def _orders(rng: random.Random, count: int, ids: set[str], names: list[str]) -> list[dict[str, Any]]:
+    """`count` new orders whose ids are not in `ids` (added to it), for customers popped
+    from `names`; every id format and every case in turn, then shuffled."""
     rows = []
-    for i in range(N_ORDERS):
-        item, price = _ITEMS[(i * 5) % len(_ITEMS)]
-        status, days = _CASES[i % len(_CASES)]
+    for i in range(count):
+        make_id = ID_FORMATS[i % len(ID_FORMATS)]
+        order_id = make_id(rng)
+        while order_id in ids:
+            order_id = make_id(rng)
+        ids.add(order_id)
+        item, base_price = rng.choice(_ITEMS)
+        price = round(base_price * rng.choice((0.8, 0.9, 1.0, 1.0, 1.1, 1.25)), 2)
+        status, days, refunded = _case(rng, i % 8)
         rows.append(
             {
-                "order_id": f"A{1001 + i}",
-                "customer": _CUSTOMERS[i % len(_CUSTOMERS)],
+                "order_id": order_id,
+                "customer": names.pop(),
                 "item": item,
                 "price": price,
-                "status": status,
+                "status": "refunded" if refunded else status,
                 "delivered_days_ago": days,
-                "refunded_amount": 0.0,
+                "refunded_amount": price if refunded else 0.0,
             }
         )
+    rng.shuffle(rows)
+    return rows
+
+
+def _all_names(seed: int) -> list[str]:
+    names = [f"{first} {last}" for first in _FIRST_NAMES for last in _LAST_NAMES]
+    random.Random(f"names-{seed}").shuffle(names)
+    return names
+
+
+def _table(rows: list[dict[str, Any]]) -> RecordTable:
     return RecordTable(
         name="order",
         key="order_id",
@@ -153,28 +288,61 @@ def orders_table() -> RecordTable:
     )
 
 
+@lru_cache(maxsize=4)
+def store_orders(seed: int = STORE_SEED) -> dict[str, tuple[dict[str, Any], ...]]:
+    """The store's orders by split, generated from `seed`: no id or customer in two splits."""
+    rng = random.Random(f"store-{seed}")
+    ids: set[str] = set()
+    names = _all_names(seed)
+    return {split: tuple(_orders(rng, SPLIT_ORDERS[split], ids, names)) for split in SPLITS}
+
+
+def orders_table(seed: int = STORE_SEED) -> RecordTable:
+    """The store's orders table (every split), the same on every machine for one seed."""
+    return _table([row for split in SPLITS for row in store_orders(seed)[split]])
+
+
+@lru_cache(maxsize=16)
+def fresh_orders(*, seed: int, store_seed: int = STORE_SEED) -> tuple[dict[str, Any], ...]:
+    """A slice of `FRESH_ORDERS` orders generated from `seed`, with ids and customers the
+    store (`store_seed`) does not have."""
+    store = store_orders(store_seed)
+    ids = {row["order_id"] for rows in store.values() for row in rows}
+    used = {row["customer"] for rows in store.values() for row in rows}
+    names = [n for n in _all_names(store_seed) if n not in used]
+    random.Random(f"fresh-names-{seed}").shuffle(names)
+    return tuple(_orders(random.Random(f"fresh-{store_seed}-{seed}"), FRESH_ORDERS, ids, names))
+
+
+@lru_cache(maxsize=16)
+def _fresh_table(seed: int, store_seed: int) -> RecordTable:
+    rows = [row for split in SPLITS for row in store_orders(store_seed)[split]]
+    return _table(rows + list(fresh_orders(seed=seed, store_seed=store_seed)))
+
+
 def refund_allowed(row: dict[str, Any]) -> bool:
     """The hidden policy."""
     days = row.get("delivered_days_ago")
     return row.get("status") == "delivered" and days is not None and days <= REFUND_WINDOW_DAYS
 
 
-def _tasks(table: RecordTable) -> list[Task]:
+def _tasks(rows: tuple[dict[str, Any], ...], split: str, seed: int, extra: dict[str, Any] | None = None) -> list[Task]:
+    rng = random.Random(f"wording-{seed}-{split}")
+    refund_asks, tracking_asks = _REFUND_ASKS[split], _TRACKING_ASKS[split]
     tasks = []
-    for i, row in enumerate(table.rows):
-        # One order in four is held out, rotating through the cases so both splits hold each kind.
-        split = "heldout" if i % HELDOUT_EVERY == (i // len(_CASES)) % HELDOUT_EVERY else "train"
+    for i, row in enumerate(rows):
         fields = {"customer": row["customer"], "item": row["item"], "order_id": row["order_id"]}
         allowed = refund_allowed(dict(row))
         expected = (
             {"status": "refunded", "refunded_amount": row["price"]}
             if allowed
-            else {"status": row["status"], "refunded_amount": 0.0}
+            else {"status": row["status"], "refunded_amount": row["refunded_amount"]}
         )
+        wording = rng.randrange(len(refund_asks))
         tasks.append(
             Task(
                 id=f"refund-{row['order_id']}",
-                prompt=_REFUND_ASKS[i % len(_REFUND_ASKS)].format(**fields),
+                prompt=refund_asks[wording].format(**fields),
                 tools=TOOLS,
                 system=SYSTEM_PROMPT,
                 split=split,
@@ -183,14 +351,17 @@ def _tasks(table: RecordTable) -> list[Task]:
                     "order_id": row["order_id"],
                     "refund": allowed,
                     "expected": {row["order_id"]: expected},
+                    "wording": f"{split}-refund-{wording}",
+                    **(extra or {}),
                 },
             )
         )
-        if i % 3 == 1:  # a tracking question about every third order: qualitative feedback only
+        if i % TRACKING_EVERY == 1:  # a tracking question: people's feedback only, no grade
+            wording = rng.randrange(len(tracking_asks))
             tasks.append(
                 Task(
                     id=f"track-{row['order_id']}",
-                    prompt=_TRACKING_ASKS[0].format(**fields),
+                    prompt=tracking_asks[wording].format(**fields),
                     tools=TOOLS,
                     system=SYSTEM_PROMPT,
                     split=split,
@@ -200,6 +371,8 @@ def _tasks(table: RecordTable) -> list[Task]:
                         "concerns": [row["order_id"]],
                         "operator_comment": _OPERATOR_COMMENTS[i % len(_OPERATOR_COMMENTS)],
                         "customer_feedback": _CUSTOMER_FEEDBACK[i % len(_CUSTOMER_FEEDBACK)],
+                        "wording": f"{split}-track-{wording}",
+                        **(extra or {}),
                     },
                 )
             )
@@ -213,10 +386,12 @@ class SupportDesk(Environment):
     max_steps = 4
     max_tokens = 400
 
-    def __init__(self, max_calls: int = 6) -> None:
-        self.table = orders_table()
+    def __init__(self, max_calls: int = 6, store_seed: int = STORE_SEED) -> None:
+        self.store_seed = store_seed
+        self.table = orders_table(store_seed)
         self.max_calls = max_calls
-        self._tasks = _tasks(self.table)
+        orders = store_orders(store_seed)
+        self._tasks = [task for split in SPLITS for task in _tasks(orders[split], split, store_seed)]
 
     def tasks(self) -> list[Task]:
         return list(self._tasks)
@@ -226,12 +401,21 @@ class SupportDesk(Environment):
             t for t in self._tasks if t.split == split and (graded is None or bool(t.hidden.get("graded")) == graded)
         ]
 
+    def tasks_fresh(self, *, seed: int) -> list[Task]:
+        """A freshly generated slice (split "fresh"): `FRESH_ORDERS` orders with ids,
+        customers and request wordings the store's splits do not have, added to the table
+        of its episodes beside every order of the store."""
+        rows = fresh_orders(seed=seed, store_seed=self.store_seed)
+        return _tasks(rows, FRESH_SPLIT, self.store_seed * 1_000 + seed, extra={"fresh_seed": seed})
+
     @staticmethod
     def graded(task: Task) -> bool:
         return bool(task.hidden.get("graded"))
 
     def reset(self, task: Task) -> RecordsState:
-        return records_state_new(table=self.table, max_calls=self.max_calls, task=task)
+        fresh_seed = task.hidden.get("fresh_seed")
+        table = self.table if fresh_seed is None else _fresh_table(fresh_seed, self.store_seed)
+        return records_state_new(table=table, max_calls=self.max_calls, task=task)
 
     def call(self, state: RecordsState, name: str, arguments: dict[str, Any]) -> str:
         unknown = set(arguments) - {"order_id", "amount"}
@@ -305,7 +489,12 @@ def turn_reference(*, task: Task, messages: list[dict[str, Any]]) -> str | None:
 def turn_target(*, task: Task, messages: list[dict[str, Any]]) -> str | None:
     """A corrected response for the next assistant turn after `messages`: the first action
     `turn_reference` accepts, written the way the agent's harness writes a turn (a hermes
-    tool call, or a sentence to the customer). None for a task without a grade."""
+    tool call, or a sentence to the customer). None for a task without a grade.
+
+    The response is a template rendered over the order the customer named and, for a
+    sentence, over what the conversation's lookup returned for it (its status and days
+    since delivery), so a model trained on many of them learns to copy the id it was given
+    and to read the lookup, not to repeat one order's words."""
     reference = turn_reference(task=task, messages=messages)
     if reference is None:
         return None
@@ -316,7 +505,79 @@ def turn_target(*, task: Task, messages: list[dict[str, Any]]) -> str | None:
         return f"<tool_call>{json.dumps(call)}</tool_call>"
     if "issue_refund" in _done_actions(messages, order_id):
         return f"Your refund for order {order_id} has been issued in full."
-    return f"I am sorry, order {order_id} is not eligible for a refund under our policy."
+    row = _looked_up(messages, order_id)
+    if row is None:
+        return f"I am sorry, order {order_id} is not eligible for a refund under our policy."
+    status, days = row.get("status"), row.get("delivered_days_ago")
+    if status == "refunded":
+        return f"Order {order_id} has already been refunded, so there is nothing more to refund."
+    if status != "delivered" or days is None:
+        return f"Order {order_id} is {status} and not delivered yet, so it cannot be refunded."
+    return (
+        f"I am sorry, order {order_id} was delivered {days} days ago, past our {REFUND_WINDOW_DAYS}-day refund window."
+    )
+
+
+def oracle_turns(*, task: Task, env: SupportDesk | None = None) -> list[dict[str, Any]]:
+    """The turns of `task` played by the hidden policy itself (oracle labels, computed from
+    the task's hidden answer, not anybody's feedback): at each point the context, the
+    corrected response `turn_target` writes and the accepted actions `turn_reference`
+    gives, the tool calls run in a fresh copy of the table. [] for a task without a grade.
+
+    Contexts for an SFT set without logged traffic: every order of a split walked once."""
+    env = env or SupportDesk()
+    if not task.hidden.get("graded"):
+        return []
+    messages = task.first_messages()
+    turns: list[dict[str, Any]] = []
+    state = env.reset(task)
+    try:
+        for step in range(env.max_steps):
+            reference = turn_reference(task=task, messages=messages)
+            target = turn_target(task=task, messages=messages)
+            if reference is None or target is None:
+                break
+            turns.append({"messages": [dict(m) for m in messages], "target": target, "reference": reference})
+            action = json.loads(reference)[0]
+            if "tool" not in action:
+                break
+            call_id = f"call_{step}"
+            arguments = json.dumps(action["arguments"])
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {
+                            "id": call_id,
+                            "type": "function",
+                            "function": {"name": action["tool"], "arguments": arguments},
+                        }
+                    ],
+                }
+            )
+            result = env.execute(state, task, action["tool"], arguments)
+            messages.append(
+                {"role": "tool", "tool_call_id": call_id, "name": action["tool"], "content": result.content}
+            )
+    finally:
+        env.close(state)
+    return turns
+
+
+def _looked_up(messages: list[dict[str, Any]], order_id: str) -> dict[str, Any] | None:
+    """The row the conversation's last successful lookup of `order_id` returned."""
+    found = None
+    for m in messages:
+        if m.get("role") != "tool":
+            continue
+        try:
+            row = json.loads(str(m.get("content") or ""))
+        except ValueError:
+            continue
+        if isinstance(row, dict) and row.get("order_id") == order_id:
+            found = row
+    return found
 
 
 def _done_actions(messages: list[dict[str, Any]], order_id: str) -> set[str]:
@@ -341,13 +602,24 @@ def _done_actions(messages: list[dict[str, Any]], order_id: str) -> set[str]:
     }
 
 
-def tasks_sample(*, split: str, count: int, seed: int = 0, graded_share: float = 1.0) -> list[Task]:
-    """`count` tasks of `split`, graded ones with probability `graded_share`, reproducibly.
-    Each pool is dealt like a shuffled deck (reshuffled when used up), so a run of
-    `k * len(pool)` graded tasks covers every task `k` times."""
+def tasks_sample(
+    *, split: str, count: int, seed: int = 0, graded_share: float = 1.0, fresh_seed: int | None = None
+) -> list[Task]:
+    """`count` tasks of `split` ("train", "validation", "test", or "fresh" with the slice's
+    `fresh_seed`), graded ones with probability `graded_share`, reproducibly. Each pool is
+    dealt like a shuffled deck (reshuffled when used up), so a run of `k * len(pool)` graded
+    tasks covers every task `k` times."""
     desk = SupportDesk()
+    if split == FRESH_SPLIT:
+        if fresh_seed is None:
+            raise ValueError("a fresh slice needs its fresh_seed")
+        tasks = desk.tasks_fresh(seed=fresh_seed)
+    elif split in SPLITS:
+        tasks = desk.tasks_for(split=split)
+    else:
+        raise ValueError(f"split must be one of {', '.join((*SPLITS, FRESH_SPLIT))}, not {split!r}")
     rng = random.Random(seed)
-    pools = {True: desk.tasks_for(split=split, graded=True), False: desk.tasks_for(split=split, graded=False)}
+    pools = {graded: [t for t in tasks if bool(t.hidden.get("graded")) == graded] for graded in (True, False)}
     decks: dict[bool, list[Task]] = {True: [], False: []}
     out = []
     for _ in range(count):

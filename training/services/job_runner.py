@@ -217,15 +217,17 @@ def _train(job: TrainingJob, worker: str):
 
 
 def _train_episodes(job: TrainingJob, config, run_dir: Path, hooks):
-    """Full-episode GRPO on the tasks of the job's environment: its "heldout" tasks are
-    the evaluation; every episode is recorded as a trace of the job's deployment."""
+    """Full-episode GRPO on the "train" tasks of the job's environment; its "validation"
+    (or "heldout") tasks are the job's evaluation. A "test" task is never touched: the test
+    split is for measuring the candidate afterwards. Every episode is recorded as a trace of
+    the job's deployment."""
     from training.environments.base import environment_get
     from training.grpo.episodes import episodes_train
 
     env = environment_get(config.environment, **config.environment_options)
     tasks = env.tasks()
-    train = [t for t in tasks if t.split != TrainingSplit.HELDOUT]
-    heldout = [t for t in tasks if t.split == TrainingSplit.HELDOUT]
+    train = [t for t in tasks if t.split == TrainingSplit.TRAIN]
+    heldout = [t for t in tasks if t.split in (TrainingSplit.HELDOUT, "validation")]
     if config.record_traces and job.deployment is not None:
         hooks.on_episodes = _episode_recorder(job, env.name)
     judge = _episode_judge(job.deployment, config.judge_rubric, job.pk) if config.judge_weight > 0 else None

@@ -18,7 +18,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser) -> None:
         parser.add_argument("--base-url", default="http://127.0.0.1:8000", help="the site (gateway at <url>/v1)")
         parser.add_argument("--api-key", required=True, help="a deployment key with the ingest and feedback scopes")
-        parser.add_argument("--split", choices=["train", "heldout"], default="train")
+        parser.add_argument("--split", choices=["train", "validation", "test"], default="train")
         parser.add_argument("--episodes", type=int, default=24)
         parser.add_argument("--seed", type=int, default=0)
         parser.add_argument("--feedback-base-url", default=None, help="where /api/v1/feedback is (default: base URL)")

@@ -1,0 +1,661 @@
+"""Support-desk recipes side by side, on SmolLM2-135M on the CPU, measured on the TEST split.
+
+    nice -n 10 .venv/bin/python scripts/desk_experiment.py base --seed 0 --episodes 48
+    nice -n 10 .venv/bin/python scripts/desk_experiment.py run --recipe templates-es --seed 0 --episodes 48
+    nice -n 10 .venv/bin/python scripts/desk_experiment.py run --recipe templates-es --seed 0 --fresh-seed 1
+    .venv/bin/python scripts/desk_experiment.py summary
+
+Every run appends one JSON line to var/desk-experiment/runs.jsonl (the recipe, its
+settings, the training history and each measurement), so partial results survive a stop.
+
+What is trained: SFT on oracle labels — the turns of training-split tasks played by the
+hidden policy itself (`oracle_turns`: the context at each point of the conversation and
+the corrected response `turn_target` renders over the order the customer named and what
+its lookup showed). No test or validation order, id, customer or wording is in a
+training set.
+
+What is measured: episodes of the support desk played by the model with the agent's
+harness (the same tool-call regex the demo agent asks vLLM to enforce, here enforced
+token by token in torch; temperature 0.7; each episode seeded), on tasks of the TEST split
+(or of a freshly generated slice, `--fresh-seed`): the success rate, the share of episodes
+that changed another customer's order (collateral changes, from the episode's audit),
+the share that called a tool on an id the conversation never showed, and the share whose
+first tool call named another order than the customer's.
+
+Recipes (`RECIPES`): `memorise` is the failure mode: a few orders, many steps.
+`templates` trains on every training order once per pass; `-es` adds early stopping on
+the validation split's turns; `-r4` a lower LoRA rank and fewer steps; `-mix` mixes in
+the base model's own answers on other turns (the training split's tracking questions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+OUT = ROOT / "var" / "desk-experiment"
+MODEL = ROOT / "var" / "models" / "smollm2-135m-instruct"
+TEMPERATURE = 0.7
+MAX_TURN_TOKENS = 96
+TOP_K = 64  # tokens checked against the harness's regex before the whole vocabulary is
+
+BASE_RECIPE: dict[str, Any] = {
+    "orders": 0,  # training orders used (0 = every order of the train split)
+    "steps": 60,
+    "prompts_per_step": 4,
+    "learning_rate": 5e-4,
+    "lora_rank": 16,
+    "lora_alpha": 32,
+    "trainable_layers": 6,
+    "early_stop": False,
+    "eval_every": 20,
+    "patience": 2,
+    "validation_turns": 12,
+    "mix_base": 0.0,  # share of extra items: the base model's own answers on other turns
+}
+RECIPES: dict[str, dict[str, Any]] = {
+    "memorise": {"orders": 8, "steps": 200},
+    "templates": {},
+    "templates-es": {"early_stop": True},
+    "templates-es-r4": {"early_stop": True, "lora_rank": 4, "lora_alpha": 8, "steps": 40},
+    "templates-es-mix": {"early_stop": True, "mix_base": 0.25},
+}
+
+
+def cpu_attention() -> None:
+    """Let SDPA handle grouped-query attention itself when a mask is given (transformers
+    only does so on CUDA without a mask, else it copies the cache 3 times per layer and step):
+    the same outputs, about 3.7 times faster batched decoding on this CPU."""
+    import transformers.integrations.sdpa_attention as sdpa
+
+    sdpa.use_gqa_in_sdpa = lambda *args, **kwargs: True
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+# --- the harness: constrained turns in torch ---------------------------------------------
+
+
+class Harness:
+    """The demo agent's harness on a local model: the first turn must be a tool call on an
+    order, later turns a tool call or a sentence (`ACT_REGEX`, `ACT_OR_REPLY_REGEX`),
+    enforced token by token: among the `TOP_K` likeliest tokens, those that keep the text
+    a prefix of the regex's language are kept (the whole vocabulary is searched when none
+    is), and one is sampled at `temperature` with the episode's own generator; the end
+    token only once the text matches. Episodes run in threads and their turns are decoded
+    in one batch (the system prompt and tools, which all share, computed once)."""
+
+    def __init__(self, model, tokenizer, *, temperature: float = TEMPERATURE):
+        import regex
+
+        from feedback.demo.agent import ACT_OR_REPLY_REGEX, ACT_REGEX
+
+        self.model = model
+        self.tokenizer = tokenizer
+        self.temperature = temperature
+        self.first = regex.compile(ACT_REGEX)
+        self.later = regex.compile(ACT_OR_REPLY_REGEX)
+        self.vocab = [tokenizer.decode([i]) for i in range(len(tokenizer))]
+        self.eos = tokenizer.eos_token_id
+        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos
+        self.lock = threading.Lock()
+
+    def decode(self, rows: list[tuple[list[int], Any, Any, int]]) -> list[tuple[str, int, bool]]:
+        """Each row (context ids, pattern, generator, token limit) → (text, tokens, ended)."""
+        import torch
+        from transformers import DynamicCache
+
+        from training.grpo.episodes import common_prefix_length
+        from training.grpo.sampling import left_pad, position_ids
+
+        contexts = [r[0] for r in rows]
+        batch = len(rows)
+        shared = min(common_prefix_length(contexts), min(len(c) for c in contexts) - 1)
+        cache = DynamicCache()
+        with torch.no_grad():
+            if shared > 0:
+                prefix = torch.tensor([contexts[0][:shared]])
+                self.model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1)
+                cache.batch_repeat_interleave(batch)
+            suffix, suffix_mask = left_pad([c[shared:] for c in contexts], self.pad)
+            mask = torch.cat([torch.ones((batch, shared), dtype=torch.long), suffix_mask], dim=1)
+            positions = position_ids(mask)[:, shared:]
+            out = self.model(
+                input_ids=suffix,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            after = positions[:, -1:] + 1
+            texts, produced, ended = [""] * batch, [0] * batch, [False] * batch
+            done = [False] * batch
+            for _ in range(max(r[3] for r in rows)):
+                logits = out.logits[:, -1].float()
+                tokens = []
+                for b, (_ids, pattern, generator, limit) in enumerate(rows):
+                    if done[b]:
+                        tokens.append(self.pad)
+                        continue
+                    token = self._pick(logits[b], texts[b], pattern, generator)
+                    produced[b] += 1
+                    if token == self.eos:
+                        ended[b] = done[b] = True
+                    else:
+                        texts[b] += self.vocab[token]
+                        done[b] = produced[b] >= limit
+                    tokens.append(token)
+                if all(done):
+                    break
+                mask = torch.cat([mask, torch.ones((batch, 1), dtype=torch.long)], dim=1)
+                out = self.model(
+                    input_ids=torch.tensor(tokens)[:, None],
+                    attention_mask=mask,
+                    position_ids=after,
+                    past_key_values=cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+                after = after + 1
+        return list(zip(texts, produced, ended, strict=True))
+
+    def _pick(self, logits, text: str, pattern, generator) -> int:
+        import torch
+
+        complete = pattern.fullmatch(text) is not None
+        order = torch.topk(logits, TOP_K).indices.tolist()
+        allowed = [t for t in order if self._ok(t, text, pattern, complete)]
+        if not allowed:
+            order = torch.argsort(logits, descending=True).tolist()
+            allowed = [t for t in order if self._ok(t, text, pattern, complete)][:TOP_K]
+        if not allowed:
+            return self.eos
+        if self.temperature <= 0:
+            return allowed[0]
+        probs = torch.softmax(logits[allowed] / self.temperature, dim=0)
+        return allowed[int(torch.multinomial(probs, 1, generator=generator))]
+
+    def _ok(self, token: int, text: str, pattern, complete: bool) -> bool:
+        if token == self.eos:
+            return complete
+        piece = self.vocab[token]
+        return bool(piece) and pattern.fullmatch(text + piece, partial=True) is not None
+
+    def episodes(self, tasks, *, seed: int, batch: int = 16) -> list:
+        """Play each task once, `batch` at a time (episode i seeded with seed·100003 + i)."""
+        import torch
+
+        from training.environments import Completion, episode_run
+        from training.environments.support_desk import SupportDesk
+        from training.evaluation.metrics import parse_tool_call_blocks
+        from training.grpo.sampling import encode_prompt
+
+        env = SupportDesk()
+        results: list = [None] * len(tasks)
+        for start in range(0, len(tasks), batch):
+            chunk = list(enumerate(tasks))[start : start + batch]
+            batcher = _Batcher(self, active=len(chunk))
+            errors: list[BaseException] = []
+
+            def run(index: int, task, batcher=batcher, errors=errors) -> None:
+                generator = torch.Generator().manual_seed(seed * 100_003 + index)
+                turns = [0]
+
+                def complete(messages, tools, max_tokens_left):
+                    pattern = self.later if len(messages) > 2 else self.first
+                    with self.lock:
+                        ids = encode_prompt(self.tokenizer, messages, tools)
+                    limit = max(1, min(MAX_TURN_TOKENS, max_tokens_left))
+                    text, produced, ended = batcher.submit(index, (ids, pattern, generator, limit))
+                    content, calls = parse_tool_call_blocks(text)
+                    for k, call in enumerate(calls):
+                        call["id"] = f"call_{turns[0]}_{k}"
+                    turns[0] += 1
+                    message: dict[str, Any] = {"content": content}
+                    if calls:
+                        message["tool_calls"] = calls
+                    reason = ("tool_calls" if calls else "stop") if ended else "length"
+                    return Completion(message=message, tokens=produced, finish_reason=reason)
+
+                try:
+                    results[index] = episode_run(env, task, complete)
+                except BaseException as exc:
+                    errors.append(exc)
+                finally:
+                    batcher.finished()
+
+            threads = [threading.Thread(target=run, args=(i, t), daemon=True) for i, t in chunk]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            if errors:
+                raise errors[0]
+        return results
+
+
+class _Batcher:
+    """Waits until every running episode asks for its next turn, then decodes them in one
+    batch, rows ordered by episode."""
+
+    def __init__(self, harness: Harness, active: int):
+        self.harness = harness
+        self.active = active
+        self.cv = threading.Condition()
+        self.pending: dict[int, tuple] = {}
+        self.results: dict[int, tuple] = {}
+        self.error: BaseException | None = None
+
+    def submit(self, key: int, row: tuple) -> tuple:
+        with self.cv:
+            self.pending[key] = row
+            self._run_if_ready()
+            while key not in self.results and self.error is None:
+                self.cv.wait()
+            if self.error is not None:
+                raise RuntimeError("decoding failed") from self.error
+            return self.results.pop(key)
+
+    def finished(self) -> None:
+        with self.cv:
+            self.active -= 1
+            self._run_if_ready()
+
+    def _run_if_ready(self) -> None:
+        if not self.pending or len(self.pending) < self.active or self.error is not None:
+            return
+        batch, self.pending = dict(sorted(self.pending.items())), {}
+        try:
+            self.results.update(zip(batch, self.harness.decode(list(batch.values())), strict=True))
+        except BaseException as exc:
+            self.error = exc
+        self.cv.notify_all()
+
+
+def first_call_other(episode) -> bool:
+    """The episode's first tool call names another order than the customer's."""
+    order = str(episode.task.hidden["order_id"]).upper()
+    for message in episode.messages:
+        for call in message.get("tool_calls") or []:
+            try:
+                arguments = json.loads((call.get("function") or {}).get("arguments") or "{}")
+            except ValueError:
+                return True
+            return str(arguments.get("order_id", "")).strip().upper() != order
+    return False
+
+
+def measure(harness: Harness, tasks, *, seed: int, label: str) -> dict[str, Any]:
+    """Play each task once (episode i seeded with seed·100003 + i): rates and their counts."""
+    harness.model.eval()
+    rows = []
+    started = time.time()
+    for start in range(0, len(tasks), 16):
+        episodes = harness.episodes(tasks[start : start + 16], seed=seed * 1_000 + start)
+        for episode in episodes:
+            rows.append(
+                {
+                    "task": episode.task.id,
+                    "refund": episode.task.hidden["refund"],
+                    "success": episode.reward >= 1.0,
+                    "collateral": bool(episode.audit.collateral_changes),
+                    "unknown_ids": bool(episode.audit.unknown_ids),
+                    "first_call_other": first_call_other(episode),
+                    "end": episode.end,
+                    "transcript": [m.get("content") or json.dumps(m.get("tool_calls")) for m in episode.messages[2:]][
+                        :8
+                    ],
+                }
+            )
+        done = sum(r["success"] for r in rows)
+        log(f"  {label}: {len(rows)}/{len(tasks)} episodes, {done} succeeded ({time.time() - started:.0f} s)")
+    n = len(rows)
+    summary = {
+        "n": n,
+        "successes": sum(r["success"] for r in rows),
+        "collateral": sum(r["collateral"] for r in rows),
+        "unknown_ids": sum(r["unknown_ids"] for r in rows),
+        "first_call_other": sum(r["first_call_other"] for r in rows),
+        "refundable_refunded": sum(r["success"] for r in rows if r["refund"]),
+        "refundable": sum(1 for r in rows if r["refund"]),
+        "others_left_alone": sum(r["success"] for r in rows if not r["refund"]),
+        "others": sum(1 for r in rows if not r["refund"]),
+        "seconds": round(time.time() - started, 1),
+    }
+    summary["success_rate"] = summary["successes"] / n
+    summary["collateral_rate"] = summary["collateral"] / n
+    summary["unknown_id_rate"] = summary["unknown_ids"] / n
+    summary["episodes"] = rows
+    return summary
+
+
+def eval_tasks(*, split: str, episodes: int, seed: int, fresh_seed: int | None = None):
+    """`episodes` graded tasks of `split`, the same for a base and a candidate of one seed."""
+    from training.environments.support_desk import tasks_sample
+
+    return tasks_sample(split=split, count=episodes, seed=10_000 + seed, graded_share=1.0, fresh_seed=fresh_seed)
+
+
+# --- training ----------------------------------------------------------------------------
+
+
+def oracle_items(tasks, *, prefix: str):
+    """One SFT item per oracle turn of each task (see `oracle_turns`)."""
+    from training.environments.support_desk import SupportDesk, oracle_turns
+    from training.grpo.items import TurnItem
+
+    env = SupportDesk()
+    items = []
+    for task in tasks:
+        for k, turn in enumerate(oracle_turns(task=task, env=env)):
+            items.append(
+                TurnItem(
+                    id=f"{prefix}:{task.id}:{k}",
+                    messages=turn["messages"],
+                    tools=task.tools,
+                    target=turn["target"],
+                    reference=turn["reference"],
+                    grader="tool_action",
+                )
+            )
+    return items
+
+
+def base_answers(harness: Harness, tasks, *, seed: int, prefix: str):
+    """The base model's own first turns on `tasks` (other turns: tracking questions), as
+    SFT items that keep that behaviour."""
+    import torch
+
+    from training.grpo.items import TurnItem
+    from training.grpo.sampling import encode_prompt
+
+    harness.model.eval()
+    rows = []
+    for i, task in enumerate(tasks):
+        generator = torch.Generator().manual_seed(seed * 7_919 + i)
+        ids = encode_prompt(harness.tokenizer, task.first_messages(), task.tools)
+        rows.append((ids, harness.first, generator, MAX_TURN_TOKENS))
+    items = []
+    for start in range(0, len(rows), 16):
+        decoded = harness.decode(rows[start : start + 16])
+        for task, (text, _, ended) in zip(tasks[start : start + 16], decoded, strict=True):
+            if ended:
+                items.append(
+                    TurnItem(id=f"{prefix}:{task.id}", messages=task.first_messages(), tools=task.tools, target=text)
+                )
+    return items
+
+
+def train(recipe: dict[str, Any], *, seed: int, run_dir: Path):
+    """SFT (LoRA on the top blocks) with `sft_train`; with `early_stop`, the validation
+    split's turns are graded every `eval_every` steps and the best adapter is kept."""
+    import torch
+
+    from training.environments.support_desk import SupportDesk
+    from training.grpo.common import Hooks
+    from training.grpo.config import SFTConfig
+    from training.grpo.distill import sft_train
+    from training.grpo.items import grader_scorer
+    from training.grpo.policy import load_policy
+
+    desk = SupportDesk()
+    train_tasks = desk.tasks_for(split="train", graded=True)
+    if recipe["orders"]:
+        refundable = [t for t in train_tasks if t.hidden["refund"]][: recipe["orders"] // 2]
+        refused = [t for t in train_tasks if not t.hidden["refund"]][: recipe["orders"] - len(refundable)]
+        train_tasks = refundable + refused
+    items = oracle_items(train_tasks, prefix="train")
+    rng = random.Random(seed)
+    validation = oracle_items(desk.tasks_for(split="validation", graded=True), prefix="validation")
+    validation = rng.sample(validation, min(recipe["validation_turns"], len(validation)))
+    config = SFTConfig(
+        model_path=str(MODEL),
+        adapter="lora",
+        lora_rank=recipe["lora_rank"],
+        lora_alpha=recipe["lora_alpha"],
+        trainable_layers=recipe["trainable_layers"],
+        learning_rate=recipe["learning_rate"],
+        steps=recipe["steps"],
+        prompts_per_step=recipe["prompts_per_step"],
+        seed=seed,
+        eval_every=recipe["eval_every"] if recipe["early_stop"] else 0,
+        eval_samples=1,
+        max_new_tokens=40,
+        temperature=TEMPERATURE,
+        checkpoint_every=0,
+        samples_every=0,
+        torch_threads=1,
+    )
+    torch.manual_seed(seed)
+    policy = load_policy(config)
+    mixed = 0
+    if recipe["mix_base"]:
+        harness = Harness(policy.model, policy.tokenizer)
+        with policy.model.disable_adapter():
+            others = desk.tasks_for(split="train", graded=False)
+            wanted = int(len(items) * recipe["mix_base"])
+            extra = base_answers(harness, rng.sample(others, min(wanted, len(others))), seed=seed, prefix="base")
+        items += extra
+        mixed = len(extra)
+        policy.model.train()
+    best = {"step": 0, "reward": -1.0, "state": None}
+    evals: list[dict] = []
+    stale = [0]
+
+    def on_eval(step: int, metrics: dict) -> None:
+        evals.append({"step": step, **{k: v for k, v in metrics.items() if isinstance(v, int | float)}})
+        log(f"  validation turns at step {step}: reward {metrics.get('reward', 0):.3f}")
+        if metrics.get("reward", 0) > best["reward"]:
+            best.update(step=step, reward=metrics["reward"])
+            best["state"] = {k: v.detach().clone() for k, v in policy.model.named_parameters() if v.requires_grad}
+            stale[0] = 0
+        else:
+            stale[0] += 1
+
+    def on_step(step: int, metrics: dict) -> None:
+        if step % 10 == 0:
+            log(f"  step {step}: loss {metrics['loss']:.3f} ({metrics['step_seconds']:.1f} s)")
+
+    hooks = Hooks(
+        on_eval=on_eval,
+        on_step=on_step,
+        should_stop=lambda: recipe["early_stop"] and stale[0] >= recipe["patience"],
+    )
+    started = time.time()
+    result = sft_train(
+        config=config,
+        items=items,
+        run_dir=run_dir,
+        eval_items=validation if recipe["early_stop"] else None,
+        eval_score=grader_scorer("tool_action") if recipe["early_stop"] else None,
+        hooks=hooks,
+        policy=policy,
+        export=False,
+    )
+    kept = result.step
+    if recipe["early_stop"] and best["state"] is not None:
+        params = dict(policy.model.named_parameters())
+        with torch.no_grad():
+            for name, value in best["state"].items():
+                params[name].copy_(value)
+        kept = best["step"]
+    info = {
+        "train_orders": len(train_tasks),
+        "train_items": len(items),
+        "base_items_mixed": mixed,
+        "steps_run": result.step,
+        "step_kept": kept,
+        "status": result.status,
+        "validation": evals,
+        "final_loss": result.history[-1]["loss"] if result.history else None,
+        "train_seconds": round(time.time() - started, 1),
+    }
+    return policy, info
+
+
+# --- the runs ------------------------------------------------------------------------------
+
+
+def append(record: dict[str, Any]) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    with (OUT / "runs.jsonl").open("a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def load_base():
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(MODEL)
+    model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32)
+    return model, tokenizer
+
+
+def slim(m: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in m.items() if k != "episodes"}
+
+
+def command_base(args) -> None:
+    model, tokenizer = load_base()
+    harness = Harness(model, tokenizer)
+    for split, fresh in ((args.split, None), *((("fresh", f),) for f in args.fresh_seed)):
+        tasks = eval_tasks(split=split, episodes=args.episodes, seed=args.seed, fresh_seed=fresh)
+        label = f"base {split}{'' if fresh is None else f' {fresh}'} seed {args.seed}"
+        result = measure(harness, tasks, seed=args.seed, label=label)
+        log(f"{label}: {json.dumps(slim(result))}")
+        append(
+            {
+                "kind": "base",
+                "seed": args.seed,
+                "split": split,
+                "fresh_seed": fresh,
+                "measure": result,
+                "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            }
+        )
+
+
+def command_run(args) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    recipe = {**BASE_RECIPE, **RECIPES[args.recipe]}
+    for key in ("steps", "lora_rank", "orders"):
+        if getattr(args, key) is not None:
+            recipe[key] = getattr(args, key)
+    run_dir = OUT / "runs" / f"{args.recipe}-seed{args.seed}-{int(time.time())}"
+    log(f"recipe {args.recipe} seed {args.seed}: {recipe}")
+    policy, info = train(recipe, seed=args.seed, run_dir=run_dir)
+    log(f"trained: {json.dumps({k: v for k, v in info.items() if k != 'validation'})}")
+    harness = Harness(policy.model, policy.tokenizer)
+    measures = {}
+    for split, fresh in ((args.split, None), *((("fresh", f),) for f in args.fresh_seed)):
+        if args.episodes <= 0:
+            continue
+        tasks = eval_tasks(split=split, episodes=args.episodes, seed=args.seed, fresh_seed=fresh)
+        label = f"{args.recipe} {split}{'' if fresh is None else f' {fresh}'} seed {args.seed}"
+        result = measure(harness, tasks, seed=args.seed, label=label)
+        log(f"{label}: {json.dumps(slim(result))}")
+        measures[split if fresh is None else f"fresh-{fresh}"] = result
+    append(
+        {
+            "kind": "candidate",
+            "recipe": args.recipe,
+            "settings": recipe,
+            "seed": args.seed,
+            "train": info,
+            "measures": measures,
+            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+    )
+
+
+# --- the summary ---------------------------------------------------------------------------
+
+
+def command_summary(args) -> None:
+    from training.evaluation.seeds import interval_text
+
+    path = OUT / "runs.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    base = {}
+    for r in records:
+        if r["kind"] == "base":
+            key = r["split"] if r["fresh_seed"] is None else f"fresh-{r['fresh_seed']}"
+            base[(key, r["seed"])] = r["measure"]
+    by_recipe: dict[str, list[dict]] = {}
+    for r in records:
+        if r["kind"] == "candidate":
+            by_recipe.setdefault(r["recipe"], []).append(r)
+    print("Rates per seed; mean over seeds with its 95 % t interval (oracle-graded episodes):\n")
+    print(
+        "| recipe | slice | seeds | episodes/seed | base success | candidate success | gain | "
+        "base collateral | candidate collateral | candidate unknown ids | steps kept |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for recipe, runs in by_recipe.items():
+        slices = sorted({k for r in runs for k in r["measures"]})
+        for key in slices:
+            pairs = [(r, base.get((key, r["seed"]))) for r in runs if key in r["measures"]]
+            pairs = [(r, b) for r, b in pairs if b is not None]
+            if not pairs:
+                continue
+            cand = [r["measures"][key] for r, _ in pairs]
+            bases = [b for _, b in pairs]
+            print(
+                f"| {recipe} | {key} | {','.join(str(r['seed']) for r, _ in pairs)} | {cand[0]['n']} | "
+                f"{interval_text([b['success_rate'] for b in bases])} | {interval_text([c['success_rate'] for c in cand])} | "
+                f"{interval_text([c['success_rate'] - b['success_rate'] for c, b in zip(cand, bases, strict=True)])} | "
+                f"{interval_text([b['collateral_rate'] for b in bases])} | {interval_text([c['collateral_rate'] for c in cand])} | "
+                f"{interval_text([c['unknown_id_rate'] for c in cand])} | "
+                f"{','.join(str(r['train']['step_kept']) for r, _ in pairs)} |"
+            )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("base", "run"):
+        p = sub.add_parser(name)
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--episodes", type=int, default=48, help="test episodes per measurement")
+        p.add_argument("--split", default="test", choices=["test", "validation"])
+        p.add_argument("--fresh-seed", type=int, action="append", default=[], help="also measure this fresh slice")
+        if name == "run":
+            p.add_argument("--recipe", choices=sorted(RECIPES), required=True)
+            p.add_argument("--steps", type=int)
+            p.add_argument("--lora-rank", dest="lora_rank", type=int)
+            p.add_argument("--orders", type=int)
+    sub.add_parser("summary")
+    args = parser.parse_args()
+    if args.command == "summary":
+        command_summary(args)
+        return 0
+    import django
+
+    django.setup()
+    import torch
+
+    torch.set_num_threads(1)
+    cpu_attention()
+    {"base": command_base, "run": command_run}[args.command](args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
