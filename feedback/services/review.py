@@ -23,6 +23,8 @@ from feedback.services.judging import judge_on_comment
 MAX_COMMENT_CHARS = 20_000
 MAX_CORRECTION_CHARS = 100_000
 MAX_TOOL_CALLS = 32
+# What the pages state beside each free-text field.
+REVIEW_LIMITS = {"comment": MAX_COMMENT_CHARS, "correction": MAX_CORRECTION_CHARS, "note": MAX_COMMENT_CHARS}
 
 
 def _no_nul(value: str, field: str) -> str:

@@ -20,6 +20,7 @@ from feedback.permissions import ANNOTATE, can_see_trace
 from feedback.selectors.review import pretty_json, tool_names, trace_by_id, turn_single
 from feedback.services.chat_format import FieldError
 from feedback.services.review import (
+    REVIEW_LIMITS,
     comment_add,
     comment_delete,
     comment_edit,
@@ -48,7 +49,14 @@ def _message(request: HttpRequest, trace_id: int, position: int) -> Message:
 def _turn_response(request: HttpRequest, message: Message, fragment: str, status: int = 200, **extra) -> HttpResponse:
     if request.htmx:
         turn = turn_single(trace=message.trace, position=message.position, user=request.user)
-        context = {"turn": turn, "trace": message.trace, "can_annotate": True, "here": safe_next(request, ""), **extra}
+        context = {
+            "turn": turn,
+            "trace": message.trace,
+            "can_annotate": True,
+            "here": safe_next(request, ""),
+            "limits": REVIEW_LIMITS,
+            **extra,
+        }
         return render(request, f"feedback/trace_detail.html#{fragment}", context, status=status)
     if status >= 400:
         return render(request, "feedback/form_error.html", {"error": extra.get("error")}, status=status)

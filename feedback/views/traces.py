@@ -17,6 +17,7 @@ from feedback.selectors.judge import judge_results_for_messages
 from feedback.selectors.review import json_pretty, trace_by_id, trace_review
 from feedback.selectors.trace_list import Cursor, flag_names, trace_neighbour, trace_page
 from feedback.selectors.traces import message_as_openai
+from feedback.services.review import REVIEW_LIMITS
 from feedback.views.common import dashboard_view, filter_query, with_csp
 
 
@@ -79,6 +80,7 @@ def trace_detail_context(request: HttpRequest, trace: Trace, **extra) -> dict:
         "query": query,
         "can_annotate": can_annotate(request.user),
         "here": request.get_full_path(),
+        "limits": REVIEW_LIMITS,
         **extra,
     }
 
