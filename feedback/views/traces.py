@@ -18,6 +18,7 @@ from feedback.selectors.review import json_pretty, trace_by_id, trace_review
 from feedback.selectors.trace_list import Cursor, flag_names, trace_neighbour, trace_page
 from feedback.selectors.traces import message_as_openai
 from feedback.services.review import REVIEW_LIMITS
+from feedback.templatetags.judge_tags import reward_class
 from feedback.views.common import dashboard_view, filter_query, with_csp
 
 
@@ -36,6 +37,7 @@ def trace_list(request: HttpRequest) -> HttpResponse:
         row["href"] = f"{prefix}{row['id']}{suffix}"
         row["started"] = row["started_at"].strftime("%Y-%m-%d %H:%M:%S")
         row["model"] = row["model_version__name"] or row["model_name"]
+        row["reward_class"] = reward_class(row.get("judge_reward"))
         preview = row["preview"]
         row["preview"] = preview if len(preview) <= 140 else preview[:139] + "…"
         row["label"] = row["external_id"] if len(row["external_id"]) <= 40 else row["external_id"][:39] + "…"
