@@ -226,13 +226,36 @@
     if (row && !event.target.closest("a")) window.location.href = row.dataset.href;
   });
 
-  // Correction editor: add and remove tool-call rows.
+  // Correction editor: add and remove tool-call rows; Cancel closes an inline editor.
   document.addEventListener("click", function (event) {
-    if (event.target.id === "add-tool-row") {
-      var template = document.getElementById("tool-row-template");
-      document.getElementById("tool-rows").appendChild(template.content.cloneNode(true));
-    } else if (event.target.classList && event.target.classList.contains("remove-tool-row")) {
-      event.target.closest(".tool-row").remove();
+    var target = event.target;
+    if (!target.classList) return;
+    if (target.classList.contains("add-tool-row")) {
+      var form = target.closest("form");
+      var template = form.querySelector("template.tool-row-template");
+      form.querySelector(".tool-rows").appendChild(template.content.cloneNode(true));
+    } else if (target.classList.contains("remove-tool-row")) {
+      target.closest(".tool-row").remove();
+    } else if (target.classList.contains("cancel-correction")) {
+      var slot = target.closest(".correction-slot");
+      if (slot) slot.innerHTML = "";
     }
+  });
+
+  // After htmx puts a form back with an error, show the error: scroll it into view beside
+  // its field and put the cursor in that field.
+  document.addEventListener("htmx:afterSettle", function (event) {
+    var target = event.detail && event.detail.elt;
+    var error = target && target.querySelector && target.querySelector(".error[role=alert]");
+    if (!error) return;
+    error.scrollIntoView({ block: "center" });
+    var field = (error.closest(".tool-row") || target).querySelector("[aria-invalid=true]");
+    if (field) field.focus({ preventScroll: true });
+  });
+
+  // On a page load with an error (no htmx), do the same.
+  document.addEventListener("DOMContentLoaded", function () {
+    var error = document.querySelector("main .error[role=alert]");
+    if (error) error.scrollIntoView({ block: "center" });
   });
 })();
