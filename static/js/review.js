@@ -220,6 +220,22 @@
     }
   }, true);
 
+  // The filter form shows what the address says: after back/forward (htmx restores the list
+  // from its history, or the browser from its cache) the fields follow the URL.
+  function syncFilters() {
+    var form = document.getElementById("filters");
+    if (!form) return;
+    var params = new URLSearchParams(window.location.search);
+    Array.prototype.forEach.call(form.elements, function (el) {
+      if (!el.name || el.type === "hidden" || el.type === "submit") return;
+      var value = params.get(el.name);
+      if (el.type === "checkbox") el.checked = value !== null;
+      else el.value = value === null ? "" : value;
+    });
+  }
+  document.addEventListener("htmx:historyRestore", syncFilters);
+  window.addEventListener("pageshow", syncFilters);
+
   // Clicking a list row opens the trace.
   document.addEventListener("click", function (event) {
     var row = event.target.closest && event.target.closest("tr.trace-row");
