@@ -76,6 +76,12 @@ def fork_key(root: str, position: int, digest: str) -> str:
     return root[: TRACE_KEY_MAX - len(suffix)] + suffix
 
 
+def exchange_ended_at(ex: Exchange) -> datetime:
+    """When an exchange's answer was complete: its start plus its latency (a gateway trace
+    ends with its last answer)."""
+    return datetime.fromtimestamp(ex.started_at + ex.latency_ms / 1000.0, tz=UTC)
+
+
 def new_trace_key() -> str:
     return f"gw-{uuid.uuid4().hex}"
 
@@ -106,7 +112,8 @@ def _assistant(
     raw: dict[str, Any] = {"role": "assistant", "content": content}
     if tool_calls:
         raw["tool_calls"] = tool_calls
-    raw["practicum"] = {"params": ex.params, "status": ex.status, **gateway}
+    # When the request started (epoch seconds): the trace page's latency timeline.
+    raw["practicum"] = {"params": ex.params, "status": ex.status, "started_at": round(ex.started_at, 6), **gateway}
     if ex.ttft_ms is not None:
         raw["practicum"]["ttft_ms"] = round(ex.ttft_ms, 3)
     serving = dict(serving)
@@ -322,7 +329,7 @@ class _Batch:
             "model_name": ex.requested_model[:200],
             "model_version_id": ex.version_id,
             "started_at": started,
-            "ended_at": None,
+            "ended_at": exchange_ended_at(ex),
             "created_at": self.now,
             "updated_at": self.now,
             "status": TraceStatus.ERROR if ex.status == ExchangeStatus.ERROR else TraceStatus.OK,
@@ -376,7 +383,9 @@ class _Batch:
 
     def write(self) -> None:
         new = [(k, s) for k, s in self.states.items() if s is not None and s.row is not None]
-        ids = traces_insert([{**s.row, **trace_counts(s.appended)} for _, s in new])
+        ids = traces_insert(
+            [{**s.row, **trace_counts(s.appended), "ended_at": exchange_ended_at(s.last)} for _, s in new]
+        )
         for (_, s), trace_id in zip(new, ids, strict=True):
             s.id = trace_id
         rows: list[tuple] = []
@@ -397,6 +406,7 @@ class _Batch:
                 t.status = TraceStatus.ERROR if ex.status == ExchangeStatus.ERROR else TraceStatus.OK
                 t.model_version_id = ex.version_id or t.model_version_id
                 t.tools = t.tools or ex.tools
+                t.ended_at = max(filter(None, (t.ended_at, exchange_ended_at(ex))))
                 updated.append(t)
         messages_insert(rows)
         if updated:
@@ -412,6 +422,7 @@ class _Batch:
                     "status",
                     "model_version_id",
                     "tools",
+                    "ended_at",
                 ],
             )
 
