@@ -12,7 +12,7 @@ REDIS_URL ?= redis://127.0.0.1:6379/15
 TEST_DATABASE_URL = $(or $(DATABASE_URL),$(shell pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null && echo $(PG_URL)))
 TEST_BROKER_URL = $(or $(CELERY_BROKER_URL),$(shell (redis-cli -h 127.0.0.1 ping 2>/dev/null | grep -q PONG) && echo $(REDIS_URL)))
 
-.PHONY: help install demo test lint format bench migrate browser-deps clean inference learn-demo episodes-demo gpu-check
+.PHONY: help install demo test lint format bench migrate browser-deps screenshots clean inference learn-demo episodes-demo gpu-check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -69,6 +69,11 @@ inference: migrate ## serve the live base model and adapters with vLLM on 127.0.
 
 browser-deps: ## install Debian's chromium for the browser tests (root)
 	@test -x /usr/bin/chromium || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
+
+screenshots: install ## regenerate docs/screenshots/ from the browser tests (a plain test run writes var/screenshots/)
+	DATABASE_URL="$(TEST_DATABASE_URL)" CELERY_BROKER_URL="$(TEST_BROKER_URL)" \
+	  PRACTICUM_DATA_DIR="$(CURDIR)/var/test" PRACTICUM_SCREENSHOTS_DIR="$(CURDIR)/docs/screenshots" \
+	  $(PY) -m pytest -m browser tests/browser $(PYTEST_ARGS)
 
 clean: ## remove the virtualenv and local data
 	rm -rf .venv var

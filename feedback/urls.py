@@ -37,6 +37,7 @@ urlpatterns += [
     path("judge/results/<int:result_id>/", judge.judge_result_detail, name="judge-result"),
     path("judge/agreement/", judge.judge_agreement, name="judge-agreement"),
     path("traces/<int:trace_id>/messages/<int:position>/judge", judge.judge_turn_view, name="judge-turn"),
+    path("traces/<int:trace_id>/messages/<int:position>/judgement", judge.judge_turn_status, name="judge-turn-status"),
     path("failure-modes/", failure_modes.failure_modes, name="failure-modes"),
     path("failure-modes/runs", failure_modes.failure_mode_run_create_view, name="failure-mode-run-create"),
 ]

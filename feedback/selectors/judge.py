@@ -5,7 +5,8 @@ use its rewards)."""
 from __future__ import annotations
 
 import os
-from collections import defaultdict
+import re
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,9 +67,10 @@ def judge_is_configured(*, deployment: Deployment | None = None) -> bool:
 
 
 def judge_results_for_messages(*, message_ids: list[int]) -> dict[int, list[JudgeResult]]:
-    """Each message's judgements, newest first."""
+    """Each message's judgements, newest first, each with its `doubts` (judge_result_doubts)."""
     out: dict[int, list[JudgeResult]] = {}
     for r in JudgeResult.objects.filter(message_id__in=message_ids).order_by("-created_at", "-id"):
+        r.doubts = judge_result_doubts(r)
         out.setdefault(r.message_id, []).append(r)
     return out
 
@@ -366,3 +368,38 @@ def agreement_as_dict(row: VersionAgreement) -> dict[str, Any]:
         ],
         "training_gate": {"allowed": row.gate.allowed, "reason": row.gate.reason},
     }
+
+
+def _garbled(text: str) -> bool:
+    """Text no reader could use: empty, mostly not letters, or one word over and over."""
+    stripped = text.strip()
+    if not stripped:
+        return True
+    letters = sum(ch.isalpha() for ch in stripped)
+    if letters / len(stripped) < 0.5:
+        return True
+    words = re.findall(r"\w+", stripped.lower())
+    return len(words) >= 6 and Counter(words).most_common(1)[0][1] / len(words) > 0.5
+
+
+def judge_result_doubts(result: JudgeResult) -> list[str]:
+    """Why a judgement that passed the schema still should not be read as a plain success:
+    the judge's earlier answers were rejected, its output was cut off, or its rationale or
+    rubric is garbled (a corrected response may be a tool call, so it is not read this way). Empty when nothing is in doubt (and for judgements that did not succeed)."""
+    if result.status != JudgeStatus.SUCCEEDED:
+        return []
+    doubts = []
+    attempts = result.attempts or []
+    rejected = [a for a in attempts if a.get("error")]
+    if rejected:
+        first = str(rejected[0].get("error", ""))[:120]
+        doubts.append(f"the judge's first {len(rejected)} answer(s) were rejected ({first})")
+    if attempts and attempts[-1].get("finish_reason") == "length":
+        doubts.append("the accepted answer was cut off at the token limit")
+    if _garbled(result.rationale or ""):
+        doubts.append("the rationale is garbled")
+    criteria = (result.rubric or {}).get("criteria") or []
+    garbled = sum(1 for c in criteria if _garbled(str(c.get("criterion", "")) if isinstance(c, dict) else ""))
+    if garbled:
+        doubts.append(f"{garbled} of {len(criteria)} rubric criteria are garbled")
+    return doubts

@@ -70,3 +70,67 @@ def queue_progress(queue: AnnotationQueue) -> tuple[int, list[ReviewerProgress]]
     ):
         row(user_id).skipped = n
     return done_total, sorted(rows.values(), key=lambda r: (-r.done, r.username))
+
+
+@dataclass(slots=True)
+class QueueItemRow:
+    """One item of a queue as its page lists it: where it stands and whether this person may open it."""
+
+    id: int
+    position: int
+    trace_label: str
+    state: str  # "done", "held", "skipped" (by this person), "pending"
+    who: str
+    can_open: bool
+
+
+def queue_items(queue: AnnotationQueue, *, user, can_browse: bool, limit: int = 500) -> list[QueueItemRow]:
+    """The queue's items in order, each with its state. A reviewer opens the items they hold
+    or finished; a person who may browse traces opens any."""
+    now = timezone.now()
+    skipped = set(QueueSkip.objects.filter(item__queue=queue, user=user).values_list("item_id", flat=True))
+    rows = []
+    items = (
+        QueueItem.objects.filter(queue=queue)
+        .select_related("done_by", "locked_by", "trace")
+        .only(
+            "id", "position", "status", "locked_until", "trace__external_id", "done_by__username", "locked_by__username"
+        )
+        .order_by("position")[:limit]
+    )
+    for item in items:
+        held = item.status == QueueItemStatus.PENDING and item.locked_until is not None and item.locked_until > now
+        if item.status == QueueItemStatus.DONE:
+            state, who = "done", item.done_by.username if item.done_by else ""
+        elif held:
+            state, who = "held", item.locked_by.username if item.locked_by else ""
+        elif item.pk in skipped:
+            state, who = "skipped", user.username
+        else:
+            state, who = "pending", ""
+        mine = (state == "done" and item.done_by_id == user.pk) or (state == "held" and item.locked_by_id == user.pk)
+        label = item.trace.external_id
+        rows.append(
+            QueueItemRow(
+                id=item.pk,
+                position=item.position,
+                trace_label=label if len(label) <= 60 else label[:59] + "…",
+                state=state,
+                who=who,
+                can_open=mine or can_browse,
+            )
+        )
+    return rows
+
+
+def queue_item_neighbours(item: QueueItem, *, user) -> tuple[QueueItem | None, QueueItem | None]:
+    """The items before and after `item` that this person worked on (finished, or holds now):
+    what "previous item" and "next item" go back and forth between."""
+    now = timezone.now()
+    mine = QueueItem.objects.filter(queue_id=item.queue_id).filter(
+        Q(done_by=user, status=QueueItemStatus.DONE)
+        | Q(locked_by=user, locked_until__gt=now, status=QueueItemStatus.PENDING)
+    )
+    previous = mine.filter(position__lt=item.position).order_by("-position").only("id", "position").first()
+    following = mine.filter(position__gt=item.position).order_by("position").only("id", "position").first()
+    return previous, following

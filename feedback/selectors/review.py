@@ -9,9 +9,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db.models import Q
+from django.db.models.fields.json import KT
 from django.db.models.functions import Length, Substr
 
-from feedback.models import Comment, Correction, CustomerFeedback, Message, Trace, TraceFlag, TurnRating
+from feedback.models import (
+    Comment,
+    Correction,
+    CustomerFeedback,
+    Message,
+    Trace,
+    TraceFlag,
+    TraceSource,
+    TurnRating,
+)
 from feedback.permissions import can_see_customer_feedback
 from feedback.services.chat_format import MAX_JSON_DEPTH, json_depth, json_loads_bounded
 
@@ -106,6 +116,7 @@ class TraceReview:
     forks: list[Trace] = field(default_factory=list)  # forks of this one, oldest first (at most 50)
     first_position: int = 0  # of this page
     last_position: int = -1
+    timeline: list[TimelineBar] = field(default_factory=list)
 
     @property
     def page_numbers(self) -> list[int]:
@@ -114,6 +125,49 @@ class TraceReview:
 
 def trace_page_count(trace: Trace, page_size: int = TURNS_PER_PAGE) -> int:
     return max(1, -(-trace.message_count // page_size))
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineBar:
+    """One assistant turn on the trace's latency timeline: where it starts and how long it
+    took, in ms from the trace's start and as percentages of the span drawn."""
+
+    position: int
+    start_ms: float
+    latency_ms: float
+    left_pct: float
+    width_pct: float
+
+
+def trace_timeline(*, trace: Trace, turns: list[Turn]) -> tuple[list[TimelineBar], float | None]:
+    """The assistant turns' latencies laid out in time, and the span they cover (seconds).
+
+    A turn captured by the gateway carries the time its request started
+    (`raw.practicum.started_at`, epoch seconds); a turn without it is drawn right after the
+    previous one, so an ingested trace still shows how its time was spent."""
+    timed = [t for t in turns if t.is_assistant and t.message.latency_ms is not None]
+    if not timed:
+        return [], None
+    starts = dict(
+        Message.objects.filter(pk__in=[t.message.pk for t in timed]).values_list("pk", KT("raw__practicum__started_at"))
+    )
+    origin = trace.started_at.timestamp()
+    spans: list[tuple[int, float, float]] = []
+    cursor = 0.0
+    for t in timed:
+        try:
+            start = (float(starts.get(t.message.pk)) - origin) * 1000.0
+        except (TypeError, ValueError):
+            start = cursor
+        start = max(start, 0.0)
+        spans.append((t.message.position, start, float(t.message.latency_ms)))
+        cursor = max(cursor, start + float(t.message.latency_ms))
+    total = max(cursor, 1e-9)
+    bars = [
+        TimelineBar(pos, start, latency, round(100 * start / total, 2), max(round(100 * latency / total, 2), 0.5))
+        for pos, start, latency in spans
+    ]
+    return bars, cursor / 1000.0
 
 
 def trace_page_of(position: int, page_size: int = TURNS_PER_PAGE) -> int:
@@ -214,7 +268,6 @@ def trace_review(*, trace: Trace, user, page: int = 1, page_size: int = TURNS_PE
         if f.message_id in by_id:
             by_id[f.message_id].feedback.append(f)
         trace_feedback.append(f)
-    duration = (trace.ended_at - trace.started_at).total_seconds() if trace.ended_at else None
     # Its parent and its forks in one query (the FK's index serves `forked_from`).
     related = (
         Trace.objects.filter(Q(id=trace.forked_from_id) | Q(forked_from=trace))
@@ -228,6 +281,13 @@ def trace_review(*, trace: Trace, user, page: int = 1, page_size: int = TURNS_PE
             parent = other
         else:
             forks.append(other)
+    timeline, span_s = trace_timeline(trace=trace, turns=turns)
+    # A gateway trace's end is its last answer; older gateway traces have no `ended_at`, so
+    # their duration comes from the timeline of their turns.
+    if trace.ended_at:
+        duration = (trace.ended_at - trace.started_at).total_seconds()
+    else:
+        duration = span_s if trace.source == TraceSource.GATEWAY else None
     return TraceReview(
         trace=trace,
         turns=turns,
@@ -249,6 +309,7 @@ def trace_review(*, trace: Trace, user, page: int = 1, page_size: int = TURNS_PE
         forks=forks[:50],
         first_position=first,
         last_position=first + len(turns) - 1,
+        timeline=timeline,
     )
 
 

@@ -86,6 +86,12 @@ def fork_key(root: str, position: int, digest: str) -> str:
     return root[: TRACE_KEY_MAX - len(suffix)] + suffix
 
 
+def exchange_ended_at(ex: Exchange) -> datetime:
+    """When an exchange's answer was complete: its start plus its latency (a gateway trace
+    ends with its last answer)."""
+    return datetime.fromtimestamp(ex.started_at + ex.latency_ms / 1000.0, tz=UTC)
+
+
 def new_trace_key() -> str:
     return f"gw-{uuid.uuid4().hex}"
 
@@ -116,7 +122,8 @@ def _assistant(
     raw: dict[str, Any] = {"role": "assistant", "content": content}
     if tool_calls:
         raw["tool_calls"] = tool_calls
-    raw["practicum"] = {"params": ex.params, "status": ex.status, **gateway}
+    # When the request started (epoch seconds): the trace page's latency timeline.
+    raw["practicum"] = {"params": ex.params, "status": ex.status, "started_at": round(ex.started_at, 6), **gateway}
     if ex.ttft_ms is not None:
         raw["practicum"]["ttft_ms"] = round(ex.ttft_ms, 3)
     serving = dict(serving)
@@ -337,7 +344,7 @@ class _Batch:
             "model_name": ex.requested_model[:200],
             "model_version_id": ex.version_id,
             "started_at": started,
-            "ended_at": None,
+            "ended_at": exchange_ended_at(ex),
             "created_at": self.now,
             "updated_at": self.now,
             "status": TraceStatus.ERROR if ex.status == ExchangeStatus.ERROR else TraceStatus.OK,
@@ -411,7 +418,9 @@ class _Batch:
                     s.row["forked_from_id"] = parent.id
                 elif parent is not None:
                     late_links.append((s, parent))  # the parent is new in this batch too
-        ids = traces_insert([{**s.row, **trace_counts(s.appended)} for _, s in new])
+        ids = traces_insert(
+            [{**s.row, **trace_counts(s.appended), "ended_at": exchange_ended_at(s.last)} for _, s in new]
+        )
         for (_, s), trace_id in zip(new, ids, strict=True):
             s.id = trace_id
         for s, parent in late_links:
@@ -434,6 +443,7 @@ class _Batch:
                 t.status = TraceStatus.ERROR if ex.status == ExchangeStatus.ERROR else TraceStatus.OK
                 t.model_version_id = ex.version_id or t.model_version_id
                 t.tools = t.tools or ex.tools
+                t.ended_at = max(filter(None, (t.ended_at, exchange_ended_at(ex))))
                 updated.append(t)
         messages_insert(rows)
         if updated:
@@ -454,7 +464,8 @@ _UPDATED = (
     "updated_at",
     "status",
     "model_version_id",
-    "tools",
+    "ended_at",
+    "tools",  # last: written as jsonb
 )
 
 

@@ -23,6 +23,8 @@ from feedback.services.judging import judge_on_comment
 MAX_COMMENT_CHARS = 20_000
 MAX_CORRECTION_CHARS = 100_000
 MAX_TOOL_CALLS = 32
+# What the pages state beside each free-text field.
+REVIEW_LIMITS = {"comment": MAX_COMMENT_CHARS, "correction": MAX_CORRECTION_CHARS, "note": MAX_COMMENT_CHARS}
 
 
 def _no_nul(value: str, field: str) -> str:
@@ -237,6 +239,13 @@ def correction_tool_calls_validate(*, trace: Trace, tool_calls: Any) -> list[dic
     return out
 
 
+def _note(note: str) -> str:
+    note = _no_nul((note or "").strip(), "note")
+    if len(note) > MAX_COMMENT_CHARS:
+        raise FieldError("note", f"{len(note)} characters; at most {MAX_COMMENT_CHARS}")
+    return note
+
+
 def _correction_fields(*, trace: Trace, content: str, tool_calls: Any) -> tuple[str, list | None]:
     content = _no_nul((content or "").strip(), "content")
     if len(content) > MAX_CORRECTION_CHARS:
@@ -260,7 +269,7 @@ def correction_add(
         author=author,
         content=content,
         tool_calls=calls,
-        note=_no_nul((note or "").strip()[:MAX_COMMENT_CHARS], "note"),
+        note=_note(note),
         created_at=now,
         updated_at=now,
     )
@@ -279,7 +288,7 @@ def correction_update(
     correction.content, correction.tool_calls = _correction_fields(
         trace=correction.trace, content=content, tool_calls=tool_calls
     )
-    correction.note = _no_nul((note or "").strip()[:MAX_COMMENT_CHARS], "note")
+    correction.note = _note(note)
     correction.updated_at = now or timezone.now()
     correction.save(update_fields=["content", "tool_calls", "note", "updated_at"])
     return correction

@@ -23,3 +23,16 @@ def ratio(value: float | None, digits: int = 2) -> str:
     if value is None:
         return "—"
     return f"{value:.{int(digits)}f}"
+
+
+@register.filter
+def reward_class(value: float | None) -> str:
+    """A CSS class for a reward in [0, 1], by how good it is: low (< 0.4) red, mid amber,
+    high (>= 0.7) green; none when there is no reward."""
+    if value is None:
+        return "reward-none"
+    if value >= 0.7:
+        return "reward-high"
+    if value >= 0.4:
+        return "reward-mid"
+    return "reward-low"

@@ -3,6 +3,8 @@ details, the agreement page, and re-judging a turn by hand."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from django import forms
 from django.conf import settings
 from django.contrib import messages as flash
@@ -15,7 +17,12 @@ from feedback.judge.client import JudgeNotConfigured
 from feedback.judge.prompts import CURRENT_TURN
 from feedback.models import Deployment, JudgeJob, JudgeResult, JudgeTrigger, Message
 from feedback.permissions import BROWSE, can_see_customer_feedback
-from feedback.selectors.judge import agreement_by_version, judge_endpoint_for
+from feedback.selectors.judge import (
+    agreement_by_version,
+    judge_endpoint_for,
+    judge_result_doubts,
+    judge_results_for_messages,
+)
 from feedback.services.judge_jobs import judge_job_cancel, judge_job_create
 from feedback.services.judging import JudgeError, judge_request
 from feedback.views.common import dashboard_view, safe_next
@@ -119,26 +126,59 @@ def judge_result_detail(request: HttpRequest, result_id: int) -> HttpResponse:
         "human_corrections": result.human_corrections.select_related("author"),
         "swap_checks": result.swap_checks.all(),
         "older": JudgeResult.objects.filter(message_id=result.message_id).exclude(pk=result.pk)[:20],
+        "doubts": judge_result_doubts(result),
     }
     return render(request, "feedback/judge_result.html", context)
+
+
+def _turn_message(request: HttpRequest, trace_id: int, position: int) -> Message:
+    trace = trace_or_404(request, trace_id)
+    message = Message.objects.filter(trace=trace, position=position).first()
+    if message is None:
+        raise Http404("no such message")
+    message.trace = trace
+    return message
+
+
+def _judge_fragment(request: HttpRequest, message: Message, *, judge_error: str = "") -> HttpResponse:
+    """The judge block of one turn, as the trace page shows it (and polls while pending)."""
+    context = {
+        "turn": SimpleNamespace(message=message),
+        "trace": message.trace,
+        "judgements": judge_results_for_messages(message_ids=[message.pk]),
+        "can_judge": request.user.has_perm(RUN_JUDGE),
+        "here": safe_next(request, ""),
+        "judge_error": judge_error,
+    }
+    return render(request, "feedback/_judge_turn.html", context)
 
 
 @require_POST
 @dashboard_view(RUN_JUDGE)
 def judge_turn_view(request: HttpRequest, trace_id: int, position: int) -> HttpResponse:
-    trace = trace_or_404(request, trace_id)
-    message = Message.objects.filter(trace=trace, position=position).first()
-    if message is None:
-        raise Http404("no such message")
-    default = reverse("feedback:trace-detail", args=[trace.pk]) + f"#msg-{position}"
+    """Queue a judgement of one turn. From the trace page (htmx) the turn's judge block comes
+    back showing it pending, and polls until the worker has written the result."""
+    message = _turn_message(request, trace_id, position)
+    default = reverse("feedback:trace-detail", args=[trace_id]) + f"#msg-{position}"
+    error = ""
     try:
-        judge_endpoint_for(deployment=trace.deployment)
+        judge_endpoint_for(deployment=message.trace.deployment)
         judge_request(message=message, trigger=JudgeTrigger.MANUAL, requested_by=request.user)
     except (JudgeNotConfigured, JudgeError) as exc:
-        flash.error(request, str(exc))
+        error = str(exc)
+    if request.htmx:
+        return _judge_fragment(request, message, judge_error=error)
+    if error:
+        flash.error(request, error)
     else:
-        flash.success(request, f"Turn #{position} queued for judging; reload to see the result.")
+        flash.success(request, f"Turn #{position} queued for judging; its result appears under the turn.")
     return redirect(safe_next(request, default))
+
+
+@dashboard_view()
+def judge_turn_status(request: HttpRequest, trace_id: int, position: int) -> HttpResponse:
+    """The judge block of one turn (what the trace page polls while a judgement is under way)."""
+    return _judge_fragment(request, _turn_message(request, trace_id, position))
 
 
 @dashboard_view(BROWSE)

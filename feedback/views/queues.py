@@ -9,9 +9,9 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from feedback.forms import FILTER_FIELDS, QueueCreateForm, TraceFilterForm
-from feedback.models import AnnotationQueue, QueueItem
-from feedback.permissions import BUILD_QUEUE, WORK_QUEUE
-from feedback.selectors.queues import queue_progress, queues_with_progress
+from feedback.models import AnnotationQueue, QueueItem, QueueItemStatus
+from feedback.permissions import BUILD_QUEUE, WORK_QUEUE, can_browse
+from feedback.selectors.queues import queue_item_neighbours, queue_items, queue_progress, queues_with_progress
 from feedback.selectors.trace_list import traces_filtered
 from feedback.services.chat_format import FieldError
 from feedback.services.queues import QueueItemNotHeld, queue_create, queue_item_done, queue_item_skip, queue_next_item
@@ -56,7 +56,13 @@ def queue_create_view(request: HttpRequest) -> HttpResponse:
 def queue_detail(request: HttpRequest, queue_id: int) -> HttpResponse:
     queue = get_object_or_404(AnnotationQueue.objects.select_related("created_by"), pk=queue_id)
     done, reviewers = queue_progress(queue)
-    context = {"queue": queue, "done": done, "reviewers": reviewers, "can_work": request.user.has_perm(WORK_QUEUE)}
+    context = {
+        "queue": queue,
+        "done": done,
+        "reviewers": reviewers,
+        "items": queue_items(queue, user=request.user, can_browse=can_browse(request.user)),
+        "can_work": request.user.has_perm(WORK_QUEUE),
+    }
     return render(request, "feedback/queue_detail.html", context)
 
 
@@ -84,7 +90,16 @@ def queue_item(request: HttpRequest, queue_id: int, item_id: int) -> HttpRespons
     """The trace of a queue item, with Done and Skip; visible while the reviewer holds it."""
     item = _item(request, queue_id, item_id)
     trace = trace_or_404(request, item.trace_id)
-    context = trace_detail_context(request, trace, queue_item=item, queue=item.queue)
+    previous, following = queue_item_neighbours(item, user=request.user)
+    context = trace_detail_context(
+        request,
+        trace,
+        queue_item=item,
+        queue=item.queue,
+        previous_item=previous,
+        next_item=following,
+        holds_item=item.status == QueueItemStatus.PENDING and item.locked_by_id == request.user.pk,
+    )
     return render(request, "feedback/trace_detail.html", context)
 
 

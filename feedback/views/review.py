@@ -13,6 +13,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
+from django_htmx.http import reswap, retarget
 
 from feedback.forms import CommentForm
 from feedback.models import Comment, Correction, Message, RatingKind
@@ -20,6 +21,7 @@ from feedback.permissions import ANNOTATE, can_see_trace
 from feedback.selectors.review import pretty_json, tool_names, trace_by_id, turn_single
 from feedback.services.chat_format import FieldError
 from feedback.services.review import (
+    REVIEW_LIMITS,
     comment_add,
     comment_delete,
     comment_edit,
@@ -48,7 +50,14 @@ def _message(request: HttpRequest, trace_id: int, position: int) -> Message:
 def _turn_response(request: HttpRequest, message: Message, fragment: str, status: int = 200, **extra) -> HttpResponse:
     if request.htmx:
         turn = turn_single(trace=message.trace, position=message.position, user=request.user)
-        context = {"turn": turn, "trace": message.trace, "can_annotate": True, "here": safe_next(request, ""), **extra}
+        context = {
+            "turn": turn,
+            "trace": message.trace,
+            "can_annotate": True,
+            "here": safe_next(request, ""),
+            "limits": REVIEW_LIMITS,
+            **extra,
+        }
         return render(request, f"feedback/trace_detail.html#{fragment}", context, status=status)
     if status >= 400:
         return render(request, "feedback/form_error.html", {"error": extra.get("error")}, status=status)
@@ -148,10 +157,13 @@ def _posted_tool_calls(request: HttpRequest) -> list[dict]:
 @dashboard_view("feedback.add_correction")
 def correction_editor(request: HttpRequest, trace_id: int, position: int) -> HttpResponse:
     """Write the response an assistant turn should have been: text and tool calls, checked
-    against the trace's tool definitions; the original stays as it was."""
+    against the trace's tool definitions; the original stays as it was. From the trace page
+    (htmx) the editor opens inline under the turn and, once saved, the turn's corrections
+    replace it; without scripts it is a page of its own."""
     message = _message(request, trace_id, position)
     if message.role != "assistant":
         raise Http404("only assistant turns can be corrected")
+    inline = bool(request.htmx)
     back = safe_next(request, reverse("feedback:trace-detail", args=[trace_id]) + f"#msg-{position}")
     error, error_row = None, None
     if request.method == "POST":
@@ -169,7 +181,11 @@ def correction_editor(request: HttpRequest, trace_id: int, position: int) -> Htt
             match = _ROW.match(exc.field)
             error_row = int(match.group(1)) if match else None
         else:
+            if inline:
+                response = _turn_response(request, message, "corrections")
+                return reswap(retarget(response, f"#corrections-{position}"), "outerHTML")
             return redirect(back)
+        # What was typed comes back as it was typed, with the error beside its field.
         content, note = request.POST.get("content", ""), request.POST.get("note", "")
         rows = [
             {"id": c.get("id", ""), "name": c["function"]["name"], "arguments": c["function"]["arguments"]}
@@ -192,9 +208,13 @@ def correction_editor(request: HttpRequest, trace_id: int, position: int) -> Htt
         "tool_names": tool_names(message.trace),
         "tools": message.trace.tools,
         "error": error,
+        "error_placed": error is not None and (error_row is not None or error.field in ("content", "note")),
         "back": back,
+        "inline": inline,
+        "limits": REVIEW_LIMITS,
     }
-    return render(request, "feedback/correction_edit.html", context, status=400 if error else 200)
+    template = "feedback/correction_edit.html#editor" if inline else "feedback/correction_edit.html"
+    return render(request, template, context, status=400 if error else 200)
 
 
 @require_POST

@@ -8,15 +8,17 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
-from django_htmx.http import push_url
+from django_htmx.http import push_url, replace_url
 
 from feedback.forms import TraceFilterForm
 from feedback.models import Message, Trace
 from feedback.permissions import BROWSE, BUILD_QUEUE, can_annotate, can_see_trace
 from feedback.selectors.judge import judge_results_for_messages
 from feedback.selectors.review import json_pretty, trace_by_id, trace_review
-from feedback.selectors.trace_list import Cursor, flag_names, trace_neighbour, trace_page
+from feedback.selectors.trace_list import PAGE_SIZE, Cursor, flag_names, trace_neighbour, trace_page
 from feedback.selectors.traces import message_as_openai
+from feedback.services.review import REVIEW_LIMITS
+from feedback.templatetags.judge_tags import reward_class
 from feedback.views.common import dashboard_view, filter_query, with_csp
 
 
@@ -25,7 +27,15 @@ def trace_list(request: HttpRequest) -> HttpResponse:
     form = TraceFilterForm(request.GET if any(request.GET.values()) else None)
     filters = form.filters()
     after = Cursor.decode(request.GET.get("after"))
-    page = trace_page(filters=filters, after=after)
+    # `shown`: how many rows the list showed ("Load more" adds a page). The address bar keeps
+    # it, so back/forward and a reload show the rows that were loaded, at the same scroll.
+    shown = _shown(request.GET.get("shown"))
+    if after is None:
+        page = trace_page(filters=filters, limit=shown)
+        total = len(page.rows)
+    else:
+        page = trace_page(filters=filters, after=after)
+        total = shown + len(page.rows)
     query = filter_query(request.GET)
     # Row links and labels are built here, not with {% url %}/filters per row: the list
     # renders 50 rows per request and template tags are the slowest part of it.
@@ -35,6 +45,7 @@ def trace_list(request: HttpRequest) -> HttpResponse:
         row["href"] = f"{prefix}{row['id']}{suffix}"
         row["started"] = row["started_at"].strftime("%Y-%m-%d %H:%M:%S")
         row["model"] = row["model_version__name"] or row["model_name"]
+        row["reward_class"] = reward_class(row.get("judge_reward"))
         preview = row["preview"]
         row["preview"] = preview if len(preview) <= 140 else preview[:139] + "…"
         row["label"] = row["external_id"] if len(row["external_id"]) <= 40 else row["external_id"][:39] + "…"
@@ -42,14 +53,15 @@ def trace_list(request: HttpRequest) -> HttpResponse:
         "form": form,
         "page": page,
         "query": query,
-        "next_url": f"?{query}&after={page.next_cursor.encode()}" if page.next_cursor else None,
+        "next_url": f"?{query}&after={page.next_cursor.encode()}&shown={total}" if page.next_cursor else None,
         "can_build_queue": request.user.has_perm(BUILD_QUEUE),
         "filter_pairs": parse_qsl(query),
     }
     htmx = request.htmx
     if htmx and not htmx.history_restore_request:
         if after is not None:
-            return render(request, "feedback/trace_list.html#rows", context)
+            listed = f"{prefix}?{query}&shown={total}" if query else f"{prefix}?shown={total}"
+            return replace_url(render(request, "feedback/trace_list.html#rows", context), listed)
         # The address bar shows the filter without the form's empty fields.
         return push_url(
             render(request, "feedback/trace_list.html#results", context), f"{prefix}?{query}" if query else prefix
@@ -57,6 +69,18 @@ def trace_list(request: HttpRequest) -> HttpResponse:
     context["flag_names"] = flag_names()
     context["selects"] = form.selects()
     return render(request, "feedback/trace_list.html", context)
+
+
+MAX_SHOWN = 1_000
+
+
+def _shown(value: str | None) -> int:
+    """The `shown` parameter: rows to show at once, from one page to MAX_SHOWN."""
+    try:
+        n = int(value or PAGE_SIZE)
+    except ValueError:
+        return PAGE_SIZE
+    return max(PAGE_SIZE, min(n, MAX_SHOWN))
 
 
 def trace_or_404(request: HttpRequest, trace_id: int) -> Trace:
@@ -83,6 +107,7 @@ def trace_detail_context(request: HttpRequest, trace: Trace, **extra) -> dict:
         "query": query,
         "can_annotate": can_annotate(request.user),
         "here": request.get_full_path(),
+        "limits": REVIEW_LIMITS,
         **extra,
     }
 

@@ -42,13 +42,57 @@
     if (q) lastQuote = q;
   });
 
+  // The turn the keys act on: the one marked current, else the focused one, the #msg-N of
+  // the address, or the last assistant turn (usually the answer being reviewed).
   function focusedMessage() {
+    var current = document.querySelector(".msg.current");
+    if (current) return current;
     var active = document.activeElement && document.activeElement.closest && document.activeElement.closest(".msg");
     if (active) return active;
-    var hash = window.location.hash && document.querySelector(window.location.hash + ".msg");
+    var hash = window.location.hash && /^#msg-\d+$/.test(window.location.hash) && document.querySelector(window.location.hash + ".msg");
     if (hash) return hash;
     var assistants = document.querySelectorAll(".msg-assistant");
     return assistants.length ? assistants[assistants.length - 1] : document.querySelector(".msg");
+  }
+
+  function markCurrent(msg) {
+    if (!msg) return;
+    document.querySelectorAll(".msg.current").forEach(function (m) { m.classList.remove("current"); });
+    msg.classList.add("current");
+  }
+
+  // n/p: the next/previous assistant turn (the turns that are rated, corrected, judged).
+  function moveTurn(step) {
+    var turns = Array.prototype.slice.call(document.querySelectorAll(".msg-assistant"));
+    if (!turns.length) return;
+    var at = turns.indexOf(focusedMessage());
+    var next = at < 0 ? (step > 0 ? 0 : turns.length - 1) : Math.min(Math.max(at + step, 0), turns.length - 1);
+    markCurrent(turns[next]);
+    turns[next].scrollIntoView({ block: "nearest" });
+  }
+
+  // +/- thumbs and 1-5 scores on the current turn: the same buttons a click presses.
+  function rate(value) {
+    var msg = focusedMessage();
+    var button = msg && msg.querySelector('.rating form:not([inert]) button[name=rating][value="' + value + '"]');
+    if (button && !button.disabled) button.click();
+  }
+
+  // Press a link, or submit a form, by id.
+  function activate(id) {
+    var el = document.getElementById(id);
+    if (!el) return false;
+    if (el.tagName === "FORM") {
+      var button = el.querySelector("button[type=submit]");
+      if (button && button.disabled) return false;
+      el.requestSubmit();
+    } else if (el.tagName === "BUTTON") {
+      if (el.disabled) return false;
+      el.click();
+    } else if (el.href) {
+      window.location.href = el.href;
+    }
+    return true;
   }
 
   function openComment(msg, quote) {
@@ -88,26 +132,82 @@
   }
 
   function detailKeys(event) {
-    if (event.key === "j") go("next-trace");
-    else if (event.key === "k") go("prev-trace");
+    var inQueue = !!document.getElementById("queue-bar");
+    if (event.key === "j") { if (inQueue) activate("next-item"); else go("next-trace"); }
+    else if (event.key === "k") { if (inQueue) activate("prev-item"); else go("prev-trace"); }
+    else if (event.key === "n") moveTurn(1);
+    else if (event.key === "p") moveTurn(-1);
     else if (event.key === "c") {
       event.preventDefault();
       var quote = selectedQuote() || lastQuote;
       var msg = quote ? document.getElementById("msg-" + quote.pos) : focusedMessage();
+      markCurrent(msg);
       openComment(msg, quote);
-    } else if (event.key === "d") {
-      var done = document.getElementById("queue-done");
-      if (done) done.requestSubmit();
-    } else if (event.key === "s") {
-      var skip = document.getElementById("queue-skip");
-      if (skip) skip.requestSubmit();
-    }
+    } else if (event.key === "+" || event.key === "=") rate("up");
+    else if (event.key === "-") rate("down");
+    else if (/^[1-5]$/.test(event.key)) rate(event.key);
+    else if (event.key === "d") activate("queue-done");
+    else if (event.key === "s") activate("queue-skip");
+  }
+
+  // Keys pressed while an htmx request or swap is under way wait for it to settle: a fast
+  // reviewer's "-" then "3" must not press a button htmx has not taken over yet (the browser
+  // would post it as a plain form and reload the page).
+  var inflight = 0;
+  var settling = false;
+  var settleTimer = null;
+  var waiting = [];
+  function idle() { return inflight === 0 && !settling; }
+  function flush() {
+    while (idle() && waiting.length) detailKeys(waiting.shift());
+  }
+  document.addEventListener("htmx:beforeRequest", function () { inflight += 1; });
+  document.addEventListener("htmx:afterRequest", function () {
+    inflight = Math.max(0, inflight - 1);
+    // A swap settles (and htmx takes over the new content) shortly after; a response that
+    // swaps nothing never settles, so a short timer stands in for it.
+    settling = true;
+    window.clearTimeout(settleTimer);
+    settleTimer = window.setTimeout(function () { settling = false; flush(); }, 80);
+  });
+  document.addEventListener("htmx:afterSettle", function () {
+    settling = false;
+    window.clearTimeout(settleTimer);
+    flush();
+  });
+  function detailKeysWhenIdle(event) {
+    if (idle()) { detailKeys(event); return; }
+    event.preventDefault();
+    waiting.push({ key: event.key, preventDefault: function () {} });
+  }
+
+  function queueKeys(event) {
+    if (event.key === "j") activate("queue-next");
   }
 
   document.addEventListener("keydown", function (event) {
+    // Ctrl/Cmd+Enter sends the form being typed in (a comment, a correction); Escape leaves it.
+    if (event.key === "Enter" && (event.ctrlKey || event.metaKey) && typing(event)) {
+      var form = event.target.form;
+      if (form) { event.preventDefault(); form.requestSubmit(); }
+      return;
+    }
+    if (event.key === "Escape" && typing(event)) {
+      var details = event.target.closest("details.comment-new");
+      if (details) details.open = false;
+      event.target.blur();
+      return;
+    }
     if (event.defaultPrevented || event.ctrlKey || event.metaKey || event.altKey || typing(event)) return;
-    if (document.querySelector(".conversation")) detailKeys(event);
+    if (document.querySelector(".conversation")) detailKeysWhenIdle(event);
     else if (document.getElementById("trace-rows")) listKeys(event);
+    else if (document.getElementById("queue-items")) queueKeys(event);
+  });
+
+  // Clicking in an assistant turn makes it the one the keys act on.
+  document.addEventListener("click", function (event) {
+    var msg = event.target.closest && event.target.closest(".msg-assistant");
+    if (msg) markCurrent(msg);
   });
 
   // Opening a comment box by its summary uses the current selection too.
@@ -120,19 +220,58 @@
     }
   }, true);
 
+  // The filter form shows what the address says: after back/forward (htmx restores the list
+  // from its history, or the browser from its cache) the fields follow the URL.
+  function syncFilters() {
+    var form = document.getElementById("filters");
+    if (!form) return;
+    var params = new URLSearchParams(window.location.search);
+    Array.prototype.forEach.call(form.elements, function (el) {
+      if (!el.name || el.type === "hidden" || el.type === "submit") return;
+      var value = params.get(el.name);
+      if (el.type === "checkbox") el.checked = value !== null;
+      else el.value = value === null ? "" : value;
+    });
+  }
+  document.addEventListener("htmx:historyRestore", syncFilters);
+  window.addEventListener("pageshow", syncFilters);
+
   // Clicking a list row opens the trace.
   document.addEventListener("click", function (event) {
     var row = event.target.closest && event.target.closest("tr.trace-row");
     if (row && !event.target.closest("a")) window.location.href = row.dataset.href;
   });
 
-  // Correction editor: add and remove tool-call rows.
+  // Correction editor: add and remove tool-call rows; Cancel closes an inline editor.
   document.addEventListener("click", function (event) {
-    if (event.target.id === "add-tool-row") {
-      var template = document.getElementById("tool-row-template");
-      document.getElementById("tool-rows").appendChild(template.content.cloneNode(true));
-    } else if (event.target.classList && event.target.classList.contains("remove-tool-row")) {
-      event.target.closest(".tool-row").remove();
+    var target = event.target;
+    if (!target.classList) return;
+    if (target.classList.contains("add-tool-row")) {
+      var form = target.closest("form");
+      var template = form.querySelector("template.tool-row-template");
+      form.querySelector(".tool-rows").appendChild(template.content.cloneNode(true));
+    } else if (target.classList.contains("remove-tool-row")) {
+      target.closest(".tool-row").remove();
+    } else if (target.classList.contains("cancel-correction")) {
+      var slot = target.closest(".correction-slot");
+      if (slot) slot.innerHTML = "";
     }
+  });
+
+  // After htmx puts a form back with an error, show the error: scroll it into view beside
+  // its field and put the cursor in that field.
+  document.addEventListener("htmx:afterSettle", function (event) {
+    var target = event.detail && event.detail.elt;
+    var error = target && target.querySelector && target.querySelector(".error[role=alert]");
+    if (!error) return;
+    error.scrollIntoView({ block: "center" });
+    var field = (error.closest(".tool-row") || target).querySelector("[aria-invalid=true]");
+    if (field) field.focus({ preventScroll: true });
+  });
+
+  // On a page load with an error (no htmx), do the same.
+  document.addEventListener("DOMContentLoaded", function () {
+    var error = document.querySelector("main .error[role=alert]");
+    if (error) error.scrollIntoView({ block: "center" });
   });
 })();

@@ -78,7 +78,6 @@ def test_operator_filters_opens_navigates_comments_rates_and_corrects(open_page,
     page.wait_for_url(re.compile(rf"/traces/{ids['conv-1']}/\?q=blender&environment=web$"))
     page.keyboard.press("k")
     page.wait_for_url(re.compile(rf"/traces/{ids['conv-3']}/\?"))
-    trace_id = ids["conv-3"]
 
     # Select "shipped" in the final answer and press c: the comment box opens with the quote.
     page.evaluate(
@@ -102,18 +101,31 @@ def test_operator_filters_opens_navigates_comments_rates_and_corrects(open_page,
     assert TurnRating.objects.get().value == -1
     screenshot(page, "trace-detail", full_page=True)
 
-    # The correction editor: a tool call checked against the tool's schema.
+    # The correction editor opens inline under the turn: a tool call checked against the tool's schema.
+    before = page.url
     page.click("#corrections-2 a:has-text('Write a correction')")
-    page.wait_for_url(re.compile(rf"/traces/{trace_id}/messages/2/correction"))
-    page.select_option(".tool-row select[name=tool_name]", "refund")
-    page.fill(".tool-row textarea[name=tool_args]", '{"order_id": "A1"}')
-    page.click("button:has-text('Save correction')")
-    assert "'amount' is a required property" in page.locator("#correction-error").inner_text()
-    page.fill(".tool-row textarea[name=tool_args]", '{"order_id": "A1", "amount": 20}')
-    page.fill("textarea[name=content]", "I have refunded order A1.")
-    page.click("button:has-text('Save correction')")
-    page.wait_for_url(re.compile(rf"/traces/{trace_id}/"))
+    editor = page.locator("#corrections-2 .correction-form")
+    editor.wait_for()
+    assert page.url == before
+    editor.locator(".tool-row select[name=tool_name]").select_option("refund")
+    editor.locator(".tool-row textarea[name=tool_args]").fill('{"order_id": "A1"}')
+    editor.locator("textarea[name=content]").fill("I have refunded order A1.")
+    page.evaluate("window.scrollTo(0, 0)")
+    editor.locator("button:has-text('Save correction')").click()
+    error = page.locator("#corrections-2 .tool-row .field-error")
+    error.wait_for()
+    assert "'amount' is a required property" in error.inner_text()
+    # What was typed is kept, the error sits beside its field, scrolled into view.
+    assert editor.locator("textarea[name=content]").input_value() == "I have refunded order A1."
+    assert editor.locator(".tool-row textarea[name=tool_args]").input_value() == '{"order_id": "A1"}'
+    page.wait_for_function(
+        "() => { const r = document.querySelector('#corrections-2 .field-error').getBoundingClientRect();"
+        " return r.top >= 0 && r.bottom <= window.innerHeight; }"
+    )
+    editor.locator(".tool-row textarea[name=tool_args]").fill('{"order_id": "A1", "amount": 20}')
+    editor.locator("button:has-text('Save correction')").click()
     page.locator("#corrections-2 .correction").wait_for()
+    assert page.locator("#corrections-2 .correction-form").count() == 0 and page.url == before
     assert "I have refunded order A1." in page.locator("#corrections-2").inner_text()
     assert Correction.objects.get().tool_calls[0]["function"]["name"] == "refund"
 

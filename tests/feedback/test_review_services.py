@@ -138,3 +138,14 @@ def test_a_correction_is_stored_beside_the_original_and_its_tool_calls_are_valid
     with pytest.raises(FieldError):
         correction_add(message=msg(tool_trace, 1), author=operator, content="users are not corrected")
     assert Correction.objects.count() == 1
+
+
+def test_a_correction_note_over_its_stated_limit_is_refused_not_cut(tool_trace, operator):
+    from feedback.services.review import REVIEW_LIMITS
+
+    limit = REVIEW_LIMITS["note"]
+    with pytest.raises(FieldError) as err:
+        correction_add(message=msg(tool_trace, 4), author=operator, content="Fixed.", note="x" * (limit + 1))
+    assert err.value.field == "note" and f"at most {limit}" in err.value.reason
+    kept = correction_add(message=msg(tool_trace, 4), author=operator, content="Fixed.", note="y" * limit)
+    assert len(kept.note) == limit
