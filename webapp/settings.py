@@ -248,7 +248,8 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-    "loggers": {"django.server": {"level": "WARNING"}},
+    # django-axes logs every login at INFO; failures and lockouts still show at WARNING.
+    "loggers": {"django.server": {"level": "WARNING"}, "axes": {"level": "WARNING"}},
 }
 
 # Customer feedback links: signed URLs that let a browser post feedback on one trace.

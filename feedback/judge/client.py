@@ -10,7 +10,9 @@ page) or when the output is malformed (not JSON, against the schema, cut off at
 refused, rather than with the identical prompt. Waits between attempts grow, with jitter,
 and honour the endpoint's `Retry-After`. Every call has a total deadline (`deadline_s`,
 all attempts and waits included) and every attempt a total time limit (`timeout_s`, the
-whole body included, however slowly it trickles in). After the last attempt it raises
+whole body included: the clock is checked as each piece of the body arrives, so a body
+trickled in slowly is cut off; a connection silent for that long ends it as a read timeout).
+After the last attempt it raises
 `JudgeCallFailed` with the reason and every attempt's record: a caller never gets a
 default value in place of a judgement. Errors that retrying cannot fix (400, 401, 403,
 404, 422) fail at once.

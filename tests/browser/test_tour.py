@@ -114,7 +114,10 @@ def test_the_whole_tour_in_the_browser(
 
     # 1. Browse: the trace list shows the agent's conversations.
     page.click("#step-traces a:has-text('Trace list')")
-    page.wait_for_function("document.querySelectorAll('a.trace-link').length === 3")
+    # Waits through locators: every page runs under a CSP without 'unsafe-eval', which a
+    # polled wait_for_function string would need.
+    page.locator("a.trace-link").nth(2).wait_for()
+    assert page.locator("a.trace-link").count() == 3
 
     # 2. Comment on the last assistant turn of a trace.
     page.goto("/tour/")
@@ -219,7 +222,7 @@ def test_the_whole_tour_in_the_browser(
     page.click("#run-agent")
     page.wait_for_url(re.compile(r"/tour/\?deployment=support-bot"))
     assert "2 test tasks" in page.inner_text(".flash")
-    page.wait_for_function("document.querySelector('#step-rerun').dataset.done === 'true'", timeout=180_000)
+    page.locator("#step-rerun[data-done='true']").wait_for(timeout=180_000)
     new_traces = Trace.objects.filter(deployment=deployment, model_version=candidate)
     assert new_traces.exists()
     assert all(t.metadata.get("split") == "test" for t in new_traces)
@@ -232,7 +235,7 @@ def test_the_whole_tour_in_the_browser(
     screenshot(page, "tour", full_page=True)
 
     page.click("#step-rerun a:has-text('Traces of')")
-    page.wait_for_function("document.querySelectorAll('a.trace-link').length >= 1")
+    page.locator("a.trace-link").first.wait_for()
     page.locator("a.trace-link").first.click()
     page.wait_for_url(re.compile(r"/traces/\d+/"))
     assert candidate.name in page.inner_text("main")

@@ -286,3 +286,35 @@ def test_the_calibrate_command_and_the_agreement_page_show_the_gate(deployment, 
     assert 'id="training-gate"' in page and "only 2 rated turns scored with score-candidates/v1" in page
     api = client.get(f"/api/v1/judge/agreement?deployment={deployment.name}").json()["training_gate"]
     assert api["allowed"] is False and api["n"] == 2 and api["prompt_version"] == CURRENT_SCORE.version
+
+
+def test_sft_on_the_judges_corrections_needs_the_gate_unless_the_set_passed_it(
+    deployment, operator, gate_settings, base_version
+):
+    from training.models import CorrectionSource, TrainingItemKind
+    from training.services.feedback_sets import training_set_from_feedback
+    from training.services.jobs import JobError, training_job_create
+    from training.services.training_sets import training_set_create
+
+    item = {
+        "kind": TrainingItemKind.TURN,
+        "key": "turn-1",
+        "messages": [{"role": "user", "content": "Where is order A1?"}],
+        "corrected_response": "Let me look up order A1.",
+        "correction_source": CorrectionSource.JUDGE,
+    }
+    older = training_set_create(name="older", items=[item], heldout_fraction=0, deployment=deployment)
+    with pytest.raises(JobError) as info:
+        training_job_create(kind="sft", config={"steps": 1}, base_version=base_version, training_set=older)
+    assert info.value.errors[0][0] == "judge_gate_override_reason"
+    assert "an SFT job on the judge's corrections" in info.value.errors[0][1]
+
+    # A set built through the gate (here: overridden, audited) trains without a second override.
+    rated_turn(deployment, operator, good=False, n=1)
+    built = training_set_from_feedback(
+        name="fixes", filters={"deployment": deployment.pk}, user=operator, judge_gate_override_reason="pilot"
+    )
+    assert built.items.filter(correction_source=CorrectionSource.JUDGE).exists()
+    assert training_job_create(
+        kind="sft", config={"steps": 1}, base_version=base_version, training_set=built, enqueue=False
+    ).pk

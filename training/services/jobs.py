@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from training.grpo.config import ConfigError, config_from_dict
 from training.models import (
+    CorrectionSource,
     JobEventKind,
     JobKind,
     JobStatus,
@@ -162,8 +163,9 @@ def training_job_create(
 
 
 def _judge_scored(kind: str, config, training_set: TrainingSet | None) -> str:
-    """What the judge would score in this job ("" when nothing): GRPO turns without a
-    grader, or episodes with a judge weight."""
+    """What of the judge's this job would train on ("" when nothing): its scores (GRPO
+    turns without a grader, episodes with a judge weight), or its written corrections as
+    SFT targets in a set that passed no gate when it was built (an older set)."""
     if (
         kind == JobKind.GRPO
         and training_set is not None
@@ -172,6 +174,13 @@ def _judge_scored(kind: str, config, training_set: TrainingSet | None) -> str:
         return "a GRPO job rewarded by the judge"
     if kind == JobKind.EPISODES and getattr(config, "judge_weight", 0) > 0:
         return "an episodes job rewarded partly by the judge"
+    if (
+        kind == JobKind.SFT
+        and training_set is not None
+        and "judge_gate" not in (training_set.selection or {})
+        and training_set.items.filter(split="train", correction_source=CorrectionSource.JUDGE).exists()
+    ):
+        return "an SFT job on the judge's corrections"
     return ""
 
 
