@@ -459,24 +459,32 @@ _UPDATED = (
 
 
 def _traces_update(traces: list[Trace]) -> None:
-    """Write the counts of extended traces. On PostgreSQL one pipelined statement per trace:
-    Django's `bulk_update` builds a CASE expression per field and row, which cost ~13 ms per
-    trace in Python at 500 traces a batch — slower than the traffic it logs."""
+    """Write the counts of extended traces. On PostgreSQL one UPDATE from arrays: Django's
+    `bulk_update` builds a CASE expression per field and row, which cost ~13 ms per trace in
+    Python at 500 traces a batch — slower than the traffic it logs."""
     if connection.vendor != "postgresql":
         Trace.objects.bulk_update(traces, list(_UPDATED))
         return
-    sets = ", ".join(f"{f} = %s" + ("::jsonb" if f == "tools" else "") for f in _UPDATED)
-    sql = f"UPDATE {Trace._meta.db_table} SET {sets} WHERE id = %s"
 
     def tools(value: Any) -> str:
         dumped = orjson.dumps(value)
         return (orjson.dumps(strip_nul(value)) if b"\\u0000" in dumped else dumped).decode()
 
-    params = [
-        (*(getattr(t, f) for f in _UPDATED[:-1]), tools(t.tools), t.id) for t in sorted(traces, key=lambda t: t.id)
-    ]
+    traces = sorted(traces, key=lambda t: t.id)  # the same lock order in every process
+    columns = [[t.id for t in traces]] + [[getattr(t, f) for t in traces] for f in _UPDATED[:-1]]
+    columns.append([tools(t.tools) for t in traces])
     with connection.cursor() as cursor:
-        cursor.executemany(sql, params)
+        cursor.execute(_TRACES_UPDATE_SQL, columns)
+
+
+# One statement for a batch of traces, each column an array parameter.
+_TRACES_UPDATE_SQL = f"""
+UPDATE {Trace._meta.db_table} AS t SET {", ".join(f"{f} = v.{f}" for f in _UPDATED)}
+FROM unnest(%s::bigint[], %s::integer[], %s::integer[], %s::integer[], %s::integer[], %s::text[],
+            %s::timestamptz[], %s::text[], %s::bigint[], %s::jsonb[])
+     AS v(id, {", ".join(_UPDATED)})
+WHERE t.id = v.id
+"""
 
 
 def exchanges_record(*, exchanges: Sequence[Exchange], cache: TraceDigestCache | None = None) -> None:
