@@ -18,8 +18,8 @@ upstream, alternating one by one, from one client:
 - stitching: the conversations the latency run sent, and the traces they became;
 - the recorder alone, in this process: exchanges of 1,000 interleaved conversations
   submitted at 1,000/s (`--recorder-rate`) for `--recorder-seconds`, with stitching on, then
-  off: the deepest its queue got, how long after the last one everything was written, and its
-  own rate when fed as fast as it takes them.
+  off: the deepest its queue got, how long after the last one everything was written; then
+  the same exchanges all at once: its own rate (`--recorder-only` runs just these).
 
 Uses its own database (<name>_gwbench), dropped and recreated each run.
 """
@@ -336,6 +336,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8150, help="gateway port; the stub upstream uses port+1")
     parser.add_argument("--recorder-rate", type=int, default=1000, help="exchanges/s fed to the recorder alone")
     parser.add_argument("--recorder-seconds", type=float, default=10)
+    parser.add_argument("--recorder-only", action="store_true", help="skip the gateway runs")
     parser.add_argument("--stub", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.stub:
@@ -351,6 +352,9 @@ def main() -> None:
     up_port = args.port + 1
     upstream = f"http://127.0.0.1:{up_port}"
     key, plain_key = create_deployment(db_url, upstream, ROOT / "var" / "bench-model")
+    if args.recorder_only:
+        recorder_runs(args)
+        return
     procs = [subprocess.Popen([sys.executable, __file__, "--stub", str(up_port)], cwd=ROOT)]
     procs.append(
         subprocess.Popen(
@@ -427,8 +431,14 @@ def main() -> None:
         for p in reversed(procs):
             p.terminate()
             p.wait(15)
+    recorder_runs(args)
+
+
+def recorder_runs(args) -> None:
     for stitch in (True, False):
         recorder_run(rate=args.recorder_rate, seconds=args.recorder_seconds, stitch=stitch)
+    for stitch in (True, False):
+        recorder_run(rate=0, seconds=args.recorder_seconds, stitch=stitch)
 
 
 def _exchange(k: int, conversations: int, stitch: bool, deployment_id: int, version_id: int):
@@ -469,7 +479,7 @@ def recorder_run(*, rate: int, seconds: float, stitch: bool, conversations: int 
 
     dep = Deployment.objects.get(name="bench" if stitch else "bench-unstitched")
     version = ModelVersion.objects.get(name="bench-model")
-    total = int(rate * seconds)
+    total = int((rate or 1000) * seconds)
     exchanges = [_exchange(k, conversations, stitch, dep.id, version.id) for k in range(total)]
     before = Trace.objects.filter(deployment=dep).count()
     with tempfile.TemporaryDirectory() as spill:
@@ -478,7 +488,7 @@ def recorder_run(*, rate: int, seconds: float, stitch: bool, conversations: int 
         t0 = time.perf_counter()
         sent, deepest = 0, 0
         while sent < total:
-            due = min(total, int((time.perf_counter() - t0) * rate) + 1)
+            due = min(total, int((time.perf_counter() - t0) * rate) + 1) if rate else total
             while sent < due:
                 exchanges[sent].started_at = time.time()
                 recorder.submit(exchanges[sent])
@@ -492,6 +502,12 @@ def recorder_run(*, rate: int, seconds: float, stitch: bool, conversations: int 
         recorder.stop()
     traces = Trace.objects.filter(deployment=dep).count() - before
     label = "on" if stitch else "off"
+    if not rate:
+        print(
+            f"recorder, stitching {label}, fed all at once: {total} exchanges written in {done - t0:.2f} s, "
+            f"{total / (done - t0):.0f} exchanges/s; {traces} traces"
+        )
+        return
     print(
         f"recorder, stitching {label}: {total} exchanges of {conversations} conversations at {total / (submitted - t0):.0f}/s "
         f"for {submitted - t0:.1f} s: deepest queue {deepest}, all written {done - submitted:.2f} s after the last, "

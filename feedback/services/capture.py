@@ -299,7 +299,11 @@ class _Batch:
         missing = [k for k in keys if (deployment_id, k) not in self.states]
         if not missing:
             return
-        rows = Trace.objects.select_for_update().filter(deployment_id=deployment_id, external_id__in=missing)
+        rows = (
+            Trace.objects.select_for_update()
+            .filter(deployment_id=deployment_id, external_id__in=missing)
+            .order_by("id")  # one lock order for every writer process
+        )
         found = {t.external_id: t for t in rows}
         for key in missing:
             trace = found.get(key)
