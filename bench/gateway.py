@@ -13,8 +13,8 @@ upstream, alternating one by one, from one client:
   requests are turns of 8-turn conversations sent without a trace id, each resending the
   history, one request to each deployment and one direct, in turn;
 - streaming: p50 added time to first token (first `data:` chunk);
-- throughput: 16 concurrent clients, requests/s through the gateway (and direct, for scale),
-  then the check that every exchange reached the database;
+- throughput: 16 concurrent clients, requests/s through the gateway (stitching off, then on;
+  and direct, for scale), then the check that every exchange reached the database;
 - stitching: the conversations the latency run sent, and the traces they became;
 - the recorder alone, in this process: exchanges of 1,000 interleaved conversations
   submitted at 1,000/s (`--recorder-rate`) for `--recorder-seconds`, with stitching on, then
@@ -414,12 +414,14 @@ def main() -> None:
             f"stitching: {sent} calls of {conversations} conversations, sent without a trace id, became "
             f"{on_traces} traces with stitching on, {off_traces} with it off"
         )
+        n_off, s_off, _ = uvloop.run(throughput(gw, unstitched, args.clients, args.seconds))
+        recorder_idle(gw)
         before = count_traces(db_url)
         n_gw, s_gw, per_client = uvloop.run(throughput(gw, stitched, args.clients, args.seconds))
         n_up, s_up, _ = uvloop.run(throughput(up, json_headers, args.clients, args.seconds))
         print(
-            f"throughput, {args.clients} clients: gateway {n_gw / s_gw:.0f} req/s, direct {n_up / s_up:.0f} req/s "
-            f"(ratio {n_gw / s_gw / (n_up / s_up):.2f})"
+            f"throughput, {args.clients} clients: gateway {n_gw / s_gw:.0f} req/s (stitching off: {n_off / s_off:.0f}), "
+            f"direct {n_up / s_up:.0f} req/s (ratio {n_gw / s_gw / (n_up / s_up):.2f})"
         )
         waited = recorder_idle(gw)
         started = sum(-(-n // TURNS) for n in per_client)

@@ -303,6 +303,7 @@ class _Batch:
             Trace.objects.select_for_update()
             .filter(deployment_id=deployment_id, external_id__in=missing)
             .order_by("id")  # one lock order for every writer process
+            .only("id", "external_id", "session_id", "status", "model_version_id", "tools", "preview", *_COUNTS)
         )
         found = {t.external_id: t for t in rows}
         for key in missing:
@@ -449,6 +450,7 @@ class _Batch:
                 self.cache.put(key, s.id, s.digests)
 
 
+_COUNTS = ("message_count", "assistant_turn_count", "tool_call_count", "total_tokens")
 _UPDATED = (
     "message_count",
     "assistant_turn_count",
