@@ -19,7 +19,8 @@ upstream, alternating one by one, from one client:
 - the recorder alone, in this process: exchanges of 1,000 interleaved conversations
   submitted at 1,000/s (`--recorder-rate`) for `--recorder-seconds`, with stitching on, then
   off: the deepest its queue got, how long after the last one everything was written; then
-  the same exchanges all at once: its own rate (`--recorder-only` runs just these).
+  the same exchanges all at once: its own rate (`--recorder-only` runs just these). On and
+  off alternate `--rounds` times (3), and the medians are printed.
 
 Uses its own database (<name>_gwbench), dropped and recreated each run.
 """
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -337,6 +339,7 @@ def main() -> None:
     parser.add_argument("--recorder-rate", type=int, default=1000, help="exchanges/s fed to the recorder alone")
     parser.add_argument("--recorder-seconds", type=float, default=10)
     parser.add_argument("--recorder-only", action="store_true", help="skip the gateway runs")
+    parser.add_argument("--rounds", type=int, default=3, help="recorder runs per setting, alternating")
     parser.add_argument("--stub", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.stub:
@@ -437,10 +440,20 @@ def main() -> None:
 
 
 def recorder_runs(args) -> None:
+    """Stitching on and off alternate, `--rounds` times, so the machine's noise hits both."""
+    lag: dict[bool, list[float]] = {True: [], False: []}
+    rate: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(args.rounds):
+        for stitch in (True, False):
+            lag[stitch].append(recorder_run(rate=args.recorder_rate, seconds=args.recorder_seconds, stitch=stitch))
+        for stitch in (False, True):
+            rate[stitch].append(recorder_run(rate=0, seconds=args.recorder_seconds, stitch=stitch))
     for stitch in (True, False):
-        recorder_run(rate=args.recorder_rate, seconds=args.recorder_seconds, stitch=stitch)
-    for stitch in (True, False):
-        recorder_run(rate=0, seconds=args.recorder_seconds, stitch=stitch)
+        print(
+            f"recorder, stitching {'on' if stitch else 'off'}, median of {args.rounds}: all written "
+            f"{statistics.median(lag[stitch]):.2f} s after the last call at {args.recorder_rate}/s; "
+            f"{statistics.median(rate[stitch]):.0f} exchanges/s fed all at once"
+        )
 
 
 def _exchange(k: int, conversations: int, stitch: bool, deployment_id: int, version_id: int):
@@ -471,8 +484,9 @@ def _exchange(k: int, conversations: int, stitch: bool, deployment_id: int, vers
     )
 
 
-def recorder_run(*, rate: int, seconds: float, stitch: bool, conversations: int = 1000) -> None:
-    """The gateway's recorder fed at `rate` exchanges/s: does it keep up?"""
+def recorder_run(*, rate: int, seconds: float, stitch: bool, conversations: int = 1000) -> float:
+    """The gateway's recorder fed at `rate` exchanges/s (0: all at once): does it keep up?
+    Returns the seconds it took after the last exchange (0: its exchanges/s)."""
     import tempfile
 
     from feedback.gateway.recorder import Recorder
@@ -509,12 +523,13 @@ def recorder_run(*, rate: int, seconds: float, stitch: bool, conversations: int 
             f"recorder, stitching {label}, fed all at once: {total} exchanges written in {done - t0:.2f} s, "
             f"{total / (done - t0):.0f} exchanges/s; {traces} traces"
         )
-        return
+        return total / (done - t0)
     print(
         f"recorder, stitching {label}: {total} exchanges of {conversations} conversations at {total / (submitted - t0):.0f}/s "
         f"for {submitted - t0:.1f} s: deepest queue {deepest}, all written {done - submitted:.2f} s after the last, "
         f"{spilled} spilled; {traces} traces"
     )
+    return done - submitted
 
 
 if __name__ == "__main__":
