@@ -12,6 +12,10 @@ Turns the client never received whole — a failed call, a stream the client lef
 the trace, marked by `finish_reason` (`error`, `client_disconnect`), and are ignored when
 matching, so a retry simply continues the trace.
 
+An exchange that names no trace, for a deployment that stitches conversations, goes to the
+trace whose logged history its messages start with (`feedback/services/stitching.py`), and is
+then placed by the same rule; without a match, or with stitching off, it starts a new trace.
+
 When the history diverges from the stored one (an edited message, a regenerated answer,
 another of the `n` choices), the exchange goes to a fork: a trace named
 `<trace id>~<position>.<digest of the first differing message>` in the same session, holding
