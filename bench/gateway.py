@@ -13,13 +13,14 @@ upstream, alternating one by one, from one client:
   requests are turns of 8-turn conversations sent without a trace id, each resending the
   history, one request to each deployment and one direct, in turn;
 - streaming: p50 added time to first token (first `data:` chunk);
-- throughput: 16 concurrent clients, requests/s through the gateway (and direct, for scale),
-  then the check that every exchange reached the database;
+- throughput: 16 concurrent clients, requests/s through the gateway (stitching off, then on;
+  and direct, for scale), then the check that every exchange reached the database;
 - stitching: the conversations the latency run sent, and the traces they became;
 - the recorder alone, in this process: exchanges of 1,000 interleaved conversations
   submitted at 1,000/s (`--recorder-rate`) for `--recorder-seconds`, with stitching on, then
-  off: the deepest its queue got, how long after the last one everything was written, and its
-  own rate when fed as fast as it takes them.
+  off: the deepest its queue got, how long after the last one everything was written; then
+  the same exchanges all at once: its own rate (`--recorder-only` runs just these). On and
+  off alternate `--rounds` times (3), and the medians are printed.
 
 Uses its own database (<name>_gwbench), dropped and recreated each run.
 """
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -336,6 +338,8 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8150, help="gateway port; the stub upstream uses port+1")
     parser.add_argument("--recorder-rate", type=int, default=1000, help="exchanges/s fed to the recorder alone")
     parser.add_argument("--recorder-seconds", type=float, default=10)
+    parser.add_argument("--recorder-only", action="store_true", help="skip the gateway runs")
+    parser.add_argument("--rounds", type=int, default=3, help="recorder runs per setting, alternating")
     parser.add_argument("--stub", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.stub:
@@ -351,6 +355,9 @@ def main() -> None:
     up_port = args.port + 1
     upstream = f"http://127.0.0.1:{up_port}"
     key, plain_key = create_deployment(db_url, upstream, ROOT / "var" / "bench-model")
+    if args.recorder_only:
+        recorder_runs(args)
+        return
     procs = [subprocess.Popen([sys.executable, __file__, "--stub", str(up_port)], cwd=ROOT)]
     procs.append(
         subprocess.Popen(
@@ -410,12 +417,14 @@ def main() -> None:
             f"stitching: {sent} calls of {conversations} conversations, sent without a trace id, became "
             f"{on_traces} traces with stitching on, {off_traces} with it off"
         )
+        n_off, s_off, _ = uvloop.run(throughput(gw, unstitched, args.clients, args.seconds))
+        recorder_idle(gw)
         before = count_traces(db_url)
         n_gw, s_gw, per_client = uvloop.run(throughput(gw, stitched, args.clients, args.seconds))
         n_up, s_up, _ = uvloop.run(throughput(up, json_headers, args.clients, args.seconds))
         print(
-            f"throughput, {args.clients} clients: gateway {n_gw / s_gw:.0f} req/s, direct {n_up / s_up:.0f} req/s "
-            f"(ratio {n_gw / s_gw / (n_up / s_up):.2f})"
+            f"throughput, {args.clients} clients: gateway {n_gw / s_gw:.0f} req/s (stitching off: {n_off / s_off:.0f}), "
+            f"direct {n_up / s_up:.0f} req/s (ratio {n_gw / s_gw / (n_up / s_up):.2f})"
         )
         waited = recorder_idle(gw)
         started = sum(-(-n // TURNS) for n in per_client)
@@ -427,8 +436,24 @@ def main() -> None:
         for p in reversed(procs):
             p.terminate()
             p.wait(15)
+    recorder_runs(args)
+
+
+def recorder_runs(args) -> None:
+    """Stitching on and off alternate, `--rounds` times, so the machine's noise hits both."""
+    lag: dict[bool, list[float]] = {True: [], False: []}
+    rate: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(args.rounds):
+        for stitch in (True, False):
+            lag[stitch].append(recorder_run(rate=args.recorder_rate, seconds=args.recorder_seconds, stitch=stitch))
+        for stitch in (False, True):
+            rate[stitch].append(recorder_run(rate=0, seconds=args.recorder_seconds, stitch=stitch))
     for stitch in (True, False):
-        recorder_run(rate=args.recorder_rate, seconds=args.recorder_seconds, stitch=stitch)
+        print(
+            f"recorder, stitching {'on' if stitch else 'off'}, median of {args.rounds}: all written "
+            f"{statistics.median(lag[stitch]):.2f} s after the last call at {args.recorder_rate}/s; "
+            f"{statistics.median(rate[stitch]):.0f} exchanges/s fed all at once"
+        )
 
 
 def _exchange(k: int, conversations: int, stitch: bool, deployment_id: int, version_id: int):
@@ -459,8 +484,9 @@ def _exchange(k: int, conversations: int, stitch: bool, deployment_id: int, vers
     )
 
 
-def recorder_run(*, rate: int, seconds: float, stitch: bool, conversations: int = 1000) -> None:
-    """The gateway's recorder fed at `rate` exchanges/s: does it keep up?"""
+def recorder_run(*, rate: int, seconds: float, stitch: bool, conversations: int = 1000) -> float:
+    """The gateway's recorder fed at `rate` exchanges/s (0: all at once): does it keep up?
+    Returns the seconds it took after the last exchange (0: its exchanges/s)."""
     import tempfile
 
     from feedback.gateway.recorder import Recorder
@@ -469,7 +495,7 @@ def recorder_run(*, rate: int, seconds: float, stitch: bool, conversations: int 
 
     dep = Deployment.objects.get(name="bench" if stitch else "bench-unstitched")
     version = ModelVersion.objects.get(name="bench-model")
-    total = int(rate * seconds)
+    total = int((rate or 1000) * seconds)
     exchanges = [_exchange(k, conversations, stitch, dep.id, version.id) for k in range(total)]
     before = Trace.objects.filter(deployment=dep).count()
     with tempfile.TemporaryDirectory() as spill:
@@ -478,7 +504,7 @@ def recorder_run(*, rate: int, seconds: float, stitch: bool, conversations: int 
         t0 = time.perf_counter()
         sent, deepest = 0, 0
         while sent < total:
-            due = min(total, int((time.perf_counter() - t0) * rate) + 1)
+            due = min(total, int((time.perf_counter() - t0) * rate) + 1) if rate else total
             while sent < due:
                 exchanges[sent].started_at = time.time()
                 recorder.submit(exchanges[sent])
@@ -492,11 +518,18 @@ def recorder_run(*, rate: int, seconds: float, stitch: bool, conversations: int 
         recorder.stop()
     traces = Trace.objects.filter(deployment=dep).count() - before
     label = "on" if stitch else "off"
+    if not rate:
+        print(
+            f"recorder, stitching {label}, fed all at once: {total} exchanges written in {done - t0:.2f} s, "
+            f"{total / (done - t0):.0f} exchanges/s; {traces} traces"
+        )
+        return total / (done - t0)
     print(
         f"recorder, stitching {label}: {total} exchanges of {conversations} conversations at {total / (submitted - t0):.0f}/s "
         f"for {submitted - t0:.1f} s: deepest queue {deepest}, all written {done - submitted:.2f} s after the last, "
         f"{spilled} spilled; {traces} traces"
     )
+    return done - submitted
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from feedback.models import (
 
 @admin.register(Deployment)
 class DeploymentAdmin(admin.ModelAdmin):
-    list_display = ("name", "created_at")
+    list_display = ("name", "stitch_conversations", "created_at")
     search_fields = ("name",)
 
 

@@ -179,16 +179,16 @@ class Recorder:
     def _step(self) -> bool:
         """One pass: write what is queued (up to a batch), or replay spill files when idle.
         False when told to stop."""
+        if time.monotonic() - self._last_expiry > 60:  # also under constant load
+            self._last_expiry = time.monotonic()
+            connection.close_if_unusable_or_obsolete()
+            conversation_tips_expire(now=timezone.now())
         try:
             first = self._queue.get(timeout=0.5)
         except queue.Empty:
             if time.monotonic() - self._last_replay > 5:
                 self._last_replay = time.monotonic()
                 self._replay_spills()
-            if time.monotonic() - self._last_expiry > 60:
-                self._last_expiry = time.monotonic()
-                connection.close_if_unusable_or_obsolete()
-                conversation_tips_expire(now=timezone.now())
             return True
         if first is _STOP:
             return False

@@ -52,12 +52,27 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from django.conf import settings
+from django.db import connection
 from django.db.models import F, Window
 from django.db.models.functions import RowNumber
 
 from feedback.models import ConversationTip
 
 TIPS_PER_HISTORY = 4
+_TIPS_SQL = f"""
+SELECT id, digest, last_digest, external_id, length, continued, created_at FROM (
+    SELECT tip.id, tip.digest, tip.last_digest, trace.external_id, tip.length, tip.continued, tip.created_at,
+           row_number() OVER (PARTITION BY tip.digest, tip.continued ORDER BY tip.created_at DESC) AS rank
+    FROM {ConversationTip._meta.db_table} tip JOIN feedback_trace trace ON trace.id = tip.trace_id
+    WHERE tip.deployment_id = %s AND tip.created_at >= %s AND tip.digest = ANY(%s)
+) ranked WHERE rank <= %s
+"""
+_TIPS_INSERT_SQL = f"""
+INSERT INTO {ConversationTip._meta.db_table} (deployment_id, digest, last_digest, trace_id, length, continued, created_at)
+SELECT d, g, l, t, n, c, %s FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::bigint[], %s::integer[], %s::boolean[])
+     AS v(d, g, l, t, n, c)
+ON CONFLICT (deployment_id, digest, trace_id) DO NOTHING
+"""
 
 if TYPE_CHECKING:
     from feedback.gateway.exchange import Exchange
@@ -113,6 +128,7 @@ class Stitcher:
         self.new: list[tuple[int, _Tip]] = []
         self.continued_ids: set[int] = set()
         self.keys: dict[int, set[str]] = {}  # the traces the stored tips point to, per deployment
+        self.fetched: set[tuple[int, str]] = set()
         self._order = 0.0
 
     # -- before the batch: one query per deployment ---------------------------------------------
@@ -127,24 +143,42 @@ class Stitcher:
             answers = [i + 1 for i, m in enumerate(ex.messages) if m.role == "assistant"][::-1]
             # The whole request too: the resend of a call whose answer never reached the client.
             call.candidates = ([len(digests)] if not answers or answers[0] != len(digests) else []) + answers
-            wanted.setdefault(ex.deployment_id, set()).update(call.chain[k - 1] for k in call.candidates)
+            # Up front, only the longest history ending on an answer (and the resend): a call
+            # nearly always continues its conversation's latest exchange. Shorter ones (a
+            # rewound history) are looked up when that fails.
+            first = call.candidates[: 2 if call.candidates[0] == len(digests) else 1]
+            wanted.setdefault(ex.deployment_id, set()).update(call.chain[k - 1] for k in first)
             if answers:
                 call.last = answer_key(digests[0], digests[answers[0] - 1])
             self.calls[id(ex)] = call
         for dep, prefixes in wanted.items():
-            # Many conversations can open alike (the same greeting and answer): per history,
-            # the few most recent open tips and the few most recent continued ones are enough.
+            self._fetch(dep, prefixes)
+
+    def _fetch(self, dep: int, digests: set[str]) -> None:
+        """Read the stored tips of these histories. Many conversations can open alike (the
+        same greeting and answer): per history, the few most recent open tips and the few most
+        recent continued ones are enough."""
+        digests = {d for d in digests if (dep, d) not in self.fetched}
+        if not digests:
+            return
+        self.fetched.update((dep, d) for d in digests)
+        if connection.vendor == "postgresql":
+            # One array parameter: Django's IN (…) costs ~0.2 ms of Python per value.
+            with connection.cursor() as cursor:
+                cursor.execute(_TIPS_SQL, [dep, self.cutoff, sorted(digests), TIPS_PER_HISTORY])
+                rows = cursor.fetchall()
+        else:
             rank = Window(RowNumber(), partition_by=[F("digest"), F("continued")], order_by=F("created_at").desc())
-            rows = (
-                ConversationTip.objects.filter(deployment_id=dep, created_at__gte=self.cutoff, digest__in=prefixes)
+            rows = list(
+                ConversationTip.objects.filter(deployment_id=dep, created_at__gte=self.cutoff, digest__in=digests)
                 .annotate(rank=rank)
                 .filter(rank__lte=TIPS_PER_HISTORY)
                 .values_list("id", "digest", "last_digest", "trace__external_id", "length", "continued", "created_at")
             )
-            for tip_id, digest, last, key, length, continued, created in rows:
-                tip = _Tip(tip_id, key, length, continued, created.timestamp(), digest, last)
-                self.keys.setdefault(dep, set()).add(key)
-                self.by_digest.setdefault((dep, digest), []).append(tip)
+        for tip_id, digest, last, key, length, continued, created in rows:
+            tip = _Tip(tip_id, key, length, continued, created.timestamp(), digest, last)
+            self.keys.setdefault(dep, set()).add(key)
+            self.by_digest.setdefault((dep, digest), []).append(tip)
 
     def _by_last(self, dep: int, last: str) -> list[_Tip]:
         """Tips of answers equal to `last` (this batch's, and the most recent stored one):
@@ -169,6 +203,9 @@ class Stitcher:
         call = self.calls[id(ex)]
         dep = ex.deployment_id
         for length in call.candidates:
+            digest = call.chain[length - 1]
+            if (dep, digest) not in self.fetched and (dep, digest) not in self.by_digest:
+                self._fetch(dep, {call.chain[k - 1] for k in call.candidates})
             # A resend tip (no answer) serves one resend only: another conversation that opens
             # with the same words later is not a retry.
             tips = [t for t in self.by_digest.get((dep, call.chain[length - 1]), ()) if t.last or not t.continued]
@@ -245,7 +282,22 @@ class Stitcher:
             )
         answers = [r for r in rows if r.last_digest]
         resends = [r for r in rows if not r.last_digest]
-        if answers:
+        if answers and connection.vendor == "postgresql":
+            # From arrays: Django's bulk_create costs more Python per row than the insert.
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    _TIPS_INSERT_SQL,
+                    [
+                        self.now,
+                        [r.deployment_id for r in answers],
+                        [r.digest for r in answers],
+                        [r.last_digest for r in answers],
+                        [r.trace_id for r in answers],
+                        [r.length for r in answers],
+                        [r.continued for r in answers],
+                    ],
+                )
+        elif answers:
             ConversationTip.objects.bulk_create(answers, ignore_conflicts=True)
         if resends:
             # A resend tip used up and registered again (the resend failed too) is fresh again.
@@ -255,7 +307,13 @@ class Stitcher:
                 unique_fields=["deployment", "digest", "trace"],
                 update_fields=["continued", "created_at"],
             )
-        if self.continued_ids:
+        if self.continued_ids and connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"UPDATE {ConversationTip._meta.db_table} SET continued = true WHERE id = ANY(%s)",
+                    [sorted(self.continued_ids)],
+                )
+        elif self.continued_ids:
             ConversationTip.objects.filter(id__in=sorted(self.continued_ids)).update(continued=True)
 
 

@@ -187,3 +187,27 @@ def test_a_writer_thread_that_ended_is_restarted_by_the_next_exchange(transactio
     assert recorder.drain(10)
     recorder.stop()
     assert Trace.objects.filter(external_id="x").exists()
+
+
+def test_a_history_older_than_the_stitching_window_starts_a_new_conversation(deployment):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from feedback.models import ConversationTip
+    from feedback.services.stitching import conversation_tips_expire
+
+    def stitched(messages, text):
+        ex = exchange(deployment, messages, response=answer(text), key=f"gw-{time.monotonic_ns():032x}")
+        ex.explicit_trace, ex.stitch = False, True
+        return ex
+
+    u1 = {"role": "user", "content": "hi"}
+    exchanges_record(exchanges=[stitched([u1], "hello")])
+    follow_up = [u1, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}]
+    exchanges_record(exchanges=[stitched(follow_up, "sure")])
+    assert Trace.objects.count() == 1  # within the window: one conversation
+    ConversationTip.objects.update(created_at=timezone.now() - timedelta(hours=7))  # past the 6 h window
+    exchanges_record(exchanges=[stitched([*follow_up, {"role": "assistant", "content": "sure"}, u1], "again")])
+    assert Trace.objects.count() == 2
+    assert conversation_tips_expire(now=timezone.now()) == 2 and ConversationTip.objects.count() == 1

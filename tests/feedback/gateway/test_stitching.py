@@ -250,3 +250,25 @@ def test_a_call_the_client_gave_up_on_is_marked_and_the_sdks_retry_continues_the
         ("user", "Bye", ""),
         ("assistant", "hello", "stop"),
     ]
+
+
+def test_concurrent_conversations_each_become_one_trace(gateway, openai_client, fake_live, chat_upstream, deployment):
+    from concurrent.futures import ThreadPoolExecutor
+
+    chat_upstream.reply = scripted_model
+
+    def converse(name: str) -> list[dict]:
+        history = [{"role": "system", "content": AGENT}]
+        for order in ("1", "2", "3"):
+            history.append({"role": "user", "content": f"Where is my order {name}{order}?"})
+            agent_turn(openai_client, history)
+        return history
+
+    with ThreadPoolExecutor(4) as pool:
+        histories = list(pool.map(converse, ["A", "B", "C", "D"]))
+    gateway.drain()
+    traces = Trace.objects.filter(deployment=deployment)
+    assert sorted(shown(t)[1][1] for t in traces) == [f"Where is my order {n}1?" for n in "ABCD"]
+    for trace in traces:
+        name = shown(trace)[1][1][18]
+        assert shown(trace) == as_shown(histories["ABCD".index(name)])
