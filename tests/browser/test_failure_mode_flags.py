@@ -36,7 +36,10 @@ def test_a_failure_mode_is_renamed_and_dismissed_on_its_page(open_page, noted, j
     article.locator("h3 a:has-text('No parcel tracking')").wait_for()
     assert article.locator("h3 a").get_attribute("href") == "/traces/?flag=mode-no-parcel-tracking"
     assert TraceFlag.objects.filter(name="mode-no-parcel-tracking").count() == 4
+    page.reload()  # the flag table counts the renamed flag too
+    assert "mode-no-parcel-tracking" in page.locator("table.flag-counts").inner_text()
     screenshot(page, "failure-modes")
+    article = page.locator(f"#cluster-{cluster.pk}")
 
     page.on("dialog", lambda dialog: dialog.accept())
     article.locator("button:has-text('Dismiss')").click()
