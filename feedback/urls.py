@@ -6,6 +6,7 @@ app_name = "feedback"
 urlpatterns = [
     path("traces/", traces.trace_list, name="trace-list"),
     path("traces/<int:trace_id>/", traces.trace_detail, name="trace-detail"),
+    path("traces/<int:trace_id>/side", traces.trace_side, name="trace-side"),
     re_path(
         r"^traces/(?P<trace_id>\d+)/(?P<direction>next|prev)$", traces.trace_neighbour_view, name="trace-neighbour"
     ),

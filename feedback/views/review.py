@@ -13,7 +13,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
-from django_htmx.http import reswap, retarget
+from django_htmx.http import reswap, retarget, trigger_client_event
 
 from feedback.forms import CommentForm
 from feedback.models import Comment, Correction, Message, RatingKind
@@ -58,7 +58,9 @@ def _turn_response(request: HttpRequest, message: Message, fragment: str, status
             "limits": REVIEW_LIMITS,
             **extra,
         }
-        return render(request, f"feedback/trace_detail.html#{fragment}", context, status=status)
+        response = render(request, f"feedback/trace_detail.html#{fragment}", context, status=status)
+        # The side panel summarises the turns' feedback: it reloads itself on this event.
+        return trigger_client_event(response, "trace-changed") if status < 400 else response
     if status >= 400:
         return render(request, "feedback/form_error.html", {"error": extra.get("error")}, status=status)
     default = reverse("feedback:trace-detail", args=[message.trace_id]) + f"#msg-{message.position}"
