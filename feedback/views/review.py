@@ -72,9 +72,10 @@ def _turn_response(request: HttpRequest, message: Message, fragment: str, status
 def comment_create_view(request: HttpRequest, trace_id: int, position: int) -> HttpResponse:
     message = _message(request, trace_id, position)
     form = CommentForm(request.POST)
+    draft = {k: request.POST.get(k, "") for k in ("body", "quote", "quote_start", "quote_end")}
     if not form.is_valid():
         error = FieldError(*next(iter((k, str(v[0])) for k, v in form.errors.items())))
-        return _turn_response(request, message, "comments", status=400, error=error)
+        return _turn_response(request, message, "comments", status=400, error=error, draft=draft)
     try:
         comment_add(
             message=message,
@@ -85,7 +86,7 @@ def comment_create_view(request: HttpRequest, trace_id: int, position: int) -> H
             quote_end=form.cleaned_data["quote_end"],
         )
     except FieldError as exc:
-        return _turn_response(request, message, "comments", status=400, error=exc)
+        return _turn_response(request, message, "comments", status=400, error=exc, draft=draft)
     return _turn_response(request, message, "comments")
 
 

@@ -77,3 +77,27 @@ def test_free_text_fields_state_their_limits_and_long_text_wraps(open_page):
     assert "at most 100000 characters" in form.inner_text() and "at most 20000 characters" in form.inner_text()
     # A 3,000-character word in a comment and in the metadata wraps: the page does not widen.
     assert page.evaluate("document.documentElement.scrollWidth") <= 1280
+
+
+def test_a_refused_comment_keeps_its_text_and_quote_with_the_error_beside_the_box(open_page):
+    trace = one_trace()
+    page = open_page(user_with_role("operator", "olga"))
+    page.goto(f"/traces/{trace.pk}/")
+    page.evaluate(
+        """() => { const node = document.querySelector('#text-4').firstChild;
+                   const range = document.createRange(); range.setStart(node, 7); range.setEnd(node, 14);
+                   const sel = window.getSelection(); sel.removeAllRanges(); sel.addRange(range); }"""
+    )
+    page.keyboard.press("c")
+    box = page.locator("#comments-4 .comment-new textarea[name=body]")
+    box.wait_for(state="visible")
+    # Longer than the limit (a script gets past the box's own maxlength, as a paste tool might).
+    box.evaluate("t => { t.value = 'Too long. '.repeat(2001); }")
+    page.keyboard.press("Control+Enter")
+    error = page.locator("#comments-4 .comment-new .field-error")
+    error.wait_for()
+    assert "at most 20000" in error.inner_text()
+    kept = page.locator("#comments-4 .comment-new textarea[name=body]")
+    assert len(kept.input_value()) == 20010 and kept.get_attribute("aria-invalid") == "true"
+    assert page.locator("#comments-4 .quote-preview").inner_text() == "shipped"
+    assert page.evaluate("document.activeElement.name") == "body"  # the cursor is back in the box
