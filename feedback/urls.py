@@ -6,6 +6,7 @@ app_name = "feedback"
 urlpatterns = [
     path("traces/", traces.trace_list, name="trace-list"),
     path("traces/<int:trace_id>/", traces.trace_detail, name="trace-detail"),
+    path("traces/<int:trace_id>/side", traces.trace_side, name="trace-side"),
     re_path(
         r"^traces/(?P<trace_id>\d+)/(?P<direction>next|prev)$", traces.trace_neighbour_view, name="trace-neighbour"
     ),
@@ -40,4 +41,14 @@ urlpatterns += [
     path("traces/<int:trace_id>/messages/<int:position>/judgement", judge.judge_turn_status, name="judge-turn-status"),
     path("failure-modes/", failure_modes.failure_modes, name="failure-modes"),
     path("failure-modes/runs", failure_modes.failure_mode_run_create_view, name="failure-mode-run-create"),
+    path(
+        "failure-modes/clusters/<int:cluster_id>/rename",
+        failure_modes.failure_cluster_rename_view,
+        name="failure-cluster-rename",
+    ),
+    path(
+        "failure-modes/clusters/<int:cluster_id>/dismiss",
+        failure_modes.failure_cluster_dismiss_view,
+        name="failure-cluster-dismiss",
+    ),
 ]

@@ -7,8 +7,8 @@
 #
 #   scripts/demo.sh [--fast]     --fast: the tiny random test model instead of SmolLM2
 #
-# Ctrl-C (or SIGTERM) stops everything it started: each child runs in its own process group
-# (set -m), and the vLLM supervisor stops its server's group when told to stop.
+# Ctrl-C (or SIGTERM) stops everything it started and exits 0: each child runs in its own
+# process group (set -m), and the vLLM supervisor stops its server's group when told to stop.
 #
 # Environment: PRACTICUM_HOST/PRACTICUM_PORT (127.0.0.1:8000), PRACTICUM_INFERENCE_PORT (8001),
 # PRACTICUM_DATA_DIR (var/), PRACTICUM_DEMO_EPISODES (36, --fast 12), PRACTICUM_DEMO_AGENT=0 to
@@ -58,6 +58,10 @@ export PRACTICUM_JUDGE_AUTO=${PRACTICUM_JUDGE_AUTO:-false}
 # The tour's "run the agent again" goes through this server's gateway.
 export PRACTICUM_GATEWAY_URL=${PRACTICUM_GATEWAY_URL:-${PRACTICUM_DEMO_AGENT_BASE_URL:-$URL}}
 export PRACTICUM_DEMO_AGENT_EPISODES=${PRACTICUM_DEMO_AGENT_EPISODES:-$(( EPISODES / 3 > 4 ? EPISODES / 3 : 4 ))}
+# The tour shows how far the agent has got (n/$EPISODES episodes) until the demo is ready.
+export PRACTICUM_DEMO_EPISODES=$EPISODES
+# No raw progress bars on the console (model conversion, downloads): the logs keep the details.
+export HF_HUB_DISABLE_PROGRESS_BARS=1 TQDM_DISABLE=1
 # One torch thread per process: several processes share the cores.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
@@ -68,14 +72,8 @@ for p in "$PORT" "$PRACTICUM_INFERENCE_PORT"; do
   port_free "$p" || { echo "port $p is in use: stop what uses it, or set PRACTICUM_PORT / PRACTICUM_INFERENCE_PORT" >&2; exit 1; }
 done
 
-say "Preparing the database and the $BASE model (cached after the first run) …"
-$PY manage.py migrate --noinput -v 0
-$PY manage.py prepare_model "$KIND" --name "$BASE"
-$PY manage.py demo_setup --serve-base "$BASE"
-
 # Children in their own process groups: Ctrl-C reaches this script only, and cleanup stops
 # each group in turn (the vLLM supervisor first stops its server, which runs in its own session).
-set -m
 pids=()
 agent=""
 start() {  # start LOGFILE CMD...
@@ -94,6 +92,7 @@ cleanup() {
   [ "$stopping" = 1 ] && return
   stopping=1
   trap '' INT TERM
+  if [ ${#pids[@]} -eq 0 ] && [ -z "$agent" ]; then return; fi  # nothing started yet
   set +m  # no job-status lines while stopping
   echo; say "Stopping …"
   local pid alive all=("${pids[@]}") everyone=()
@@ -111,9 +110,21 @@ cleanup() {
   wait 2>/dev/null || true
   say "Stopped."
 }
-trap 'cleanup; exit 130' INT
-trap 'cleanup; exit 143' TERM
+# Ctrl-C or a TERM is how the demo is meant to end: a clean stop exits 0, so `make demo` ends
+# without "make: *** [demo] Error 130/143".
+trap 'cleanup; exit 0' INT
+trap 'cleanup; exit 0' TERM
 trap 'cleanup' EXIT
+
+say "Preparing the database and the $BASE model (cached after the first run) …"
+$PY manage.py migrate --noinput -v 0
+# The conversion's own output (and any progress bars) goes to its log; the console gets one line.
+if ! $PY manage.py prepare_model "$KIND" --name "$BASE" >>"$LOGS/prepare.log" 2>&1; then
+  tail -n 20 "$LOGS/prepare.log" >&2; exit 1
+fi
+echo "  $BASE is ready (details in $LOGS/prepare.log)"
+$PY manage.py demo_setup --serve-base "$BASE"
+set -m
 
 # vLLM sets up its own OpenMP threads per core; the one-thread limit is for the other processes.
 start "$LOGS/inference.log" env -u OMP_NUM_THREADS $PY manage.py serve_inference --base "$BASE" --port "$PRACTICUM_INFERENCE_PORT"
@@ -149,7 +160,8 @@ PYEOF
 wait_http "$URL/healthz" 120 "the web server" || { tail -n 20 "$LOGS/web.log" >&2; exit 1; }
 cat <<MSG
 
-  Practicum is up:  $URL/tour/   (the guided tour; the dashboard is at $URL/)
+  The web server is up at $URL/tour/ — the tour shows how far the demo is (n/$EPISODES episodes);
+  it is ready when this console says "Ready".
   Logins:  operator / operator-demo   approver / approver-demo   (also reviewer, admin: <name>-demo)
   Logs:    $LOGS/
 
@@ -183,5 +195,6 @@ MSG
 set +e
 wait -n "${pids[@]}"
 code=$?
-[ "$stopping" = 1 ] || echo "a process of the demo exited ($code); see $LOGS/"
+[ "$stopping" = 1 ] && exit 0
+echo "a process of the demo exited ($code); see $LOGS/"
 exit "$code"

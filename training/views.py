@@ -57,7 +57,13 @@ def _job_list_page(request: HttpRequest, *, status: int = 200, **forms) -> HttpR
         "form": {"kind": "grpo", "config": "{}"},
         "queues": _queues(),
         "set_form": {"heldout_fraction": "0.2"},
-        "episode_form": {"heldout_fraction": "0.15", "name": "support-desk-episodes"},
+        # The defaults build the demo's set as they stand: the support desk's episodes of support-bot.
+        "episode_form": {
+            "heldout_fraction": "0.15",
+            "name": "support-desk-episodes",
+            "deployment": "support-bot",
+            "environment": "support-desk",
+        },
         **_episode_choices(),
         **forms,
     }

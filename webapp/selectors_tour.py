@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from django.db.models import Q
 from django.urls import reverse
 
-from feedback.models import Comment, CustomerFeedback, Deployment, JudgeResult, JudgeStatus, Trace
+from feedback.models import Comment, CustomerFeedback, Deployment, JudgeResult, JudgeStatus, Trace, TraceSource
 from training.models import JobStatus, LiveVersion, ModelVersion, ModelVersionKind, TrainingJob, TrainingSet
 from training.models_promotion import Evaluation, EvaluationStatus, PromotionRequest, PromotionStatus
 
@@ -35,6 +35,14 @@ class Tour:
     deployment: Deployment | None
     live: ModelVersion | None
     steps: list[TourStep] = field(default_factory=list)
+    # `make demo`: episodes its agent has worked so far, of how many (0: not a demo run).
+    demo_have: int = 0
+    demo_target: int = 0
+
+    @property
+    def demo_filling(self) -> bool:
+        """The demo agent is still working: the tour is not ready to start yet."""
+        return self.demo_have < self.demo_target
 
     @property
     def done_count(self) -> int:
@@ -60,10 +68,19 @@ def tour_deployment(*, name: str | None) -> Deployment | None:
     )
 
 
-def tour_get(*, deployment: Deployment | None) -> Tour:
-    """The tour's checklist for `deployment`: each step done or not, from what is stored."""
+def demo_readiness(*, deployment: Deployment | None, target: int) -> int:
+    """How many of the demo agent's `target` episodes have arrived (each is one gateway
+    trace); counted with a LIMIT, so never more than `target` rows are read."""
+    if deployment is None or target <= 0:
+        return 0
+    return Trace.objects.filter(deployment=deployment, source=TraceSource.GATEWAY).values("id")[:target].count()
+
+
+def tour_get(*, deployment: Deployment | None, demo_target: int = 0) -> Tour:
+    """The tour's checklist for `deployment`: each step done or not, from what is stored;
+    with `demo_target`, how far `make demo`'s agent has got."""
     if deployment is None:
-        return Tour(deployment=None, live=None)
+        return Tour(deployment=None, live=None, demo_target=demo_target)
     live_row = LiveVersion.objects.select_related("version").filter(deployment=deployment).first()
     live = live_row.version if live_row else None
     traces = Trace.objects.filter(deployment=deployment)
@@ -274,7 +291,13 @@ def tour_get(*, deployment: Deployment | None) -> Tour:
             link_text="Overview" if overview else "Trace list",
         )
     )
-    return Tour(deployment=deployment, live=live, steps=steps)
+    return Tour(
+        deployment=deployment,
+        live=live,
+        steps=steps,
+        demo_have=demo_readiness(deployment=deployment, target=demo_target),
+        demo_target=demo_target,
+    )
 
 
 def episode_job_settings() -> str:

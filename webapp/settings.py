@@ -407,6 +407,9 @@ GATEWAY_URL = (
 ).rstrip("/")
 # The tour's "run the agent again": how many tasks, and how long its key lives.
 DEMO_AGENT_EPISODES = int(os.environ.get("PRACTICUM_DEMO_AGENT_EPISODES", 12))
+# `make demo` sets how many episodes its agent works before the demo is ready; the tour shows
+# how far it has got (n/36 episodes). 0 outside the demo: no readiness line.
+DEMO_EPISODES = int(os.environ.get("PRACTICUM_DEMO_EPISODES", 0))
 DEMO_AGENT_KEY_SECONDS = int(os.environ.get("PRACTICUM_DEMO_AGENT_KEY_SECONDS", 7200))
 
 # Task environments for multi-turn episodes: modules whose import registers them (`@register`).

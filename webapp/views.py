@@ -36,7 +36,7 @@ def tour(request: HttpRequest) -> HttpResponse:
     if name and deployment is None:
         raise Http404("no such deployment")
     context = {
-        "tour": tour_get(deployment=deployment),
+        "tour": tour_get(deployment=deployment, demo_target=settings.DEMO_EPISODES),
         "can_run_agent": request.user.has_perm("training.add_trainingjob"),
         "episodes": settings.DEMO_AGENT_EPISODES,
     }

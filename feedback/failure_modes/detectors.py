@@ -33,6 +33,11 @@ KINDS = (TOOL_ERROR, INVALID_TOOL_ARGS, EMPTY_ANSWER, TRUNCATED, REFUSAL, LENGTH
 # Modified z-score cut-off (Iglewicz & Hoaglin): |0.6745 (x - median) / MAD| > 3.5.
 OUTLIER_Z = 3.5
 OUTLIER_MIN_BATCH = 20
+# The spread of log lengths is taken as at least this much. An agent that answers mostly
+# from templates has a MAD near 0, and then every answer that is not a template (74 support
+# traces: 23 flagged) looked like an outlier. With the floor an answer must also be at least
+# exp(3.5 * 0.35 / 0.6745) = 6.1 times longer, or shorter, than the median to be flagged.
+OUTLIER_MIN_LOG_MAD = 0.35
 
 _REFUSAL = re.compile(
     r"\b(?:I(?:'m| am) (?:sorry,? (?:but )?)?(?:not able|unable) to (?:help|assist|comply|do that|provide)"
@@ -208,12 +213,13 @@ def final_answer(trace: TraceView) -> tuple[int, str] | None:
     return None
 
 
-def modified_z_scores(values: Sequence[float]) -> list[float]:
-    """0.6745 (x - median) / MAD; all zeros when the MAD is 0 (half the values equal)."""
+def modified_z_scores(values: Sequence[float], *, min_mad: float = 0.0) -> list[float]:
+    """0.6745 (x - median) / max(MAD, min_mad); all zeros when that is 0 (half the values
+    equal and no floor)."""
     if not values:
         return []
     med = median(values)
-    mad = median(abs(v - med) for v in values)
+    mad = max(median(abs(v - med) for v in values), min_mad)
     if mad == 0:
         return [0.0] * len(values)
     return [0.6745 * (v - med) / mad for v in values]
@@ -234,7 +240,9 @@ def detect_length_outliers(traces: Iterable[TraceView]) -> dict[int, list[Findin
             continue
         lengths = [r[2] for r in rows]
         med = median(lengths)
-        for (trace_id, pos, length), z in zip(rows, modified_z_scores([math.log1p(n) for n in lengths]), strict=True):
+        for (trace_id, pos, length), z in zip(
+            rows, modified_z_scores([math.log1p(n) for n in lengths], min_mad=OUTLIER_MIN_LOG_MAD), strict=True
+        ):
             if abs(z) > OUTLIER_Z:
                 direction = "long" if z > 0 else "short"
                 out.setdefault(trace_id, []).append(

@@ -332,13 +332,22 @@ class FailureCluster(models.Model):
     name = models.CharField(max_length=100)
     flag_name = models.SlugField(max_length=100)
     description = models.TextField(blank=True, default="")
-    named_by = models.CharField(max_length=20, help_text="judge, or keywords when the judge could not name it")
+    named_by = models.CharField(
+        max_length=20,
+        help_text="judge; comments when the judge's name was unreadable; keywords when the judge could not name it; "
+        "person when renamed",
+    )
     naming_error = models.TextField(blank=True, default="")
     judge_model = models.CharField(max_length=200, blank=True, default="")
     prompt_version = models.CharField(max_length=100, blank=True, default="")
     size = models.PositiveIntegerField(default=0)
     trace_count = models.PositiveIntegerField(default=0)
     examples = models.JSONField(default=list, blank=True)
+    # A person dismissed it (not a failure mode): its flags were taken off its traces.
+    dismissed_at = models.DateTimeField(null=True, blank=True)
+    dismissed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
 
     class Meta:
         ordering = ["run_id", "rank"]

@@ -61,4 +61,4 @@ def latest_finished_run(*, deployment: Deployment | None = None) -> FailureModeR
 
 
 def run_clusters(*, run: FailureModeRun) -> list[FailureCluster]:
-    return list(FailureCluster.objects.filter(run=run).order_by("rank"))
+    return list(FailureCluster.objects.filter(run=run).select_related("dismissed_by").order_by("rank"))

@@ -5,8 +5,7 @@ use its rewards)."""
 from __future__ import annotations
 
 import os
-import re
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +22,7 @@ from feedback.judge.agreement import (
 )
 from feedback.judge.client import JudgeEndpoint, JudgeNotConfigured
 from feedback.judge.prompts import CURRENT_TURN
+from feedback.judge.quality import text_is_garbled
 from feedback.models import (
     Deployment,
     DeploymentJudge,
@@ -370,18 +370,6 @@ def agreement_as_dict(row: VersionAgreement) -> dict[str, Any]:
     }
 
 
-def _garbled(text: str) -> bool:
-    """Text no reader could use: empty, mostly not letters, or one word over and over."""
-    stripped = text.strip()
-    if not stripped:
-        return True
-    letters = sum(ch.isalpha() for ch in stripped)
-    if letters / len(stripped) < 0.5:
-        return True
-    words = re.findall(r"\w+", stripped.lower())
-    return len(words) >= 6 and Counter(words).most_common(1)[0][1] / len(words) > 0.5
-
-
 def judge_result_doubts(result: JudgeResult) -> list[str]:
     """Why a judgement that passed the schema still should not be read as a plain success:
     the judge's earlier answers were rejected, its output was cut off, or its rationale or
@@ -396,10 +384,10 @@ def judge_result_doubts(result: JudgeResult) -> list[str]:
         doubts.append(f"the judge's first {len(rejected)} answer(s) were rejected ({first})")
     if attempts and attempts[-1].get("finish_reason") == "length":
         doubts.append("the accepted answer was cut off at the token limit")
-    if _garbled(result.rationale or ""):
+    if text_is_garbled(result.rationale or ""):
         doubts.append("the rationale is garbled")
     criteria = (result.rubric or {}).get("criteria") or []
-    garbled = sum(1 for c in criteria if _garbled(str(c.get("criterion", "")) if isinstance(c, dict) else ""))
+    garbled = sum(1 for c in criteria if text_is_garbled(str(c.get("criterion", "")) if isinstance(c, dict) else ""))
     if garbled:
         doubts.append(f"{garbled} of {len(criteria)} rubric criteria are garbled")
     return doubts

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 from django.utils.text import slugify
 
@@ -43,10 +44,13 @@ from feedback.models import (
     JobStatus,
     JudgeResult,
     Message,
+    RatingKind,
     Trace,
     TraceFlag,
+    TurnRating,
 )
 from feedback.selectors.judge import judge_endpoint_for
+from feedback.services.chat_format import FieldError
 from feedback.tasks import failure_mode_run_task
 
 logger = logging.getLogger(__name__)
@@ -162,16 +166,36 @@ def _started_at(trace_ids: Iterable[int]) -> dict[int, datetime]:
     return dict(Trace.objects.filter(id__in=list(trace_ids)).values_list("id", "started_at"))
 
 
+def _praised_turns(trace_ids: Sequence[int]) -> set[tuple[int, int]]:
+    """(message, person) pairs where the person rated the turn well: thumbs up or 4-5."""
+    return set(
+        TurnRating.objects.filter(trace_id__in=trace_ids)
+        .filter(Q(kind=RatingKind.THUMBS, value__gt=0) | Q(kind=RatingKind.SCORE, value__gte=4))
+        .values_list("message_id", "user_id")
+    )
+
+
 def _notes(trace_ids: Sequence[int]) -> list[dict[str, Any]]:
     """Operators' comments, and rationales of failing judgements, on the scanned traces,
-    newest first (what people and the judge said went wrong)."""
+    newest first (what people and the judge said went wrong). Only negative feedback is a
+    failure note: a comment whose author rated the same turn well, or that only praises
+    ("Great answer!"), is left out."""
     from feedback.failure_modes.clustering import MAX_TEXTS
+    from feedback.judge.quality import text_is_praise
 
     ids = list(trace_ids)
+    praised = _praised_turns(ids)
     notes: list[dict[str, Any]] = []
-    for c in (
-        Comment.objects.filter(trace_id__in=ids).order_by("-created_at").values("id", "trace_id", "body")[:MAX_TEXTS]
-    ):
+    comments = (
+        Comment.objects.filter(trace_id__in=ids)
+        .order_by("-created_at")
+        .values("id", "trace_id", "message_id", "author_id", "body")
+    )
+    for c in comments.iterator(chunk_size=2000):
+        if len(notes) >= MAX_TEXTS:
+            break
+        if (c["message_id"], c["author_id"]) in praised or text_is_praise(c["body"]):
+            continue
         notes.append({"trace_id": c["trace_id"], "comment_id": c["id"], "text": c["body"][:NOTE_CHARS]})
     room = MAX_TEXTS - len(notes)
     if room > 0:
@@ -189,6 +213,7 @@ def _notes(trace_ids: Sequence[int]) -> list[dict[str, Any]]:
 def _name(texts: list[str], others: list[str], endpoint: JudgeEndpoint | None) -> dict[str, str]:
     from feedback.failure_modes.clustering import keyword_name
     from feedback.failure_modes.naming import name_cluster
+    from feedback.judge.quality import name_from_texts, name_is_readable
 
     if endpoint is not None:
         try:
@@ -196,14 +221,28 @@ def _name(texts: list[str], others: list[str], endpoint: JudgeEndpoint | None) -
         except JudgeCallFailed as exc:
             error = exc.reason
         else:
-            return {
-                "name": named.name.name,
-                "description": named.name.description,
-                "named_by": "judge",
-                "naming_error": "",
-                "judge_model": endpoint.model,
-                "prompt_version": named.prompt_version,
-            }
+            if name_is_readable(named.name.name):
+                return {
+                    "name": named.name.name,
+                    "description": named.name.description,
+                    "named_by": "judge",
+                    "naming_error": "",
+                    "judge_model": endpoint.model,
+                    "prompt_version": named.prompt_version,
+                }
+            # The judge answered in the schema but with garbage: name the cluster after its
+            # most representative comment instead, and keep what the judge said.
+            readable = name_from_texts(texts)
+            if readable:
+                return {
+                    "name": readable,
+                    "description": "",
+                    "named_by": "comments",
+                    "naming_error": f"the judge's name was unreadable: {named.name.name[:200]!r}",
+                    "judge_model": endpoint.model,
+                    "prompt_version": named.prompt_version,
+                }
+            error = f"the judge's name was unreadable: {named.name.name[:200]!r}"
     else:
         error = "no judge endpoint is configured"
     return {
@@ -350,3 +389,38 @@ def _final_only(view: TraceView) -> TraceView:
     messages: list[dict[str, Any]] = [{"role": "user", "content": ""}] * answer[0]
     messages.append({"role": "assistant", "content": answer[1]})
     return TraceView(trace_id=view.trace_id, messages=messages, group=view.group)
+
+
+@transaction.atomic
+def failure_cluster_rename(*, cluster: FailureCluster, name: str) -> FailureCluster:
+    """Give a failure mode a person's name: its flag on every trace is renamed with it (to
+    `mode-<slug of the name>`), so the trace list filters by the new name."""
+    name = (name or "").strip()
+    if not name:
+        raise FieldError("name", "required: what do these notes have in common?")
+    if len(name) > 100:
+        raise FieldError("name", f"{len(name)} characters; at most 100")
+    slug = ("mode-" + slugify(name))[:90].strip("-")
+    if slug == "mode":
+        raise FieldError("name", "use some letters or digits")
+    old = cluster.flag_name
+    if slug != old:
+        # A trace that already carries a flag of the new name keeps that one.
+        taken = TraceFlag.objects.filter(name=slug).values("trace_id")
+        TraceFlag.objects.filter(name=old, source=CLUSTER_SOURCE, trace_id__in=taken).delete()
+        TraceFlag.objects.filter(name=old, source=CLUSTER_SOURCE).update(name=slug, detail=f"failure mode: {name}")
+    else:
+        TraceFlag.objects.filter(name=old, source=CLUSTER_SOURCE).update(detail=f"failure mode: {name}")
+    cluster.name, cluster.flag_name, cluster.named_by = name, slug, "person"
+    cluster.save(update_fields=["name", "flag_name", "named_by"])
+    return cluster
+
+
+@transaction.atomic
+def failure_cluster_dismiss(*, cluster: FailureCluster, user, now: datetime | None = None) -> FailureCluster:
+    """Not a failure mode: take its flag off its traces and mark it dismissed (a later run
+    clusters the notes afresh)."""
+    TraceFlag.objects.filter(name=cluster.flag_name, source=CLUSTER_SOURCE).delete()
+    cluster.dismissed_at, cluster.dismissed_by = now or timezone.now(), user
+    cluster.save(update_fields=["dismissed_at", "dismissed_by"])
+    return cluster

@@ -6,13 +6,19 @@ from __future__ import annotations
 from django import forms
 from django.contrib import messages as flash
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import redirect, render
+from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from feedback.models import Deployment
+from feedback.models import Deployment, FailureCluster
 from feedback.permissions import BROWSE
 from feedback.selectors.failure_modes import failure_mode_runs, flag_counts_by_day, latest_finished_run, run_clusters
-from feedback.services.failure_modes import FailureModeError, failure_mode_run_create
+from feedback.services.chat_format import FieldError
+from feedback.services.failure_modes import (
+    FailureModeError,
+    failure_cluster_dismiss,
+    failure_cluster_rename,
+    failure_mode_run_create,
+)
 from feedback.views.common import dashboard_view
 
 START_RUN = "feedback.add_failuremoderun"
@@ -76,3 +82,31 @@ def failure_mode_run_create_view(request: HttpRequest) -> HttpResponse:
     else:
         flash.success(request, f"Failure-mode run {run.pk} queued.")
     return redirect("feedback:failure-modes")
+
+
+def _cluster_response(request: HttpRequest, cluster: FailureCluster, status: int = 200, **extra) -> HttpResponse:
+    if request.htmx:
+        context = {"c": cluster, "can_run": True, **extra}
+        return render(request, "feedback/failure_modes.html#cluster", context, status=status)
+    if extra.get("rename_error"):
+        flash.error(request, f"name: {extra['rename_error']}")
+    return redirect("feedback:failure-modes")
+
+
+@require_POST
+@dashboard_view(START_RUN)
+def failure_cluster_rename_view(request: HttpRequest, cluster_id: int) -> HttpResponse:
+    cluster = get_object_or_404(FailureCluster, pk=cluster_id)
+    name = request.POST.get("name", "")
+    try:
+        failure_cluster_rename(cluster=cluster, name=name)
+    except FieldError as exc:
+        return _cluster_response(request, cluster, status=400, rename_error=exc.reason, rename_value=name)
+    return _cluster_response(request, cluster)
+
+
+@require_POST
+@dashboard_view(START_RUN)
+def failure_cluster_dismiss_view(request: HttpRequest, cluster_id: int) -> HttpResponse:
+    cluster = get_object_or_404(FailureCluster, pk=cluster_id)
+    return _cluster_response(request, failure_cluster_dismiss(cluster=cluster, user=request.user))

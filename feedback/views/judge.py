@@ -12,10 +12,11 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
+from django_htmx.http import trigger_client_event
 
 from feedback.judge.client import JudgeNotConfigured
 from feedback.judge.prompts import CURRENT_TURN
-from feedback.models import Deployment, JudgeJob, JudgeResult, JudgeTrigger, Message
+from feedback.models import Deployment, JudgeJob, JudgeResult, JudgeStatus, JudgeTrigger, Message
 from feedback.permissions import BROWSE, can_see_customer_feedback
 from feedback.selectors.judge import (
     agreement_by_version,
@@ -177,8 +178,14 @@ def judge_turn_view(request: HttpRequest, trace_id: int, position: int) -> HttpR
 
 @dashboard_view()
 def judge_turn_status(request: HttpRequest, trace_id: int, position: int) -> HttpResponse:
-    """The judge block of one turn (what the trace page polls while a judgement is under way)."""
-    return _judge_fragment(request, _turn_message(request, trace_id, position))
+    """The judge block of one turn (what the trace page polls while a judgement is under way);
+    once the judgement is over, the side panel is told to refresh its summary."""
+    message = _turn_message(request, trace_id, position)
+    response = _judge_fragment(request, message)
+    latest = JudgeResult.objects.filter(message=message).order_by("-created_at", "-id").only("status").first()
+    if request.htmx and latest is not None and latest.status in (JudgeStatus.SUCCEEDED, JudgeStatus.FAILED):
+        trigger_client_event(response, "trace-changed")
+    return response
 
 
 @dashboard_view(BROWSE)

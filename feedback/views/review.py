@@ -13,7 +13,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
-from django_htmx.http import reswap, retarget
+from django_htmx.http import reswap, retarget, trigger_client_event
 
 from feedback.forms import CommentForm
 from feedback.models import Comment, Correction, Message, RatingKind
@@ -58,7 +58,9 @@ def _turn_response(request: HttpRequest, message: Message, fragment: str, status
             "limits": REVIEW_LIMITS,
             **extra,
         }
-        return render(request, f"feedback/trace_detail.html#{fragment}", context, status=status)
+        response = render(request, f"feedback/trace_detail.html#{fragment}", context, status=status)
+        # The side panel summarises the turns' feedback: it reloads itself on this event.
+        return trigger_client_event(response, "trace-changed") if status < 400 else response
     if status >= 400:
         return render(request, "feedback/form_error.html", {"error": extra.get("error")}, status=status)
     default = reverse("feedback:trace-detail", args=[message.trace_id]) + f"#msg-{message.position}"
@@ -70,9 +72,10 @@ def _turn_response(request: HttpRequest, message: Message, fragment: str, status
 def comment_create_view(request: HttpRequest, trace_id: int, position: int) -> HttpResponse:
     message = _message(request, trace_id, position)
     form = CommentForm(request.POST)
+    draft = {k: request.POST.get(k, "") for k in ("body", "quote", "quote_start", "quote_end")}
     if not form.is_valid():
         error = FieldError(*next(iter((k, str(v[0])) for k, v in form.errors.items())))
-        return _turn_response(request, message, "comments", status=400, error=error)
+        return _turn_response(request, message, "comments", status=400, error=error, draft=draft)
     try:
         comment_add(
             message=message,
@@ -83,7 +86,7 @@ def comment_create_view(request: HttpRequest, trace_id: int, position: int) -> H
             quote_end=form.cleaned_data["quote_end"],
         )
     except FieldError as exc:
-        return _turn_response(request, message, "comments", status=400, error=exc)
+        return _turn_response(request, message, "comments", status=400, error=exc, draft=draft)
     return _turn_response(request, message, "comments")
 
 

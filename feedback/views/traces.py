@@ -118,6 +118,14 @@ def trace_detail(request: HttpRequest, trace_id: int) -> HttpResponse:
     return render(request, "feedback/trace_detail.html", trace_detail_context(request, trace))
 
 
+@dashboard_view()
+def trace_side(request: HttpRequest, trace_id: int) -> HttpResponse:
+    """The trace page's side panel alone: the page asks for it again after a comment, a
+    rating, a correction or a judgement changed what it summarises."""
+    trace = trace_or_404(request, trace_id)
+    return render(request, "feedback/_trace_side.html", trace_detail_context(request, trace))
+
+
 @dashboard_view(BROWSE)
 def trace_neighbour_view(request: HttpRequest, trace_id: int, direction: str) -> HttpResponse:
     """j/k: the next older / newer trace in the current filter, or back to the list at the end."""

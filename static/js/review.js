@@ -268,10 +268,4 @@
     var field = (error.closest(".tool-row") || target).querySelector("[aria-invalid=true]");
     if (field) field.focus({ preventScroll: true });
   });
-
-  // On a page load with an error (no htmx), do the same.
-  document.addEventListener("DOMContentLoaded", function () {
-    var error = document.querySelector("main .error[role=alert]");
-    if (error) error.scrollIntoView({ block: "center" });
-  });
 })();

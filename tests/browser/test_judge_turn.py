@@ -67,6 +67,8 @@ def test_judge_this_turn_shows_pending_then_the_result_in_place(open_page, judge
     assert "reward-low" in reward.get_attribute("class")
     assert page.evaluate("getComputedStyle(document.querySelector('.badge.reward')).color") == "rgb(180, 35, 24)"
     assert "Looks up the order before answering" in block.inner_text()
+    # The side panel's row for the turn shows the new reward too, without a reload.
+    page.locator("#side-turns tbody tr:last-child .badge.reward:has-text('0.20')").wait_for()
     screenshot(page, "judge-turn", element=page.locator(f"#msg-{answer.position}"))
 
     # A judgement whose words are garbled passes the schema, but is not shown as plain success.

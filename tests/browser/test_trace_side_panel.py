@@ -80,6 +80,14 @@ def test_the_side_panel_sits_beside_the_conversation_with_the_traces_facts(open_
     assert second["x"] > first["x"] + first["width"] and second["width"] > first["width"]
     screenshot(page, "trace-side-panel")
 
+    # Rating or commenting a turn updates the panel's summary in place.
+    page.click("#rating-3 button[value=down]")
+    side.locator("#side-turns tbody tr:nth-child(2) td:has-text('▼1')").wait_for()
+    page.click("#comments-3 summary:has-text('Comment')")
+    page.fill("#comments-3 textarea[name=body]", "Give the tracking link.")
+    page.keyboard.press("Control+Enter")
+    side.locator("#side-turns tbody tr:nth-child(2) td:has-text('✎1')").wait_for()
+
 
 def test_on_a_narrow_screen_the_panel_goes_below(open_page):
     trace = gateway_trace()

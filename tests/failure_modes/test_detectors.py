@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from feedback.failure_modes.detectors import (
     EMPTY_ANSWER,
     INVALID_TOOL_ARGS,
@@ -107,3 +109,22 @@ def test_length_outliers_against_the_batch():
 def test_modified_z_by_hand():
     # median 3, absolute deviations (2, 1, 0, 1, 97) -> MAD 1; z = 0.6745 * (x - 3).
     assert modified_z_scores([1, 2, 3, 4, 100]) == [0.6745 * -2, 0.6745 * -1, 0.0, 0.6745, 0.6745 * 97]
+
+
+def test_a_templated_agent_gets_only_its_real_length_outliers():
+    # Mostly templated answers (26-30 characters) make the MAD of log lengths tiny; the
+    # agent's other, ordinary replies (60-120) are not outliers, a 2,000-character essay and
+    # a two-character answer are.
+    lengths = [26 + i % 5 for i in range(50)] + [60 + 3 * i for i in range(20)] + [2000, 2100, 2, 3]
+    views = [
+        TraceView(trace_id=i, messages=[{"role": "assistant", "content": "x" * n}], group="bot")
+        for i, n in enumerate(lengths)
+    ]
+    assert len(lengths) == 74
+    found = detect_batch(views)
+    assert sorted(found) == [70, 71, 72, 73]
+    directions = [found[i][0].detail.split(":")[0] for i in (70, 72)]
+    assert directions == ["unusually long", "unusually short"]
+    # Without the floor on the spread, the ordinary replies were flagged too.
+    z = modified_z_scores([math.log1p(n) for n in lengths])
+    assert sum(abs(v) > 3.5 for v in z) >= 20

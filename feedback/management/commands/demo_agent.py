@@ -32,10 +32,18 @@ class Command(BaseCommand):
         if opts["episodes"] < 1:
             raise CommandError("--episodes must be at least 1")
 
+        done = 0
+
         def progress(ep) -> None:
+            # "[n/N]" first: how far the run is, as the tour shows it (n/N episodes).
+            nonlocal done
+            done += 1
             if not opts["json"]:
                 outcome = "—" if ep.reward is None else ("success" if ep.success else "failure")
-                self.stdout.write(f"{ep.trace_id} {ep.task_id:<16} {ep.model:<24} {outcome:<8} {ep.reason[:70]}")
+                self.stdout.write(
+                    f"[{done}/{opts['episodes']}] {ep.trace_id} {ep.task_id:<16} {ep.model:<24} {outcome:<8} "
+                    f"{ep.reason[:70]}"
+                )
 
         import openai
 
