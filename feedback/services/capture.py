@@ -314,7 +314,17 @@ class _Batch:
             Trace.objects.select_for_update()
             .filter(deployment_id=deployment_id, external_id__in=missing)
             .order_by("id")  # one lock order for every writer process
-            .only("id", "external_id", "session_id", "status", "model_version_id", "tools", "preview", *_COUNTS)
+            .only(
+                "id",
+                "external_id",
+                "session_id",
+                "status",
+                "model_version_id",
+                "tools",
+                "preview",
+                "ended_at",
+                *_COUNTS,
+            )
         )
         found = {t.external_id: t for t in rows}
         for key in missing:
@@ -502,7 +512,8 @@ def _traces_update(traces: list[Trace]) -> None:
 _TRACES_UPDATE_SQL = f"""
 UPDATE {Trace._meta.db_table} AS t SET {", ".join(f"{f} = v.{f}" for f in _UPDATED)}
 FROM unnest(%s::bigint[], %s::integer[], %s::integer[], %s::integer[], %s::integer[], %s::text[],
-            %s::timestamptz[], %s::text[], %s::bigint[], %s::jsonb[])
+            %s::timestamptz[], %s::text[], %s::bigint[], %s::timestamptz[],
+            %s::jsonb[])
      AS v(id, {", ".join(_UPDATED)})
 WHERE t.id = v.id
 """
