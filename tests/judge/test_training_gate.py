@@ -114,6 +114,24 @@ def test_calibration_scores_rated_turns_with_the_training_prompt_and_opens_the_g
     assert judge_calibration_run(deployment=deployment)["scored"] == 0
 
 
+def test_pointing_the_judge_elsewhere_under_the_same_model_name_closes_the_gate(deployment, operator, gate_settings):
+    """The calibration is evidence about one judge: the model name at one URL. Another server
+    answering to the same name (an endpoint edited in the admin) has not been calibrated."""
+    from feedback.models import DeploymentJudge
+
+    for n in range(20):
+        rated_turn(deployment, operator, good=True, n=n)
+        rated_turn(deployment, operator, good=False, n=100 + n)
+    gate_settings.respond_with(honest_judge())
+    judge_calibration_run(deployment=deployment, rng=random.Random(0))
+    assert judge_training_gate(deployment=deployment).allowed
+
+    DeploymentJudge.objects.create(deployment=deployment, base_url="http://judge.elsewhere.test/v1", model="test-judge")
+    gate = judge_training_gate(deployment=deployment)
+    assert not gate.allowed
+    assert "only 0 rated turns scored" in gate.reason and "only 0 order-swap checks" in gate.reason
+
+
 def test_the_gate_uses_kappas_lower_bound_not_the_point_estimate(deployment, operator, gate_settings):
     for n in range(18):
         rated_turn(deployment, operator, good=True, n=n)
