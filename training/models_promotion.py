@@ -287,7 +287,14 @@ class AuditEvent(models.Model):
     # Kept as text too, so the row reads the same if the account is renamed.
     actor_name = models.CharField(max_length=150, blank=True, default="")
     action = models.CharField(max_length=30, choices=AuditAction.choices)
-    deployment = models.ForeignKey("feedback.Deployment", on_delete=models.PROTECT, related_name="+")
+    deployment = models.ForeignKey(
+        "feedback.Deployment",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="blank: no deployment (an override of the settings' judge for data of none)",
+    )
     from_version = models.ForeignKey(ModelVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     to_version = models.ForeignKey(ModelVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     evaluation = models.ForeignKey(Evaluation, null=True, blank=True, on_delete=models.PROTECT, related_name="+")

@@ -250,7 +250,7 @@ def audit_as_dict(a: AuditEvent) -> dict[str, Any]:
         "at": a.at.isoformat(),
         "actor": a.actor_name or None,
         "action": a.action,
-        "deployment": a.deployment.name,
+        "deployment": a.deployment.name if a.deployment is not None else None,
         "from_version": _name(a.from_version),
         "to_version": _name(a.to_version),
         "evaluation": a.evaluation_id,

@@ -263,6 +263,7 @@ class OrderSwapCheck(models.Model):
 
     result = models.ForeignKey(JudgeResult, on_delete=models.CASCADE, related_name="swap_checks")
     judge_model = models.CharField(max_length=200)
+    judge_base_url = models.CharField(max_length=500, blank=True, default="")
     prompt_version = models.CharField(max_length=100)
     status = models.CharField(max_length=20, choices=JudgeStatus.choices, default=JudgeStatus.PENDING)
     failure_reason = models.TextField(blank=True, default="")

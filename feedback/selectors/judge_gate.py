@@ -57,21 +57,29 @@ def _thresholds() -> dict[str, float]:
     }
 
 
-def judge_training_gate(*, deployment: Deployment | None, judge_model: str | None = None) -> TrainingGate:
-    """The gate for `deployment`'s judge (its own endpoint, else the settings' one)."""
+def judge_training_gate(
+    *, deployment: Deployment | None, judge_model: str | None = None, judge_base_url: str | None = None
+) -> TrainingGate:
+    """The gate for `deployment`'s judge (its own endpoint, else the settings' one). The
+    evidence counted is that of this judge: its model name at its URL. Another server that
+    answers to the same name (an endpoint edited to point elsewhere) starts uncalibrated."""
     version = CURRENT_SCORE.version
     t = _thresholds()
     if judge_model is None:
         try:
-            judge_model = judge_endpoint_for(deployment=deployment).model
+            endpoint = judge_endpoint_for(deployment=deployment)
         except JudgeNotConfigured:
             return TrainingGate(
                 False, "no judge endpoint is configured", "", version, None, None, 0, 0, None, 0, None, t
             )
+        judge_model, judge_base_url = endpoint.model, endpoint.base_url
     calls = CandidateScoring.objects.filter(
         purpose=ScoringPurpose.CALIBRATION, judge_model=judge_model, prompt_version=version
     )
     swaps = OrderSwapCheck.objects.filter(judge_model=judge_model, prompt_version=version)
+    if judge_base_url is not None:
+        calls = calls.filter(judge_base_url=judge_base_url)
+        swaps = swaps.filter(judge_base_url=judge_base_url)
     if deployment is not None:
         calls = calls.filter(deployment=deployment)
         swaps = swaps.filter(result__trace__deployment=deployment)

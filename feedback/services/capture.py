@@ -475,18 +475,21 @@ class _Batch:
 
 
 _COUNTS = ("message_count", "assistant_turn_count", "tool_call_count", "total_tokens")
-_UPDATED = (
-    "message_count",
-    "assistant_turn_count",
-    "tool_call_count",
-    "total_tokens",
-    "preview",
-    "updated_at",
-    "status",
-    "model_version_id",
-    "ended_at",
-    "tools",  # last: written as jsonb
+# The columns an extended trace's UPDATE writes, each with its PostgreSQL array type: one list,
+# so the statement's parameters cannot drift from the values passed.
+_UPDATED_TYPES = (
+    ("message_count", "integer"),
+    ("assistant_turn_count", "integer"),
+    ("tool_call_count", "integer"),
+    ("total_tokens", "integer"),
+    ("preview", "text"),
+    ("updated_at", "timestamptz"),
+    ("status", "text"),
+    ("model_version_id", "bigint"),
+    ("ended_at", "timestamptz"),
+    ("tools", "jsonb"),  # last: written as jsonb
 )
+_UPDATED = tuple(f for f, _ in _UPDATED_TYPES)
 
 
 def _traces_update(traces: list[Trace]) -> None:
@@ -511,9 +514,7 @@ def _traces_update(traces: list[Trace]) -> None:
 # One statement for a batch of traces, each column an array parameter.
 _TRACES_UPDATE_SQL = f"""
 UPDATE {Trace._meta.db_table} AS t SET {", ".join(f"{f} = v.{f}" for f in _UPDATED)}
-FROM unnest(%s::bigint[], %s::integer[], %s::integer[], %s::integer[], %s::integer[], %s::text[],
-            %s::timestamptz[], %s::text[], %s::bigint[], %s::timestamptz[],
-            %s::jsonb[])
+FROM unnest(%s::bigint[], {", ".join(f"%s::{kind}[]" for _, kind in _UPDATED_TYPES)})
      AS v(id, {", ".join(_UPDATED)})
 WHERE t.id = v.id
 """

@@ -104,6 +104,7 @@ def judge_calibration_run(
             purpose=ScoringPurpose.CALIBRATION,
             deployment=deployment,
             judge_model=endpoint.model,
+            judge_base_url=endpoint.base_url,
             prompt_version=CURRENT_SCORE.version,
             status=JudgeStatus.SUCCEEDED,
         ).values_list("message_id", flat=True)
@@ -144,7 +145,10 @@ def judge_calibration_run(
         counts["scored"] += 1
         if swap_checks and judged is not None:
             checked = OrderSwapCheck.objects.filter(
-                result=judged, judge_model=endpoint.model, prompt_version=CURRENT_SCORE.version
+                result=judged,
+                judge_model=endpoint.model,
+                judge_base_url=endpoint.base_url,
+                prompt_version=CURRENT_SCORE.version,
             ).exists()
             if not checked and order_swap_check_run(result=judged, endpoint=endpoint, rng=rng) is not None:
                 counts["swap_checks"] += 1

@@ -314,7 +314,12 @@ def order_swap_check_run(
     message = Message.objects.select_related("trace__deployment").get(pk=result.message_id)
     endpoint = endpoint or judge_endpoint_for(deployment=message.trace.deployment)
     context, _ = _context_for(message)
-    check = OrderSwapCheck(result=result, judge_model=endpoint.model, prompt_version=CURRENT_SCORE.version)
+    check = OrderSwapCheck(
+        result=result,
+        judge_model=endpoint.model,
+        judge_base_url=endpoint.base_url,
+        prompt_version=CURRENT_SCORE.version,
+    )
     try:
         swap = order_swap_check(
             context, result.rubric, candidates, endpoint=endpoint, tools=message.trace.tools, rng=rng

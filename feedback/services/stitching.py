@@ -17,7 +17,9 @@ new answer are appended by the same prefix rule as a call that names its trace.
   earlier exchange. Two conversations that share a system prompt (or a system prompt and a
   first user message) never match before an answer, so they never merge.
 - **Scope.** Tips are per deployment and live `PRACTICUM_GATEWAY_STITCH_WINDOW_SECONDS`
-  (6 h by default); the log writer deletes older ones.
+  (6 h by default); the log writer deletes older ones. A history's digest starts from its
+  caller's scope (`stitch_scope`: the API key and the session id the call names), so calls of
+  two customers — another session, another key — never join, however alike their words.
 - **Identical openings.** Two conversations may open with the same words and the same answer
   (a deterministic agent, a repeated task): the digest then points to two traces. A call goes
   to the one that already holds its continuation (a retry), else to one nobody has continued
@@ -79,6 +81,12 @@ if TYPE_CHECKING:
     from feedback.services.capture import _Batch
 
 
+def stitch_scope(*, session_id: str, api_key_id: int | None) -> str:
+    """Where a history may be continued: by calls with the same API key and session id. The
+    chain of a history starts from it, so no tip is ever shared across callers."""
+    return hashlib.blake2b(f"{api_key_id or ''}\x00{session_id}".encode(), digest_size=16).hexdigest()
+
+
 def history_chain(digests: Sequence[str], *, after: str = "") -> list[str]:
     """`out[i]` is the digest of the history `digests[: i + 1]` (message digests chained),
     continuing the chain that ends in `after` when given."""
@@ -89,9 +97,10 @@ def history_chain(digests: Sequence[str], *, after: str = "") -> list[str]:
     return out
 
 
-def answer_key(first: str, answer: str) -> str:
-    """An answer's digest within a conversation that opens with `first` (for rewritten histories)."""
-    return hashlib.blake2b(f"{first}:{answer}".encode(), digest_size=10).hexdigest()
+def answer_key(first: str, answer: str, *, scope: str) -> str:
+    """An answer's digest within a conversation of `scope` that opens with `first` (for
+    rewritten histories)."""
+    return hashlib.blake2b(f"{scope}:{first}:{answer}".encode(), digest_size=10).hexdigest()
 
 
 @dataclass(slots=True)
@@ -111,6 +120,7 @@ class _Call:
 
     digests: list[str]
     chain: list[str]
+    scope: str
     candidates: list[int] = field(default_factory=list)  # prefix lengths ending on an assistant message
     last: str = ""  # answer_key of the request's last assistant message
 
@@ -139,7 +149,8 @@ class Stitcher:
         wanted: dict[int, set[str]] = {}
         for ex in exchanges:
             digests = [content_digest(m) for m in ex.messages]
-            call = _Call(digests=digests, chain=history_chain(digests))
+            scope = stitch_scope(session_id=ex.session_id, api_key_id=ex.api_key_id)
+            call = _Call(digests=digests, chain=history_chain(digests, after=scope), scope=scope)
             answers = [i + 1 for i, m in enumerate(ex.messages) if m.role == "assistant"][::-1]
             # The whole request too: the resend of a call whose answer never reached the client.
             call.candidates = ([len(digests)] if not answers or answers[0] != len(digests) else []) + answers
@@ -149,7 +160,7 @@ class Stitcher:
             first = call.candidates[: 2 if call.candidates[0] == len(digests) else 1]
             wanted.setdefault(ex.deployment_id, set()).update(call.chain[k - 1] for k in first)
             if answers:
-                call.last = answer_key(digests[0], digests[answers[0] - 1])
+                call.last = answer_key(digests[0], digests[answers[0] - 1], scope=scope)
             self.calls[id(ex)] = call
         for dep, prefixes in wanted.items():
             self._fetch(dep, prefixes)
@@ -251,7 +262,7 @@ class Stitcher:
             tip = _Tip(None, key, len(call.digests), False, order, call.chain[-1], "")
         else:
             (digest,) = history_chain([answer_digest], after=call.chain[-1])
-            last = answer_key(call.digests[0], answer_digest)
+            last = answer_key(call.digests[0], answer_digest, scope=call.scope)
             tip = _Tip(None, key, len(call.digests) + 1, False, order, digest, last)
         dep = ex.deployment_id
         tips = self.by_digest.setdefault((dep, tip.digest), [])

@@ -14,6 +14,9 @@ whose messages start with a conversation's history (up to one of its answers):
 - repeats it exactly (a retry that got the same answer): the same, with nothing to move;
 - leaves it (an edited history, a regenerated answer): it stays, linked as a fork.
 
+Only traces of the same session id are joined (the API key of a stored call is not known):
+two customers' conversations that opened with the same words stay apart.
+
 `traces_stitch_plan` only reads; `traces_stitch_apply` carries a plan out in one transaction.
 """
 
@@ -40,7 +43,7 @@ from feedback.models import (
 )
 from feedback.services.capture import UNSEEN_FINISH_REASONS, message_digest
 from feedback.services.ingest import trace_counts
-from feedback.services.stitching import history_chain
+from feedback.services.stitching import history_chain, stitch_scope
 
 GENERATED_KEY = re.compile(r"^gw-[0-9a-f]{32}$")
 
@@ -52,6 +55,7 @@ class _Conversation:
     digests: list[str]  # what the client saw, in order (failed turns left out)
     visible_ids: list[int]  # the message id behind each digest
     count: int  # messages stored (the next position)
+    scope: str = ""  # `stitch_scope` of its session
     continued: bool = False
 
 
@@ -91,9 +95,10 @@ def _rows(deployment_id: int, since: datetime | None):
     )
     if since is not None:
         traces = traces.filter(started_at__gte=since)
-    for trace_id, key in traces.order_by("started_at", "id").values_list("id", "external_id").iterator():
+    rows = traces.order_by("started_at", "id").values_list("id", "external_id", "session_id")
+    for trace_id, key, session_id in rows.iterator():
         if GENERATED_KEY.match(key):
-            yield trace_id, key
+            yield trace_id, key, stitch_scope(session_id=session_id, api_key_id=None)
 
 
 def traces_stitch_plan(*, deployment_id: int, since: datetime | None = None) -> StitchPlan:
@@ -101,13 +106,13 @@ def traces_stitch_plan(*, deployment_id: int, since: datetime | None = None) -> 
     tips: dict[str, list[_Conversation]] = {}
 
     def remember(conv: _Conversation, start: int, roles: list[str]) -> None:
-        chain = history_chain(conv.digests)
+        chain = history_chain(conv.digests, after=conv.scope)
         for i in range(start, len(conv.digests)):
             if roles[i] == "assistant":
                 tips.setdefault(chain[i], []).append(conv)
 
     roles_of: dict[int, list[str]] = {}
-    for trace_id, key in _rows(deployment_id, since):
+    for trace_id, key, scope in _rows(deployment_id, since):
         plan.traces += 1
         rows = list(
             Message.objects.filter(trace_id=trace_id)
@@ -117,7 +122,7 @@ def traces_stitch_plan(*, deployment_id: int, since: datetime | None = None) -> 
         visible = [r for r in rows if not (r[1] == "assistant" and r[6] in UNSEEN_FINISH_REASONS)]
         digests = [message_digest(r[1], r[2], r[3], r[4], r[5]) for r in visible]
         roles = [r[1] for r in visible]
-        chain = history_chain(digests)
+        chain = history_chain(digests, after=scope)
         conv = None
         for k in range(len(digests) - 1, 0, -1):  # longest history that ends on an answer, short of the whole
             if roles[k - 1] == "assistant" and chain[k - 1] in tips:
@@ -127,14 +132,14 @@ def traces_stitch_plan(*, deployment_id: int, since: datetime | None = None) -> 
                 conv = (agreeing or open_ or found)[-1]
                 break
         if conv is None:
-            new = _Conversation(trace_id, key, digests, [r[0] for r in visible], len(rows))
+            new = _Conversation(trace_id, key, digests, [r[0] for r in visible], len(rows), scope)
             roles_of[trace_id] = roles
             remember(new, 0, roles)
             continue
         shared = next((i for i, (a, b) in enumerate(zip(conv.digests, digests, strict=False)) if a != b), None)
         if shared is not None:
             plan.forks.append(Fork(trace_id, key, conv.trace_id, conv.external_id, shared))
-            new = _Conversation(trace_id, key, digests, [r[0] for r in visible], len(rows))
+            new = _Conversation(trace_id, key, digests, [r[0] for r in visible], len(rows), scope)
             roles_of[trace_id] = roles
             remember(new, 0, roles)
             continue

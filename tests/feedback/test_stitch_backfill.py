@@ -118,3 +118,24 @@ def test_stitch_traces_links_an_edited_history_as_a_fork_and_never_touches_named
     assert (fork.forked_from_id, fork.forked_at) == (root.id, 3)
     assert Trace.objects.get(external_id="client-named").forked_from_id is None
     assert Trace.objects.count() == 3
+
+
+def test_stitch_traces_never_joins_the_calls_of_two_sessions_that_opened_alike():
+    deployment = DeploymentFactory(name="old-agent")
+    opening = [SYSTEM, {"role": "user", "content": "Hi"}]
+    first = {s: call(deployment, opening, {"content": "Hello"}, f"{s}-0") for s in ("cust-A", "cust-B")}
+    for session, exchange in first.items():  # the same words and the same answer, A first
+        exchange.session_id = session
+        exchanges_record(exchanges=[exchange])
+    for session in ("cust-A", "cust-B"):  # then each customer says something of their own
+        said = [*opening, {"role": "assistant", "content": "Hello"}, {"role": "user", "content": f"I am {session}."}]
+        exchange = call(deployment, said, {"content": "Noted."}, f"{session}-1")
+        exchange.session_id = session
+        exchanges_record(exchanges=[exchange])
+
+    call_command("stitch_traces", "--deployment", "old-agent", "--apply", stdout=StringIO())
+    traces = Trace.objects.all()
+    assert len(traces) == 2
+    for trace in traces:
+        said = [m.content for m in trace.messages.order_by("position")]
+        assert said == [SYSTEM["content"], "Hi", "Hello", f"I am {trace.session_id}.", "Noted."]

@@ -114,6 +114,24 @@ def test_calibration_scores_rated_turns_with_the_training_prompt_and_opens_the_g
     assert judge_calibration_run(deployment=deployment)["scored"] == 0
 
 
+def test_pointing_the_judge_elsewhere_under_the_same_model_name_closes_the_gate(deployment, operator, gate_settings):
+    """The calibration is evidence about one judge: the model name at one URL. Another server
+    answering to the same name (an endpoint edited in the admin) has not been calibrated."""
+    from feedback.models import DeploymentJudge
+
+    for n in range(20):
+        rated_turn(deployment, operator, good=True, n=n)
+        rated_turn(deployment, operator, good=False, n=100 + n)
+    gate_settings.respond_with(honest_judge())
+    judge_calibration_run(deployment=deployment, rng=random.Random(0))
+    assert judge_training_gate(deployment=deployment).allowed
+
+    DeploymentJudge.objects.create(deployment=deployment, base_url="http://judge.elsewhere.test/v1", model="test-judge")
+    gate = judge_training_gate(deployment=deployment)
+    assert not gate.allowed
+    assert "only 0 rated turns scored" in gate.reason and "only 0 order-swap checks" in gate.reason
+
+
 def test_the_gate_uses_kappas_lower_bound_not_the_point_estimate(deployment, operator, gate_settings):
     for n in range(18):
         rated_turn(deployment, operator, good=True, n=n)
@@ -214,6 +232,38 @@ def test_a_judge_scored_job_is_refused_while_the_gate_is_closed_and_an_override_
     assert logged.data["judge_gate"]["override"]["by"] == "olga"
 
 
+def test_overriding_the_default_judges_gate_for_a_job_of_no_deployment_is_audited_too(
+    deployment, operator, gate_settings, base_version
+):
+    """A set built on the jobs page belongs to no deployment, nor does a base version: the
+    job is scored by the settings' judge, and its override is audited on the deployments
+    whose conversations it trains on."""
+    from training.models import TrainingItemKind
+    from training.models_promotion import AuditAction, AuditEvent
+    from training.services.jobs import training_job_create
+    from training.services.training_sets import training_set_create
+
+    turn = rated_turn(deployment, operator, good=False, n=1)
+    item = {"kind": TrainingItemKind.TURN, "key": "t", "messages": [{"role": "user", "content": "A1?"}]}
+    unowned = training_set_create(
+        name="unowned",
+        heldout_fraction=0,
+        items=[{**item, "rubric": RUBRIC, "trace_id": turn.trace_id, "message_id": turn.pk}],
+    )
+    create = {"kind": "grpo", "config": {"steps": 1}, "base_version": base_version, "enqueue": False}
+    training_job_create(**create, training_set=unowned, user=operator, judge_gate_override_reason="trust me")
+    (event,) = AuditEvent.objects.filter(action=AuditAction.JUDGE_GATE_OVERRIDDEN)
+    assert (event.actor, event.deployment, event.data["judge_of"]) == (operator, deployment, None)
+    assert "trust me" in event.detail
+
+    # Items of no conversation: the override is audited with no deployment.
+    orphan = training_set_create(name="orphan", heldout_fraction=0, items=[{**item, "rubric": RUBRIC}])
+    training_job_create(**create, training_set=orphan, user=operator, judge_gate_override_reason="no one's data")
+    event = AuditEvent.objects.filter(action=AuditAction.JUDGE_GATE_OVERRIDDEN).latest("id")
+    assert (event.actor, event.deployment, event.data["judge_of"]) == (operator, None, None)
+    assert "no one's data" in event.detail
+
+
 def test_a_job_scored_by_graders_only_needs_no_gate(deployment, operator, gate_settings, base_version):
     from training.services.jobs import training_job_create
     from training.services.training_sets import training_set_from_tasks
@@ -312,7 +362,11 @@ def test_sft_on_the_judges_corrections_needs_the_gate_unless_the_set_passed_it(
     # A set built through the gate (here: overridden, audited) trains without a second override.
     rated_turn(deployment, operator, good=False, n=1)
     built = training_set_from_feedback(
-        name="fixes", filters={"deployment": deployment.pk}, user=operator, judge_gate_override_reason="pilot"
+        name="fixes",
+        filters={"deployment": deployment.pk},
+        user=operator,
+        judge_gate_override_reason="pilot",
+        heldout_fraction=0,  # its one item trains, whatever its id
     )
     assert built.items.filter(correction_source=CorrectionSource.JUDGE).exists()
     assert training_job_create(

@@ -19,7 +19,7 @@ from training.models_promotion import AuditEvent, Evaluation, PromotionRequest, 
 def audit_record(
     *,
     action: str,
-    deployment: Deployment,
+    deployment: Deployment | None,
     actor=None,
     from_version: ModelVersion | None = None,
     to_version: ModelVersion | None = None,

@@ -133,7 +133,11 @@ def training_job_create(
 
         try:
             gate = judge_gate_pass(
-                deployments=[deployment], uses=uses, override_reason=judge_gate_override_reason, user=user
+                deployments=[deployment],
+                uses=uses,
+                override_reason=judge_gate_override_reason,
+                user=user,
+                audit_on=_trained_on(training_set),
             )
         except JudgeGateClosed as exc:
             raise JobError([(exc.field, exc.reason)]) from None
@@ -160,6 +164,17 @@ def training_job_create(
     if enqueue:
         _enqueue(job)
     return job
+
+
+def _trained_on(training_set: TrainingSet | None) -> list:
+    """The deployments whose conversations a set's items come from (where an override of the
+    settings' judge is audited)."""
+    from feedback.models import Deployment
+
+    if training_set is None:
+        return []
+    traces = training_set.items.filter(trace__isnull=False).values("trace__deployment")
+    return list(Deployment.objects.filter(pk__in=traces).order_by("name"))
 
 
 def _judge_scored(kind: str, config, training_set: TrainingSet | None) -> str:

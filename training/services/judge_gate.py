@@ -28,9 +28,17 @@ class JudgeGateClosed(ValueError):
 
 
 def judge_gate_pass(
-    *, deployments: list[Deployment | None], uses: str, override_reason: str = "", user=None
+    *,
+    deployments: list[Deployment | None],
+    uses: str,
+    override_reason: str = "",
+    user=None,
+    audit_on: list[Deployment] | tuple[Deployment, ...] = (),
 ) -> dict[str, Any]:
     """Check the gate of each deployment's judge for `uses` (what the judge's output is for).
+    `None` stands for the settings' judge (a job of no deployment): its override is audited
+    on `audit_on`, the deployments whose conversations the output trains on, or with no
+    deployment when there is none: an override is never left out of the audit log.
 
     Returns what to keep with the job or set: the gates, and the override when one was
     needed. Raises `JudgeGateClosed` when a gate is closed and no reason was given, or the
@@ -57,12 +65,12 @@ def judge_gate_pass(
         raise JudgeGateClosed("overriding the judge's training gate needs a logged-in person to answer for it")
     record["override"] = {"by": user.username, "by_id": user.pk, "reason": reason[:2000], "at": now.isoformat()}
     for deployment, gate in closed:
-        if deployment is not None:
+        for on in [deployment] if deployment is not None else list(dict.fromkeys(audit_on)) or [None]:
             audit_record(
                 action=AuditAction.JUDGE_GATE_OVERRIDDEN,
-                deployment=deployment,
+                deployment=on,
                 actor=user,
                 detail=f"{uses}: {reason[:2000]}",
-                data={"gate": gate.as_dict(), "uses": uses},
+                data={"gate": gate.as_dict(), "uses": uses, "judge_of": deployment.name if deployment else None},
             )
     return record

@@ -272,3 +272,29 @@ def test_concurrent_conversations_each_become_one_trace(gateway, openai_client, 
     for trace in traces:
         name = shown(trace)[1][1][18]
         assert shown(trace) == as_shown(histories["ABCD".index(name)])
+
+
+def test_identical_openings_of_two_sessions_never_share_a_trace(gateway, openai_client, fake_live, deployment):
+    """Two customers' conversations that open with the same words and get the same answer: each
+    customer's later words stay in the trace of that customer's session (and of that key)."""
+    from feedback.services.api_keys import api_key_create
+
+    other_key = api_key_create(deployment=deployment, scopes=["ingest"]).plaintext
+    other_client = openai_client.with_options(api_key=other_key)
+    callers = {
+        "cust-A": openai_client.with_options(default_headers={"X-Practicum-Session-Id": "cust-A"}),
+        "cust-B": openai_client.with_options(default_headers={"X-Practicum-Session-Id": "cust-B"}),
+        "": other_client,  # no session, another key
+    }
+    histories = {s: [{"role": "system", "content": AGENT}, {"role": "user", "content": "Hi"}] for s in callers}
+    for session, history in histories.items():  # the same words and the same answer, A first
+        history.append({"role": "assistant", "content": agent_turn(callers[session], history[:])})
+    for session, history in histories.items():  # then each customer says something private
+        history.append({"role": "user", "content": f"My card number is that of {session or 'the other key'}."})
+        history.append({"role": "assistant", "content": agent_turn(callers[session], history[:])})
+    gateway.drain()
+
+    traces = list(Trace.objects.filter(deployment=deployment))
+    assert len(traces) == 3
+    for trace in traces:
+        assert shown(trace) == as_shown(histories[trace.session_id]), trace.session_id
