@@ -202,8 +202,8 @@ class Harness:
 
         from training.environments import Completion, episode_run
         from training.environments.support_desk import SupportDesk
-        from training.evaluation.metrics import parse_tool_call_blocks
         from training.grpo.sampling import encode_prompt
+        from training.inference.codec import tool_calls_parse
 
         env = SupportDesk()
         results: list = [None] * len(tasks)
@@ -222,7 +222,7 @@ class Harness:
                         ids = encode_prompt(self.tokenizer, messages, tools)
                     limit = max(1, min(MAX_TURN_TOKENS, max_tokens_left))
                     text, produced, ended = batcher.submit(index, (ids, pattern, generator, limit))
-                    content, calls = parse_tool_call_blocks(text)
+                    content, calls = tool_calls_parse(text)
                     for k, call in enumerate(calls):
                         call["id"] = f"call_{turns[0]}_{k}"
                     turns[0] += 1

@@ -13,8 +13,8 @@ from feedback.demo.agent import ACT_OR_REPLY_REGEX
 from feedback.models import Trace, TraceSource
 from training.environments import Completion, episode_run
 from training.environments.support_desk import SupportDesk, oracle_turns, turn_reference, turn_target
-from training.evaluation.metrics import parse_tool_call_blocks
 from training.grpo.graders import grade, response_action
+from training.inference.codec import tool_calls_parse
 from training.models import TrainingItem
 from training.services.episode_sets import episode_turn_items, training_set_from_episodes
 
@@ -280,7 +280,7 @@ def test_the_oracle_turns_play_each_task_to_success_over_its_own_order():
         targets = iter(t["target"] for t in turns)
 
         def complete(messages, tools, max_tokens, targets=targets):
-            content, calls = parse_tool_call_blocks(next(targets))
+            content, calls = tool_calls_parse(next(targets))
             return Completion({"content": content, **({"tool_calls": calls} if calls else {})}, 5)
 
         episode = episode_run(desk, task, complete)
