@@ -247,6 +247,12 @@ class TrainingJob(models.Model):
     total_steps = models.PositiveIntegerField(default=0)
     metrics = models.JSONField(default=dict, blank=True, help_text="the latest step's metrics")
     eval_metrics = models.JSONField(default=dict, blank=True, help_text="the first and latest evaluation")
+    phase = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="what the job is doing now: name (loading, evaluation, sampling, update, export, "
+        "registration), done, total, since",
+    )
     flagged = models.BooleanField(default=False, help_text="a reward-hacking monitor fired")
     breaches = models.JSONField(default=list, blank=True)
     cancel_requested = models.BooleanField(default=False)
