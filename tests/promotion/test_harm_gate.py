@@ -119,3 +119,27 @@ def test_episode_summary_gives_each_rate_its_wilson_interval():
     from training.evaluation.metrics import episode_summary
 
     assert episode_summary([{"reward": 1.0}]) is None  # turn items only: no episode figures
+
+
+def test_the_evaluation_api_adds_an_environments_episodes_or_names_the_bad_field(client, registry, operator):
+    client.force_login(operator)
+    url = "/api/v1/evaluations"
+    base = {"candidate": registry.candidate.name, "deployment": registry.deployment.name, "generator": "local"}
+    response = client.post(url, {**base, "environment": "no-such-desk"}, content_type="application/json")
+    assert response.status_code == 400
+    assert response.json()["errors"][0]["field"] == "environment"
+    response = client.post(
+        url, {**base, "environment": "support-desk", "environment_split": "nope"}, content_type="application/json"
+    )
+    assert response.status_code == 400 and response.json()["errors"][0]["field"] == "environment_split"
+    response = client.post(
+        url, {**base, "environment": "support-desk", "environment_tasks": 3}, content_type="application/json"
+    )
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["progress"] == {"done": 0, "total": 3}
+    from training.models_promotion import Evaluation
+
+    items = Evaluation.objects.get(pk=body["id"]).items.order_by("position")
+    assert [i.kind for i in items] == ["episode"] * 3
+    assert all(i.source["environment"] == "support-desk" and i.source["split"] != "train" for i in items)
