@@ -226,6 +226,17 @@ class JobStatus(models.TextChoices):
 
 
 ACTIVE_JOB_STATUSES = (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.CANCELLING)
+# What a job does, phase by phase (`TrainingJob.phase["name"]`), in words.
+PHASE_LABELS = {
+    "queued": "waiting for a worker",
+    "loading": "loading the model",
+    "evaluation": "evaluating",
+    "sampling": "sampling",
+    "update": "updating the weights",
+    "export": "exporting the trained model",
+    "registration": "registering the candidate version",
+    "done": "done",
+}
 
 
 class TrainingJob(models.Model):
@@ -283,6 +294,11 @@ class TrainingJob(models.Model):
     @property
     def progress(self) -> float:
         return self.step / self.total_steps if self.total_steps else 0.0
+
+    @property
+    def phase_label(self) -> str:
+        name = (self.phase or {}).get("name", "")
+        return PHASE_LABELS.get(name, name)
 
 
 class JobEventKind(models.TextChoices):

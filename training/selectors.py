@@ -7,7 +7,15 @@ from statistics import median
 
 from django.db.models import QuerySet
 
-from training.models import JobEventKind, LiveVersion, ModelVersion, TrainingJob, TrainingJobEvent, TrainingSet
+from training.models import (
+    PHASE_LABELS,
+    JobEventKind,
+    LiveVersion,
+    ModelVersion,
+    TrainingJob,
+    TrainingJobEvent,
+    TrainingSet,
+)
 
 
 def live_version_get(*, deployment_id: int) -> ModelVersion | None:
@@ -88,18 +96,6 @@ def job_step_series(*, job: TrainingJob) -> dict[str, list]:
     ]
     series["step_seconds"] = [by_step[s].get("step_seconds") for s in steps if by_step[s].get("step_seconds")]
     return series
-
-
-PHASE_LABELS = {
-    "queued": "waiting for a worker",
-    "loading": "loading the model",
-    "evaluation": "evaluating",
-    "sampling": "sampling",
-    "update": "updating the weights",
-    "export": "exporting the trained model",
-    "registration": "registering the candidate version",
-    "done": "done",
-}
 
 
 @dataclass(frozen=True)

@@ -203,3 +203,9 @@ def test_charts_a_method_cannot_have_are_not_drawn(client_in, running_job):
     html = _page(client_in, running_job)
     assert html.count("<svg") == 2 and "Loss" in html and "Response length" in html
     assert "Reward (mean" not in html and "KL to the starting model" not in html and "Zero-variance" not in html
+
+
+def test_the_job_list_says_what_a_running_job_is_doing(client_in, running_job):
+    TrainingJob.objects.filter(pk=running_job.pk).update(phase={"name": "evaluation", "done": 2, "total": 8})
+    html = client_in.get(reverse("training:job-list")).content.decode()
+    assert '4 / 10 <span class="muted job-phase">· evaluating 2/8</span>' in html

@@ -21,6 +21,7 @@ from django.utils.text import slugify
 from training.grpo.config import config_from_dict
 from training.grpo.items import TurnItem
 from training.models import (
+    PHASE_LABELS,
     JobEventKind,
     JobKind,
     JobStatus,
@@ -255,16 +256,6 @@ def _transcript(messages: list[dict]) -> str:
     return "\n".join(lines)
 
 
-PHASE_WORDS = {
-    "loading": "loading the model",
-    "evaluation": "evaluating",
-    "sampling": "sampling",
-    "update": "updating the weights",
-    "export": "exporting the trained model",
-    "registration": "registering the candidate version",
-}
-
-
 def job_phase_set(job_id: int, worker: str, name: str, done: int = 0, total: int = 0) -> None:
     """Record what the job is doing now (and beat the heart). A phase that starts is also a
     line of the job's log, so the page is never silent while the job works."""
@@ -279,7 +270,7 @@ def job_phase_set(job_id: int, worker: str, name: str, done: int = 0, total: int
     TrainingJob.objects.filter(pk=job_id, worker=worker).update(phase=phase, heartbeat_at=now)
     if previous.get("name") != name and name not in ("sampling", "update"):
         size = f" ({total} to go)" if total and name == "evaluation" else ""
-        _event_id(job_id, JobEventKind.LOG, row["step"], {"message": f"{PHASE_WORDS.get(name, name)}{size}"})
+        _event_id(job_id, JobEventKind.LOG, row["step"], {"message": f"{PHASE_LABELS.get(name, name)}{size}"})
 
 
 def _hooks(job_id: int, worker: str, Hooks):
