@@ -147,26 +147,29 @@ def test_versions_are_compared_on_one_split_and_on_the_tasks_all_of_them_ran(cli
 
     deployment, base_version, candidate = versions
     graded_traces(deployment, base_version, [True] * 6 + [False] * 4, split="train")  # 0.6 on train
-    graded_traces(deployment, base_version, [True, False, False, False], start=20, tasks=["t1", "t2", "t3", "t4"])
+    test = dict(split="test")  # the support desk's test split
+    graded_traces(
+        deployment, base_version, [True, False, False, False], start=20, tasks=["t1", "t2", "t3", "t4"], **test
+    )
     live_version_set(deployment=deployment, version=candidate)
-    graded_traces(deployment, candidate, [True, True, True], start=30, tasks=["t1", "t2", "t9"])
+    graded_traces(deployment, candidate, [True, True, True], start=30, tasks=["t1", "t2", "t9"], **test)
     client.force_login(user_with_role("operator"))
 
     response = client.get(reverse("overview"))
     o = response.context["overviews"][0]
     c = o.comparison
-    assert (c.split, c.common_tasks, c.splits) == ("heldout", 2, ["heldout", "train"])
+    assert (c.split, c.common_tasks, c.splits) == ("test", 2, ["test", "train"])
     assert c.rows == [
         ("smol", 4, 1, 0.25, 2, 1, 0.5),  # t1 succeeded, t2 failed
         ("smol-v1", 3, 3, 1.0, 2, 2, 1.0),
     ]
     assert {p.version for p in o.curve} == {"smol", "smol-v1"} and len(o.curve) == 7  # held-out only
     html = response.content.decode()
-    assert 'Like with like: <span class="compare-split">heldout</span> tasks' in html
-    assert "success rate per model version on heldout tasks" in html
+    assert 'Like with like: <span class="compare-split">test</span> tasks' in html
+    assert "success rate per model version on test tasks" in html
     assert {v.name: v.split_cells for v in o.versions} == {
-        "smol": [("heldout", 4, 1, 0.25), ("train", 10, 6, 0.6)],
-        "smol-v1": [("heldout", 3, 3, 1.0), ("train", 0, 0, None)],
+        "smol": [("test", 4, 1, 0.25), ("train", 10, 6, 0.6)],
+        "smol-v1": [("test", 3, 3, 1.0), ("train", 0, 0, None)],
     }
 
     # On the training split only the base has episodes: the page says so, it does not mix.
