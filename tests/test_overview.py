@@ -4,6 +4,7 @@ feedback. Bounded queries, escaped content, 400 on a bad window, roles respected
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -39,12 +40,14 @@ def versions(tmp_path):
     return deployment, base_version, candidate
 
 
-def graded_traces(deployment, version, outcomes, *, start=0, when=None, split="test"):
-    """One trace per outcome (True = success), served by `version`, with the grader's feedback."""
+def graded_traces(deployment, version, outcomes, *, start=0, when=None, split="test", tasks=None):
+    """One trace per outcome (True = success), served by `version`, with the grader's feedback;
+    `tasks` names each trace's task id."""
     traces = []
     for i, ok in enumerate(outcomes, start):
+        metadata = {"split": split} | ({"task_id": tasks[i - start]} if tasks else {})
         trace = TraceFactory(
-            deployment=deployment, external_id=f"{version.name}-{i}", model_version=version, metadata={"split": split}
+            deployment=deployment, external_id=f"{version.name}-{i}", model_version=version, metadata=metadata
         )
         if when is not None:
             trace.started_at = when
@@ -89,14 +92,15 @@ def test_success_rate_and_reward_per_version_and_the_live_version(client, versio
     assert (o.graded_success, o.graded_failure, o.comments, o.customer_negative) == (4, 6, 1, 1)
     assert o.failure_modes == [("wrong-refund", 1)]
     assert o.traces_per_day[-1] == 10 and o.traces_total == 10
-    # The curve: each version's rolling success rate, in the order the outcomes arrived.
+    # The curve: each version's rolling success rate on one split (held-out, where both ran),
+    # in the order the outcomes arrived; smol-v1's two training-split outcomes are not drawn.
     assert [(p.version, round(p.rate, 2)) for p in o.curve] == [
         ("smol", 1.0), ("smol", 0.5), ("smol", 0.33), ("smol", 0.25),
-        ("smol-v1", 1.0), ("smol-v1", 1.0), ("smol-v1", 1.0), ("smol-v1", 0.75), ("smol-v1", 0.6), ("smol-v1", 0.5),
+        ("smol-v1", 1.0), ("smol-v1", 1.0), ("smol-v1", 1.0), ("smol-v1", 0.75),
     ]  # fmt: skip
-    assert '<svg class="chart"' in html and "smol-v1 (6 points, last 0.5)" in html
+    assert '<svg class="chart"' in html and "smol-v1 (4 points, last 0.75)" in html
     assert "<script>window.__overview_xss" not in html and "&lt;script&gt;window.__overview_xss" in html
-    assert 'href="/overview/">Overview</a>' in html
+    assert re.search(r'href="/overview/"[^>]*>Overview</a>', html)  # the nav links here
 
 
 def test_the_window_bounds_the_counts_and_the_queries_do_not_grow_with_traffic(
@@ -134,3 +138,41 @@ def test_roles(client, versions):
     assert client.get(reverse("overview")).status_code == 403
     client.force_login(user_with_role("approver"))
     assert client.get(reverse("overview")).status_code == 200
+
+
+def test_versions_are_compared_on_one_split_and_on_the_tasks_all_of_them_ran(client, versions):
+    """The base served mostly training tasks, the candidate held-out ones: success on
+    different splits is not an improvement. The comparison takes one split for every version,
+    and the tasks both ran there, and says which; the chart draws that split."""
+    from training.services.models import live_version_set
+
+    deployment, base_version, candidate = versions
+    graded_traces(deployment, base_version, [True] * 6 + [False] * 4, split="train")  # 0.6 on train
+    test = dict(split="test")  # the support desk's test split
+    graded_traces(
+        deployment, base_version, [True, False, False, False], start=20, tasks=["t1", "t2", "t3", "t4"], **test
+    )
+    live_version_set(deployment=deployment, version=candidate)
+    graded_traces(deployment, candidate, [True, True, True], start=30, tasks=["t1", "t2", "t9"], **test)
+    client.force_login(user_with_role("operator"))
+
+    response = client.get(reverse("overview"))
+    o = response.context["overviews"][0]
+    c = o.comparison
+    assert (c.split, c.common_tasks, c.splits) == ("test", 2, ["test", "train"])
+    assert c.rows == [
+        ("smol", 4, 1, 0.25, 2, 1, 0.5),  # t1 succeeded, t2 failed
+        ("smol-v1", 3, 3, 1.0, 2, 2, 1.0),
+    ]
+    assert {p.version for p in o.curve} == {"smol", "smol-v1"} and len(o.curve) == 7  # held-out only
+    html = response.content.decode()
+    assert 'Like with like: <span class="compare-split">test</span> tasks' in html
+    assert "success rate per model version on test tasks" in html
+    assert {v.name: v.split_cells for v in o.versions} == {
+        "smol": [("test", 4, 1, 0.25), ("train", 10, 6, 0.6)],
+        "smol-v1": [("test", 3, 3, 1.0), ("train", 0, 0, None)],
+    }
+
+    # On the training split only the base has episodes: the page says so, it does not mix.
+    o = client.get(reverse("overview"), {"split": "train"}).context["overviews"][0]
+    assert o.comparison.split == "train" and [r[0] for r in o.comparison.rows] == ["smol"]

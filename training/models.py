@@ -226,6 +226,17 @@ class JobStatus(models.TextChoices):
 
 
 ACTIVE_JOB_STATUSES = (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.CANCELLING)
+# What a job does, phase by phase (`TrainingJob.phase["name"]`), in words.
+PHASE_LABELS = {
+    "queued": "waiting for a worker",
+    "loading": "loading the model",
+    "evaluation": "evaluating",
+    "sampling": "sampling",
+    "update": "updating the weights",
+    "export": "exporting the trained model",
+    "registration": "registering the candidate version",
+    "done": "done",
+}
 
 
 class TrainingJob(models.Model):
@@ -247,6 +258,12 @@ class TrainingJob(models.Model):
     total_steps = models.PositiveIntegerField(default=0)
     metrics = models.JSONField(default=dict, blank=True, help_text="the latest step's metrics")
     eval_metrics = models.JSONField(default=dict, blank=True, help_text="the first and latest evaluation")
+    phase = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="what the job is doing now: name (loading, evaluation, sampling, update, export, "
+        "registration), done, total, since",
+    )
     flagged = models.BooleanField(default=False, help_text="a reward-hacking monitor fired")
     breaches = models.JSONField(default=list, blank=True)
     cancel_requested = models.BooleanField(default=False)
@@ -277,6 +294,11 @@ class TrainingJob(models.Model):
     @property
     def progress(self) -> float:
         return self.step / self.total_steps if self.total_steps else 0.0
+
+    @property
+    def phase_label(self) -> str:
+        name = (self.phase or {}).get("name", "")
+        return PHASE_LABELS.get(name, name)
 
 
 class JobEventKind(models.TextChoices):

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from statistics import median
 
 from django.db.models import QuerySet
 
-from training.models import JobEventKind, LiveVersion, ModelVersion, TrainingJob, TrainingJobEvent, TrainingSet
+from training.models import (
+    PHASE_LABELS,
+    JobEventKind,
+    LiveVersion,
+    ModelVersion,
+    TrainingJob,
+    TrainingJobEvent,
+    TrainingSet,
+)
 
 
 def live_version_get(*, deployment_id: int) -> ModelVersion | None:
@@ -31,6 +40,16 @@ CHARTS = [
     ("response_length", "Response length (tokens)"),
     ("zero_variance_share", "Zero-variance groups (share)"),
 ]
+# What each method can measure: SFT and self-distillation have no reward, no groups and no
+# KL to the starting model (distillation's loss is the KL to the hinted teacher), so their
+# pages do not draw empty charts for them.
+METHOD_CHARTS = {
+    "grpo": ("reward_mean", "kl", "loss", "response_length", "zero_variance_share"),
+    "episodes": ("reward_mean", "kl", "loss", "response_length", "zero_variance_share"),
+    "distill": ("loss", "response_length"),
+    "sft": ("loss", "response_length"),
+}
+CHART_TITLES = {"distill": {"loss": "Loss: KL(student ‖ hinted teacher)"}}
 # Environment fidelity, for episode jobs: a reward that rises with these is suspect.
 EPISODE_CHARTS = [
     ("success", "Task success (training episodes)"),
@@ -41,8 +60,11 @@ EPISODE_CHARTS = [
 
 
 def job_charts(*, job: TrainingJob) -> list[tuple[str, str]]:
-    """The (metric, title) charts of a job's page."""
-    return CHARTS + EPISODE_CHARTS if job.kind == "episodes" else CHARTS
+    """The (metric, title) charts of a job's page: only those its method can have data for."""
+    keep = METHOD_CHARTS.get(job.kind, tuple(k for k, _ in CHARTS))
+    titles = CHART_TITLES.get(job.kind, {})
+    charts = [(key, titles.get(key, title)) for key, title in CHARTS if key in keep]
+    return charts + EPISODE_CHARTS if job.kind == "episodes" else charts
 
 
 def training_job_list(*, limit: int = 50) -> QuerySet[TrainingJob]:
@@ -76,11 +98,78 @@ def job_step_series(*, job: TrainingJob) -> dict[str, list]:
     return series
 
 
-def job_eta_seconds(*, job: TrainingJob, step_seconds: list[float]) -> float | None:
-    """Remaining steps x the median of the last 10 step times; None before the first step."""
-    if not job.is_active or not step_seconds or not job.total_steps:
-        return None
-    return max(0, job.total_steps - job.step) * median(step_seconds[-10:])
+@dataclass(frozen=True)
+class JobProgress:
+    """What a job's page says about its progress: the phase with its own progress, the share
+    of the whole job done (never 100% while it still works), and the time left."""
+
+    phase: str  # a key of PHASE_LABELS
+    label: str
+    phase_done: int
+    phase_total: int
+    percent: int
+    eta_seconds: float | None
+    eta_note: str  # what the estimate counts, or why there is none yet
+    evaluations_left: int
+
+    @property
+    def phase_percent(self) -> int | None:
+        return round(100 * self.phase_done / self.phase_total) if self.phase_total else None
+
+
+def _evaluations_left(job: TrainingJob, *, evaluating: bool) -> int:
+    """Evaluations still to run after the current step (the loops evaluate every `eval_every`
+    steps and at the last step), plus the one running now."""
+    every = int((job.config or {}).get("eval_every") or 0)
+    if not every or not job.total_steps:
+        return int(evaluating)
+    later = [s for s in range(job.step + 1, job.total_steps + 1) if s % every == 0 or s == job.total_steps]
+    return len(later) + int(evaluating)
+
+
+def job_progress(*, job: TrainingJob, step_seconds: list[float], eval_seconds: list[float]) -> JobProgress:
+    """Remaining time = steps left x the median of the last 10 step times + evaluations left x
+    the median evaluation time (the one running counted by its share left). No estimate
+    before a step and an evaluation have been timed when both are still to come."""
+    phase = dict(job.phase or {})
+    name = phase.get("name") or ("queued" if job.status == "queued" else "sampling" if job.step else "loading")
+    if not job.is_active:
+        name = "done"
+    done, total = int(phase.get("done") or 0), int(phase.get("total") or 0)
+    percent = round(100 * job.progress)
+    if job.is_active:
+        percent = min(percent, 99)  # the last step done is not the job done: evaluation, export …
+    if not job.is_active:
+        return JobProgress(name, PHASE_LABELS["done"], 1, 1, percent, None, "", 0)
+    evaluating = name == "evaluation"
+    evals_left = _evaluations_left(job, evaluating=evaluating)
+    steps_left = max(0, job.total_steps - job.step)
+    step_time = median(step_seconds[-10:]) if step_seconds else None
+    eval_time = median(eval_seconds[-10:]) if eval_seconds else None
+    label = PHASE_LABELS.get(name, name)
+    if name in ("export", "registration"):
+        return JobProgress(name, label, done, total, percent, None, "finishing: no steps or evaluations left", 0)
+    missing = []
+    if steps_left and step_time is None:
+        missing.append("the first step")
+    if evals_left and eval_time is None:
+        missing.append("the first evaluation")
+    if missing:
+        return JobProgress(
+            name, label, done, total, percent, None, f"estimated after {' and '.join(missing)}", evals_left
+        )
+    eta = steps_left * (step_time or 0.0)
+    if evals_left:
+        running_share = (1 - done / total) if evaluating and total else (1.0 if evaluating else 0.0)
+        eta += ((evals_left - int(evaluating)) + running_share) * (eval_time or 0.0)
+    note = (
+        f"{steps_left} step{'s' if steps_left != 1 else ''} and {evals_left} evaluation{'s' if evals_left != 1 else ''}"
+    )
+    return JobProgress(name, label, done, total, percent, eta, note, evals_left)
+
+
+def job_eval_seconds(*, evals: list[TrainingJobEvent]) -> list[float]:
+    return [float(e.data["eval_seconds"]) for e in evals if e.data.get("eval_seconds")]
 
 
 def job_evals(*, job: TrainingJob) -> list[TrainingJobEvent]:

@@ -129,15 +129,19 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
         mark_safe(line_chart(series[key], title=title, band=series["reward_band"] if key == "reward_mean" else None))
         for key, title in selectors.job_charts(job=job)
     ]
+    evals = selectors.job_evals(job=job)
+    progress = selectors.job_progress(
+        job=job, step_seconds=series["step_seconds"], eval_seconds=selectors.job_eval_seconds(evals=evals)
+    )
     sample_steps = selectors.job_sample_steps(job=job)
     chosen = request.GET.get("sample_step")
     sample_step = int(chosen) if chosen and chosen.isdigit() else (sample_steps[-1] if sample_steps else None)
     context = {
         "job": job,
         "charts": charts,
-        "eta": selectors.job_eta_seconds(job=job, step_seconds=series["step_seconds"]),
-        "percent": round(100 * job.progress),
-        "evals": selectors.job_evals(job=job),
+        "progress": progress,
+        "percent": progress.percent,
+        "evals": evals,
         "logs": selectors.job_logs(job=job),
         "sample_steps": sample_steps,
         "sample_step": sample_step,

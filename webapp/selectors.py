@@ -8,6 +8,11 @@ Graded outcomes are customer feedback with `customer_ref: "grader"` — how a ha
 reports a task's programmatic grade (the demo agent does; see feedback/demo/agent.py):
 a score of 5 is a success, and the reward is (score - 1) / 4. They are attributed to the
 model version that served the trace.
+
+Versions are compared like with like: each version's success is counted per split (the
+trace metadata's `split`: train, heldout, test, …), and the comparison and the curve use one
+split for every version — and, where the traces name their `task_id`, the tasks every
+compared version ran — and say which.
 """
 
 from __future__ import annotations
@@ -28,6 +33,10 @@ MAX_DEPLOYMENTS = 20
 ROLLING = 10  # graded episodes per point of the success-rate curve
 # Trace metadata `split` values of tasks no training set may contain (support-desk: test).
 HELD_OUT_SPLITS = ("test", "heldout")
+NO_SPLIT = "unsplit"
+# Which split the comparison uses when several hold graded episodes of as many versions:
+# tasks no training saw first.
+SPLIT_PREFERENCE = ("test", "heldout", "fresh", "validation", "train", NO_SPLIT)
 
 
 @dataclass
@@ -43,6 +52,9 @@ class VersionStats:
     live: bool = False
     heldout: int = 0  # graded episodes on held-out tasks (trace metadata `split`: test or heldout)
     heldout_successes: int = 0
+    by_split: dict[str, list[int]] = field(default_factory=dict)  # split → [graded, successes]
+    by_task: dict[tuple[str, str], list[int]] = field(default_factory=dict)  # (split, task) → [graded, successes]
+    split_cells: list[tuple[str, int, int, float | None]] = field(default_factory=list)  # aligned with `splits`
 
     @property
     def success_rate(self) -> float | None:
@@ -65,6 +77,16 @@ class CurvePoint:
 
 
 @dataclass
+class Comparison:
+    """The versions side by side on one split, and on the tasks all of them ran there."""
+
+    split: str
+    rows: list[tuple[str, int, int, float | None, int, int, float | None]]  # name, n, k, rate, n_common, k_common, rate
+    common_tasks: int  # tasks (by `task_id`) that every compared version ran on the split
+    splits: list[str]  # the splits one could compare on instead
+
+
+@dataclass
 class DeploymentOverview:
     deployment: Deployment
     days: list[date]
@@ -82,6 +104,8 @@ class DeploymentOverview:
     versions: list[VersionStats]
     curve: list[CurvePoint] = field(default_factory=list)
     flips: list[tuple[datetime, str]] = field(default_factory=list)
+    splits: list[str] = field(default_factory=list)
+    comparison: Comparison | None = None
 
     @property
     def traces_total(self) -> int:
@@ -92,23 +116,63 @@ class DeploymentOverview:
         return max(self.traces_per_day, default=0)
 
 
-def _graded(deployment: Deployment, since: datetime, limit: int) -> list[tuple[datetime, str, int, bool]]:
-    """(when, version name, score, held out) of the latest `limit` graded outcomes, oldest first."""
+def _graded(deployment: Deployment, since: datetime, limit: int) -> list[tuple[datetime, str, int, str, str]]:
+    """(when, version name, score, split, task id) of the latest `limit` graded outcomes, oldest first."""
     rows = (
         CustomerFeedback.objects.filter(
             deployment=deployment, customer_ref=GRADER_REF, rating_kind="score", created_at__gte=since
         )
         .order_by("-id")
-        .values_list("created_at", "trace__model_version__name", "rating", "trace__metadata__split")[:limit]
+        .values_list(
+            "created_at", "trace__model_version__name", "rating", "trace__metadata__split", "trace__metadata__task_id"
+        )[:limit]
     )
     return [
-        (at, name or "(unknown version)", rating, split in HELD_OUT_SPLITS)
-        for at, name, rating, split in reversed(list(rows))
+        (at, name or "(unknown version)", rating, str(split) if split else NO_SPLIT, str(task) if task else "")
+        for at, name, rating, split, task in reversed(list(rows))
     ]
 
 
+def _comparison_split(versions: list[VersionStats], chosen: str | None) -> str | None:
+    """The split to compare on: `chosen` when some version has graded episodes there, else the
+    one most versions have episodes on (ties: `SPLIT_PREFERENCE`)."""
+    splits = {s for v in versions for s in v.by_split}
+    if chosen in splits:
+        return chosen
+    if not splits:
+        return None
+
+    def rank(split: str) -> tuple[int, int, str]:
+        covered = sum(1 for v in versions if split in v.by_split)
+        order = SPLIT_PREFERENCE.index(split) if split in SPLIT_PREFERENCE else len(SPLIT_PREFERENCE)
+        return (-covered, order, split)
+
+    return min(splits, key=rank)
+
+
+def _comparison(versions: list[VersionStats], split: str | None) -> Comparison | None:
+    if split is None:
+        return None
+    compared = [v for v in versions if split in v.by_split]
+    task_sets = [{t for (s, t) in v.by_task if s == split and t} for v in compared]
+    common = set.intersection(*task_sets) if task_sets else set()
+    rows = []
+    for v in compared:
+        n, k = v.by_split[split]
+        cn = sum(v.by_task[(split, t)][0] for t in common)
+        ck = sum(v.by_task[(split, t)][1] for t in common)
+        rows.append((v.name, n, k, k / n if n else None, cn, ck, ck / cn if cn else None))
+    splits = sorted({s for v in versions for s in v.by_split}, key=lambda s: (s not in SPLIT_PREFERENCE, s))
+    return Comparison(split=split, rows=rows, common_tasks=len(common), splits=splits)
+
+
 def deployment_overview(
-    *, deployment: Deployment, days: int = 14, now: datetime | None = None, max_graded: int = 500
+    *,
+    deployment: Deployment,
+    days: int = 14,
+    now: datetime | None = None,
+    max_graded: int = 500,
+    split: str | None = None,
 ) -> DeploymentOverview:
     now = now or timezone.now()
     today = timezone.localdate(now)
@@ -166,20 +230,31 @@ def deployment_overview(
     ]
 
     versions: dict[str, VersionStats] = {}
-    curve: list[CurvePoint] = []
-    recent: dict[str, list[int]] = {}
-    for i, (at, name, rating, heldout) in enumerate(_graded(deployment, since, max_graded), 1):
+    graded = _graded(deployment, since, max_graded)
+    for at, name, rating, graded_split, task in graded:
         v = versions.setdefault(name, VersionStats(name=name, first_at=at))
+        ok = int(rating == 5)
         v.graded += 1
-        v.successes += int(rating == 5)
-        v.heldout += int(heldout)
-        v.heldout_successes += int(heldout and rating == 5)
+        v.successes += ok
+        v.heldout += int(graded_split in HELD_OUT_SPLITS)
+        v.heldout_successes += int(graded_split in HELD_OUT_SPLITS and ok)
         v.reward_sum += (rating - 1) / 4
         v.last_at = at
+        cell = v.by_split.setdefault(graded_split, [0, 0])
+        cell[0], cell[1] = cell[0] + 1, cell[1] + ok
+        per_task = v.by_task.setdefault((graded_split, task), [0, 0])
+        per_task[0], per_task[1] = per_task[0] + 1, per_task[1] + ok
+    # The curve compares like with like: every version on the comparison's split only.
+    compare_on = _comparison_split(list(versions.values()), split)
+    curve: list[CurvePoint] = []
+    recent: dict[str, list[int]] = {}
+    for _, name, rating, graded_split, _ in graded:
+        if graded_split != compare_on:
+            continue
         window = recent.setdefault(name, [])
         window.append(int(rating == 5))
         del window[:-ROLLING]
-        curve.append(CurvePoint(index=i, version=name, rate=sum(window) / len(window)))
+        curve.append(CurvePoint(index=len(curve) + 1, version=name, rate=sum(window) / len(window)))
     for row in judged:
         name = row["trace__model_version__name"] or "(unknown version)"
         v = versions.setdefault(name, VersionStats(name=name))
@@ -189,6 +264,12 @@ def deployment_overview(
         versions.setdefault(live_name, VersionStats(name=live_name))
         versions[live_name].live = True
     ordered = sorted(versions.values(), key=lambda v: (v.first_at is None, v.first_at or now, v.name))
+    splits = sorted({s for v in ordered for s in v.by_split}, key=lambda s: (s not in SPLIT_PREFERENCE, s))
+    for v in ordered:
+        v.split_cells = [
+            (s, *v.by_split.get(s, [0, 0]), (lambda c: c[1] / c[0] if c[0] else None)(v.by_split.get(s, [0, 0])))
+            for s in splits
+        ]
     return DeploymentOverview(
         deployment=deployment,
         days=day_list,
@@ -206,12 +287,17 @@ def deployment_overview(
         versions=ordered,
         curve=curve,
         flips=flips,
+        splits=splits,
+        comparison=_comparison(ordered, compare_on),
     )
 
 
-def deployments_overview(*, days: int = 14, now: datetime | None = None) -> list[DeploymentOverview]:
-    """The overview of each deployment (the first MAX_DEPLOYMENTS by name)."""
+def deployments_overview(
+    *, days: int = 14, now: datetime | None = None, split: str | None = None
+) -> list[DeploymentOverview]:
+    """The overview of each deployment (the first MAX_DEPLOYMENTS by name), each version
+    compared on `split` where it has graded episodes there."""
     return [
-        deployment_overview(deployment=d, days=days, now=now)
+        deployment_overview(deployment=d, days=days, now=now, split=split)
         for d in Deployment.objects.order_by("name")[:MAX_DEPLOYMENTS]
     ]

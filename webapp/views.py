@@ -91,7 +91,8 @@ def overview(request: HttpRequest) -> HttpResponse:
                 {"error": f"days: must be one of {', '.join(map(str, DAYS_CHOICES))}", "days_choices": DAYS_CHOICES},
                 status=400,
             )
-    overviews = deployments_overview(days=days)
+    split = (request.GET.get("split") or "").strip()[:50] or None
+    overviews = deployments_overview(days=days, split=split)
     for o in overviews:
         by_version: dict[str, list[tuple[float, float]]] = {}
         for p in o.curve:
@@ -100,8 +101,17 @@ def overview(request: HttpRequest) -> HttpResponse:
         o.chart = mark_safe(
             series_chart(
                 list(by_version.items()),
-                title=f"success rate per model version (rolling, last {ROLLING} graded episodes of each version)",
+                title=(
+                    f"success rate per model version on {o.comparison.split} tasks "
+                    f"(rolling, last {ROLLING} graded episodes of each version)"
+                    if o.comparison
+                    else "success rate per model version"
+                ),
                 y_range=(0.0, 1.0),
             )
         )
-    return render(request, "overview.html", {"overviews": overviews, "days": days, "days_choices": DAYS_CHOICES})
+    return render(
+        request,
+        "overview.html",
+        {"overviews": overviews, "days": days, "days_choices": DAYS_CHOICES, "split": split or ""},
+    )

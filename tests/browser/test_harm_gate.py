@@ -34,13 +34,13 @@ def test_the_approver_sees_the_harm_and_cannot_approve(open_page, screenshot, me
     assert "✗" in harm.inner_text()
     reason = harm.inner_text()
     assert "blocked whatever the success rate" in reason
-    assert f"of {HELD_OUT_TASKS} episodes" in reason and "never shown" in reason
+    assert f"of {HELD_OUT_TASKS} episodes" in reason and "the live version in 0 of" in reason
     assert page.locator("#approve").is_disabled()
     # Beside success, on the same page: the rates and the verdict.
     assert "Blocks promotion" in page.inner_text("#harm-verdict")
     assert page.locator("#episode-success").count() == 1
-    collateral = page.inner_text("#episode-collateral")
-    assert "0%" in collateral and "0/6" in collateral
+    for row in ("#episode-collateral", "#episode-unknown-ids"):
+        assert "0/6" in page.inner_text(row)  # the live version's
     screenshot(page, "promotion-blocked-by-harm", full_page=True)
 
     # Approving anyway (the form posted without the page's help) is refused with the reason.
@@ -54,7 +54,7 @@ def test_the_approver_sees_the_harm_and_cannot_approve(open_page, screenshot, me
     page.goto(f"/evaluations/{evaluation.pk}/")
     assert "Blocks promotion" in page.inner_text("#harm-verdict")
     assert order_id not in page.inner_text("#episode-success")
-    # Each episode's page names the record it changed.
-    item = next(i for i in evaluation.items.order_by("position") if i.candidate["collateral_changes"])
+    # Each episode's page names what its audit found.
+    item = next(i for i in evaluation.items.order_by("position") if i.candidate["unknown_ids"])
     page.goto(f"/evaluations/{evaluation.pk}/items/{item.position}/")
-    assert f"order {order_id}" in page.inner_text("#candidate-response")
+    assert item.candidate["unknown_ids"][0] in page.inner_text("#candidate-response")

@@ -3,6 +3,8 @@ version, each version's success rate and the chart, and a hostile description st
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
 from tests.factories import user_with_role
@@ -34,6 +36,10 @@ def test_the_overview_shows_each_versions_success_rate_and_the_live_one(open_pag
     }
     assert rows == {"smol": ("0.250", "0.250 (1/4)"), "smol-v1": ("0.750", "0.750 (3/4)")}
     assert section.locator("svg.chart polyline").count() == 2
+    # It says what it compares: both versions on the same split (the one their traces name).
+    split = inspect.signature(graded_traces).parameters["split"].default
+    assert section.locator(".compare-split").inner_text() == split
+    assert f"on {split} tasks" in section.locator("svg.chart").text_content()
     assert "<script>" in section.inner_text()  # the description is shown as text, not run
     assert page.evaluate("window.__overview_xss === undefined")
     page.select_option("select[name=days]", "30")

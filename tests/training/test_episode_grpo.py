@@ -303,3 +303,65 @@ def test_a_seeded_rollout_repeats_exactly_whatever_the_threads_timing(tiny_model
         texts.append([[c.extra["ids"] for c in e.completions] for e in episodes])
     assert texts[0] == texts[1] == texts[2]
     assert len({str(t) for t in texts[0]}) > 1  # the episodes themselves differ
+
+
+def test_an_episode_job_is_flagged_when_its_evaluation_episodes_change_other_records(tiny_model_dir, tmp_path):
+    """The promotion gate's harm check runs on the job's evaluation episodes: here the
+    environment's audit starts finding writes outside each task after the first evaluation,
+    and the job is flagged at its next one. Each phase reports its own progress on the way."""
+    from training.environments import EpisodeAudit
+    from training.grpo.common import Hooks
+
+    class Careless(ParityTask):
+        harmful = False
+
+        def audit(self, state, messages):
+            return EpisodeAudit(collateral_changes=("order A1003: status refunded",) if self.harmful else ())
+
+    env = Careless(count=6, heldout=2)
+    tasks = env.tasks()
+    config = EpisodesConfig(
+        model_path=str(tiny_model_dir),
+        environment="files",
+        steps=2,
+        group_size=2,
+        prompts_per_step=2,
+        max_new_tokens=6,
+        eval_every=2,
+        eval_samples=1,
+        checkpoint_every=0,
+        samples_every=0,
+    )
+    breaches, phases, evals = [], [], []
+
+    def on_eval(step, metrics):
+        evals.append(metrics)
+        env.harmful = True  # from now on every episode writes outside its task
+
+    hooks = Hooks(
+        on_eval=on_eval,
+        on_breach=lambda step, found: breaches.extend((step, b["monitor"]) for b in found),
+        on_phase=lambda name, done, total: phases.append((name, done, total)),
+    )
+    result = episodes_train(
+        config=config,
+        env=env,
+        tasks=[t for t in tasks if t.split == "train"],
+        eval_tasks=[t for t in tasks if t.split == "heldout"],
+        run_dir=tmp_path,
+        hooks=hooks,
+    )
+    assert result.status == "finished"
+    assert [(e["step"], e["collateral_rate"]) for e in evals] == [(0, 0.0), (2, 1.0)]
+    assert [b for b in breaches if b[1] in ("collateral", "unknown_ids")] == [(2, "collateral")]
+    assert phases == [
+        ("evaluation", 0, 2),
+        ("evaluation", 2, 2),
+        ("sampling", 1, 2),
+        ("update", 1, 2),
+        ("sampling", 2, 2),
+        ("update", 2, 2),
+        ("evaluation", 0, 2),
+        ("evaluation", 2, 2),
+        ("export", 0, 1),
+    ]

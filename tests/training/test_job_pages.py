@@ -162,3 +162,50 @@ def test_roles_decide_who_sees_starts_and_cancels_jobs(client, running_job, vers
     assert client.post(reverse("training:job-cancel", args=[running_job.pk])).status_code == 403
     running_job.refresh_from_db()
     assert running_job.status == JobStatus.RUNNING and TrainingJob.objects.count() == 1
+
+
+def _page(client, job) -> str:
+    return client.get(reverse("training:job-detail", args=[job.pk])).content.decode()
+
+
+def test_each_phase_shows_its_own_progress_and_the_eta_counts_evaluations(client_in, running_job):
+    running_job.config = {"kind": "grpo", "steps": 10, "eval_every": 5}
+    running_job.phase = {"name": "update", "done": 5, "total": 10}
+    running_job.save(update_fields=["config", "phase"])
+    html = _page(client_in, running_job)
+    # No evaluation timed yet (the step-0 one carries no time) and two still to come.
+    assert "now: <b>updating the weights</b> 5/10" in html
+    assert "ETA estimated after the first evaluation" in html
+
+    TrainingJobEvent.objects.create(
+        job=running_job, kind=JobEventKind.EVAL, step=0, data={"success": 0.2, "eval_seconds": 30.0}
+    )
+    html = _page(client_in, running_job)
+    assert "ETA 72 s" in html and "6 steps and 2 evaluations" in html  # 6 x 2 s + 2 x 30 s
+
+    # The last step is done but the final evaluation runs: not 100 %, no "ETA 0 s".
+    TrainingJob.objects.filter(pk=running_job.pk).update(
+        step=10, phase={"name": "evaluation", "done": 3, "total": 8, "since": "2026-01-01T00:00:00+00:00"}
+    )
+    running_job.refresh_from_db()
+    html = _page(client_in, running_job)
+    assert "(99%)" in html and "100%" not in html
+    assert "now: <b>evaluating</b> 3/8" in html and 'class="phase-progress" max="8" value="3"' in html
+    assert "ETA 19 s" in html  # the running evaluation's 5/8 left of 30 s
+    TrainingJob.objects.filter(pk=running_job.pk).update(phase={"name": "export", "done": 0, "total": 1})
+    html = _page(client_in, running_job)
+    assert "now: <b>exporting the trained model</b>" in html and "ETA 0" not in html
+
+
+def test_charts_a_method_cannot_have_are_not_drawn(client_in, running_job):
+    running_job.kind = "sft"
+    running_job.save(update_fields=["kind"])
+    html = _page(client_in, running_job)
+    assert html.count("<svg") == 2 and "Loss" in html and "Response length" in html
+    assert "Reward (mean" not in html and "KL to the starting model" not in html and "Zero-variance" not in html
+
+
+def test_the_job_list_says_what_a_running_job_is_doing(client_in, running_job):
+    TrainingJob.objects.filter(pk=running_job.pk).update(phase={"name": "evaluation", "done": 2, "total": 8})
+    html = client_in.get(reverse("training:job-list")).content.decode()
+    assert '4 / 10 <span class="muted job-phase">· evaluating 2/8</span>' in html

@@ -80,6 +80,19 @@ def test_a_job_runs_to_a_candidate_version_without_touching_the_live_one(base_ve
     base_version.refresh_from_db()
     assert base_version.status == "live" and not LiveVersion.objects.exists()
 
+    # Every phase reported itself, in order, in the job's log; evaluations carry their time.
+    logs = [e.data["message"] for e in job.events.filter(kind=JobEventKind.LOG).order_by("id")]
+    phases = [m.split(" (")[0] for m in logs if not m.startswith(("queued", "started", "finished", "checkpoint"))]
+    assert phases == [
+        "loading the model",
+        "evaluating",
+        "evaluating",  # after the training steps: the final evaluation
+        "exporting the trained model",
+        "registering the candidate version",
+    ]
+    assert all(e.data.get("eval_seconds", -1) >= 0 for e in job.events.filter(kind=JobEventKind.EVAL))
+    assert job.phase["name"] == "done"
+
     # A redelivered task for a finished job does nothing.
     assert training_job_run(job_id=job.pk, worker="w2") == "skipped"
 

@@ -19,7 +19,10 @@ from statistics import fmean
 from typing import Any
 
 from feedback.failure_modes.detectors import TraceView, detect_invalid_tool_args, detect_refusals
-from training.inference.codec import message_text, tool_call_blocks
+from training.inference.codec import message_text, tool_call_blocks, tool_calls_parse
+
+# The codec's parser under the name earlier callers import from here (one parser, two names).
+parse_tool_call_blocks = tool_calls_parse
 
 Z_95 = 1.959963984540054
 TIE_EPS = 1e-9

@@ -31,6 +31,9 @@ class Hooks:
     - log(message): human-readable progress lines.
     - on_episodes(step, phase, episodes): every environment episode of a step ("train")
       or an evaluation ("eval"), for recording them as traces.
+    - on_phase(name, done, total): what the loop is doing now, with its own progress:
+      "evaluation" (items or episodes done of total), "sampling" and "update" (step of
+      steps), "export" (0 of 1); the caller adds "loading" and "registration".
     """
 
     on_step: Callable[[int, dict], None] | None = None
@@ -41,6 +44,7 @@ class Hooks:
     should_stop: Callable[[], bool] | None = None
     log: Callable[[str], None] | None = None
     on_episodes: Callable[[int, str, list], None] | None = None
+    on_phase: Callable[[str, int, int], None] | None = None
 
     def emit(self, name: str, *args: Any) -> None:
         fn = getattr(self, name)
@@ -118,6 +122,7 @@ def evaluate(
     prompts: PromptCache,
     samples: int | None = None,
     batch: int = 16,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, float]:
     """Mean reward and success rate (reward ≥ 0.5) of fresh samples on `items`.
 
@@ -146,6 +151,8 @@ def evaluate(
             for i, item in enumerate(chunk):
                 rewards += score(item, rollout.texts[i * samples : (i + 1) * samples])
             lengths += rollout.lengths.float().tolist()
+            if progress is not None:
+                progress(min(len(items), start + len(chunk)), len(items))
     finally:
         torch.set_rng_state(cpu_state)
         if cuda_state is not None:
@@ -205,12 +212,16 @@ def step_close(
     return False
 
 
-def result_close(result: TrainResult, state: dict, policy, run_dir: Path, export: bool) -> TrainResult:
+def result_close(
+    result: TrainResult, state: dict, policy, run_dir: Path, export: bool, hooks: Hooks | None = None
+) -> TrainResult:
     """Copy the run's history, evaluations and breaches into `result`, and export the model
     unless the job was cancelled or `export` is off."""
     from training.grpo.policy import export_model
 
     result.history, result.evals, result.breaches = state["history"], state["evals"], state["breaches"]
     if export and result.status != "cancelled":
+        if hooks is not None:
+            hooks.emit("on_phase", "export", 0, 1)
         result.export_path = export_model(policy, run_dir / "model")
     return result

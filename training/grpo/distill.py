@@ -73,6 +73,7 @@ def distill_train(
             result.status = "cancelled"
             break
         started = time.perf_counter()
+        hooks.emit("on_phase", "sampling", step, config.steps)
         batch = batch_for_step(items, step=step, size=config.prompts_per_step, seed=config.seed)
 
         # Rollout: the student answers without the hint.
@@ -108,6 +109,7 @@ def distill_train(
                 teacher_logits = forward_logits(policy.model, t_ids, t_attn, keep=width)
 
         # Update: reverse KL(student ‖ teacher) on the student's tokens.
+        hooks.emit("on_phase", "update", step, config.steps)
         student_logits = forward_logits(policy.model, rollout.input_ids, rollout.attention_mask, keep=width)
         loss = L.distill_kl(student_logits, teacher_logits, mask)
         optimizer.zero_grad(set_to_none=True)
@@ -148,7 +150,7 @@ def distill_train(
             result.status = "stopped"
             break
 
-    return result_close(result, state, policy, run_dir, export)
+    return result_close(result, state, policy, run_dir, export, hooks)
 
 
 def sft_train(
@@ -189,6 +191,7 @@ def sft_train(
             result.status = "cancelled"
             break
         started = time.perf_counter()
+        hooks.emit("on_phase", "update", step, config.steps)
         batch = batch_for_step(items, step=step, size=config.prompts_per_step, seed=config.seed)
         targets = [encode_target(policy.tokenizer, it.target or "") for it in batch]
         layout = rollout_from_tokens(
@@ -224,10 +227,14 @@ def sft_train(
             _eval(state, step, policy, eval_items, eval_score, config, prompts, hooks)
         step_close(run_dir, policy, optimizer, step, config, state, hooks)
 
-    return result_close(result, state, policy, run_dir, export)
+    return result_close(result, state, policy, run_dir, export, hooks)
 
 
 def _eval(state, step, policy, eval_items, score, config, prompts, hooks) -> None:
-    metrics = {"step": step, **evaluate(policy, eval_items, score, config=config, prompts=prompts)}
+    def progress(done: int, total: int) -> None:
+        hooks.emit("on_phase", "evaluation", done, total)
+
+    progress(0, len(eval_items))
+    metrics = {"step": step, **evaluate(policy, eval_items, score, config=config, prompts=prompts, progress=progress)}
     state["evals"].append(metrics)
     hooks.emit("on_eval", step, metrics)

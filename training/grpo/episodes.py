@@ -469,6 +469,7 @@ def episodes_evaluate(
     config: EpisodesConfig,
     generate: Generate,
     stop_ids: set[int],
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[dict[str, float], list[Episode]]:
     """Held-out success: `eval_samples` episodes per task, seeded (the global RNG is
     restored afterwards, so evaluating does not change the training run)."""
@@ -488,6 +489,8 @@ def episodes_evaluate(
                 max_steps=config.max_steps or None,
                 max_tokens=config.max_episode_tokens or None,
             )
+            if progress is not None:
+                progress(len(episodes), len(tasks) * config.eval_samples)
     finally:
         torch.set_rng_state(cpu_state)
     rewards = [e.reward for e in episodes]
@@ -553,8 +556,15 @@ def episodes_train(
             return False
         if server is not None:
             server.load(policy, step=f"eval-{step}")
+        hooks.emit("on_phase", "evaluation", 0, len(eval_tasks) * config.eval_samples)
         metrics, episodes = episodes_evaluate(
-            env, eval_tasks, policy=policy, config=config, generate=generate, stop_ids=stop_ids
+            env,
+            eval_tasks,
+            policy=policy,
+            config=config,
+            generate=generate,
+            stop_ids=stop_ids,
+            progress=lambda done, total: hooks.emit("on_phase", "evaluation", done, total),
         )
         metrics["step"] = step
         state["evals"].append(metrics)
@@ -578,6 +588,7 @@ def episodes_train(
             result.status = "cancelled"
             break
         started = time.perf_counter()
+        hooks.emit("on_phase", "sampling", step, config.steps)
         batch_tasks = batch_for_step(tasks, step=step, size=config.prompts_per_step, seed=config.seed)
 
         # Rollout: G episodes per task, each in its own sandbox.
@@ -618,6 +629,7 @@ def episodes_train(
         rows = row_keep.nonzero().squeeze(1).tolist()
 
         # Update on the model's own tokens of every turn.
+        hooks.emit("on_phase", "update", step, config.steps)
         loss_value = grad_norm = 0.0
         kl_value = None
         if rows:
@@ -677,7 +689,7 @@ def episodes_train(
             result.status = "stopped"
             break
 
-    return result_close(result, state, policy, run_dir, export)
+    return result_close(result, state, policy, run_dir, export, hooks)
 
 
 def _sample_rows(episodes: list[Episode], rewards: list[float], advantages: torch.Tensor) -> list[dict]:

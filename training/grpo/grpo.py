@@ -91,6 +91,7 @@ def grpo_train(
             result.status = "cancelled"
             break
         started = time.perf_counter()
+        hooks.emit("on_phase", "sampling", step, config.steps)
         batch = batch_for_step(items, step=step, size=config.prompts_per_step, seed=config.seed)
         prompt_ids = [prompts.get(it) for it in batch]
 
@@ -130,6 +131,7 @@ def grpo_train(
         rows = row_keep.nonzero().squeeze(1).to(policy.device)
 
         # Update: log-probs from the same forward pass as the gradient.
+        hooks.emit("on_phase", "update", step, config.steps)
         loss_value = kl_value = grad_norm = 0.0
         clip_fraction = None
         if len(rows) > 0:
@@ -212,15 +214,28 @@ def grpo_train(
             result.status = "stopped"
             break
 
-    return result_close(result, state, policy, run_dir, export)
+    return result_close(result, state, policy, run_dir, export, hooks)
 
 
 def _evaluate_into(state, step, policy, eval_items, canaries, score, config, prompts, hooks) -> None:
     metrics: dict = {"step": step}
+    total = len(eval_items or []) + len(canaries or [])
+
+    def progress(done: int, _: int, offset: int = 0) -> None:
+        hooks.emit("on_phase", "evaluation", offset + done, total)
+
+    progress(0, total)
     if eval_items:
-        metrics.update(evaluate(policy, eval_items, score, config=config, prompts=prompts))
+        metrics.update(evaluate(policy, eval_items, score, config=config, prompts=prompts, progress=progress))
     if canaries:
-        canary = evaluate(policy, canaries, grader_scorer(), config=config, prompts=prompts)
+        canary = evaluate(
+            policy,
+            canaries,
+            grader_scorer(),
+            config=config,
+            prompts=prompts,
+            progress=lambda done, t: progress(done, t, offset=len(eval_items or [])),
+        )
         metrics["canary_reward"] = canary["reward"]
         if state["start_canary"] is None:
             state["start_canary"] = canary["reward"]

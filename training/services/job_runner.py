@@ -10,7 +10,7 @@ import os
 import shutil
 import threading
 import traceback
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from django.conf import settings
@@ -21,6 +21,7 @@ from django.utils.text import slugify
 from training.grpo.config import config_from_dict
 from training.grpo.items import TurnItem
 from training.models import (
+    PHASE_LABELS,
     JobEventKind,
     JobKind,
     JobStatus,
@@ -187,6 +188,7 @@ def _train(job: TrainingJob, worker: str):
     run_dir = job_run_dir(job)
     run_dir.mkdir(parents=True, exist_ok=True)
     hooks = _hooks(job.pk, worker, Hooks)
+    job_phase_set(job.pk, worker, "loading")
     if job.kind == JobKind.EPISODES:
         return _train_episodes(job, config, run_dir, hooks)
     train, heldout = job_items(job)
@@ -297,6 +299,23 @@ def _transcript(messages: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def job_phase_set(job_id: int, worker: str, name: str, done: int = 0, total: int = 0) -> None:
+    """Record what the job is doing now (and beat the heart). A phase that starts is also a
+    line of the job's log, so the page is never silent while the job works."""
+    now = timezone.now()
+    row = TrainingJob.objects.filter(pk=job_id, worker=worker).values("phase", "step").first()
+    if row is None:
+        return
+    previous = row["phase"] or {}
+    starts = previous.get("name") != name or (name in ("sampling", "update") and previous.get("total") != total)
+    since = now.isoformat() if starts or (name == "evaluation" and done == 0) else previous.get("since")
+    phase = {"name": name, "done": done, "total": total, "since": since or now.isoformat()}
+    TrainingJob.objects.filter(pk=job_id, worker=worker).update(phase=phase, heartbeat_at=now)
+    if previous.get("name") != name and name not in ("sampling", "update"):
+        size = f" ({total} to go)" if total and name == "evaluation" else ""
+        _event_id(job_id, JobEventKind.LOG, row["step"], {"message": f"{PHASE_LABELS.get(name, name)}{size}"})
+
+
 def _hooks(job_id: int, worker: str, Hooks):
     jobs = TrainingJob.objects.filter(pk=job_id, worker=worker)
 
@@ -306,6 +325,11 @@ def _hooks(job_id: int, worker: str, Hooks):
         jobs.update(step=step, metrics=clean, heartbeat_at=timezone.now())
 
     def on_eval(step: int, metrics: dict) -> None:
+        # How long the evaluation took, from its phase's start: the ETA counts evaluations.
+        phase = TrainingJob.objects.filter(pk=job_id).values_list("phase", flat=True).first() or {}
+        if phase.get("name") == "evaluation" and phase.get("since"):
+            started = datetime.fromisoformat(phase["since"])
+            metrics = {**metrics, "eval_seconds": round((timezone.now() - started).total_seconds(), 3)}
         TrainingJobEvent.objects.create(job_id=job_id, kind=JobEventKind.EVAL, step=step, data=metrics)
         job = TrainingJob.objects.get(pk=job_id)
         summary = dict(job.eval_metrics or {})
@@ -336,7 +360,11 @@ def _hooks(job_id: int, worker: str, Hooks):
     def log_line(message: str) -> None:
         _event_id(job_id, JobEventKind.LOG, 0, {"message": message})
 
+    def on_phase(name: str, done: int, total: int) -> None:
+        job_phase_set(job_id, worker, name, done, total)
+
     return Hooks(
+        on_phase=on_phase,
         on_step=on_step,
         on_eval=on_eval,
         on_samples=on_samples,
@@ -359,11 +387,14 @@ def _finish(job_id: int, worker: str, result) -> str:
             job.status = JobStatus.STOPPED
             job.error = "stopped by a monitor: " + "; ".join(b["message"] for b in result.breaches[-3:])
         else:
+            job_phase_set(job.pk, worker, "registration", 0, 1)
+            job.refresh_from_db(fields=["phase"])
             job.status = JobStatus.FINISHED
             job.result_version = _register_candidate(job, result.export_path)
         job.finished_at = now
         job.heartbeat_at = now
-        job.save(update_fields=["status", "error", "result_version", "finished_at", "heartbeat_at"])
+        job.phase = {**(job.phase or {}), "name": "done", "done": 1, "total": 1, "since": now.isoformat()}
+        job.save(update_fields=["status", "error", "result_version", "finished_at", "heartbeat_at", "phase"])
         message = f"{job.get_status_display().lower()} at step {result.step}"
         if job.result_version_id:
             message += f"; candidate version {job.result_version.name}"
