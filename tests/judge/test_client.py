@@ -218,3 +218,52 @@ def test_a_malformed_answer_is_asked_for_again_with_the_reason(judge_server):
     assert second[-1]["role"] == "user" and "reward: 1.7 is greater than the maximum of 1" in second[-1]["content"]
     # A transport failure (503) is sent again as it was: nothing was wrong with the prompt.
     assert third == MESSAGES
+
+
+def _padded_completion(size: int) -> bytes:
+    """A valid chat completion carrying `size` bytes of padding in an extra field."""
+    completion = {
+        "id": "chatcmpl-big",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "test-judge",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": json.dumps(VALID_JUDGEMENT)},
+                "finish_reason": "stop",
+            }
+        ],
+        "padding": "x" * size,
+    }
+    return json.dumps(completion).encode()
+
+
+def test_a_response_body_over_the_size_cap_fails_the_call_without_reading_it_all(judge_server):
+    huge = _padded_completion(3_000_000)
+    judge_server.script(Reply.raw(huge), Reply.raw(huge), Reply.raw(huge))
+    with pytest.raises(JudgeCallFailed) as failed:
+        call(judge_server.endpoint())
+    assert failed.value.reason == (
+        "the response body is larger than 2000000 bytes (PRACTICUM_JUDGE_MAX_RESPONSE_BYTES): "
+        "it was not read further (after 1 attempt)"
+    )
+    assert len(failed.value.record.attempts) == 1  # a hostile or broken endpoint is not asked again
+
+
+def test_an_error_response_over_the_size_cap_is_not_read_either(judge_server):
+    judge_server.script(Reply.raw(_padded_completion(3_000_000), status=500))
+    with pytest.raises(JudgeCallFailed) as failed:
+        call(judge_server.endpoint(max_response_bytes=1_000_000))
+    assert "larger than 1000000 bytes" in failed.value.reason
+
+
+def test_a_response_under_the_cap_is_read_whole(judge_server):
+    judge_server.script(Reply.raw(_padded_completion(500_000)))
+    assert call(judge_server.endpoint(max_response_bytes=600_000)).value.reward == pytest.approx(0.2)
+
+
+def test_the_cap_is_a_setting(settings):
+    settings.JUDGE_BASE_URL, settings.JUDGE_MODEL = "http://judge.invalid/v1", "m"
+    settings.JUDGE_MAX_RESPONSE_BYTES = 123_456
+    assert JudgeEndpoint.from_settings().max_response_bytes == 123_456
