@@ -27,6 +27,7 @@ import email.utils
 import json
 import random
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -205,9 +206,10 @@ class _TooSlow(Exception):
 
 
 class _TooLarge(Exception):
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, message: str = "") -> None:
         super().__init__(
-            f"the response body is larger than {limit} bytes (PRACTICUM_JUDGE_MAX_RESPONSE_BYTES): "
+            message
+            or f"the response body is larger than {limit} bytes (PRACTICUM_JUDGE_MAX_RESPONSE_BYTES): "
             "it was not read further"
         )
 
@@ -215,32 +217,73 @@ class _TooLarge(Exception):
 class _CappedStream(httpx2.SyncByteStream):
     """A response body that raises `_TooLarge` once more than `limit` bytes have come."""
 
-    def __init__(self, stream: httpx2.SyncByteStream, limit: int) -> None:
+    def __init__(self, stream: httpx2.SyncByteStream, limit: int, message: str = "") -> None:
         self._stream = stream
         self._limit = limit
+        self._message = message
 
     def __iter__(self):
         seen = 0
         for chunk in self._stream:
             seen += len(chunk)
             if seen > self._limit:
-                raise _TooLarge(self._limit)
+                raise _TooLarge(self._limit, self._message)
             yield chunk
 
     def close(self) -> None:
         self._stream.close()
 
 
+_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+_PIECE = 64 * 1024
+
+
+class _Inflated(httpx2.SyncByteStream):
+    """A gzip or deflate body decoded here, at most `_PIECE` bytes at a time, so that the
+    cap counts what it becomes as it grows (a small compressed body can decode to gigabytes)."""
+
+    def __init__(self, stream: httpx2.SyncByteStream, wbits: int) -> None:
+        self._stream = stream
+        self._wbits = wbits
+
+    def __iter__(self):
+        inflate = zlib.decompressobj(self._wbits)
+        for chunk in self._stream:
+            data = chunk
+            while data:
+                piece = inflate.decompress(data, _PIECE)
+                if piece:
+                    yield piece
+                data = inflate.unconsumed_tail
+        tail = inflate.flush()
+        if tail:
+            yield tail
+
+    def close(self) -> None:
+        self._stream.close()
+
+
+def _capped(response: httpx2.Response, limit: int) -> None:
+    """Install the cap on a response before anything reads it: on the bytes as received and,
+    for a compressed body, on the bytes it decodes to."""
+    encoding = response.headers.get("content-encoding", "").strip().lower()
+    if encoding in _WBITS:
+        del response.headers["content-encoding"]  # decoded here, not again by the client
+        response.stream = _CappedStream(_Inflated(_CappedStream(response.stream, limit), _WBITS[encoding]), limit)
+    elif encoding and encoding != "identity":
+        # Not asked for, and not one this module can decode with a bound on its size.
+        refused = f"the response body is compressed with {encoding[:50]!r}, which was not asked for: it was not read"
+        response.stream = _CappedStream(response.stream, 0, refused)
+    else:
+        response.stream = _CappedStream(response.stream, limit)
+
+
 @lru_cache(maxsize=16)
 def _client(base_url: str, api_key: str, max_response_bytes: int) -> openai.OpenAI:
     # Retries are ours (they also cover malformed output), so the SDK's are off; the
-    # timeout is given per attempt. Every body is read through the cap, the error bodies
-    # the SDK reads itself included; an uncompressed one is asked for so that the bytes
-    # counted are the bytes kept (`_read_body` counts the decoded ones too).
-    def cap(response: httpx2.Response) -> None:
-        response.stream = _CappedStream(response.stream, max_response_bytes)
-
-    http_client = openai.DefaultHttpxClient(event_hooks={"response": [cap]})
+    # timeout is given per attempt. Every body is read through the cap (`_capped`), the
+    # error bodies the SDK reads itself included; an uncompressed one is asked for.
+    http_client = openai.DefaultHttpxClient(event_hooks={"response": [lambda r: _capped(r, max_response_bytes)]})
     return openai.OpenAI(
         base_url=base_url,
         api_key=api_key or "unset",

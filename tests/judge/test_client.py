@@ -267,3 +267,28 @@ def test_the_cap_is_a_setting(settings):
     settings.JUDGE_BASE_URL, settings.JUDGE_MODEL = "http://judge.invalid/v1", "m"
     settings.JUDGE_MAX_RESPONSE_BYTES = 123_456
     assert JudgeEndpoint.from_settings().max_response_bytes == 123_456
+
+
+def test_a_compressed_error_body_is_capped_as_it_is_decoded(judge_server):
+    import gzip
+
+    bomb = gzip.compress(b" " * 20_000_000)  # about 20 kB on the wire, 20 MB decoded
+    judge_server.script(Reply.raw(bomb, status=500).with_headers(content_encoding="gzip"))
+    with pytest.raises(JudgeCallFailed) as failed:
+        call(judge_server.endpoint())
+    assert "larger than 2000000 bytes" in failed.value.reason
+
+
+def test_a_gzip_answer_within_the_cap_is_read(judge_server):
+    import gzip
+
+    judge_server.script(Reply.raw(gzip.compress(_padded_completion(1000))).with_headers(content_encoding="gzip"))
+    assert call(judge_server.endpoint()).value.reward == pytest.approx(0.2)
+
+
+def test_a_body_in_a_compression_nobody_asked_for_is_not_read(judge_server):
+    judge_server.script(Reply.raw(b"\x8b\x00\x80" * 1000).with_headers(content_encoding="br"))
+    with pytest.raises(JudgeCallFailed) as failed:
+        call(judge_server.endpoint())
+    assert failed.value.reason.startswith("the response body is compressed with 'br', which was not asked for")
+    assert len(judge_server.headers) == 1 and judge_server.headers[0]["accept-encoding"] == "identity"
