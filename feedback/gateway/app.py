@@ -46,6 +46,8 @@ PARAM_KEYS = (
     "stream",
 )
 
+# Fields whose nesting is checked where they are parsed; every other one is checked as a whole.
+_CHECKED_FIELDS = frozenset({"messages", "tools", "metadata"})
 
 # C0 and C1 control characters (CR, LF, NUL, …) and DEL: none belongs in an identifier that is
 # echoed in a response header and looked up in PostgreSQL (whose text cannot hold NUL).
@@ -369,6 +371,11 @@ class GatewayApp:
         try:
             messages = [parse_message(m, f"messages[{i}]") for i, m in enumerate(raw_messages)]
             tools = parse_tools(request["tools"], "tools") if request.get("tools") is not None else []
+            # Every other field too (`response_format`, `stop`, `tool_choice`, …): the logged
+            # parameters are stored like the messages, and the request is re-encoded for the model.
+            for key, value in request.items():
+                if key not in _CHECKED_FIELDS:
+                    json_depth_check(value, key)
         except FieldError as exc:
             raise GatewayError(400, exc.reason, param=exc.field) from exc
         if "stream" in request and not isinstance(request["stream"], bool):

@@ -12,7 +12,9 @@ written to the database when the queue is idle again. A batch that keeps failing
 database error goes to the spill file too; an exchange that fails on its own data is kept in
 `failed-<pid>.jsonl` beside them, with the error in the log. A spill line that cannot be read
 back (a process killed mid-write leaves a truncated one) is moved to `quarantine-<pid>.jsonl`
-and the rest of its file is written.
+and the rest of its file is written; so is a spilled exchange that fails on its own data (its
+deployment was deleted meanwhile, say), with the error in the log, once it has failed alone.
+Only the database being unavailable leaves a spill file to be tried again later.
 
 The writer thread is supervised: an unexpected error in one pass is logged and the loop goes
 on, and a thread that ended anyway is restarted by the next `submit` or `health` call.
@@ -297,13 +299,32 @@ class Recorder:
             claimed.append(target)
         return claimed
 
-    def _quarantine(self, source: Path, lines: list[tuple[bytes, Exception]]) -> None:
+    def _quarantine(self, source: Path, lines: list[tuple[bytes, Exception]], what: str = "an unreadable line") -> None:
         self.stats["quarantined"] += len(lines)
         for _, exc in lines:
-            logger.error("gateway log: an unreadable line in %s was quarantined (%s)", source.name, exc)
+            logger.error("gateway log: %s in %s was quarantined (%s)", what, source.name, exc)
         target = self.spill_dir / f"quarantine-{os.getpid()}.jsonl"
         with self._spill_lock, target.open("ab") as f:
             f.write(b"".join(line + b"\n" for line, _ in lines))
+
+    def _replay_one_by_one(self, path: Path, chunk: list[Exchange]) -> tuple[int, Exception] | None:
+        """Write the chunk's exchanges one at a time; one that fails on its own data (twice:
+        the first failure may be a race with another process) is quarantined. Returns None
+        when the chunk is done, or the index from which it must wait for the database, and why."""
+        for index, exchange in enumerate(chunk):
+            for attempt in range(2):
+                try:
+                    connection.close_if_unusable_or_obsolete()
+                    exchanges_record(exchanges=[exchange], cache=self._cache)
+                    self.stats["written"] += 1
+                    break
+                except (OperationalError, InterfaceError) as exc:
+                    return index, exc
+                except Exception as exc:
+                    if attempt:
+                        line = orjson.dumps(exchange.to_json(), default=str)
+                        self._quarantine(path, [(line, exc)], what=f"an exchange for trace {exchange.trace_key!r}")
+        return None
 
     def _replay_spills(self) -> None:
         for path in self._claim_spills():
@@ -324,13 +345,21 @@ class Recorder:
                     connection.close_if_unusable_or_obsolete()
                     exchanges_record(exchanges=chunk, cache=self._cache)
                     self.stats["written"] += len(chunk)
+                    continue
+                except (OperationalError, InterfaceError) as exc:
+                    later, failure = 0, exc  # the database is unavailable: the whole rest waits
                 except Exception:
-                    logger.warning("gateway log: replaying %s failed; will retry", path.name, exc_info=True)
-                    connection.close()
-                    rest = exchanges[start:]
-                    path.write_bytes(b"".join(orjson.dumps(e.to_json(), default=str) + b"\n" for e in rest))
-                    written = False
-                    break
+                    # One exchange of the chunk may fail on its own data: try them one by one.
+                    found = self._replay_one_by_one(path, chunk)
+                    if found is None:
+                        continue
+                    later, failure = found
+                logger.warning("gateway log: replaying %s failed; will retry (%s)", path.name, failure)
+                connection.close()
+                rest = exchanges[start + later :]
+                path.write_bytes(b"".join(orjson.dumps(e.to_json(), default=str) + b"\n" for e in rest))
+                written = False
+                break
             if written:
                 path.unlink(missing_ok=True)
                 logger.info("gateway log: replayed %d spilled exchange(s) from %s", len(exchanges), path.name)

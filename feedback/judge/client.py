@@ -11,7 +11,9 @@ refused, rather than with the identical prompt. Waits between attempts grow, wit
 and honour the endpoint's `Retry-After`. Every call has a total deadline (`deadline_s`,
 all attempts and waits included) and every attempt a total time limit (`timeout_s`, the
 whole body included: the clock is checked as each piece of the body arrives, so a body
-trickled in slowly is cut off; a connection silent for that long ends it as a read timeout).
+trickled in slowly is cut off; a connection silent for that long ends it as a read timeout)
+and a cap on the response body (`max_response_bytes`, error bodies included): a body over
+it is not read further and fails the call at once.
 After the last attempt it raises
 `JudgeCallFailed` with the reason and every attempt's record: a caller never gets a
 default value in place of a judgement. Errors that retrying cannot fix (400, 401, 403,
@@ -25,11 +27,13 @@ import email.utils
 import json
 import random
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any, Generic, TypeVar
 
+import httpx2
 import openai
 import pydantic
 from openai.types.chat import ChatCompletion
@@ -63,6 +67,7 @@ class JudgeEndpoint:
     backoff_s: float = 1.0
     deadline_s: float = 300.0  # per call: every attempt and every wait between them
     max_tokens: int = 1024
+    max_response_bytes: int = 2_000_000  # per attempt, the body as received and as decoded
     # "full" sends the whole schema (vLLM and other grammar backends enforce it);
     # "portable" drops length and range bounds that strict hosted subsets reject.
     schema_mode: str = "full"
@@ -83,6 +88,7 @@ class JudgeEndpoint:
             "backoff_s": settings.JUDGE_RETRY_BACKOFF_S,
             "deadline_s": settings.JUDGE_DEADLINE_S,
             "max_tokens": settings.JUDGE_MAX_TOKENS,
+            "max_response_bytes": settings.JUDGE_MAX_RESPONSE_BYTES,
             "schema_mode": settings.JUDGE_SCHEMA_MODE,
             "price_input_per_mtok": settings.JUDGE_PRICE_INPUT_PER_MTOK,
             "price_output_per_mtok": settings.JUDGE_PRICE_OUTPUT_PER_MTOK,
@@ -109,6 +115,8 @@ class JudgeEndpoint:
             raise ValueError("max_attempts must be at least 1")
         if not (self.timeout_s > 0 and self.deadline_s > 0):
             raise ValueError("timeout_s and deadline_s must be positive")
+        if self.max_response_bytes < 1:
+            raise ValueError("max_response_bytes must be at least 1")
         if self.schema_mode not in {"full", "portable"}:
             raise ValueError(f"schema_mode must be 'full' or 'portable', not {self.schema_mode!r}")
 
@@ -197,11 +205,92 @@ class _TooSlow(Exception):
     pass
 
 
+class _TooLarge(Exception):
+    def __init__(self, limit: int, message: str = "") -> None:
+        super().__init__(
+            message
+            or f"the response body is larger than {limit} bytes (PRACTICUM_JUDGE_MAX_RESPONSE_BYTES): "
+            "it was not read further"
+        )
+
+
+class _CappedStream(httpx2.SyncByteStream):
+    """A response body that raises `_TooLarge` once more than `limit` bytes have come."""
+
+    def __init__(self, stream: httpx2.SyncByteStream, limit: int, message: str = "") -> None:
+        self._stream = stream
+        self._limit = limit
+        self._message = message
+
+    def __iter__(self):
+        seen = 0
+        for chunk in self._stream:
+            seen += len(chunk)
+            if seen > self._limit:
+                raise _TooLarge(self._limit, self._message)
+            yield chunk
+
+    def close(self) -> None:
+        self._stream.close()
+
+
+_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+_PIECE = 64 * 1024
+
+
+class _Inflated(httpx2.SyncByteStream):
+    """A gzip or deflate body decoded here, at most `_PIECE` bytes at a time, so that the
+    cap counts what it becomes as it grows (a small compressed body can decode to gigabytes)."""
+
+    def __init__(self, stream: httpx2.SyncByteStream, wbits: int) -> None:
+        self._stream = stream
+        self._wbits = wbits
+
+    def __iter__(self):
+        inflate = zlib.decompressobj(self._wbits)
+        for chunk in self._stream:
+            data = chunk
+            while data:
+                piece = inflate.decompress(data, _PIECE)
+                if piece:
+                    yield piece
+                data = inflate.unconsumed_tail
+        tail = inflate.flush()
+        if tail:
+            yield tail
+
+    def close(self) -> None:
+        self._stream.close()
+
+
+def _capped(response: httpx2.Response, limit: int) -> None:
+    """Install the cap on a response before anything reads it: on the bytes as received and,
+    for a compressed body, on the bytes it decodes to."""
+    encoding = response.headers.get("content-encoding", "").strip().lower()
+    if encoding in _WBITS:
+        del response.headers["content-encoding"]  # decoded here, not again by the client
+        response.stream = _CappedStream(_Inflated(_CappedStream(response.stream, limit), _WBITS[encoding]), limit)
+    elif encoding and encoding != "identity":
+        # Not asked for, and not one this module can decode with a bound on its size.
+        refused = f"the response body is compressed with {encoding[:50]!r}, which was not asked for: it was not read"
+        response.stream = _CappedStream(response.stream, 0, refused)
+    else:
+        response.stream = _CappedStream(response.stream, limit)
+
+
 @lru_cache(maxsize=16)
-def _client(base_url: str, api_key: str) -> openai.OpenAI:
+def _client(base_url: str, api_key: str, max_response_bytes: int) -> openai.OpenAI:
     # Retries are ours (they also cover malformed output), so the SDK's are off; the
-    # timeout is given per attempt.
-    return openai.OpenAI(base_url=base_url, api_key=api_key or "unset", max_retries=0)
+    # timeout is given per attempt. Every body is read through the cap (`_capped`), the
+    # error bodies the SDK reads itself included; an uncompressed one is asked for.
+    http_client = openai.DefaultHttpxClient(event_hooks={"response": [lambda r: _capped(r, max_response_bytes)]})
+    return openai.OpenAI(
+        base_url=base_url,
+        api_key=api_key or "unset",
+        max_retries=0,
+        http_client=http_client,
+        default_headers={"Accept-Encoding": "identity"},
+    )
 
 
 def retry_after_seconds(headers: Any, *, now: float | None = None) -> float | None:
@@ -228,11 +317,17 @@ def retry_after_seconds(headers: Any, *, now: float | None = None) -> float | No
     return None
 
 
-def _read_body(response: Any, attempt_deadline: float) -> bytes:
+def _read_body(response: Any, attempt_deadline: float, limit: int) -> bytes:
     """The whole body, or `_TooSlow` once the attempt's time is up: a body trickled in
-    small pieces must not outlive the limit that a single read respects."""
+    small pieces must not outlive the limit that a single read respects; or `_TooLarge`
+    once more than `limit` bytes have been decoded (a compressed body is counted again
+    here, as it grows)."""
     chunks: list[bytes] = []
+    size = 0
     for chunk in response.iter_bytes():
+        size += len(chunk)
+        if size > limit:
+            raise _TooLarge(limit)
         chunks.append(chunk)
         if time.monotonic() > attempt_deadline:
             raise _TooSlow()
@@ -293,7 +388,7 @@ def _one_attempt(
     seed: int | None,
     budget_s: float,
 ) -> tuple[T, Any, str]:
-    client = _client(endpoint.base_url, endpoint.api_key).with_options(timeout=budget_s)
+    client = _client(endpoint.base_url, endpoint.api_key, endpoint.max_response_bytes).with_options(timeout=budget_s)
     started = time.perf_counter()
     attempt_deadline = time.monotonic() + budget_s
     text, finish = "", ""
@@ -307,7 +402,9 @@ def _one_attempt(
                 max_completion_tokens=endpoint.max_tokens,
                 seed=seed,
             ) as raw_response:
-                body = _read_body(raw_response, attempt_deadline)
+                body = _read_body(raw_response, attempt_deadline, endpoint.max_response_bytes)
+        except _TooLarge as exc:
+            raise _Fatal(str(exc)) from exc
         except (openai.APITimeoutError, _TooSlow) as exc:
             raise _Retryable(f"timed out after {budget_s:g} s") from exc
         except openai.APIConnectionError as exc:

@@ -369,7 +369,14 @@ class _Batch:
             "status": TraceStatus.ERROR if ex.status == ExchangeStatus.ERROR else TraceStatus.OK,
             "metadata": metadata,
             "tools": ex.tools,
-            "raw": {"model": ex.requested_model, "params": ex.params},
+            # Whether the gateway chose this trace's id (a call that named no trace): only such
+            # traces may be joined later by `stitch_traces`; a client's id is never touched,
+            # whatever it looks like.
+            "raw": {
+                "model": ex.requested_model,
+                "params": ex.params,
+                "named_by_gateway": not ex.explicit_trace and fork is None,
+            },
             "has_comment": False,
             "has_customer_feedback": False,
         }

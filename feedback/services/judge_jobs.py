@@ -96,18 +96,23 @@ def judge_job_run(*, job: JudgeJob, endpoint: JudgeEndpoint | None = None) -> Ju
     """Judge the job's turns one by one, counting progress after each. The list of turns
     is fixed when the job starts; a redelivered job (its worker died) resumes where it
     stopped, and a cancel request stops it between two turns."""
+    job.refresh_from_db()  # the caller's copy may be stale: a cancel may have come since
     if job.status not in (JobStatus.QUEUED, JobStatus.RUNNING):
         return job
     now = timezone.now()
     if job.status == JobStatus.QUEUED:
         plan = _job_targets(job)
-        JudgeJob.objects.filter(pk=job.pk).update(
+        # Started only if still queued: a cancel that got there first stands.
+        JudgeJob.objects.filter(pk=job.pk, status=JobStatus.QUEUED).update(
             status=JobStatus.RUNNING, started_at=now, heartbeat_at=now, total=len(plan), message_ids=plan
         )
+        job.refresh_from_db()
+        if job.status != JobStatus.RUNNING:
+            return job
     else:
         # The judgement the dead worker was in the middle of runs again.
         JudgeResult.objects.filter(job=job, status=JudgeStatus.RUNNING).update(status=JudgeStatus.PENDING)
-    job.refresh_from_db()
+        job.refresh_from_db()
     try:
         endpoint = endpoint or judge_endpoint_for(deployment=job.deployment)
     except JudgeNotConfigured as exc:
@@ -133,15 +138,18 @@ def judge_job_run(*, job: JudgeJob, endpoint: JudgeEndpoint | None = None) -> Ju
     return _job_finish(job, JobStatus.DONE)
 
 
-def _job_finish(job: JudgeJob, status: str, error: str = "") -> JudgeJob:
-    JudgeJob.objects.filter(pk=job.pk).update(status=status, error=error, finished_at=timezone.now())
+def _job_finish(job: JudgeJob, status: str, error: str = "", *, was: str = JobStatus.RUNNING) -> JudgeJob:
+    """End the job if it is still `was`; a job that ended meanwhile keeps its outcome."""
+    JudgeJob.objects.filter(pk=job.pk, status=was).update(status=status, error=error, finished_at=timezone.now())
     job.refresh_from_db()
     return job
 
 
 def judge_job_cancel(*, job: JudgeJob) -> JudgeJob:
-    if job.status == JobStatus.QUEUED:
-        return _job_finish(job, JobStatus.CANCELLED)
-    JudgeJob.objects.filter(pk=job.pk).update(cancel_requested=True)
-    job.refresh_from_db()
+    """A queued job is cancelled at once; a running one is asked to stop between two turns.
+    Decided on the row as it is now, not on the caller's copy: a worker may have just started it."""
+    job = _job_finish(job, JobStatus.CANCELLED, was=JobStatus.QUEUED)
+    if job.status == JobStatus.RUNNING:
+        JudgeJob.objects.filter(pk=job.pk, status=JobStatus.RUNNING).update(cancel_requested=True)
+        job.refresh_from_db()
     return job

@@ -192,11 +192,64 @@ def judge_run(*, result: JudgeResult, endpoint: JudgeEndpoint | None = None) -> 
         logger.exception("judgement %s of message %s failed unexpectedly", result.pk, result.message_id)
         reason = f"the judgement could not be completed: {type(exc).__name__}: {exc}"[:5000]
         # Only the outcome is written: no reward, and nothing half-set by the failed run.
-        JudgeResult.objects.filter(pk=result.pk, status=JudgeStatus.RUNNING).update(
+        _claimed_row(result).update(
             status=JudgeStatus.FAILED, failure_reason=reason, reward=None, finished_at=timezone.now()
         )
         result.refresh_from_db()
         return result
+
+
+def _claimed_row(result: JudgeResult) -> Any:
+    """The judgement's row while this worker still holds it: `running` since the moment
+    this worker claimed it (`started_at` is the claim). Once the sweep has failed it, or
+    another worker has taken it over, this matches nothing, and a late outcome is dropped."""
+    return JudgeResult.objects.filter(pk=result.pk, status=JudgeStatus.RUNNING, started_at=result.started_at)
+
+
+# What a finished run writes; everything else on the row is left as it is.
+_OUTCOME_FIELDS = (
+    "status",
+    "failure_reason",
+    "finished_at",
+    "judge_model",
+    "judge_base_url",
+    "prompt_version",
+    "served_model",
+    "attempts",
+    "latency_ms",
+    "prompt_tokens",
+    "completion_tokens",
+    "cost",
+    "rubric",
+    "reward",
+    "rationale",
+    "corrected_response",
+    "guard_reason",
+    "raw_output",
+)
+
+
+def _finish(result: JudgeResult, *, latest: bool) -> bool:
+    """Write the run's outcome if this worker still holds the judgement; False (and the
+    row reloaded as it stands) when the sweep or another worker got there first."""
+    with transaction.atomic():
+        written = _claimed_row(result).update(**{f: getattr(result, f) for f in _OUTCOME_FIELDS})
+        if written and latest:
+            # The row stays locked by the UPDATE above until commit, so the sweep waits.
+            JudgeResult.objects.filter(message_id=result.message_id, is_latest=True).update(is_latest=False)
+            JudgeResult.objects.filter(pk=result.pk).update(is_latest=True)
+            _update_trace_reward(result.trace_id)
+            if _wants_swap_check(result):
+                order_swap_check_task.delay_on_commit(result.pk)
+    if not written:
+        logger.warning(
+            "judgement %s of message %s: a late %s outcome is dropped, the judgement was no longer this worker's",
+            result.pk,
+            result.message_id,
+            result.status,
+        )
+    result.refresh_from_db()
+    return bool(written)
 
 
 def judge_results_fail_stale(*, now=None) -> list[int]:
@@ -258,13 +311,7 @@ def _judge_claimed(result: JudgeResult, endpoint: JudgeEndpoint | None) -> Judge
     result.raw_output = outcome.raw[:RAW_OUTPUT_MAX]
     result.status = JudgeStatus.SUCCEEDED
     result.finished_at = timezone.now()
-    with transaction.atomic():
-        JudgeResult.objects.filter(message_id=result.message_id, is_latest=True).update(is_latest=False)
-        result.is_latest = True
-        result.save()
-        _update_trace_reward(result.trace_id)
-        if _wants_swap_check(result):
-            order_swap_check_task.delay_on_commit(result.pk)
+    _finish(result, latest=True)
     return result
 
 
@@ -281,8 +328,8 @@ def _fail(result: JudgeResult, reason: str) -> JudgeResult:
     result.status = JudgeStatus.FAILED
     result.failure_reason = reason[:5000]
     result.finished_at = timezone.now()
-    result.save()
-    logger.warning("judgement %s of message %s failed: %s", result.pk, result.message_id, reason)
+    if _finish(result, latest=False):
+        logger.warning("judgement %s of message %s failed: %s", result.pk, result.message_id, reason)
     return result
 
 

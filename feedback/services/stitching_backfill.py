@@ -2,8 +2,9 @@
 stitching, or with it off), each holding the whole history so far, joined into one trace per
 conversation by the same rule as live stitching (`feedback/services/stitching.py`).
 
-Only traces the gateway named itself (`gw-<32 hex digits>`, no fork link) are touched; a
-trace a client named is never merged. Traces are taken in the order they started. A trace
+Only traces the gateway named itself are touched (marked `raw.named_by_gateway` when
+created; a trace stored before that mark is taken by its id, `gw-<32 hex digits>`), and none
+with a fork link; a trace a client named is never merged, whatever its id looks like. Traces are taken in the order they started. A trace
 whose messages start with a conversation's history (up to one of its answers):
 
 - extends it (the conversation's history is a prefix of the trace's): the trace's new
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.db import transaction
+from django.db.models import Q
 
 from feedback.models import (
     Comment,
@@ -90,14 +92,16 @@ class StitchPlan:
 
 
 def _rows(deployment_id: int, since: datetime | None):
-    traces = Trace.objects.filter(
-        deployment_id=deployment_id, source=TraceSource.GATEWAY, forked_from__isnull=True, external_id__startswith="gw-"
-    )
+    marked = Q(raw__named_by_gateway=True)
+    # Stored before the gateway marked the traces it names: only its id tells.
+    unmarked = ~Q(raw__has_key="named_by_gateway") & Q(external_id__startswith="gw-")
+    traces = Trace.objects.filter(deployment_id=deployment_id, source=TraceSource.GATEWAY, forked_from__isnull=True)
+    traces = traces.filter(marked | unmarked)
     if since is not None:
         traces = traces.filter(started_at__gte=since)
-    rows = traces.order_by("started_at", "id").values_list("id", "external_id", "session_id")
-    for trace_id, key, session_id in rows.iterator():
-        if GENERATED_KEY.match(key):
+    rows = traces.order_by("started_at", "id").values_list("id", "external_id", "session_id", "raw__named_by_gateway")
+    for trace_id, key, session_id, flag in rows.iterator():
+        if flag is True or GENERATED_KEY.match(key):
             yield trace_id, key, stitch_scope(session_id=session_id, api_key_id=None)
 
 

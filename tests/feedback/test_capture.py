@@ -173,6 +173,23 @@ def test_a_truncated_spill_line_is_quarantined_and_the_writer_keeps_writing(tran
     assert (health["writer_alive"], health["quarantined"], health["queue_depth"]) == (True, 1, 0)
 
 
+def test_a_spilled_exchange_that_fails_on_its_own_data_is_quarantined_and_the_rest_written(transactional_db, tmp_path):
+    import orjson
+
+    deployment, gone = DeploymentFactory(), DeploymentFactory()
+    orphan = _line(gone, "orphan")  # its deployment is deleted while it waits in the spill file
+    gone.delete()
+    (tmp_path / "spill-999999999.jsonl").write_bytes(_line(deployment, "before") + orphan + _line(deployment, "after"))
+    recorder = Recorder(queue_size=100, batch_size=10, spill_dir=tmp_path)
+    recorder._replay_spills()  # one pass: not left to be retried every few seconds
+    assert sorted(Trace.objects.values_list("external_id", flat=True)) == ["after", "before"]
+    assert not list(tmp_path.glob("spill-*.jsonl")) + list(tmp_path.glob("claimed-*.jsonl"))
+    (quarantine,) = tmp_path.glob("quarantine-*.jsonl")
+    (kept,) = quarantine.read_bytes().splitlines()
+    assert orjson.loads(kept)["trace_key"] == "orphan"
+    assert recorder.health()["quarantined"] == 1
+
+
 def test_a_writer_thread_that_ended_is_restarted_by_the_next_exchange(transactional_db, tmp_path):
     deployment = DeploymentFactory()
     recorder = Recorder(queue_size=100, batch_size=10, spill_dir=tmp_path)

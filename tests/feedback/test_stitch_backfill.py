@@ -139,3 +139,35 @@ def test_stitch_traces_never_joins_the_calls_of_two_sessions_that_opened_alike()
     for trace in traces:
         said = [m.content for m in trace.messages.order_by("position")]
         assert said == [SYSTEM["content"], "Hi", "Hello", f"I am {trace.session_id}.", "Noted."]
+
+
+def test_stitch_traces_never_merges_a_client_named_trace_shaped_like_a_gateway_id():
+    deployment = DeploymentFactory(name="old-agent")
+    history = converse(deployment, "Hi", [{"content": "Hello"}], [])
+    # A client that names its traces `gw-<32 hex>` itself, continuing the same conversation.
+    named = call(deployment, [*history, {"role": "user", "content": "More?"}], {"content": "Yes."}, "named")
+    named.trace_key, named.explicit_trace = "gw-" + "ab" * 16, True
+    exchanges_record(exchanges=[named])
+    assert Trace.objects.count() == 2
+
+    out = StringIO()
+    call_command("stitch_traces", "--deployment", "old-agent", "--apply", stdout=out)
+    client_named = Trace.objects.get(external_id="gw-" + "ab" * 16)
+    assert [m.content for m in client_named.messages.order_by("position")] == [
+        "You are Acme's support agent.",
+        "Hi",
+        "Hello",
+        "More?",
+        "Yes.",
+    ]
+    assert Trace.objects.count() == 2
+
+
+def test_stitch_traces_still_joins_gateway_traces_stored_before_they_were_marked():
+    deployment = DeploymentFactory(name="old-agent")
+    converse(deployment, "Hi", [{"content": "Hello"}, {"content": "Sure."}], ["Can you help?"])
+    for trace in Trace.objects.all():  # as stored before the gateway marked the traces it names
+        trace.raw.pop("named_by_gateway", None)
+        trace.save(update_fields=["raw"])
+    call_command("stitch_traces", "--deployment", "old-agent", "--apply", stdout=StringIO())
+    assert Trace.objects.count() == 1

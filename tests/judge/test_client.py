@@ -218,3 +218,77 @@ def test_a_malformed_answer_is_asked_for_again_with_the_reason(judge_server):
     assert second[-1]["role"] == "user" and "reward: 1.7 is greater than the maximum of 1" in second[-1]["content"]
     # A transport failure (503) is sent again as it was: nothing was wrong with the prompt.
     assert third == MESSAGES
+
+
+def _padded_completion(size: int) -> bytes:
+    """A valid chat completion carrying `size` bytes of padding in an extra field."""
+    completion = {
+        "id": "chatcmpl-big",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "test-judge",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": json.dumps(VALID_JUDGEMENT)},
+                "finish_reason": "stop",
+            }
+        ],
+        "padding": "x" * size,
+    }
+    return json.dumps(completion).encode()
+
+
+def test_a_response_body_over_the_size_cap_fails_the_call_without_reading_it_all(judge_server):
+    huge = _padded_completion(3_000_000)
+    judge_server.script(Reply.raw(huge), Reply.raw(huge), Reply.raw(huge))
+    with pytest.raises(JudgeCallFailed) as failed:
+        call(judge_server.endpoint())
+    assert failed.value.reason == (
+        "the response body is larger than 2000000 bytes (PRACTICUM_JUDGE_MAX_RESPONSE_BYTES): "
+        "it was not read further (after 1 attempt)"
+    )
+    assert len(failed.value.record.attempts) == 1  # a hostile or broken endpoint is not asked again
+
+
+def test_an_error_response_over_the_size_cap_is_not_read_either(judge_server):
+    judge_server.script(Reply.raw(_padded_completion(3_000_000), status=500))
+    with pytest.raises(JudgeCallFailed) as failed:
+        call(judge_server.endpoint(max_response_bytes=1_000_000))
+    assert "larger than 1000000 bytes" in failed.value.reason
+
+
+def test_a_response_under_the_cap_is_read_whole(judge_server):
+    judge_server.script(Reply.raw(_padded_completion(500_000)))
+    assert call(judge_server.endpoint(max_response_bytes=600_000)).value.reward == pytest.approx(0.2)
+
+
+def test_the_cap_is_a_setting(settings):
+    settings.JUDGE_BASE_URL, settings.JUDGE_MODEL = "http://judge.invalid/v1", "m"
+    settings.JUDGE_MAX_RESPONSE_BYTES = 123_456
+    assert JudgeEndpoint.from_settings().max_response_bytes == 123_456
+
+
+def test_a_compressed_error_body_is_capped_as_it_is_decoded(judge_server):
+    import gzip
+
+    bomb = gzip.compress(b" " * 20_000_000)  # about 20 kB on the wire, 20 MB decoded
+    judge_server.script(Reply.raw(bomb, status=500).with_headers(content_encoding="gzip"))
+    with pytest.raises(JudgeCallFailed) as failed:
+        call(judge_server.endpoint())
+    assert "larger than 2000000 bytes" in failed.value.reason
+
+
+def test_a_gzip_answer_within_the_cap_is_read(judge_server):
+    import gzip
+
+    judge_server.script(Reply.raw(gzip.compress(_padded_completion(1000))).with_headers(content_encoding="gzip"))
+    assert call(judge_server.endpoint()).value.reward == pytest.approx(0.2)
+
+
+def test_a_body_in_a_compression_nobody_asked_for_is_not_read(judge_server):
+    judge_server.script(Reply.raw(b"\x8b\x00\x80" * 1000).with_headers(content_encoding="br"))
+    with pytest.raises(JudgeCallFailed) as failed:
+        call(judge_server.endpoint())
+    assert failed.value.reason.startswith("the response body is compressed with 'br', which was not asked for")
+    assert len(judge_server.headers) == 1 and judge_server.headers[0]["accept-encoding"] == "identity"

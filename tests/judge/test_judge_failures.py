@@ -78,3 +78,60 @@ def test_the_sweep_is_on_celery_beats_schedule():
     assert "feedback.judge_fail_stale" in entries and entries["feedback.judge_fail_stale"]["schedule"] <= 300
     app.loader.import_default_modules()
     assert "feedback.judge_fail_stale" in app.tasks
+
+
+def test_a_worker_that_resumes_after_the_sweep_does_not_overwrite_the_failure(pending, judge_settings, monkeypatch):
+    import feedback.services.judging as judging
+
+    real_judge_turn = judging.judge_turn
+
+    def judge_turn_after_the_sweep(**kwargs):
+        # The worker stalls long enough for the sweep to give up on it, then its call returns.
+        assert judging.judge_results_fail_stale(now=timezone.now() + timedelta(hours=1)) == [pending.pk]
+        return real_judge_turn(**kwargs)
+
+    monkeypatch.setattr(judging, "judge_turn", judge_turn_after_the_sweep)
+    judge_settings.script(Reply.json(VALID_JUDGEMENT))
+    result = judge_run(result=pending)
+    stored = JudgeResult.objects.get(pk=pending.pk)
+    assert result.status == stored.status == JudgeStatus.FAILED
+    assert stored.failure_reason.startswith("the worker stopped while judging")
+    assert stored.reward is None and stored.rubric in (None, {}) and not stored.is_latest
+    assert stored.trace.judge_reward is None
+
+
+def test_a_late_failure_does_not_overwrite_the_sweeps_reason(pending, judge_settings, monkeypatch):
+    import feedback.services.judging as judging
+
+    real_judge_turn = judging.judge_turn
+
+    def judge_turn_fails_after_the_sweep(**kwargs):
+        judging.judge_results_fail_stale(now=timezone.now() + timedelta(hours=1))
+        return real_judge_turn(**kwargs)
+
+    monkeypatch.setattr(judging, "judge_turn", judge_turn_fails_after_the_sweep)
+    page = Reply.raw(b"<html>busy</html>", content_type="text/html")
+    judge_settings.script(page, page, page)
+    judge_run(result=pending)
+    stored = JudgeResult.objects.get(pk=pending.pk)
+    assert stored.status == JudgeStatus.FAILED
+    assert stored.failure_reason.startswith("the worker stopped while judging")
+
+
+def test_a_late_result_loses_to_the_worker_that_took_the_judgement_over(pending, judge_settings, monkeypatch):
+    """A stale judgement taken over by a redelivered task belongs to that task: the first
+    worker's late answer is dropped."""
+    import feedback.services.judging as judging
+
+    real_judge_turn = judging.judge_turn
+    takeover_at = timezone.now() + timedelta(hours=1)
+
+    def judge_turn_after_a_takeover(**kwargs):
+        JudgeResult.objects.filter(pk=pending.pk).update(started_at=takeover_at)  # what a takeover's claim writes
+        return real_judge_turn(**kwargs)
+
+    monkeypatch.setattr(judging, "judge_turn", judge_turn_after_a_takeover)
+    judge_settings.script(Reply.json(VALID_JUDGEMENT))
+    judge_run(result=pending)
+    stored = JudgeResult.objects.get(pk=pending.pk)
+    assert stored.status == JudgeStatus.RUNNING and stored.started_at == takeover_at and stored.reward is None

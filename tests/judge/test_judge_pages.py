@@ -72,6 +72,25 @@ def test_a_cancelled_job_stops_and_a_redelivered_job_resumes(make_trace, operato
     assert len(judge_settings.requests) == 5  # only the two missing turns were judged again
 
 
+def test_a_cancel_racing_the_worker_start_is_neither_undone_nor_lost(make_trace, operator, judge_settings):
+    commented_traces(make_trace, operator, 2)
+    judge_settings.respond_with(lambda request: Reply.json(VALID_JUDGEMENT))
+
+    # The worker loaded the queued job; the operator cancels before it starts.
+    job = judge_job_create(created_by=operator)
+    as_the_worker_loaded_it = JudgeJob.objects.get(pk=job.pk)
+    assert judge_job_cancel(job=job).status == JobStatus.CANCELLED
+    assert judge_job_run(job=as_the_worker_loaded_it).status == JobStatus.CANCELLED
+    assert judge_settings.requests == [] and not JudgeResult.objects.filter(job=job).exists()
+
+    # The page still shows the job queued, but the worker has started it: the cancel is a
+    # request the worker honours, not a status its finish would overwrite.
+    job = judge_job_create(created_by=operator)
+    JudgeJob.objects.filter(pk=job.pk).update(status=JobStatus.RUNNING, message_ids=[], total=0)
+    cancelled = judge_job_cancel(job=job)
+    assert (cancelled.status, cancelled.cancel_requested) == (JobStatus.RUNNING, True)
+
+
 def test_trace_page_shows_the_judgement_escaped_and_the_judge_button(make_trace, operator, judge_settings, client):
     trace = make_trace()
     comment_add(message=trace.messages.get(position=4), author=operator, body="wrong")

@@ -320,3 +320,34 @@ def test_a_release_no_worker_finished_does_not_block_the_next_one_forever(regist
     assert "not finished within 600 s: is a worker consuming the deploy queue?" in stuck.error
     assert again.status == ReleaseStatus.QUEUED
     assert release_run(release_id=stuck.pk).status == ReleaseStatus.FAILED  # a late worker does nothing
+
+
+def test_a_worker_that_resumes_after_its_release_was_failed_as_stale_does_not_take_it_live(
+    registry, approver, monkeypatch
+):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    import training.services.release as release_service
+    from training.services.models import live_version_set
+    from training.services.release import releases_fail_stale
+
+    live_version_set(deployment=registry.deployment, version=registry.candidate)
+    release = rollback_request(deployment=registry.deployment, user=approver)
+
+    def load_that_stalls_past_the_sweep(version):
+        # The load takes so long that the release is failed as stale meanwhile; then it succeeds.
+        Release.objects.filter(pk=release.pk).update(created_at=timezone.now() - timedelta(minutes=11))
+        assert releases_fail_stale(deployment=registry.deployment) == 1
+        return {"loaded": version.name}
+
+    monkeypatch.setattr(release_service, "release_load", load_that_stalls_past_the_sweep)
+    monkeypatch.setattr(release_service, "release_smoke", lambda version: {"tokens": 1})
+
+    late = release_run(release_id=release.pk)
+    assert late.status == ReleaseStatus.FAILED
+    assert "not finished within 600 s" in late.error
+    assert LiveVersion.objects.get(deployment=registry.deployment).version == registry.candidate
+    late_actions = [AuditAction.RELEASE_LOADED, AuditAction.RELEASE_SMOKE_PASSED, AuditAction.LIVE_SWITCHED]
+    assert not AuditEvent.objects.filter(release=release, action__in=late_actions).exists()

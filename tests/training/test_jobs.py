@@ -273,3 +273,31 @@ def test_a_job_is_queued_for_a_worker_unless_its_caller_runs_it_itself(
             kind="grpo", config=FAST, base_version=base_version, training_set=task_set, enqueue=False
         )
     assert queued == [] and job.status == JobStatus.QUEUED
+
+
+def test_a_worker_that_ends_after_the_stale_check_failed_its_job_does_not_overwrite_it(
+    base_version, task_set, settings
+):
+    from types import SimpleNamespace
+
+    from training.services.job_runner import _finish
+
+    settings.TRAINING_STALE_AFTER_SECONDS = 60
+    settings.TRAINING_MAX_ATTEMPTS = 2
+    now = timezone.now()
+    job = TrainingJob.objects.create(
+        kind="grpo",
+        config={},
+        base_version=base_version,
+        training_set=task_set,
+        status=JobStatus.RUNNING,
+        worker="w1",
+        heartbeat_at=now - timedelta(seconds=600),
+        attempts=2,
+    )
+    assert training_jobs_check_stale(now=now) == [(job.pk, "failed")]
+    # The worker was only stalled: its loop now ends and it writes its outcome.
+    stopped = SimpleNamespace(status="stopped", step=3, breaches=[{"message": "reward collapsed"}])
+    assert _finish(job.pk, "w1", stopped) == "skipped"
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED and "heartbeats" in job.error and job.result_version is None

@@ -77,7 +77,7 @@ def training_job_run(*, job_id: int, worker: str) -> str:
     except Exception as exc:
         log.exception("training job %s failed", job.pk)
         tail = "".join(traceback.format_exception(exc)[-3:])[-2000:]
-        TrainingJob.objects.filter(pk=job.pk, worker=worker).update(
+        _held(job.pk, worker).update(
             status=JobStatus.FAILED, error=f"{type(exc).__name__}: {exc}"[:2000], finished_at=timezone.now()
         )
         _event(job, JobEventKind.LOG, job.step, {"message": f"failed: {tail}"})
@@ -88,11 +88,18 @@ def training_job_run(*, job_id: int, worker: str) -> str:
     return _finish(job.pk, worker, result)
 
 
+def _held(job_id: int, worker: str):
+    """The job while this worker still holds it. The stale check fails (or cancels) a job
+    whose worker went silent without clearing `worker`, so the status is checked too: a
+    worker that resumes after that writes nothing."""
+    return TrainingJob.objects.filter(pk=job_id, worker=worker, status__in=(JobStatus.RUNNING, JobStatus.CANCELLING))
+
+
 def _heartbeat(job_id: int, worker: str, stop: threading.Event) -> None:
     """Beat while the loop runs: a step can take minutes on a CPU."""
     try:
         while not stop.wait(settings.TRAINING_HEARTBEAT_SECONDS):
-            TrainingJob.objects.filter(pk=job_id, worker=worker).update(heartbeat_at=timezone.now())
+            _held(job_id, worker).update(heartbeat_at=timezone.now())
     finally:
         connection.close()
 
@@ -317,7 +324,7 @@ def job_phase_set(job_id: int, worker: str, name: str, done: int = 0, total: int
 
 
 def _hooks(job_id: int, worker: str, Hooks):
-    jobs = TrainingJob.objects.filter(pk=job_id, worker=worker)
+    jobs = _held(job_id, worker)
 
     def on_step(step: int, metrics: dict) -> None:
         clean = {k: v for k, v in metrics.items() if v is not None}
@@ -377,8 +384,8 @@ def _hooks(job_id: int, worker: str, Hooks):
 
 def _finish(job_id: int, worker: str, result) -> str:
     with transaction.atomic():
-        job = TrainingJob.objects.select_for_update().get(pk=job_id)
-        if job.worker != worker:
+        job = _held(job_id, worker).select_for_update().first()
+        if job is None:
             return "skipped"
         now = timezone.now()
         if result.status == "cancelled":

@@ -277,8 +277,17 @@ def _lock_active(release_id: int) -> Release | None:
     )
 
 
+class _ReleaseTakenAway(Exception):
+    """The release is no longer active (the stale sweep failed it while this worker was
+    busy): the worker stops and writes nothing more."""
+
+
 def _step(release: Release, status: str, **timings: int) -> None:
-    Release.objects.filter(pk=release.pk).update(status=status, timings={**release.timings, **timings})
+    moved = Release.objects.filter(pk=release.pk, status__in=ACTIVE_RELEASE_STATUSES).update(
+        status=status, timings={**release.timings, **timings}
+    )
+    if not moved:
+        raise _ReleaseTakenAway()
     release.status = status
     release.timings = {**release.timings, **timings}
 
@@ -310,7 +319,10 @@ def release_run(*, release_id: int, worker: str = "") -> Release | None:
         )
         smoke = release_smoke(version)
         release.timings = {**release.timings, "smoke_ms": _ms_since(release.created_at)}
-        Release.objects.filter(pk=release.pk).update(smoke=smoke, timings=release.timings)
+        if not Release.objects.filter(pk=release.pk, status__in=ACTIVE_RELEASE_STATUSES).update(
+            smoke=smoke, timings=release.timings
+        ):
+            raise _ReleaseTakenAway()
         audit_record(
             action=AuditAction.RELEASE_SMOKE_PASSED,
             deployment=release.deployment,
@@ -321,6 +333,9 @@ def release_run(*, release_id: int, worker: str = "") -> Release | None:
             data=smoke,
         )
         return _flip(release_id)
+    except _ReleaseTakenAway:
+        logger.warning("release %s: no longer active when its worker resumed; the late run stops", release_id)
+        return Release.objects.filter(pk=release_id).first()
     except ReleaseFailed as exc:
         return _fail(release_id, str(exc), unload=exc.reached_server)
     except ModelRegistryError as exc:

@@ -60,6 +60,55 @@ def test_metadata_nested_too_deep_is_a_400_naming_the_field(gateway, openai_clie
     assert chat_upstream.requests == []
 
 
+def _nested(levels: int, leaf: str) -> str:
+    """JSON text of objects nested `levels` deep (as text: Python's encoders stop near 1000)."""
+    return '{"x":' * (levels - 1) + leaf + "}" * (levels - 1)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        # Deep enough that the logged exchange could not be stored (orjson stops at 1024 levels).
+        ("response_format", '{"type": "json_schema", "json_schema": ' + _nested(1010, "{}") + "}"),
+        ("stop", "[" + _nested(1010, "[]") + "]"),
+        ("tool_choice", '{"type": "function", "function": ' + _nested(1010, "{}") + "}"),
+        # And past the limit every other way in applies.
+        ("response_format", '{"type": "json_schema", "json_schema": ' + _nested(70, "{}") + "}"),
+    ],
+)
+def test_other_fields_nested_too_deep_are_a_400_naming_the_field(
+    gateway, api_key, fake_live, chat_upstream, field, value
+):
+    import json
+    import urllib.error
+    import urllib.request
+
+    body = '{"model": "m", "messages": [{"role": "user", "content": "hi"}], "' + field + '": ' + value + "}"
+    request = urllib.request.Request(
+        f"{gateway.url}/v1/chat/completions",
+        data=body.encode(),
+        headers={"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(request, timeout=60)
+    assert exc.value.code == 400
+    error = json.loads(exc.value.read())["error"]
+    assert (error["param"], error["message"]) == (field, "nested more than 64 levels deep")
+    assert chat_upstream.requests == []
+    gateway.drain()
+    assert not Trace.objects.exists()
+
+
+def test_a_response_format_within_the_depth_limit_is_logged(gateway, openai_client, fake_live, chat_upstream):
+    import json
+
+    schema = json.loads(_nested(20, '{"type": "object"}'))
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    openai_client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], response_format=fmt)
+    gateway.drain()
+    assert Trace.objects.get().messages.count() == 2
+
+
 def test_the_health_endpoint_reports_the_log_writer_and_its_queue(gateway):
     import httpx
 
