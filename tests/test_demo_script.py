@@ -95,7 +95,11 @@ def test_the_fast_demo_serves_the_tour_and_ctrl_c_stops_everything(tmp_path):
             assert "deployment <b>support-bot</b>" in tour.text and '<b id="tour-live">tiny</b>' in tour.text
             # The demo agent's episodes came through the gateway: the first step is ticked.
             assert 'id="step-traces" class="tour-step done' in tour.text, output()[-3000:]
-        served = httpx.get(f"http://127.0.0.1:{inference_port}/v1/models", timeout=10).json()
+        # The inference server answers only with its own key, generated into the data folder.
+        key = (tmp_path / "inference_api_key").read_text().strip()
+        served = httpx.get(
+            f"http://127.0.0.1:{inference_port}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=10
+        ).json()
         assert [m["id"] for m in served["data"]] == ["tiny"]
 
         tree = descendants(demo.pid)
