@@ -42,7 +42,7 @@ from feedback.gateway.exchange import Exchange, ExchangeStatus
 from feedback.models import Message, Trace, TraceSource, TraceStatus
 from feedback.services.chat_format import ParsedMessage
 from feedback.services.ingest import (
-    _message_values,  # the row builder batch ingest uses; shared so both paths store the same columns
+    message_row,
     messages_insert,
     strip_nul,
     trace_counts,
@@ -457,7 +457,10 @@ class _Batch:
             if s is None or not s.appended:
                 continue
             first = len(s.digests) - len(s.appended)
-            rows.extend(_message_values(s.id, first + k, m, self.now) for k, m in enumerate(s.appended))
+            rows.extend(
+                message_row(trace_id=s.id, position=first + k, message=m, now=self.now)
+                for k, m in enumerate(s.appended)
+            )
             if s.obj is not None:
                 t, add, ex = s.obj, trace_counts(s.appended), s.last
                 t.message_count += add["message_count"]

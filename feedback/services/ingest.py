@@ -185,8 +185,11 @@ TRACE_COLUMNS = (
 _TRACE_JSON = {"metadata", "tools", "raw"}
 
 
-def _message_values(trace_id: int, position: int, m: ParsedMessage, now: datetime) -> tuple:
-    """One message row as a tuple in MESSAGE_COLUMNS order (no model instance: the hot path)."""
+def message_row(*, trace_id: int, position: int, message: ParsedMessage, now: datetime) -> tuple:
+    """One message row as a tuple in MESSAGE_COLUMNS order (no model instance: the hot path),
+    for `messages_insert`. Batch ingest and gateway capture both build rows with it, so both
+    paths store the same columns."""
+    m = message
     s = m.serving
     latency = s.get("latency_ms")
     return (
@@ -348,7 +351,9 @@ def _ingest_parsed(deployment: Deployment, parsed: list[tuple[int, ParsedTrace]]
     ids = traces_insert([row for _, _, row in new_traces])
     rows: list[tuple] = []
     for (index, p, _), trace_id in zip(new_traces, ids, strict=True):
-        rows.extend(_message_values(trace_id, pos, m, now) for pos, m in enumerate(p.messages))
+        rows.extend(
+            message_row(trace_id=trace_id, position=pos, message=m, now=now) for pos, m in enumerate(p.messages)
+        )
         results.append(ItemResult(index, p.external_id, "created", trace_id))
 
     for external_id, trace in existing.items():
@@ -376,7 +381,9 @@ def _ingest_parsed(deployment: Deployment, parsed: list[tuple[int, ParsedTrace]]
         if not extra:
             results.append(ItemResult(index, external_id, "exists", trace.id))
             continue
-        rows.extend(_message_values(trace.id, len(stored) + k, m, now) for k, m in enumerate(extra))
+        rows.extend(
+            message_row(trace_id=trace.id, position=len(stored) + k, message=m, now=now) for k, m in enumerate(extra)
+        )
         _apply_appended(trace, extra, p, now, stored_count=len(stored))
         results.append(ItemResult(index, external_id, "appended", trace.id))
     messages_insert(rows)
@@ -477,6 +484,8 @@ def trace_append_messages(*, trace: Trace, messages: Sequence[ParsedMessage]) ->
     trace = Trace.objects.select_for_update().get(pk=trace.pk)
     now = timezone.now()
     first = trace.message_count
-    messages_insert([_message_values(trace.id, first + k, m, now) for k, m in enumerate(messages)])
+    messages_insert(
+        [message_row(trace_id=trace.id, position=first + k, message=m, now=now) for k, m in enumerate(messages)]
+    )
     _apply_appended(trace, list(messages), None, now)
     return first

@@ -61,20 +61,26 @@ def wilson_interval(successes: float, n: int, *, z: float = Z_95) -> tuple[float
 
 
 def kl_k3(candidate_logprobs: Sequence[float], baseline_logprobs: Sequence[float]) -> float | None:
-    """Mean over the candidate's tokens of k3 = exp(r) - 1 - r, r = log p_base - log p_cand
-    (Schulman's low-variance, non-negative estimator of KL(cand ‖ base)). Unbiased when
-    the tokens were sampled from the candidate at temperature 1; on greedy responses it
-    measures how far the models disagree on the candidate's own answers."""
+    """Mean over the candidate's tokens of the k3 estimate of KL(cand ‖ base), the formula of
+    `training.grpo.loss.kl_k3` with π_θ = the candidate and π_ref = the baseline (log-ratios
+    clipped to ±50). Unbiased when the tokens were sampled from the candidate at temperature
+    1; on greedy responses it measures how far the models disagree on the candidate's own
+    answers. None when the lengths differ, no token has a baseline log-prob, or one is not
+    finite. Imports torch: call it on a worker, never on the web path."""
     pairs = [(c, b) for c, b in zip(candidate_logprobs, baseline_logprobs, strict=False) if b is not None]
     if not pairs or len(candidate_logprobs) != len(baseline_logprobs):
         return None
-    total = 0.0
-    for c, b in pairs:
-        if not (math.isfinite(c) and math.isfinite(b)):
-            return None
-        r = max(min(b - c, 50.0), -50.0)
-        total += math.exp(r) - 1 - r
-    return total / len(pairs)
+    if not all(math.isfinite(c) and math.isfinite(b) for c, b in pairs):
+        return None
+    import torch
+
+    from training.grpo.loss import kl_k3 as k3
+
+    cand = torch.tensor([c for c, _ in pairs], dtype=torch.float64)
+    base = torch.tensor([b for _, b in pairs], dtype=torch.float64)
+    # Clip r = base - cand to ±50 as before: exp(r) stays finite.
+    base = cand + (base - cand).clamp(-50.0, 50.0)
+    return float(k3(cand, base).mean())
 
 
 def mean_interval(values: Sequence[float], *, z: float = Z_95) -> tuple[float | None, float | None]:
