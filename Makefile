@@ -12,7 +12,7 @@ REDIS_URL ?= redis://127.0.0.1:6379/15
 TEST_DATABASE_URL = $(or $(DATABASE_URL),$(shell pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null && echo $(PG_URL)))
 TEST_BROKER_URL = $(or $(CELERY_BROKER_URL),$(shell (redis-cli -h 127.0.0.1 ping 2>/dev/null | grep -q PONG) && echo $(REDIS_URL)))
 
-.PHONY: help install demo test lint format bench migrate browser-deps screenshots clean inference learn-demo episodes-demo gpu-check
+.PHONY: help install demo test test-fast lint format bench migrate browser-deps screenshots clean inference learn-demo episodes-demo gpu-check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -45,6 +45,12 @@ test: install ## run the test suite (uses PostgreSQL and Redis when they answer)
 	@echo "broker:   $(or $(TEST_BROKER_URL),none (no Redis answered): Celery worker tests skip)"
 	DATABASE_URL="$(TEST_DATABASE_URL)" CELERY_BROKER_URL="$(TEST_BROKER_URL)" \
 	  PRACTICUM_DATA_DIR="$(CURDIR)/var/test" $(PY) -m pytest $(PYTEST_ARGS)
+
+FAST_MARKERS := not (vllm or browser or redis or slow or gpu)
+
+test-fast: install ## the inner loop: the suite without vLLM, browser, Celery worker, slow or GPU tests
+	DATABASE_URL="$(TEST_DATABASE_URL)" CELERY_BROKER_URL="$(TEST_BROKER_URL)" \
+	  PRACTICUM_DATA_DIR="$(CURDIR)/var/test" $(PY) -m pytest -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
 
 lint: install ## ruff check and format check
 	.venv/bin/ruff check .

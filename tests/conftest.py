@@ -41,6 +41,28 @@ def _service_skips() -> dict[str, str | None]:
     }
 
 
+# What a test needs, read from where it lives and the fixtures it asks for, so that `make
+# test-fast` (-m "not (vllm or browser or redis or slow or gpu)") leaves it out even when its
+# module forgot the marker.
+_MARKER_BY_FIXTURE = {
+    "open_page": "browser",
+    "browser": "browser",
+    "celery_worker_process": "redis",
+    "deploy_worker": "redis",
+    "vllm_server": "vllm",
+    "tiny_base": "vllm",
+}
+
+
+def pytest_itemcollected(item) -> None:
+    needs = {m for f, m in _MARKER_BY_FIXTURE.items() if f in getattr(item, "fixturenames", ())}
+    if item.nodeid.startswith("tests/browser/"):
+        needs.add("browser")
+    for marker in sorted(needs):
+        if not item.get_closest_marker(marker):
+            item.add_marker(marker)
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     skips = _service_skips()
     required = os.environ.get("PRACTICUM_REQUIRE_SERVICES") == "1"
