@@ -17,6 +17,8 @@ from feedback.services.customer_feedback import (
     IdempotencyConflict,
 )
 from training.services.evaluation_items import EvaluationError
+from training.services.jobs import JobError
+from training.services.judge_gate import OVERRIDE_FIELD, JudgeGateClosed
 from training.services.promotion_checks import PromotionRefused
 from webapp.errors import Conflict, DomainError
 
@@ -82,6 +84,8 @@ def test_a_new_domain_error_raised_in_a_service_surfaces_with_its_status_and_fie
             [("model_version", "required"), ("", "pick at least one item")],
             "model_version: required; pick at least one item",
         ),
+        (JobError([("kind", "one of sft, grpo")]), 400, [("kind", "one of sft, grpo")], "kind: one of sft, grpo"),
+        (JudgeGateClosed("gate closed"), 400, [(OVERRIDE_FIELD, "gate closed")], f"{OVERRIDE_FIELD}: gate closed"),
     ],
 )
 def test_each_domain_error_keeps_its_status_field_and_message(exc, status, errors, message):

@@ -18,14 +18,25 @@ class DomainError(Exception):
     field: str = ""
     code: str = ""
 
-    def __init__(self, reason: str = "", *, field: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self,
+        reason: str = "",
+        *,
+        field: str | None = None,
+        code: str | None = None,
+        errors: list[tuple[str, str]] | None = None,
+    ) -> None:
+        """`reason` alone names the class's `field`; `errors` gives several (field, reason)
+        pairs at once (then `field` is the first one's)."""
         super().__init__(reason)
+        if errors is not None and field is None and errors:
+            field = errors[0][0]
         if field is not None:
             self.field = field
         if code is not None:
             self.code = code
         self.reason = reason
-        self.errors: list[tuple[str, str]] = [(self.field, reason)]
+        self.errors: list[tuple[str, str]] = list(errors) if errors is not None else [(self.field, reason)]
 
     @property
     def detail(self) -> str:

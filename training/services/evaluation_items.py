@@ -15,8 +15,7 @@ class EvaluationError(Invalid, ValueError):
     """The evaluation cannot be created as asked: (field, reason) pairs (400)."""
 
     def __init__(self, errors: list[tuple[str, str]]) -> None:
-        super().__init__("; ".join(f"{f}: {r}" if f else r for f, r in errors), field=errors[0][0] if errors else "")
-        self.errors = errors
+        super().__init__("; ".join(f"{f}: {r}" if f else r for f, r in errors), errors=errors)
 
 
 def _turn_items_of_trace(trace: Trace, messages: list[Message]) -> list[dict[str, Any]]:
