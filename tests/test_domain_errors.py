@@ -20,6 +20,7 @@ from training.services.evaluation_items import EvaluationError
 from training.services.jobs import JobError
 from training.services.judge_gate import OVERRIDE_FIELD, JudgeGateClosed
 from training.services.promotion_checks import PromotionRefused
+from webapp.api_errors import error_response, exception_handler
 from webapp.errors import Conflict, DomainError
 
 
@@ -101,3 +102,40 @@ def test_value_errors_stay_value_errors():
     assert isinstance(FieldError("x", "y"), ValueError)
     assert isinstance(EvaluationError([("x", "y")]), ValueError)
     assert issubclass(PromotionRefused, Conflict)
+
+
+@pytest.mark.parametrize(
+    ("exc", "status", "field", "reason"),
+    [
+        # What feedback/apis.py and training/apis.py answered by hand before the handler did.
+        (FieldError("rating", "up or down"), 400, "rating", "up or down"),
+        (FeedbackTargetNotFound("trace_id", "no such trace"), 404, "trace_id", "no such trace"),
+        (IdempotencyConflict("used for a different request"), 409, "idempotency_key", "used for a different request"),
+        (FeedbackLinkError("expired"), 403, "token", "expired"),
+        (FeedbackLinkUsed(), 409, "token", str(FeedbackLinkUsed())),
+        (
+            PromotionRefused("no finished evaluation", field="evaluation_id"),
+            409,
+            "evaluation_id",
+            "no finished evaluation",
+        ),
+        (PromotionRefused("already live"), 409, "", "already live"),
+    ],
+)
+def test_the_handler_answers_as_the_hand_translation_did(exc, status, field, reason):
+    response = exception_handler(exc, {})
+    expected = error_response(status, field, reason)
+    assert (response.status_code, response.data) == (expected.status_code, expected.data)
+
+
+def test_an_evaluation_error_keeps_every_field_in_the_body():
+    exc = EvaluationError([("model_version", "required"), ("", "pick at least one item")])
+    response = exception_handler(exc, {})
+    assert response.status_code == 400
+    assert response.data == {
+        "detail": str(exc),
+        "errors": [
+            {"field": "model_version", "reason": "required"},
+            {"field": "", "reason": "pick at least one item"},
+        ],
+    }
