@@ -18,12 +18,7 @@ from rest_framework.views import APIView
 from feedback.auth import ApiKeyPrincipal, scope_required
 from feedback.models import ApiKeyScope, FeedbackSource, TraceSource
 from feedback.selectors import trace_as_dict, trace_visible_to
-from feedback.services.chat_format import FieldError
 from feedback.services.customer_feedback import (
-    FeedbackLinkError,
-    FeedbackLinkUsed,
-    FeedbackTargetNotFound,
-    IdempotencyConflict,
     customer_feedback_create,
     feedback_link_create,
     feedback_link_resolve,
@@ -165,16 +160,7 @@ def _feedback_out(feedback) -> dict:
 
 
 def _store_feedback(request, data: dict, **kwargs) -> Response:
-    try:
-        feedback, created = customer_feedback_create(data=data, **kwargs)
-    except FieldError as exc:
-        return error_response(400, exc.field, exc.reason)
-    except FeedbackTargetNotFound as exc:
-        return error_response(404, exc.field, exc.reason)
-    except IdempotencyConflict as exc:
-        return error_response(409, "idempotency_key", str(exc))
-    except FeedbackLinkUsed as exc:
-        return error_response(409, "token", str(exc))
+    feedback, created = customer_feedback_create(data=data, **kwargs)
     return Response(_feedback_out(feedback), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
@@ -239,22 +225,17 @@ class FeedbackLinkCreateApi(APIView):
         customer_ref = data.get("customer_ref") or ""
         if not isinstance(customer_ref, str) or len(customer_ref) > 200:
             return error_response(400, "customer_ref", "a string of at most 200 characters")
-        try:
-            target = feedback_target_find(
-                deployment=principal.deployment,
-                trace_id=data.get("trace_id"),
-                external_id=data.get("external_id"),
-                response_id=data.get("response_id"),
-            )
-            token, expires_at = feedback_link_create(
-                target=target,
-                customer_ref=customer_ref,
-                expires_in=timedelta(seconds=expires_in) if expires_in is not None else None,
-            )
-        except FieldError as exc:
-            return error_response(400, exc.field, exc.reason)
-        except FeedbackTargetNotFound as exc:
-            return error_response(404, exc.field, exc.reason)
+        target = feedback_target_find(
+            deployment=principal.deployment,
+            trace_id=data.get("trace_id"),
+            external_id=data.get("external_id"),
+            response_id=data.get("response_id"),
+        )
+        token, expires_at = feedback_link_create(
+            target=target,
+            customer_ref=customer_ref,
+            expires_in=timedelta(seconds=expires_in) if expires_in is not None else None,
+        )
         return Response(
             {
                 "url": request.build_absolute_uri(reverse("feedback:feedback-link", args=[token])),
@@ -282,10 +263,7 @@ class FeedbackLinkPostApi(APIView):
         },
     )
     def post(self, request, token: str):
-        try:
-            link = feedback_link_resolve(token=token)
-        except FeedbackLinkError as exc:
-            return error_response(403, "token", str(exc))
+        link = feedback_link_resolve(token=token)
         data = _json_body(request)
         if isinstance(data, Response):
             return data

@@ -11,7 +11,7 @@ from __future__ import annotations
 from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import serializers, status
+from rest_framework import serializers
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.exceptions import PermissionDenied as ApiPermissionDenied
 from rest_framework.permissions import BasePermission, IsAuthenticated
@@ -34,7 +34,7 @@ from training.selectors_promotion import (
     release_as_dict,
     release_get,
 )
-from training.services.evaluation import GENERATORS, EvaluationError, evaluation_cancel, evaluation_create
+from training.services.evaluation import GENERATORS, evaluation_cancel, evaluation_create
 from training.services.promotion import (
     promotion_approve,
     promotion_approve_check,
@@ -42,7 +42,6 @@ from training.services.promotion import (
     promotion_request_create,
     promotion_withdraw,
 )
-from training.services.promotion_checks import PromotionRefused
 from training.services.release import rollback_request
 from webapp.api_errors import error_response
 from webapp.auth import ThrottledBasicAuthentication
@@ -69,13 +68,6 @@ class PersonApi(APIView):
     def handle_exception(self, exc):
         if isinstance(exc, PermissionDenied):
             exc = ApiPermissionDenied(str(exc))
-        elif isinstance(exc, PromotionRefused):
-            return error_response(status.HTTP_409_CONFLICT, exc.field, str(exc))
-        elif isinstance(exc, EvaluationError):
-            return Response(
-                {"detail": str(exc), "errors": [{"field": f, "reason": r} for f, r in exc.errors]},
-                status=status.HTTP_400_BAD_REQUEST,
-            )
         return super().handle_exception(exc)
 
 

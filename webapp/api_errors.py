@@ -1,4 +1,7 @@
-"""One error body for every API: `{"detail": summary, "errors": [{"field", "reason"}]}`."""
+"""One error body for every API: `{"detail": summary, "errors": [{"field", "reason"}]}`.
+
+A `webapp.errors.DomainError` raised anywhere under an API view is answered here with its
+status and its (field, reason) pairs; API views do not catch them one by one."""
 
 from __future__ import annotations
 
@@ -7,6 +10,8 @@ from typing import Any
 from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
+
+from webapp.errors import DomainError
 
 
 def _flatten(detail: Any, prefix: str = "") -> list[dict[str, str]]:
@@ -27,6 +32,8 @@ def _flatten(detail: Any, prefix: str = "") -> list[dict[str, str]]:
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, DomainError):
+        return Response(exc.as_body(), status=exc.status)
     response = drf_exception_handler(exc, context)
     if response is None:
         return None

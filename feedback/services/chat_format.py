@@ -16,6 +16,8 @@ from typing import Any
 import orjson
 from django.utils.dateparse import parse_datetime
 
+from webapp.errors import Invalid
+
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 SERVING_KEYS = ("token_ids", "token_logprobs", "latency_ms", "finish_reason", "usage", "response_id")
 # The deepest nesting of JSON (objects and arrays inside one another) a trace may carry, in
@@ -25,11 +27,12 @@ SERVING_KEYS = ("token_ids", "token_logprobs", "latency_ms", "finish_reason", "u
 MAX_JSON_DEPTH = 64
 
 
-class FieldError(ValueError):
+class FieldError(Invalid, ValueError):
+    """One field of the input is invalid (400, naming the field and the reason)."""
+
     def __init__(self, field: str, reason: str) -> None:
-        super().__init__(f"{field}: {reason}")
-        self.field = field
-        self.reason = reason
+        super().__init__(reason, field=field)
+        self.args = (f"{field}: {reason}",)
 
     def as_dict(self) -> dict[str, str]:
         return {"field": self.field, "reason": self.reason}

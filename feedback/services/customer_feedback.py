@@ -37,27 +37,32 @@ from feedback.models import (
 )
 from feedback.services.chat_format import FieldError
 from feedback.services.judging import judge_on_customer_feedback
+from webapp.errors import Conflict, NotFound, Refused
 
 MAX_TEXT_CHARS = 20_000
 LINK_SALT = "practicum.feedback-link"
 
 
-class FeedbackTargetNotFound(Exception):
+class FeedbackTargetNotFound(NotFound):
     def __init__(self, field: str, reason: str) -> None:
-        super().__init__(f"{field}: {reason}")
-        self.field, self.reason = field, reason
+        super().__init__(reason, field=field)
+        self.args = (f"{field}: {reason}",)
 
 
-class IdempotencyConflict(Exception):
-    pass
+class IdempotencyConflict(Conflict):
+    field = "idempotency_key"
 
 
-class FeedbackLinkError(Exception):
+class FeedbackLinkError(Refused):
     """The link is malformed, tampered with, or expired; the message says which."""
+
+    field = "token"
 
 
 class FeedbackLinkUsed(FeedbackLinkError):
     """The link already carried its one answer: a link is single-use."""
+
+    status = 409
 
     def __init__(self) -> None:
         super().__init__("this feedback link has already been used: each link takes one answer")

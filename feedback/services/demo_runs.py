@@ -14,17 +14,17 @@ from django.utils import timezone
 
 from feedback.models import Deployment
 from feedback.services.api_keys import api_key_create, api_key_revoke
+from webapp.errors import Invalid
 
 SPLITS = ("train", "test")
 MAX_EPISODES = 200
 
 
-class DemoRunError(ValueError):
+class DemoRunError(Invalid, ValueError):
     """A run that cannot be started; `errors` lists (field, reason) pairs."""
 
     def __init__(self, errors: list[tuple[str, str]]):
-        self.errors = errors
-        super().__init__("; ".join(f"{f}: {r}" for f, r in errors))
+        super().__init__("; ".join(f"{f}: {r}" for f, r in errors), errors=errors)
 
 
 def demo_agent_run_enqueue(*, deployment: Deployment, split: str, episodes: int) -> None:

@@ -52,6 +52,7 @@ from feedback.models import (
 from feedback.selectors.judge import judge_endpoint_for
 from feedback.services.chat_format import FieldError
 from feedback.tasks import failure_mode_run_task
+from webapp.errors import Invalid
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ NOTE_CHARS = 1000
 EXAMPLES = 8
 
 
-class FailureModeError(ValueError):
+class FailureModeError(Invalid, ValueError):
     pass
 
 

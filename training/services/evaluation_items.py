@@ -8,14 +8,14 @@ from typing import Any
 
 from feedback.models import Deployment, Message, Trace
 from training.models_promotion import EvaluationItemKind
+from webapp.errors import Invalid
 
 
-class EvaluationError(ValueError):
-    """The evaluation cannot be created as asked: (field, reason) pairs."""
+class EvaluationError(Invalid, ValueError):
+    """The evaluation cannot be created as asked: (field, reason) pairs (400)."""
 
     def __init__(self, errors: list[tuple[str, str]]) -> None:
-        self.errors = errors
-        super().__init__("; ".join(f"{f}: {r}" if f else r for f, r in errors))
+        super().__init__("; ".join(f"{f}: {r}" if f else r for f, r in errors), errors=errors)
 
 
 def _turn_items_of_trace(trace: Trace, messages: list[Message]) -> list[dict[str, Any]]:

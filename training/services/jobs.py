@@ -23,14 +23,14 @@ from training.models import (
     TrainingJobEvent,
     TrainingSet,
 )
+from webapp.errors import Invalid
 
 
-class JobError(ValueError):
+class JobError(Invalid, ValueError):
     """A job request that cannot be honoured; `errors` lists (field, reason) pairs."""
 
     def __init__(self, errors: list[tuple[str, str]]):
-        self.errors = errors
-        super().__init__("; ".join(f"{f}: {r}" for f, r in errors))
+        super().__init__("; ".join(f"{f}: {r}" for f, r in errors), errors=errors)
 
 
 def model_paths(version: ModelVersion) -> dict[str, str]:

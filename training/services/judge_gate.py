@@ -16,15 +16,19 @@ from feedback.models import Deployment
 from feedback.selectors.judge_gate import judge_training_gate
 from training.models_promotion import AuditAction
 from training.services.audit import audit_record
+from webapp.errors import Invalid
 
 OVERRIDE_FIELD = "judge_gate_override_reason"
 
 
-class JudgeGateClosed(ValueError):
+class JudgeGateClosed(Invalid, ValueError):
+    """A judge's training gate is closed and no acceptable override reason was given (400)."""
+
+    field = OVERRIDE_FIELD
+
     def __init__(self, reason: str) -> None:
-        self.field = OVERRIDE_FIELD
-        self.reason = reason
-        super().__init__(f"{OVERRIDE_FIELD}: {reason}")
+        super().__init__(reason)
+        self.args = (f"{OVERRIDE_FIELD}: {reason}",)
 
 
 def judge_gate_pass(

@@ -27,6 +27,7 @@ from training.models import (
     ModelVersionKind,
     ModelVersionStatus,
 )
+from webapp.errors import Invalid
 
 # PostgreSQL channel a live-pointer flip is announced on (the payload is the deployment id);
 # the gateway listens and drops its cached route at once instead of waiting for its TTL.
@@ -41,7 +42,7 @@ def live_version_announce(*, deployment_id: int) -> None:
             cursor.execute("SELECT pg_notify(%s, %s)", [LIVE_CHANNEL, str(deployment_id)])
 
 
-class ModelRegistryError(ValueError):
+class ModelRegistryError(Invalid, ValueError):
     """A model or version cannot be registered as asked; the message says why."""
 
 

@@ -11,18 +11,14 @@ from django.utils import timezone
 from feedback.models import Deployment
 from training.models import ModelVersion, ModelVersionKind, ModelVersionStatus
 from training.models_promotion import ACTIVE_RELEASE_STATUSES, Evaluation, EvaluationStatus, Release
+from webapp.errors import Conflict
 
 APPROVE = "training.approve_promotion"
 REQUEST = "training.add_promotionrequest"
 
 
-class PromotionRefused(Exception):
-    """A precondition does not hold; `field` names what, the message says why."""
-
-    def __init__(self, reason: str, *, field: str = "", code: str = "") -> None:
-        super().__init__(reason)
-        self.field = field
-        self.code = code
+class PromotionRefused(Conflict):
+    """A precondition does not hold; `field` names what, the message says why (409)."""
 
 
 @dataclass(frozen=True, slots=True)

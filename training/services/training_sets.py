@@ -11,12 +11,12 @@ from django.db.models import Max
 
 from training.grpo.graders import GRADERS
 from training.models import TrainingItem, TrainingItemKind, TrainingSet, TrainingSplit
+from webapp.errors import Invalid
 
 
-class TrainingSetError(ValueError):
+class TrainingSetError(Invalid, ValueError):
     def __init__(self, errors: list[tuple[str, str]]):
-        self.errors = errors
-        super().__init__("; ".join(f"{f}: {r}" for f, r in errors))
+        super().__init__("; ".join(f"{f}: {r}" for f, r in errors), errors=errors)
 
 
 def split_for(key: str, heldout_fraction: float) -> str:
