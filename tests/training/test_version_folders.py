@@ -45,7 +45,12 @@ def test_a_long_chain_of_jobs_never_touches_the_live_adapter(settings, tmp_path)
     parent = live
     for generation in range(3):
         job = TrainingJob.objects.create(
-            kind="sft", config={"adapter": "lora"}, base_version=parent, deployment=deployment, worker="w"
+            kind="sft",
+            config={"adapter": "lora"},
+            base_version=parent,
+            deployment=deployment,
+            worker="w",
+            status=JobStatus.RUNNING,  # held by worker "w", as `_finish` requires
         )
         export = adapter(tmp_path / "runs" / f"job-{job.pk}" / "model", f"unevaluated {generation}".encode())
         status = _finish(job.pk, "w", SimpleNamespace(status="finished", export_path=export, step=1, breaches=[]))
