@@ -53,7 +53,7 @@ TOP_K = 64  # tokens checked against the harness's regex before the whole vocabu
 
 BASE_RECIPE: dict[str, Any] = {
     "orders": 0,  # training orders used (0 = every order of the train split)
-    "steps": 60,
+    "steps": 40,
     "prompts_per_step": 4,
     "learning_rate": 5e-4,
     "lora_rank": 16,
@@ -530,10 +530,16 @@ def slim(m: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in m.items() if k != "episodes"}
 
 
+def slices(args) -> list[tuple[str, int | None]]:
+    """(split, fresh seed) of each measurement the command asks for."""
+    wanted = [] if args.only_fresh else [(args.split, None)]
+    return wanted + [("fresh", f) for f in args.fresh_seed]
+
+
 def command_base(args) -> None:
     model, tokenizer = load_base()
     harness = Harness(model, tokenizer)
-    for split, fresh in ((args.split, None), *((("fresh", f),) for f in args.fresh_seed)):
+    for split, fresh in slices(args):
         tasks = eval_tasks(split=split, episodes=args.episodes, seed=args.seed, fresh_seed=fresh)
         label = f"base {split}{'' if fresh is None else f' {fresh}'} seed {args.seed}"
         result = measure(harness, tasks, seed=args.seed, label=label)
@@ -562,14 +568,20 @@ def command_run(args) -> None:
     log(f"recipe {args.recipe} seed {args.seed}: {recipe}")
     policy, info = train(recipe, seed=args.seed, run_dir=run_dir)
     log(f"trained: {json.dumps({k: v for k, v in info.items() if k != 'validation'})}")
+    policy.model.save_pretrained(run_dir / "adapter")  # the kept adapter, to measure it again
+    info["adapter"] = str(run_dir / "adapter")
     harness = Harness(policy.model, policy.tokenizer)
     measures = {}
-    for split, fresh in ((args.split, None), *((("fresh", f),) for f in args.fresh_seed)):
+    for split, fresh in slices(args):
         if args.episodes <= 0:
             continue
         tasks = eval_tasks(split=split, episodes=args.episodes, seed=args.seed, fresh_seed=fresh)
         label = f"{args.recipe} {split}{'' if fresh is None else f' {fresh}'} seed {args.seed}"
-        result = measure(harness, tasks, seed=args.seed, label=label)
+        try:
+            result = measure(harness, tasks, seed=args.seed, label=label)
+        except Exception as exc:  # keep the other measurements and the training record
+            log(f"{label} failed: {exc!r}")
+            continue
         log(f"{label}: {json.dumps(slim(result))}")
         measures[split if fresh is None else f"fresh-{fresh}"] = result
     append(
@@ -636,6 +648,7 @@ def main() -> int:
         p.add_argument("--episodes", type=int, default=48, help="test episodes per measurement")
         p.add_argument("--split", default="test", choices=["test", "validation"])
         p.add_argument("--fresh-seed", type=int, action="append", default=[], help="also measure this fresh slice")
+        p.add_argument("--only-fresh", action="store_true", help="measure the fresh slices only")
         if name == "run":
             p.add_argument("--recipe", choices=sorted(RECIPES), required=True)
             p.add_argument("--steps", type=int)
