@@ -600,6 +600,23 @@ def command_run(args) -> None:
 # --- the summary ---------------------------------------------------------------------------
 
 
+def rates(measure: dict[str, Any], n: int) -> dict[str, Any]:
+    """The figures of a measurement's first `n` episodes (a base and a candidate of one seed
+    play the same tasks in the same order with the same seeds, so prefixes pair up)."""
+    rows = measure["episodes"][:n]
+    refundable = [r for r in rows if r["refund"]]
+    others = [r for r in rows if not r["refund"]]
+    return {
+        "n": len(rows),
+        "success": sum(r["success"] for r in rows) / len(rows),
+        "collateral": sum(r["collateral"] for r in rows) / len(rows),
+        "unknown_ids": sum(r["unknown_ids"] for r in rows) / len(rows),
+        "first_call_other": sum(r["first_call_other"] for r in rows) / len(rows),
+        "refunded": f"{sum(r['success'] for r in refundable)}/{len(refundable)}",
+        "left_alone": f"{sum(r['success'] for r in others)}/{len(others)}",
+    }
+
+
 def command_summary(args) -> None:
     from training.evaluation.seeds import interval_text
 
@@ -614,29 +631,45 @@ def command_summary(args) -> None:
     for r in records:
         if r["kind"] == "candidate":
             by_recipe.setdefault(r["recipe"], []).append(r)
-    print("Rates per seed; mean over seeds with its 95 % t interval (oracle-graded episodes):\n")
+    print("Per seed (oracle-graded episodes; base and candidate on the same tasks and sampling seeds):\n")
     print(
-        "| recipe | slice | seeds | episodes/seed | base success | candidate success | gain | "
-        "base collateral | candidate collateral | candidate unknown ids | steps kept |"
+        "| recipe | slice | seed | episodes | steps kept | success base → candidate | collateral changes "
+        "base → candidate | unknown-id calls base → candidate | first call names another order | "
+        "refundable refunded | others left alone |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
+    pooled: dict[tuple[str, str], list[tuple[dict, dict]]] = {}
     for recipe, runs in by_recipe.items():
-        slices = sorted({k for r in runs for k in r["measures"]})
-        for key in slices:
-            pairs = [(r, base.get((key, r["seed"]))) for r in runs if key in r["measures"]]
-            pairs = [(r, b) for r, b in pairs if b is not None]
-            if not pairs:
-                continue
-            cand = [r["measures"][key] for r, _ in pairs]
-            bases = [b for _, b in pairs]
-            print(
-                f"| {recipe} | {key} | {','.join(str(r['seed']) for r, _ in pairs)} | {cand[0]['n']} | "
-                f"{interval_text([b['success_rate'] for b in bases])} | {interval_text([c['success_rate'] for c in cand])} | "
-                f"{interval_text([c['success_rate'] - b['success_rate'] for c, b in zip(cand, bases, strict=True)])} | "
-                f"{interval_text([b['collateral_rate'] for b in bases])} | {interval_text([c['collateral_rate'] for c in cand])} | "
-                f"{interval_text([c['unknown_id_rate'] for c in cand])} | "
-                f"{','.join(str(r['train']['step_kept']) for r, _ in pairs)} |"
-            )
+        for r in runs:
+            for key, measure in r["measures"].items():
+                b = base.get((key, r["seed"]))
+                if b is None:
+                    continue
+                n = min(len(measure["episodes"]), len(b["episodes"]))
+                rb, rc = rates(b, n), rates(measure, n)
+                pooled.setdefault((recipe, key), []).append((rb, rc))
+                print(
+                    f"| {recipe} | {key} | {r['seed']} | {n} | {r['train']['step_kept']} | "
+                    f"{rb['success']:.3f} → {rc['success']:.3f} | {rb['collateral']:.3f} → {rc['collateral']:.3f} | "
+                    f"{rb['unknown_ids']:.3f} → {rc['unknown_ids']:.3f} | "
+                    f"{rb['first_call_other']:.3f} → {rc['first_call_other']:.3f} | "
+                    f"{rb['refunded']} → {rc['refunded']} | {rb['left_alone']} → {rc['left_alone']} |"
+                )
+    print("\nOver seeds: mean [95 % t interval]:\n")
+    print(
+        "| recipe | slice | seeds | base success | candidate success | gain | base collateral | "
+        "candidate collateral | candidate unknown-id calls |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for (recipe, key), pairs in pooled.items():
+        print(
+            f"| {recipe} | {key} | {len(pairs)} | {interval_text([b['success'] for b, _ in pairs])} | "
+            f"{interval_text([c['success'] for _, c in pairs])} | "
+            f"{interval_text([c['success'] - b['success'] for b, c in pairs])} | "
+            f"{interval_text([b['collateral'] for b, _ in pairs])} | "
+            f"{interval_text([c['collateral'] for _, c in pairs])} | "
+            f"{interval_text([c['unknown_ids'] for _, c in pairs])} |"
+        )
 
 
 def main() -> int:
