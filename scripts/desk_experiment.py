@@ -25,7 +25,8 @@ first tool call named another order than the customer's.
 Recipes (`RECIPES`): `memorise` is the failure mode: a few orders, many steps.
 `templates` trains on every training order once per pass; `-es` adds early stopping on
 the validation split's turns; `-r4` a lower LoRA rank and fewer steps; `-mix` mixes in
-the base model's own answers on other turns (the training split's tracking questions).
+the base model's own answers on other turns (the training split's tracking questions);
+`decisions-es` weights the turns where the policy decides (after the lookup).
 """
 
 from __future__ import annotations
@@ -64,6 +65,9 @@ BASE_RECIPE: dict[str, Any] = {
     "patience": 2,
     "validation_turns": 12,
     "mix_base": 0.0,  # share of extra items: the base model's own answers on other turns
+    # "decisions": every turn that follows a lookup (refund or refuse: where the policy is),
+    # one in two first turns (the lookup) and one in four confirmations after a refund.
+    "focus": "",
 }
 RECIPES: dict[str, dict[str, Any]] = {
     "memorise": {"orders": 8, "steps": 200},
@@ -71,6 +75,7 @@ RECIPES: dict[str, dict[str, Any]] = {
     "templates-es": {"early_stop": True},
     "templates-es-r4": {"early_stop": True, "lora_rank": 4, "lora_alpha": 8, "steps": 40},
     "templates-es-mix": {"early_stop": True, "mix_base": 0.25},
+    "decisions-es": {"early_stop": True, "focus": "decisions"},
 }
 
 
@@ -420,6 +425,16 @@ def train(recipe: dict[str, Any], *, seed: int, run_dir: Path):
         refused = [t for t in train_tasks if not t.hidden["refund"]][: recipe["orders"] - len(refundable)]
         train_tasks = refundable + refused
     items = oracle_items(train_tasks, prefix="train")
+    if recipe["focus"] == "decisions":
+        keep_every = {2: 2, 4: 1, 6: 4}  # context length → keep one in N (first turn, decision, confirmation)
+        seen: dict[int, int] = {}
+        kept = []
+        for item in items:
+            length = len(item.messages)
+            seen[length] = seen.get(length, 0) + 1
+            if (seen[length] - 1) % keep_every.get(length, 1) == 0:
+                kept.append(item)
+        items = kept
     rng = random.Random(seed)
     validation = oracle_items(desk.tasks_for(split="validation", graded=True), prefix="validation")
     validation = rng.sample(validation, min(recipe["validation_turns"], len(validation)))
