@@ -76,6 +76,7 @@ RECIPES: dict[str, dict[str, Any]] = {
     "templates-es-r4": {"early_stop": True, "lora_rank": 4, "lora_alpha": 8, "steps": 40},
     "templates-es-mix": {"early_stop": True, "mix_base": 0.25},
     "decisions-es": {"early_stop": True, "focus": "decisions"},
+    "decisions-es-lr1e-3": {"early_stop": True, "focus": "decisions", "learning_rate": 1e-3},
 }
 
 
