@@ -25,7 +25,8 @@ first tool call named another order than the customer's.
 Recipes (`RECIPES`): `memorise` is the failure mode: a few orders, many steps.
 `templates` trains on every training order once per pass; `-es` adds early stopping on
 the validation split's turns; `-r4` a lower LoRA rank and fewer steps; `-mix` mixes in
-the base model's own answers on other turns (the training split's tracking questions).
+the base model's own answers on other turns (the training split's tracking questions);
+`decisions-es` weights the turns where the policy decides (after the lookup).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ TOP_K = 64  # tokens checked against the harness's regex before the whole vocabu
 
 BASE_RECIPE: dict[str, Any] = {
     "orders": 0,  # training orders used (0 = every order of the train split)
-    "steps": 60,
+    "steps": 40,
     "prompts_per_step": 4,
     "learning_rate": 5e-4,
     "lora_rank": 16,
@@ -64,6 +65,9 @@ BASE_RECIPE: dict[str, Any] = {
     "patience": 2,
     "validation_turns": 12,
     "mix_base": 0.0,  # share of extra items: the base model's own answers on other turns
+    # "decisions": every turn that follows a lookup (refund or refuse: where the policy is),
+    # one in two first turns (the lookup) and one in four confirmations after a refund.
+    "focus": "",
 }
 RECIPES: dict[str, dict[str, Any]] = {
     "memorise": {"orders": 8, "steps": 200},
@@ -71,6 +75,8 @@ RECIPES: dict[str, dict[str, Any]] = {
     "templates-es": {"early_stop": True},
     "templates-es-r4": {"early_stop": True, "lora_rank": 4, "lora_alpha": 8, "steps": 40},
     "templates-es-mix": {"early_stop": True, "mix_base": 0.25},
+    "decisions-es": {"early_stop": True, "focus": "decisions"},
+    "decisions-es-lr1e-3": {"early_stop": True, "focus": "decisions", "learning_rate": 1e-3},
 }
 
 
@@ -420,6 +426,16 @@ def train(recipe: dict[str, Any], *, seed: int, run_dir: Path):
         refused = [t for t in train_tasks if not t.hidden["refund"]][: recipe["orders"] - len(refundable)]
         train_tasks = refundable + refused
     items = oracle_items(train_tasks, prefix="train")
+    if recipe["focus"] == "decisions":
+        keep_every = {2: 2, 4: 1, 6: 4}  # context length → keep one in N (first turn, decision, confirmation)
+        seen: dict[int, int] = {}
+        kept = []
+        for item in items:
+            length = len(item.messages)
+            seen[length] = seen.get(length, 0) + 1
+            if (seen[length] - 1) % keep_every.get(length, 1) == 0:
+                kept.append(item)
+        items = kept
     rng = random.Random(seed)
     validation = oracle_items(desk.tasks_for(split="validation", graded=True), prefix="validation")
     validation = rng.sample(validation, min(recipe["validation_turns"], len(validation)))
@@ -530,10 +546,16 @@ def slim(m: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in m.items() if k != "episodes"}
 
 
+def slices(args) -> list[tuple[str, int | None]]:
+    """(split, fresh seed) of each measurement the command asks for."""
+    wanted = [] if args.only_fresh else [(args.split, None)]
+    return wanted + [("fresh", f) for f in args.fresh_seed]
+
+
 def command_base(args) -> None:
     model, tokenizer = load_base()
     harness = Harness(model, tokenizer)
-    for split, fresh in ((args.split, None), *((("fresh", f),) for f in args.fresh_seed)):
+    for split, fresh in slices(args):
         tasks = eval_tasks(split=split, episodes=args.episodes, seed=args.seed, fresh_seed=fresh)
         label = f"base {split}{'' if fresh is None else f' {fresh}'} seed {args.seed}"
         result = measure(harness, tasks, seed=args.seed, label=label)
@@ -562,14 +584,20 @@ def command_run(args) -> None:
     log(f"recipe {args.recipe} seed {args.seed}: {recipe}")
     policy, info = train(recipe, seed=args.seed, run_dir=run_dir)
     log(f"trained: {json.dumps({k: v for k, v in info.items() if k != 'validation'})}")
+    policy.model.save_pretrained(run_dir / "adapter")  # the kept adapter, to measure it again
+    info["adapter"] = str(run_dir / "adapter")
     harness = Harness(policy.model, policy.tokenizer)
     measures = {}
-    for split, fresh in ((args.split, None), *((("fresh", f),) for f in args.fresh_seed)):
+    for split, fresh in slices(args):
         if args.episodes <= 0:
             continue
         tasks = eval_tasks(split=split, episodes=args.episodes, seed=args.seed, fresh_seed=fresh)
         label = f"{args.recipe} {split}{'' if fresh is None else f' {fresh}'} seed {args.seed}"
-        result = measure(harness, tasks, seed=args.seed, label=label)
+        try:
+            result = measure(harness, tasks, seed=args.seed, label=label)
+        except Exception as exc:  # keep the other measurements and the training record
+            log(f"{label} failed: {exc!r}")
+            continue
         log(f"{label}: {json.dumps(slim(result))}")
         measures[split if fresh is None else f"fresh-{fresh}"] = result
     append(
@@ -588,6 +616,23 @@ def command_run(args) -> None:
 # --- the summary ---------------------------------------------------------------------------
 
 
+def rates(measure: dict[str, Any], n: int) -> dict[str, Any]:
+    """The figures of a measurement's first `n` episodes (a base and a candidate of one seed
+    play the same tasks in the same order with the same seeds, so prefixes pair up)."""
+    rows = measure["episodes"][:n]
+    refundable = [r for r in rows if r["refund"]]
+    others = [r for r in rows if not r["refund"]]
+    return {
+        "n": len(rows),
+        "success": sum(r["success"] for r in rows) / len(rows),
+        "collateral": sum(r["collateral"] for r in rows) / len(rows),
+        "unknown_ids": sum(r["unknown_ids"] for r in rows) / len(rows),
+        "first_call_other": sum(r["first_call_other"] for r in rows) / len(rows),
+        "refunded": f"{sum(r['success'] for r in refundable)}/{len(refundable)}",
+        "left_alone": f"{sum(r['success'] for r in others)}/{len(others)}",
+    }
+
+
 def command_summary(args) -> None:
     from training.evaluation.seeds import interval_text
 
@@ -602,29 +647,45 @@ def command_summary(args) -> None:
     for r in records:
         if r["kind"] == "candidate":
             by_recipe.setdefault(r["recipe"], []).append(r)
-    print("Rates per seed; mean over seeds with its 95 % t interval (oracle-graded episodes):\n")
+    print("Per seed (oracle-graded episodes; base and candidate on the same tasks and sampling seeds):\n")
     print(
-        "| recipe | slice | seeds | episodes/seed | base success | candidate success | gain | "
-        "base collateral | candidate collateral | candidate unknown ids | steps kept |"
+        "| recipe | slice | seed | episodes | steps kept | success base → candidate | collateral changes "
+        "base → candidate | unknown-id calls base → candidate | first call names another order | "
+        "refundable refunded | others left alone |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
+    pooled: dict[tuple[str, str], list[tuple[dict, dict]]] = {}
     for recipe, runs in by_recipe.items():
-        slices = sorted({k for r in runs for k in r["measures"]})
-        for key in slices:
-            pairs = [(r, base.get((key, r["seed"]))) for r in runs if key in r["measures"]]
-            pairs = [(r, b) for r, b in pairs if b is not None]
-            if not pairs:
-                continue
-            cand = [r["measures"][key] for r, _ in pairs]
-            bases = [b for _, b in pairs]
-            print(
-                f"| {recipe} | {key} | {','.join(str(r['seed']) for r, _ in pairs)} | {cand[0]['n']} | "
-                f"{interval_text([b['success_rate'] for b in bases])} | {interval_text([c['success_rate'] for c in cand])} | "
-                f"{interval_text([c['success_rate'] - b['success_rate'] for c, b in zip(cand, bases, strict=True)])} | "
-                f"{interval_text([b['collateral_rate'] for b in bases])} | {interval_text([c['collateral_rate'] for c in cand])} | "
-                f"{interval_text([c['unknown_id_rate'] for c in cand])} | "
-                f"{','.join(str(r['train']['step_kept']) for r, _ in pairs)} |"
-            )
+        for r in runs:
+            for key, measure in r["measures"].items():
+                b = base.get((key, r["seed"]))
+                if b is None:
+                    continue
+                n = min(len(measure["episodes"]), len(b["episodes"]))
+                rb, rc = rates(b, n), rates(measure, n)
+                pooled.setdefault((recipe, key), []).append((rb, rc))
+                print(
+                    f"| {recipe} | {key} | {r['seed']} | {n} | {r['train']['step_kept']} | "
+                    f"{rb['success']:.3f} → {rc['success']:.3f} | {rb['collateral']:.3f} → {rc['collateral']:.3f} | "
+                    f"{rb['unknown_ids']:.3f} → {rc['unknown_ids']:.3f} | "
+                    f"{rb['first_call_other']:.3f} → {rc['first_call_other']:.3f} | "
+                    f"{rb['refunded']} → {rc['refunded']} | {rb['left_alone']} → {rc['left_alone']} |"
+                )
+    print("\nOver seeds: mean [95 % t interval]:\n")
+    print(
+        "| recipe | slice | seeds | base success | candidate success | gain | base collateral | "
+        "candidate collateral | candidate unknown-id calls |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for (recipe, key), pairs in pooled.items():
+        print(
+            f"| {recipe} | {key} | {len(pairs)} | {interval_text([b['success'] for b, _ in pairs])} | "
+            f"{interval_text([c['success'] for _, c in pairs])} | "
+            f"{interval_text([c['success'] - b['success'] for b, c in pairs])} | "
+            f"{interval_text([b['collateral'] for b, _ in pairs])} | "
+            f"{interval_text([c['collateral'] for _, c in pairs])} | "
+            f"{interval_text([c['unknown_ids'] for _, c in pairs])} |"
+        )
 
 
 def main() -> int:
@@ -636,6 +697,7 @@ def main() -> int:
         p.add_argument("--episodes", type=int, default=48, help="test episodes per measurement")
         p.add_argument("--split", default="test", choices=["test", "validation"])
         p.add_argument("--fresh-seed", type=int, action="append", default=[], help="also measure this fresh slice")
+        p.add_argument("--only-fresh", action="store_true", help="measure the fresh slices only")
         if name == "run":
             p.add_argument("--recipe", choices=sorted(RECIPES), required=True)
             p.add_argument("--steps", type=int)

@@ -31,8 +31,8 @@ from training.models import LiveVersion, LiveVersionChange
 GRADER_REF = "grader"
 MAX_DEPLOYMENTS = 20
 ROLLING = 10  # graded episodes per point of the success-rate curve
-# Trace metadata `split` values of tasks no training set may contain (support-desk: test).
-HELD_OUT_SPLITS = ("test", "heldout")
+# Trace metadata `split` values of tasks no training set may contain (support-desk: test, fresh).
+HELD_OUT_SPLITS = ("test", "fresh", "heldout")
 NO_SPLIT = "unsplit"
 # Which split the comparison uses when several hold graded episodes of as many versions:
 # tasks no training saw first.

@@ -284,3 +284,12 @@ def test_an_id_is_known_only_as_a_whole_token_of_what_the_customer_wrote():
     part = task.hidden["order_id"][:-1]
     partial = episode_run(desk, task, scripted(call("lookup_order", part), Completion({"content": "?"}, 2)))
     assert partial.audit.unknown_ids == (part,)
+
+
+def test_an_episodes_job_trains_on_the_train_split_and_never_sees_the_test_split():
+    from training.services.job_runner import episode_job_tasks
+
+    desk = SupportDesk()
+    train, evaluation = episode_job_tasks(desk.tasks() + desk.tasks_fresh(seed=1))
+    assert {t.split for t in train} == {"train"} and len(train) == len(desk.tasks_for(split="train"))
+    assert {t.split for t in evaluation} == {"validation"}

@@ -31,7 +31,7 @@ class Task:
     tools: list[dict[str, Any]] = field(default_factory=list)
     hidden: dict[str, Any] = field(default_factory=dict)
     system: str = ""
-    split: str = "train"  # "train" or "heldout"
+    split: str = "train"  # "train", "validation" or "heldout", "test", "fresh" (see episode_job_tasks)
     # Earlier turns shown before the prompt (a worked example in the chat format): small
     # models follow a demonstrated tool call far more readily than a described one.
     examples: tuple[dict[str, Any], ...] = ()

@@ -7,7 +7,7 @@ grader (`tool_action`) with the accepted actions as the reference. A GRPO job th
 resamples each turn and rewards the samples the policy would accept — no judge needed.
 
 The traces are found by the metadata the agent sent (`environment`, `task_id`, `split`);
-only the environment's training split is used, so its held-out tasks stay unseen.
+only the environment's training split is used, so its validation and test tasks stay unseen.
 """
 
 from __future__ import annotations

@@ -225,6 +225,14 @@ def _train(job: TrainingJob, worker: str):
     return sft_train(config=config, items=train, run_dir=run_dir, eval_items=eval_items, eval_score=score, hooks=hooks)
 
 
+def episode_job_tasks(tasks: list) -> tuple[list, list]:
+    """(train, evaluation) tasks of an episodes job: it trains on the "train" split and
+    evaluates on "validation" (or "heldout"); "test" and "fresh" tasks stay untouched."""
+    train = [t for t in tasks if t.split == TrainingSplit.TRAIN]
+    evaluation = [t for t in tasks if t.split in (TrainingSplit.HELDOUT, "validation")]
+    return train, evaluation
+
+
 def _train_episodes(job: TrainingJob, config, run_dir: Path, hooks):
     """Full-episode GRPO on the "train" tasks of the job's environment; its "validation"
     (or "heldout") tasks are the job's evaluation. A "test" task is never touched: the test
@@ -234,9 +242,7 @@ def _train_episodes(job: TrainingJob, config, run_dir: Path, hooks):
     from training.grpo.episodes import episodes_train
 
     env = environment_get(config.environment, **config.environment_options)
-    tasks = env.tasks()
-    train = [t for t in tasks if t.split == TrainingSplit.TRAIN]
-    heldout = [t for t in tasks if t.split in (TrainingSplit.HELDOUT, "validation")]
+    train, heldout = episode_job_tasks(env.tasks())
     if config.record_traces and job.deployment is not None:
         hooks.on_episodes = _episode_recorder(job, env.name)
     judge = _episode_judge(job.deployment, config.judge_rubric, job.pk) if config.judge_weight > 0 else None
