@@ -293,3 +293,21 @@ def test_an_episodes_job_trains_on_the_train_split_and_never_sees_the_test_split
     train, evaluation = episode_job_tasks(desk.tasks() + desk.tasks_fresh(seed=1))
     assert {t.split for t in train} == {"train"} and len(train) == len(desk.tasks_for(split="train"))
     assert {t.split for t in evaluation} == {"validation"}
+
+
+def test_a_logged_turn_with_arguments_nested_past_the_parsers_depth_still_gets_a_reference():
+    from training.environments.support_desk import turn_reference
+
+    task = next(t for t in SupportDesk().tasks_for(split="test") if t.hidden.get("graded"))
+    deep = "[" * 5000 + "]" * 5000
+    messages = [
+        *task.first_messages(),
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "lookup_order", "arguments": deep}}],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "error: no such order"},
+    ]
+    reference = json.loads(turn_reference(task=task, messages=messages))
+    assert {"tool": "lookup_order", "arguments": {"order_id": task.hidden["order_id"]}} in reference

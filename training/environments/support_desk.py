@@ -589,7 +589,7 @@ def _done_actions(messages: list[dict[str, Any]], order_id: str) -> set[str]:
                 function = call.get("function") or {}
                 try:
                     arguments = json.loads(function.get("arguments") or "{}")
-                except ValueError:
+                except (ValueError, RecursionError):  # logged model output: any depth
                     arguments = {}
                 if isinstance(arguments, dict) and arguments.get("order_id") == order_id:
                     names[call.get("id", "")] = function.get("name", "")
