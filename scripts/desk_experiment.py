@@ -636,7 +636,7 @@ def rates(measure: dict[str, Any], n: int) -> dict[str, Any]:
 def command_summary(args) -> None:
     from training.evaluation.seeds import interval_text
 
-    path = OUT / "runs.jsonl"
+    path = args.runs
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
     base = {}
     for r in records:
@@ -703,7 +703,8 @@ def main() -> int:
             p.add_argument("--steps", type=int)
             p.add_argument("--lora-rank", dest="lora_rank", type=int)
             p.add_argument("--orders", type=int)
-    sub.add_parser("summary")
+    summary = sub.add_parser("summary")
+    summary.add_argument("--runs", type=Path, default=OUT / "runs.jsonl", help="the runs' record (JSONL)")
     args = parser.parse_args()
     if args.command == "summary":
         command_summary(args)
