@@ -10,7 +10,10 @@ import pytest
 from tests.fixtures.browser import ROOT, screenshots_dir
 
 
-@pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs a git checkout")
+@pytest.mark.skipif(
+    shutil.which("git") is None or not (ROOT / ".git").exists(),
+    reason="asks git whether the folder is ignored: only a git checkout can answer (not a source archive)",
+)
 def test_the_default_screenshot_folder_is_ignored_by_git(monkeypatch):
     monkeypatch.delenv("PRACTICUM_SCREENSHOTS_DIR", raising=False)
     folder = screenshots_dir()
