@@ -7,9 +7,10 @@ the point itself (no spread to measure): report how many seeds an interval stand
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from statistics import fmean
+
+from training.evaluation import metrics
 
 # Two-sided 95 % quantiles of Student's t by degrees of freedom (1 to 30); 1.96 beyond.
 T_95 = (
@@ -20,17 +21,17 @@ T_95 = (
 
 
 def mean_interval(values: Sequence[float]) -> tuple[float, float, float]:
-    """(mean, low, high): the mean of `values` and its 95 % t interval."""
+    """(mean, low, high): the mean of `values` and its 95 % t interval (the evaluation's
+    mean interval with t(0.975, n - 1) in place of z)."""
     if not values:
         raise ValueError("no values")
     mean = fmean(values)
     n = len(values)
     if n < 2:
         return mean, mean, mean
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
     t = T_95[n - 2] if n - 1 <= len(T_95) else 1.959963984540054
-    half = t * sd / math.sqrt(n)
-    return mean, mean - half, mean + half
+    low, high = metrics.mean_interval(values, z=t)
+    return mean, low, high
 
 
 def interval_text(values: Sequence[float]) -> str:
