@@ -304,12 +304,13 @@ JUDGE_REWARD_MIN_N = int(os.environ.get("PRACTICUM_JUDGE_REWARD_MIN_N", 30))
 JUDGE_GATE_MIN_SWAP_N = int(os.environ.get("PRACTICUM_JUDGE_GATE_MIN_SWAP_N", 10))
 JUDGE_GATE_MIN_SWAP_AGREEMENT = float(os.environ.get("PRACTICUM_JUDGE_GATE_MIN_SWAP_AGREEMENT", 0.8))
 JUDGE_GATE_MAX_FAILURE_RATE = float(os.environ.get("PRACTICUM_JUDGE_GATE_MAX_FAILURE_RATE", 0.1))
-# The rubric a rated turn without a judgement is calibrated under.
-JUDGE_CALIBRATION_RUBRIC = os.environ.get(
-    "PRACTICUM_JUDGE_CALIBRATION_RUBRIC",
+# The general rubric for a turn that carries none of its own: what calibration scores a rated
+# turn without a judgement under, and what the evaluation uses for held-out turns.
+_GENERAL_RUBRIC = (
     "Answers the user's last message correctly and helpfully; calls a tool, with valid arguments, "
-    "when the answer needs one; does not invent facts.",
+    "when the answer needs one; does not invent facts."
 )
+JUDGE_CALIBRATION_RUBRIC = os.environ.get("PRACTICUM_JUDGE_CALIBRATION_RUBRIC", _GENERAL_RUBRIC)
 # A judge reward at or above this counts as "pass" when compared with thumbs up/down.
 JUDGE_PASS_THRESHOLD = float(os.environ.get("PRACTICUM_JUDGE_PASS_THRESHOLD", 0.5))
 # Share of judgements with a correction that are followed by an order-swap check (the
@@ -386,11 +387,7 @@ EVAL_MAX_ITEMS = int(os.environ.get("PRACTICUM_EVAL_MAX_ITEMS", 500))
 EVAL_MAX_TOKENS = int(os.environ.get("PRACTICUM_EVAL_MAX_TOKENS", 256))
 EVAL_TEMPERATURE = float(os.environ.get("PRACTICUM_EVAL_TEMPERATURE", 0))
 # The rubric for held-out turns that carry none of their own (no judgement yet).
-EVAL_DEFAULT_RUBRIC = os.environ.get(
-    "PRACTICUM_EVAL_DEFAULT_RUBRIC",
-    "Answers the user's last message correctly and helpfully; calls a tool, with valid arguments, "
-    "when the answer needs one; does not invent facts.",
-)
+EVAL_DEFAULT_RUBRIC = os.environ.get("PRACTICUM_EVAL_DEFAULT_RUBRIC", _GENERAL_RUBRIC)
 RELEASE_SMOKE_PROMPT = os.environ.get("PRACTICUM_RELEASE_SMOKE_PROMPT", "Say hello.")
 RELEASE_SMOKE_MAX_TOKENS = int(os.environ.get("PRACTICUM_RELEASE_SMOKE_MAX_TOKENS", 8))
 RELEASE_SMOKE_TIMEOUT = float(os.environ.get("PRACTICUM_RELEASE_SMOKE_TIMEOUT", 60))
