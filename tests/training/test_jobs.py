@@ -202,6 +202,27 @@ def test_a_job_can_continue_from_a_lora_candidate(base_version, task_set):
     )
 
 
+def test_a_job_continued_from_a_lora_version_measures_its_kl_from_that_version(base_version, task_set, tmp_path):
+    """The reference is base + the version's adapter, not the bare base model: before the
+    first update the policy is that version, so the first step's KL is 0."""
+    from tests.fixtures.adapters import random_adapter_make
+    from training.services.job_runner import training_job_run
+
+    adapter = random_adapter_make(Path(base_version.path), tmp_path / "adapter")
+    version = ModelVersion.objects.create(
+        name="tiny-lora",
+        base_model=base_version.base_model,
+        kind=ModelVersionKind.LORA,
+        path=str(adapter),
+        parent=base_version,
+    )
+    config = FAST | {"steps": 1, "eval_every": 0, "beta": 0.05, "drop_zero_variance": False}
+    job = training_job_create(kind="grpo", config=config, base_version=version, training_set=task_set)
+    assert training_job_run(job_id=job.pk, worker="w1") == JobStatus.FINISHED
+    first = job.events.get(kind=JobEventKind.STEP, step=1)
+    assert first.data["kl"] == pytest.approx(0.0, abs=1e-6)
+
+
 def test_grpo_on_turns_needs_something_to_score_against(base_version):
     from training.services.training_sets import training_set_create
 

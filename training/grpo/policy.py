@@ -8,6 +8,7 @@ import json
 import random
 import re
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,8 @@ from typing import Any
 import torch
 
 from training.grpo.config import TrainConfig
+
+REFERENCE_ADAPTER = "reference"  # the frozen copy of a starting adapter, beside peft's "default"
 
 
 @dataclass
@@ -24,16 +27,43 @@ class Policy:
     device: torch.device
     adapter: str  # "lora" or "full"
     reference: Any = None  # a frozen copy for full fine-tuning when a reference is needed
+    # LoRA continued from a LoRA version (`init_adapter`): the start is base + that adapter,
+    # so switching the adapter off would give the base model, not the start.
+    starts_from_adapter: bool = False
+    reference_adapter: str | None = None  # the frozen copy of the starting adapter, when loaded
 
     @contextlib.contextmanager
-    def as_reference(self):
+    def as_reference(self) -> Iterator[Any]:
         """The model as it was at the start of the job, for KL and a frozen teacher.
 
-        LoRA: the same module with its adapter switched off (no second copy in memory).
-        Full fine-tuning: the frozen copy kept in `reference`."""
-        if self.adapter == "lora":
+        - LoRA from a base or full version: the same module with its adapter switched off
+          (no second copy in memory).
+        - LoRA continued from a LoRA version: the same module with the frozen copy of the
+          starting adapter active (`reference_adapter`, loaded beside the trained one), in
+          eval mode; the trained adapter and which parameters train are restored after.
+        - Full fine-tuning: the frozen copy kept in `reference`."""
+        if self.adapter == "lora" and not self.starts_from_adapter:
             with self.model.disable_adapter():
                 yield self.model
+        elif self.adapter == "lora":
+            if self.reference_adapter is None:
+                raise RuntimeError(
+                    "a LoRA job continued from an adapter without its frozen copy (load with reference=True)"
+                )
+            trained = self.model.active_adapter
+            # peft's set_adapter changes requires_grad on adapter weights; the optimizer's
+            # set of trainable parameters must come back exactly as it was.
+            flags = [(p, p.requires_grad) for p in self.model.parameters()]
+            was_training = self.model.training
+            self.model.set_adapter(self.reference_adapter, inference_mode=True)
+            self.model.eval()
+            try:
+                yield self.model
+            finally:
+                self.model.set_adapter(trained)
+                self.model.train(was_training)
+                for param, flag in flags:
+                    param.requires_grad_(flag)
         else:
             if self.reference is None:
                 raise RuntimeError("full fine-tuning without a reference copy (load with reference=True)")
@@ -41,6 +71,14 @@ class Policy:
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
+
+    def save_pretrained(self, folder: Path) -> None:
+        """Save the trained weights as a model or adapter folder: for LoRA only the trained
+        adapter (peft would also write the frozen reference copy into a subfolder)."""
+        if self.reference_adapter is not None:
+            self.model.save_pretrained(folder, safe_serialization=True, selected_adapters=[self.model.active_adapter])
+        else:
+            self.model.save_pretrained(folder, safe_serialization=True)
 
 
 def pick_device(name: str) -> torch.device:
@@ -66,11 +104,17 @@ def load_policy(config: TrainConfig, *, reference: bool = False, model=None, tok
     model = model.to(device=device, dtype=dtype)
     model.config.use_cache = True
     ref = None
+    reference_adapter = None
     if config.adapter == "lora":
         from peft import LoraConfig, PeftModel, get_peft_model
 
         if config.init_adapter:
             model = PeftModel.from_pretrained(model, config.init_adapter, is_trainable=True)
+            if reference:
+                # The same adapter a second time, frozen: the reference is the version the
+                # job started from (base + adapter), at the cost of one adapter's weights.
+                model.load_adapter(config.init_adapter, adapter_name=REFERENCE_ADAPTER, is_trainable=False)
+                reference_adapter = REFERENCE_ADAPTER
         else:
             # `trainable_layers` with LoRA: adapters on the top N blocks only, so the
             # backward pass stops there (several times cheaper on a CPU).
@@ -102,7 +146,15 @@ def load_policy(config: TrainConfig, *, reference: bool = False, model=None, tok
         if config.trainable_layers is not None:
             _train_top_layers(model, config.trainable_layers)
     model.train()
-    return Policy(model=model, tokenizer=tokenizer, device=device, adapter=config.adapter, reference=ref)
+    return Policy(
+        model=model,
+        tokenizer=tokenizer,
+        device=device,
+        adapter=config.adapter,
+        reference=ref,
+        starts_from_adapter=config.adapter == "lora" and bool(config.init_adapter),
+        reference_adapter=reference_adapter,
+    )
 
 
 def _train_top_layers(model, count: int) -> None:
@@ -245,7 +297,7 @@ def export_model(policy: Policy, dest: Path) -> Path:
     tmp = dest.with_name(dest.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    policy.model.save_pretrained(tmp, safe_serialization=True)
+    policy.save_pretrained(tmp)
     policy.tokenizer.save_pretrained(tmp)
     shutil.rmtree(dest, ignore_errors=True)
     tmp.rename(dest)

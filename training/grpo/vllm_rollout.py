@@ -110,7 +110,7 @@ class VllmRollouts:
         name = f"{self.name_prefix}step-{step}"
         folder = self.run_dir / "rollout-adapters" / name
         shutil.rmtree(folder, ignore_errors=True)
-        policy.model.save_pretrained(folder, safe_serialization=True)
+        policy.save_pretrained(folder)
         response = self._post(f"{self.base_url}/load_lora_adapter", {"lora_name": name, "lora_path": str(folder)})
         if response.status_code != 200:
             raise VllmError(f"loading the adapter failed: {response.status_code} {response.text[:300]}")
