@@ -115,6 +115,44 @@ def test_the_loss_value_counts_exactly_the_sampled_tokens(tiny_model_dir, tokeni
     assert grads and all(torch.isfinite(g).all() for g in grads)
 
 
+def test_the_episode_loss_adds_beta_k3_per_token_under_the_constant(tiny_model_dir, tokenizer):
+    """loss = Σ_b Σ_t m·(-A_b + β·k3_{b,t}) / constant, over micro-batches; the logged KL is
+    the token mean of k3."""
+    from training.grpo import loss as L
+    from training.grpo.episodes import sequence_logprobs
+    from training.grpo.policy import load_policy
+
+    config = EpisodesConfig(model_path=str(tiny_model_dir), adapter="full", beta=0.5, temperature=1.0)
+    policy = load_policy(config, reference=True)
+    with torch.no_grad():  # move the policy away from its reference, so k3 > 0
+        for param in policy.model.parameters():
+            param.add_(torch.randn_like(param) * 0.05)
+    env = FileTasks(count=2, heldout=0, example=False)
+    episodes = episodes_rollout(
+        env,
+        env.tasks()[:1],
+        group_size=4,
+        tokenizer=tokenizer,
+        generate=scripted_generate(tokenizer, []),
+        stop_ids={tokenizer.eos_token_id},
+    )
+    batch = episode_batch(tokenizer, episodes, [0, 1, 2, 3], tokenizer.pad_token_id)
+    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    out = episode_loss_backward(policy, batch, advantages, config=config, constant=1000.0, micro_batch=3)
+
+    options = {"pad_id": batch.pad_id, "temperature": 1.0, "share_prefix": False}
+    with torch.no_grad():
+        logp, mask = sequence_logprobs(policy.model, batch.sequences, batch.masks, **options)
+        ref, _ = sequence_logprobs(policy.reference, batch.sequences, batch.masks, **options)
+    k3 = L.kl_k3(logp, ref)
+    counts = [sum(len(c.extra["ids"]) for c in e.completions) for e in episodes]
+    policy_term = -sum(a * n for a, n in zip(advantages.tolist(), counts, strict=True))
+    expected = (policy_term + 0.5 * float(L.masked_sum(k3, mask))) / 1000.0
+    assert float(L.masked_sum(k3, mask)) > 0
+    assert out["loss"] == pytest.approx(expected, rel=1e-5)
+    assert out["kl"] == pytest.approx(float(L.masked_mean(k3, mask)), rel=1e-5)
+
+
 class ParityTask(FileTasks):
     """A random model's answers give a group both rewards: 1 when the final answer has an
     even number of characters."""

@@ -98,6 +98,41 @@ def test_grpo_resumes_from_its_checkpoint_exactly(tiny_model_dir, tmp_path):
     assert resumed.history[-1]["loss"] == pytest.approx(straight.history[-1]["loss"], rel=1e-4, abs=1e-7)
 
 
+@pytest.mark.parametrize("normaliser", ["constant", "sequence"])
+def test_the_kl_penalty_enters_the_turn_level_loss_per_token(tiny_model_dir, tmp_path, monkeypatch, normaliser):
+    """β·k3 goes inside the per-token loss, before the policy term's normaliser (as in
+    TRL and the episode loop), not as a token-mean KL added to a differently normalised
+    loss: the loss the loop steps on is exactly `policy_loss` with the reference."""
+    from training.grpo import loss as L
+
+    real = L.policy_loss
+    calls: list[tuple[dict, float]] = []
+
+    def spy(*args, **kwargs):
+        loss, stats = real(*args, **kwargs)
+        calls.append((kwargs, float(loss.detach())))
+        return loss, stats
+
+    monkeypatch.setattr(L, "policy_loss", spy)
+    config = small(
+        GRPOConfig, tiny_model_dir, steps=2, group_size=4, beta=0.05, normaliser=normaliser, drop_zero_variance=False
+    )
+    steps: list[dict] = []
+    grpo_train(
+        config=config,
+        items=ITEMS,
+        score=parity_score,
+        run_dir=tmp_path,
+        hooks=Hooks(on_step=lambda s, m: steps.append(m)),
+        export=False,
+    )
+    assert len(calls) == len(steps) == 2
+    for (kwargs, value), metrics in zip(calls, steps, strict=True):
+        assert kwargs.get("beta") == 0.05 and kwargs.get("ref_logprobs") is not None
+        assert metrics["loss"] == pytest.approx(value, rel=1e-6, abs=1e-9)
+    assert steps[1]["kl"] > 0  # the second step's policy has moved: the penalty is not 0
+
+
 def test_equal_rewards_mean_no_update(tiny_model_dir, tmp_path):
     from training.grpo.policy import load_policy
 

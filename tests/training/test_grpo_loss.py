@@ -119,3 +119,27 @@ def test_distill_kl_matches_the_reverse_kl_formula():
 def test_sft_loss_is_the_token_mean_nll():
     logp = torch.tensor([[-1.0, -3.0, -50.0]])
     assert L.sft_loss(logp, torch.tensor([[1.0, 1.0, 0.0]])).item() == pytest.approx(2.0)
+
+
+def test_the_kl_penalty_is_added_per_token_under_the_policy_terms_normaliser():
+    logp = torch.log(torch.tensor([[0.5, 0.25, 0.5], [0.5, 0.5, 0.5]]))
+    ref = torch.log(torch.tensor([[0.25, 0.25, 0.5], [0.5, 0.25, 0.5]]))
+    adv = torch.tensor([1.0, -2.0])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    k = math.log(2) - 0.5  # k3 where π_ref = π/2: e^{-ln 2} + ln 2 - 1; 0 where they agree
+    c = 0.1 * k  # β = 0.1
+    # Per token l = -A + β·k3: row 0 (-1 + c, -1), row 1 (2, 2 + c, 2).
+    expected = {
+        "token": (4 + 2 * c) / 5,
+        "sequence": ((-2 + c) / 2 + (6 + c) / 3) / 2,
+        "constant": (4 + 2 * c) / 10,
+    }
+    for normaliser, value in expected.items():
+        loss, stats = L.policy_loss(logp, adv, mask, ref_logprobs=ref, beta=0.1, normaliser=normaliser, constant=10.0)
+        assert loss.item() == pytest.approx(value), normaliser
+        assert stats["kl"] == pytest.approx(2 * k / 5)  # the logged KL is a token mean
+    # β = 0 measures the KL without adding it; β > 0 without a reference is refused.
+    measured, stats = L.policy_loss(logp, adv, mask, ref_logprobs=ref, normaliser="token")
+    assert measured.item() == pytest.approx(4 / 5) and stats["kl"] == pytest.approx(2 * k / 5)
+    with pytest.raises(ValueError, match="reference"):
+        L.policy_loss(logp, adv, mask, beta=0.1)

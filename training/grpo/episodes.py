@@ -430,11 +430,11 @@ def episode_loss_backward(
 ) -> dict[str, float]:
     """Accumulate the gradient of the episode loss over micro-batches.
 
-    Per token: -A_episode · exp(logp - stopgrad(logp)) (`loss.policy_loss`, one update
-    per batch so the ratio is 1), summed over the model's tokens of every turn and divided
-    by `constant` (the "constant" normaliser: episodes x the episode token budget, so the
-    micro-batches add up to the full-batch loss with no length bias). KL(π ‖ π_start) by
-    k3 is logged when asked, and added with weight β."""
+    Per token: -A_episode · exp(logp - stopgrad(logp)) + β · k3 (`loss.policy_loss`, one
+    update per batch so the ratio is 1), summed over the model's tokens of every turn and
+    divided by `constant` (the "constant" normaliser: episodes x the episode token budget,
+    so the micro-batches add up to the full-batch loss with no length bias). KL(π ‖ π_start)
+    by k3 is logged as a token mean when asked."""
     device = policy.device
     total_loss = 0.0
     kl_sum = kl_tokens = 0.0
@@ -444,15 +444,17 @@ def episode_loss_backward(
         adv = advantages[start : start + micro_batch].to(device)
         options = {"pad_id": batch.pad_id, "temperature": config.temperature, "share_prefix": share_prefix}
         logprobs, mask = sequence_logprobs(policy.model, seqs, masks, **options)
-        loss, _ = L.policy_loss(logprobs, adv, mask, normaliser="constant", constant=constant)
+        ref = None
         if config.beta > 0 or config.log_kl:
             with torch.no_grad(), policy.as_reference() as reference:
                 ref, _ = sequence_logprobs(reference, seqs, masks, **options)
-            kl = L.kl_k3(logprobs, ref)
-            kl_sum += float(L.masked_sum(kl.detach(), mask))
-            kl_tokens += float(mask.sum())
-            if config.beta > 0:
-                loss = loss + config.beta * L.masked_sum(kl, mask) / constant
+        loss, stats = L.policy_loss(
+            logprobs, adv, mask, ref_logprobs=ref, beta=config.beta, normaliser="constant", constant=constant
+        )
+        if "kl" in stats:  # a token mean per micro-batch: weigh it by its tokens
+            tokens = float(mask.sum())
+            kl_sum += stats["kl"] * tokens
+            kl_tokens += tokens
         loss.backward()
         total_loss += float(loss.detach())
     return {"loss": total_loss, "kl": kl_sum / kl_tokens if kl_tokens else None}

@@ -149,21 +149,20 @@ def grpo_train(
                         ref_logprobs = token_logprobs(reference, ids, attn, keep=width, temperature=config.temperature)
             for _ in range(config.updates_per_batch):
                 logprobs = token_logprobs(policy.model, ids, attn, keep=width, temperature=config.temperature)
+                # β·k3 is added per token, under the policy term's normaliser (as TRL does).
                 loss, stats = L.policy_loss(
                     logprobs,
                     adv,
                     mask,
                     old_logprobs=old_logprobs,
+                    ref_logprobs=ref_logprobs,
+                    beta=config.beta,
                     clip_low=config.clip_low,
                     clip_high=config.clip_high,
                     normaliser=config.normaliser,
                     constant=denominator,
                 )
-                if ref_logprobs is not None:
-                    kl = L.masked_mean(L.kl_k3(logprobs, ref_logprobs), mask)
-                    kl_value = float(kl.detach())
-                    if config.beta > 0:
-                        loss = loss + config.beta * kl
+                kl_value = stats.get("kl", kl_value)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), config.max_grad_norm))

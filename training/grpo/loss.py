@@ -83,30 +83,44 @@ def policy_loss(
     mask: torch.Tensor,
     *,
     old_logprobs: torch.Tensor | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    beta: float = 0.0,
     clip_low: float = 0.2,
     clip_high: float = 0.28,
     normaliser: Normaliser = "constant",
     constant: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The policy-gradient surrogate, to minimise.
+    """The policy-gradient surrogate with its KL penalty, to minimise.
 
     logprobs: (B, T) log π_θ(y_t | …) with gradient; advantages: (B,) one per sequence;
-    mask: (B, T) 1 on tokens being trained (a mask may cover several assistant spans).
+    mask: (B, T) 1 on tokens being trained (a mask may cover several assistant spans);
+    ref_logprobs: (B, T) log π_ref(y_t | …) of the reference (no gradient), or None.
 
-    - old_logprobs None (one optimiser step per batch, the default): per-token term
-      -A · exp(logp - stopgrad(logp)). Its value is -A and its gradient is -A·∇logp: the
-      PPO ratio is exactly 1 and clipping would never act, so it is not computed. The
-      log-probs come from the same forward pass as the gradient, no second pass.
+    Per-token term, as in TRL's GRPOTrainer:
+        l_{b,t} = s_{b,t} + β · k3_{b,t},  k3 = `kl_k3(logprobs, ref_logprobs)`
+    so β weighs the KL exactly as it weighs the policy term, under the same normaliser.
+
+    - old_logprobs None (one optimiser step per batch, the default): s = -A · exp(logp -
+      stopgrad(logp)). Its value is -A and its gradient is -A·∇logp: the PPO ratio is
+      exactly 1 and clipping would never act, so it is not computed. The log-probs come
+      from the same forward pass as the gradient, no second pass.
     - old_logprobs given (a batch reused for several updates): the PPO-clip surrogate
-      -min(ratio·A, clip(ratio, 1-clip_low, 1+clip_high)·A), ratio = exp(logp - old_logp), with the
-      asymmetric "clip-higher" bounds of DAPO (0.2 / 0.28).
+      s = -min(ratio·A, clip(ratio, 1-clip_low, 1+clip_high)·A), ratio = exp(logp - old_logp),
+      with the asymmetric "clip-higher" bounds of DAPO (0.2 / 0.28).
+    - β > 0 needs ref_logprobs. With ref_logprobs and β = 0 the KL is only measured.
 
-    Normaliser of the per-token terms l_{b,t}:
-    - "constant" (default, Dr. GRPO): Σ_{b,t} mask·l / constant, with constant = B x T
-      unless given (pass G·max_new_tokens·prompts for a fixed value across batches);
-      no length bias toward short or long answers.
-    - "token" (DAPO): Σ mask·l / Σ mask — the mean over all trained tokens in the batch.
-    - "sequence" (original GRPO): mean over sequences of each sequence's token mean.
+    Normaliser of the per-token terms l_{b,t} (TRL's loss_type in brackets):
+    - "constant" (default, Dr. GRPO ["dr_grpo"]): Σ_{b,t} mask·l / constant, with
+      constant = B x T unless given (pass G·max_new_tokens·prompts for a fixed value across
+      batches); no length bias toward short or long answers.
+    - "token" (DAPO ["bnpo"; "dapo" when the batch is the whole generation batch]):
+      Σ mask·l / max(Σ mask, 1) — the mean over all trained tokens in the batch.
+    - "sequence" (original GRPO ["grpo"]): mean over sequences of each sequence's token
+      mean Σ_t mask·l / max(Σ_t mask, 1).
+
+    stats: "clip_fraction" with old_logprobs; "kl", the token mean of k3 over the mask
+    (masked_mean, whatever the normaliser: the figure the monitors and charts read), with
+    ref_logprobs.
     """
     adv = advantages.to(logprobs.dtype).unsqueeze(1)  # (B, 1)
     stats: dict[str, float] = {}
@@ -121,16 +135,30 @@ def policy_loss(
         with torch.no_grad():
             # Share of tokens where the clipped term wins the min (their gradient is zero).
             stats["clip_fraction"] = float(masked_mean((clipped < unclipped).float(), mask))
+    if beta > 0 and ref_logprobs is None:
+        raise ValueError("a KL penalty (beta > 0) needs the reference's log-probs")
+    if ref_logprobs is not None:
+        kl = kl_k3(logprobs, ref_logprobs)  # (B, T)
+        stats["kl"] = float(masked_mean(kl.detach(), mask))
+        if beta > 0:  # skipped at β = 0: 0 · k3 is NaN where k3 overflows
+            per_token = per_token + beta * kl
+    return normalised(per_token, mask, normaliser=normaliser, constant=constant), stats
+
+
+def normalised(
+    per_token: torch.Tensor, mask: torch.Tensor, *, normaliser: Normaliser, constant: float | None = None
+) -> torch.Tensor:
+    """Reduce per-token losses (B, T) over `mask` (B, T) to a scalar:
+    "constant": Σ mask·l / constant (B x T when None); "token": Σ mask·l / max(Σ mask, 1);
+    "sequence": mean over b of Σ_t mask·l / max(Σ_t mask, 1)."""
     if normaliser == "constant":
         denom = float(constant) if constant is not None else float(mask.numel())
-        loss = masked_sum(per_token, mask) / denom
-    elif normaliser == "token":
-        loss = masked_mean(per_token, mask)
-    elif normaliser == "sequence":
-        loss = masked_mean(per_token, mask, dim=1).mean()
-    else:
-        raise ValueError(f"unknown normaliser {normaliser!r}")
-    return loss, stats
+        return masked_sum(per_token, mask) / denom
+    if normaliser == "token":
+        return masked_mean(per_token, mask)
+    if normaliser == "sequence":
+        return masked_mean(per_token, mask, dim=1).mean()
+    raise ValueError(f"unknown normaliser {normaliser!r}")
 
 
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
@@ -161,13 +189,7 @@ def distill_kl(
     log_s = torch.log_softmax(student_logits.float(), dim=-1)  # (B, T, V)
     log_t = torch.log_softmax(teacher_logits.detach().float(), dim=-1)  # (B, T, V)
     per_token = (log_s.exp() * (log_s - log_t)).sum(dim=-1)  # (B, T)
-    if normaliser == "token":
-        return masked_mean(per_token, mask)
-    if normaliser == "sequence":
-        return masked_mean(per_token, mask, dim=1).mean()
-    if normaliser == "constant":
-        return masked_sum(per_token, mask) / float(mask.numel())
-    raise ValueError(f"unknown normaliser {normaliser!r}")
+    return normalised(per_token, mask, normaliser=normaliser)
 
 
 def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
