@@ -143,3 +143,105 @@ def test_the_kl_penalty_is_added_per_token_under_the_policy_terms_normaliser():
     assert measured.item() == pytest.approx(4 / 5) and stats["kl"] == pytest.approx(2 * k / 5)
     with pytest.raises(ValueError, match="reference"):
         L.policy_loss(logp, adv, mask, beta=0.1)
+
+
+# --- against TRL ------------------------------------------------------------------------
+# TRL's GRPOTrainer (trl/trainer/grpo_trainer.py, `_compute_loss`), restated here because TRL
+# is not a dependency of the project (only of requirements-bench.txt):
+#   coef_1 = exp(logp - old_logp)   (old_logp = stopgrad(logp) with one iteration per batch)
+#   coef_2 = clamp(coef_1, 1 - epsilon_low, 1 + epsilon_high)
+#   per_token_loss = -min(coef_1·A, coef_2·A) + beta · (exp(ref - logp) - (ref - logp) - 1)
+#   "grpo":    mean_b( Σ_t l·m / max(Σ_t m, 1) )
+#   "bnpo":    Σ l·m / max(Σ m, 1)
+#   "dr_grpo": Σ l·m / (B · max_completion_length)
+#   "dapo":    Σ l·m / (num_items_in_batch / num_processes), num_items_in_batch the trained
+#              tokens of the whole generation batch (all processes and accumulation steps)
+
+
+def trl_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor | None,
+    ref_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    beta: float,
+    loss_type: str,
+    epsilon_low: float = 0.2,
+    epsilon_high: float = 0.28,
+    max_completion_length: int = 0,
+    num_items_in_batch: float = 0.0,
+    num_processes: int = 1,
+) -> torch.Tensor:
+    old = logp.detach() if old_logp is None else old_logp
+    coef_1 = torch.exp(logp - old)
+    coef_2 = torch.clamp(coef_1, 1 - epsilon_low, 1 + epsilon_high)
+    a = advantages.unsqueeze(1)
+    per_token = -torch.min(coef_1 * a, coef_2 * a)
+    per_token = per_token + beta * (torch.exp(ref_logp - logp) - (ref_logp - logp) - 1)
+    if loss_type == "grpo":
+        return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    if loss_type == "bnpo":
+        return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
+    if loss_type == "dr_grpo":
+        return (per_token * mask).sum() / (per_token.size(0) * max_completion_length)
+    if loss_type == "dapo":
+        return (per_token * mask).sum() / (num_items_in_batch / num_processes)
+    raise ValueError(loss_type)
+
+
+def trl_case(seed: int, *, reuse: bool):
+    """Hand-made tensors: 4 sequences of up to 5 tokens, ragged masks, one all-masked row
+    (a dropped or empty sequence), a reference away from the policy and, when reused, old
+    log-probs far enough for both clip bounds to act."""
+    g = torch.Generator().manual_seed(seed)
+    logp = -torch.rand(4, 5, generator=g) * 3 - 0.05  # (B, T)
+    ref = logp + torch.randn(4, 5, generator=g) * 0.5
+    old = logp + torch.randn(4, 5, generator=g) * 0.4 if reuse else None
+    adv = torch.tensor([1.5, -0.5, 0.75, -2.0])
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [0, 1, 1, 1, 0], [0, 0, 0, 0, 0]], dtype=torch.float32)
+    return logp, old, ref, adv, mask
+
+
+# The project's normaliser and constant ↔ TRL's loss_type and its arguments, on one batch
+# (one process, no accumulation: then "dapo"'s global token count is this batch's).
+MAX_COMPLETION_LENGTH = 8  # the configured maximum, wider than this batch's padded T = 5
+PAIRS = [
+    ("sequence", None, {"loss_type": "grpo"}),
+    ("token", None, {"loss_type": "bnpo"}),
+    ("token", None, {"loss_type": "dapo"}),
+    ("constant", 4 * MAX_COMPLETION_LENGTH, {"loss_type": "dr_grpo", "max_completion_length": MAX_COMPLETION_LENGTH}),
+]
+
+
+@pytest.mark.parametrize("reuse", [False, True], ids=["one-update", "ppo-clip"])
+@pytest.mark.parametrize(("normaliser", "constant", "trl"), PAIRS, ids=[p[2]["loss_type"] for p in PAIRS])
+def test_policy_loss_equals_trls_grpo_loss_with_a_kl_penalty(normaliser, constant, trl, reuse):
+    beta = 0.04  # TRL's own former default; any β > 0
+    ratios = []
+    for seed in range(3):
+        logp, old, ref, adv, mask = trl_case(seed, reuse=reuse)
+        ours_logp = logp.clone().requires_grad_(True)
+        theirs_logp = logp.clone().requires_grad_(True)
+        ours, _ = L.policy_loss(
+            ours_logp,
+            adv,
+            mask,
+            old_logprobs=old,
+            ref_logprobs=ref,
+            beta=beta,
+            clip_low=0.2,
+            clip_high=0.28,
+            normaliser=normaliser,
+            constant=constant,
+        )
+        theirs = trl_loss(theirs_logp, old, ref, adv, mask, beta=beta, num_items_in_batch=float(mask.sum()), **trl)
+        assert ours.item() == pytest.approx(theirs.item(), rel=1e-6, abs=1e-7)
+        ours.backward()
+        theirs.backward()
+        assert torch.allclose(ours_logp.grad, theirs_logp.grad, rtol=1e-5, atol=1e-7)
+        if reuse:
+            ratios.append(torch.exp(logp - old)[mask.bool()])
+    if reuse:  # the cases exercise both clip bounds, not only the ratio-1 path
+        ratio = torch.cat(ratios)
+        assert (ratio > 1.28).any() and (ratio < 0.8).any()
