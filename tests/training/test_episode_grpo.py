@@ -217,6 +217,37 @@ def test_a_tiny_episode_job_trains_evaluates_reports_and_exports(tiny_model_dir,
     assert (result.export_path / "adapter_config.json").exists()
 
 
+def test_a_non_finite_episode_loss_stops_the_job_before_the_weights_move(tiny_model_dir, tmp_path, monkeypatch):
+    from training.grpo import loss as L
+    from training.grpo.policy import load_policy
+
+    real = L.policy_loss
+
+    def nan_loss(*args, **kwargs):
+        loss, stats = real(*args, **kwargs)
+        return loss * float("nan"), stats
+
+    monkeypatch.setattr(L, "policy_loss", nan_loss)
+    env = ParityTask(count=4, heldout=0)
+    config = EpisodesConfig(
+        model_path=str(tiny_model_dir),
+        environment="files",
+        steps=1,
+        group_size=2,
+        prompts_per_step=2,
+        max_new_tokens=8,
+        eval_every=0,
+        checkpoint_every=0,
+        samples_every=0,
+        drop_zero_variance=False,
+    )
+    policy = load_policy(config, reference=True)
+    before = {n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad}
+    with pytest.raises(FloatingPointError, match="loss became nan at step 1"):
+        episodes_train(config=config, env=env, tasks=env.tasks(), run_dir=tmp_path, policy=policy, export=False)
+    assert all(torch.equal(p, before[n]) for n, p in policy.model.named_parameters() if p.requires_grad)
+
+
 def test_rewards_combine_the_grader_and_the_judge_by_weight():
     class E:
         def __init__(self, r):

@@ -146,6 +146,53 @@ def test_equal_rewards_mean_no_update(tiny_model_dir, tmp_path):
     assert all(torch.equal(p, before[n]) for n, p in policy.model.named_parameters() if p.requires_grad)
 
 
+def nan_score(item, candidates):
+    return [float("nan")] * len(candidates)
+
+
+def nan_scaled(fn):
+    """`fn` with its loss times NaN: a non-finite loss that still has a gradient."""
+
+    def wrapped(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        if isinstance(out, tuple):
+            return out[0] * float("nan"), *out[1:]
+        return out * float("nan")
+
+    return wrapped
+
+
+@pytest.mark.parametrize("loop", ["grpo", "grpo-nan-reward", "distill", "sft"])
+def test_a_non_finite_loss_stops_the_job_before_the_weights_move(tiny_model_dir, tmp_path, monkeypatch, loop):
+    from training.grpo import loss as L
+    from training.grpo.policy import load_policy
+
+    score = parity_score
+    if loop == "grpo-nan-reward":  # a scorer's NaN, kept by drop_zero_variance=False
+        config = small(GRPOConfig, tiny_model_dir, group_size=4, drop_zero_variance=False)
+        score = nan_score
+    elif loop == "grpo":
+        config = small(GRPOConfig, tiny_model_dir, group_size=4, beta=0.01, drop_zero_variance=False)
+        monkeypatch.setattr(L, "policy_loss", nan_scaled(L.policy_loss))
+    elif loop == "distill":
+        config = small(DistillConfig, tiny_model_dir, samples_per_prompt=2)
+        monkeypatch.setattr(L, "distill_kl", nan_scaled(L.distill_kl))
+    else:
+        config = small(SFTConfig, tiny_model_dir)
+        monkeypatch.setattr(L, "sft_loss", nan_scaled(L.sft_loss))
+    policy = load_policy(config, reference=True)
+    before = trainable_snapshot(policy)
+    items = [TurnItem(id=it.id, messages=it.messages, feedback=it.feedback, target="Sorry.") for it in ITEMS]
+    with pytest.raises(FloatingPointError, match="loss became nan at step 1"):
+        if loop.startswith("grpo"):
+            grpo_train(config=config, items=items, score=score, run_dir=tmp_path, policy=policy, export=False)
+        elif loop == "distill":
+            distill_train(config=config, items=items, run_dir=tmp_path, policy=policy, export=False)
+        else:
+            sft_train(config=config, items=items, run_dir=tmp_path, policy=policy, export=False)
+    assert all(torch.equal(p, before[n]) for n, p in policy.model.named_parameters() if p.requires_grad)
+
+
 def test_a_monitor_breach_flags_and_can_stop_the_job(tiny_model_dir, tmp_path):
     config = small(GRPOConfig, tiny_model_dir, steps=3, group_size=2, max_new_tokens=2)
     config.monitors.max_truncated_share = 0.0  # 2 new tokens: most answers are cut

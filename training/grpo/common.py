@@ -3,6 +3,7 @@ selection that survives a resume, seeded evaluation, rollout statistics."""
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -164,6 +165,19 @@ def evaluate(
         "response_length": fmean(lengths),
         "n": len(rewards),
     }
+
+
+def finite_check(value: float, *, what: str, step: int) -> float:
+    """Return `value`, or raise FloatingPointError when it is NaN or infinite.
+
+    Called on the loss before `backward()` (or, for micro-batches accumulated by
+    `episode_loss_backward`, on their sum) and on the gradient norm before
+    `optimizer.step()`: a step on a non-finite loss or gradient writes NaN into every
+    trained weight, and the job must stop with its weights as they were (its last
+    checkpoint stays good to resume from)."""
+    if not math.isfinite(value):
+        raise FloatingPointError(f"the {what} became {value} at step {step}, before the weights were stepped")
+    return value
 
 
 def checkpoint_save(

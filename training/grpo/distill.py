@@ -22,6 +22,7 @@ from training.grpo.common import (
     batch_for_step,
     checkpoint_save,
     evaluate,
+    finite_check,
     result_close,
     rollout_stats,
     setup_torch,
@@ -112,13 +113,12 @@ def distill_train(
         hooks.emit("on_phase", "update", step, config.steps)
         student_logits = forward_logits(policy.model, rollout.input_ids, rollout.attention_mask, keep=width)
         loss = L.distill_kl(student_logits, teacher_logits, mask)
+        loss_value = finite_check(float(loss.detach()), what="loss", step=step)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), config.max_grad_norm))
+        norm = torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), config.max_grad_norm)
+        grad_norm = finite_check(float(norm), what="gradient norm", step=step)
         optimizer.step()
-        loss_value = float(loss.detach())
-        if not torch.isfinite(torch.tensor(loss_value)):
-            raise FloatingPointError(f"the loss became {loss_value} at step {step}")
 
         metrics = {
             "step": step,
@@ -206,13 +206,12 @@ def sft_train(
         mask = layout.response_mask.float()
         logprobs = token_logprobs(policy.model, layout.input_ids, layout.attention_mask, keep=mask.shape[1])
         loss = L.sft_loss(logprobs, mask)
+        loss_value = finite_check(float(loss.detach()), what="loss", step=step)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), config.max_grad_norm))
+        norm = torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), config.max_grad_norm)
+        grad_norm = finite_check(float(norm), what="gradient norm", step=step)
         optimizer.step()
-        loss_value = float(loss.detach())
-        if not torch.isfinite(torch.tensor(loss_value)):
-            raise FloatingPointError(f"the loss became {loss_value} at step {step}")
         metrics = {
             "step": step,
             "loss": loss_value,

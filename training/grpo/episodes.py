@@ -34,6 +34,7 @@ from training.grpo.common import (
     TrainResult,
     batch_for_step,
     checkpoint_save,
+    finite_check,
     result_close,
     setup_torch,
     step_close,
@@ -641,11 +642,11 @@ def episodes_train(
             out = episode_loss_backward(
                 policy, batch, adv, config=config, constant=constant, micro_batch=config.micro_batch
             )
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), config.max_grad_norm))
+            # Micro-batches are summed, so one non-finite loss among them shows here.
+            loss_value, kl_value = finite_check(out["loss"], what="loss", step=step), out["kl"]
+            norm = torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), config.max_grad_norm)
+            grad_norm = finite_check(float(norm), what="gradient norm", step=step)
             optimizer.step()
-            loss_value, kl_value = out["loss"], out["kl"]
-        if not torch.isfinite(torch.tensor(loss_value)):
-            raise FloatingPointError(f"the loss became {loss_value} at step {step}")
         finished = time.perf_counter()
 
         # Log.

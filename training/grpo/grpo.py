@@ -24,6 +24,7 @@ from training.grpo.common import (
     batch_for_step,
     checkpoint_save,
     evaluate,
+    finite_check,
     result_close,
     rollout_stats,
     setup_torch,
@@ -163,14 +164,13 @@ def grpo_train(
                     constant=denominator,
                 )
                 kl_value = stats.get("kl", kl_value)
+                loss_value = finite_check(float(loss.detach()), what="loss", step=step)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), config.max_grad_norm))
+                norm = torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), config.max_grad_norm)
+                grad_norm = finite_check(float(norm), what="gradient norm", step=step)
                 optimizer.step()
-                loss_value = float(loss.detach())
                 clip_fraction = stats.get("clip_fraction", clip_fraction)
-        if not torch.isfinite(torch.tensor(loss_value)):
-            raise FloatingPointError(f"the loss became {loss_value} at step {step}")
         finished = time.perf_counter()
 
         # Log.
