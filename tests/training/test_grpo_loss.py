@@ -121,6 +121,15 @@ def test_sft_loss_is_the_token_mean_nll():
     assert L.sft_loss(logp, torch.tensor([[1.0, 1.0, 0.0]])).item() == pytest.approx(2.0)
 
 
+def test_sft_loss_weights_each_rows_first_target_token():
+    # Left-padded rows as the batcher lays them out: row 0's target starts at column 1.
+    logp = torch.tensor([[-50.0, -1.0, -3.0], [-2.0, -4.0, -6.0]])
+    mask = torch.tensor([[0.0, 1.0, 1.0], [1.0, 1.0, 1.0]])
+    # w = 4 on (0, 1) and (1, 0): (4·1 + 3 + 4·2 + 4 + 6) / (4 + 1 + 4 + 1 + 1) = 25 / 11.
+    assert L.sft_loss(logp, mask, first_token_weight=4.0).item() == pytest.approx(25 / 11)
+    assert L.sft_loss(logp, mask, first_token_weight=1.0).item() == pytest.approx(16 / 5)
+
+
 def test_the_kl_penalty_is_added_per_token_under_the_policy_terms_normaliser():
     logp = torch.log(torch.tensor([[0.5, 0.25, 0.5], [0.5, 0.5, 0.5]]))
     ref = torch.log(torch.tensor([[0.25, 0.25, 0.5], [0.5, 0.25, 0.5]]))

@@ -219,6 +219,15 @@ class SFTConfig(TrainConfig):
     kind: ClassVar[str] = "sft"
 
     learning_rate: float = 1e-4
+    # Weight of each target's first token in the token mean (see `loss.sft_loss`): the
+    # token that picks a turn's action. 1 = plain token mean.
+    first_token_weight: float = 1.0
+
+    def validate(self) -> list[tuple[str, str]]:
+        errors = super().validate()
+        if not 1 <= self.first_token_weight <= 100:
+            errors.append(("first_token_weight", "must be between 1 and 100"))
+        return errors
 
 
 @dataclass

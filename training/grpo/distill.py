@@ -205,7 +205,7 @@ def sft_train(
         )
         mask = layout.response_mask.float()
         logprobs = token_logprobs(policy.model, layout.input_ids, layout.attention_mask, keep=mask.shape[1])
-        loss = L.sft_loss(logprobs, mask)
+        loss = L.sft_loss(logprobs, mask, config.first_token_weight)
         loss_value = finite_check(float(loss.detach()), what="loss", step=step)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

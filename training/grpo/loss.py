@@ -192,8 +192,19 @@ def distill_kl(
     return normalised(per_token, mask, normaliser=normaliser)
 
 
-def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Negative log-likelihood of target tokens: -Σ mask·logp / Σ mask (token mean).
+def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor, first_token_weight: float = 1.0) -> torch.Tensor:
+    """Weighted negative log-likelihood of target tokens: -Σ w·mask·logp / Σ w·mask, where
+    w = `first_token_weight` on each row's first target token and 1 elsewhere (w ≡ 1 is
+    the token mean).
 
-    logprobs: (B, T) log π_θ of the target tokens; mask: (B, T)."""
-    return -masked_mean(logprobs, mask)
+    The first token of an agent's turn decides its action — a tool call or a reply — and
+    is one of ~30 target tokens, so under the plain token mean a model learns the
+    templates around a decision long before the decision itself.
+
+    logprobs: (B, T) log π_θ of the target tokens; mask: (B, T), each row's target a
+    contiguous run of ones."""
+    weights = mask.clone()
+    if first_token_weight != 1.0:
+        first = (mask.cumsum(dim=1) == 1) & (mask > 0)
+        weights = torch.where(first, mask * first_token_weight, weights)
+    return -(logprobs * weights).sum() / weights.sum().clamp(min=1e-8)
