@@ -649,6 +649,46 @@ def command_run(args) -> None:
     )
 
 
+# --- the decision, read off the model ---------------------------------------------------------
+
+
+def command_decisions(args) -> None:
+    """P(the turn after a lookup starts a tool call) — i.e. refunds — per kind of order,
+    on the first `--turns` decision contexts of the train and test splits: a model that
+    learned the policy puts it near 1 for delivered orders at most 30 days old and near 0
+    for the rest, on both splits; one that learned "refund after a lookup" puts it high
+    everywhere."""
+    import torch
+
+    from training.environments.support_desk import REFUND_WINDOW_DAYS, SupportDesk
+    from training.grpo.sampling import encode_prompt
+
+    model, tokenizer = load_base()
+    if args.adapter:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, args.adapter)
+    model.eval()
+    start = tokenizer.convert_tokens_to_ids("<")  # "<tool_call>" is tokenised "<", "tool", …
+    desk = SupportDesk()
+    for split in ("train", "test"):
+        items = oracle_items(desk.tasks_for(split=split, graded=True), prefix=split)
+        kinds: dict[str, list[float]] = {}
+        for item in [i for i in items if len(i.messages) == 4][: args.turns]:
+            ids = torch.tensor([encode_prompt(tokenizer, item.messages, item.tools)])
+            with torch.no_grad():
+                p = float(torch.softmax(model(input_ids=ids, logits_to_keep=1).logits[0, -1].float(), -1)[start])
+            row = json.loads(item.messages[-1]["content"])
+            days = row["delivered_days_ago"]
+            kind = (
+                row["status"]
+                if row["status"] != "delivered"
+                else f"delivered, {'≤' if days <= REFUND_WINDOW_DAYS else '>'} 30 days"
+            )
+            kinds.setdefault(kind, []).append(p)
+        print(f"{split}: " + "; ".join(f"{k} {sum(v) / len(v):.2f} (n={len(v)})" for k, v in sorted(kinds.items())))
+
+
 # --- the summary ---------------------------------------------------------------------------
 
 
@@ -742,6 +782,9 @@ def main() -> int:
             p.add_argument("--first-token-weight", dest="first_token_weight", type=float)
             p.add_argument("--lr", dest="learning_rate", type=float)
             p.add_argument("--threads", type=int, default=1, help="torch threads")
+    decisions = sub.add_parser("decisions", help="P(refund) after a lookup, per kind of order")
+    decisions.add_argument("--adapter", default="", help="a run's adapter folder (default: the base model)")
+    decisions.add_argument("--turns", type=int, default=40)
     summary = sub.add_parser("summary")
     summary.add_argument("--runs", type=Path, default=OUT / "runs.jsonl", help="the runs' record (JSONL)")
     args = parser.parse_args()
@@ -755,7 +798,7 @@ def main() -> int:
 
     torch.set_num_threads(1)
     cpu_attention()
-    {"base": command_base, "run": command_run}[args.command](args)
+    {"base": command_base, "run": command_run, "decisions": command_decisions}[args.command](args)
     return 0
 
 

@@ -131,6 +131,12 @@ def main() -> int:
     )
     parser.add_argument("--sft-prompts", type=int, default=4, help="SFT turns per step")
     parser.add_argument("--sft-lr", type=float, default=5e-4)
+    parser.add_argument(
+        "--first-token-weight",
+        type=float,
+        default=1.0,
+        help="weight of each target's first token, the one that picks the turn's action (SFT)",
+    )
     parser.add_argument("--lora-rank", type=int, default=16)
     parser.add_argument("--steps", type=int, default=10, help="GRPO steps")
     parser.add_argument("--group-size", type=int, default=4)
@@ -277,6 +283,7 @@ def main() -> int:
                         **lora,
                         **quiet,
                         "learning_rate": args.sft_lr,
+                        "first_token_weight": args.first_token_weight,
                         "steps": args.sft_steps,
                         "prompts_per_step": args.sft_prompts,
                     }
