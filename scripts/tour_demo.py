@@ -134,8 +134,9 @@ def main() -> int:
     parser.add_argument(
         "--first-token-weight",
         type=float,
-        default=1.0,
-        help="weight of each target's first token, the one that picks the turn's action (SFT)",
+        default=32.0,
+        help="weight of each target's first token, the one that picks the turn's action (SFT); "
+        "1 = the plain token mean, which did not learn the decision in scripts/desk_experiment.py",
     )
     parser.add_argument("--lora-rank", type=int, default=16)
     parser.add_argument("--steps", type=int, default=10, help="GRPO steps")
