@@ -87,14 +87,9 @@ def test_the_orchestrator_batches_the_turns_of_parallel_episodes_in_separate_san
     assert stats["turns"] == 2.0
 
 
-def test_the_loss_value_counts_exactly_the_sampled_tokens(tiny_model_dir, tokenizer):
-    """With one update per batch the surrogate's value is -Σ_b A_b · n_b / constant, n_b
-    the tokens the model sampled in episode b: a mask that covered a prompt or a tool
-    result token would change it."""
-    from training.grpo.policy import load_policy
-
-    config = EpisodesConfig(model_path=str(tiny_model_dir), adapter="full", log_kl=False, temperature=1.0)
-    policy = load_policy(config)
+def _one_group(tokenizer):
+    """One file task played 4 times by a scripted model: its episodes, their batch and
+    fixed advantages."""
     env = FileTasks(count=2, heldout=0, example=False)
     episodes = episodes_rollout(
         env,
@@ -105,7 +100,18 @@ def test_the_loss_value_counts_exactly_the_sampled_tokens(tiny_model_dir, tokeni
         stop_ids={tokenizer.eos_token_id},
     )
     batch = episode_batch(tokenizer, episodes, [0, 1, 2, 3], tokenizer.pad_token_id)
-    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    return episodes, batch, torch.tensor([1.0, -1.0, 0.5, -0.5])
+
+
+def test_the_loss_value_counts_exactly_the_sampled_tokens(tiny_model_dir, tokenizer):
+    """With one update per batch the surrogate's value is -Σ_b A_b · n_b / constant, n_b
+    the tokens the model sampled in episode b: a mask that covered a prompt or a tool
+    result token would change it."""
+    from training.grpo.policy import load_policy
+
+    config = EpisodesConfig(model_path=str(tiny_model_dir), adapter="full", log_kl=False, temperature=1.0)
+    policy = load_policy(config)
+    episodes, batch, advantages = _one_group(tokenizer)
     out = episode_loss_backward(policy, batch, advantages, config=config, constant=1000.0, micro_batch=3)
     counts = [sum(len(c.extra["ids"]) for c in e.completions) for e in episodes]
     expected = -sum(a * n for a, n in zip(advantages.tolist(), counts, strict=True)) / 1000.0
@@ -127,17 +133,7 @@ def test_the_episode_loss_adds_beta_k3_per_token_under_the_constant(tiny_model_d
     with torch.no_grad():  # move the policy away from its reference, so k3 > 0
         for param in policy.model.parameters():
             param.add_(torch.randn_like(param) * 0.05)
-    env = FileTasks(count=2, heldout=0, example=False)
-    episodes = episodes_rollout(
-        env,
-        env.tasks()[:1],
-        group_size=4,
-        tokenizer=tokenizer,
-        generate=scripted_generate(tokenizer, []),
-        stop_ids={tokenizer.eos_token_id},
-    )
-    batch = episode_batch(tokenizer, episodes, [0, 1, 2, 3], tokenizer.pad_token_id)
-    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    episodes, batch, advantages = _one_group(tokenizer)
     out = episode_loss_backward(policy, batch, advantages, config=config, constant=1000.0, micro_batch=3)
 
     options = {"pad_id": batch.pad_id, "temperature": 1.0, "share_prefix": False}

@@ -109,11 +109,17 @@ def test_bad_requests_name_the_field(base_version, task_set):
     with pytest.raises(JobError) as err:
         training_job_create(kind="sft", config={}, base_version=base_version, training_set=task_set)
     assert err.value.errors == [("training_set", "has no corrected responses to fine-tune on")]
+    for weight in (0.5, None):
+        with pytest.raises(JobError) as err:
+            training_job_create(
+                kind="sft", config={"first_token_weight": weight}, base_version=base_version, training_set=task_set
+            )
+        assert err.value.errors[0] == ("config.first_token_weight", "must be between 1 and 100")
     with pytest.raises(JobError) as err:
         training_job_create(
-            kind="sft", config={"first_token_weight": 0.5}, base_version=base_version, training_set=task_set
+            kind="sft", config={"first_token_weight": "32"}, base_version=base_version, training_set=task_set
         )
-    assert err.value.errors[0] == ("config.first_token_weight", "must be between 1 and 100")
+    assert err.value.errors[0][0] == "config.first_token_weight"
     with pytest.raises(JobError):
         training_job_create(kind="nope", config={}, base_version=base_version, training_set=task_set)
     assert not TrainingJob.objects.exists()

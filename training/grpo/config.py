@@ -225,7 +225,10 @@ class SFTConfig(TrainConfig):
 
     def validate(self) -> list[tuple[str, str]]:
         errors = super().validate()
-        if not 1 <= self.first_token_weight <= 100:
+        if errors:
+            return errors
+        weight = self.first_token_weight
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not 1 <= weight <= 100:
             errors.append(("first_token_weight", "must be between 1 and 100"))
         return errors
 
