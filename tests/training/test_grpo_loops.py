@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from tests.fixtures.configs import small
 from training.grpo.common import Hooks
 from training.grpo.config import ConfigError, DistillConfig, GRPOConfig, SFTConfig, config_from_dict
 from training.grpo.distill import distill_train, sft_train
@@ -25,20 +26,6 @@ ITEMS = [
 def parity_score(item, candidates):
     # Any reward that varies within a group works for the mechanics.
     return [float(len(c) % 2) for c in candidates]
-
-
-def small(cls, model_dir, **kw):
-    base = dict(
-        model_path=str(model_dir),
-        steps=3,
-        prompts_per_step=2,
-        max_new_tokens=6,
-        eval_every=0,
-        checkpoint_every=0,
-        samples_every=0,
-        learning_rate=5e-3,
-    )
-    return cls(**(base | kw))
 
 
 def trainable_snapshot(policy):

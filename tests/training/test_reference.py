@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tests.fixtures.adapters import random_adapter_make
+from tests.fixtures.configs import small
 from training.grpo.common import Hooks
 from training.grpo.config import GRPOConfig
 from training.grpo.grpo import grpo_train
@@ -29,19 +30,7 @@ def logits_of(model) -> torch.Tensor:
 
 
 def config_for(model_dir, **kw) -> GRPOConfig:
-    base = dict(
-        model_path=str(model_dir),
-        steps=1,
-        prompts_per_step=2,
-        group_size=4,
-        max_new_tokens=6,
-        eval_every=0,
-        checkpoint_every=0,
-        samples_every=0,
-        learning_rate=5e-3,
-        device="cpu",
-    )
-    return GRPOConfig(**(base | kw))
+    return small(GRPOConfig, model_dir, **({"steps": 1, "group_size": 4, "device": "cpu"} | kw))
 
 
 def test_the_reference_of_a_job_continued_from_a_lora_version_is_that_version_and_stays_frozen(
