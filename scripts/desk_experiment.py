@@ -512,8 +512,10 @@ def train(recipe: dict[str, Any], *, seed: int, run_dir: Path):
         else:
             stale[0] += 1
 
-    validation_tasks = eval_tasks(split="validation", episodes=recipe["validate_episodes"], seed=seed)
     harness_val = Harness(policy.model, policy.tokenizer) if recipe["validate_at"] else None
+    validation_tasks = (
+        eval_tasks(split="validation", episodes=recipe["validate_episodes"], seed=seed) if harness_val else []
+    )
 
     def on_step(step: int, metrics: dict) -> None:
         if step % 10 == 0:
