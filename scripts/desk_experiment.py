@@ -73,6 +73,9 @@ BASE_RECIPE: dict[str, Any] = {
     "validate_at": [],
     "validate_episodes": 16,
     "first_token_weight": 1.0,  # see training.grpo.loss.sft_loss
+    # Counterfactual copies of each decision point: the lookup shows another status and
+    # age, the target is what the policy does then (support_desk.counterfactual_turns).
+    "variants": 0,
 }
 RECIPES: dict[str, dict[str, Any]] = {
     "memorise": {"orders": 8, "steps": 200},
@@ -104,6 +107,15 @@ RECIPES: dict[str, dict[str, Any]] = {
         "learning_rate": 1e-3,
         "first_token_weight": 32.0,
         "validate_at": [75, 150],
+    },
+    # The same, with 3 counterfactual copies of every decision point.
+    "decisions-weighted-32-cf3": {
+        "focus": "decisions",
+        "steps": 150,
+        "learning_rate": 1e-3,
+        "first_token_weight": 32.0,
+        "validate_at": [75, 150],
+        "variants": 3,
     },
 }
 
@@ -388,25 +400,29 @@ def eval_tasks(*, split: str, episodes: int, seed: int, fresh_seed: int | None =
 # --- training ----------------------------------------------------------------------------
 
 
-def oracle_items(tasks, *, prefix: str):
-    """One SFT item per oracle turn of each task (see `oracle_turns`)."""
-    from training.environments.support_desk import SupportDesk, oracle_turns
+def oracle_items(tasks, *, prefix: str, variants: int = 0, rng: random.Random | None = None):
+    """One SFT item per oracle turn of each task (see `oracle_turns`), and `variants`
+    counterfactual copies of each decision point (`counterfactual_turns`)."""
+    from training.environments.support_desk import SupportDesk, counterfactual_turns, oracle_turns
     from training.grpo.items import TurnItem
 
     env = SupportDesk()
+    rng = rng or random.Random(0)
     items = []
     for task in tasks:
         for k, turn in enumerate(oracle_turns(task=task, env=env)):
-            items.append(
-                TurnItem(
-                    id=f"{prefix}:{task.id}:{k}",
-                    messages=turn["messages"],
-                    tools=task.tools,
-                    target=turn["target"],
-                    reference=turn["reference"],
-                    grader="tool_action",
+            extra = counterfactual_turns(task=task, messages=turn["messages"], count=variants, rng=rng)
+            for j, t in enumerate([turn, *extra]):
+                items.append(
+                    TurnItem(
+                        id=f"{prefix}:{task.id}:{k}" + (f":v{j}" if j else ""),
+                        messages=t["messages"],
+                        tools=task.tools,
+                        target=t["target"],
+                        reference=t["reference"],
+                        grader="tool_action",
+                    )
                 )
-            )
     return items
 
 
@@ -453,7 +469,9 @@ def train(recipe: dict[str, Any], *, seed: int, run_dir: Path):
         refundable = [t for t in train_tasks if t.hidden["refund"]][: recipe["orders"] // 2]
         refused = [t for t in train_tasks if not t.hidden["refund"]][: recipe["orders"] - len(refundable)]
         train_tasks = refundable + refused
-    items = oracle_items(train_tasks, prefix="train")
+    items = oracle_items(
+        train_tasks, prefix="train", variants=recipe["variants"], rng=random.Random(f"variants-{seed}")
+    )
     if recipe["focus"] == "decisions":
         keep_every = {2: 2, 4: 1, 6: 4}  # context length → keep one in N (first turn, decision, confirmation)
         seen: dict[int, int] = {}
@@ -615,7 +633,7 @@ def command_run(args) -> None:
 
     torch.set_num_threads(args.threads)
     recipe = {**BASE_RECIPE, **RECIPES[args.recipe]}
-    for key in ("steps", "lora_rank", "orders", "first_token_weight", "learning_rate"):
+    for key in ("steps", "lora_rank", "orders", "first_token_weight", "learning_rate", "variants"):
         if getattr(args, key) is not None:
             recipe[key] = getattr(args, key)
     run_dir = OUT / "runs" / f"{args.recipe}-seed{args.seed}-{int(time.time())}"
@@ -783,6 +801,7 @@ def main() -> int:
             p.add_argument("--orders", type=int)
             p.add_argument("--first-token-weight", dest="first_token_weight", type=float)
             p.add_argument("--lr", dest="learning_rate", type=float)
+            p.add_argument("--variants", type=int, help="counterfactual copies of each decision point")
             p.add_argument("--threads", type=int, default=1, help="torch threads")
     decisions = sub.add_parser("decisions", help="P(refund) after a lookup, per kind of order")
     decisions.add_argument("--adapter", default="", help="a run's adapter folder (default: the base model)")

@@ -5,6 +5,7 @@ that share no order, id, customer or wording, and freshly generated slices."""
 from __future__ import annotations
 
 import json
+import random
 import re
 
 import pytest
@@ -15,6 +16,8 @@ from training.environments.support_desk import (
     REFUND_WINDOW_DAYS,
     SPLITS,
     SupportDesk,
+    counterfactual_turns,
+    oracle_turns,
     orders_table,
     refund_allowed,
     store_orders,
@@ -111,6 +114,50 @@ def test_ids_come_in_several_formats_and_ages_fall_on_both_sides_of_the_line():
         assert any(d <= REFUND_WINDOW_DAYS for d in near) and any(d > REFUND_WINDOW_DAYS for d in near), split
         assert {r["status"] for r in rows} >= {"delivered", "shipped", "refunded"}
         assert len({r["item"] for r in rows}) >= 10 and len({r["price"] for r in rows}) >= 10
+
+
+def test_no_validation_test_or_fresh_order_has_a_day_count_training_shows():
+    def day_counts(rows):
+        return {r["delivered_days_ago"] for r in rows if r["delivered_days_ago"] is not None}
+
+    orders = store_orders()
+    train = day_counts(orders["train"])
+    fresh = day_counts(SupportDesk().reset(SupportDesk().tasks_fresh(seed=2)[0]).table.rows) - day_counts(
+        [r for rows in orders.values() for r in rows]
+    )
+    for name, counts in (("validation", day_counts(orders["validation"])), ("test", day_counts(orders["test"]))):
+        assert counts and not counts & train, (name, counts & train)
+        # Both sides of the line, close to it, among the unseen counts.
+        assert any(REFUND_WINDOW_DAYS - 8 <= d <= REFUND_WINDOW_DAYS for d in counts), name
+        assert any(REFUND_WINDOW_DAYS < d <= REFUND_WINDOW_DAYS + 10 for d in counts), name
+    assert not fresh & train
+
+
+def test_a_counterfactual_decision_point_changes_only_the_lookup_and_the_policys_answer_follows():
+    desk = SupportDesk()
+    task = refund_task(desk, allowed=True)
+    decision = next(t for t in oracle_turns(task=task, env=desk) if t["messages"][-1]["role"] == "tool")
+    variants = counterfactual_turns(task=task, messages=decision["messages"], count=40, rng=random.Random(3))
+    assert len(variants) == 40
+    order_id = task.hidden["order_id"]
+    answers = set()
+    for v in variants:
+        assert v["messages"][:-1] == decision["messages"][:-1]  # the request, id and customer kept
+        row = json.loads(v["messages"][-1]["content"])
+        assert (row["order_id"], row["customer"]) == (order_id, desk.table.row(order_id)["customer"])
+        assert row["delivered_days_ago"] is None or row["delivered_days_ago"] % 2 == 0  # training's day counts
+        accepted = json.loads(v["reference"])
+        if refund_allowed(row):
+            assert accepted == [{"tool": "issue_refund", "arguments": {"order_id": order_id}}]
+            assert v["target"].startswith("<tool_call>") and order_id in v["target"]
+        else:
+            assert accepted == [{"reply": True}] and not v["target"].startswith("<tool_call>")
+            assert order_id in v["target"]
+        answers.add(refund_allowed(row))
+    assert answers == {True, False}
+    # The original context is not modified, and a point that is not a decision has none.
+    assert json.loads(decision["messages"][-1]["content"]) == desk.table.row(order_id)
+    assert counterfactual_turns(task=task, messages=task.first_messages(), count=3, rng=random.Random(0)) == []
 
 
 def test_a_fresh_slice_is_generated_anew_from_its_seed_and_played_on_the_store_table():

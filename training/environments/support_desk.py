@@ -15,7 +15,8 @@ grade — only an operator's comment or a customer's words say whether the answe
 
 The store is generated from a seed (`STORE_SEED`): order ids in several formats, items,
 customers, prices and delivery ages on both sides of the policy's line, and many request
-wordings. Its orders fall into three splits that share no order, id, customer or wording:
+wordings. Its orders fall into three splits that share no order, id, customer, wording or
+day count (`DAY_RESIDUES`):
 `train` (what training traffic may come from), `validation` (for choosing a checkpoint)
 and `test` (every figure the project reports). `tasks_fresh(seed=…)` generates a slice
 anew ("fresh"): other orders, ids, customers and wordings again, added to the same table,
@@ -28,6 +29,7 @@ from __future__ import annotations
 import json
 import random
 import string
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any
 
@@ -223,28 +225,40 @@ _CUSTOMER_FEEDBACK = [
 ]
 
 
-def _case(rng: random.Random, kind: int) -> tuple[str, int | None, bool]:
+# Day counts are dealt to the splits, so every validation, test and fresh order was
+# delivered a number of days ago that no training order shows: the 30-day rule has to be
+# read off the number, not matched. Train has the even counts, validation those that are
+# 1 (mod 4), test and fresh slices those that are 3 (mod 4).
+DAY_RESIDUES = {"train": (0, 2), "validation": (1,), "test": (3,), FRESH_SPLIT: (3,)}
+
+
+def _days(rng: random.Random, low: int, high: int, split: str) -> int:
+    return rng.choice([d for d in range(low, high + 1) if d % 4 in DAY_RESIDUES[split]])
+
+
+def _case(rng: random.Random, kind: int, split: str) -> tuple[str, int | None, bool]:
     """(status, days since delivery, already refunded) for the `kind`-th case of eight:
     four refundable (one of them close to the line), four not (two of those just past it
-    or long past it, one shipping, one processing or already refunded)."""
+    or long past it, one shipping, one processing or already refunded); the days drawn
+    from `split`'s own day counts (`DAY_RESIDUES`)."""
     if kind in (0, 1, 2):
-        return "delivered", rng.randint(0, REFUND_WINDOW_DAYS - 6), False
+        return "delivered", _days(rng, 0, REFUND_WINDOW_DAYS - 9, split), False
     if kind == 3:
-        return "delivered", rng.randint(REFUND_WINDOW_DAYS - 5, REFUND_WINDOW_DAYS), False
+        return "delivered", _days(rng, REFUND_WINDOW_DAYS - 8, REFUND_WINDOW_DAYS, split), False
     if kind == 4:
-        return "delivered", rng.randint(REFUND_WINDOW_DAYS + 1, REFUND_WINDOW_DAYS + 8), False
+        return "delivered", _days(rng, REFUND_WINDOW_DAYS + 1, REFUND_WINDOW_DAYS + 10, split), False
     if kind == 5:
-        return "delivered", rng.randint(REFUND_WINDOW_DAYS + 9, 180), False
+        return "delivered", _days(rng, REFUND_WINDOW_DAYS + 11, 180, split), False
     if kind == 6:
         return "shipped", None, False
     if rng.random() < 0.5:
         return "processing", None, False
-    return "delivered", rng.randint(1, 60), True
+    return "delivered", _days(rng, 1, 60, split), True
 
 
-def _orders(rng: random.Random, count: int, ids: set[str], names: list[str]) -> list[dict[str, Any]]:
-    """`count` new orders whose ids are not in `ids` (added to it), for customers popped
-    from `names`; every id format and every case in turn, then shuffled."""
+def _orders(rng: random.Random, count: int, ids: set[str], names: list[str], split: str) -> list[dict[str, Any]]:
+    """`count` new orders of `split` whose ids are not in `ids` (added to it), for
+    customers popped from `names`; every id format and every case in turn, then shuffled."""
     rows = []
     for i in range(count):
         make_id = ID_FORMATS[i % len(ID_FORMATS)]
@@ -254,7 +268,7 @@ def _orders(rng: random.Random, count: int, ids: set[str], names: list[str]) -> 
         ids.add(order_id)
         item, base_price = rng.choice(_ITEMS)
         price = round(base_price * rng.choice((0.8, 0.9, 1.0, 1.0, 1.1, 1.25)), 2)
-        status, days, refunded = _case(rng, i % 8)
+        status, days, refunded = _case(rng, i % 8, split)
         rows.append(
             {
                 "order_id": order_id,
@@ -294,7 +308,7 @@ def store_orders(seed: int = STORE_SEED) -> dict[str, tuple[dict[str, Any], ...]
     rng = random.Random(f"store-{seed}")
     ids: set[str] = set()
     names = _all_names(seed)
-    return {split: tuple(_orders(rng, SPLIT_ORDERS[split], ids, names)) for split in SPLITS}
+    return {split: tuple(_orders(rng, SPLIT_ORDERS[split], ids, names, split)) for split in SPLITS}
 
 
 def orders_table(seed: int = STORE_SEED) -> RecordTable:
@@ -311,7 +325,7 @@ def fresh_orders(*, seed: int, store_seed: int = STORE_SEED) -> tuple[dict[str, 
     used = {row["customer"] for rows in store.values() for row in rows}
     names = [n for n in _all_names(store_seed) if n not in used]
     random.Random(f"fresh-names-{seed}").shuffle(names)
-    return tuple(_orders(random.Random(f"fresh-{store_seed}-{seed}"), FRESH_ORDERS, ids, names))
+    return tuple(_orders(random.Random(f"fresh-{store_seed}-{seed}"), FRESH_ORDERS, ids, names, FRESH_SPLIT))
 
 
 @lru_cache(maxsize=16)
@@ -563,6 +577,49 @@ def oracle_turns(*, task: Task, env: SupportDesk | None = None) -> list[dict[str
     finally:
         env.close(state)
     return turns
+
+
+def counterfactual_turns(
+    *, task: Task, messages: list[dict[str, Any]], count: int, rng: random.Random
+) -> list[dict[str, Any]]:
+    """`count` copies of a decision point (`messages` ends with the lookup of the task's
+    order) whose lookup shows another status and delivery age, drawn over the eight
+    cases of the store (half of them near the refund window's line), each with the
+    corrected response and accepted actions the hidden policy gives for that row.
+
+    Oracle labels, for training only: the same request, id and customer with only the
+    looked-up facts changed, so the one thing that separates the targets is what the
+    policy reads (the status and days since delivery), not which order it is."""
+    order_id = task.hidden.get("order_id")
+    row = _looked_up(messages, order_id) if order_id else None
+    if row is None or not task.hidden.get("graded") or "issue_refund" in _done_actions(messages, order_id):
+        return []
+    out = []
+    for _ in range(count):
+        status, days, refunded = _case(rng, rng.randrange(8), task.split)
+        changed = {
+            **row,
+            "status": "refunded" if refunded else status,
+            "delivered_days_ago": days,
+            "refunded_amount": row["price"] if refunded else 0.0,
+        }
+        allowed = refund_allowed(changed)
+        variant = [dict(m) for m in messages]
+        for m in reversed(variant):
+            if m.get("role") == "tool" and _looked_up([m], order_id) is not None:
+                m["content"] = json.dumps(changed)
+                break
+        expected = (
+            {"status": "refunded", "refunded_amount": changed["price"]}
+            if allowed
+            else {"status": changed["status"], "refunded_amount": changed["refunded_amount"]}
+        )
+        twin = replace(task, hidden={**task.hidden, "refund": allowed, "expected": {order_id: expected}})
+        target = turn_target(task=twin, messages=variant)
+        reference = turn_reference(task=twin, messages=variant)
+        if target is not None and reference is not None:
+            out.append({"messages": variant, "target": target, "reference": reference})
+    return out
 
 
 def _looked_up(messages: list[dict[str, Any]], order_id: str) -> dict[str, Any] | None:
