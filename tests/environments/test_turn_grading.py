@@ -267,6 +267,58 @@ def test_a_training_set_with_targets_holds_the_corrected_turns_for_sft():
     assert training_set.selection["targets"] is True
 
 
+@pytest.mark.django_db
+def test_counterfactual_copies_of_a_decision_stay_with_it_across_the_heldout_split_and_say_they_are_oracle():
+    from tests.factories import DeploymentFactory
+    from training.services.training_sets import TrainingSetError
+
+    desk = SupportDesk()
+    deployment = DeploymentFactory(name="support-bot")
+    tasks = _tasks(allowed=True)[:6] + _tasks(allowed=False)[:6]
+    for i, task in enumerate(tasks):
+        order = task.hidden["order_id"]
+        _store(deployment, f"ep-{i}", task.id, task.split, _context(desk, task.id, _call("lookup_order", order)))
+    training_set = training_set_from_episodes(
+        deployment=deployment,
+        environment="support-desk",
+        name="desk",
+        heldout_fraction=0.5,
+        first_turns=False,
+        targets=True,
+        variants=4,
+    )
+    rows = list(TrainingItem.objects.filter(training_set=training_set))
+    assert training_set.item_count == len(tasks) * 5 and training_set.selection["variants"] == 4
+    by_turn: dict[str, list] = {}
+    for row in rows:
+        by_turn.setdefault(row.key.split(":counterfactual-")[0], []).append(row)
+        assert row.provenance["labels"] == "oracle"
+    assert len(by_turn) == len(tasks)
+    assert {row.split for row in rows} == {"train", "heldout"}  # both sides used, each turn on one
+    for copies in by_turn.values():
+        assert len({row.split for row in copies}) == 1
+        assert sorted(row.provenance.get("counterfactual", 0) for row in copies) == [0, 1, 2, 3, 4]
+    refunds = [row for row in rows if row.corrected_response.startswith("<tool_call>")]
+    assert 0 < len(refunds) < len(rows)  # copies of a refusal can be refunds and the other way round
+    # The same copies on a rebuild.
+    again = training_set_from_episodes(
+        deployment=deployment,
+        environment="support-desk",
+        name="desk",
+        heldout_fraction=0.5,
+        first_turns=False,
+        targets=True,
+        variants=4,
+    )
+    assert sorted((r.key, r.corrected_response) for r in TrainingItem.objects.filter(training_set=again)) == sorted(
+        (r.key, r.corrected_response) for r in rows
+    )
+    for bad, targets in ((4, False), (99, True), (-1, True)):
+        with pytest.raises(TrainingSetError) as caught:
+            episode_turn_items(deployment=deployment, environment="support-desk", targets=targets, variants=bad)
+        assert caught.value.errors[0][0] == "variants"
+
+
 def test_the_oracle_turns_play_each_task_to_success_over_its_own_order():
     """`oracle_turns` (oracle labels: the hidden policy's own moves) are contexts an SFT set
     can use without logged traffic: played back as a model's turns they succeed, touch no

@@ -13,6 +13,7 @@ only the environment's training split is used, so its validation and test tasks 
 from __future__ import annotations
 
 import importlib
+import random
 from collections import defaultdict
 from typing import Any
 
@@ -23,6 +24,7 @@ from training.models import TrainingItemKind, TrainingSet
 from training.services.training_sets import TrainingSetError, training_set_create
 
 MAX_TRACES = 2000
+MAX_VARIANTS = 16
 
 
 def _turn_function(env, name: str, what: str):
@@ -41,18 +43,30 @@ def episode_turn_items(
     limit: int = MAX_TRACES,
     first_turns: bool = True,
     targets: bool = False,
+    variants: int = 0,
 ) -> list[dict[str, Any]]:
     """One item per assistant turn of the deployment's latest `limit` traces of
     `environment`'s `split` tasks that have a programmatic grade. Without `first_turns`,
     only the turns after the agent's first one (e.g. when a harness constrains its first
     turn differently from the rest). With `targets`, each item also carries the accepted
-    action written out as a corrected response (`turn_target`), for an SFT job."""
+    action written out as a corrected response (`turn_target`), for an SFT job, and with
+    `variants` (targets only), that many counterfactual copies of each decision point
+    (`counterfactual_turns`: the looked-up facts changed, the target the policy's answer
+    to them), on the same side of the held-out split as the turn they copy.
+
+    Every target here is an oracle label (the environment's hidden answer), not anybody's
+    feedback; the items' provenance says so."""
     try:
         env = environment_get(environment)
     except KeyError as exc:
         raise TrainingSetError([("environment", str(exc.args[0]))]) from None
     reference_for = _turn_function(env, "turn_reference", "grade a single turn")
     target_for = _turn_function(env, "turn_target", "write a corrected turn") if targets else None
+    if variants and not targets:
+        raise TrainingSetError([("variants", "counterfactual copies need targets (an SFT set)")])
+    if not 0 <= variants <= MAX_VARIANTS:
+        raise TrainingSetError([("variants", f"must be between 0 and {MAX_VARIANTS}")])
+    variants_for = _turn_function(env, "counterfactual_turns", "vary a decision point") if variants else None
     tasks = {t.id: t for t in env.tasks()}
     traces = list(
         Trace.objects.filter(deployment=deployment, environment=environment, metadata__split=split).order_by(
@@ -79,10 +93,14 @@ def episode_turn_items(
             reference = reference_for(task=task, messages=context)
             if reference is None or not context:
                 continue
+            key = f"episode:{trace.deployment_id}:{trace.external_id}:{turn.position}"
+            provenance = {"environment": environment, "task_id": task.id, "split": split}
+            if target_for:
+                provenance["labels"] = "oracle"
             items.append(
                 {
                     "kind": TrainingItemKind.TASK,
-                    "key": f"episode:{trace.deployment_id}:{trace.external_id}:{turn.position}",
+                    "key": key,
                     "messages": context,
                     "tools": trace.tools or task.tools,
                     "reference": reference,
@@ -91,9 +109,27 @@ def episode_turn_items(
                     "corrected_response": target_for(task=task, messages=context) if target_for else None,
                     "trace_id": trace.pk,
                     "message_id": turn.pk,
-                    "provenance": {"environment": environment, "task_id": task.id, "split": split},
+                    "provenance": provenance,
                 }
             )
+            if variants_for is None:
+                continue
+            rng = random.Random(key)  # the same copies on every rebuild
+            for j, copy in enumerate(variants_for(task=task, messages=context, count=variants, rng=rng), start=1):
+                items.append(
+                    {
+                        "kind": TrainingItemKind.TASK,
+                        "key": f"{key}:counterfactual-{j}",
+                        "split_key": key,
+                        "messages": copy["messages"],
+                        "tools": trace.tools or task.tools,
+                        "reference": copy["reference"],
+                        "grader": "tool_action",
+                        "corrected_response": copy["target"],
+                        "trace_id": trace.pk,
+                        "provenance": {**provenance, "counterfactual": j},
+                    }
+                )
     return items
 
 
@@ -107,6 +143,7 @@ def training_set_from_episodes(
     limit: int = MAX_TRACES,
     first_turns: bool = True,
     targets: bool = False,
+    variants: int = 0,
     user=None,
 ) -> TrainingSet:
     """The next version of `name`: every graded turn of the logged `environment` episodes."""
@@ -117,6 +154,7 @@ def training_set_from_episodes(
         limit=limit,
         first_turns=first_turns,
         targets=targets,
+        variants=variants,
     )
     return training_set_create(
         name=name,
@@ -129,6 +167,7 @@ def training_set_from_episodes(
             "limit": limit,
             "first_turns": first_turns,
             "targets": targets,
+            "variants": variants,
         },
         description=f"every graded turn of the {environment} episodes ({split} tasks)",
         heldout_fraction=heldout_fraction,

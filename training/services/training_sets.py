@@ -42,7 +42,9 @@ def training_set_create(
     user=None,
 ) -> TrainingSet:
     """Store the next version of `name` with `items` (dicts with TrainingItem's fields;
-    `key` required and unique). Validates everything before writing anything."""
+    `key` required and unique; items with the same optional `split_key` fall on the same
+    side of the train/held-out split, e.g. copies of one turn). Validates everything
+    before writing anything."""
     errors: list[tuple[str, str]] = []
     if not 0 <= heldout_fraction < 1:
         errors.append(("heldout_fraction", "must be in [0, 1)"))
@@ -75,7 +77,11 @@ def training_set_create(
         created_by=user,
     )
     rows = [
-        TrainingItem(training_set=training_set, split=split_for(item["key"], heldout_fraction), **_item_fields(item))
+        TrainingItem(
+            training_set=training_set,
+            split=split_for(item.get("split_key") or item["key"], heldout_fraction),
+            **_item_fields(item),
+        )
         for item in items
     ]
     TrainingItem.objects.bulk_create(rows, batch_size=500)
