@@ -15,7 +15,9 @@ With everything real, for each of `--seeds` seeds in turn:
 4. A training set of every graded turn of this seed's episodes (`training_set_from_episodes`:
    the context, the actions the hidden policy accepts for the `tool_action` grader, and the
    first of them rendered over the customer's order as the harness writes a turn — the
-   set's corrected responses, oracle labels computed from the task's hidden answer).
+   set's corrected responses, oracle labels computed from the task's hidden answer), and
+   `--variants` counterfactual copies of each decision point (the lookup's status and age
+   changed, the target what the policy does then: oracle labels too).
 5. An SFT job on those turns (`training_job_create`, run in this process as a worker would):
    LoRA on the top blocks → a candidate version. (`--method grpo` runs turn-level GRPO
    against the grader instead, rollouts sampled by the vLLM server under the agent's
@@ -123,20 +125,27 @@ def main() -> int:
         help="sft: fine-tune on the accepted actions of the logged turns (the corrected responses); "
         "grpo: turn-level GRPO against the tool_action grader; sft+grpo: GRPO from the SFT adapter",
     )
-    parser.add_argument("--sft-steps", type=int, default=200)
+    parser.add_argument("--sft-steps", type=int, default=150)
     parser.add_argument(
         "--skip-first-turns",
         action="store_true",
         help="leave each episode's first turn out of an SFT set too (always left out for GRPO)",
     )
     parser.add_argument("--sft-prompts", type=int, default=4, help="SFT turns per step")
-    parser.add_argument("--sft-lr", type=float, default=5e-4)
+    parser.add_argument("--sft-lr", type=float, default=1e-3)
     parser.add_argument(
         "--first-token-weight",
         type=float,
         default=32.0,
         help="weight of each target's first token, the one that picks the turn's action (SFT); "
         "1 = the plain token mean, which did not learn the decision in scripts/desk_experiment.py",
+    )
+    parser.add_argument(
+        "--variants",
+        type=int,
+        default=3,
+        help="counterfactual copies of each decision point in the SFT set (the lookup's status and "
+        "age changed, the target the policy's answer to them; oracle labels); 0 = the logged turns only",
     )
     parser.add_argument("--lora-rank", type=int, default=16)
     parser.add_argument("--steps", type=int, default=10, help="GRPO steps")
@@ -268,6 +277,7 @@ def main() -> int:
                     # Each turn's accepted action rendered over the customer's order as the
                     # harness writes a turn: the corrected responses an SFT job trains on.
                     targets=True,
+                    variants=args.variants if args.method != "grpo" else 0,
                 )
                 print(f"{training_set}: {training_set.train_count} turns", flush=True)
                 lora = {

@@ -239,6 +239,11 @@ def training_set_build_episodes(request: HttpRequest) -> HttpResponse:
     environment = (data.get("environment") or "").strip()
     if environment not in _environments():
         errors.append(("environment", "choose a registered environment"))
+    variants = 0
+    try:
+        variants = int(data.get("variants") or 0)
+    except ValueError:
+        errors.append(("variants", "must be a whole number"))
     built = None
     if not errors:
         try:
@@ -249,6 +254,7 @@ def training_set_build_episodes(request: HttpRequest) -> HttpResponse:
                 heldout_fraction=heldout,
                 first_turns=not data.get("skip_first_turns"),
                 targets=bool(data.get("targets")),
+                variants=variants,
                 user=request.user,
             )
         except TrainingSetError as exc:

@@ -76,6 +76,7 @@ def test_a_set_of_the_graded_training_episodes_is_built(operator_client):
     assert with_targets.version == built.version + 1
     # Each turn's accepted action, written as the agent's harness writes a turn: an SFT job's targets.
     assert all(i.corrected_response.startswith("<tool_call>") for i in with_targets.items.all())
+    assert 'name="variants" type="number" min="0" max="16" value="0"' in page
 
 
 @pytest.mark.parametrize(
@@ -85,6 +86,9 @@ def test_a_set_of_the_graded_training_episodes_is_built(operator_client):
         ({"heldout_fraction": "1.5"}, "heldout_fraction"),
         ({"deployment": "nope"}, "deployment"),
         ({"environment": "<script>x</script>"}, "environment"),
+        ({"variants": "<script>x</script>"}, "variants"),
+        ({"variants": "99", "targets": "1"}, "variants"),
+        ({"variants": "2"}, "variants"),  # copies without corrected turns
     ],
 )
 def test_bad_input_is_refused_with_the_field(operator_client, post, field):
