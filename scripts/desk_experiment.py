@@ -751,6 +751,8 @@ def command_summary(args) -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     pooled: dict[tuple[str, str], list[tuple[dict, dict]]] = {}
+    # Candidate minus base success of each (seed, task) pair: one episode each, same seeds.
+    paired: dict[tuple[str, str], list[float]] = {}
     for recipe, runs in by_recipe.items():
         for r in runs:
             for key, measure in r["measures"].items():
@@ -760,6 +762,10 @@ def command_summary(args) -> None:
                 n = min(len(measure["episodes"]), len(b["episodes"]))
                 rb, rc = rates(b, n), rates(measure, n)
                 pooled.setdefault((recipe, key), []).append((rb, rc))
+                paired.setdefault((recipe, key), []).extend(
+                    float(c["success"]) - float(b_["success"])
+                    for b_, c in zip(b["episodes"][:n], measure["episodes"][:n], strict=True)
+                )
                 print(
                     f"| {recipe} | {key} | {r['seed']} | {n} | {r['train']['step_kept']} | "
                     f"{rb['success']:.3f} → {rc['success']:.3f} | {rb['collateral']:.3f} → {rc['collateral']:.3f} | "
@@ -767,17 +773,18 @@ def command_summary(args) -> None:
                     f"{rb['first_call_other']:.3f} → {rc['first_call_other']:.3f} | "
                     f"{rb['refunded']} → {rc['refunded']} | {rb['left_alone']} → {rc['left_alone']} |"
                 )
-    print("\nOver seeds: mean [95 % t interval]:\n")
+    print("\nOver seeds: mean [95 % t interval]; the gain also paired by episode over every (seed, task):\n")
     print(
-        "| recipe | slice | seeds | base success | candidate success | gain | base collateral | "
-        "candidate collateral | candidate unknown-id calls |"
+        "| recipe | slice | seeds | base success | candidate success | gain | gain paired by episode | "
+        "base collateral | candidate collateral | candidate unknown-id calls |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for (recipe, key), pairs in pooled.items():
         print(
             f"| {recipe} | {key} | {len(pairs)} | {interval_text([b['success'] for b, _ in pairs])} | "
             f"{interval_text([c['success'] for _, c in pairs])} | "
             f"{interval_text([c['success'] - b['success'] for b, c in pairs])} | "
+            f"{interval_text(paired[recipe, key])} (n = {len(paired[recipe, key])}) | "
             f"{interval_text([b['collateral'] for b, _ in pairs])} | "
             f"{interval_text([c['collateral'] for _, c in pairs])} | "
             f"{interval_text([c['unknown_ids'] for _, c in pairs])} |"
