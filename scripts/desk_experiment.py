@@ -789,6 +789,53 @@ def command_summary(args) -> None:
             f"{interval_text([c['collateral'] for _, c in pairs])} | "
             f"{interval_text([c['unknown_ids'] for _, c in pairs])} |"
         )
+    kinds_table(records)
+
+
+def order_kind(row: dict[str, Any]) -> str:
+    from training.environments.support_desk import REFUND_WINDOW_DAYS
+
+    days = row["delivered_days_ago"]
+    if row["status"] != "delivered":
+        return row["status"]
+    if days <= REFUND_WINDOW_DAYS - 9:
+        return f"delivered ≤ {REFUND_WINDOW_DAYS - 9} d"
+    if days <= REFUND_WINDOW_DAYS:
+        return f"delivered {REFUND_WINDOW_DAYS - 8}-{REFUND_WINDOW_DAYS} d"
+    if days <= REFUND_WINDOW_DAYS + 10:
+        return f"delivered {REFUND_WINDOW_DAYS + 1}-{REFUND_WINDOW_DAYS + 10} d"
+    return f"delivered > {REFUND_WINDOW_DAYS + 10} d"
+
+
+def kinds_table(records: list[dict[str, Any]], slice_key: str = "test") -> None:
+    """Successes per kind of order on `slice_key`, summed over seeds, base beside each recipe."""
+    from training.environments.support_desk import SupportDesk
+
+    rows = {row["order_id"]: row for row in SupportDesk().table.rows}
+    columns: dict[str, dict[str, list[int]]] = {}
+    for r in records:
+        if r["kind"] == "base":
+            key = r["split"] if r["fresh_seed"] is None else f"fresh-{r['fresh_seed']}"
+            measures = {"base": r["measure"]} if key == slice_key else {}
+        else:
+            measures = {r["recipe"]: r["measures"][slice_key]} if slice_key in r["measures"] else {}
+        for name, m in measures.items():
+            for e in m["episodes"]:
+                row = rows.get(str(e["task"]).split("-", 1)[1])
+                if row is None:
+                    continue
+                cell = columns.setdefault(name, {}).setdefault(order_kind(row), [0, 0])
+                cell[0] += int(e["success"])
+                cell[1] += 1
+    if not columns:
+        return
+    kinds = sorted({k for c in columns.values() for k in c})
+    print(f"\nSuccesses by kind of order ({slice_key}, every seed):\n")
+    print("| kind of order | " + " | ".join(columns) + " |")
+    print("|---|" + "---|" * len(columns))
+    for kind in kinds:
+        cells = [f"{c[kind][0]}/{c[kind][1]}" if kind in c else "-" for c in columns.values()]
+        print(f"| {kind} | " + " | ".join(cells) + " |")
 
 
 def main() -> int:
