@@ -17,6 +17,7 @@ from training.environments.support_desk import (
     SPLITS,
     SupportDesk,
     counterfactual_turns,
+    fresh_orders,
     oracle_turns,
     orders_table,
     refund_allowed,
@@ -122,15 +123,13 @@ def test_no_validation_test_or_fresh_order_has_a_day_count_training_shows():
 
     orders = store_orders()
     train = day_counts(orders["train"])
-    fresh = day_counts(SupportDesk().reset(SupportDesk().tasks_fresh(seed=2)[0]).table.rows) - day_counts(
-        [r for rows in orders.values() for r in rows]
-    )
+    fresh = day_counts(fresh_orders(seed=2))
     for name, counts in (("validation", day_counts(orders["validation"])), ("test", day_counts(orders["test"]))):
         assert counts and not counts & train, (name, counts & train)
         # Both sides of the line, close to it, among the unseen counts.
         assert any(REFUND_WINDOW_DAYS - 8 <= d <= REFUND_WINDOW_DAYS for d in counts), name
         assert any(REFUND_WINDOW_DAYS < d <= REFUND_WINDOW_DAYS + 10 for d in counts), name
-    assert not fresh & train
+    assert fresh and not fresh & train
 
 
 def test_a_counterfactual_decision_point_changes_only_the_lookup_and_the_policys_answer_follows():
@@ -158,6 +157,40 @@ def test_a_counterfactual_decision_point_changes_only_the_lookup_and_the_policys
     # The original context is not modified, and a point that is not a decision has none.
     assert json.loads(decision["messages"][-1]["content"]) == desk.table.row(order_id)
     assert counterfactual_turns(task=task, messages=task.first_messages(), count=3, rng=random.Random(0)) == []
+    # A test task's copies still show training's day counts only.
+    test_task = refund_task(desk, allowed=True, split="test")
+    test_decision = next(t for t in oracle_turns(task=test_task, env=desk) if t["messages"][-1]["role"] == "tool")
+    for v in counterfactual_turns(task=test_task, messages=test_decision["messages"], count=20, rng=random.Random(1)):
+        days = json.loads(v["messages"][-1]["content"])["delivered_days_ago"]
+        assert days is None or days % 2 == 0
+
+
+def test_no_counterfactual_of_a_context_that_went_on_after_the_lookup_or_of_a_malformed_row():
+    desk = SupportDesk()
+    task = refund_task(desk, allowed=False)
+    decision = next(t for t in oracle_turns(task=task, env=desk) if t["messages"][-1]["role"] == "tool")
+    order_id = task.hidden["order_id"]
+    refused = [
+        *decision["messages"],
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "c9",
+                    "type": "function",
+                    "function": {"name": "issue_refund", "arguments": json.dumps({"order_id": order_id})},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c9", "name": "issue_refund", "content": "error: not refundable"},
+    ]
+    assert counterfactual_turns(task=task, messages=refused, count=4, rng=random.Random(0)) == []
+    malformed = [dict(m) for m in decision["messages"]]
+    row = json.loads(malformed[-1]["content"])
+    for broken in ({k: v for k, v in row.items() if k != "price"}, {**row, "price": "12"}, {**row, "price": True}):
+        malformed[-1]["content"] = json.dumps(broken)
+        assert counterfactual_turns(task=task, messages=malformed, count=4, rng=random.Random(0)) == []
 
 
 def test_a_fresh_slice_is_generated_anew_from_its_seed_and_played_on_the_store_table():

@@ -278,6 +278,10 @@ def test_counterfactual_copies_of_a_decision_stay_with_it_across_the_heldout_spl
     for i, task in enumerate(tasks):
         order = task.hidden["order_id"]
         _store(deployment, f"ep-{i}", task.id, task.split, _context(desk, task.id, _call("lookup_order", order)))
+    # A test task whose trace claims to be training traffic stays out.
+    test_task = next(t for t in desk.tasks_for(split="test", graded=True))
+    looked = _context(desk, test_task.id, _call("lookup_order", test_task.hidden["order_id"]))
+    _store(deployment, "ep-test", test_task.id, "train", looked)
     training_set = training_set_from_episodes(
         deployment=deployment,
         environment="support-desk",
@@ -293,13 +297,22 @@ def test_counterfactual_copies_of_a_decision_stay_with_it_across_the_heldout_spl
     for row in rows:
         by_turn.setdefault(row.key.split(":counterfactual-")[0], []).append(row)
         assert row.provenance["labels"] == "oracle"
-    assert len(by_turn) == len(tasks)
+    assert len(by_turn) == len(tasks) and not any("ep-test" in key for key in by_turn)
     assert {row.split for row in rows} == {"train", "heldout"}  # both sides used, each turn on one
     for copies in by_turn.values():
         assert len({row.split for row in copies}) == 1
         assert sorted(row.provenance.get("counterfactual", 0) for row in copies) == [0, 1, 2, 3, 4]
-    refunds = [row for row in rows if row.corrected_response.startswith("<tool_call>")]
-    assert 0 < len(refunds) < len(rows)  # copies of a refusal can be refunds and the other way round
+    # Copies of a refusal include refunds and copies of a refund include refusals.
+    flipped = {
+        original.corrected_response.startswith("<tool_call>")
+        for copies in by_turn.values()
+        for original in copies
+        if "counterfactual" not in original.provenance
+        for copy in copies
+        if copy.provenance.get("counterfactual")
+        and copy.corrected_response.startswith("<tool_call>") != original.corrected_response.startswith("<tool_call>")
+    }
+    assert flipped == {True, False}
     # The same copies on a rebuild.
     again = training_set_from_episodes(
         deployment=deployment,
@@ -310,9 +323,9 @@ def test_counterfactual_copies_of_a_decision_stay_with_it_across_the_heldout_spl
         targets=True,
         variants=4,
     )
-    assert sorted((r.key, r.corrected_response) for r in TrainingItem.objects.filter(training_set=again)) == sorted(
-        (r.key, r.corrected_response) for r in rows
-    )
+    assert sorted(
+        (r.key, r.corrected_response, json.dumps(r.messages)) for r in TrainingItem.objects.filter(training_set=again)
+    ) == sorted((r.key, r.corrected_response, json.dumps(r.messages)) for r in rows)
     for bad, targets in ((4, False), (99, True), (-1, True)):
         with pytest.raises(TrainingSetError) as caught:
             episode_turn_items(deployment=deployment, environment="support-desk", targets=targets, variants=bad)

@@ -591,12 +591,23 @@ def counterfactual_turns(
     looked-up facts changed, so the one thing that separates the targets is what the
     policy reads (the status and days since delivery), not which order it is."""
     order_id = task.hidden.get("order_id")
-    row = _looked_up(messages, order_id) if order_id else None
-    if row is None or not task.hidden.get("graded") or "issue_refund" in _done_actions(messages, order_id):
+    last = messages[-1] if messages else {}
+    # Only a context that ends with the lookup (a logged trace may hold anything after it,
+    # e.g. a refund the store refused) and whose row is a well-formed order.
+    row = _looked_up([last], order_id) if order_id and last.get("role") == "tool" else None
+    if (
+        row is None
+        or not task.hidden.get("graded")
+        or "issue_refund" in _done_actions(messages, order_id)
+        or not isinstance(row.get("price"), int | float)
+        or isinstance(row.get("price"), bool)
+    ):
         return []
     out = []
     for _ in range(count):
-        status, days, refunded = _case(rng, rng.randrange(8), task.split)
+        # Training's day counts whatever the task's split: a copy never shows an age that a
+        # validation or test order has.
+        status, days, refunded = _case(rng, rng.randrange(8), "train")
         changed = {
             **row,
             "status": "refunded" if refunded else status,
@@ -605,10 +616,7 @@ def counterfactual_turns(
         }
         allowed = refund_allowed(changed)
         variant = [dict(m) for m in messages]
-        for m in reversed(variant):
-            if m.get("role") == "tool" and _looked_up([m], order_id) is not None:
-                m["content"] = json.dumps(changed)
-                break
+        variant[-1]["content"] = json.dumps(changed)
         expected = (
             {"status": "refunded", "refunded_amount": changed["price"]}
             if allowed

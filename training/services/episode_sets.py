@@ -73,7 +73,9 @@ def episode_turn_items(
             "-started_at", "-id"
         )[:limit]
     )
-    traces = [t for t in traces if tasks.get(t.metadata.get("task_id")) is not None]
+    # The split a trace's metadata claims must be its task's own: a test task logged as
+    # "train" stays out of training.
+    traces = [t for t in traces if getattr(tasks.get(t.metadata.get("task_id")), "split", None) == split]
     history: dict[int, list[Message]] = defaultdict(list)
     for m in Message.objects.filter(trace__in=traces).order_by("trace_id", "position"):
         history[m.trace_id].append(m)
