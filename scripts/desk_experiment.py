@@ -26,7 +26,9 @@ Recipes (`RECIPES`): `memorise` is the failure mode: a few orders, many steps.
 `templates` trains on every training order once per pass; `-es` adds early stopping on
 the validation split's turns; `-r4` a lower LoRA rank and fewer steps; `-mix` mixes in
 the base model's own answers on other turns (the training split's tracking questions);
-`decisions-es` weights the turns where the policy decides (after the lookup).
+`decisions-es` weights the turns where the policy decides (after the lookup);
+`decisions-weighted-32` also weights each target's first token (the action) 32 times, and
+`-cf3` adds 3 counterfactual copies of each decision point (`counterfactual_turns`).
 """
 
 from __future__ import annotations
