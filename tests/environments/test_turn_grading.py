@@ -282,15 +282,19 @@ def test_counterfactual_copies_of_a_decision_stay_with_it_across_the_heldout_spl
     test_task = next(t for t in desk.tasks_for(split="test", graded=True))
     looked = _context(desk, test_task.id, _call("lookup_order", test_task.hidden["order_id"]))
     _store(deployment, "ep-test", test_task.id, "train", looked)
-    training_set = training_set_from_episodes(
-        deployment=deployment,
-        environment="support-desk",
-        name="desk",
-        heldout_fraction=0.5,
-        first_turns=False,
-        targets=True,
-        variants=4,
-    )
+
+    def build():
+        return training_set_from_episodes(
+            deployment=deployment,
+            environment="support-desk",
+            name="desk",
+            heldout_fraction=0.5,
+            first_turns=False,
+            targets=True,
+            variants=4,
+        )
+
+    training_set = build()
     rows = list(TrainingItem.objects.filter(training_set=training_set))
     assert training_set.item_count == len(tasks) * 5 and training_set.selection["variants"] == 4
     by_turn: dict[str, list] = {}
@@ -314,15 +318,7 @@ def test_counterfactual_copies_of_a_decision_stay_with_it_across_the_heldout_spl
     }
     assert flipped == {True, False}
     # The same copies on a rebuild.
-    again = training_set_from_episodes(
-        deployment=deployment,
-        environment="support-desk",
-        name="desk",
-        heldout_fraction=0.5,
-        first_turns=False,
-        targets=True,
-        variants=4,
-    )
+    again = build()
     assert sorted(
         (r.key, r.corrected_response, json.dumps(r.messages)) for r in TrainingItem.objects.filter(training_set=again)
     ) == sorted((r.key, r.corrected_response, json.dumps(r.messages)) for r in rows)
