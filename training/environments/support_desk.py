@@ -340,6 +340,13 @@ def refund_allowed(row: dict[str, Any]) -> bool:
     return row.get("status") == "delivered" and days is not None and days <= REFUND_WINDOW_DAYS
 
 
+def _expected_row(row: dict[str, Any]) -> dict[str, Any]:
+    """The fields of `row` the grade checks once the policy has been applied to it."""
+    if refund_allowed(row):
+        return {"status": "refunded", "refunded_amount": row["price"]}
+    return {"status": row["status"], "refunded_amount": row["refunded_amount"]}
+
+
 def _tasks(rows: tuple[dict[str, Any], ...], split: str, seed: int, extra: dict[str, Any] | None = None) -> list[Task]:
     rng = random.Random(f"wording-{seed}-{split}")
     refund_asks, tracking_asks = _REFUND_ASKS[split], _TRACKING_ASKS[split]
@@ -347,11 +354,7 @@ def _tasks(rows: tuple[dict[str, Any], ...], split: str, seed: int, extra: dict[
     for i, row in enumerate(rows):
         fields = {"customer": row["customer"], "item": row["item"], "order_id": row["order_id"]}
         allowed = refund_allowed(dict(row))
-        expected = (
-            {"status": "refunded", "refunded_amount": row["price"]}
-            if allowed
-            else {"status": row["status"], "refunded_amount": row["refunded_amount"]}
-        )
+        expected = _expected_row(row)
         wording = rng.randrange(len(refund_asks))
         tasks.append(
             Task(
@@ -617,11 +620,7 @@ def counterfactual_turns(
         allowed = refund_allowed(changed)
         variant = [dict(m) for m in messages]
         variant[-1]["content"] = json.dumps(changed)
-        expected = (
-            {"status": "refunded", "refunded_amount": changed["price"]}
-            if allowed
-            else {"status": changed["status"], "refunded_amount": changed["refunded_amount"]}
-        )
+        expected = _expected_row(changed)
         twin = replace(task, hidden={**task.hidden, "refund": allowed, "expected": {order_id: expected}})
         target = turn_target(task=twin, messages=variant)
         reference = turn_reference(task=twin, messages=variant)
