@@ -119,6 +119,18 @@ def main() -> int:
     )
     parser.add_argument("--train-episodes", type=int, default=96)
     parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=8,
+        help="conversations the agent holds at once; vLLM batches them (each keeps its own sampling seed)",
+    )
+    parser.add_argument(
+        "--train-threads",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="torch threads for the training job (the server and the site are idle then)",
+    )
+    parser.add_argument(
         "--method",
         choices=["sft", "grpo", "sft+grpo"],
         default="sft",
@@ -235,7 +247,13 @@ def main() -> int:
 
         def agent(split: str, episodes: int, seed: int, fresh_seed: int | None = None):
             return demo_agent_run(
-                base_url=site_url, api_key=key, split=split, episodes=episodes, seed=seed, fresh_seed=fresh_seed
+                base_url=site_url,
+                api_key=key,
+                split=split,
+                episodes=episodes,
+                seed=seed,
+                fresh_seed=fresh_seed,
+                concurrency=args.concurrency,
             )
 
         def measure(seed: int, version_name: str) -> dict:
@@ -286,6 +304,7 @@ def main() -> int:
                     "lora_alpha": 2 * args.lora_rank,
                     "trainable_layers": args.layers,
                     "seed": seed,
+                    "torch_threads": args.train_threads,
                 }
                 quiet = {"eval_every": 10, "eval_samples": 2, "checkpoint_every": 0, "samples_every": 0}
                 jobs = []

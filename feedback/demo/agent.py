@@ -185,6 +185,7 @@ def demo_agent_run(
     constrained: bool = True,
     progress: Callable[[DemoEpisode], None] | None = None,
     fresh_seed: int | None = None,
+    concurrency: int = 1,
 ) -> DemoRunResult:
     """Run `episodes` support-desk conversations of `split` ("train", "validation",
     "test", or "fresh": the slice generated from `fresh_seed`) through the OpenAI-compatible endpoint at `base_url` (the gateway: `<base_url>/v1`).
@@ -193,13 +194,21 @@ def demo_agent_run(
     (default: `base_url`). Tasks are drawn reproducibly from `seed`; on the train split a
     quarter of them are tracking questions (no grade, seeded words), runs on the other
     splits are all graded. An episode the endpoint fails is kept with `end="error"` and no reward.
+
+    `concurrency` conversations run at once, as a deployed bot serves several customers: the
+    inference server batches them. Each episode's sampling seed is its own, and the result
+    lists the episodes in task order whatever order they finish in.
     """
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
     import openai
 
     if split not in (*SPLITS, FRESH_SPLIT):
         raise ValueError(f"split must be one of {', '.join((*SPLITS, FRESH_SPLIT))}")
     if episodes < 1:
         raise ValueError("episodes must be at least 1")
+    if concurrency < 1:
+        raise ValueError("concurrency must be at least 1")
     if graded_share is None:
         graded_share = 0.75 if split == "train" else 1.0
     env = SupportDesk()
@@ -213,79 +222,96 @@ def demo_agent_run(
     run_id = uuid.uuid4().hex[:8]
     result = DemoRunResult(split=split)
     started = time.perf_counter()
+
+    def one(index: int, task) -> DemoEpisode:
+        trace_id = f"demo-{run_id}-{split}-{index:03d}"
+        served: list[str] = []
+
+        def complete(messages, tools, max_tokens_left, _trace_id=trace_id, _task=task, _index=index, _served=served):
+            response = client.chat.completions.create(
+                model=model,
+                messages=messages,
+                tools=tools,
+                max_tokens=max(1, min(MAX_TURN_TOKENS, max_tokens_left)),
+                temperature=temperature,
+                seed=seed * 100_003 + _index,
+                metadata={"environment": env.name, "task_id": _task.id, "split": _task.split},
+                extra_body=(
+                    {"structured_outputs": {"regex": ACT_OR_REPLY_REGEX if len(messages) > 2 else ACT_REGEX}}
+                    if constrained
+                    else None
+                ),
+                extra_headers={
+                    "X-Practicum-Trace-Id": _trace_id,
+                    "X-Practicum-Session-Id": f"customer-{_task.hidden['order_id']}",
+                },
+            )
+            _served.append(response.model)
+            choice = response.choices[0]
+            tokens = response.usage.completion_tokens if response.usage else 0
+            return Completion(
+                message=_message_dict(choice.message), tokens=tokens, finish_reason=choice.finish_reason or ""
+            )
+
+        t0 = time.perf_counter()
+        graded = env.graded(task)
+        try:
+            episode = episode_run(env, task, complete)
+        except (openai.AuthenticationError, openai.PermissionDeniedError):
+            raise  # a wrong key fails every episode: say so once
+        except openai.APIError as e:
+            ep = DemoEpisode(
+                trace_id=trace_id,
+                task_id=task.id,
+                split=task.split,
+                graded=graded,
+                reward=None,
+                reason=f"the endpoint failed: {type(e).__name__}: {str(e)[:200]}",
+                model=served[0] if served else "",
+                end="error",
+                seconds=time.perf_counter() - t0,
+            )
+        else:
+            ep = DemoEpisode(
+                trace_id=trace_id,
+                task_id=task.id,
+                split=task.split,
+                graded=graded,
+                reward=episode.reward if graded else None,
+                reason=episode.grade.reason,
+                model=served[0] if served else "",
+                end=episode.end,
+                tool_calls=episode.tool_calls,
+                tool_errors=episode.tool_errors,
+                seconds=episode.seconds,
+                operator_comment=task.hidden.get("operator_comment", ""),
+                collateral_changes=len(episode.audit.collateral_changes),
+                unknown_ids=len(episode.audit.unknown_ids),
+            )
+            if report:
+                ep.feedback_posted = _post_feedback(http, _feedback_body(ep, task))
+        return ep
+
     try:
-        for index, task in enumerate(tasks):
-            trace_id = f"demo-{run_id}-{split}-{index:03d}"
-            served: list[str] = []
-
-            def complete(
-                messages, tools, max_tokens_left, _trace_id=trace_id, _task=task, _index=index, _served=served
-            ):
-                response = client.chat.completions.create(
-                    model=model,
-                    messages=messages,
-                    tools=tools,
-                    max_tokens=max(1, min(MAX_TURN_TOKENS, max_tokens_left)),
-                    temperature=temperature,
-                    seed=seed * 100_003 + _index,
-                    metadata={"environment": env.name, "task_id": _task.id, "split": _task.split},
-                    extra_body=(
-                        {"structured_outputs": {"regex": ACT_OR_REPLY_REGEX if len(messages) > 2 else ACT_REGEX}}
-                        if constrained
-                        else None
-                    ),
-                    extra_headers={
-                        "X-Practicum-Trace-Id": _trace_id,
-                        "X-Practicum-Session-Id": f"customer-{_task.hidden['order_id']}",
-                    },
-                )
-                _served.append(response.model)
-                choice = response.choices[0]
-                tokens = response.usage.completion_tokens if response.usage else 0
-                return Completion(
-                    message=_message_dict(choice.message), tokens=tokens, finish_reason=choice.finish_reason or ""
-                )
-
-            t0 = time.perf_counter()
-            graded = env.graded(task)
-            try:
-                episode = episode_run(env, task, complete)
-            except (openai.AuthenticationError, openai.PermissionDeniedError):
-                raise  # a wrong key fails every episode: say so once
-            except openai.APIError as e:
-                ep = DemoEpisode(
-                    trace_id=trace_id,
-                    task_id=task.id,
-                    split=task.split,
-                    graded=graded,
-                    reward=None,
-                    reason=f"the endpoint failed: {type(e).__name__}: {str(e)[:200]}",
-                    model=served[0] if served else "",
-                    end="error",
-                    seconds=time.perf_counter() - t0,
-                )
-            else:
-                ep = DemoEpisode(
-                    trace_id=trace_id,
-                    task_id=task.id,
-                    split=task.split,
-                    graded=graded,
-                    reward=episode.reward if graded else None,
-                    reason=episode.grade.reason,
-                    model=served[0] if served else "",
-                    end=episode.end,
-                    tool_calls=episode.tool_calls,
-                    tool_errors=episode.tool_errors,
-                    seconds=episode.seconds,
-                    operator_comment=task.hidden.get("operator_comment", ""),
-                    collateral_changes=len(episode.audit.collateral_changes),
-                    unknown_ids=len(episode.audit.unknown_ids),
-                )
-                if report:
-                    ep.feedback_posted = _post_feedback(http, _feedback_body(ep, task))
-            result.episodes.append(ep)
-            if progress is not None:
-                progress(ep)
+        if concurrency == 1:
+            for index, task in enumerate(tasks):
+                result.episodes.append(one(index, task))
+                if progress is not None:
+                    progress(result.episodes[-1])
+        else:
+            done: dict[int, DemoEpisode] = {}
+            with ThreadPoolExecutor(max_workers=concurrency) as pool:
+                futures = {pool.submit(one, index, task): index for index, task in enumerate(tasks)}
+                try:
+                    for future in as_completed(futures):
+                        done[futures[future]] = future.result()
+                        if progress is not None:
+                            progress(done[futures[future]])
+                except BaseException:
+                    # A wrong key or refused feedback fails every episode: stop the queued ones.
+                    pool.shutdown(wait=True, cancel_futures=True)
+                    raise
+            result.episodes.extend(done[index] for index in range(len(tasks)))
     finally:
         http.close()
         client.close()

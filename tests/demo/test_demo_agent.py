@@ -52,6 +52,26 @@ def test_each_episode_is_one_trace_of_the_live_version_with_its_graded_outcome(g
         assert trace.has_customer_feedback
 
 
+def test_concurrent_conversations_each_keep_their_own_trace_and_come_back_in_task_order(gateway, live):
+    from training.environments.support_desk import tasks_sample
+
+    deployment, _version, key = live
+    result = demo_agent_run(base_url=gateway.url, api_key=key, split="test", episodes=5, seed=7, concurrency=3)
+    gateway.drain()
+
+    tasks = tasks_sample(split="test", count=5, seed=7)
+    assert [ep.task_id for ep in result.episodes] == [t.id for t in tasks]
+    assert len({ep.trace_id for ep in result.episodes}) == 5
+    for ep, task in zip(result.episodes, tasks, strict=True):
+        trace = Trace.objects.get(deployment=deployment, external_id=ep.trace_id)
+        # No turn of another conversation landed in this one's trace.
+        assert trace.metadata["task_id"] == ep.task_id
+        assert trace.messages.filter(role="user").order_by("position").last().content == task.prompt
+        # The last tool result is never sent on when the episode ran out of steps.
+        assert trace.messages.filter(role="tool").count() in {ep.tool_calls, ep.tool_calls - 1}
+        assert CustomerFeedback.objects.get(trace=trace, customer_ref=GRADER_REF).comment == ep.reason
+
+
 def test_the_command_seeds_customer_words_and_operator_comments_on_tracking_tasks(gateway, live):
     deployment, _version, key = live
     user_with_role("operator", username="operator")

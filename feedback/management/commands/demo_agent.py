@@ -21,6 +21,9 @@ class Command(BaseCommand):
         parser.add_argument("--split", choices=["train", "validation", "test"], default="train")
         parser.add_argument("--episodes", type=int, default=24)
         parser.add_argument("--seed", type=int, default=0)
+        parser.add_argument(
+            "--concurrency", type=int, default=1, help="conversations at once (the inference server batches them)"
+        )
         parser.add_argument("--feedback-base-url", default=None, help="where /api/v1/feedback is (default: base URL)")
         parser.add_argument("--no-report", action="store_true", help="post no feedback")
         parser.add_argument("--deployment", default="support-bot", help="for the seeded operator comments")
@@ -31,6 +34,8 @@ class Command(BaseCommand):
     def handle(self, *args, **opts) -> None:
         if opts["episodes"] < 1:
             raise CommandError("--episodes must be at least 1")
+        if opts["concurrency"] < 1:
+            raise CommandError("--concurrency must be at least 1")
 
         done = 0
 
@@ -57,6 +62,7 @@ class Command(BaseCommand):
                 feedback_base_url=opts["feedback_base_url"],
                 report=not opts["no_report"],
                 progress=progress,
+                concurrency=opts["concurrency"],
             )
         except openai.AuthenticationError as exc:
             raise CommandError(f"the gateway refused the key: {exc}") from None
