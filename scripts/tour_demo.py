@@ -211,13 +211,25 @@ def main() -> int:
     model_dir = Path(settings.MODELS_DIR) / "smollm2-135m-instruct"
     if not (model_dir / "config.json").exists():
         call_command("prepare_model", "smollm2")
+    from urllib.parse import urlsplit
+
+    from training.models import BaseModel
+
     server = None
-    url = args.inference_url
-    if not url:
-        port = free_port()
+    # A base model's server is part of its registration and is never repointed: start ours
+    # where it was registered (an earlier tour), else anywhere, and tell the site where.
+    registered = BaseModel.objects.filter(name="smollm2-135m-instruct").values_list("inference_url", flat=True).first()
+    url = args.inference_url or registered or ""
+    if registered and args.inference_url and args.inference_url.rstrip("/") != registered.rstrip("/"):
+        parser.error(f"smollm2-135m-instruct is registered on {registered}; pass that --inference-url or none")
+    if not args.inference_url:
+        if registered and urlsplit(registered).hostname not in ("127.0.0.1", "localhost"):
+            parser.error(f"smollm2-135m-instruct is registered on {registered}: pass --inference-url {registered}")
+        port = urlsplit(registered).port if registered else free_port()
         spec = ServerSpec(model_path=str(model_dir), served_name="smollm2-135m-instruct", port=port, max_lora_rank=16)
         server = InferenceServer(spec, log_path=args.out / "vllm.log")
         server.start()
+        url = spec.url
     site_port = free_port()
     site = subprocess.Popen(
         [
@@ -229,7 +241,11 @@ def main() -> int:
             "warning",
         ],
         cwd=ROOT,
-        env={**os.environ, "PRACTICUM_GATEWAY_LIVE_CACHE_SECONDS": "0"},
+        env={
+            **os.environ,
+            "PRACTICUM_GATEWAY_LIVE_CACHE_SECONDS": "0",
+            **({"PRACTICUM_INFERENCE_URL": url} if url else {}),
+        },
     )
     slices = ["test", *(f"fresh-{f}" for f in args.fresh_seed)]
     per_seed: list[dict] = []
@@ -237,8 +253,9 @@ def main() -> int:
     try:
         if server is not None:
             server.wait_ready(timeout=900)
-            url = server.url
-        _base, base_version = base_model_register(name="smollm2-135m-instruct", path=model_dir, inference_url=url)
+        _base, base_version = base_model_register(
+            name="smollm2-135m-instruct", path=model_dir, inference_url=registered or ""
+        )
         deployment = deployment_get_or_create(name="support-bot")
         key = api_key_create(deployment=deployment, scopes=["ingest", "feedback"]).plaintext
         site_url = f"http://127.0.0.1:{site_port}"
