@@ -1,0 +1,84 @@
+"""The simulated operator reviews stored traces through the comment service: a comment in
+words on the turn that went wrong, under an account marked as simulated, read by feedback
+training sets as an operator's comment is."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from feedback.demo.operator import SIMULATED_OPERATOR, simulated_operator_review
+from feedback.models import Comment, Trace
+from feedback.services.ingest import traces_ingest
+from tests.factories import DeploymentFactory
+from training.environments.support_desk import SupportDesk
+from training.services.feedback_sets import training_set_from_feedback
+
+pytestmark = pytest.mark.django_db
+
+
+def _call(n: int, name: str, order_id: str) -> dict:
+    arguments = json.dumps({"order_id": order_id})
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": f"call_{n}", "type": "function", "function": {"name": name, "arguments": arguments}}],
+    }
+
+
+def _trace(external_id: str, task, reply: str) -> dict:
+    """A logged episode: the lookup, what the store answered, then `reply` to the customer."""
+    env = SupportDesk()
+    order_id = task.hidden["order_id"]
+    row = env.call(env.reset(task), "lookup_order", {"order_id": order_id})
+    messages = [
+        {"role": "system", "content": task.system},
+        {"role": "user", "content": task.prompt},
+        _call(0, "lookup_order", order_id),
+        {"role": "tool", "tool_call_id": "call_0", "content": row},
+        {"role": "assistant", "content": reply},
+    ]
+    return {
+        "external_id": external_id,
+        "environment": "support-desk",
+        "messages": messages,
+        "metadata": {"environment": "support-desk", "task_id": task.id, "split": task.split},
+    }
+
+
+def test_the_lead_comments_in_words_on_the_refusal_only_once_and_a_feedback_set_reads_it():
+    deployment = DeploymentFactory(name="support-bot")
+    due = next(t for t in SupportDesk().tasks_for(split="train", graded=True) if t.hidden["refund"])
+    results = traces_ingest(
+        deployment=deployment,
+        items=[
+            _trace("refused", due, "I am sorry, this order cannot be refunded."),
+            # A tracking task has no grade, so no policy turn to get wrong.
+            _trace("tracking", SupportDesk().tasks_for(split="train", graded=False)[0], "It is on its way to you."),
+        ],
+    )
+    assert all(r.status != "error" for r in results), results
+
+    counts = simulated_operator_review(
+        traces=Trace.objects.filter(deployment=deployment), seed=0, vague_rate=0, wrong_rate=0
+    )
+
+    assert counts == {"specific": 1}
+    comment = Comment.objects.get()
+    assert comment.trace.external_id == "refused" and comment.message.position == 4
+    assert comment.author.username == SIMULATED_OPERATOR and not comment.author.is_active
+    assert "simulated" in comment.author.get_full_name().lower()
+    days = json.loads(
+        SupportDesk().call(SupportDesk().reset(due), "lookup_order", {"order_id": due.hidden["order_id"]})
+    )
+    assert f"{days['delivered_days_ago']} days" in comment.body and "30" in comment.body
+    assert "issue_refund" not in comment.body and "<tool_call>" not in comment.body
+
+    assert simulated_operator_review(traces=Trace.objects.filter(deployment=deployment), seed=0) == {}
+    assert Comment.objects.count() == 1
+
+    built = training_set_from_feedback(name="desk-comments", filters={"deployment": deployment.pk}, heldout_fraction=0)
+    (item,) = built.items.all()
+    assert item.feedback == comment.body and item.provenance["comments"] == [comment.pk]
+    assert item.messages[-1]["role"] == "tool"

@@ -1,0 +1,129 @@
+"""The simulated support lead: words about the first wrong turn, over the order the customer
+named, never an action; vague or wrong at the rates it is given."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from training.environments.records import records_row
+from training.environments.support_desk import SupportDesk, oracle_turns
+from training.environments.support_operator import operator_comment
+
+ENV = SupportDesk()
+SPECIFIC = {"vague_rate": 0.0, "wrong_rate": 0.0}
+
+
+def _row(task):
+    return records_row(state=ENV.reset(task), key=task.hidden["order_id"])
+
+
+def _task(split: str, predicate):
+    return next(t for t in ENV.tasks_for(split=split, graded=True) if predicate(t, _row(t)))
+
+
+def play(task, actions: list[tuple[str, str]]) -> list[dict]:
+    """An episode in the OpenAI format: ("lookup_order" | "issue_refund", order id) runs the
+    tool in a fresh copy of the store; ("reply", text) answers the customer."""
+    state = ENV.reset(task)
+    messages = task.first_messages()
+    for n, (name, value) in enumerate(actions):
+        if name == "reply":
+            messages.append({"role": "assistant", "content": value})
+            continue
+        call_id = f"call_{n}"
+        arguments = json.dumps({"order_id": value})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}],
+            }
+        )
+        try:
+            content = ENV.call(state, name, {"order_id": value})
+        except Exception as e:  # a tool error is what the harness shows the model
+            content = f"error: {e}"
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": content})
+    return messages
+
+
+def test_a_refused_refund_inside_the_window_gets_the_days_and_the_rule_on_the_refusing_turn():
+    task = _task("test", lambda t, r: t.hidden["refund"])
+    order_id, days = task.hidden["order_id"], _row(task)["delivered_days_ago"]
+    messages = play(task, [("lookup_order", order_id), ("reply", "Sorry, we cannot refund this order.")])
+
+    comment = operator_comment(task=task, messages=messages, rng=random.Random(0), **SPECIFIC)
+
+    assert comment is not None and comment.kind == "specific" and comment.mistake == "refused"
+    assert comment.message_index == len(messages) - 1
+    assert str(days) in comment.body and "30" in comment.body
+    assert "refund" in comment.body.lower()
+
+
+def test_a_refund_past_the_window_is_called_out_without_naming_the_tool():
+    task = _task("test", lambda t, r: r["status"] == "delivered" and not t.hidden["refund"])
+    order_id = task.hidden["order_id"]
+    messages = play(task, [("lookup_order", order_id), ("issue_refund", order_id)])
+
+    comment = operator_comment(task=task, messages=messages, rng=random.Random(1), **SPECIFIC)
+
+    assert comment.mistake == "refunded" and comment.message_index == len(messages) - 2
+    assert "30 days" in comment.body or "30-day" in comment.body
+    assert "issue_refund" not in comment.body
+
+
+def test_work_on_another_customers_order_names_both_orders():
+    task, other = ENV.tasks_for(split="test", graded=True)[:2]
+    messages = play(task, [("lookup_order", other.hidden["order_id"])])
+
+    comment = operator_comment(task=task, messages=messages, rng=random.Random(2), **SPECIFIC)
+
+    assert comment.mistake == "other_order"
+    assert task.hidden["order_id"] in comment.body and other.hidden["order_id"] in comment.body
+
+
+def test_an_episode_the_policy_would_have_played_and_a_tracking_task_get_no_comment():
+    task = ENV.tasks_for(split="test", graded=True)[0]
+    turns = oracle_turns(task=task, env=ENV)
+    played = play(task, [_oracle_action(task, turn["target"]) for turn in turns])
+    assert operator_comment(task=task, messages=played, rng=random.Random(3)) is None
+    tracking = ENV.tasks_for(split="test", graded=False)[0]
+    assert (
+        operator_comment(task=tracking, messages=play(tracking, [("reply", "It shipped.")]), rng=random.Random(3))
+        is None
+    )
+
+
+def _oracle_action(task, target: str) -> tuple[str, str]:
+    if target.startswith("<tool_call>"):
+        call = json.loads(target.removeprefix("<tool_call>").removesuffix("</tool_call>"))
+        return call["name"], call["arguments"]["order_id"]
+    return "reply", target
+
+
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_many_comments_speak_only_words_and_are_vague_or_wrong_at_about_the_given_rates(split):
+    rng = random.Random(4)
+    comments = []
+    for task in ENV.tasks_for(split=split, graded=True):
+        order_id = task.hidden["order_id"]
+        # The two ways a model goes wrong on this desk: refuse everything, or refund everything.
+        wrong_way = "reply" if task.hidden["refund"] else "issue_refund"
+        actions = [
+            ("lookup_order", order_id),
+            (wrong_way, "I am sorry, no refund." if wrong_way == "reply" else order_id),
+        ]
+        comment = operator_comment(task=task, messages=play(task, actions), rng=rng)
+        if comment is not None:
+            comments.append(comment)
+
+    assert len(comments) >= 60
+    for comment in comments:
+        assert not any(word in comment.body for word in ("issue_refund", "lookup_order", "<tool_call>", "{", "}"))
+        assert not comment.body[0].islower() and comment.body.rstrip()[-1] in ".!?"
+    share = {kind: sum(c.kind == kind for c in comments) / len(comments) for kind in ("specific", "vague", "wrong")}
+    assert 0.03 <= share["wrong"] <= 0.2 and 0.1 <= share["vague"] <= 0.32 and share["specific"] >= 0.55
+    assert len({c.body for c in comments if c.kind == "specific"}) >= len(comments) // 3, "phrasings vary"

@@ -1,0 +1,175 @@
+"""A simulated support lead for the support desk: what a person who knows the refund policy
+writes, in words only, about an episode that went wrong.
+
+It reads the conversation the way a reviewer reads a trace: it finds the first assistant
+turn the policy would not have taken and says why, over the order the customer named and
+the row the store holds for it. It never writes a tool call, a tool's name or an action
+label, only sentences. Like a real lead it is sometimes vague ("check the policy") and now
+and then wrong (it states the opposite of the policy), at rates the caller sets.
+
+The comments are **simulated**: the caller files them under an account that says so, and
+every figure learnt from them is labelled as coming from a scripted reviewer who knows the
+hidden policy — closer to a person than an oracle label (words, vague, sometimes wrong),
+but not a person. Django-free: the demo's comment service and experiments both call it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from training.environments.base import Task
+from training.environments.records import records_row
+from training.environments.support_desk import REFUND_WINDOW_DAYS, SupportDesk, turn_reference
+
+VAGUE_RATE = 0.2
+WRONG_RATE = 0.1
+
+# {id}: the order the customer named; {days}, {ago}: since delivery; {status}; {other}: an
+# order the turn worked on instead; {window}: the refund window in days.
+_REFUND_DUE = [
+    "{id} was delivered {days} days ago, well inside our {window}-day window. We refund those in full.",
+    "Delivered {days} days ago is within the {window} days, so this customer gets their money back. Refund it.",
+    "We should have refunded {id}: it arrived {days} days ago and anything under {window} days is refundable.",
+]
+_TOO_LATE = [
+    "This one was delivered {ago}; we don't refund after {window} days, say so politely.",
+    "{id} arrived {days} days ago, past our {window}-day window. No refund, just a kind explanation.",
+    "Over {window} days since delivery ({days}), so we can't refund {id}. Tell the customer why.",
+]
+_NOT_DELIVERED = [
+    "{id} is still {status}, it hasn't reached the customer. Nothing gets refunded before delivery; tell them it's on its way.",
+    "The order hasn't been delivered yet ({status}), so a refund is premature. Explain that to the customer.",
+]
+_ALREADY_REFUNDED = [
+    "{id} was already refunded. Tell the customer so, we never pay twice.",
+    "Their money for {id} went back already; just confirm the earlier refund.",
+]
+_OTHER_ORDER = [
+    "The customer asked about {id}, but this worked on {other}. Always work on the order the customer names.",
+    "Wrong order: they wrote {id}, not {other}. Read the id from their message.",
+]
+_NO_LOOKUP = [
+    "Look at the order first: we answer refund requests only after checking {id} in the system.",
+    "This answered without checking {id}. Check the order before deciding anything.",
+]
+_TELL = [
+    "The refund for {id} went through; now tell the customer so, in a sentence.",
+]
+_VAGUE = [
+    "Not how we handle these. Check the refund policy.",
+    "This isn't right, have another look at the order before answering.",
+    "Please re-read our refund rules for cases like this one.",
+]
+
+
+@dataclass(frozen=True)
+class SimulatedComment:
+    body: str
+    message_index: int  # the assistant turn in `messages` the comment is about
+    kind: str  # "specific", "vague" or "wrong" (states the opposite of the policy)
+    mistake: str  # what the turn did: "other_order", "no_lookup", "refused", "refunded", "answer"
+
+
+def _action(message: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI-format assistant message's first action: a tool call or a reply."""
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        try:
+            arguments = json.loads(function.get("arguments") or "{}")
+        except (ValueError, RecursionError):  # logged model output: any depth
+            arguments = {}
+        return {"tool": function.get("name", ""), "arguments": arguments if isinstance(arguments, dict) else {}}
+    return {"reply": True}
+
+
+def _first_wrong_turn(task: Task, messages: list[dict[str, Any]]) -> tuple[int, dict[str, Any], list] | None:
+    """The index of the first assistant turn whose action the policy does not accept, with
+    that action and the accepted ones."""
+    # The turns after the customer's message: a stored trace may lack the system prompt or
+    # the worked example, so count from the last user message, not from the task's opening.
+    users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+    start = users[-1] + 1 if users else len(task.first_messages())
+    for index, message in enumerate(messages[start:], start):
+        if message.get("role") != "assistant":
+            continue
+        accepted = json.loads(turn_reference(task=task, messages=messages[:index]) or "[]")
+        action = _action(message)
+        if action not in accepted:
+            return index, action, accepted
+    return None
+
+
+def operator_comment(
+    *,
+    task: Task,
+    messages: list[dict[str, Any]],
+    rng: random.Random,
+    vague_rate: float = VAGUE_RATE,
+    wrong_rate: float = WRONG_RATE,
+    env: SupportDesk | None = None,
+) -> SimulatedComment | None:
+    """What the simulated lead writes about `messages` (an episode of `task` in the OpenAI
+    format), or None when the task has no grade or every assistant turn was one the policy
+    accepts. `rng` picks the phrasing and whether this comment is vague or wrong."""
+    if not task.hidden.get("graded"):
+        return None
+    found = _first_wrong_turn(task, messages)
+    if found is None:
+        return None
+    index, action, _accepted = found
+    env = env or SupportDesk()
+    order_id = task.hidden["order_id"]
+    state = env.reset(task)
+    row = records_row(state=state, key=order_id)
+    days = row.get("delivered_days_ago")
+    fields = {
+        "id": order_id,
+        "days": days,
+        # "4 weeks" would read as inside a 30-day window: weeks only well past it.
+        "ago": f"{round(days / 7)} weeks ago" if isinstance(days, int) and days >= 42 else f"{days} days ago",
+        "status": row.get("status"),
+        "window": REFUND_WINDOW_DAYS,
+        "other": (action.get("arguments") or {}).get("order_id", ""),
+    }
+    if "tool" in action and fields["other"] and fields["other"] != order_id:
+        mistake = "other_order"
+        templates = _OTHER_ORDER
+    elif "issue_refund" in _tools_done(messages[:index]):
+        mistake, templates = "answer", _TELL
+    elif action == {"reply": True} and task.hidden["refund"] and "lookup_order" not in _tools_done(messages[:index]):
+        mistake, templates = "no_lookup", _NO_LOOKUP
+    elif task.hidden["refund"]:
+        mistake, templates = "refused", _REFUND_DUE
+    elif action.get("tool") == "issue_refund" or action == {"reply": True}:
+        mistake = "refunded" if action.get("tool") == "issue_refund" else "answer"
+        templates = _policy_templates(row)
+    else:
+        mistake, templates = "answer", _policy_templates(row)
+    draw = rng.random()
+    if draw < wrong_rate and templates in (_REFUND_DUE, _TOO_LATE, _NOT_DELIVERED, _ALREADY_REFUNDED):
+        # A lead who misread the record: the opposite of what the policy says.
+        wrong = _TOO_LATE if task.hidden["refund"] else _REFUND_DUE
+        return SimulatedComment(_render(rng, wrong, fields), index, "wrong", mistake)
+    if draw < wrong_rate + vague_rate:
+        return SimulatedComment(rng.choice(_VAGUE), index, "vague", mistake)
+    return SimulatedComment(_render(rng, templates, fields), index, "specific", mistake)
+
+
+def _policy_templates(row: dict[str, Any]) -> list[str]:
+    if row.get("status") == "refunded":
+        return _ALREADY_REFUNDED
+    if row.get("status") != "delivered":
+        return _NOT_DELIVERED
+    return _TOO_LATE
+
+
+def _tools_done(messages: list[dict[str, Any]]) -> set[str]:
+    return {_action(m).get("tool", "") for m in messages if m.get("role") == "assistant"} - {""}
+
+
+def _render(rng: random.Random, templates: list[str], fields: dict[str, Any]) -> str:
+    text = rng.choice(templates).format(**fields)
+    return text[0].upper() + text[1:]
