@@ -693,13 +693,23 @@ def command_decisions(args) -> None:
     model.eval()
     start = tokenizer.convert_tokens_to_ids("<")  # "<tool_call>" is tokenised "<", "tool", …
     desk = SupportDesk()
+    tasks = {t.id: t for t in desk.tasks()}
+
+    def p_refund(messages, tools) -> float:
+        ids = torch.tensor([encode_prompt(tokenizer, messages, tools)])
+        with torch.no_grad():
+            return float(torch.softmax(model(input_ids=ids, logits_to_keep=1).logits[0, -1].float(), -1)[start])
+
     for split in ("train", "test"):
         items = oracle_items(desk.tasks_for(split=split, graded=True), prefix=split)
         kinds: dict[str, list[float]] = {}
         for item in [i for i in items if len(i.messages) == 4][: args.turns]:
-            ids = torch.tensor([encode_prompt(tokenizer, item.messages, item.tools)])
-            with torch.no_grad():
-                p = float(torch.softmax(model(input_ids=ids, logits_to_keep=1).logits[0, -1].float(), -1)[start])
+            p = p_refund(item.messages, item.tools)
+            if args.hint:
+                # The self-distillation teacher's view: the simulated lead's comment on the
+                # wrong turn here (a refusal of a refundable order, a refund of another) as
+                # the system hint; the figure printed is P(refund) with it minus without.
+                p = p_refund(hinted(tasks[item.id.split(":")[1]], item.messages), item.tools) - p
             row = json.loads(item.messages[-1]["content"])
             days = row["delivered_days_ago"]
             kind = (
@@ -709,6 +719,37 @@ def command_decisions(args) -> None:
             )
             kinds.setdefault(kind, []).append(p)
         print(f"{split}: " + "; ".join(f"{k} {sum(v) / len(v):.2f} (n={len(v)})" for k, v in sorted(kinds.items())))
+
+
+def hinted(task, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`messages` with the simulated lead's specific comment on the wrong next turn as the
+    distillation teacher's hint (`DistillConfig.hint_template`)."""
+    import random
+
+    from training.environments.support_operator import operator_comment
+    from training.grpo.config import DistillConfig
+    from training.grpo.items import with_hint
+
+    order_id = task.hidden["order_id"]
+    wrong = (
+        {"role": "assistant", "content": "I am sorry, this order cannot be refunded."}
+        if task.hidden["refund"]
+        else {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_wrong",
+                    "type": "function",
+                    "function": {"name": "issue_refund", "arguments": json.dumps({"order_id": order_id})},
+                }
+            ],
+        }
+    )
+    comment = operator_comment(
+        task=task, messages=[*messages, wrong], rng=random.Random(task.id), vague_rate=0, wrong_rate=0
+    )
+    return with_hint(messages, DistillConfig.hint_template.format(feedback=comment.body))
 
 
 # --- the summary ---------------------------------------------------------------------------
@@ -862,6 +903,9 @@ def main() -> int:
     decisions = sub.add_parser("decisions", help="P(refund) after a lookup, per kind of order")
     decisions.add_argument("--adapter", default="", help="a run's adapter folder (default: the base model)")
     decisions.add_argument("--turns", type=int, default=40)
+    decisions.add_argument(
+        "--hint", action="store_true", help="print how much the simulated lead's comment as a hint moves P(refund)"
+    )
     summary = sub.add_parser("summary")
     summary.add_argument("--runs", type=Path, default=OUT / "runs.jsonl", help="the runs' record (JSONL)")
     args = parser.parse_args()

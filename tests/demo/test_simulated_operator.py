@@ -82,3 +82,27 @@ def test_the_lead_comments_in_words_on_the_refusal_only_once_and_a_feedback_set_
     (item,) = built.items.all()
     assert item.feedback == comment.body and item.provenance["comments"] == [comment.pk]
     assert item.messages[-1]["role"] == "tool"
+
+
+def test_the_command_reviews_one_deployments_split_and_refuses_bad_rates():
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    deployment = DeploymentFactory(name="support-bot")
+    desk = SupportDesk()
+    due = [t for t in desk.tasks_for(split="train", graded=True) if t.hidden["refund"]][:3]
+    held_out = next(t for t in desk.tasks_for(split="test", graded=True) if t.hidden["refund"])
+    traces_ingest(
+        deployment=deployment,
+        items=[_trace(f"t{n}", t, "Sorry, no refund for this order.") for n, t in enumerate([*due, held_out])],
+    )
+    out = StringIO()
+    call_command(
+        "simulate_operator", "--deployment", "support-bot", "--vague-rate", "0", "--wrong-rate", "0", stdout=out
+    )
+
+    assert out.getvalue().startswith("3 comments as simulated-operator (3 specific, 0 vague, 0 wrong)")
+    assert not Comment.objects.filter(trace__external_id="t3").exists(), "the test split is never reviewed"
+    with pytest.raises(CommandError, match="--wrong-rate must be between 0 and 1"):
+        call_command("simulate_operator", "--wrong-rate", "1.5")
