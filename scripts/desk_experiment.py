@@ -709,7 +709,7 @@ def command_decisions(args) -> None:
                 # The self-distillation teacher's view: the simulated lead's comment on the
                 # wrong turn here (a refusal of a refundable order, a refund of another) as
                 # the system hint; the figure printed is P(refund) with it minus without.
-                p = p_refund(hinted(tasks[item.id.split(":")[1]], item.messages), item.tools) - p
+                p = p_refund(hinted(tasks[item.id.split(":")[1]], item.messages, at=args.hint_at), item.tools) - p
             row = json.loads(item.messages[-1]["content"])
             days = row["delivered_days_ago"]
             kind = (
@@ -721,9 +721,10 @@ def command_decisions(args) -> None:
         print(f"{split}: " + "; ".join(f"{k} {sum(v) / len(v):.2f} (n={len(v)})" for k, v in sorted(kinds.items())))
 
 
-def hinted(task, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def hinted(task, messages: list[dict[str, Any]], *, at: str = "system") -> list[dict[str, Any]]:
     """`messages` with the simulated lead's specific comment on the wrong next turn as the
-    distillation teacher's hint (`DistillConfig.hint_template`)."""
+    distillation teacher's hint (`DistillConfig.hint_template`): in the system message, as
+    the distill job puts it, or (`at="last"`) as a user message right before the decision."""
     import random
 
     from training.environments.support_operator import operator_comment
@@ -749,7 +750,10 @@ def hinted(task, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     comment = operator_comment(
         task=task, messages=[*messages, wrong], rng=random.Random(task.id), vague_rate=0, wrong_rate=0
     )
-    return with_hint(messages, DistillConfig.hint_template.format(feedback=comment.body))
+    hint = DistillConfig.hint_template.format(feedback=comment.body)
+    if at == "last":
+        return [*messages, {"role": "user", "content": hint}]
+    return with_hint(messages, hint)
 
 
 # --- the summary ---------------------------------------------------------------------------
@@ -906,6 +910,7 @@ def main() -> int:
     decisions.add_argument(
         "--hint", action="store_true", help="print how much the simulated lead's comment as a hint moves P(refund)"
     )
+    decisions.add_argument("--hint-at", choices=["system", "last"], default="system", help="where the hint goes")
     summary = sub.add_parser("summary")
     summary.add_argument("--runs", type=Path, default=OUT / "runs.jsonl", help="the runs' record (JSONL)")
     args = parser.parse_args()
