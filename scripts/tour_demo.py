@@ -223,13 +223,23 @@ def main() -> int:
     if registered and args.inference_url and args.inference_url.rstrip("/") != registered.rstrip("/"):
         parser.error(f"smollm2-135m-instruct is registered on {registered}; pass that --inference-url or none")
     if not args.inference_url:
-        if registered and urlsplit(registered).hostname not in ("127.0.0.1", "localhost"):
+        where = urlsplit(registered) if registered else None
+        if where is not None and (where.hostname not in ("127.0.0.1", "localhost") or where.port is None):
             parser.error(f"smollm2-135m-instruct is registered on {registered}: pass --inference-url {registered}")
-        port = urlsplit(registered).port if registered else free_port()
-        spec = ServerSpec(model_path=str(model_dir), served_name="smollm2-135m-instruct", port=port, max_lora_rank=16)
+        spec = ServerSpec(
+            model_path=str(model_dir),
+            served_name="smollm2-135m-instruct",
+            host=where.hostname if where else "127.0.0.1",
+            port=where.port if where else free_port(),
+            max_lora_rank=16,
+        )
         server = InferenceServer(spec, log_path=args.out / "vllm.log")
         server.start()
         url = spec.url
+    # This process creates the jobs (a GRPO job's rollout URL must be a known server) and the
+    # site routes the live version: both find the tour's server through the setting.
+    os.environ["PRACTICUM_INFERENCE_URL"] = url
+    settings.INFERENCE_URL = url
     site_port = free_port()
     site = subprocess.Popen(
         [
@@ -244,7 +254,6 @@ def main() -> int:
         env={
             **os.environ,
             "PRACTICUM_GATEWAY_LIVE_CACHE_SECONDS": "0",
-            **({"PRACTICUM_INFERENCE_URL": url} if url else {}),
         },
     )
     slices = ["test", *(f"fresh-{f}" for f in args.fresh_seed)]

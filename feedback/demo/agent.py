@@ -197,7 +197,8 @@ def demo_agent_run(
 
     `concurrency` conversations run at once, as a deployed bot serves several customers: the
     inference server batches them. Each episode's sampling seed is its own, and the result
-    lists the episodes in task order whatever order they finish in.
+    lists the episodes in task order whatever order they finish in. Batched decoding is not
+    bit-identical to one request at a time, so runs compare only at one concurrency.
     """
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
@@ -300,17 +301,19 @@ def demo_agent_run(
                     progress(result.episodes[-1])
         else:
             done: dict[int, DemoEpisode] = {}
-            with ThreadPoolExecutor(max_workers=concurrency) as pool:
-                futures = {pool.submit(one, index, task): index for index, task in enumerate(tasks)}
-                try:
-                    for future in as_completed(futures):
-                        done[futures[future]] = future.result()
-                        if progress is not None:
-                            progress(done[futures[future]])
-                except BaseException:
-                    # A wrong key or refused feedback fails every episode: stop the queued ones.
-                    pool.shutdown(wait=True, cancel_futures=True)
-                    raise
+            pool = ThreadPoolExecutor(max_workers=concurrency)
+            futures = {pool.submit(one, index, task): index for index, task in enumerate(tasks)}
+            try:
+                for future in as_completed(futures):
+                    done[futures[future]] = future.result()
+                    if progress is not None:
+                        progress(done[futures[future]])
+            except BaseException:
+                # A wrong key, refused feedback or Ctrl-C: drop the queued conversations and do
+                # not wait out the ones in flight (their clients are closed below).
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
+            pool.shutdown()
             result.episodes.extend(done[index] for index in range(len(tasks)))
     finally:
         http.close()

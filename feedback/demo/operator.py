@@ -11,8 +11,9 @@ import random
 from collections import Counter
 
 from django.contrib.auth import get_user_model
+from django.db import transaction
 
-from feedback.models import Comment, MessageRole
+from feedback.models import Comment, MessageRole, Trace
 from feedback.selectors.traces import message_as_openai
 from feedback.services.review import comment_add
 
@@ -20,15 +21,16 @@ SIMULATED_OPERATOR = "simulated-operator"
 
 
 def simulated_operator_user():
-    """The account the simulated lead's comments are filed under (created inactive, with no
-    usable password: nobody logs in as it)."""
-    user, created = get_user_model().objects.get_or_create(
+    """The account the simulated lead's comments are filed under: inactive, with no usable
+    password, on every call (an account of that name made by hand is made so too)."""
+    user, _created = get_user_model().objects.get_or_create(
         username=SIMULATED_OPERATOR,
-        defaults={"first_name": "Simulated", "last_name": "operator (scripted, knows the policy)", "is_active": False},
+        defaults={"first_name": "Simulated", "last_name": "operator (scripted, knows the policy)"},
     )
-    if created:
+    if user.is_active or user.has_usable_password():
+        user.is_active = False
         user.set_unusable_password()
-        user.save(update_fields=["password"])
+        user.save(update_fields=["is_active", "password"])
     return user
 
 
@@ -39,14 +41,16 @@ def simulated_operator_review(
     vague_rate: float | None = None,
     wrong_rate: float | None = None,
 ) -> Counter:
-    """Comment on each support-desk trace of `traces` (a queryset) where a turn went against
-    the policy; a trace the lead has already commented on is left alone. Returns the counts
-    by kind ("specific", "vague", "wrong"), plus "skipped" for traces of no known task."""
+    """Comment on each training-split support-desk trace of `traces` (a queryset) where a
+    turn went against the policy. A trace the lead has commented on is left alone, and so is
+    a held-out one: words from a script that knows the policy must not reach the traces a
+    candidate is measured on. Returns the counts by kind ("specific", "vague", "wrong"),
+    "held_out", and "skipped" for traces of no known task or that cannot be read."""
     from training.environments import support_operator
     from training.environments.support_desk import SupportDesk
 
     env = SupportDesk()
-    tasks = {(t.id, t.split): t for t in env.tasks()}
+    tasks = {t.id: t for t in env.tasks()}
     author = simulated_operator_user()
     rates = {
         "vague_rate": support_operator.VAGUE_RATE if vague_rate is None else vague_rate,
@@ -54,19 +58,36 @@ def simulated_operator_review(
     }
     counts: Counter = Counter()
     reviewed = Comment.objects.filter(author=author).values("trace_id")
-    for trace in traces.filter(environment=env.name).exclude(pk__in=reviewed).order_by("pk"):
-        task = tasks.get((trace.metadata.get("task_id"), trace.metadata.get("split")))
-        if task is None:
-            counts["skipped"] += 1
-            continue
-        rows = list(trace.messages.order_by("position"))
-        # One stream per trace: the same traces get the same words whatever else is reviewed.
-        rng = random.Random(f"{seed}:{trace.deployment_id}:{trace.external_id}")
-        comment = support_operator.operator_comment(
-            task=task, messages=[message_as_openai(m) for m in rows], rng=rng, env=env, **rates
-        )
-        if comment is None or rows[comment.message_index].role != MessageRole.ASSISTANT:
-            continue
-        comment_add(message=rows[comment.message_index], author=author, body=comment.body)
-        counts[comment.kind] += 1
+    for trace_id in (
+        traces.filter(environment=env.name).exclude(pk__in=reviewed).order_by("pk").values_list("pk", flat=True)
+    ):
+        with transaction.atomic():
+            # Locked, and checked again under the lock: two reviews at once comment once.
+            trace = Trace.objects.select_for_update().get(pk=trace_id)
+            if Comment.objects.filter(trace=trace, author=author).exists():
+                continue
+            meta = trace.metadata if isinstance(trace.metadata, dict) else {}
+            task_id, split = meta.get("task_id"), meta.get("split")
+            task = tasks.get(task_id) if isinstance(task_id, str) else None
+            if task is None or split != task.split:
+                counts["skipped"] += 1
+                continue
+            if task.split != "train":
+                counts["held_out"] += 1
+                continue
+            rows = list(trace.messages.order_by("position"))
+            # One stream per trace: the same traces get the same words whatever else is reviewed.
+            rng = random.Random(f"{seed}:{trace.deployment_id}:{trace.external_id}")
+            try:
+                comment = support_operator.operator_comment(
+                    task=task, messages=[message_as_openai(m) for m in rows], rng=rng, env=env, **rates
+                )
+            except (TypeError, ValueError, KeyError, AttributeError):
+                # Logged content is untrusted; one unreadable trace must not stop the review.
+                counts["skipped"] += 1
+                continue
+            if comment is None or rows[comment.message_index].role != MessageRole.ASSISTANT:
+                continue
+            comment_add(message=rows[comment.message_index], author=author, body=comment.body)
+            counts[comment.kind] += 1
     return counts

@@ -81,6 +81,7 @@ def test_the_lead_comments_in_words_on_the_refusal_only_once_and_a_feedback_set_
     built = training_set_from_feedback(name="desk-comments", filters={"deployment": deployment.pk}, heldout_fraction=0)
     (item,) = built.items.all()
     assert item.feedback == comment.body and item.provenance["comments"] == [comment.pk]
+    assert item.provenance["comment_authors"] == [SIMULATED_OPERATOR]
     assert item.messages[-1]["role"] == "tool"
 
 
@@ -102,7 +103,27 @@ def test_the_command_reviews_one_deployments_split_and_refuses_bad_rates():
         "simulate_operator", "--deployment", "support-bot", "--vague-rate", "0", "--wrong-rate", "0", stdout=out
     )
 
-    assert out.getvalue().startswith("3 comments as simulated-operator (3 specific, 0 vague, 0 wrong)")
+    assert out.getvalue().startswith(
+        "3 comments as simulated-operator (3 specific, 0 vague, 0 wrong); 1 held-out traces left alone"
+    )
     assert not Comment.objects.filter(trace__external_id="t3").exists(), "the test split is never reviewed"
     with pytest.raises(CommandError, match="--wrong-rate must be between 0 and 1"):
         call_command("simulate_operator", "--wrong-rate", "1.5")
+
+
+def test_unreadable_metadata_is_skipped_and_a_hand_made_account_is_locked():
+    from django.contrib.auth import get_user_model
+
+    get_user_model().objects.create_user(username=SIMULATED_OPERATOR, password="guessable-password-1")
+    deployment = DeploymentFactory(name="support-bot")
+    due = next(t for t in SupportDesk().tasks_for(split="train", graded=True) if t.hidden["refund"])
+    bad = _trace("bad", due, "No refund.")
+    bad["metadata"]["task_id"] = ["not", "a", "string"]
+    traces_ingest(deployment=deployment, items=[bad, _trace("good", due, "No refund.")])
+
+    counts = simulated_operator_review(traces=Trace.objects.filter(deployment=deployment), vague_rate=0, wrong_rate=0)
+
+    assert counts == {"skipped": 1, "specific": 1}
+    assert Comment.objects.get().trace.external_id == "good"
+    account = get_user_model().objects.get(username=SIMULATED_OPERATOR)
+    assert not account.is_active and not account.has_usable_password()

@@ -122,8 +122,46 @@ def test_many_comments_speak_only_words_and_are_vague_or_wrong_at_about_the_give
 
     assert len(comments) >= 60
     for comment in comments:
-        assert not any(word in comment.body for word in ("issue_refund", "lookup_order", "<tool_call>", "{", "}"))
+        assert not any(
+            word in comment.body for word in ("issue_refund", "lookup_order", "<tool_call>", "{", "}", "None")
+        )
         assert not comment.body[0].islower() and comment.body.rstrip()[-1] in ".!?"
     share = {kind: sum(c.kind == kind for c in comments) / len(comments) for kind in ("specific", "vague", "wrong")}
     assert 0.03 <= share["wrong"] <= 0.2 and 0.1 <= share["vague"] <= 0.32 and share["specific"] >= 0.55
     assert len({c.body for c in comments if c.kind == "specific"}) >= len(comments) // 3, "phrasings vary"
+
+
+def test_an_id_in_another_case_or_a_refund_with_its_amount_is_the_right_call_not_another_order():
+    task = _task("test", lambda t, r: t.hidden["refund"] and not t.hidden["order_id"].isdigit())
+    order_id = task.hidden["order_id"]
+    messages = play(task, [("lookup_order", order_id.lower()), ("reply", "Sorry, no refund.")])
+    comment = operator_comment(task=task, messages=messages, rng=random.Random(5), **SPECIFIC)
+    assert comment.mistake == "refused" and comment.message_index == len(messages) - 1
+
+    refunded = play(task, [("lookup_order", order_id), ("issue_refund", order_id)])
+    refunded[-2]["tool_calls"][0]["function"]["arguments"] = json.dumps({"order_id": order_id, "amount": 5})
+    assert operator_comment(task=task, messages=refunded[:-1], rng=random.Random(5)) is None
+
+
+@pytest.mark.parametrize(
+    "tool_calls",
+    [
+        [{"id": "c", "type": "function", "function": {"name": "issue_refund", "arguments": {"order_id": "K1"}}}],
+        [{"id": ["c"], "function": "issue_refund"}],
+        ["<tool_call>"],
+        {"not": "a list"},
+        [{"function": {"name": "issue_refund", "arguments": "{not json"}}],
+    ],
+)
+def test_logged_tool_calls_of_any_shape_are_read_without_a_crash(tool_calls):
+    task = _task("test", lambda t, r: t.hidden["refund"])
+    messages = [*task.first_messages(), {"role": "assistant", "content": "", "tool_calls": tool_calls}]
+    comment = operator_comment(task=task, messages=messages, rng=random.Random(6), **SPECIFIC)
+    assert comment is None or comment.message_index == len(messages) - 1
+
+
+def test_a_wrong_comment_on_an_order_not_delivered_never_invents_a_delivery_age():
+    task = _task("test", lambda t, r: r["status"] != "delivered" and not t.hidden["refund"])
+    messages = play(task, [("lookup_order", task.hidden["order_id"]), ("issue_refund", task.hidden["order_id"])])
+    comment = operator_comment(task=task, messages=messages, rng=random.Random(7), vague_rate=0, wrong_rate=1)
+    assert comment.kind == "wrong" and "None" not in comment.body and "days" not in comment.body

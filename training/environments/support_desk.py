@@ -648,20 +648,24 @@ def _done_actions(messages: list[dict[str, Any]], order_id: str) -> set[str]:
     """The tools called on `order_id` in `messages` whose result was not an error."""
     names = {}
     for m in messages:
-        if m.get("role") == "assistant":
-            for call in m.get("tool_calls") or []:
-                function = call.get("function") or {}
-                try:
-                    arguments = json.loads(function.get("arguments") or "{}")
-                except (ValueError, RecursionError):  # logged model output: any depth
-                    arguments = {}
+        calls = m.get("tool_calls") if m.get("role") == "assistant" else None
+        if isinstance(calls, list):
+            for call in calls:
+                function = call.get("function") if isinstance(call, dict) else None
+                function = function if isinstance(function, dict) else {}
+                arguments = function.get("arguments")
+                if isinstance(arguments, str):  # the OpenAI format; a captured call may hold an object
+                    try:
+                        arguments = json.loads(arguments or "{}")
+                    except (ValueError, RecursionError):  # logged model output: any depth
+                        arguments = {}
                 if isinstance(arguments, dict) and arguments.get("order_id") == order_id:
-                    names[call.get("id", "")] = function.get("name", "")
+                    names[str(call.get("id", ""))] = function.get("name", "")
     return {
-        names[m.get("tool_call_id", "")]
+        names[str(m.get("tool_call_id", ""))]
         for m in messages
         if m.get("role") == "tool"
-        and m.get("tool_call_id", "") in names
+        and str(m.get("tool_call_id", "")) in names
         and not str(m.get("content") or "").startswith("error")
     }
 

@@ -55,6 +55,9 @@ _NO_LOOKUP = [
     "Look at the order first: we answer refund requests only after checking {id} in the system.",
     "This answered without checking {id}. Check the order before deciding anything.",
 ]
+_REFUND_ANYWAY = [  # a wrong comment on an order not delivered yet or already refunded
+    "That one qualifies, refund {id} in full.",
+]
 _TELL = [
     "The refund for {id} went through; now tell the customer so, in a sentence.",
 ]
@@ -73,16 +76,43 @@ class SimulatedComment:
     mistake: str  # what the turn did: "other_order", "no_lookup", "refused", "refunded", "answer"
 
 
+def _order_key(value: Any) -> str:
+    """An order id as the store's tools read it (`records._key`: stripped, any case)."""
+    return str(value).strip().upper() if isinstance(value, str | int) and not isinstance(value, bool) else ""
+
+
 def _action(message: dict[str, Any]) -> dict[str, Any]:
-    """An OpenAI-format assistant message's first action: a tool call or a reply."""
-    for call in message.get("tool_calls") or []:
-        function = call.get("function") or {}
-        try:
-            arguments = json.loads(function.get("arguments") or "{}")
-        except (ValueError, RecursionError):  # logged model output: any depth
-            arguments = {}
-        return {"tool": function.get("name", ""), "arguments": arguments if isinstance(arguments, dict) else {}}
+    """An OpenAI-format assistant message's first action: a tool call (its name and the
+    order it names, read as the tools read it) or a reply. Logged content is untrusted:
+    arguments may be a JSON string, an object, or anything else."""
+    calls = message.get("tool_calls")
+    for call in calls if isinstance(calls, list) else []:
+        function = call.get("function") if isinstance(call, dict) else None
+        function = function if isinstance(function, dict) else {}
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments or "{}")
+            except (ValueError, RecursionError):  # logged model output: any depth
+                arguments = {}
+        order = _order_key(arguments.get("order_id")) if isinstance(arguments, dict) else ""
+        return {"tool": str(function.get("name") or ""), "order_id": order}
     return {"reply": True}
+
+
+def _accepts(accepted: list[dict[str, Any]], action: dict[str, Any]) -> bool:
+    """Whether the policy's accepted actions include `action` (by tool and order; an extra
+    argument such as the refund's amount does not make a right call wrong here)."""
+    for a in accepted:
+        if "reply" in a and "reply" in action:
+            return True
+        if (
+            "tool" in a
+            and a["tool"] == action.get("tool")
+            and _order_key(a["arguments"]["order_id"]) == action.get("order_id")
+        ):
+            return True
+    return False
 
 
 def _first_wrong_turn(task: Task, messages: list[dict[str, Any]]) -> tuple[int, dict[str, Any], list] | None:
@@ -97,7 +127,7 @@ def _first_wrong_turn(task: Task, messages: list[dict[str, Any]]) -> tuple[int, 
             continue
         accepted = json.loads(turn_reference(task=task, messages=messages[:index]) or "[]")
         action = _action(message)
-        if action not in accepted:
+        if not _accepts(accepted, action):
             return index, action, accepted
     return None
 
@@ -132,28 +162,27 @@ def operator_comment(
         "ago": f"{round(days / 7)} weeks ago" if isinstance(days, int) and days >= 42 else f"{days} days ago",
         "status": row.get("status"),
         "window": REFUND_WINDOW_DAYS,
-        "other": (action.get("arguments") or {}).get("order_id", ""),
+        "other": action.get("order_id", ""),
     }
-    if "tool" in action and fields["other"] and fields["other"] != order_id:
-        mistake = "other_order"
-        templates = _OTHER_ORDER
-    elif "issue_refund" in _tools_done(messages[:index]):
+    done = _tools_done(messages[:index])
+    if action.get("order_id") and action["order_id"] != _order_key(order_id):
+        mistake, templates = "other_order", _OTHER_ORDER
+    elif "issue_refund" in done:
         mistake, templates = "answer", _TELL
-    elif action == {"reply": True} and task.hidden["refund"] and "lookup_order" not in _tools_done(messages[:index]):
+    elif "reply" in action and "lookup_order" not in done:
         mistake, templates = "no_lookup", _NO_LOOKUP
     elif task.hidden["refund"]:
         mistake, templates = "refused", _REFUND_DUE
-    elif action.get("tool") == "issue_refund" or action == {"reply": True}:
+    else:
         mistake = "refunded" if action.get("tool") == "issue_refund" else "answer"
         templates = _policy_templates(row)
-    else:
-        mistake, templates = "answer", _policy_templates(row)
     draw = rng.random()
-    if draw < wrong_rate and templates in (_REFUND_DUE, _TOO_LATE, _NOT_DELIVERED, _ALREADY_REFUNDED):
-        # A lead who misread the record: the opposite of what the policy says.
-        wrong = _TOO_LATE if task.hidden["refund"] else _REFUND_DUE
-        return SimulatedComment(_render(rng, wrong, fields), index, "wrong", mistake)
-    if draw < wrong_rate + vague_rate:
+    if draw < wrong_rate:
+        if mistake in ("refused", "refunded", "answer") and templates is not _TELL:
+            # A lead who misread the record: the opposite of what the policy says.
+            wrong = _TOO_LATE if task.hidden["refund"] else (_REFUND_DUE if isinstance(days, int) else _REFUND_ANYWAY)
+            return SimulatedComment(_render(rng, wrong, fields), index, "wrong", mistake)
+    elif draw < wrong_rate + vague_rate:
         return SimulatedComment(rng.choice(_VAGUE), index, "vague", mistake)
     return SimulatedComment(_render(rng, templates, fields), index, "specific", mistake)
 

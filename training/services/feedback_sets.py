@@ -93,7 +93,8 @@ def training_set_from_feedback(
 def turn_items(*, trace_ids: list[int]) -> list[dict[str, Any]]:
     """One item per assistant turn with feedback, in a fixed number of queries."""
     by_turn: dict[int, dict[str, list]] = defaultdict(lambda: defaultdict(list))
-    for c in Comment.objects.filter(trace_id__in=trace_ids, message__role="assistant").order_by("id"):
+    comments = Comment.objects.filter(trace_id__in=trace_ids, message__role="assistant").select_related("author")
+    for c in comments.order_by("id"):
         by_turn[c.message_id]["comments"].append(c)
     for c in Correction.objects.filter(trace_id__in=trace_ids, message__role="assistant").order_by("id"):
         by_turn[c.message_id]["corrections"].append(c)
@@ -145,6 +146,8 @@ def turn_items(*, trace_ids: list[int]) -> list[dict[str, Any]]:
                 "message_id": turn.pk,
                 "provenance": {
                     "comments": [c.pk for c in found["comments"]],
+                    # Whose words they are (a scripted reviewer's account says so in its name).
+                    "comment_authors": sorted({c.author.username for c in found["comments"] if c.author}),
                     "corrections": [c.pk for c in found["corrections"]],
                     "customer_feedback": [f.pk for f in found["customer"]],
                     "judge_result": judge.pk if judge else None,

@@ -11,13 +11,13 @@ from feedback.models import Deployment, Trace
 class Command(BaseCommand):
     help = (
         "Comment, as the simulated support lead (a script that knows the refund policy; its account "
-        f"is '{SIMULATED_OPERATOR}'), on every support-desk trace of a deployment where a turn went "
-        "against the policy: words only, sometimes vague, now and then wrong."
+        f"is '{SIMULATED_OPERATOR}'), on every training-split support-desk trace of a deployment where a "
+        "turn went against the policy: words only, sometimes vague, now and then wrong. Held-out traces "
+        "are never commented."
     )
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--deployment", default="support-bot")
-        parser.add_argument("--split", default="train", help="only traces of this split (metadata.split)")
         parser.add_argument("--seed", type=int, default=0, help="picks the phrasings and which comments go wrong")
         parser.add_argument("--vague-rate", type=float, default=None, help="share of vague comments (default 0.2)")
         parser.add_argument("--wrong-rate", type=float, default=None, help="share of wrong comments (default 0.1)")
@@ -30,13 +30,13 @@ class Command(BaseCommand):
         deployment = Deployment.objects.filter(name=opts["deployment"]).first()
         if deployment is None:
             raise CommandError(f"no deployment named {opts['deployment']!r}")
-        traces = Trace.objects.filter(deployment=deployment, metadata__split=opts["split"])
+        traces = Trace.objects.filter(deployment=deployment)
         counts = simulated_operator_review(
             traces=traces, seed=opts["seed"], vague_rate=opts["vague_rate"], wrong_rate=opts["wrong_rate"]
         )
-        added = sum(v for k, v in counts.items() if k != "skipped")
+        added = counts["specific"] + counts["vague"] + counts["wrong"]
         self.stdout.write(
             f"{added} comments as {SIMULATED_OPERATOR} "
             f"({counts['specific']} specific, {counts['vague']} vague, {counts['wrong']} wrong); "
-            f"{counts['skipped']} traces of no known task"
+            f"{counts['held_out']} held-out traces left alone; {counts['skipped']} traces of no known task"
         )
