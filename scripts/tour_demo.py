@@ -84,6 +84,9 @@ def outcome(run) -> dict:
         "collateral": sum(1 for ep in done if ep.collateral_changes),
         "collateral_rate": run.collateral_rate,
         "unknown_id_episodes": sum(1 for ep in done if ep.unknown_ids),
+        # Per graded episode, in task order: a base and a candidate of one seed play the same
+        # tasks with the same sampling seeds, so these pair up episode by episode.
+        "per_episode": [{"task": ep.task_id, "success": bool(ep.success)} for ep in graded],
     }
 
 
@@ -102,11 +105,72 @@ def summary_lines(per_seed: list[dict], slices: list[str]) -> list[str]:
             f"{key} ({len(rows)} seeds, {base[0]['graded']} graded episodes each; mean [95 % interval]):\n"
             f"  success             base {interval_text([b['success_rate'] for b in base])}  "
             f"candidate {interval_text([c['success_rate'] for c in cand])}  "
-            f"gain {interval_text([c['success_rate'] - b['success_rate'] for b, c in zip(base, cand, strict=True)])}\n"
-            f"  collateral changes  base {interval_text([b['collateral_rate'] for b in base])}  "
-            f"candidate {interval_text([c['collateral_rate'] for c in cand])}"
+            f"gain {interval_text([c['success_rate'] - b['success_rate'] for b, c in zip(base, cand, strict=True)])}"
+            + (
+                f"\n  collateral changes  base {interval_text([b['collateral_rate'] for b in base])}  "
+                f"candidate {interval_text([c['collateral_rate'] for c in cand])}"
+                if all(r["collateral_rate"] is not None for r in (*base, *cand))
+                else ""
+            )
         )
+        gains = paired_gains(base, cand)
+        if len(gains) > 1:
+            lines.append(f"  gain paired by episode over {len(gains)} (seed, task) pairs  {interval_text(gains)}")
     return lines
+
+
+def paired_gains(base: list[dict], cand: list[dict]) -> list[float]:
+    """Candidate minus base success per (seed, task) pair, where both list their episodes."""
+    gains: list[float] = []
+    for b, c in zip(base, cand, strict=True):
+        pairs = zip(b.get("per_episode") or [], c.get("per_episode") or [], strict=False)
+        gains += [float(y["success"]) - float(x["success"]) for x, y in pairs if x["task"] == y["task"]]
+    return gains
+
+
+def per_seed_from_db(deployment: str) -> tuple[list[dict], list[str]]:
+    """The measurements of the tour runs stored in this database, rebuilt from their traces
+    (for a run whose result.json lacks per-episode figures, or that was stopped): each
+    candidate measurement paired with the base measurement of the same slice before it.
+    Success is the grader's feedback on each trace; collateral changes are not stored on
+    traces, so they are left out."""
+    from collections import defaultdict
+
+    from feedback.demo.agent import GRADER_REF
+    from feedback.models import CustomerFeedback, Trace
+
+    traces = Trace.objects.filter(deployment__name=deployment, external_id__startswith="demo-")
+    traces = traces.filter(metadata__split__in=["test", "fresh"]).select_related("model_version")
+    success = dict(
+        CustomerFeedback.objects.filter(trace__in=traces, customer_ref=GRADER_REF).values_list("trace_id", "rating")
+    )
+    runs: dict[str, list] = defaultdict(list)
+    for t in traces.order_by("started_at"):
+        runs[t.external_id.split("-")[1]].append(t)
+    ordered = sorted(runs.values(), key=lambda ts: min(t.started_at for t in ts))
+    base_name = ordered[0][0].model_version.name if ordered else ""
+    per_seed: dict[int, dict] = {}
+    seen_base: dict[str, int] = defaultdict(int)
+    seen_cand: dict[str, int] = defaultdict(int)
+    slices: list[str] = []
+    for ts in ordered:
+        ts.sort(key=lambda t: t.external_id)
+        key = ts[0].metadata["split"]
+        slices += [key] if key not in slices else []
+        graded = [t for t in ts if t.pk in success]
+        figures = {
+            "version": ts[0].model_version.name,
+            "graded": len(graded),
+            "success_rate": sum(success[t.pk] == 5 for t in graded) / len(graded) if graded else 0.0,
+            "collateral_rate": None,
+            "per_episode": [{"task": t.metadata["task_id"], "success": success[t.pk] == 5} for t in graded],
+        }
+        is_base = figures["version"] == base_name
+        seen = seen_base if is_base else seen_cand
+        row = per_seed.setdefault(seen[key], {"seed": seen[key], "base": {}, "candidate": {}})
+        row["base" if is_base else "candidate"][key] = figures
+        seen[key] += 1
+    return [per_seed[k] for k in sorted(per_seed)], slices
 
 
 def main() -> int:
@@ -173,7 +237,20 @@ def main() -> int:
         default="",
         help="measure this trained version against the base on each seed's test tasks instead of training",
     )
+    parser.add_argument(
+        "--summary-from-db",
+        action="store_true",
+        help="print the summary of the tour runs stored in this database (from their traces) and stop",
+    )
     args = parser.parse_args()
+    if args.summary_from_db:
+        import django
+
+        django.setup()
+        per_seed, slices = per_seed_from_db("support-bot")
+        for line in summary_lines(per_seed, slices):
+            print(line)
+        return 0
 
     import django
 

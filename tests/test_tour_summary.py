@@ -1,0 +1,91 @@
+"""The tour's summary: base vs candidate per slice over seeds, and the gain paired by episode."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from training.evaluation.seeds import interval_text
+
+spec = importlib.util.spec_from_file_location("tour_demo", Path(__file__).parent.parent / "scripts" / "tour_demo.py")
+tour_demo = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tour_demo)
+
+
+def _measure(successes: list[bool], tasks: list[str], collateral: float | None = 0.0) -> dict:
+    return {
+        "graded": len(successes),
+        "success_rate": sum(successes) / len(successes),
+        "collateral_rate": collateral,
+        "per_episode": [{"task": t, "success": s} for t, s in zip(tasks, successes, strict=True)],
+    }
+
+
+def test_the_paired_gain_pairs_the_same_task_of_the_same_seed_only():
+    seeds = [
+        {
+            "base": {"test": _measure([True, False, False], ["a", "b", "c"])},
+            "candidate": {"test": _measure([True, True, False], ["a", "b", "c"])},
+        },
+        {
+            "base": {"test": _measure([False, False, True], ["d", "e", "f"])},
+            "candidate": {"test": _measure([True, True, True], ["d", "e", "x"])},
+        },  # "x": not f, left out
+    ]
+    text = "\n".join(tour_demo.summary_lines(seeds, ["test"]))
+
+    assert "test (2 seeds, 3 graded episodes each" in text
+    assert f"gain paired by episode over 5 (seed, task) pairs  {interval_text([0, 1, 0, 1, 1])}" in text
+    assert f"collateral changes  base {interval_text([0.0, 0.0])}" in text
+
+
+def test_a_summary_rebuilt_from_traces_has_no_collateral_line():
+    seeds = [{"base": {"test": _measure([True], ["a"], None)}, "candidate": {"test": _measure([False], ["a"], None)}}]
+    text = "\n".join(tour_demo.summary_lines(seeds, ["test"]))
+    assert "collateral" not in text and "success             base 1.000  candidate 0.000" in text
+
+
+@pytest.mark.django_db
+def test_measurements_are_rebuilt_from_the_traces_and_the_graders_feedback(tmp_path):
+    import datetime as dt
+
+    from django.utils import timezone
+
+    from feedback.models import CustomerFeedback
+    from tests.factories import DeploymentFactory, TraceFactory
+    from training.models import BaseModel, ModelVersion
+
+    deployment = DeploymentFactory(name="support-bot")
+    base = BaseModel.objects.create(name="smol", path=str(tmp_path))
+    versions = {
+        name: ModelVersion.objects.create(name=name, base_model=base, kind=kind, path=str(tmp_path))
+        for name, kind in (("smol", "base"), ("smol-sft-job1", "lora"))
+    }
+    # The base on test and fresh, then the candidate on both (one seed), in that order.
+    runs = [
+        ("r1", "smol", "test", [5, 1]),
+        ("r2", "smol", "fresh", [1, 1]),
+        ("r3", "smol-sft-job1", "test", [5, 5]),
+        ("r4", "smol-sft-job1", "fresh", [1, 5]),
+    ]
+    started = timezone.now()
+    for n, (run, version, split, ratings) in enumerate(runs):
+        for i, rating in enumerate(ratings):
+            trace = TraceFactory(
+                deployment=deployment,
+                model_version=versions[version],
+                external_id=f"demo-{run}-{split}-{i:03d}",
+                metadata={"split": split, "task_id": f"refund-{split}-{i}"},
+                started_at=started + dt.timedelta(minutes=n, seconds=i),
+            )
+            CustomerFeedback.objects.create(
+                deployment=deployment, trace=trace, customer_ref="grader", rating_kind="score", rating=rating
+            )
+
+    per_seed, slices = tour_demo.per_seed_from_db("support-bot")
+
+    assert slices == ["test", "fresh"] and len(per_seed) == 1
+    assert per_seed[0]["base"]["test"]["success_rate"] == 0.5 and per_seed[0]["candidate"]["test"]["success_rate"] == 1
+    assert tour_demo.paired_gains([per_seed[0]["base"]["fresh"]], [per_seed[0]["candidate"]["fresh"]]) == [0.0, 1.0]
