@@ -228,26 +228,26 @@ def demo_agent_run(
         trace_id = f"demo-{run_id}-{split}-{index:03d}"
         served: list[str] = []
 
-        def complete(messages, tools, max_tokens_left, _trace_id=trace_id, _task=task, _index=index, _served=served):
+        def complete(messages, tools, max_tokens_left):
             response = client.chat.completions.create(
                 model=model,
                 messages=messages,
                 tools=tools,
                 max_tokens=max(1, min(MAX_TURN_TOKENS, max_tokens_left)),
                 temperature=temperature,
-                seed=seed * 100_003 + _index,
-                metadata={"environment": env.name, "task_id": _task.id, "split": _task.split},
+                seed=seed * 100_003 + index,
+                metadata={"environment": env.name, "task_id": task.id, "split": task.split},
                 extra_body=(
                     {"structured_outputs": {"regex": ACT_OR_REPLY_REGEX if len(messages) > 2 else ACT_REGEX}}
                     if constrained
                     else None
                 ),
                 extra_headers={
-                    "X-Practicum-Trace-Id": _trace_id,
-                    "X-Practicum-Session-Id": f"customer-{_task.hidden['order_id']}",
+                    "X-Practicum-Trace-Id": trace_id,
+                    "X-Practicum-Session-Id": f"customer-{task.hidden['order_id']}",
                 },
             )
-            _served.append(response.model)
+            served.append(response.model)
             choice = response.choices[0]
             tokens = response.usage.completion_tokens if response.usage else 0
             return Completion(

@@ -188,7 +188,8 @@ def records_grade(
     return Grade(0.0, "; ".join(problems[:3]) + more)
 
 
-def _normalized(value: Any) -> str:
+def key_normalized(value: Any) -> str:
+    """A key as the tools match it: trimmed, any case."""
     return str(value).strip().upper()
 
 
@@ -198,8 +199,11 @@ def _mentioned(value: str, texts: list[str]) -> bool:
     return any(pattern.search(text) for text in texts)
 
 
-def _call_key(call: dict[str, Any], key: str) -> str | int | None:
-    arguments = (call.get("function") or {}).get("arguments")
+def call_key(call: Any, key: str) -> str | int | None:
+    """The `key` argument of a logged OpenAI-format tool call, or None. The call is the
+    model's output as logged: any shape, arguments a JSON string or an object."""
+    function = call.get("function") if isinstance(call, dict) else None
+    arguments = function.get("arguments") if isinstance(function, dict) else None
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments or "{}")
@@ -222,12 +226,12 @@ def records_audit(*, state: RecordsState, messages: list[dict[str, Any]]) -> Epi
     tools match them (trimmed, case-insensitive)."""
     task = state.task
     hidden = task.hidden if task is not None else {}
-    concerned = {_normalized(k) for k in (hidden.get("expected") or {})}
-    concerned |= {_normalized(k) for k in (hidden.get("concerns") or ())}
+    concerned = {key_normalized(k) for k in (hidden.get("expected") or {})}
+    concerned |= {key_normalized(k) for k in (hidden.get("concerns") or ())}
     name = state.table.name
     collateral = []
     for change in state.changes:
-        if _normalized(change["key"]) not in concerned:
+        if key_normalized(change["key"]) not in concerned:
             after = ", ".join(f"{k} {json.dumps(v)}" for k, v in change["after"].items())
             collateral.append(f"{name} {change['key']}: {after}")
     seen: list[str] = []
@@ -244,8 +248,8 @@ def records_audit(*, state: RecordsState, messages: list[dict[str, Any]]) -> Epi
                 seen.append(text.upper())
         elif role == "assistant":
             for call in message.get("tool_calls") or []:
-                value = _call_key(call, state.table.key)
-                if value is not None and not _mentioned(_normalized(value), seen):
+                value = call_key(call, state.table.key)
+                if value is not None and not _mentioned(key_normalized(value), seen):
                     unknown.append(str(value)[:60])
                     tainted.add(call.get("id", ""))
     return EpisodeAudit(collateral_changes=tuple(collateral), unknown_ids=tuple(unknown))

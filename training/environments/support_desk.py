@@ -38,6 +38,7 @@ from training.environments.records import (
     FieldSpec,
     RecordsState,
     RecordTable,
+    call_key,
     records_audit,
     records_grade,
     records_lookup,
@@ -651,16 +652,8 @@ def _done_actions(messages: list[dict[str, Any]], order_id: str) -> set[str]:
         calls = m.get("tool_calls") if m.get("role") == "assistant" else None
         if isinstance(calls, list):
             for call in calls:
-                function = call.get("function") if isinstance(call, dict) else None
-                function = function if isinstance(function, dict) else {}
-                arguments = function.get("arguments")
-                if isinstance(arguments, str):  # the OpenAI format; a captured call may hold an object
-                    try:
-                        arguments = json.loads(arguments or "{}")
-                    except (ValueError, RecursionError):  # logged model output: any depth
-                        arguments = {}
-                if isinstance(arguments, dict) and arguments.get("order_id") == order_id:
-                    names[str(call.get("id", ""))] = function.get("name", "")
+                if call_key(call, "order_id") == order_id:
+                    names[str(call.get("id", ""))] = (call.get("function") or {}).get("name", "")
     return {
         names[str(m.get("tool_call_id", ""))]
         for m in messages

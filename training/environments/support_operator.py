@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from training.environments.base import Task
-from training.environments.records import records_row
+from training.environments.records import call_key, key_normalized, records_row
 from training.environments.support_desk import REFUND_WINDOW_DAYS, SupportDesk, turn_reference
 
 VAGUE_RATE = 0.2
@@ -76,27 +76,16 @@ class SimulatedComment:
     mistake: str  # what the turn did: "other_order", "no_lookup", "refused", "refunded", "answer"
 
 
-def _order_key(value: Any) -> str:
-    """An order id as the store's tools read it (`records._key`: stripped, any case)."""
-    return str(value).strip().upper() if isinstance(value, str | int) and not isinstance(value, bool) else ""
-
-
 def _action(message: dict[str, Any]) -> dict[str, Any]:
     """An OpenAI-format assistant message's first action: a tool call (its name and the
     order it names, read as the tools read it) or a reply. Logged content is untrusted:
-    arguments may be a JSON string, an object, or anything else."""
+    the calls may have any shape."""
     calls = message.get("tool_calls")
     for call in calls if isinstance(calls, list) else []:
         function = call.get("function") if isinstance(call, dict) else None
-        function = function if isinstance(function, dict) else {}
-        arguments = function.get("arguments")
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments or "{}")
-            except (ValueError, RecursionError):  # logged model output: any depth
-                arguments = {}
-        order = _order_key(arguments.get("order_id")) if isinstance(arguments, dict) else ""
-        return {"tool": str(function.get("name") or ""), "order_id": order}
+        name = function.get("name") if isinstance(function, dict) else ""
+        order = call_key(call, "order_id")
+        return {"tool": str(name or ""), "order_id": "" if order is None else key_normalized(order)}
     return {"reply": True}
 
 
@@ -109,7 +98,7 @@ def _accepts(accepted: list[dict[str, Any]], action: dict[str, Any]) -> bool:
         if (
             "tool" in a
             and a["tool"] == action.get("tool")
-            and _order_key(a["arguments"]["order_id"]) == action.get("order_id")
+            and key_normalized(a["arguments"]["order_id"]) == action.get("order_id")
         ):
             return True
     return False
@@ -165,7 +154,7 @@ def operator_comment(
         "other": action.get("order_id", ""),
     }
     done = _tools_done(messages[:index])
-    if action.get("order_id") and action["order_id"] != _order_key(order_id):
+    if action.get("order_id") and action["order_id"] != key_normalized(order_id):
         mistake, templates = "other_order", _OTHER_ORDER
     elif "issue_refund" in done:
         mistake, templates = "answer", _TELL
