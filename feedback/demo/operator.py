@@ -68,12 +68,13 @@ def simulated_operator_review(
                 continue
             meta = trace.metadata if isinstance(trace.metadata, dict) else {}
             task_id, split = meta.get("task_id"), meta.get("split")
+            if split != "train" and isinstance(split, str) and split:
+                # Validation, test and freshly generated slices alike.
+                counts["held_out"] += 1
+                continue
             task = tasks.get(task_id) if isinstance(task_id, str) else None
             if task is None or split != task.split:
                 counts["skipped"] += 1
-                continue
-            if task.split != "train":
-                counts["held_out"] += 1
                 continue
             rows = list(trace.messages.order_by("position"))
             # One stream per trace: the same traces get the same words whatever else is reviewed.
