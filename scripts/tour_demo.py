@@ -181,7 +181,7 @@ def main() -> int:
     parser.add_argument(
         "--fresh-seed", type=int, action="append", default=[], help="also measure this freshly generated slice"
     )
-    parser.add_argument("--train-episodes", type=int, default=96)
+    parser.add_argument("--train-episodes", type=int, default=144)
     parser.add_argument(
         "--concurrency",
         type=int,
@@ -219,7 +219,7 @@ def main() -> int:
     parser.add_argument(
         "--variants",
         type=int,
-        default=3,
+        default=6,
         help="counterfactual copies of each decision point in the SFT set (the lookup's status and "
         "age changed, the target the policy's answer to them; oracle labels); 0 = the logged turns only",
     )
