@@ -39,6 +39,7 @@ from training.environments.records import (
     RecordsState,
     RecordTable,
     call_key,
+    key_normalized,
     records_audit,
     records_grade,
     records_lookup,
@@ -494,7 +495,7 @@ def turn_reference(*, task: Task, messages: list[dict[str, Any]]) -> str | None:
     lookup = {"tool": "lookup_order", "arguments": {"order_id": order_id}}
     refund = {"tool": "issue_refund", "arguments": {"order_id": order_id}}
     reply = {"reply": True}
-    done = _done_actions(messages, order_id)
+    done = done_actions(messages, order_id)
     if "issue_refund" in done:
         accepted = [reply]
     elif "lookup_order" in done:
@@ -521,7 +522,7 @@ def turn_target(*, task: Task, messages: list[dict[str, Any]]) -> str | None:
     if "tool" in action:
         call = {"name": action["tool"], "arguments": action["arguments"]}
         return f"<tool_call>{json.dumps(call)}</tool_call>"
-    if "issue_refund" in _done_actions(messages, order_id):
+    if "issue_refund" in done_actions(messages, order_id):
         return f"Your refund for order {order_id} has been issued in full."
     row = _looked_up(messages, order_id)
     if row is None:
@@ -602,7 +603,7 @@ def counterfactual_turns(
     if (
         row is None
         or not task.hidden.get("graded")
-        or "issue_refund" in _done_actions(messages, order_id)
+        or "issue_refund" in done_actions(messages, order_id)
         or not isinstance(row.get("price"), int | float)
         or isinstance(row.get("price"), bool)
     ):
@@ -645,14 +646,17 @@ def _looked_up(messages: list[dict[str, Any]], order_id: str) -> dict[str, Any] 
     return found
 
 
-def _done_actions(messages: list[dict[str, Any]], order_id: str) -> set[str]:
-    """The tools called on `order_id` in `messages` whose result was not an error."""
+def done_actions(messages: list[dict[str, Any]], order_id: str) -> set[str]:
+    """The tools called on `order_id` in `messages` whose result was not an error. The id
+    is read as the tools read it (trimmed, any case): a lookup of "jl221861" found the order."""
+    wanted = key_normalized(order_id)
     names = {}
     for m in messages:
         calls = m.get("tool_calls") if m.get("role") == "assistant" else None
         if isinstance(calls, list):
             for call in calls:
-                if call_key(call, "order_id") == order_id:
+                value = call_key(call, "order_id")
+                if value is not None and key_normalized(value) == wanted:
                     names[str(call.get("id", ""))] = (call.get("function") or {}).get("name", "")
     return {
         names[str(m.get("tool_call_id", ""))]

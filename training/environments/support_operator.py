@@ -22,7 +22,7 @@ from typing import Any
 
 from training.environments.base import Task
 from training.environments.records import call_key, key_normalized, records_row
-from training.environments.support_desk import REFUND_WINDOW_DAYS, SupportDesk, turn_reference
+from training.environments.support_desk import REFUND_WINDOW_DAYS, SupportDesk, done_actions, turn_reference
 
 VAGUE_RATE = 0.2
 WRONG_RATE = 0.1
@@ -46,6 +46,10 @@ _NOT_DELIVERED = [
 _ALREADY_REFUNDED = [
     "{id} was already refunded. Tell the customer so, we never pay twice.",
     "Their money for {id} went back already; just confirm the earlier refund.",
+]
+_FULL_PRICE = [  # a refund of another sum than the order's price
+    "{id} qualifies for a full refund: the customer gets back exactly what they paid, not another sum.",
+    "Inside {window} days {id} is refunded in full, the whole price and nothing else.",
 ]
 _OTHER_ORDER = [
     "The customer asked about {id}, but this worked on {other}. Always work on the order the customer names.",
@@ -73,7 +77,7 @@ class SimulatedComment:
     body: str
     message_index: int  # the assistant turn in `messages` the comment is about
     kind: str  # "specific", "vague" or "wrong" (states the opposite of the policy)
-    mistake: str  # what the turn did: "other_order", "no_lookup", "refused", "refunded", "answer"
+    mistake: str  # what the turn did: "other_order", "no_lookup", "refused", "amount", "refunded", "answer"
 
 
 def _action(message: dict[str, Any]) -> dict[str, Any]:
@@ -85,13 +89,32 @@ def _action(message: dict[str, Any]) -> dict[str, Any]:
         function = call.get("function") if isinstance(call, dict) else None
         name = function.get("name") if isinstance(function, dict) else ""
         order = call_key(call, "order_id")
-        return {"tool": str(name or ""), "order_id": "" if order is None else key_normalized(order)}
+        amount = call_key(call, "amount")
+        return {
+            "tool": str(name or ""),
+            "order_id": "" if order is None else key_normalized(order),
+            **({} if amount is None else {"amount": amount}),
+        }
     return {"reply": True}
 
 
-def _accepts(accepted: list[dict[str, Any]], action: dict[str, Any]) -> bool:
-    """Whether the policy's accepted actions include `action` (by tool and order; an extra
-    argument such as the refund's amount does not make a right call wrong here)."""
+def _full(amount: Any, price: Any) -> bool:
+    """Whether a refund's `amount` argument is the order's whole price, as the tool reads it
+    (a number or a "$12.50" string)."""
+    if isinstance(amount, str):
+        try:
+            amount = float(amount.strip().lstrip("$"))
+        except ValueError:
+            return False
+    if isinstance(amount, bool) or not isinstance(amount, int | float):
+        return False
+    return isinstance(price, int | float) and abs(amount - price) < 0.005
+
+
+def _accepts(accepted: list[dict[str, Any]], action: dict[str, Any], price: Any = None) -> bool:
+    """Whether the policy's accepted actions include `action`, by tool and order, with the
+    id read in any case as the tools read it. A refund must be in full: an `amount` below
+    the price leaves the order short, which the grade counts as a failure."""
     for a in accepted:
         if "reply" in a and "reply" in action:
             return True
@@ -99,14 +122,17 @@ def _accepts(accepted: list[dict[str, Any]], action: dict[str, Any]) -> bool:
             "tool" in a
             and a["tool"] == action.get("tool")
             and key_normalized(a["arguments"]["order_id"]) == action.get("order_id")
+            and ("amount" not in action or _full(action["amount"], price))
         ):
             return True
     return False
 
 
-def _first_wrong_turn(task: Task, messages: list[dict[str, Any]]) -> tuple[int, dict[str, Any], list] | None:
+def _first_wrong_turn(
+    task: Task, messages: list[dict[str, Any]], price: Any = None
+) -> tuple[int, dict[str, Any], list] | None:
     """The index of the first assistant turn whose action the policy does not accept, with
-    that action and the accepted ones."""
+    that action and the accepted ones (`price`: the order's, to judge a refund's amount)."""
     # The turns after the customer's message: a stored trace may lack the system prompt or
     # the worked example, so count from the last user message, not from the task's opening.
     users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
@@ -116,7 +142,7 @@ def _first_wrong_turn(task: Task, messages: list[dict[str, Any]]) -> tuple[int, 
             continue
         accepted = json.loads(turn_reference(task=task, messages=messages[:index]) or "[]")
         action = _action(message)
-        if not _accepts(accepted, action):
+        if not _accepts(accepted, action, price):
             return index, action, accepted
     return None
 
@@ -135,14 +161,14 @@ def operator_comment(
     accepts. `rng` picks the phrasing and whether this comment is vague or wrong."""
     if not task.hidden.get("graded"):
         return None
-    found = _first_wrong_turn(task, messages)
-    if found is None:
-        return None
-    index, action, _accepted = found
     env = env or SupportDesk()
     order_id = task.hidden["order_id"]
     state = env.reset(task)
     row = records_row(state=state, key=order_id)
+    found = _first_wrong_turn(task, messages, row.get("price"))
+    if found is None:
+        return None
+    index, action, _accepted = found
     days = row.get("delivered_days_ago")
     fields = {
         "id": order_id,
@@ -153,13 +179,16 @@ def operator_comment(
         "window": REFUND_WINDOW_DAYS,
         "other": action.get("order_id", ""),
     }
-    done = _tools_done(messages[:index])
+    # Only what went through on the customer's own order: a lookup that errored is no lookup.
+    done = done_actions(messages[:index], order_id)
     if action.get("order_id") and action["order_id"] != key_normalized(order_id):
         mistake, templates = "other_order", _OTHER_ORDER
     elif "issue_refund" in done:
         mistake, templates = "answer", _TELL
     elif "reply" in action and "lookup_order" not in done:
         mistake, templates = "no_lookup", _NO_LOOKUP
+    elif task.hidden["refund"] and action.get("tool") == "issue_refund":
+        mistake, templates = "amount", _FULL_PRICE
     elif task.hidden["refund"]:
         mistake, templates = "refused", _REFUND_DUE
     else:
@@ -182,10 +211,6 @@ def _policy_templates(row: dict[str, Any]) -> list[str]:
     if row.get("status") != "delivered":
         return _NOT_DELIVERED
     return _TOO_LATE
-
-
-def _tools_done(messages: list[dict[str, Any]]) -> set[str]:
-    return {_action(m).get("tool", "") for m in messages if m.get("role") == "assistant"} - {""}
 
 
 def _render(rng: random.Random, templates: list[str], fields: dict[str, Any]) -> str:
