@@ -86,7 +86,9 @@ def outcome(run) -> dict:
         "unknown_id_episodes": sum(1 for ep in done if ep.unknown_ids),
         # Per graded episode, in task order: a base and a candidate of one seed play the same
         # tasks with the same sampling seeds, so these pair up episode by episode.
-        "per_episode": [{"task": ep.task_id, "success": bool(ep.success)} for ep in graded],
+        "per_episode": [
+            {"index": ep.trace_id.rsplit("-", 1)[-1], "task": ep.task_id, "success": bool(ep.success)} for ep in graded
+        ],
     }
 
 
@@ -120,26 +122,38 @@ def summary_lines(per_seed: list[dict], slices: list[str]) -> list[str]:
 
 
 def paired_gains(base: list[dict], cand: list[dict]) -> list[float]:
-    """Candidate minus base success per (seed, task) pair, where both list their episodes."""
+    """Candidate minus base success per (seed, episode) pair, where both list their episodes:
+    by episode index where they carry one (a stopped run may lack some), else by position;
+    either way only where both played the same task."""
     gains: list[float] = []
     for b, c in zip(base, cand, strict=True):
-        pairs = zip(b.get("per_episode") or [], c.get("per_episode") or [], strict=False)
+        before, after = b.get("per_episode") or [], c.get("per_episode") or []
+        if all("index" in e for e in (*before, *after)):
+            by_index = {e["index"]: e for e in before}
+            pairs = [(by_index[e["index"]], e) for e in after if e["index"] in by_index]
+        else:
+            pairs = list(zip(before, after, strict=False))
         gains += [float(y["success"]) - float(x["success"]) for x, y in pairs if x["task"] == y["task"]]
     return gains
 
 
 def per_seed_from_db(deployment: str) -> tuple[list[dict], list[str]]:
     """The measurements of the tour runs stored in this database, rebuilt from their traces
-    (for a run whose result.json lacks per-episode figures, or that was stopped): each
-    candidate measurement paired with the base measurement of the same slice before it.
-    Success is the grader's feedback on each trace; collateral changes are not stored on
-    traces, so they are left out."""
+    (for a run whose result.json lacks per-episode figures, or that was stopped). A run is
+    one `demo-<run>-…` id prefix; its slice is the test split or a fresh slice by its seed.
+    Each run served by a trained version (not a base model) is paired with the latest base
+    run of the same slice before it; the k-th such pair of a slice is seed k. Success is the
+    grader's feedback on each trace; collateral changes are not stored on traces, so they
+    are left out; traces without a model version are skipped."""
     from collections import defaultdict
 
     from feedback.demo.agent import GRADER_REF
     from feedback.models import CustomerFeedback, Trace
+    from training.models import ModelVersionKind
 
-    traces = Trace.objects.filter(deployment__name=deployment, external_id__startswith="demo-")
+    traces = Trace.objects.filter(
+        deployment__name=deployment, external_id__startswith="demo-", model_version__isnull=False
+    )
     traces = traces.filter(metadata__split__in=["test", "fresh"]).select_related("model_version")
     success = dict(
         CustomerFeedback.objects.filter(trace__in=traces, customer_ref=GRADER_REF).values_list("trace_id", "rating")
@@ -148,29 +162,42 @@ def per_seed_from_db(deployment: str) -> tuple[list[dict], list[str]]:
     for t in traces.order_by("started_at"):
         runs[t.external_id.split("-")[1]].append(t)
     ordered = sorted(runs.values(), key=lambda ts: min(t.started_at for t in ts))
-    base_name = ordered[0][0].model_version.name if ordered else ""
-    per_seed: dict[int, dict] = {}
-    seen_base: dict[str, int] = defaultdict(int)
-    seen_cand: dict[str, int] = defaultdict(int)
+    latest_base: dict[str, dict] = {}
+    pairs: dict[str, list[tuple[dict, dict]]] = defaultdict(list)
     slices: list[str] = []
     for ts in ordered:
-        ts.sort(key=lambda t: t.external_id)
-        key = ts[0].metadata["split"]
+        first = ts[0]
+        key = first.metadata["split"]
+        if key == "fresh":
+            key = f"fresh-{first.metadata.get('fresh_seed', '?')}"
         slices += [key] if key not in slices else []
         graded = [t for t in ts if t.pk in success]
         figures = {
-            "version": ts[0].model_version.name,
+            "version": first.model_version.name,
             "graded": len(graded),
             "success_rate": sum(success[t.pk] == 5 for t in graded) / len(graded) if graded else 0.0,
             "collateral_rate": None,
-            "per_episode": [{"task": t.metadata["task_id"], "success": success[t.pk] == 5} for t in graded],
+            "per_episode": [
+                {
+                    "index": t.external_id.rsplit("-", 1)[-1],
+                    "task": t.metadata.get("task_id"),
+                    "success": success[t.pk] == 5,
+                }
+                for t in graded
+            ],
         }
-        is_base = figures["version"] == base_name
-        seen = seen_base if is_base else seen_cand
-        row = per_seed.setdefault(seen[key], {"seed": seen[key], "base": {}, "candidate": {}})
-        row["base" if is_base else "candidate"][key] = figures
-        seen[key] += 1
-    return [per_seed[k] for k in sorted(per_seed)], slices
+        if first.model_version.kind == ModelVersionKind.BASE:
+            latest_base[key] = figures
+        elif key in latest_base:
+            pairs[key].append((latest_base[key], figures))
+    per_seed: list[dict] = []
+    for key, measured in pairs.items():
+        for k, (before, after) in enumerate(measured):
+            while len(per_seed) <= k:
+                per_seed.append({"seed": len(per_seed), "base": {}, "candidate": {}})
+            per_seed[k]["base"][key] = before
+            per_seed[k]["candidate"][key] = after
+    return per_seed, [s for s in slices if s in pairs]
 
 
 def main() -> int:

@@ -47,8 +47,9 @@ def test_a_summary_rebuilt_from_traces_has_no_collateral_line():
     assert "collateral" not in text and "success             base 1.000  candidate 0.000" in text
 
 
-@pytest.mark.django_db
-def test_measurements_are_rebuilt_from_the_traces_and_the_graders_feedback(tmp_path):
+def _store_runs(tmp_path, runs):
+    """Traces of tour runs as the gateway stores them: (run, version or None, split, fresh
+    seed, {episode index: grader rating}), one minute apart in this order."""
     import datetime as dt
 
     from django.utils import timezone
@@ -61,31 +62,68 @@ def test_measurements_are_rebuilt_from_the_traces_and_the_graders_feedback(tmp_p
     base = BaseModel.objects.create(name="smol", path=str(tmp_path))
     versions = {
         name: ModelVersion.objects.create(name=name, base_model=base, kind=kind, path=str(tmp_path))
-        for name, kind in (("smol", "base"), ("smol-sft-job1", "lora"))
+        for name, kind in (("smol", "base"), ("smol-sft-job1", "lora"), ("smol-sft-job2", "lora"))
     }
-    # The base on test and fresh, then the candidate on both (one seed), in that order.
-    runs = [
-        ("r1", "smol", "test", [5, 1]),
-        ("r2", "smol", "fresh", [1, 1]),
-        ("r3", "smol-sft-job1", "test", [5, 5]),
-        ("r4", "smol-sft-job1", "fresh", [1, 5]),
-    ]
     started = timezone.now()
-    for n, (run, version, split, ratings) in enumerate(runs):
-        for i, rating in enumerate(ratings):
+    for n, (run, version, split, fresh_seed, ratings) in enumerate(runs):
+        for i, rating in ratings.items():
+            metadata = {"split": split, "task_id": f"refund-{split}-{i}"}
+            if fresh_seed is not None:
+                metadata["fresh_seed"] = str(fresh_seed)
             trace = TraceFactory(
                 deployment=deployment,
-                model_version=versions[version],
+                model_version=versions[version] if version else None,
                 external_id=f"demo-{run}-{split}-{i:03d}",
-                metadata={"split": split, "task_id": f"refund-{split}-{i}"},
+                metadata=metadata,
                 started_at=started + dt.timedelta(minutes=n, seconds=i),
             )
             CustomerFeedback.objects.create(
                 deployment=deployment, trace=trace, customer_ref="grader", rating_kind="score", rating=rating
             )
 
+
+@pytest.mark.django_db
+def test_measurements_are_rebuilt_from_the_traces_and_the_graders_feedback(tmp_path):
+    # The base on test and fresh, then the candidate on both (one seed), in that order.
+    _store_runs(
+        tmp_path,
+        [
+            ("r1", "smol", "test", None, {0: 5, 1: 1}),
+            ("r2", "smol", "fresh", 2, {0: 1, 1: 1}),
+            ("r3", "smol-sft-job1", "test", None, {0: 5, 1: 5}),
+            ("r4", "smol-sft-job1", "fresh", 2, {0: 1, 1: 5}),
+        ],
+    )
+
     per_seed, slices = tour_demo.per_seed_from_db("support-bot")
 
-    assert slices == ["test", "fresh"] and len(per_seed) == 1
+    assert slices == ["test", "fresh-2"] and len(per_seed) == 1
     assert per_seed[0]["base"]["test"]["success_rate"] == 0.5 and per_seed[0]["candidate"]["test"]["success_rate"] == 1
-    assert tour_demo.paired_gains([per_seed[0]["base"]["fresh"]], [per_seed[0]["candidate"]["fresh"]]) == [0.0, 1.0]
+    assert tour_demo.paired_gains([per_seed[0]["base"]["fresh-2"]], [per_seed[0]["candidate"]["fresh-2"]]) == [0.0, 1.0]
+
+
+@pytest.mark.django_db
+def test_a_stopped_and_restarted_tour_pairs_each_candidate_with_the_base_run_just_before_it(tmp_path):
+    _store_runs(
+        tmp_path,
+        [
+            ("r1", "smol", "test", None, {0: 1, 1: 1}),  # a first try, stopped before its candidate
+            ("r2", None, "test", None, {0: 5}),  # a trace no version served: left out
+            ("r3", "smol", "test", None, {0: 5, 1: 1, 2: 1}),
+            ("r4", "smol", "fresh", 1, {0: 1}),
+            ("r5", "smol", "fresh", 2, {0: 5}),
+            ("r6", "smol-sft-job1", "test", None, {0: 5, 2: 5}),  # episode 1 lost when it stopped
+            ("r7", "smol-sft-job1", "fresh", 1, {0: 5}),
+            ("r8", "smol-sft-job1", "fresh", 2, {0: 1}),
+        ],
+    )
+
+    per_seed, slices = tour_demo.per_seed_from_db("support-bot")
+
+    assert slices == ["test", "fresh-1", "fresh-2"] and len(per_seed) == 1
+    row = per_seed[0]
+    assert row["base"]["test"]["graded"] == 3 and row["candidate"]["test"]["version"] == "smol-sft-job1"
+    # Episodes 0 and 2 pair up by index; episode 1 has no candidate run.
+    assert tour_demo.paired_gains([row["base"]["test"]], [row["candidate"]["test"]]) == [0.0, 1.0]
+    assert tour_demo.paired_gains([row["base"]["fresh-1"]], [row["candidate"]["fresh-1"]]) == [1.0]
+    assert tour_demo.paired_gains([row["base"]["fresh-2"]], [row["candidate"]["fresh-2"]]) == [-1.0]

@@ -236,7 +236,13 @@ def demo_agent_run(
                 max_tokens=max(1, min(MAX_TURN_TOKENS, max_tokens_left)),
                 temperature=temperature,
                 seed=seed * 100_003 + index,
-                metadata={"environment": env.name, "task_id": task.id, "split": task.split},
+                metadata={
+                    "environment": env.name,
+                    "task_id": task.id,
+                    "split": task.split,
+                    # Which fresh slice: task ids repeat across fresh seeds.
+                    **({"fresh_seed": str(fresh_seed)} if task.split == FRESH_SPLIT else {}),
+                },
                 extra_body=(
                     {"structured_outputs": {"regex": ACT_OR_REPLY_REGEX if len(messages) > 2 else ACT_REGEX}}
                     if constrained
