@@ -7,6 +7,7 @@ account, which cannot log in and whose name says what it is."""
 
 from __future__ import annotations
 
+import logging
 import random
 from collections import Counter
 
@@ -16,6 +17,8 @@ from django.db import transaction
 from feedback.models import Comment, MessageRole, Trace
 from feedback.selectors.traces import message_as_openai
 from feedback.services.review import comment_add
+
+logger = logging.getLogger(__name__)
 
 SIMULATED_OPERATOR = "simulated-operator"
 
@@ -84,7 +87,9 @@ def simulated_operator_review(
                     task=task, messages=[message_as_openai(m) for m in rows], rng=rng, env=env, **rates
                 )
             except (TypeError, ValueError, KeyError, AttributeError):
-                # Logged content is untrusted; one unreadable trace must not stop the review.
+                # Logged content is untrusted; one unreadable trace must not stop the review,
+                # but the reader sees which one was left and why.
+                logger.warning("simulated review skipped trace %s: unreadable", trace.external_id, exc_info=True)
                 counts["skipped"] += 1
                 continue
             if comment is None or rows[comment.message_index].role != MessageRole.ASSISTANT:
