@@ -180,6 +180,23 @@ def test_a_training_set_holds_every_graded_turn_of_the_training_tasks_only():
     assert Trace.objects.count() == 3
 
 
+def test_a_lookup_that_found_the_order_in_another_case_counts_and_one_that_errored_does_not():
+    """The tools read an id in any case: after a lower-case lookup that returned the order,
+    the policy's next turn is the decision, not another lookup; after an error it is still
+    the lookup."""
+    desk = SupportDesk()
+    task = next(t for t in (ALLOWED, *_tasks(allowed=True)) if not t.hidden["order_id"].isdigit())
+    order = task.hidden["order_id"]
+    looked = _context(desk, task.id, _call("lookup_order", order.lower()))[:-1]
+    assert json.loads(looked[-1]["content"])["order_id"] == order, "the tool found it"
+    assert accepted(task.id, looked) == [{"tool": "issue_refund", "arguments": {"order_id": order}}]
+    assert "lookup_order" not in turn_target(task=task, messages=looked)
+
+    failed = _context(desk, task.id, _call("lookup_order", order + "X"))[:-1]
+    assert failed[-1]["content"].startswith("error")
+    assert {"tool": "lookup_order", "arguments": {"order_id": order}} in accepted(task.id, failed)
+
+
 def test_a_corrected_turn_is_the_accepted_action_in_the_harness_format():
     """The SFT targets: refund where the policy allows, answer in words where it does not,
     each one what the grader accepts and what the harness's regex lets the agent write."""
