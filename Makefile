@@ -55,6 +55,7 @@ test-fast: install ## the inner loop: the suite without vLLM, browser, Celery wo
 lint: install ## ruff check and format check
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
+	.venv/bin/lint-imports
 
 format: install ## apply ruff's formatting and fixes
 	.venv/bin/ruff format .

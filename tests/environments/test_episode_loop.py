@@ -130,3 +130,21 @@ def test_the_state_is_released_when_the_model_fails():
     with pytest.raises(ConnectionError):
         episode_run(env, env.task("t1"), complete)
     assert env.closed == 1
+
+
+def test_environments_are_found_by_name_without_django_settings():
+    """A worker script or a GPU check imports the environments without a Django project."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    probe = (
+        "import sys; from training.environments import environment_get, environment_names; "
+        "print(environment_names(), environment_get('support-desk').name, 'django' in sys.modules)"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=env, cwd=root)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["['files',", "'support-desk']", "support-desk", "False"]

@@ -160,6 +160,15 @@ def _not_a_number(name: str) -> Any:
 
 
 _REGISTRY: dict[str, type[Environment]] = {}
+# The modules whose import registers the environments. Outside Django (a worker script, a GPU
+# check) these built-ins; the site replaces them with its PRACTICUM_ENVIRONMENT_MODULES setting
+# (`environment_modules_set`, from the training app's ready()), so this package needs no settings.
+_MODULES: list[str] = ["training.environments.files", "training.environments.support_desk"]
+
+
+def environment_modules_set(modules: list[str]) -> None:
+    """The modules that register environments (imported on the first lookup)."""
+    _MODULES[:] = list(modules)
 
 
 def register(cls: type[Environment]) -> type[Environment]:
@@ -177,9 +186,7 @@ def _load_builtin() -> None:
     # The built-in environments register themselves on import.
     import importlib
 
-    from django.conf import settings
-
-    for module in getattr(settings, "PRACTICUM_ENVIRONMENT_MODULES", []):
+    for module in _MODULES:
         importlib.import_module(module)
 
 
