@@ -86,7 +86,7 @@ def simulated_operator_review(
                 comment = support_operator.operator_comment(
                     task=task, messages=[message_as_openai(m) for m in rows], rng=rng, env=env, **rates
                 )
-            except (TypeError, ValueError, KeyError, AttributeError):
+            except (TypeError, ValueError, KeyError, AttributeError, OverflowError, RecursionError):
                 # Logged content is untrusted; one unreadable trace must not stop the review,
                 # but the reader sees which one was left and why.
                 logger.warning("simulated review skipped trace %s: unreadable", trace.external_id, exc_info=True)

@@ -144,16 +144,40 @@ def test_an_id_in_another_case_or_a_refund_with_its_amount_is_the_right_call_not
     assert operator_comment(task=task, messages=refunded[:-1], rng=random.Random(5)) is None
 
 
-def test_a_partial_refund_of_a_refundable_order_is_called_out_as_short():
+@pytest.mark.parametrize("amount", ["$5", 5, 9.0, "price-0.004", 10**400])
+def test_a_refund_of_another_sum_than_the_price_is_called_out_and_the_price_itself_is_not(amount):
     task = _task("test", lambda t, r: t.hidden["refund"] and r["price"] > 10)
-    order_id = task.hidden["order_id"]
+    order_id, price = task.hidden["order_id"], _row(task)["price"]
+    if amount == "price-0.004":
+        amount = f"{price - 0.004:.3f}"  # the tool refunds it; the grade wants the price exactly
     messages = play(task, [("lookup_order", order_id), ("issue_refund", order_id)])
-    messages[-2]["tool_calls"][0]["function"]["arguments"] = json.dumps({"order_id": order_id, "amount": "$5"})
+    call = messages[-2]["tool_calls"][0]["function"]
 
+    call["arguments"] = json.dumps({"order_id": order_id, "amount": amount})
     comment = operator_comment(task=task, messages=messages, rng=random.Random(8), **SPECIFIC)
-
     assert comment.mistake == "amount" and comment.message_index == len(messages) - 2
     assert order_id in comment.body and "full" in comment.body and "amount" not in comment.body
+
+    for full in (price, float(price), f"${price:.2f}"):
+        call["arguments"] = json.dumps({"order_id": order_id, "amount": full})
+        assert operator_comment(task=task, messages=messages[:-1], rng=random.Random(8), **SPECIFIC) is None, full
+
+
+@pytest.mark.parametrize("arguments", [{}, {"order_id": None}, {"order_id": ""}, {"amount": 5}])
+def test_a_refund_naming_no_order_is_not_called_a_wrong_sum(arguments):
+    task = _task("test", lambda t, r: t.hidden["refund"])
+    messages = play(task, [("lookup_order", task.hidden["order_id"]), ("issue_refund", task.hidden["order_id"])])
+    messages[-2]["tool_calls"][0]["function"]["arguments"] = json.dumps(arguments)
+    comment = operator_comment(task=task, messages=messages[:-1], rng=random.Random(11), **SPECIFIC)
+    assert comment.mistake != "amount"
+
+
+def test_a_lookup_with_an_extra_argument_is_still_the_right_lookup():
+    task = _task("test", lambda t, r: r["status"] == "delivered" and not t.hidden["refund"])
+    order_id = task.hidden["order_id"]
+    messages = play(task, [("lookup_order", order_id), ("reply", "Sorry, that order is past our window.")])
+    messages[-3]["tool_calls"][0]["function"]["arguments"] = json.dumps({"order_id": order_id, "amount": 5})
+    assert operator_comment(task=task, messages=messages, rng=random.Random(12), **SPECIFIC) is None
 
 
 def test_a_lookup_in_lower_case_then_the_right_refusal_gets_no_comment():
@@ -177,3 +201,27 @@ def test_a_refund_that_errored_is_not_said_to_have_gone_through():
     # The refund call was right; the answer that followed its error is the wrong turn.
     assert comment.message_index == len(messages) - 1
     assert comment.mistake == "refused" and "went through" not in comment.body
+
+
+@pytest.mark.parametrize(
+    "tool_calls",
+    [
+        [{"id": "c", "type": "function", "function": {"name": "issue_refund", "arguments": {"order_id": "K1"}}}],
+        [{"id": ["c"], "function": "issue_refund"}],
+        ["<tool_call>"],
+        {"not": "a list"},
+        [{"function": {"name": "issue_refund", "arguments": "{not json"}}],
+    ],
+)
+def test_logged_tool_calls_of_any_shape_are_read_without_a_crash(tool_calls):
+    task = _task("test", lambda t, r: t.hidden["refund"])
+    messages = [*task.first_messages(), {"role": "assistant", "content": "", "tool_calls": tool_calls}]
+    comment = operator_comment(task=task, messages=messages, rng=random.Random(6), **SPECIFIC)
+    assert comment is None or comment.message_index == len(messages) - 1
+
+
+def test_a_wrong_comment_on_an_order_not_delivered_never_invents_a_delivery_age():
+    task = _task("test", lambda t, r: r["status"] != "delivered" and not t.hidden["refund"])
+    messages = play(task, [("lookup_order", task.hidden["order_id"]), ("issue_refund", task.hidden["order_id"])])
+    comment = operator_comment(task=task, messages=messages, rng=random.Random(7), vague_rate=0, wrong_rate=1)
+    assert comment.kind == "wrong" and "None" not in comment.body and "days" not in comment.body

@@ -197,6 +197,34 @@ def test_a_lookup_that_found_the_order_in_another_case_counts_and_one_that_error
     assert {"tool": "lookup_order", "arguments": {"order_id": order}} in accepted(task.id, failed)
 
 
+def test_a_refund_that_errored_under_a_call_id_an_earlier_lookup_used_is_not_done():
+    """Served turns name their first call `call_0` every time: a result answers the calls of
+    the turn just before it, so the lookup's success does not make the failed refund done."""
+    desk = SupportDesk()
+    order = ALLOWED.hidden["order_id"]
+
+    def call(name, arguments):
+        return Completion(
+            {
+                "content": "",
+                "tool_calls": [
+                    {"id": "call_0", "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+                ],
+            },
+            9,
+        )
+
+    messages = _context(
+        desk,
+        ALLOWED.id,
+        call("lookup_order", {"order_id": order}),
+        call("issue_refund", {"order_id": order, "amount": 10**6}),
+    )[:-1]
+    assert messages[-1]["content"].startswith("error"), "the refund over the price failed"
+    assert accepted(ALLOWED.id, messages) == [{"tool": "issue_refund", "arguments": {"order_id": order}}]
+    assert "issued" not in turn_target(task=ALLOWED, messages=messages)
+
+
 def test_a_corrected_turn_is_the_accepted_action_in_the_harness_format():
     """The SFT targets: refund where the policy allows, answer in words where it does not,
     each one what the grader accepts and what the harness's regex lets the agent write."""

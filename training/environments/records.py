@@ -199,9 +199,9 @@ def _mentioned(value: str, texts: list[str]) -> bool:
     return any(pattern.search(text) for text in texts)
 
 
-def call_key(call: Any, key: str) -> str | int | None:
-    """The `key` argument of a logged OpenAI-format tool call, or None. The call is the
-    model's output as logged: any shape, arguments a JSON string or an object."""
+def call_arguments(call: Any) -> dict[str, Any] | None:
+    """The arguments of a logged OpenAI-format tool call as an object, or None. The call is
+    the model's output as logged: any shape, arguments a JSON string or an object."""
     function = call.get("function") if isinstance(call, dict) else None
     arguments = function.get("arguments") if isinstance(function, dict) else None
     if isinstance(arguments, str):
@@ -209,7 +209,14 @@ def call_key(call: Any, key: str) -> str | int | None:
             arguments = json.loads(arguments or "{}")
         except (ValueError, RecursionError):  # the model's text: any length, any depth
             return None
-    value = arguments.get(key) if isinstance(arguments, dict) else None
+    return arguments if isinstance(arguments, dict) else None
+
+
+def call_key(call: Any, key: str) -> str | int | None:
+    """The `key` argument of a logged tool call (see `call_arguments`) when it is a
+    non-empty string or an integer, as a record key is; else None."""
+    arguments = call_arguments(call)
+    value = arguments.get(key) if arguments is not None else None
     if isinstance(value, str | int) and not isinstance(value, bool) and str(value).strip():
         return value
     return None

@@ -648,23 +648,28 @@ def _looked_up(messages: list[dict[str, Any]], order_id: str) -> dict[str, Any] 
 
 def done_actions(messages: list[dict[str, Any]], order_id: str) -> set[str]:
     """The tools called on `order_id` in `messages` whose result was not an error. The id
-    is read as the tools read it (trimmed, any case): a lookup of "jl221861" found the order."""
+    is read as the tools read it (trimmed, any case): a lookup of "jl221861" found the order.
+    A result answers a call of the assistant message just before it: call ids repeat from
+    turn to turn (a served turn's first call is `call_0` every time)."""
     wanted = key_normalized(order_id)
-    names = {}
+    names: dict[str, str] = {}
+    done: set[str] = set()
     for m in messages:
-        calls = m.get("tool_calls") if m.get("role") == "assistant" else None
-        if isinstance(calls, list):
-            for call in calls:
+        role = m.get("role")
+        if role == "assistant":
+            names = {}
+            calls = m.get("tool_calls")
+            for call in calls if isinstance(calls, list) else []:
                 value = call_key(call, "order_id")
                 if value is not None and key_normalized(value) == wanted:
-                    names[str(call.get("id", ""))] = (call.get("function") or {}).get("name", "")
-    return {
-        names[str(m.get("tool_call_id", ""))]
-        for m in messages
-        if m.get("role") == "tool"
-        and str(m.get("tool_call_id", "")) in names
-        and not str(m.get("content") or "").startswith("error")
-    }
+                    function = call.get("function") if isinstance(call, dict) else None
+                    name = function.get("name") if isinstance(function, dict) else None
+                    names[str(call.get("id", ""))] = name if isinstance(name, str) else ""
+        elif role == "tool":
+            name = names.get(str(m.get("tool_call_id", "")))
+            if name and not str(m.get("content") or "").startswith("error"):
+                done.add(name)
+    return done
 
 
 def tasks_sample(

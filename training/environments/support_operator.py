@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from training.environments.base import Task
-from training.environments.records import call_key, key_normalized, records_row
+from training.environments.records import call_arguments, call_key, key_normalized, records_row
 from training.environments.support_desk import REFUND_WINDOW_DAYS, SupportDesk, done_actions, turn_reference
 
 VAGUE_RATE = 0.2
@@ -89,26 +89,32 @@ def _action(message: dict[str, Any]) -> dict[str, Any]:
         function = call.get("function") if isinstance(call, dict) else None
         name = function.get("name") if isinstance(function, dict) else ""
         order = call_key(call, "order_id")
-        amount = call_key(call, "amount")
+        arguments = call_arguments(call) or {}
         return {
             "tool": str(name or ""),
             "order_id": "" if order is None else key_normalized(order),
-            **({} if amount is None else {"amount": amount}),
+            # Any value the model wrote, a float or junk alike: `_full` judges it.
+            **({"amount": arguments["amount"]} if "amount" in arguments else {}),
         }
     return {"reply": True}
 
 
 def _full(amount: Any, price: Any) -> bool:
-    """Whether a refund's `amount` argument is the order's whole price, as the tool reads it
-    (a number or a "$12.50" string)."""
+    """Whether a refund's `amount` argument is exactly the order's price, as the tool reads
+    it (a number or a "$12.50" string): the grade wants the whole price back, no less."""
     if isinstance(amount, str):
         try:
             amount = float(amount.strip().lstrip("$"))
-        except ValueError:
+        except (ValueError, OverflowError):
             return False
     if isinstance(amount, bool) or not isinstance(amount, int | float):
         return False
-    return isinstance(price, int | float) and abs(amount - price) < 0.005
+    if isinstance(price, bool) or not isinstance(price, int | float):
+        return False
+    try:
+        return float(amount) == float(price)
+    except OverflowError:  # an integer past a float's range
+        return False
 
 
 def _accepts(accepted: list[dict[str, Any]], action: dict[str, Any], price: Any = None) -> bool:
@@ -122,7 +128,7 @@ def _accepts(accepted: list[dict[str, Any]], action: dict[str, Any], price: Any 
             "tool" in a
             and a["tool"] == action.get("tool")
             and key_normalized(a["arguments"]["order_id"]) == action.get("order_id")
-            and ("amount" not in action or _full(action["amount"], price))
+            and (a["tool"] != "issue_refund" or "amount" not in action or _full(action["amount"], price))
         ):
             return True
     return False
@@ -187,7 +193,12 @@ def operator_comment(
         mistake, templates = "answer", _TELL
     elif "reply" in action and "lookup_order" not in done:
         mistake, templates = "no_lookup", _NO_LOOKUP
-    elif task.hidden["refund"] and action.get("tool") == "issue_refund":
+    elif (
+        task.hidden["refund"]
+        and action.get("tool") == "issue_refund"
+        and action.get("order_id") == key_normalized(order_id)
+        and "amount" in action
+    ):
         mistake, templates = "amount", _FULL_PRICE
     elif task.hidden["refund"]:
         mistake, templates = "refused", _REFUND_DUE
