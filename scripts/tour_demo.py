@@ -137,12 +137,27 @@ def paired_gains(base: list[dict], cand: list[dict]) -> list[float]:
     return gains
 
 
+def _fresh_seed_of(task_id) -> str:
+    """The fresh slice (seed 0 to 31) a task belongs to, for traces logged before they named it."""
+    from training.environments.support_desk import SupportDesk
+
+    global _FRESH_TASKS
+    if _FRESH_TASKS is None:
+        desk = SupportDesk()
+        _FRESH_TASKS = {t.id: str(seed) for seed in reversed(range(32)) for t in desk.tasks_fresh(seed=seed)}
+    return _FRESH_TASKS.get(task_id, "?") if isinstance(task_id, str) else "?"
+
+
+_FRESH_TASKS: dict[str, str] | None = None
+
+
 def per_seed_from_db(deployment: str) -> tuple[list[dict], list[str]]:
     """The measurements of the tour runs stored in this database, rebuilt from their traces
     (for a run whose result.json lacks per-episode figures, or that was stopped). A run is
     one `demo-<run>-…` id prefix; its slice is the test split or a fresh slice by its seed.
     Each run served by a trained version (not a base model) is paired with the latest base
-    run of the same slice before it; the k-th such pair of a slice is seed k. Success is the
+    run of the same slice before it, each base run once; the k-th such pair of a slice is
+    seed k. Traces logged before they named their fresh seed are placed by their task. Success is the
     grader's feedback on each trace; collateral changes are not stored on traces, so they
     are left out; traces without a model version are skipped."""
     from collections import defaultdict
@@ -169,7 +184,7 @@ def per_seed_from_db(deployment: str) -> tuple[list[dict], list[str]]:
         first = ts[0]
         key = first.metadata["split"]
         if key == "fresh":
-            key = f"fresh-{first.metadata.get('fresh_seed', '?')}"
+            key = f"fresh-{first.metadata.get('fresh_seed') or _fresh_seed_of(first.metadata.get('task_id'))}"
         slices += [key] if key not in slices else []
         graded = [t for t in ts if t.pk in success]
         figures = {
@@ -189,7 +204,8 @@ def per_seed_from_db(deployment: str) -> tuple[list[dict], list[str]]:
         if first.model_version.kind == ModelVersionKind.BASE:
             latest_base[key] = figures
         elif key in latest_base:
-            pairs[key].append((latest_base[key], figures))
+            # Each base measurement pairs once: two candidates after one base are not two seeds.
+            pairs[key].append((latest_base.pop(key), figures))
     per_seed: list[dict] = []
     for key, measured in pairs.items():
         for k, (before, after) in enumerate(measured):

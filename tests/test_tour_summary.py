@@ -127,3 +127,34 @@ def test_a_stopped_and_restarted_tour_pairs_each_candidate_with_the_base_run_jus
     assert tour_demo.paired_gains([row["base"]["test"]], [row["candidate"]["test"]]) == [0.0, 1.0]
     assert tour_demo.paired_gains([row["base"]["fresh-1"]], [row["candidate"]["fresh-1"]]) == [1.0]
     assert tour_demo.paired_gains([row["base"]["fresh-2"]], [row["candidate"]["fresh-2"]]) == [-1.0]
+
+
+@pytest.mark.django_db
+def test_traces_that_name_no_fresh_seed_are_placed_by_their_task_and_a_base_run_pairs_once(tmp_path):
+    from feedback.models import Trace
+    from training.environments.support_desk import SupportDesk
+
+    desk = SupportDesk()
+    slice_1, slice_2 = desk.tasks_fresh(seed=1)[0].id, desk.tasks_fresh(seed=2)[0].id
+    _store_runs(
+        tmp_path,
+        [
+            ("r1", "smol", "fresh", None, {0: 1}),
+            ("r2", "smol", "fresh", None, {0: 5}),
+            ("r3", "smol-sft-job1", "fresh", None, {0: 5}),
+            ("r4", "smol-sft-job1", "fresh", None, {0: 1}),
+            ("r5", "smol-sft-job2", "fresh", None, {0: 5}),  # a second candidate, no base run of its own
+        ],
+    )
+    # As logged before traces named their slice: only the task tells them apart.
+    for run, task_id in (("r1", slice_1), ("r2", slice_2), ("r3", slice_1), ("r4", slice_2), ("r5", slice_1)):
+        trace = Trace.objects.get(external_id__startswith=f"demo-{run}-")
+        trace.metadata = {"split": "fresh", "task_id": task_id}
+        trace.save(update_fields=["metadata"])
+
+    per_seed, slices = tour_demo.per_seed_from_db("support-bot")
+
+    assert slices == ["fresh-1", "fresh-2"] and len(per_seed) == 1
+    row = per_seed[0]
+    assert tour_demo.paired_gains([row["base"]["fresh-1"]], [row["candidate"]["fresh-1"]]) == [1.0]
+    assert tour_demo.paired_gains([row["base"]["fresh-2"]], [row["candidate"]["fresh-2"]]) == [-1.0]
