@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
@@ -27,6 +28,7 @@ from feedback.models import (
 from feedback.selectors.judge import judge_endpoint_for
 from feedback.services.judging import JudgeError, judge_request, judge_run
 from feedback.tasks import judge_job_run_task
+from webapp.stale_work import stale_work_fail
 
 
 def feedback_turns(*, deployment=None, since: datetime | None = None) -> Any:
@@ -123,7 +125,12 @@ def judge_job_run(*, job: JudgeJob, endpoint: JudgeEndpoint | None = None) -> Ju
     for message_id in job.message_ids:
         if message_id in finished:
             continue
-        if JudgeJob.objects.filter(pk=job.pk, cancel_requested=True).exists():
+        status, cancel = JudgeJob.objects.filter(pk=job.pk).values_list("status", "cancel_requested").get()
+        if status != JobStatus.RUNNING:
+            # The sweep failed it while this worker was silent: its outcome stands.
+            job.refresh_from_db()
+            return job
+        if cancel:
             return _job_finish(job, JobStatus.CANCELLED)
         message = Message.objects.filter(pk=message_id).first()
         if message is None:  # the trace was deleted meanwhile
@@ -136,6 +143,19 @@ def judge_job_run(*, job: JudgeJob, endpoint: JudgeEndpoint | None = None) -> Ju
         counter = "succeeded" if result.status == JudgeStatus.SUCCEEDED else "failed"
         JudgeJob.objects.filter(pk=job.pk).update(heartbeat_at=timezone.now(), **{counter: F(counter) + 1})
     return _job_finish(job, JobStatus.DONE)
+
+
+def judge_jobs_fail_stale(*, now=None) -> list[int]:
+    """Judge jobs left running by a worker that died: failed once no turn has finished for
+    longer than one judgement may take (`JUDGE_DEADLINE_S`) plus `JUDGE_STALE_GRACE_S`."""
+    return stale_work_fail(
+        JudgeJob,
+        running=[JobStatus.RUNNING],
+        failed=JobStatus.FAILED,
+        silent_after=settings.JUDGE_DEADLINE_S + settings.JUDGE_STALE_GRACE_S,
+        now=now or timezone.now(),
+        what="judge job's progress",
+    )
 
 
 def _job_finish(job: JudgeJob, status: str, error: str = "", *, was: str = JobStatus.RUNNING) -> JudgeJob:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -36,6 +37,7 @@ from training.services.evaluation_items import (
     items_from_training_set,
     items_given,
 )
+from webapp.stale_work import stale_work_fail
 
 logger = logging.getLogger(__name__)
 
@@ -190,6 +192,41 @@ def _finish(evaluation: Evaluation, status: str, *, actor=None, error: str = "",
         to_version=evaluation.candidate,
         evaluation=evaluation,
         detail=error or detail,
+    )
+
+
+def _finish_if_running(evaluation: Evaluation, *, error: str) -> None:
+    """Fail a running evaluation; one the sweep or a cancel already ended keeps its outcome."""
+    with transaction.atomic():
+        current = Evaluation.objects.select_for_update().get(pk=evaluation.pk)
+        if current.status == EvaluationStatus.RUNNING:
+            _finish(current, EvaluationStatus.FAILED, error=error)
+    evaluation.refresh_from_db()
+
+
+def evaluations_fail_stale(*, now: datetime | None = None) -> list[int]:
+    """Evaluations left running by a worker that died: failed, with an audit record, once no
+    item has finished for `EVALUATION_STALE_AFTER_SECONDS`. A failed evaluation is no
+    evidence for a promotion; start a new one."""
+
+    def audited(row: Evaluation) -> None:
+        audit_record(
+            action=AuditAction.EVALUATION_FAILED,
+            deployment=row.deployment,
+            from_version=row.baseline,
+            to_version=row.candidate,
+            evaluation=row,
+            detail=row.error,
+        )
+
+    return stale_work_fail(
+        Evaluation,
+        running=[EvaluationStatus.RUNNING],
+        failed=EvaluationStatus.FAILED,
+        silent_after=settings.EVALUATION_STALE_AFTER_SECONDS,
+        now=now or timezone.now(),
+        what="evaluation's progress",
+        on_failed=audited,
     )
 
 
@@ -438,24 +475,29 @@ def evaluation_run(*, evaluation_id: int, worker: str = "") -> Evaluation | None
                 config={**evaluation.config, "judge": {"model": endpoint.model, "base_url": endpoint.base_url}}
             )
         for item in evaluation.items.filter(done=False).order_by("position"):
-            if Evaluation.objects.filter(pk=evaluation.pk, cancel_requested=True).exists():
+            status, cancel = Evaluation.objects.filter(pk=evaluation.pk).values_list("status", "cancel_requested").get()
+            if status != EvaluationStatus.RUNNING:
+                # The sweep failed it while this worker was silent: its outcome stands.
+                evaluation.refresh_from_db()
+                return evaluation
+            if cancel:
                 evaluation.refresh_from_db()
                 evaluation.summary = evaluation_summary(evaluation=evaluation)
                 _finish(evaluation, EvaluationStatus.CANCELLED, detail=f"cancelled after {evaluation.done} items")
                 return evaluation
             evaluation_item_run(item=item, evaluation=evaluation, generator=generator, endpoint=endpoint)
             Evaluation.objects.filter(pk=evaluation.pk).update(done=F("done") + 1, heartbeat_at=timezone.now())
-        evaluation.refresh_from_db()
-        evaluation.summary = evaluation_summary(evaluation=evaluation)
-        evaluation.done = evaluation.items.filter(done=True).count()
-        _finish(evaluation, EvaluationStatus.FINISHED)
+        with transaction.atomic():
+            evaluation = Evaluation.objects.select_for_update().get(pk=evaluation.pk)
+            if evaluation.status == EvaluationStatus.RUNNING:
+                evaluation.summary = evaluation_summary(evaluation=evaluation)
+                evaluation.done = evaluation.items.filter(done=True).count()
+                _finish(evaluation, EvaluationStatus.FINISHED)
     except GenerationError as exc:
-        evaluation.refresh_from_db()
-        _finish(evaluation, EvaluationStatus.FAILED, error=str(exc)[:5000])
+        _finish_if_running(evaluation, error=str(exc)[:5000])
     except Exception as exc:
         logger.exception("evaluation %s failed", evaluation_id)
-        evaluation.refresh_from_db()
-        _finish(evaluation, EvaluationStatus.FAILED, error=f"{type(exc).__name__}: {exc}"[:5000])
+        _finish_if_running(evaluation, error=f"{type(exc).__name__}: {exc}"[:5000])
     finally:
         if generator is not None:
             generator.close()

@@ -1,0 +1,78 @@
+"""A judge job whose worker died does not stay "running": the periodic sweep fails it with the
+reason, and a worker that was only slow stops at its next turn instead of overwriting that."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from feedback.models import JobStatus, JudgeJob
+from feedback.services.judge_jobs import judge_job_create, judge_job_run, judge_jobs_fail_stale
+from feedback.tasks import judge_fail_stale_task
+from tests.fixtures.judge import Reply
+from tests.judge.conftest import VALID_JUDGEMENT
+from tests.judge.test_judge_pages import commented_traces
+
+pytestmark = pytest.mark.django_db
+
+
+def test_a_silent_judge_job_is_failed_with_the_reason_and_a_beating_one_is_left(
+    make_trace, operator, judge_settings, settings
+):
+    settings.JUDGE_DEADLINE_S, settings.JUDGE_STALE_GRACE_S = 300, 120
+    commented_traces(make_trace, operator, 2)
+    now = timezone.now()
+    silent, beating, never = (judge_job_create(created_by=operator) for _ in range(3))
+    JudgeJob.objects.filter(pk=silent.pk).update(
+        status=JobStatus.RUNNING, started_at=now - timedelta(hours=1), heartbeat_at=now - timedelta(seconds=421)
+    )
+    JudgeJob.objects.filter(pk=beating.pk).update(
+        status=JobStatus.RUNNING, started_at=now - timedelta(hours=1), heartbeat_at=now - timedelta(seconds=419)
+    )
+    # Died before its first beat.
+    JudgeJob.objects.filter(pk=never.pk).update(status=JobStatus.RUNNING, started_at=now - timedelta(hours=2))
+
+    assert sorted(judge_jobs_fail_stale(now=now)) == sorted([silent.pk, never.pk])
+
+    silent.refresh_from_db()
+    assert silent.status == JobStatus.FAILED and silent.finished_at == now
+    assert "the worker stopped" in silent.error and "421 s" in silent.error and "420 s" in silent.error
+    assert JudgeJob.objects.get(pk=beating.pk).status == JobStatus.RUNNING
+    assert judge_jobs_fail_stale(now=now) == [], "a failed job is failed once"
+
+
+def test_the_periodic_task_sweeps_judge_jobs(make_trace, operator, judge_settings):
+    commented_traces(make_trace, operator, 1)
+    job = judge_job_create(created_by=operator)
+    long_ago = timezone.now() - timedelta(days=1)
+    JudgeJob.objects.filter(pk=job.pk).update(status=JobStatus.RUNNING, started_at=long_ago, heartbeat_at=long_ago)
+
+    judge_fail_stale_task()
+
+    assert JudgeJob.objects.get(pk=job.pk).status == JobStatus.FAILED
+
+
+def test_a_worker_that_was_only_slow_stops_at_its_next_turn_and_keeps_the_sweeps_outcome(
+    make_trace, operator, judge_settings, monkeypatch
+):
+    from feedback.services import judge_jobs
+
+    commented_traces(make_trace, operator, 3)
+    judge_settings.respond_with(lambda request: Reply.json(VALID_JUDGEMENT))
+    job = judge_job_create(created_by=operator)
+    real_judge_run = judge_jobs.judge_run
+
+    def slow_judge_run(**kwargs):
+        # While the first turn is being judged, the sweep finds the job silent.
+        result = real_judge_run(**kwargs)
+        JudgeJob.objects.filter(pk=job.pk).update(heartbeat_at=timezone.now() - timedelta(days=1))
+        assert judge_jobs_fail_stale() == [job.pk]
+        return result
+
+    monkeypatch.setattr(judge_jobs, "judge_run", slow_judge_run)
+    after = judge_job_run(job=job)
+
+    assert after.status == JobStatus.FAILED and "the worker stopped" in after.error
+    assert len(judge_settings.requests) == 1, "no turn is judged after the sweep failed the job"
