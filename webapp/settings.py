@@ -387,8 +387,10 @@ EVAL_MAX_ITEMS = int(os.environ.get("PRACTICUM_EVAL_MAX_ITEMS", 500))
 EVAL_MAX_TOKENS = int(os.environ.get("PRACTICUM_EVAL_MAX_TOKENS", 256))
 EVAL_TEMPERATURE = float(os.environ.get("PRACTICUM_EVAL_TEMPERATURE", 0))
 # A running evaluation with no item finished for this long lost its worker: the training
-# sweep (every TRAINING_STALE_CHECK_SECONDS) marks it failed, with an audit record.
-EVALUATION_STALE_AFTER_SECONDS = float(os.environ.get("PRACTICUM_EVALUATION_STALE_AFTER_SECONDS", 900))
+# sweep (every TRAINING_STALE_CHECK_SECONDS) marks it failed, with an audit record. Longer
+# than one item may take: an episode item is two sides of up to 4 completions of at most
+# 120 s each (960 s).
+EVALUATION_STALE_AFTER_SECONDS = float(os.environ.get("PRACTICUM_EVALUATION_STALE_AFTER_SECONDS", 1800))
 # The rubric for held-out turns that carry none of their own (no judgement yet).
 EVAL_DEFAULT_RUBRIC = os.environ.get("PRACTICUM_EVAL_DEFAULT_RUBRIC", _GENERAL_RUBRIC)
 RELEASE_SMOKE_PROMPT = os.environ.get("PRACTICUM_RELEASE_SMOKE_PROMPT", "Say hello.")

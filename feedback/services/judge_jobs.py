@@ -101,9 +101,9 @@ def judge_job_run(*, job: JudgeJob, endpoint: JudgeEndpoint | None = None) -> Ju
     job.refresh_from_db()  # the caller's copy may be stale: a cancel may have come since
     if job.status not in (JobStatus.QUEUED, JobStatus.RUNNING):
         return job
-    now = timezone.now()
     if job.status == JobStatus.QUEUED:
         plan = _job_targets(job)
+        now = timezone.now()  # after planning: the first turn gets the whole silence limit
         # Started only if still queued: a cancel that got there first stands.
         JudgeJob.objects.filter(pk=job.pk, status=JobStatus.QUEUED).update(
             status=JobStatus.RUNNING, started_at=now, heartbeat_at=now, total=len(plan), message_ids=plan
@@ -112,7 +112,9 @@ def judge_job_run(*, job: JudgeJob, endpoint: JudgeEndpoint | None = None) -> Ju
         if job.status != JobStatus.RUNNING:
             return job
     else:
-        # The judgement the dead worker was in the middle of runs again.
+        # The judgement the dead worker was in the middle of runs again, and this worker's
+        # silence is counted from now, not from the dead one's last beat.
+        JudgeJob.objects.filter(pk=job.pk, status=JobStatus.RUNNING).update(heartbeat_at=timezone.now())
         JudgeResult.objects.filter(job=job, status=JudgeStatus.RUNNING).update(status=JudgeStatus.PENDING)
         job.refresh_from_db()
     try:

@@ -225,6 +225,25 @@ def test_a_refund_that_errored_under_a_call_id_an_earlier_lookup_used_is_not_don
     assert "issued" not in turn_target(task=ALLOWED, messages=messages)
 
 
+def test_results_answer_calls_in_order_when_one_turn_repeats_an_id_and_text_parts_are_read():
+    from training.environments.support_desk import done_actions
+
+    order = ALLOWED.hidden["order_id"]
+
+    def call(name):
+        return {
+            "id": "call_0",
+            "type": "function",
+            "function": {"name": name, "arguments": json.dumps({"order_id": order})},
+        }
+
+    turn = {"role": "assistant", "content": "", "tool_calls": [call("lookup_order"), call("issue_refund")]}
+    ok = {"role": "tool", "tool_call_id": "call_0", "content": json.dumps({"order_id": order})}
+    failed = {"role": "tool", "tool_call_id": "call_0", "content": [{"type": "text", "text": "error: refused"}]}
+    assert done_actions([turn, ok, failed], order) == {"lookup_order"}
+    assert done_actions([turn, {**ok, "content": None}], order) == set(), "no text is no result"
+
+
 def test_a_corrected_turn_is_the_accepted_action_in_the_harness_format():
     """The SFT targets: refund where the policy allows, answer in words where it does not,
     each one what the grader accepts and what the harness's regex lets the agent write."""

@@ -76,3 +76,27 @@ def test_a_worker_that_was_only_slow_stops_at_its_next_turn_and_keeps_the_sweeps
 
     assert after.status == JobStatus.FAILED and "the worker stopped" in after.error
     assert len(judge_settings.requests) == 1, "no turn is judged after the sweep failed the job"
+
+
+def test_a_job_taken_up_again_counts_its_silence_from_the_new_worker(make_trace, operator, judge_settings, monkeypatch):
+    from feedback.services import judge_jobs
+
+    commented_traces(make_trace, operator, 2)
+    judge_settings.respond_with(lambda request: Reply.json(VALID_JUDGEMENT))
+    job = judge_job_create(created_by=operator)
+    judge_job_run(job=JudgeJob.objects.get(pk=job.pk))  # plans and judges both turns
+    # The first worker died long ago, with the job still running; Celery hands it out again.
+    long_ago = timezone.now() - timedelta(days=1)
+    JudgeJob.objects.filter(pk=job.pk).update(status=JobStatus.RUNNING, heartbeat_at=long_ago)
+    judge_jobs.JudgeResult.objects.filter(job=job).order_by("-id").first().delete()
+    swept = []
+    real_judge_run = judge_jobs.judge_run
+
+    def judge_run_then_sweep(**kwargs):
+        swept.append(judge_jobs_fail_stale())  # the sweep runs while the new worker judges
+        return real_judge_run(**kwargs)
+
+    monkeypatch.setattr(judge_jobs, "judge_run", judge_run_then_sweep)
+    after = judge_job_run(job=JudgeJob.objects.get(pk=job.pk))
+
+    assert swept == [[]] and after.status == JobStatus.DONE

@@ -18,9 +18,9 @@ from training.tasks import training_check_stale_jobs_task
 pytestmark = pytest.mark.django_db
 
 
-def _running(registry, *, beat_ago: float | None, started_ago: float = 3600, items: int = 0):
+def _running(registry, *, beat_ago: float | None, started_ago: float = 3600, items: int = 0, now=None):
     row = evaluation_row(registry.candidate, registry.deployment, registry.base_version, status="running", done=0)
-    now = timezone.now()
+    now = now or timezone.now()
     row.started_at = now - timedelta(seconds=started_ago)
     row.heartbeat_at = None if beat_ago is None else now - timedelta(seconds=beat_ago)
     row.save(update_fields=["started_at", "heartbeat_at"])
@@ -33,18 +33,19 @@ def _running(registry, *, beat_ago: float | None, started_ago: float = 3600, ite
 
 def test_a_silent_evaluation_is_failed_with_the_reason_and_an_audit_record(registry, settings):
     settings.EVALUATION_STALE_AFTER_SECONDS = 900
-    silent = _running(registry, beat_ago=901)
-    beating = _running(registry, beat_ago=899)
-    never = _running(registry, beat_ago=None, started_ago=1000)
+    now = timezone.now()
+    silent = _running(registry, beat_ago=901, now=now)
+    beating = _running(registry, beat_ago=899, now=now)
+    never = _running(registry, beat_ago=None, started_ago=1000, now=now)
 
-    assert sorted(evaluations_fail_stale()) == sorted([silent.pk, never.pk])
+    assert sorted(evaluations_fail_stale(now=now)) == sorted([silent.pk, never.pk])
 
     silent.refresh_from_db()
     assert silent.status == EvaluationStatus.FAILED and "the worker stopped" in silent.error
     assert beating.__class__.objects.get(pk=beating.pk).status == EvaluationStatus.RUNNING
     event = AuditEvent.objects.get(action=AuditAction.EVALUATION_FAILED, evaluation=silent)
     assert "the worker stopped" in event.detail
-    assert evaluations_fail_stale() == [], "failed once"
+    assert evaluations_fail_stale(now=now) == [], "failed once"
 
 
 def test_the_periodic_training_sweep_fails_silent_evaluations(registry):

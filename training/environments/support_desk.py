@@ -649,27 +649,44 @@ def _looked_up(messages: list[dict[str, Any]], order_id: str) -> dict[str, Any] 
 def done_actions(messages: list[dict[str, Any]], order_id: str) -> set[str]:
     """The tools called on `order_id` in `messages` whose result was not an error. The id
     is read as the tools read it (trimmed, any case): a lookup of "jl221861" found the order.
-    A result answers a call of the assistant message just before it: call ids repeat from
-    turn to turn (a served turn's first call is `call_0` every time)."""
+    A result answers a call of the assistant message just before it, the first one not yet
+    answered with its id: call ids repeat from turn to turn (a served turn's first call is
+    `call_0` every time) and may repeat within one."""
     wanted = key_normalized(order_id)
-    names: dict[str, str] = {}
+    waiting: list[tuple[str, str | None]] = []  # (call id, tool name if it names the order)
     done: set[str] = set()
     for m in messages:
         role = m.get("role")
         if role == "assistant":
-            names = {}
+            waiting = []
             calls = m.get("tool_calls")
             for call in calls if isinstance(calls, list) else []:
+                call_id = str(call.get("id", "")) if isinstance(call, dict) else ""
                 value = call_key(call, "order_id")
-                if value is not None and key_normalized(value) == wanted:
-                    function = call.get("function") if isinstance(call, dict) else None
-                    name = function.get("name") if isinstance(function, dict) else None
-                    names[str(call.get("id", ""))] = name if isinstance(name, str) else ""
+                function = call.get("function") if isinstance(call, dict) else None
+                name = function.get("name") if isinstance(function, dict) else None
+                on_order = value is not None and key_normalized(value) == wanted and isinstance(name, str)
+                waiting.append((call_id, name if on_order else None))
         elif role == "tool":
-            name = names.get(str(m.get("tool_call_id", "")))
-            if name and not str(m.get("content") or "").startswith("error"):
+            call_id = str(m.get("tool_call_id", ""))
+            match = next((i for i, (cid, _) in enumerate(waiting) if cid == call_id), None)
+            if match is None:
+                continue
+            name = waiting.pop(match)[1]
+            text = _tool_text(m.get("content"))
+            if name and text is not None and not text.startswith("error"):
                 done.add(name)
     return done
+
+
+def _tool_text(content: Any) -> str | None:
+    """A logged tool result's text (a string, or the text parts of a content list)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
+        return "".join(parts) if parts else None
+    return None
 
 
 def tasks_sample(

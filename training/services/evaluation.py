@@ -467,6 +467,8 @@ def evaluation_run(*, evaluation_id: int, worker: str = "") -> Evaluation | None
         generator = _make_generator(evaluation.config)
         generator.prepare(evaluation.candidate)
         generator.prepare(evaluation.baseline)
+        # Loading the versions is not the first item's time.
+        Evaluation.objects.filter(pk=evaluation.pk).update(heartbeat_at=timezone.now())
         endpoint = _judge_endpoint(evaluation.deployment)
         if endpoint is None:
             Evaluation.objects.filter(pk=evaluation.pk).update(config={**evaluation.config, "judge": None})
@@ -481,9 +483,13 @@ def evaluation_run(*, evaluation_id: int, worker: str = "") -> Evaluation | None
                 evaluation.refresh_from_db()
                 return evaluation
             if cancel:
-                evaluation.refresh_from_db()
-                evaluation.summary = evaluation_summary(evaluation=evaluation)
-                _finish(evaluation, EvaluationStatus.CANCELLED, detail=f"cancelled after {evaluation.done} items")
+                with transaction.atomic():
+                    evaluation = Evaluation.objects.select_for_update().get(pk=evaluation.pk)
+                    if evaluation.status == EvaluationStatus.RUNNING:
+                        evaluation.summary = evaluation_summary(evaluation=evaluation)
+                        _finish(
+                            evaluation, EvaluationStatus.CANCELLED, detail=f"cancelled after {evaluation.done} items"
+                        )
                 return evaluation
             evaluation_item_run(item=item, evaluation=evaluation, generator=generator, endpoint=endpoint)
             Evaluation.objects.filter(pk=evaluation.pk).update(done=F("done") + 1, heartbeat_at=timezone.now())
