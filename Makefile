@@ -95,5 +95,5 @@ gpu-check: ## a short GRPO job on random SmolLM2- and 0.5B-shaped models on a CU
 	scripts/gpu_check.sh
 
 .PHONY: tour-demo
-tour-demo: migrate ## the tour's training step on SmolLM2 (CPU): base vs candidate on the test split, 3 seeds (~80 min)
+tour-demo: migrate ## the tour's training step on SmolLM2 (CPU): base vs candidate on the test split, 3 seeds (~150 min)
 	nice -n 10 $(PY) scripts/tour_demo.py
