@@ -37,6 +37,7 @@ the overview page shows them per model version.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import signal
@@ -139,16 +140,15 @@ def paired_gains(base: list[dict], cand: list[dict]) -> list[float]:
 
 def _fresh_seed_of(task_id) -> str:
     """The fresh slice (seed 0 to 31) a task belongs to, for traces logged before they named it."""
+    return _fresh_task_seeds().get(task_id, "?") if isinstance(task_id, str) else "?"
+
+
+@functools.lru_cache(maxsize=1)
+def _fresh_task_seeds() -> dict[str, str]:
     from training.environments.support_desk import SupportDesk
 
-    global _FRESH_TASKS
-    if _FRESH_TASKS is None:
-        desk = SupportDesk()
-        _FRESH_TASKS = {t.id: str(seed) for seed in reversed(range(32)) for t in desk.tasks_fresh(seed=seed)}
-    return _FRESH_TASKS.get(task_id, "?") if isinstance(task_id, str) else "?"
-
-
-_FRESH_TASKS: dict[str, str] | None = None
+    desk = SupportDesk()
+    return {t.id: str(seed) for seed in reversed(range(32)) for t in desk.tasks_fresh(seed=seed)}
 
 
 def per_seed_from_db(deployment: str) -> tuple[list[dict], list[str]]:

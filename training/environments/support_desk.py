@@ -449,12 +449,10 @@ class SupportDesk(Environment):
             row = records_row(state=state, key=arguments["order_id"])
             if row["status"] == "refunded":
                 raise ToolError(f"order {row['order_id']} was already refunded")
-            amount = arguments.get("amount", row["price"])
-            if isinstance(amount, str):
-                try:
-                    amount = float(amount.strip().lstrip("$"))
-                except ValueError:
-                    raise ToolError("amount must be a number") from None
+            try:
+                amount = refund_amount(arguments.get("amount", row["price"]))
+            except ValueError:
+                raise ToolError("amount must be a number") from None
             if isinstance(amount, int | float) and not isinstance(amount, bool) and amount > row["price"]:
                 raise ToolError(f"amount must be at most the order's price, {row['price']:.2f}")
             updated = records_update(
@@ -644,6 +642,12 @@ def _looked_up(messages: list[dict[str, Any]], order_id: str) -> dict[str, Any] 
         if isinstance(row, dict) and row.get("order_id") == order_id:
             found = row
     return found
+
+
+def refund_amount(value: Any) -> Any:
+    """A refund's `amount` argument as the tool reads it: a string such as "$12.50" becomes
+    its number (ValueError when it is none); any other value is returned as it is."""
+    return float(value.strip().lstrip("$")) if isinstance(value, str) else value
 
 
 def done_actions(messages: list[dict[str, Any]], order_id: str) -> set[str]:

@@ -22,7 +22,13 @@ from typing import Any
 
 from training.environments.base import Task
 from training.environments.records import call_arguments, call_key, key_normalized, records_row
-from training.environments.support_desk import REFUND_WINDOW_DAYS, SupportDesk, done_actions, turn_reference
+from training.environments.support_desk import (
+    REFUND_WINDOW_DAYS,
+    SupportDesk,
+    done_actions,
+    refund_amount,
+    turn_reference,
+)
 
 VAGUE_RATE = 0.2
 WRONG_RATE = 0.1
@@ -101,12 +107,11 @@ def _action(message: dict[str, Any]) -> dict[str, Any]:
 
 def _full(amount: Any, price: Any) -> bool:
     """Whether a refund's `amount` argument is exactly the order's price, as the tool reads
-    it (a number or a "$12.50" string): the grade wants the whole price back, no less."""
-    if isinstance(amount, str):
-        try:
-            amount = float(amount.strip().lstrip("$"))
-        except (ValueError, OverflowError):
-            return False
+    it (`refund_amount`): the grade wants the whole price back, no less."""
+    try:
+        amount = refund_amount(amount)
+    except ValueError:
+        return False
     if isinstance(amount, bool) or not isinstance(amount, int | float):
         return False
     if isinstance(price, bool) or not isinstance(price, int | float):
