@@ -179,11 +179,16 @@ def _finish(evaluation: Evaluation, status: str, *, actor=None, error: str = "",
     evaluation.error = error
     evaluation.finished_at = timezone.now()
     evaluation.save(update_fields=["status", "error", "finished_at", "summary", "done"])
+    _audit_outcome(evaluation, actor=actor, detail=error or detail)
+
+
+def _audit_outcome(evaluation: Evaluation, *, actor=None, detail: str = "") -> None:
+    """The audit record of an evaluation's end, by its (terminal) status."""
     action = {
         EvaluationStatus.FINISHED: AuditAction.EVALUATION_FINISHED,
         EvaluationStatus.FAILED: AuditAction.EVALUATION_FAILED,
         EvaluationStatus.CANCELLED: AuditAction.EVALUATION_CANCELLED,
-    }[status]
+    }[evaluation.status]
     audit_record(
         action=action,
         deployment=evaluation.deployment,
@@ -191,33 +196,32 @@ def _finish(evaluation: Evaluation, status: str, *, actor=None, error: str = "",
         from_version=evaluation.baseline,
         to_version=evaluation.candidate,
         evaluation=evaluation,
-        detail=error or detail,
+        detail=detail,
     )
 
 
-def _finish_if_running(evaluation: Evaluation, *, error: str) -> None:
-    """Fail a running evaluation; one the sweep or a cancel already ended keeps its outcome."""
+def _finish_if_running(evaluation: Evaluation, status: str, *, error: str = "") -> Evaluation:
+    """End a running evaluation (a cancelled or finished one with its summary); one the sweep
+    or a cancel already ended keeps its outcome. Returns the row as it now is."""
     with transaction.atomic():
         current = Evaluation.objects.select_for_update().get(pk=evaluation.pk)
         if current.status == EvaluationStatus.RUNNING:
-            _finish(current, EvaluationStatus.FAILED, error=error)
+            detail = ""
+            if status == EvaluationStatus.CANCELLED:
+                current.summary = evaluation_summary(evaluation=current)
+                detail = f"cancelled after {current.done} items"
+            elif status == EvaluationStatus.FINISHED:
+                current.summary = evaluation_summary(evaluation=current)
+                current.done = current.items.filter(done=True).count()
+            _finish(current, status, error=error, detail=detail)
     evaluation.refresh_from_db()
+    return evaluation
 
 
 def evaluations_fail_stale(*, now: datetime | None = None) -> list[int]:
     """Evaluations left running by a worker that died: failed, with an audit record, once no
     item has finished for `EVALUATION_STALE_AFTER_SECONDS`. A failed evaluation is no
     evidence for a promotion; start a new one."""
-
-    def audited(row: Evaluation) -> None:
-        audit_record(
-            action=AuditAction.EVALUATION_FAILED,
-            deployment=row.deployment,
-            from_version=row.baseline,
-            to_version=row.candidate,
-            evaluation=row,
-            detail=row.error,
-        )
 
     return stale_work_fail(
         Evaluation,
@@ -226,7 +230,7 @@ def evaluations_fail_stale(*, now: datetime | None = None) -> list[int]:
         silent_after=settings.EVALUATION_STALE_AFTER_SECONDS,
         now=now or timezone.now(),
         what="evaluation's progress",
-        on_failed=audited,
+        on_failed=lambda row: _audit_outcome(row, detail=row.error),
     )
 
 
@@ -483,27 +487,15 @@ def evaluation_run(*, evaluation_id: int, worker: str = "") -> Evaluation | None
                 evaluation.refresh_from_db()
                 return evaluation
             if cancel:
-                with transaction.atomic():
-                    evaluation = Evaluation.objects.select_for_update().get(pk=evaluation.pk)
-                    if evaluation.status == EvaluationStatus.RUNNING:
-                        evaluation.summary = evaluation_summary(evaluation=evaluation)
-                        _finish(
-                            evaluation, EvaluationStatus.CANCELLED, detail=f"cancelled after {evaluation.done} items"
-                        )
-                return evaluation
+                return _finish_if_running(evaluation, EvaluationStatus.CANCELLED)
             evaluation_item_run(item=item, evaluation=evaluation, generator=generator, endpoint=endpoint)
             Evaluation.objects.filter(pk=evaluation.pk).update(done=F("done") + 1, heartbeat_at=timezone.now())
-        with transaction.atomic():
-            evaluation = Evaluation.objects.select_for_update().get(pk=evaluation.pk)
-            if evaluation.status == EvaluationStatus.RUNNING:
-                evaluation.summary = evaluation_summary(evaluation=evaluation)
-                evaluation.done = evaluation.items.filter(done=True).count()
-                _finish(evaluation, EvaluationStatus.FINISHED)
+        _finish_if_running(evaluation, EvaluationStatus.FINISHED)
     except GenerationError as exc:
-        _finish_if_running(evaluation, error=str(exc)[:5000])
+        _finish_if_running(evaluation, EvaluationStatus.FAILED, error=str(exc)[:5000])
     except Exception as exc:
         logger.exception("evaluation %s failed", evaluation_id)
-        _finish_if_running(evaluation, error=f"{type(exc).__name__}: {exc}"[:5000])
+        _finish_if_running(evaluation, EvaluationStatus.FAILED, error=f"{type(exc).__name__}: {exc}"[:5000])
     finally:
         if generator is not None:
             generator.close()
