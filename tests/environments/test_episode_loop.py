@@ -148,3 +148,72 @@ def test_environments_are_found_by_name_without_django_settings():
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=env, cwd=root)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["['files',", "'support-desk']", "support-desk", "False"]
+
+
+def _turn(*calls, content="") -> Completion:
+    """An assistant turn with these (name, arguments) tool calls; none: a reply."""
+    message = {"content": content}
+    if calls:
+        message["tool_calls"] = [
+            {"id": f"c{i}", "type": "function", "function": {"name": name, "arguments": arguments}}
+            for i, (name, arguments) in enumerate(calls)
+        ]
+    return Completion(message=message, tokens=5, finish_reason="tool_calls" if calls else "stop")
+
+
+def _order(order_id) -> str:
+    return json.dumps({"order_id": order_id})
+
+
+def test_replaying_a_logged_episode_gives_the_grade_and_audit_it_had_live():
+    from training.environments import episode_replay
+    from training.environments.support_desk import SupportDesk
+
+    env = SupportDesk()
+    task, other = env.tasks_for(split="test", graded=True)[:2]
+    mine, theirs = task.hidden["order_id"], other.hidden["order_id"]
+    plays = {
+        "right": [_turn(("lookup_order", _order(mine))), _turn(("issue_refund", _order(mine))), _turn(content="Done.")],
+        # Another customer's order refunded, an invented id, a malformed call and an unknown
+        # tool, two calls in one turn: every one of them replays as it ran.
+        "harm": [
+            _turn(("issue_refund", _order(theirs)), ("lookup_order", "{not json")),
+            _turn(("issue_refund", _order("ZZ-999")), ("drop_table", "{}")),
+            _turn(("issue_refund", json.dumps({"order_id": mine, "amount": 0.01}))),
+            _turn(content="Refunded."),
+        ],
+        "budget": [_turn(("lookup_order", _order(mine)))] * (env.max_steps + 1),
+    }
+    for name, turns in plays.items():
+        live = episode_run(env, task, scripted(*turns))
+        # As the gateway logs it: the conversation only, through a JSON round trip.
+        logged = json.loads(json.dumps(live.messages))
+
+        grade, audit = episode_replay(env, task, logged)
+
+        assert (grade, audit) == (live.grade, live.audit), name
+    harm = episode_run(env, task, scripted(*plays["harm"]))
+    assert harm.audit.collateral_changes and harm.audit.unknown_ids  # the case is not vacuous
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [{"role": "assistant", "tool_calls": "lookup"}],
+        [{"role": "assistant", "tool_calls": [None, 3, {"function": []}, {"function": {"name": ["x"]}}]}],
+        [
+            "not a message",
+            {"role": "assistant", "tool_calls": [{"function": {"name": "issue_refund", "arguments": 7}}]},
+        ],
+    ],
+)
+def test_a_replay_of_any_logged_shape_is_a_grade_not_a_crash(messages):
+    from training.environments import episode_replay
+    from training.environments.support_desk import SupportDesk
+
+    env = SupportDesk()
+    task = env.tasks_for(split="test", graded=True)[0]
+
+    grade, audit = episode_replay(env, task, [*task.first_messages(), *messages])
+
+    assert grade.reward == (1.0 if not task.hidden["refund"] else 0.0) and not audit.collateral_changes

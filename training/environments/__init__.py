@@ -16,7 +16,7 @@ from training.environments.base import (
     environment_names,
     register,
 )
-from training.environments.episodes import Completion, Episode, episode_run
+from training.environments.episodes import Completion, Episode, episode_replay, episode_run
 
 __all__ = [
     "Completion",
@@ -29,6 +29,7 @@ __all__ = [
     "ToolResult",
     "environment_get",
     "environment_names",
+    "episode_replay",
     "episode_run",
     "register",
 ]

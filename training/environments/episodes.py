@@ -137,3 +137,29 @@ def episode_run(
         seconds=time.perf_counter() - started,
         audit=audit,
     )
+
+
+def episode_replay(env: Environment, task: Task, messages: list[dict[str, Any]]) -> tuple[Grade, EpisodeAudit]:
+    """A logged episode's grade and audit, recomputed from its conversation alone: every tool
+    call of its assistant turns runs again, in order, in a fresh state of `task` (as
+    `episode_run` ran them), then the grader and the audit read that state and the logged
+    messages. A harness that reports no audit (the gateway logs only the conversation) still
+    gets its collateral changes counted. Tools are functions of the state and their
+    arguments, so the replayed state is the one the episode left; the messages are untrusted
+    (any shape): what is not a call is skipped, a malformed call is an error result as it
+    was live."""
+    messages = [m for m in messages if isinstance(m, dict)]
+    state = env.reset(task)
+    try:
+        for message in messages:
+            if message.get("role") != "assistant":
+                continue
+            calls = message.get("tool_calls")
+            for call in calls if isinstance(calls, list) else []:
+                function = call.get("function") if isinstance(call, dict) else None
+                function = function if isinstance(function, dict) else {}
+                name = function.get("name")
+                env.execute(state, task, name if isinstance(name, str) else "", function.get("arguments"))
+        return env.grade(state, messages), env.audit(state, messages)
+    finally:
+        env.close(state)
