@@ -174,8 +174,15 @@ if [ "${PRACTICUM_DEMO_AGENT:-1}" != 0 ]; then
   if [ "$have" -lt "$EPISODES" ]; then
     say "The demo agent works $EPISODES support tasks through the gateway (traces appear as they arrive) …"
     key=$($PY manage.py create_api_key --deployment support-bot --scopes ingest,feedback --name "make demo agent" --expires-in-days 1 --quiet)
-    # In the background (its own process group), so Ctrl-C still reaches this script.
-    LOG_LEVEL=WARNING $PY manage.py demo_agent --base-url "$URL" --api-key "$key" --split train --episodes "$EPISODES" &
+    # In the background (its own process group), so Ctrl-C still reaches this script. Then
+    # the base model on test tasks: the tour's "run the agent again" plays the same tasks
+    # (seed 0) on the candidate, and the overview pairs the two runs episode by episode.
+    {
+      LOG_LEVEL=WARNING $PY manage.py demo_agent --base-url "$URL" --api-key "$key" --split train --episodes "$EPISODES" &&
+        say "The base model on $PRACTICUM_DEMO_AGENT_EPISODES test tasks, to compare the trained version with …" &&
+        LOG_LEVEL=WARNING $PY manage.py demo_agent --base-url "$URL" --api-key "$key" --split test \
+          --episodes "$PRACTICUM_DEMO_AGENT_EPISODES" --seed 0 --comments 0
+    } &
     agent=$!
     wait "$agent" || echo "the demo agent stopped early (exit $?)"
     agent=""

@@ -37,7 +37,6 @@ the overview page shows them per model version.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import signal
@@ -93,127 +92,46 @@ def outcome(run) -> dict:
     }
 
 
+def _text(interval: tuple[float, float, float], n: int) -> str:
+    mean, low, high = interval
+    return f"{mean:.3f} [{low:.3f}, {high:.3f}]" if n > 1 else f"{mean:.3f}"
+
+
 def summary_lines(per_seed: list[dict], slices: list[str]) -> list[str]:
     """Per slice: base and candidate success and collateral-change rates over the seeds."""
-    from training.evaluation.seeds import interval_text
+    from training.evaluation.paired_runs import slice_summaries
 
     lines = []
-    for key in slices:
-        rows = [r for r in per_seed if key in r["base"] and key in r["candidate"]]
-        if not rows:
-            continue
-        base = [r["base"][key] for r in rows]
-        cand = [r["candidate"][key] for r in rows]
+    for s in slice_summaries(per_seed, slices):
         lines.append(
-            f"{key} ({len(rows)} seeds, {base[0]['graded']} graded episodes each; mean [95 % interval]):\n"
-            f"  success             base {interval_text([b['success_rate'] for b in base])}  "
-            f"candidate {interval_text([c['success_rate'] for c in cand])}  "
-            f"gain {interval_text([c['success_rate'] - b['success_rate'] for b, c in zip(base, cand, strict=True)])}"
+            f"{s.slice} ({s.seeds} seeds, {s.episodes} graded episodes each; mean [95 % interval]):\n"
+            f"  success             base {_text(s.base_success, s.seeds)}  "
+            f"candidate {_text(s.candidate_success, s.seeds)}  gain {_text(s.gain, s.seeds)}"
             + (
-                f"\n  collateral changes  base {interval_text([b['collateral_rate'] for b in base])}  "
-                f"candidate {interval_text([c['collateral_rate'] for c in cand])}"
-                if all(r["collateral_rate"] is not None for r in (*base, *cand))
+                f"\n  collateral changes  base {_text(s.base_collateral, s.seeds)}  "
+                f"candidate {_text(s.candidate_collateral, s.seeds)}"
+                if s.base_collateral is not None and s.candidate_collateral is not None
                 else ""
             )
         )
-        gains = paired_gains(base, cand)
-        if len(gains) > 1:
-            lines.append(f"  gain paired by episode over {len(gains)} (seed, task) pairs  {interval_text(gains)}")
+        if s.paired is not None:
+            lines.append(f"  gain paired by episode over {s.pairs} (seed, task) pairs  {_text(s.paired, s.pairs)}")
     return lines
 
 
-def paired_gains(base: list[dict], cand: list[dict]) -> list[float]:
-    """Candidate minus base success per (seed, episode) pair, where both list their episodes:
-    by episode index where they carry one (a stopped run may lack some), else by position;
-    either way only where both played the same task."""
-    gains: list[float] = []
-    for b, c in zip(base, cand, strict=True):
-        before, after = b.get("per_episode") or [], c.get("per_episode") or []
-        if all("index" in e for e in (*before, *after)):
-            by_index = {e["index"]: e for e in before}
-            pairs = [(by_index[e["index"]], e) for e in after if e["index"] in by_index]
-        else:
-            pairs = list(zip(before, after, strict=False))
-        gains += [float(y["success"]) - float(x["success"]) for x, y in pairs if x["task"] == y["task"]]
-    return gains
-
-
-def _fresh_seed_of(task_id) -> str:
-    """The fresh slice (seed 0 to 31) a task belongs to, for traces logged before they named it."""
-    return _fresh_task_seeds().get(task_id, "?") if isinstance(task_id, str) else "?"
-
-
-@functools.lru_cache(maxsize=1)
-def _fresh_task_seeds() -> dict[str, str]:
-    from training.environments.support_desk import SupportDesk
-
-    desk = SupportDesk()
-    return {t.id: str(seed) for seed in reversed(range(32)) for t in desk.tasks_fresh(seed=seed)}
-
-
-def per_seed_from_db(deployment: str) -> tuple[list[dict], list[str]]:
-    """The measurements of the tour runs stored in this database, rebuilt from their traces
-    (for a run whose result.json lacks per-episode figures, or that was stopped). A run is
-    one `demo-<run>-…` id prefix; its slice is the test split or a fresh slice by its seed.
-    Each run served by a trained version (not a base model) is paired with the latest base
-    run of the same slice before it, each base run once; the k-th such pair of a slice is
-    seed k. Traces logged before they named their fresh seed are placed by their task. Success is the
-    grader's feedback on each trace; collateral changes are not stored on traces, so they
-    are left out; traces without a model version are skipped."""
-    from collections import defaultdict
-
-    from feedback.demo.agent import GRADER_REF
-    from feedback.models import CustomerFeedback, Trace
-    from training.models import ModelVersionKind
-
-    traces = Trace.objects.filter(
-        deployment__name=deployment, external_id__startswith="demo-", model_version__isnull=False
-    )
-    traces = traces.filter(metadata__split__in=["test", "fresh"]).select_related("model_version")
-    success = dict(
-        CustomerFeedback.objects.filter(trace__in=traces, customer_ref=GRADER_REF).values_list("trace_id", "rating")
-    )
-    runs: dict[str, list] = defaultdict(list)
-    for t in traces.order_by("started_at"):
-        runs[t.external_id.split("-")[1]].append(t)
-    ordered = sorted(runs.values(), key=lambda ts: min(t.started_at for t in ts))
-    latest_base: dict[str, dict] = {}
-    pairs: dict[str, list[tuple[dict, dict]]] = defaultdict(list)
-    slices: list[str] = []
-    for ts in ordered:
-        first = ts[0]
-        key = first.metadata["split"]
-        if key == "fresh":
-            key = f"fresh-{first.metadata.get('fresh_seed') or _fresh_seed_of(first.metadata.get('task_id'))}"
-        slices += [key] if key not in slices else []
-        graded = [t for t in ts if t.pk in success]
-        figures = {
-            "version": first.model_version.name,
-            "graded": len(graded),
-            "success_rate": sum(success[t.pk] == 5 for t in graded) / len(graded) if graded else 0.0,
-            "collateral_rate": None,
-            "per_episode": [
-                {
-                    "index": t.external_id.rsplit("-", 1)[-1],
-                    "task": t.metadata.get("task_id"),
-                    "success": success[t.pk] == 5,
-                }
-                for t in graded
-            ],
-        }
-        if first.model_version.kind == ModelVersionKind.BASE:
-            latest_base[key] = figures
-        elif key in latest_base:
-            # Each base measurement pairs once: two candidates after one base are not two seeds.
-            pairs[key].append((latest_base.pop(key), figures))
+def per_seed_from_results(paths: list[Path]) -> tuple[list[dict], list[str]]:
+    """The seeds of several result.json files (runs of one recipe, e.g. a seed rerun after a
+    stop) as one list; a seed measured in two files is an error, not a silent overwrite."""
     per_seed: list[dict] = []
-    for key, measured in pairs.items():
-        for k, (before, after) in enumerate(measured):
-            while len(per_seed) <= k:
-                per_seed.append({"seed": len(per_seed), "base": {}, "candidate": {}})
-            per_seed[k]["base"][key] = before
-            per_seed[k]["candidate"][key] = after
-    return per_seed, [s for s in slices if s in pairs]
+    slices: list[str] = []
+    for path in paths:
+        result = json.loads(path.read_text())
+        for row in result["seeds"]:
+            if any(r["seed"] == row["seed"] for r in per_seed):
+                raise SystemExit(f"{path}: seed {row['seed']} is already in an earlier file")
+            per_seed.append(row)
+            slices += [k for k in row["base"] if k not in slices]
+    return sorted(per_seed, key=lambda r: r["seed"]), slices
 
 
 def main() -> int:
@@ -285,12 +203,26 @@ def main() -> int:
         action="store_true",
         help="print the summary of the tour runs stored in this database (from their traces) and stop",
     )
+    parser.add_argument(
+        "--summary-from",
+        type=Path,
+        nargs="+",
+        default=[],
+        metavar="RESULT_JSON",
+        help="print the summary over the seeds of these result.json files (e.g. a seed rerun after a stop) and stop",
+    )
     args = parser.parse_args()
+    if args.summary_from:
+        for line in summary_lines(*per_seed_from_results(args.summary_from)):
+            print(line)
+        return 0
     if args.summary_from_db:
         import django
 
         django.setup()
-        per_seed, slices = per_seed_from_db("support-bot")
+        from webapp.selectors_measurements import measured_runs
+
+        per_seed, slices = measured_runs(deployment="support-bot")
         for line in summary_lines(per_seed, slices):
             print(line)
         return 0

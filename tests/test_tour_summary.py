@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
 
+from training.evaluation.paired_runs import paired_gains, slice_summaries
 from training.evaluation.seeds import interval_text
 
 spec = importlib.util.spec_from_file_location("tour_demo", Path(__file__).parent.parent / "scripts" / "tour_demo.py")
@@ -41,7 +43,7 @@ def test_the_paired_gain_pairs_the_same_task_of_the_same_seed_only():
     assert f"collateral changes  base {interval_text([0.0, 0.0])}" in text
 
 
-def test_a_summary_rebuilt_from_traces_has_no_collateral_line():
+def test_a_summary_without_collateral_figures_has_no_collateral_line():
     seeds = [{"base": {"test": _measure([True], ["a"], None)}, "candidate": {"test": _measure([False], ["a"], None)}}]
     text = "\n".join(tour_demo.summary_lines(seeds, ["test"]))
     assert "collateral" not in text and "success             base 1.000  candidate 0.000" in text
@@ -82,6 +84,12 @@ def _store_runs(tmp_path, runs):
             )
 
 
+def measured_runs(**kwargs):
+    from webapp.selectors_measurements import measured_runs
+
+    return measured_runs(**kwargs)
+
+
 @pytest.mark.django_db
 def test_measurements_are_rebuilt_from_the_traces_and_the_graders_feedback(tmp_path):
     # The base on test and fresh, then the candidate on both (one seed), in that order.
@@ -95,11 +103,11 @@ def test_measurements_are_rebuilt_from_the_traces_and_the_graders_feedback(tmp_p
         ],
     )
 
-    per_seed, slices = tour_demo.per_seed_from_db("support-bot")
+    per_seed, slices = measured_runs(deployment="support-bot")
 
     assert slices == ["test", "fresh-2"] and len(per_seed) == 1
     assert per_seed[0]["base"]["test"]["success_rate"] == 0.5 and per_seed[0]["candidate"]["test"]["success_rate"] == 1
-    assert tour_demo.paired_gains([per_seed[0]["base"]["fresh-2"]], [per_seed[0]["candidate"]["fresh-2"]]) == [0.0, 1.0]
+    assert paired_gains([per_seed[0]["base"]["fresh-2"]], [per_seed[0]["candidate"]["fresh-2"]]) == [0.0, 1.0]
 
 
 @pytest.mark.django_db
@@ -118,15 +126,15 @@ def test_a_stopped_and_restarted_tour_pairs_each_candidate_with_the_base_run_jus
         ],
     )
 
-    per_seed, slices = tour_demo.per_seed_from_db("support-bot")
+    per_seed, slices = measured_runs(deployment="support-bot")
 
     assert slices == ["test", "fresh-1", "fresh-2"] and len(per_seed) == 1
     row = per_seed[0]
     assert row["base"]["test"]["graded"] == 3 and row["candidate"]["test"]["version"] == "smol-sft-job1"
     # Episodes 0 and 2 pair up by index; episode 1 has no candidate run.
-    assert tour_demo.paired_gains([row["base"]["test"]], [row["candidate"]["test"]]) == [0.0, 1.0]
-    assert tour_demo.paired_gains([row["base"]["fresh-1"]], [row["candidate"]["fresh-1"]]) == [1.0]
-    assert tour_demo.paired_gains([row["base"]["fresh-2"]], [row["candidate"]["fresh-2"]]) == [-1.0]
+    assert paired_gains([row["base"]["test"]], [row["candidate"]["test"]]) == [0.0, 1.0]
+    assert paired_gains([row["base"]["fresh-1"]], [row["candidate"]["fresh-1"]]) == [1.0]
+    assert paired_gains([row["base"]["fresh-2"]], [row["candidate"]["fresh-2"]]) == [-1.0]
 
 
 @pytest.mark.django_db
@@ -152,9 +160,120 @@ def test_traces_that_name_no_fresh_seed_are_placed_by_their_task_and_a_base_run_
         trace.metadata = {"split": "fresh", "task_id": task_id}
         trace.save(update_fields=["metadata"])
 
-    per_seed, slices = tour_demo.per_seed_from_db("support-bot")
+    per_seed, slices = measured_runs(deployment="support-bot")
 
     assert slices == ["fresh-1", "fresh-2"] and len(per_seed) == 1
     row = per_seed[0]
-    assert tour_demo.paired_gains([row["base"]["fresh-1"]], [row["candidate"]["fresh-1"]]) == [1.0]
-    assert tour_demo.paired_gains([row["base"]["fresh-2"]], [row["candidate"]["fresh-2"]]) == [-1.0]
+    assert paired_gains([row["base"]["fresh-1"]], [row["candidate"]["fresh-1"]]) == [1.0]
+    assert paired_gains([row["base"]["fresh-2"]], [row["candidate"]["fresh-2"]]) == [-1.0]
+
+
+@pytest.mark.django_db
+def test_collateral_changes_are_counted_from_the_logged_conversation_when_the_harness_reports_none(tmp_path):
+    from feedback.models import Message, Trace
+    from training.environments import Completion, episode_run
+    from training.environments.support_desk import SupportDesk
+
+    desk = SupportDesk()
+    tasks = desk.tasks_for(split="test", graded=True)[:4]
+    _store_runs(
+        tmp_path,
+        [("r1", "smol", "test", None, dict.fromkeys(range(4), 1)), ("r2", "smol-sft-job1", "test", None, {0: 1, 1: 1})],
+    )
+
+    def refund(order_id):
+        call = {"id": "c0", "type": "function", "function": {"name": "issue_refund", "arguments": ""}}
+        call["function"]["arguments"] = json.dumps({"order_id": order_id})
+        return Completion(message={"content": "", "tool_calls": [call]}, tokens=1)
+
+    # The base refunds the next customer's order on episodes 0 and 1, its own on 2 and 3;
+    # the candidate refunds its own on both of its episodes.
+    plays = {("r1", i): tasks[(i + 1) % 4 if i < 2 else i].hidden["order_id"] for i in range(4)} | {
+        ("r2", i): tasks[i].hidden["order_id"] for i in range(2)
+    }
+    for (run, i), order_id in plays.items():
+        turns = iter([refund(order_id), Completion(message={"content": "Done."}, tokens=1)])
+        episode = episode_run(desk, tasks[i], lambda *_a, turns=turns: next(turns))
+        trace = Trace.objects.get(external_id=f"demo-{run}-test-{i:03d}")
+        trace.environment, trace.metadata = "support-desk", {**trace.metadata, "task_id": tasks[i].id}
+        trace.save(update_fields=["environment", "metadata"])
+        for position, m in enumerate(episode.messages):
+            Message.objects.create(
+                trace=trace,
+                position=position,
+                role=m["role"],
+                content=m.get("content") or "",
+                tool_calls=m.get("tool_calls") or [],
+                tool_call_id=m.get("tool_call_id", ""),
+                raw={},
+            )
+
+    per_seed, _slices = measured_runs(deployment="support-bot")
+    (summary,) = slice_summaries(per_seed, ["test"])
+
+    base, candidate = per_seed[0]["base"]["test"], per_seed[0]["candidate"]["test"]
+    assert (base["collateral_rate"], base["replayed"]) == (0.5, 4)
+    assert [e["collateral"] for e in base["per_episode"]] == [True, True, False, False]
+    assert candidate["collateral_rate"] == 0.0 and summary.base_collateral[0] == 0.5
+    assert "collateral changes  base 0.500  candidate 0.000" in "\n".join(tour_demo.summary_lines(per_seed, ["test"]))
+
+
+@pytest.mark.django_db
+def test_episodes_of_unknown_tasks_are_left_out_of_the_collateral_rate(tmp_path):
+    _store_runs(tmp_path, [("r1", "smol", "test", None, {0: 5}), ("r2", "smol-sft-job1", "test", None, {0: 5})])
+
+    per_seed, _slices = measured_runs(deployment="support-bot")
+
+    assert per_seed[0]["base"]["test"]["replayed"] == 0 and per_seed[0]["base"]["test"]["collateral_rate"] is None
+    assert slice_summaries(per_seed, ["test"])[0].base_collateral is None
+
+
+def test_seeds_of_several_result_files_are_summarised_together_and_a_repeated_seed_is_refused(tmp_path):
+    def result(seed, base, cand):
+        return {"seeds": [{"seed": seed, "base": {"test": base}, "candidate": {"test": cand}}]}
+
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    first.write_text(json.dumps(result(0, _measure([False, True], ["a", "b"]), _measure([True, True], ["a", "b"]))))
+    second.write_text(json.dumps(result(1, _measure([False, False], ["c", "d"]), _measure([True, False], ["c", "d"]))))
+
+    per_seed, slices = tour_demo.per_seed_from_results([second, first])
+
+    assert [r["seed"] for r in per_seed] == [0, 1] and slices == ["test"]
+    assert slice_summaries(per_seed, slices)[0].gain[0] == 0.5
+    with pytest.raises(SystemExit, match="seed 0"):
+        tour_demo.per_seed_from_results([first, first])
+
+
+@pytest.mark.django_db
+def test_the_overview_shows_base_vs_candidate_over_the_seeds_with_intervals(tmp_path, client):
+    from feedback.models import Trace
+    from tests.factories import user_with_role
+    from training.templatetags.promotion_tags import interval
+
+    _store_runs(
+        tmp_path,
+        [
+            ("r1", "smol", "test", None, {0: 1, 1: 1, 2: 5}),
+            ("r2", "smol-sft-job1", "test", None, {0: 5, 1: 1, 2: 5}),
+            ("r3", "smol", "test", None, {0: 1, 1: 5, 2: 1}),
+            ("r4", "smol-sft-job2", "test", None, {0: 5, 1: 5, 2: 5}),
+            ("r5", "smol", "fresh", "<b>7</b>", {0: 5}),
+            ("r6", "smol-sft-job2", "fresh", "<b>7</b>", {0: 1}),
+        ],
+    )
+    assert Trace.objects.filter(metadata__fresh_seed="<b>7</b>").count() == 2
+    client.force_login(user_with_role("operator"))
+
+    page = client.get("/overview/").content.decode()
+
+    row = page[page.index('data-slice="test"') : page.index("</tr>", page.index('data-slice="test"'))]
+    assert "smol-sft-job1, smol-sft-job2" in row and "2 <span" in row
+    assert interval(mean_interval_of([1 / 3, 1 / 3])) in row  # the base: one in three, both seeds
+    assert interval(mean_interval_of([2 / 3, 1.0])) in row and interval(mean_interval_of([1 / 3, 2 / 3])) in row
+    assert "fresh-&lt;b&gt;7&lt;/b&gt;" in page and "<b>7</b>" not in page
+
+
+def mean_interval_of(values):
+    from training.evaluation.seeds import mean_interval
+
+    return mean_interval(values)

@@ -26,7 +26,9 @@ from django.utils import timezone
 
 from feedback.models import Comment, CustomerFeedback, Deployment, Trace, TraceFlag
 from feedback.models.judge import JudgeResult, JudgeStatus
+from training.evaluation.paired_runs import SliceSummary, slice_summaries
 from training.models import LiveVersion, LiveVersionChange
+from webapp.selectors_measurements import measured_runs
 
 GRADER_REF = "grader"
 MAX_DEPLOYMENTS = 20
@@ -106,6 +108,7 @@ class DeploymentOverview:
     flips: list[tuple[datetime, str]] = field(default_factory=list)
     splits: list[str] = field(default_factory=list)
     comparison: Comparison | None = None
+    measured: list[SliceSummary] = field(default_factory=list)  # base vs candidate over paired runs
 
     @property
     def traces_total(self) -> int:
@@ -289,6 +292,7 @@ def deployment_overview(
         flips=flips,
         splits=splits,
         comparison=_comparison(ordered, compare_on),
+        measured=slice_summaries(*measured_runs(deployment=deployment.name, days=days)),
     )
 
 

@@ -283,7 +283,11 @@ def tour_get(*, deployment: Deployment | None, demo_target: int = 0) -> Tour:
         TourStep(
             key="overview",
             title="See the improvement",
-            how="The overview charts success rate and reward per model version over time.",
+            how=(
+                "The overview charts success rate per model version over time, and sets the candidate "
+                "beside the base run by run on the same test tasks: success and collateral changes "
+                "(writes to other customers' orders), with intervals over seeds."
+            ),
             done=served_by_live is not None
             and traces.exclude(model_version=live).filter(model_version__isnull=False).exists(),
             detail="two versions' traces to compare" if served_by_live else "needs traces of the new version",

@@ -103,8 +103,10 @@ def test_the_whole_tour_in_the_browser(
     # The agent works: its traces arrive through the gateway, as `make demo` has it do.
     key = api_key_create(deployment=deployment, scopes=["ingest", "feedback"]).plaintext
     first_run = demo_agent_run(base_url=gateway.url, api_key=key, split="train", episodes=3, seed=1)
+    # And, as `make demo` does next, the base on the test tasks the tour's rerun will play.
+    demo_agent_run(base_url=gateway.url, api_key=key, split="test", episodes=2, seed=0)
     gateway.drain()
-    assert Trace.objects.filter(deployment=deployment, model_version=base_version).count() == 3
+    assert Trace.objects.filter(deployment=deployment, model_version=base_version).count() == 5
 
     page = open_page(operator)
     page.goto("/tour/")
@@ -226,7 +228,7 @@ def test_the_whole_tour_in_the_browser(
     new_traces = Trace.objects.filter(deployment=deployment, model_version=candidate)
     assert new_traces.exists()
     assert all(t.metadata.get("split") == "test" for t in new_traces)
-    assert Trace.objects.filter(model_version=base_version).count() == 3  # the first run's stay as they were
+    assert Trace.objects.filter(model_version=base_version).count() == 5  # the first runs' stay as they were
     # The key made for the run is revoked once the run is over.
     wait_until(
         lambda: ApiKey.objects.filter(name="demo agent run").exclude(revoked_at=None).exists(), 120, "the run to end"
@@ -246,4 +248,11 @@ def test_the_whole_tour_in_the_browser(
     assert page.inner_text("#tour-progress").startswith("9 of 9 steps done")
     page.click("#step-overview a")
     assert candidate.name in page.inner_text("main") and base_version.name in page.inner_text("main")
+    # The base's test run and the candidate's, paired: one seed, both episodes, and their
+    # collateral changes counted from the logged conversations.
+    row = page.locator("#measured-support-bot tr.measured-row[data-slice='test']")
+    assert candidate.name in row.inner_text() and row.locator(".seeds").inner_text().startswith("1")
+    assert "n=2" in row.locator(".paired-gain").inner_text()
+    assert row.locator(".base-collateral").inner_text() != "—"
+    assert row.locator(".candidate-collateral").inner_text() != "—"
     assert len(first_run.episodes) == 3

@@ -42,6 +42,17 @@ def signed(value: float | None, digits: int = 2) -> str:
 
 
 @register.filter
+def interval(value: Any, digits: int = 3) -> str:
+    """A (mean, low, high) triple as '0.573 [0.441, 0.705]'; the mean alone when the interval
+    has no width (one seed); '—' when undefined."""
+    if not isinstance(value, tuple | list) or len(value) != 3 or any(_number(v) is None for v in value):
+        return "—"
+    mean, low, high = (float(v) for v in value)
+    d = int(digits)
+    return f"{mean:.{d}f}" if low == high else f"{mean:.{d}f} [{low:.{d}f}, {high:.{d}f}]"
+
+
+@register.filter
 def pretty(value: Any) -> str:
     """JSON for a <pre>: tool-call arguments, rubrics, raw results (escaped by the template)."""
     from feedback.selectors.review import json_pretty

@@ -1,0 +1,172 @@
+"""Base vs candidate from the demo agent's measured runs: success and collateral changes per
+slice (the test split, each fresh slice), over seeds, with 95 % intervals.
+
+A run is one `demo-<run>-<split>-<index>` batch of traces (feedback/demo/agent.py); its
+slice is the trace metadata's `split`, and `fresh-<seed>` for a freshly generated slice.
+Each run served by a trained version (not a base model) is paired with the latest base run
+of the same slice before it, each base run once: the k-th pair of a slice is seed k. That is
+how `make tour-demo` measures (base, train, candidate, per seed) and how a person doing the
+tour by hand does it once.
+
+Success is the grader's feedback on each trace (a score of 5). Collateral changes — writes
+to records the task does not concern — are recomputed from the logged conversation
+(`episode_replay`: the tool calls run again in a fresh copy of the task's records), so a
+harness that reports only its grade still has them counted; an episode whose environment or
+task is unknown here is left out of that rate and counted as such.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import defaultdict
+from datetime import timedelta
+from typing import Any
+
+from django.utils import timezone
+
+from feedback.models import CustomerFeedback, Message, Trace
+from feedback.selectors.traces import message_as_openai
+from training.environments import Environment, Task, environment_get, episode_replay
+
+GRADER_REF = "grader"
+MEASURED_SPLITS = ("test", "fresh")
+MAX_TRACES = 5000  # the latest measured traces a summary reads (a 3-seed tour holds 576)
+FRESH_SEEDS_SEARCHED = 32  # traces logged before they named their fresh seed are placed by task
+
+
+@functools.lru_cache(maxsize=16)
+def _environment(name: str) -> Environment | None:
+    try:
+        return environment_get(name)
+    except KeyError:
+        return None
+
+
+@functools.lru_cache(maxsize=16)
+def _tasks(name: str) -> dict[str, Task]:
+    env = _environment(name)
+    return {t.id: t for t in env.tasks()} if env is not None else {}
+
+
+@functools.lru_cache(maxsize=256)
+def _fresh_tasks(name: str, seed: int) -> dict[str, Task]:
+    env = _environment(name)
+    try:
+        return {t.id: t for t in env.tasks_fresh(seed=seed)} if env is not None else {}
+    except NotImplementedError:
+        return {}
+
+
+def _fresh_seed_of(environment: str, task_id: Any) -> str:
+    """The fresh slice a task belongs to, for traces logged before they named it ("?" if none)."""
+    for seed in range(FRESH_SEEDS_SEARCHED):
+        if isinstance(task_id, str) and task_id in _fresh_tasks(environment, seed):
+            return str(seed)
+    return "?"
+
+
+def _collateral(trace: Trace, messages: list[dict[str, Any]]) -> bool | None:
+    """Whether the episode changed a record its task does not concern; None when its task is
+    not known here (another environment, a store generated otherwise)."""
+    name = trace.environment or ""
+    task_id = trace.metadata.get("task_id")
+    if not isinstance(task_id, str):
+        return None
+    if trace.metadata.get("split") == "fresh":
+        seed = str(trace.metadata.get("fresh_seed") or "")
+        task = _fresh_tasks(name, int(seed)).get(task_id) if seed.isdigit() and len(seed) < 6 else None
+    else:
+        task = _tasks(name).get(task_id)
+    env = _environment(name)
+    if task is None or env is None:
+        return None
+    _grade, audit = episode_replay(env, task, messages)
+    return bool(audit.collateral_changes)
+
+
+def _figures(version: str, graded: list[Trace], success: dict[int, bool], collateral: dict[int, bool | None]) -> dict:
+    replayed = [collateral[t.pk] for t in graded if collateral.get(t.pk) is not None]
+    return {
+        "version": version,
+        "graded": len(graded),
+        "success_rate": sum(success[t.pk] for t in graded) / len(graded) if graded else 0.0,
+        "replayed": len(replayed),
+        "collateral_rate": sum(replayed) / len(replayed) if replayed else None,
+        "per_episode": [
+            {
+                "index": t.external_id.rsplit("-", 1)[-1],
+                "task": t.metadata.get("task_id"),
+                "success": success[t.pk],
+                "collateral": collateral.get(t.pk),
+            }
+            for t in graded
+        ],
+    }
+
+
+def measured_runs(
+    *, deployment: str, days: int | None = None, max_traces: int = MAX_TRACES
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The deployment's paired runs: ([{"seed", "base": {slice: figures}, "candidate": {…}}],
+    slices in the order first measured). Figures: version, graded, success_rate, replayed,
+    collateral_rate (None: nothing replayable), per_episode [{index, task, success,
+    collateral}], the shape `scripts/tour_demo.py` writes to its result.json. Reads the
+    latest `max_traces` graded test and fresh traces that a model version served (in the
+    last `days` days, if given)."""
+    from training.models import ModelVersionKind
+
+    recent = Trace.objects.all()
+    if days is not None:
+        recent = recent.filter(started_at__gte=timezone.now() - timedelta(days=days))
+    traces = list(
+        recent.filter(
+            deployment__name=deployment,
+            external_id__startswith="demo-",
+            model_version__isnull=False,
+            metadata__split__in=MEASURED_SPLITS,
+            customer_feedback__customer_ref=GRADER_REF,
+        )
+        .select_related("model_version")
+        .distinct()
+        .order_by("-started_at", "-id")[:max_traces]
+    )
+    success = {
+        trace_id: rating == 5
+        for trace_id, rating in CustomerFeedback.objects.filter(
+            trace__in=traces, customer_ref=GRADER_REF, rating_kind="score"
+        ).values_list("trace_id", "rating")
+    }
+    traces = [t for t in traces if t.pk in success]
+    history: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for m in Message.objects.filter(trace__in=traces).order_by("trace_id", "position"):
+        history[m.trace_id].append(message_as_openai(m))
+    collateral = {t.pk: _collateral(t, history[t.pk]) for t in traces}
+
+    runs: dict[str, list[Trace]] = defaultdict(list)
+    for t in sorted(traces, key=lambda t: (t.started_at, t.pk)):
+        runs[t.external_id.split("-")[1]].append(t)
+    latest_base: dict[str, dict] = {}
+    pairs: dict[str, list[tuple[dict, dict]]] = defaultdict(list)
+    slices: list[str] = []
+    for ts in sorted(runs.values(), key=lambda ts: ts[0].started_at):
+        first = ts[0]
+        key = first.metadata["split"]
+        if key == "fresh":
+            seed = first.metadata.get("fresh_seed") or _fresh_seed_of(first.environment, first.metadata.get("task_id"))
+            key = f"fresh-{seed}"
+        if key not in slices:
+            slices.append(key)
+        figures = _figures(first.model_version.name, ts, success, collateral)
+        if first.model_version.kind == ModelVersionKind.BASE:
+            latest_base[key] = figures
+        elif key in latest_base:
+            # Each base measurement pairs once: two candidates after one base are not two seeds.
+            pairs[key].append((latest_base.pop(key), figures))
+    per_seed: list[dict[str, Any]] = []
+    for key, measured in pairs.items():
+        for k, (before, after) in enumerate(measured):
+            while len(per_seed) <= k:
+                per_seed.append({"seed": len(per_seed), "base": {}, "candidate": {}})
+            per_seed[k]["base"][key] = before
+            per_seed[k]["candidate"][key] = after
+    return per_seed, [s for s in slices if s in pairs]
