@@ -83,6 +83,7 @@ class TraceSource(models.TextChoices):
     GATEWAY = "gateway", "Completion gateway"
     ORCHESTRATOR = "orchestrator", "Environment episode"
     IMPORT = "import", "File import"
+    OTEL = "otel", "OpenTelemetry"
 
 
 class Trace(models.Model):
@@ -241,3 +242,25 @@ class ConversationTip(models.Model):
 
     def __str__(self) -> str:
         return f"{self.deployment_id}:{self.digest[:12]} → {self.trace_id}"
+
+
+class OtelSpan(models.Model):
+    """A span an OpenTelemetry exporter sent, kept while it can still shape its trace: a run's
+    spans arrive over several exports (each as it ends, the agent's own span last), and its
+    conversation is read from all of them at once (feedback/services/otlp.py)."""
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="+", db_index=False)
+    trace_id = models.CharField(max_length=32)  # hex, as the trace's external id
+    span_id = models.CharField(max_length=16)
+    start_ns = models.BigIntegerField()
+    data = models.JSONField()  # name, parent, end, status, attributes, events, resource
+    received_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["deployment", "trace_id", "span_id"], name="otelspan_unique"),
+        ]
+        indexes = [models.Index(fields=["received_at"], name="otelspan_received_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.trace_id}/{self.span_id}"

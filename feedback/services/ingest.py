@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from feedback.models import Deployment, Message, Trace, TraceSource, TraceStatus
 from feedback.services.chat_format import (
+    SERVING_KEYS,
     FieldError,
     ParsedMessage,
     json_depth_check,
@@ -288,11 +289,18 @@ def traces_insert(rows: list[dict[str, Any]]) -> list[int]:
 
 
 def _divergence(stored: list[dict[str, Any]], new: list[ParsedMessage]) -> int | None:
-    """The first position where the new messages differ from the stored ones, if any."""
+    """The first position where the new messages say something other than the stored ones,
+    if any. Serving data (latency, usage, token ids) is not what a message says: a later
+    resend that carries the same turn without it (an OpenTelemetry model call's input
+    repeats the earlier turns bare) is the same turn."""
     for i, (old, m) in enumerate(zip(stored, new, strict=False)):
-        if old != m.raw:
+        if _said(old) != _said(m.raw):
             return i
     return None
+
+
+def _said(raw: Any) -> Any:
+    return {k: v for k, v in raw.items() if k not in SERVING_KEYS} if isinstance(raw, dict) else raw
 
 
 @transaction.atomic

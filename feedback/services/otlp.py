@@ -1,0 +1,733 @@
+"""OpenTelemetry traces in: OTLP/HTTP trace exports (protobuf or JSON, gzip or not) become
+Practicum traces, so an agent that is already instrumented needs no other change than where
+its exporter sends.
+
+One OpenTelemetry trace is one Practicum trace, and its external id is the 32-hex trace id:
+the id the agent's own span context holds, so feedback can name the run by it. Within a
+trace, spans that follow the OpenTelemetry GenAI semantic conventions
+(`gen_ai.operation.name` = chat / text_completion / generate_content, messages in
+`gen_ai.input.messages`, `gen_ai.output.messages` and `gen_ai.system_instructions`) or the
+OpenInference conventions (`openinference.span.kind` = LLM, `llm.input_messages.N.message.*`,
+`llm.output_messages.N.message.*`) are its model calls, in start order: each call's input
+extends the conversation where it goes past what the trace already holds, and its output is
+the next assistant turn, with the span's model, tokens, finish reason and latency. Tool spans
+(`execute_tool`, or OpenInference TOOL) add their result after the call that asked for it
+when no later model call's input carried it. Other spans (the agent's own, HTTP, database)
+add only the trace's times, status and session.
+
+The payload is parsed with the official `opentelemetry-proto` messages; the conversation then
+goes through batch ingest (`traces_ingest`) like any other source: the same validation,
+limits and append-only rule, so spans of one run may arrive over several exports as long as
+each model call carries its input (the instrumentations do once message content capture is
+on: `OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import re
+import zlib
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from feedback.models import Deployment, OtelSpan, Trace, TraceSource
+from feedback.services.chat_format import SERVING_KEYS, parse_timestamp
+from feedback.services.ingest import strip_nul, traces_ingest
+
+MAX_SPANS = 20_000  # per export request
+MAX_SPANS_PER_TRACE = 5_000
+MAX_ERROR_CHARS = 2_000
+LLM_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
+TOOL_OPERATION = "execute_tool"
+_ROLES = frozenset({"system", "user", "assistant", "tool"})
+_OPENINFERENCE_MESSAGE = re.compile(r"^llm\.(input|output)_messages\.(\d+)\.message\.(.+)$")
+_OPENINFERENCE_CALL = re.compile(r"^tool_calls\.(\d+)\.tool_call\.(.+)$")
+_OPENINFERENCE_TOOL = re.compile(r"^llm\.tools\.(\d+)\.tool\.json_schema$")
+_MAX_INDEX = 10_000  # flattened message and call indices past this are not a conversation
+
+
+class OtlpError(ValueError):
+    """An export request that cannot be read at all (a 400), with the field and reason."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field, self.reason = field, reason
+
+
+@dataclass
+class SpanRecord:
+    trace_id: str
+    span_id: str
+    parent_id: str
+    name: str
+    start_ns: int
+    end_ns: int
+    error: bool
+    attributes: dict[str, Any]
+    events: list[tuple[str, dict[str, Any]]]
+    resource: dict[str, Any]
+
+    @property
+    def operation(self) -> str:
+        op = self.attributes.get("gen_ai.operation.name")
+        if isinstance(op, str) and op:
+            return op
+        kind = str(self.attributes.get("openinference.span.kind") or "").upper()
+        return {"LLM": "chat", "TOOL": TOOL_OPERATION}.get(kind, "")
+
+
+@dataclass
+class TraceMapping:
+    """The spans of one trace, read: an ingest item, or why there is none."""
+
+    trace_id: str
+    spans: int
+    item: dict[str, Any] | None = None
+    reason: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+# --- decoding -------------------------------------------------------------------------------
+
+
+def otlp_decode(body: bytes, *, content_type: str, content_encoding: str, max_bytes: int):
+    """The export request in `body` (an `ExportTraceServiceRequest`) and whether it came as
+    JSON. Raises `OtlpError` for a body that is not one; a gzip body may unpack to at most
+    `max_bytes`."""
+    from google.protobuf import json_format
+    from google.protobuf.message import DecodeError
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    encoding = (content_encoding or "").strip().lower()
+    if encoding == "gzip":
+        body = _gunzip(body, max_bytes)
+    elif encoding not in ("", "identity"):
+        raise OtlpError("Content-Encoding", f"{encoding[:40]!r} is not supported; send gzip or nothing")
+    kind = (content_type or "").split(";")[0].strip().lower()
+    request = ExportTraceServiceRequest()
+    if kind == "application/x-protobuf":
+        try:
+            request.ParseFromString(body)
+        except (DecodeError, RecursionError) as exc:
+            raise OtlpError("body", f"not an OTLP ExportTraceServiceRequest in protobuf: {exc}") from None
+        return request, False
+    if kind == "application/json":
+        try:
+            data = json.loads(body)
+        except (ValueError, RecursionError) as exc:
+            raise OtlpError("body", f"not valid JSON: {str(exc)[:200]}") from None
+        if not isinstance(data, dict):
+            raise OtlpError("body", "must be an OTLP ExportTraceServiceRequest object")
+        _hex_ids_to_base64(data)
+        try:
+            json_format.ParseDict(data, request, ignore_unknown_fields=True, max_recursion_depth=64)
+        except (json_format.ParseError, RecursionError) as exc:
+            raise OtlpError("body", f"not an OTLP ExportTraceServiceRequest: {str(exc)[:300]}") from None
+        return request, True
+    raise OtlpError("Content-Type", "must be application/x-protobuf or application/json")
+
+
+def _gunzip(body: bytes, max_bytes: int) -> bytes:
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = inflater.decompress(body, max_bytes + 1)
+    except zlib.error as exc:
+        raise OtlpError("body", f"not valid gzip: {exc}") from None
+    if len(out) > max_bytes or inflater.unconsumed_tail:
+        raise OtlpError("body", f"unpacks to more than {max_bytes} bytes")
+    return out
+
+
+def _hex_ids_to_base64(data: dict[str, Any]) -> None:
+    """OTLP/JSON writes trace and span ids as hex, where protobuf's JSON mapping expects
+    base64 for bytes: convert them in place before parsing."""
+    for rs in _list(data.get("resourceSpans")):
+        for ss in _list(_dict(rs).get("scopeSpans")):
+            for span in _list(_dict(ss).get("spans")):
+                span = _dict(span)
+                for key in ("traceId", "spanId", "parentSpanId"):
+                    if span.get(key):
+                        span[key] = _hex_to_base64(span[key], key)
+                for link in _list(span.get("links")):
+                    link = _dict(link)
+                    for key in ("traceId", "spanId"):
+                        if link.get(key):
+                            link[key] = _hex_to_base64(link[key], f"links.{key}")
+
+
+def _hex_to_base64(value: Any, path: str) -> str:
+    try:
+        return base64.b64encode(bytes.fromhex(value)).decode()
+    except (TypeError, ValueError, binascii.Error):
+        raise OtlpError(path, f"must be a hex string, got {str(value)[:40]!r}") from None
+
+
+def _list(value: Any) -> list:
+    return value if isinstance(value, list) else []
+
+
+def _dict(value: Any) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def any_value(value) -> Any:
+    """An OTLP AnyValue as plain Python (bytes as base64 text)."""
+    kind = value.WhichOneof("value")
+    if kind is None:
+        return None
+    if kind == "array_value":
+        return [any_value(v) for v in value.array_value.values]
+    if kind == "kvlist_value":
+        return {kv.key: any_value(kv.value) for kv in value.kvlist_value.values}
+    if kind == "bytes_value":
+        return base64.b64encode(value.bytes_value).decode()
+    return getattr(value, kind)
+
+
+def spans_of(request) -> list[SpanRecord]:
+    """Every span of an export request, with its resource's attributes."""
+    spans = []
+    for rs in request.resource_spans:
+        resource = {kv.key: any_value(kv.value) for kv in rs.resource.attributes}
+        for ss in rs.scope_spans:
+            for span in ss.spans:
+                if len(spans) >= MAX_SPANS:
+                    raise OtlpError("resourceSpans", f"more than {MAX_SPANS} spans in one request")
+                spans.append(
+                    SpanRecord(
+                        trace_id=span.trace_id.hex(),
+                        span_id=span.span_id.hex(),
+                        parent_id=span.parent_span_id.hex(),
+                        name=span.name,
+                        start_ns=span.start_time_unix_nano,
+                        end_ns=span.end_time_unix_nano,
+                        error=span.status.code == 2,  # STATUS_CODE_ERROR
+                        attributes={kv.key: any_value(kv.value) for kv in span.attributes},
+                        events=[(e.name, {kv.key: any_value(kv.value) for kv in e.attributes}) for e in span.events],
+                        resource=resource,
+                    )
+                )
+    return spans
+
+
+def export_response(*, rejected: int, message: str, as_json: bool) -> tuple[bytes, str]:
+    """The `ExportTraceServiceResponse` body and its content type."""
+    from google.protobuf import json_format
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+    response = ExportTraceServiceResponse()
+    if rejected or message:
+        response.partial_success.rejected_spans = rejected
+        response.partial_success.error_message = message[:MAX_ERROR_CHARS]
+    if as_json:
+        return json_format.MessageToJson(response, indent=None).encode(), "application/json"
+    return response.SerializeToString(), "application/x-protobuf"
+
+
+# --- spans to a conversation --------------------------------------------------------------
+
+
+def _map_trace(mapping: TraceMapping, spans: list[SpanRecord]) -> None:
+    llm = [s for s in spans if s.operation in LLM_OPERATIONS]
+    if not llm:
+        mapping.reason = "no GenAI or OpenInference model-call span in this trace"
+        return
+    conversation: list[dict[str, Any]] = []
+    tools: list[dict[str, Any]] = []
+    model = ""
+    for span in llm:
+        read = _llm_messages(span)
+        if read is None:
+            mapping.notes.append(f"span {span.span_id}: no message content")
+            continue
+        inputs, outputs = read
+        common = 0
+        while common < min(len(conversation), len(inputs)) and _plain(conversation[common]) == _plain(inputs[common]):
+            common += 1
+        conversation += inputs[common:]
+        conversation += [_with_serving(m, span) for m in outputs]
+        tools = _tool_definitions(span) or tools
+        model = _model(span) or model
+    if not conversation:
+        mapping.reason = (
+            "the model-call spans carry no message content; turn content capture on "
+            "(OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true)"
+        )
+        return
+    for span in spans:
+        if span.operation == TOOL_OPERATION:
+            _place_tool_result(conversation, span)
+    metadata: dict[str, Any] = {"otel": {"spans": len(spans)}}
+    service = next((s.resource.get("service.name") for s in spans if s.resource.get("service.name")), None)
+    if isinstance(service, str):
+        metadata["otel"]["service_name"] = service[:200]
+    for span in spans:
+        extra = _json_object(span.attributes.get("metadata"))  # OpenInference: a JSON object
+        if extra:
+            metadata.update(extra)
+        agent = span.attributes.get("gen_ai.agent.name")
+        if isinstance(agent, str) and agent:
+            metadata.setdefault("agent", agent[:200])
+    session = next(
+        (
+            str(v)[:200]
+            for s in spans
+            for v in (s.attributes.get("gen_ai.conversation.id"), s.attributes.get("session.id"))
+            if isinstance(v, str | int) and not isinstance(v, bool) and str(v)
+        ),
+        "",
+    )
+    mapping.item = {
+        "external_id": mapping.trace_id,
+        "messages": conversation,
+        "metadata": metadata,
+        "session_id": session,
+        "model": model[:200],
+        "status": "error" if any(s.error for s in spans) else "ok",
+        "started_at": _iso(min(s.start_ns for s in spans)),
+        "ended_at": _iso(max(max(s.end_ns, s.start_ns) for s in spans)),
+        **({"tools": tools} if tools else {}),
+    }
+
+
+def _plain(message: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in message.items() if k not in SERVING_KEYS}
+
+
+def _iso(ns: int) -> str | None:
+    if ns <= 0:
+        return None
+    try:
+        return datetime.fromtimestamp(ns / 1e9, tz=UTC).isoformat()
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
+def _json_value(value: Any) -> Any:
+    """An attribute that holds JSON: as a string (most instrumentations) or already structured."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except (ValueError, RecursionError):
+            return None
+    return value
+
+
+def _json_object(value: Any) -> dict[str, Any]:
+    value = _json_value(value)
+    return value if isinstance(value, dict) else {}
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return ""
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _arguments(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value if value is not None else {}, ensure_ascii=False)
+
+
+def _model(span: SpanRecord) -> str:
+    for key in ("gen_ai.response.model", "gen_ai.request.model", "llm.model_name"):
+        value = span.attributes.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return ""
+
+
+def _with_serving(message: dict[str, Any], span: SpanRecord) -> dict[str, Any]:
+    """The span's serving data on the assistant turn it produced."""
+    if message.get("role") != "assistant":
+        return message
+    a = span.attributes
+    out = dict(message)
+    if span.end_ns > span.start_ns > 0:
+        out["latency_ms"] = round((span.end_ns - span.start_ns) / 1e6, 3)
+    prompt = a.get("gen_ai.usage.input_tokens", a.get("llm.token_count.prompt"))
+    completion = a.get("gen_ai.usage.output_tokens", a.get("llm.token_count.completion"))
+    usage = {
+        k: v
+        for k, v in (("prompt_tokens", prompt), ("completion_tokens", completion))
+        if isinstance(v, int) and not isinstance(v, bool)
+    }
+    if usage:
+        out["usage"] = usage
+    reasons = a.get("gen_ai.response.finish_reasons")
+    if "finish_reason" not in out and isinstance(reasons, list) and reasons and isinstance(reasons[0], str):
+        out["finish_reason"] = reasons[0]
+    if isinstance(a.get("gen_ai.response.id"), str):
+        out["response_id"] = a["gen_ai.response.id"]
+    return out
+
+
+def _llm_messages(span: SpanRecord) -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
+    """A model call's (input, output) messages in the OpenAI chat format, from whichever
+    convention the span follows; None when it carries no content."""
+    a = span.attributes
+    if "gen_ai.input.messages" in a or "gen_ai.output.messages" in a:
+        inputs = _parts_messages(a.get("gen_ai.system_instructions"), "system")
+        for message in _list(_json_value(a.get("gen_ai.input.messages"))):
+            inputs += _from_semconv(message)
+        outputs = []
+        for message in _list(_json_value(a.get("gen_ai.output.messages"))):
+            outputs += _from_semconv({"role": "assistant", **_dict(message)})
+        return inputs, outputs
+    if any(k.startswith(("llm.input_messages.", "llm.output_messages.")) for k in a):
+        return _from_openinference(a)
+    return _from_events(span)
+
+
+def _parts_messages(value: Any, role: str) -> list[dict[str, Any]]:
+    parts = _list(_json_value(value))
+    text = "".join(str(_dict(p).get("content") or "") for p in parts if _dict(p).get("type") == "text")
+    return [{"role": role, "content": text}] if text else []
+
+
+def _from_semconv(message: Any) -> list[dict[str, Any]]:
+    """One GenAI-convention ChatMessage ({role, parts}) as OpenAI messages: its text and
+    tool calls as one message, each tool_call_response part as a tool message."""
+    message = _dict(message)
+    role = message.get("role")
+    if role not in _ROLES:
+        return []
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
+    for part in _list(message.get("parts")):
+        part = _dict(part)
+        kind = part.get("type")
+        if kind == "text":
+            texts.append(_text(part.get("content")))
+        elif kind == "tool_call":
+            calls.append(_call(part.get("id"), part.get("name"), part.get("arguments"), len(calls)))
+        elif kind == "tool_call_response":
+            results.append(
+                {"role": "tool", "tool_call_id": str(part.get("id") or ""), "content": _text(part.get("response"))}
+            )
+    out: list[dict[str, Any]] = []
+    if role == "tool" or (results and not texts and not calls):
+        return [r for r in results if r["tool_call_id"]]
+    if role == "assistant":
+        turn: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts or not calls else None}
+        if calls:
+            turn["tool_calls"] = calls
+        if isinstance(message.get("finish_reason"), str):
+            turn["finish_reason"] = message["finish_reason"]
+        out.append(turn)
+    else:
+        out.append({"role": role, "content": "".join(texts)})
+    return out + [r for r in results if r["tool_call_id"]]
+
+
+def _call(call_id: Any, name: Any, arguments: Any, index: int) -> dict[str, Any]:
+    return {
+        "id": str(call_id) if call_id else f"call_{index}",
+        "type": "function",
+        "function": {"name": str(name or ""), "arguments": _arguments(arguments)},
+    }
+
+
+def _from_openinference(a: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    flat: dict[str, dict[int, dict[str, Any]]] = {"input": {}, "output": {}}
+    for key, value in a.items():
+        m = _OPENINFERENCE_MESSAGE.match(key)
+        if m and int(m.group(2)) < _MAX_INDEX:
+            flat[m.group(1)].setdefault(int(m.group(2)), {})[m.group(3)] = value
+    sides = []
+    for side in ("input", "output"):
+        messages = []
+        for index in sorted(flat[side]):
+            fields = flat[side][index]
+            role = fields.get("role")
+            role = "assistant" if side == "output" and role is None else role
+            if role not in _ROLES:
+                continue
+            calls: dict[int, dict[str, Any]] = {}
+            for key, value in fields.items():
+                c = _OPENINFERENCE_CALL.match(key)
+                if c and int(c.group(1)) < _MAX_INDEX:
+                    calls.setdefault(int(c.group(1)), {})[c.group(2)] = value
+            content = fields.get("content")
+            if content is None:  # multimodal: message.contents.N.message_content.text
+                texts = [v for k, v in sorted(fields.items()) if k.endswith("message_content.text")]
+                content = "".join(_text(t) for t in texts) if texts else None
+            message: dict[str, Any] = {"role": role}
+            if role == "tool":
+                message["tool_call_id"] = str(fields.get("tool_call_id") or "")
+                if not message["tool_call_id"]:
+                    continue
+            tool_calls = [
+                _call(c.get("id"), c.get("function.name"), c.get("function.arguments"), i)
+                for i, c in (sorted(calls.items()) if role == "assistant" else [])
+            ]
+            message["content"] = _text(content) if content is not None or not tool_calls else None
+            if tool_calls:
+                message["tool_calls"] = tool_calls
+            messages.append(message)
+        sides.append(messages)
+    return sides[0], sides[1]
+
+
+_EVENT_ROLES = {
+    "gen_ai.system.message": "system",
+    "gen_ai.user.message": "user",
+    "gen_ai.assistant.message": "assistant",
+    "gen_ai.tool.message": "tool",
+}
+
+
+def _from_events(span: SpanRecord) -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
+    """The earlier GenAI convention: one span event per message (content, tool_calls, id)
+    and `gen_ai.choice` for the output."""
+    inputs: list[dict[str, Any]] = []
+    outputs: list[dict[str, Any]] = []
+    for name, attrs in span.events:
+        if name in _EVENT_ROLES:
+            role = _EVENT_ROLES[name]
+            message: dict[str, Any] = {"role": role, "content": _text(attrs.get("content"))}
+            calls = _list(_json_value(attrs.get("tool_calls")))
+            if role == "assistant" and calls:
+                message["tool_calls"] = [_event_call(c, i) for i, c in enumerate(calls)]
+                message["content"] = message["content"] or None
+            if role == "tool":
+                message["tool_call_id"] = str(attrs.get("id") or "")
+                if not message["tool_call_id"]:
+                    continue
+            inputs.append(message)
+        elif name == "gen_ai.choice":
+            body = _json_object(attrs.get("message"))
+            calls = _list(body.get("tool_calls") if body else _json_value(attrs.get("tool_calls")))
+            turn: dict[str, Any] = {"role": "assistant", "content": _text(body.get("content", attrs.get("content")))}
+            if calls:
+                turn["tool_calls"] = [_event_call(c, i) for i, c in enumerate(calls)]
+                turn["content"] = turn["content"] or None
+            if isinstance(attrs.get("finish_reason"), str):
+                turn["finish_reason"] = attrs["finish_reason"]
+            outputs.append(turn)
+    return (inputs, outputs) if inputs or outputs else None
+
+
+def _event_call(call: Any, index: int) -> dict[str, Any]:
+    call = _dict(call)
+    function = _dict(call.get("function"))
+    return _call(call.get("id"), function.get("name", call.get("name")), function.get("arguments"), index)
+
+
+def _tool_definitions(span: SpanRecord) -> list[dict[str, Any]]:
+    a = span.attributes
+    tools = []
+    for tool in _list(_json_value(a.get("gen_ai.tool.definitions"))):
+        tool = _dict(tool)
+        function = _dict(tool.get("function")) or tool  # OpenAI's shape or the convention's flat one
+        if isinstance(function.get("name"), str) and function["name"]:
+            spec = {"name": function["name"]}
+            if isinstance(function.get("description"), str):
+                spec["description"] = function["description"]
+            if isinstance(function.get("parameters"), dict):
+                spec["parameters"] = function["parameters"]
+            tools.append({"type": "function", "function": spec})
+    if tools:
+        return tools
+    indexed = []
+    for key, value in a.items():
+        m = _OPENINFERENCE_TOOL.match(key)
+        schema = _json_object(value) if m else {}
+        function = _dict(schema.get("function")) or schema
+        if m and isinstance(function.get("name"), str) and function["name"]:
+            parameters = function.get("parameters")
+            spec = {"name": function["name"], **({"parameters": parameters} if isinstance(parameters, dict) else {})}
+            indexed.append((int(m.group(1)), {"type": "function", "function": spec}))
+    return [t for _, t in sorted(indexed, key=lambda x: x[0])]
+
+
+def _place_tool_result(conversation: list[dict[str, Any]], span: SpanRecord) -> None:
+    """A tool span's result after the assistant turn whose call it answers (by call id, else
+    the first unanswered call of its name), unless a tool message already answers it."""
+    a = span.attributes
+    result = a.get("gen_ai.tool.call.result", a.get("output.value"))
+    if result is None:
+        return
+    call_id = a.get("gen_ai.tool.call.id", a.get("tool_call.id"))
+    name = a.get("gen_ai.tool.name", a.get("tool.name"))
+    answered = {m.get("tool_call_id") for m in conversation if m.get("role") == "tool"}
+    for i, message in enumerate(conversation):
+        if message.get("role") != "assistant":
+            continue
+        for call in message.get("tool_calls") or []:
+            matches = call["id"] == call_id if call_id else call["function"]["name"] == name
+            if not matches or call["id"] in answered:
+                continue
+            at = i + 1
+            while at < len(conversation) and conversation[at].get("role") == "tool":
+                at += 1
+            conversation.insert(at, {"role": "tool", "tool_call_id": call["id"], "content": _text(result)})
+            return
+
+
+# --- the service --------------------------------------------------------------------------
+
+
+@dataclass
+class OtlpResult:
+    traces: dict[str, int]  # created / appended / exists / held / error: how many traces
+    rejected_spans: int
+    error_message: str
+
+
+def _record_data(span: SpanRecord) -> dict[str, Any]:
+    return {
+        "name": span.name,
+        "parent": span.parent_id,
+        "end_ns": span.end_ns,
+        "error": span.error,
+        "attributes": span.attributes,
+        "events": [list(e) for e in span.events],
+        "resource": span.resource,
+    }
+
+
+def _record_of(row: OtelSpan) -> SpanRecord:
+    d = row.data
+    return SpanRecord(
+        trace_id=row.trace_id,
+        span_id=row.span_id,
+        parent_id=d.get("parent", ""),
+        name=d.get("name", ""),
+        start_ns=row.start_ns,
+        end_ns=d.get("end_ns", 0),
+        error=bool(d.get("error")),
+        attributes=d.get("attributes") or {},
+        events=[(e[0], e[1]) for e in d.get("events") or []],
+        resource=d.get("resource") or {},
+    )
+
+
+def _genai(span: SpanRecord) -> bool:
+    return span.operation in LLM_OPERATIONS or span.operation == TOOL_OPERATION
+
+
+def otlp_ingest(*, deployment: Deployment, request, now: datetime | None = None) -> OtlpResult:
+    """Store the spans of a decoded export request (`otlp_decode`) for `deployment` and
+    (re)build each trace they belong to from all of its spans so far.
+
+    A trace's spans are kept (`OtelSpan`) once one of them is a model call or a tool call,
+    and its conversation is read from all of them: the tool span that arrived in its own
+    export and the agent's span that ends last each find their trace. A trace with only tool
+    spans so far is held, not rejected. Rejected, with the reason per trace: spans of a trace
+    with no GenAI span, or whose model calls carry no content, or that ingest refuses (its
+    stored turns are never rewritten). Two exports of one trace take turns (a lock per
+    trace), so neither rebuilds it without the other's spans."""
+    now = now or timezone.now()
+    incoming: dict[str, list[SpanRecord]] = defaultdict(list)
+    for span in spans_of(request):
+        incoming[span.trace_id].append(span)
+    counts = {s: 0 for s in ("created", "exists", "appended", "held", "error")}
+    rejected = 0
+    reasons: list[str] = []
+
+    def reject(trace_id: str, spans: int, reason: str) -> None:
+        nonlocal rejected
+        counts["error"] += 1
+        rejected += spans
+        reasons.append(f"trace {trace_id}: {reason}")
+
+    with transaction.atomic():
+        valid = []
+        for trace_id in sorted(incoming):
+            if not re.fullmatch(r"[0-9a-f]{32}", trace_id) or trace_id == "0" * 32:
+                reject(trace_id or "(none)", len(incoming[trace_id]), "traceId: must be 16 bytes, not all zero")
+            else:
+                valid.append(trace_id)
+                _trace_lock(deployment.pk, trace_id)
+        stored: dict[str, dict[str, SpanRecord]] = defaultdict(dict)
+        for row in OtelSpan.objects.filter(deployment=deployment, trace_id__in=valid).order_by("start_ns", "id"):
+            stored[row.trace_id][row.span_id] = _record_of(row)
+        mappings: list[tuple[TraceMapping, list[SpanRecord]]] = []
+        for trace_id in valid:
+            new = [s for s in incoming[trace_id] if s.span_id not in stored[trace_id]]  # a retry adds nothing
+            spans = [*stored[trace_id].values(), *new]
+            if not any(_genai(s) for s in spans):
+                reject(trace_id, len(incoming[trace_id]), "no GenAI or OpenInference model-call span in this trace")
+                continue
+            if len(spans) > MAX_SPANS_PER_TRACE:
+                reject(trace_id, len(new), f"more than {MAX_SPANS_PER_TRACE} spans in one trace")
+                continue
+            mapping = TraceMapping(trace_id=trace_id, spans=len(incoming[trace_id]))
+            _map_trace(mapping, sorted(spans, key=lambda s: (s.start_ns, s.end_ns)))
+            if mapping.item is None and not any(s.operation in LLM_OPERATIONS for s in spans):
+                counts["held"] += 1  # tool spans before their model call's export
+            elif mapping.item is None:
+                reject(trace_id, len(incoming[trace_id]), mapping.reason)
+                continue
+            OtelSpan.objects.bulk_create(
+                [
+                    OtelSpan(
+                        deployment=deployment,
+                        trace_id=trace_id,
+                        span_id=s.span_id[:16],
+                        start_ns=min(s.start_ns, 2**63 - 1),
+                        data=_record_data(s),
+                        received_at=now,
+                    )
+                    for s in new
+                ],
+                ignore_conflicts=True,
+            )
+            if mapping.item is not None:
+                mappings.append((mapping, spans))
+                if mapping.notes:
+                    reasons.append(f"trace {trace_id}: " + "; ".join(mapping.notes[:3]))
+        results = traces_ingest(deployment=deployment, items=[m.item for m, _ in mappings], source=TraceSource.OTEL)
+        for (mapping, _spans), result in zip(mappings, results, strict=True):
+            if result.status == "error":
+                reject(
+                    mapping.trace_id, mapping.spans, "; ".join(f"{e['field']}: {e['reason']}" for e in result.errors)
+                )
+                continue
+            counts[result.status] += 1
+            _trace_fields_update(result.trace_id, mapping.item)
+    OtelSpan.objects.filter(
+        pk__in=OtelSpan.objects.filter(received_at__lt=now - timedelta(seconds=settings.OTEL_SPAN_RETENTION_SECONDS))
+        .order_by("received_at")
+        .values("pk")[:1000]
+    ).delete()
+    return OtlpResult(traces=counts, rejected_spans=rejected, error_message="; ".join(reasons)[:MAX_ERROR_CHARS])
+
+
+def _trace_lock(deployment_id: int, trace_id: str) -> None:
+    """Hold this trace's lock until the transaction ends (PostgreSQL; SQLite writes one at a time)."""
+    if connection.vendor == "postgresql":
+        key = int.from_bytes(
+            hashlib.blake2b(f"otel:{deployment_id}:{trace_id}".encode(), digest_size=8).digest(), "big", signed=True
+        )
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [key])
+
+
+def _trace_fields_update(trace_pk: int, item: dict[str, Any]) -> None:
+    """What a later span tells about the whole run (its session, its end, an error, the
+    agent's name), on a trace ingest found stored."""
+    trace = Trace.objects.only("metadata", "ended_at").get(pk=trace_pk)
+    ended = parse_timestamp(item.get("ended_at"), "ended_at")
+    fields = {
+        "metadata": strip_nul({**trace.metadata, **item["metadata"]}),
+        "status": item["status"],
+        "ended_at": max(filter(None, (trace.ended_at, ended)), default=None),
+    }
+    if item.get("session_id"):
+        fields["session_id"] = item["session_id"]
+    if item.get("model"):
+        fields["model_name"] = item["model"]
+    Trace.objects.filter(pk=trace_pk).update(**fields)

@@ -1,0 +1,310 @@
+"""POST /api/v1/otel/v1/traces: an agent instrumented with OpenTelemetry sends its spans with
+the real SDK's OTLP/HTTP exporter, and each run becomes one trace with its turns in order."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import httpx
+import pytest
+from opentelemetry.exporter.otlp.proto.http import Compression
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+
+from feedback.models import Trace, TraceSource
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+PATH = "/api/v1/otel/v1/traces"
+TOOLS = [{"type": "function", "name": "lookup_order", "parameters": {"type": "object"}}]
+SYSTEM = [{"type": "text", "content": "You are Acme's support agent."}]
+USER = {"role": "user", "parts": [{"type": "text", "content": "Where is order <b>A1042</b>?"}]}
+CALL = {
+    "role": "assistant",
+    "parts": [{"type": "tool_call", "id": "call_1", "name": "lookup_order", "arguments": {"order_id": "A1042"}}],
+}
+RESULT = {
+    "role": "tool",
+    "parts": [{"type": "tool_call_response", "id": "call_1", "response": '{"status": "shipped"}'}],
+}
+ANSWER = {"role": "assistant", "parts": [{"type": "text", "content": "It has shipped."}], "finish_reason": "stop"}
+
+
+def tracer(url: str, key: str, *, compression=Compression.NoCompression):
+    provider = TracerProvider(resource=Resource.create({"service.name": "support-agent"}))
+    exporter = OTLPSpanExporter(
+        endpoint=url + PATH, headers={"Authorization": f"Bearer {key}"}, compression=compression
+    )
+    results: list[SpanExportResult] = []
+    export = exporter.export
+    exporter.export = lambda spans: results.append(export(spans)) or results[-1]
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider.get_tracer("support-agent"), provider, results
+
+
+def chat(tracer, inputs, outputs, *, model="smollm2", tokens=(40, 8), with_tools=True):
+    with tracer.start_as_current_span("chat smollm2") as span:
+        span.set_attribute("gen_ai.operation.name", "chat")
+        span.set_attribute("gen_ai.request.model", model)
+        span.set_attribute("gen_ai.response.model", model)
+        span.set_attribute("gen_ai.usage.input_tokens", tokens[0])
+        span.set_attribute("gen_ai.usage.output_tokens", tokens[1])
+        span.set_attribute("gen_ai.response.finish_reasons", ["stop"])
+        span.set_attribute("gen_ai.system_instructions", json.dumps(SYSTEM))
+        span.set_attribute("gen_ai.input.messages", json.dumps(inputs))
+        span.set_attribute("gen_ai.output.messages", json.dumps(outputs))
+        if with_tools:
+            span.set_attribute("gen_ai.tool.definitions", json.dumps(TOOLS))
+
+
+def tool(tracer, call_id, result):
+    with tracer.start_as_current_span("execute_tool lookup_order") as span:
+        span.set_attribute("gen_ai.operation.name", "execute_tool")
+        span.set_attribute("gen_ai.tool.name", "lookup_order")
+        span.set_attribute("gen_ai.tool.call.id", call_id)
+        span.set_attribute("gen_ai.tool.call.result", result)
+
+
+def test_an_instrumented_agent_run_is_one_trace_with_its_turns_tool_results_and_serving_data(
+    live_server, deployment, ingest_key
+):
+    t, provider, results = tracer(live_server.url, ingest_key, compression=Compression.Gzip)
+    with t.start_as_current_span("invoke_agent support") as run:
+        run.set_attribute("gen_ai.operation.name", "invoke_agent")
+        run.set_attribute("gen_ai.agent.name", "support")
+        run.set_attribute("gen_ai.conversation.id", "customer-17")
+        chat(t, [USER], [CALL])
+        # This instrumentation records tool results on tool spans, not in the next input.
+        tool(t, "call_1", '{"status": "shipped"}')
+        chat(t, [USER, CALL], [ANSWER], tokens=(60, 5))
+        trace_id = format(run.get_span_context().trace_id, "032x")
+    provider.shutdown()
+
+    assert results and all(r is SpanExportResult.SUCCESS for r in results)
+    trace = Trace.objects.get(deployment=deployment, external_id=trace_id)
+    assert (trace.source, trace.session_id, trace.model_name) == (TraceSource.OTEL, "customer-17", "smollm2")
+    assert trace.metadata["agent"] == "support" and trace.metadata["otel"]["service_name"] == "support-agent"
+    messages = list(trace.messages.order_by("position"))
+    assert [m.role for m in messages] == ["system", "user", "assistant", "tool", "assistant"]
+    assert messages[1].content == "Where is order <b>A1042</b>?"
+    assert messages[2].tool_calls[0]["function"] == {"name": "lookup_order", "arguments": '{"order_id": "A1042"}'}
+    assert messages[3].tool_call_id == "call_1" and messages[3].content == '{"status": "shipped"}'
+    assert messages[4].content == "It has shipped." and messages[4].usage == {
+        "prompt_tokens": 60,
+        "completion_tokens": 5,
+    }
+    assert messages[4].latency_ms is not None and messages[4].latency_ms >= 0
+    assert trace.tools[0]["function"]["name"] == "lookup_order"
+    assert trace.ended_at >= trace.started_at
+
+
+def test_a_run_exported_over_several_requests_grows_one_trace_and_a_retry_changes_nothing(
+    live_server, deployment, ingest_key
+):
+    t, provider, results = tracer(live_server.url, ingest_key)
+    with t.start_as_current_span("invoke_agent support") as run:
+        chat(t, [USER], [CALL])  # each span is its own export (SimpleSpanProcessor)
+        trace_id = format(run.get_span_context().trace_id, "032x")
+        assert Trace.objects.get(external_id=trace_id).message_count == 3
+        chat(t, [USER, CALL, RESULT], [ANSWER])
+    provider.shutdown()
+
+    trace = Trace.objects.get(external_id=trace_id)
+    assert [m.role for m in trace.messages.order_by("position")] == ["system", "user", "assistant", "tool", "assistant"]
+    assert len(results) == 3 and all(r is SpanExportResult.SUCCESS for r in results)
+
+
+def _export(url, key, body: bytes, content_type="application/x-protobuf", **headers):
+    return httpx.post(
+        url + PATH, content=body, headers={"Authorization": f"Bearer {key}", "Content-Type": content_type, **headers}
+    )
+
+
+def _request_of(spans_json: list[dict]) -> dict:
+    return {
+        "resourceSpans": [
+            {
+                "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "agent"}}]},
+                "scopeSpans": [{"scope": {"name": "openinference"}, "spans": spans_json}],
+            }
+        ]
+    }
+
+
+def _attrs(values: dict) -> list[dict]:
+    out = []
+    for k, v in values.items():
+        kind = "intValue" if isinstance(v, int) else "stringValue"
+        out.append({"key": k, "value": {kind: str(v) if kind == "intValue" else v}})
+    return out
+
+
+def test_otlp_json_with_openinference_attributes_is_read_and_answered_in_json(live_server, deployment, ingest_key):
+    trace_id = "5b8efff798038103d269b633813fc60c"
+    span = {
+        "traceId": trace_id,
+        "spanId": "eee19b7ec3c1b174",
+        "name": "ChatCompletion",
+        "startTimeUnixNano": "1764700000000000000",
+        "endTimeUnixNano": "1764700000500000000",
+        "attributes": _attrs(
+            {
+                "openinference.span.kind": "LLM",
+                "llm.model_name": "gpt-4o-mini",
+                "llm.input_messages.0.message.role": "system",
+                "llm.input_messages.0.message.content": "Be brief.",
+                "llm.input_messages.1.message.role": "user",
+                "llm.input_messages.1.message.content": "Refund A7?",
+                "llm.output_messages.0.message.role": "assistant",
+                "llm.output_messages.0.message.tool_calls.0.tool_call.id": "c9",
+                "llm.output_messages.0.message.tool_calls.0.tool_call.function.name": "issue_refund",
+                "llm.output_messages.0.message.tool_calls.0.tool_call.function.arguments": '{"order_id": "A7"}',
+                "llm.token_count.prompt": 12,
+                "llm.token_count.completion": 7,
+                "session.id": "s-9",
+            }
+        ),
+    }
+
+    answer = _export(live_server.url, ingest_key, json.dumps(_request_of([span])).encode(), "application/json")
+
+    assert answer.status_code == 200 and answer.headers["content-type"] == "application/json"
+    assert answer.json() == {}  # nothing rejected
+    trace = Trace.objects.get(external_id=trace_id)
+    assert (trace.model_name, trace.session_id) == ("gpt-4o-mini", "s-9")
+    turns = list(trace.messages.order_by("position"))
+    assert [m.role for m in turns] == ["system", "user", "assistant"]
+    assert turns[2].tool_calls[0]["function"]["name"] == "issue_refund" and turns[2].latency_ms == 500.0
+
+
+def test_spans_without_message_content_are_rejected_with_the_reason_and_the_others_kept(
+    live_server, deployment, ingest_key
+):
+    t, provider, _results = tracer(live_server.url, ingest_key)
+    with t.start_as_current_span("chat smollm2") as bare:  # content capture off: no messages
+        bare.set_attribute("gen_ai.operation.name", "chat")
+        bare_id = format(bare.get_span_context().trace_id, "032x")
+    provider.shutdown()
+    request = ExportTraceServiceRequest()
+    span = request.resource_spans.add().scope_spans.add().spans.add()
+    span.trace_id, span.span_id, span.name = bytes.fromhex("ab" * 16), bytes.fromhex("cd" * 8), "chat"
+    span.attributes.add(key="gen_ai.operation.name").value.string_value = "chat"
+    http = request.resource_spans[0].scope_spans[0].spans.add()  # a plain HTTP span: no model call
+    http.trace_id, http.span_id, http.name = bytes.fromhex("ef" * 16), bytes.fromhex("01" * 8), "GET /"
+
+    answer = _export(live_server.url, ingest_key, request.SerializeToString())
+
+    assert answer.status_code == 200 and answer.headers["content-type"] == "application/x-protobuf"
+    partial = ExportTraceServiceResponse.FromString(answer.content).partial_success
+    assert partial.rejected_spans == 2
+    assert "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT" in partial.error_message
+    assert "no GenAI or OpenInference model-call span" in partial.error_message
+    assert not Trace.objects.filter(external_id__in=[bare_id, "ab" * 16, "ef" * 16]).exists()
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "status", "field"),
+    [
+        (b"\x0a\x05garbage", {}, 400, "body"),
+        (b"{not json", {"Content-Type": "application/json"}, 400, "body"),
+        (
+            json.dumps(_request_of([{"traceId": "zz", "spanId": "01"}])).encode(),
+            {"Content-Type": "application/json"},
+            400,
+            "traceId",
+        ),
+        (b"not gzip", {"Content-Encoding": "gzip"}, 400, "body"),
+        (b"x", {"Content-Encoding": "br"}, 400, "Content-Encoding"),
+        (b"x", {"Content-Type": "text/plain"}, 415, "Content-Type"),
+    ],
+)
+def test_a_body_that_is_not_an_export_is_a_clear_error(
+    live_server, deployment, ingest_key, body, headers, status, field
+):
+    answer = _export(live_server.url, ingest_key, body, **({"Content-Type": "application/x-protobuf"} | headers))
+
+    assert answer.status_code == status, answer.text
+    assert answer.json()["errors"][0]["field"] == field
+    assert not Trace.objects.exists()
+
+
+def test_a_gzip_bomb_is_refused_and_a_key_without_the_ingest_scope_is_forbidden(
+    live_server, deployment, make_key, settings
+):
+    key = make_key(deployment, ["ingest"])
+    settings.INGEST_MAX_BODY_BYTES = 10_000
+    bomb = gzip.compress(b"\x00" * 1_000_000)
+    assert len(bomb) < 10_000
+
+    answer = _export(live_server.url, key, bomb, **{"Content-Encoding": "gzip"})
+
+    assert answer.status_code == 400 and "unpacks to more than 10000 bytes" in answer.json()["errors"][0]["reason"]
+    feedback_only = make_key(deployment, ["feedback"])
+    assert _export(live_server.url, feedback_only, b"").status_code == 403
+    assert httpx.post(live_server.url + PATH, content=b"").status_code in (401, 403)
+
+
+def _recorded_export(build) -> bytes:
+    """The protobuf body the SDK's exporter sends for the spans `build(tracer)` makes."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "support-agent"}))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    build(provider.get_tracer("support-agent"))
+    provider.shutdown()
+    return encode_spans(memory.get_finished_spans()).SerializeToString()
+
+
+def test_a_resent_export_is_stored_once_and_a_tool_span_ahead_of_its_model_call_is_held(
+    live_server, deployment, ingest_key
+):
+    def run(t):
+        with t.start_as_current_span("invoke_agent support"):
+            chat(t, [USER], [CALL])
+
+    body = _recorded_export(run)
+    for _ in range(2):  # the exporter retries after a timeout
+        answer = _export(live_server.url, ingest_key, body)
+        assert (
+            answer.status_code == 200
+            and not ExportTraceServiceResponse.FromString(answer.content).partial_success.rejected_spans
+        )
+    (trace,) = Trace.objects.all()
+    assert trace.message_count == 3
+
+    def tool_first(t):
+        with t.start_as_current_span("invoke_agent support"):
+            tool(t, "call_7", "ok")
+
+    answer = _export(live_server.url, ingest_key, _recorded_export(tool_first))
+    assert not ExportTraceServiceResponse.FromString(answer.content).partial_success.rejected_spans
+    assert Trace.objects.count() == 1  # held until its model call arrives
+
+
+def test_the_earlier_event_convention_is_read_too(live_server, deployment, ingest_key):
+    def run(t):
+        with t.start_as_current_span("chat gpt") as span:
+            span.set_attribute("gen_ai.operation.name", "chat")
+            span.set_attribute("gen_ai.request.model", "gpt-4o-mini")
+            span.add_event("gen_ai.system.message", {"content": "Be kind."})
+            span.add_event("gen_ai.user.message", {"content": "Hi"})
+            span.add_event("gen_ai.choice", {"message": json.dumps({"content": "Hello!"}), "finish_reason": "stop"})
+
+    assert _export(live_server.url, ingest_key, _recorded_export(run)).status_code == 200
+
+    (trace,) = Trace.objects.all()
+    assert [(m.role, m.content) for m in trace.messages.order_by("position")] == [
+        ("system", "Be kind."),
+        ("user", "Hi"),
+        ("assistant", "Hello!"),
+    ]
+    assert trace.messages.get(position=2).finish_reason == "stop"
