@@ -63,6 +63,7 @@ format: install ## apply ruff's formatting and fixes
 
 bench: install ## run the benchmarks under bench/ (needs PostgreSQL)
 	DATABASE_URL="$(or $(TEST_DATABASE_URL),$(PG_URL))" $(PY) bench/ingest.py
+	DATABASE_URL="$(or $(TEST_DATABASE_URL),$(PG_URL))" $(PY) bench/otlp.py
 	DATABASE_URL="$(or $(TEST_DATABASE_URL),$(PG_URL))" $(PY) bench/gateway.py
 	DATABASE_URL="$(or $(TEST_DATABASE_URL),$(PG_URL))" nice -n 10 $(PY) bench/list_page.py
 	$(PY) bench/failure_clusters.py

@@ -1,0 +1,237 @@
+"""OTLP ingest throughput beside the batch API, side by side on the same conversations.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/practicum .venv/bin/python bench/otlp.py
+
+Each agent run is a system prompt, a question, three tool rounds and an answer (9 messages). As the
+batch API gets it: one trace item. As an instrumented agent exports it (OpenTelemetry GenAI
+conventions): an agent span, four chat spans whose input repeats the conversation so far,
+and three tool spans — 8 spans, one export request per 50 runs (what the SDK's batch
+processor sends). Both go to uvicorn (--workers, default 2) from --clients concurrent
+clients; rounds alternate OTLP and batch so machine noise hits both. Prints runs/s for both,
+spans/s for OTLP, and the ratio. Uses its own database (<name>_bench), recreated each run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import orjson
+
+logging.getLogger("httpx").setLevel(logging.WARNING)
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from support import fresh_database  # noqa: E402  (bench/, the script's own folder)
+
+RUNS_PER_REQUEST = 50
+SPANS_PER_RUN = 8
+
+
+def conversation(i: int, size: int) -> list[dict]:
+    filler = ("lorem ipsum dolor sit amet " * (size // 27 + 1))[:size]
+    messages = [{"role": "system", "content": filler}, {"role": "user", "content": f"order {i}: {filler}"}]
+    for k in range(3):
+        call = {"id": f"call_{k}", "type": "function", "function": {"name": "lookup", "arguments": f'{{"n": {k}}}'}}
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"call_{k}", "content": filler},
+        ]
+    return [*messages, {"role": "assistant", "content": filler}]
+
+
+def _parts(message: dict) -> dict:
+    if message["role"] == "tool":
+        return {
+            "role": "tool",
+            "parts": [{"type": "tool_call_response", "id": message["tool_call_id"], "response": message["content"]}],
+        }
+    parts = [{"type": "text", "content": message["content"]}] if message.get("content") else []
+    for c in message.get("tool_calls") or []:
+        parts.append(
+            {"type": "tool_call", "id": c["id"], "name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+        )
+    return {"role": message["role"], "parts": parts}
+
+
+def otlp_body(tag: str, size: int) -> bytes:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    request = ExportTraceServiceRequest()
+    scope = request.resource_spans.add().scope_spans.add()
+    t0 = time.time_ns()
+    for i in range(RUNS_PER_REQUEST):
+        trace_id = uuid.uuid5(uuid.NAMESPACE_URL, f"{tag}-{i}").bytes
+        messages = conversation(i, size)
+        root = scope.spans.add(
+            trace_id=trace_id,
+            span_id=os.urandom(8),
+            name="invoke_agent",
+            start_time_unix_nano=t0,
+            end_time_unix_nano=t0 + 9_000,
+        )
+        root.attributes.add(key="gen_ai.operation.name").value.string_value = "invoke_agent"
+        # A chat span before each assistant turn; a tool span after each call.
+        for at, message in enumerate(messages):
+            start = t0 + at * 1000
+            if message["role"] == "assistant":
+                span = scope.spans.add(
+                    trace_id=trace_id,
+                    span_id=os.urandom(8),
+                    parent_span_id=root.span_id,
+                    name="chat",
+                    start_time_unix_nano=start,
+                    end_time_unix_nano=start + 500,
+                )
+                attrs = {
+                    "gen_ai.operation.name": "chat",
+                    "gen_ai.request.model": "bench-model",
+                    "gen_ai.system_instructions": json.dumps([{"type": "text", "content": messages[0]["content"]}]),
+                    "gen_ai.input.messages": json.dumps([_parts(m) for m in messages[1:at]]),
+                    "gen_ai.output.messages": json.dumps([_parts(message)]),
+                }
+                for k, v in attrs.items():
+                    span.attributes.add(key=k).value.string_value = v
+                span.attributes.add(key="gen_ai.usage.output_tokens").value.int_value = 20
+            elif message["role"] == "tool":
+                span = scope.spans.add(
+                    trace_id=trace_id,
+                    span_id=os.urandom(8),
+                    parent_span_id=root.span_id,
+                    name="execute_tool",
+                    start_time_unix_nano=start,
+                    end_time_unix_nano=start + 200,
+                )
+                for k, v in (
+                    ("gen_ai.operation.name", "execute_tool"),
+                    ("gen_ai.tool.call.id", message["tool_call_id"]),
+                    ("gen_ai.tool.call.result", message["content"]),
+                ):
+                    span.attributes.add(key=k).value.string_value = v
+    return request.SerializeToString()
+
+
+def batch_body(tag: str, size: int) -> bytes:
+    traces = [
+        {"external_id": f"{tag}-{i}", "model": "bench-model", "messages": conversation(i, size)}
+        for i in range(RUNS_PER_REQUEST)
+    ]
+    return orjson.dumps({"traces": traces})
+
+
+def create_key(db_url: str) -> str:
+    os.environ["DATABASE_URL"] = db_url
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+    import django
+
+    django.setup()
+    from feedback.services.api_keys import api_key_create
+    from feedback.services.deployments import deployment_get_or_create
+
+    return api_key_create(deployment=deployment_get_or_create(name="bench"), scopes=["ingest"]).plaintext
+
+
+def send_all(base: str, key: str, bodies: list[bytes], clients: int, *, otlp: bool) -> float:
+    path, kind = (
+        ("/api/v1/otel/v1/traces", "application/x-protobuf") if otlp else ("/api/v1/traces", "application/json")
+    )
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": kind}
+
+    def send(body: bytes) -> None:
+        r = http.post(base + path, content=body, headers=headers)
+        if otlp:
+            from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+            ok = (
+                r.status_code == 200
+                and not ExportTraceServiceResponse.FromString(r.content).partial_success.rejected_spans
+            )
+        else:
+            ok = r.status_code == 207 and r.json()["created"] == RUNS_PER_REQUEST
+        if not ok:
+            raise RuntimeError(f"{path} failed: {r.status_code} {r.content[:300]!r}")
+
+    with httpx.Client(timeout=120, limits=httpx.Limits(max_connections=clients)) as http:
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(clients) as pool:
+            list(pool.map(send, bodies))
+        return time.perf_counter() - t0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=20, help="requests of 50 runs per round and side")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
+    parser.add_argument("--port", type=int, default=8766)
+    args = parser.parse_args()
+
+    base_url = os.environ.get("DATABASE_URL", "")
+    if not base_url.startswith("postgres"):
+        sys.exit("bench/otlp.py needs DATABASE_URL=postgres://…")
+    db_url = fresh_database(base_url, "_bench")
+    key = create_key(db_url)
+    server = subprocess.Popen(
+        [str(Path(sys.executable).parent / "uvicorn"), "webapp.asgi:application", "--port", str(args.port),
+         "--workers", str(args.workers), "--log-level", "warning", "--no-access-log"],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": db_url},
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{args.port}"
+    try:
+        for _ in range(100):
+            try:
+                httpx.get(f"{base}/healthz", timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        print(
+            f"{'message':>8} {'round':>5} {'OTLP runs/s':>12} {'OTLP spans/s':>13} {'batch runs/s':>13} {'OTLP/batch':>11}"
+        )
+        for size in (200, 2000):
+            send_all(base, key, [otlp_body(f"w{size}", size)], 1, otlp=True)
+            send_all(base, key, [batch_body(f"w{size}", size)], 1, otlp=False)
+            otlp_rates, batch_rates = [], []
+            for r in range(args.rounds):
+                runs = args.requests * RUNS_PER_REQUEST
+                otlp_s = send_all(
+                    base,
+                    key,
+                    [otlp_body(f"o{size}-{r}-{b}", size) for b in range(args.requests)],
+                    args.clients,
+                    otlp=True,
+                )
+                batch_s = send_all(
+                    base,
+                    key,
+                    [batch_body(f"b{size}-{r}-{b}", size) for b in range(args.requests)],
+                    args.clients,
+                    otlp=False,
+                )
+                otlp_rates.append(runs / otlp_s)
+                batch_rates.append(runs / batch_s)
+                print(
+                    f"{size:>7}B {r:>5} {otlp_rates[-1]:>12.0f} {otlp_rates[-1] * SPANS_PER_RUN:>13.0f} "
+                    f"{batch_rates[-1]:>13.0f} {otlp_rates[-1] / batch_rates[-1]:>11.2f}"
+                )
+            o, b = statistics.median(otlp_rates), statistics.median(batch_rates)
+            print(f"{size:>7}B median {o:>11.0f} {o * SPANS_PER_RUN:>13.0f} {b:>13.0f} {o / b:>11.2f}")
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+if __name__ == "__main__":
+    main()
