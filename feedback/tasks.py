@@ -27,17 +27,6 @@ def judge_result_run_task(result_id: int) -> None:
         judge_run(result=result)
 
 
-@shared_task(name="feedback.judge_fail_stale", queue="default", ignore_result=True)
-def judge_fail_stale_task() -> None:
-    """The periodic sweep: judgements and judge jobs left `running` by a worker that died
-    are failed."""
-    from feedback.services.judge_jobs import judge_jobs_fail_stale
-    from feedback.services.judging import judge_results_fail_stale
-
-    judge_results_fail_stale()
-    judge_jobs_fail_stale()
-
-
 @shared_task(name="feedback.judge_job_run", queue="default")
 def judge_job_run_task(job_id: int) -> None:
     from feedback.services.judge_jobs import judge_job_run

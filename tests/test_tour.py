@@ -13,10 +13,11 @@ from feedback.models import JudgeResult, JudgeStatus
 from feedback.services.review import comment_add
 from tests.factories import DeploymentFactory, MessageFactory, TraceFactory, user_with_role
 from tests.promotion.conftest import evaluation_row, make_adapter_folder
-from training.models import JobStatus, TrainingJob
+from training.models import TrainingJob
 from training.models_promotion import PromotionRequest, PromotionStatus
 from training.services.models import base_model_register, live_version_set, model_version_create
 from training.services.training_sets import training_set_create
+from webapp.work import WorkStatus
 
 pytestmark = pytest.mark.django_db
 
@@ -112,7 +113,7 @@ def test_the_steps_tick_as_the_loop_goes_round(tour_page, operator, tmp_path):
     )
     job = TrainingJob.objects.create(
         kind="grpo",
-        status=JobStatus.RUNNING,
+        status=WorkStatus.RUNNING,
         config={"kind": "grpo", "steps": 4},
         base_version=base_version,
         training_set=training_set,
@@ -122,7 +123,7 @@ def test_the_steps_tick_as_the_loop_goes_round(tour_page, operator, tmp_path):
     html = tour_page()
     assert "job" not in done_steps(html) and "step 1/4" in html
     assert 'hx-trigger="every 3s"' in html  # the page follows a running job
-    job.status, job.result_version, job.finished_at = JobStatus.FINISHED, candidate, timezone.now()
+    job.status, job.result_version, job.finished_at = WorkStatus.FINISHED, candidate, timezone.now()
     job.save()
     html = tour_page()
     assert done_steps(html)[-1] == "job" and "candidate smol-v1" in html

@@ -6,6 +6,8 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from webapp.work import WorkStatus
+
 
 class BaseModel(models.Model):
     """A local folder of Hugging Face weights (no hub downloads happen at run time)."""
@@ -215,17 +217,7 @@ class JobKind(models.TextChoices):
     EPISODES = "episodes", "Full-episode GRPO (environment)"
 
 
-class JobStatus(models.TextChoices):
-    QUEUED = "queued", "Queued"
-    RUNNING = "running", "Running"
-    CANCELLING = "cancelling", "Cancelling"
-    CANCELLED = "cancelled", "Cancelled"
-    STOPPED = "stopped", "Stopped by a monitor"
-    FINISHED = "finished", "Finished"
-    FAILED = "failed", "Failed"
-
-
-ACTIVE_JOB_STATUSES = (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.CANCELLING)
+ACTIVE_JOB_STATUSES = (WorkStatus.QUEUED, WorkStatus.RUNNING, WorkStatus.CANCELLING)
 # What a job does, phase by phase (`TrainingJob.phase["name"]`), in words.
 PHASE_LABELS = {
     "queued": "waiting for a worker",
@@ -244,7 +236,7 @@ class TrainingJob(models.Model):
     config, heartbeat, progress, latest metrics and the last checkpoint."""
 
     kind = models.CharField(max_length=10, choices=JobKind.choices)
-    status = models.CharField(max_length=12, choices=JobStatus.choices, default=JobStatus.QUEUED)
+    status = models.CharField(max_length=12, choices=WorkStatus.choices, default=WorkStatus.QUEUED)
     config = models.JSONField(help_text="the job's typed config (training.grpo.config), as JSON")
     training_set = models.ForeignKey(TrainingSet, null=True, blank=True, on_delete=models.PROTECT, related_name="jobs")
     base_version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="training_jobs")

@@ -18,17 +18,9 @@ from django.db import models
 from django.utils import timezone
 
 from training.models import ModelVersion
+from webapp.work import WorkStatus
 
-
-class EvaluationStatus(models.TextChoices):
-    QUEUED = "queued", "Queued"
-    RUNNING = "running", "Running"
-    FINISHED = "finished", "Finished"
-    FAILED = "failed", "Failed"
-    CANCELLED = "cancelled", "Cancelled"
-
-
-ACTIVE_EVALUATION_STATUSES = (EvaluationStatus.QUEUED, EvaluationStatus.RUNNING)
+ACTIVE_EVALUATION_STATUSES = (WorkStatus.QUEUED, WorkStatus.RUNNING)
 
 
 class Evaluation(models.Model):
@@ -45,7 +37,7 @@ class Evaluation(models.Model):
         related_name="evaluations",
         help_text="whose held-out items were evaluated, if any",
     )
-    status = models.CharField(max_length=12, choices=EvaluationStatus.choices, default=EvaluationStatus.QUEUED)
+    status = models.CharField(max_length=12, choices=WorkStatus.choices, default=WorkStatus.QUEUED)
     config = models.JSONField(default=dict, blank=True, help_text="generation and scoring settings, as run")
     sources = models.JSONField(default=dict, blank=True, help_text="where the items came from")
     total = models.PositiveIntegerField(default=0)

@@ -28,16 +28,6 @@ def training_job_run_task(self, job_id: int) -> None:
     training_job_run(job_id=job_id, worker=f"{host}:{os.getpid()}:{uuid.uuid4().hex[:8]}")
 
 
-@shared_task(name="training.check_stale_jobs", queue="default")
-def training_check_stale_jobs_task() -> None:
-    """The periodic sweep: training jobs whose worker died resume or fail; evaluations fail."""
-    from training.services.evaluation import evaluations_fail_stale
-    from training.services.jobs import training_jobs_check_stale
-
-    training_jobs_check_stale()
-    evaluations_fail_stale()
-
-
 @shared_task(bind=True, name="training.evaluation_run", queue="default", acks_late=True, reject_on_worker_lost=True)
 def evaluation_run_task(self, evaluation_id: int) -> None:
     from training.services.evaluation import evaluation_run

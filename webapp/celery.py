@@ -26,14 +26,16 @@ app.conf.update(
 )
 app.autodiscover_tasks()
 
-# Periodic work (run by `celery beat`, or a worker started with -B as `make demo` does).
+# Periodic work (run by `celery beat`, or a worker started with -B as `make demo` does): one
+# sweep for every kind of background work whose worker died, as often as the more eager of
+# the training and judge check settings asks unless PRACTICUM_STALE_WORK_CHECK_SECONDS says.
+_STALE_CHECK_SECONDS = float(
+    os.environ.get("PRACTICUM_STALE_WORK_CHECK_SECONDS")
+    or min(
+        float(os.environ.get("PRACTICUM_TRAINING_STALE_CHECK_SECONDS", 60)),
+        float(os.environ.get("PRACTICUM_JUDGE_STALE_CHECK_SECONDS", 60)),
+    )
+)
 app.conf.beat_schedule = {
-    "training-stale-jobs": {
-        "task": "training.check_stale_jobs",
-        "schedule": float(os.environ.get("PRACTICUM_TRAINING_STALE_CHECK_SECONDS", 60)),
-    },
-    "judge-stale-judgements": {
-        "task": "feedback.judge_fail_stale",
-        "schedule": float(os.environ.get("PRACTICUM_JUDGE_STALE_CHECK_SECONDS", 60)),
-    },
+    "stale-work": {"task": "webapp.stale_work_sweep", "schedule": _STALE_CHECK_SECONDS},
 }

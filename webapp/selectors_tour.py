@@ -11,8 +11,9 @@ from django.db.models import Q
 from django.urls import reverse
 
 from feedback.models import Comment, CustomerFeedback, Deployment, JudgeResult, JudgeStatus, Trace, TraceSource
-from training.models import JobStatus, LiveVersion, ModelVersion, ModelVersionKind, TrainingJob, TrainingSet
-from training.models_promotion import Evaluation, EvaluationStatus, PromotionRequest, PromotionStatus
+from training.models import LiveVersion, ModelVersion, ModelVersionKind, TrainingJob, TrainingSet
+from training.models_promotion import Evaluation, PromotionRequest, PromotionStatus
+from webapp.work import WorkStatus
 
 DEFAULT_TOUR_DEPLOYMENT = "support-bot"
 
@@ -178,8 +179,8 @@ def tour_get(*, deployment: Deployment | None, demo_target: int = 0) -> Tour:
         | Q(training_set__in=sets.values("pk"))
         | Q(base_version__live_for__deployment=deployment)
     ).distinct()
-    finished = jobs.filter(status=JobStatus.FINISHED, result_version__isnull=False).order_by("-finished_at").first()
-    active = jobs.filter(status__in=[JobStatus.QUEUED, JobStatus.RUNNING]).order_by("-created_at").first()
+    finished = jobs.filter(status=WorkStatus.FINISHED, result_version__isnull=False).order_by("-finished_at").first()
+    active = jobs.filter(status__in=[WorkStatus.QUEUED, WorkStatus.RUNNING]).order_by("-created_at").first()
     steps.append(
         TourStep(
             key="job",
@@ -206,8 +207,8 @@ def tour_get(*, deployment: Deployment | None, demo_target: int = 0) -> Tour:
     )
 
     evaluations = Evaluation.objects.filter(deployment=deployment).select_related("candidate", "baseline")
-    evaluation = evaluations.filter(status=EvaluationStatus.FINISHED).order_by("-created_at", "-id").first()
-    running_eval = evaluations.filter(status__in=[EvaluationStatus.QUEUED, EvaluationStatus.RUNNING]).first()
+    evaluation = evaluations.filter(status=WorkStatus.FINISHED).order_by("-created_at", "-id").first()
+    running_eval = evaluations.filter(status__in=[WorkStatus.QUEUED, WorkStatus.RUNNING]).first()
     win = (evaluation.summary or {}).get("comparison", {}).get("win_rate") if evaluation else None
     steps.append(
         TourStep(

@@ -367,10 +367,12 @@ GATEWAY_LIVE_LISTEN = env_bool("PRACTICUM_GATEWAY_LIVE_LISTEN", True)
 # Exchanges waiting to be written; past this the overflow goes to a spill file under DATA_DIR.
 GATEWAY_LOG_QUEUE_SIZE = int(os.environ.get("PRACTICUM_GATEWAY_LOG_QUEUE_SIZE", 20000))
 GATEWAY_LOG_BATCH_SIZE = int(os.environ.get("PRACTICUM_GATEWAY_LOG_BATCH_SIZE", 500))
-# How long a logged history can be continued by a call that names no trace (conversation stitching).
+# A failure-mode run silent this long (no progress written) is failed by the stale-work sweep.
+FAILURE_MODE_STALE_AFTER_SECONDS = float(os.environ.get("PRACTICUM_FAILURE_MODE_STALE_AFTER_SECONDS", 1800))
 # How long an OpenTelemetry span is kept to shape its trace (a run's spans arrive over
 # several exports); a run that lasts longer is read from the spans still kept.
 OTEL_SPAN_RETENTION_SECONDS = float(os.environ.get("PRACTICUM_OTEL_SPAN_RETENTION_SECONDS", 24 * 3600))
+# How long a logged history can be continued by a call that names no trace (conversation stitching).
 GATEWAY_STITCH_WINDOW_SECONDS = float(os.environ.get("PRACTICUM_GATEWAY_STITCH_WINDOW_SECONDS", 6 * 3600))
 
 # Training jobs: run folders, and how a worker's liveness is judged. A running job whose

@@ -6,31 +6,50 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('feedback', '0011_merge_20261202_0233'),
+        ("feedback", "0011_merge_20261202_0233"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='trace',
-            name='source',
-            field=models.CharField(choices=[('ingest', 'Batch ingest'), ('gateway', 'Completion gateway'), ('orchestrator', 'Environment episode'), ('import', 'File import'), ('otel', 'OpenTelemetry')], default='ingest', max_length=20),
+            model_name="trace",
+            name="source",
+            field=models.CharField(
+                choices=[
+                    ("ingest", "Batch ingest"),
+                    ("gateway", "Completion gateway"),
+                    ("orchestrator", "Environment episode"),
+                    ("import", "File import"),
+                    ("otel", "OpenTelemetry"),
+                ],
+                default="ingest",
+                max_length=20,
+            ),
         ),
         migrations.CreateModel(
-            name='OtelSpan',
+            name="OtelSpan",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('trace_id', models.CharField(max_length=32)),
-                ('span_id', models.CharField(max_length=16)),
-                ('start_ns', models.BigIntegerField()),
-                ('data', models.JSONField()),
-                ('received_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('deployment', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='+', to='feedback.deployment')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("trace_id", models.CharField(max_length=32)),
+                ("span_id", models.CharField(max_length=16)),
+                ("start_ns", models.BigIntegerField()),
+                ("data", models.JSONField()),
+                ("received_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "deployment",
+                    models.ForeignKey(
+                        db_index=False,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="+",
+                        to="feedback.deployment",
+                    ),
+                ),
             ],
             options={
-                'indexes': [models.Index(fields=['received_at'], name='otelspan_received_idx')],
-                'constraints': [models.UniqueConstraint(fields=('deployment', 'trace_id', 'span_id'), name='otelspan_unique')],
+                "indexes": [models.Index(fields=["received_at"], name="otelspan_received_idx")],
+                "constraints": [
+                    models.UniqueConstraint(fields=("deployment", "trace_id", "span_id"), name="otelspan_unique")
+                ],
             },
         ),
     ]

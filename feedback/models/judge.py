@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from feedback.models.review import Comment, Correction, CustomerFeedback
 from feedback.models.traces import Deployment, Message, Trace
+from webapp.work import WorkStatus
 
 
 class JudgeStatus(models.TextChoices):
@@ -31,14 +32,6 @@ class JudgeTrigger(models.TextChoices):
     CUSTOMER_FEEDBACK = "customer_feedback", "Customer feedback"
     BACKFILL = "backfill", "Backfill batch"
     MANUAL = "manual", "Requested by hand"
-
-
-class JobStatus(models.TextChoices):
-    QUEUED = "queued", "Queued"
-    RUNNING = "running", "Running"
-    DONE = "done", "Done"
-    FAILED = "failed", "Failed"
-    CANCELLED = "cancelled", "Cancelled"
 
 
 class SchemaMode(models.TextChoices):
@@ -102,7 +95,7 @@ class JudgeJob(models.Model):
     """A backfill batch: judge every feedback-bearing assistant turn that matches."""
 
     deployment = models.ForeignKey(Deployment, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
-    status = models.CharField(max_length=20, choices=JobStatus.choices, default=JobStatus.QUEUED)
+    status = models.CharField(max_length=20, choices=WorkStatus.choices, default=WorkStatus.QUEUED)
     only_unjudged = models.BooleanField(
         default=True, help_text="skip turns that already have a judgement by the current judge version"
     )
@@ -137,11 +130,11 @@ class JudgeJob(models.Model):
 
     @property
     def percent(self) -> int:
-        return round(100 * self.done / self.total) if self.total else (100 if self.status == JobStatus.DONE else 0)
+        return round(100 * self.done / self.total) if self.total else (100 if self.status == WorkStatus.FINISHED else 0)
 
     @property
     def is_active(self) -> bool:
-        return self.status in (JobStatus.QUEUED, JobStatus.RUNNING)
+        return self.status in (WorkStatus.QUEUED, WorkStatus.RUNNING)
 
 
 class JudgeResult(models.Model):
@@ -288,7 +281,7 @@ class FailureModeRun(models.Model):
     """One pass of the failure-mode pipeline over a batch of traces."""
 
     deployment = models.ForeignKey(Deployment, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
-    status = models.CharField(max_length=20, choices=JobStatus.choices, default=JobStatus.QUEUED)
+    status = models.CharField(max_length=20, choices=WorkStatus.choices, default=WorkStatus.QUEUED)
     since = models.DateTimeField(null=True, blank=True)
     until = models.DateTimeField(null=True, blank=True)
     max_traces = models.PositiveIntegerField(default=10000)
@@ -306,6 +299,7 @@ class FailureModeRun(models.Model):
     )
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)  # the worker's last progress (the sweep reads it)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -318,11 +312,11 @@ class FailureModeRun(models.Model):
     def percent(self) -> int:
         if self.progress_total:
             return round(100 * self.progress_done / self.progress_total)
-        return 100 if self.status == JobStatus.DONE else 0
+        return 100 if self.status == WorkStatus.FINISHED else 0
 
     @property
     def is_active(self) -> bool:
-        return self.status in (JobStatus.QUEUED, JobStatus.RUNNING)
+        return self.status in (WorkStatus.QUEUED, WorkStatus.RUNNING)
 
 
 class FailureCluster(models.Model):

@@ -9,7 +9,8 @@ from django.db.models import Count
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
-from feedback.models import Deployment, FailureCluster, FailureModeRun, JobStatus, TraceFlag
+from feedback.models import Deployment, FailureCluster, FailureModeRun, TraceFlag
+from webapp.work import WorkStatus
 
 
 @dataclass(slots=True)
@@ -54,7 +55,7 @@ def failure_mode_runs(*, limit: int = 20) -> list[FailureModeRun]:
 
 
 def latest_finished_run(*, deployment: Deployment | None = None) -> FailureModeRun | None:
-    qs = FailureModeRun.objects.filter(status=JobStatus.DONE)
+    qs = FailureModeRun.objects.filter(status=WorkStatus.FINISHED)
     if deployment is not None:
         qs = qs.filter(deployment=deployment)
     return qs.select_related("deployment").first()

@@ -41,7 +41,6 @@ from feedback.models import (
     FailureCluster,
     FailureClusterMember,
     FailureModeRun,
-    JobStatus,
     JudgeResult,
     Message,
     RatingKind,
@@ -53,6 +52,8 @@ from feedback.selectors.judge import judge_endpoint_for
 from feedback.services.chat_format import FieldError
 from feedback.tasks import failure_mode_run_task
 from webapp.errors import Invalid
+from webapp.stale_work import stale_work_fail
+from webapp.work import WorkStatus
 
 logger = logging.getLogger(__name__)
 
@@ -96,10 +97,33 @@ def failure_mode_run_create(
     return run
 
 
+class _RunEnded(Exception):
+    """The run's row left `running` under this worker (the sweep failed it): stop here."""
+
+
 def _progress(run: FailureModeRun, **fields: Any) -> None:
-    FailureModeRun.objects.filter(pk=run.pk).update(**fields)
+    """Write progress (and a heartbeat) while the run is still this worker's to write."""
+    fields.setdefault("heartbeat_at", timezone.now())
+    if not FailureModeRun.objects.filter(pk=run.pk, status__in=_WRITABLE).update(**fields):
+        raise _RunEnded
     for key, value in fields.items():
         setattr(run, key, value)
+
+
+_WRITABLE = (WorkStatus.QUEUED, WorkStatus.RUNNING)
+
+
+def failure_mode_runs_fail_stale(*, now=None) -> list[int]:
+    """Runs left running by a worker that died: failed once silent for longer than
+    `FAILURE_MODE_STALE_AFTER_SECONDS` (naming one cluster may take a judge's deadline)."""
+    return stale_work_fail(
+        FailureModeRun,
+        running=[WorkStatus.RUNNING],
+        failed=WorkStatus.FAILED,
+        silent_after=settings.FAILURE_MODE_STALE_AFTER_SECONDS,
+        now=now or timezone.now(),
+        what="failure-mode run's progress",
+    )
 
 
 def _trace_ids(run: FailureModeRun) -> list[int]:
@@ -333,10 +357,14 @@ def failure_mode_run_execute(
     """Run the pipeline. `endpoint` names clusters (default: the deployment's or the
     settings' judge; without one, clusters get keyword names). A run already finished
     is returned as it is; one found running (its worker died) starts over."""
-    if run.status not in (JobStatus.QUEUED, JobStatus.RUNNING):
+    if run.status not in (WorkStatus.QUEUED, WorkStatus.RUNNING):
         return run
     FailureCluster.objects.filter(run=run).delete()
-    _progress(run, status=JobStatus.RUNNING, started_at=timezone.now(), stage="selecting traces", error="")
+    try:
+        _progress(run, status=WorkStatus.RUNNING, started_at=timezone.now(), stage="selecting traces", error="")
+    except _RunEnded:
+        run.refresh_from_db()
+        return run
     if endpoint is None:
         try:
             endpoint = judge_endpoint_for(deployment=run.deployment)
@@ -375,11 +403,20 @@ def failure_mode_run_execute(
             flag_counts=dict(counts),
         )
         _cluster(run, trace_ids, endpoint, embed)
+    except _RunEnded:
+        run.refresh_from_db()
+        return run
     except Exception as exc:
         logger.exception("failure-mode run %s failed", run.pk)
-        _progress(run, status=JobStatus.FAILED, error=f"{type(exc).__name__}: {exc}"[:5000], finished_at=timezone.now())
-        return run
-    _progress(run, status=JobStatus.DONE, stage="done", finished_at=timezone.now())
+        return _run_end(run, status=WorkStatus.FAILED, error=f"{type(exc).__name__}: {exc}"[:5000])
+    return _run_end(run, status=WorkStatus.FINISHED, stage="done")
+
+
+def _run_end(run: FailureModeRun, **fields: Any) -> FailureModeRun:
+    try:
+        _progress(run, finished_at=timezone.now(), **fields)
+    except _RunEnded:
+        run.refresh_from_db()  # the sweep ended it first: its outcome stands
     return run
 
 

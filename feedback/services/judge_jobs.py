@@ -17,7 +17,6 @@ from feedback.models import (
     Comment,
     Correction,
     CustomerFeedback,
-    JobStatus,
     JudgeJob,
     JudgeResult,
     JudgeStatus,
@@ -29,6 +28,7 @@ from feedback.selectors.judge import judge_endpoint_for
 from feedback.services.judging import JudgeError, judge_request, judge_run
 from feedback.tasks import judge_job_run_task
 from webapp.stale_work import stale_work_fail
+from webapp.work import WorkStatus
 
 
 def feedback_turns(*, deployment=None, since: datetime | None = None) -> Any:
@@ -99,28 +99,28 @@ def judge_job_run(*, job: JudgeJob, endpoint: JudgeEndpoint | None = None) -> Ju
     is fixed when the job starts; a redelivered job (its worker died) resumes where it
     stopped, and a cancel request stops it between two turns."""
     job.refresh_from_db()  # the caller's copy may be stale: a cancel may have come since
-    if job.status not in (JobStatus.QUEUED, JobStatus.RUNNING):
+    if job.status not in (WorkStatus.QUEUED, WorkStatus.RUNNING):
         return job
-    if job.status == JobStatus.QUEUED:
+    if job.status == WorkStatus.QUEUED:
         plan = _job_targets(job)
         now = timezone.now()  # after planning: the first turn gets the whole silence limit
         # Started only if still queued: a cancel that got there first stands.
-        JudgeJob.objects.filter(pk=job.pk, status=JobStatus.QUEUED).update(
-            status=JobStatus.RUNNING, started_at=now, heartbeat_at=now, total=len(plan), message_ids=plan
+        JudgeJob.objects.filter(pk=job.pk, status=WorkStatus.QUEUED).update(
+            status=WorkStatus.RUNNING, started_at=now, heartbeat_at=now, total=len(plan), message_ids=plan
         )
         job.refresh_from_db()
-        if job.status != JobStatus.RUNNING:
+        if job.status != WorkStatus.RUNNING:
             return job
     else:
         # The judgement the dead worker was in the middle of runs again, and this worker's
         # silence is counted from now, not from the dead one's last beat.
-        JudgeJob.objects.filter(pk=job.pk, status=JobStatus.RUNNING).update(heartbeat_at=timezone.now())
+        JudgeJob.objects.filter(pk=job.pk, status=WorkStatus.RUNNING).update(heartbeat_at=timezone.now())
         JudgeResult.objects.filter(job=job, status=JudgeStatus.RUNNING).update(status=JudgeStatus.PENDING)
         job.refresh_from_db()
     try:
         endpoint = endpoint or judge_endpoint_for(deployment=job.deployment)
     except JudgeNotConfigured as exc:
-        return _job_finish(job, JobStatus.FAILED, str(exc))
+        return _job_finish(job, WorkStatus.FAILED, str(exc))
     finished = set(
         JudgeResult.objects.filter(job=job).exclude(status=JudgeStatus.PENDING).values_list("message_id", flat=True)
     )
@@ -128,12 +128,12 @@ def judge_job_run(*, job: JudgeJob, endpoint: JudgeEndpoint | None = None) -> Ju
         if message_id in finished:
             continue
         status, cancel = JudgeJob.objects.filter(pk=job.pk).values_list("status", "cancel_requested").get()
-        if status != JobStatus.RUNNING:
+        if status != WorkStatus.RUNNING:
             # The sweep failed it while this worker was silent: its outcome stands.
             job.refresh_from_db()
             return job
         if cancel:
-            return _job_finish(job, JobStatus.CANCELLED)
+            return _job_finish(job, WorkStatus.CANCELLED)
         message = Message.objects.filter(pk=message_id).first()
         if message is None:  # the trace was deleted meanwhile
             JudgeJob.objects.filter(pk=job.pk).update(total=F("total") - 1)
@@ -144,7 +144,7 @@ def judge_job_run(*, job: JudgeJob, endpoint: JudgeEndpoint | None = None) -> Ju
         result = judge_run(result=result, endpoint=endpoint)
         counter = "succeeded" if result.status == JudgeStatus.SUCCEEDED else "failed"
         JudgeJob.objects.filter(pk=job.pk).update(heartbeat_at=timezone.now(), **{counter: F(counter) + 1})
-    return _job_finish(job, JobStatus.DONE)
+    return _job_finish(job, WorkStatus.FINISHED)
 
 
 def judge_jobs_fail_stale(*, now=None) -> list[int]:
@@ -152,15 +152,15 @@ def judge_jobs_fail_stale(*, now=None) -> list[int]:
     longer than one judgement may take (`JUDGE_DEADLINE_S`) plus `JUDGE_STALE_GRACE_S`."""
     return stale_work_fail(
         JudgeJob,
-        running=[JobStatus.RUNNING],
-        failed=JobStatus.FAILED,
+        running=[WorkStatus.RUNNING],
+        failed=WorkStatus.FAILED,
         silent_after=settings.JUDGE_DEADLINE_S + settings.JUDGE_STALE_GRACE_S,
         now=now or timezone.now(),
         what="judge job's progress",
     )
 
 
-def _job_finish(job: JudgeJob, status: str, error: str = "", *, was: str = JobStatus.RUNNING) -> JudgeJob:
+def _job_finish(job: JudgeJob, status: str, error: str = "", *, was: str = WorkStatus.RUNNING) -> JudgeJob:
     """End the job if it is still `was`; a job that ended meanwhile keeps its outcome."""
     JudgeJob.objects.filter(pk=job.pk, status=was).update(status=status, error=error, finished_at=timezone.now())
     job.refresh_from_db()
@@ -170,8 +170,8 @@ def _job_finish(job: JudgeJob, status: str, error: str = "", *, was: str = JobSt
 def judge_job_cancel(*, job: JudgeJob) -> JudgeJob:
     """A queued job is cancelled at once; a running one is asked to stop between two turns.
     Decided on the row as it is now, not on the caller's copy: a worker may have just started it."""
-    job = _job_finish(job, JobStatus.CANCELLED, was=JobStatus.QUEUED)
-    if job.status == JobStatus.RUNNING:
-        JudgeJob.objects.filter(pk=job.pk, status=JobStatus.RUNNING).update(cancel_requested=True)
+    job = _job_finish(job, WorkStatus.CANCELLED, was=WorkStatus.QUEUED)
+    if job.status == WorkStatus.RUNNING:
+        JudgeJob.objects.filter(pk=job.pk, status=WorkStatus.RUNNING).update(cancel_requested=True)
         job.refresh_from_db()
     return job

@@ -8,7 +8,7 @@ import pytest
 
 from tests.factories import user_with_role
 from tests.promotion.test_evaluation import TOOL_GRADED, local_registry  # noqa: F401 - the fixture
-from training.models_promotion import EvaluationStatus
+from webapp.work import WorkStatus
 
 pytestmark = [pytest.mark.browser, pytest.mark.postgres]
 
@@ -22,7 +22,7 @@ def test_the_report_grades_a_served_tool_call_as_the_call_it_was(open_page, loca
         candidate=candidate, deployment=deployment, items=TOOL_GRADED, created_by=operator, max_tokens=40
     )
     evaluation = evaluation_run(evaluation_id=evaluation.pk)
-    assert evaluation.status == EvaluationStatus.FINISHED, evaluation.error
+    assert evaluation.status == WorkStatus.FINISHED, evaluation.error
 
     page = open_page(operator)
     page.goto(f"/evaluations/{evaluation.pk}/")

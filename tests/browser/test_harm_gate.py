@@ -9,7 +9,8 @@ import pytest
 
 from tests.factories import user_with_role
 from tests.promotion.test_harm_gate import HELD_OUT_TASKS, harmful_evaluation_create
-from training.models_promotion import EvaluationStatus, PromotionStatus
+from training.models_promotion import PromotionStatus
+from webapp.work import WorkStatus
 
 pytestmark = [pytest.mark.browser, pytest.mark.postgres, pytest.mark.slow]
 
@@ -26,7 +27,7 @@ def test_the_approver_sees_the_harm_and_cannot_approve(open_page, screenshot, me
         candidate=candidate, deployment=deployment, evaluation=evaluation, requested_by=operator, note="ship it"
     )
     evaluation = evaluation_run(evaluation_id=evaluation.pk)
-    assert evaluation.status == EvaluationStatus.FINISHED, evaluation.error
+    assert evaluation.status == WorkStatus.FINISHED, evaluation.error
 
     page = open_page(approver)
     page.goto(f"/promotions/{promotion.pk}/")

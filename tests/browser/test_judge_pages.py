@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from feedback.models import JobStatus, JudgeJob, Trace
+from feedback.models import JudgeJob, Trace
 from feedback.services.deployments import deployment_get_or_create
 from feedback.services.ingest import traces_ingest
 from feedback.services.judge_jobs import judge_job_run
@@ -14,6 +14,7 @@ from tests.factories import user_with_role
 from tests.feedback.conftest import TOOLS, tool_conversation
 from tests.fixtures.judge import Reply
 from tests.judge.conftest import VALID_JUDGEMENT
+from webapp.work import WorkStatus
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -39,7 +40,7 @@ def test_backfill_progress_updates_in_place_and_the_judgement_shows_on_the_trace
 
     judge_settings.respond_with(lambda request: Reply.json(VALID_JUDGEMENT))
     judge_job_run(job=job)  # what the worker does
-    assert JudgeJob.objects.get().status == JobStatus.DONE
+    assert JudgeJob.objects.get().status == WorkStatus.FINISHED
     # The jobs table polls while a job is active: it turns to Done without a reload.
     page.wait_for_selector(f"#job-{job.id} .status:has-text('Done')", timeout=10_000)
     assert "3/3" in page.locator(f"#job-{job.id}").inner_text()

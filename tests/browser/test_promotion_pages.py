@@ -11,7 +11,8 @@ import pytest
 from tests.factories import DeploymentFactory, user_with_role
 from tests.fixtures.adapters import LOOKUP_TOOL
 from training.models import LiveVersion, ModelVersion
-from training.models_promotion import EvaluationStatus, PromotionRequest
+from training.models_promotion import PromotionRequest
+from webapp.work import WorkStatus
 
 pytestmark = [pytest.mark.browser, pytest.mark.vllm, pytest.mark.redis, pytest.mark.postgres, pytest.mark.slow]
 
@@ -58,7 +59,7 @@ def test_request_approve_and_watch_the_release_go_live(
     page.goto(f"/evaluations/{evaluation.pk}/")
     page.wait_for_selector("#evaluation-status:has-text('Finished')", timeout=120_000)
     evaluation.refresh_from_db()
-    assert evaluation.status == EvaluationStatus.FINISHED
+    assert evaluation.status == WorkStatus.FINISHED
     assert "100.0%" in page.inner_text("#win-rate")
     screenshot(page, "evaluation-report", full_page=True)
     page.click("a:has-text('order-status')")

@@ -21,8 +21,9 @@ from feedback.models import ApiKey, Comment, DeploymentJudge, JudgeResult, Judge
 from tests.factories import DeploymentFactory, user_with_role
 from tests.fixtures.judge import presented_responses
 from tests.fixtures.worker import celery_worker
-from training.models import JobStatus, LiveVersion, ModelVersion, TrainingJob, TrainingSet
+from training.models import LiveVersion, ModelVersion, TrainingJob, TrainingSet
 from training.models_promotion import AuditEvent, PromotionRequest, PromotionStatus
+from webapp.work import WorkStatus
 
 pytestmark = [pytest.mark.browser, pytest.mark.vllm, pytest.mark.redis, pytest.mark.postgres, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
@@ -179,7 +180,7 @@ def test_the_whole_tour_in_the_browser(
     job = TrainingJob.objects.get()
     wait_until(lambda: TrainingJob.objects.get(pk=job.pk).status not in ("queued", "running"), 240, "the job")
     job.refresh_from_db()
-    assert job.status == JobStatus.FINISHED, (job.status, job.error)
+    assert job.status == WorkStatus.FINISHED, (job.status, job.error)
     candidate = job.result_version
     assert candidate is not None and candidate.parent == base_version
     page.reload()

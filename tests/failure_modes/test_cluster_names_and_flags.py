@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from feedback.judge.quality import name_from_texts, name_is_readable, text_is_praise
-from feedback.models import Comment, FailureCluster, FailureClusterMember, FailureModeRun, JobStatus, TraceFlag
+from feedback.models import Comment, FailureCluster, FailureClusterMember, FailureModeRun, TraceFlag
 from feedback.services.chat_format import FieldError
 from feedback.services.failure_modes import (
     failure_cluster_dismiss,
@@ -20,6 +20,7 @@ from feedback.services.review import turn_rating_set
 from tests.factories import DeploymentFactory, user_with_role
 from tests.feedback.conftest import TOOLS, tool_conversation
 from tests.fixtures.judge import Reply
+from webapp.work import WorkStatus
 
 pytestmark = pytest.mark.django_db
 
@@ -61,7 +62,7 @@ def test_only_negative_feedback_is_clustered(noted, judge_server):
     run = FailureModeRun.objects.create(deployment=noted, max_traces=100)
     failure_mode_run_execute(run=run, endpoint=judge_server.endpoint(), embed=embed)
     run.refresh_from_db()
-    assert run.status == JobStatus.DONE, run.error
+    assert run.status == WorkStatus.FINISHED, run.error
     assert run.notes_clustered == 4
     clustered = set(FailureClusterMember.objects.values_list("text", flat=True))
     assert clustered == set(NEGATIVE)

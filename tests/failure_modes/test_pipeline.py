@@ -10,12 +10,13 @@ from collections import Counter
 import pytest
 
 from feedback.failure_modes.clustering import adjusted_rand_index
-from feedback.models import Comment, FailureCluster, FailureClusterMember, FailureModeRun, JobStatus, Trace, TraceFlag
+from feedback.models import Comment, FailureCluster, FailureClusterMember, FailureModeRun, Trace, TraceFlag
 from feedback.services.failure_modes import failure_mode_run_create, failure_mode_run_execute
 from feedback.services.ingest import traces_ingest
 from tests.factories import DeploymentFactory, user_with_role
 from tests.failure_modes.seeded import GROUPS, seeded_notes
 from tests.fixtures.judge import Reply, user_prompt
+from webapp.work import WorkStatus
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
@@ -127,7 +128,7 @@ def test_seeded_failures_are_flagged_and_notes_clustered_into_their_groups(batch
     failure_mode_run_execute(run=run)
     elapsed = time.perf_counter() - started
     run.refresh_from_db()
-    assert run.status == JobStatus.DONE, run.error
+    assert run.status == WorkStatus.FINISHED, run.error
     assert run.traces_scanned == 1000 and run.progress_done == run.progress_total
 
     for name, expected in truth.items():
@@ -166,7 +167,7 @@ def test_a_cluster_the_judge_cannot_name_gets_a_keyword_name(batch, judge_settin
     run = FailureModeRun.objects.create(deployment=deployment, max_traces=300)
     failure_mode_run_execute(run=run)
     run.refresh_from_db()
-    assert run.status == JobStatus.DONE
+    assert run.status == WorkStatus.FINISHED
     clusters = list(FailureCluster.objects.filter(run=run))
     assert clusters and all(c.named_by == "keywords" and "not JSON" in c.naming_error for c in clusters)
 

@@ -75,9 +75,9 @@ def test_the_sweep_is_on_celery_beats_schedule():
     from webapp.celery import app
 
     entries = {entry["task"]: entry for entry in app.conf.beat_schedule.values()}
-    assert "feedback.judge_fail_stale" in entries and entries["feedback.judge_fail_stale"]["schedule"] <= 300
+    assert "webapp.stale_work_sweep" in entries and entries["webapp.stale_work_sweep"]["schedule"] <= 300
     app.loader.import_default_modules()
-    assert "feedback.judge_fail_stale" in app.tasks
+    assert "webapp.stale_work_sweep" in app.tasks
 
 
 def test_a_worker_that_resumes_after_the_sweep_does_not_overwrite_the_failure(pending, judge_settings, monkeypatch):

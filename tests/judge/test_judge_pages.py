@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from feedback.models import JobStatus, JudgeJob, JudgeResult, JudgeStatus
+from feedback.models import JudgeJob, JudgeResult, JudgeStatus
 from feedback.services.judge_jobs import judge_job_cancel, judge_job_create, judge_job_run
 from feedback.services.review import comment_add
 from feedback.tasks import judge_job_run_task
 from tests.factories import DeploymentFactory, user_with_role
 from tests.fixtures.judge import Reply, user_prompt
 from tests.judge.conftest import VALID_JUDGEMENT
+from webapp.work import WorkStatus
 
 pytestmark = pytest.mark.django_db
 
@@ -35,7 +36,7 @@ def test_backfill_judges_feedback_turns_and_counts_progress(make_trace, operator
     job = judge_job_create(created_by=operator, limit=100)
     judge_job_run_task(job.pk)
     job.refresh_from_db()
-    assert (job.status, job.total, job.succeeded, job.failed) == (JobStatus.DONE, 5, 4, 1)
+    assert (job.status, job.total, job.succeeded, job.failed) == (WorkStatus.FINISHED, 5, 4, 1)
     assert job.percent == 100
     failed = JudgeResult.objects.get(status=JudgeStatus.FAILED)
     assert failed.trace.external_id == "conv-3" and "not JSON" in failed.failure_reason
@@ -53,7 +54,7 @@ def test_a_cancelled_job_stops_and_a_redelivered_job_resumes(make_trace, operato
     commented_traces(make_trace, operator, 3)
     judge_settings.respond_with(lambda request: Reply.json(VALID_JUDGEMENT))
     job = judge_job_create(created_by=operator)
-    assert judge_job_cancel(job=job).status == JobStatus.CANCELLED
+    assert judge_job_cancel(job=job).status == WorkStatus.CANCELLED
     judge_job_run(job=job)
     assert judge_settings.requests == []
 
@@ -62,13 +63,13 @@ def test_a_cancelled_job_stops_and_a_redelivered_job_resumes(make_trace, operato
     plan_job = JudgeJob.objects.get(pk=job.pk)
     judge_job_run(job=plan_job)
     assert len(judge_settings.requests) == 3
-    JudgeJob.objects.filter(pk=job.pk).update(status=JobStatus.RUNNING, succeeded=1)
+    JudgeJob.objects.filter(pk=job.pk).update(status=WorkStatus.RUNNING, succeeded=1)
     JudgeResult.objects.filter(job=job).exclude(
         pk=JudgeResult.objects.filter(job=job).order_by("id").first().pk
     ).delete()
     judge_job_run(job=JudgeJob.objects.get(pk=job.pk))
     job.refresh_from_db()
-    assert job.status == JobStatus.DONE and job.succeeded == 3
+    assert job.status == WorkStatus.FINISHED and job.succeeded == 3
     assert len(judge_settings.requests) == 5  # only the two missing turns were judged again
 
 
@@ -79,16 +80,16 @@ def test_a_cancel_racing_the_worker_start_is_neither_undone_nor_lost(make_trace,
     # The worker loaded the queued job; the operator cancels before it starts.
     job = judge_job_create(created_by=operator)
     as_the_worker_loaded_it = JudgeJob.objects.get(pk=job.pk)
-    assert judge_job_cancel(job=job).status == JobStatus.CANCELLED
-    assert judge_job_run(job=as_the_worker_loaded_it).status == JobStatus.CANCELLED
+    assert judge_job_cancel(job=job).status == WorkStatus.CANCELLED
+    assert judge_job_run(job=as_the_worker_loaded_it).status == WorkStatus.CANCELLED
     assert judge_settings.requests == [] and not JudgeResult.objects.filter(job=job).exists()
 
     # The page still shows the job queued, but the worker has started it: the cancel is a
     # request the worker honours, not a status its finish would overwrite.
     job = judge_job_create(created_by=operator)
-    JudgeJob.objects.filter(pk=job.pk).update(status=JobStatus.RUNNING, message_ids=[], total=0)
+    JudgeJob.objects.filter(pk=job.pk).update(status=WorkStatus.RUNNING, message_ids=[], total=0)
     cancelled = judge_job_cancel(job=job)
-    assert (cancelled.status, cancelled.cancel_requested) == (JobStatus.RUNNING, True)
+    assert (cancelled.status, cancelled.cancel_requested) == (WorkStatus.RUNNING, True)
 
 
 def test_trace_page_shows_the_judgement_escaped_and_the_judge_button(make_trace, operator, judge_settings, client):

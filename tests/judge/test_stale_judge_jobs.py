@@ -8,12 +8,13 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from feedback.models import JobStatus, JudgeJob
+from feedback.models import JudgeJob
 from feedback.services.judge_jobs import judge_job_create, judge_job_run, judge_jobs_fail_stale
-from feedback.tasks import judge_fail_stale_task
 from tests.fixtures.judge import Reply
 from tests.judge.conftest import VALID_JUDGEMENT
 from tests.judge.test_judge_pages import commented_traces
+from webapp.tasks import stale_work_sweep_task
+from webapp.work import WorkStatus
 
 pytestmark = pytest.mark.django_db
 
@@ -26,20 +27,20 @@ def test_a_silent_judge_job_is_failed_with_the_reason_and_a_beating_one_is_left(
     now = timezone.now()
     silent, beating, never = (judge_job_create(created_by=operator) for _ in range(3))
     JudgeJob.objects.filter(pk=silent.pk).update(
-        status=JobStatus.RUNNING, started_at=now - timedelta(hours=1), heartbeat_at=now - timedelta(seconds=421)
+        status=WorkStatus.RUNNING, started_at=now - timedelta(hours=1), heartbeat_at=now - timedelta(seconds=421)
     )
     JudgeJob.objects.filter(pk=beating.pk).update(
-        status=JobStatus.RUNNING, started_at=now - timedelta(hours=1), heartbeat_at=now - timedelta(seconds=419)
+        status=WorkStatus.RUNNING, started_at=now - timedelta(hours=1), heartbeat_at=now - timedelta(seconds=419)
     )
     # Died before its first beat.
-    JudgeJob.objects.filter(pk=never.pk).update(status=JobStatus.RUNNING, started_at=now - timedelta(hours=2))
+    JudgeJob.objects.filter(pk=never.pk).update(status=WorkStatus.RUNNING, started_at=now - timedelta(hours=2))
 
     assert sorted(judge_jobs_fail_stale(now=now)) == sorted([silent.pk, never.pk])
 
     silent.refresh_from_db()
-    assert silent.status == JobStatus.FAILED and silent.finished_at == now
+    assert silent.status == WorkStatus.FAILED and silent.finished_at == now
     assert "the worker stopped" in silent.error and "421 s" in silent.error and "420 s" in silent.error
-    assert JudgeJob.objects.get(pk=beating.pk).status == JobStatus.RUNNING
+    assert JudgeJob.objects.get(pk=beating.pk).status == WorkStatus.RUNNING
     assert judge_jobs_fail_stale(now=now) == [], "a failed job is failed once"
 
 
@@ -47,11 +48,11 @@ def test_the_periodic_task_sweeps_judge_jobs(make_trace, operator, judge_setting
     commented_traces(make_trace, operator, 1)
     job = judge_job_create(created_by=operator)
     long_ago = timezone.now() - timedelta(days=1)
-    JudgeJob.objects.filter(pk=job.pk).update(status=JobStatus.RUNNING, started_at=long_ago, heartbeat_at=long_ago)
+    JudgeJob.objects.filter(pk=job.pk).update(status=WorkStatus.RUNNING, started_at=long_ago, heartbeat_at=long_ago)
 
-    judge_fail_stale_task()
+    stale_work_sweep_task()
 
-    assert JudgeJob.objects.get(pk=job.pk).status == JobStatus.FAILED
+    assert JudgeJob.objects.get(pk=job.pk).status == WorkStatus.FAILED
 
 
 def test_a_worker_that_was_only_slow_stops_at_its_next_turn_and_keeps_the_sweeps_outcome(
@@ -74,7 +75,7 @@ def test_a_worker_that_was_only_slow_stops_at_its_next_turn_and_keeps_the_sweeps
     monkeypatch.setattr(judge_jobs, "judge_run", slow_judge_run)
     after = judge_job_run(job=job)
 
-    assert after.status == JobStatus.FAILED and "the worker stopped" in after.error
+    assert after.status == WorkStatus.FAILED and "the worker stopped" in after.error
     assert len(judge_settings.requests) == 1, "no turn is judged after the sweep failed the job"
 
 
@@ -87,7 +88,7 @@ def test_a_job_taken_up_again_counts_its_silence_from_the_new_worker(make_trace,
     judge_job_run(job=JudgeJob.objects.get(pk=job.pk))  # plans and judges both turns
     # The first worker died long ago, with the job still running; Celery hands it out again.
     long_ago = timezone.now() - timedelta(days=1)
-    JudgeJob.objects.filter(pk=job.pk).update(status=JobStatus.RUNNING, heartbeat_at=long_ago)
+    JudgeJob.objects.filter(pk=job.pk).update(status=WorkStatus.RUNNING, heartbeat_at=long_ago)
     judge_jobs.JudgeResult.objects.filter(job=job).order_by("-id").first().delete()
     swept = []
     real_judge_run = judge_jobs.judge_run
@@ -99,4 +100,4 @@ def test_a_job_taken_up_again_counts_its_silence_from_the_new_worker(make_trace,
     monkeypatch.setattr(judge_jobs, "judge_run", judge_run_then_sweep)
     after = judge_job_run(job=JudgeJob.objects.get(pk=job.pk))
 
-    assert swept == [[]] and after.status == JobStatus.DONE
+    assert swept == [[]] and after.status == WorkStatus.FINISHED

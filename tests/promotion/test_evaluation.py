@@ -119,8 +119,9 @@ ITEMS = [
 
 
 def test_a_local_evaluation_scores_both_versions_side_by_side(local_registry, judge_settings, operator):
-    from training.models_promotion import AuditAction, AuditEvent, EvaluationStatus
+    from training.models_promotion import AuditAction, AuditEvent
     from training.services.evaluation import evaluation_create, evaluation_run
+    from webapp.work import WorkStatus
 
     deployment, base_version, candidate = local_registry
 
@@ -146,7 +147,7 @@ def test_a_local_evaluation_scores_both_versions_side_by_side(local_registry, ju
 
     evaluation = evaluation_run(evaluation_id=evaluation.pk)
 
-    assert evaluation.status == EvaluationStatus.FINISHED, evaluation.error
+    assert evaluation.status == WorkStatus.FINISHED, evaluation.error
     s = evaluation.summary
     # Two turn items go to the judge (the graded task does not), one call per item with both
     # responses — except that the random base model's greedy answer is 40 newlines, which the
@@ -279,15 +280,15 @@ TOOL_GRADED = [
 
 
 def test_an_evaluation_grades_a_tool_calling_candidate_right_on_both_outcomes(local_registry, operator):
-    from training.models_promotion import EvaluationStatus
     from training.services.evaluation import evaluation_create, evaluation_run
+    from webapp.work import WorkStatus
 
     deployment, _, candidate = local_registry
     evaluation = evaluation_create(
         candidate=candidate, deployment=deployment, items=TOOL_GRADED, created_by=operator, max_tokens=40
     )
     evaluation = evaluation_run(evaluation_id=evaluation.pk)
-    assert evaluation.status == EvaluationStatus.FINISHED, evaluation.error
+    assert evaluation.status == WorkStatus.FINISHED, evaluation.error
 
     reply, look_up = evaluation.items.get(key="should-reply"), evaluation.items.get(key="should-look-up")
     # The candidate calls lookup_order on A1001 in both: wrong where a reply is wanted, right

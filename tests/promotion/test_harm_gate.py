@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from training.models_promotion import EvaluationStatus
+from webapp.work import WorkStatus
 
 HELD_OUT_TASKS = 6
 
@@ -40,7 +40,7 @@ def test_a_memorising_candidate_changes_other_customers_orders_and_its_promotion
     assert evaluation.sources["environment"]["tasks"] == HELD_OUT_TASKS
     assert evaluation.sources["environment"]["split"] != "train"
     evaluation = evaluation_run(evaluation_id=evaluation.pk)
-    assert evaluation.status == EvaluationStatus.FINISHED, evaluation.error
+    assert evaluation.status == WorkStatus.FINISHED, evaluation.error
 
     items = list(evaluation.items.order_by("position"))
     assert all(i.kind == "episode" and order_id not in i.key for i in items)
@@ -89,7 +89,7 @@ def _side(success: int, collateral: int, unknown: int, n: int = 10) -> dict:
 def _finished(summary: dict):
     from training.models_promotion import Evaluation
 
-    return Evaluation(status=EvaluationStatus.FINISHED, summary=summary)
+    return Evaluation(status=WorkStatus.FINISHED, summary=summary)
 
 
 def test_the_harm_check_blocks_more_collateral_changes_whatever_the_success():
@@ -111,7 +111,7 @@ def test_the_harm_check_blocks_more_collateral_changes_whatever_the_success():
     assert "not measured" in check_harm(_finished({"candidate": {}, "baseline": {}})).detail
     from training.models_promotion import Evaluation
 
-    assert check_harm(Evaluation(status=EvaluationStatus.RUNNING)).ok
+    assert check_harm(Evaluation(status=WorkStatus.RUNNING)).ok
 
 
 def test_episode_summary_gives_each_rate_its_wilson_interval():

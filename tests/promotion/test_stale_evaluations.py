@@ -10,10 +10,11 @@ import pytest
 from django.utils import timezone
 
 from tests.promotion.conftest import evaluation_row
-from training.models_promotion import AuditAction, AuditEvent, EvaluationItem, EvaluationStatus
+from training.models_promotion import AuditAction, AuditEvent, EvaluationItem
 from training.services import evaluation as evaluation_service
 from training.services.evaluation import evaluation_run, evaluations_fail_stale
-from training.tasks import training_check_stale_jobs_task
+from webapp.tasks import stale_work_sweep_task
+from webapp.work import WorkStatus
 
 pytestmark = pytest.mark.django_db
 
@@ -41,8 +42,8 @@ def test_a_silent_evaluation_is_failed_with_the_reason_and_an_audit_record(regis
     assert sorted(evaluations_fail_stale(now=now)) == sorted([silent.pk, never.pk])
 
     silent.refresh_from_db()
-    assert silent.status == EvaluationStatus.FAILED and "the worker stopped" in silent.error
-    assert beating.__class__.objects.get(pk=beating.pk).status == EvaluationStatus.RUNNING
+    assert silent.status == WorkStatus.FAILED and "the worker stopped" in silent.error
+    assert beating.__class__.objects.get(pk=beating.pk).status == WorkStatus.RUNNING
     event = AuditEvent.objects.get(action=AuditAction.EVALUATION_FAILED, evaluation=silent)
     assert "the worker stopped" in event.detail
     assert evaluations_fail_stale(now=now) == [], "failed once"
@@ -50,15 +51,15 @@ def test_a_silent_evaluation_is_failed_with_the_reason_and_an_audit_record(regis
 
 def test_the_periodic_training_sweep_fails_silent_evaluations(registry):
     row = _running(registry, beat_ago=86_400)
-    training_check_stale_jobs_task()
+    stale_work_sweep_task()
     row.refresh_from_db()
-    assert row.status == EvaluationStatus.FAILED
+    assert row.status == WorkStatus.FAILED
 
 
 @pytest.mark.parametrize("items", [1, 3])  # the sweep during the last item, or before others
 def test_a_worker_that_was_only_slow_stops_at_its_next_item_and_keeps_the_sweeps_outcome(registry, monkeypatch, items):
     row = _running(registry, beat_ago=0, items=items)
-    row.status = EvaluationStatus.QUEUED
+    row.status = WorkStatus.QUEUED
     row.save(update_fields=["status"])
 
     class Generator:
@@ -85,5 +86,5 @@ def test_a_worker_that_was_only_slow_stops_at_its_next_item_and_keeps_the_sweeps
     after = evaluation_run(evaluation_id=row.pk)
 
     assert ran == [0], "no item runs after the sweep failed the evaluation"
-    assert after.status == EvaluationStatus.FAILED and "the worker stopped" in after.error
+    assert after.status == WorkStatus.FAILED and "the worker stopped" in after.error
     assert not AuditEvent.objects.filter(action=AuditAction.EVALUATION_FINISHED, evaluation=row).exists()

@@ -7,12 +7,13 @@ import io
 
 import pytest
 
-from feedback.models import FailureModeRun, JobStatus, Message, Trace, TraceFlag
+from feedback.models import FailureModeRun, Message, Trace, TraceFlag
 from feedback.services.failure_modes import failure_mode_run_execute
 from feedback.services.jsonl import traces_import_jsonl
 from feedback.services.queues import queue_create, queue_next_item
 from feedback.services.review import FieldError, correction_add
 from tests.feedback.conftest import TOOLS, tool_conversation
+from webapp.work import WorkStatus
 
 pytestmark = pytest.mark.django_db
 DEEP_TEXT = "[" * 3000 + "]" * 3000  # 6 kB
@@ -132,7 +133,7 @@ def test_a_failure_mode_run_flags_a_deep_trace_instead_of_failing(stored_deep_tr
     run = FailureModeRun.objects.create(deployment=deployment, max_traces=100)
     failure_mode_run_execute(run=run, endpoint=None, embed=lambda texts: __import__("numpy").zeros((len(texts), 4)))
     run.refresh_from_db()
-    assert run.status == JobStatus.DONE, run.error
+    assert run.status == WorkStatus.FINISHED, run.error
     assert TraceFlag.objects.filter(trace=stored_deep_trace, name="invalid-tool-args").exists()
 
 

@@ -185,15 +185,16 @@ class TestRolloutUrl:
         )
 
     def test_the_worker_refuses_a_config_changed_after_it_was_created(self, base_version):
-        from training.models import JobStatus, TrainingJob
+        from training.models import TrainingJob
         from training.services.job_runner import training_job_run
+        from webapp.work import WorkStatus
 
         server, seen = recording_server(status=200, body=b'{"data": [{"id": "tiny"}]}')
         try:
             job = self.create(base_version)
             attacker = f"http://127.0.0.1:{server.server_port}/v1"
             TrainingJob.objects.filter(pk=job.pk).update(config={**job.config, "vllm_url": attacker})
-            assert training_job_run(job_id=job.pk, worker="w1") == JobStatus.FAILED
+            assert training_job_run(job_id=job.pk, worker="w1") == WorkStatus.FAILED
         finally:
             server.shutdown()
         job.refresh_from_db()

@@ -9,8 +9,9 @@ from django.urls import reverse
 
 from feedback.models import Deployment, Trace, TraceSource
 from tests.factories import user_with_role
-from training.models import BaseModel, JobEventKind, JobStatus, ModelVersion, ModelVersionKind, TrainingJob
+from training.models import BaseModel, JobEventKind, ModelVersion, ModelVersionKind, TrainingJob
 from training.services.jobs import JobError, training_job_create
+from webapp.work import WorkStatus
 
 FAST = {
     "environment": "files",
@@ -43,7 +44,7 @@ def test_an_episode_job_records_its_episodes_as_traces_and_yields_a_candidate(ve
 
     job = training_job_create(kind="episodes", config=FAST, base_version=version, training_set=None)
     assert job.deployment == version.deployment and job.training_set is None
-    assert training_job_run(job_id=job.pk, worker="w1") == JobStatus.FINISHED
+    assert training_job_run(job_id=job.pk, worker="w1") == WorkStatus.FINISHED
     job.refresh_from_db()
     assert job.step == 2 and job.result_version is not None
     for key in ("tool_error_rate", "budget_exhaustion", "early_stop", "success"):
@@ -132,7 +133,9 @@ def test_a_celery_worker_runs_an_episode_job(tiny_model_dir, tmp_path):
     worker = _start_worker(tmp_path, "episodes")
     try:
         job = training_job_create(kind="episodes", config=FAST, base_version=version, training_set=None)
-        _wait(lambda: TrainingJob.objects.get(pk=job.pk).status == JobStatus.FINISHED, 240, "the episode job", tmp_path)
+        _wait(
+            lambda: TrainingJob.objects.get(pk=job.pk).status == WorkStatus.FINISHED, 240, "the episode job", tmp_path
+        )
     finally:
         _stop(worker)
     job = TrainingJob.objects.get(pk=job.pk)
@@ -161,7 +164,7 @@ def test_episode_rewards_combine_the_grader_with_the_judge_by_the_configured_wei
         user=user_with_role("operator", "olga"),
         judge_gate_override_reason="mechanics test on a scripted judge",
     )
-    assert training_job_run(job_id=job.pk, worker="w1") == JobStatus.FINISHED
+    assert training_job_run(job_id=job.pk, worker="w1") == WorkStatus.FINISHED
     step = job.events.get(kind=JobEventKind.STEP).data
     assert step["judge_mean"] == 0.5
     assert step["reward_mean"] == pytest.approx((1.0 * step["grade_mean"] + 3.0 * 0.5) / 4.0)

@@ -8,15 +8,9 @@ from django.urls import reverse
 
 from tests.factories import UserFactory
 from training.charts import line_chart
-from training.models import (
-    BaseModel,
-    JobEventKind,
-    JobStatus,
-    ModelVersion,
-    TrainingJob,
-    TrainingJobEvent,
-)
+from training.models import BaseModel, JobEventKind, ModelVersion, TrainingJob, TrainingJobEvent
 from training.services.training_sets import training_set_from_tasks
+from webapp.work import WorkStatus
 
 pytestmark = pytest.mark.django_db
 XSS = '<script>alert("x")</script>'
@@ -53,7 +47,7 @@ def training_set():
 def running_job(version, training_set):
     job = TrainingJob.objects.create(
         kind="grpo",
-        status=JobStatus.RUNNING,
+        status=WorkStatus.RUNNING,
         config={"kind": "grpo", "steps": 10},
         base_version=version,
         training_set=training_set,
@@ -103,7 +97,7 @@ def test_the_htmx_poll_gets_only_the_live_part_and_stops_when_the_job_ends(clien
     url = reverse("training:job-detail", args=[running_job.pk]) + "?partial=live"
     part = client_in.get(url, headers={"HX-Request": "true"}).content.decode()
     assert part.lstrip().startswith('<section id="live"') and "<html" not in part and "Sample rollouts" not in part
-    TrainingJob.objects.filter(pk=running_job.pk).update(status=JobStatus.FINISHED)
+    TrainingJob.objects.filter(pk=running_job.pk).update(status=WorkStatus.FINISHED)
     part = client_in.get(url, headers={"HX-Request": "true"}).content.decode()
     assert "hx-trigger" not in part and "Cancel" not in part
 
@@ -112,7 +106,7 @@ def test_cancel_button_flags_a_running_job(client_in, running_job):
     response = client_in.post(reverse("training:job-cancel", args=[running_job.pk]))
     assert response.status_code == 302
     running_job.refresh_from_db()
-    assert running_job.status == JobStatus.CANCELLING and running_job.cancel_requested
+    assert running_job.status == WorkStatus.CANCELLING and running_job.cancel_requested
 
 
 def test_start_form_creates_a_job_or_names_the_bad_field(client_in, version, training_set):
@@ -161,7 +155,7 @@ def test_roles_decide_who_sees_starts_and_cancels_jobs(client, running_job, vers
     assert client.post(reverse("training:job-list"), form).status_code == 403
     assert client.post(reverse("training:job-cancel", args=[running_job.pk])).status_code == 403
     running_job.refresh_from_db()
-    assert running_job.status == JobStatus.RUNNING and TrainingJob.objects.count() == 1
+    assert running_job.status == WorkStatus.RUNNING and TrainingJob.objects.count() == 1
 
 
 def _page(client, job) -> str:

@@ -11,7 +11,6 @@ from django.utils import timezone
 
 from training.models import (
     JobEventKind,
-    JobStatus,
     LiveVersion,
     ModelVersion,
     ModelVersionKind,
@@ -21,6 +20,7 @@ from training.models import (
 )
 from training.services.jobs import JobError, training_job_cancel, training_job_create, training_jobs_check_stale
 from training.services.training_sets import split_for, training_set_from_tasks
+from webapp.work import WorkStatus
 
 pytestmark = pytest.mark.django_db
 
@@ -59,10 +59,10 @@ def test_a_job_runs_to_a_candidate_version_without_touching_the_live_one(base_ve
     from training.services.job_runner import training_job_run
 
     job = training_job_create(kind="grpo", config=FAST, base_version=base_version, training_set=task_set)
-    assert job.status == JobStatus.QUEUED and job.total_steps == 3
+    assert job.status == WorkStatus.QUEUED and job.total_steps == 3
     assert job.config["model_path"] == base_version.path
 
-    assert training_job_run(job_id=job.pk, worker="w1") == JobStatus.FINISHED
+    assert training_job_run(job_id=job.pk, worker="w1") == WorkStatus.FINISHED
     job.refresh_from_db()
     assert job.step == 3 and job.attempts == 1 and job.finished_at is not None
     steps = job.events.filter(kind=JobEventKind.STEP)
@@ -129,16 +129,16 @@ def test_cancel_before_and_during_a_run(base_version, task_set):
     from training.services.job_runner import training_job_run
 
     queued = training_job_create(kind="grpo", config=FAST, base_version=base_version, training_set=task_set)
-    assert training_job_cancel(job=queued).status == JobStatus.CANCELLED
+    assert training_job_cancel(job=queued).status == WorkStatus.CANCELLED
     assert training_job_run(job_id=queued.pk, worker="w1") == "skipped"
 
     job = training_job_create(
         kind="grpo", config=FAST | {"steps": 50}, base_version=base_version, training_set=task_set
     )
-    TrainingJob.objects.filter(pk=job.pk).update(status=JobStatus.RUNNING, heartbeat_at=None)
+    TrainingJob.objects.filter(pk=job.pk).update(status=WorkStatus.RUNNING, heartbeat_at=None)
     job.refresh_from_db()
-    assert training_job_cancel(job=job).status == JobStatus.CANCELLING
-    assert training_job_run(job_id=job.pk, worker="w1") == JobStatus.CANCELLED
+    assert training_job_cancel(job=job).status == WorkStatus.CANCELLING
+    assert training_job_run(job_id=job.pk, worker="w1") == WorkStatus.CANCELLED
     job.refresh_from_db()
     assert job.step < 50 and job.result_version is None and job.checkpoint_path
 
@@ -150,18 +150,18 @@ def test_stale_heartbeats_resume_then_fail_never_stay_running(base_version, task
     make = lambda **kw: TrainingJob.objects.create(  # noqa: E731
         kind="grpo", config={}, base_version=base_version, training_set=task_set, **kw
     )
-    resumable = make(status=JobStatus.RUNNING, heartbeat_at=now - timedelta(seconds=61), attempts=1)
-    exhausted = make(status=JobStatus.RUNNING, heartbeat_at=now - timedelta(seconds=600), attempts=2)
-    cancelling = make(status=JobStatus.CANCELLING, heartbeat_at=now - timedelta(seconds=600), attempts=1)
-    alive = make(status=JobStatus.RUNNING, heartbeat_at=now - timedelta(seconds=5), attempts=1)
+    resumable = make(status=WorkStatus.RUNNING, heartbeat_at=now - timedelta(seconds=61), attempts=1)
+    exhausted = make(status=WorkStatus.RUNNING, heartbeat_at=now - timedelta(seconds=600), attempts=2)
+    cancelling = make(status=WorkStatus.CANCELLING, heartbeat_at=now - timedelta(seconds=600), attempts=1)
+    alive = make(status=WorkStatus.RUNNING, heartbeat_at=now - timedelta(seconds=5), attempts=1)
 
     actions = dict(training_jobs_check_stale(now=now))
     assert actions == {resumable.pk: "requeued", exhausted.pk: "failed", cancelling.pk: "cancelled"}
     statuses = dict(TrainingJob.objects.values_list("pk", "status"))
-    assert statuses[resumable.pk] == JobStatus.QUEUED
-    assert statuses[exhausted.pk] == JobStatus.FAILED
-    assert statuses[cancelling.pk] == JobStatus.CANCELLED
-    assert statuses[alive.pk] == JobStatus.RUNNING
+    assert statuses[resumable.pk] == WorkStatus.QUEUED
+    assert statuses[exhausted.pk] == WorkStatus.FAILED
+    assert statuses[cancelling.pk] == WorkStatus.CANCELLED
+    assert statuses[alive.pk] == WorkStatus.RUNNING
     assert "heartbeats" in TrainingJob.objects.get(pk=exhausted.pk).error
 
 
@@ -204,7 +204,7 @@ def test_a_job_can_continue_from_a_lora_candidate(base_version, task_set):
         training_job_create(
             kind="grpo", config=FAST | {"adapter": "full"}, base_version=candidate, training_set=task_set
         )
-    assert training_job_run(job_id=second.pk, worker="w1") == JobStatus.FINISHED
+    assert training_job_run(job_id=second.pk, worker="w1") == WorkStatus.FINISHED
     child = TrainingJob.objects.get(pk=second.pk).result_version
     assert (
         child.parent == candidate
@@ -229,7 +229,7 @@ def test_a_job_continued_from_a_lora_version_measures_its_kl_from_that_version(b
     )
     config = FAST | {"steps": 1, "eval_every": 0, "beta": 0.05, "drop_zero_variance": False}
     job = training_job_create(kind="grpo", config=config, base_version=version, training_set=task_set)
-    assert training_job_run(job_id=job.pk, worker="w1") == JobStatus.FINISHED
+    assert training_job_run(job_id=job.pk, worker="w1") == WorkStatus.FINISHED
     first = job.events.get(kind=JobEventKind.STEP, step=1)
     assert first.data["kl"] == pytest.approx(0.0, abs=1e-6)
 
@@ -282,7 +282,7 @@ def test_grpo_on_logged_turns_scores_each_group_with_the_judge(base_version, jud
         user=user_with_role("operator", "olga"),
         judge_gate_override_reason="mechanics test on a scripted judge",
     )
-    assert training_job_run(job_id=job.pk, worker="w1") == JobStatus.FINISHED
+    assert training_job_run(job_id=job.pk, worker="w1") == WorkStatus.FINISHED
     assert len(judge_settings.requests) >= 2  # at least one call per group
     # Every scoring call is kept, like a judgement.
     stored = CandidateScoring.objects.filter(training_job_id=job.pk)
@@ -304,7 +304,7 @@ def test_a_job_is_queued_for_a_worker_unless_its_caller_runs_it_itself(
         job = training_job_create(
             kind="grpo", config=FAST, base_version=base_version, training_set=task_set, enqueue=False
         )
-    assert queued == [] and job.status == JobStatus.QUEUED
+    assert queued == [] and job.status == WorkStatus.QUEUED
 
 
 def test_a_worker_that_ends_after_the_stale_check_failed_its_job_does_not_overwrite_it(
@@ -322,7 +322,7 @@ def test_a_worker_that_ends_after_the_stale_check_failed_its_job_does_not_overwr
         config={},
         base_version=base_version,
         training_set=task_set,
-        status=JobStatus.RUNNING,
+        status=WorkStatus.RUNNING,
         worker="w1",
         heartbeat_at=now - timedelta(seconds=600),
         attempts=2,
@@ -332,4 +332,4 @@ def test_a_worker_that_ends_after_the_stale_check_failed_its_job_does_not_overwr
     stopped = SimpleNamespace(status="stopped", step=3, breaches=[{"message": "reward collapsed"}])
     assert _finish(job.pk, "w1", stopped) == "skipped"
     job.refresh_from_db()
-    assert job.status == JobStatus.FAILED and "heartbeats" in job.error and job.result_version is None
+    assert job.status == WorkStatus.FAILED and "heartbeats" in job.error and job.result_version is None

@@ -18,7 +18,6 @@ from django.db import connection
 from training.models import (
     BaseModel,
     JobEventKind,
-    JobStatus,
     LiveVersion,
     ModelVersion,
     ModelVersionKind,
@@ -27,6 +26,7 @@ from training.models import (
 )
 from training.services.jobs import training_job_cancel, training_job_create
 from training.services.training_sets import training_set_from_tasks
+from webapp.work import WorkStatus
 
 pytestmark = [pytest.mark.redis, pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,9 +123,9 @@ def test_worker_runs_cancels_and_resumes_a_killed_job(setup, tmp_path):
             training_set=training_set,
         )
         _wait(lambda: _job(long.pk).step >= 3, 180, "progress on the first job", tmp_path)
-        assert _job(long.pk).status == JobStatus.RUNNING and _job(long.pk).heartbeat_at is not None
+        assert _job(long.pk).status == WorkStatus.RUNNING and _job(long.pk).heartbeat_at is not None
         training_job_cancel(job=_job(long.pk))
-        _wait(lambda: _job(long.pk).status == JobStatus.CANCELLED, 60, "the cancel", tmp_path)
+        _wait(lambda: _job(long.pk).status == WorkStatus.CANCELLED, 60, "the cancel", tmp_path)
         cancelled = _job(long.pk)
         assert cancelled.step < 500 and cancelled.result_version is None
         assert cancelled.checkpoint_step == cancelled.step  # checkpointed on the way out
@@ -140,11 +140,11 @@ def test_worker_runs_cancels_and_resumes_a_killed_job(setup, tmp_path):
         _wait(lambda: _job(job.pk).checkpoint_step >= 3 and _job(job.pk).step >= 4, 180, "a checkpoint", tmp_path)
         _stop(worker, signal.SIGKILL)
         killed_at = _job(job.pk)
-        assert killed_at.status == JobStatus.RUNNING and killed_at.step < 14
+        assert killed_at.status == WorkStatus.RUNNING and killed_at.step < 14
 
         # A new worker (with beat) notices the silent heartbeat and resumes the job.
         worker = _start_worker(tmp_path, "second")
-        _wait(lambda: _job(job.pk).status == JobStatus.FINISHED, 240, "the resumed job to finish", tmp_path)
+        _wait(lambda: _job(job.pk).status == WorkStatus.FINISHED, 240, "the resumed job to finish", tmp_path)
     finally:
         _stop(worker)
 

@@ -12,9 +12,10 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from feedback.services.deployments import deployment_get_or_create
-from training.models import BaseModel, JobStatus, ModelVersion, ModelVersionKind, TrainingJob
+from training.models import BaseModel, ModelVersion, ModelVersionKind, TrainingJob
 from training.services.job_runner import _finish
 from training.services.models import ModelRegistryError, base_model_register, live_version_set
+from webapp.work import WorkStatus
 
 pytestmark = pytest.mark.django_db
 
@@ -50,11 +51,11 @@ def test_a_long_chain_of_jobs_never_touches_the_live_adapter(settings, tmp_path)
             base_version=parent,
             deployment=deployment,
             worker="w",
-            status=JobStatus.RUNNING,  # held by worker "w", as `_finish` requires
+            status=WorkStatus.RUNNING,  # held by worker "w", as `_finish` requires
         )
         export = adapter(tmp_path / "runs" / f"job-{job.pk}" / "model", f"unevaluated {generation}".encode())
         status = _finish(job.pk, "w", SimpleNamespace(status="finished", export_path=export, step=1, breaches=[]))
-        assert status == JobStatus.FINISHED
+        assert status == WorkStatus.FINISHED
         job.refresh_from_db()
         child = job.result_version
         assert child.name != parent.name and len(child.name) <= 120 and f"job{job.pk}" in child.name

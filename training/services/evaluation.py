@@ -21,13 +21,7 @@ from django.utils import timezone
 
 from feedback.models import Deployment
 from training.models import ModelVersion, ModelVersionKind, ModelVersionStatus
-from training.models_promotion import (
-    AuditAction,
-    Evaluation,
-    EvaluationItem,
-    EvaluationItemKind,
-    EvaluationStatus,
-)
+from training.models_promotion import AuditAction, Evaluation, EvaluationItem, EvaluationItemKind
 from training.selectors import live_version_get
 from training.services.audit import audit_record
 from training.services.evaluation_items import (
@@ -38,6 +32,7 @@ from training.services.evaluation_items import (
     items_given,
 )
 from webapp.stale_work import stale_work_fail
+from webapp.work import WorkStatus
 
 logger = logging.getLogger(__name__)
 
@@ -166,8 +161,8 @@ def evaluation_cancel(*, evaluation: Evaluation, user=None) -> Evaluation:
     evaluation = Evaluation.objects.select_for_update().get(pk=evaluation.pk)
     if not evaluation.is_active:
         return evaluation
-    if evaluation.status == EvaluationStatus.QUEUED:
-        _finish(evaluation, EvaluationStatus.CANCELLED, actor=user, detail="cancelled before it started")
+    if evaluation.status == WorkStatus.QUEUED:
+        _finish(evaluation, WorkStatus.CANCELLED, actor=user, detail="cancelled before it started")
     else:
         evaluation.cancel_requested = True
         evaluation.save(update_fields=["cancel_requested"])
@@ -185,9 +180,9 @@ def _finish(evaluation: Evaluation, status: str, *, actor=None, error: str = "",
 def _audit_outcome(evaluation: Evaluation, *, actor=None, detail: str = "") -> None:
     """The audit record of an evaluation's end, by its (terminal) status."""
     action = {
-        EvaluationStatus.FINISHED: AuditAction.EVALUATION_FINISHED,
-        EvaluationStatus.FAILED: AuditAction.EVALUATION_FAILED,
-        EvaluationStatus.CANCELLED: AuditAction.EVALUATION_CANCELLED,
+        WorkStatus.FINISHED: AuditAction.EVALUATION_FINISHED,
+        WorkStatus.FAILED: AuditAction.EVALUATION_FAILED,
+        WorkStatus.CANCELLED: AuditAction.EVALUATION_CANCELLED,
     }[evaluation.status]
     audit_record(
         action=action,
@@ -205,12 +200,12 @@ def _finish_if_running(evaluation: Evaluation, status: str, *, error: str = "") 
     or a cancel already ended keeps its outcome. Returns the row as it now is."""
     with transaction.atomic():
         current = Evaluation.objects.select_for_update().get(pk=evaluation.pk)
-        if current.status == EvaluationStatus.RUNNING:
+        if current.status == WorkStatus.RUNNING:
             detail = ""
-            if status == EvaluationStatus.CANCELLED:
+            if status == WorkStatus.CANCELLED:
                 current.summary = evaluation_summary(evaluation=current)
                 detail = f"cancelled after {current.done} items"
-            elif status == EvaluationStatus.FINISHED:
+            elif status == WorkStatus.FINISHED:
                 current.summary = evaluation_summary(evaluation=current)
                 current.done = current.items.filter(done=True).count()
             _finish(current, status, error=error, detail=detail)
@@ -225,8 +220,8 @@ def evaluations_fail_stale(*, now: datetime | None = None) -> list[int]:
 
     return stale_work_fail(
         Evaluation,
-        running=[EvaluationStatus.RUNNING],
-        failed=EvaluationStatus.FAILED,
+        running=[WorkStatus.RUNNING],
+        failed=WorkStatus.FAILED,
         silent_after=settings.EVALUATION_STALE_AFTER_SECONDS,
         now=now or timezone.now(),
         what="evaluation's progress",
@@ -460,7 +455,7 @@ def evaluation_run(*, evaluation_id: int, worker: str = "") -> Evaluation | None
         )
         if evaluation is None or not evaluation.is_active:
             return evaluation
-        evaluation.status = EvaluationStatus.RUNNING
+        evaluation.status = WorkStatus.RUNNING
         evaluation.started_at = evaluation.started_at or timezone.now()
         evaluation.heartbeat_at = timezone.now()
         evaluation.worker = worker[:200]
@@ -482,20 +477,20 @@ def evaluation_run(*, evaluation_id: int, worker: str = "") -> Evaluation | None
             )
         for item in evaluation.items.filter(done=False).order_by("position"):
             status, cancel = Evaluation.objects.filter(pk=evaluation.pk).values_list("status", "cancel_requested").get()
-            if status != EvaluationStatus.RUNNING:
+            if status != WorkStatus.RUNNING:
                 # The sweep failed it while this worker was silent: its outcome stands.
                 evaluation.refresh_from_db()
                 return evaluation
             if cancel:
-                return _finish_if_running(evaluation, EvaluationStatus.CANCELLED)
+                return _finish_if_running(evaluation, WorkStatus.CANCELLED)
             evaluation_item_run(item=item, evaluation=evaluation, generator=generator, endpoint=endpoint)
             Evaluation.objects.filter(pk=evaluation.pk).update(done=F("done") + 1, heartbeat_at=timezone.now())
-        _finish_if_running(evaluation, EvaluationStatus.FINISHED)
+        _finish_if_running(evaluation, WorkStatus.FINISHED)
     except GenerationError as exc:
-        _finish_if_running(evaluation, EvaluationStatus.FAILED, error=str(exc)[:5000])
+        _finish_if_running(evaluation, WorkStatus.FAILED, error=str(exc)[:5000])
     except Exception as exc:
         logger.exception("evaluation %s failed", evaluation_id)
-        _finish_if_running(evaluation, EvaluationStatus.FAILED, error=f"{type(exc).__name__}: {exc}"[:5000])
+        _finish_if_running(evaluation, WorkStatus.FAILED, error=f"{type(exc).__name__}: {exc}"[:5000])
     finally:
         if generator is not None:
             generator.close()

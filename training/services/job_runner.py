@@ -24,7 +24,6 @@ from training.models import (
     PHASE_LABELS,
     JobEventKind,
     JobKind,
-    JobStatus,
     ModelVersion,
     ModelVersionKind,
     TrainingItem,
@@ -32,6 +31,7 @@ from training.models import (
     TrainingJobEvent,
     TrainingSplit,
 )
+from webapp.work import WorkStatus
 
 log = logging.getLogger(__name__)
 MAX_SAMPLE_ROWS = 64
@@ -48,12 +48,12 @@ def _claim(job_id: int, worker: str) -> TrainingJob | None:
     fresh = now - timedelta(seconds=settings.TRAINING_STALE_AFTER_SECONDS)
     with transaction.atomic():
         job = TrainingJob.objects.select_for_update().filter(pk=job_id).first()
-        if job is None or job.status not in (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.CANCELLING):
+        if job is None or job.status not in (WorkStatus.QUEUED, WorkStatus.RUNNING, WorkStatus.CANCELLING):
             return None
-        if job.status != JobStatus.QUEUED and job.heartbeat_at and job.heartbeat_at >= fresh:
+        if job.status != WorkStatus.QUEUED and job.heartbeat_at and job.heartbeat_at >= fresh:
             return None
-        resumed = job.status != JobStatus.QUEUED or job.attempts > 0
-        job.status = JobStatus.CANCELLING if job.cancel_requested else JobStatus.RUNNING
+        resumed = job.status != WorkStatus.QUEUED or job.attempts > 0
+        job.status = WorkStatus.CANCELLING if job.cancel_requested else WorkStatus.RUNNING
         job.attempts += 1
         job.worker = worker
         job.started_at = job.started_at or now
@@ -78,10 +78,10 @@ def training_job_run(*, job_id: int, worker: str) -> str:
         log.exception("training job %s failed", job.pk)
         tail = "".join(traceback.format_exception(exc)[-3:])[-2000:]
         _held(job.pk, worker).update(
-            status=JobStatus.FAILED, error=f"{type(exc).__name__}: {exc}"[:2000], finished_at=timezone.now()
+            status=WorkStatus.FAILED, error=f"{type(exc).__name__}: {exc}"[:2000], finished_at=timezone.now()
         )
         _event(job, JobEventKind.LOG, job.step, {"message": f"failed: {tail}"})
-        return JobStatus.FAILED
+        return WorkStatus.FAILED
     finally:
         stop_beat.set()
         beat.join(timeout=5)
@@ -92,7 +92,7 @@ def _held(job_id: int, worker: str):
     """The job while this worker still holds it. The stale check fails (or cancels) a job
     whose worker went silent without clearing `worker`, so the status is checked too: a
     worker that resumes after that writes nothing."""
-    return TrainingJob.objects.filter(pk=job_id, worker=worker, status__in=(JobStatus.RUNNING, JobStatus.CANCELLING))
+    return TrainingJob.objects.filter(pk=job_id, worker=worker, status__in=(WorkStatus.RUNNING, WorkStatus.CANCELLING))
 
 
 def _heartbeat(job_id: int, worker: str, stop: threading.Event) -> None:
@@ -395,14 +395,14 @@ def _finish(job_id: int, worker: str, result) -> str:
             return "skipped"
         now = timezone.now()
         if result.status == "cancelled":
-            job.status = JobStatus.CANCELLED
+            job.status = WorkStatus.CANCELLED
         elif result.status == "stopped":
-            job.status = JobStatus.STOPPED
+            job.status = WorkStatus.STOPPED
             job.error = "stopped by a monitor: " + "; ".join(b["message"] for b in result.breaches[-3:])
         else:
             job_phase_set(job.pk, worker, "registration", 0, 1)
             job.refresh_from_db(fields=["phase"])
-            job.status = JobStatus.FINISHED
+            job.status = WorkStatus.FINISHED
             job.result_version = _register_candidate(job, result.export_path)
         job.finished_at = now
         job.heartbeat_at = now

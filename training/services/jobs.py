@@ -15,7 +15,6 @@ from training.models import (
     CorrectionSource,
     JobEventKind,
     JobKind,
-    JobStatus,
     ModelVersion,
     ModelVersionKind,
     TrainingItemKind,
@@ -24,6 +23,7 @@ from training.models import (
     TrainingSet,
 )
 from webapp.errors import Invalid
+from webapp.work import WorkStatus
 
 
 class JobError(Invalid, ValueError):
@@ -228,14 +228,14 @@ def training_job_cancel(*, job: TrainingJob, user=None) -> TrainingJob:
     before the next step (it checkpoints, then stops)."""
     job = TrainingJob.objects.select_for_update().get(pk=job.pk)
     who = getattr(user, "username", "") or "someone"
-    if job.status == JobStatus.QUEUED:
-        job.status = JobStatus.CANCELLED
+    if job.status == WorkStatus.QUEUED:
+        job.status = WorkStatus.CANCELLED
         job.cancel_requested = True
         job.finished_at = timezone.now()
         job.save(update_fields=["status", "cancel_requested", "finished_at"])
         _log(job, f"cancelled by {who} before it started")
-    elif job.status == JobStatus.RUNNING:
-        job.status = JobStatus.CANCELLING
+    elif job.status == WorkStatus.RUNNING:
+        job.status = WorkStatus.CANCELLING
         job.cancel_requested = True
         job.save(update_fields=["status", "cancel_requested"])
         _log(job, f"cancel requested by {who}; stopping after the current step")
@@ -250,24 +250,24 @@ def training_jobs_check_stale(*, now: datetime | None = None) -> list[tuple[int,
     cutoff = now - timedelta(seconds=settings.TRAINING_STALE_AFTER_SECONDS)
     actions: list[tuple[int, str]] = []
     stale = TrainingJob.objects.filter(
-        status__in=[JobStatus.RUNNING, JobStatus.CANCELLING], heartbeat_at__lt=cutoff
+        status__in=[WorkStatus.RUNNING, WorkStatus.CANCELLING], heartbeat_at__lt=cutoff
     ).values_list("pk", flat=True)
     for pk in stale:
         with transaction.atomic():
             job = TrainingJob.objects.select_for_update().get(pk=pk)
-            if job.status not in (JobStatus.RUNNING, JobStatus.CANCELLING) or (
+            if job.status not in (WorkStatus.RUNNING, WorkStatus.CANCELLING) or (
                 job.heartbeat_at and job.heartbeat_at >= cutoff
             ):
                 continue
             silent = int((now - job.heartbeat_at).total_seconds()) if job.heartbeat_at else None
-            if job.status == JobStatus.CANCELLING:
-                job.status = JobStatus.CANCELLED
+            if job.status == WorkStatus.CANCELLING:
+                job.status = WorkStatus.CANCELLED
                 job.finished_at = now
                 job.save(update_fields=["status", "finished_at"])
                 _log(job, f"worker silent for {silent} s while cancelling; marked cancelled")
                 actions.append((pk, "cancelled"))
             elif job.attempts < settings.TRAINING_MAX_ATTEMPTS:
-                job.status = JobStatus.QUEUED
+                job.status = WorkStatus.QUEUED
                 job.worker = ""
                 job.save(update_fields=["status", "worker"])
                 where = f"checkpoint at step {job.checkpoint_step}" if job.checkpoint_path else "the start"
@@ -275,7 +275,7 @@ def training_jobs_check_stale(*, now: datetime | None = None) -> list[tuple[int,
                 _enqueue(job)
                 actions.append((pk, "requeued"))
             else:
-                job.status = JobStatus.FAILED
+                job.status = WorkStatus.FAILED
                 job.error = f"the worker stopped sending heartbeats ({silent} s) after {job.attempts} attempts"
                 job.finished_at = now
                 job.save(update_fields=["status", "error", "finished_at"])

@@ -14,14 +14,7 @@ from django.utils import timezone
 
 from feedback.models import Deployment
 from training.models import ModelVersion
-from training.models_promotion import (
-    AuditAction,
-    Evaluation,
-    EvaluationStatus,
-    PromotionRequest,
-    PromotionStatus,
-    Release,
-)
+from training.models_promotion import AuditAction, Evaluation, PromotionRequest, PromotionStatus, Release
 from training.selectors import live_version_get
 from training.services.audit import audit_record
 from training.services.promotion_checks import (
@@ -41,6 +34,7 @@ from training.services.promotion_checks import (
     raise_first_unmet,
     snapshot,
 )
+from webapp.work import WorkStatus
 
 # Request -------------------------------------------------------------------------------
 
@@ -68,7 +62,7 @@ def promotion_request_check(
         )
     elif evaluation.candidate_id != candidate.pk or evaluation.deployment_id != deployment.pk:
         checks.append(check_evaluation_finished(evaluation, candidate, deployment))
-    elif evaluation.status in (EvaluationStatus.FAILED, EvaluationStatus.CANCELLED):
+    elif evaluation.status in (WorkStatus.FAILED, WorkStatus.CANCELLED):
         checks.append(
             Precondition(
                 "evaluation",

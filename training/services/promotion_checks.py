@@ -10,8 +10,9 @@ from django.utils import timezone
 
 from feedback.models import Deployment
 from training.models import ModelVersion, ModelVersionKind, ModelVersionStatus
-from training.models_promotion import ACTIVE_RELEASE_STATUSES, Evaluation, EvaluationStatus, Release
+from training.models_promotion import ACTIVE_RELEASE_STATUSES, Evaluation, Release
 from webapp.errors import Conflict
+from webapp.work import WorkStatus
 
 APPROVE = "training.approve_promotion"
 REQUEST = "training.add_promotionrequest"
@@ -124,7 +125,7 @@ def check_evaluation_finished(evaluation: Evaluation, candidate: ModelVersion, d
         return Precondition(
             "evaluation", label, False, f"evaluation {evaluation.pk} is not of {candidate.name} on {deployment.name}"
         )
-    if evaluation.status != EvaluationStatus.FINISHED:
+    if evaluation.status != WorkStatus.FINISHED:
         progress = f", {evaluation.done}/{evaluation.total} items" if evaluation.is_active else ""
         error = f": {evaluation.error[:200]}" if evaluation.error else ""
         return Precondition(
@@ -188,7 +189,7 @@ def check_harm(evaluation: Evaluation | None) -> Precondition:
     never shown, are each at most the live version's — whatever the success rate. No
     override: a candidate that pays the wrong customer is not promoted."""
     label = "No more collateral changes or unknown-id tool calls than live"
-    if evaluation is None or evaluation.status != EvaluationStatus.FINISHED:
+    if evaluation is None or evaluation.status != WorkStatus.FINISHED:
         return Precondition("harm", label, True, "measured when the evaluation finishes")
     findings, measured, success = harm_findings(evaluation.summary or {})
     if not measured:

@@ -28,7 +28,8 @@ from typing import Any
 
 from training.evaluation.metrics import Z_95, wilson_interval
 from training.models import ModelVersion
-from training.models_promotion import Evaluation, EvaluationStatus
+from training.models_promotion import Evaluation
+from webapp.work import WorkStatus
 
 THRESHOLDS: dict[str, float] = {
     "job_heldout": 0.05,
@@ -183,7 +184,7 @@ def job_signals(candidate: ModelVersion) -> list[Signal]:
 
 
 def evaluation_signals(evaluation: Evaluation | None) -> list[Signal]:
-    if evaluation is None or evaluation.status != EvaluationStatus.FINISHED:
+    if evaluation is None or evaluation.status != WorkStatus.FINISHED:
         return []
     summary = evaluation.summary or {}
     cand, live = summary.get("candidate") or {}, summary.get("baseline") or {}

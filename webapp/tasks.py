@@ -1,0 +1,34 @@
+"""Periodic work that spans the apps."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+
+logger = logging.getLogger(__name__)
+
+
+@shared_task(name="webapp.stale_work_sweep", queue="default", ignore_result=True)
+def stale_work_sweep_task() -> None:
+    """The one sweep for background work whose worker died (webapp/stale_work.py): training
+    jobs resume from their checkpoint or fail; judgements, judge jobs, failure-mode runs
+    and evaluations fail. Each kind is swept on its own, so one kind's error does not keep
+    the others running forever."""
+    from feedback.services.failure_modes import failure_mode_runs_fail_stale
+    from feedback.services.judge_jobs import judge_jobs_fail_stale
+    from feedback.services.judging import judge_results_fail_stale
+    from training.services.evaluation import evaluations_fail_stale
+    from training.services.jobs import training_jobs_check_stale
+
+    for sweep in (
+        training_jobs_check_stale,
+        judge_results_fail_stale,
+        judge_jobs_fail_stale,
+        failure_mode_runs_fail_stale,
+        evaluations_fail_stale,
+    ):
+        try:
+            sweep()
+        except Exception:
+            logger.exception("the stale-work sweep %s failed", sweep.__name__)
