@@ -87,3 +87,12 @@ def pytest_report_header(config) -> list[str]:
 def _fast_password_hashing(django_test_environment) -> None:
     # The default PBKDF2 hasher spends ~0.3 s per user created or logged in; tests make many.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    """Each test starts with an empty cache: a rolled-back test's ids are reused by the next
+    one (SQLite), so a cached answer keyed by them would leak across tests."""
+    from django.core.cache import cache
+
+    cache.clear()

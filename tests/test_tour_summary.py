@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -267,13 +268,49 @@ def test_the_overview_shows_base_vs_candidate_over_the_seeds_with_intervals(tmp_
     page = client.get("/overview/").content.decode()
 
     row = page[page.index('data-slice="test"') : page.index("</tr>", page.index('data-slice="test"'))]
-    assert "smol-sft-job1, smol-sft-job2" in row and "2 <span" in row
-    assert interval(mean_interval_of([1 / 3, 1 / 3])) in row  # the base: one in three, both seeds
-    assert interval(mean_interval_of([2 / 3, 1.0])) in row and interval(mean_interval_of([1 / 3, 2 / 3])) in row
+
+    def cell(name):
+        return re.search(rf'class="num {name}">(.*?)</td>', row).group(1)
+
+    assert "smol-sft-job1, smol-sft-job2" in row and cell("seeds").startswith("2 <span")
+    assert cell("base-success") == "0.333"  # one in three on both seeds: no spread, no interval
+    assert cell("candidate-success") == interval(_clamped(mean_interval_of([2 / 3, 1.0])))
+    assert cell("gain") == interval(mean_interval_of([1 / 3, 2 / 3]))
+    assert cell("paired-gain").startswith(interval(mean_interval_of([1, 0, 0, 1, 0, 1])))
+    assert cell("base-collateral") == "—"  # no conversation stored: nothing to replay
     assert "fresh-&lt;b&gt;7&lt;/b&gt;" in page and "<b>7</b>" not in page
+
+
+def _clamped(interval):
+    mean, low, high = interval
+    return mean, max(0.0, low), min(1.0, high)
 
 
 def mean_interval_of(values):
     from training.evaluation.seeds import mean_interval
 
     return mean_interval(values)
+
+
+@pytest.mark.django_db
+def test_a_cap_that_cuts_into_a_run_leaves_that_run_out_whole_and_odd_seeds_do_not_break_the_page(tmp_path, client):
+    from tests.factories import user_with_role
+
+    _store_runs(
+        tmp_path,
+        [
+            ("r1", "smol", "test", None, {0: 1, 1: 1, 2: 1, 3: 5}),
+            ("r2", "smol-sft-job1", "test", None, {0: 5, 1: 5, 2: 5, 3: 5}),
+            ("r3", "smol", "fresh", "²", {0: 5}),  # str.isdigit() says yes; int() says no
+            ("r4", "smol-sft-job1", "fresh", "²", {0: 5}),
+        ],
+    )
+
+    assert measured_runs(deployment="support-bot", max_traces=100)[0][0]["base"]["test"]["graded"] == 4
+    per_seed, slices = measured_runs(deployment="support-bot", max_traces=10)  # all ten fit
+    assert "test" in slices and per_seed[0]["base"]["test"]["success_rate"] == 0.25
+    # Eight from the newest: r4, r3, r2 and two of r1's four, whose base would read 0.0.
+    per_seed, slices = measured_runs(deployment="support-bot", max_traces=8)
+    assert "test" not in slices  # r1 cut: left out whole, so r2 has no base to pair with
+    client.force_login(user_with_role("operator"))
+    assert client.get("/overview/").status_code == 200

@@ -18,10 +18,14 @@ task is unknown here is left out of that rate and counted as such.
 from __future__ import annotations
 
 import functools
+import hashlib
+import re
 from collections import defaultdict
 from datetime import timedelta
 from typing import Any
 
+from django.core.cache import cache
+from django.db.models import Count, Max
 from django.utils import timezone
 
 from feedback.models import CustomerFeedback, Message, Trace
@@ -30,7 +34,9 @@ from training.environments import Environment, Task, environment_get, episode_re
 
 GRADER_REF = "grader"
 MEASURED_SPLITS = ("test", "fresh")
-MAX_TRACES = 5000  # the latest measured traces a summary reads (a 3-seed tour holds 576)
+MAX_TRACES = 2000  # the latest measured traces a summary reads (a 3-seed tour holds 576)
+MAX_REPLAY_MESSAGES = 64  # longer conversations are left out of the collateral rate
+CACHE_SECONDS = 600
 FRESH_SEEDS_SEARCHED = 32  # traces logged before they named their fresh seed are placed by task
 
 
@@ -74,7 +80,7 @@ def _collateral(trace: Trace, messages: list[dict[str, Any]]) -> bool | None:
         return None
     if trace.metadata.get("split") == "fresh":
         seed = str(trace.metadata.get("fresh_seed") or "")
-        task = _fresh_tasks(name, int(seed)).get(task_id) if seed.isdigit() and len(seed) < 6 else None
+        task = _fresh_tasks(name, int(seed)).get(task_id) if re.fullmatch(r"[0-9]{1,5}", seed) else None
     else:
         task = _tasks(name).get(task_id)
     env = _environment(name)
@@ -112,24 +118,45 @@ def measured_runs(
     collateral_rate (None: nothing replayable), per_episode [{index, task, success,
     collateral}], the shape `scripts/tour_demo.py` writes to its result.json. Reads the
     latest `max_traces` graded test and fresh traces that a model version served (in the
-    last `days` days, if given)."""
+    last `days` days, if given), whole runs only: the oldest run is left out when the cap
+    cuts into it. The answer is cached until a trace or a grade arrives."""
     from training.models import ModelVersionKind
 
-    recent = Trace.objects.all()
+    recent = Trace.objects.filter(
+        deployment__name=deployment,
+        external_id__startswith="demo-",
+        model_version__isnull=False,
+        metadata__split__in=MEASURED_SPLITS,
+    )
     if days is not None:
         recent = recent.filter(started_at__gte=timezone.now() - timedelta(days=days))
+    marks = recent.aggregate(last=Max("id"), n=Count("id"))
+    graded_mark = CustomerFeedback.objects.filter(
+        deployment__name=deployment, customer_ref=GRADER_REF, trace__external_id__startswith="demo-"
+    ).aggregate(last=Max("id"))["last"]
+    key = (
+        "measured-runs:"
+        + hashlib.blake2b(
+            repr((deployment, days, max_traces, marks["last"], marks["n"], graded_mark)).encode(), digest_size=16
+        ).hexdigest()
+    )
+    cached = cache.get(key)
+    if cached is None:
+        cached = _measured_runs(recent, max_traces, ModelVersionKind.BASE)
+        cache.set(key, cached, CACHE_SECONDS)
+    return cached
+
+
+def _measured_runs(recent, max_traces: int, base_kind: str) -> tuple[list[dict[str, Any]], list[str]]:
     traces = list(
-        recent.filter(
-            deployment__name=deployment,
-            external_id__startswith="demo-",
-            model_version__isnull=False,
-            metadata__split__in=MEASURED_SPLITS,
-            customer_feedback__customer_ref=GRADER_REF,
-        )
+        recent.filter(customer_feedback__customer_ref=GRADER_REF)
         .select_related("model_version")
         .distinct()
-        .order_by("-started_at", "-id")[:max_traces]
+        .order_by("-started_at", "-id")[: max_traces + 1]
     )
+    if len(traces) > max_traces:  # the cap cuts the oldest run: leave it out whole
+        cut = traces[max_traces - 1].external_id.split("-")[1]
+        traces = [t for t in traces[:max_traces] if t.external_id.split("-")[1] != cut]
     success = {
         trace_id: rating == 5
         for trace_id, rating in CustomerFeedback.objects.filter(
@@ -137,10 +164,12 @@ def measured_runs(
         ).values_list("trace_id", "rating")
     }
     traces = [t for t in traces if t.pk in success]
+    # A conversation longer than any episode of an environment's budget is not replayed.
+    replayable = [t for t in traces if t.message_count <= MAX_REPLAY_MESSAGES]
     history: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for m in Message.objects.filter(trace__in=traces).order_by("trace_id", "position"):
+    for m in Message.objects.filter(trace__in=replayable).order_by("trace_id", "position"):
         history[m.trace_id].append(message_as_openai(m))
-    collateral = {t.pk: _collateral(t, history[t.pk]) for t in traces}
+    collateral = {t.pk: _collateral(t, history[t.pk]) for t in replayable}
 
     runs: dict[str, list[Trace]] = defaultdict(list)
     for t in sorted(traces, key=lambda t: (t.started_at, t.pk)):
@@ -153,11 +182,11 @@ def measured_runs(
         key = first.metadata["split"]
         if key == "fresh":
             seed = first.metadata.get("fresh_seed") or _fresh_seed_of(first.environment, first.metadata.get("task_id"))
-            key = f"fresh-{seed}"
+            key = f"fresh-{str(seed)[:40]}"
         if key not in slices:
             slices.append(key)
         figures = _figures(first.model_version.name, ts, success, collateral)
-        if first.model_version.kind == ModelVersionKind.BASE:
+        if first.model_version.kind == base_kind:
             latest_base[key] = figures
         elif key in latest_base:
             # Each base measurement pairs once: two candidates after one base are not two seeds.

@@ -31,7 +31,10 @@ class SliceSummary:
     gain: Interval
     base_collateral: Interval | None  # None where some run has no replayable episode
     candidate_collateral: Interval | None
-    paired: Interval | None  # candidate minus base success per (seed, episode) pair
+    # Candidate minus base success per (seed, episode) pair, every pair counted as independent:
+    # how sure the gain is for these trained candidates on these tasks. Pairs of one seed
+    # share one training run, so the recipe's own uncertainty is `gain`, over the seeds.
+    paired: Interval | None
     pairs: int
 
 
@@ -69,13 +72,19 @@ def slice_summaries(per_seed: list[dict[str, Any]], slices: list[str]) -> list[S
                 seeds=len(rows),
                 episodes=base[0]["graded"],
                 candidates=tuple(dict.fromkeys(c["version"] for c in cand if c.get("version"))),
-                base_success=mean_interval([b["success_rate"] for b in base]),
-                candidate_success=mean_interval([c["success_rate"] for c in cand]),
+                base_success=_rate([b["success_rate"] for b in base]),
+                candidate_success=_rate([c["success_rate"] for c in cand]),
                 gain=mean_interval([c["success_rate"] - b["success_rate"] for b, c in zip(base, cand, strict=True)]),
-                base_collateral=mean_interval([b["collateral_rate"] for b in base]) if has_collateral else None,
-                candidate_collateral=mean_interval([c["collateral_rate"] for c in cand]) if has_collateral else None,
+                base_collateral=_rate([b["collateral_rate"] for b in base]) if has_collateral else None,
+                candidate_collateral=_rate([c["collateral_rate"] for c in cand]) if has_collateral else None,
                 paired=mean_interval(gains) if len(gains) > 1 else None,
                 pairs=len(gains),
             )
         )
     return out
+
+
+def _rate(values: list[float]) -> Interval:
+    """A rate's mean and t interval, kept inside [0, 1] where a rate lives."""
+    mean, low, high = mean_interval(values)
+    return mean, max(0.0, low), min(1.0, high)
