@@ -170,18 +170,25 @@ say "Waiting for the inference server ($BASE on vLLM, CPU; about a minute) …"
 wait_http "$PRACTICUM_INFERENCE_URL/health" 900 "the inference server" || { tail -n 30 "$LOGS/inference.log" >&2; exit 1; }
 
 if [ "${PRACTICUM_DEMO_AGENT:-1}" != 0 ]; then
-  have=$($PY manage.py shell -v 0 -c "from feedback.models import Trace; print(Trace.objects.filter(deployment__name='support-bot', source='gateway')[:$EPISODES].count())")
-  if [ "$have" -lt "$EPISODES" ]; then
-    say "The demo agent works $EPISODES support tasks through the gateway (traces appear as they arrive) …"
+  # What an earlier start left: training-split episodes, and the base's test-split run.
+  count() { $PY manage.py shell -v 0 -c "from feedback.models import Trace; print(Trace.objects.filter(deployment__name='support-bot', source='gateway', metadata__split='$1')[:$2].count())"; }
+  have=$(count train "$EPISODES")
+  have_test=$(count test "$PRACTICUM_DEMO_AGENT_EPISODES")
+  if [ "$have" -lt "$EPISODES" ] || [ "$have_test" -lt "$PRACTICUM_DEMO_AGENT_EPISODES" ]; then
     key=$($PY manage.py create_api_key --deployment support-bot --scopes ingest,feedback --name "make demo agent" --expires-in-days 1 --quiet)
     # In the background (its own process group), so Ctrl-C still reaches this script. Then
     # the base model on test tasks: the tour's "run the agent again" plays the same tasks
     # (seed 0) on the candidate, and the overview pairs the two runs episode by episode.
     {
-      LOG_LEVEL=WARNING $PY manage.py demo_agent --base-url "$URL" --api-key "$key" --split train --episodes "$EPISODES" &&
-        say "The base model on $PRACTICUM_DEMO_AGENT_EPISODES test tasks, to compare the trained version with …" &&
+      if [ "$have" -lt "$EPISODES" ]; then
+        say "The demo agent works $EPISODES support tasks through the gateway (traces appear as they arrive) …"
+        LOG_LEVEL=WARNING $PY manage.py demo_agent --base-url "$URL" --api-key "$key" --split train --episodes "$EPISODES" || exit
+      fi
+      if [ "$have_test" -lt "$PRACTICUM_DEMO_AGENT_EPISODES" ]; then
+        say "The base model on $PRACTICUM_DEMO_AGENT_EPISODES test tasks, to compare the trained version with …"
         LOG_LEVEL=WARNING $PY manage.py demo_agent --base-url "$URL" --api-key "$key" --split test \
           --episodes "$PRACTICUM_DEMO_AGENT_EPISODES" --seed 0 --comments 0
+      fi
     } &
     agent=$!
     wait "$agent" || echo "the demo agent stopped early (exit $?)"

@@ -290,17 +290,22 @@ def traces_insert(rows: list[dict[str, Any]]) -> list[int]:
 
 def _divergence(stored: list[dict[str, Any]], new: list[ParsedMessage]) -> int | None:
     """The first position where the new messages say something other than the stored ones,
-    if any. Serving data (latency, usage, token ids) is not what a message says: a later
-    resend that carries the same turn without it (an OpenTelemetry model call's input
-    repeats the earlier turns bare) is the same turn."""
+    if any. A resend that leaves a turn's serving data out (an OpenTelemetry model call's
+    input repeats the earlier turns bare) is the same turn; one that carries different
+    serving data (token ids, latency) is a rewrite. Stored text has NUL replaced (see
+    `strip_nul`): the new messages are compared the same way."""
     for i, (old, m) in enumerate(zip(stored, new, strict=False)):
-        if _said(old) != _said(m.raw):
+        if _said(old, m.raw) != strip_nul(m.raw):
             return i
     return None
 
 
-def _said(raw: Any) -> Any:
-    return {k: v for k, v in raw.items() if k not in SERVING_KEYS} if isinstance(raw, dict) else raw
+def _said(stored: Any, new: Any) -> Any:
+    """The stored message without the serving keys the new one leaves out (a resend that
+    carries them must carry the same values)."""
+    if not isinstance(stored, dict) or not isinstance(new, dict):
+        return stored
+    return {k: v for k, v in stored.items() if k not in SERVING_KEYS or k in new}
 
 
 @transaction.atomic

@@ -28,6 +28,7 @@ import base64
 import binascii
 import hashlib
 import json
+import math
 import re
 import zlib
 from collections import defaultdict
@@ -180,24 +181,39 @@ def _dict(value: Any) -> dict:
 
 
 def any_value(value) -> Any:
-    """An OTLP AnyValue as plain Python (bytes as base64 text)."""
+    """An OTLP AnyValue as plain Python that PostgreSQL can store: bytes as base64 text,
+    NUL in text as U+FFFD, a NaN or infinite double as null."""
     kind = value.WhichOneof("value")
     if kind is None:
         return None
     if kind == "array_value":
         return [any_value(v) for v in value.array_value.values]
     if kind == "kvlist_value":
-        return {kv.key: any_value(kv.value) for kv in value.kvlist_value.values}
+        return {_clean(kv.key): any_value(kv.value) for kv in value.kvlist_value.values}
     if kind == "bytes_value":
         return base64.b64encode(value.bytes_value).decode()
-    return getattr(value, kind)
+    return _clean(getattr(value, kind))
+
+
+def _clean(value: Any) -> Any:
+    """Text without NUL and numbers that are finite, all the way down (span content is
+    untrusted: jsonb holds neither NUL nor NaN)."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    if isinstance(value, dict):
+        return {_clean(str(k)): _clean(v) for k, v in value.items()}
+    return value
 
 
 def spans_of(request) -> list[SpanRecord]:
     """Every span of an export request, with its resource's attributes."""
     spans = []
     for rs in request.resource_spans:
-        resource = {kv.key: any_value(kv.value) for kv in rs.resource.attributes}
+        resource = {_clean(kv.key): any_value(kv.value) for kv in rs.resource.attributes}
         for ss in rs.scope_spans:
             for span in ss.spans:
                 if len(spans) >= MAX_SPANS:
@@ -207,12 +223,15 @@ def spans_of(request) -> list[SpanRecord]:
                         trace_id=span.trace_id.hex(),
                         span_id=span.span_id.hex(),
                         parent_id=span.parent_span_id.hex(),
-                        name=span.name,
+                        name=_clean(span.name),
                         start_ns=span.start_time_unix_nano,
                         end_ns=span.end_time_unix_nano,
                         error=span.status.code == 2,  # STATUS_CODE_ERROR
-                        attributes={kv.key: any_value(kv.value) for kv in span.attributes},
-                        events=[(e.name, {kv.key: any_value(kv.value) for kv in e.attributes}) for e in span.events],
+                        attributes={_clean(kv.key): any_value(kv.value) for kv in span.attributes},
+                        events=[
+                            (_clean(e.name), {_clean(kv.key): any_value(kv.value) for kv in e.attributes})
+                            for e in span.events
+                        ],
                         resource=resource,
                     )
                 )
@@ -245,6 +264,8 @@ def _map_trace(mapping: TraceMapping, spans: list[SpanRecord]) -> None:
     tools: list[dict[str, Any]] = []
     model = ""
     for span in llm:
+        if len(conversation) > settings.INGEST_MAX_MESSAGES_PER_TRACE:
+            break  # ingest refuses it with the count; reading further only costs
         read = _llm_messages(span)
         if read is None:
             mapping.notes.append(f"span {span.span_id}: no message content")
@@ -263,9 +284,7 @@ def _map_trace(mapping: TraceMapping, spans: list[SpanRecord]) -> None:
             "(OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true)"
         )
         return
-    for span in spans:
-        if span.operation == TOOL_OPERATION:
-            _place_tool_result(conversation, span)
+    conversation = _with_tool_results(conversation, spans)
     metadata: dict[str, Any] = {"otel": {"spans": len(spans)}}
     service = next((s.resource.get("service.name") for s in spans if s.resource.get("service.name")), None)
     if isinstance(service, str):
@@ -316,7 +335,7 @@ def _json_value(value: Any) -> Any:
     """An attribute that holds JSON: as a string (most instrumentations) or already structured."""
     if isinstance(value, str):
         try:
-            return json.loads(value)
+            return _clean(json.loads(value))
         except (ValueError, RecursionError):
             return None
     return value
@@ -362,6 +381,8 @@ def _with_serving(message: dict[str, Any], span: SpanRecord) -> dict[str, Any]:
         for k, v in (("prompt_tokens", prompt), ("completion_tokens", completion))
         if isinstance(v, int) and not isinstance(v, bool)
     }
+    if len(usage) == 2:
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
     if usage:
         out["usage"] = usage
     reasons = a.get("gen_ai.response.finish_reasons")
@@ -552,28 +573,49 @@ def _tool_definitions(span: SpanRecord) -> list[dict[str, Any]]:
     return [t for _, t in sorted(indexed, key=lambda x: x[0])]
 
 
-def _place_tool_result(conversation: list[dict[str, Any]], span: SpanRecord) -> None:
-    """A tool span's result after the assistant turn whose call it answers (by call id, else
-    the first unanswered call of its name), unless a tool message already answers it."""
-    a = span.attributes
-    result = a.get("gen_ai.tool.call.result", a.get("output.value"))
-    if result is None:
-        return
-    call_id = a.get("gen_ai.tool.call.id", a.get("tool_call.id"))
-    name = a.get("gen_ai.tool.name", a.get("tool.name"))
-    answered = {m.get("tool_call_id") for m in conversation if m.get("role") == "tool"}
-    for i, message in enumerate(conversation):
-        if message.get("role") != "assistant":
+def _with_tool_results(conversation: list[dict[str, Any]], spans: list[SpanRecord]) -> list[dict[str, Any]]:
+    """The conversation with the tool spans' results: a span's result is the tool message
+    for its call (by call id, else the first unanswered call of its name), after the turn
+    that made it. Where a later model call's input carried that message too, the span's
+    text is kept, so every rebuild of the trace says the same whichever export carried what."""
+    by_id: dict[str, str] = {}
+    by_name: dict[str, list[str]] = defaultdict(list)
+    for span in spans:
+        a = span.attributes
+        if span.operation != TOOL_OPERATION:
             continue
-        for call in message.get("tool_calls") or []:
-            matches = call["id"] == call_id if call_id else call["function"]["name"] == name
-            if not matches or call["id"] in answered:
-                continue
-            at = i + 1
-            while at < len(conversation) and conversation[at].get("role") == "tool":
-                at += 1
-            conversation.insert(at, {"role": "tool", "tool_call_id": call["id"], "content": _text(result)})
-            return
+        result = a.get("gen_ai.tool.call.result", a.get("output.value"))
+        if result is None:
+            continue
+        call_id = a.get("gen_ai.tool.call.id", a.get("tool_call.id"))
+        if isinstance(call_id, str) and call_id:
+            by_id.setdefault(call_id, _text(result))
+        else:
+            by_name[str(a.get("gen_ai.tool.name", a.get("tool.name")) or "")].append(_text(result))
+    if not by_id and not by_name:
+        return conversation
+    out: list[dict[str, Any]] = []
+    pending: list[dict[str, Any]] = []  # the last assistant turn's calls not answered yet
+    for message in [*conversation, None]:
+        if message is None or message.get("role") != "tool":
+            for call in pending:  # the turn's tool messages are over: add what spans answered
+                text = by_id.pop(call["id"], None)
+                if text is None and by_name.get(call["function"]["name"]):
+                    text = by_name[call["function"]["name"]].pop(0)
+                if text is not None:
+                    out.append({"role": "tool", "tool_call_id": call["id"], "content": text})
+            pending = []
+        if message is None:
+            break
+        if message.get("role") == "tool":
+            text = by_id.pop(message.get("tool_call_id"), None)
+            out.append({**message, "content": text} if text is not None else message)
+            pending = [c for c in pending if c["id"] != message.get("tool_call_id")]
+            continue
+        out.append(message)
+        if message.get("role") == "assistant":
+            pending = list(message.get("tool_calls") or [])
+    return out
 
 
 # --- the service --------------------------------------------------------------------------
@@ -627,12 +669,12 @@ def otlp_ingest(*, deployment: Deployment, request, now: datetime | None = None)
     export and the agent's span that ends last each find their trace. A trace with only tool
     spans so far is held, not rejected. Rejected, with the reason per trace: spans of a trace
     with no GenAI span, or whose model calls carry no content, or that ingest refuses (its
-    stored turns are never rewritten). Two exports of one trace take turns (a lock per
-    trace), so neither rebuilds it without the other's spans."""
+    stored turns are never rewritten) — and a refused export's spans are not kept, so they
+    do not stand in the way of the next one. A span is taken once (by its id, within an
+    export and across them). Two exports of one trace take turns (a lock per trace), so
+    neither rebuilds it without the other's spans."""
     now = now or timezone.now()
-    incoming: dict[str, list[SpanRecord]] = defaultdict(list)
-    for span in spans_of(request):
-        incoming[span.trace_id].append(span)
+    incoming: dict[str, dict[str, SpanRecord]] = defaultdict(dict)
     counts = {s: 0 for s in ("created", "exists", "appended", "held", "error")}
     rejected = 0
     reasons: list[str] = []
@@ -642,6 +684,16 @@ def otlp_ingest(*, deployment: Deployment, request, now: datetime | None = None)
         counts["error"] += 1
         rejected += spans
         reasons.append(f"trace {trace_id}: {reason}")
+
+    bad_ids = 0
+    for span in spans_of(request):
+        if not re.fullmatch(r"[0-9a-f]{16}", span.span_id) or span.span_id == "0" * 16:
+            bad_ids += 1
+            continue
+        incoming[span.trace_id].setdefault(span.span_id, span)
+    if bad_ids:
+        rejected += bad_ids
+        reasons.append(f"{bad_ids} span(s): spanId must be 8 bytes, not all zero")
 
     with transaction.atomic():
         valid = []
@@ -655,42 +707,30 @@ def otlp_ingest(*, deployment: Deployment, request, now: datetime | None = None)
         for row in OtelSpan.objects.filter(deployment=deployment, trace_id__in=valid).order_by("start_ns", "id"):
             stored[row.trace_id][row.span_id] = _record_of(row)
         mappings: list[tuple[TraceMapping, list[SpanRecord]]] = []
+        keep: list[tuple[str, list[SpanRecord]]] = []
         for trace_id in valid:
-            new = [s for s in incoming[trace_id] if s.span_id not in stored[trace_id]]  # a retry adds nothing
+            got = list(incoming[trace_id].values())
+            new = [s for s in got if s.span_id not in stored[trace_id]]  # a retry adds nothing
             spans = [*stored[trace_id].values(), *new]
             if not any(_genai(s) for s in spans):
-                reject(trace_id, len(incoming[trace_id]), "no GenAI or OpenInference model-call span in this trace")
+                reject(trace_id, len(got), "no GenAI or OpenInference model-call span in this trace")
                 continue
             if len(spans) > MAX_SPANS_PER_TRACE:
                 reject(trace_id, len(new), f"more than {MAX_SPANS_PER_TRACE} spans in one trace")
                 continue
-            mapping = TraceMapping(trace_id=trace_id, spans=len(incoming[trace_id]))
+            mapping = TraceMapping(trace_id=trace_id, spans=len(got))
             _map_trace(mapping, sorted(spans, key=lambda s: (s.start_ns, s.end_ns)))
             if mapping.item is None and not any(s.operation in LLM_OPERATIONS for s in spans):
                 counts["held"] += 1  # tool spans before their model call's export
+                keep.append((trace_id, new))
             elif mapping.item is None:
-                reject(trace_id, len(incoming[trace_id]), mapping.reason)
-                continue
-            OtelSpan.objects.bulk_create(
-                [
-                    OtelSpan(
-                        deployment=deployment,
-                        trace_id=trace_id,
-                        span_id=s.span_id[:16],
-                        start_ns=min(s.start_ns, 2**63 - 1),
-                        data=_record_data(s),
-                        received_at=now,
-                    )
-                    for s in new
-                ],
-                ignore_conflicts=True,
-            )
-            if mapping.item is not None:
-                mappings.append((mapping, spans))
+                reject(trace_id, len(got), mapping.reason)
+            else:
+                mappings.append((mapping, new))
                 if mapping.notes:
                     reasons.append(f"trace {trace_id}: " + "; ".join(mapping.notes[:3]))
         results = traces_ingest(deployment=deployment, items=[m.item for m, _ in mappings], source=TraceSource.OTEL)
-        for (mapping, _spans), result in zip(mappings, results, strict=True):
+        for (mapping, new), result in zip(mappings, results, strict=True):
             if result.status == "error":
                 reject(
                     mapping.trace_id, mapping.spans, "; ".join(f"{e['field']}: {e['reason']}" for e in result.errors)
@@ -698,12 +738,37 @@ def otlp_ingest(*, deployment: Deployment, request, now: datetime | None = None)
                 continue
             counts[result.status] += 1
             _trace_fields_update(result.trace_id, mapping.item)
-    OtelSpan.objects.filter(
-        pk__in=OtelSpan.objects.filter(received_at__lt=now - timedelta(seconds=settings.OTEL_SPAN_RETENTION_SECONDS))
-        .order_by("received_at")
-        .values("pk")[:1000]
-    ).delete()
+            keep.append((mapping.trace_id, new))
+        OtelSpan.objects.bulk_create(
+            [
+                OtelSpan(
+                    deployment=deployment,
+                    trace_id=trace_id,
+                    span_id=s.span_id,
+                    start_ns=min(s.start_ns, 2**63 - 1),
+                    data=_record_data(s),
+                    received_at=now,
+                )
+                for trace_id, new in keep
+                for s in new
+            ],
+            ignore_conflicts=True,
+        )
+    _spans_expire(now)
     return OtlpResult(traces=counts, rejected_spans=rejected, error_message="; ".join(reasons)[:MAX_ERROR_CHARS])
+
+
+def _spans_expire(now: datetime) -> None:
+    """Spans kept past `OTEL_SPAN_RETENTION_SECONDS` go, in bounded steps so one export never
+    waits long, but faster than any export can add them (at most MAX_SPANS each)."""
+    cutoff = now - timedelta(seconds=settings.OTEL_SPAN_RETENTION_SECONDS)
+    for _ in range(2 * MAX_SPANS // 5000):
+        ids = list(
+            OtelSpan.objects.filter(received_at__lt=cutoff).order_by("received_at").values_list("pk", flat=True)[:5000]
+        )
+        if not ids:
+            return
+        OtelSpan.objects.filter(pk__in=ids).delete()
 
 
 def _trace_lock(deployment_id: int, trace_id: str) -> None:

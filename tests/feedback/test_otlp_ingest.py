@@ -99,7 +99,9 @@ def test_an_instrumented_agent_run_is_one_trace_with_its_turns_tool_results_and_
     assert messages[4].content == "It has shipped." and messages[4].usage == {
         "prompt_tokens": 60,
         "completion_tokens": 5,
+        "total_tokens": 65,
     }
+    assert trace.total_tokens == 48 + 65
     assert messages[4].latency_ms is not None and messages[4].latency_ms >= 0
     assert trace.tools[0]["function"]["name"] == "lookup_order"
     assert trace.ended_at >= trace.started_at
@@ -113,12 +115,18 @@ def test_a_run_exported_over_several_requests_grows_one_trace_and_a_retry_change
         chat(t, [USER], [CALL])  # each span is its own export (SimpleSpanProcessor)
         trace_id = format(run.get_span_context().trace_id, "032x")
         assert Trace.objects.get(external_id=trace_id).message_count == 3
+        # The tool span (its own export) writes the result more tightly than the next
+        # call's input does: one tool message, the span's, and nothing refused.
+        tool(t, "call_1", '{"status":"shipped"}')
+        assert Trace.objects.get(external_id=trace_id).message_count == 4
         chat(t, [USER, CALL, RESULT], [ANSWER])
     provider.shutdown()
 
     trace = Trace.objects.get(external_id=trace_id)
-    assert [m.role for m in trace.messages.order_by("position")] == ["system", "user", "assistant", "tool", "assistant"]
-    assert len(results) == 3 and all(r is SpanExportResult.SUCCESS for r in results)
+    messages = list(trace.messages.order_by("position"))
+    assert [m.role for m in messages] == ["system", "user", "assistant", "tool", "assistant"]
+    assert messages[3].content == '{"status":"shipped"}' and messages[4].content == "It has shipped."
+    assert len(results) == 4 and all(r is SpanExportResult.SUCCESS for r in results)
 
 
 def _export(url, key, body: bytes, content_type="application/x-protobuf", **headers):
@@ -326,3 +334,101 @@ def test_the_readme_example_runs_as_printed(live_server, deployment, ingest_key,
     trace = Trace.objects.get(deployment=deployment, external_id=trace_id)
     assert [m.role for m in trace.messages.order_by("position")] == ["user", "assistant", "tool", "assistant"]
     assert trace.session_id == "customer-17" and trace.messages.last().content == "It shipped yesterday."
+
+
+def _one_span_request(trace_hex: str, span_hex: str, attributes: dict, *, start=1) -> bytes:
+    request = ExportTraceServiceRequest()
+    span = request.resource_spans.add().scope_spans.add().spans.add()
+    span.trace_id, span.span_id, span.name = bytes.fromhex(trace_hex), bytes.fromhex(span_hex), "chat\x00"
+    span.start_time_unix_nano, span.end_time_unix_nano = start, start + 10
+    for key, value in attributes.items():
+        target = span.attributes.add(key=key).value
+        if isinstance(value, float):
+            target.double_value = value
+        else:
+            target.string_value = value
+    return request.SerializeToString()
+
+
+def test_nul_and_nan_in_spans_are_stored_as_text_and_null_not_a_500(live_server, deployment, ingest_key):
+    trace_hex = "12" * 16
+    chat_attrs = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.request.model": "m\x00odel",
+        "gen_ai.conversation.id": "s\x00-1",
+        "weird": float("nan"),
+        "gen_ai.input.messages": json.dumps([{"role": "user", "parts": [{"type": "text", "content": "he\x00llo"}]}]),
+        "gen_ai.output.messages": json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": "o\x00k"}]}]),
+        "metadata": '{"a": NaN, "b": "x\\u0000y"}',
+    }
+
+    answer = _export(live_server.url, ingest_key, _one_span_request(trace_hex, "34" * 8, chat_attrs))
+
+    assert answer.status_code == 200, answer.text
+    trace = Trace.objects.get(external_id=trace_hex)
+    assert trace.model_name == "m\ufffdodel" and trace.session_id == "s\ufffd-1"
+    assert trace.metadata["a"] is None and trace.metadata["b"] == "x\ufffdy"
+    # The next model call repeats that history: it is the same history, and the trace grows.
+    follow = dict(chat_attrs)
+    follow["gen_ai.input.messages"] = json.dumps(
+        [
+            {"role": "user", "parts": [{"type": "text", "content": "he\x00llo"}]},
+            {"role": "assistant", "parts": [{"type": "text", "content": "o\x00k"}]},
+            {"role": "user", "parts": [{"type": "text", "content": "thanks"}]},
+        ]
+    )
+    answer = _export(live_server.url, ingest_key, _one_span_request(trace_hex, "56" * 8, follow, start=100))
+    assert not ExportTraceServiceResponse.FromString(answer.content).partial_success.rejected_spans, answer.content
+    assert [m.content for m in trace.messages.order_by("position")] == ["he\ufffdllo", "o\ufffdk", "thanks", "o\ufffdk"]
+
+
+def test_a_span_sent_twice_in_one_export_is_one_turn_and_a_refused_export_does_not_block_the_next(
+    live_server, deployment, ingest_key
+):
+    trace_hex = "9a" * 16
+    chat_attrs = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.input.messages": json.dumps([USER]),
+        "gen_ai.output.messages": json.dumps([ANSWER]),
+    }
+    once = ExportTraceServiceRequest.FromString(_one_span_request(trace_hex, "bc" * 8, chat_attrs))
+    twice = ExportTraceServiceRequest()
+    twice.resource_spans.extend([once.resource_spans[0], once.resource_spans[0]])
+    assert _export(live_server.url, ingest_key, twice.SerializeToString()).status_code == 200
+    trace = Trace.objects.get(external_id=trace_hex)
+    assert [m.role for m in trace.messages.order_by("position")] == ["user", "assistant"]
+
+    # A model call that started before the stored one, with other words, would rewrite the
+    # stored history: refused, and not kept...
+    earlier = dict(
+        chat_attrs,
+        **{
+            "gen_ai.input.messages": json.dumps(
+                [{"role": "user", "parts": [{"type": "text", "content": "Something else"}]}]
+            )
+        },
+    )
+    answer = _export(live_server.url, ingest_key, _one_span_request(trace_hex, "de" * 8, earlier, start=0))
+    partial = ExportTraceServiceResponse.FromString(answer.content).partial_success
+    assert partial.rejected_spans == 1 and "differs from the stored message" in partial.error_message
+    # ...so the run's next, consistent call still lands.
+    good = dict(chat_attrs, **{"gen_ai.input.messages": json.dumps([USER, ANSWER, USER])})
+    answer = _export(live_server.url, ingest_key, _one_span_request(trace_hex, "ef" * 8, good, start=90))
+    assert not ExportTraceServiceResponse.FromString(answer.content).partial_success.rejected_spans
+    assert [m.role for m in trace.messages.order_by("position")] == ["user", "assistant", "user", "assistant"]
+
+
+def test_a_batch_resend_with_other_serving_data_is_still_a_rewrite(client, deployment, ingest_key):
+    turn = {"role": "assistant", "content": "Hi", "token_ids": [1, 2], "finish_reason": "stop"}
+    body = {"traces": [{"external_id": "b1", "messages": [{"role": "user", "content": "Hello"}, turn]}]}
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {ingest_key}"}
+    assert client.post("/api/v1/traces", body, content_type="application/json", **auth).json()["created"] == 1
+
+    changed = {**turn, "token_ids": [7, 7, 7], "finish_reason": "length"}
+    body["traces"][0]["messages"][1] = changed
+    answer = client.post("/api/v1/traces", body, content_type="application/json", **auth).json()
+
+    assert answer["error"] == 1 and answer["results"][0]["errors"][0]["field"] == "messages[1]"
+    bare = {"role": "assistant", "content": "Hi"}  # left out, not changed: the same turn
+    body["traces"][0]["messages"][1] = bare
+    assert client.post("/api/v1/traces", body, content_type="application/json", **auth).json()["exists"] == 1
