@@ -36,7 +36,7 @@ GRADER_REF = "grader"
 MEASURED_SPLITS = ("test", "fresh")
 MAX_TRACES = 2000  # the latest measured traces a summary reads (a 3-seed tour holds 576)
 MAX_REPLAY_MESSAGES = 64  # longer conversations are left out of the collateral rate
-CACHE_SECONDS = 600
+CACHE_SECONDS = 120
 FRESH_SEEDS_SEARCHED = 32  # traces logged before they named their fresh seed are placed by task
 
 
@@ -119,7 +119,8 @@ def measured_runs(
     collateral}], the shape `scripts/tour_demo.py` writes to its result.json. Reads the
     latest `max_traces` graded test and fresh traces that a model version served (in the
     last `days` days, if given), whole runs only: the oldest run is left out when the cap
-    cuts into it. The answer is cached until a trace or a grade arrives."""
+    cuts into it. The answer is cached (two minutes at most) until a trace, a message or a
+    grade arrives."""
     from training.models import ModelVersionKind
 
     recent = Trace.objects.filter(
@@ -130,14 +131,15 @@ def measured_runs(
     )
     if days is not None:
         recent = recent.filter(started_at__gte=timezone.now() - timedelta(days=days))
-    marks = recent.aggregate(last=Max("id"), n=Count("id"))
+    marks = recent.aggregate(last=Max("id"), n=Count("id"), changed=Max("updated_at"))
     graded_mark = CustomerFeedback.objects.filter(
         deployment__name=deployment, customer_ref=GRADER_REF, trace__external_id__startswith="demo-"
     ).aggregate(last=Max("id"))["last"]
     key = (
         "measured-runs:"
         + hashlib.blake2b(
-            repr((deployment, days, max_traces, marks["last"], marks["n"], graded_mark)).encode(), digest_size=16
+            repr((deployment, days, max_traces, marks["last"], marks["n"], marks["changed"], graded_mark)).encode(),
+            digest_size=16,
         ).hexdigest()
     )
     cached = cache.get(key)

@@ -268,8 +268,10 @@ JUDGE_MAX_ATTEMPTS = int(os.environ.get("PRACTICUM_JUDGE_MAX_ATTEMPTS", 3))
 JUDGE_RETRY_BACKOFF_S = float(os.environ.get("PRACTICUM_JUDGE_RETRY_BACKOFF_S", 1.0))
 # The most one judge call may take, every attempt and every wait between them included.
 JUDGE_DEADLINE_S = float(os.environ.get("PRACTICUM_JUDGE_DEADLINE_S", 300))
-# A judgement still "running" this long past the deadline is failed by the periodic sweep
-# (its worker died); the sweep runs every JUDGE_STALE_CHECK_SECONDS.
+# A judgement still "running" this long past the deadline is failed by the stale-work sweep
+# (its worker died). The sweep's interval (webapp/celery.py) is the shorter of
+# JUDGE_STALE_CHECK_SECONDS and TRAINING_STALE_CHECK_SECONDS unless
+# PRACTICUM_STALE_WORK_CHECK_SECONDS says.
 JUDGE_STALE_GRACE_S = float(os.environ.get("PRACTICUM_JUDGE_STALE_GRACE_S", 120))
 JUDGE_STALE_CHECK_SECONDS = float(os.environ.get("PRACTICUM_JUDGE_STALE_CHECK_SECONDS", 60))
 JUDGE_MAX_TOKENS = int(os.environ.get("PRACTICUM_JUDGE_MAX_TOKENS", 1024))
@@ -391,8 +393,8 @@ EVAL_GENERATOR = os.environ.get("PRACTICUM_EVAL_GENERATOR", "auto")
 EVAL_MAX_ITEMS = int(os.environ.get("PRACTICUM_EVAL_MAX_ITEMS", 500))
 EVAL_MAX_TOKENS = int(os.environ.get("PRACTICUM_EVAL_MAX_TOKENS", 256))
 EVAL_TEMPERATURE = float(os.environ.get("PRACTICUM_EVAL_TEMPERATURE", 0))
-# A running evaluation with no item finished for this long lost its worker: the training
-# sweep (every TRAINING_STALE_CHECK_SECONDS) marks it failed, with an audit record. Longer
+# A running evaluation with no item finished for this long lost its worker: the stale-work
+# sweep marks it failed, with an audit record. Longer
 # than one item may take: an episode item is two sides of up to 4 completions of at most
 # 120 s each (960 s).
 EVALUATION_STALE_AFTER_SECONDS = float(os.environ.get("PRACTICUM_EVALUATION_STALE_AFTER_SECONDS", 1800))

@@ -22,6 +22,7 @@ def stale_work_sweep_task() -> None:
     from training.services.jobs import training_jobs_check_stale
 
     for sweep in (
+        _legacy_done_to_finished,
         training_jobs_check_stale,
         judge_results_fail_stale,
         judge_jobs_fail_stale,
@@ -32,3 +33,24 @@ def stale_work_sweep_task() -> None:
             sweep()
         except Exception:
             logger.exception("the stale-work sweep %s failed", sweep.__name__)
+
+
+def _legacy_done_to_finished() -> None:
+    """A worker still on the code before one status vocabulary may write "done" after the
+    migration (a rolling upgrade); its rows are read as "finished" from the next sweep on."""
+    from feedback.models import FailureModeRun, JudgeJob
+
+    for model in (JudgeJob, FailureModeRun):
+        model.objects.filter(status="done").update(status="finished")
+
+
+# The names the judge and training sweeps had before there was one: a beat or a queue still on
+# the earlier code sends them during an upgrade, and they do the one sweep's work.
+@shared_task(name="feedback.judge_fail_stale", queue="default", ignore_result=True)
+def legacy_judge_fail_stale_task() -> None:
+    stale_work_sweep_task()
+
+
+@shared_task(name="training.check_stale_jobs", queue="default", ignore_result=True)
+def legacy_training_check_stale_jobs_task() -> None:
+    stale_work_sweep_task()

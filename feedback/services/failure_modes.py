@@ -120,7 +120,10 @@ def failure_mode_runs_fail_stale(*, now=None) -> list[int]:
         FailureModeRun,
         running=[WorkStatus.RUNNING],
         failed=WorkStatus.FAILED,
-        silent_after=settings.FAILURE_MODE_STALE_AFTER_SECONDS,
+        # Naming one cluster is a judge call: never shorter than one may take.
+        silent_after=max(
+            settings.FAILURE_MODE_STALE_AFTER_SECONDS, settings.JUDGE_DEADLINE_S + settings.JUDGE_STALE_GRACE_S
+        ),
         now=now or timezone.now(),
         what="failure-mode run's progress",
     )
@@ -363,8 +366,7 @@ def failure_mode_run_execute(
     try:
         _progress(run, status=WorkStatus.RUNNING, started_at=timezone.now(), stage="selecting traces", error="")
     except _RunEnded:
-        run.refresh_from_db()
-        return run
+        return _reread(run)
     if endpoint is None:
         try:
             endpoint = judge_endpoint_for(deployment=run.deployment)
@@ -404,20 +406,24 @@ def failure_mode_run_execute(
         )
         _cluster(run, trace_ids, endpoint, embed)
     except _RunEnded:
-        run.refresh_from_db()
-        return run
+        return _reread(run)
     except Exception as exc:
         logger.exception("failure-mode run %s failed", run.pk)
         return _run_end(run, status=WorkStatus.FAILED, error=f"{type(exc).__name__}: {exc}"[:5000])
-    return _run_end(run, status=WorkStatus.FINISHED, stage="done")
+    return _run_end(run, status=WorkStatus.FINISHED, stage="finished")
 
 
 def _run_end(run: FailureModeRun, **fields: Any) -> FailureModeRun:
     try:
         _progress(run, finished_at=timezone.now(), **fields)
     except _RunEnded:
-        run.refresh_from_db()  # the sweep ended it first: its outcome stands
+        return _reread(run)  # the sweep ended it first: its outcome stands
     return run
+
+
+def _reread(run: FailureModeRun) -> FailureModeRun:
+    """The row as it stands now (or as this worker last saw it, if it was deleted)."""
+    return FailureModeRun.objects.filter(pk=run.pk).first() or run
 
 
 def _final_only(view: TraceView) -> TraceView:

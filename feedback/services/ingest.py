@@ -290,22 +290,24 @@ def traces_insert(rows: list[dict[str, Any]]) -> list[int]:
 
 def _divergence(stored: list[dict[str, Any]], new: list[ParsedMessage]) -> int | None:
     """The first position where the new messages say something other than the stored ones,
-    if any. A resend that leaves a turn's serving data out (an OpenTelemetry model call's
-    input repeats the earlier turns bare) is the same turn; one that carries different
-    serving data (token ids, latency) is a rewrite. Stored text has NUL replaced (see
+    if any. Serving data is compared where both carry it: a resend that leaves it out (an
+    OpenTelemetry model call's input repeats the earlier turns bare), or a turn first stored
+    bare and resent with it, is the same turn; different serving data (token ids, latency)
+    on both sides is a rewrite. Stored text has NUL replaced (see
     `strip_nul`): the new messages are compared the same way."""
     for i, (old, m) in enumerate(zip(stored, new, strict=False)):
-        if _said(old, m.raw) != strip_nul(m.raw):
+        new_raw = strip_nul(m.raw)
+        if _said(old, new_raw) != _said(new_raw, old):
             return i
     return None
 
 
-def _said(stored: Any, new: Any) -> Any:
-    """The stored message without the serving keys the new one leaves out (a resend that
-    carries them must carry the same values)."""
-    if not isinstance(stored, dict) or not isinstance(new, dict):
-        return stored
-    return {k: v for k, v in stored.items() if k not in SERVING_KEYS or k in new}
+def _said(message: Any, other: Any) -> Any:
+    """`message` without the serving keys `other` does not carry: serving data is compared
+    only where both sides have it (where both do, it must agree)."""
+    if not isinstance(message, dict) or not isinstance(other, dict):
+        return message
+    return {k: v for k, v in message.items() if k not in SERVING_KEYS or k in other}
 
 
 @transaction.atomic

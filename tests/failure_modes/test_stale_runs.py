@@ -99,3 +99,21 @@ def test_the_migration_carries_done_jobs_and_runs_over_to_finished_and_back():
     assert old.get_model("feedback", "JudgeJob").objects.get(pk=job.pk).status == "done"
     executor = MigrationExecutor(connection)
     executor.migrate(executor.loader.graph.leaf_nodes())
+
+
+def test_during_an_upgrade_the_old_task_names_sweep_and_an_old_workers_done_reads_finished():
+    from feedback.models import JudgeJob
+    from tests.factories import user_with_role
+    from webapp.tasks import legacy_judge_fail_stale_task, legacy_training_check_stale_jobs_task
+
+    run = FailureModeRun.objects.create(status="done")  # written by a worker on the earlier code
+    job = JudgeJob.objects.create(status="done", created_by=user_with_role("operator"))
+    long_ago = timezone.now() - timedelta(days=1)
+    stuck = FailureModeRun.objects.create(status=WorkStatus.RUNNING, started_at=long_ago, heartbeat_at=long_ago)
+
+    legacy_judge_fail_stale_task()
+
+    assert FailureModeRun.objects.get(pk=run.pk).status == WorkStatus.FINISHED
+    assert JudgeJob.objects.get(pk=job.pk).status == WorkStatus.FINISHED
+    assert FailureModeRun.objects.get(pk=stuck.pk).status == WorkStatus.FAILED
+    legacy_training_check_stale_jobs_task()  # the other old name runs the same sweep

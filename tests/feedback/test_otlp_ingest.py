@@ -432,3 +432,31 @@ def test_a_batch_resend_with_other_serving_data_is_still_a_rewrite(client, deplo
     bare = {"role": "assistant", "content": "Hi"}  # left out, not changed: the same turn
     body["traces"][0]["messages"][1] = bare
     assert client.post("/api/v1/traces", body, content_type="application/json", **auth).json()["exists"] == 1
+
+
+def test_a_late_export_of_an_earlier_call_with_its_serving_data_is_not_a_rewrite(live_server, deployment, ingest_key):
+    """The exporter retried call 1 after call 2 had landed: call 2's input holds turn 1 bare,
+    call 1 carries turn 1 with its tokens and latency. The same turn, not a contradiction."""
+    trace_hex = "77" * 16
+    first = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.input.messages": json.dumps([USER]),
+        "gen_ai.output.messages": json.dumps([CALL]),
+    }
+    second = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.input.messages": json.dumps([USER, CALL, RESULT]),
+        "gen_ai.output.messages": json.dumps([ANSWER]),
+    }
+    answer = _export(live_server.url, ingest_key, _one_span_request(trace_hex, "a1" * 8, second, start=100))
+    assert not ExportTraceServiceResponse.FromString(answer.content).partial_success.rejected_spans
+
+    answer = _export(live_server.url, ingest_key, _one_span_request(trace_hex, "a2" * 8, first, start=10))
+
+    assert not ExportTraceServiceResponse.FromString(answer.content).partial_success.rejected_spans, answer.content
+    assert [m.role for m in Trace.objects.get(external_id=trace_hex).messages.order_by("position")] == [
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
