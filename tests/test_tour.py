@@ -212,3 +212,20 @@ def test_the_job_step_offers_settings_a_job_accepts(tour_page):
     assert settings_json == json.loads(episode_job_settings())
     config = config_from_dict({**settings_json, "kind": "sft", "model_path": "/models/x", "init_adapter": ""})
     assert config.steps == 200 and config.prompts_per_step == 4 and config.learning_rate == 5e-4
+
+
+def test_the_trace_to_comment_on_is_never_a_held_out_tasks():
+    from webapp.selectors_tour import tour_get
+
+    deployment = DeploymentFactory(name="support-bot")
+    train = TraceFactory(deployment=deployment, external_id="t-train", metadata={"split": "train"})
+    unsplit = TraceFactory(deployment=deployment, external_id="t-plain", metadata={})
+    for name in ("test", "fresh"):  # newer than both: make demo's base measurement comes last
+        TraceFactory(deployment=deployment, external_id=f"t-{name}", metadata={"split": name})
+
+    (comment_step,) = [s for s in tour_get(deployment=deployment).steps if s.key == "comment"]
+
+    assert comment_step.link == reverse("feedback:trace-detail", args=[unsplit.pk])
+    unsplit.delete()
+    (comment_step,) = [s for s in tour_get(deployment=deployment).steps if s.key == "comment"]
+    assert comment_step.link == reverse("feedback:trace-detail", args=[train.pk])

@@ -13,6 +13,7 @@ from django.urls import reverse
 from feedback.models import Comment, CustomerFeedback, Deployment, JudgeResult, JudgeStatus, Trace, TraceSource
 from training.models import LiveVersion, ModelVersion, ModelVersionKind, TrainingJob, TrainingSet
 from training.models_promotion import Evaluation, PromotionRequest, PromotionStatus
+from webapp.selectors import HELD_OUT_SPLITS
 from webapp.work import WorkStatus
 
 DEFAULT_TOUR_DEPLOYMENT = "support-bot"
@@ -87,6 +88,16 @@ def tour_get(*, deployment: Deployment | None, demo_target: int = 0) -> Tour:
     traces = Trace.objects.filter(deployment=deployment)
     trace_list = f"{reverse('feedback:trace-list')}?deployment={deployment.pk}"
     first_trace = traces.order_by("-started_at", "-id").only("id").first()
+    # The trace to comment on is one the agent may learn from: never a held-out task's (the
+    # test split and fresh slices measure the candidate), when there is another.
+    to_review = (
+        # (has_key too: a plain exclude would also drop the traces that name no split.)
+        traces.exclude(Q(metadata__has_key="split") & Q(metadata__split__in=HELD_OUT_SPLITS))
+        .order_by("-started_at", "-id")
+        .only("id")
+        .first()
+        or first_trace
+    )
 
     steps: list[TourStep] = []
     steps.append(
@@ -114,8 +125,8 @@ def tour_get(*, deployment: Deployment | None, demo_target: int = 0) -> Tour:
                 if comment
                 else "no operator comment yet" + (" (customers have sent feedback)" if customer else "")
             ),
-            link=reverse("feedback:trace-detail", args=[first_trace.pk]) if first_trace else trace_list,
-            link_text="Open a trace" if first_trace else "Trace list",
+            link=reverse("feedback:trace-detail", args=[to_review.pk]) if to_review else trace_list,
+            link_text="Open a trace" if to_review else "Trace list",
         )
     )
 

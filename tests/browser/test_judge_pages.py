@@ -42,7 +42,7 @@ def test_backfill_progress_updates_in_place_and_the_judgement_shows_on_the_trace
     judge_job_run(job=job)  # what the worker does
     assert JudgeJob.objects.get().status == WorkStatus.FINISHED
     # The jobs table polls while a job is active: it turns to Done without a reload.
-    page.wait_for_selector(f"#job-{job.id} .status:has-text('Done')", timeout=10_000)
+    page.wait_for_selector(f"#job-{job.id} .status:has-text('Finished')", timeout=10_000)
     assert "3/3" in page.locator(f"#job-{job.id}").inner_text()
     page.reload()
     assert page.locator("td:has-text('Backfill batch')").count() == 3

@@ -119,14 +119,15 @@ def test_the_whole_tour_in_the_browser(
     page.click("#step-traces a:has-text('Trace list')")
     # Waits through locators: every page runs under a CSP without 'unsafe-eval', which a
     # polled wait_for_function string would need.
-    page.locator("a.trace-link").nth(2).wait_for()
-    assert page.locator("a.trace-link").count() == 3
+    page.locator("a.trace-link").nth(4).wait_for()
+    assert page.locator("a.trace-link").count() == 5
 
     # 2. Comment on the last assistant turn of a trace.
     page.goto("/tour/")
     page.click("#step-comment a:has-text('Open a trace')")
     page.wait_for_url(re.compile(r"/traces/\d+/"))
     trace = Trace.objects.get(pk=int(re.search(r"/traces/(\d+)/", page.url).group(1)))
+    assert trace.metadata["split"] == "train"  # never a test task: those measure the candidate
     turn = trace.messages.filter(role="assistant").order_by("-position").first()
     box = page.locator(f"#comments-{turn.position}")
     box.locator("summary:has-text('Comment')").click()
