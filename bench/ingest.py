@@ -15,7 +15,6 @@ import argparse
 import logging
 import os
 import statistics
-import subprocess
 import sys
 import time
 import uuid
@@ -30,7 +29,7 @@ logging.getLogger("httpx").setLevel(logging.WARNING)
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from support import fresh_database  # noqa: E402  (bench/, the script's own folder)
+from support import fresh_database, site  # noqa: E402  (bench/, the script's own folder)
 
 
 def make_batch(n_traces: int, n_messages: int, msg_bytes: int, tag: str) -> list[dict]:
@@ -159,29 +158,7 @@ def main() -> None:
         sys.exit("bench/ingest.py needs DATABASE_URL=postgres://…")
     db_url = setup_database(base_url)
     key, deployment_id = create_key(db_url)
-    server = subprocess.Popen(
-        [
-            str(Path(sys.executable).parent / "uvicorn"),
-            "webapp.asgi:application",
-            "--port",
-            str(args.port),
-            "--workers",
-            str(args.workers),
-            "--log-level",
-            "warning",
-            "--no-access-log",
-        ],
-        cwd=ROOT,
-        env={**os.environ, "DATABASE_URL": db_url},
-    )
-    base = f"http://127.0.0.1:{args.port}"
-    try:
-        for _ in range(100):
-            try:
-                httpx.get(f"{base}/healthz", timeout=1)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+    with site(db_url, port=args.port, workers=args.workers) as base:
         print(f"{'messages':>10} {'round':>5} {'API traces/s':>13} {'COPY traces/s':>14} {'API/COPY':>9}")
         for size in (200, 4000):
             # Warm-up: connections, caches, the JIT-free paths of both sides.
@@ -200,9 +177,6 @@ def main() -> None:
                 )
             api_m, copy_m = statistics.median(api_rates), statistics.median(copy_rates)
             print(f"{size:>8}B  median {api_m:>11.0f} {copy_m:>14.0f} {api_m / copy_m:>9.2f}")
-    finally:
-        server.terminate()
-        server.wait(10)
 
 
 if __name__ == "__main__":

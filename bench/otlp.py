@@ -18,7 +18,6 @@ import json
 import logging
 import os
 import statistics
-import subprocess
 import sys
 import time
 import uuid
@@ -33,7 +32,7 @@ logging.getLogger("httpx").setLevel(logging.WARNING)
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from support import fresh_database  # noqa: E402  (bench/, the script's own folder)
+from support import fresh_database, site  # noqa: E402  (bench/, the script's own folder)
 
 RUNS_PER_REQUEST = 50
 SPANS_PER_RUN = 8
@@ -183,20 +182,7 @@ def main() -> None:
         sys.exit("bench/otlp.py needs DATABASE_URL=postgres://…")
     db_url = fresh_database(base_url, "_bench")
     key = create_key(db_url)
-    server = subprocess.Popen(
-        [str(Path(sys.executable).parent / "uvicorn"), "webapp.asgi:application", "--port", str(args.port),
-         "--workers", str(args.workers), "--log-level", "warning", "--no-access-log"],
-        cwd=ROOT,
-        env={**os.environ, "DATABASE_URL": db_url},
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{args.port}"
-    try:
-        for _ in range(100):
-            try:
-                httpx.get(f"{base}/healthz", timeout=1)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+    with site(db_url, port=args.port, workers=args.workers) as base:
         print(
             f"{'message':>8} {'round':>5} {'OTLP runs/s':>12} {'OTLP spans/s':>13} {'batch runs/s':>13} {'OTLP/batch':>11}"
         )
@@ -228,9 +214,6 @@ def main() -> None:
                 )
             o, b = statistics.median(otlp_rates), statistics.median(batch_rates)
             print(f"{size:>7}B median {o:>11.0f} {o * SPANS_PER_RUN:>13.0f} {b:>13.0f} {o / b:>11.2f}")
-    finally:
-        server.terminate()
-        server.wait(10)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,14 @@
-"""What the benchmarks share: a fresh database of their own, and a free port."""
+"""What the benchmarks share: a fresh database of their own, a free port, the site under uvicorn."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,3 +34,29 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def site(db_url: str, *, port: int, workers: int) -> Iterator[str]:
+    """The site (`webapp.asgi`) under uvicorn on `db_url`, as production runs it; yields its
+    base URL once it answers, and stops it on the way out."""
+    import httpx
+
+    server = subprocess.Popen(
+        [str(Path(sys.executable).parent / "uvicorn"), "webapp.asgi:application", "--port", str(port),
+         "--workers", str(workers), "--log-level", "warning", "--no-access-log"],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": db_url},
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(100):
+            try:
+                httpx.get(f"{base}/healthz", timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        yield base
+    finally:
+        server.terminate()
+        server.wait(10)

@@ -94,6 +94,7 @@ class TraceMapping:
     spans: int
     item: dict[str, Any] | None = None
     reason: str = ""
+    complete: bool = False  # its root span (the agent's own, which ends last) is in
     notes: list[str] = field(default_factory=list)
 
 
@@ -670,7 +671,9 @@ def otlp_ingest(*, deployment: Deployment, request, now: datetime | None = None)
     spans so far is held, not rejected. Rejected, with the reason per trace: spans of a trace
     with no GenAI span, or whose model calls carry no content, or that ingest refuses (its
     stored turns are never rewritten) — and a refused export's spans are not kept, so they
-    do not stand in the way of the next one. A span is taken once (by its id, within an
+    do not stand in the way of the next one. Once a trace's root span (no parent: the
+    agent's own, which ends last) is in, its spans are let go: a late retry still finds its
+    turns stored, and the conversation it carries extends them or changes nothing. A span is taken once (by its id, within an
     export and across them). Two exports of one trace take turns (a lock per trace), so
     neither rebuilds it without the other's spans."""
     now = now or timezone.now()
@@ -702,12 +705,13 @@ def otlp_ingest(*, deployment: Deployment, request, now: datetime | None = None)
                 reject(trace_id or "(none)", len(incoming[trace_id]), "traceId: must be 16 bytes, not all zero")
             else:
                 valid.append(trace_id)
-                _trace_lock(deployment.pk, trace_id)
+        _traces_lock(deployment.pk, valid)
         stored: dict[str, dict[str, SpanRecord]] = defaultdict(dict)
         for row in OtelSpan.objects.filter(deployment=deployment, trace_id__in=valid).order_by("start_ns", "id"):
             stored[row.trace_id][row.span_id] = _record_of(row)
         mappings: list[tuple[TraceMapping, list[SpanRecord]]] = []
         keep: list[tuple[str, list[SpanRecord]]] = []
+        done: list[str] = []  # traces whose root span has arrived: nothing more will shape them
         for trace_id in valid:
             got = list(incoming[trace_id].values())
             new = [s for s in got if s.span_id not in stored[trace_id]]  # a retry adds nothing
@@ -718,7 +722,7 @@ def otlp_ingest(*, deployment: Deployment, request, now: datetime | None = None)
             if len(spans) > MAX_SPANS_PER_TRACE:
                 reject(trace_id, len(new), f"more than {MAX_SPANS_PER_TRACE} spans in one trace")
                 continue
-            mapping = TraceMapping(trace_id=trace_id, spans=len(got))
+            mapping = TraceMapping(trace_id=trace_id, spans=len(got), complete=any(not x.parent_id for x in spans))
             _map_trace(mapping, sorted(spans, key=lambda s: (s.start_ns, s.end_ns)))
             if mapping.item is None and not any(s.operation in LLM_OPERATIONS for s in spans):
                 counts["held"] += 1  # tool spans before their model call's export
@@ -737,8 +741,12 @@ def otlp_ingest(*, deployment: Deployment, request, now: datetime | None = None)
                 )
                 continue
             counts[result.status] += 1
-            _trace_fields_update(result.trace_id, mapping.item)
-            keep.append((mapping.trace_id, new))
+            if result.status != "created":  # a new trace was written from the item already
+                _trace_fields_update(result.trace_id, mapping.item)
+            if mapping.complete:
+                done.append(mapping.trace_id)
+            else:
+                keep.append((mapping.trace_id, new))
         OtelSpan.objects.bulk_create(
             [
                 OtelSpan(
@@ -754,6 +762,8 @@ def otlp_ingest(*, deployment: Deployment, request, now: datetime | None = None)
             ],
             ignore_conflicts=True,
         )
+        if done:
+            OtelSpan.objects.filter(deployment=deployment, trace_id__in=done).delete()
     _spans_expire(now)
     return OtlpResult(traces=counts, rejected_spans=rejected, error_message="; ".join(reasons)[:MAX_ERROR_CHARS])
 
@@ -771,14 +781,21 @@ def _spans_expire(now: datetime) -> None:
         OtelSpan.objects.filter(pk__in=ids).delete()
 
 
-def _trace_lock(deployment_id: int, trace_id: str) -> None:
-    """Hold this trace's lock until the transaction ends (PostgreSQL; SQLite writes one at a time)."""
-    if connection.vendor == "postgresql":
-        key = int.from_bytes(
-            hashlib.blake2b(f"otel:{deployment_id}:{trace_id}".encode(), digest_size=8).digest(), "big", signed=True
+def _traces_lock(deployment_id: int, trace_ids: list[str]) -> None:
+    """Hold these traces' locks until the transaction ends, taken in one order by every
+    export so two never wait on each other crosswise (PostgreSQL; SQLite writes one at a time)."""
+    if connection.vendor != "postgresql" or not trace_ids:
+        return
+    keys = sorted(
+        int.from_bytes(
+            hashlib.blake2b(f"otel:{deployment_id}:{t}".encode(), digest_size=8).digest(), "big", signed=True
         )
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [key])
+        for t in trace_ids
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(pg_advisory_xact_lock(k)) FROM unnest(%s::bigint[]) WITH ORDINALITY AS u(k, n)", [keys]
+        )
 
 
 def _trace_fields_update(trace_pk: int, item: dict[str, Any]) -> None:
