@@ -9,15 +9,17 @@ from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
-from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from feedback.auth import ApiKeyPrincipal, scope_required
+from feedback.forms import TraceFilterForm
 from feedback.models import ApiKeyScope, FeedbackSource, TraceSource
 from feedback.selectors import trace_as_dict, trace_visible_to
+from feedback.selectors.trace_list import Cursor, trace_page
 from feedback.services.customer_feedback import (
     customer_feedback_create,
     feedback_link_create,
@@ -58,11 +60,102 @@ _trace_schema = inline_serializer(
 )
 
 
-class TraceIngestApi(APIView):
-    """Store a batch of traces. Answers 207 with one result per item."""
+TRACE_LIST_DEFAULT = 50
+TRACE_LIST_MAX = 200
+TRACE_LIST_PARAMETERS = [
+    ("q", str, "full-text search of the messages"),
+    ("deployment", int, "a deployment's id (an API key reads its own only)"),
+    ("environment", str, "the trace's environment"),
+    ("version", int, "the id of the model version that served it"),
+    ("status", str, "ok, error or in_progress"),
+    ("start", str, "from this date (YYYY-MM-DD)"),
+    ("end", str, "to this date, inclusive"),
+    ("comment", str, "yes or no: has an operator's comment"),
+    ("feedback", str, "yes or no: has customer feedback"),
+    ("rating", str, "the customer feedback's rating: up, down or 1-5"),
+    ("reward_min", float, "judge reward at least"),
+    ("reward_max", float, "judge reward at most"),
+    ("flag", str, "carries this failure flag"),
+    ("after", str, "the cursor from the previous page's `next`"),
+    ("limit", int, f"traces per page, 1-{TRACE_LIST_MAX} ({TRACE_LIST_DEFAULT})"),
+]
 
-    permission_classes = [scope_required(ApiKeyScope.INGEST)]
+
+def _trace_summary(row: dict, request) -> dict:
+    return {
+        "id": row["id"],
+        "url": request.build_absolute_uri(reverse("api-trace-detail", args=[row["id"]])),
+        "deployment": row["deployment__name"],
+        "external_id": row["external_id"],
+        "environment": row["environment"],
+        "model": row["model_version__name"] or row["model_name"],
+        "model_version": row["model_version__name"],
+        "started_at": row["started_at"].isoformat(),
+        "status": row["status"],
+        "message_count": row["message_count"],
+        "total_tokens": row["total_tokens"],
+        "preview": row["preview"],
+        "has_comment": row["has_comment"],
+        "has_customer_feedback": row["has_customer_feedback"],
+        "feedback_rating": row["feedback_rating"],
+        "judge_reward": row["judge_reward"],
+        "flags": row["flags"],
+    }
+
+
+class TraceIngestApi(APIView):
+    """GET: the trace list, filtered as on the dashboard, newest first, a page at a time.
+    POST: store a batch of traces; answers 207 with one result per item."""
+
     parser_classes: list = []  # the body is parsed here, after the size check
+
+    def get_permissions(self):
+        scope = ApiKeyScope.READ if self.request.method in ("GET", "HEAD") else ApiKeyScope.INGEST
+        return [scope_required(scope)()]
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(name, type=kind, description=text, required=False)
+            for name, kind, text in TRACE_LIST_PARAMETERS
+        ],
+        responses={
+            200: OpenApiResponse(
+                description="{'results': [trace summaries], 'next': the URL of the next page or null}."
+            ),
+            400: OpenApiResponse(description="A filter, `after` or `limit` that cannot be read (field and reason)."),
+        },
+    )
+    def get(self, request):
+        params = request.query_params
+        form = TraceFilterForm(params)
+        if not form.is_valid():
+            field, problems = next(iter(form.errors.items()))
+            return error_response(400, field, str(problems[0]))
+        filters = form.filters()
+        deployment = getattr(request.user, "deployment", None)
+        if deployment is not None:  # a key reads its own deployment's traces only
+            if filters.get("deployment", deployment.pk) != deployment.pk:
+                return error_response(403, "deployment", "this API key reads its own deployment's traces only")
+            filters["deployment"] = deployment.pk
+        after = None
+        if params.get("after"):
+            after = Cursor.decode(params["after"])
+            if after is None:
+                return error_response(400, "after", "not a cursor from this API's `next` link")
+        try:
+            limit = int(params.get("limit") or TRACE_LIST_DEFAULT)
+        except ValueError:
+            limit = 0
+        if not 1 <= limit <= TRACE_LIST_MAX:
+            return error_response(400, "limit", f"a whole number from 1 to {TRACE_LIST_MAX}")
+        page = trace_page(filters=filters, after=after, limit=limit)
+        results = [_trace_summary(row, request) for row in page.rows]
+        following = None
+        if page.next_cursor is not None:
+            query = params.copy()
+            query["after"] = page.next_cursor.encode()
+            following = request.build_absolute_uri(f"{request.path}?{query.urlencode()}")
+        return Response({"results": results, "next": following})
 
     @extend_schema(
         request=inline_serializer("TraceBatch", {"traces": _trace_schema}),
@@ -75,6 +168,10 @@ class TraceIngestApi(APIView):
         },
     )
     def post(self, request):
+        if not isinstance(request.user, ApiKeyPrincipal):
+            return error_response(
+                403, "Authorization", "traces are stored for the deployment of an ingest API key; send one"
+            )
         length = int(request.META.get("CONTENT_LENGTH") or 0)
         if length > settings.INGEST_MAX_BODY_BYTES:
             return self._too_large(length)

@@ -1,0 +1,119 @@
+"""GET /api/v1/traces: the dashboard's trace list for scripts — its filters, newest first, a
+page at a time (keyset cursors), a key scoped to its own deployment, clear 400s."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from feedback.models import TraceStatus
+from feedback.services.review import comment_add
+from tests.factories import DeploymentFactory, MessageFactory, TraceFactory, user_with_role
+
+pytestmark = pytest.mark.django_db
+URL = "/api/v1/traces"
+
+
+@pytest.fixture
+def traces(deployment):
+    now = timezone.now()
+    made = [
+        TraceFactory(
+            deployment=deployment,
+            external_id=f"run-{i}",
+            environment="support-desk" if i % 2 else "chat",
+            status=TraceStatus.ERROR if i % 3 == 0 else TraceStatus.OK,
+            started_at=now - timedelta(minutes=i),
+            preview="<script>alert(1)</script>" if i == 0 else f"order {i}",
+        )
+        for i in range(7)
+    ]
+    TraceFactory(deployment=DeploymentFactory(name="other-bot"), external_id="theirs")
+    return made
+
+
+def get(client, key, **params):
+    return client.get(URL, params, HTTP_AUTHORIZATION=f"Bearer {key}")
+
+
+def test_pages_walk_every_trace_once_newest_first_and_the_key_sees_its_deployment_only(client, traces, ingest_key):
+    seen, answer = [], get(client, ingest_key, limit=3).json()
+    while True:
+        seen += [t["external_id"] for t in answer["results"]]
+        if not answer["next"]:
+            break
+        assert answer["next"].startswith("http://testserver/api/v1/traces?") and "limit=3" in answer["next"]
+        answer = client.get(answer["next"], HTTP_AUTHORIZATION=f"Bearer {ingest_key}").json()
+
+    assert seen == [f"run-{i}" for i in range(7)]  # "theirs" is another deployment's
+    first = get(client, ingest_key, limit=1).json()["results"][0]
+    assert first["preview"] == "<script>alert(1)</script>"  # JSON carries it as data
+    assert first["url"] == f"http://testserver/api/v1/traces/{traces[0].pk}"
+    assert client.get(first["url"], HTTP_AUTHORIZATION=f"Bearer {ingest_key}").status_code == 200
+
+
+def test_the_dashboards_filters_apply(client, traces, ingest_key):
+    operator = user_with_role("operator")
+    turn = MessageFactory(trace=traces[4], position=0, role="assistant", content="Refunded.")
+    comment_add(message=turn, author=operator, body="should have looked it up first")
+
+    def ids(**params):
+        return [t["external_id"] for t in get(client, ingest_key, **params).json()["results"]]
+
+    assert ids(environment="support-desk") == ["run-1", "run-3", "run-5"]
+    assert ids(status="error") == ["run-0", "run-3", "run-6"]
+    assert ids(status="error", environment="support-desk") == ["run-3"]
+    assert ids(comment="yes") == ["run-4"]
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ({"status": "sideways"}, "status"),
+        ({"reward_min": "lots"}, "reward_min"),
+        ({"start": "yesterday"}, "start"),
+        ({"after": "not-a-cursor"}, "after"),
+        ({"limit": "0"}, "limit"),
+        ({"limit": "5000"}, "limit"),
+        ({"limit": "ten"}, "limit"),
+    ],
+)
+def test_a_filter_that_cannot_be_read_is_a_400_naming_it(client, traces, ingest_key, params, field):
+    answer = get(client, ingest_key, **params)
+
+    assert answer.status_code == 400 and answer.json()["errors"][0]["field"] == field
+
+
+def test_reading_needs_the_read_scope_and_a_key_cannot_ask_for_another_deployment(client, traces, deployment, make_key):
+    ingest_only = make_key(deployment, ["ingest"])
+    assert get(client, ingest_only).status_code == 403
+    reader = make_key(deployment, ["read"])
+    other = traces[0].deployment.__class__.objects.get(name="other-bot")
+    answer = get(client, reader, deployment=other.pk)
+    assert answer.status_code == 403 and answer.json()["errors"][0]["field"] == "deployment"
+    assert (
+        client.post(
+            URL, {"traces": []}, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {reader}"
+        ).status_code
+        == 403
+    )
+
+
+def test_a_logged_in_operator_reads_every_deployment(client, traces):
+    client.force_login(user_with_role("operator"))
+
+    answer = client.get(URL, {"limit": 200}).json()
+
+    assert {t["deployment"] for t in answer["results"]} == {"support-bot", "other-bot"}
+
+
+def test_a_logged_in_person_cannot_post_traces_there_is_no_deployment_to_store_them_for(client):
+    client.force_login(user_with_role("admin"))
+
+    answer = client.post(URL, {"traces": []}, content_type="application/json")
+    otlp = client.post("/api/v1/otel/v1/traces", b"", content_type="application/x-protobuf")
+
+    assert answer.status_code == otlp.status_code == 403
+    assert answer.json()["errors"][0]["field"] == "Authorization"
