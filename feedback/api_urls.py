@@ -5,6 +5,7 @@ from feedback import apis, apis_judge, apis_otlp
 urlpatterns = [
     path("traces", apis.TraceIngestApi.as_view(), name="api-trace-ingest"),
     path("traces/<int:trace_id>", apis.TraceDetailApi.as_view(), name="api-trace-detail"),
+    path("traces/export.jsonl", apis.TraceExportApi.as_view(), name="api-trace-export"),
     # OTLP/HTTP's fixed path under the exporter's OTEL_EXPORTER_OTLP_ENDPOINT (…/api/v1/otel).
     path("otel/v1/traces", apis_otlp.OtlpTracesApi.as_view(), name="api-otlp-traces"),
 ]

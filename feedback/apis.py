@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 
 import orjson
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
+from django.http import StreamingHttpResponse
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
@@ -19,7 +23,7 @@ from feedback.auth import ApiKeyPrincipal, scope_required
 from feedback.forms import TraceFilterForm
 from feedback.models import ApiKeyScope, FeedbackSource, TraceSource
 from feedback.selectors import trace_as_dict, trace_visible_to
-from feedback.selectors.trace_list import Cursor, trace_page
+from feedback.selectors.trace_list import Cursor, trace_page, traces_filtered
 from feedback.services.customer_feedback import (
     customer_feedback_create,
     feedback_link_create,
@@ -27,6 +31,7 @@ from feedback.services.customer_feedback import (
     feedback_target_find,
 )
 from feedback.services.ingest import traces_ingest
+from feedback.services.jsonl import traces_jsonl_lines
 from webapp.api_errors import error_response
 
 _message_schema = inline_serializer(
@@ -62,6 +67,7 @@ _trace_schema = inline_serializer(
 
 TRACE_LIST_DEFAULT = 50
 TRACE_LIST_MAX = 200
+EXPORT_MAX = 100_000
 TRACE_LIST_PARAMETERS = [
     ("q", str, "full-text search of the messages"),
     ("deployment", int, "a deployment's id (an API key reads its own only)"),
@@ -79,6 +85,60 @@ TRACE_LIST_PARAMETERS = [
     ("after", str, "the cursor from the previous page's `next`"),
     ("limit", int, f"traces per page, 1-{TRACE_LIST_MAX} ({TRACE_LIST_DEFAULT})"),
 ]
+
+
+def _list_filters(request) -> dict | Response:
+    """The trace list's filters from the query, or the 400/403 that says why not; a key's
+    are pinned to its own deployment."""
+    form = TraceFilterForm(request.query_params)
+    if not form.is_valid():
+        field, problems = next(iter(form.errors.items()))
+        return error_response(400, field, str(problems[0]))
+    filters = form.filters()
+    deployment = getattr(request.user, "deployment", None)
+    if deployment is not None:  # a key reads its own deployment's traces only
+        if filters.get("deployment", deployment.pk) != deployment.pk:
+            return error_response(403, "deployment", "this API key reads its own deployment's traces only")
+        filters["deployment"] = deployment.pk
+    return filters
+
+
+class TraceExportApi(APIView):
+    """The filtered trace list as OpenAI chat fine-tuning JSONL (`messages`, `tools`), one
+    trace a line, streamed: what `openai` fine-tuning, TRL and `datasets` read."""
+
+    permission_classes = [scope_required(ApiKeyScope.READ)]
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(name, type=kind, description=text, required=False)
+            for name, kind, text in TRACE_LIST_PARAMETERS
+            if name not in ("after", "limit")
+        ]
+        + [OpenApiParameter("limit", int, description=f"at most this many traces (1-{EXPORT_MAX})")],
+        responses={200: OpenApiResponse(description="application/x-ndjson: one chat-format line per trace.")},
+    )
+    def get(self, request):
+        filters = _list_filters(request)
+        if isinstance(filters, Response):
+            return filters
+        try:
+            limit = int(request.query_params.get("limit") or EXPORT_MAX)
+        except ValueError:
+            limit = 0
+        if not 1 <= limit <= EXPORT_MAX:
+            return error_response(400, "limit", f"a whole number from 1 to {EXPORT_MAX}")
+        lines = traces_jsonl_lines(traces=traces_filtered(filters), limit=limit)
+        response = StreamingHttpResponse(_streamed(lines), content_type="application/x-ndjson")
+        response["Content-Disposition"] = 'attachment; filename="traces.jsonl"'
+        return response
+
+
+async def _streamed(lines: Iterator[bytes], per_chunk: int = 200) -> AsyncIterator[bytes]:
+    """`lines` a chunk at a time, each read in the ORM's thread: under ASGI a plain iterator
+    would be read whole into memory before the first byte goes out."""
+    while chunk := await sync_to_async(lambda: list(itertools.islice(lines, per_chunk)))():
+        yield b"".join(chunk)
 
 
 def _trace_summary(row: dict, request) -> dict:
@@ -127,16 +187,9 @@ class TraceIngestApi(APIView):
     )
     def get(self, request):
         params = request.query_params
-        form = TraceFilterForm(params)
-        if not form.is_valid():
-            field, problems = next(iter(form.errors.items()))
-            return error_response(400, field, str(problems[0]))
-        filters = form.filters()
-        deployment = getattr(request.user, "deployment", None)
-        if deployment is not None:  # a key reads its own deployment's traces only
-            if filters.get("deployment", deployment.pk) != deployment.pk:
-                return error_response(403, "deployment", "this API key reads its own deployment's traces only")
-            filters["deployment"] = deployment.pk
+        filters = _list_filters(request)
+        if isinstance(filters, Response):
+            return filters
         after = None
         if params.get("after"):
             after = Cursor.decode(params["after"])

@@ -66,10 +66,19 @@ def traces_import_jsonl(*, deployment: Deployment, stream: IO[bytes]) -> ImportR
 def traces_export_jsonl(*, traces: Any, stream: IO[bytes], chunk_size: int = 500) -> int:
     """Write each trace as one fine-tuning line; returns the number written."""
     n = 0
-    for trace in _iter_with_messages(traces, chunk_size):
-        stream.write(orjson.dumps(trace_as_chat_jsonl_row(trace)) + b"\n")
+    for line in traces_jsonl_lines(traces=traces, chunk_size=chunk_size):
+        stream.write(line)
         n += 1
     return n
+
+
+def traces_jsonl_lines(*, traces: Any, limit: int | None = None, chunk_size: int = 500) -> Iterator[bytes]:
+    """Each trace (in id order, at most `limit`) as one line of the OpenAI chat fine-tuning
+    format, read a chunk at a time so an export of any size holds one chunk in memory."""
+    for n, trace in enumerate(_iter_with_messages(traces, chunk_size)):
+        if limit is not None and n >= limit:
+            return
+        yield orjson.dumps(trace_as_chat_jsonl_row(trace)) + b"\n"
 
 
 def _iter_with_messages(traces: Any, chunk_size: int) -> Iterator[Trace]:

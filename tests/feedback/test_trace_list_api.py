@@ -117,3 +117,34 @@ def test_a_logged_in_person_cannot_post_traces_there_is_no_deployment_to_store_t
 
     assert answer.status_code == otlp.status_code == 403
     assert answer.json()["errors"][0]["field"] == "Authorization"
+
+
+def test_the_filtered_list_downloads_as_chat_jsonl_for_fine_tuning(client, traces, ingest_key):
+    import json
+
+    for trace in traces:
+        MessageFactory(trace=trace, position=0, role="user", content=f"Where is {trace.external_id}?")
+        MessageFactory(trace=trace, position=1, role="assistant", content="<b>Shipped.</b>")
+
+    answer = client.get(
+        f"{URL}/export.jsonl", {"environment": "support-desk"}, HTTP_AUTHORIZATION=f"Bearer {ingest_key}"
+    )
+
+    assert answer.status_code == 200 and answer["Content-Type"] == "application/x-ndjson"
+    rows = [json.loads(line) for line in _body(answer).splitlines()]
+    assert [r["messages"][0]["content"] for r in rows] == [f"Where is run-{i}?" for i in (1, 3, 5)]
+    assert rows[0]["messages"][1] == {"role": "assistant", "content": "<b>Shipped.</b>"}
+    limited = client.get(f"{URL}/export.jsonl", {"limit": 2}, HTTP_AUTHORIZATION=f"Bearer {ingest_key}")
+    assert len(_body(limited).splitlines()) == 2  # and never another deployment's
+    bad = client.get(f"{URL}/export.jsonl", {"status": "sideways"}, HTTP_AUTHORIZATION=f"Bearer {ingest_key}")
+    assert bad.status_code == 400 and bad.json()["errors"][0]["field"] == "status"
+
+
+def _body(response) -> bytes:
+    """A streamed answer's bytes, read as the ASGI server reads it (an async iterator)."""
+    from asgiref.sync import async_to_sync
+
+    async def read() -> bytes:
+        return b"".join([chunk async for chunk in response.streaming_content])
+
+    return async_to_sync(read)()
