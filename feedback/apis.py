@@ -15,7 +15,7 @@ from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers, status
-from rest_framework.permissions import AllowAny
+from rest_framework.permissions import SAFE_METHODS, AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -170,10 +170,11 @@ class TraceIngestApi(APIView):
     parser_classes: list = []  # the body is parsed here, after the size check
 
     def get_permissions(self):
-        scope = ApiKeyScope.READ if self.request.method in ("GET", "HEAD") else ApiKeyScope.INGEST
+        scope = ApiKeyScope.READ if self.request.method in SAFE_METHODS else ApiKeyScope.INGEST
         return [scope_required(scope)()]
 
     @extend_schema(
+        operation_id="v1_traces_list",
         parameters=[
             OpenApiParameter(name, type=kind, description=text, required=False)
             for name, kind, text in TRACE_LIST_PARAMETERS

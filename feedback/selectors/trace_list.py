@@ -7,7 +7,7 @@ page, so its cost does not grow with the table; nothing counts the table.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime, time, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 
 from django.db import connection
 from django.db.models import BooleanField, Exists, OuterRef, Q, QuerySet
@@ -89,7 +89,7 @@ def traces_filtered(filters: dict) -> QuerySet[Trace]:
         qs = qs.filter(status=filters["status"])
     if "start" in filters:
         qs = qs.filter(started_at__gte=datetime.combine(filters["start"], time.min, tzinfo=UTC))
-    if "end" in filters:
+    if "end" in filters and filters["end"] < date.max:  # the last date there is: no bound
         # The end date is inclusive: everything before the next midnight.
         qs = qs.filter(started_at__lt=datetime.combine(filters["end"] + timedelta(days=1), time.min, tzinfo=UTC))
     if "comment" in filters:

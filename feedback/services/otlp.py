@@ -94,7 +94,6 @@ class TraceMapping:
     spans: int
     item: dict[str, Any] | None = None
     reason: str = ""
-    complete: bool = False  # its root span (the agent's own, which ends last) is in
     notes: list[str] = field(default_factory=list)
 
 
@@ -671,9 +670,9 @@ def otlp_ingest(*, deployment: Deployment, request, now: datetime | None = None)
     spans so far is held, not rejected. Rejected, with the reason per trace: spans of a trace
     with no GenAI span, or whose model calls carry no content, or that ingest refuses (its
     stored turns are never rewritten) — and a refused export's spans are not kept, so they
-    do not stand in the way of the next one. Once a trace's root span (no parent: the
-    agent's own, which ends last) is in, its spans are let go: a late retry still finds its
-    turns stored, and the conversation it carries extends them or changes nothing. A span is taken once (by its id, within an
+    do not stand in the way of the next one. Spans are kept for
+    `OTEL_SPAN_RETENTION_SECONDS` whether or not the root span is in: a span that ends after
+    the agent's own, or a retry, still finds everything the trace was built from. A span is taken once (by its id, within an
     export and across them). Two exports of one trace take turns (a lock per trace), so
     neither rebuilds it without the other's spans."""
     now = now or timezone.now()
@@ -711,7 +710,6 @@ def otlp_ingest(*, deployment: Deployment, request, now: datetime | None = None)
             stored[row.trace_id][row.span_id] = _record_of(row)
         mappings: list[tuple[TraceMapping, list[SpanRecord]]] = []
         keep: list[tuple[str, list[SpanRecord]]] = []
-        done: list[str] = []  # traces whose root span has arrived: nothing more will shape them
         for trace_id in valid:
             got = list(incoming[trace_id].values())
             new = [s for s in got if s.span_id not in stored[trace_id]]  # a retry adds nothing
@@ -722,7 +720,7 @@ def otlp_ingest(*, deployment: Deployment, request, now: datetime | None = None)
             if len(spans) > MAX_SPANS_PER_TRACE:
                 reject(trace_id, len(new), f"more than {MAX_SPANS_PER_TRACE} spans in one trace")
                 continue
-            mapping = TraceMapping(trace_id=trace_id, spans=len(got), complete=any(not x.parent_id for x in spans))
+            mapping = TraceMapping(trace_id=trace_id, spans=len(got))
             _map_trace(mapping, sorted(spans, key=lambda s: (s.start_ns, s.end_ns)))
             if mapping.item is None and not any(s.operation in LLM_OPERATIONS for s in spans):
                 counts["held"] += 1  # tool spans before their model call's export
@@ -733,6 +731,7 @@ def otlp_ingest(*, deployment: Deployment, request, now: datetime | None = None)
                 mappings.append((mapping, new))
                 if mapping.notes:
                     reasons.append(f"trace {trace_id}: " + "; ".join(mapping.notes[:3]))
+        _merge_stored(deployment, [m.item for m, _ in mappings])
         results = traces_ingest(deployment=deployment, items=[m.item for m, _ in mappings], source=TraceSource.OTEL)
         for (mapping, new), result in zip(mappings, results, strict=True):
             if result.status == "error":
@@ -743,10 +742,7 @@ def otlp_ingest(*, deployment: Deployment, request, now: datetime | None = None)
             counts[result.status] += 1
             if result.status != "created":  # a new trace was written from the item already
                 _trace_fields_update(result.trace_id, mapping.item)
-            if mapping.complete:
-                done.append(mapping.trace_id)
-            else:
-                keep.append((mapping.trace_id, new))
+            keep.append((mapping.trace_id, new))
         OtelSpan.objects.bulk_create(
             [
                 OtelSpan(
@@ -762,8 +758,6 @@ def otlp_ingest(*, deployment: Deployment, request, now: datetime | None = None)
             ],
             ignore_conflicts=True,
         )
-        if done:
-            OtelSpan.objects.filter(deployment=deployment, trace_id__in=done).delete()
     _spans_expire(now)
     return OtlpResult(traces=counts, rejected_spans=rejected, error_message="; ".join(reasons)[:MAX_ERROR_CHARS])
 
@@ -796,6 +790,28 @@ def _traces_lock(deployment_id: int, trace_ids: list[str]) -> None:
         cursor.execute(
             "SELECT count(pg_advisory_xact_lock(k)) FROM unnest(%s::bigint[]) WITH ORDINALITY AS u(k, n)", [keys]
         )
+
+
+def _merge_stored(deployment: Deployment, items: list[dict[str, Any]]) -> None:
+    """Items of traces already stored keep what the stored trace knows: an error stays an
+    error, and the metadata (its `otel` part too) is merged, not replaced, should the spans
+    the item was read from be fewer than the trace was built from (older ones expired)."""
+    stored = {
+        t["external_id"]: t
+        for t in Trace.objects.filter(deployment=deployment, external_id__in=[i["external_id"] for i in items]).values(
+            "external_id", "status", "metadata"
+        )
+    }
+    for item in items:
+        before = stored.get(item["external_id"])
+        if before is None:
+            continue
+        if before["status"] == "error":
+            item["status"] = "error"
+        old = before["metadata"] if isinstance(before["metadata"], dict) else {}
+        otel = {**_dict(old.get("otel")), **item["metadata"]["otel"]}
+        otel["spans"] = max(_dict(old.get("otel")).get("spans") or 0, item["metadata"]["otel"]["spans"])
+        item["metadata"] = {**old, **item["metadata"], "otel": otel}
 
 
 def _trace_fields_update(trace_pk: int, item: dict[str, Any]) -> None:

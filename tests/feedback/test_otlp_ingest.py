@@ -8,6 +8,7 @@ import json
 
 import httpx
 import pytest
+from opentelemetry import trace as trace_api
 from opentelemetry.exporter.otlp.proto.http import Compression
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -460,3 +461,39 @@ def test_a_late_export_of_an_earlier_call_with_its_serving_data_is_not_a_rewrite
         "tool",
         "assistant",
     ]
+
+
+def test_a_call_that_ends_after_the_agents_span_still_extends_the_trace_and_an_error_stays(
+    live_server, deployment, ingest_key
+):
+    t, provider, _results = tracer(live_server.url, ingest_key)
+    with t.start_as_current_span("invoke_agent support") as run:
+        with t.start_as_current_span("chat smollm2") as failing:
+            failing.set_attribute("gen_ai.operation.name", "chat")
+            failing.set_attribute("gen_ai.input.messages", json.dumps([USER]))
+            failing.set_attribute("gen_ai.output.messages", json.dumps([CALL]))
+            failing.set_status(trace_api.Status(trace_api.StatusCode.ERROR))
+        tool(t, "call_1", '{"status":"shipped"}')
+        trace_id = format(run.get_span_context().trace_id, "032x")
+        context = trace_api.set_span_in_context(run)
+    # A follow-up call under the agent's span, ending after it (streaming, background work),
+    # whose input writes the tool result its own way.
+    late = t.start_span("chat smollm2", context=context)
+    late.set_attribute("gen_ai.operation.name", "chat")
+    late.set_attribute("gen_ai.input.messages", json.dumps([USER, CALL, RESULT]))
+    late.set_attribute("gen_ai.output.messages", json.dumps([ANSWER]))
+    late.end()
+    provider.shutdown()
+
+    trace = Trace.objects.get(external_id=trace_id)
+    assert [m.role for m in trace.messages.order_by("position")] == ["user", "assistant", "tool", "assistant"]
+    assert trace.messages.get(position=3).content == "It has shipped."
+    assert trace.status == "error" and trace.metadata["otel"]["spans"] == 4
+
+
+def test_filters_at_the_edges_of_the_calendar_are_answered_and_options_is_a_read(client, deployment, make_key):
+    reader = make_key(deployment, ["read"])
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {reader}"}
+
+    assert client.get("/api/v1/traces", {"end": "9999-12-31", "start": "0001-01-01"}, **auth).status_code == 200
+    assert client.options("/api/v1/traces", **auth).status_code == 200
