@@ -1,6 +1,6 @@
 from django.urls import path
 
-from training import apis
+from training import apis, apis_jobs
 
 urlpatterns = [
     path("evaluations", apis.EvaluationCreateApi.as_view(), name="api-evaluation-create"),
@@ -14,4 +14,9 @@ urlpatterns = [
     path("deployments/<str:deployment>/rollback", apis.RollbackApi.as_view(), name="api-deployment-rollback"),
     path("releases/<int:release_id>", apis.ReleaseDetailApi.as_view(), name="api-release-detail"),
     path("audit", apis.AuditLogApi.as_view(), name="api-audit-log"),
+    path("jobs", apis_jobs.JobsApi.as_view(), name="api-jobs"),
+    path("jobs/<int:job_id>", apis_jobs.JobDetailApi.as_view(), name="api-job-detail"),
+    path("jobs/<int:job_id>/metrics", apis_jobs.JobMetricsApi.as_view(), name="api-job-metrics"),
+    path("jobs/<int:job_id>/cancel", apis_jobs.JobCancelApi.as_view(), name="api-job-cancel"),
+    path("models", apis_jobs.ModelVersionsApi.as_view(), name="api-model-versions"),
 ]
