@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 
 import orjson
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import StreamingHttpResponse
@@ -33,6 +30,7 @@ from feedback.services.customer_feedback import (
 from feedback.services.ingest import traces_ingest
 from feedback.services.jsonl import traces_jsonl_lines
 from webapp.api_errors import error_response
+from webapp.streaming import streamed
 
 _message_schema = inline_serializer(
     "ChatMessage",
@@ -129,16 +127,9 @@ class TraceExportApi(APIView):
         if not 1 <= limit <= EXPORT_MAX:
             return error_response(400, "limit", f"a whole number from 1 to {EXPORT_MAX}")
         lines = traces_jsonl_lines(traces=traces_filtered(filters), limit=limit)
-        response = StreamingHttpResponse(_streamed(lines), content_type="application/x-ndjson")
+        response = StreamingHttpResponse(streamed(lines), content_type="application/x-ndjson")
         response["Content-Disposition"] = 'attachment; filename="traces.jsonl"'
         return response
-
-
-async def _streamed(lines: Iterator[bytes], per_chunk: int = 200) -> AsyncIterator[bytes]:
-    """`lines` a chunk at a time, each read in the ORM's thread: under ASGI a plain iterator
-    would be read whole into memory before the first byte goes out."""
-    while chunk := await sync_to_async(lambda: list(itertools.islice(lines, per_chunk)))():
-        yield b"".join(chunk)
 
 
 def _trace_summary(row: dict, request) -> dict:

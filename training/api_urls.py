@@ -1,6 +1,6 @@
 from django.urls import path
 
-from training import apis, apis_jobs
+from training import apis, apis_jobs, apis_sets
 
 urlpatterns = [
     path("evaluations", apis.EvaluationCreateApi.as_view(), name="api-evaluation-create"),
@@ -19,4 +19,9 @@ urlpatterns = [
     path("jobs/<int:job_id>/metrics", apis_jobs.JobMetricsApi.as_view(), name="api-job-metrics"),
     path("jobs/<int:job_id>/cancel", apis_jobs.JobCancelApi.as_view(), name="api-job-cancel"),
     path("models", apis_jobs.ModelVersionsApi.as_view(), name="api-model-versions"),
+    path("training-sets", apis_sets.TrainingSetsApi.as_view(), name="api-training-sets"),
+    path("training-sets/<int:set_id>", apis_sets.TrainingSetDetailApi.as_view(), name="api-training-set-detail"),
+    path(
+        "training-sets/<int:set_id>/items.jsonl", apis_sets.TrainingSetItemsApi.as_view(), name="api-training-set-items"
+    ),
 ]

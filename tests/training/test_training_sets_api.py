@@ -1,0 +1,107 @@
+"""/api/v1/training-sets: a script builds a set from the trace list's filters, reads it, and
+downloads its items — every field, or OpenAI chat lines for fine-tuning elsewhere."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from feedback.models import Correction
+from feedback.services.review import comment_add
+from tests.factories import MessageFactory, TraceFactory, user_with_role
+from training.models import TrainingSet
+
+pytestmark = pytest.mark.django_db
+
+
+def body(response) -> bytes:
+    from asgiref.sync import async_to_sync
+
+    async def read() -> bytes:
+        return b"".join([chunk async for chunk in response.streaming_content])
+
+    return async_to_sync(read)()
+
+
+@pytest.fixture
+def commented():
+    trace = TraceFactory(external_id="conv-1", tools=[{"type": "function", "function": {"name": "lookup"}}])
+    texts = [
+        ("user", "Where is A1?"),
+        ("assistant", "No <b>idea</b>."),
+        ("user", "Please check."),
+        ("assistant", "Ok."),
+    ]
+    m = [MessageFactory(trace=trace, position=i, role=r, content=t) for i, (r, t) in enumerate(texts)]
+    comment_add(message=m[1], author=user_with_role("operator", "otto"), body="Look the order up before answering.")
+    Correction.objects.create(trace=trace, message=m[3], content="It shipped on Monday.")
+    TraceFactory(external_id="plain")  # no comment: not in a set built from comment=yes
+    return trace
+
+
+def test_a_script_builds_a_set_from_filters_and_downloads_it(client, commented):
+    client.force_login(user_with_role("operator", "olga"))
+
+    answer = client.post(
+        "/api/v1/training-sets",
+        {"name": "support", "filters": {"comment": "yes"}, "heldout_fraction": 0},
+        content_type="application/json",
+    )
+
+    assert answer.status_code == 201, answer.content
+    built = answer.json()
+    assert (built["name"], built["version"], built["item_count"], built["created_by"]) == ("support", 1, 2, "olga")
+    assert client.get(f"/api/v1/training-sets/{built['id']}").json()["selection"] == built["selection"]
+    assert [s["id"] for s in client.get("/api/v1/training-sets").json()["results"]] == [built["id"]]
+
+    items = [json.loads(x) for x in body(client.get(f"/api/v1/training-sets/{built['id']}/items.jsonl")).splitlines()]
+    assert len(items) == 2 and {i["split"] for i in items} == {"train"}
+    assert items[0]["messages"] == [{"role": "user", "content": "Where is A1?"}]
+    assert items[0]["feedback"] == "Look the order up before answering."
+    chat = [
+        json.loads(x)
+        for x in body(client.get(f"/api/v1/training-sets/{built['id']}/items.jsonl", {"as": "chat"})).splitlines()
+    ]
+    # Only the corrected turn has a response to learn: its context, then the correction.
+    assert chat == [
+        {
+            "messages": [
+                {"role": "user", "content": "Where is A1?"},
+                {"role": "assistant", "content": "No <b>idea</b>."},
+                {"role": "user", "content": "Please check."},
+                {"role": "assistant", "content": "It shipped on Monday."},
+            ],
+            "tools": [{"type": "function", "function": {"name": "lookup"}}],
+        }
+    ]
+
+
+@pytest.mark.parametrize(
+    ("payload", "field"),
+    [
+        ({"name": "bad name!", "filters": {}}, "name"),
+        ({"name": "s"}, "filters"),
+        ({"name": "s", "filters": {"comment": "yes"}, "queue": 1}, "filters"),
+        ({"name": "s", "filters": {"status": "sideways"}}, "filters.status"),
+        ({"name": "s", "filters": {"comment": "yes"}, "heldout_fraction": 2}, "heldout_fraction"),
+    ],
+)
+def test_a_set_that_cannot_be_built_is_a_400_naming_the_field(client, commented, payload, field):
+    client.force_login(user_with_role("operator"))
+
+    answer = client.post("/api/v1/training-sets", payload, content_type="application/json")
+
+    assert answer.status_code == 400 and answer.json()["errors"][0]["field"] == field, answer.content
+    assert not TrainingSet.objects.exists()
+
+
+def test_downloads_name_a_bad_layout_and_need_the_permission(client, commented):
+    client.force_login(user_with_role("operator"))
+    built = client.post(
+        "/api/v1/training-sets", {"name": "s", "filters": {"comment": "yes"}}, content_type="application/json"
+    ).json()
+    assert client.get(f"/api/v1/training-sets/{built['id']}/items.jsonl", {"as": "csv"}).status_code == 400
+    assert client.get(f"/api/v1/training-sets/{built['id']}/items.jsonl", {"split": "x"}).status_code == 400
+    client.force_login(user_with_role("reviewer"))
+    assert client.get("/api/v1/training-sets").status_code == 403

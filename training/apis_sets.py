@@ -1,0 +1,179 @@
+"""The training-set API (`/api/v1/training-sets`): build a set from the trace list's filters or
+an annotation queue, list and read sets, and download a set's items as JSONL.
+
+For a person, with the jobs page's permissions (`view_trainingset` to read, `add_trainingset`
+to build). The judge's training gate applies as on the page: a set that carries the judge's
+output needs the gate open or a named override reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+from django.http import QueryDict, StreamingHttpResponse
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import serializers
+from rest_framework.permissions import SAFE_METHODS, IsAuthenticated
+from rest_framework.response import Response
+
+from feedback.forms import TraceFilterForm
+from training.apis import PersonApi, needs
+from training.models import TrainingItem, TrainingSet, TrainingSplit
+from training.services.training_sets import TrainingSetError
+from webapp.api_errors import error_response
+from webapp.streaming import streamed
+
+VIEW_SETS = "training.view_trainingset"
+BUILD_SETS = "training.add_trainingset"
+ITEM_FIELDS = (
+    "kind",
+    "key",
+    "split",
+    "messages",
+    "tools",
+    "rubric",
+    "feedback",
+    "logged_response",
+    "reward",
+    "corrected_response",
+    "correction_source",
+    "reference",
+    "grader",
+    "provenance",
+)
+
+
+def set_as_dict(s: TrainingSet) -> dict[str, Any]:
+    return {
+        "id": s.pk,
+        "name": s.name,
+        "version": s.version,
+        "deployment": s.deployment.name if s.deployment_id else None,
+        "description": s.description,
+        "selection": s.selection,
+        "heldout_fraction": s.heldout_fraction,
+        "item_count": s.item_count,
+        "train_count": s.train_count,
+        "heldout_count": s.heldout_count,
+        "created_by": s.created_by.username if s.created_by_id else None,
+        "created_at": s.created_at.isoformat(),
+    }
+
+
+class TrainingSetsApi(PersonApi):
+    """GET: the sets, newest first. POST: build the next version of a set from trace filters
+    (the trace list's, as an object) or an annotation queue."""
+
+    def get_permissions(self):
+        permission = VIEW_SETS if self.request.method in SAFE_METHODS else BUILD_SETS
+        return [IsAuthenticated(), needs(permission)()]
+
+    class InputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "TrainingSetIn"
+
+        name = serializers.SlugField(max_length=100)
+        filters = serializers.DictField(required=False, help_text="the trace list's filters, e.g. {'comment': 'yes'}")
+        queue = serializers.IntegerField(required=False, help_text="or an annotation queue's id")
+        heldout_fraction = serializers.FloatField(required=False, min_value=0, max_value=0.99, default=0.2)
+        judge_gate_override_reason = serializers.CharField(required=False, allow_blank=True, default="")
+
+    @extend_schema(operation_id="v1_training_sets_list", responses={200: OpenApiResponse(description="{'results'}")})
+    def get(self, request):
+        sets = TrainingSet.objects.select_related("deployment", "created_by").order_by("-created_at", "-id")[:200]
+        return Response({"results": [set_as_dict(s) for s in sets]})
+
+    @extend_schema(request=InputSerializer, responses={201: OpenApiResponse(description="The set as built.")})
+    def post(self, request):
+        from training.services.feedback_sets import training_set_from_feedback
+
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        given = data.validated_data
+        if ("filters" in given) == ("queue" in given):
+            return error_response(400, "filters", "give either trace filters or a queue")
+        filters = None
+        if "filters" in given:
+            query = QueryDict(mutable=True)
+            for key, value in given["filters"].items():
+                query[str(key)] = "" if value is None else str(value)
+            form = TraceFilterForm(query)
+            if not form.is_valid():
+                field, problems = next(iter(form.errors.items()))
+                return error_response(400, f"filters.{field}", str(problems[0]))
+            filters = form.filters()
+        try:
+            built = training_set_from_feedback(
+                name=given["name"],
+                filters=filters,
+                queue_id=given.get("queue"),
+                heldout_fraction=given["heldout_fraction"],
+                user=request.user,
+                judge_gate_override_reason=given["judge_gate_override_reason"],
+            )
+        except TrainingSetError as exc:
+            field, reason = exc.errors[0]
+            return error_response(400, field, reason)
+        return Response(set_as_dict(built), status=201)
+
+
+class TrainingSetDetailApi(PersonApi):
+    permission_classes = [IsAuthenticated, needs(VIEW_SETS)]
+
+    @extend_schema(responses={200: OpenApiResponse(description="The set.")})
+    def get(self, request, set_id: int):
+        return Response(set_as_dict(get_object_or_404(TrainingSet, pk=set_id)))
+
+
+class TrainingSetItemsApi(PersonApi):
+    """The set's items as JSONL, streamed: every field (`as=items`, the default), or the
+    OpenAI chat fine-tuning format (`as=chat`: each context with its corrected response
+    as the assistant's turn, items without one left out)."""
+
+    permission_classes = [IsAuthenticated, needs(VIEW_SETS)]
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("as", str, enum=["items", "chat"], description="items (default) or chat"),
+            OpenApiParameter("split", str, enum=["train", "heldout"], description="only this split"),
+        ],
+        responses={200: OpenApiResponse(description="application/x-ndjson")},
+    )
+    def get(self, request, set_id: int):
+        training_set = get_object_or_404(TrainingSet, pk=set_id)
+        kind = request.query_params.get("as") or "items"
+        if kind not in ("items", "chat"):
+            return error_response(400, "as", "items or chat")
+        split = request.query_params.get("split") or ""
+        if split and split not in TrainingSplit.values:
+            return error_response(400, "split", f"one of {', '.join(TrainingSplit.values)}")
+        items = TrainingItem.objects.filter(training_set=training_set)
+        if split:
+            items = items.filter(split=split)
+        if kind == "chat":
+            items = items.exclude(corrected_response="")
+        response = StreamingHttpResponse(streamed(_lines(items, kind)), content_type="application/x-ndjson")
+        response["Content-Disposition"] = f'attachment; filename="{training_set.name}-v{training_set.version}.jsonl"'
+        return response
+
+
+def _lines(items, kind: str) -> Iterator[bytes]:
+    last = 0
+    while True:
+        chunk = list(items.filter(pk__gt=last).order_by("pk").values("pk", *ITEM_FIELDS)[:500])
+        if not chunk:
+            return
+        last = chunk[-1]["pk"]
+        for row in chunk:
+            if kind == "chat":
+                line: dict[str, Any] = {
+                    "messages": [*row["messages"], {"role": "assistant", "content": row["corrected_response"]}]
+                }
+                if row["tools"]:
+                    line["tools"] = row["tools"]
+            else:
+                line = {k: row[k] for k in ITEM_FIELDS}
+            yield orjson.dumps(line) + b"\n"
