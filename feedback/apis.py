@@ -17,7 +17,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from feedback.auth import ApiKeyPrincipal, scope_required
-from feedback.forms import TraceFilterForm
+from feedback.forms import FILTER_FIELDS, TraceFilterForm
 from feedback.models import ApiKeyScope, FeedbackSource, TraceSource
 from feedback.selectors import trace_as_dict, trace_visible_to
 from feedback.selectors.trace_list import Cursor, trace_page, traces_filtered
@@ -76,7 +76,7 @@ TRACE_LIST_PARAMETERS = [
     ("end", str, "to this date, inclusive"),
     ("comment", str, "yes or no: has an operator's comment"),
     ("feedback", str, "yes or no: has customer feedback"),
-    ("rating", str, "the customer feedback's rating: up, down or 1-5"),
+    ("rating", str, "the customer feedback's rating: negative, neutral or positive"),
     ("reward_min", float, "judge reward at least"),
     ("reward_max", float, "judge reward at most"),
     ("flag", str, "carries this failure flag"),
@@ -88,6 +88,9 @@ TRACE_LIST_PARAMETERS = [
 def _list_filters(request) -> dict | Response:
     """The trace list's filters from the query, or the 400/403 that says why not; a key's
     are pinned to its own deployment."""
+    unknown = sorted(set(request.query_params) - {*FILTER_FIELDS, "after", "limit"})
+    if unknown:
+        return error_response(400, unknown[0][:100], "not a filter of the trace list")
     form = TraceFilterForm(request.query_params)
     if not form.is_valid():
         field, problems = next(iter(form.errors.items()))
@@ -103,11 +106,13 @@ def _list_filters(request) -> dict | Response:
 
 class TraceExportApi(APIView):
     """The filtered trace list as OpenAI chat fine-tuning JSONL (`messages`, `tools`), one
-    trace a line, streamed: what `openai` fine-tuning, TRL and `datasets` read."""
+    trace a line in the order they were stored (oldest first; `limit` keeps the first),
+    streamed: what `openai` fine-tuning, TRL and `datasets` read."""
 
     permission_classes = [scope_required(ApiKeyScope.READ)]
 
     @extend_schema(
+        operation_id="v1_traces_export_jsonl",
         parameters=[
             OpenApiParameter(name, type=kind, description=text, required=False)
             for name, kind, text in TRACE_LIST_PARAMETERS

@@ -17,9 +17,10 @@ from rest_framework import serializers
 from rest_framework.permissions import SAFE_METHODS, IsAuthenticated
 from rest_framework.response import Response
 
+from feedback.services.chat_format import MAX_JSON_DEPTH, json_depth
 from training import selectors
 from training.apis import PersonApi, needs
-from training.models import JobKind, ModelVersion, TrainingJob, TrainingSet
+from training.models import ACTIVE_JOB_STATUSES, JobKind, ModelVersion, TrainingJob, TrainingSet
 from training.services.jobs import JobError, training_job_cancel, training_job_create
 from webapp.api_errors import error_response
 from webapp.work import WorkStatus
@@ -128,12 +129,16 @@ class JobsApi(PersonApi):
         },
     )
     def post(self, request):
+        if isinstance(request.data, dict) and json_depth(request.data.get("config")) > MAX_JSON_DEPTH:
+            raise JobError([("config", f"nested more than {MAX_JSON_DEPTH} levels deep")])
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         given = data.validated_data
         name = given["base_version"]
         version = ModelVersion.objects.filter(name=name).first() or (
-            ModelVersion.objects.filter(pk=int(name)).first() if name.isdigit() else None
+            ModelVersion.objects.filter(pk=int(name)).first()
+            if name.isascii() and name.isdigit() and len(name) <= 18
+            else None
         )
         if version is None:
             raise JobError([("base_version", f"no model version named {name[:100]!r}")])
@@ -182,6 +187,8 @@ class JobCancelApi(PersonApi):
     @extend_schema(request=None, responses={200: OpenApiResponse(description="The job, cancelled or cancelling.")})
     def post(self, request, job_id: int):
         job = get_object_or_404(TrainingJob, pk=job_id)
+        if job.status not in ACTIVE_JOB_STATUSES:
+            return error_response(409, "status", f"the job has ended ({job.status}); there is nothing to cancel")
         training_job_cancel(job=job, user=request.user)
         return Response(job_as_dict(selectors.training_job_get(job_id=job.pk), detail=True))
 
@@ -189,7 +196,10 @@ class JobCancelApi(PersonApi):
 class ModelVersionsApi(PersonApi):
     permission_classes = [IsAuthenticated, needs(VIEW_JOBS)]
 
-    @extend_schema(responses={200: OpenApiResponse(description="{'results': [model versions]}, newest first.")})
+    @extend_schema(
+        operation_id="v1_models_list",
+        responses={200: OpenApiResponse(description="{'results': [model versions]}, newest first.")},
+    )
     def get(self, request):
         versions = ModelVersion.objects.select_related("base_model", "parent").order_by("-created_at", "-id")[:MAX_LIST]
         return Response({"results": [_version_as_dict(v) for v in versions]})

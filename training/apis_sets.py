@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import orjson
+from django.db import IntegrityError
 from django.http import QueryDict, StreamingHttpResponse
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -19,7 +20,7 @@ from rest_framework import serializers
 from rest_framework.permissions import SAFE_METHODS, IsAuthenticated
 from rest_framework.response import Response
 
-from feedback.forms import TraceFilterForm
+from feedback.forms import FILTER_FIELDS, TraceFilterForm
 from training.apis import PersonApi, needs
 from training.models import TrainingItem, TrainingSet, TrainingSplit
 from training.services.training_sets import TrainingSetError
@@ -97,6 +98,9 @@ class TrainingSetsApi(PersonApi):
             return error_response(400, "filters", "give either trace filters or a queue")
         filters = None
         if "filters" in given:
+            unknown = sorted(set(given["filters"]) - set(FILTER_FIELDS))
+            if unknown:
+                return error_response(400, f"filters.{str(unknown[0])[:100]}", "not a filter of the trace list")
             query = QueryDict(mutable=True)
             for key, value in given["filters"].items():
                 query[str(key)] = "" if value is None else str(value)
@@ -117,6 +121,8 @@ class TrainingSetsApi(PersonApi):
         except TrainingSetError as exc:
             field, reason = exc.errors[0]
             return error_response(400, field, reason)
+        except IntegrityError:  # another build of this name took the next version first
+            return error_response(409, "name", "another build of this set finished at the same moment; send it again")
         return Response(set_as_dict(built), status=201)
 
 
@@ -136,6 +142,7 @@ class TrainingSetItemsApi(PersonApi):
     permission_classes = [IsAuthenticated, needs(VIEW_SETS)]
 
     @extend_schema(
+        operation_id="v1_training_sets_items_jsonl",
         parameters=[
             OpenApiParameter("as", str, enum=["items", "chat"], description="items (default) or chat"),
             OpenApiParameter("split", str, enum=["train", "heldout"], description="only this split"),

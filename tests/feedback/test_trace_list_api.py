@@ -148,3 +148,30 @@ def _body(response) -> bytes:
         return b"".join([chunk async for chunk in response.streaming_content])
 
     return async_to_sync(read)()
+
+
+def test_the_export_is_pinned_to_the_keys_deployment_and_unknown_parameters_are_named(client, traces, ingest_key):
+    other = traces[0].deployment.__class__.objects.get(name="other-bot")
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {ingest_key}"}
+
+    assert client.get(f"{URL}/export.jsonl", {"deployment": other.pk}, **auth).status_code == 403
+    exported = _body(client.get(f"{URL}/export.jsonl", **auth)).splitlines()
+    assert len(exported) == 7  # its own seven, not the other deployment's one
+    typo = client.get(URL, {"enviroment": "chat"}, **auth)
+    assert typo.status_code == 400 and typo.json()["errors"][0]["field"] == "enviroment"
+
+
+def test_a_download_that_fails_midway_ends_with_an_error_line(client, traces, ingest_key, monkeypatch):
+    import json
+
+    import feedback.apis
+
+    def failing(**kwargs):
+        yield b'{"messages": []}\n'
+        raise RuntimeError("disk gone")
+
+    monkeypatch.setattr(feedback.apis, "traces_jsonl_lines", failing)
+
+    lines = _body(client.get(f"{URL}/export.jsonl", HTTP_AUTHORIZATION=f"Bearer {ingest_key}")).splitlines()
+
+    assert json.loads(lines[-1]) == {"error": "the download stopped: RuntimeError"} and len(lines) == 2

@@ -15,6 +15,13 @@ TASKS = [{"prompt": f"Say something about order A{i}.", "reference": "e", "grade
 CONFIG = {"steps": 3, "prompts_per_step": 2, "group_size": 4, "max_new_tokens": 6, "eval_every": 0}
 
 
+def _nested(depth: int):
+    value: object = 1
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
 @pytest.fixture
 def base_version(tiny_model_dir, settings, tmp_path):
     from training.models import BaseModel
@@ -98,3 +105,37 @@ def test_a_bad_setting_is_named_and_reading_or_starting_needs_the_pages_permissi
     assert client.get("/api/v1/jobs").status_code == 403
     client.logout()
     assert client.get("/api/v1/jobs").status_code in (401, 403)
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"base_version": "²"}, "base_version"),
+        ({"base_version": "9" * 5000}, "base_version"),
+        ({"config": {**CONFIG, "steps": 10**30}}, "config.steps"),
+        ({"config": {**CONFIG, "structured_outputs": _nested(500)}}, "config"),
+    ],
+)
+def test_hostile_settings_are_a_400_not_a_500(client, base_version, task_set, body, field):
+    client.force_login(user_with_role("operator"))
+    payload = {"kind": "grpo", "base_version": "tiny-base", "training_set": task_set.pk, "config": CONFIG} | body
+
+    answer = client.post("/api/v1/jobs", payload, content_type="application/json")
+
+    assert answer.status_code == 400 and answer.json()["errors"][0]["field"] == field, answer.content[:300]
+
+
+def test_a_job_that_has_ended_cannot_be_cancelled_and_a_queued_one_is_at_once(client, base_version, task_set):
+    from training.services.jobs import training_job_create
+
+    client.force_login(user_with_role("operator"))
+    done = training_job_create(
+        kind="grpo", config=CONFIG, base_version=base_version, training_set=task_set, enqueue=False
+    )
+    TrainingJob.objects.filter(pk=done.pk).update(status=WorkStatus.FINISHED)
+    queued = training_job_create(
+        kind="grpo", config=CONFIG, base_version=base_version, training_set=task_set, enqueue=False
+    )
+
+    assert client.post(f"/api/v1/jobs/{done.pk}/cancel").status_code == 409
+    assert client.post(f"/api/v1/jobs/{queued.pk}/cancel").json()["status"] == "cancelled"

@@ -105,3 +105,14 @@ def test_downloads_name_a_bad_layout_and_need_the_permission(client, commented):
     assert client.get(f"/api/v1/training-sets/{built['id']}/items.jsonl", {"split": "x"}).status_code == 400
     client.force_login(user_with_role("reviewer"))
     assert client.get("/api/v1/training-sets").status_code == 403
+
+
+def test_a_misspelt_or_empty_filter_is_refused_not_read_as_any(client, commented):
+    client.force_login(user_with_role("operator"))
+
+    typo = client.post(
+        "/api/v1/training-sets", {"name": "s", "filters": {"commment": "yes"}}, content_type="application/json"
+    )
+
+    assert typo.status_code == 400 and typo.json()["errors"][0]["field"] == "filters.commment"
+    assert not TrainingSet.objects.exists()

@@ -9,6 +9,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+# No count a job takes goes past this (a step counter is a 32-bit column).
+MAX_INT_SETTING = 1_000_000_000
+
 
 @dataclass
 class MonitorConfig:
@@ -107,6 +110,15 @@ class TrainConfig:
             wrong_type = expected and value is not None and not isinstance(value, expected)
             if wrong_type or (isinstance(value, bool) and f.type in ("int", "float", "int | None", "float | None")):
                 errors.append((f.name, f"must be {f.type}"))
+        if errors:
+            return errors
+        errors += [
+            (f.name, f"must be at most {MAX_INT_SETTING:,}")
+            for f in dataclasses.fields(self)
+            if isinstance(getattr(self, f.name), int)
+            and not isinstance(getattr(self, f.name), bool)
+            and abs(getattr(self, f.name)) > MAX_INT_SETTING
+        ]
         if errors:
             return errors
         if self.adapter not in ("lora", "full"):
