@@ -23,28 +23,15 @@ from rest_framework.response import Response
 from feedback.forms import FILTER_FIELDS, TraceFilterForm
 from training.apis import PersonApi, needs
 from training.models import TrainingItem, TrainingSet, TrainingSplit
+from training.services.training_sets import ITEM_FIELDS as STORED_ITEM_FIELDS
 from training.services.training_sets import TrainingSetError
 from webapp.api_errors import error_response
 from webapp.streaming import streamed
 
 VIEW_SETS = "training.view_trainingset"
 BUILD_SETS = "training.add_trainingset"
-ITEM_FIELDS = (
-    "kind",
-    "key",
-    "split",
-    "messages",
-    "tools",
-    "rubric",
-    "feedback",
-    "logged_response",
-    "reward",
-    "corrected_response",
-    "correction_source",
-    "reference",
-    "grader",
-    "provenance",
-)
+# Every stored field of an item but the ids of its trace and message (this database's own).
+ITEM_FIELDS = ("split", *sorted(STORED_ITEM_FIELDS - {"trace_id", "message_id"}))
 
 
 def set_as_dict(s: TrainingSet) -> dict[str, Any]:

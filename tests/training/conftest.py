@@ -13,3 +13,27 @@ def tiny_model_dir(tmp_path_factory):
 
     torch.set_num_threads(1)
     return tiny_prepare(tmp_path_factory.mktemp("models") / "tiny")
+
+
+_TASKS = [{"prompt": f"Say something about order A{i}.", "reference": "e", "grader": "contains"} for i in range(12)]
+
+
+@pytest.fixture
+def base_version(tiny_model_dir, settings, tmp_path):
+    """The tiny model registered as a live base version, with run folders under tmp_path."""
+    from training.models import BaseModel, ModelVersion, ModelVersionKind
+
+    settings.TRAINING_DIR = tmp_path / "training"
+    settings.MODELS_DIR = tmp_path / "models"
+    base = BaseModel.objects.create(name="tiny", path=str(tiny_model_dir))
+    return ModelVersion.objects.create(
+        name="tiny-base", base_model=base, kind=ModelVersionKind.BASE, path=str(tiny_model_dir), status="live"
+    )
+
+
+@pytest.fixture
+def task_set():
+    """Twelve graded prompts, a quarter held out."""
+    from training.services.training_sets import training_set_from_tasks
+
+    return training_set_from_tasks(name="orders", tasks=_TASKS, heldout_fraction=0.25)

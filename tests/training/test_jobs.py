@@ -38,23 +38,6 @@ FAST = {
 }
 
 
-@pytest.fixture
-def base_version(tiny_model_dir, settings, tmp_path):
-    from training.models import BaseModel
-
-    settings.TRAINING_DIR = tmp_path / "training"
-    settings.MODELS_DIR = tmp_path / "models"
-    base = BaseModel.objects.create(name="tiny", path=str(tiny_model_dir))
-    return ModelVersion.objects.create(
-        name="tiny-base", base_model=base, kind=ModelVersionKind.BASE, path=str(tiny_model_dir), status="live"
-    )
-
-
-@pytest.fixture
-def task_set():
-    return training_set_from_tasks(name="orders", tasks=TASKS, heldout_fraction=0.25)
-
-
 def test_a_job_runs_to_a_candidate_version_without_touching_the_live_one(base_version, task_set):
     from training.services.job_runner import training_job_run
 

@@ -6,12 +6,10 @@ from __future__ import annotations
 import pytest
 
 from tests.factories import user_with_role
-from training.models import JobEventKind, ModelVersion, ModelVersionKind, TrainingJob, TrainingJobEvent
-from training.services.training_sets import training_set_from_tasks
+from training.models import JobEventKind, TrainingJob, TrainingJobEvent
 from webapp.work import WorkStatus
 
 pytestmark = pytest.mark.django_db
-TASKS = [{"prompt": f"Say something about order A{i}.", "reference": "e", "grader": "contains"} for i in range(8)]
 CONFIG = {"steps": 3, "prompts_per_step": 2, "group_size": 4, "max_new_tokens": 6, "eval_every": 0}
 
 
@@ -20,23 +18,6 @@ def _nested(depth: int):
     for _ in range(depth):
         value = {"a": value}
     return value
-
-
-@pytest.fixture
-def base_version(tiny_model_dir, settings, tmp_path):
-    from training.models import BaseModel
-
-    settings.TRAINING_DIR = tmp_path / "training"
-    settings.MODELS_DIR = tmp_path / "models"
-    base = BaseModel.objects.create(name="tiny", path=str(tiny_model_dir))
-    return ModelVersion.objects.create(
-        name="tiny-base", base_model=base, kind=ModelVersionKind.BASE, path=str(tiny_model_dir), status="live"
-    )
-
-
-@pytest.fixture
-def task_set():
-    return training_set_from_tasks(name="orders", tasks=TASKS, heldout_fraction=0.25)
 
 
 def test_a_script_starts_a_job_follows_it_reads_its_metrics_and_cancels_it(

@@ -92,7 +92,7 @@ def training_set_create(
     return training_set
 
 
-_FIELDS = {
+ITEM_FIELDS = {
     "kind",
     "key",
     "messages",
@@ -112,7 +112,7 @@ _FIELDS = {
 
 
 def _item_fields(item: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in item.items() if k in _FIELDS and v is not None}
+    return {k: v for k, v in item.items() if k in ITEM_FIELDS and v is not None}
 
 
 def training_set_from_tasks(
