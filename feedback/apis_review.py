@@ -14,13 +14,15 @@ from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.authentication import SessionAuthentication
+from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from feedback.auth import ApiKeyAuthentication, ApiKeyPrincipal, scope_required
+from feedback.auth import ApiKeyAuthentication, ApiKeyPrincipal
 from feedback.models import ApiKeyScope, Comment, Message, RatingKind, Trace
 from feedback.permissions import ANNOTATE, can_see_trace
 from feedback.selectors import trace_visible_to
+from feedback.services.chat_format import FieldError
 from feedback.services.review import comment_add, turn_rating_clear, turn_rating_set
 from webapp.api_errors import error_response
 from webapp.auth import ThrottledBasicAuthentication
@@ -55,8 +57,22 @@ def _turn(trace: Trace, position: int) -> Message:
     return get_object_or_404(Message, trace=trace, position=position)
 
 
+class _KeyReadsPersonSees(BasePermission):
+    """A key needs the `read` scope; a person only to be logged in: whether they may see the
+    trace is the page's rule (`can_see_trace`: a reviewer, the traces of queue items held)."""
+
+    message = "this API key lacks the 'read' scope"
+
+    def has_permission(self, request, view) -> bool:
+        user = request.user
+        if isinstance(user, ApiKeyPrincipal):
+            return user.has_scope(ApiKeyScope.READ)
+        return bool(user and user.is_authenticated)
+
+
 class _PersonWrites(APIView):
     authentication_classes = [ApiKeyAuthentication, SessionAuthentication, ThrottledBasicAuthentication]
+    permission_classes = [_KeyReadsPersonSees]
 
     def _person(self, request, permission: str) -> Response | None:
         if isinstance(request.user, ApiKeyPrincipal):
@@ -68,8 +84,6 @@ class _PersonWrites(APIView):
 
 class TraceCommentsApi(_PersonWrites):
     """GET: the trace's comments, oldest first. POST: comment on one of its turns."""
-
-    permission_classes = [scope_required(ApiKeyScope.READ)]
 
     class InputSerializer(serializers.Serializer):
         class Meta:
@@ -87,7 +101,11 @@ class TraceCommentsApi(_PersonWrites):
         comments = Comment.objects.filter(trace=trace).select_related("message", "author").order_by("created_at", "id")
         return Response({"results": [comment_as_dict(c) for c in comments[:1000]]})
 
-    @extend_schema(request=InputSerializer, responses={201: OpenApiResponse(description="The comment.")})
+    @extend_schema(
+        operation_id="v1_trace_comments_create",
+        request=InputSerializer,
+        responses={201: OpenApiResponse(description="The comment.")},
+    )
     def post(self, request, trace_id: int):
         refused = self._person(request, ANNOTATE)
         if refused is not None:
@@ -111,8 +129,6 @@ class TraceRatingsApi(_PersonWrites):
     """POST: rate one of the trace's assistant turns — "up"/"down" (thumbs), 1-5 (score) or
     "clear" — as the person sending it; a second rating replaces the first."""
 
-    permission_classes = [scope_required(ApiKeyScope.READ)]
-
     class InputSerializer(serializers.Serializer):
         class Meta:
             ref_name = "TurnRatingIn"
@@ -120,7 +136,11 @@ class TraceRatingsApi(_PersonWrites):
         position = serializers.IntegerField(min_value=0)
         rating = serializers.CharField(help_text='"up", "down", "1"-"5" or "clear"')
 
-    @extend_schema(request=InputSerializer, responses={200: OpenApiResponse(description="The rating as stored.")})
+    @extend_schema(
+        operation_id="v1_trace_ratings_create",
+        request=InputSerializer,
+        responses={200: OpenApiResponse(description="The rating as stored.")},
+    )
     def post(self, request, trace_id: int):
         refused = self._person(request, RATE)
         if refused is not None:
@@ -134,5 +154,8 @@ class TraceRatingsApi(_PersonWrites):
             turn_rating_clear(message=message, user=request.user)
             return Response({"position": message.position, "rating": None})
         kind = RatingKind.THUMBS if value in ("up", "down") else RatingKind.SCORE
-        rating = turn_rating_set(message=message, user=request.user, kind=kind, value=value)
+        try:
+            rating = turn_rating_set(message=message, user=request.user, kind=kind, value=value)
+        except FieldError as exc:  # named by the service's words for them: say the request's
+            raise FieldError("position" if exc.field == "message" else "rating", exc.reason) from None
         return Response({"position": message.position, "kind": rating.kind, "value": rating.value})

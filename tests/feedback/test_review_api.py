@@ -56,8 +56,8 @@ def test_a_turn_is_rated_and_rerated_and_cleared(client, trace):
         ("comments", {"position": 1, "body": ""}, 400, "body"),
         ("comments", {"position": 9, "body": "x"}, 404, None),
         ("comments", {"position": 1, "body": "x", "quote": "not in the turn"}, 400, "quote"),
-        ("ratings", {"position": 1, "rating": "7"}, 400, None),
-        ("ratings", {"position": 0, "rating": "up"}, 400, None),  # a user turn is not rated
+        ("ratings", {"position": 1, "rating": "7"}, 400, "rating"),
+        ("ratings", {"position": 0, "rating": "up"}, 400, "position"),  # a user turn is not rated
     ],
 )
 def test_bad_words_or_ratings_are_named(client, trace, path, body, status, field):
@@ -70,22 +70,40 @@ def test_bad_words_or_ratings_are_named(client, trace, path, body, status, field
         assert answer.json()["errors"][0]["field"] == field
 
 
-def test_a_key_reads_but_never_writes_and_a_reviewer_cannot_comment_on_a_trace_it_does_not_hold(
-    client, trace, ingest_key
-):
+def test_a_key_reads_but_never_writes(client, trace, ingest_key):
     auth = {"HTTP_AUTHORIZATION": f"Bearer {ingest_key}"}
-    answer = client.post(
-        f"/api/v1/traces/{trace.pk}/comments", {"position": 1, "body": "x"}, content_type="application/json", **auth
-    )
-    assert answer.status_code == 403 and answer.json()["errors"][0]["field"] == "Authorization"
+    for path, body in (("comments", {"position": 1, "body": "x"}), ("ratings", {"position": 1, "rating": "up"})):
+        answer = client.post(f"/api/v1/traces/{trace.pk}/{path}", body, content_type="application/json", **auth)
+        assert answer.status_code == 403 and answer.json()["errors"][0]["field"] == "Authorization"
     other = TraceFactory(external_id="theirs")
     assert client.get(f"/api/v1/traces/{other.pk}/comments", **auth).status_code == 404
+    assert not Comment.objects.exists() and not TurnRating.objects.exists()
 
-    client.force_login(user_with_role("reviewer"))
-    assert (
-        client.post(
-            f"/api/v1/traces/{trace.pk}/comments", {"position": 1, "body": "x"}, content_type="application/json"
-        ).status_code
-        == 403
+
+def test_a_reviewer_comments_on_the_trace_of_the_item_it_holds_and_on_no_other(client, trace):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from feedback.models import AnnotationQueue, QueueItem, QueueItemStatus
+
+    reviewer = user_with_role("reviewer", "rita")
+    queue = AnnotationQueue.objects.create(name="refunds")
+    item = QueueItem.objects.create(
+        queue=queue, trace=trace, position=0, locked_by=reviewer, locked_until=timezone.now() + timedelta(minutes=10)
     )
-    assert not Comment.objects.exists()
+    held = TraceFactory(external_id="not-held", deployment=trace.deployment)
+    MessageFactory(trace=held, position=0, role="assistant", content="Hi.")
+    client.force_login(reviewer)
+    body = {"position": 1, "body": "Refunded the wrong order."}
+
+    assert client.post(f"/api/v1/traces/{trace.pk}/comments", body, content_type="application/json").status_code == 201
+    answer = client.post(
+        f"/api/v1/traces/{held.pk}/comments", {"position": 0, "body": "x"}, content_type="application/json"
+    )
+    assert answer.status_code == 403
+    QueueItem.objects.filter(pk=item.pk).update(locked_until=timezone.now() - timedelta(minutes=1))
+    assert client.post(f"/api/v1/traces/{trace.pk}/comments", body, content_type="application/json").status_code == 403
+    QueueItem.objects.filter(pk=item.pk).update(status=QueueItemStatus.DONE, done_by=reviewer)
+    assert len(client.get(f"/api/v1/traces/{trace.pk}/comments").json()["results"]) == 1  # its own, done item
+    assert Comment.objects.count() == 1
