@@ -92,14 +92,10 @@ def outcome(run) -> dict:
     }
 
 
-def _text(interval: tuple[float, float, float], n: int) -> str:
-    mean, low, high = interval
-    return f"{mean:.3f} [{low:.3f}, {high:.3f}]" if n > 1 else f"{mean:.3f}"
-
-
 def summary_lines(per_seed: list[dict], slices: list[str]) -> list[str]:
     """Per slice: base and candidate success and collateral-change rates over the seeds."""
     from training.evaluation.paired_runs import slice_summaries
+    from training.evaluation.seeds import interval_format as _text
 
     lines = []
     for s in slice_summaries(per_seed, slices):

@@ -28,9 +28,8 @@ from feedback.models import Comment, CustomerFeedback, Deployment, Trace, TraceF
 from feedback.models.judge import JudgeResult, JudgeStatus
 from training.evaluation.paired_runs import SliceSummary, slice_summaries
 from training.models import LiveVersion, LiveVersionChange
-from webapp.selectors_measurements import measured_runs
+from webapp.selectors_measurements import GRADER_REF, measured_runs
 
-GRADER_REF = "grader"
 MAX_DEPLOYMENTS = 20
 ROLLING = 10  # graded episodes per point of the success-rate curve
 # Trace metadata `split` values of tasks no training set may contain (support-desk: test, fresh).

@@ -36,5 +36,10 @@ def mean_interval(values: Sequence[float]) -> tuple[float, float, float]:
 
 def interval_text(values: Sequence[float]) -> str:
     """'0.812 [0.701, 0.923]' (or the single value with one run)."""
-    mean, low, high = mean_interval(values)
-    return f"{mean:.3f} [{low:.3f}, {high:.3f}]" if len(values) > 1 else f"{mean:.3f}"
+    return interval_format(mean_interval(values), len(values))
+
+
+def interval_format(interval: tuple[float, float, float], runs: int) -> str:
+    """A computed (mean, low, high) as `interval_text` writes it, for `runs` values."""
+    mean, low, high = interval
+    return f"{mean:.3f} [{low:.3f}, {high:.3f}]" if runs > 1 else f"{mean:.3f}"
