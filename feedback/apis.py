@@ -17,7 +17,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from feedback.auth import ApiKeyPrincipal, scope_required
-from feedback.forms import FILTER_FIELDS, TraceFilterForm
+from feedback.forms import trace_filters
 from feedback.models import ApiKeyScope, FeedbackSource, TraceSource
 from feedback.selectors import trace_as_dict, trace_visible_to
 from feedback.selectors.trace_list import Cursor, trace_page, traces_filtered
@@ -88,14 +88,7 @@ TRACE_LIST_PARAMETERS = [
 def _list_filters(request) -> dict | Response:
     """The trace list's filters from the query, or the 400/403 that says why not; a key's
     are pinned to its own deployment."""
-    unknown = sorted(set(request.query_params) - {*FILTER_FIELDS, "after", "limit"})
-    if unknown:
-        return error_response(400, unknown[0][:100], "not a filter of the trace list")
-    form = TraceFilterForm(request.query_params)
-    if not form.is_valid():
-        field, problems = next(iter(form.errors.items()))
-        return error_response(400, field, str(problems[0]))
-    filters = form.filters()
+    filters = trace_filters(request.query_params, also=("after", "limit"))
     deployment = getattr(request.user, "deployment", None)
     if deployment is not None:  # a key reads its own deployment's traces only
         if filters.get("deployment", deployment.pk) != deployment.pk:

@@ -6,7 +6,11 @@ shared, bookmarked and restored with the back button.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from typing import Any
+
 from django import forms
+from django.http import QueryDict
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
@@ -102,3 +106,23 @@ class QueueCreateForm(forms.Form):
     limit = forms.IntegerField(min_value=1, max_value=5000, initial=100, label="Traces")
     lock_minutes = forms.IntegerField(min_value=1, max_value=240, initial=10, label="Lock (minutes)")
     description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
+
+
+def trace_filters(data: Mapping[str, Any], *, also: Iterable[str] = (), prefix: str = "") -> dict:
+    """The cleaned trace-list filters in `data` (a query string's or a JSON object's), for an
+    API: a parameter that is no filter (nor one of `also`) or a value that cannot be read is a
+    `FieldError` naming it (after `prefix`), never silently "any"."""
+    from feedback.services.chat_format import FieldError
+
+    unknown = sorted(set(map(str, data)) - {*FILTER_FIELDS, *also})
+    if unknown:
+        raise FieldError(prefix + unknown[0][:100], "not a filter of the trace list")
+    query = data if isinstance(data, QueryDict) else QueryDict(mutable=True)
+    if query is not data:
+        for key, value in data.items():
+            query[str(key)] = "" if value is None else str(value)
+    form = TraceFilterForm(query)
+    if not form.is_valid():
+        field, problems = next(iter(form.errors.items()))
+        raise FieldError(prefix + field, str(problems[0]))
+    return form.filters()

@@ -13,14 +13,14 @@ from typing import Any
 
 import orjson
 from django.db import IntegrityError
-from django.http import QueryDict, StreamingHttpResponse
+from django.http import StreamingHttpResponse
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.permissions import SAFE_METHODS, IsAuthenticated
 from rest_framework.response import Response
 
-from feedback.forms import FILTER_FIELDS, TraceFilterForm
+from feedback.forms import trace_filters
 from training.apis import PersonApi, needs
 from training.models import TrainingItem, TrainingSet, TrainingSplit
 from training.services.training_sets import ITEM_FIELDS as STORED_ITEM_FIELDS
@@ -85,17 +85,7 @@ class TrainingSetsApi(PersonApi):
             return error_response(400, "filters", "give either trace filters or a queue")
         filters = None
         if "filters" in given:
-            unknown = sorted(set(given["filters"]) - set(FILTER_FIELDS))
-            if unknown:
-                return error_response(400, f"filters.{str(unknown[0])[:100]}", "not a filter of the trace list")
-            query = QueryDict(mutable=True)
-            for key, value in given["filters"].items():
-                query[str(key)] = "" if value is None else str(value)
-            form = TraceFilterForm(query)
-            if not form.is_valid():
-                field, problems = next(iter(form.errors.items()))
-                return error_response(400, f"filters.{field}", str(problems[0]))
-            filters = form.filters()
+            filters = trace_filters(given["filters"], prefix="filters.")
         try:
             built = training_set_from_feedback(
                 name=given["name"],
