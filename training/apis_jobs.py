@@ -62,11 +62,7 @@ def job_as_dict(job: TrainingJob, *, detail: bool = False) -> dict[str, Any]:
         "finished_at": job.finished_at.isoformat() if job.finished_at else None,
     }
     if detail:
-        series = selectors.job_step_series(job=job)
-        evals = selectors.job_evals(job=job)
-        progress = selectors.job_progress(
-            job=job, step_seconds=series["step_seconds"], eval_seconds=selectors.job_eval_seconds(evals=evals)
-        )
+        series, _evals, progress = selectors.job_live(job=job)
         out["config"] = job.config
         out["progress"] = {
             "phase": progress.phase,

@@ -168,6 +168,15 @@ def job_progress(*, job: TrainingJob, step_seconds: list[float], eval_seconds: l
     return JobProgress(name, label, done, total, percent, eta, note, evals_left)
 
 
+def job_live(*, job: TrainingJob) -> tuple[dict[str, list], list[TrainingJobEvent], JobProgress]:
+    """What a job's page and its API show as it goes: the step series, the in-job
+    evaluations and the progress they give."""
+    series = job_step_series(job=job)
+    evals = job_evals(job=job)
+    progress = job_progress(job=job, step_seconds=series["step_seconds"], eval_seconds=job_eval_seconds(evals=evals))
+    return series, evals, progress
+
+
 def job_eval_seconds(*, evals: list[TrainingJobEvent]) -> list[float]:
     return [float(e.data["eval_seconds"]) for e in evals if e.data.get("eval_seconds")]
 

@@ -124,15 +124,11 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     job = selectors.training_job_get(job_id=job_id)
     if job is None:
         raise Http404("no such job")
-    series = selectors.job_step_series(job=job)
+    series, evals, progress = selectors.job_live(job=job)
     charts = [
         mark_safe(line_chart(series[key], title=title, band=series["reward_band"] if key == "reward_mean" else None))
         for key, title in selectors.job_charts(job=job)
     ]
-    evals = selectors.job_evals(job=job)
-    progress = selectors.job_progress(
-        job=job, step_seconds=series["step_seconds"], eval_seconds=selectors.job_eval_seconds(evals=evals)
-    )
     sample_steps = selectors.job_sample_steps(job=job)
     chosen = request.GET.get("sample_step")
     sample_step = int(chosen) if chosen and chosen.isdigit() else (sample_steps[-1] if sample_steps else None)
