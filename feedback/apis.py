@@ -29,7 +29,7 @@ from feedback.services.customer_feedback import (
 )
 from feedback.services.ingest import traces_ingest
 from feedback.services.jsonl import traces_jsonl_lines
-from webapp.api_errors import error_response
+from webapp.api_errors import error_response, limit_param
 from webapp.streaming import streamed
 
 _message_schema = inline_serializer(
@@ -118,12 +118,7 @@ class TraceExportApi(APIView):
         filters = _list_filters(request)
         if isinstance(filters, Response):
             return filters
-        try:
-            limit = int(request.query_params.get("limit") or EXPORT_MAX)
-        except ValueError:
-            limit = 0
-        if not 1 <= limit <= EXPORT_MAX:
-            return error_response(400, "limit", f"a whole number from 1 to {EXPORT_MAX}")
+        limit = limit_param(request.query_params, default=EXPORT_MAX, maximum=EXPORT_MAX)
         lines = traces_jsonl_lines(traces=traces_filtered(filters), limit=limit)
         response = StreamingHttpResponse(streamed(lines), content_type="application/x-ndjson")
         response["Content-Disposition"] = 'attachment; filename="traces.jsonl"'
@@ -185,12 +180,7 @@ class TraceIngestApi(APIView):
             after = Cursor.decode(params["after"])
             if after is None:
                 return error_response(400, "after", "not a cursor from this API's `next` link")
-        try:
-            limit = int(params.get("limit") or TRACE_LIST_DEFAULT)
-        except ValueError:
-            limit = 0
-        if not 1 <= limit <= TRACE_LIST_MAX:
-            return error_response(400, "limit", f"a whole number from 1 to {TRACE_LIST_MAX}")
+        limit = limit_param(params, default=TRACE_LIST_DEFAULT, maximum=TRACE_LIST_MAX)
         page = trace_page(filters=filters, after=after, limit=limit)
         results = [_trace_summary(row, request) for row in page.rows]
         following = None

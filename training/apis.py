@@ -43,7 +43,7 @@ from training.services.promotion import (
     promotion_withdraw,
 )
 from training.services.release import rollback_request
-from webapp.api_errors import error_response
+from webapp.api_errors import error_response, limit_param
 from webapp.auth import ThrottledBasicAuthentication
 
 VIEW = "training.view_promotionrequest"
@@ -204,12 +204,7 @@ class PromotionRequestsApi(PersonApi):
         status_ = request.query_params.get("status") or None
         if status_ and status_ not in PromotionStatus.values:
             return error_response(400, "status", f"one of {', '.join(PromotionStatus.values)}")
-        try:
-            limit = int(request.query_params.get("limit", 50))
-        except ValueError:
-            limit = 0
-        if not 1 <= limit <= 200:
-            return error_response(400, "limit", "between 1 and 200")
+        limit = limit_param(request.query_params, default=50, maximum=200)
         rows = promotions_recent(limit=limit, status=status_)
         return Response({"promotions": [promotion_summary_as_dict(p) for p in rows]})
 

@@ -22,7 +22,7 @@ from training import selectors
 from training.apis import PersonApi, needs
 from training.models import ACTIVE_JOB_STATUSES, JobKind, ModelVersion, TrainingJob, TrainingSet
 from training.services.jobs import JobError, training_job_cancel, training_job_create
-from webapp.api_errors import error_response
+from webapp.api_errors import error_response, limit_param
 from webapp.work import WorkStatus
 
 VIEW_JOBS = "training.view_trainingjob"
@@ -103,12 +103,7 @@ class JobsApi(PersonApi):
         responses={200: OpenApiResponse(description="{'results': [jobs]}")},
     )
     def get(self, request):
-        try:
-            limit = int(request.query_params.get("limit") or 50)
-        except ValueError:
-            limit = 0
-        if not 1 <= limit <= MAX_LIST:
-            return error_response(400, "limit", f"a whole number from 1 to {MAX_LIST}")
+        limit = limit_param(request.query_params, default=50, maximum=MAX_LIST)
         jobs = TrainingJob.objects.select_related("base_version", "result_version", "created_by")
         status = request.query_params.get("status")
         if status:

@@ -51,3 +51,18 @@ def error_response(status: int, field: str, reason: str) -> Response:
         {"detail": f"{field}: {reason}" if field else reason, "errors": [{"field": field, "reason": reason}]},
         status=status,
     )
+
+
+def limit_param(params, *, default: int, maximum: int) -> int:
+    """The `limit` query parameter, 1 to `maximum` (`default` when absent); anything else,
+    an empty value too, is a 400 naming it."""
+    from webapp.errors import Invalid
+
+    raw = params.get("limit")
+    try:
+        limit = default if raw is None else int(raw)
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= maximum:
+        raise Invalid(f"a whole number from 1 to {maximum}", field="limit")
+    return limit
