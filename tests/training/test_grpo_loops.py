@@ -227,6 +227,14 @@ def test_config_round_trips_through_json_and_rejects_bad_fields(tiny_model_dir):
     with pytest.raises(ConfigError) as err:
         config_from_dict({"kind": "grpo", "steps": "ten"})
     assert err.value.errors == [("steps", "must be int")]
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({"kind": "grpo", "sampling_correction_cap": 0.5})
+    assert err.value.errors == [
+        ("sampling_correction_cap", "must be between 1 and 100 (a cap below 1 shrinks every token)")
+    ]
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({"kind": "grpo", "sampling_correction": "yes"})
+    assert err.value.errors == [("sampling_correction", "must be bool")]
 
 
 def test_a_monitor_that_keeps_firing_is_reported_once(tiny_model_dir, tmp_path):
