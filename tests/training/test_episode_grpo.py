@@ -244,6 +244,32 @@ def test_a_non_finite_episode_loss_stops_the_job_before_the_weights_move(tiny_mo
     assert all(torch.equal(p, before[n]) for n, p in policy.model.named_parameters() if p.requires_grad)
 
 
+def test_a_non_finite_episode_gradient_stops_the_job_before_the_weights_move(tiny_model_dir, tmp_path):
+    from training.grpo.policy import load_policy
+
+    env = ParityTask(count=4, heldout=0)
+    config = EpisodesConfig(
+        model_path=str(tiny_model_dir),
+        environment="files",
+        steps=1,
+        group_size=2,
+        prompts_per_step=2,
+        max_new_tokens=8,
+        eval_every=0,
+        checkpoint_every=0,
+        samples_every=0,
+        drop_zero_variance=False,
+        micro_batch=1,  # several backward passes accumulate before the one check
+    )
+    policy = load_policy(config, reference=True)
+    weight = next(p for p in policy.model.parameters() if p.requires_grad)
+    weight.register_hook(lambda grad: grad * float("nan"))  # finite loss, NaN gradient
+    before = {n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad}
+    with pytest.raises(FloatingPointError, match="gradient norm became nan at step 1"):
+        episodes_train(config=config, env=env, tasks=env.tasks(), run_dir=tmp_path, policy=policy, export=False)
+    assert all(torch.equal(p, before[n]) for n, p in policy.model.named_parameters() if p.requires_grad)
+
+
 def test_rewards_combine_the_grader_and_the_judge_by_weight():
     class E:
         def __init__(self, r):

@@ -180,6 +180,61 @@ def test_a_non_finite_loss_stops_the_job_before_the_weights_move(tiny_model_dir,
     assert all(torch.equal(p, before[n]) for n, p in policy.model.named_parameters() if p.requires_grad)
 
 
+def nan_gradient(policy) -> None:
+    """Turn the gradient of one trained weight into NaN while the loss stays finite (what an
+    overflow inside the backward pass does)."""
+    weight = next(p for p in policy.model.parameters() if p.requires_grad)
+    weight.register_hook(lambda grad: grad * float("nan"))
+
+
+@pytest.mark.parametrize("loop", ["grpo", "distill", "sft"])
+def test_a_non_finite_gradient_stops_the_job_before_the_weights_move(tiny_model_dir, tmp_path, loop):
+    from training.grpo.policy import load_policy
+
+    if loop == "grpo":
+        config = small(GRPOConfig, tiny_model_dir, group_size=4, drop_zero_variance=False)
+    elif loop == "distill":
+        config = small(DistillConfig, tiny_model_dir, samples_per_prompt=2)
+    else:
+        config = small(SFTConfig, tiny_model_dir)
+    policy = load_policy(config, reference=True)
+    nan_gradient(policy)
+    before = trainable_snapshot(policy)
+    items = [TurnItem(id=it.id, messages=it.messages, feedback=it.feedback, target="Sorry.") for it in ITEMS]
+    steps: list[int] = []
+    with pytest.raises(FloatingPointError, match="gradient norm became nan at step 1, before the weights"):
+        if loop == "grpo":
+            grpo_train(
+                config=config,
+                items=items,
+                score=parity_score,
+                run_dir=tmp_path,
+                policy=policy,
+                export=False,
+                hooks=Hooks(on_step=lambda step, m: steps.append(step)),
+            )
+        elif loop == "distill":
+            distill_train(
+                config=config,
+                items=items,
+                run_dir=tmp_path,
+                policy=policy,
+                export=False,
+                hooks=Hooks(on_step=lambda step, m: steps.append(step)),
+            )
+        else:
+            sft_train(
+                config=config,
+                items=items,
+                run_dir=tmp_path,
+                policy=policy,
+                export=False,
+                hooks=Hooks(on_step=lambda step, m: steps.append(step)),
+            )
+    assert steps == []  # no step was reported as done
+    assert all(torch.equal(p, before[n]) for n, p in policy.model.named_parameters() if p.requires_grad)
+
+
 def test_a_monitor_breach_flags_and_can_stop_the_job(tiny_model_dir, tmp_path):
     config = small(GRPOConfig, tiny_model_dir, steps=3, group_size=2, max_new_tokens=2)
     config.monitors.max_truncated_share = 0.0  # 2 new tokens: most answers are cut
@@ -227,6 +282,14 @@ def test_config_round_trips_through_json_and_rejects_bad_fields(tiny_model_dir):
     with pytest.raises(ConfigError) as err:
         config_from_dict({"kind": "grpo", "steps": "ten"})
     assert err.value.errors == [("steps", "must be int")]
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({"kind": "grpo", "sampling_correction_cap": 0.5})
+    assert err.value.errors == [
+        ("sampling_correction_cap", "must be between 1 and 100 (a cap below 1 shrinks every token)")
+    ]
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({"kind": "grpo", "sampling_correction": "yes"})
+    assert err.value.errors == [("sampling_correction", "must be bool")]
 
 
 def test_a_monitor_that_keeps_firing_is_reported_once(tiny_model_dir, tmp_path):

@@ -254,3 +254,36 @@ def test_policy_loss_equals_trls_grpo_loss_with_a_kl_penalty(normaliser, constan
     if reuse:  # the cases exercise both clip bounds, not only the ratio-1 path
         ratio = torch.cat(ratios)
         assert (ratio > 1.28).any() and (ratio < 0.8).any()
+
+
+def test_sampling_correction_is_the_ratio_to_the_sampler_truncated_at_the_cap():
+    logp = torch.log(torch.tensor([[0.5, 0.2, 0.9], [0.6, 0.3, 0.1]]))
+    # The sampler's probabilities: a forced token (1.0), a renormalised one (0.4 > 0.2),
+    # one the sampler found much less likely (0.1 < 0.6: ratio 6, cut at 3), padding.
+    sampler = torch.log(torch.tensor([[1.0, 0.4, 0.9], [0.1, 0.3, 0.5]]))
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]]).float()
+    weights, stats = L.sampling_correction(logp, sampler, mask, cap=3.0)
+    expected = torch.tensor([[0.5, 0.5, 1.0], [3.0, 1.0, 0.0]])
+    assert torch.allclose(weights, expected, atol=1e-6)
+    assert stats["sampling_weight_mean"] == pytest.approx((0.5 + 0.5 + 1.0 + 3.0 + 1.0) / 5)
+    assert stats["sampling_truncated_share"] == pytest.approx(1 / 5)
+    gap = (math.log(2) + math.log(2) + 0 + math.log(6) + 0) / 5
+    assert stats["sampler_logprob_gap"] == pytest.approx(gap, rel=1e-5)
+
+
+def test_sampling_weights_scale_the_policy_term_but_not_the_kl_penalty():
+    logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    ref = torch.tensor([[-1.5, -2.0]])
+    adv = torch.tensor([2.0])
+    mask = torch.ones(1, 2)
+    weights = torch.tensor([[0.5, 3.0]])
+    loss, _ = L.policy_loss(
+        logp, adv, mask, ref_logprobs=ref, beta=0.1, sampling_weights=weights, normaliser="constant", constant=4.0
+    )
+    k3 = math.exp(-0.5) + 0.5 - 1.0  # first token; the second's k3 is 0
+    # (-2·0.5 - 2·3 + 0.1·k3) / 4
+    assert loss.item() == pytest.approx((-1.0 - 6.0 + 0.1 * k3) / 4)
+    loss.backward()
+    # d/dlogp: -A·w + β·(1 - exp(ref - logp)), over 4
+    expected = [(-2 * 0.5 + 0.1 * (1 - math.exp(-0.5))) / 4, (-2 * 3.0) / 4]
+    assert logp.grad[0].tolist() == pytest.approx(expected)

@@ -122,3 +122,14 @@ def test_inverse_cdf_draws_match_the_probabilities_and_never_pick_a_zero():
     counts = torch.bincount(_inverse_cdf(probs), minlength=4).float() / 20000
     assert counts.tolist() == pytest.approx([0.7, 0.2, 0.0, 0.1], abs=0.015)
     assert counts[2] == 0
+
+
+def test_a_sample_without_its_token_ids_or_log_probs_is_refused():
+    from training.grpo.vllm_rollout import VllmError, sampled_tokens
+
+    choice = {"index": 0, "text": "yes 12", "logprobs": {"token_logprobs": [-0.1, -0.2]}}
+    with pytest.raises(VllmError, match="no token_ids"):
+        sampled_tokens(choice)
+    with pytest.raises(VllmError, match="1 log-probs for 2 sampled ids"):
+        sampled_tokens(choice | {"token_ids": [5, 6], "logprobs": {"token_logprobs": [-0.1]}})
+    assert sampled_tokens(choice | {"token_ids": [5, 6]}) == ([5, 6], [-0.1, -0.2])

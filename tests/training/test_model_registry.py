@@ -95,5 +95,6 @@ def test_serve_inference_builds_the_vllm_command(db, hf_folder, capsys):
         "--port 8123",
         "--served-model-name smol",
         "--tool-call-parser hermes",
+        "--logprobs-mode processed_logprobs",  # what the trainer's sampling correction divides by
     ):
         assert flag in command

@@ -45,6 +45,8 @@ def test_grpo_samples_through_vllm_with_the_current_adapter(vllm_server, tmp_pat
     )
     assert result.step == 2
     assert all(math.isfinite(m["loss"]) and m["generated_tokens"] > 0 for m in result.history)
+    # The server sampled from the trainer's own weights: the correction changes nothing.
+    assert all(abs(m["sampling_weight_mean"] - 1) < 1e-3 for m in result.history if m["trained_sequences"])
     assert any(not torch.equal(p, before[n]) for n, p in policy.model.named_parameters() if p.requires_grad)
     served = [
         m["id"]

@@ -124,11 +124,15 @@ def evaluate(
     samples: int | None = None,
     batch: int = 16,
     progress: Callable[[int, int], None] | None = None,
+    server=None,
 ) -> dict[str, float]:
     """Mean reward and success rate (reward ≥ 0.5) of fresh samples on `items`.
 
     Seeded with the job's seed and the global RNG restored afterwards, so evaluating
-    does not change the training run, and two evaluations of one model agree."""
+    does not change the training run, and two evaluations of one model agree.
+    `server` (a `VllmRollouts` with the policy's adapter loaded): sample there, the way
+    the policy is served (the config's `structured_outputs` included), with vLLM's
+    per-request seed; else the local sampler."""
     if not items:
         return {}
     samples = samples or config.eval_samples
@@ -140,15 +144,20 @@ def evaluate(
     try:
         for start in range(0, len(items), max(1, batch // samples)):
             chunk = items[start : start + max(1, batch // samples)]
-            rollout = sample(
-                policy.model,
-                policy.tokenizer,
-                [prompts.get(it) for it in chunk],
-                num_samples=samples,
-                max_new_tokens=config.max_new_tokens,
-                temperature=config.temperature,
-                top_p=config.top_p,
-            )
+            chunk_prompts = [prompts.get(it) for it in chunk]
+            if server is not None:
+                seed = config.seed + 7919 + start * samples  # prompt k of the chunk: seed + k·samples
+                rollout = server.generate(policy, chunk_prompts, config=config, num_samples=samples, seed=seed)
+            else:
+                rollout = sample(
+                    policy.model,
+                    policy.tokenizer,
+                    chunk_prompts,
+                    num_samples=samples,
+                    max_new_tokens=config.max_new_tokens,
+                    temperature=config.temperature,
+                    top_p=config.top_p,
+                )
             for i, item in enumerate(chunk):
                 rewards += score(item, rollout.texts[i * samples : (i + 1) * samples])
             lengths += rollout.lengths.float().tolist()

@@ -173,6 +173,11 @@ class GRPOConfig(TrainConfig):
     # vLLM structured outputs for rollout="vllm" (e.g. {"regex": …}): sample under the same
     # constraint the agent's harness serves with, so the trained choices are the served ones.
     structured_outputs: dict = field(default_factory=dict)
+    # rollout="vllm": weigh each sampled token's policy term by min(π_θ/q, cap), q being
+    # what the server sampled from (its regex, its numerics); see `loss.sampling_correction`
+    # and docs/decisions/0019-sampling-correction.md. TRL's cap is 3.
+    sampling_correction: bool = True
+    sampling_correction_cap: float = 3.0
 
     def validate(self) -> list[tuple[str, str]]:
         errors = super().validate()
@@ -196,6 +201,8 @@ class GRPOConfig(TrainConfig):
             errors.append(("structured_outputs", "must be an object"))
         elif self.structured_outputs and self.rollout != "vllm":
             errors.append(("structured_outputs", "needs rollout 'vllm' (the local sampler does not constrain)"))
+        if not 1 <= self.sampling_correction_cap <= 100:
+            errors.append(("sampling_correction_cap", "must be between 1 and 100 (a cap below 1 shrinks every token)"))
         return errors
 
 

@@ -83,7 +83,7 @@ def grpo_train(
         state = saved["state"]
         hooks.emit("log", f"resumed from {checkpoint.name}")
     elif eval_items or canaries:
-        _evaluate_into(state, 0, policy, eval_items, canaries, score, config, prompts, hooks)
+        _evaluate_into(state, 0, policy, eval_items, canaries, score, config, prompts, hooks, rollout_client)
 
     denominator = config.prompts_per_step * config.group_size * config.max_new_tokens
     for step in range(result.step + 1, config.steps + 1):
@@ -135,6 +135,7 @@ def grpo_train(
         hooks.emit("on_phase", "update", step, config.steps)
         loss_value = kl_value = grad_norm = 0.0
         clip_fraction = None
+        correction: dict[str, float] = {}
         if len(rows) > 0:
             ids = rollout.input_ids.index_select(0, rows)
             attn = rollout.attention_mask.index_select(0, rows)
@@ -148,8 +149,19 @@ def grpo_train(
                 if need_reference:
                     with policy.as_reference() as reference:
                         ref_logprobs = token_logprobs(reference, ids, attn, keep=width, temperature=config.temperature)
+            sampler_logprobs = None
+            if rollout_client is not None and config.sampling_correction:
+                sampler_logprobs = rollout.sampler_logprobs.index_select(0, rows)  # (B', T)
+            weights = None
             for _ in range(config.updates_per_batch):
                 logprobs = token_logprobs(policy.model, ids, attn, keep=width, temperature=config.temperature)
+                if sampler_logprobs is not None and weights is None:
+                    # Against the policy that the batch was drawn for (before any update of
+                    # this batch), as TRL does with its old log-probs.
+                    trainer_logprobs = old_logprobs if old_logprobs is not None else logprobs
+                    weights, correction = L.sampling_correction(
+                        trainer_logprobs, sampler_logprobs, mask, cap=config.sampling_correction_cap
+                    )
                 # β·k3 is added per token, under the policy term's normaliser (as TRL does).
                 loss, stats = L.policy_loss(
                     logprobs,
@@ -162,6 +174,7 @@ def grpo_train(
                     clip_high=config.clip_high,
                     normaliser=config.normaliser,
                     constant=denominator,
+                    sampling_weights=weights,
                 )
                 kl_value = stats.get("kl", kl_value)
                 loss_value = finite_check(float(loss.detach()), what="loss", step=step)
@@ -183,6 +196,7 @@ def grpo_train(
             "kl": kl_value if need_reference else None,
             "grad_norm": grad_norm,
             "clip_fraction": clip_fraction,
+            **correction,
             "trained_sequences": len(rows),
             "generated_tokens": int(rollout.lengths.sum()),
             "step_seconds": finished - started,
@@ -200,7 +214,7 @@ def grpo_train(
             hooks.emit("on_samples", step, _sample_rows(batch, rollout, rewards, advantages, config.group_size))
 
         if config.eval_every and (step % config.eval_every == 0 or step == config.steps):
-            _evaluate_into(state, step, policy, eval_items, canaries, score, config, prompts, hooks)
+            _evaluate_into(state, step, policy, eval_items, canaries, score, config, prompts, hooks, rollout_client)
 
         # Monitor.
         breaches = monitors.check(
@@ -216,16 +230,23 @@ def grpo_train(
     return result_close(result, state, policy, run_dir, export, hooks)
 
 
-def _evaluate_into(state, step, policy, eval_items, canaries, score, config, prompts, hooks) -> None:
+def _evaluate_into(state, step, policy, eval_items, canaries, score, config, prompts, hooks, server=None) -> None:
+    """Evaluate the policy as it is served: with `server` (rollout="vllm") the current
+    weights are loaded as an adapter and sampled by the server under the job's
+    `structured_outputs`, seeded; otherwise by the local sampler."""
     metrics: dict = {"step": step}
     total = len(eval_items or []) + len(canaries or [])
+    if server is not None:
+        server.load(policy, step=f"eval-{step}")
 
     def progress(done: int, _: int, offset: int = 0) -> None:
         hooks.emit("on_phase", "evaluation", offset + done, total)
 
     progress(0, total)
     if eval_items:
-        metrics.update(evaluate(policy, eval_items, score, config=config, prompts=prompts, progress=progress))
+        metrics.update(
+            evaluate(policy, eval_items, score, config=config, prompts=prompts, progress=progress, server=server)
+        )
     if canaries:
         canary = evaluate(
             policy,
@@ -234,6 +255,7 @@ def _evaluate_into(state, step, policy, eval_items, canaries, score, config, pro
             config=config,
             prompts=prompts,
             progress=lambda done, t: progress(done, t, offset=len(eval_items or [])),
+            server=server,
         )
         metrics["canary_reward"] = canary["reward"]
         if state["start_canary"] is None:

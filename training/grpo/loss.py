@@ -89,6 +89,7 @@ def policy_loss(
     clip_high: float = 0.28,
     normaliser: Normaliser = "constant",
     constant: float | None = None,
+    sampling_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The policy-gradient surrogate with its KL penalty, to minimise.
 
@@ -108,6 +109,11 @@ def policy_loss(
       s = -min(ratio·A, clip(ratio, 1-clip_low, 1+clip_high)·A), ratio = exp(logp - old_logp),
       with the asymmetric "clip-higher" bounds of DAPO (0.2 / 0.28).
     - β > 0 needs ref_logprobs. With ref_logprobs and β = 0 the KL is only measured.
+    - sampling_weights (B, T), no gradient (`sampling_correction`): when the tokens were
+      sampled by another engine (vLLM, under a structured-output constraint), the policy
+      term becomes w_{b,t} · s_{b,t}, so l = w·s + β·k3: the weight corrects the policy
+      gradient for the sampler, not the KL penalty (TRL multiplies its per-token loss by
+      the ratio before adding β·k3).
 
     Normaliser of the per-token terms l_{b,t} (TRL's loss_type in brackets):
     - "constant" (default, Dr. GRPO ["dr_grpo"]): Σ_{b,t} mask·l / constant, with
@@ -135,6 +141,8 @@ def policy_loss(
         with torch.no_grad():
             # Share of tokens where the clipped term wins the min (their gradient is zero).
             stats["clip_fraction"] = float(masked_mean((clipped < unclipped).float(), mask))
+    if sampling_weights is not None:
+        per_token = per_token * sampling_weights.detach().to(per_token.dtype)
     if beta > 0 and ref_logprobs is None:
         raise ValueError("a KL penalty (beta > 0) needs the reference's log-probs")
     if ref_logprobs is not None:
@@ -143,6 +151,40 @@ def policy_loss(
         if beta > 0:  # skipped at β = 0: 0 · k3 is NaN where k3 overflows
             per_token = per_token + beta * kl
     return normalised(per_token, mask, normaliser=normaliser, constant=constant), stats
+
+
+def sampling_correction(
+    logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor, *, cap: float = 3.0
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Truncated importance weights of tokens sampled by another engine (Ionides 2008;
+    Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL
+    training"; TRL's `vllm_importance_sampling_correction` in "token_truncate" mode):
+
+        w_{b,t} = min(exp(log π_θ(y_t) - log q(y_t)), cap)
+
+    q is the distribution the sampler drew y_t from (vLLM's processed log-probs: after the
+    structured-output mask, the temperature and top-p), π_θ the trainer's policy at the
+    same temperature. E_q[w · ∇log π_θ] = E_π[∇log π_θ] on the tokens q can produce;
+    truncating at `cap` bounds the variance for a small bias. Where a constraint forced a
+    token (q = 1) that the policy gives p < 1, w = p < 1: the update leans less on choices
+    the policy did not make itself. Without a constraint and on the same weights, w ≈ 1.
+    No lower bound (TRL's default `vllm_importance_sampling_clip_min=None`).
+
+    logprobs, sampler_logprobs, mask: (B, T); logprobs are detached here (the weight is a
+    constant of the gradient). Returns (weights (B, T), 0 outside the mask; stats):
+    "sampling_weight_mean" (token mean over the mask), "sampling_truncated_share" (share
+    of tokens at the cap) and "sampler_logprob_gap" (token mean of |log π_θ - log q|, the
+    figure TRL logs as sampling_logp_difference)."""
+    m = mask.to(logprobs.dtype)  # (B, T)
+    log_ratio = (logprobs.detach() - sampler_logprobs.to(logprobs.dtype)) * m  # (B, T)
+    raw = torch.exp(log_ratio)  # (B, T)
+    weights = raw.clamp(max=cap) * m  # (B, T)
+    stats = {
+        "sampling_weight_mean": float(masked_mean(weights, m)),
+        "sampling_truncated_share": float(masked_mean((raw >= cap).to(m.dtype), m)),
+        "sampler_logprob_gap": float(masked_mean(log_ratio.abs(), m)),
+    }
+    return weights, stats
 
 
 def normalised(

@@ -3,8 +3,10 @@
 Each step the current LoRA adapter is saved and loaded into the running server at
 runtime (`POST /v1/load_lora_adapter`), and the step's prompts are sampled by the
 server under that adapter's name; the previous step's adapter is unloaded. The
-trainer then computes log-probs for the gradient itself, in its own forward pass, so
-the server's sampling numerics never enter the loss.
+trainer computes log-probs for the gradient itself, in its own forward pass; the
+server's log-probs of the sampled tokens only weigh each token's policy term by how
+far the server's distribution (its regex, its numerics) was from the trainer's
+(`loss.sampling_correction`).
 
 This module owns that boundary: timeouts, bounded retries, typed results.
 """
@@ -16,9 +18,11 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import torch
 
 from training.grpo.sampling import Rollout, eos_ids, rollout_from_tokens
 
@@ -120,16 +124,36 @@ class VllmRollouts:
         self.loaded = name
         return name
 
-    def sample(self, policy, prompts: list[list[int]], *, step: int, config, num_samples: int) -> Rollout:
-        model_name = self._load_adapter(policy, step)
+    def sample(self, policy, prompts: list[list[int]], *, step: int, config, num_samples: int) -> ServedRollout:
+        """Load the policy's current adapter as "step-N", then `generate` under it."""
+        self._load_adapter(policy, step)
+        return self.generate(policy, prompts, config=config, num_samples=num_samples)
+
+    def generate(
+        self, policy, prompts: list[list[int]], *, config, num_samples: int, seed: int | None = None
+    ) -> ServedRollout:
+        """`num_samples` samples of each prompt under the adapter loaded last, with the
+        config's sampling settings and `structured_outputs`, exactly as the server drew
+        them: the sampled ids (never a re-tokenisation of the text, which can differ from
+        what was sampled) and the log-prob the server gave each. `seed` seeds the
+        requests: prompt k is sent with `seed + k·num_samples` and vLLM gives its choice i
+        that plus i, so a seeded call repeats and no two samples share a seed.
+
+        The log-probs are what the server reports: with `--logprobs-mode
+        processed_logprobs` (our `ServerSpec` starts it so) the distribution it sampled
+        from, after the structured-output mask, temperature and top-p, which is the q of
+        `loss.sampling_correction`; docs/decisions/0019-sampling-correction.md."""
+        if self.loaded is None:
+            raise VllmError("no adapter loaded: call load() first")
         stop_ids = eos_ids(policy.model, policy.tokenizer)
         responses: list[list[int]] = []
+        logprobs: list[list[float]] = []
         texts: list[str] = []
-        for prompt in prompts:
+        for k, prompt in enumerate(prompts):
             response = self._post(
                 f"{self.base_url}/completions",
                 {
-                    "model": model_name,
+                    "model": self.loaded,
                     "prompt": prompt,
                     "n": num_samples,
                     "max_tokens": config.max_new_tokens,
@@ -138,6 +162,8 @@ class VllmRollouts:
                     "stop_token_ids": stop_ids,
                     "skip_special_tokens": True,
                     "return_token_ids": True,
+                    "logprobs": 0,
+                    **({"seed": seed + k * num_samples} if seed is not None else {}),
                     **(
                         {"structured_outputs": config.structured_outputs}
                         if getattr(config, "structured_outputs", None)
@@ -148,15 +174,11 @@ class VllmRollouts:
             if response.status_code != 200:
                 raise VllmError(f"completion failed: {response.status_code} {response.text[:300]}")
             for choice in sorted(response.json()["choices"], key=lambda c: c["index"]):
-                tokens = choice.get("token_ids")
-                if tokens is None:
-                    tokens = policy.tokenizer(choice["text"], add_special_tokens=False)["input_ids"]
-                tokens = list(tokens)
-                if choice.get("finish_reason") == "stop" and (not tokens or tokens[-1] not in stop_ids):
-                    tokens.append(stop_ids[0])
+                tokens, token_logprobs = sampled_tokens(choice)
                 responses.append(tokens)
+                logprobs.append(token_logprobs)
                 texts.append(choice["text"])
-        return rollout_from_tokens(
+        rollout = rollout_from_tokens(
             prompts,
             responses,
             num_samples=num_samples,
@@ -165,6 +187,35 @@ class VllmRollouts:
             texts=texts,
             device=policy.device,
         )
+        sampler = torch.zeros(rollout.response_mask.shape, dtype=torch.float32)  # (B, T)
+        for row, values in enumerate(logprobs):
+            sampler[row, : len(values)] = torch.tensor(values, dtype=torch.float32)
+        return ServedRollout(**vars(rollout), sampler_logprobs=sampler.to(policy.device))
+
+
+@dataclass
+class ServedRollout(Rollout):
+    """A Rollout sampled by the server, with what it sampled each token from."""
+
+    sampler_logprobs: torch.Tensor = field(default_factory=lambda: torch.zeros(0))  # (B, T), 0 on padding
+
+
+def sampled_tokens(choice: dict) -> tuple[list[int], list[float]]:
+    """(sampled ids, their log-probs) of one completion choice. Refused when the server
+    did not return the ids or one log-prob per id: training on a re-tokenised text could
+    train on tokens that were never sampled, and a missing log-prob leaves the sampler's
+    distribution unknown."""
+    tokens = choice.get("token_ids")
+    if tokens is None:
+        raise VllmError(
+            "the server returned no token_ids for a sample (it must honour return_token_ids): "
+            "training uses only the exact sampled ids, never a re-tokenised text"
+        )
+    tokens = list(tokens)
+    values = list((choice.get("logprobs") or {}).get("token_logprobs") or [])
+    if len(values) != len(tokens) or any(v is None for v in values):
+        raise VllmError(f"the server returned {len(values)} log-probs for {len(tokens)} sampled ids")
+    return tokens, [float(v) for v in values]
 
 
 def start_server(

@@ -115,6 +115,11 @@ class ServerSpec:
             "--enable-auto-tool-choice",
             "--tool-call-parser",
             "hermes",
+            # Returned log-probs are those of the distribution each token was sampled from
+            # (after the structured-output mask, temperature and top-p): the trainer's
+            # sampling correction divides by them (docs/decisions/0019-sampling-correction.md).
+            "--logprobs-mode",
+            "processed_logprobs",
             "--uvicorn-log-level",
             "warning",
         ]
