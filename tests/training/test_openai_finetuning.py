@@ -136,6 +136,7 @@ def test_a_supervised_job_from_the_sdk_trains_a_candidate_that_waits_for_approva
     assert sum(e.type == "metrics" for e in events) == 3
     assert [j.id for j in sdk.fine_tuning.jobs.list(metadata={"team": "support"})] == [job.id]
     assert list(sdk.fine_tuning.jobs.list(metadata={"team": "other"})) == []
+    assert list(sdk.fine_tuning.jobs.list(metadata={"team__regex": ".*"})) == []  # a key, never a lookup
 
 
 GRADED = [
@@ -334,3 +335,16 @@ def test_a_score_model_grader_becomes_the_judges_rubric_with_the_line_filled_in(
     }
     (item,) = reinforcement_items(upload, grader, split="train", field="training_file")
     assert item["kind"] == "turn" and "code word e?" in item["rubric"] and "{{" not in item["rubric"]
+
+
+def test_a_score_model_job_needs_the_judges_training_gate_open(sdk, base_version):
+    upload = sdk.files.create(file=("train.jsonl", _jsonl(GRADED)), purpose="fine-tune")
+    grader = {"type": "score_model", "name": "judge", "model": "any", "input": [{"role": "user", "content": "ok?"}]}
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.fine_tuning.jobs.create(
+            model="tiny-base",
+            training_file=upload.id,
+            method={"type": "reinforcement", "reinforcement": {"grader": grader}},
+        )
+    assert refused.value.body["param"] == "method" and "judge" in refused.value.body["message"]
+    assert not TrainingSet.objects.exists() and not TrainingJob.objects.exists()

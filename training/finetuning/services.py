@@ -18,6 +18,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
+from django.db.models.fields.json import KeyTextTransform
 from django.utils import timezone
 
 from feedback.models import ApiKey
@@ -422,11 +423,12 @@ def fine_tuning_job_create(
 def _request_field(field: str) -> str:
     """A job or set error's field in the request's words (the judge gate and the items are
     the training file's doing)."""
-    if field.startswith("config."):
-        return "method"
     if field in ("training_set", "items") or field.startswith("items["):
         return "training_file"
-    return field
+    if field == "config.adapter":  # a LoRA version trains on as LoRA
+        return "model"
+    # The settings, and the judge's training gate that a score_model grader needs open.
+    return "method"
 
 
 def _jobs(api_key: ApiKey):
@@ -451,8 +453,9 @@ def fine_tuning_jobs_list(
     jobs = _jobs(api_key).order_by("-job_id")
     if after:
         jobs = jobs.filter(job_id__lt=fine_tuning_job_get(api_key=api_key, job_id=after, field="after").job_id)
-    for key, value in (metadata or {}).items():
-        jobs = jobs.filter(**{f"metadata__{key}": value})
+    for n, (key, value) in enumerate((metadata or {}).items()):
+        # The key is taken literally (never parsed as a lookup path like `a__regex`).
+        jobs = jobs.alias(**{f"_tag{n}": KeyTextTransform(key, "metadata")}).filter(**{f"_tag{n}": value})
     return list(jobs[: limit + 1])
 
 
