@@ -88,6 +88,7 @@ INSTALLED_APPS = [
     "webapp",
     "feedback",
     "training",
+    "training.finetuning",
 ]
 
 MIDDLEWARE = [
@@ -374,6 +375,8 @@ FAILURE_MODE_STALE_AFTER_SECONDS = float(os.environ.get("PRACTICUM_FAILURE_MODE_
 # How long an OpenTelemetry span is kept to shape its trace (a run's spans arrive over
 # several exports); a run that lasts longer is read from the spans still kept.
 OTEL_SPAN_RETENTION_SECONDS = float(os.environ.get("PRACTICUM_OTEL_SPAN_RETENTION_SECONDS", 24 * 3600))
+# The largest JSONL a fine-tuning upload (/api/openai/v1/files) may be; it is stored in the database.
+FINETUNE_FILE_MAX_BYTES = int(os.environ.get("PRACTICUM_FINETUNE_FILE_MAX_BYTES", 32 * 1024 * 1024))
 # How long a logged history can be continued by a call that names no trace (conversation stitching).
 GATEWAY_STITCH_WINDOW_SECONDS = float(os.environ.get("PRACTICUM_GATEWAY_STITCH_WINDOW_SECONDS", 6 * 3600))
 

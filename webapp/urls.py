@@ -17,6 +17,7 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/v1/", include("feedback.api_urls")),
     path("api/v1/", include("training.api_urls")),
+    path("api/openai/v1/", include("training.finetuning.urls")),
     path("", include("feedback.urls")),
     path("", include("training.urls")),
     path("", include("training.urls_promotion")),

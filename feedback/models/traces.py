@@ -40,6 +40,7 @@ class ApiKeyScope(models.TextChoices):
     INGEST = "ingest", "Ingest traces"
     FEEDBACK = "feedback", "Post customer feedback"
     READ = "read", "Read traces"
+    TRAIN = "train", "Fine-tune through the OpenAI API"
 
 
 class ApiKey(models.Model):

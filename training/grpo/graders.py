@@ -9,6 +9,7 @@ import re
 import unicodedata
 from collections.abc import Callable
 
+from training.grpo.openai_graders import grade_reference
 from training.inference.codec import tool_call_blocks
 
 
@@ -104,6 +105,8 @@ GRADERS: dict[str, Callable[[str, str], float]] = {
     "starts_with": starts_with,
     "json_valid": json_valid,
     "tool_action": tool_action,
+    # A fine-tuning request's grader, stored with the line it reads (training.finetuning).
+    "openai": grade_reference,
 }
 
 

@@ -43,7 +43,8 @@ def training_set_create(
 ) -> TrainingSet:
     """Store the next version of `name` with `items` (dicts with TrainingItem's fields;
     `key` required and unique; items with the same optional `split_key` fall on the same
-    side of the train/held-out split, e.g. copies of one turn). Validates everything
+    side of the train/held-out split, e.g. copies of one turn; an item's own `split` wins,
+    e.g. a validation file's lines). Validates everything
     before writing anything."""
     errors: list[tuple[str, str]] = []
     if not 0 <= heldout_fraction < 1:
@@ -61,6 +62,8 @@ def training_set_create(
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             errors.append((f"items[{i}].messages", "must be a non-empty list of chat messages"))
         is_task = item.get("kind", TrainingItemKind.TURN) == TrainingItemKind.TASK
+        if item.get("split") not in (None, *TrainingSplit.values):
+            errors.append((f"items[{i}].split", f"must be one of {', '.join(TrainingSplit.values)}"))
         if is_task and item.get("grader") not in GRADERS:
             errors.append((f"items[{i}].grader", f"must be one of {', '.join(GRADERS)}"))
     if not items:
@@ -79,7 +82,7 @@ def training_set_create(
     rows = [
         TrainingItem(
             training_set=training_set,
-            split=split_for(item.get("split_key") or item["key"], heldout_fraction),
+            split=item.get("split") or split_for(item.get("split_key") or item["key"], heldout_fraction),
             **_item_fields(item),
         )
         for item in items

@@ -1,0 +1,350 @@
+"""OpenAI's fine-tuning API served by Practicum, driven by the real `openai` SDK: files in,
+supervised and reinforcement jobs through to a candidate version, events and checkpoints,
+and every refusal a 400 (or 403/404) naming the request's field, with nothing stored."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+from django.core.signals import request_finished, request_started
+from django.core.wsgi import get_wsgi_application
+from django.db import close_old_connections
+
+from feedback.services.api_keys import api_key_create
+from tests.factories import DeploymentFactory
+from training.finetuning.models import FineTuningFile, FineTuningJob
+from training.models import ModelVersion, TrainingItem, TrainingJob, TrainingSet
+from training.services.job_runner import training_job_run
+from webapp.work import WorkStatus
+
+pytestmark = pytest.mark.django_db
+
+
+def _client(key: str) -> openai.OpenAI:
+    # The SDK's own HTTP stack, answered in-process by the site's WSGI app, so the request
+    # runs inside the test's transaction.
+    transport = httpx.WSGITransport(app=get_wsgi_application())
+    return openai.OpenAI(
+        base_url="http://testserver/api/openai/v1",
+        api_key=key,
+        max_retries=0,
+        http_client=httpx.Client(transport=transport, base_url="http://testserver"),
+    )
+
+
+@pytest.fixture(autouse=True)
+def _one_connection():
+    """The site's requests share the test's connection (and transaction), as Django's own
+    test client arranges: they must not close it at their end."""
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    yield
+    request_started.connect(close_old_connections)
+    request_finished.connect(close_old_connections)
+
+
+@pytest.fixture
+def deployment():
+    return DeploymentFactory(name="support-bot")
+
+
+@pytest.fixture
+def train_key(deployment):
+    return api_key_create(deployment=deployment, scopes=["train"])
+
+
+@pytest.fixture
+def sdk(train_key):
+    return _client(train_key.plaintext)
+
+
+def _jsonl(rows: list[dict]) -> bytes:
+    return "\n".join(json.dumps(r) for r in rows).encode()
+
+
+SUPERVISED = [
+    {
+        "messages": [
+            {"role": "system", "content": "You answer order questions."},
+            {"role": "user", "content": f"Where is order A{i}?"},
+            {"role": "assistant", "content": f"Order A{i} is on its way."},
+        ]
+    }
+    for i in range(4)
+] + [
+    {
+        "messages": [
+            {"role": "user", "content": "Look up B7."},
+            {
+                "role": "assistant",
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "lookup_order", "arguments": '{"order_id": "B7"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": '{"status": "shipped"}'},
+            {"role": "assistant", "content": "It has shipped.", "weight": 0},
+        ],
+        "tools": [{"type": "function", "function": {"name": "lookup_order", "parameters": {"type": "object"}}}],
+    }
+]
+
+
+def test_a_supervised_job_from_the_sdk_trains_a_candidate_that_waits_for_approval(
+    sdk, base_version, deployment, django_capture_on_commit_callbacks
+):
+    upload = sdk.files.create(file=("train.jsonl", _jsonl(SUPERVISED)), purpose="fine-tune")
+    assert upload.id.startswith("file-") and upload.purpose == "fine-tune" and upload.bytes == len(_jsonl(SUPERVISED))
+    assert [f.id for f in sdk.files.list()] == [upload.id]
+    assert sdk.files.content(upload.id).content == _jsonl(SUPERVISED)
+
+    with django_capture_on_commit_callbacks() as queued:
+        job = sdk.fine_tuning.jobs.create(
+            model="tiny-base",
+            training_file=upload.id,
+            method={"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 1, "batch_size": 2}}},
+            suffix="orders",
+            seed=3,
+            metadata={"team": "support"},
+        )
+    assert job.id.startswith("ftjob-") and job.status == "queued" and len(queued) == 1
+    assert job.model == "tiny-base" and job.fine_tuned_model is None and job.seed == 3
+    # Four one-turn lines and the tool call of the fifth (its weight-0 reply is left out).
+    training_job = TrainingJob.objects.get(pk=int(job.id.removeprefix("ftjob-")))
+    targets = list(
+        TrainingItem.objects.filter(training_set=training_job.training_set).values_list("corrected_response", flat=True)
+    )
+    assert len(targets) == 5 and sum("<tool_call>" in t for t in targets) == 1
+    assert not any("It has shipped" in t for t in targets)
+    assert training_job.kind == "sft" and training_job.total_steps == 3  # ceil(5 items x 1 epoch / 2)
+
+    assert training_job_run(job_id=training_job.pk, worker="w1") == WorkStatus.FINISHED
+    done = sdk.fine_tuning.jobs.retrieve(job.id)
+    assert done.status == "succeeded" and done.finished_at is not None
+    candidate = ModelVersion.objects.get(name=done.fine_tuned_model)
+    assert candidate.status == "candidate" and candidate.deployment == deployment  # nothing serves it yet
+    checkpoints = sdk.fine_tuning.jobs.checkpoints.list(job.id).data
+    assert [c.fine_tuned_model_checkpoint for c in checkpoints] == [candidate.name]
+    events = sdk.fine_tuning.jobs.list_events(job.id, limit=100).data
+    assert any("another person has approved" in e.message for e in events)
+    assert sum(e.type == "metrics" for e in events) == 3
+    assert [j.id for j in sdk.fine_tuning.jobs.list(metadata={"team": "support"})] == [job.id]
+    assert list(sdk.fine_tuning.jobs.list(metadata={"team": "other"})) == []
+    assert list(sdk.fine_tuning.jobs.list(metadata={"team__regex": ".*"})) == []  # a key, never a lookup
+
+
+GRADED = [
+    {"messages": [{"role": "user", "content": f"Say the code word for box {i}."}], "answer": "e", "box": str(i)}
+    for i in range(6)
+]
+MULTI = {
+    "type": "multi",
+    "name": "answer",
+    "graders": {
+        "has": {
+            "type": "string_check",
+            "name": "has",
+            "input": "{{ sample.output_text }}",
+            "reference": "{{ item.answer }}",
+            "operation": "ilike",
+        },
+        "close": {
+            "type": "text_similarity",
+            "name": "close",
+            "input": "{{ sample.output_text }}",
+            "reference": "box {{ item.box }}",
+            "evaluation_metric": "fuzzy_match",
+        },
+    },
+    "calculate_output": "0.75 * has + 0.25 * close",
+}
+
+
+def test_a_reinforcement_job_is_scored_by_the_requests_grader_on_each_line(
+    sdk, base_version, django_capture_on_commit_callbacks
+):
+    train = sdk.files.create(file=("train.jsonl", _jsonl(GRADED[:4])), purpose="fine-tune")
+    check = sdk.files.create(file=("valid.jsonl", _jsonl(GRADED[4:])), purpose="fine-tune")
+    with django_capture_on_commit_callbacks():
+        job = sdk.fine_tuning.jobs.create(
+            model="tiny-base",
+            training_file=train.id,
+            validation_file=check.id,
+            method={
+                "type": "reinforcement",
+                "reinforcement": {
+                    "grader": MULTI,
+                    "hyperparameters": {"n_epochs": 1, "batch_size": 2, "eval_interval": 2, "eval_samples": 2},
+                },
+            },
+        )
+    training_job = TrainingJob.objects.get(pk=int(job.id.removeprefix("ftjob-")))
+    splits = TrainingItem.objects.filter(training_set=training_job.training_set).values_list("split", flat=True)
+    assert training_job.kind == "grpo" and training_job.total_steps == 2
+    assert sorted(splits) == ["heldout"] * 2 + ["train"] * 4  # the validation file is held out, whole
+    training_job.config = {**training_job.config, "group_size": 2, "max_new_tokens": 4}
+    training_job.save(update_fields=["config"])
+
+    assert training_job_run(job_id=training_job.pk, worker="w1") == WorkStatus.FINISHED
+    done = sdk.fine_tuning.jobs.retrieve(job.id)
+    assert done.status == "succeeded" and done.fine_tuned_model
+    assert done.method.type == "reinforcement"
+    events = sdk.fine_tuning.jobs.list_events(job.id, limit=100).data
+    # Each step's reward is the grader's score of a sample; a held-out evaluation ran at the end.
+    steps = [e for e in events if e.type == "metrics" and e.message.startswith("Step")]
+    assert len(steps) == 2 and all(0.0 <= e.data["reward_mean"] <= 1.0 for e in steps)
+    assert any(e.message.startswith("Evaluation at step 2") for e in events)
+
+
+def test_a_job_can_be_cancelled_before_it_starts_and_not_after_it_ends(
+    sdk, base_version, django_capture_on_commit_callbacks
+):
+    upload = sdk.files.create(file=("train.jsonl", _jsonl(SUPERVISED[:2])), purpose="fine-tune")
+    with django_capture_on_commit_callbacks():
+        job = sdk.fine_tuning.jobs.create(model="tiny-base", training_file=upload.id)
+    assert sdk.fine_tuning.jobs.cancel(job.id).status == "cancelled"
+    with pytest.raises(openai.ConflictError):
+        sdk.fine_tuning.jobs.cancel(job.id)
+    # The file a job was made from is hidden, not destroyed: the job keeps its provenance.
+    assert sdk.files.delete(upload.id).deleted
+    with pytest.raises(openai.NotFoundError):
+        sdk.files.retrieve(upload.id)
+    assert FineTuningFile.objects.filter(pk=upload.id).exists()
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": "nope"}, "model"),
+        ({"training_file": "file-missing"}, "training_file"),
+        ({"method": {"type": "dpo"}}, "method.type"),
+        (
+            {"method": {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 0}}}},
+            "method.supervised.hyperparameters.n_epochs",
+        ),
+        (
+            {"method": {"type": "supervised", "supervised": {"hyperparameters": {"warmup": 3}}}},
+            "method.supervised.hyperparameters.warmup",
+        ),
+        (
+            {
+                "method": {
+                    "type": "reinforcement",
+                    "reinforcement": {"grader": {"type": "python", "source": "import os"}},
+                }
+            },
+            "method.reinforcement.grader.type",
+        ),
+        (
+            {
+                "method": {
+                    "type": "reinforcement",
+                    "reinforcement": {"grader": {**MULTI, "calculate_output": "has.__class__"}},
+                }
+            },
+            "method.reinforcement.grader.calculate_output",
+        ),
+        (
+            {
+                "method": {
+                    "type": "reinforcement",
+                    "reinforcement": {"grader": {**MULTI, "calculate_output": "2 ** 99999"}},
+                }
+            },
+            "method.reinforcement.grader.calculate_output",
+        ),
+        ({"seed": -1}, "seed"),
+        ({"metadata": {"k": 3}}, "metadata"),
+        ({"integrations": [{"type": "wandb"}]}, "integrations"),
+    ],
+)
+def test_a_job_that_cannot_start_is_a_400_naming_the_field_and_stores_nothing(sdk, base_version, body, param):
+    upload = sdk.files.create(file=("train.jsonl", _jsonl(SUPERVISED)), purpose="fine-tune")
+    request = {"model": "tiny-base", "training_file": upload.id, **body}
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.fine_tuning.jobs.create(**request)
+    assert refused.value.body["param"] == param, refused.value.body
+    assert not FineTuningJob.objects.exists() and not TrainingSet.objects.exists() and not TrainingJob.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("lines", "method", "reason"),
+    [
+        (b'{"messages": [}\n', None, "line 1 is not JSON"),
+        (_jsonl([{"messages": [{"role": "user", "content": "hi"}]}]), None, "no assistant message"),
+        (_jsonl([{"messages": [{"role": "wizard", "content": "hi"}]}]), None, "needs a role"),
+        (
+            _jsonl(GRADED[:1]),
+            {
+                "type": "reinforcement",
+                "reinforcement": {"grader": {**MULTI["graders"]["has"], "reference": "{{ item.missing }}"}},
+            },
+            "item.missing",
+        ),
+    ],
+)
+def test_a_file_whose_lines_cannot_train_is_refused_by_line(sdk, base_version, lines, method, reason):
+    upload = sdk.files.create(file=("bad.jsonl", lines), purpose="fine-tune")
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.fine_tuning.jobs.create(
+            model="tiny-base", training_file=upload.id, **({"method": method} if method else {})
+        )
+    assert refused.value.body["param"] == "training_file" and reason in refused.value.body["message"]
+
+
+def test_keys_see_their_own_deployment_and_need_the_train_scope(sdk, base_version, deployment):
+    upload = sdk.files.create(file=("train.jsonl", _jsonl(SUPERVISED)), purpose="fine-tune")
+    other = _client(api_key_create(deployment=DeploymentFactory(name="other-bot"), scopes=["train"]).plaintext)
+    with pytest.raises(openai.NotFoundError):
+        other.files.retrieve(upload.id)
+    assert list(other.files.list()) == []
+    reader = _client(api_key_create(deployment=deployment, scopes=["read", "ingest"]).plaintext)
+    with pytest.raises(openai.PermissionDeniedError) as refused:
+        reader.files.list()
+    assert "train" in refused.value.body["message"]
+    with pytest.raises(openai.AuthenticationError):
+        _client("pk_nope.secret").files.list()
+    with pytest.raises(openai.BadRequestError) as wrong:
+        sdk.files.create(file=("x.jsonl", b"{}"), purpose="assistants")
+    assert wrong.value.body["param"] == "purpose"
+    with pytest.raises(openai.BadRequestError):
+        sdk.files.create(file=("x.jsonl", b"\xff\xfe"), purpose="fine-tune")
+    with pytest.raises(openai.NotFoundError):
+        sdk.fine_tuning.jobs.retrieve("ftjob-99999999999999999999999")
+
+
+def test_a_score_model_grader_becomes_the_judges_rubric_with_the_line_filled_in(train_key):
+    from training.finetuning.services import reinforcement_items
+
+    content = _jsonl(GRADED[:1]).decode()
+    upload = FineTuningFile.objects.create(
+        api_key=train_key.api_key, filename="f.jsonl", purpose="fine-tune", content=content, bytes=len(content)
+    )
+    grader = {
+        "type": "score_model",
+        "name": "judge",
+        "model": "any",
+        "input": [{"role": "user", "content": "Does {{ sample.output_text }} name the code word {{ item.answer }}?"}],
+        "range": [0, 1],
+    }
+    (item,) = reinforcement_items(upload, grader, split="train", field="training_file")
+    assert item["kind"] == "turn" and "code word e?" in item["rubric"] and "{{" not in item["rubric"]
+
+
+def test_a_score_model_job_needs_the_judges_training_gate_open(sdk, base_version):
+    upload = sdk.files.create(file=("train.jsonl", _jsonl(GRADED)), purpose="fine-tune")
+    grader = {"type": "score_model", "name": "judge", "model": "any", "input": [{"role": "user", "content": "ok?"}]}
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.fine_tuning.jobs.create(
+            model="tiny-base",
+            training_file=upload.id,
+            method={"type": "reinforcement", "reinforcement": {"grader": grader}},
+        )
+    assert refused.value.body["param"] == "method" and "judge" in refused.value.body["message"]
+    assert not TrainingSet.objects.exists() and not TrainingJob.objects.exists()

@@ -1,0 +1,509 @@
+"""OpenAI's fine-tuning API mapped onto Practicum: a `fine-tune` file becomes a training set
+when a job is made from it, a `supervised` job is an SFT job on the file's assistant turns,
+a `reinforcement` job is a GRPO job scored by the request's grader (`score_model` by the
+deployment's judge, under the judge's training gate), and the job's result is a candidate
+version, which serves only after an evaluation and another person's approval.
+
+Every call acts for one deployment API key with the `train` scope and sees only the files
+and jobs of that key's deployment."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.db.models.fields.json import KeyTextTransform
+from django.utils import timezone
+
+from feedback.models import ApiKey
+from training.finetuning.models import FineTuningFile, FineTuningJob
+from training.grpo import openai_graders
+from training.inference.codec import message_served_text
+from training.models import JobEventKind, JobKind, ModelVersion, TrainingItemKind, TrainingJob, TrainingJobEvent
+from training.services.jobs import JobError, training_job_cancel, training_job_create
+from training.services.training_sets import TrainingSetError, training_set_create
+from webapp.errors import Invalid, NotFound
+
+PURPOSE = "fine-tune"
+MAX_LINE_ERRORS = 5
+MAX_EPOCHS = 50
+MAX_BATCH = 256
+ROLES = ("system", "developer", "user", "assistant", "tool")
+CANDIDATE_NOTE = (
+    "Practicum trains a candidate version of {model}. It does not serve until an evaluation "
+    "has been run on it and another person has approved its promotion (the promotion page or "
+    "/api/v1/promotions)."
+)
+
+
+class FineTuningError(Invalid, ValueError):
+    def __init__(self, errors: list[tuple[str, str]]):
+        super().__init__("; ".join(f"{f}: {r}" for f, r in errors), errors=errors)
+
+
+class FineTuningNotFound(NotFound):
+    pass
+
+
+def _visible_files(api_key: ApiKey):
+    return FineTuningFile.objects.filter(api_key__deployment=api_key.deployment, deleted_at__isnull=True)
+
+
+def file_create(*, api_key: ApiKey, filename: str, purpose: str, data: bytes) -> FineTuningFile:
+    """Store an upload; its lines are read when a job is made from it."""
+    if purpose != PURPOSE:
+        raise FineTuningError([("purpose", f"must be {PURPOSE!r}: this server keeps fine-tuning files only")])
+    limit = settings.FINETUNE_FILE_MAX_BYTES
+    if len(data) > limit:
+        raise FineTuningError([("file", f"is {len(data)} bytes; at most {limit}")])
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise FineTuningError([("file", "must be UTF-8 JSONL")]) from None
+    if "\x00" in text:
+        raise FineTuningError([("file", "must be UTF-8 JSONL (it holds a NUL character)")])
+    return FineTuningFile.objects.create(
+        api_key=api_key, filename=(filename or "upload.jsonl")[:255], purpose=purpose, content=text, bytes=len(data)
+    )
+
+
+def files_list(*, api_key: ApiKey, purpose: str | None = None, after: str | None = None, limit: int = 100):
+    files = _visible_files(api_key).order_by("-created_at", "-id")
+    if purpose:
+        files = files.filter(purpose=purpose)
+    if after:
+        anchor = file_get(api_key=api_key, file_id=after, field="after")
+        files = files.filter(Q(created_at__lt=anchor.created_at) | Q(created_at=anchor.created_at, id__lt=anchor.id))
+    return list(files[: limit + 1])
+
+
+def file_get(*, api_key: ApiKey, file_id: str, field: str = "file_id") -> FineTuningFile:
+    found = _visible_files(api_key).filter(pk=file_id).first()
+    if found is None and field != "file_id":  # named in a body or a query: a bad request
+        raise FineTuningError([(field, f"no file {file_id!r}")])
+    if found is None:
+        raise FineTuningNotFound(f"no file {file_id!r}", field=field)
+    return found
+
+
+@transaction.atomic
+def file_delete(*, api_key: ApiKey, file_id: str) -> FineTuningFile:
+    """Delete a file. One a job was made from is hidden instead, so the job keeps its
+    provenance; its training set already holds the items."""
+    found = file_get(api_key=api_key, file_id=file_id)
+    used = FineTuningJob.objects.filter(Q(training_file=found) | Q(validation_file=found)).exists()
+    if used:
+        found.deleted_at = timezone.now()
+        found.save(update_fields=["deleted_at"])
+    else:
+        found.delete()
+    return found
+
+
+# --- reading a file's lines ------------------------------------------------------------------
+
+
+def _lines(upload: FineTuningFile, field: str) -> list[tuple[int, dict[str, Any]]]:
+    rows, errors = [], []
+    for number, line in enumerate(upload.content.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except (ValueError, RecursionError):
+            errors.append((field, f"line {number} is not JSON"))
+        else:
+            if isinstance(row, dict):
+                rows.append((number, row))
+            else:
+                errors.append((field, f"line {number} must be a JSON object"))
+        if len(errors) >= MAX_LINE_ERRORS:
+            break
+    if errors:
+        raise FineTuningError(errors)
+    if not rows:
+        raise FineTuningError([(field, "has no lines")])
+    return rows
+
+
+def _messages(row: dict[str, Any], number: int, field: str) -> list[dict[str, Any]]:
+    messages = row.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise FineTuningError([(field, f"line {number}: messages must be a non-empty list")])
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in ROLES:
+            raise FineTuningError([(field, f"line {number}: messages[{i}] needs a role of {', '.join(ROLES)}")])
+    tools = row.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise FineTuningError([(field, f"line {number}: tools must be a list of tool definitions")])
+    return messages
+
+
+def _key(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def supervised_items(upload: FineTuningFile, *, split: str, field: str) -> list[dict[str, Any]]:
+    """One SFT item per assistant message of each line (`weight: 0` leaves one out): the
+    context before it, and the message, tool calls included, as the target."""
+    items = []
+    for number, row in _lines(upload, field):
+        messages = _messages(row, number, field)
+        targets = [i for i, m in enumerate(messages) if m["role"] == "assistant" and m.get("weight", 1) != 0]
+        if not targets:
+            raise FineTuningError([(field, f"line {number}: no assistant message to train on")])
+        for i in targets:
+            target = message_served_text(messages[i])
+            if not target.strip():
+                raise FineTuningError([(field, f"line {number}: messages[{i}] has no content or tool calls")])
+            context = [{k: v for k, v in m.items() if k != "weight"} for m in messages[:i]]
+            if not context:
+                raise FineTuningError([(field, f"line {number}: messages[{i}] has no context before it")])
+            items.append(
+                {
+                    "kind": TrainingItemKind.TURN,
+                    "key": f"ft:{upload.id}:{number}:{i}:{_key(context, target)}",
+                    "messages": context,
+                    "tools": row.get("tools") or [],
+                    "corrected_response": target,
+                    "split": split,
+                    "provenance": {"source": "fine-tuning file", "file": upload.id, "line": number},
+                }
+            )
+    return items
+
+
+def reinforcement_items(upload: FineTuningFile, grader: dict[str, Any], *, split: str, field: str) -> list[dict]:
+    """One task per line: its messages are the prompt, and the rest of the line is what the
+    grader's `{{ item.… }}` templates read. A `score_model` grader becomes the judge's rubric."""
+    needed = openai_graders.item_fields(grader)
+    items = []
+    for number, row in _lines(upload, field):
+        messages = _messages(row, number, field)
+        if messages[-1]["role"] == "assistant":
+            raise FineTuningError([(field, f"line {number}: a reinforcement prompt ends before the answer")])
+        item = {k: v for k, v in row.items() if k not in ("messages", "tools")}
+        missing = [f for f in needed if openai_graders._lookup(item, f.split(".")) is None]
+        if missing:
+            raise FineTuningError([(field, f"line {number}: the grader reads item.{missing[0]}, which it lacks")])
+        common = {
+            "key": f"ft:{upload.id}:{number}:{_key(messages, item)}",
+            "messages": messages,
+            "tools": row.get("tools") or [],
+            "split": split,
+            "provenance": {"source": "fine-tuning file", "file": upload.id, "line": number},
+        }
+        if grader["type"] == "score_model":
+            items.append({**common, "kind": TrainingItemKind.TURN, "rubric": _judge_rubric(grader, item)})
+        else:
+            reference = json.dumps({"grader": grader, "item": item}, ensure_ascii=False)
+            items.append({**common, "kind": TrainingItemKind.TASK, "grader": "openai", "reference": reference})
+    return items
+
+
+def _judge_rubric(grader: dict[str, Any], item: dict[str, Any]) -> str:
+    """A `score_model` grader's prompt, with the line's fields filled in, as the rubric the
+    judge scores each sampled response under."""
+    parts = []
+    for message in grader.get("input") or []:
+        text = openai_graders.render(
+            openai_graders._content(message), output_text="(the response being scored)", item=item
+        )
+        parts.append(f"{message.get('role', 'user')}: {text}")
+    low, high = (grader.get("range") or [0, 1])[:2]
+    parts.append(f"Score from {low} to {high}.")
+    return "\n".join(parts)
+
+
+# --- jobs --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    kind: str
+    grader: dict[str, Any] | None
+    hyperparameters: dict[str, Any]
+
+
+def _method(method: Any, hyperparameters: Any) -> Plan:
+    """The request's `method` (or the older top-level `hyperparameters`, which means
+    supervised) as a job kind, a grader and the hyperparameters asked for."""
+    if method is None:
+        method = {"type": "supervised", "supervised": {"hyperparameters": hyperparameters or {}}}
+    elif hyperparameters:
+        raise FineTuningError([("hyperparameters", "give them inside method, not beside it")])
+    if not isinstance(method, dict):
+        raise FineTuningError([("method", "must be an object")])
+    kind = method.get("type")
+    if kind not in ("supervised", "reinforcement"):
+        raise FineTuningError([("method.type", "must be supervised or reinforcement (dpo is not served here)")])
+    body = method.get(kind) or {}
+    if not isinstance(body, dict):
+        raise FineTuningError([(f"method.{kind}", "must be an object")])
+    asked = body.get("hyperparameters") or {}
+    if not isinstance(asked, dict):
+        raise FineTuningError([(f"method.{kind}.hyperparameters", "must be an object")])
+    grader = None
+    if kind == "reinforcement":
+        grader = body.get("grader")
+        try:
+            openai_graders.spec_validate(grader, field="method.reinforcement.grader")
+        except openai_graders.GraderSpecError as exc:
+            raise FineTuningError(exc.errors) from None
+    return Plan(kind=kind, grader=grader, hyperparameters=asked)
+
+
+def _choice(asked: dict[str, Any], name: str, field: str, *, default, low, high, integer=True):
+    value = asked.get(name, "auto")
+    if value == "auto" or value is None:
+        return default
+    wrong = isinstance(value, bool) or not isinstance(value, int if integer else (int, float))
+    if wrong or not math.isfinite(value) or not low <= value <= high:
+        kind = "an integer" if integer else "a number"
+        raise FineTuningError([(f"{field}.{name}", f"must be 'auto' or {kind} from {low} to {high}")])
+    return value
+
+
+def _config(plan: Plan, *, train_count: int, has_validation: bool, seed: int) -> dict[str, Any]:
+    field = f"method.{plan.kind}.hyperparameters"
+    known = {"n_epochs", "batch_size", "learning_rate_multiplier"}
+    if plan.kind == "reinforcement":
+        known |= {"eval_interval", "eval_samples", "compute_multiplier", "reasoning_effort"}
+    unknown = sorted(set(plan.hyperparameters) - known)
+    if unknown:
+        raise FineTuningError([(f"{field}.{unknown[0]}", f"is not one of {', '.join(sorted(known))}")])
+    asked = plan.hyperparameters
+    for name in ("compute_multiplier", "reasoning_effort"):
+        if asked.get(name, "auto") not in ("auto", None, "default"):
+            raise FineTuningError([(f"{field}.{name}", "only 'auto' is served here")])
+    epochs = _choice(asked, "n_epochs", field, default=3 if plan.kind == "supervised" else 1, low=1, high=MAX_EPOCHS)
+    batch = _choice(asked, "batch_size", field, default=min(4, train_count), low=1, high=MAX_BATCH)
+    multiplier = _choice(asked, "learning_rate_multiplier", field, default=1.0, low=1e-3, high=100, integer=False)
+    steps = max(1, math.ceil(train_count * epochs / batch))
+    base_lr = 1e-4 if plan.kind == "supervised" else 2e-4  # the SFT and GRPO defaults
+    config: dict[str, Any] = {
+        "steps": steps,
+        "prompts_per_step": batch,
+        "learning_rate": base_lr * multiplier,
+        "seed": seed,
+        "checkpoint_every": 0,
+    }
+    if plan.kind == "reinforcement":
+        interval = _choice(asked, "eval_interval", field, default=0, low=1, high=10_000)
+        # With a validation file the held-out lines are graded at the end at least.
+        config["eval_every"] = (interval or steps) if has_validation else 0
+        config["eval_samples"] = _choice(asked, "eval_samples", field, default=2, low=1, high=64)
+    else:
+        config["eval_every"] = 0
+    return config
+
+
+def _version(api_key: ApiKey, name: Any) -> ModelVersion:
+    if not isinstance(name, str) or not name:
+        raise FineTuningError([("model", "name a model version (GET /api/v1/models lists them)")])
+    version = (
+        ModelVersion.objects.select_related("base_model")
+        .filter(name=name)
+        .filter(Q(deployment__isnull=True) | Q(deployment=api_key.deployment))
+        .first()
+    )
+    if version is None:
+        raise FineTuningError([("model", f"no model version {name!r} for this deployment")])
+    return version
+
+
+def _text(value: Any, field: str, limit: int) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str) or len(value) > limit:
+        raise FineTuningError([(field, f"must be a string of at most {limit} characters")])
+    return value
+
+
+def _metadata(value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    good = isinstance(value, dict) and len(value) <= 16
+    good = good and all(
+        isinstance(k, str) and len(k) <= 64 and isinstance(v, str) and len(v) <= 512 for k, v in value.items()
+    )
+    if not good:
+        raise FineTuningError([("metadata", "at most 16 string keys (64 characters) and values (512)")])
+    return value
+
+
+@transaction.atomic
+def fine_tuning_job_create(
+    *,
+    api_key: ApiKey,
+    model: Any,
+    training_file: Any,
+    validation_file: Any = None,
+    method: Any = None,
+    hyperparameters: Any = None,
+    suffix: Any = None,
+    seed: Any = None,
+    metadata: Any = None,
+    enqueue: bool = True,
+) -> FineTuningJob:
+    """Read the files, build the training set, and queue the job (checked before anything
+    is written; a refusal names the request's field)."""
+    version = _version(api_key, model)
+    plan = _method(method, hyperparameters)
+    suffix_text = _text(suffix, "suffix", 64)
+    tags = _metadata(metadata)
+    if seed is None:
+        seed = 0
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= 2**31 - 1:
+        raise FineTuningError([("seed", "must be an integer from 0 to 2147483647")])
+    if not isinstance(training_file, str):
+        raise FineTuningError([("training_file", "name an uploaded file")])
+    train_file = file_get(api_key=api_key, file_id=training_file, field="training_file")
+    check_file = None
+    if validation_file is not None:
+        if not isinstance(validation_file, str):
+            raise FineTuningError([("validation_file", "name an uploaded file")])
+        check_file = file_get(api_key=api_key, file_id=validation_file, field="validation_file")
+
+    def items_of(upload: FineTuningFile, split: str, field: str) -> list[dict]:
+        if plan.kind == "supervised":
+            return supervised_items(upload, split=split, field=field)
+        return reinforcement_items(upload, plan.grader, split=split, field=field)
+
+    train = items_of(train_file, "train", "training_file")
+    held = items_of(check_file, "heldout", "validation_file") if check_file else []
+    config = _config(plan, train_count=len(train), has_validation=bool(held), seed=seed)
+    kind = JobKind.SFT if plan.kind == "supervised" else JobKind.GRPO
+    try:
+        training_set = training_set_create(
+            name=f"fine-tuning-{train_file.id}",
+            items=train + held,
+            deployment=api_key.deployment,
+            heldout_fraction=0.0,
+            selection={"kind": "fine-tuning file", "training_file": train_file.id, "validation_file": validation_file},
+            description=f"From {train_file.filename} ({plan.kind} fine-tuning request)",
+        )
+        job = training_job_create(
+            kind=kind,
+            config=config,
+            base_version=version,
+            training_set=training_set,
+            deployment=api_key.deployment,
+            enqueue=enqueue,
+        )
+    except (JobError, TrainingSetError) as exc:
+        raise FineTuningError([(_request_field(f), r) for f, r in exc.errors]) from None
+    TrainingJobEvent.objects.create(
+        job=job, kind=JobEventKind.LOG, step=0, data={"message": CANDIDATE_NOTE.format(model=version.name)}
+    )
+    return FineTuningJob.objects.create(
+        job=job,
+        api_key=api_key,
+        training_file=train_file,
+        validation_file=check_file,
+        model=version.name,
+        method={"type": plan.kind, **({"grader": plan.grader} if plan.grader else {})},
+        hyperparameters={
+            "n_epochs": math.ceil(config["steps"] * config["prompts_per_step"] / max(len(train), 1)),
+            "batch_size": config["prompts_per_step"],
+            "learning_rate_multiplier": config["learning_rate"] / (1e-4 if kind == JobKind.SFT else 2e-4),
+        },
+        suffix=suffix_text,
+        seed=seed,
+        metadata=tags,
+    )
+
+
+def _request_field(field: str) -> str:
+    """A job or set error's field in the request's words (the judge gate and the items are
+    the training file's doing)."""
+    if field in ("training_set", "items") or field.startswith("items["):
+        return "training_file"
+    if field == "config.adapter":  # a LoRA version trains on as LoRA
+        return "model"
+    # The settings, and the judge's training gate that a score_model grader needs open.
+    return "method"
+
+
+def _jobs(api_key: ApiKey):
+    return FineTuningJob.objects.select_related("job", "job__result_version").filter(
+        api_key__deployment=api_key.deployment
+    )
+
+
+def fine_tuning_job_get(*, api_key: ApiKey, job_id: str, field: str = "fine_tuning_job_id") -> FineTuningJob:
+    number = job_id.removeprefix("ftjob-") if isinstance(job_id, str) else ""
+    found = _jobs(api_key).filter(pk=int(number)).first() if number.isdigit() and len(number) < 19 else None
+    if found is None and field != "fine_tuning_job_id":
+        raise FineTuningError([(field, f"no fine-tuning job {job_id!r}")])
+    if found is None:
+        raise FineTuningNotFound(f"no fine-tuning job {job_id!r}", field=field)
+    return found
+
+
+def fine_tuning_jobs_list(
+    *, api_key: ApiKey, after: str | None = None, limit: int = 20, metadata: dict[str, str] | None = None
+):
+    jobs = _jobs(api_key).order_by("-job_id")
+    if after:
+        jobs = jobs.filter(job_id__lt=fine_tuning_job_get(api_key=api_key, job_id=after, field="after").job_id)
+    for n, (key, value) in enumerate((metadata or {}).items()):
+        # The key is taken literally (never parsed as a lookup path like `a__regex`).
+        jobs = jobs.alias(**{f"_tag{n}": KeyTextTransform(key, "metadata")}).filter(**{f"_tag{n}": value})
+    return list(jobs[: limit + 1])
+
+
+def fine_tuning_job_cancel(*, api_key: ApiKey, job_id: str) -> FineTuningJob:
+    found = fine_tuning_job_get(api_key=api_key, job_id=job_id)
+    if found.job.status not in ("queued", "running"):
+        from webapp.errors import Conflict
+
+        raise Conflict(f"the job has already ended ({found.job.status})", field="fine_tuning_job_id")
+    found.job = training_job_cancel(job=found.job, user=None)
+    return found
+
+
+def job_events(*, ft: FineTuningJob, after: str | None = None, limit: int = 20) -> list[TrainingJobEvent]:
+    """The job's events, newest first (OpenAI's order), without the sample rollouts."""
+    events = TrainingJobEvent.objects.filter(job_id=ft.job_id).exclude(kind=JobEventKind.SAMPLE).order_by("-id")
+    if after:
+        number = after.removeprefix("ftevent-")
+        if not number.isdigit() or len(number) > 18:
+            raise FineTuningError([("after", "must be an event id from this list")])
+        events = events.filter(id__lt=int(number))
+    return list(events[: limit + 1])
+
+
+def event_message(event: TrainingJobEvent, total: int) -> tuple[str, str, str]:
+    """(level, type, message) of an event, in the words OpenAI's events use."""
+    data = event.data or {}
+    if event.kind == JobEventKind.STEP:
+        shown = ", ".join(f"{k}={v:.4g}" for k, v in data.items() if isinstance(v, float | int) and k != "step")
+        return "info", "metrics", f"Step {event.step}/{total}: {shown}"
+    if event.kind == JobEventKind.EVAL:
+        shown = ", ".join(f"{k}={v:.4g}" for k, v in data.items() if isinstance(v, float | int) and k != "step")
+        return "info", "metrics", f"Evaluation at step {event.step}: {shown}"
+    if event.kind == JobEventKind.BREACH:
+        return "warn", "message", f"A monitor fired at step {event.step}: {data.get('message') or data}"
+    message = str(data.get("message") or "")
+    level = "error" if message.startswith(("failed", "error")) else "info"
+    return level, "message", message
+
+
+def job_status(job: TrainingJob) -> str:
+    """Practicum's job status in OpenAI's words."""
+    return {
+        "queued": "queued",
+        "running": "running",
+        "cancelling": "running",
+        "cancelled": "cancelled",
+        "finished": "succeeded",
+        "stopped": "failed",
+        "failed": "failed",
+    }.get(job.status, job.status)
