@@ -3,7 +3,9 @@
 Layout of a batch: prompts are left-padded to a common length P and responses follow,
 right-padded to T, so row b is `[pad… prompt_b | response_b pad…]`. Position ids come
 from the attention mask, which makes left padding invisible to the model. The
-log-probs used for the gradient come from one forward pass over this layout.
+log-probs used for the gradient come from one forward pass over this layout. Sampling
+itself (`prefill`, `decode_from`) prefills each distinct prompt once, the prefix all
+prompts share once for all, and copies the key/value cache to the prompt's G samples.
 
 `chat_tokens` gives a whole conversation with a mask over *every* assistant span, for
 multi-turn training where the mask covers several spans.
