@@ -165,36 +165,16 @@ class Harness:
     def decode(self, rows: list[tuple[list[int], Any, Any, int]]) -> list[tuple[str, int, bool]]:
         """Each row (context ids, pattern, generator, token limit) → (text, tokens, ended)."""
         import torch
-        from transformers import DynamicCache
 
-        from training.grpo.episodes import common_prefix_length
-        from training.grpo.sampling import left_pad, position_ids
+        from training.grpo.sampling import prefill
 
-        contexts = [r[0] for r in rows]
         batch = len(rows)
-        shared = min(common_prefix_length(contexts), min(len(c) for c in contexts) - 1)
-        cache = DynamicCache()
         with torch.no_grad():
-            if shared > 0:
-                prefix = torch.tensor([contexts[0][:shared]])
-                self.model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1)
-                cache.batch_repeat_interleave(batch)
-            suffix, suffix_mask = left_pad([c[shared:] for c in contexts], self.pad)
-            mask = torch.cat([torch.ones((batch, shared), dtype=torch.long), suffix_mask], dim=1)
-            positions = position_ids(mask)[:, shared:]
-            out = self.model(
-                input_ids=suffix,
-                attention_mask=mask,
-                position_ids=positions,
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-            after = positions[:, -1:] + 1
+            logits, cache, mask, after = prefill(self.model, [r[0] for r in rows], pad_id=self.pad)
             texts, produced, ended = [""] * batch, [0] * batch, [False] * batch
             done = [False] * batch
             for _ in range(max(r[3] for r in rows)):
-                logits = out.logits[:, -1].float()
+                logits = logits.float()
                 tokens = []
                 for b, (_ids, pattern, generator, limit) in enumerate(rows):
                     if done[b]:
@@ -211,14 +191,14 @@ class Harness:
                 if all(done):
                     break
                 mask = torch.cat([mask, torch.ones((batch, 1), dtype=torch.long)], dim=1)
-                out = self.model(
+                logits = self.model(
                     input_ids=torch.tensor(tokens)[:, None],
                     attention_mask=mask,
                     position_ids=after,
                     past_key_values=cache,
                     use_cache=True,
                     logits_to_keep=1,
-                )
+                ).logits[:, -1]
                 after = after + 1
         return list(zip(texts, produced, ended, strict=True))
 

@@ -317,32 +317,6 @@ def test_the_episodes_config_refuses_bad_fields():
         config_from_dict({"kind": "episodes", "judge_weight": 1.0})
 
 
-def test_prefix_cached_decoding_matches_decoding_each_context_alone(tiny_model_dir, tokenizer):
-    """Greedy continuations with the shared prefix computed once equal those of the plain
-    decode loop run on each full context by itself."""
-    from transformers import AutoModelForCausalLM
-
-    from training.grpo.episodes import common_prefix_length, prefix_decode
-    from training.grpo.sampling import encode_prompt, sample
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
-    system = {"role": "system", "content": "You work on files. " * 5}
-    contexts = [
-        encode_prompt(tokenizer, [system, {"role": "user", "content": q}])
-        for q in ("hi", "where is order A1 please tell me", "refund")
-    ]
-    assert common_prefix_length(contexts) > 20
-    eos = [tokenizer.eos_token_id]
-    ours = prefix_decode(
-        model, contexts, max_new_tokens=8, temperature=0, top_p=1.0, eos=eos, pad_id=tokenizer.pad_token_id
-    )
-    for context, got in zip(contexts, ours, strict=True):
-        alone = sample(model, tokenizer, [context], num_samples=1, max_new_tokens=8, temperature=0)
-        expected = alone.response_ids[0][alone.response_mask[0].bool()].tolist()
-        assert got == expected
-    assert common_prefix_length([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2
-
-
 def test_sharing_the_prompt_prefix_in_the_update_gives_the_same_loss_and_gradients(tiny_model_dir):
     """The shared-prefix forward (prefix once, its key/value cache repeated per row) is an
     exact rewrite: the loss and every gradient equal those of one pass per full row."""

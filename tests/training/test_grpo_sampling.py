@@ -7,8 +7,10 @@ import torch
 
 from training.grpo.sampling import (
     chat_tokens,
+    common_prefix_length,
     encode_prompt,
     left_pad,
+    prefix_decode,
     response_mask_from_ids,
     sample,
     token_logprobs,
@@ -94,24 +96,34 @@ def test_nucleus_keeps_the_top_mass():
     assert kept.tolist()[0] == pytest.approx([0.5 / 0.8, 0.3 / 0.8, 0.0, 0.0])
 
 
-def test_the_decode_loop_samples_from_the_softmax(tiny):
-    """Frequencies of the first sampled token match softmax(logits / T) on the top tokens."""
-    from training.grpo.sampling import decode, position_ids
-
+@pytest.mark.parametrize("top_p", [1.0, 0.2])
+def test_the_decode_loop_samples_from_the_softmax(tiny, top_p):
+    """Frequencies of the first sampled token of one prompt copied to 4000 rows match
+    softmax(logits / T), cut to the nucleus and renormalised when top_p < 1."""
     model, tokenizer = tiny
     prompt = encode_prompt(tokenizer, [{"role": "user", "content": "hello"}])
-    ids = torch.tensor([prompt] * 4000)
-    attn = torch.ones_like(ids)
+    ids = torch.tensor([prompt])
     with torch.no_grad():
-        logits = model(input_ids=ids[:1], attention_mask=attn[:1], position_ids=position_ids(attn[:1])).logits[0, -1]
+        logits = model(input_ids=ids).logits[0, -1]
     # At T = 0.2 the random model's flat distribution has a clear top token.
     expected = torch.softmax(logits / 0.2, dim=-1)
     assert 0.1 < expected.max() < 0.5  # a 1.3x wrong temperature would move it by ~0.1
+    if top_p < 1.0:  # by hand: the most likely tokens until their mass reaches top_p
+        order = expected.argsort(descending=True)
+        before = expected[order].cumsum(0) - expected[order]
+        kept = order[before < top_p]
+        assert 2 <= len(kept) < 10
+        nucleus = torch.zeros_like(expected)
+        nucleus[kept] = expected[kept]
+        expected = nucleus / nucleus.sum()
     torch.manual_seed(3)
-    first = decode(model, ids, attn, max_new_tokens=1, temperature=0.2, top_p=1.0, eos_ids=[-1], pad_id=0)[:, 0]
+    first = prefix_decode(
+        model, [prompt], copies=4000, max_new_tokens=1, temperature=0.2, top_p=top_p, eos_ids=[-1], pad_id=0
+    )[:, 0]
     observed = torch.bincount(first, minlength=expected.numel()).float() / len(first)
     top = expected.argsort(descending=True)[:10]
     assert (observed[top] - expected[top]).abs().max() < 0.03
+    assert observed[expected == 0].sum() == 0  # nothing outside the nucleus
 
 
 def test_inverse_cdf_draws_match_the_probabilities_and_never_pick_a_zero():
@@ -133,3 +145,127 @@ def test_a_sample_without_its_token_ids_or_log_probs_is_refused():
     with pytest.raises(VllmError, match="1 log-probs for 2 sampled ids"):
         sampled_tokens(choice | {"token_ids": [5, 6], "logprobs": {"token_logprobs": [-0.1]}})
     assert sampled_tokens(choice | {"token_ids": [5, 6]}) == ([5, 6], [-0.1, -0.2])
+
+
+# --- one prefill per distinct prompt ---------------------------------------------------------
+
+SYSTEM = {"role": "system", "content": "You answer questions about orders. " * 4}
+
+
+def prompt_sets(tokenizer) -> dict[str, list[list[int]]]:
+    def enc(*messages):
+        return encode_prompt(tokenizer, list(messages))
+
+    return {
+        # A long shared system prompt, questions of different lengths: prefix + remainders.
+        "shared system prompt": [
+            enc(SYSTEM, {"role": "user", "content": q})
+            for q in ("hi", "where is order A1 please tell me", "refund order A1 now")
+        ],
+        # One prompt: its G rows are copies of one prefill.
+        "one prompt": [enc(SYSTEM, {"role": "user", "content": "where is order A7"})],
+        # No system prompt, a prompt twice: the duplicate is prefilled once too.
+        "duplicates": [
+            enc({"role": "user", "content": "refund order A1 please"}),
+            enc({"role": "user", "content": "hi"}),
+            enc({"role": "user", "content": "refund order A1 please"}),
+        ],
+    }
+
+
+def plain_sample(model, tokenizer, prompts, *, num_samples, max_new_tokens, temperature, top_p):
+    """The sampler without sharing: every row's prompt prefilled in full."""
+    eos = [tokenizer.eos_token_id]
+    response = prefix_decode(
+        model,
+        prompts,
+        copies=num_samples,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        eos_ids=eos,
+        pad_id=tokenizer.pad_token_id,
+        share_prefix=False,
+    )
+    mask, _ = response_mask_from_ids(response, eos)
+    return torch.where(mask.bool(), response, torch.full_like(response, tokenizer.pad_token_id))
+
+
+@pytest.mark.parametrize("case", ["shared system prompt", "one prompt", "duplicates"])
+@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 0.9)])
+def test_sharing_the_prefill_draws_the_same_tokens_as_prefilling_every_row(tiny, case, temperature, top_p):
+    """Same seed, same tokens: the shared prefill changes the work done, not the samples."""
+    model, tokenizer = tiny
+    prompts = prompt_sets(tokenizer)[case]
+    options = {"num_samples": 4, "max_new_tokens": 10, "temperature": temperature, "top_p": top_p}
+    torch.manual_seed(11)
+    rollout = sample(model, tokenizer, prompts, **options)
+    torch.manual_seed(11)
+    plain = plain_sample(model, tokenizer, prompts, **options)
+    assert torch.equal(rollout.response_ids, plain)
+    # Rows differ within a group (they are samples, not copies of one).
+    assert len({tuple(r) for r in rollout.response_ids[:4].tolist()}) > 1
+
+
+def test_the_log_probs_the_sampler_used_are_those_of_a_full_forward_pass(tiny):
+    """The logits each token was drawn from (read off the model's outputs during
+    sampling) give, for every sampled token, the log-prob that `token_logprobs` computes
+    on the finished rollout in one pass: the shared prefix, the copied cache and the left
+    padding between prompts of different lengths change nothing the update sees."""
+    model, tokenizer = tiny
+    prompts = prompt_sets(tokenizer)["shared system prompt"]
+    assert common_prefix_length(prompts) > 30 and len({len(p) for p in prompts}) == 3
+    group, temperature = 4, 0.7
+    seen: list[torch.Tensor] = []
+    hook = model.register_forward_hook(lambda _m, _i, out: seen.append(out.logits[:, -1, :].clone()))
+    try:
+        torch.manual_seed(5)
+        rollout = sample(model, tokenizer, prompts, num_samples=group, max_new_tokens=8, temperature=temperature)
+    finally:
+        hook.remove()
+    prefix, remainders, *steps = seen
+    assert prefix.shape[0] == 1 and remainders.shape[0] == len(prompts)  # each prompt prefilled once
+    used = torch.stack([remainders.repeat_interleave(group, dim=0), *steps], dim=1)  # (B, T, V)
+    width = rollout.response_ids.shape[1]
+    sampler = torch.log_softmax(used[:, :width] / temperature, dim=-1)
+    sampler = sampler.gather(-1, rollout.response_ids.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    with torch.no_grad():
+        fresh = token_logprobs(model, rollout.input_ids, rollout.attention_mask, keep=width, temperature=temperature)
+    mask = rollout.response_mask.bool()
+    assert torch.allclose(sampler[mask], fresh[mask], atol=1e-5)
+    # The layout: each prompt left-padded to P, with the response right after it.
+    for row in range(len(rollout.texts)):
+        prompt = prompts[row // group]
+        P = rollout.prompt_length
+        assert rollout.input_ids[row, P - len(prompt) : P].tolist() == prompt
+        assert rollout.attention_mask[row, :P].tolist() == [0] * (P - len(prompt)) + [1] * len(prompt)
+
+
+def test_end_tokens_stop_rows_and_the_rest_are_truncated(tiny):
+    """Given an end token that some rows sample and others do not, the rows that sample it
+    end there (mask through it, padding after it, not truncated) and the others run to
+    max_new_tokens and are marked truncated; the tokens before the end are the ones drawn
+    without that end token (the draws do not depend on which rows have ended)."""
+    model, tokenizer = tiny
+    prompts = prompt_sets(tokenizer)["shared system prompt"]
+    options = {"num_samples": 2, "max_new_tokens": 8, "temperature": 1.0, "top_p": 1.0}
+    torch.manual_seed(2)
+    free = plain_sample(model, tokenizer, prompts, **options).tolist()
+    stop = next(t for t in free[0][1:6] if t not in free[0][:1] and any(t not in row for row in free))
+    expected = [row.index(stop) + 1 if stop in row else 8 for row in free]
+    saved = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, stop]
+    try:
+        torch.manual_seed(2)
+        rollout = sample(model, tokenizer, prompts, **options)
+    finally:
+        model.generation_config.eos_token_id = saved
+    P, width, pad = rollout.prompt_length, rollout.response_ids.shape[1], tokenizer.pad_token_id
+    assert width == max(expected) == 8
+    for row, length in enumerate(expected):
+        assert rollout.response_mask[row].tolist() == [1] * length + [0] * (width - length)
+        assert rollout.response_ids[row, :length].tolist() == free[row][:length]
+        assert rollout.response_ids[row, length:].tolist() == [pad] * (width - length)
+        assert rollout.attention_mask[row, P:].tolist() == rollout.response_mask[row].tolist()
+        assert rollout.truncated[row] == (stop not in free[row])
+    assert 1 <= sum(rollout.truncated) < len(expected)

@@ -88,3 +88,28 @@ def test_a_reference_is_refused_when_the_starting_adapter_was_not_kept(tiny_mode
     policy = load_policy(config_for(tiny_model_dir, init_adapter=str(start_adapter)))
     with pytest.raises(RuntimeError, match="frozen copy"), policy.as_reference():
         pass
+
+
+@pytest.mark.parametrize(("log_kl", "reference_passes"), [(False, 0), (True, 2)])
+def test_beta_zero_runs_the_reference_only_to_log_the_kl(tiny_model_dir, tmp_path, log_kl, reference_passes):
+    """With β = 0 the reference is needed only for the logged KL: with `log_kl` off the
+    turn-level loop runs no reference forward pass at all and logs no KL; with it on (the
+    default, so drift is always visible) one pass per step."""
+    assert GRPOConfig().log_kl is True
+    config = config_for(tiny_model_dir, adapter="full", steps=2, beta=0.0, log_kl=log_kl, drop_zero_variance=False)
+    policy = load_policy(config, reference=True)
+    passes: list[int] = []
+    policy.reference.register_forward_hook(lambda *_: passes.append(1))
+    steps: list[dict] = []
+    grpo_train(
+        config=config,
+        items=ITEMS,
+        score=lambda item, candidates: [float(len(c) % 2) for c in candidates],
+        run_dir=tmp_path,
+        policy=policy,
+        hooks=Hooks(on_step=lambda s, m: steps.append(m)),
+        export=False,
+    )
+    assert len(steps) == 2 and all(m["trained_sequences"] > 0 for m in steps)
+    assert len(passes) == reference_passes
+    assert all((m["kl"] is None) == (not log_kl) for m in steps)

@@ -48,7 +48,7 @@ from training.grpo.policy import (
     load_policy,
     make_optimizer,
 )
-from training.grpo.sampling import eos_ids, left_pad, token_logprobs
+from training.grpo.sampling import common_prefix_length, eos_ids, left_pad, prefix_decode, token_logprobs
 from training.inference.codec import tool_calls_parse
 
 # generate(contexts, limits) -> sampled ids per context (end-of-turn included when sampled)
@@ -106,80 +106,6 @@ class _Batcher:
         self.cv.notify_all()
 
 
-def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
-    """Length of the longest token prefix every sequence shares."""
-    if not sequences:
-        return 0
-    n = min(len(s) for s in sequences)
-    first = sequences[0]
-    for i in range(n):
-        if any(s[i] != first[i] for s in sequences[1:]):
-            return i
-    return n
-
-
-@torch.no_grad()
-def prefix_decode(
-    model,
-    contexts: Sequence[Sequence[int]],
-    *,
-    max_new_tokens: int,
-    temperature: float,
-    top_p: float,
-    eos: Sequence[int],
-    pad_id: int,
-) -> list[list[int]]:
-    """Sample one continuation of each context, computing the key/value cache of their
-    common prefix once (the system prompt, tools and worked example every episode of a
-    job shares) instead of once per row.
-
-    Layout: [shared prefix | left-padded suffix_b | sampled…]; the attention mask is 0 on
-    the padding between prefix and suffix, and positions count real tokens only, so each
-    row is computed exactly as if it were alone. Returns each row's ids up to and
-    including its first end token."""
-    from transformers import DynamicCache
-
-    from training.grpo.sampling import decode_from, position_ids
-
-    device = next(model.parameters()).device
-    batch = len(contexts)
-    shared = min(common_prefix_length(contexts), min(len(c) for c in contexts) - 1)
-    cache = DynamicCache()
-    if shared > 0:
-        prefix = torch.tensor([list(contexts[0][:shared])], device=device)
-        model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        cache.batch_repeat_interleave(batch)
-    suffix_ids, suffix_mask = left_pad([list(c[shared:]) for c in contexts], pad_id)
-    suffix_ids, suffix_mask = suffix_ids.to(device), suffix_mask.to(device)
-    mask = torch.cat([torch.ones((batch, shared), dtype=torch.long, device=device), suffix_mask], dim=1)
-    positions = position_ids(mask)[:, shared:]
-    out = model(
-        input_ids=suffix_ids,
-        attention_mask=mask,
-        position_ids=positions,
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    sampled = decode_from(
-        model,
-        out,
-        mask,
-        positions[:, -1:] + 1,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        eos_ids=eos,
-        pad_id=pad_id,
-    )
-    ends = set(eos)
-    rows: list[list[int]] = []
-    for tokens in sampled.tolist():
-        end = next((i for i, token in enumerate(tokens) if token in ends), len(tokens) - 1)
-        rows.append(tokens[: end + 1])
-    return rows
-
-
 def local_generate(policy: Policy, config: EpisodesConfig) -> Generate:
     """Sample with the trainer's own model: one batched, KV-cached decode per call, the
     contexts' shared prefix computed once."""
@@ -190,19 +116,25 @@ def local_generate(policy: Policy, config: EpisodesConfig) -> Generate:
         was_training = policy.model.training
         policy.model.eval()
         try:
-            rows = prefix_decode(
+            sampled = prefix_decode(
                 policy.model,
                 contexts,
                 max_new_tokens=max(1, min(config.max_new_tokens, max(limits))),
                 temperature=config.temperature,
                 top_p=config.top_p,
-                eos=stop,
+                eos_ids=stop,
                 pad_id=pad_id,
             )
         finally:
             if was_training:
                 policy.model.train()
-        return [ids[: max(1, min(limit, config.max_new_tokens))] for ids, limit in zip(rows, limits, strict=True)]
+        ends = set(stop)
+        rows: list[list[int]] = []
+        for tokens, limit in zip(sampled.tolist(), limits, strict=True):
+            # Up to and including the first end token; the padding after it is not the model's.
+            end = next((i for i, token in enumerate(tokens) if token in ends), len(tokens) - 1)
+            rows.append(tokens[: min(end + 1, max(1, min(limit, config.max_new_tokens)))])
+        return rows
 
     return generate
 

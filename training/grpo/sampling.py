@@ -3,7 +3,9 @@
 Layout of a batch: prompts are left-padded to a common length P and responses follow,
 right-padded to T, so row b is `[pad… prompt_b | response_b pad…]`. Position ids come
 from the attention mask, which makes left padding invisible to the model. The
-log-probs used for the gradient come from one forward pass over this layout.
+log-probs used for the gradient come from one forward pass over this layout. Sampling
+itself (`prefill`, `decode_from`) prefills each distinct prompt once, the prefix all
+prompts share once for all, and copies the key/value cache to the prompt's G samples.
 
 `chat_tokens` gives a whole conversation with a mask over *every* assistant span, for
 multi-turn training where the mask covers several spans.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -119,9 +122,11 @@ def sample(
 ) -> Rollout:
     """Sample `num_samples` responses to each prompt (token lists).
 
-    engine="decode" (default) runs `decode`, a plain KV-cached sampling loop;
-    engine="generate" uses transformers' `generate` (same distribution, more per-token
-    overhead, which dominates for small models). temperature=0 is greedy."""
+    engine="decode" (default) runs `prefix_decode`: each distinct prompt goes through the
+    model once (the prefix all prompts share, once for all) and its key/value cache is
+    copied to its samples; engine="generate" uses transformers' `generate` on every row
+    (same distribution, G prefills per prompt and more per-token overhead).
+    temperature=0 is greedy."""
     eos_ids = _eos_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
     repeated = [p for p in prompts for _ in range(num_samples)]
@@ -132,10 +137,10 @@ def sample(
     model.eval()
     try:
         if engine == "decode":
-            response = decode(
+            response = prefix_decode(
                 model,
-                ids,
-                attn,
+                prompts,
+                copies=num_samples,
                 max_new_tokens=max_new_tokens,
                 temperature=temperature,
                 top_p=top_p,
@@ -171,40 +176,96 @@ def sample(
     )
 
 
+def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
+    """Length of the longest token prefix every sequence shares."""
+    if not sequences:
+        return 0
+    n = min(len(s) for s in sequences)
+    first = sequences[0]
+    for i in range(n):
+        if any(s[i] != first[i] for s in sequences[1:]):
+            return i
+    return n
+
+
 @torch.no_grad()
-def decode(
+def prefill(
+    model, contexts: Sequence[Sequence[int]], *, copies: int = 1, pad_id: int, share_prefix: bool = True
+) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
+    """Run `copies` rows of each context through the model, ready for `decode_from`:
+    (last logits (B, V), key/value cache, attention mask (B, P), next position (B, 1)),
+    B = N · copies, context-major (row n · copies + g).
+
+    The prefill is where the time goes for long contexts (a turn's logged conversation,
+    an episode's system prompt and tools), so it runs once per distinct context, not per
+    row: the prefix all contexts share goes through the model once at batch 1, then each
+    distinct context's remainder, and the cache and logits are copied to the rows that
+    continue it. Layout: [shared prefix | left-padded remainder | …]; the attention mask
+    is 0 on the padding between prefix and remainder and positions count real tokens
+    only, so each row is computed as if it were alone, up to float rounding.
+    share_prefix=False prefills every row in full (the reference to compare with)."""
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    rows = [list(c) for c in contexts for _ in range(copies)]
+    if share_prefix:
+        slot = {r: k for k, r in enumerate(dict.fromkeys(tuple(r) for r in rows))}
+        distinct = [list(r) for r in slot]
+        source = [slot[tuple(r)] for r in rows]  # which distinct context each row continues
+        # At least one token of every context stays outside the prefix: its forward gives the logits.
+        shared = max(0, min(common_prefix_length(distinct), min(len(c) for c in distinct) - 1))
+    else:
+        distinct, source, shared = rows, list(range(len(rows))), 0
+    batch = len(distinct)
+    cache = DynamicCache()
+    if shared > 0:
+        prefix = torch.tensor([distinct[0][:shared]], device=device)
+        model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        cache.batch_repeat_interleave(batch)
+    suffix_ids, suffix_mask = left_pad([c[shared:] for c in distinct], pad_id)
+    suffix_ids, suffix_mask = suffix_ids.to(device), suffix_mask.to(device)
+    mask = torch.cat([torch.ones((batch, shared), dtype=torch.long, device=device), suffix_mask], dim=1)
+    positions = position_ids(mask)
+    out = model(
+        input_ids=suffix_ids,
+        attention_mask=mask,
+        position_ids=positions[:, shared:],
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    logits, next_position = out.logits[:, -1, :], positions[:, -1:] + 1  # (batch, V), (batch, 1)
+    if source != list(range(batch)):
+        index = torch.tensor(source, device=device)
+        cache.reorder_cache(index)
+        logits, mask, next_position = logits[index], mask[index], next_position[index]
+    return logits, cache, mask, next_position
+
+
+@torch.no_grad()
+def prefix_decode(
     model,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
+    contexts: Sequence[Sequence[int]],
     *,
+    copies: int = 1,
     max_new_tokens: int,
     temperature: float,
     top_p: float,
     eos_ids: Sequence[int],
     pad_id: int,
+    share_prefix: bool = True,
 ) -> torch.Tensor:
-    """A KV-cached sampling loop over a left-padded batch: (B, P) → (B, T ≤ max_new_tokens).
-
-    Samples from softmax(logits / temperature), nucleus-filtered when top_p < 1, greedy
-    when temperature is 0; stops when every row has emitted an end token (rows already
-    finished get `pad_id`)."""
-    from transformers import DynamicCache
-
-    cache = DynamicCache()
-    positions = position_ids(attention_mask)
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=positions,
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
+    """Sample `copies` continuations of each context after one `prefill`: (N contexts) →
+    (N · copies, T ≤ max_new_tokens), context-major; rows that ended get `pad_id`."""
+    logits, cache, mask, next_position = prefill(
+        model, contexts, copies=copies, pad_id=pad_id, share_prefix=share_prefix
     )
     return decode_from(
         model,
-        out,
-        attention_mask,
-        positions[:, -1:] + 1,
+        logits,
+        cache,
+        mask,
+        next_position,
         max_new_tokens=max_new_tokens,
         temperature=temperature,
         top_p=top_p,
@@ -216,7 +277,8 @@ def decode(
 @torch.no_grad()
 def decode_from(
     model,
-    out,
+    logits: torch.Tensor,
+    cache,
     mask: torch.Tensor,
     next_position: torch.Tensor,
     *,
@@ -226,17 +288,21 @@ def decode_from(
     eos_ids: Sequence[int],
     pad_id: int,
 ) -> torch.Tensor:
-    """The sampling loop after a prefill: `out` is the prefill's output (its last logits and
-    key/value cache), `mask` (B, P) the attention mask so far and `next_position` (B, 1) the
-    position of the first new token. Returns (B, T ≤ max_new_tokens); rows already finished
-    get `pad_id`."""
+    """The sampling loop after a prefill: `logits` (B, V) predict the first new token,
+    `cache` is the prefill's key/value cache (extended in place), `mask` (B, P) the
+    attention mask so far and `next_position` (B, 1) the position of the first new token.
+    Returns (B, T ≤ max_new_tokens).
+
+    Samples from softmax(logits / temperature), nucleus-filtered when top_p < 1, greedy
+    when temperature is 0; stops when every row has emitted an end token (rows already
+    finished get `pad_id`)."""
     batch = mask.shape[0]
     device = mask.device
     eos = torch.tensor(list(eos_ids), device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     tokens: list[torch.Tensor] = []
     for _ in range(max_new_tokens):
-        logits = out.logits[:, -1, :].float()  # (B, V)
+        logits = logits.float()
         if temperature <= 0:
             chosen = logits.argmax(dim=-1)
         else:
@@ -254,9 +320,10 @@ def decode_from(
             input_ids=chosen.unsqueeze(1),
             attention_mask=mask,
             position_ids=next_position,
-            past_key_values=out.past_key_values,
+            past_key_values=cache,
             use_cache=True,
         )
+        logits = out.logits[:, -1, :]
         next_position = next_position + 1
     if not tokens:
         return torch.empty((batch, 0), dtype=torch.long, device=device)
