@@ -159,8 +159,7 @@ def create_deployment(db_url: str, upstream: str, model_dir: Path) -> tuple[str,
 
     django.setup()
     from feedback.services.api_keys import api_key_create
-    from feedback.services.deployments import deployment_get_or_create
-    from training.services.models import base_model_register, live_version_set
+    from training.serving.services import base_model_register, deployment_get_or_create, live_version_set
 
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.json").write_text("{}")  # the stub serves it; no weights are read
@@ -490,8 +489,8 @@ def recorder_run(*, rate: int, seconds: float, stitch: bool, conversations: int 
     import tempfile
 
     from feedback.gateway.recorder import Recorder
-    from feedback.models import Deployment, Trace
-    from training.models import ModelVersion
+    from feedback.models import Trace
+    from training.serving.models import Deployment, ModelVersion
 
     dep = Deployment.objects.get(name="bench" if stitch else "bench-unstitched")
     version = ModelVersion.objects.get(name="bench-model")

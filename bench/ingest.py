@@ -63,7 +63,7 @@ def create_key(db_url: str) -> tuple[str, int]:
 
     django.setup()
     from feedback.services.api_keys import api_key_create
-    from feedback.services.deployments import deployment_get_or_create
+    from training.serving.services import deployment_get_or_create
 
     dep = deployment_get_or_create(name="bench")
     return api_key_create(deployment=dep, scopes=["ingest"]).plaintext, dep.id

@@ -201,10 +201,9 @@ def main() -> None:
     from django.db import connection
     from django.test import Client
 
-    from feedback.models import Deployment
     from feedback.selectors.trace_list import Cursor
     from tests.factories import user_with_role
-    from training.models import BaseModel, ModelVersion
+    from training.serving.models import BaseModel, Deployment, ModelVersion
 
     def use(size: int) -> None:
         connection.close()

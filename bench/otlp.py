@@ -136,7 +136,7 @@ def create_key(db_url: str) -> str:
 
     django.setup()
     from feedback.services.api_keys import api_key_create
-    from feedback.services.deployments import deployment_get_or_create
+    from training.serving.services import deployment_get_or_create
 
     return api_key_create(deployment=deployment_get_or_create(name="bench"), scopes=["ingest"]).plaintext
 

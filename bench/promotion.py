@@ -117,15 +117,19 @@ def main() -> None:
     from django.conf import settings
 
     from feedback.services.api_keys import api_key_create
-    from feedback.services.deployments import deployment_get_or_create
     from tests.fixtures.adapters import tiny_adapter_train
     from training.inference.server import InferenceServer, ServerSpec
     from training.modelprep import tiny_prepare
-    from training.models import ModelVersion
     from training.models_promotion import Evaluation, Release
-    from training.services.models import base_model_register, live_version_set, model_version_create
     from training.services.promotion import promotion_approve, promotion_request_create
     from training.services.release import rollback_request
+    from training.serving.models import ModelVersion
+    from training.serving.services import (
+        base_model_register,
+        deployment_get_or_create,
+        live_version_set,
+        model_version_create,
+    )
 
     model_dir = tiny_prepare(settings.DATA_DIR / "test-models" / "tiny")
     adapter = tiny_adapter_train(model_dir, settings.DATA_DIR / "test-models" / "tiny-lora-tool-call")

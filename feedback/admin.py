@@ -6,7 +6,6 @@ from feedback.models import (
     Comment,
     Correction,
     CustomerFeedback,
-    Deployment,
     DeploymentJudge,
     FailureModeRun,
     JudgeJob,
@@ -16,12 +15,6 @@ from feedback.models import (
     TraceFlag,
     TurnRating,
 )
-
-
-@admin.register(Deployment)
-class DeploymentAdmin(admin.ModelAdmin):
-    list_display = ("name", "stitch_conversations", "created_at")
-    search_fields = ("name",)
 
 
 @admin.register(ApiKey)

@@ -9,9 +9,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from feedback.auth import ApiKeyPrincipal, scope_required
-from feedback.models import ApiKeyScope, Deployment, JudgeResult
+from feedback.models import ApiKeyScope, JudgeResult
 from feedback.selectors import trace_visible_to
 from feedback.selectors.judge import agreement_as_dict, agreement_by_version
+from training.serving.models import Deployment
 from webapp.api_errors import error_response
 
 

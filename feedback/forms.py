@@ -14,8 +14,8 @@ from django.http import QueryDict
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from feedback.models import Deployment, TraceStatus
-from training.models import ModelVersion
+from feedback.models import TraceStatus
+from training.serving.models import Deployment, ModelVersion
 
 YES_NO = [("", "any"), ("yes", "yes"), ("no", "no")]
 RATINGS = [

@@ -56,8 +56,8 @@ def failure_mode_run_task(run_id: int) -> None:
 
 @shared_task(name="feedback.demo_agent_run", queue="default")
 def demo_agent_run_task(deployment_id: int, split: str, episodes: int) -> None:
-    from feedback.models import Deployment
     from feedback.services.demo_runs import demo_agent_run_for
+    from training.serving.models import Deployment
 
     deployment = Deployment.objects.filter(pk=deployment_id).first()
     if deployment is not None:

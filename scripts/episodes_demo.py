@@ -67,11 +67,10 @@ def main() -> int:
     from django.conf import settings
     from django.core.management import call_command
 
-    from feedback.services.deployments import deployment_get_or_create
     from training.models import JobEventKind, TrainingJob
     from training.services.job_runner import training_job_run
     from training.services.jobs import training_job_create
-    from training.services.models import base_model_register
+    from training.serving.services import base_model_register, deployment_get_or_create
 
     started = time.time()
     call_command("migrate", verbosity=0)

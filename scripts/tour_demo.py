@@ -232,14 +232,13 @@ def main() -> int:
 
     from feedback.demo.agent import ACT_OR_REPLY_REGEX, demo_agent_run
     from feedback.services.api_keys import api_key_create
-    from feedback.services.deployments import deployment_get_or_create
     from training.inference import client
     from training.inference.server import InferenceServer, ServerSpec
-    from training.models import ModelVersion
     from training.services.episode_sets import training_set_from_episodes
     from training.services.job_runner import training_job_run
     from training.services.jobs import training_job_create
-    from training.services.models import base_model_register, live_version_set
+    from training.serving.models import ModelVersion
+    from training.serving.services import base_model_register, deployment_get_or_create, live_version_set
 
     torch.set_num_threads(1)
     # Ctrl-C or a TERM stops the server and the site on the way out.
@@ -261,7 +260,7 @@ def main() -> int:
         call_command("prepare_model", "smollm2")
     from urllib.parse import urlsplit
 
-    from training.models import BaseModel
+    from training.serving.models import BaseModel
 
     server = None
     # A base model's server is part of its registration and is never repointed: start ours

@@ -5,7 +5,8 @@ from __future__ import annotations
 import factory
 from django.contrib.auth import get_user_model
 
-from feedback.models import Deployment, Message, Trace
+from feedback.models import Message, Trace
+from training.serving.models import Deployment
 
 
 class UserFactory(factory.django.DjangoModelFactory):

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def versions(tmp_path):
-    from training.services.models import base_model_register, live_version_set, model_version_create
+    from training.serving.services import base_model_register, live_version_set, model_version_create
 
     (tmp_path / "base").mkdir()
     (tmp_path / "base" / "config.json").write_text("{}")
@@ -63,7 +63,7 @@ def graded_traces(deployment, version, outcomes, *, start=0, when=None, split="t
 
 
 def test_success_rate_and_reward_per_version_and_the_live_version(client, versions, django_assert_max_num_queries):
-    from training.services.models import live_version_set
+    from training.serving.services import live_version_set
 
     deployment, base_version, candidate = versions
     base_traces = graded_traces(deployment, base_version, [True, False, False, False])  # 0.25
@@ -144,7 +144,7 @@ def test_versions_are_compared_on_one_split_and_on_the_tasks_all_of_them_ran(cli
     """The base served mostly training tasks, the candidate held-out ones: success on
     different splits is not an improvement. The comparison takes one split for every version,
     and the tasks both ran there, and says which; the chart draws that split."""
-    from training.services.models import live_version_set
+    from training.serving.services import live_version_set
 
     deployment, base_version, candidate = versions
     graded_traces(deployment, base_version, [True] * 6 + [False] * 4, split="train")  # 0.6 on train

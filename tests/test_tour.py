@@ -15,8 +15,8 @@ from tests.factories import DeploymentFactory, MessageFactory, TraceFactory, use
 from tests.promotion.conftest import evaluation_row, make_adapter_folder
 from training.models import TrainingJob
 from training.models_promotion import PromotionRequest, PromotionStatus
-from training.services.models import base_model_register, live_version_set, model_version_create
 from training.services.training_sets import training_set_create
+from training.serving.services import base_model_register, live_version_set, model_version_create
 from webapp.work import WorkStatus
 
 pytestmark = pytest.mark.django_db

@@ -59,7 +59,7 @@ def _store_runs(tmp_path, runs):
 
     from feedback.models import CustomerFeedback
     from tests.factories import DeploymentFactory, TraceFactory
-    from training.models import BaseModel, ModelVersion
+    from training.serving.models import BaseModel, ModelVersion
 
     deployment = DeploymentFactory(name="support-bot")
     base = BaseModel.objects.create(name="smol", path=str(tmp_path))

@@ -1,53 +1,18 @@
 from django.contrib import admin
+from django.contrib import messages as admin_messages
+from django.core.exceptions import PermissionDenied
 
-from training.models import BaseModel, LiveVersion, ModelVersion
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
-
-
-# Read-only, for everyone: a base model's weights folder and inference server, a version's
-# folder, kind and status decide what answers customers. They are set when registered
-# (`prepare_model`, `register_version`, a training job) and change only through a release
-# (approved by a second person, audited).
-@admin.register(BaseModel)
-class BaseModelAdmin(ReadOnlyAdmin):
-    list_display = ("name", "path", "inference_url", "created_at")
-
-
-@admin.register(ModelVersion)
-class ModelVersionAdmin(ReadOnlyAdmin):
-    list_display = ("name", "base_model", "kind", "status", "deployment", "created_at")
-    list_filter = ("kind", "status")
-
-
-@admin.register(LiveVersion)
-class LiveVersionAdmin(ReadOnlyAdmin):
-    """Read-only: a flip goes through a release (load, smoke, audit) or `manage.py set_live`."""
-
-    list_display = ("deployment", "version", "changed_at", "changed_by")
-
-
-# Evaluation, promotion, release and the audit log: read-only here. Decisions go through the
-# same services as the pages and the API (the actions below), so the rules and the audit
-# trail are the same whichever way a person acts.
-from django.contrib import messages as admin_messages  # noqa: E402
-from django.core.exceptions import PermissionDenied  # noqa: E402
-
-from training.models_promotion import (  # noqa: E402
+from training.models_promotion import (
     AuditEvent,
     Evaluation,
     PromotionRequest,
     Release,
 )
+from training.serving.admin import LiveVersionAdmin, ReadOnlyAdmin
+
+# Evaluation, promotion, release and the audit log: read-only here. Decisions go through the
+# same services as the pages and the API (the actions below), so the rules and the audit
+# trail are the same whichever way a person acts.
 
 
 def _each(modeladmin, request, queryset, act, done: str) -> None:
@@ -133,4 +98,6 @@ def rollback_action(modeladmin, request, queryset) -> None:
     )
 
 
+# A rollback is a release (this app's), so the serving app's live-pointer admin gets the
+# action from here: serving imports nothing above it.
 LiveVersionAdmin.actions = [rollback_action]

@@ -18,8 +18,7 @@ from rest_framework.permissions import BasePermission, IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from feedback.models import Deployment
-from training.models import ModelVersion, TrainingSet
+from training.models import TrainingSet
 from training.models_promotion import Evaluation, PromotionRequest, PromotionStatus
 from training.selectors_promotion import (
     audit_as_dict,
@@ -43,6 +42,7 @@ from training.services.promotion import (
     promotion_withdraw,
 )
 from training.services.release import rollback_request
+from training.serving.models import Deployment, ModelVersion
 from webapp.api_errors import error_response, limit_param
 from webapp.auth import ThrottledBasicAuthentication
 

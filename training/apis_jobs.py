@@ -20,8 +20,9 @@ from rest_framework.response import Response
 from feedback.services.chat_format import MAX_JSON_DEPTH, json_depth
 from training import selectors
 from training.apis import PersonApi, needs
-from training.models import ACTIVE_JOB_STATUSES, JobKind, ModelVersion, TrainingJob, TrainingSet
+from training.models import ACTIVE_JOB_STATUSES, JobKind, TrainingJob, TrainingSet
 from training.services.jobs import JobError, training_job_cancel, training_job_create
+from training.serving.models import ModelVersion
 from webapp.api_errors import error_response, limit_param
 from webapp.work import WorkStatus
 

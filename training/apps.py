@@ -8,6 +8,9 @@ class TrainingConfig(AppConfig):
     def ready(self) -> None:
         from django.conf import settings
 
+        from feedback.services.stitching_backfill import trace_merged
         from training.environments.base import environment_modules_set
+        from training.services.training_sets import training_items_follow_merge
 
         environment_modules_set(settings.PRACTICUM_ENVIRONMENT_MODULES)
+        trace_merged.connect(training_items_follow_merge, dispatch_uid="training_items_follow_merge")

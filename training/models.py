@@ -1,4 +1,4 @@
-"""Base models, the versions derived from them, and each deployment's live pointer."""
+"""Training sets and jobs (the models, versions and live pointers they use are `training.serving`'s)."""
 
 from __future__ import annotations
 
@@ -6,114 +6,8 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from training.serving.models import Deployment, ModelVersion
 from webapp.work import WorkStatus
-
-
-class BaseModel(models.Model):
-    """A local folder of Hugging Face weights (no hub downloads happen at run time)."""
-
-    name = models.SlugField(max_length=100, unique=True)
-    path = models.CharField(max_length=500)
-    description = models.TextField(blank=True)
-    metadata = models.JSONField(default=dict, blank=True)
-    created_at = models.DateTimeField(default=timezone.now)
-    inference_url = models.CharField(
-        max_length=300,
-        blank=True,
-        default="",
-        help_text="The inference server serving this base model (and its adapters); blank: the default one.",
-    )
-
-    class Meta:
-        ordering = ["name"]
-
-    def __str__(self) -> str:
-        return self.name
-
-
-class ModelVersionKind(models.TextChoices):
-    BASE = "base", "Base weights"
-    LORA = "lora", "LoRA adapter"
-    FULL = "full", "Full checkpoint"
-
-
-class ModelVersionStatus(models.TextChoices):
-    CANDIDATE = "candidate", "Candidate"
-    APPROVED = "approved", "Approved"
-    LIVE = "live", "Live"
-    RETIRED = "retired", "Retired"
-    FAILED = "failed", "Failed"
-
-
-class ModelVersion(models.Model):
-    """A servable version: the base weights themselves, a LoRA adapter over them, or a
-    full checkpoint. `name` is what the inference server and the gateway call it."""
-
-    name = models.SlugField(max_length=120, unique=True)
-    base_model = models.ForeignKey(BaseModel, on_delete=models.PROTECT, related_name="versions")
-    kind = models.CharField(max_length=10, choices=ModelVersionKind.choices)
-    path = models.CharField(max_length=500)
-    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="children")
-    deployment = models.ForeignKey(
-        "feedback.Deployment",
-        null=True,
-        blank=True,
-        on_delete=models.SET_NULL,
-        related_name="model_versions",
-        help_text="The deployment whose data this version was trained for, if any.",
-    )
-    status = models.CharField(max_length=20, choices=ModelVersionStatus.choices, default=ModelVersionStatus.CANDIDATE)
-    metadata = models.JSONField(default=dict, blank=True)
-    created_at = models.DateTimeField(default=timezone.now)
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
-
-    class Meta:
-        ordering = ["-created_at", "-id"]
-
-    def __str__(self) -> str:
-        return self.name
-
-
-class LiveVersion(models.Model):
-    """The live pointer: the deployment is the primary key, so the database holds at
-    most one live version per deployment, and flipping it is a single-row update."""
-
-    deployment = models.OneToOneField(
-        "feedback.Deployment", primary_key=True, on_delete=models.CASCADE, related_name="live"
-    )
-    version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="live_for")
-    changed_at = models.DateTimeField(default=timezone.now)
-    changed_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
-
-    def __str__(self) -> str:
-        return f"{self.deployment_id} → {self.version_id}"
-
-
-class LiveVersionChange(models.Model):
-    """Audit row for every flip of a deployment's live pointer: who, when, from what, to what."""
-
-    deployment = models.ForeignKey("feedback.Deployment", on_delete=models.CASCADE, related_name="live_changes")
-    from_version = models.ForeignKey(ModelVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
-    to_version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="+")
-    changed_at = models.DateTimeField(default=timezone.now)
-    changed_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    reason = models.CharField(max_length=300, blank=True, default="")
-
-    class Meta:
-        ordering = ["-changed_at", "-id"]
-        indexes = [models.Index(fields=["deployment", "-changed_at"], name="live_change_dep_idx")]
-
-    def __str__(self) -> str:
-        return f"{self.deployment_id}: {self.from_version_id} → {self.to_version_id}"
-
-
-# --- training sets and jobs ----------------------------------------------------------------
 
 
 class TrainingSet(models.Model):
@@ -124,7 +18,7 @@ class TrainingSet(models.Model):
     name = models.SlugField(max_length=100)
     version = models.PositiveIntegerField(default=1)
     deployment = models.ForeignKey(
-        "feedback.Deployment", null=True, blank=True, on_delete=models.SET_NULL, related_name="training_sets"
+        Deployment, null=True, blank=True, on_delete=models.SET_NULL, related_name="training_sets"
     )
     description = models.TextField(blank=True)
     # How the set was selected (the dashboard's filters or a saved queue), to rebuild it.
@@ -244,7 +138,7 @@ class TrainingJob(models.Model):
         ModelVersion, null=True, blank=True, on_delete=models.SET_NULL, related_name="produced_by_job"
     )
     deployment = models.ForeignKey(
-        "feedback.Deployment", null=True, blank=True, on_delete=models.SET_NULL, related_name="training_jobs"
+        Deployment, null=True, blank=True, on_delete=models.SET_NULL, related_name="training_jobs"
     )
     step = models.PositiveIntegerField(default=0)
     total_steps = models.PositiveIntegerField(default=0)

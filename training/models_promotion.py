@@ -17,7 +17,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from training.models import ModelVersion
+from training.serving.models import Deployment, ModelVersion
 from webapp.work import WorkStatus
 
 ACTIVE_EVALUATION_STATUSES = (WorkStatus.QUEUED, WorkStatus.RUNNING)
@@ -26,7 +26,7 @@ ACTIVE_EVALUATION_STATUSES = (WorkStatus.QUEUED, WorkStatus.RUNNING)
 class Evaluation(models.Model):
     """A candidate scored against a baseline (the live version when it was created)."""
 
-    deployment = models.ForeignKey("feedback.Deployment", on_delete=models.PROTECT, related_name="evaluations")
+    deployment = models.ForeignKey(Deployment, on_delete=models.PROTECT, related_name="evaluations")
     candidate = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="evaluations")
     baseline = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="+")
     training_set = models.ForeignKey(
@@ -131,7 +131,7 @@ class PromotionStatus(models.TextChoices):
 class PromotionRequest(models.Model):
     """A request that `candidate` become the live version of `deployment`."""
 
-    deployment = models.ForeignKey("feedback.Deployment", on_delete=models.PROTECT, related_name="promotions")
+    deployment = models.ForeignKey(Deployment, on_delete=models.PROTECT, related_name="promotions")
     candidate = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="promotions")
     from_version = models.ForeignKey(
         ModelVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+", help_text="live when asked"
@@ -162,6 +162,9 @@ class PromotionRequest(models.Model):
 
     class Meta:
         ordering = ["-requested_at", "-id"]
+        # Deciding a promotion is promotion's permission (it was hung on ModelVersion's
+        # content type before the serving app existed; migration training 0012 moved it).
+        permissions = [("approve_promotion", "Can approve the promotion of a model version")]
         constraints = [
             models.UniqueConstraint(
                 fields=["deployment", "candidate"],
@@ -194,7 +197,7 @@ class Release(models.Model):
     """Putting `version` live for `deployment` on the inference server: load it, send a
     smoke request, flip the live pointer. A failure leaves `from_version` live."""
 
-    deployment = models.ForeignKey("feedback.Deployment", on_delete=models.PROTECT, related_name="releases")
+    deployment = models.ForeignKey(Deployment, on_delete=models.PROTECT, related_name="releases")
     version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="releases")
     from_version = models.ForeignKey(ModelVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     kind = models.CharField(max_length=10, choices=ReleaseKind.choices, default=ReleaseKind.PROMOTION)
@@ -280,7 +283,7 @@ class AuditEvent(models.Model):
     actor_name = models.CharField(max_length=150, blank=True, default="")
     action = models.CharField(max_length=30, choices=AuditAction.choices)
     deployment = models.ForeignKey(
-        "feedback.Deployment",
+        Deployment,
         null=True,
         blank=True,
         on_delete=models.PROTECT,

@@ -1,4 +1,4 @@
-"""Reads for models, versions, live pointers and the training pages."""
+"""Reads for the training pages."""
 
 from __future__ import annotations
 
@@ -10,28 +10,11 @@ from django.db.models import QuerySet
 from training.models import (
     PHASE_LABELS,
     JobEventKind,
-    LiveVersion,
-    ModelVersion,
     TrainingJob,
     TrainingJobEvent,
     TrainingSet,
 )
-
-
-def live_version_get(*, deployment_id: int) -> ModelVersion | None:
-    """The version a deployment serves now, with its base model, or None."""
-    live = LiveVersion.objects.select_related("version__base_model").filter(deployment_id=deployment_id).first()
-    return live.version if live else None
-
-
-def live_versions_for_base(*, base_model_id: int) -> list[ModelVersion]:
-    """The distinct versions over one base model that some deployment serves now."""
-    return list(
-        ModelVersion.objects.filter(base_model_id=base_model_id, live_for__isnull=False)
-        .select_related("base_model")
-        .distinct()
-    )
-
+from training.serving.models import ModelVersion
 
 CHARTS = [
     ("reward_mean", "Reward (mean ± std)"),

@@ -7,8 +7,6 @@ from typing import Any
 
 from django.db.models import QuerySet
 
-from feedback.models import Deployment
-from training.models import LiveVersion, ModelVersion, ModelVersionStatus
 from training.models_promotion import (
     ACTIVE_RELEASE_STATUSES,
     AuditEvent,
@@ -18,6 +16,7 @@ from training.models_promotion import (
     PromotionStatus,
     Release,
 )
+from training.serving.models import Deployment, LiveVersion, ModelVersion, ModelVersionStatus
 
 
 def evaluation_get(*, evaluation_id: int) -> Evaluation | None:

@@ -14,8 +14,9 @@ from django.views.decorators.http import require_POST
 
 from training import selectors
 from training.charts import line_chart
-from training.models import JobKind, ModelVersion, TrainingSet
+from training.models import JobKind, TrainingSet
 from training.services.jobs import JobError, training_job_cancel, training_job_create
+from training.serving.models import ModelVersion
 
 # The form's common fields; anything else goes in the JSON box.
 FORM_FIELDS = {
@@ -223,9 +224,9 @@ def training_set_build(request: HttpRequest) -> HttpResponse:
 @require_POST
 def training_set_build_episodes(request: HttpRequest) -> HttpResponse:
     """Build a training set from a deployment's logged, graded episodes of an environment."""
-    from feedback.models import Deployment
     from training.services.episode_sets import training_set_from_episodes
     from training.services.training_sets import TrainingSetError
+    from training.serving.models import Deployment
 
     data = request.POST
     name, heldout, errors = _set_name_and_heldout(data, default_heldout=0.15)
@@ -267,7 +268,7 @@ def _environments() -> list[str]:
 
 
 def _episode_choices() -> dict:
-    from feedback.models import Deployment
+    from training.serving.models import Deployment
 
     return {"deployments": Deployment.objects.order_by("name")[:100], "environments": _environments()}
 

@@ -14,9 +14,8 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from feedback.models import Deployment
 from feedback.views.common import dashboard_view
-from training.models import ModelVersion, TrainingSet
+from training.models import TrainingSet
 from training.models_promotion import (
     AuditAction,
     Evaluation,
@@ -25,7 +24,6 @@ from training.models_promotion import (
     PromotionStatus,
     ReleaseStatus,
 )
-from training.selectors import live_version_get
 from training.selectors_promotion import (
     audit_events,
     candidate_versions,
@@ -50,6 +48,8 @@ from training.services.promotion import (
 from training.services.promotion_checks import APPROVE, PromotionRefused, check_harm, lineage
 from training.services.promotion_signals import promotion_signals
 from training.services.release import rollback_check, rollback_request, rollback_target
+from training.serving.models import Deployment, ModelVersion
+from training.serving.selectors import live_version_get
 
 VIEW = "training.view_promotionrequest"
 EVALUATE = "training.add_evaluation"

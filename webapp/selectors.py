@@ -24,10 +24,10 @@ from django.db.models import Avg, Count, Q
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
-from feedback.models import Comment, CustomerFeedback, Deployment, Trace, TraceFlag
+from feedback.models import Comment, CustomerFeedback, Trace, TraceFlag
 from feedback.models.judge import JudgeResult, JudgeStatus
 from training.evaluation.paired_runs import SliceSummary, slice_summaries
-from training.models import LiveVersion, LiveVersionChange
+from training.serving.models import Deployment, LiveVersion, LiveVersionChange
 from webapp.selectors_measurements import GRADER_REF, measured_runs
 
 MAX_DEPLOYMENTS = 20

@@ -121,7 +121,7 @@ def measured_runs(
     last `days` days, if given), whole runs only: the oldest run is left out when the cap
     cuts into it. The answer is cached (two minutes at most) until a trace, a message or a
     grade arrives."""
-    from training.models import ModelVersionKind
+    from training.serving.models import ModelVersionKind
 
     recent = Trace.objects.filter(
         deployment__name=deployment,

@@ -86,6 +86,8 @@ INSTALLED_APPS = [
     "template_partials",
     "axes",
     "webapp",
+    # Lowest first: serving (deployments, versions, the live pointer) is what the others point at.
+    "training.serving",
     "feedback",
     "training",
     "training.finetuning",

@@ -48,8 +48,8 @@ def tour(request: HttpRequest) -> HttpResponse:
 @require_POST
 def tour_agent_run(request: HttpRequest, deployment: str) -> HttpResponse:
     """Queue a run of the demo agent on test tasks (never trained on), through the gateway."""
-    from feedback.models import Deployment
     from feedback.services.demo_runs import DemoRunError, demo_agent_run_enqueue
+    from training.serving.models import Deployment
 
     if not request.user.has_perm("training.add_trainingjob"):
         raise PermissionDenied("running the agent needs the operator or admin role")

@@ -100,7 +100,7 @@ class LiveListener:
     def _run(self) -> None:
         import psycopg
 
-        from training.services.models import LIVE_CHANNEL
+        from training.serving.services import LIVE_CHANNEL
 
         while not self._stop.is_set():
             try:
@@ -136,7 +136,7 @@ def _authenticate_sync(token: str) -> Principal | GatewayError:
 
 
 def _route_sync(deployment_id: int) -> Route | None:
-    from training.selectors import live_version_get
+    from training.serving.selectors import live_version_get
 
     version = live_version_get(deployment_id=deployment_id)
     if version is None:

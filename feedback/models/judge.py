@@ -16,7 +16,8 @@ from django.db import models
 from django.utils import timezone
 
 from feedback.models.review import Comment, Correction, CustomerFeedback
-from feedback.models.traces import Deployment, Message, Trace
+from feedback.models.traces import Message, Trace
+from training.serving.models import Deployment
 from webapp.work import WorkStatus
 
 

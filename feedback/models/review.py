@@ -11,7 +11,8 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from feedback.models.traces import ApiKey, Deployment, Message, Trace
+from feedback.models.traces import ApiKey, Message, Trace
+from training.serving.models import Deployment
 
 
 class Comment(models.Model):

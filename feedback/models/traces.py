@@ -1,4 +1,4 @@
-"""Deployments, API keys, traces and their messages.
+"""API keys, traces and their messages (deployments are `training.serving`'s).
 
 Traces are the big table (millions of rows): list pages read only the trace row,
 whose denormalised counts and flags are kept up to date by the services that write
@@ -15,25 +15,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-
-class Deployment(models.Model):
-    """A named agent in production, e.g. "support-bot"."""
-
-    name = models.SlugField(max_length=100, unique=True)
-    description = models.TextField(blank=True)
-    created_at = models.DateTimeField(default=timezone.now)
-    # Gateway calls that name no trace continue the conversation whose logged history they
-    # repeat (see feedback/services/stitching.py); off: every such call is a trace of its own.
-    stitch_conversations = models.BooleanField(
-        default=True,
-        help_text="Join gateway calls that send no trace id into conversations by their message history.",
-    )
-
-    class Meta:
-        ordering = ["name"]
-
-    def __str__(self) -> str:
-        return self.name
+from training.serving.models import Deployment, ModelVersion
 
 
 class ApiKeyScope(models.TextChoices):
@@ -98,7 +80,7 @@ class Trace(models.Model):
     # The model name as the agent reported it, and the version the gateway served it with.
     model_name = models.CharField(max_length=200, blank=True, default="")
     model_version = models.ForeignKey(
-        "training.ModelVersion", null=True, blank=True, on_delete=models.SET_NULL, related_name="traces"
+        ModelVersion, null=True, blank=True, on_delete=models.SET_NULL, related_name="traces"
     )
     started_at = models.DateTimeField(default=timezone.now)
     ended_at = models.DateTimeField(null=True, blank=True)
@@ -187,9 +169,7 @@ class Message(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
 
     # Serving data for assistant turns.
-    model_version = models.ForeignKey(
-        "training.ModelVersion", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
+    model_version = models.ForeignKey(ModelVersion, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     response_id = models.CharField(max_length=200, blank=True, default="")
     token_ids = models.JSONField(null=True, blank=True)
     token_logprobs = models.JSONField(null=True, blank=True)

@@ -9,7 +9,8 @@ from django.db.models import Count
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
-from feedback.models import Deployment, FailureCluster, FailureModeRun, TraceFlag
+from feedback.models import FailureCluster, FailureModeRun, TraceFlag
+from training.serving.models import Deployment
 from webapp.work import WorkStatus
 
 

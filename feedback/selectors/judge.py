@@ -24,7 +24,6 @@ from feedback.judge.client import JudgeEndpoint, JudgeNotConfigured
 from feedback.judge.prompts import CURRENT_TURN
 from feedback.judge.quality import text_is_garbled
 from feedback.models import (
-    Deployment,
     DeploymentJudge,
     JudgeResult,
     JudgeStatus,
@@ -34,6 +33,7 @@ from feedback.models import (
     rating_normalised,
 )
 from feedback.models.judge import judge_key_env_check
+from training.serving.models import Deployment
 
 
 def judge_endpoint_for(*, deployment: Deployment | None = None) -> JudgeEndpoint:

@@ -24,8 +24,9 @@ from django.db.models import Avg, Count, Q
 from feedback.judge.agreement import kappa_estimate
 from feedback.judge.client import JudgeNotConfigured
 from feedback.judge.prompts import CURRENT_SCORE
-from feedback.models import CandidateScoring, Deployment, JudgeStatus, OrderSwapCheck, ScoringPurpose
+from feedback.models import CandidateScoring, JudgeStatus, OrderSwapCheck, ScoringPurpose
 from feedback.selectors.judge import human_labels, judge_endpoint_for
+from training.serving.models import Deployment
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,8 @@ from datetime import datetime, timedelta
 from django.db import transaction
 from django.utils import timezone
 
-from feedback.models import ApiKey, ApiKeyScope, Deployment
+from feedback.models import ApiKey, ApiKeyScope
+from training.serving.models import Deployment
 
 KEY_PREFIX = "prk"
 _ALPHABET = string.ascii_lowercase + string.digits

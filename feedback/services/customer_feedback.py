@@ -27,7 +27,6 @@ from django.utils import timezone
 from feedback.models import (
     ApiKey,
     CustomerFeedback,
-    Deployment,
     FeedbackSource,
     Message,
     MessageRole,
@@ -37,6 +36,7 @@ from feedback.models import (
 )
 from feedback.services.chat_format import FieldError
 from feedback.services.judging import judge_on_customer_feedback
+from training.serving.models import Deployment
 from webapp.errors import Conflict, NotFound, Refused
 
 MAX_TEXT_CHARS = 20_000

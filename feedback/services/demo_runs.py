@@ -12,8 +12,8 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from feedback.models import Deployment
 from feedback.services.api_keys import api_key_create, api_key_revoke
+from training.serving.models import Deployment
 from webapp.errors import Invalid
 
 SPLITS = ("train", "test")

@@ -19,7 +19,7 @@ from django.conf import settings
 from django.db import IntegrityError, OperationalError, connection, transaction
 from django.utils import timezone
 
-from feedback.models import Deployment, Message, Trace, TraceSource, TraceStatus
+from feedback.models import Message, Trace, TraceSource, TraceStatus
 from feedback.services.chat_format import (
     SERVING_KEYS,
     FieldError,
@@ -31,6 +31,7 @@ from feedback.services.chat_format import (
     parse_tools,
 )
 from feedback.services.search import traces_search_index_later
+from training.serving.models import Deployment
 
 PREVIEW_CHARS = 300
 

@@ -9,9 +9,10 @@ from typing import IO, Any
 
 import orjson
 
-from feedback.models import Deployment, Trace, TraceSource
+from feedback.models import Trace, TraceSource
 from feedback.selectors import trace_as_chat_jsonl_row
 from feedback.services.ingest import traces_ingest
+from training.serving.models import Deployment
 
 IMPORT_BATCH = 500
 

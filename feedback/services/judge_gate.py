@@ -18,17 +18,10 @@ from django.conf import settings
 from feedback.judge.client import JudgeCallFailed, JudgeEndpoint
 from feedback.judge.prompts import CURRENT_SCORE
 from feedback.judge.scoring import CandidateScores, score_candidates
-from feedback.models import (
-    CandidateScoring,
-    Deployment,
-    JudgeResult,
-    JudgeStatus,
-    Message,
-    OrderSwapCheck,
-    ScoringPurpose,
-)
+from feedback.models import CandidateScoring, JudgeResult, JudgeStatus, Message, OrderSwapCheck, ScoringPurpose
 from feedback.selectors.judge import human_labels, judge_endpoint_for
 from feedback.selectors.traces import message_as_openai
+from training.serving.models import Deployment
 
 RAW_OUTPUT_MAX = 50_000
 

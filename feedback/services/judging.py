@@ -26,7 +26,6 @@ from feedback.models import (
     Comment,
     Correction,
     CustomerFeedback,
-    Deployment,
     DeploymentJudge,
     JudgeJob,
     JudgeResult,
@@ -41,6 +40,7 @@ from feedback.models import (
 from feedback.selectors.judge import judge_endpoint_for, judge_is_configured
 from feedback.selectors.traces import message_as_openai
 from feedback.tasks import judge_result_run_task, order_swap_check_task
+from training.serving.models import Deployment
 
 logger = logging.getLogger(__name__)
 

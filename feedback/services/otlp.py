@@ -40,9 +40,10 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from feedback.models import Deployment, OtelSpan, Trace, TraceSource
+from feedback.models import OtelSpan, Trace, TraceSource
 from feedback.services.chat_format import SERVING_KEYS, parse_timestamp
 from feedback.services.ingest import strip_nul, traces_ingest
+from training.serving.models import Deployment
 
 MAX_SPANS = 20_000  # per export request
 MAX_SPANS_PER_TRACE = 5_000

@@ -22,11 +22,6 @@ logger = logging.getLogger(__name__)
 
 OPERATOR, REVIEWER, APPROVER, ADMIN = "operator", "reviewer", "approver", "admin"
 
-# Custom permissions that belong to no model of this app: (app_label, model, codename, name).
-EXTRA_PERMISSIONS = [
-    ("training", "modelversion", "approve_promotion", "Can approve the promotion of a model version"),
-]
-
 _ANNOTATE = [
     "feedback.add_comment",
     "feedback.change_comment",
@@ -56,18 +51,18 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
     APPROVER: [
         "training.approve_promotion",
         "feedback.view_trace",
-        "training.view_modelversion",
+        "serving.view_modelversion",
         "training.view_trainingjob",
     ],
     # Admins get every permission of these apps (see roles_sync) and user management.
     ADMIN: ["auth.view_user", "auth.add_user", "auth.change_user", "auth.view_group", "auth.change_group"],
 }
-ADMIN_APPS = ("feedback", "training")
+ADMIN_APPS = ("serving", "feedback", "training")
 
 # Evaluation and promotion: operators evaluate candidates and request promotions; approvers
 # read the same pages and decide (approve, reject, roll back: `training.approve_promotion`).
 _PROMOTION_READ = [
-    "training.view_modelversion",
+    "serving.view_modelversion",
     "training.view_evaluation",
     "training.view_promotionrequest",
     "training.view_release",
@@ -81,17 +76,12 @@ for _role, _extra in (
 
 
 def roles_sync(*, apps=global_apps, during_migration: bool = False) -> None:
-    """Create the role groups and the extra permissions; add missing permissions.
+    """Create the role groups; add missing permissions.
 
     In the data migration, permissions of models that later migrations create do not exist
     yet (the post_migrate run adds them), so their absence is only worth a debug line."""
     Group = apps.get_model("auth", "Group")
     Permission = apps.get_model("auth", "Permission")
-    ContentType = apps.get_model("contenttypes", "ContentType")
-    for app_label, model, codename, name in EXTRA_PERMISSIONS:
-        ct, _ = ContentType.objects.get_or_create(app_label=app_label, model=model)
-        Permission.objects.get_or_create(content_type=ct, codename=codename, defaults={"name": name})
-
     by_name = {
         f"{app}.{codename}": pk
         for pk, app, codename in Permission.objects.values_list("pk", "content_type__app_label", "codename")

@@ -29,6 +29,7 @@ from datetime import datetime
 
 from django.db import transaction
 from django.db.models import Q
+from django.dispatch import Signal
 
 from feedback.models import (
     Comment,
@@ -178,11 +179,16 @@ def _repoint(model, source_id: int, target_id: int, same: dict[int, int], moved:
         model.objects.filter(message_id__in=moved).update(trace_id=target_id)
 
 
+# Sent inside the merge's transaction, before the source trace is deleted, with
+# `source_id`, `target_id` and `same` (source message id -> conversation's message id), so
+# rows of the apps above this one that point at traces (training items) follow the merge
+# without this app importing them.
+trace_merged = Signal()
+
+
 @transaction.atomic
 def traces_stitch_apply(*, plan: StitchPlan) -> None:
     """Carry out a plan made by `traces_stitch_plan` (on data that has not changed since)."""
-    from training.models import TrainingItem
-
     for fork in plan.forks:
         Trace.objects.filter(id=fork.trace_id).update(forked_from_id=fork.parent_id, forked_at=fork.at)
     touched: set[int] = set()
@@ -199,9 +205,8 @@ def traces_stitch_apply(*, plan: StitchPlan) -> None:
             _repoint(model, source, target, merge.same, moved_ids)
         for old, new in merge.same.items():
             CustomerFeedback.objects.filter(message_id=old).update(message_id=new, trace_id=target)
-            TrainingItem.objects.filter(message_id=old).update(message_id=new, trace_id=target)
         CustomerFeedback.objects.filter(trace_id=source).update(trace_id=target)
-        TrainingItem.objects.filter(trace_id=source).update(trace_id=target)
+        trace_merged.send(sender=Trace, source_id=source, target_id=target, same=merge.same)
         FailureClusterMember.objects.filter(trace_id=source).update(trace_id=target)
         TraceFlag.objects.filter(
             trace_id=source, name__in=TraceFlag.objects.filter(trace_id=target).values("name")

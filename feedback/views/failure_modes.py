@@ -9,7 +9,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from feedback.models import Deployment, FailureCluster
+from feedback.models import FailureCluster
 from feedback.permissions import BROWSE
 from feedback.selectors.failure_modes import failure_mode_runs, flag_counts_by_day, latest_finished_run, run_clusters
 from feedback.services.chat_format import FieldError
@@ -20,6 +20,7 @@ from feedback.services.failure_modes import (
     failure_mode_run_create,
 )
 from feedback.views.common import dashboard_view
+from training.serving.models import Deployment
 
 START_RUN = "feedback.add_failuremoderun"
 DAYS = 14

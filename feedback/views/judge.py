@@ -16,7 +16,7 @@ from django_htmx.http import trigger_client_event
 
 from feedback.judge.client import JudgeNotConfigured
 from feedback.judge.prompts import CURRENT_TURN
-from feedback.models import Deployment, JudgeJob, JudgeResult, JudgeStatus, JudgeTrigger, Message
+from feedback.models import JudgeJob, JudgeResult, JudgeStatus, JudgeTrigger, Message
 from feedback.permissions import BROWSE, can_see_customer_feedback
 from feedback.selectors.judge import (
     agreement_by_version,
@@ -28,6 +28,7 @@ from feedback.services.judge_jobs import judge_job_cancel, judge_job_create
 from feedback.services.judging import JudgeError, judge_request
 from feedback.views.common import dashboard_view, safe_next
 from feedback.views.traces import trace_or_404
+from training.serving.models import Deployment
 
 RUN_JUDGE = "feedback.add_judgejob"
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from feedback.services.capture import TraceDigestCache, exchanges_record
-from feedback.services.deployments import deployment_get_or_create
 from tests.factories import user_with_role
 from tests.feedback.test_capture import answer, exchange
+from training.serving.services import deployment_get_or_create
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from feedback.models import JudgeJob, Trace
-from feedback.services.deployments import deployment_get_or_create
 from feedback.services.ingest import traces_ingest
 from feedback.services.judge_jobs import judge_job_run
 from feedback.services.review import comment_add
@@ -14,6 +13,7 @@ from tests.factories import user_with_role
 from tests.feedback.conftest import TOOLS, tool_conversation
 from tests.fixtures.judge import Reply
 from tests.judge.conftest import VALID_JUDGEMENT
+from training.serving.services import deployment_get_or_create
 from webapp.work import WorkStatus
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 
 from feedback.models import JudgeResult, JudgeStatus, Trace
-from feedback.services.deployments import deployment_get_or_create
 from feedback.services.ingest import traces_ingest
 from feedback.services.judging import judge_run
 from feedback.services.review import comment_add
@@ -15,6 +14,7 @@ from tests.factories import user_with_role
 from tests.feedback.conftest import TOOLS, tool_conversation
 from tests.fixtures.judge import Reply
 from tests.judge.conftest import VALID_JUDGEMENT
+from training.serving.services import deployment_get_or_create
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

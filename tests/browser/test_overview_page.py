@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
 def test_the_overview_shows_each_versions_success_rate_and_the_live_one(open_page, versions, screenshot):  # noqa: F811
-    from training.services.models import live_version_set
+    from training.serving.services import live_version_set
 
     deployment, base_version, candidate = versions
     graded_traces(deployment, base_version, [True, False, False, False])

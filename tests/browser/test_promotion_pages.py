@@ -10,8 +10,8 @@ import pytest
 
 from tests.factories import DeploymentFactory, user_with_role
 from tests.fixtures.adapters import LOOKUP_TOOL
-from training.models import LiveVersion, ModelVersion
 from training.models_promotion import PromotionRequest
+from training.serving.models import LiveVersion, ModelVersion
 from webapp.work import WorkStatus
 
 pytestmark = [pytest.mark.browser, pytest.mark.vllm, pytest.mark.redis, pytest.mark.postgres, pytest.mark.slow]
@@ -37,7 +37,7 @@ def test_request_approve_and_watch_the_release_go_live(
 ):
     from feedback.models import DeploymentJudge
     from training.services.evaluation import evaluation_create
-    from training.services.models import live_version_set, model_version_create
+    from training.serving.services import live_version_set, model_version_create
 
     operator, approver = user_with_role("operator", "olga"), user_with_role("approver", "arno")
     deployment = DeploymentFactory(name="support-bot")

@@ -7,12 +7,12 @@ import re
 import pytest
 
 from feedback.models import Comment, Correction, QueueItem, Trace, TurnRating
-from feedback.services.deployments import deployment_get_or_create
 from feedback.services.flags import trace_flag_set
 from feedback.services.ingest import traces_ingest
 from feedback.services.search import traces_search_index
 from tests.factories import user_with_role
 from tests.feedback.conftest import TOOLS, tool_conversation
+from training.serving.services import deployment_get_or_create
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

@@ -8,11 +8,11 @@ import pytest
 
 from feedback.models import Comment, QueueItem, Trace, TurnRating
 from feedback.selectors.trace_list import traces_filtered
-from feedback.services.deployments import deployment_get_or_create
 from feedback.services.ingest import traces_ingest
 from feedback.services.queues import queue_create
 from tests.factories import user_with_role
 from tests.feedback.conftest import TOOLS, tool_conversation
+from training.serving.services import deployment_get_or_create
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

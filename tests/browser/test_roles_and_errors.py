@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from feedback.services.deployments import deployment_get_or_create
 from feedback.services.ingest import traces_ingest
 from tests.factories import user_with_role
 from tests.feedback.conftest import TOOLS, tool_conversation
+from training.serving.services import deployment_get_or_create
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

@@ -21,8 +21,9 @@ from feedback.models import ApiKey, Comment, DeploymentJudge, JudgeResult, Judge
 from tests.factories import DeploymentFactory, user_with_role
 from tests.fixtures.judge import presented_responses
 from tests.fixtures.worker import celery_worker
-from training.models import LiveVersion, ModelVersion, TrainingJob, TrainingSet
+from training.models import TrainingJob, TrainingSet
 from training.models_promotion import AuditEvent, PromotionRequest, PromotionStatus
+from training.serving.models import LiveVersion, ModelVersion
 from webapp.work import WorkStatus
 
 pytestmark = [pytest.mark.browser, pytest.mark.vllm, pytest.mark.redis, pytest.mark.postgres, pytest.mark.slow]
@@ -91,7 +92,7 @@ def test_the_whole_tour_in_the_browser(
 ):
     from feedback.demo.agent import demo_agent_run
     from feedback.services.api_keys import api_key_create
-    from training.services.models import live_version_set
+    from training.serving.services import live_version_set
 
     judge_server.respond_with(judge_answers)
     settings.DEMO_AGENT_EPISODES = 2

@@ -10,11 +10,11 @@ import pytest
 from playwright.sync_api import expect
 
 from feedback.models import Trace
-from feedback.services.deployments import deployment_get_or_create
 from feedback.services.ingest import traces_ingest
 from feedback.services.search import traces_search_index
 from tests.factories import user_with_role
 from tests.feedback.conftest import TOOLS, tool_conversation
+from training.serving.services import deployment_get_or_create
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

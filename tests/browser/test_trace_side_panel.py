@@ -11,9 +11,9 @@ import pytest
 from feedback.models import JudgeResult, JudgeStatus, JudgeTrigger, Trace
 from feedback.services.capture import TraceDigestCache, exchanges_record
 from feedback.services.customer_feedback import customer_feedback_create
-from feedback.services.deployments import deployment_get_or_create
 from tests.factories import user_with_role
 from tests.feedback.test_capture import answer, exchange
+from training.serving.services import deployment_get_or_create
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

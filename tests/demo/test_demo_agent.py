@@ -17,8 +17,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.postgres]
 
 @pytest.fixture
 def live(transactional_db, tiny_base):
-    from training.models import ModelVersion
-    from training.services.models import live_version_set
+    from training.serving.models import ModelVersion
+    from training.serving.services import live_version_set
 
     deployment = DeploymentFactory(name="support-bot")
     version = ModelVersion.objects.get(name=tiny_base.name)

@@ -171,3 +171,27 @@ def test_stitch_traces_still_joins_gateway_traces_stored_before_they_were_marked
         trace.save(update_fields=["raw"])
     call_command("stitch_traces", "--deployment", "old-agent", "--apply", stdout=StringIO())
     assert Trace.objects.count() == 1
+
+
+def test_stitching_carries_training_items_over_to_the_conversation_and_its_turn():
+    from training.models import TrainingItem, TrainingSet
+
+    deployment = DeploymentFactory(name="old-agent")
+    converse(deployment, "Where is A1?", [lookup("A1"), {"content": "Shipped."}, {"content": "Bye!"}], ["Thanks"])
+    third = Trace.objects.get(messages__response_id="Whe-2")
+    training_set = TrainingSet.objects.create(name="from-traces")
+    on_repeated = TrainingItem.objects.create(
+        training_set=training_set, key="repeated", messages=[], trace=third, message=third.messages.get(position=4)
+    )
+    on_own = TrainingItem.objects.create(
+        training_set=training_set, key="own", messages=[], trace=third, message=third.messages.get(position=6)
+    )
+
+    call_command("stitch_traces", "--deployment", "old-agent", "--apply", stdout=StringIO())
+
+    conversation = Trace.objects.get()
+    on_repeated.refresh_from_db()
+    on_own.refresh_from_db()
+    assert (on_repeated.trace_id, on_repeated.message.trace_id) == (conversation.id, conversation.id)
+    assert (on_repeated.message.position, on_repeated.message.response_id) == (4, "Whe-1")
+    assert (on_own.trace_id, on_own.message.response_id) == (conversation.id, "Whe-2")

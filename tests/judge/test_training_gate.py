@@ -197,7 +197,7 @@ def judged_set(deployment, operator):
 
 @pytest.fixture
 def base_version(db, tmp_path):
-    from training.models import BaseModel, ModelVersion, ModelVersionKind
+    from training.serving.models import BaseModel, ModelVersion, ModelVersionKind
 
     base = BaseModel.objects.create(name="tiny", path=str(tmp_path))
     return ModelVersion.objects.create(

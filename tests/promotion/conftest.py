@@ -48,7 +48,7 @@ def make_adapter_folder(path, *, poison: bool = False):
 
 @pytest.fixture
 def registry(db, tmp_path) -> Registry:
-    from training.services.models import base_model_register, live_version_set, model_version_create
+    from training.serving.services import base_model_register, live_version_set, model_version_create
 
     (tmp_path / "base").mkdir()
     (tmp_path / "base" / "config.json").write_text("{}")

@@ -81,7 +81,7 @@ def test_summary_counts_ties_as_half_a_win():
 def local_registry(db, tiny_model_path, tool_call_adapter_path):
     from tests.factories import DeploymentFactory
     from tests.fixtures.inference import free_port
-    from training.services.models import base_model_register, live_version_set, model_version_create
+    from training.serving.services import base_model_register, live_version_set, model_version_create
 
     base, base_version = base_model_register(
         name="tiny", path=tiny_model_path, inference_url=f"http://127.0.0.1:{free_port()}"

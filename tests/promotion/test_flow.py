@@ -17,8 +17,8 @@ from feedback.models import DeploymentJudge
 from feedback.services.api_keys import api_key_create
 from tests.factories import DeploymentFactory, user_with_role
 from tests.fixtures.adapters import LOOKUP_TOOL
-from training.models import LiveVersion, ModelVersion
 from training.models_promotion import AuditAction, AuditEvent
+from training.serving.models import LiveVersion, ModelVersion
 
 pytestmark = [pytest.mark.vllm, pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]
 
@@ -50,7 +50,7 @@ def people(transactional_db):
 def test_evaluate_approve_deploy_and_roll_back_through_the_gateway(
     vllm_server, tiny_base, tool_call_adapter_path, gateway, deploy_worker, judge_server, people, client
 ):
-    from training.services.models import live_version_set, model_version_create
+    from training.serving.services import live_version_set, model_version_create
 
     operator, approver = people
     deployment = DeploymentFactory(name="support-bot")

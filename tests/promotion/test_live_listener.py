@@ -24,7 +24,7 @@ def _run(coroutine):
 
 
 def test_a_flip_reaches_a_gateway_with_a_long_cache_at_once(tmp_path):
-    from training.services.models import base_model_register, live_version_set, model_version_create
+    from training.serving.services import base_model_register, live_version_set, model_version_create
 
     (tmp_path / "base").mkdir()
     (tmp_path / "base" / "config.json").write_text("{}")

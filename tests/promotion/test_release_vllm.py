@@ -10,10 +10,10 @@ import pytest
 
 from tests.promotion.conftest import evaluation_row
 from training.inference import client
-from training.models import LiveVersion, ModelVersion
 from training.models_promotion import AuditAction, AuditEvent, PromotionStatus, ReleaseStatus
 from training.services.promotion import promotion_approve, promotion_request_create
 from training.services.release import release_run, rollback_request
+from training.serving.models import LiveVersion, ModelVersion
 
 pytestmark = [pytest.mark.vllm, pytest.mark.postgres]
 
@@ -37,7 +37,7 @@ def corrupt_adapter_path(tool_call_adapter_path, tmp_path):
 @pytest.fixture
 def live_base(tiny_base):
     from tests.factories import DeploymentFactory
-    from training.services.models import live_version_set
+    from training.serving.services import live_version_set
 
     deployment = DeploymentFactory(name="support-bot")
     base_version = ModelVersion.objects.get(name=tiny_base.name)
@@ -46,7 +46,7 @@ def live_base(tiny_base):
 
 
 def candidate_version(name, path, tiny_base):
-    from training.services.models import model_version_create
+    from training.serving.services import model_version_create
 
     return model_version_create(
         name=name, base_model=tiny_base, kind="lora", path=path, parent=ModelVersion.objects.get(name=tiny_base.name)

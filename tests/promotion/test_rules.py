@@ -8,7 +8,6 @@ from django.core.exceptions import PermissionDenied
 
 from tests.factories import user_with_role
 from tests.promotion.conftest import evaluation_row
-from training.models import LiveVersion
 from training.models_promotion import AuditAction, AuditEvent, PromotionStatus, Release, ReleaseStatus
 from training.services.promotion import (
     promotion_approve,
@@ -19,6 +18,7 @@ from training.services.promotion import (
 )
 from training.services.promotion_checks import PromotionRefused
 from training.services.release import release_run, rollback_request, rollback_target
+from training.serving.models import LiveVersion
 
 
 def request(registry, user, evaluation, **kwargs):
@@ -93,7 +93,7 @@ def test_a_request_needs_an_evaluation_that_can_still_finish(registry, operator)
 
 def test_an_evaluation_against_an_older_live_version_is_refused(registry, operator, approver, tmp_path):
     from tests.promotion.conftest import make_adapter_folder
-    from training.services.models import live_version_set, model_version_create
+    from training.serving.services import live_version_set, model_version_create
 
     evaluation = evaluation_row(registry.candidate, registry.deployment, registry.base_version)
     promotion = request(registry, operator, evaluation)
@@ -111,7 +111,7 @@ def test_an_evaluation_against_an_older_live_version_is_refused(registry, operat
 
 def test_a_candidate_outside_the_live_lineage_needs_an_explicit_rebase(registry, operator, approver, tmp_path):
     from tests.promotion.conftest import make_adapter_folder
-    from training.services.models import live_version_set, model_version_create
+    from training.serving.services import live_version_set, model_version_create
 
     sibling = model_version_create(
         name="smol-sibling",
@@ -131,7 +131,7 @@ def test_a_candidate_outside_the_live_lineage_needs_an_explicit_rebase(registry,
 
 
 def test_full_checkpoints_are_refused_with_the_way_to_serve_them(registry, operator, tmp_path):
-    from training.services.models import model_version_create
+    from training.serving.services import model_version_create
 
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "config.json").write_text("{}")
@@ -199,7 +199,7 @@ def test_rollback_needs_an_approver_and_a_previous_version(registry, operator, a
         rollback_request(deployment=registry.deployment, user=operator)
     with pytest.raises(PromotionRefused, match="no earlier live version"):
         rollback_request(deployment=registry.deployment, user=approver)
-    from training.services.models import live_version_set
+    from training.serving.services import live_version_set
 
     live_version_set(deployment=registry.deployment, version=registry.candidate)
     assert rollback_target(deployment=registry.deployment) == registry.base_version
@@ -217,7 +217,7 @@ def test_an_adapter_with_non_finite_weights_is_refused_before_it_reaches_the_ser
     registry, operator, approver, tmp_path
 ):
     from tests.promotion.conftest import make_adapter_folder
-    from training.services.models import model_version_create
+    from training.serving.services import model_version_create
 
     diverged = model_version_create(
         name="smol-diverged",
@@ -305,7 +305,7 @@ def test_a_release_no_worker_finished_does_not_block_the_next_one_forever(regist
 
     from django.utils import timezone
 
-    from training.services.models import live_version_set
+    from training.serving.services import live_version_set
 
     live_version_set(deployment=registry.deployment, version=registry.candidate)
     stuck = rollback_request(deployment=registry.deployment, user=approver)
@@ -330,8 +330,8 @@ def test_a_worker_that_resumes_after_its_release_was_failed_as_stale_does_not_ta
     from django.utils import timezone
 
     import training.services.release as release_service
-    from training.services.models import live_version_set
     from training.services.release import releases_fail_stale
+    from training.serving.services import live_version_set
 
     live_version_set(deployment=registry.deployment, version=registry.candidate)
     release = rollback_request(deployment=registry.deployment, user=approver)

@@ -8,7 +8,7 @@ import pytest
 from django.contrib.auth.models import Group, Permission
 
 from tests.factories import UserFactory, user_with_role
-from training.models import BaseModel, ModelVersion, ModelVersionKind, ModelVersionStatus
+from training.serving.models import BaseModel, ModelVersion, ModelVersionKind, ModelVersionStatus
 
 pytestmark = pytest.mark.django_db
 
@@ -37,7 +37,7 @@ def live_base(tmp_path):
 def test_the_serving_fields_cannot_be_changed_in_the_admin(client, staff, live_base):
     base, version = live_base
     response = client.post(
-        f"/admin/training/basemodel/{base.pk}/change/",
+        f"/admin/serving/basemodel/{base.pk}/change/",
         {
             "name": "smol",
             "path": "/tmp/evil",
@@ -48,7 +48,7 @@ def test_the_serving_fields_cannot_be_changed_in_the_admin(client, staff, live_b
     )
     assert response.status_code == 403
     response = client.post(
-        f"/admin/training/modelversion/{version.pk}/change/",
+        f"/admin/serving/modelversion/{version.pk}/change/",
         {
             "name": "smol-v2",
             "base_model": base.pk,
@@ -59,14 +59,14 @@ def test_the_serving_fields_cannot_be_changed_in_the_admin(client, staff, live_b
         },
     )
     assert response.status_code == 403
-    assert client.post("/admin/training/basemodel/add/", {"name": "x", "path": "/tmp/x"}).status_code == 403
-    assert client.post(f"/admin/training/modelversion/{version.pk}/delete/", {"post": "yes"}).status_code == 403
+    assert client.post("/admin/serving/basemodel/add/", {"name": "x", "path": "/tmp/x"}).status_code == 403
+    assert client.post(f"/admin/serving/modelversion/{version.pk}/delete/", {"post": "yes"}).status_code == 403
     base.refresh_from_db()
     version.refresh_from_db()
     assert (base.path, base.inference_url) == (live_base[0].path, "http://127.0.0.1:8001")
     assert (version.path, version.kind) == (live_base[1].path, ModelVersionKind.LORA)
     # Still readable.
-    assert client.get(f"/admin/training/basemodel/{base.pk}/change/").status_code == 200
+    assert client.get(f"/admin/serving/basemodel/{base.pk}/change/").status_code == 200
 
 
 def _user_form(user, **changes) -> dict:

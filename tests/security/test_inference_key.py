@@ -117,7 +117,7 @@ def test_the_gateway_forwards_completions_with_the_servers_key_not_the_clients(t
 def test_a_completion_through_the_gateway_reaches_the_server_with_its_key(gateway, tmp_path):
     from feedback.services.api_keys import api_key_create
     from tests.factories import DeploymentFactory
-    from training.services.models import base_model_register, live_version_set
+    from training.serving.services import base_model_register, live_version_set
 
     server, seen = recording_server(status=200, body=COMPLETION)
     try:
@@ -145,7 +145,7 @@ def test_a_completion_through_the_gateway_reaches_the_server_with_its_key(gatewa
 class TestRolloutUrl:
     @pytest.fixture
     def base_version(self, tmp_path, settings):
-        from training.models import BaseModel, ModelVersion, ModelVersionKind
+        from training.serving.models import BaseModel, ModelVersion, ModelVersionKind
 
         settings.INFERENCE_URL = "http://127.0.0.1:8001"
         settings.INFERENCE_ROLLOUT_URLS = ["http://10.0.0.7:8001/v1"]

@@ -21,7 +21,7 @@ _TASKS = [{"prompt": f"Say something about order A{i}.", "reference": "e", "grad
 @pytest.fixture
 def base_version(tiny_model_dir, settings, tmp_path):
     """The tiny model registered as a live base version, with run folders under tmp_path."""
-    from training.models import BaseModel, ModelVersion, ModelVersionKind
+    from training.serving.models import BaseModel, ModelVersion, ModelVersionKind
 
     settings.TRAINING_DIR = tmp_path / "training"
     settings.MODELS_DIR = tmp_path / "models"

@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from feedback.models import Deployment, Trace, TraceSource
+from feedback.models import Trace, TraceSource
 from tests.factories import user_with_role
-from training.models import BaseModel, JobEventKind, ModelVersion, ModelVersionKind, TrainingJob
+from training.models import JobEventKind, TrainingJob
 from training.services.jobs import JobError, training_job_create
+from training.serving.models import BaseModel, Deployment, ModelVersion, ModelVersionKind
 from webapp.work import WorkStatus
 
 FAST = {

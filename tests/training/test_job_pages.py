@@ -8,8 +8,9 @@ from django.urls import reverse
 
 from tests.factories import UserFactory
 from training.charts import line_chart
-from training.models import BaseModel, JobEventKind, ModelVersion, TrainingJob, TrainingJobEvent
+from training.models import JobEventKind, TrainingJob, TrainingJobEvent
 from training.services.training_sets import training_set_from_tasks
+from training.serving.models import BaseModel, ModelVersion
 from webapp.work import WorkStatus
 
 pytestmark = pytest.mark.django_db

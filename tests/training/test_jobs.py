@@ -9,17 +9,10 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from training.models import (
-    JobEventKind,
-    LiveVersion,
-    ModelVersion,
-    ModelVersionKind,
-    ModelVersionStatus,
-    TrainingJob,
-    TrainingSplit,
-)
+from training.models import JobEventKind, TrainingJob, TrainingSplit
 from training.services.jobs import JobError, training_job_cancel, training_job_create, training_jobs_check_stale
 from training.services.training_sets import split_for, training_set_from_tasks
+from training.serving.models import LiveVersion, ModelVersion, ModelVersionKind, ModelVersionStatus
 from webapp.work import WorkStatus
 
 pytestmark = pytest.mark.django_db

@@ -9,13 +9,8 @@ from django.core.management import call_command
 from django.db import IntegrityError, transaction
 
 from tests.factories import DeploymentFactory, UserFactory
-from training.models import LiveVersion, LiveVersionChange, ModelVersion, ModelVersionStatus
-from training.services.models import (
-    ModelRegistryError,
-    base_model_register,
-    live_version_set,
-    model_version_create,
-)
+from training.serving.models import LiveVersion, LiveVersionChange, ModelVersion, ModelVersionStatus
+from training.serving.services import ModelRegistryError, base_model_register, live_version_set, model_version_create
 
 
 @pytest.fixture

@@ -11,10 +11,15 @@ from types import SimpleNamespace
 import pytest
 from django.core.management import CommandError, call_command
 
-from feedback.services.deployments import deployment_get_or_create
-from training.models import BaseModel, ModelVersion, ModelVersionKind, TrainingJob
+from training.models import TrainingJob
 from training.services.job_runner import _finish
-from training.services.models import ModelRegistryError, base_model_register, live_version_set
+from training.serving.models import BaseModel, ModelVersion, ModelVersionKind
+from training.serving.services import (
+    ModelRegistryError,
+    base_model_register,
+    deployment_get_or_create,
+    live_version_set,
+)
 from webapp.work import WorkStatus
 
 pytestmark = pytest.mark.django_db

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from training.inference import client
 from training.inference.codec import tool_calls_parse
-from training.models import ModelVersion, ModelVersionKind
+from training.serving.models import ModelVersion, ModelVersionKind
 
 
 class GenerationError(RuntimeError):

@@ -29,8 +29,8 @@ from pathlib import Path
 from django.conf import settings
 
 from training.inference import client
-from training.models import BaseModel, ModelVersionKind
-from training.selectors import live_versions_for_base
+from training.serving.models import BaseModel, ModelVersionKind
+from training.serving.selectors import live_versions_for_base
 
 logger = logging.getLogger(__name__)
 

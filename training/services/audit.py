@@ -11,9 +11,8 @@ from typing import Any
 
 from django.utils import timezone
 
-from feedback.models import Deployment
-from training.models import ModelVersion
 from training.models_promotion import AuditEvent, Evaluation, PromotionRequest, Release
+from training.serving.models import Deployment, ModelVersion
 
 
 def audit_record(

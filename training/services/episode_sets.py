@@ -17,11 +17,12 @@ import random
 from collections import defaultdict
 from typing import Any
 
-from feedback.models import Deployment, Message, MessageRole, Trace
+from feedback.models import Message, MessageRole, Trace
 from feedback.selectors.traces import message_as_openai
 from training.environments import environment_get
 from training.models import TrainingItemKind, TrainingSet
 from training.services.training_sets import TrainingSetError, training_set_create
+from training.serving.models import Deployment
 
 MAX_TRACES = 2000
 MAX_VARIANTS = 16

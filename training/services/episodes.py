@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from feedback.models import Deployment, TraceSource, TraceStatus
+from feedback.models import TraceSource, TraceStatus
 from feedback.services.ingest import ItemResult, traces_ingest
 from training.environments.episodes import Episode
+from training.serving.models import Deployment
 
 
 def episode_trace_item(

@@ -19,10 +19,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from feedback.models import Deployment
-from training.models import ModelVersion, ModelVersionKind, ModelVersionStatus
 from training.models_promotion import AuditAction, Evaluation, EvaluationItem, EvaluationItemKind
-from training.selectors import live_version_get
 from training.services.audit import audit_record
 from training.services.evaluation_items import (
     EvaluationError,
@@ -31,6 +28,8 @@ from training.services.evaluation_items import (
     items_from_training_set,
     items_given,
 )
+from training.serving.models import Deployment, ModelVersion, ModelVersionKind, ModelVersionStatus
+from training.serving.selectors import live_version_get
 from webapp.stale_work import stale_work_fail
 from webapp.work import WorkStatus
 

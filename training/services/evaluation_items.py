@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from feedback.models import Deployment, Message, Trace
+from feedback.models import Message, Trace
 from training.models_promotion import EvaluationItemKind
+from training.serving.models import Deployment
 from webapp.errors import Invalid
 
 

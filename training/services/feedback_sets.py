@@ -11,20 +11,12 @@ import json
 from collections import defaultdict
 from typing import Any
 
-from feedback.models import (
-    Comment,
-    Correction,
-    CustomerFeedback,
-    Deployment,
-    JudgeResult,
-    Message,
-    QueueItem,
-    Trace,
-)
+from feedback.models import Comment, Correction, CustomerFeedback, JudgeResult, Message, QueueItem, Trace
 from feedback.models.judge import JudgeStatus
 from feedback.selectors.traces import message_as_openai
 from training.models import CorrectionSource, TrainingItemKind, TrainingSet
 from training.services.training_sets import TrainingSetError, training_set_create
+from training.serving.models import Deployment
 
 MAX_TRACES = 20_000
 

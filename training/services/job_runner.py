@@ -24,13 +24,12 @@ from training.models import (
     PHASE_LABELS,
     JobEventKind,
     JobKind,
-    ModelVersion,
-    ModelVersionKind,
     TrainingItem,
     TrainingJob,
     TrainingJobEvent,
     TrainingSplit,
 )
+from training.serving.models import ModelVersion, ModelVersionKind
 from webapp.work import WorkStatus
 
 log = logging.getLogger(__name__)
@@ -420,7 +419,7 @@ def _register_candidate(job: TrainingJob, export_path: Path | None) -> ModelVers
     pointer is not touched: promotion is a separate, approved step."""
     if export_path is None:
         raise RuntimeError("the job finished without an exported model")
-    from training.services.models import model_folder_claim, model_version_create, model_version_name_free
+    from training.serving.services import model_folder_claim, model_version_create, model_version_name_free
 
     parent = job.base_version
     # The parent's name is cut so the job's own suffix always survives: a long chain of

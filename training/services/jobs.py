@@ -15,13 +15,12 @@ from training.models import (
     CorrectionSource,
     JobEventKind,
     JobKind,
-    ModelVersion,
-    ModelVersionKind,
     TrainingItemKind,
     TrainingJob,
     TrainingJobEvent,
     TrainingSet,
 )
+from training.serving.models import ModelVersion, ModelVersionKind
 from webapp.errors import Invalid
 from webapp.work import WorkStatus
 
@@ -169,7 +168,7 @@ def training_job_create(
 def _trained_on(training_set: TrainingSet | None) -> list:
     """The deployments whose conversations a set's items come from (where an override of the
     settings' judge is audited)."""
-    from feedback.models import Deployment
+    from training.serving.models import Deployment
 
     if training_set is None:
         return []

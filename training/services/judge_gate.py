@@ -12,10 +12,10 @@ from typing import Any
 
 from django.utils import timezone
 
-from feedback.models import Deployment
 from feedback.selectors.judge_gate import judge_training_gate
 from training.models_promotion import AuditAction
 from training.services.audit import audit_record
+from training.serving.models import Deployment
 from webapp.errors import Invalid
 
 OVERRIDE_FIELD = "judge_gate_override_reason"

@@ -12,10 +12,7 @@ from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from feedback.models import Deployment
-from training.models import ModelVersion
 from training.models_promotion import AuditAction, Evaluation, PromotionRequest, PromotionStatus, Release
-from training.selectors import live_version_get
 from training.services.audit import audit_record
 from training.services.promotion_checks import (
     APPROVE,
@@ -34,6 +31,8 @@ from training.services.promotion_checks import (
     raise_first_unmet,
     snapshot,
 )
+from training.serving.models import Deployment, ModelVersion
+from training.serving.selectors import live_version_get
 from webapp.work import WorkStatus
 
 # Request -------------------------------------------------------------------------------

@@ -8,9 +8,8 @@ from typing import Any
 
 from django.utils import timezone
 
-from feedback.models import Deployment
-from training.models import ModelVersion, ModelVersionKind, ModelVersionStatus
 from training.models_promotion import ACTIVE_RELEASE_STATUSES, Evaluation, Release
+from training.serving.models import Deployment, ModelVersion, ModelVersionKind, ModelVersionStatus
 from webapp.errors import Conflict
 from webapp.work import WorkStatus
 

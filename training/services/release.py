@@ -23,9 +23,7 @@ from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from feedback.models import Deployment
 from training.inference import client
-from training.models import LiveVersion, LiveVersionChange, ModelVersion, ModelVersionKind, ModelVersionStatus
 from training.models_promotion import (
     ACTIVE_RELEASE_STATUSES,
     AuditAction,
@@ -36,8 +34,16 @@ from training.models_promotion import (
     ReleaseStatus,
 )
 from training.services.audit import audit_record
-from training.services.models import ModelRegistryError, live_version_set
 from training.services.promotion_checks import APPROVE, Precondition, PromotionRefused, raise_first_unmet
+from training.serving.models import (
+    Deployment,
+    LiveVersion,
+    LiveVersionChange,
+    ModelVersion,
+    ModelVersionKind,
+    ModelVersionStatus,
+)
+from training.serving.services import ModelRegistryError, live_version_set
 
 logger = logging.getLogger(__name__)
 

@@ -150,3 +150,11 @@ def training_set_from_tasks(
         deployment=deployment,
         selection={"kind": "tasks"},
     )
+
+
+def training_items_follow_merge(*, source_id: int, target_id: int, same: dict[int, int], **_signal) -> None:
+    """A stitched trace's items move to the conversation's trace, those of a repeated turn
+    to the conversation's copy of that turn (receiver of feedback's `trace_merged`)."""
+    for old, new in same.items():
+        TrainingItem.objects.filter(message_id=old).update(message_id=new, trace_id=target_id)
+    TrainingItem.objects.filter(trace_id=source_id).update(trace_id=target_id)

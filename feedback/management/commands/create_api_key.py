@@ -7,7 +7,7 @@ from django.utils import timezone
 
 from feedback.models import ApiKeyScope
 from feedback.services.api_keys import api_key_create
-from feedback.services.deployments import deployment_get_or_create
+from training.serving.services import deployment_get_or_create
 
 
 class Command(BaseCommand):

@@ -4,8 +4,8 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
-from feedback.services.deployments import deployment_get_or_create
 from feedback.services.jsonl import traces_import_jsonl
+from training.serving.services import deployment_get_or_create
 
 
 class Command(BaseCommand):

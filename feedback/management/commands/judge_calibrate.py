@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from feedback.judge.client import JudgeNotConfigured
-from feedback.models import Deployment
+from training.serving.models import Deployment
 
 
 class Command(BaseCommand):

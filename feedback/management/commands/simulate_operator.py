@@ -5,7 +5,8 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from feedback.demo.operator import SIMULATED_OPERATOR, simulated_operator_review
-from feedback.models import Deployment, Trace
+from feedback.models import Trace
+from training.serving.models import Deployment
 
 
 class Command(BaseCommand):

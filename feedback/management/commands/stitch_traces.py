@@ -3,8 +3,8 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 from django.utils.dateparse import parse_datetime
 
-from feedback.models import Deployment
 from feedback.services.stitching_backfill import traces_stitch_apply, traces_stitch_plan
+from training.serving.models import Deployment
 
 
 class Command(BaseCommand):

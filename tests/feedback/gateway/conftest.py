@@ -19,8 +19,8 @@ def api_key(deployment) -> str:
 @pytest.fixture
 def base_live(deployment, tiny_base):
     """The deployment serves the tiny base weights."""
-    from training.models import ModelVersion
-    from training.services.models import live_version_set
+    from training.serving.models import ModelVersion
+    from training.serving.services import live_version_set
 
     version = ModelVersion.objects.get(name=tiny_base.name)
     live_version_set(deployment=deployment, version=version)
@@ -31,8 +31,8 @@ def base_live(deployment, tiny_base):
 def tool_call_version(tiny_base, tool_call_adapter_path, vllm_server):
     """A LoRA version (answers every prompt with a lookup_order tool call), loaded in the server."""
     from training.inference import client
-    from training.models import ModelVersion
-    from training.services.models import model_version_create
+    from training.serving.models import ModelVersion
+    from training.serving.services import model_version_create
 
     version = model_version_create(
         name="tiny-tool-caller",

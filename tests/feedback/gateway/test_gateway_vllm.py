@@ -27,7 +27,7 @@ def trace_messages(external_id: str) -> list[Message]:
 def test_tool_call_conversation_through_the_gateway_is_one_trace_in_order(
     gateway, openai_client, deployment, tool_call_version
 ):
-    from training.services.models import live_version_set
+    from training.serving.services import live_version_set
 
     live_version_set(deployment=deployment, version=tool_call_version)
     headers = {"X-Practicum-Trace-Id": "conv-42"}
@@ -166,7 +166,7 @@ def test_models_lists_the_live_version(gateway, openai_client, base_live):
 def test_switching_the_live_version_changes_the_weights_without_a_restart(
     gateway, openai_client, deployment, base_live, tool_call_version, vllm_server
 ):
-    from training.services.models import live_version_set
+    from training.serving.services import live_version_set
 
     pid = vllm_server.server.process.pid
     ask = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 30, "temperature": 0}

@@ -5,10 +5,10 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from feedback.services.deployments import deployment_get_or_create
-from training.services.models import (
+from training.serving.services import (
     ModelRegistryError,
     base_model_register,
+    deployment_get_or_create,
     live_version_set,
     registered_folder_owner,
 )

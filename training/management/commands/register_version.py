@@ -4,8 +4,8 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from training.models import BaseModel, ModelVersion, ModelVersionKind
-from training.services.models import ModelRegistryError, model_version_create
+from training.serving.models import BaseModel, ModelVersion, ModelVersionKind
+from training.serving.services import ModelRegistryError, model_version_create
 
 
 class Command(BaseCommand):

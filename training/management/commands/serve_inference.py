@@ -5,7 +5,7 @@ import logging
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from training.models import BaseModel
+from training.serving.models import BaseModel
 
 
 class Command(BaseCommand):

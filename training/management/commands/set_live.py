@@ -2,10 +2,9 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from feedback.services.deployments import deployment_get_or_create
 from training.inference import client
-from training.models import ModelVersion, ModelVersionKind
-from training.services.models import ModelRegistryError, live_version_set
+from training.serving.models import ModelVersion, ModelVersionKind
+from training.serving.services import ModelRegistryError, deployment_get_or_create, live_version_set
 
 
 class Command(BaseCommand):

@@ -4,7 +4,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand, CommandError
 
-from feedback.services.deployments import deployment_get_or_create
+from training.serving.services import deployment_get_or_create
 
 DEMO_USERS = [
     # username, password, staff, role group
@@ -41,8 +41,8 @@ class Command(BaseCommand):
         self.stdout.write("demo deployment 'support-bot' and logins operator, approver, reviewer, admin are ready")
 
     def _serve(self, deployment, base_name: str) -> None:
-        from training.models import LiveVersion, ModelVersion, ModelVersionKind
-        from training.services.models import live_version_set
+        from training.serving.models import LiveVersion, ModelVersion, ModelVersionKind
+        from training.serving.services import live_version_set
 
         version = ModelVersion.objects.filter(name=base_name, kind=ModelVersionKind.BASE).first()
         if version is None:

@@ -1,4 +1,4 @@
-"""Base models, model versions and the live pointer.
+"""Deployments, base models, model versions and the live pointer.
 
 Flipping the live pointer is one small transaction (`live_version_set`): the LiveVersion row
 (primary key = deployment) is updated or created, the version statuses follow, and an audit
@@ -18,9 +18,9 @@ from django.core.validators import validate_slug
 from django.db import connection, transaction
 from django.utils import timezone
 
-from feedback.models import Deployment
-from training.models import (
+from training.serving.models import (
     BaseModel,
+    Deployment,
     LiveVersion,
     LiveVersionChange,
     ModelVersion,
@@ -44,6 +44,15 @@ def live_version_announce(*, deployment_id: int) -> None:
 
 class ModelRegistryError(Invalid, ValueError):
     """A model or version cannot be registered as asked; the message says why."""
+
+
+def deployment_get_or_create(*, name: str, description: str = "") -> Deployment:
+    try:
+        validate_slug(name)
+    except ValidationError as exc:
+        raise ValueError(f"deployment name {name!r}: use letters, digits, '-' and '_' only") from exc
+    deployment, _ = Deployment.objects.get_or_create(name=name, defaults={"description": description})
+    return deployment
 
 
 def _slug(value: str, what: str) -> str:
