@@ -16,8 +16,9 @@ from django.db import close_old_connections
 from feedback.services.api_keys import api_key_create
 from tests.factories import DeploymentFactory
 from training.finetuning.models import FineTuningFile, FineTuningJob
-from training.models import ModelVersion, TrainingItem, TrainingJob, TrainingSet
+from training.models import TrainingItem, TrainingJob, TrainingSet
 from training.services.job_runner import training_job_run
+from training.serving.models import ModelVersion
 from webapp.work import WorkStatus
 
 pytestmark = pytest.mark.django_db

@@ -25,9 +25,10 @@ from feedback.models import ApiKey
 from training.finetuning.models import FineTuningFile, FineTuningJob
 from training.grpo import openai_graders
 from training.inference.codec import message_served_text
-from training.models import JobEventKind, JobKind, ModelVersion, TrainingItemKind, TrainingJob, TrainingJobEvent
+from training.models import JobEventKind, JobKind, TrainingItemKind, TrainingJob, TrainingJobEvent
 from training.services.jobs import JobError, training_job_cancel, training_job_create
 from training.services.training_sets import TrainingSetError, training_set_create
+from training.serving.models import ModelVersion
 from webapp.errors import Invalid, NotFound
 
 PURPOSE = "fine-tune"
