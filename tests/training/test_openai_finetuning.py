@@ -261,6 +261,9 @@ def test_a_job_can_be_cancelled_before_it_starts_and_not_after_it_ends(
             "method.reinforcement.grader.calculate_output",
         ),
         ({"seed": -1}, "seed"),
+        ({"model": "tiny\x00base"}, "model"),
+        ({"suffix": "a\x00"}, "suffix"),
+        ({"metadata": {"k": "\x00"}}, "metadata"),
         ({"metadata": {"k": 3}}, "metadata"),
         ({"integrations": [{"type": "wandb"}]}, "integrations"),
     ],
@@ -297,6 +300,15 @@ def test_a_file_whose_lines_cannot_train_is_refused_by_line(sdk, base_version, l
             model="tiny-base", training_file=upload.id, **({"method": method} if method else {})
         )
     assert refused.value.body["param"] == "training_file" and reason in refused.value.body["message"]
+
+
+def test_a_nul_escaped_in_a_line_is_stored_as_a_replacement_character(sdk, base_version):
+    line = {"messages": [{"role": "user", "content": "hi\u0000"}, {"role": "assistant", "content": "ok\u0000"}]}
+    upload = sdk.files.create(file=("nul\x00.jsonl", json.dumps(line).encode()), purpose="fine-tune")
+    assert "\x00" not in sdk.files.retrieve(upload.id).filename
+    job = sdk.fine_tuning.jobs.create(model="tiny-base", training_file=upload.id)
+    (item,) = TrainingItem.objects.filter(training_set=TrainingJob.objects.get(pk=int(job.id[6:])).training_set)
+    assert item.corrected_response == "ok\ufffd" and item.messages[0]["content"] == "hi\ufffd"
 
 
 def test_keys_see_their_own_deployment_and_need_the_train_scope(sdk, base_version, deployment):

@@ -22,6 +22,7 @@ from django.db.models.fields.json import KeyTextTransform
 from django.utils import timezone
 
 from feedback.models import ApiKey
+from feedback.services.ingest import strip_nul
 from training.finetuning.models import FineTuningFile, FineTuningJob
 from training.grpo import openai_graders
 from training.inference.codec import message_served_text
@@ -52,6 +53,14 @@ class FineTuningNotFound(NotFound):
     pass
 
 
+def _name(value: Any, field: str, limit: int = 120) -> str:
+    """An id or name from a request, refused before it reaches a query (the database
+    cannot hold a NUL, and nothing here is longer than `limit`)."""
+    if not isinstance(value, str) or not value or len(value) > limit or "\x00" in value:
+        raise FineTuningError([(field, f"must be an id or name of at most {limit} characters")])
+    return value
+
+
 def _visible_files(api_key: ApiKey):
     return FineTuningFile.objects.filter(api_key__deployment=api_key.deployment, deleted_at__isnull=True)
 
@@ -70,14 +79,18 @@ def file_create(*, api_key: ApiKey, filename: str, purpose: str, data: bytes) ->
     if "\x00" in text:
         raise FineTuningError([("file", "must be UTF-8 JSONL (it holds a NUL character)")])
     return FineTuningFile.objects.create(
-        api_key=api_key, filename=(filename or "upload.jsonl")[:255], purpose=purpose, content=text, bytes=len(data)
+        api_key=api_key,
+        filename=strip_nul(filename or "upload.jsonl")[:255],
+        purpose=purpose,
+        content=text,
+        bytes=len(data),
     )
 
 
 def files_list(*, api_key: ApiKey, purpose: str | None = None, after: str | None = None, limit: int = 100):
     files = _visible_files(api_key).order_by("-created_at", "-id")
     if purpose:
-        files = files.filter(purpose=purpose)
+        files = files.filter(purpose=_name(purpose, "purpose"))
     if after:
         anchor = file_get(api_key=api_key, file_id=after, field="after")
         files = files.filter(Q(created_at__lt=anchor.created_at) | Q(created_at=anchor.created_at, id__lt=anchor.id))
@@ -85,7 +98,7 @@ def files_list(*, api_key: ApiKey, purpose: str | None = None, after: str | None
 
 
 def file_get(*, api_key: ApiKey, file_id: str, field: str = "file_id") -> FineTuningFile:
-    found = _visible_files(api_key).filter(pk=file_id).first()
+    found = _visible_files(api_key).filter(pk=_name(file_id, field)).first()
     if found is None and field != "file_id":  # named in a body or a query: a bad request
         raise FineTuningError([(field, f"no file {file_id!r}")])
     if found is None:
@@ -121,7 +134,7 @@ def _lines(upload: FineTuningFile, field: str) -> list[tuple[int, dict[str, Any]
             errors.append((field, f"line {number} is not JSON"))
         else:
             if isinstance(row, dict):
-                rows.append((number, row))
+                rows.append((number, strip_nul(row)))  # a "\u0000" escape: the store holds no NUL
             else:
                 errors.append((field, f"line {number} must be a JSON object"))
         if len(errors) >= MAX_LINE_ERRORS:
@@ -252,7 +265,7 @@ def _method(method: Any, hyperparameters: Any) -> Plan:
         raise FineTuningError([(f"method.{kind}.hyperparameters", "must be an object")])
     grader = None
     if kind == "reinforcement":
-        grader = body.get("grader")
+        grader = strip_nul(body.get("grader"))
         try:
             openai_graders.spec_validate(grader, field="method.reinforcement.grader")
         except openai_graders.GraderSpecError as exc:
@@ -308,6 +321,7 @@ def _config(plan: Plan, *, train_count: int, has_validation: bool, seed: int) ->
 def _version(api_key: ApiKey, name: Any) -> ModelVersion:
     if not isinstance(name, str) or not name:
         raise FineTuningError([("model", "name a model version (GET /api/v1/models lists them)")])
+    _name(name, "model")
     version = (
         ModelVersion.objects.select_related("base_model")
         .filter(name=name)
@@ -322,7 +336,7 @@ def _version(api_key: ApiKey, name: Any) -> ModelVersion:
 def _text(value: Any, field: str, limit: int) -> str:
     if value is None:
         return ""
-    if not isinstance(value, str) or len(value) > limit:
+    if not isinstance(value, str) or len(value) > limit or "\x00" in value:
         raise FineTuningError([(field, f"must be a string of at most {limit} characters")])
     return value
 
@@ -332,7 +346,8 @@ def _metadata(value: Any) -> dict[str, str]:
         return {}
     good = isinstance(value, dict) and len(value) <= 16
     good = good and all(
-        isinstance(k, str) and len(k) <= 64 and isinstance(v, str) and len(v) <= 512 for k, v in value.items()
+        isinstance(k, str) and len(k) <= 64 and isinstance(v, str) and len(v) <= 512 and "\x00" not in k + v
+        for k, v in value.items()
     )
     if not good:
         raise FineTuningError([("metadata", "at most 16 string keys (64 characters) and values (512)")])
@@ -452,6 +467,7 @@ def fine_tuning_jobs_list(
     *, api_key: ApiKey, after: str | None = None, limit: int = 20, metadata: dict[str, str] | None = None
 ):
     jobs = _jobs(api_key).order_by("-job_id")
+    metadata = _metadata(metadata or None)
     if after:
         jobs = jobs.filter(job_id__lt=fine_tuning_job_get(api_key=api_key, job_id=after, field="after").job_id)
     for n, (key, value) in enumerate((metadata or {}).items()):
