@@ -6,6 +6,7 @@ urlpatterns = [
     path("traces", apis.TraceIngestApi.as_view(), name="api-trace-ingest"),
     path("traces/<int:trace_id>", apis.TraceDetailApi.as_view(), name="api-trace-detail"),
     path("traces/export.jsonl", apis.TraceExportApi.as_view(), name="api-trace-export"),
+    path("traces/export.parquet", apis.TraceExportParquetApi.as_view(), name="api-trace-export-parquet"),
     path("traces/<int:trace_id>/comments", apis_review.TraceCommentsApi.as_view(), name="api-trace-comments"),
     path("traces/<int:trace_id>/ratings", apis_review.TraceRatingsApi.as_view(), name="api-trace-ratings"),
     # OTLP/HTTP's fixed path under the exporter's OTEL_EXPORTER_OTLP_ENDPOINT (…/api/v1/otel).

@@ -7,7 +7,7 @@ from datetime import timedelta
 import orjson
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.http import StreamingHttpResponse
+from django.http import FileResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
@@ -28,9 +28,9 @@ from feedback.services.customer_feedback import (
     feedback_target_find,
 )
 from feedback.services.ingest import traces_ingest
-from feedback.services.jsonl import traces_jsonl_lines
+from feedback.services.jsonl import traces_jsonl_lines, traces_parquet
 from webapp.api_errors import error_response, limit_param
-from webapp.streaming import streamed
+from webapp.streaming import PARQUET, streamed
 
 _message_schema = inline_serializer(
     "ChatMessage",
@@ -123,6 +123,31 @@ class TraceExportApi(APIView):
         response = StreamingHttpResponse(streamed(lines), content_type="application/x-ndjson")
         response["Content-Disposition"] = 'attachment; filename="traces.jsonl"'
         return response
+
+
+class TraceExportParquetApi(APIView):
+    """The same filtered traces as one Parquet file (`messages` as a list of structs, `tools`
+    as JSON text, `trace_id`, `external_id`): for pandas, DuckDB and `datasets`."""
+
+    permission_classes = [scope_required(ApiKeyScope.READ)]
+
+    @extend_schema(
+        operation_id="v1_traces_export_parquet",
+        parameters=[
+            OpenApiParameter(name, type=kind, description=text, required=False)
+            for name, kind, text in TRACE_LIST_PARAMETERS
+            if name not in ("after", "limit")
+        ]
+        + [OpenApiParameter("limit", int, description=f"at most this many traces (1-{EXPORT_MAX})")],
+        responses={200: OpenApiResponse(description="application/vnd.apache.parquet")},
+    )
+    def get(self, request):
+        filters = _list_filters(request)
+        if isinstance(filters, Response):
+            return filters
+        limit = limit_param(request.query_params, default=EXPORT_MAX, maximum=EXPORT_MAX)
+        data = traces_parquet(traces=traces_filtered(filters), limit=limit)
+        return FileResponse(data, as_attachment=True, filename="traces.parquet", content_type=PARQUET)
 
 
 def _trace_summary(row: dict, request) -> dict:

@@ -24,4 +24,9 @@ urlpatterns = [
     path(
         "training-sets/<int:set_id>/items.jsonl", apis_sets.TrainingSetItemsApi.as_view(), name="api-training-set-items"
     ),
+    path(
+        "training-sets/<int:set_id>/items.parquet",
+        apis_sets.TrainingSetItemsParquetApi.as_view(),
+        name="api-training-set-items-parquet",
+    ),
 ]

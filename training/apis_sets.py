@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 from django.db import IntegrityError
-from django.http import StreamingHttpResponse
+from django.http import FileResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
@@ -26,7 +26,8 @@ from training.models import TrainingItem, TrainingSet, TrainingSplit
 from training.services.training_sets import ITEM_FIELDS as STORED_ITEM_FIELDS
 from training.services.training_sets import TrainingSetError
 from webapp.api_errors import error_response
-from webapp.streaming import streamed
+from webapp.errors import Invalid
+from webapp.streaming import PARQUET, streamed
 
 VIEW_SETS = "training.view_trainingset"
 BUILD_SETS = "training.add_trainingset"
@@ -111,6 +112,28 @@ class TrainingSetDetailApi(PersonApi):
         return Response(set_as_dict(get_object_or_404(TrainingSet, pk=set_id)))
 
 
+ITEMS_PARAMETERS = [
+    OpenApiParameter("as", str, enum=["items", "chat"], description="items (default) or chat"),
+    OpenApiParameter("split", str, enum=["train", "heldout"], description="only this split"),
+]
+# Each item field's Parquet column (`messages` has its own fixed type).
+ITEM_COLUMNS = {
+    "kind": "text",
+    "key": "text",
+    "tools": "json",
+    "rubric": "json",
+    "feedback": "text",
+    "logged_response": "json",
+    "reward": "float",
+    "corrected_response": "text",
+    "correction_source": "text",
+    "reference": "text",
+    "grader": "text",
+    "provenance": "json",
+    "split": "text",
+}
+
+
 class TrainingSetItemsApi(PersonApi):
     """The set's items as JSONL, streamed: every field (`as=items`, the default), or the
     OpenAI chat fine-tuning format (`as=chat`: each context with its corrected response
@@ -120,31 +143,56 @@ class TrainingSetItemsApi(PersonApi):
 
     @extend_schema(
         operation_id="v1_training_sets_items_jsonl",
-        parameters=[
-            OpenApiParameter("as", str, enum=["items", "chat"], description="items (default) or chat"),
-            OpenApiParameter("split", str, enum=["train", "heldout"], description="only this split"),
-        ],
+        parameters=ITEMS_PARAMETERS,
         responses={200: OpenApiResponse(description="application/x-ndjson")},
     )
     def get(self, request, set_id: int):
-        training_set = get_object_or_404(TrainingSet, pk=set_id)
-        kind = request.query_params.get("as") or "items"
-        if kind not in ("items", "chat"):
-            return error_response(400, "as", "items or chat")
-        split = request.query_params.get("split") or ""
-        if split and split not in TrainingSplit.values:
-            return error_response(400, "split", f"one of {', '.join(TrainingSplit.values)}")
-        items = TrainingItem.objects.filter(training_set=training_set)
-        if split:
-            items = items.filter(split=split)
-        if kind == "chat":
-            items = items.exclude(corrected_response="")
+        training_set, items, kind = _items_asked(request, set_id)
         response = StreamingHttpResponse(streamed(_lines(items, kind)), content_type="application/x-ndjson")
         response["Content-Disposition"] = f'attachment; filename="{training_set.name}-v{training_set.version}.jsonl"'
         return response
 
 
-def _lines(items, kind: str) -> Iterator[bytes]:
+class TrainingSetItemsParquetApi(PersonApi):
+    """The same rows as one Parquet file (`webapp.parquet`: `messages` as a list of structs,
+    free-form fields as JSON text)."""
+
+    permission_classes = [IsAuthenticated, needs(VIEW_SETS)]
+
+    @extend_schema(
+        operation_id="v1_training_sets_items_parquet",
+        parameters=ITEMS_PARAMETERS,
+        responses={200: OpenApiResponse(description="application/vnd.apache.parquet")},
+    )
+    def get(self, request, set_id: int):
+        from webapp.parquet import parquet_file
+
+        training_set, items, kind = _items_asked(request, set_id)
+        columns = {"tools": "json"} if kind == "chat" else ITEM_COLUMNS
+        data = parquet_file(_rows(items, kind), columns=columns)
+        name = f"{training_set.name}-v{training_set.version}.parquet"
+        return FileResponse(data, as_attachment=True, filename=name, content_type=PARQUET)
+
+
+def _items_asked(request, set_id: int):
+    """The set, its items under the request's `as` and `split`, and the `as` kind; a bad
+    value is a 400 naming it."""
+    training_set = get_object_or_404(TrainingSet, pk=set_id)
+    kind = request.query_params.get("as") or "items"
+    if kind not in ("items", "chat"):
+        raise Invalid("items or chat", field="as")
+    split = request.query_params.get("split") or ""
+    if split and split not in TrainingSplit.values:
+        raise Invalid(f"one of {', '.join(TrainingSplit.values)}", field="split")
+    items = TrainingItem.objects.filter(training_set=training_set)
+    if split:
+        items = items.filter(split=split)
+    if kind == "chat":
+        items = items.exclude(corrected_response="")
+    return training_set, items, kind
+
+
+def _rows(items, kind: str) -> Iterator[dict[str, Any]]:
     last = 0
     while True:
         chunk = list(items.filter(pk__gt=last).order_by("pk").values("pk", *ITEM_FIELDS)[:500])
@@ -158,6 +206,11 @@ def _lines(items, kind: str) -> Iterator[bytes]:
                 }
                 if row["tools"]:
                     line["tools"] = row["tools"]
+                yield line
             else:
-                line = {k: row[k] for k in ITEM_FIELDS}
-            yield orjson.dumps(line) + b"\n"
+                yield {k: row[k] for k in ITEM_FIELDS}
+
+
+def _lines(items, kind: str) -> Iterator[bytes]:
+    for row in _rows(items, kind):
+        yield orjson.dumps(row) + b"\n"

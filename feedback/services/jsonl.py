@@ -73,13 +73,30 @@ def traces_export_jsonl(*, traces: Any, stream: IO[bytes], chunk_size: int = 500
     return n
 
 
-def traces_jsonl_lines(*, traces: Any, limit: int | None = None, chunk_size: int = 500) -> Iterator[bytes]:
-    """Each trace (in id order, at most `limit`) as one line of the OpenAI chat fine-tuning
+def traces_chat_rows(*, traces: Any, limit: int | None = None, chunk_size: int = 500) -> Iterator[tuple[Trace, dict]]:
+    """Each trace (in id order, at most `limit`) with its row of the OpenAI chat fine-tuning
     format, read a chunk at a time so an export of any size holds one chunk in memory."""
     for n, trace in enumerate(_iter_with_messages(traces, chunk_size)):
         if limit is not None and n >= limit:
             return
-        yield orjson.dumps(trace_as_chat_jsonl_row(trace)) + b"\n"
+        yield trace, trace_as_chat_jsonl_row(trace)
+
+
+def traces_jsonl_lines(*, traces: Any, limit: int | None = None, chunk_size: int = 500) -> Iterator[bytes]:
+    """`traces_chat_rows` as JSONL lines."""
+    for _, row in traces_chat_rows(traces=traces, limit=limit, chunk_size=chunk_size):
+        yield orjson.dumps(row) + b"\n"
+
+
+def traces_parquet(*, traces: Any, limit: int | None = None) -> IO[bytes]:
+    """The same rows as Parquet (`webapp.parquet`), with each trace's id and external id."""
+    from webapp.parquet import parquet_file
+
+    rows = (
+        {**row, "trace_id": trace.pk, "external_id": trace.external_id}
+        for trace, row in traces_chat_rows(traces=traces, limit=limit)
+    )
+    return parquet_file(rows, columns={"tools": "json", "trace_id": "int", "external_id": "text"})
 
 
 def _iter_with_messages(traces: Any, chunk_size: int) -> Iterator[Trace]:

@@ -175,3 +175,54 @@ def test_a_download_that_fails_midway_ends_with_an_error_line(client, traces, in
     lines = _body(client.get(f"{URL}/export.jsonl", HTTP_AUTHORIZATION=f"Bearer {ingest_key}")).splitlines()
 
     assert json.loads(lines[-1]) == {"error": "the download stopped: RuntimeError"} and len(lines) == 2
+
+
+def _parquet(response):
+    import io
+
+    import pyarrow.parquet as pq
+
+    return pq.read_table(io.BytesIO(b"".join(response.streaming_content)))
+
+
+def test_the_filtered_list_downloads_as_parquet_with_the_jsonl_rows(client, traces, ingest_key):
+    import json
+
+    tool = {"type": "function", "function": {"name": "lookup_order", "parameters": {"type": "object"}}}
+    traces[0].tools = [tool]
+    traces[0].save(update_fields=["tools"])
+    for trace in traces:
+        MessageFactory(trace=trace, position=0, role="user", content=f"Where is {trace.external_id}?")
+        MessageFactory(
+            trace=trace,
+            position=1,
+            role="assistant",
+            content="",
+            tool_calls=[{"id": "c1", "type": "function", "function": {"name": "lookup_order", "arguments": "{}"}}],
+        )
+        MessageFactory(trace=trace, position=2, role="tool", content="<script>x</script>", tool_call_id="c1")
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {ingest_key}"}
+
+    answer = client.get(f"{URL}/export.parquet", {"environment": "support-desk"}, **auth)
+
+    assert answer.status_code == 200 and answer["Content-Type"] == "application/vnd.apache.parquet"
+    table = _parquet(answer)
+    jsonl = [
+        json.loads(x)
+        for x in _body(client.get(f"{URL}/export.jsonl", {"environment": "support-desk"}, **auth)).splitlines()
+    ]
+    rows = table.to_pylist()
+    assert [r["external_id"] for r in rows] == ["run-1", "run-3", "run-5"]
+    for row, line in zip(rows, jsonl, strict=True):
+        # The same messages as the JSONL line; a field a message lacks is a null.
+        def present(messages):
+            return [{k: v for k, v in m.items() if v is not None} for m in messages]
+
+        assert present(row["messages"]) == present(line["messages"])
+        assert (json.loads(row["tools"]) if row["tools"] else None) == line.get("tools")
+    assert rows[0]["messages"][1]["tool_calls"][0]["function"] == {"name": "lookup_order", "arguments": "{}"}
+    assert client.get(f"{URL}/export.parquet", {"limit": 2}, **auth).status_code == 200
+    assert _parquet(client.get(f"{URL}/export.parquet", {"limit": 2}, **auth)).num_rows == 2
+    assert _parquet(client.get(f"{URL}/export.parquet", {"environment": "nowhere"}, **auth)).num_rows == 0
+    bad = client.get(f"{URL}/export.parquet", {"status": "sideways"}, **auth)
+    assert bad.status_code == 400 and bad.json()["errors"][0]["field"] == "status"

@@ -116,3 +116,37 @@ def test_a_misspelt_or_empty_filter_is_refused_not_read_as_any(client, commented
 
     assert typo.status_code == 400 and typo.json()["errors"][0]["field"] == "filters.commment"
     assert not TrainingSet.objects.exists()
+
+
+def test_a_set_downloads_as_parquet_with_every_field_or_as_chat(client, commented):
+    import io
+
+    import pyarrow.parquet as pq
+
+    from training.apis_sets import ITEM_COLUMNS, ITEM_FIELDS
+
+    assert set(ITEM_COLUMNS) == set(ITEM_FIELDS) - {"messages"}  # every field has its column
+    client.force_login(user_with_role("operator", "olga"))
+    built = client.post(
+        "/api/v1/training-sets",
+        {"name": "support", "filters": {"comment": "yes"}, "heldout_fraction": 0},
+        content_type="application/json",
+    ).json()
+    url = f"/api/v1/training-sets/{built['id']}"
+
+    def table(**params):
+        answer = client.get(f"{url}/items.parquet", params)
+        assert answer.status_code == 200 and answer["Content-Type"] == "application/vnd.apache.parquet"
+        return pq.read_table(io.BytesIO(b"".join(answer.streaming_content))).to_pylist()
+
+    items = table()
+    lines = [json.loads(x) for x in body(client.get(f"{url}/items.jsonl")).splitlines()]
+    assert [(r["key"], r["split"], r["feedback"]) for r in items] == [
+        (x["key"], x["split"], x["feedback"]) for x in lines
+    ]
+    assert json.loads(items[0]["provenance"]) == lines[0]["provenance"]
+    chat = table(**{"as": "chat"})
+    assert [m["content"] for m in chat[0]["messages"]][-1] == "It shipped on Monday."
+    assert json.loads(chat[0]["tools"]) == [{"type": "function", "function": {"name": "lookup"}}]
+    assert table(split="heldout") == []
+    assert client.get(f"{url}/items.parquet", {"as": "csv"}).json()["errors"][0]["field"] == "as"
