@@ -35,6 +35,7 @@ from training.grpo.common import (
     batch_for_step,
     checkpoint_save,
     finite_check,
+    micro_batches,
     result_close,
     setup_torch,
     step_close,
@@ -439,10 +440,9 @@ def episode_loss_backward(
     device = policy.device
     total_loss = 0.0
     kl_sum = kl_tokens = 0.0
-    for start in range(0, len(batch.sequences), micro_batch):
-        seqs = batch.sequences[start : start + micro_batch]
-        masks = batch.masks[start : start + micro_batch]
-        adv = advantages[start : start + micro_batch].to(device)
+    for rows in micro_batches(len(batch.sequences), micro_batch):
+        seqs, masks = batch.sequences[rows], batch.masks[rows]
+        adv = advantages[rows].to(device)
         options = {"pad_id": batch.pad_id, "temperature": config.temperature, "share_prefix": share_prefix}
         logprobs, mask = sequence_logprobs(policy.model, seqs, masks, **options)
         ref = None

@@ -203,6 +203,28 @@ def normalised(
     raise ValueError(f"unknown normaliser {normaliser!r}")
 
 
+def micro_batch_scale(mask: torch.Tensor, *, normaliser: Normaliser, batch_tokens: float, batch_rows: int) -> float:
+    """The factor s_k that makes the micro-batches' losses add up to the batch's loss,
+    Σ_k s_k · L_k = L, when each micro-batch k's loss L_k is `normalised` over its own rows.
+
+    mask: (b_k, T) micro-batch k's trained tokens; batch_tokens = Σ mask over the whole
+    batch (N); batch_rows = rows in the whole batch (B). With n_k = Σ mask_k, b_k its rows:
+    - "constant": s_k = 1, provided every L_k is divided by the same constant (pass it:
+      the default B x T would be each micro-batch's own b_k x T);
+    - "token": L = Σ m·l / N and L_k = Σ_k m·l / n_k, so s_k = n_k / N (0 when N = 0,
+      where the batch's loss is 0 too: `masked_mean` clamps the count at 1);
+    - "sequence": L = (1/B) Σ_b mean_b and L_k = (1/b_k) Σ_{b∈k} mean_b, so s_k = b_k / B.
+    The gradients add up the same way, so accumulating s_k · ∇L_k over the micro-batches
+    gives the batch's gradient."""
+    if normaliser == "constant":
+        return 1.0
+    if normaliser == "token":
+        return float(mask.sum()) / batch_tokens if batch_tokens > 0 else 0.0
+    if normaliser == "sequence":
+        return mask.shape[0] / batch_rows
+    raise ValueError(f"unknown normaliser {normaliser!r}")
+
+
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """Per-token k3 estimator of KL(π_θ ‖ π_ref) on tokens sampled from π_θ (Schulman 2020).
 
