@@ -314,3 +314,11 @@ def test_micro_batch_scales_add_the_micro_batch_losses_up_to_the_batch_loss():
             scale = L.micro_batch_scale(mask[rows], normaliser=normaliser, batch_tokens=6.0, batch_rows=3)
             parts += scale * part.item()
         assert parts == pytest.approx(expected)
+
+
+def test_a_token_whose_sampler_log_prob_is_unknown_weighs_one():
+    logp = torch.log(torch.tensor([[0.5, 0.2]]))
+    sampler = torch.tensor([[math.log(1.0), math.nan]])
+    weights, stats = L.sampling_correction(logp, sampler, torch.ones(1, 2), cap=3.0)
+    assert weights[0].tolist() == pytest.approx([0.5, 1.0])
+    assert stats["sampler_logprob_gap"] == pytest.approx(math.log(2) / 2)

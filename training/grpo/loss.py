@@ -168,7 +168,9 @@ def sampling_correction(
     truncating at `cap` bounds the variance for a small bias. Where a constraint forced a
     token (q = 1) that the policy gives p < 1, w = p < 1: the update leans less on choices
     the policy did not make itself. Without a constraint and on the same weights, w ≈ 1.
-    No lower bound (TRL's default `vllm_importance_sampling_clip_min=None`).
+    No lower bound (TRL's default `vllm_importance_sampling_clip_min=None`). A NaN in
+    sampler_logprobs marks a token whose q the sampler did not report: its weight is 1
+    (ratio and gap 0), as if on-policy, rather than a NaN in the loss.
 
     logprobs, sampler_logprobs, mask: (B, T); logprobs are detached here (the weight is a
     constant of the gradient). Returns (weights (B, T), 0 outside the mask; stats):
@@ -176,7 +178,9 @@ def sampling_correction(
     of tokens at the cap) and "sampler_logprob_gap" (token mean of |log π_θ - log q|, the
     figure TRL logs as sampling_logp_difference)."""
     m = mask.to(logprobs.dtype)  # (B, T)
-    log_ratio = (logprobs.detach() - sampler_logprobs.to(logprobs.dtype)) * m  # (B, T)
+    sampler = sampler_logprobs.to(logprobs.dtype)
+    sampler = torch.where(torch.isnan(sampler), logprobs.detach(), sampler)  # (B, T)
+    log_ratio = (logprobs.detach() - sampler) * m  # (B, T)
     raw = torch.exp(log_ratio)  # (B, T)
     weights = raw.clamp(max=cap) * m  # (B, T)
     stats = {
