@@ -149,7 +149,7 @@ def nan_scaled(fn):
     return wrapped
 
 
-@pytest.mark.parametrize("loop", ["grpo", "grpo-nan-reward", "distill", "sft"])
+@pytest.mark.parametrize("loop", ["grpo", "grpo-micro-batched", "grpo-nan-reward", "distill", "sft"])
 def test_a_non_finite_loss_stops_the_job_before_the_weights_move(tiny_model_dir, tmp_path, monkeypatch, loop):
     from training.grpo import loss as L
     from training.grpo.policy import load_policy
@@ -158,8 +158,11 @@ def test_a_non_finite_loss_stops_the_job_before_the_weights_move(tiny_model_dir,
     if loop == "grpo-nan-reward":  # a scorer's NaN, kept by drop_zero_variance=False
         config = small(GRPOConfig, tiny_model_dir, group_size=4, drop_zero_variance=False)
         score = nan_score
-    elif loop == "grpo":
-        config = small(GRPOConfig, tiny_model_dir, group_size=4, beta=0.01, drop_zero_variance=False)
+    elif loop.startswith("grpo"):
+        micro_batch = 3 if loop == "grpo-micro-batched" else 0  # accumulated, then checked before the step
+        config = small(
+            GRPOConfig, tiny_model_dir, group_size=4, beta=0.01, drop_zero_variance=False, micro_batch=micro_batch
+        )
         monkeypatch.setattr(L, "policy_loss", nan_scaled(L.policy_loss))
     elif loop == "distill":
         config = small(DistillConfig, tiny_model_dir, samples_per_prompt=2)
