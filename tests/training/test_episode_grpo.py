@@ -6,6 +6,7 @@ reward rises with its tool errors."""
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import pytest
@@ -16,6 +17,7 @@ from training.environments.files import FileTasks
 from training.grpo.config import EpisodesConfig, MonitorConfig
 from training.grpo.episode_tokens import episode_segments, episode_tokens
 from training.grpo.episodes import (
+    SampledTurn,
     episode_batch,
     episode_loss_backward,
     episode_rewards,
@@ -38,18 +40,18 @@ def scripted_generate(tokenizer, calls: list[list[list[int]]]):
     episodes, wrong on odd ones) and then says it is done. Records every batch."""
     eos = tokenizer.eos_token_id
 
-    def generate(contexts, limits):
+    def generate(contexts, limits, seeds):
         calls.append([list(c) for c in contexts])
         out = []
         for row, context in enumerate(contexts):
             text = tokenizer.decode(context)
             if "<tool_response>" in text:
-                out.append([*tokenizer("Done.", add_special_tokens=False)["input_ids"], eos])
+                out.append(SampledTurn([*tokenizer("Done.", add_special_tokens=False)["input_ids"], eos]))
                 continue
             name, word = re.findall(r"named (\S+) that contains the word (\w+)", text)[-1]
             args = {"path": name, "content": word if row % 2 == 0 else "wrong"}
             call = f'<tool_call>{{"name": "write_file", "arguments": {json.dumps(args)}}}</tool_call>'
-            out.append([*tokenizer(call, add_special_tokens=False)["input_ids"], eos])
+            out.append(SampledTurn([*tokenizer(call, add_special_tokens=False)["input_ids"], eos]))
         return out
 
     return generate
@@ -345,6 +347,51 @@ def test_sharing_the_prompt_prefix_in_the_update_gives_the_same_loss_and_gradien
     assert plain.keys() == shared.keys() and plain
     for name in plain:
         assert torch.allclose(plain[name], shared[name], atol=1e-6, rtol=1e-4), name
+
+
+def test_served_turns_weigh_each_sampled_token_by_its_truncated_ratio_to_the_server(tiny_model_dir, tokenizer):
+    """The log-probs a server reported for each turn travel with the episode to its
+    tokens in the loss: w = min(π/q, 3) on exactly the token q was reported for, whether
+    the rows share their prefix's pass or not, and the loss is -Σ_b A_b Σ_t w_{b,t} / c."""
+    from training.grpo.episodes import sequence_logprobs
+    from training.grpo.policy import load_policy
+
+    config = EpisodesConfig(model_path=str(tiny_model_dir), adapter="full", log_kl=False, temperature=1.0)
+    policy = load_policy(config)
+    episodes, batch, _ = _one_group(tokenizer)
+    advantages = torch.tensor([1.0, -0.25, 0.5, 0.75])  # no two rows cancel
+    # The server's q of each token: π·exp(-δ), δ cycling so that w = 1, e^0.5, e^-0.7 and
+    # the cap (e^2 > 3).
+    deltas = [0.0, 0.5, -0.7, 2.0]
+    expected_weights = []
+    for b, e in enumerate(episodes):
+        with torch.no_grad():
+            row, mask = sequence_logprobs(
+                policy.model, [batch.sequences[b]], [batch.masks[b]], pad_id=batch.pad_id, temperature=1.0
+            )
+        own = row[mask.bool()].tolist()  # the trainer's log-prob of each sampled token, in order
+        q = [p - deltas[t % 4] for t, p in enumerate(own)]
+        for c in e.completions:
+            c.extra["logprobs"], q = q[: len(c.extra["ids"])], q[len(c.extra["ids"]) :]
+        expected_weights.append([min(math.exp(deltas[t % 4]), 3.0) for t in range(len(own))])
+    batch = episode_batch(tokenizer, episodes, [0, 1, 2, 3], tokenizer.pad_token_id)
+    assert batch.sampler_logprobs is not None
+    expected_loss = -sum(a * sum(w) for a, w in zip(advantages.tolist(), expected_weights, strict=True)) / 1000.0
+    flat = [w for row in expected_weights for w in row]
+    for share in (False, True):
+        policy.model.zero_grad(set_to_none=True)
+        out = episode_loss_backward(
+            policy, batch, advantages, config=config, constant=1000.0, micro_batch=3, share_prefix=share
+        )
+        assert out["loss"] == pytest.approx(expected_loss, rel=1e-4)
+        assert out["correction"]["sampling_weight_mean"] == pytest.approx(sum(flat) / len(flat), rel=1e-4)
+        assert out["correction"]["sampling_truncated_share"] == pytest.approx(flat.count(3.0) / len(flat))
+    # Without the correction the same batch trains as on-policy.
+    config.sampling_correction = False
+    out = episode_loss_backward(policy, batch, advantages, config=config, constant=1000.0, micro_batch=3)
+    counts = [len(w) for w in expected_weights]
+    assert out["correction"] == {}
+    assert out["loss"] == pytest.approx(-sum(a * n for a, n in zip(advantages.tolist(), counts, strict=True)) / 1000.0)
 
 
 def test_a_seeded_rollout_repeats_exactly_whatever_the_threads_timing(tiny_model_dir, tokenizer):

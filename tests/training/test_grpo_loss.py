@@ -287,3 +287,38 @@ def test_sampling_weights_scale_the_policy_term_but_not_the_kl_penalty():
     # d/dlogp: -A·w + β·(1 - exp(ref - logp)), over 4
     expected = [(-2 * 0.5 + 0.1 * (1 - math.exp(-0.5))) / 4, (-2 * 3.0) / 4]
     assert logp.grad[0].tolist() == pytest.approx(expected)
+
+
+def test_micro_batch_scales_add_the_micro_batch_losses_up_to_the_batch_loss():
+    # Three rows with 1, 3 and 2 trained tokens, split as [row 0] and [rows 1, 2].
+    adv = torch.tensor([1.0, 3.0, -2.0])
+    mask = torch.tensor([[1, 0, 0], [1, 1, 1], [1, 1, 0]]).float()
+    logp = torch.zeros(3, 3)
+    first, second = mask[:1], mask[1:]
+    # By hand: token, n_k / N = 1/6 and 5/6; sequence, b_k / B = 1/3 and 2/3; constant, 1.
+    assert L.micro_batch_scale(first, normaliser="token", batch_tokens=6.0, batch_rows=3) == pytest.approx(1 / 6)
+    assert L.micro_batch_scale(second, normaliser="token", batch_tokens=6.0, batch_rows=3) == pytest.approx(5 / 6)
+    assert L.micro_batch_scale(first, normaliser="sequence", batch_tokens=6.0, batch_rows=3) == pytest.approx(1 / 3)
+    assert L.micro_batch_scale(second, normaliser="sequence", batch_tokens=6.0, batch_rows=3) == pytest.approx(2 / 3)
+    assert L.micro_batch_scale(first, normaliser="constant", batch_tokens=6.0, batch_rows=3) == 1.0
+    assert L.micro_batch_scale(torch.zeros(2, 3), normaliser="token", batch_tokens=0.0, batch_rows=2) == 0.0
+    # The batch's losses by hand: token -(1 + 9 - 4) / 6 = -1; sequence -(1 + 3 - 2) / 3;
+    # constant -(1 + 9 - 4) / 10; and the scaled micro-batch losses add up to each.
+    hand = {"token": -1.0, "sequence": -2 / 3, "constant": -6 / 10}
+    for normaliser, expected in hand.items():
+        whole, _ = L.policy_loss(logp, adv, mask, normaliser=normaliser, constant=10.0)
+        assert whole.item() == pytest.approx(expected)
+        parts = 0.0
+        for rows in (slice(0, 1), slice(1, 3)):
+            part, _ = L.policy_loss(logp[rows], adv[rows], mask[rows], normaliser=normaliser, constant=10.0)
+            scale = L.micro_batch_scale(mask[rows], normaliser=normaliser, batch_tokens=6.0, batch_rows=3)
+            parts += scale * part.item()
+        assert parts == pytest.approx(expected)
+
+
+def test_a_token_whose_sampler_log_prob_is_unknown_weighs_one():
+    logp = torch.log(torch.tensor([[0.5, 0.2]]))
+    sampler = torch.tensor([[math.log(1.0), math.nan]])
+    weights, stats = L.sampling_correction(logp, sampler, torch.ones(1, 2), cap=3.0)
+    assert weights[0].tolist() == pytest.approx([0.5, 1.0])
+    assert stats["sampler_logprob_gap"] == pytest.approx(math.log(2) / 2)

@@ -176,6 +176,35 @@ def evaluate(
     }
 
 
+def micro_batches(rows: int, size: int) -> list[slice]:
+    """The row slices of a batch of `rows`, `size` each (0 = one slice of all)."""
+    size = size or rows
+    return [slice(start, start + size) for start in range(0, rows, size)]
+
+
+class TokenMeans:
+    """Token means (the KL, the clip fraction, the sampling-correction figures) of a batch
+    from its micro-batches' own token means, each weighed by its trained tokens, so a
+    micro-batched step logs what a single pass would."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.tokens: dict[str, float] = {}
+
+    def add(self, means: dict[str, float], tokens: float) -> None:
+        for name, value in means.items():
+            self.sums[name] = self.sums.get(name, 0.0) + value * tokens
+            self.tokens[name] = self.tokens.get(name, 0.0) + tokens
+
+    def get(self, name: str) -> float | None:
+        if name not in self.sums:
+            return None
+        return self.sums[name] / self.tokens[name] if self.tokens[name] else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {name: self.get(name) for name in self.sums}
+
+
 def finite_check(value: float, *, what: str, step: int) -> float:
     """Return `value`, or raise FloatingPointError when it is NaN or infinite.
 

@@ -164,6 +164,10 @@ class GRPOConfig(TrainConfig):
     drop_zero_variance: bool = True
     normaliser: Literal["constant", "token", "sequence"] = "constant"
     updates_per_batch: int = 1  # > 1 reuses a batch: the PPO-clip surrogate then applies
+    # Rows (sequences) per forward/backward pass; their gradients accumulate into one
+    # optimiser step equal to the whole batch's (`loss.micro_batch_scale`). 0 = the whole
+    # batch in one pass. Lower it when G x prompts_per_step sequences do not fit in memory.
+    micro_batch: int = 0
     clip_low: float = 0.2
     clip_high: float = 0.28
     beta: float = 0.0  # KL(π ‖ π_start) penalty weight (k3)
@@ -191,6 +195,8 @@ class GRPOConfig(TrainConfig):
             errors.append(("normaliser", "must be 'constant', 'token' or 'sequence'"))
         if self.updates_per_batch < 1:
             errors.append(("updates_per_batch", "must be ≥ 1"))
+        if self.micro_batch < 0:
+            errors.append(("micro_batch", "must be ≥ 0 (0 = the whole batch in one pass)"))
         if self.beta < 0:
             errors.append(("beta", "must be ≥ 0"))
         if self.rollout not in ("local", "vllm"):
@@ -273,7 +279,7 @@ class EpisodesConfig(GRPOConfig):
     judge_rubric: str = ""
     eval_samples: int = 2
     eval_batch: int = 16  # episodes run together during an evaluation
-    micro_batch: int = 6  # episodes per forward/backward pass (gradient accumulated)
+    micro_batch: int = 6  # episodes per forward/backward pass (0 = all of them at once)
     record_traces: bool = True  # record every episode as a trace of the job's deployment
 
     def validate(self) -> list[tuple[str, str]]:
@@ -291,9 +297,8 @@ class EpisodesConfig(GRPOConfig):
         for name in ("max_steps", "max_episode_tokens"):
             if getattr(self, name) < 0:
                 errors.append((name, "must be ≥ 0 (0 = the environment's budget)"))
-        for name in ("micro_batch", "eval_batch"):
-            if getattr(self, name) < 1:
-                errors.append((name, "must be ≥ 1"))
+        if self.eval_batch < 1:
+            errors.append(("eval_batch", "must be ≥ 1"))
         if self.grader_weight < 0 or self.judge_weight < 0 or self.grader_weight + self.judge_weight <= 0:
             errors.append(("judge_weight", "weights must be ≥ 0 and not both 0"))
         if self.judge_weight > 0 and not self.judge_rubric.strip():

@@ -92,3 +92,20 @@ def episode_segments(
         cut = done.rfind(eos_text)
         after_eos = done[cut + len(eos_text) :] if cut >= 0 else ""
     return segments
+
+
+def episode_values(segments: Sequence[Segment], per_turn: Sequence[Sequence[float]]) -> list[float]:
+    """One value per token of `episode_tokens(segments)`: turn k's values (e.g. the
+    sampler's log-prob of each id it drew) on the k-th trained segment, 0.0 on context
+    tokens."""
+    turns = iter(per_turn)
+    values: list[float] = []
+    for tokens, trained in segments:
+        if trained:
+            turn = list(next(turns))
+            if len(turn) != len(tokens):
+                raise ValueError(f"{len(turn)} values for a sampled turn of {len(tokens)} tokens")
+            values += turn
+        else:
+            values += [0.0] * len(tokens)
+    return values

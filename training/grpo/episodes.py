@@ -31,16 +31,18 @@ from training.grpo import loss as L
 from training.grpo import monitors
 from training.grpo.common import (
     Hooks,
+    TokenMeans,
     TrainResult,
     batch_for_step,
     checkpoint_save,
     finite_check,
+    micro_batches,
     result_close,
     setup_torch,
     step_close,
 )
 from training.grpo.config import EpisodesConfig
-from training.grpo.episode_tokens import episode_segments, episode_tokens
+from training.grpo.episode_tokens import episode_segments, episode_tokens, episode_values
 from training.grpo.policy import (
     Policy,
     latest_checkpoint,
@@ -51,8 +53,20 @@ from training.grpo.policy import (
 from training.grpo.sampling import common_prefix_length, eos_ids, left_pad, prefix_decode, token_logprobs
 from training.inference.codec import tool_calls_parse
 
-# generate(contexts, limits) -> sampled ids per context (end-of-turn included when sampled)
-Generate = Callable[[list[list[int]], list[int]], list[list[int]]]
+
+@dataclass
+class SampledTurn:
+    """What the model sampled for one context: the ids (end-of-turn included when
+    sampled) and, from a vLLM server, its log-prob of each (the q that
+    `loss.sampling_correction` weighs against); None when the trainer's own model sampled."""
+
+    ids: list[int]
+    logprobs: list[float] | None = None
+
+
+# generate(contexts, limits, seeds) -> one SampledTurn per context. seeds: a per-request
+# seed for each context (vLLM's), or None; the local sampler draws from the global RNG.
+Generate = Callable[[list[list[int]], list[int], list[int | None]], list[SampledTurn]]
 # judge(task, episodes) -> one score in [0, 1] per episode
 EpisodeJudge = Callable[[Task, list[Episode]], list[float]]
 
@@ -72,15 +86,15 @@ class _Batcher:
         self.generate = generate
         self.active = active
         self.cv = threading.Condition()
-        self.pending: dict[int, tuple[list[int], int]] = {}
-        self.results: dict[int, list[int]] = {}
+        self.pending: dict[int, tuple[list[int], int, int | None]] = {}
+        self.results: dict[int, SampledTurn] = {}
         self.error: BaseException | None = None
 
-    def submit(self, ids: list[int], limit: int, *, key: int) -> list[int]:
+    def submit(self, ids: list[int], limit: int, *, key: int, seed: int | None = None) -> SampledTurn:
         """Wait for the model's continuation of `ids`; `key` is the episode's index."""
         with self.cv:
             ticket = key
-            self.pending[ticket] = (ids, limit)
+            self.pending[ticket] = (ids, limit, seed)
             self._run_if_ready()
             while ticket not in self.results and self.error is None:
                 self.cv.wait()
@@ -98,7 +112,8 @@ class _Batcher:
             return
         batch, self.pending = dict(sorted(self.pending.items())), {}
         try:
-            out = self.generate([ids for ids, _ in batch.values()], [limit for _, limit in batch.values()])
+            contexts, limits, seeds = (list(column) for column in zip(*batch.values(), strict=True))
+            out = self.generate(contexts, limits, seeds)
         except BaseException as exc:  # every waiting episode re-raises it
             self.error = exc
         else:
@@ -112,7 +127,7 @@ def local_generate(policy: Policy, config: EpisodesConfig) -> Generate:
     stop = eos_ids(policy.model, policy.tokenizer)
     pad_id = policy.tokenizer.pad_token_id if policy.tokenizer.pad_token_id is not None else stop[0]
 
-    def generate(contexts: list[list[int]], limits: list[int]) -> list[list[int]]:
+    def generate(contexts: list[list[int]], limits: list[int], seeds: list[int | None]) -> list[SampledTurn]:
         was_training = policy.model.training
         policy.model.eval()
         try:
@@ -129,22 +144,30 @@ def local_generate(policy: Policy, config: EpisodesConfig) -> Generate:
             if was_training:
                 policy.model.train()
         ends = set(stop)
-        rows: list[list[int]] = []
+        rows: list[SampledTurn] = []
         for tokens, limit in zip(sampled.tolist(), limits, strict=True):
             # Up to and including the first end token; the padding after it is not the model's.
             end = next((i for i, token in enumerate(tokens) if token in ends), len(tokens) - 1)
-            rows.append(tokens[: min(end + 1, max(1, min(limit, config.max_new_tokens)))])
+            rows.append(SampledTurn(tokens[: min(end + 1, max(1, min(limit, config.max_new_tokens)))]))
         return rows
 
     return generate
 
 
 def policy_completer(
-    tokenizer, batcher: _Batcher, stop_ids: set[int], *, context_messages: int = 0, key: int = 0
+    tokenizer,
+    batcher: _Batcher,
+    stop_ids: set[int],
+    *,
+    context_messages: int = 0,
+    key: int = 0,
+    seed: int | None = None,
 ) -> Callable[..., Completion]:
     """A `complete(messages, tools, max_tokens)` for one episode: it keeps the ids the
     model sampled, builds the next context from them (`episode_segments`), and parses the
-    sampled text into an OpenAI-format message (`<tool_call>` blocks → `tool_calls`)."""
+    sampled text into an OpenAI-format message (`<tool_call>` blocks → `tool_calls`).
+    `seed`: turn j of the episode is requested with seed + j. The completion's `extra`
+    carries the ids, the text and, from a server, its log-prob of each id."""
     sampled: list[list[int]] = []
 
     def complete(messages: list[dict[str, Any]], tools: list[dict[str, Any]], max_tokens: int) -> Completion:
@@ -153,7 +176,8 @@ def policy_completer(
                 tokenizer, messages, tools, sampled, generation=True, context_messages=context_messages
             )
         context, _ = episode_tokens(segments)
-        ids = batcher.submit(context, max_tokens, key=key)
+        turn = batcher.submit(context, max_tokens, key=key, seed=None if seed is None else seed + len(sampled))
+        ids = turn.ids
         sampled.append(ids)
         with _TOKENIZER_LOCK:
             text = tokenizer.decode(ids, skip_special_tokens=True)
@@ -162,11 +186,14 @@ def policy_completer(
         if calls:
             message["tool_calls"] = calls
         ended = bool(ids) and ids[-1] in stop_ids
+        extra: dict[str, Any] = {"ids": ids, "text": text}
+        if turn.logprobs is not None:
+            extra["logprobs"] = turn.logprobs
         return Completion(
             message=message,
             tokens=len(ids),
             finish_reason=("tool_calls" if calls else "stop") if ended else "length",
-            extra={"ids": ids, "text": text},
+            extra=extra,
         )
 
     return complete
@@ -182,10 +209,18 @@ def episodes_rollout(
     stop_ids: set[int],
     max_steps: int | None = None,
     max_tokens: int | None = None,
+    seed: int | None = None,
+    first_episode: int = 0,
 ) -> list[Episode]:
     """Run `group_size` episodes of each task, all at once, each in its own state.
-    Returns them task-major (episode n·G + g is sample g of task n)."""
+    Returns them task-major (episode n·G + g is sample g of task n).
+
+    `seed` seeds each model request (vLLM's per-request seed): episode k of the call,
+    numbered from `first_episode`, sends its turn j with seed + k·S + j, S the step budget
+    (no episode has more turns), so every request of a seeded run has its own seed and a
+    rerun repeats them whatever the threads' timing."""
     jobs = [task for task in tasks for _ in range(group_size)]
+    stride = max_steps or env.max_steps
     batcher = _Batcher(generate, active=len(jobs))
     results: list[Episode | None] = [None] * len(jobs)
     errors: list[BaseException] = []
@@ -193,7 +228,12 @@ def episodes_rollout(
     def run(index: int, task: Task) -> None:
         try:
             complete = policy_completer(
-                tokenizer, batcher, stop_ids, context_messages=len(task.first_messages()), key=index
+                tokenizer,
+                batcher,
+                stop_ids,
+                context_messages=len(task.first_messages()),
+                key=index,
+                seed=None if seed is None else seed + (first_episode + index) * stride,
             )
             results[index] = episode_run(env, task, complete, max_steps=max_steps, max_tokens=max_tokens)
         except BaseException as exc:
@@ -268,22 +308,28 @@ class EpisodeBatch:
     sequences: list[list[int]] = field(default_factory=list)  # unpadded ids per row
     masks: list[list[int]] = field(default_factory=list)  # unpadded 0/1 per token per row
     pad_id: int = 0
+    # Unpadded per token per row: the server's log-prob of each sampled token (0 on
+    # context); None when the episodes were sampled by the trainer's own model.
+    sampler_logprobs: list[list[float]] | None = None
 
 
 def episode_batch(tokenizer, episodes: list[Episode], rows: list[int], pad_id: int) -> EpisodeBatch:
     """Token layout of the chosen episodes: every sequence is the context/sampled
     concatenation of `episode_tokens`; the mask is shifted by one so that mask[:, t]
-    marks the target token t + 1 (what `token_logprobs(keep=L-1)` scores)."""
-    seqs, masks = [], []
+    marks the target token t + 1 (what `token_logprobs(keep=L-1)` scores). When every
+    turn carries the server's log-probs, they are laid out the same way, per token."""
+    seqs, masks, sampler = [], [], []
+    served = all("logprobs" in c.extra for r in rows for c in episodes[r].completions)
     for r in rows:
         e = episodes[r]
         sampled = [c.extra["ids"] for c in e.completions]
         opening = len(e.task.first_messages())
-        ids, mask = episode_tokens(
-            episode_segments(tokenizer, e.messages, e.task.tools, sampled, context_messages=opening)
-        )
+        segments = episode_segments(tokenizer, e.messages, e.task.tools, sampled, context_messages=opening)
+        ids, mask = episode_tokens(segments)
         seqs.append(ids)
         masks.append(mask)
+        if served:
+            sampler.append(episode_values(segments, [c.extra["logprobs"] for c in e.completions]))
     input_ids, attention = left_pad(seqs, pad_id)
     mask_padded, _ = left_pad(masks, 0)
     return EpisodeBatch(
@@ -294,7 +340,31 @@ def episode_batch(tokenizer, episodes: list[Episode], rows: list[int], pad_id: i
         sequences=seqs,
         masks=masks,
         pad_id=pad_id,
+        sampler_logprobs=sampler if served else None,
     )
+
+
+def shared_prefix_length(sequences: list[list[int]], masks: list[list[int]], *, share_prefix: bool) -> int:
+    """How many leading tokens `sequence_logprobs` computes once for all rows: their
+    common prefix before the first sampled target, or 0 (one full pass per row) when not
+    sharing or when it is too short to be worth a separate pass."""
+    shared = common_prefix_length(sequences) if share_prefix and len(sequences) > 1 else 0
+    first_target = min(m.index(1) if 1 in m else len(m) for m in masks)
+    shared = min(shared, first_target - 1, min(len(s) for s in sequences) - 2)
+    return shared if shared >= 8 else 0
+
+
+def target_values(rows: list[list[float]], shared: int) -> torch.Tensor:
+    """Per-token values of the rows (one per token, like the masks) laid out as
+    `sequence_logprobs` lays out its targets for a shared prefix of `shared` tokens:
+    (b, T), left-padded with 0, value t of a row belonging to the target at t + 1."""
+    tails = [row[shared:] for row in rows]
+    width = max(len(t) for t in tails)
+    out = torch.zeros((len(tails), width), dtype=torch.float32)
+    for b, tail in enumerate(tails):
+        if tail:
+            out[b, width - len(tail) :] = torch.tensor(tail, dtype=torch.float32)
+    return out[:, 1:]
 
 
 def sequence_logprobs(
@@ -315,10 +385,8 @@ def sequence_logprobs(
     through the repeat, so the result (values and gradients) equals one forward pass per
     full row, at a fraction of the cost when the shared part is most of each row."""
     device = next(model.parameters()).device
-    shared = common_prefix_length(sequences) if share_prefix and len(sequences) > 1 else 0
-    first_target = min(m.index(1) if 1 in m else len(m) for m in masks)
-    shared = min(shared, first_target - 1, min(len(s) for s in sequences) - 2)
-    if shared < 8:
+    shared = shared_prefix_length(sequences, masks, share_prefix=share_prefix)
+    if shared == 0:
         ids, attn = left_pad(sequences, pad_id)
         mask_padded, _ = left_pad(masks, 0)
         ids, attn = ids.to(device), attn.to(device)
@@ -360,37 +428,50 @@ def episode_loss_backward(
     constant: float,
     micro_batch: int,
     share_prefix: bool = True,
-) -> dict[str, float]:
+) -> dict:
     """Accumulate the gradient of the episode loss over micro-batches.
 
-    Per token: -A_episode · exp(logp - stopgrad(logp)) + β · k3 (`loss.policy_loss`, one
-    update per batch so the ratio is 1), summed over the model's tokens of every turn and
-    divided by `constant` (the "constant" normaliser: episodes x the episode token budget,
-    so the micro-batches add up to the full-batch loss with no length bias). KL(π ‖ π_start)
-    by k3 is logged as a token mean when asked."""
+    Per token: -A_episode · w · exp(logp - stopgrad(logp)) + β · k3 (`loss.policy_loss`,
+    one update per batch so the ratio is 1), summed over the model's tokens of every turn
+    and divided by `constant` (the "constant" normaliser: episodes x the episode token
+    budget, so the micro-batches add up to the full-batch loss with no length bias).
+    w = `loss.sampling_correction` of this pass's log-probs against the server's, for
+    episodes a vLLM server sampled (with `config.sampling_correction`), else 1.
+    KL(π ‖ π_start) by k3 is logged as a token mean when asked, and the correction's
+    figures ("correction": {} without a server) as token means over the batch."""
     device = policy.device
     total_loss = 0.0
-    kl_sum = kl_tokens = 0.0
-    for start in range(0, len(batch.sequences), micro_batch):
-        seqs = batch.sequences[start : start + micro_batch]
-        masks = batch.masks[start : start + micro_batch]
-        adv = advantages[start : start + micro_batch].to(device)
+    means, correction = TokenMeans(), TokenMeans()
+    sampler_rows = batch.sampler_logprobs if config.sampling_correction else None
+    for rows in micro_batches(len(batch.sequences), micro_batch):
+        seqs, masks = batch.sequences[rows], batch.masks[rows]
+        adv = advantages[rows].to(device)
         options = {"pad_id": batch.pad_id, "temperature": config.temperature, "share_prefix": share_prefix}
         logprobs, mask = sequence_logprobs(policy.model, seqs, masks, **options)
-        ref = None
+        tokens = float(mask.sum())
+        ref = weights = None
         if config.beta > 0 or config.log_kl:
             with torch.no_grad(), policy.as_reference() as reference:
                 ref, _ = sequence_logprobs(reference, seqs, masks, **options)
+        if sampler_rows is not None:
+            shared = shared_prefix_length(seqs, masks, share_prefix=share_prefix)
+            sampler = target_values(sampler_rows[rows], shared).to(device)  # (b, T), as logprobs
+            weights, stats = L.sampling_correction(logprobs, sampler, mask, cap=config.sampling_correction_cap)
+            correction.add(stats, tokens)
         loss, stats = L.policy_loss(
-            logprobs, adv, mask, ref_logprobs=ref, beta=config.beta, normaliser="constant", constant=constant
+            logprobs,
+            adv,
+            mask,
+            ref_logprobs=ref,
+            beta=config.beta,
+            normaliser="constant",
+            constant=constant,
+            sampling_weights=weights,
         )
-        if "kl" in stats:  # a token mean per micro-batch: weigh it by its tokens
-            tokens = float(mask.sum())
-            kl_sum += stats["kl"] * tokens
-            kl_tokens += tokens
+        means.add(stats, tokens)
         loss.backward()
         total_loss += float(loss.detach())
-    return {"loss": total_loss, "kl": kl_sum / kl_tokens if kl_tokens else None}
+    return {"loss": total_loss, "kl": means.get("kl"), "correction": correction.as_dict()}
 
 
 # --- the loop -----------------------------------------------------------------------------
@@ -406,8 +487,9 @@ def episodes_evaluate(
     stop_ids: set[int],
     progress: Callable[[int, int], None] | None = None,
 ) -> tuple[dict[str, float], list[Episode]]:
-    """Held-out success: `eval_samples` episodes per task, seeded (the global RNG is
-    restored afterwards, so evaluating does not change the training run)."""
+    """Held-out success: `eval_samples` episodes per task, seeded (the global RNG for the
+    local sampler, restored afterwards so evaluating does not change the training run; a
+    per-request seed for a server's, so two evaluations of one model agree)."""
     cpu_state = torch.get_rng_state()
     torch.manual_seed(config.seed + 7919)
     try:
@@ -423,6 +505,8 @@ def episodes_evaluate(
                 stop_ids=stop_ids,
                 max_steps=config.max_steps or None,
                 max_tokens=config.max_episode_tokens or None,
+                seed=config.seed + 7919,
+                first_episode=len(episodes),
             )
             if progress is not None:
                 progress(len(episodes), len(tasks) * config.eval_samples)
@@ -567,6 +651,7 @@ def episodes_train(
         hooks.emit("on_phase", "update", step, config.steps)
         loss_value = grad_norm = 0.0
         kl_value = None
+        correction: dict[str, float] = {}
         if rows:
             batch = episode_batch(policy.tokenizer, episodes, rows, pad_id)
             adv = advantages.view(-1)[rows]  # (B',)
@@ -576,6 +661,7 @@ def episodes_train(
             )
             # Micro-batches are summed, so one non-finite loss among them shows here.
             loss_value, kl_value = finite_check(out["loss"], what="loss", step=step), out["kl"]
+            correction = out["correction"]
             norm = torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), config.max_grad_norm)
             grad_norm = finite_check(float(norm), what="gradient norm", step=step)
             optimizer.step()
@@ -594,6 +680,7 @@ def episodes_train(
             "loss": loss_value,
             "kl": kl_value,
             "grad_norm": grad_norm,
+            **correction,
             "trained_sequences": len(rows),
             "generated_tokens": sum(e.tokens for e in episodes),
             "step_seconds": finished - started,
@@ -652,22 +739,25 @@ def _sample_rows(episodes: list[Episode], rewards: list[float], advantages: torc
 def vllm_generate(server, policy: Policy, config: EpisodesConfig) -> Generate:
     """Sample each context from the vLLM server under the adapter `server.load` made
     current (the contexts go as token ids, so the server reads exactly what training
-    will); requests go concurrently and the server batches them."""
+    will); requests go concurrently and the server batches them. Each turn keeps the
+    server's log-prob of every id it sampled, for the sampling correction."""
     from concurrent.futures import ThreadPoolExecutor
 
     stop = sorted(eos_ids(policy.model, policy.tokenizer))
 
-    def one(context: list[int], limit: int) -> list[int]:
-        return server.complete_ids(
+    def one(context: list[int], limit: int, seed: int | None) -> SampledTurn:
+        ids, logprobs = server.complete_ids(
             context,
             max_tokens=max(1, min(limit, config.max_new_tokens)),
             temperature=config.temperature,
             top_p=config.top_p,
             stop_ids=stop,
+            seed=seed,
         )
+        return SampledTurn(ids, logprobs)
 
-    def generate(contexts: list[list[int]], limits: list[int]) -> list[list[int]]:
+    def generate(contexts: list[list[int]], limits: list[int], seeds: list[int | None]) -> list[SampledTurn]:
         with ThreadPoolExecutor(max_workers=min(16, len(contexts))) as pool:
-            return list(pool.map(one, contexts, limits))
+            return list(pool.map(one, contexts, limits, seeds))
 
     return generate

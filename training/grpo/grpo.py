@@ -20,11 +20,13 @@ from training.grpo import monitors
 from training.grpo.common import (
     Hooks,
     PromptCache,
+    TokenMeans,
     TrainResult,
     batch_for_step,
     checkpoint_save,
     evaluate,
     finite_check,
+    micro_batches,
     result_close,
     rollout_stats,
     setup_torch,
@@ -142,48 +144,47 @@ def grpo_train(
             mask = rollout.response_mask.index_select(0, rows).float()
             adv = advantages.view(-1).to(policy.device).index_select(0, rows)  # (B',)
             width = mask.shape[1]
+            chunks = micro_batches(len(rows), config.micro_batch)
             old_logprobs = ref_logprobs = None
             with torch.no_grad():
                 if config.updates_per_batch > 1:
-                    old_logprobs = token_logprobs(policy.model, ids, attn, keep=width, temperature=config.temperature)
+                    old_logprobs = chunked_logprobs(policy.model, ids, attn, chunks, keep=width, config=config)
                 if need_reference:
                     with policy.as_reference() as reference:
-                        ref_logprobs = token_logprobs(reference, ids, attn, keep=width, temperature=config.temperature)
-            sampler_logprobs = None
+                        ref_logprobs = chunked_logprobs(reference, ids, attn, chunks, keep=width, config=config)
+            sampler_logprobs = weights = None
             if rollout_client is not None and config.sampling_correction:
                 sampler_logprobs = rollout.sampler_logprobs.index_select(0, rows)  # (B', T)
-            weights = None
-            for _ in range(config.updates_per_batch):
-                logprobs = token_logprobs(policy.model, ids, attn, keep=width, temperature=config.temperature)
-                if sampler_logprobs is not None and weights is None:
+                if old_logprobs is not None:
                     # Against the policy that the batch was drawn for (before any update of
                     # this batch), as TRL does with its old log-probs.
-                    trainer_logprobs = old_logprobs if old_logprobs is not None else logprobs
                     weights, correction = L.sampling_correction(
-                        trainer_logprobs, sampler_logprobs, mask, cap=config.sampling_correction_cap
+                        old_logprobs, sampler_logprobs, mask, cap=config.sampling_correction_cap
                     )
-                # β·k3 is added per token, under the policy term's normaliser (as TRL does).
-                loss, stats = L.policy_loss(
-                    logprobs,
-                    adv,
+            for _ in range(config.updates_per_batch):
+                optimizer.zero_grad(set_to_none=True)
+                out = turn_loss_backward(
+                    policy.model,
+                    ids,
+                    attn,
                     mask,
+                    adv,
+                    chunks=chunks,
+                    config=config,
+                    constant=denominator,
                     old_logprobs=old_logprobs,
                     ref_logprobs=ref_logprobs,
-                    beta=config.beta,
-                    clip_low=config.clip_low,
-                    clip_high=config.clip_high,
-                    normaliser=config.normaliser,
-                    constant=denominator,
+                    sampler_logprobs=sampler_logprobs if weights is None else None,
                     sampling_weights=weights,
                 )
-                kl_value = stats.get("kl", kl_value)
-                loss_value = finite_check(float(loss.detach()), what="loss", step=step)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                correction = out["correction"] or correction
+                kl_value = out["kl"] if out["kl"] is not None else kl_value
+                # The micro-batches' losses add up to the batch's: one non-finite among them shows here.
+                loss_value = finite_check(out["loss"], what="loss", step=step)
                 norm = torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), config.max_grad_norm)
                 grad_norm = finite_check(float(norm), what="gradient norm", step=step)
                 optimizer.step()
-                clip_fraction = stats.get("clip_fraction", clip_fraction)
+                clip_fraction = out["clip_fraction"] if out["clip_fraction"] is not None else clip_fraction
         finished = time.perf_counter()
 
         # Log.
@@ -228,6 +229,80 @@ def grpo_train(
             break
 
     return result_close(result, state, policy, run_dir, export, hooks)
+
+
+def chunked_logprobs(model, ids, attn, chunks: list[slice], *, keep: int, config: GRPOConfig) -> torch.Tensor:
+    """`token_logprobs` of the rows, one micro-batch at a time: (B, keep)."""
+    return torch.cat(
+        [token_logprobs(model, ids[c], attn[c], keep=keep, temperature=config.temperature) for c in chunks]
+    )
+
+
+def turn_loss_backward(
+    model,
+    ids: torch.Tensor,
+    attn: torch.Tensor,
+    mask: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    chunks: list[slice],
+    config: GRPOConfig,
+    constant: float,
+    old_logprobs: torch.Tensor | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    sampler_logprobs: torch.Tensor | None = None,
+    sampling_weights: torch.Tensor | None = None,
+) -> dict:
+    """Accumulate the gradient of `loss.policy_loss` over the batch, one micro-batch of
+    rows (`chunks`) per forward/backward pass, each micro-batch's loss scaled by
+    `loss.micro_batch_scale` so that the accumulated gradient, and the summed loss, are
+    those of one pass over the whole batch under the config's normaliser.
+
+    ids, attn: (B, L); mask: (B, T) the trained response tokens; advantages: (B,);
+    old/ref/sampler log-probs and sampling weights: (B, T), sliced with the rows. With
+    `sampler_logprobs` and no weights, the weights come from this pass's own log-probs
+    (one update per batch: the policy the batch was drawn for). Returns the loss, the KL
+    and clip fraction as token means over the batch (None when not measured) and the
+    sampling-correction figures ({} without a sampler)."""
+    batch_tokens, batch_rows = float(mask.sum()), mask.shape[0]
+    width = mask.shape[1]
+    means, correction = TokenMeans(), TokenMeans()
+    total = 0.0
+    for c in chunks:
+        logprobs = token_logprobs(model, ids[c], attn[c], keep=width, temperature=config.temperature)  # (b, T)
+        weights = sampling_weights[c] if sampling_weights is not None else None
+        tokens = float(mask[c].sum())
+        if sampler_logprobs is not None and weights is None:
+            weights, stats = L.sampling_correction(
+                logprobs, sampler_logprobs[c], mask[c], cap=config.sampling_correction_cap
+            )
+            correction.add(stats, tokens)
+        # β·k3 is added per token, under the policy term's normaliser (as TRL does).
+        loss, stats = L.policy_loss(
+            logprobs,
+            advantages[c],
+            mask[c],
+            old_logprobs=old_logprobs[c] if old_logprobs is not None else None,
+            ref_logprobs=ref_logprobs[c] if ref_logprobs is not None else None,
+            beta=config.beta,
+            clip_low=config.clip_low,
+            clip_high=config.clip_high,
+            normaliser=config.normaliser,
+            constant=constant,
+            sampling_weights=weights,
+        )
+        means.add(stats, tokens)
+        scale = L.micro_batch_scale(
+            mask[c], normaliser=config.normaliser, batch_tokens=batch_tokens, batch_rows=batch_rows
+        )
+        (loss * scale).backward()
+        total += float(loss.detach()) * scale
+    return {
+        "loss": total,
+        "kl": means.get("kl"),
+        "clip_fraction": means.get("clip_fraction"),
+        "correction": correction.as_dict(),
+    }
 
 
 def _evaluate_into(state, step, policy, eval_items, canaries, score, config, prompts, hooks, server=None) -> None:

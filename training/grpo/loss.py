@@ -168,7 +168,9 @@ def sampling_correction(
     truncating at `cap` bounds the variance for a small bias. Where a constraint forced a
     token (q = 1) that the policy gives p < 1, w = p < 1: the update leans less on choices
     the policy did not make itself. Without a constraint and on the same weights, w ≈ 1.
-    No lower bound (TRL's default `vllm_importance_sampling_clip_min=None`).
+    No lower bound (TRL's default `vllm_importance_sampling_clip_min=None`). A NaN in
+    sampler_logprobs marks a token whose q the sampler did not report: its weight is 1
+    (ratio and gap 0), as if on-policy, rather than a NaN in the loss.
 
     logprobs, sampler_logprobs, mask: (B, T); logprobs are detached here (the weight is a
     constant of the gradient). Returns (weights (B, T), 0 outside the mask; stats):
@@ -176,7 +178,9 @@ def sampling_correction(
     of tokens at the cap) and "sampler_logprob_gap" (token mean of |log π_θ - log q|, the
     figure TRL logs as sampling_logp_difference)."""
     m = mask.to(logprobs.dtype)  # (B, T)
-    log_ratio = (logprobs.detach() - sampler_logprobs.to(logprobs.dtype)) * m  # (B, T)
+    sampler = sampler_logprobs.to(logprobs.dtype)
+    sampler = torch.where(torch.isnan(sampler), logprobs.detach(), sampler)  # (B, T)
+    log_ratio = (logprobs.detach() - sampler) * m  # (B, T)
     raw = torch.exp(log_ratio)  # (B, T)
     weights = raw.clamp(max=cap) * m  # (B, T)
     stats = {
@@ -200,6 +204,28 @@ def normalised(
         return masked_mean(per_token, mask)
     if normaliser == "sequence":
         return masked_mean(per_token, mask, dim=1).mean()
+    raise ValueError(f"unknown normaliser {normaliser!r}")
+
+
+def micro_batch_scale(mask: torch.Tensor, *, normaliser: Normaliser, batch_tokens: float, batch_rows: int) -> float:
+    """The factor s_k that makes the micro-batches' losses add up to the batch's loss,
+    Σ_k s_k · L_k = L, when each micro-batch k's loss L_k is `normalised` over its own rows.
+
+    mask: (b_k, T) micro-batch k's trained tokens; batch_tokens = Σ mask over the whole
+    batch (N); batch_rows = rows in the whole batch (B). With n_k = Σ mask_k, b_k its rows:
+    - "constant": s_k = 1, provided every L_k is divided by the same constant (pass it:
+      the default B x T would be each micro-batch's own b_k x T);
+    - "token": L = Σ m·l / N and L_k = Σ_k m·l / n_k, so s_k = n_k / N (0 when N = 0,
+      where the batch's loss is 0 too: `masked_mean` clamps the count at 1);
+    - "sequence": L = (1/B) Σ_b mean_b and L_k = (1/b_k) Σ_{b∈k} mean_b, so s_k = b_k / B.
+    The gradients add up the same way, so accumulating s_k · ∇L_k over the micro-batches
+    gives the batch's gradient."""
+    if normaliser == "constant":
+        return 1.0
+    if normaliser == "token":
+        return float(mask.sum()) / batch_tokens if batch_tokens > 0 else 0.0
+    if normaliser == "sequence":
+        return mask.shape[0] / batch_rows
     raise ValueError(f"unknown normaliser {normaliser!r}")
 
 

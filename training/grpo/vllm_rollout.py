@@ -13,6 +13,7 @@ This module owns that boundary: timeouts, bounded retries, typed results.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import subprocess
@@ -79,10 +80,19 @@ class VllmRollouts:
         return self._load_adapter(policy, step)
 
     def complete_ids(
-        self, prompt: list[int], *, max_tokens: int, temperature: float, top_p: float, stop_ids: list[int]
-    ) -> list[int]:
-        """One sample continuing the token ids `prompt` under the current adapter: the ids
-        sampled, with the end-of-turn id when the server stopped on it."""
+        self,
+        prompt: list[int],
+        *,
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        stop_ids: list[int],
+        seed: int | None = None,
+    ) -> tuple[list[int], list[float]]:
+        """One sample continuing the token ids `prompt` under the current adapter: (the ids
+        sampled, with the end-of-turn id when the server stopped on it; the server's
+        log-prob of each, the q of `loss.sampling_correction`). `seed`: vLLM's per-request
+        seed, so a seeded request repeats."""
         if self.loaded is None:
             raise VllmError("no adapter loaded: call load() first")
         response = self._post(
@@ -97,15 +107,20 @@ class VllmRollouts:
                 "stop_token_ids": stop_ids,
                 "skip_special_tokens": False,
                 "return_token_ids": True,
+                "logprobs": 0,
+                **({"seed": seed} if seed is not None else {}),
             },
         )
         if response.status_code != 200:
             raise VllmError(f"completion failed: {response.status_code} {response.text[:300]}")
         choice = response.json()["choices"][0]
-        tokens = list(choice.get("token_ids") or [])
+        tokens, logprobs = sampled_tokens(choice)
         if choice.get("finish_reason") == "stop" and (not tokens or tokens[-1] not in stop_ids):
+            # A server that leaves the stop id out of token_ids still sampled it, with a
+            # probability it did not report: NaN, which the correction reads as unknown.
             tokens.append(stop_ids[0])
-        return tokens
+            logprobs.append(math.nan)
+        return tokens, logprobs
 
     def _load_adapter(self, policy, step: int | str) -> str:
         """Save the current adapter and make the server serve it under a fresh name."""
