@@ -97,56 +97,60 @@ def _list_filters(request) -> dict | Response:
     return filters
 
 
-class TraceExportApi(APIView):
-    """The filtered trace list as OpenAI chat fine-tuning JSONL (`messages`, `tools`), one
-    trace a line in the order they were stored (oldest first; `limit` keeps the first),
-    streamed: what `openai` fine-tuning, TRL and `datasets` read."""
+EXPORT_PARAMETERS = [
+    OpenApiParameter(name, type=kind, description=text, required=False)
+    for name, kind, text in TRACE_LIST_PARAMETERS
+    if name not in ("after", "limit")
+] + [OpenApiParameter("limit", int, description=f"at most this many traces (1-{EXPORT_MAX})")]
+
+
+class _TraceExport(APIView):
+    """The filtered trace list downloaded whole, in the order the traces were stored (oldest
+    first; `limit` keeps the first). A key reads its own deployment's traces only."""
 
     permission_classes = [scope_required(ApiKeyScope.READ)]
 
-    @extend_schema(
-        operation_id="v1_traces_export_jsonl",
-        parameters=[
-            OpenApiParameter(name, type=kind, description=text, required=False)
-            for name, kind, text in TRACE_LIST_PARAMETERS
-            if name not in ("after", "limit")
-        ]
-        + [OpenApiParameter("limit", int, description=f"at most this many traces (1-{EXPORT_MAX})")],
-        responses={200: OpenApiResponse(description="application/x-ndjson: one chat-format line per trace.")},
-    )
     def get(self, request):
         filters = _list_filters(request)
         if isinstance(filters, Response):
             return filters
         limit = limit_param(request.query_params, default=EXPORT_MAX, maximum=EXPORT_MAX)
-        lines = traces_jsonl_lines(traces=traces_filtered(filters), limit=limit)
+        return self.download(traces_filtered(filters), limit)
+
+
+class TraceExportApi(_TraceExport):
+    """As OpenAI chat fine-tuning JSONL (`messages`, `tools`), one trace a line, streamed:
+    what `openai` fine-tuning, TRL and `datasets` read."""
+
+    @extend_schema(
+        operation_id="v1_traces_export_jsonl",
+        parameters=EXPORT_PARAMETERS,
+        responses={200: OpenApiResponse(description="application/x-ndjson: one chat-format line per trace.")},
+    )
+    def get(self, request):
+        return super().get(request)
+
+    def download(self, traces, limit: int):
+        lines = traces_jsonl_lines(traces=traces, limit=limit)
         response = StreamingHttpResponse(streamed(lines), content_type="application/x-ndjson")
         response["Content-Disposition"] = 'attachment; filename="traces.jsonl"'
         return response
 
 
-class TraceExportParquetApi(APIView):
-    """The same filtered traces as one Parquet file (`messages` as a list of structs, `tools`
-    as JSON text, `trace_id`, `external_id`): for pandas, DuckDB and `datasets`."""
-
-    permission_classes = [scope_required(ApiKeyScope.READ)]
+class TraceExportParquetApi(_TraceExport):
+    """As one Parquet file (`messages` as a list of structs, `tools` as JSON text,
+    `trace_id`, `external_id`): for pandas, DuckDB and `datasets`."""
 
     @extend_schema(
         operation_id="v1_traces_export_parquet",
-        parameters=[
-            OpenApiParameter(name, type=kind, description=text, required=False)
-            for name, kind, text in TRACE_LIST_PARAMETERS
-            if name not in ("after", "limit")
-        ]
-        + [OpenApiParameter("limit", int, description=f"at most this many traces (1-{EXPORT_MAX})")],
+        parameters=EXPORT_PARAMETERS,
         responses={200: OpenApiResponse(description="application/vnd.apache.parquet")},
     )
     def get(self, request):
-        filters = _list_filters(request)
-        if isinstance(filters, Response):
-            return filters
-        limit = limit_param(request.query_params, default=EXPORT_MAX, maximum=EXPORT_MAX)
-        data = traces_parquet(traces=traces_filtered(filters), limit=limit)
+        return super().get(request)
+
+    def download(self, traces, limit: int):
+        data = traces_parquet(traces=traces, limit=limit)
         return FileResponse(data, as_attachment=True, filename="traces.parquet", content_type=PARQUET)
 
 

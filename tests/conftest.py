@@ -12,7 +12,13 @@ from django.conf import settings
 
 # Session-scoped test servers and fixtures shared by every part's tests: browser (Chromium, live
 # server, logged-in pages), a real Celery worker, the vLLM server, and the scriptable judge.
-pytest_plugins = ["tests.fixtures.browser", "tests.fixtures.worker", "tests.fixtures.inference", "tests.fixtures.judge"]
+pytest_plugins = [
+    "tests.fixtures.browser",
+    "tests.fixtures.worker",
+    "tests.fixtures.inference",
+    "tests.fixtures.judge",
+    "tests.fixtures.wsgi",
+]
 
 
 def _port_open(host: str, port: int) -> bool:

@@ -15,25 +15,10 @@ pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 EXAMPLES = 12  # per operation and mode; the whole schema runs in about a minute
 
 
-@pytest.fixture
-def _one_connection():
-    """The app's requests share the test's connection and transaction, as Django's own
-    test client arranges: they must not close it at their end."""
-    from django.core.signals import request_finished, request_started
-    from django.db import close_old_connections
-
-    request_started.disconnect(close_old_connections)
-    request_finished.disconnect(close_old_connections)
-    yield
-    request_started.connect(close_old_connections)
-    request_finished.connect(close_old_connections)
-
-
-def test_no_generated_request_gets_a_server_error(_one_connection, settings):
+def test_no_generated_request_gets_a_server_error(in_process_site, settings):
     import hypothesis
     import schemathesis
     from django.contrib.auth import get_user_model
-    from django.core.wsgi import get_wsgi_application
     from drf_spectacular.generators import SchemaGenerator
     from hypothesis import HealthCheck, Phase
     from schemathesis.generation import GenerationMode
@@ -50,7 +35,7 @@ def test_no_generated_request_gets_a_server_error(_one_connection, settings):
 
     raw = SchemaGenerator().get_schema(request=None, public=True)
     schema = schemathesis.openapi.from_dict(raw)
-    schema.app = get_wsgi_application()
+    schema.app = in_process_site.app
     failures: list[str] = []
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) > 40  # the whole API, not an empty schema

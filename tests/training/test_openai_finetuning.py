@@ -9,9 +9,6 @@ import json
 import httpx
 import openai
 import pytest
-from django.core.signals import request_finished, request_started
-from django.core.wsgi import get_wsgi_application
-from django.db import close_old_connections
 
 from feedback.services.api_keys import api_key_create
 from tests.factories import DeploymentFactory
@@ -24,27 +21,19 @@ from webapp.work import WorkStatus
 pytestmark = pytest.mark.django_db
 
 
-def _client(key: str) -> openai.OpenAI:
-    # The SDK's own HTTP stack, answered in-process by the site's WSGI app, so the request
-    # runs inside the test's transaction.
-    transport = httpx.WSGITransport(app=get_wsgi_application())
-    return openai.OpenAI(
-        base_url="http://testserver/api/openai/v1",
-        api_key=key,
-        max_retries=0,
-        http_client=httpx.Client(transport=transport, base_url="http://testserver"),
-    )
+@pytest.fixture
+def connect(in_process_site):
+    """An `openai` client for a key: the SDK's own HTTP stack, answered in-process."""
 
+    def client(key: str) -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url="http://testserver/api/openai/v1",
+            api_key=key,
+            max_retries=0,
+            http_client=httpx.Client(transport=in_process_site, base_url="http://testserver"),
+        )
 
-@pytest.fixture(autouse=True)
-def _one_connection():
-    """The site's requests share the test's connection (and transaction), as Django's own
-    test client arranges: they must not close it at their end."""
-    request_started.disconnect(close_old_connections)
-    request_finished.disconnect(close_old_connections)
-    yield
-    request_started.connect(close_old_connections)
-    request_finished.connect(close_old_connections)
+    return client
 
 
 @pytest.fixture
@@ -58,8 +47,8 @@ def train_key(deployment):
 
 
 @pytest.fixture
-def sdk(train_key):
-    return _client(train_key.plaintext)
+def sdk(train_key, connect):
+    return connect(train_key.plaintext)
 
 
 def _jsonl(rows: list[dict]) -> bytes:
@@ -311,18 +300,18 @@ def test_a_nul_escaped_in_a_line_is_stored_as_a_replacement_character(sdk, base_
     assert item.corrected_response == "ok\ufffd" and item.messages[0]["content"] == "hi\ufffd"
 
 
-def test_keys_see_their_own_deployment_and_need_the_train_scope(sdk, base_version, deployment):
+def test_keys_see_their_own_deployment_and_need_the_train_scope(sdk, connect, base_version, deployment):
     upload = sdk.files.create(file=("train.jsonl", _jsonl(SUPERVISED)), purpose="fine-tune")
-    other = _client(api_key_create(deployment=DeploymentFactory(name="other-bot"), scopes=["train"]).plaintext)
+    other = connect(api_key_create(deployment=DeploymentFactory(name="other-bot"), scopes=["train"]).plaintext)
     with pytest.raises(openai.NotFoundError):
         other.files.retrieve(upload.id)
     assert list(other.files.list()) == []
-    reader = _client(api_key_create(deployment=deployment, scopes=["read", "ingest"]).plaintext)
+    reader = connect(api_key_create(deployment=deployment, scopes=["read", "ingest"]).plaintext)
     with pytest.raises(openai.PermissionDeniedError) as refused:
         reader.files.list()
     assert "train" in refused.value.body["message"]
     with pytest.raises(openai.AuthenticationError):
-        _client("pk_nope.secret").files.list()
+        connect("pk_nope.secret").files.list()
     with pytest.raises(openai.BadRequestError) as wrong:
         sdk.files.create(file=("x.jsonl", b"{}"), purpose="assistants")
     assert wrong.value.body["param"] == "purpose"
