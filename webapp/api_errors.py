@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rest_framework import exceptions
+from rest_framework import exceptions, parsers
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
@@ -66,3 +66,14 @@ def limit_param(params, *, default: int, maximum: int) -> int:
     if not 1 <= limit <= maximum:
         raise Invalid(f"a whole number from 1 to {maximum}", field="limit")
     return limit
+
+
+class JSONParser(parsers.JSONParser):
+    """DRF's JSON parser, with a body nested past the interpreter's recursion limit answered
+    as the malformed body it is (400) instead of a RecursionError (500)."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        try:
+            return super().parse(stream, media_type, parser_context)
+        except RecursionError:
+            raise exceptions.ParseError("JSON parse error - nested too deeply") from None

@@ -52,20 +52,17 @@ def _message(message: dict[str, Any]) -> dict[str, Any]:
         "content": _text(message.get("content")),
         "name": _text(message.get("name")),
         "tool_call_id": _text(message.get("tool_call_id")),
-        "tool_calls": [
-            {
-                "id": _text(call.get("id")),
-                "type": _text(call.get("type")),
-                "function": {
-                    "name": _text((call.get("function") or {}).get("name")),
-                    "arguments": _text((call.get("function") or {}).get("arguments")),
-                },
-            }
-            for call in calls
-            if isinstance(call, dict)
-        ]
-        if isinstance(calls, list)
-        else None,
+        "tool_calls": [_call(call) for call in calls if isinstance(call, dict)] if isinstance(calls, list) else None,
+    }
+
+
+def _call(call: dict[str, Any]) -> dict[str, Any]:
+    function = call.get("function")
+    function = function if isinstance(function, dict) else {}  # stored content is untrusted
+    return {
+        "id": _text(call.get("id")),
+        "type": _text(call.get("type")),
+        "function": {"name": _text(function.get("name")), "arguments": _text(function.get("arguments"))},
     }
 
 

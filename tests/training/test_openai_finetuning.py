@@ -350,3 +350,106 @@ def test_a_score_model_job_needs_the_judges_training_gate_open(sdk, base_version
         )
     assert refused.value.body["param"] == "method" and "judge" in refused.value.body["message"]
     assert not TrainingSet.objects.exists() and not TrainingJob.objects.exists()
+
+
+def test_lines_end_at_newlines_only_and_a_byte_order_mark_is_not_part_of_line_one(sdk, base_version):
+    lines = [
+        {
+            "messages": [
+                {"role": "user", "content": f"a\u2028b\u2029c\u0085 {i}"},
+                {"role": "assistant", "content": "ok"},
+            ]
+        }
+        for i in range(2)
+    ]
+    data = b"\xef\xbb\xbf" + "\r\n".join(json.dumps(x, ensure_ascii=False) for x in lines).encode()
+    upload = sdk.files.create(file=("u.jsonl", data), purpose="fine-tune")
+    job = sdk.fine_tuning.jobs.create(model="tiny-base", training_file=upload.id)
+    items = TrainingItem.objects.filter(training_set=TrainingJob.objects.get(pk=int(job.id[6:])).training_set)
+    assert sorted(i.messages[0]["content"] for i in items) == [f"a\u2028b\u2029c\u0085 {i}" for i in range(2)]
+
+
+@pytest.mark.parametrize(
+    "assistant",
+    [
+        {"role": "assistant", "tool_calls": "x"},
+        {"role": "assistant", "tool_calls": [{"function": "x"}]},
+        {"role": "assistant", "tool_calls": [5]},
+        {"role": "assistant", "content": {"a": 1}},
+    ],
+)
+def test_a_message_of_the_wrong_shape_is_refused_by_line(sdk, base_version, assistant):
+    upload = sdk.files.create(
+        file=("x.jsonl", _jsonl([{"messages": [{"role": "user", "content": "hi"}, assistant]}])), purpose="fine-tune"
+    )
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.fine_tuning.jobs.create(model="tiny-base", training_file=upload.id)
+    assert refused.value.body["param"] == "training_file" and "line 1: messages[1]" in refused.value.body["message"]
+
+
+def test_what_one_request_can_cost_is_bounded(sdk, base_version, in_process_site, train_key, monkeypatch):
+    from training.finetuning import services
+
+    raw = httpx.Client(transport=in_process_site, base_url="http://testserver")
+    answer = raw.post(
+        "/api/openai/v1/fine_tuning/jobs",
+        content=b'{"metadata": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+        headers={"Authorization": f"Bearer {train_key.plaintext}", "Content-Type": "application/json"},
+    )
+    assert answer.status_code == 400, answer.text  # nested too deeply for the parser: not a 500
+
+    upload = sdk.files.create(file=("t.jsonl", _jsonl(GRADED)), purpose="fine-tune")
+    big = {**MULTI["graders"]["has"], "name": "x" * 10_000}  # each line's item carries the grader
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.fine_tuning.jobs.create(
+            model="tiny-base",
+            training_file=upload.id,
+            method={"type": "reinforcement", "reinforcement": {"grader": big}},
+        )
+    assert refused.value.body["param"] == "method.reinforcement.grader"
+
+    monkeypatch.setattr(services, "MAX_LINES", 3)
+    with pytest.raises(openai.BadRequestError, match="more than 3 lines"):
+        sdk.fine_tuning.jobs.create(model="tiny-base", training_file=upload.id)
+
+    line = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}], "x": [[[[]]]]}
+    for _ in range(70):
+        line["x"] = [line["x"]]
+    deep = sdk.files.create(file=("d.jsonl", json.dumps(line).encode()), purpose="fine-tune")
+    with pytest.raises(openai.BadRequestError, match="nested deeper"):
+        sdk.fine_tuning.jobs.create(model="tiny-base", training_file=deep.id)
+
+
+def test_ids_are_ascii_digits_and_the_deployments_own_version_wins(sdk, base_version, deployment):
+    from training.serving.models import ModelVersion as Version
+
+    with pytest.raises(openai.NotFoundError):
+        sdk.fine_tuning.jobs.retrieve("ftjob-\u00b2")
+    own = Version.objects.create(
+        name="shared-name",
+        base_model=base_version.base_model,
+        kind="base",
+        path=base_version.path,
+        deployment=deployment,
+    )
+    Version.objects.create(
+        name="shared-name-2", base_model=base_version.base_model, kind="base", path=base_version.path
+    )
+    upload = sdk.files.create(file=("t.jsonl", _jsonl(SUPERVISED)), purpose="fine-tune")
+    job = sdk.fine_tuning.jobs.create(
+        model="shared-name",
+        training_file=upload.id,
+        method={"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 1, "batch_size": 2}}},
+        metadata={"0": "x"},
+    )
+    assert TrainingJob.objects.get(pk=int(job.id[6:])).base_version == own
+    assert job.hyperparameters.n_epochs == 1  # as asked, not worked back from the steps
+    assert [j.id for j in sdk.fine_tuning.jobs.list(metadata={"0": "x"})] == [job.id]  # a key, not an index
+    assert sdk.fine_tuning.jobs.cancel(job.id).status == "cancelled"
+
+
+def test_an_admin_can_still_delete_a_deployment_that_fine_tuned(sdk, base_version, deployment):
+    upload = sdk.files.create(file=("t.jsonl", _jsonl(SUPERVISED)), purpose="fine-tune")
+    sdk.fine_tuning.jobs.create(model="tiny-base", training_file=upload.id)
+    deployment.delete()
+    assert not FineTuningFile.objects.exists() and not FineTuningJob.objects.exists()

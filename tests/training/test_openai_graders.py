@@ -128,4 +128,57 @@ def test_the_trainer_reads_a_stored_grader_by_name():
     reference = json.dumps({"grader": check("ilike"), "item": {"id": "A1"}})
     assert grade("openai", "Order a1 is refunded", reference) == 1.0
     assert grade("openai", "Order B2", reference) == 0.0
-    assert grade("openai", "anything", "not json") == 0.0
+
+
+@pytest.mark.parametrize("formula", ["9" * 400 + " * exact", "1e999 * exact", "min(exact)", "max(exact)"])
+def test_a_formula_that_would_break_the_trainer_is_refused_up_front(formula):
+    with pytest.raises(G.GraderSpecError):
+        G.spec_validate({"type": "multi", "graders": {"exact": check("eq")}, "calculate_output": formula})
+
+
+def test_a_score_that_is_not_a_number_the_loss_can_use_is_zero():
+    spec = {"type": "multi", "graders": {"e": check("eq")}, "calculate_output": "1e308 * 10 * e - 1e308 * 10 * e"}
+    G.spec_validate(spec)
+    assert G.grade(spec, output_text="A1", item={"id": "A1"}) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        (
+            {
+                "type": "multi",
+                "graders": {"m": {"type": "multi", "graders": {"e": check("eq")}, "calculate_output": "e"}},
+                "calculate_output": "m",
+            },
+            "g.graders.m.type",
+        ),
+        ({"type": "score_model", "input": "plain", "range": [0, 1]}, "g.input"),
+        ({"type": "score_model", "input": ["x"]}, "g.input"),
+        ({"type": "score_model", "input": [{"role": "user", "content": "ok?"}], "range": 5}, "g.range"),
+        ({"type": "score_model", "input": [{"role": "user", "content": "ok?"}], "range": [1]}, "g.range"),
+        ({"type": "score_model", "input": [{"role": "user", "content": "ok?"}], "range": [1, 0]}, "g.range"),
+        ({**check("eq", "{{ item.a }}" * 17)}, "g.reference"),
+    ],
+)
+def test_a_grader_of_the_wrong_shape_or_size_is_named(spec, field):
+    with pytest.raises(G.GraderSpecError) as refused:
+        G.spec_validate(spec, field="g")
+    assert refused.value.errors[0][0] == field
+
+
+def test_one_samples_grading_is_bounded_whatever_the_line_holds():
+    import time
+
+    spec = {**similarity("fuzzy_match"), "reference": "{{ item.answer }}"}
+    started = time.perf_counter()
+    G.grade(spec, output_text="ab" * 1000, item={"answer": "ba" * 50_000})
+    assert time.perf_counter() - started < 5  # compared on the first 4,000 characters, not 100,000
+    assert len(G.render("{{ item.a }}" * 40, output_text="", item={"a": "x" * 50_000})) <= 16 * 20_000 + 24 * 12
+
+
+def test_a_stored_grader_that_cannot_run_fails_the_job_with_its_reason():
+    with pytest.raises(ValueError, match="cannot run"):
+        grade("openai", "x", json.dumps({"grader": {"type": "string_check"}, "item": {}}))
+    with pytest.raises(ValueError, match="needs the reference"):
+        grade("openai", "x", "not json")

@@ -13,7 +13,7 @@ from django.http import HttpResponse
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import exceptions
 from rest_framework.negotiation import DefaultContentNegotiation
-from rest_framework.parsers import JSONParser, MultiPartParser
+from rest_framework.parsers import MultiPartParser
 from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -21,7 +21,7 @@ from rest_framework.views import APIView
 from feedback.auth import ApiKeyAuthentication, ApiKeyPrincipal
 from training.finetuning import services
 from training.finetuning.models import FineTuningFile, FineTuningJob
-from webapp.api_errors import exception_handler, limit_param
+from webapp.api_errors import JSONParser, exception_handler, limit_param
 
 TAG = ["OpenAI fine-tuning"]
 ERRORS = {

@@ -14,10 +14,12 @@ def file_id() -> str:
 
 class FineTuningFile(models.Model):
     """A JSONL file uploaded with purpose `fine-tune`. The lines are read when a job is
-    made from it (as OpenAI does), so an upload is only checked for size and encoding."""
+    made from it (as OpenAI does), so an upload is only checked for size and encoding.
+    Files and requests go with their key (and its deployment) when an admin deletes it; the
+    training sets and jobs made from them stay."""
 
     id = models.CharField(primary_key=True, max_length=40, default=file_id, editable=False)
-    api_key = models.ForeignKey("feedback.ApiKey", on_delete=models.PROTECT, related_name="fine_tuning_files")
+    api_key = models.ForeignKey("feedback.ApiKey", on_delete=models.CASCADE, related_name="fine_tuning_files")
     filename = models.CharField(max_length=255)
     purpose = models.CharField(max_length=40)
     content = models.TextField()
@@ -37,10 +39,10 @@ class FineTuningJob(models.Model):
     (`ftjob-<training job id>`)."""
 
     job = models.OneToOneField("training.TrainingJob", primary_key=True, on_delete=models.CASCADE, related_name="+")
-    api_key = models.ForeignKey("feedback.ApiKey", on_delete=models.PROTECT, related_name="fine_tuning_jobs")
-    training_file = models.ForeignKey(FineTuningFile, on_delete=models.PROTECT, related_name="+")
+    api_key = models.ForeignKey("feedback.ApiKey", on_delete=models.CASCADE, related_name="fine_tuning_jobs")
+    training_file = models.ForeignKey(FineTuningFile, on_delete=models.CASCADE, related_name="+")
     validation_file = models.ForeignKey(
-        FineTuningFile, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+        FineTuningFile, null=True, blank=True, on_delete=models.CASCADE, related_name="+"
     )
     model = models.CharField(max_length=120)
     method = models.JSONField(default=dict)

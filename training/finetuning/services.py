@@ -12,16 +12,17 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
-from django.db.models.fields.json import KeyTextTransform
 from django.utils import timezone
 
 from feedback.models import ApiKey
+from feedback.services.chat_format import MAX_JSON_DEPTH, json_depth
 from feedback.services.ingest import strip_nul
 from training.finetuning.models import FineTuningFile, FineTuningJob
 from training.grpo import openai_graders
@@ -31,9 +32,15 @@ from training.services.jobs import JobError, training_job_cancel, training_job_c
 from training.services.training_sets import TrainingSetError, training_set_create
 from training.serving.models import ModelVersion
 from webapp.errors import Invalid, NotFound
+from webapp.work import WorkStatus
 
 PURPOSE = "fine-tune"
+_DIGITS = re.compile(r"[0-9]{1,18}")  # ASCII digits only: str.isdigit also takes superscripts and other scripts
 MAX_LINE_ERRORS = 5
+# A job is made from its files inside the request: these bound what one request can cost.
+MAX_LINES = 10_000
+MAX_GRADER_BYTES = 8_192
+MAX_RUBRIC = 16_384
 MAX_EPOCHS = 50
 MAX_BATCH = 256
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -73,7 +80,7 @@ def file_create(*, api_key: ApiKey, filename: str, purpose: str, data: bytes) ->
     if len(data) > limit:
         raise FineTuningError([("file", f"is {len(data)} bytes; at most {limit}")])
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # a leading byte-order mark is not part of line 1
     except UnicodeDecodeError:
         raise FineTuningError([("file", "must be UTF-8 JSONL")]) from None
     if "\x00" in text:
@@ -97,8 +104,13 @@ def files_list(*, api_key: ApiKey, purpose: str | None = None, after: str | None
     return list(files[: limit + 1])
 
 
-def file_get(*, api_key: ApiKey, file_id: str, field: str = "file_id") -> FineTuningFile:
-    found = _visible_files(api_key).filter(pk=_name(file_id, field)).first()
+def file_get(*, api_key: ApiKey, file_id: str, field: str = "file_id", lock: bool = False) -> FineTuningFile:
+    """The key's deployment's file; `lock` holds its row until the transaction ends, so a
+    job being made from it and its deletion never interleave."""
+    files = _visible_files(api_key)
+    if lock:
+        files = files.select_for_update()
+    found = files.filter(pk=_name(file_id, field)).first()
     if found is None and field != "file_id":  # named in a body or a query: a bad request
         raise FineTuningError([(field, f"no file {file_id!r}")])
     if found is None:
@@ -110,7 +122,7 @@ def file_get(*, api_key: ApiKey, file_id: str, field: str = "file_id") -> FineTu
 def file_delete(*, api_key: ApiKey, file_id: str) -> FineTuningFile:
     """Delete a file. One a job was made from is hidden instead, so the job keeps its
     provenance; its training set already holds the items."""
-    found = file_get(api_key=api_key, file_id=file_id)
+    found = file_get(api_key=api_key, file_id=file_id, lock=True)
     used = FineTuningJob.objects.filter(Q(training_file=found) | Q(validation_file=found)).exists()
     if used:
         found.deleted_at = timezone.now()
@@ -125,15 +137,22 @@ def file_delete(*, api_key: ApiKey, file_id: str) -> FineTuningFile:
 
 def _lines(upload: FineTuningFile, field: str) -> list[tuple[int, dict[str, Any]]]:
     rows, errors = [], []
-    for number, line in enumerate(upload.content.splitlines(), start=1):
+    # Lines end at "\n" only: JSON strings may hold U+2028, U+2029 or U+0085 raw, which
+    # str.splitlines would also break on.
+    for number, line in enumerate(upload.content.split("\n"), start=1):
+        line = line.removesuffix("\r")
         if not line.strip():
             continue
+        if len(rows) >= MAX_LINES:
+            raise FineTuningError([(field, f"has more than {MAX_LINES} lines")])
         try:
             row = json.loads(line)
         except (ValueError, RecursionError):
             errors.append((field, f"line {number} is not JSON"))
         else:
-            if isinstance(row, dict):
+            if isinstance(row, dict) and json_depth(row) > MAX_JSON_DEPTH:
+                errors.append((field, f"line {number} is nested deeper than {MAX_JSON_DEPTH} levels"))
+            elif isinstance(row, dict):
                 rows.append((number, strip_nul(row)))  # a "\u0000" escape: the store holds no NUL
             else:
                 errors.append((field, f"line {number} must be a JSON object"))
@@ -153,10 +172,36 @@ def _messages(row: dict[str, Any], number: int, field: str) -> list[dict[str, An
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or message.get("role") not in ROLES:
             raise FineTuningError([(field, f"line {number}: messages[{i}] needs a role of {', '.join(ROLES)}")])
+        wrong = _message_shape(message)
+        if wrong:
+            raise FineTuningError([(field, f"line {number}: messages[{i}].{wrong}")])
     tools = row.get("tools")
     if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
         raise FineTuningError([(field, f"line {number}: tools must be a list of tool definitions")])
     return messages
+
+
+def _message_shape(message: dict[str, Any]) -> str:
+    """What is wrong with a message's content or tool calls ("" when nothing): the chat
+    format's shapes, which the SFT target and the exports read."""
+    content = message.get("content")
+    parts_ok = isinstance(content, list) and all(
+        isinstance(p, dict) and isinstance(p.get("text", ""), str) for p in content
+    )
+    if content is not None and not isinstance(content, str) and not parts_ok:
+        return "content must be text, a list of text parts, or null"
+    calls = message.get("tool_calls")
+    if calls is None:
+        return ""
+    if not isinstance(calls, list):
+        return "tool_calls must be a list"
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            return "tool_calls must each have a function with a name"
+        if not isinstance(function.get("arguments", "{}"), str | dict):
+            return "tool_calls' arguments must be a JSON string or an object"
+    return ""
 
 
 def _key(*parts: Any) -> str:
@@ -214,14 +259,15 @@ def reinforcement_items(upload: FineTuningFile, grader: dict[str, Any], *, split
             "provenance": {"source": "fine-tuning file", "file": upload.id, "line": number},
         }
         if grader["type"] == "score_model":
-            items.append({**common, "kind": TrainingItemKind.TURN, "rubric": _judge_rubric(grader, item)})
+            rubric = _judge_rubric(grader, item, number, field)
+            items.append({**common, "kind": TrainingItemKind.TURN, "rubric": rubric})
         else:
             reference = json.dumps({"grader": grader, "item": item}, ensure_ascii=False)
             items.append({**common, "kind": TrainingItemKind.TASK, "grader": "openai", "reference": reference})
     return items
 
 
-def _judge_rubric(grader: dict[str, Any], item: dict[str, Any]) -> str:
+def _judge_rubric(grader: dict[str, Any], item: dict[str, Any], number: int, field: str) -> str:
     """A `score_model` grader's prompt, with the line's fields filled in, as the rubric the
     judge scores each sampled response under."""
     parts = []
@@ -230,9 +276,12 @@ def _judge_rubric(grader: dict[str, Any], item: dict[str, Any]) -> str:
             openai_graders._content(message), output_text="(the response being scored)", item=item
         )
         parts.append(f"{message.get('role', 'user')}: {text}")
-    low, high = (grader.get("range") or [0, 1])[:2]
+    low, high = grader.get("range", [0, 1])
     parts.append(f"Score from {low} to {high}.")
-    return "\n".join(parts)
+    rubric = "\n".join(parts)
+    if len(rubric) > MAX_RUBRIC:
+        raise FineTuningError([(field, f"line {number}: the grader's prompt fills to over {MAX_RUBRIC} characters")])
+    return rubric
 
 
 # --- jobs --------------------------------------------------------------------------------------
@@ -265,11 +314,15 @@ def _method(method: Any, hyperparameters: Any) -> Plan:
         raise FineTuningError([(f"method.{kind}.hyperparameters", "must be an object")])
     grader = None
     if kind == "reinforcement":
-        grader = strip_nul(body.get("grader"))
+        grader = body.get("grader")
         try:
             openai_graders.spec_validate(grader, field="method.reinforcement.grader")
         except openai_graders.GraderSpecError as exc:
             raise FineTuningError(exc.errors) from None
+        # Each line's item carries the grader: its size bounds what a job stores.
+        if len(json.dumps(grader)) > MAX_GRADER_BYTES:
+            raise FineTuningError([("method.reinforcement.grader", f"at most {MAX_GRADER_BYTES} bytes as JSON")])
+        grader = strip_nul(grader)
     return Plan(kind=kind, grader=grader, hyperparameters=asked)
 
 
@@ -315,6 +368,7 @@ def _config(plan: Plan, *, train_count: int, has_validation: bool, seed: int) ->
         config["eval_samples"] = _choice(asked, "eval_samples", field, default=2, low=1, high=64)
     else:
         config["eval_every"] = 0
+    config["n_epochs"] = epochs  # what was asked for, reported back (not a job setting)
     return config
 
 
@@ -322,12 +376,8 @@ def _version(api_key: ApiKey, name: Any) -> ModelVersion:
     if not isinstance(name, str) or not name:
         raise FineTuningError([("model", "name a model version (GET /api/v1/models lists them)")])
     _name(name, "model")
-    version = (
-        ModelVersion.objects.select_related("base_model")
-        .filter(name=name)
-        .filter(Q(deployment__isnull=True) | Q(deployment=api_key.deployment))
-        .first()
-    )
+    versions = ModelVersion.objects.select_related("base_model").filter(name=name)
+    version = versions.filter(deployment=api_key.deployment).first() or versions.filter(deployment__isnull=True).first()
     if version is None:
         raise FineTuningError([("model", f"no model version {name!r} for this deployment")])
     return version
@@ -380,12 +430,14 @@ def fine_tuning_job_create(
         raise FineTuningError([("seed", "must be an integer from 0 to 2147483647")])
     if not isinstance(training_file, str):
         raise FineTuningError([("training_file", "name an uploaded file")])
-    train_file = file_get(api_key=api_key, file_id=training_file, field="training_file")
+    train_file = file_get(api_key=api_key, file_id=training_file, field="training_file", lock=True)
     check_file = None
     if validation_file is not None:
         if not isinstance(validation_file, str):
             raise FineTuningError([("validation_file", "name an uploaded file")])
-        check_file = file_get(api_key=api_key, file_id=validation_file, field="validation_file")
+        check_file = file_get(api_key=api_key, file_id=validation_file, field="validation_file", lock=True)
+    if plan.grader and plan.grader["type"] == "score_model":
+        _judge_gate_open(api_key)  # before any line is read
 
     def items_of(upload: FineTuningFile, split: str, field: str) -> list[dict]:
         if plan.kind == "supervised":
@@ -395,6 +447,7 @@ def fine_tuning_job_create(
     train = items_of(train_file, "train", "training_file")
     held = items_of(check_file, "heldout", "validation_file") if check_file else []
     config = _config(plan, train_count=len(train), has_validation=bool(held), seed=seed)
+    epochs = config.pop("n_epochs")
     kind = JobKind.SFT if plan.kind == "supervised" else JobKind.GRPO
     try:
         training_set = training_set_create(
@@ -426,7 +479,7 @@ def fine_tuning_job_create(
         model=version.name,
         method={"type": plan.kind, **({"grader": plan.grader} if plan.grader else {})},
         hyperparameters={
-            "n_epochs": math.ceil(config["steps"] * config["prompts_per_step"] / max(len(train), 1)),
+            "n_epochs": epochs,
             "batch_size": config["prompts_per_step"],
             "learning_rate_multiplier": config["learning_rate"] / (1e-4 if kind == JobKind.SFT else 2e-4),
         },
@@ -434,6 +487,16 @@ def fine_tuning_job_create(
         seed=seed,
         metadata=tags,
     )
+
+
+def _judge_gate_open(api_key: ApiKey) -> None:
+    """A score_model grader is the deployment's judge: its training gate must be open."""
+    from training.services.judge_gate import JudgeGateClosed, judge_gate_pass
+
+    try:
+        judge_gate_pass(deployments=[api_key.deployment], uses="a GRPO job rewarded by the judge")
+    except JudgeGateClosed as exc:
+        raise FineTuningError([("method", exc.reason)]) from None
 
 
 def _request_field(field: str) -> str:
@@ -455,7 +518,7 @@ def _jobs(api_key: ApiKey):
 
 def fine_tuning_job_get(*, api_key: ApiKey, job_id: str, field: str = "fine_tuning_job_id") -> FineTuningJob:
     number = job_id.removeprefix("ftjob-") if isinstance(job_id, str) else ""
-    found = _jobs(api_key).filter(pk=int(number)).first() if number.isdigit() and len(number) < 19 else None
+    found = _jobs(api_key).filter(pk=int(number)).first() if _DIGITS.fullmatch(number) else None
     if found is None and field != "fine_tuning_job_id":
         raise FineTuningError([(field, f"no fine-tuning job {job_id!r}")])
     if found is None:
@@ -470,15 +533,19 @@ def fine_tuning_jobs_list(
     metadata = _metadata(metadata or None)
     if after:
         jobs = jobs.filter(job_id__lt=fine_tuning_job_get(api_key=api_key, job_id=after, field="after").job_id)
-    for n, (key, value) in enumerate((metadata or {}).items()):
-        # The key is taken literally (never parsed as a lookup path like `a__regex`).
-        jobs = jobs.alias(**{f"_tag{n}": KeyTextTransform(key, "metadata")}).filter(**{f"_tag{n}": value})
-    return list(jobs[: limit + 1])
+    if not metadata:
+        return list(jobs[: limit + 1])
+    # Compared in Python: a key is then always a key (never a lookup path like `a__regex`, nor
+    # an array index like "0"), on PostgreSQL and SQLite alike. A deployment's jobs are few.
+    wanted = metadata.items()
+    return [ft for ft in jobs.iterator(chunk_size=200) if wanted <= (ft.metadata or {}).items()][: limit + 1]
 
 
 def fine_tuning_job_cancel(*, api_key: ApiKey, job_id: str) -> FineTuningJob:
     found = fine_tuning_job_get(api_key=api_key, job_id=job_id)
-    if found.job.status not in ("queued", "running"):
+    if found.job.status == WorkStatus.CANCELLING:
+        return found  # asked already: it stops at its next step
+    if found.job.status not in (WorkStatus.QUEUED, WorkStatus.RUNNING):
         from webapp.errors import Conflict
 
         raise Conflict(f"the job has already ended ({found.job.status})", field="fine_tuning_job_id")
@@ -491,7 +558,7 @@ def job_events(*, ft: FineTuningJob, after: str | None = None, limit: int = 20) 
     events = TrainingJobEvent.objects.filter(job_id=ft.job_id).exclude(kind=JobEventKind.SAMPLE).order_by("-id")
     if after:
         number = after.removeprefix("ftevent-")
-        if not number.isdigit() or len(number) > 18:
+        if not _DIGITS.fullmatch(number):
             raise FineTuningError([("after", "must be an event id from this list")])
         events = events.filter(id__lt=int(number))
     return list(events[: limit + 1])

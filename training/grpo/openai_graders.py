@@ -25,6 +25,12 @@ STRING_OPERATIONS = ("eq", "ne", "like", "ilike")
 SIMILARITY_METRICS = ("fuzzy_match", "bleu", "rouge_1", "rouge_2", "rouge_l")
 _TEMPLATE = re.compile(r"\{\{\s*([A-Za-z_][\w.]*)\s*\}\}")
 _MAX_EXPRESSION = 500
+# A grader comes from a request and runs on every sample: its cost is bounded. At most this
+# many placeholders per template, each filled with at most MAX_VALUE characters, and the
+# similarity metrics (quadratic in the lengths) compare the first MAX_COMPARED characters.
+MAX_PLACEHOLDERS = 16
+MAX_VALUE = 20_000
+MAX_COMPARED = 4_000
 
 
 class GraderSpecError(ValueError):
@@ -58,7 +64,7 @@ def render(template: str, *, output_text: str, item: dict[str, Any]) -> str:
             return _as_text(_lookup(item, path[1:]))
         return match.group(0)
 
-    return _TEMPLATE.sub(value, template)
+    return _TEMPLATE.sub(lambda m: value(m)[:MAX_VALUE], template, count=MAX_PLACEHOLDERS)
 
 
 def _lookup(value: Any, path: list[str]) -> Any:
@@ -95,10 +101,14 @@ def _check(spec: Any, field: str, nested: bool, errors: list[tuple[str, str]]) -
         for key in ("input", "reference"):
             if not isinstance(spec.get(key), str):
                 errors.append((f"{field}.{key}", "must be a string template"))
+            elif len(_TEMPLATE.findall(spec[key])) > MAX_PLACEHOLDERS:
+                errors.append((f"{field}.{key}", f"at most {MAX_PLACEHOLDERS} placeholders"))
         if kind == "string_check" and spec.get("operation") not in STRING_OPERATIONS:
             errors.append((f"{field}.operation", f"must be one of {', '.join(STRING_OPERATIONS)}"))
         if kind == "text_similarity" and spec.get("evaluation_metric") not in SIMILARITY_METRICS:
             errors.append((f"{field}.evaluation_metric", f"must be one of {', '.join(SIMILARITY_METRICS)} here"))
+    elif kind == "multi" and nested:
+        errors.append((f"{field}.type", "a multi grader's graders cannot be multi graders"))
     elif kind == "multi":
         graders = spec.get("graders")
         if not isinstance(graders, dict) or not graders:
@@ -118,12 +128,30 @@ def _check(spec: Any, field: str, nested: bool, errors: list[tuple[str, str]]) -
                 errors.append((f"{field}.calculate_output", str(exc)))
     elif kind == "score_model" and nested:
         errors.append((f"{field}.type", "score_model is the judge's and cannot sit inside multi"))
-    elif kind == "score_model":
-        return  # the fine-tuning service maps it onto the judge
+    elif kind == "score_model":  # the fine-tuning service maps it onto the judge
+        _check_score_model(spec, field, errors)
     elif kind in ("python", "label_model", "endpoint"):
         errors.append((f"{field}.type", f"{kind} graders are not run by this server"))
     else:
         errors.append((f"{field}.type", "must be string_check, text_similarity, score_model or multi"))
+
+
+def _check_score_model(spec: dict[str, Any], field: str, errors: list[tuple[str, str]]) -> None:
+    messages = spec.get("input")
+    good = isinstance(messages, list) and 0 < len(messages) <= 16
+    good = good and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str | list)
+        for m in messages
+    )
+    if not good:
+        errors.append((f"{field}.input", "must be a list of up to 16 messages with a role and a content"))
+    elif sum(len(_TEMPLATE.findall(_content(m))) for m in messages) > MAX_PLACEHOLDERS:
+        errors.append((f"{field}.input", f"at most {MAX_PLACEHOLDERS} placeholders"))
+    bounds = spec.get("range", [0, 1])
+    numbers = isinstance(bounds, list) and len(bounds) == 2
+    numbers = numbers and all(isinstance(b, int | float) and not isinstance(b, bool) for b in bounds)
+    if not (numbers and all(math.isfinite(b) for b in bounds) and bounds[0] < bounds[1]):
+        errors.append((f"{field}.range", "must be two numbers, low then high"))
 
 
 def item_fields(spec: dict[str, Any]) -> list[str]:
@@ -149,12 +177,13 @@ def grade(spec: dict[str, Any], *, output_text: str, item: dict[str, Any]) -> fl
     kind = spec["type"]
     if kind == "multi":
         scores = {name: grade(inner, output_text=output_text, item=item) for name, inner in spec["graders"].items()}
-        return float(_compile(spec["calculate_output"], set(scores))(scores))
+        total = float(_compile(spec["calculate_output"], set(scores))(scores))
+        return total if math.isfinite(total) else 0.0  # a reward is a number the loss can use
     given = render(spec["input"], output_text=output_text, item=item)
     reference = render(spec["reference"], output_text=output_text, item=item)
     if kind == "string_check":
         return _string_check(spec["operation"], given, reference)
-    return SIMILARITY[spec["evaluation_metric"]](given, reference)
+    return SIMILARITY[spec["evaluation_metric"]](given[:MAX_COMPARED], reference[:MAX_COMPARED])
 
 
 def _string_check(operation: str, given: str, reference: str) -> float:
@@ -260,7 +289,12 @@ def _compile(expression: str, names: set[str]) -> Callable[[dict[str, float]], f
 
     def build(node: ast.AST) -> Callable[[dict[str, float]], float]:
         if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-            number = float(node.value)
+            try:
+                number = float(node.value)
+            except OverflowError:
+                raise ValueError("holds a number too large") from None
+            if not math.isfinite(number):
+                raise ValueError("holds a number too large")
             return lambda scores: number
         if isinstance(node, ast.Name) and node.id in names:
             name = node.id
@@ -281,6 +315,8 @@ def _compile(expression: str, names: set[str]) -> Callable[[dict[str, float]], f
             fn, args = _FUNCTIONS[node.func.id], [build(a) for a in node.args]
             if fn is abs and len(args) != 1:
                 raise ValueError("abs takes one value")
+            if fn is not abs and len(args) < 2:
+                raise ValueError(f"{node.func.id} takes two values or more")
             return lambda scores: float(fn(*(a(scores) for a in args)))
         if isinstance(node, ast.Name):
             raise ValueError(f"{node.id!r} is not one of the graders ({', '.join(sorted(names))})")
@@ -292,16 +328,24 @@ def _compile(expression: str, names: set[str]) -> Callable[[dict[str, float]], f
 def _safe(op, left: float, right: float) -> float:
     try:
         return float(op(left, right))
-    except ZeroDivisionError:
+    except (ZeroDivisionError, OverflowError):
         return 0.0
 
 
 def grade_reference(response: str, reference: str) -> float:
     """The trainer's grader signature (response, reference): `reference` is the JSON
-    `{"grader": spec, "item": line}` the fine-tuning service stores on each item."""
+    `{"grader": spec, "item": line}` of a fine-tuning item. A stored grader that cannot run
+    (an item made by hand, not by the fine-tuning service) raises ValueError, which fails
+    the job with its reason, rather than rewarding every sample 0."""
     try:
         stored = json.loads(reference)
         spec, item = stored["grader"], stored["item"]
     except (ValueError, KeyError, TypeError):
-        return 0.0
+        raise ValueError('an item\'s grader "openai" needs the reference {"grader": …, "item": …}') from None
+    if not isinstance(item, dict):
+        raise ValueError('an item\'s grader "openai" needs its line as an object')
+    try:
+        spec_validate(spec, field="grader")
+    except GraderSpecError as exc:
+        raise ValueError(f"the item's grader cannot run: {exc}") from None
     return grade(spec, output_text=response, item=item)
