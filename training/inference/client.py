@@ -97,7 +97,7 @@ def error_for_status(status: int, content: bytes) -> InferenceError:
 
 def server_root(url: str) -> str:
     """The server's root URL, the form every caller names it by (`/v1/...` paths go under it)."""
-    return url.rstrip("/").removesuffix("/v1")
+    return url.strip().rstrip("/").removesuffix("/v1").rstrip("/")
 
 
 def auth_headers(api_key: str) -> dict[str, str]:
