@@ -301,7 +301,10 @@ class InferenceClient:
             raise ValueError("start must fall inside token_ids, after at least one token")
         payload = {"model": model, "prompt": token_ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0}
         body = self._json(self.request("POST", "/v1/completions", json=payload, timeout=timeout, retries=0))
-        entries = body["choices"][0].get("prompt_logprobs") or []
+        try:
+            entries = body["choices"][0].get("prompt_logprobs") or []
+        except (KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise InferenceBadAnswer(f"unexpected completion: {str(body)[:300]}") from exc
         if len(entries) != len(token_ids):
             raise InferenceBadAnswer(f"expected {len(token_ids)} prompt log-probs, got {len(entries)}")
         out = []
