@@ -134,7 +134,7 @@ def main() -> None:
     model_dir = tiny_prepare(settings.DATA_DIR / "test-models" / "tiny")
     adapter = tiny_adapter_train(model_dir, settings.DATA_DIR / "test-models" / "tiny-lora-tool-call")
     spec = ServerSpec(model_path=str(model_dir), served_name="tiny", port=free_port(), max_model_len=1024,
-                      max_lora_rank=16, max_loras=4, kv_cache_gib=1)  # fmt: skip
+                      max_lora_rank=16, max_loras=4, kv_cache_gib=1, api_key=settings.INFERENCE_API_KEY)  # fmt: skip
     server = InferenceServer(spec, log_path=settings.DATA_DIR / "logs" / "bench-promotion-vllm.log")
     procs: list[subprocess.Popen] = []
     try:

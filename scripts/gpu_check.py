@@ -127,12 +127,22 @@ def run_shape(name: str, args, tokenizer, tokenizer_dir: Path) -> dict:
     server, vllm_key = None, ""
     work = Path(tempfile.mkdtemp(prefix=f"gpu-check-{name}-"))
     if args.vllm:
-        from training.grpo.vllm_rollout import start_server
+        from training.inference.server import InferenceServer, ServerSpec
 
         model.save_pretrained(work / "base")
         tokenizer.save_pretrained(work / "base")
-        server, url, vllm_key = start_server(work / "base", port=args.vllm_port, max_lora_rank=config.lora_rank)
-        config.rollout, config.vllm_url = "vllm", url
+        # A key of its own for this launch (ServerSpec's default): nothing else talks to it.
+        spec = ServerSpec(
+            model_path=str(work / "base"), served_name="base", port=args.vllm_port, max_lora_rank=config.lora_rank
+        )
+        server = InferenceServer(spec, log_path=work / "vllm.log")
+        server.start()
+        try:
+            server.wait_ready(timeout=600)
+        except Exception:
+            server.stop()
+            raise
+        config.rollout, config.vllm_url, vllm_key = "vllm", f"{spec.url}/v1", spec.api_key
     policy = load_policy(config, model=model, tokenizer=tokenizer)
     steps: list[dict] = []
 
@@ -166,7 +176,7 @@ def run_shape(name: str, args, tokenizer, tokenizer_dir: Path) -> dict:
         )
     finally:
         if server is not None:
-            server.terminate()
+            server.stop()
     timed = steps[1:] if len(steps) > 1 else steps  # the first step pays for warm-up
     total_tokens = sum(m["generated_tokens"] for m in timed)
     summary = {

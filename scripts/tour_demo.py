@@ -232,9 +232,9 @@ def main() -> int:
 
     from feedback.demo.agent import ACT_OR_REPLY_REGEX, demo_agent_run
     from feedback.services.api_keys import api_key_create
-    from training.inference import client
     from training.inference.server import InferenceServer, ServerSpec
     from training.services.episode_sets import training_set_from_episodes
+    from training.services.inference import inference_client
     from training.services.job_runner import training_job_run
     from training.services.jobs import training_job_create
     from training.serving.models import ModelVersion
@@ -279,6 +279,7 @@ def main() -> int:
             host=where.hostname if where else "127.0.0.1",
             port=where.port if where else free_port(),
             max_lora_rank=16,
+            api_key=settings.INFERENCE_API_KEY,
         )
         server = InferenceServer(spec, log_path=args.out / "vllm.log")
         server.start()
@@ -423,7 +424,7 @@ def main() -> int:
                         raise RuntimeError(f"the {kind} job ended {status!r} without a candidate version")
                 t = mark("training job", t)
                 candidate = start_version
-            client.adapter_load(candidate.name, candidate.path, base_url=url)
+            inference_client(url).adapter_load(candidate.name, candidate.path)
             live_version_set(deployment=deployment, version=candidate, reason=f"tour-demo seed {seed}: the candidate")
             t = mark("release of the candidate", t)
             after = measure(seed, candidate.name)

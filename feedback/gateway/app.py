@@ -18,9 +18,10 @@ from feedback.gateway.access import Access, Route
 from feedback.gateway.errors import GatewayError, error_body
 from feedback.gateway.exchange import Exchange, ExchangeStatus
 from feedback.gateway.recorder import Recorder
-from feedback.gateway.upstream import UpstreamError, UpstreamPool
+from feedback.gateway.upstream import UpstreamPool
 from feedback.services.capture import new_trace_key
 from feedback.services.chat_format import FieldError, json_depth_check, parse_message, parse_tools
+from training.inference.client import InferenceError, InferenceUnavailable, error_detail
 
 logger = logging.getLogger(__name__)
 
@@ -139,30 +140,19 @@ def _strip_chunk(chunk: dict[str, Any], logprobs: bool, token_ids: bool, usage: 
 def _upstream_error(status: int, content: bytes) -> GatewayError:
     """An upstream error as the client should see it: its own 4xx (a bad request stays the
     client's), 502 for an upstream failure, 503/504 as they are."""
-    message = f"inference server answered {status}"
-    param = code = None
-    try:
-        body = orjson.loads(content)
-        error = body.get("error", body) if isinstance(body, dict) else body
-        if isinstance(error, dict):
-            message = str(error.get("message") or error.get("detail") or message)
-            param = error.get("param") if isinstance(error.get("param"), str) else None
-            code = str(error["code"]) if error.get("code") is not None else None
-    except (orjson.JSONDecodeError, AttributeError):
-        if content:
-            message = f"{message}: {content[:300].decode(errors='replace')}"
+    detail = error_detail(status, content)
     if 400 <= status < 500:
-        return GatewayError(status, message, param=param, code=code)
+        return GatewayError(status, detail.message, param=detail.param, code=detail.code)
     if status in (503, 504):
-        return GatewayError(status, f"upstream: {message}", code="upstream_unavailable")
-    return GatewayError(502, f"upstream error ({status}): {message}", code="upstream_error")
+        return GatewayError(status, f"upstream: {detail.message}", code="upstream_unavailable")
+    return GatewayError(502, f"upstream error ({status}): {detail.message}", code="upstream_error")
 
 
-def _transport_error(exc: UpstreamError) -> GatewayError:
-    if exc.kind == "connect":
-        return GatewayError(503, "the inference server is unavailable", code="upstream_unavailable")
-    if exc.kind == "timeout":
+def _transport_error(exc: InferenceError) -> GatewayError:
+    if isinstance(exc, InferenceUnavailable) and exc.timed_out:
         return GatewayError(504, "the inference server did not answer in time", code="upstream_timeout")
+    if isinstance(exc, InferenceUnavailable):
+        return GatewayError(503, "the inference server is unavailable", code="upstream_unavailable")
     return GatewayError(502, f"the inference server connection failed: {exc}", code="upstream_error")
 
 
@@ -408,7 +398,7 @@ class GatewayApp:
         try:
             response = await self._pool(route.upstream_url).request("POST", "/v1/chat/completions", payload)
             content = await response.read()
-        except UpstreamError as exc:
+        except InferenceError as exc:
             error = _transport_error(exc)
             self._fail(exchange, error, t0)
             raise error from exc
@@ -438,7 +428,7 @@ class GatewayApp:
     ) -> None:
         try:
             response = await self._pool(route.upstream_url).request("POST", "/v1/chat/completions", payload)
-        except UpstreamError as exc:
+        except InferenceError as exc:
             error = _transport_error(exc)
             self._fail(exchange, error, t0)
             raise error from exc
@@ -456,7 +446,7 @@ class GatewayApp:
             if response.status != 200:
                 try:
                     content = await response.read()
-                except UpstreamError:
+                except InferenceError:
                     content = b""
                 error = _upstream_error(response.status, content)
                 self._fail(exchange, error, t0, content[:2000].decode(errors="replace"))
@@ -502,7 +492,7 @@ class GatewayApp:
                         await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
                         if exchange.ttft_ms is None:
                             exchange.ttft_ms = (time.perf_counter() - t0) * 1000
-            except UpstreamError as exc:
+            except InferenceError as exc:
                 # The upstream died mid-stream: tell the client in-band (the status line is sent).
                 error = _transport_error(exc)
                 exchange.status = ExchangeStatus.ERROR

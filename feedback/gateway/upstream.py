@@ -5,6 +5,11 @@ microseconds a request, measured with bench/gateway.py); this pool is an asyncio
 with httptools' C parser, which is what the latency budget allows. It speaks only what the
 gateway needs: POST/GET with a body, Content-Length or chunked responses, keep-alive, a
 connect timeout and a per-read timeout.
+
+The transport is its own; the conventions are the one inference client's
+(`training.inference.client`): the server named by its root URL, its key as a Bearer token,
+and failures as `InferenceUnavailable` (cannot connect, or no answer in time: `timed_out`)
+or `InferenceBadAnswer` (the connection dropped or the answer did not parse).
 """
 
 from __future__ import annotations
@@ -16,13 +21,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-
-class UpstreamError(Exception):
-    """The request could not be completed; `kind` is connect, timeout or protocol."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
+from training.inference.client import InferenceBadAnswer, InferenceUnavailable, auth_headers, server_root
 
 
 class _Connection(asyncio.Protocol):
@@ -79,7 +78,7 @@ class _Connection(asyncio.Protocol):
         try:
             await asyncio.wait_for(self.waiter, timeout)
         except TimeoutError as exc:
-            raise UpstreamError("timeout", "the inference server did not answer in time") from exc
+            raise InferenceUnavailable("the inference server did not answer in time", timed_out=True) from exc
         finally:
             self.waiter = None
 
@@ -105,7 +104,7 @@ class UpstreamResponse:
                 if conn.complete:
                     break
                 if conn.closed:
-                    raise UpstreamError("protocol", "the inference server closed the connection mid-response")
+                    raise InferenceBadAnswer("the inference server closed the connection mid-response")
                 await conn.wait(self._pool.read_timeout)
         except BaseException:
             self.close()
@@ -135,7 +134,7 @@ class UpstreamPool:
     def __init__(
         self, url: str, *, connect_timeout: float = 5.0, read_timeout: float = 600.0, api_key: str = ""
     ) -> None:
-        parts = urlsplit(url)
+        parts = urlsplit(server_root(url))
         if parts.scheme != "http":
             raise ValueError(f"{url}: the inference server is reached over plain http on a private network")
         self.host = parts.hostname or "127.0.0.1"
@@ -146,9 +145,9 @@ class UpstreamPool:
         self._idle: list[_Connection] = []
         self._host_header = f"{self.host}:{self.port}".encode()
         # The inference server's own key (it refuses /v1/... without it).
-        if any(c in api_key for c in "\r\n\0"):
-            raise ValueError("the inference server's key holds a line break or NUL")
-        self._auth = b"authorization: Bearer %s\r\n" % api_key.encode() if api_key else b""
+        self._auth = b"".join(
+            b"%s: %s\r\n" % (k.lower().encode(), v.encode()) for k, v in auth_headers(api_key).items()
+        )
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
@@ -157,7 +156,7 @@ class UpstreamPool:
                 loop.create_connection(_Connection, self.host, self.port), self.connect_timeout
             )
         except (OSError, TimeoutError) as exc:
-            raise UpstreamError("connect", f"cannot connect to the inference server: {exc}") from exc
+            raise InferenceUnavailable(f"cannot connect to the inference server: {exc}") from exc
         return conn
 
     async def request(self, method: str, path: str, body: bytes = b"", content_type: bytes = b"application/json"):
@@ -184,9 +183,9 @@ class UpstreamPool:
             try:
                 while not conn.headers_done:
                     if conn.closed:
-                        raise UpstreamError("protocol", "the inference server closed the connection")
+                        raise InferenceBadAnswer("the inference server closed the connection")
                     await conn.wait(self.read_timeout)
-            except UpstreamError:
+            except (InferenceUnavailable, InferenceBadAnswer):
                 conn.transport.close()
                 # A kept-alive connection the server had already closed: nothing was processed,
                 # so one retry on a fresh connection is safe.

@@ -9,7 +9,6 @@ import math
 import pytest
 
 from tests.promotion.conftest import evaluation_row
-from training.inference import client
 from training.models_promotion import AuditAction, AuditEvent, PromotionStatus, ReleaseStatus
 from training.services.promotion import promotion_approve, promotion_request_create
 from training.services.release import release_run, rollback_request
@@ -72,7 +71,7 @@ def test_release_serves_the_adapter_then_rollback_restores_the_base(
 
     assert release.status == ReleaseStatus.LIVE, release.error
     assert LiveVersion.objects.get(deployment=deployment).version == candidate
-    assert candidate.name in {m.id for m in client.models_list(base_url=vllm_server.url)}
+    assert candidate.name in {m.id for m in vllm_server.client().models()}
     assert release.smoke["model"] == candidate.name and release.smoke["tokens"] > 0
     assert release.timings["picked_up_ms"] <= release.timings["loaded_ms"] <= release.timings["live_ms"]
     promotion.refresh_from_db()
@@ -85,7 +84,7 @@ def test_release_serves_the_adapter_then_rollback_restores_the_base(
     promotion.refresh_from_db()
     assert promotion.status == PromotionStatus.ROLLED_BACK
     # The rolled-back adapter stays loaded: requests that started on it finish on it.
-    assert candidate.name in {m.id for m in client.models_list(base_url=vllm_server.url)}
+    assert candidate.name in {m.id for m in vllm_server.client().models()}
     assert list(AuditEvent.objects.order_by("id").values_list("action", "from_version", "to_version")) == [
         (AuditAction.PROMOTION_REQUESTED, base_version.pk, candidate.pk),
         (AuditAction.PROMOTION_APPROVED, base_version.pk, candidate.pk),
@@ -117,8 +116,8 @@ def test_a_failed_smoke_request_leaves_the_old_version_live(
     promotion.refresh_from_db()
     assert promotion.status == PromotionStatus.FAILED
     # The adapter that failed is unloaded again; the live version still answers.
-    assert candidate.name not in {m.id for m in client.models_list(base_url=vllm_server.url)}
-    assert client.chat(model=base_version.name, messages=[{"role": "user", "content": "hi"}], base_url=vllm_server.url)
+    assert candidate.name not in {m.id for m in vllm_server.client().models()}
+    assert vllm_server.client().chat(model=base_version.name, messages=[{"role": "user", "content": "hi"}])
     actions = list(AuditEvent.objects.order_by("id").values_list("action", flat=True))
     assert actions[-2:] == [AuditAction.RELEASE_LOADED, AuditAction.RELEASE_FAILED]
 
@@ -136,10 +135,8 @@ def test_a_corrupt_adapter_never_reaches_the_server(
 
     assert release.status == ReleaseStatus.FAILED
     assert "tiny-corrupt was not loaded" in release.error and "NaN" in release.error
-    assert candidate.name not in {m.id for m in client.models_list(base_url=vllm_server.url)}
-    answer = client.chat(
-        model=base_version.name, messages=[{"role": "user", "content": "hi"}], base_url=vllm_server.url
-    )
+    assert candidate.name not in {m.id for m in vllm_server.client().models()}
+    answer = vllm_server.client().chat(model=base_version.name, messages=[{"role": "user", "content": "hi"}])
     assert all(math.isfinite(lp) for lp in answer.token_logprobs)
 
 
@@ -147,20 +144,14 @@ def test_prompt_logprobs_score_another_versions_tokens(vllm_server, tiny_base, t
     """The log-probs the client reads back for a completion's tokens are the ones the
     completion reported; under another version they differ (what the KL is made of)."""
     candidate = candidate_version("tiny-tools-lp", tool_call_adapter_path, tiny_base)
-    client.adapter_load(candidate.name, candidate.path, base_url=vllm_server.url)
-    result = client.chat(
-        model=candidate.name,
-        messages=[{"role": "user", "content": "Where is my order A1001?"}],
-        base_url=vllm_server.url,
-        max_tokens=12,
+    vllm_server.client().adapter_load(candidate.name, candidate.path)
+    server = vllm_server.client()
+    result = server.chat(
+        model=candidate.name, messages=[{"role": "user", "content": "Where is my order A1001?"}], max_tokens=12
     )
     prompt = result.raw["prompt_token_ids"]
-    same = client.prompt_logprobs(
-        model=candidate.name, token_ids=prompt + result.token_ids, start=len(prompt), base_url=vllm_server.url
-    )
-    other = client.prompt_logprobs(
-        model=tiny_base.name, token_ids=prompt + result.token_ids, start=len(prompt), base_url=vllm_server.url
-    )
+    same = server.prompt_logprobs(model=candidate.name, token_ids=prompt + result.token_ids, start=len(prompt))
+    other = server.prompt_logprobs(model=tiny_base.name, token_ids=prompt + result.token_ids, start=len(prompt))
     assert len(same) == len(other) == len(result.token_ids) == 12
     assert all(math.isclose(a, b, abs_tol=1e-3) for a, b in zip(same, result.token_logprobs, strict=True))
     # The adapter is near-certain of its tool call; the random base model is not.

@@ -28,9 +28,12 @@ COMPLETION = json.dumps(
 
 def test_the_server_the_project_starts_requires_a_key(tmp_path):
     from training.inference.server import ServerSpec
+    from training.services.inference import server_spec_for_base
+    from training.serving.models import BaseModel
 
     assert len(settings.INFERENCE_API_KEY) >= 32
-    spec = ServerSpec(model_path=str(tmp_path), served_name="m", extra_env={"VLLM_API_KEY": ""})
+    base = BaseModel(name="m", path=str(tmp_path))
+    spec = server_spec_for_base(base, extra_env={"VLLM_API_KEY": ""})
     argv, env = spec.command()
     assert "--enable-lora" in argv and env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
     # The key is in the server's environment (vLLM reads --api-key from VLLM_API_KEY), not in
@@ -42,36 +45,23 @@ def test_the_server_the_project_starts_requires_a_key(tmp_path):
         ServerSpec(model_path=str(tmp_path), served_name="m", api_key="").command()
 
 
-def test_the_launcher_for_rollouts_generates_a_key_per_launch(monkeypatch, tmp_path):
-    from training.grpo import vllm_rollout
+def test_a_server_started_for_one_run_gets_a_key_of_its_own(tmp_path):
+    """The trainer's GPU check starts its own server: without the site's key it still has one."""
+    from training.inference.server import ServerSpec
 
-    started: list[dict] = []
-
-    class Popen:
-        def __init__(self, command, env):
-            started.append(env)
-            self.returncode = 1
-
-        def poll(self):
-            return 1  # exits at once: we only look at how it was started
-
-    monkeypatch.setattr(vllm_rollout.subprocess, "Popen", Popen)
-    for _ in range(2):
-        with pytest.raises(vllm_rollout.VllmError):
-            vllm_rollout.start_server(tmp_path, port=1)
-    keys = [env["VLLM_API_KEY"] for env in started]
+    keys = [ServerSpec(model_path=str(tmp_path), served_name="m").command()[1]["VLLM_API_KEY"] for _ in range(2)]
     assert all(len(k) >= 32 for k in keys) and keys[0] != keys[1]
 
 
 def test_every_inference_client_call_sends_the_key():
-    from training.inference import client
+    from training.services.inference import inference_client
 
     server, seen = recording_server(status=200, body=b'{"object": "list", "data": []}')
-    url = f"http://127.0.0.1:{server.server_port}"
+    client = inference_client(f"http://127.0.0.1:{server.server_port}")
     try:
-        client.models_list(base_url=url)
-        client.adapter_load("v2", "/adapters/v2", base_url=url)
-        client.adapter_unload("v2", base_url=url)
+        client.models()
+        client.adapter_load("v2", "/adapters/v2")
+        client.adapter_unload("v2")
     finally:
         server.shutdown()
     assert [r["path"] for r in seen] == ["/v1/models", "/v1/load_lora_adapter", "/v1/unload_lora_adapter"]
@@ -205,7 +195,7 @@ class TestRolloutUrl:
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_the_real_server_refuses_adapter_loading_and_completions_without_the_key(vllm_server, tool_call_adapter_path):
-    from training.inference import client
+    from training.services.inference import inference_client
 
     url = vllm_server.url
     load = {"lora_name": "swapped", "lora_path": str(tool_call_adapter_path)}
@@ -214,6 +204,6 @@ def test_the_real_server_refuses_adapter_loading_and_completions_without_the_key
     wrong = {"Authorization": "Bearer not-the-key"}
     assert httpx.post(f"{url}/v1/load_lora_adapter", json=load, headers=wrong, timeout=60).status_code == 401
     assert httpx.post(f"{url}/v1/chat/completions", json=chat, timeout=60).status_code == 401
-    assert "swapped" not in {m.id for m in client.models_list(base_url=url)}
+    assert "swapped" not in {m.id for m in vllm_server.client().models()}
     # The project's own client sends the key: it works.
-    assert client.chat(model=vllm_server.served_name, messages=chat["messages"], base_url=url, max_tokens=2)
+    assert inference_client(url).chat(model=vllm_server.served_name, messages=chat["messages"], max_tokens=2)

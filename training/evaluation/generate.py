@@ -18,8 +18,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from training.inference import client
+from training.inference.client import InferenceError
 from training.inference.codec import tool_calls_parse
+from training.services.inference import version_server
 from training.serving.models import ModelVersion, ModelVersionKind
 
 
@@ -52,10 +53,6 @@ class Generator(Protocol):
     def close(self) -> None: ...
 
 
-def server_url(version: ModelVersion) -> str | None:
-    return version.base_model.inference_url or None
-
-
 class ServerGenerator:
     """Through the inference server that serves the version's base model."""
 
@@ -75,8 +72,8 @@ class ServerGenerator:
             )
         if version.kind == ModelVersionKind.LORA:
             try:
-                client.adapter_load(version.name, version.path, base_url=server_url(version))
-            except client.InferenceError as exc:
+                version_server(version).adapter_load(version.name, version.path)
+            except InferenceError as exc:
                 raise GenerationError(f"could not load {version.name} into the inference server: {exc}") from exc
 
     def generate(
@@ -86,16 +83,15 @@ class ServerGenerator:
         if tools:
             params["tools"] = tools
         try:
-            result = client.chat(
+            result = version_server(version).chat(
                 model=version.name,
                 messages=messages,
-                base_url=server_url(version),
                 max_tokens=max_tokens,
                 temperature=self.temperature,
                 timeout=self.timeout,
                 **params,
             )
-        except client.InferenceError as exc:
+        except InferenceError as exc:
             raise GenerationError(str(exc)) from exc
         message: dict[str, Any] = {"role": "assistant", "content": result.content or None}
         if result.tool_calls:
@@ -117,14 +113,13 @@ class ServerGenerator:
         if not token_ids:
             return None
         try:
-            return client.prompt_logprobs(
+            return version_server(version).prompt_logprobs(
                 model=version.name,
                 token_ids=[*prompt_token_ids, *token_ids],
                 start=len(prompt_token_ids),
-                base_url=server_url(version),
                 timeout=self.timeout,
             )
-        except client.InferenceError:
+        except InferenceError:
             return None
 
     def close(self) -> None:

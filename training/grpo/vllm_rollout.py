@@ -8,17 +8,14 @@ server's log-probs of the sampled tokens only weigh each token's policy term by 
 far the server's distribution (its regex, its numerics) was from the trainer's
 (`loss.sampling_correction`).
 
-This module owns that boundary: timeouts, bounded retries, typed results.
+The transport, its retry rule, the error types and adapter loading are the project's one
+inference client (`training.inference.client`); the launcher is `training.inference.server`.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import shutil
-import subprocess
-import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,10 +23,10 @@ import httpx
 import torch
 
 from training.grpo.sampling import Rollout, eos_ids, rollout_from_tokens
+from training.inference.client import InferenceClient, InferenceError
 
-
-class VllmError(RuntimeError):
-    pass
+# The rollouts' failures are the inference client's (unavailable, refused, bad answer).
+VllmError = InferenceError
 
 
 class VllmRollouts:
@@ -48,31 +45,19 @@ class VllmRollouts:
         `api_key` is the server's own key (sent as a Bearer token with every request)."""
         self.name_prefix = name_prefix
         self.base_url = base_url.rstrip("/")
-        self.root = self.base_url.removesuffix("/v1")
         self.run_dir = run_dir
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.client = httpx.Client(timeout=timeout, headers=headers)
-        self.retries = retries
+        self.server = InferenceClient(base_url, api_key=api_key, timeout=timeout, retries=retries, keep_alive=True)
         self.loaded: str | None = None
         self.base_model: str | None = None
 
     def _post(self, url: str, payload: dict) -> httpx.Response:
-        last: Exception | None = None
-        for attempt in range(self.retries + 1):
-            try:
-                response = self.client.post(url, json=payload)
-                if response.status_code < 500:
-                    return response
-                last = VllmError(f"{url}: {response.status_code} {response.text[:300]}")
-            except httpx.TransportError as exc:
-                last = exc
-            time.sleep(min(2**attempt, 10))
-        raise VllmError(f"{url} failed after {self.retries + 1} tries: {last}")
+        # A sample is repeatable (another draw from the same policy), so completions are
+        # retried like every other call here.
+        return self.server.request("POST", url.removeprefix(self.server.url), json=payload)
 
     def _base_model(self) -> str:
         if self.base_model is None:
-            models = self.client.get(f"{self.base_url}/models").json()["data"]
-            self.base_model = models[0]["id"]
+            self.base_model = self.server.models()[0].id
         return self.base_model
 
     def load(self, policy, *, step: int | str) -> str:
@@ -130,11 +115,10 @@ class VllmRollouts:
         folder = self.run_dir / "rollout-adapters" / name
         shutil.rmtree(folder, ignore_errors=True)
         policy.save_pretrained(folder)
-        response = self._post(f"{self.base_url}/load_lora_adapter", {"lora_name": name, "lora_path": str(folder)})
-        if response.status_code != 200:
-            raise VllmError(f"loading the adapter failed: {response.status_code} {response.text[:300]}")
+        # fresh: the folder holds new weights, so a name another run left loaded must not stand in.
+        self.server.adapter_load(name, folder, fresh=True, timeout=self.server.timeout)
         if self.loaded:
-            self._post(f"{self.base_url}/unload_lora_adapter", {"lora_name": self.loaded})
+            self.server.adapter_unload(self.loaded, timeout=self.server.timeout)
             shutil.rmtree(self.run_dir / "rollout-adapters" / self.loaded, ignore_errors=True)
         self.loaded = name
         return name
@@ -231,58 +215,3 @@ def sampled_tokens(choice: dict) -> tuple[list[int], list[float]]:
     if len(values) != len(tokens) or any(v is None for v in values):
         raise VllmError(f"the server returned {len(values)} log-probs for {len(tokens)} sampled ids")
     return tokens, [float(v) for v in values]
-
-
-def start_server(
-    model_dir: Path,
-    *,
-    port: int,
-    max_lora_rank: int = 16,
-    timeout: float = 600.0,
-    extra: list[str] | None = None,
-    api_key: str | None = None,
-) -> tuple[subprocess.Popen, str, str]:
-    """Start `vllm.entrypoints.openai.api_server` on 127.0.0.1:`port` with runtime LoRA
-    loading enabled, behind an API key (`api_key`, or one generated for this launch): no
-    one else who reaches the port may swap the adapters. Waits until it answers.
-    Returns (process, base URL ending in /v1, the key)."""
-    import secrets
-
-    key = api_key or secrets.token_urlsafe(32)
-    env = os.environ | {
-        "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
-        "HF_HUB_OFFLINE": "1",
-        "VLLM_API_KEY": key,
-        "VLLM_SERVER_DEV_MODE": "0",
-    }
-    command = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(model_dir),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--enable-lora",
-        "--max-lora-rank",
-        str(max_lora_rank),
-        "--max-model-len",
-        "2048",
-        *(extra or []),
-    ]
-    process = subprocess.Popen(command, env=env)
-    url = f"http://127.0.0.1:{port}/v1"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise VllmError(f"the vLLM server exited with {process.returncode}")
-        try:
-            if httpx.get(f"{url}/models", timeout=2, headers={"Authorization": f"Bearer {key}"}).status_code == 200:
-                return process, url, key
-        except httpx.TransportError:
-            pass
-        time.sleep(2)
-    process.terminate()
-    raise VllmError(f"the vLLM server did not answer within {timeout:.0f} s")

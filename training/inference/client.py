@@ -1,25 +1,41 @@
 """Every call to the inference server (a vLLM OpenAI-compatible server) goes through here.
 
-Timeouts on every call, bounded retries for calls that are safe to repeat, typed results,
-and one error type per failure kind. Synchronous (workers, commands, tests); the gateway has
-its own async path for forwarding completions. Imports no torch.
+Django-free: the web process, the workers, the commands and the trainer all use it, and
+each hands over the server's URL and key (the Django side reads `settings.INFERENCE_*`, see
+`training.services.inference`). Imports no torch.
+
+Conventions, shared with the gateway's async forwarding path (`feedback.gateway.upstream`):
+
+- A server is named by its root URL (`server_root`): API paths are `/v1/...` under it, and a
+  URL given with a trailing `/v1` means the same server.
+- Every request carries the server's own key as `Authorization: Bearer <key>` (`auth_headers`).
+- A failure is one of three kinds: `InferenceUnavailable` (no answer: unreachable, timed
+  out, or 502/503/504), `InferenceRefused` (a 4xx: this request is wrong, repeating it will not
+  help) and `InferenceBadAnswer` (an answer that cannot be used: a 500, a body that is not
+  the JSON expected, a connection dropped mid-response). All are `InferenceError`.
+- The retry rule (`InferenceClient.request`): only an unavailable server is tried again, at
+  most `retries` more times, with backoff from 0.5 s doubling to 4 s. A refusal or a bad
+  answer is final. Reads and adapter loading/unloading (idempotent by name) are retried by
+  default; a completion only when its caller says a repeat is acceptable.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
-from django.conf import settings
 
-RETRY_STATUSES = frozenset({502, 503, 504})
+UNAVAILABLE_STATUSES = frozenset({502, 503, 504})
+_TRANSIENT = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError, httpx.TimeoutException)
 
 
 class InferenceError(Exception):
-    """The inference server answered with an error (status and its message)."""
+    """A call to the inference server gave no usable answer; `status` is the HTTP status, if any."""
 
     def __init__(self, message: str, *, status: int | None = None) -> None:
         super().__init__(message)
@@ -27,7 +43,68 @@ class InferenceError(Exception):
 
 
 class InferenceUnavailable(InferenceError):
-    """The inference server could not be reached (down, starting, or timed out)."""
+    """No answer: the server is down, starting, overloaded (502/503/504) or did not answer in
+    time (`timed_out`). The same request may succeed later."""
+
+    def __init__(self, message: str, *, status: int | None = None, timed_out: bool = False) -> None:
+        super().__init__(message, status=status)
+        self.timed_out = timed_out
+
+
+class InferenceRefused(InferenceError):
+    """The server refused the request (a 4xx: bad parameters, unknown model, missing key)."""
+
+
+class InferenceBadAnswer(InferenceError):
+    """The server answered, but not with something usable (a 500, unexpected JSON, a cut-off response)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorDetail:
+    message: str
+    param: str | None = None
+    code: str | None = None
+
+
+def error_detail(status: int, content: bytes) -> ErrorDetail:
+    """What an error answer says: vLLM's (OpenAI-style) `{"error": {"message", "param", "code"}}`,
+    a `{"detail": ...}` body, or the start of the raw text."""
+    message = f"inference server answered {status}"
+    try:
+        body = json.loads(content)
+    except ValueError:
+        if content:
+            message = f"{message}: {content[:300].decode(errors='replace')}"
+        return ErrorDetail(message)
+    error = body.get("error", body) if isinstance(body, dict) else body
+    if not isinstance(error, dict):
+        return ErrorDetail(f"{message}: {error}")
+    param = error.get("param") if isinstance(error.get("param"), str) else None
+    code = str(error["code"]) if error.get("code") is not None else None
+    return ErrorDetail(str(error.get("message") or error.get("detail") or message), param, code)
+
+
+def error_for_status(status: int, content: bytes) -> InferenceError:
+    """The error an answer with this status stands for (see the module docstring)."""
+    detail = error_detail(status, content)
+    message = f"HTTP {status}: {detail.message}"
+    if status in UNAVAILABLE_STATUSES:
+        return InferenceUnavailable(message, status=status, timed_out=status == 504)
+    if 400 <= status < 500:
+        return InferenceRefused(message, status=status)
+    return InferenceBadAnswer(message, status=status)
+
+
+def server_root(url: str) -> str:
+    """The server's root URL, the form every caller names it by (`/v1/...` paths go under it)."""
+    return url.strip().rstrip("/").removesuffix("/v1").rstrip("/")
+
+
+def auth_headers(api_key: str) -> dict[str, str]:
+    """The server's own key, as vLLM's `--api-key` expects it (nothing when there is no key)."""
+    if any(c in api_key for c in "\r\n\0"):
+        raise ValueError("the inference server's key holds a line break or NUL")
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,174 +127,190 @@ class ChatResult:
     raw: dict[str, Any] = field(repr=False)
 
 
-def _base(base_url: str | None) -> str:
-    return (base_url or settings.INFERENCE_URL).rstrip("/")
-
-
-def auth_headers(api_key: str | None = None) -> dict[str, str]:
-    """The inference server's own key (`settings.INFERENCE_API_KEY`), as vLLM expects it."""
-    key = settings.INFERENCE_API_KEY if api_key is None else api_key
-    return {"Authorization": f"Bearer {key}"} if key else {}
-
-
-def _request(
-    method: str,
-    url: str,
-    *,
-    json: Any = None,
-    timeout: float,
-    retries: int,
-    accept: Callable[[httpx.Response], bool] | None = None,
-) -> httpx.Response:
-    """One HTTP call with `retries` more attempts on connection errors and 502/503/504."""
-    delay = 0.5
-    for attempt in range(retries + 1):
-        try:
-            response = httpx.request(method, url, json=json, timeout=timeout, headers=auth_headers())
-        except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError, httpx.TimeoutException) as exc:
-            if attempt == retries:
-                raise InferenceUnavailable(f"inference server unreachable at {url}: {exc!r}") from exc
-        else:
-            if response.status_code < 400 or (accept is not None and accept(response)):
-                return response
-            if response.status_code not in RETRY_STATUSES or attempt == retries:
-                raise InferenceError(_error_message(response), status=response.status_code)
-        time.sleep(delay)
-        delay = min(delay * 2, 4.0)
-    raise AssertionError("unreachable")
-
-
-def _error_message(response: httpx.Response) -> str:
-    try:
-        body = response.json()
-    except ValueError:
-        return f"HTTP {response.status_code}: {response.text[:300]}"
-    if isinstance(body, dict):
-        error = body.get("error", body)
-        if isinstance(error, dict):
-            return f"HTTP {response.status_code}: {error.get('message') or error.get('detail') or error}"
-        return f"HTTP {response.status_code}: {error}"
-    return f"HTTP {response.status_code}: {body}"
-
-
-def health(*, base_url: str | None = None, timeout: float = 2.0) -> bool:
-    """True when the server answers /health with 200 (it is up and its engine alive)."""
-    try:
-        return httpx.get(f"{_base(base_url)}/health", timeout=timeout).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-def models_list(*, base_url: str | None = None, timeout: float = 10.0, retries: int = 2) -> list[ServedModel]:
-    """What the server serves: the base model and every loaded adapter (parent = its base)."""
-    body = _request("GET", f"{_base(base_url)}/v1/models", timeout=timeout, retries=retries).json()
-    return [ServedModel(id=m["id"], root=m.get("root") or "", parent=m.get("parent")) for m in body.get("data", [])]
-
-
 def _already_loaded(response: httpx.Response) -> bool:
     return response.status_code == 400 and "already been loaded" in response.text
 
 
-def adapter_load(name: str, path: str, *, base_url: str | None = None, timeout: float = 120.0) -> None:
-    """Load a LoRA adapter folder under `name` (requests then name it as `model`).
-
-    Loading a name that is already loaded is a no-op, so a retried deployment step is safe.
-    """
-    _request(
-        "POST",
-        f"{_base(base_url)}/v1/load_lora_adapter",
-        json={"lora_name": name, "lora_path": str(path)},
-        timeout=timeout,
-        retries=2,
-        accept=_already_loaded,
-    )
-
-
 def _not_loaded(response: httpx.Response) -> bool:
-    return response.status_code in (400, 404) and "not found" in response.text.lower()
+    # vLLM 0.32 answers 404 "The lora adapter '<name>' cannot be found."
+    text = response.text.lower()
+    return response.status_code in (400, 404) and ("not found" in text or "cannot be found" in text)
 
 
-def adapter_unload(name: str, *, base_url: str | None = None, timeout: float = 30.0) -> None:
-    """Unload an adapter; unloading one that is not loaded is a no-op."""
-    _request(
-        "POST",
-        f"{_base(base_url)}/v1/unload_lora_adapter",
-        json={"lora_name": name},
-        timeout=timeout,
-        retries=2,
-        accept=_not_loaded,
-    )
+class InferenceClient:
+    """One inference server: its root URL and key, a default timeout and retry count.
 
-
-def chat(
-    *,
-    model: str,
-    messages: list[dict[str, Any]],
-    base_url: str | None = None,
-    max_tokens: int = 16,
-    temperature: float = 0.0,
-    timeout: float = 60.0,
-    retries: int = 0,
-    **params: Any,
-) -> ChatResult:
-    """One chat completion with token ids and log-probs (a smoke test, an evaluation call).
-
-    Not retried by default: a completion is not free, and a caller that samples should
-    decide itself whether a repeat is acceptable.
+    `keep_alive=True` keeps connections open between calls (the trainer's many rollout
+    requests); otherwise every call opens its own, so a short-lived caller leaves nothing open.
     """
-    payload = {
-        "model": model,
-        "messages": messages,
-        "max_tokens": max_tokens,
-        "temperature": temperature,
-        "logprobs": True,
-        "return_token_ids": True,
-        **params,
-    }
-    body = _request(
-        "POST", f"{_base(base_url)}/v1/chat/completions", json=payload, timeout=timeout, retries=retries
-    ).json()
-    choice = body["choices"][0]
-    message = choice.get("message") or {}
-    logprobs = (choice.get("logprobs") or {}).get("content") or []
-    return ChatResult(
-        id=body.get("id", ""),
-        model=body.get("model", model),
-        content=message.get("content") or "",
-        tool_calls=message.get("tool_calls") or [],
-        finish_reason=choice.get("finish_reason") or "",
-        token_ids=list(choice.get("token_ids") or []),
-        token_logprobs=[float(t["logprob"]) for t in logprobs],
-        usage=body.get("usage") or {},
-        raw=body,
-    )
 
+    def __init__(
+        self, url: str, *, api_key: str, timeout: float = 60.0, retries: int = 2, keep_alive: bool = False
+    ) -> None:
+        self.url = server_root(url)
+        self.timeout = timeout
+        self.retries = retries
+        self._headers = auth_headers(api_key)
+        self._http = httpx.Client(headers=self._headers) if keep_alive else None
 
-def prompt_logprobs(
-    *,
-    model: str,
-    token_ids: list[int],
-    start: int,
-    base_url: str | None = None,
-    timeout: float = 60.0,
-) -> list[float]:
-    """The log-probs `model` gives each of `token_ids[start:]` after the tokens before it
-    (scoring a response another version wrote, for a KL estimate).
+    def close(self) -> None:
+        if self._http is not None:
+            self._http.close()
 
-    One completion of one token over the whole sequence with `prompt_logprobs=0`: vLLM then
-    returns, for every prompt position, the log-prob of the token that is there.
-    """
-    if not 0 < start < len(token_ids):
-        raise ValueError("start must fall inside token_ids, after at least one token")
-    payload = {"model": model, "prompt": token_ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0}
-    body = _request("POST", f"{_base(base_url)}/v1/completions", json=payload, timeout=timeout, retries=0).json()
-    entries = body["choices"][0].get("prompt_logprobs") or []
-    if len(entries) != len(token_ids):
-        raise InferenceError(f"expected {len(token_ids)} prompt log-probs, got {len(entries)}")
-    out = []
-    for token, entry in zip(token_ids[start:], entries[start:], strict=True):
-        value = (entry or {}).get(str(token))
-        if not isinstance(value, dict) or "logprob" not in value:
-            raise InferenceError(f"no prompt log-prob for token {token}")
-        out.append(float(value["logprob"]))
-    return out
+    def __enter__(self) -> InferenceClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        timeout: float | None = None,
+        retries: int | None = None,
+        accept: Callable[[httpx.Response], bool] | None = None,
+    ) -> httpx.Response:
+        """`method path` (a path under the root, e.g. `/v1/models`) under the retry rule.
+
+        Returns a 2xx response, or an error one that `accept` takes as success (loading a
+        name that is already loaded); raises the `InferenceError` the failure stands for.
+        """
+        url = f"{self.url}{path}"
+        timeout = self.timeout if timeout is None else timeout
+        retries = self.retries if retries is None else retries
+        delay = 0.5
+        for attempt in range(retries + 1):
+            try:
+                if self._http is not None:
+                    response = self._http.request(method, url, json=json, timeout=timeout)
+                else:
+                    response = httpx.request(method, url, json=json, timeout=timeout, headers=self._headers)
+            except _TRANSIENT as exc:
+                error: InferenceError = InferenceUnavailable(
+                    f"inference server unreachable at {url}: {exc!r}",
+                    timed_out=isinstance(exc, httpx.TimeoutException),
+                )
+                error.__cause__ = exc
+            else:
+                if response.status_code < 400 or (accept is not None and accept(response)):
+                    return response
+                error = error_for_status(response.status_code, response.content)
+            if not isinstance(error, InferenceUnavailable) or attempt == retries:
+                raise error
+            time.sleep(delay)
+            delay = min(delay * 2, 4.0)
+        raise AssertionError("unreachable")
+
+    def _json(self, response: httpx.Response) -> Any:
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise InferenceBadAnswer(f"not JSON from {response.url}: {response.text[:300]}") from exc
+
+    def health(self, *, timeout: float = 2.0) -> bool:
+        """True when the server answers /health with 200 (it is up and its engine alive)."""
+        try:
+            return httpx.get(f"{self.url}/health", timeout=timeout).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def models(self, *, timeout: float = 10.0) -> list[ServedModel]:
+        """What the server serves: the base model and every loaded adapter (parent = its base)."""
+        body = self._json(self.request("GET", "/v1/models", timeout=timeout))
+        try:
+            return [ServedModel(id=m["id"], root=m.get("root") or "", parent=m.get("parent")) for m in body["data"]]
+        except (KeyError, TypeError) as exc:
+            raise InferenceBadAnswer(f"unexpected /v1/models answer: {str(body)[:300]}") from exc
+
+    def adapter_load(self, name: str, path: str | Path, *, timeout: float = 120.0, fresh: bool = False) -> None:
+        """Load the LoRA adapter folder `path` under `name` (requests then name it as `model`).
+
+        A name that is already loaded is kept, so a retried deployment step is safe (a
+        version's name stands for fixed weights). `fresh=True` is for a name whose folder was
+        just written with new weights: a name already loaded is then refused.
+        """
+        self.request(
+            "POST",
+            "/v1/load_lora_adapter",
+            json={"lora_name": name, "lora_path": str(path)},
+            timeout=timeout,
+            accept=None if fresh else _already_loaded,
+        )
+
+    def adapter_unload(self, name: str, *, timeout: float = 30.0) -> None:
+        """Unload an adapter; unloading one that is not loaded is a no-op."""
+        self.request("POST", "/v1/unload_lora_adapter", json={"lora_name": name}, timeout=timeout, accept=_not_loaded)
+
+    def chat(
+        self,
+        *,
+        model: str,
+        messages: list[dict[str, Any]],
+        max_tokens: int = 16,
+        temperature: float = 0.0,
+        timeout: float | None = None,
+        retries: int = 0,
+        **params: Any,
+    ) -> ChatResult:
+        """One chat completion with token ids and log-probs (a smoke test, an evaluation call).
+
+        Not retried by default: a completion is not free, and a caller that samples should
+        decide itself whether a repeat is acceptable.
+        """
+        payload = {
+            "model": model,
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "logprobs": True,
+            "return_token_ids": True,
+            **params,
+        }
+        body = self._json(self.request("POST", "/v1/chat/completions", json=payload, timeout=timeout, retries=retries))
+        try:
+            choice = body["choices"][0]
+            message = choice.get("message") or {}
+            logprobs = (choice.get("logprobs") or {}).get("content") or []
+            return ChatResult(
+                id=body.get("id", ""),
+                model=body.get("model", model),
+                content=message.get("content") or "",
+                tool_calls=message.get("tool_calls") or [],
+                finish_reason=choice.get("finish_reason") or "",
+                token_ids=list(choice.get("token_ids") or []),
+                token_logprobs=[float(t["logprob"]) for t in logprobs],
+                usage=body.get("usage") or {},
+                raw=body,
+            )
+        except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
+            raise InferenceBadAnswer(f"unexpected chat completion: {str(body)[:300]}") from exc
+
+    def prompt_logprobs(
+        self, *, model: str, token_ids: list[int], start: int, timeout: float | None = None
+    ) -> list[float]:
+        """The log-probs `model` gives each of `token_ids[start:]` after the tokens before it
+        (scoring a response another version wrote, for a KL estimate).
+
+        One completion of one token over the whole sequence with `prompt_logprobs=0`: vLLM then
+        returns, for every prompt position, the log-prob of the token that is there.
+        """
+        if not 0 < start < len(token_ids):
+            raise ValueError("start must fall inside token_ids, after at least one token")
+        payload = {"model": model, "prompt": token_ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0}
+        body = self._json(self.request("POST", "/v1/completions", json=payload, timeout=timeout, retries=0))
+        try:
+            entries = body["choices"][0].get("prompt_logprobs") or []
+        except (KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise InferenceBadAnswer(f"unexpected completion: {str(body)[:300]}") from exc
+        if len(entries) != len(token_ids):
+            raise InferenceBadAnswer(f"expected {len(token_ids)} prompt log-probs, got {len(entries)}")
+        out = []
+        for token, entry in zip(token_ids[start:], entries[start:], strict=True):
+            value = (entry or {}).get(str(token))
+            if not isinstance(value, dict) or "logprob" not in value:
+                raise InferenceBadAnswer(f"no prompt log-prob for token {token}")
+            out.append(float(value["logprob"]))
+        return out

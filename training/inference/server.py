@@ -5,11 +5,14 @@ is started as `python -m vllm.entrypoints.openai.api_server`, bound to loopback,
 with an API key (vLLM's `--api-key`, passed as `VLLM_API_KEY` so it does not show in the
 process list): runtime LoRA loading is on, and without a key anyone who reaches the port could
 load or unload the adapter behind a live name. Every `/v1/...` route, adapter loading
-included, then needs `Authorization: Bearer <settings.INFERENCE_API_KEY>`, which every
-project client sends. vLLM's development endpoints (not covered by the key) stay off.
-After it answers /health, the adapters of the live versions over its base are loaded by name.
+included, then needs `Authorization: Bearer <key>`, which `InferenceClient` sends. vLLM's
+development endpoints (not covered by the key) stay off.
 
-Imported by the `serve_inference` command and test fixtures only, never by the web process.
+The one launcher: the `serve_inference` command (through `training.services.inference`, which
+fills a spec from the settings and loads the live versions' adapters once the server is
+ready), the test fixtures, the trainer's GPU check and the benchmarks. Django-free, so a bare
+machine with only the trainer's packages can start a server too. Never imported by the web
+process.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import importlib.metadata
 import importlib.util
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -26,11 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from django.conf import settings
-
-from training.inference import client
-from training.serving.models import BaseModel, ModelVersionKind
-from training.serving.selectors import live_versions_for_base
+from training.inference.client import InferenceClient, InferenceError
 
 logger = logging.getLogger(__name__)
 
@@ -67,23 +67,9 @@ class ServerSpec:
     device: str = field(default_factory=vllm_device)
     extra_args: list[str] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
-    # The server's own key; never empty (runtime LoRA loading is always on).
-    api_key: str = field(default_factory=lambda: settings.INFERENCE_API_KEY, repr=False)
-
-    @classmethod
-    def for_base(cls, base: BaseModel, **overrides) -> ServerSpec:
-        values = {
-            "model_path": base.path,
-            "served_name": base.name,
-            "host": settings.INFERENCE_HOST,
-            "port": settings.INFERENCE_PORT,
-            "max_model_len": settings.INFERENCE_MAX_MODEL_LEN,
-            "max_lora_rank": settings.INFERENCE_MAX_LORA_RANK,
-            "max_loras": settings.INFERENCE_MAX_LORAS,
-            "kv_cache_gib": settings.INFERENCE_KV_CACHE_GIB,
-        }
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)
+    # The server's own key; never empty (runtime LoRA loading is always on). A server the site
+    # talks to gets the site's key; one started for a single run gets a key of its own.
+    api_key: str = field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)
 
     @property
     def url(self) -> str:
@@ -163,6 +149,10 @@ class InferenceServer:
     def url(self) -> str:
         return self.spec.url
 
+    def client(self, **options) -> InferenceClient:
+        """A client for this server, with its key."""
+        return InferenceClient(self.url, api_key=self.spec.api_key, **options)
+
     def start(self) -> None:
         argv, env = self.spec.command()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -188,7 +178,7 @@ class InferenceServer:
             if not self.alive():
                 code = self.process.returncode if self.process else None
                 raise ServerFailed(f"inference server exited with {code}:\n{self.log_tail()}")
-            if client.health(base_url=self.url, timeout=1.0):
+            if self.client().health(timeout=1.0):
                 return
             time.sleep(0.5)
         if cancelled():
@@ -209,23 +199,16 @@ class InferenceServer:
             pass
 
 
-def live_adapters_load(*, base: BaseModel, base_url: str) -> list[str]:
-    """Load, by name, the LoRA adapters of every live version over `base`; returns their names."""
-    names = []
-    for version in live_versions_for_base(base_model_id=base.id):
-        if version.kind == ModelVersionKind.LORA:
-            client.adapter_load(version.name, version.path, base_url=base_url)
-            names.append(version.name)
-        elif version.kind == ModelVersionKind.FULL:
-            logger.warning(
-                "version %s is a full checkpoint: serve it with its own server (serve_inference --version)",
-                version.name,
-            )
-    return names
-
-
-def supervise(server: InferenceServer, *, base: BaseModel, max_restarts: int = 5, ready_timeout: float = 600) -> int:
+def supervise(
+    server: InferenceServer,
+    *,
+    on_ready: Callable[[], object] = lambda: None,
+    max_restarts: int = 5,
+    ready_timeout: float = 600,
+) -> int:
     """Run the server until SIGTERM/SIGINT; restart it (with backoff) when it dies.
+    `on_ready` runs each time it has started (loading adapters); an `InferenceError` from it
+    counts as a failed start.
 
     Returns the exit status for the command: 0 on a requested stop, 1 after too many crashes.
     """
@@ -242,12 +225,12 @@ def supervise(server: InferenceServer, *, base: BaseModel, max_restarts: int = 5
             server.start()
             try:
                 server.wait_ready(ready_timeout, cancelled=lambda: stopping)
-                loaded = live_adapters_load(base=base, base_url=server.url)
-                logger.info("inference server ready at %s; adapters loaded: %s", server.url, loaded or "none")
+                on_ready()
+                logger.info("inference server ready at %s", server.url)
                 started = time.monotonic()
                 while not stopping and server.alive():
                     time.sleep(0.5)
-            except (ServerFailed, client.InferenceError) as exc:
+            except (ServerFailed, InferenceError) as exc:
                 logger.error("%s", exc)
                 started = time.monotonic()
             if stopping:

@@ -42,7 +42,7 @@ GENERATORS = ("auto", "server", "local")
 
 
 def _generator_for(candidate: ModelVersion, requested: str) -> str:
-    from training.inference import client
+    from training.services.inference import version_server
 
     if requested not in GENERATORS:
         raise EvaluationError([("generator", f"one of {', '.join(GENERATORS)}")])
@@ -50,8 +50,7 @@ def _generator_for(candidate: ModelVersion, requested: str) -> str:
         return requested
     if candidate.kind == ModelVersionKind.FULL:
         return "local"
-    url = candidate.base_model.inference_url or None
-    return "server" if client.health(base_url=url, timeout=2.0) else "local"
+    return "server" if version_server(candidate).health(timeout=2.0) else "local"
 
 
 def evaluation_check(*, candidate: ModelVersion, deployment: Deployment) -> ModelVersion:

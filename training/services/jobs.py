@@ -11,6 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from training.grpo.config import ConfigError, config_from_dict
+from training.inference.client import server_root
 from training.models import (
     CorrectionSource,
     JobEventKind,
@@ -47,14 +48,10 @@ def rollout_urls_allowed(*, base_model) -> list[str]:
     roots = [base_model.inference_url or settings.INFERENCE_URL, *settings.INFERENCE_ROLLOUT_URLS]
     out: list[str] = []
     for root in roots:
-        url = _rollout_root(root) + "/v1"
+        url = server_root(root) + "/v1"
         if url not in out:
             out.append(url)
     return out
-
-
-def _rollout_root(url: str) -> str:
-    return url.strip().rstrip("/").removesuffix("/v1").rstrip("/")
 
 
 def rollout_url_resolve(*, base_model, requested: str) -> str:
@@ -65,7 +62,7 @@ def rollout_url_resolve(*, base_model, requested: str) -> str:
     allowed = rollout_urls_allowed(base_model=base_model)
     if not requested.strip():
         return allowed[0]
-    wanted = _rollout_root(requested) + "/v1"
+    wanted = server_root(requested) + "/v1"
     if wanted not in allowed:
         raise JobError(
             [

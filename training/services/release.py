@@ -23,7 +23,7 @@ from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from training.inference import client
+from training.inference.client import InferenceError
 from training.models_promotion import (
     ACTIVE_RELEASE_STATUSES,
     AuditAction,
@@ -34,6 +34,7 @@ from training.models_promotion import (
     ReleaseStatus,
 )
 from training.services.audit import audit_record
+from training.services.inference import version_server
 from training.services.promotion_checks import APPROVE, Precondition, PromotionRefused, raise_first_unmet
 from training.serving.models import (
     Deployment,
@@ -206,13 +207,9 @@ def rollback_request(*, deployment: Deployment, user, reason: str = "") -> Relea
 # Run (worker) --------------------------------------------------------------------------
 
 
-def _server(version: ModelVersion) -> str | None:
-    return version.base_model.inference_url or None
-
-
 def release_load(version: ModelVersion) -> dict[str, Any]:
     """Make the inference server serve `version` under its name."""
-    url = _server(version)
+    server = version_server(version)
     if version.kind == ModelVersionKind.LORA:
         from training.inference.adapters import adapter_problems
 
@@ -220,8 +217,8 @@ def release_load(version: ModelVersion) -> dict[str, Any]:
         if problems:
             raise ReleaseFailed(f"{version.name} was not loaded: " + "; ".join(problems), reached_server=False)
         try:
-            client.adapter_load(version.name, version.path, base_url=url, timeout=settings.RELEASE_LOAD_TIMEOUT)
-        except client.InferenceError as exc:
+            server.adapter_load(version.name, version.path, timeout=settings.RELEASE_LOAD_TIMEOUT)
+        except InferenceError as exc:
             raise ReleaseFailed(f"loading {version.name} into the inference server failed: {exc}") from exc
         return {"loaded": "lora", "name": version.name}
     if version.kind == ModelVersionKind.FULL:
@@ -231,11 +228,11 @@ def release_load(version: ModelVersion) -> dict[str, Any]:
             reached_server=False,
         )
     try:
-        served = {m.id for m in client.models_list(base_url=url)}
-    except client.InferenceError as exc:
+        served = {m.id for m in server.models()}
+    except InferenceError as exc:
         raise ReleaseFailed(f"the inference server for {version.base_model} is not answering: {exc}") from exc
     if version.name not in served:
-        raise ReleaseFailed(f"the inference server at {url or settings.INFERENCE_URL} does not serve {version.name}")
+        raise ReleaseFailed(f"the inference server at {server.url} does not serve {version.name}")
     return {"loaded": "base", "name": version.name}
 
 
@@ -245,15 +242,14 @@ def release_smoke(version: ModelVersion) -> dict[str, Any]:
     messages = [{"role": "user", "content": settings.RELEASE_SMOKE_PROMPT}]
     started = time.monotonic()
     try:
-        result = client.chat(
+        result = version_server(version).chat(
             model=version.name,
             messages=messages,
-            base_url=_server(version),
             max_tokens=settings.RELEASE_SMOKE_MAX_TOKENS,
             temperature=0.0,
             timeout=settings.RELEASE_SMOKE_TIMEOUT,
         )
-    except client.InferenceError as exc:
+    except InferenceError as exc:
         raise ReleaseFailed(f"smoke request failed: {exc}") from exc
     report = {
         "prompt": settings.RELEASE_SMOKE_PROMPT,
@@ -418,8 +414,8 @@ def _fail(release_id: int, reason: str, *, unload: bool = True) -> Release | Non
         and not LiveVersion.objects.filter(version=version).exists()
     ):
         try:
-            client.adapter_unload(version.name, base_url=_server(version))
-        except client.InferenceError as exc:
+            version_server(version).adapter_unload(version.name)
+        except InferenceError as exc:
             logger.warning("could not unload %s after a failed release: %s", version.name, exc)
     release.refresh_from_db()
     return release

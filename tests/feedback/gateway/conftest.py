@@ -30,7 +30,6 @@ def base_live(deployment, tiny_base):
 @pytest.fixture
 def tool_call_version(tiny_base, tool_call_adapter_path, vllm_server):
     """A LoRA version (answers every prompt with a lookup_order tool call), loaded in the server."""
-    from training.inference import client
     from training.serving.models import ModelVersion
     from training.serving.services import model_version_create
 
@@ -41,7 +40,7 @@ def tool_call_version(tiny_base, tool_call_adapter_path, vllm_server):
         path=tool_call_adapter_path,
         parent=ModelVersion.objects.get(name=tiny_base.name),
     )
-    client.adapter_load(version.name, version.path, base_url=vllm_server.url)
+    vllm_server.client().adapter_load(version.name, version.path)
     return version
 
 

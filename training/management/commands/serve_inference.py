@@ -22,10 +22,11 @@ class Command(BaseCommand):
         parser.add_argument("--print-command", action="store_true", help="print the server command and exit")
 
     def handle(self, *args, **opts) -> None:
-        from training.inference.server import InferenceServer, ServerSpec, supervise, vllm_missing_reason
+        from training.inference.server import InferenceServer, supervise, vllm_missing_reason
+        from training.services.inference import live_adapters_load, server_spec_for_base
 
         base = self._base(opts["base"])
-        spec = ServerSpec.for_base(base, port=opts["port"], max_model_len=opts["max_model_len"])
+        spec = server_spec_for_base(base, port=opts["port"], max_model_len=opts["max_model_len"])
         argv, _ = spec.command()
         if opts["print_command"]:
             self.stdout.write(" ".join(argv))
@@ -35,10 +36,16 @@ class Command(BaseCommand):
             raise CommandError(reason)
         if base.inference_url and base.inference_url.rstrip("/") != spec.url:
             self.stderr.write(f"note: {base.name}'s inference_url is {base.inference_url}; serving on {spec.url}")
-        logging.getLogger("training.inference").setLevel(logging.INFO)
+        for name in ("training.inference", "training.services.inference"):
+            logging.getLogger(name).setLevel(logging.INFO)
         log_path = settings.DATA_DIR / "logs" / f"inference-{base.name}-{spec.port}.log"
         self.stdout.write(f"Serving {base.name} on {spec.url} ({spec.device}); server log: {log_path}")
-        code = supervise(InferenceServer(spec, log_path=log_path), base=base, max_restarts=opts["max_restarts"])
+        server = InferenceServer(spec, log_path=log_path)
+        code = supervise(
+            server,
+            on_ready=lambda: live_adapters_load(base=base, server=server.client()),
+            max_restarts=opts["max_restarts"],
+        )
         if code:
             raise CommandError(f"inference server kept failing; see {log_path}")
 

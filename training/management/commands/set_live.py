@@ -2,7 +2,8 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from training.inference import client
+from training.inference.client import InferenceError
+from training.services.inference import version_server
 from training.serving.models import ModelVersion, ModelVersionKind
 from training.serving.services import ModelRegistryError, deployment_get_or_create, live_version_set
 
@@ -25,10 +26,9 @@ class Command(BaseCommand):
             raise CommandError(f"no model version named {opts['version']!r}")
         deployment = deployment_get_or_create(name=opts["deployment"])
         if version.kind == ModelVersionKind.LORA and not opts["no_load"]:
-            url = version.base_model.inference_url or None
             try:
-                client.adapter_load(version.name, version.path, base_url=url)
-            except client.InferenceError as exc:
+                version_server(version).adapter_load(version.name, version.path)
+            except InferenceError as exc:
                 raise CommandError(f"could not load {version.name} into the inference server: {exc}") from exc
         try:
             live_version_set(deployment=deployment, version=version, reason=opts["reason"] or "set_live command")
