@@ -7,7 +7,7 @@ from django.db import models
 from django.utils import timezone
 
 from training.serving.models import Deployment, ModelVersion
-from webapp.work import WorkStatus
+from webapp.work import WorkItem, WorkStatus
 
 
 class TrainingSet(models.Model):
@@ -125,12 +125,14 @@ PHASE_LABELS = {
 }
 
 
-class TrainingJob(models.Model):
+class TrainingJob(WorkItem):
     """A training run on the `training` queue. The row is the source of truth: status,
     config, heartbeat, progress, latest metrics and the last checkpoint."""
 
+    # A cancelled job checkpoints before it stops: its worker holds it while cancelling.
+    HELD_STATUSES = (WorkStatus.RUNNING, WorkStatus.CANCELLING)
+
     kind = models.CharField(max_length=10, choices=JobKind.choices)
-    status = models.CharField(max_length=12, choices=WorkStatus.choices, default=WorkStatus.QUEUED)
     config = models.JSONField(help_text="the job's typed config (training.grpo.config), as JSON")
     training_set = models.ForeignKey(TrainingSet, null=True, blank=True, on_delete=models.PROTECT, related_name="jobs")
     base_version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="training_jobs")
@@ -152,19 +154,9 @@ class TrainingJob(models.Model):
     )
     flagged = models.BooleanField(default=False, help_text="a reward-hacking monitor fired")
     breaches = models.JSONField(default=list, blank=True)
-    cancel_requested = models.BooleanField(default=False)
     checkpoint_path = models.CharField(max_length=500, blank=True, default="")
     checkpoint_step = models.PositiveIntegerField(default=0)
     attempts = models.PositiveIntegerField(default=0, help_text="times a worker started or resumed it")
-    worker = models.CharField(max_length=200, blank=True, default="")
-    error = models.TextField(blank=True, default="")
-    created_at = models.DateTimeField(default=timezone.now)
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    started_at = models.DateTimeField(null=True, blank=True)
-    heartbeat_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -172,10 +164,6 @@ class TrainingJob(models.Model):
 
     def __str__(self) -> str:
         return f"{self.get_kind_display()} job {self.pk} ({self.status})"
-
-    @property
-    def is_active(self) -> bool:
-        return self.status in ACTIVE_JOB_STATUSES
 
     @property
     def progress(self) -> float:

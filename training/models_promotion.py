@@ -18,12 +18,10 @@ from django.db import models
 from django.utils import timezone
 
 from training.serving.models import Deployment, ModelVersion
-from webapp.work import WorkStatus
-
-ACTIVE_EVALUATION_STATUSES = (WorkStatus.QUEUED, WorkStatus.RUNNING)
+from webapp.work import WorkItem
 
 
-class Evaluation(models.Model):
+class Evaluation(WorkItem):
     """A candidate scored against a baseline (the live version when it was created)."""
 
     deployment = models.ForeignKey(Deployment, on_delete=models.PROTECT, related_name="evaluations")
@@ -37,22 +35,11 @@ class Evaluation(models.Model):
         related_name="evaluations",
         help_text="whose held-out items were evaluated, if any",
     )
-    status = models.CharField(max_length=12, choices=WorkStatus.choices, default=WorkStatus.QUEUED)
     config = models.JSONField(default=dict, blank=True, help_text="generation and scoring settings, as run")
     sources = models.JSONField(default=dict, blank=True, help_text="where the items came from")
     total = models.PositiveIntegerField(default=0)
     done = models.PositiveIntegerField(default=0)
     summary = models.JSONField(default=dict, blank=True, help_text="both versions' figures and the win rate")
-    error = models.TextField(blank=True, default="")
-    cancel_requested = models.BooleanField(default=False)
-    worker = models.CharField(max_length=200, blank=True, default="")
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    created_at = models.DateTimeField(default=timezone.now)
-    started_at = models.DateTimeField(null=True, blank=True)
-    heartbeat_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -60,10 +47,6 @@ class Evaluation(models.Model):
 
     def __str__(self) -> str:
         return f"evaluation {self.pk}: {self.candidate_id} vs {self.baseline_id}"
-
-    @property
-    def is_active(self) -> bool:
-        return self.status in ACTIVE_EVALUATION_STATUSES
 
 
 class EvaluationItemKind(models.TextChoices):

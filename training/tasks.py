@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import os
 import socket
-import uuid
 
 from celery import shared_task
+
+from webapp.work import work_worker_name
 
 
 def _worker_name(task) -> str:
@@ -23,16 +24,14 @@ def _worker_name(task) -> str:
 def training_job_run_task(self, job_id: int) -> None:
     from training.services.job_runner import training_job_run
 
-    # Unique per run, so a stale worker's late writes cannot touch a job another worker took over.
-    host = self.request.hostname or socket.gethostname()
-    training_job_run(job_id=job_id, worker=f"{host}:{os.getpid()}:{uuid.uuid4().hex[:8]}")
+    training_job_run(job_id=job_id, worker=work_worker_name(self.request.hostname))
 
 
 @shared_task(bind=True, name="training.evaluation_run", queue="default", acks_late=True, reject_on_worker_lost=True)
 def evaluation_run_task(self, evaluation_id: int) -> None:
     from training.services.evaluation import evaluation_run
 
-    evaluation_run(evaluation_id=evaluation_id, worker=_worker_name(self))
+    evaluation_run(evaluation_id=evaluation_id, worker=work_worker_name(self.request.hostname))
 
 
 @shared_task(bind=True, name="training.release_run", queue="deploy", acks_late=True, reject_on_worker_lost=True)

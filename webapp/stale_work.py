@@ -1,56 +1,82 @@
-"""Background work whose worker died: one rule for every kind that records a heartbeat.
+"""Background work whose worker died: one rule for every kind of `webapp.work.WorkItem`.
 
-A row still in one of its running statuses whose `heartbeat_at` (or, before its first beat,
-`started_at`) is older than the kind's silence limit is marked failed, with an error that
-says how long the worker had been silent. Each row is locked and checked again before it is
-changed, so a beat that arrives meanwhile wins and two sweeps fail a row once. The workers
-check their row's status between steps, so a worker that was only slow stops there instead
-of overwriting the outcome.
-
-Training jobs are not failed here: they resume from a checkpoint
-(`training.services.jobs.training_jobs_check_stale`).
+An item still held (running, or cancelling) whose `heartbeat_at` (or, before its first beat,
+`started_at`) is older than the kind's silence limit is ended through `work_end`, with an
+error that says how long the worker had been silent: failed, or cancelled if a cancel was
+already winding it down. A kind that resumes (training jobs, from their checkpoint) is
+queued again instead while `resume(item)` says so. Each item is locked and checked again
+before it is changed, so a beat that arrives meanwhile wins and two sweeps end an item
+once; the worker's own beats and `work_end` then find the item no longer theirs, so a
+worker that was only slow stops there instead of overwriting the outcome.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TypeVar
 
-from django.db import models, transaction
+from django.db import transaction
 from django.db.models import Q
 
+from webapp.work import WorkItem, WorkStatus, work_end
 
-def stale_work_fail(
-    model: type[models.Model],
+W = TypeVar("W", bound=WorkItem)
+
+
+def stale_work_settle(
+    model: type[W],
     *,
-    running: Iterable[str],
-    failed: str,
     silent_after: float,
     now: datetime,
     what: str,
-    on_failed: Callable[[Any], None] | None = None,
-) -> list[int]:
-    """Fail the `model` rows in a `running` status silent for over `silent_after` seconds;
-    `on_failed(row)` runs in the same transaction (an audit record). Returns their ids."""
-    running = list(running)
+    on_end: Callable[[W], None] | None = None,
+    resume: Callable[[W], bool] | None = None,
+    on_resumed: Callable[[W], None] | None = None,
+) -> list[tuple[int, str]]:
+    """End (or, while `resume(item)`, queue again) the `model` items silent for over
+    `silent_after` seconds. `on_end(item)` and `on_resumed(item)` run in the item's
+    transaction (an audit record, a log line, the task sent again). Returns (id, what was
+    done: "failed", "cancelled" or "requeued")."""
     cutoff = now - timedelta(seconds=silent_after)
+    held = model.HELD_STATUSES
     silent = Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at__isnull=True, started_at__lt=cutoff)
-    failed_ids: list[int] = []
-    for pk in model.objects.filter(silent, status__in=running).values_list("pk", flat=True):
+    actions: list[tuple[int, str]] = []
+    for pk in model.objects.filter(silent, status__in=held).values_list("pk", flat=True):
         with transaction.atomic():
-            row = model.objects.select_for_update().filter(pk=pk).first()
-            last = None if row is None else (row.heartbeat_at or row.started_at)
-            if row is None or row.status not in running or last is None or last >= cutoff:
+            item = model.objects.select_for_update().filter(pk=pk, status__in=held).first()
+            last = None if item is None else (item.heartbeat_at or item.started_at)
+            if item is None or last is None or last >= cutoff:
                 continue
-            row.status = failed
-            row.error = (
-                f"the worker stopped: no sign of the {what} for {int((now - last).total_seconds())} s "
-                f"(the limit is {int(silent_after)} s); start it again"
-            )
-            row.finished_at = now
-            row.save(update_fields=["status", "error", "finished_at"])
-            if on_failed is not None:
-                on_failed(row)
-            failed_ids.append(pk)
-    return failed_ids
+            if item.status != WorkStatus.CANCELLING and resume is not None and resume(item):
+                item.status, item.worker = WorkStatus.QUEUED, ""
+                item.save(update_fields=["status", "worker"])
+                if on_resumed is not None:
+                    on_resumed(item)
+                actions.append((pk, "requeued"))
+                continue
+            if item.status == WorkStatus.CANCELLING:
+                status, error = WorkStatus.CANCELLED, None
+            else:
+                attempts = f" after {item.attempts} attempts" if hasattr(item, "attempts") else ""
+                status = WorkStatus.FAILED
+                error = (
+                    f"the worker stopped: no sign of the {what} for {int((now - last).total_seconds())} s "
+                    f"(the limit is {int(silent_after)} s){attempts}; start it again"
+                )
+            work_end(model, pk=pk, worker=None, status=status, error=error, now=now, on_end=on_end)
+            actions.append((pk, str(status)))
+    return actions
+
+
+def stale_work_fail(
+    model: type[W],
+    *,
+    silent_after: float,
+    now: datetime,
+    what: str,
+    on_failed: Callable[[W], None] | None = None,
+) -> list[int]:
+    """`stale_work_settle` for a kind that neither resumes nor winds down: the ids failed."""
+    actions = stale_work_settle(model, silent_after=silent_after, now=now, what=what, on_end=on_failed)
+    return [pk for pk, _ in actions]

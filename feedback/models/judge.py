@@ -18,7 +18,7 @@ from django.utils import timezone
 from feedback.models.review import Comment, Correction, CustomerFeedback
 from feedback.models.traces import Message, Trace
 from training.serving.models import Deployment
-from webapp.work import WorkStatus
+from webapp.work import WorkItem, WorkStatus
 
 
 class JudgeStatus(models.TextChoices):
@@ -92,11 +92,10 @@ class DeploymentJudge(models.Model):
         judge_key_env_check(self.api_key_env)
 
 
-class JudgeJob(models.Model):
+class JudgeJob(WorkItem):
     """A backfill batch: judge every feedback-bearing assistant turn that matches."""
 
     deployment = models.ForeignKey(Deployment, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
-    status = models.CharField(max_length=20, choices=WorkStatus.choices, default=WorkStatus.QUEUED)
     only_unjudged = models.BooleanField(
         default=True, help_text="skip turns that already have a judgement by the current judge version"
     )
@@ -109,15 +108,6 @@ class JudgeJob(models.Model):
     total = models.PositiveIntegerField(default=0)
     succeeded = models.PositiveIntegerField(default=0)
     failed = models.PositiveIntegerField(default=0)
-    error = models.TextField(blank=True, default="")
-    cancel_requested = models.BooleanField(default=False)
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    created_at = models.DateTimeField(default=timezone.now)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
-    heartbeat_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -132,10 +122,6 @@ class JudgeJob(models.Model):
     @property
     def percent(self) -> int:
         return round(100 * self.done / self.total) if self.total else (100 if self.status == WorkStatus.FINISHED else 0)
-
-    @property
-    def is_active(self) -> bool:
-        return self.status in (WorkStatus.QUEUED, WorkStatus.RUNNING)
 
 
 class JudgeResult(models.Model):
@@ -278,11 +264,10 @@ class OrderSwapCheck(models.Model):
         return f"order-swap check {self.pk} of judgement {self.result_id}"
 
 
-class FailureModeRun(models.Model):
+class FailureModeRun(WorkItem):
     """One pass of the failure-mode pipeline over a batch of traces."""
 
     deployment = models.ForeignKey(Deployment, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
-    status = models.CharField(max_length=20, choices=WorkStatus.choices, default=WorkStatus.QUEUED)
     since = models.DateTimeField(null=True, blank=True)
     until = models.DateTimeField(null=True, blank=True)
     max_traces = models.PositiveIntegerField(default=10000)
@@ -294,14 +279,6 @@ class FailureModeRun(models.Model):
     flags_written = models.PositiveIntegerField(default=0)
     notes_clustered = models.PositiveIntegerField(default=0)
     flag_counts = models.JSONField(default=dict, blank=True)
-    error = models.TextField(blank=True, default="")
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    created_at = models.DateTimeField(default=timezone.now)
-    started_at = models.DateTimeField(null=True, blank=True)
-    heartbeat_at = models.DateTimeField(null=True, blank=True)  # the worker's last progress (the sweep reads it)
-    finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -314,10 +291,6 @@ class FailureModeRun(models.Model):
         if self.progress_total:
             return round(100 * self.progress_done / self.progress_total)
         return 100 if self.status == WorkStatus.FINISHED else 0
-
-    @property
-    def is_active(self) -> bool:
-        return self.status in (WorkStatus.QUEUED, WorkStatus.RUNNING)
 
 
 class FailureCluster(models.Model):

@@ -53,7 +53,7 @@ from feedback.services.chat_format import FieldError
 from feedback.tasks import failure_mode_run_task
 from webapp.errors import Invalid
 from webapp.stale_work import stale_work_fail
-from webapp.work import WorkStatus
+from webapp.work import WorkStatus, work_beat, work_claim, work_end, work_worker_name
 
 logger = logging.getLogger(__name__)
 
@@ -98,19 +98,15 @@ def failure_mode_run_create(
 
 
 class _RunEnded(Exception):
-    """The run's row left `running` under this worker (the sweep failed it): stop here."""
+    """The run is no longer this worker's (the sweep failed it): stop here."""
 
 
 def _progress(run: FailureModeRun, **fields: Any) -> None:
     """Write progress (and a heartbeat) while the run is still this worker's to write."""
-    fields.setdefault("heartbeat_at", timezone.now())
-    if not FailureModeRun.objects.filter(pk=run.pk, status__in=_WRITABLE).update(**fields):
+    if not work_beat(FailureModeRun, pk=run.pk, worker=run.worker, **fields):
         raise _RunEnded
     for key, value in fields.items():
         setattr(run, key, value)
-
-
-_WRITABLE = (WorkStatus.QUEUED, WorkStatus.RUNNING)
 
 
 def failure_mode_runs_fail_stale(*, now=None) -> list[int]:
@@ -118,8 +114,6 @@ def failure_mode_runs_fail_stale(*, now=None) -> list[int]:
     `FAILURE_MODE_STALE_AFTER_SECONDS` (naming one cluster may take a judge's deadline)."""
     return stale_work_fail(
         FailureModeRun,
-        running=[WorkStatus.RUNNING],
-        failed=WorkStatus.FAILED,
         # Naming one cluster is a judge call: never shorter than one may take.
         silent_after=max(
             settings.FAILURE_MODE_STALE_AFTER_SECONDS, settings.JUDGE_DEADLINE_S + settings.JUDGE_STALE_GRACE_S
@@ -356,17 +350,22 @@ def failure_mode_run_execute(
     run: FailureModeRun,
     endpoint: JudgeEndpoint | None = None,
     embed: Callable[[Sequence[str]], np.ndarray] | None = None,
+    worker: str | None = None,
 ) -> FailureModeRun:
     """Run the pipeline. `endpoint` names clusters (default: the deployment's or the
     settings' judge; without one, clusters get keyword names). A run already finished
     is returned as it is; one found running (its worker died) starts over."""
-    if run.status not in (WorkStatus.QUEUED, WorkStatus.RUNNING):
-        return run
-    FailureCluster.objects.filter(run=run).delete()
-    try:
-        _progress(run, status=WorkStatus.RUNNING, started_at=timezone.now(), stage="selecting traces", error="")
-    except _RunEnded:
+    claimed = work_claim(
+        FailureModeRun,
+        pk=run.pk,
+        worker=worker or work_worker_name(),
+        resume_after=0,
+        fields={"started_at": timezone.now(), "stage": "selecting traces", "error": ""},
+    )
+    if claimed is None:
         return _reread(run)
+    run = claimed
+    FailureCluster.objects.filter(run=run).delete()
     if endpoint is None:
         try:
             endpoint = judge_endpoint_for(deployment=run.deployment)
@@ -409,16 +408,20 @@ def failure_mode_run_execute(
         return _reread(run)
     except Exception as exc:
         logger.exception("failure-mode run %s failed", run.pk)
-        return _run_end(run, status=WorkStatus.FAILED, error=f"{type(exc).__name__}: {exc}"[:5000])
-    return _run_end(run, status=WorkStatus.FINISHED, stage="finished")
+        return _run_end(run, WorkStatus.FAILED, error=f"{type(exc).__name__}: {exc}"[:5000])
+    return _run_end(run, WorkStatus.FINISHED, stage="finished")
 
 
-def _run_end(run: FailureModeRun, **fields: Any) -> FailureModeRun:
-    try:
-        _progress(run, finished_at=timezone.now(), **fields)
-    except _RunEnded:
-        return _reread(run)  # the sweep ended it first: its outcome stands
-    return run
+def _run_end(run: FailureModeRun, status: str, *, error: str | None = None, stage: str | None = None) -> FailureModeRun:
+    """End the run if this worker still holds it; one the sweep ended first keeps its outcome."""
+
+    def settle(row: FailureModeRun) -> list[str]:
+        if stage is None:
+            return []
+        row.stage = stage
+        return ["stage"]
+
+    return work_end(FailureModeRun, pk=run.pk, worker=run.worker, status=status, error=error, settle=settle) or run
 
 
 def _reread(run: FailureModeRun) -> FailureModeRun:

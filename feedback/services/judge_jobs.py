@@ -28,7 +28,7 @@ from feedback.selectors.judge import judge_endpoint_for
 from feedback.services.judging import JudgeError, judge_request, judge_run
 from feedback.tasks import judge_job_run_task
 from webapp.stale_work import stale_work_fail
-from webapp.work import WorkStatus
+from webapp.work import WorkStatus, work_beat, work_cancel, work_claim, work_end, work_worker_name
 
 
 def feedback_turns(*, deployment=None, since: datetime | None = None) -> Any:
@@ -94,57 +94,52 @@ def _job_targets(job: JudgeJob) -> list[int]:
     return list(qs.values_list("pk", flat=True)[: job.limit])
 
 
-def judge_job_run(*, job: JudgeJob, endpoint: JudgeEndpoint | None = None) -> JudgeJob:
+def judge_job_run(*, job: JudgeJob, endpoint: JudgeEndpoint | None = None, worker: str | None = None) -> JudgeJob:
     """Judge the job's turns one by one, counting progress after each. The list of turns
     is fixed when the job starts; a redelivered job (its worker died) resumes where it
     stopped, and a cancel request stops it between two turns."""
+    worker = worker or work_worker_name()
     job.refresh_from_db()  # the caller's copy may be stale: a cancel may have come since
-    if job.status not in (WorkStatus.QUEUED, WorkStatus.RUNNING):
-        return job
     if job.status == WorkStatus.QUEUED:
         plan = _job_targets(job)
-        now = timezone.now()  # after planning: the first turn gets the whole silence limit
-        # Started only if still queued: a cancel that got there first stands.
-        JudgeJob.objects.filter(pk=job.pk, status=WorkStatus.QUEUED).update(
-            status=WorkStatus.RUNNING, started_at=now, heartbeat_at=now, total=len(plan), message_ids=plan
-        )
-        job.refresh_from_db()
-        if job.status != WorkStatus.RUNNING:
-            return job
+        # Claimed after planning: the first turn gets the whole silence limit. Only if still
+        # queued: a cancel that got there first stands.
+        claimed = work_claim(JudgeJob, pk=job.pk, worker=worker, fields={"total": len(plan), "message_ids": plan})
     else:
         # The judgement the dead worker was in the middle of runs again, and this worker's
         # silence is counted from now, not from the dead one's last beat.
-        JudgeJob.objects.filter(pk=job.pk, status=WorkStatus.RUNNING).update(heartbeat_at=timezone.now())
-        JudgeResult.objects.filter(job=job, status=JudgeStatus.RUNNING).update(status=JudgeStatus.PENDING)
+        claimed = work_claim(JudgeJob, pk=job.pk, worker=worker, resume_after=0)
+        if claimed is not None:
+            JudgeResult.objects.filter(job=job, status=JudgeStatus.RUNNING).update(status=JudgeStatus.PENDING)
+    if claimed is None:
         job.refresh_from_db()
+        return job
+    job = claimed
     try:
         endpoint = endpoint or judge_endpoint_for(deployment=job.deployment)
     except JudgeNotConfigured as exc:
-        return _job_finish(job, WorkStatus.FAILED, str(exc))
+        return _job_end(job, worker, WorkStatus.FAILED, str(exc))
     finished = set(
         JudgeResult.objects.filter(job=job).exclude(status=JudgeStatus.PENDING).values_list("message_id", flat=True)
     )
     for message_id in job.message_ids:
         if message_id in finished:
             continue
-        status, cancel = JudgeJob.objects.filter(pk=job.pk).values_list("status", "cancel_requested").get()
-        if status != WorkStatus.RUNNING:
-            # The sweep failed it while this worker was silent: its outcome stands.
-            job.refresh_from_db()
-            return job
-        if cancel:
-            return _job_finish(job, WorkStatus.CANCELLED)
+        if not work_beat(JudgeJob, pk=job.pk, worker=worker):
+            # Cancelled; or the sweep failed it while this worker was silent, and its
+            # outcome stands (`work_end` changes nothing then).
+            return _job_end(job, worker, WorkStatus.CANCELLED)
         message = Message.objects.filter(pk=message_id).first()
         if message is None:  # the trace was deleted meanwhile
-            JudgeJob.objects.filter(pk=job.pk).update(total=F("total") - 1)
+            work_beat(JudgeJob, pk=job.pk, worker=worker, total=F("total") - 1)
             continue
         result = JudgeResult.objects.filter(job=job, message=message).first() or judge_request(
             message=message, trigger=JudgeTrigger.BACKFILL, job=job, requested_by=job.created_by, enqueue=False
         )
         result = judge_run(result=result, endpoint=endpoint)
         counter = "succeeded" if result.status == JudgeStatus.SUCCEEDED else "failed"
-        JudgeJob.objects.filter(pk=job.pk).update(heartbeat_at=timezone.now(), **{counter: F(counter) + 1})
-    return _job_finish(job, WorkStatus.FINISHED)
+        work_beat(JudgeJob, pk=job.pk, worker=worker, **{counter: F(counter) + 1})
+    return _job_end(job, worker, WorkStatus.FINISHED)
 
 
 def judge_jobs_fail_stale(*, now=None) -> list[int]:
@@ -152,26 +147,18 @@ def judge_jobs_fail_stale(*, now=None) -> list[int]:
     longer than one judgement may take (`JUDGE_DEADLINE_S`) plus `JUDGE_STALE_GRACE_S`."""
     return stale_work_fail(
         JudgeJob,
-        running=[WorkStatus.RUNNING],
-        failed=WorkStatus.FAILED,
         silent_after=settings.JUDGE_DEADLINE_S + settings.JUDGE_STALE_GRACE_S,
         now=now or timezone.now(),
         what="judge job's progress",
     )
 
 
-def _job_finish(job: JudgeJob, status: str, error: str = "", *, was: str = WorkStatus.RUNNING) -> JudgeJob:
-    """End the job if it is still `was`; a job that ended meanwhile keeps its outcome."""
-    JudgeJob.objects.filter(pk=job.pk, status=was).update(status=status, error=error, finished_at=timezone.now())
-    job.refresh_from_db()
-    return job
+def _job_end(job: JudgeJob, worker: str, status: str, error: str = "") -> JudgeJob:
+    """End the job if this worker still holds it; one that ended meanwhile keeps its outcome."""
+    return work_end(JudgeJob, pk=job.pk, worker=worker, status=status, error=error) or job
 
 
 def judge_job_cancel(*, job: JudgeJob) -> JudgeJob:
     """A queued job is cancelled at once; a running one is asked to stop between two turns.
     Decided on the row as it is now, not on the caller's copy: a worker may have just started it."""
-    job = _job_finish(job, WorkStatus.CANCELLED, was=WorkStatus.QUEUED)
-    if job.status == WorkStatus.RUNNING:
-        JudgeJob.objects.filter(pk=job.pk, status=WorkStatus.RUNNING).update(cancel_requested=True)
-        job.refresh_from_db()
-    return job
+    return work_cancel(JudgeJob, pk=job.pk) or job

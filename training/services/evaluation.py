@@ -31,7 +31,7 @@ from training.services.evaluation_items import (
 from training.serving.models import Deployment, ModelVersion, ModelVersionKind, ModelVersionStatus
 from training.serving.selectors import live_version_get
 from webapp.stale_work import stale_work_fail
-from webapp.work import WorkStatus
+from webapp.work import WorkStatus, work_beat, work_cancel, work_claim, work_end, work_worker_name
 
 logger = logging.getLogger(__name__)
 
@@ -153,26 +153,16 @@ def evaluation_create(
     return evaluation
 
 
-@transaction.atomic
 def evaluation_cancel(*, evaluation: Evaluation, user=None) -> Evaluation:
     """Ask a running evaluation to stop after its current item (a queued one stops at once)."""
-    evaluation = Evaluation.objects.select_for_update().get(pk=evaluation.pk)
-    if not evaluation.is_active:
-        return evaluation
-    if evaluation.status == WorkStatus.QUEUED:
-        _finish(evaluation, WorkStatus.CANCELLED, actor=user, detail="cancelled before it started")
-    else:
-        evaluation.cancel_requested = True
-        evaluation.save(update_fields=["cancel_requested"])
-    return evaluation
-
-
-def _finish(evaluation: Evaluation, status: str, *, actor=None, error: str = "", detail: str = "") -> None:
-    evaluation.status = status
-    evaluation.error = error
-    evaluation.finished_at = timezone.now()
-    evaluation.save(update_fields=["status", "error", "finished_at", "summary", "done"])
-    _audit_outcome(evaluation, actor=actor, detail=error or detail)
+    return (
+        work_cancel(
+            Evaluation,
+            pk=evaluation.pk,
+            on_end=lambda row: _audit_outcome(row, actor=user, detail="cancelled before it started"),
+        )
+        or evaluation
+    )
 
 
 def _audit_outcome(evaluation: Evaluation, *, actor=None, detail: str = "") -> None:
@@ -193,20 +183,24 @@ def _audit_outcome(evaluation: Evaluation, *, actor=None, detail: str = "") -> N
     )
 
 
-def _finish_if_running(evaluation: Evaluation, status: str, *, error: str = "") -> Evaluation:
-    """End a running evaluation (a cancelled or finished one with its summary); one the sweep
-    or a cancel already ended keeps its outcome. Returns the row as it now is."""
-    with transaction.atomic():
-        current = Evaluation.objects.select_for_update().get(pk=evaluation.pk)
-        if current.status == WorkStatus.RUNNING:
-            detail = ""
-            if status == WorkStatus.CANCELLED:
-                current.summary = evaluation_summary(evaluation=current)
-                detail = f"cancelled after {current.done} items"
-            elif status == WorkStatus.FINISHED:
-                current.summary = evaluation_summary(evaluation=current)
-                current.done = current.items.filter(done=True).count()
-            _finish(current, status, error=error, detail=detail)
+def _finish_if_running(evaluation: Evaluation, worker: str, status: str, *, error: str = "") -> Evaluation:
+    """End a running evaluation this worker holds (a cancelled or finished one with its
+    summary), with its audit record; one the sweep or a cancel already ended keeps its
+    outcome. Returns the row as it now is."""
+
+    def settle(row: Evaluation) -> list[str]:
+        if status not in (WorkStatus.CANCELLED, WorkStatus.FINISHED):
+            return []
+        row.summary = evaluation_summary(evaluation=row)
+        if status == WorkStatus.FINISHED:
+            row.done = row.items.filter(done=True).count()
+        return ["summary", "done"]
+
+    def audit(row: Evaluation) -> None:
+        detail = f"cancelled after {row.done} items" if status == WorkStatus.CANCELLED else ""
+        _audit_outcome(row, detail=error or detail)
+
+    work_end(Evaluation, pk=evaluation.pk, worker=worker, status=status, error=error, settle=settle, on_end=audit)
     evaluation.refresh_from_db()
     return evaluation
 
@@ -218,8 +212,6 @@ def evaluations_fail_stale(*, now: datetime | None = None) -> list[int]:
 
     return stale_work_fail(
         Evaluation,
-        running=[WorkStatus.RUNNING],
-        failed=WorkStatus.FAILED,
         silent_after=settings.EVALUATION_STALE_AFTER_SECONDS,
         now=now or timezone.now(),
         what="evaluation's progress",
@@ -440,24 +432,23 @@ def evaluation_summary(*, evaluation: Evaluation) -> dict[str, Any]:
     return summary
 
 
-def evaluation_run(*, evaluation_id: int, worker: str = "") -> Evaluation | None:
+def evaluation_run(*, evaluation_id: int, worker: str | None = None) -> Evaluation | None:
     """Run (or resume) an evaluation. A finished, failed or cancelled one is left alone."""
     from training.evaluation.generate import GenerationError
 
-    with transaction.atomic():
-        evaluation = (
-            Evaluation.objects.select_for_update(of=("self",))
-            .select_related("candidate__base_model", "baseline__base_model", "deployment")
-            .filter(pk=evaluation_id)
-            .first()
-        )
-        if evaluation is None or not evaluation.is_active:
-            return evaluation
-        evaluation.status = WorkStatus.RUNNING
-        evaluation.started_at = evaluation.started_at or timezone.now()
-        evaluation.heartbeat_at = timezone.now()
-        evaluation.worker = worker[:200]
-        evaluation.save(update_fields=["status", "started_at", "heartbeat_at", "worker"])
+    worker = (worker or work_worker_name())[:200]
+    # A redelivered run (its worker died) is taken over at once and resumes after the last
+    # finished item.
+    claimed = work_claim(Evaluation, pk=evaluation_id, worker=worker, resume_after=0)
+    if claimed is None:
+        return Evaluation.objects.filter(pk=evaluation_id).first()
+    evaluation = (
+        Evaluation.objects.select_related("candidate__base_model", "baseline__base_model", "deployment")
+        .filter(pk=evaluation_id)
+        .first()
+    )
+    if evaluation is None:
+        return None
 
     generator = None
     try:
@@ -465,7 +456,7 @@ def evaluation_run(*, evaluation_id: int, worker: str = "") -> Evaluation | None
         generator.prepare(evaluation.candidate)
         generator.prepare(evaluation.baseline)
         # Loading the versions is not the first item's time.
-        Evaluation.objects.filter(pk=evaluation.pk).update(heartbeat_at=timezone.now())
+        work_beat(Evaluation, pk=evaluation.pk, worker=worker)
         endpoint = _judge_endpoint(evaluation.deployment)
         if endpoint is None:
             Evaluation.objects.filter(pk=evaluation.pk).update(config={**evaluation.config, "judge": None})
@@ -474,21 +465,18 @@ def evaluation_run(*, evaluation_id: int, worker: str = "") -> Evaluation | None
                 config={**evaluation.config, "judge": {"model": endpoint.model, "base_url": endpoint.base_url}}
             )
         for item in evaluation.items.filter(done=False).order_by("position"):
-            status, cancel = Evaluation.objects.filter(pk=evaluation.pk).values_list("status", "cancel_requested").get()
-            if status != WorkStatus.RUNNING:
-                # The sweep failed it while this worker was silent: its outcome stands.
-                evaluation.refresh_from_db()
-                return evaluation
-            if cancel:
-                return _finish_if_running(evaluation, WorkStatus.CANCELLED)
+            if not work_beat(Evaluation, pk=evaluation.pk, worker=worker):
+                # Cancelled; or the sweep failed it while this worker was silent, and its
+                # outcome stands (`work_end` changes nothing then).
+                return _finish_if_running(evaluation, worker, WorkStatus.CANCELLED)
             evaluation_item_run(item=item, evaluation=evaluation, generator=generator, endpoint=endpoint)
-            Evaluation.objects.filter(pk=evaluation.pk).update(done=F("done") + 1, heartbeat_at=timezone.now())
-        _finish_if_running(evaluation, WorkStatus.FINISHED)
+            work_beat(Evaluation, pk=evaluation.pk, worker=worker, done=F("done") + 1)
+        _finish_if_running(evaluation, worker, WorkStatus.FINISHED)
     except GenerationError as exc:
-        _finish_if_running(evaluation, WorkStatus.FAILED, error=str(exc)[:5000])
+        _finish_if_running(evaluation, worker, WorkStatus.FAILED, error=str(exc)[:5000])
     except Exception as exc:
         logger.exception("evaluation %s failed", evaluation_id)
-        _finish_if_running(evaluation, WorkStatus.FAILED, error=f"{type(exc).__name__}: {exc}"[:5000])
+        _finish_if_running(evaluation, worker, WorkStatus.FAILED, error=f"{type(exc).__name__}: {exc}"[:5000])
     finally:
         if generator is not None:
             generator.close()

@@ -10,7 +10,7 @@ import os
 import shutil
 import threading
 import traceback
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 
 from django.conf import settings
@@ -30,7 +30,7 @@ from training.models import (
     TrainingSplit,
 )
 from training.serving.models import ModelVersion, ModelVersionKind
-from webapp.work import WorkStatus
+from webapp.work import WorkStatus, work_beat, work_claim, work_end, work_held
 
 log = logging.getLogger(__name__)
 MAX_SAMPLE_ROWS = 64
@@ -43,23 +43,11 @@ def job_run_dir(job: TrainingJob) -> Path:
 def _claim(job_id: int, worker: str) -> TrainingJob | None:
     """Take the job for this worker, or None when there is nothing to do: it is gone,
     over, or another live worker holds it (a duplicate delivery)."""
-    now = timezone.now()
-    fresh = now - timedelta(seconds=settings.TRAINING_STALE_AFTER_SECONDS)
     with transaction.atomic():
-        job = TrainingJob.objects.select_for_update().filter(pk=job_id).first()
-        if job is None or job.status not in (WorkStatus.QUEUED, WorkStatus.RUNNING, WorkStatus.CANCELLING):
-            return None
-        if job.status != WorkStatus.QUEUED and job.heartbeat_at and job.heartbeat_at >= fresh:
-            return None
-        resumed = job.status != WorkStatus.QUEUED or job.attempts > 0
-        job.status = WorkStatus.CANCELLING if job.cancel_requested else WorkStatus.RUNNING
-        job.attempts += 1
-        job.worker = worker
-        job.started_at = job.started_at or now
-        job.heartbeat_at = now
-        job.save(update_fields=["status", "attempts", "worker", "started_at", "heartbeat_at"])
-        verb = "resuming" if resumed else "started"
-        _event(job, JobEventKind.LOG, job.step, {"message": f"{verb} on {worker} (attempt {job.attempts})"})
+        job = work_claim(TrainingJob, pk=job_id, worker=worker, resume_after=settings.TRAINING_STALE_AFTER_SECONDS)
+        if job is not None:
+            verb = "resuming" if job.attempts > 1 else "started"
+            _event(job, JobEventKind.LOG, job.step, {"message": f"{verb} on {worker} (attempt {job.attempts})"})
     return job
 
 
@@ -76,10 +64,14 @@ def training_job_run(*, job_id: int, worker: str) -> str:
     except Exception as exc:
         log.exception("training job %s failed", job.pk)
         tail = "".join(traceback.format_exception(exc)[-3:])[-2000:]
-        _held(job.pk, worker).update(
-            status=WorkStatus.FAILED, error=f"{type(exc).__name__}: {exc}"[:2000], finished_at=timezone.now()
+        work_end(
+            TrainingJob,
+            pk=job.pk,
+            worker=worker,
+            status=WorkStatus.FAILED,
+            error=f"{type(exc).__name__}: {exc}"[:2000],
+            on_end=lambda row: _event(row, JobEventKind.LOG, row.step, {"message": f"failed: {tail}"}),
         )
-        _event(job, JobEventKind.LOG, job.step, {"message": f"failed: {tail}"})
         return WorkStatus.FAILED
     finally:
         stop_beat.set()
@@ -87,18 +79,11 @@ def training_job_run(*, job_id: int, worker: str) -> str:
     return _finish(job.pk, worker, result)
 
 
-def _held(job_id: int, worker: str):
-    """The job while this worker still holds it. The stale check fails (or cancels) a job
-    whose worker went silent without clearing `worker`, so the status is checked too: a
-    worker that resumes after that writes nothing."""
-    return TrainingJob.objects.filter(pk=job_id, worker=worker, status__in=(WorkStatus.RUNNING, WorkStatus.CANCELLING))
-
-
 def _heartbeat(job_id: int, worker: str, stop: threading.Event) -> None:
     """Beat while the loop runs: a step can take minutes on a CPU."""
     try:
         while not stop.wait(settings.TRAINING_HEARTBEAT_SECONDS):
-            _held(job_id, worker).update(heartbeat_at=timezone.now())
+            work_beat(TrainingJob, pk=job_id, worker=worker)
     finally:
         connection.close()
 
@@ -322,19 +307,19 @@ def job_phase_set(job_id: int, worker: str, name: str, done: int = 0, total: int
     starts = previous.get("name") != name or (name in ("sampling", "update") and previous.get("total") != total)
     since = now.isoformat() if starts or (name == "evaluation" and done == 0) else previous.get("since")
     phase = {"name": name, "done": done, "total": total, "since": since or now.isoformat()}
-    TrainingJob.objects.filter(pk=job_id, worker=worker).update(phase=phase, heartbeat_at=now)
+    work_beat(TrainingJob, pk=job_id, worker=worker, now=now, phase=phase)
     if previous.get("name") != name and name not in ("sampling", "update"):
         size = f" ({total} to go)" if total and name == "evaluation" else ""
         _event_id(job_id, JobEventKind.LOG, row["step"], {"message": f"{PHASE_LABELS.get(name, name)}{size}"})
 
 
 def _hooks(job_id: int, worker: str, Hooks):
-    jobs = _held(job_id, worker)
+    jobs = work_held(TrainingJob, pk=job_id, worker=worker)
 
     def on_step(step: int, metrics: dict) -> None:
         clean = {k: v for k, v in metrics.items() if v is not None}
         TrainingJobEvent.objects.create(job_id=job_id, kind=JobEventKind.STEP, step=step, data=clean)
-        jobs.update(step=step, metrics=clean, heartbeat_at=timezone.now())
+        work_beat(TrainingJob, pk=job_id, worker=worker, step=step, metrics=clean)
 
     def on_eval(step: int, metrics: dict) -> None:
         # How long the evaluation took, from its phase's start: the ETA counts evaluations.
@@ -365,9 +350,8 @@ def _hooks(job_id: int, worker: str, Hooks):
             TrainingJobEvent.objects.create(job_id=job_id, kind=JobEventKind.BREACH, step=step, data=breach)
 
     def should_stop() -> bool:
-        row = TrainingJob.objects.filter(pk=job_id).values("cancel_requested", "worker").first()
-        # Stop too if another worker has taken the job over.
-        return row is None or row["cancel_requested"] or row["worker"] != worker
+        # Stop too if another worker has taken the job over, or the sweep ended it.
+        return not work_beat(TrainingJob, pk=job_id, worker=worker)
 
     def log_line(message: str) -> None:
         _event_id(job_id, JobEventKind.LOG, 0, {"message": message})
@@ -388,30 +372,33 @@ def _hooks(job_id: int, worker: str, Hooks):
 
 
 def _finish(job_id: int, worker: str, result) -> str:
-    with transaction.atomic():
-        job = _held(job_id, worker).select_for_update().first()
-        if job is None:
-            return "skipped"
-        now = timezone.now()
-        if result.status == "cancelled":
-            job.status = WorkStatus.CANCELLED
-        elif result.status == "stopped":
-            job.status = WorkStatus.STOPPED
+    """End the job as the loop's `result` says, if this worker still holds it ("skipped"
+    otherwise: the sweep or another worker has it); a finished one registers its candidate."""
+    status = {"cancelled": WorkStatus.CANCELLED, "stopped": WorkStatus.STOPPED}.get(result.status, WorkStatus.FINISHED)
+    now = timezone.now()
+
+    def settle(job: TrainingJob) -> list[str]:
+        if status == WorkStatus.STOPPED:
             job.error = "stopped by a monitor: " + "; ".join(b["message"] for b in result.breaches[-3:])
-        else:
+        elif status == WorkStatus.FINISHED:
             job_phase_set(job.pk, worker, "registration", 0, 1)
             job.refresh_from_db(fields=["phase"])
-            job.status = WorkStatus.FINISHED
             job.result_version = _register_candidate(job, result.export_path)
-        job.finished_at = now
         job.heartbeat_at = now
         job.phase = {**(job.phase or {}), "name": "done", "done": 1, "total": 1, "since": now.isoformat()}
-        job.save(update_fields=["status", "error", "result_version", "finished_at", "heartbeat_at", "phase"])
+        return ["error", "result_version", "heartbeat_at", "phase"]
+
+    ended: list[TrainingJob] = []
+
+    def logged(job: TrainingJob) -> None:
         message = f"{job.get_status_display().lower()} at step {result.step}"
         if job.result_version_id:
             message += f"; candidate version {job.result_version.name}"
         _event(job, JobEventKind.LOG, result.step, {"message": message})
-    return job.status
+        ended.append(job)
+
+    work_end(TrainingJob, pk=job_id, worker=worker, status=status, now=now, settle=settle, on_end=logged)
+    return ended[0].status if ended else "skipped"
 
 
 def _register_candidate(job: TrainingJob, export_path: Path | None) -> ModelVersion:

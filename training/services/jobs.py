@@ -4,7 +4,7 @@ Nothing here imports torch: the worker side lives in `training.services.job_runn
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from django.conf import settings
 from django.db import transaction
@@ -23,7 +23,8 @@ from training.models import (
 )
 from training.serving.models import ModelVersion, ModelVersionKind
 from webapp.errors import Invalid
-from webapp.work import WorkStatus
+from webapp.stale_work import stale_work_settle
+from webapp.work import WorkStatus, work_cancel
 
 
 class JobError(Invalid, ValueError):
@@ -218,24 +219,19 @@ def _enqueue(job: TrainingJob) -> None:
     training_job_run_task.delay_on_commit(job.pk)
 
 
-@transaction.atomic
 def training_job_cancel(*, job: TrainingJob, user=None) -> TrainingJob:
     """A queued job is cancelled at once; a running one gets a flag that its loop reads
     before the next step (it checkpoints, then stops)."""
-    job = TrainingJob.objects.select_for_update().get(pk=job.pk)
     who = getattr(user, "username", "") or "someone"
-    if job.status == WorkStatus.QUEUED:
-        job.status = WorkStatus.CANCELLED
-        job.cancel_requested = True
-        job.finished_at = timezone.now()
-        job.save(update_fields=["status", "cancel_requested", "finished_at"])
-        _log(job, f"cancelled by {who} before it started")
-    elif job.status == WorkStatus.RUNNING:
-        job.status = WorkStatus.CANCELLING
-        job.cancel_requested = True
-        job.save(update_fields=["status", "cancel_requested"])
-        _log(job, f"cancel requested by {who}; stopping after the current step")
-    return job
+    return (
+        work_cancel(
+            TrainingJob,
+            pk=job.pk,
+            on_end=lambda row: _log(row, f"cancelled by {who} before it started"),
+            on_asked=lambda row: _log(row, f"cancel requested by {who}; stopping after the current step"),
+        )
+        or job
+    )
 
 
 def training_jobs_check_stale(*, now: datetime | None = None) -> list[tuple[int, str]]:
@@ -243,41 +239,30 @@ def training_jobs_check_stale(*, now: datetime | None = None) -> list[tuple[int,
     resume from its last checkpoint, or marked failed after too many attempts — never
     left "running". A job that was being cancelled is marked cancelled."""
     now = now or timezone.now()
-    cutoff = now - timedelta(seconds=settings.TRAINING_STALE_AFTER_SECONDS)
-    actions: list[tuple[int, str]] = []
-    stale = TrainingJob.objects.filter(
-        status__in=[WorkStatus.RUNNING, WorkStatus.CANCELLING], heartbeat_at__lt=cutoff
-    ).values_list("pk", flat=True)
-    for pk in stale:
-        with transaction.atomic():
-            job = TrainingJob.objects.select_for_update().get(pk=pk)
-            if job.status not in (WorkStatus.RUNNING, WorkStatus.CANCELLING) or (
-                job.heartbeat_at and job.heartbeat_at >= cutoff
-            ):
-                continue
-            silent = int((now - job.heartbeat_at).total_seconds()) if job.heartbeat_at else None
-            if job.status == WorkStatus.CANCELLING:
-                job.status = WorkStatus.CANCELLED
-                job.finished_at = now
-                job.save(update_fields=["status", "finished_at"])
-                _log(job, f"worker silent for {silent} s while cancelling; marked cancelled")
-                actions.append((pk, "cancelled"))
-            elif job.attempts < settings.TRAINING_MAX_ATTEMPTS:
-                job.status = WorkStatus.QUEUED
-                job.worker = ""
-                job.save(update_fields=["status", "worker"])
-                where = f"checkpoint at step {job.checkpoint_step}" if job.checkpoint_path else "the start"
-                _log(job, f"worker silent for {silent} s; re-queued to resume from {where}")
-                _enqueue(job)
-                actions.append((pk, "requeued"))
-            else:
-                job.status = WorkStatus.FAILED
-                job.error = f"the worker stopped sending heartbeats ({silent} s) after {job.attempts} attempts"
-                job.finished_at = now
-                job.save(update_fields=["status", "error", "finished_at"])
-                _log(job, job.error)
-                actions.append((pk, "failed"))
-    return actions
+
+    def silent(job: TrainingJob) -> str:
+        return f"worker silent for {int((now - (job.heartbeat_at or job.started_at)).total_seconds())} s"
+
+    def ended(job: TrainingJob) -> None:
+        _log(
+            job,
+            f"{silent(job)} while cancelling; marked cancelled" if job.status == WorkStatus.CANCELLED else job.error,
+        )
+
+    def requeued(job: TrainingJob) -> None:
+        where = f"checkpoint at step {job.checkpoint_step}" if job.checkpoint_path else "the start"
+        _log(job, f"{silent(job)}; re-queued to resume from {where}")
+        _enqueue(job)
+
+    return stale_work_settle(
+        TrainingJob,
+        silent_after=settings.TRAINING_STALE_AFTER_SECONDS,
+        now=now,
+        what="training job's heartbeats",
+        on_end=ended,
+        resume=lambda job: job.attempts < settings.TRAINING_MAX_ATTEMPTS,
+        on_resumed=requeued,
+    )
 
 
 def _log(job: TrainingJob, message: str) -> None:
