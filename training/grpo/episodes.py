@@ -5,44 +5,35 @@ across all turns of each episode (prompts and tool results masked out).
 
 `episodes_train` reads top to bottom:
 rollout (episodes) → reward → advantages → update → log → monitor → evaluate/checkpoint.
-
-Episodes run in parallel threads, one per episode, each in its own sandbox through the
-same `episode_run` loop as evaluation and the demo agent; their model turns are batched:
-when every running episode waits for the model, one batched sampling call serves them
-all. The model is the trainer's policy on the CPU/GPU (`rollout="local"`) or a vLLM
-server serving the current adapter (`rollout="vllm"`).
+The episodes themselves run in `episode_rollout`, the update in `episode_loss`.
 """
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from statistics import fmean, pstdev
-from typing import Any
 
 import torch
 
 from training.environments.base import Environment, Task
-from training.environments.episodes import Completion, Episode, episode_run
+from training.environments.episodes import Episode
 from training.grpo import loss as L
 from training.grpo import monitors
 from training.grpo.common import (
     Hooks,
-    TokenMeans,
     TrainResult,
     batch_for_step,
     checkpoint_save,
     finite_check,
-    micro_batches,
     result_close,
     setup_torch,
     step_close,
 )
 from training.grpo.config import EpisodesConfig
-from training.grpo.episode_tokens import episode_segments, episode_tokens, episode_values
+from training.grpo.episode_loss import episode_batch, episode_loss_backward
+from training.grpo.episode_rollout import Generate, episodes_rollout, local_generate, vllm_generate
 from training.grpo.policy import (
     Policy,
     latest_checkpoint,
@@ -50,205 +41,10 @@ from training.grpo.policy import (
     load_policy,
     make_optimizer,
 )
-from training.grpo.sampling import common_prefix_length, eos_ids, left_pad, prefix_decode, token_logprobs
-from training.inference.codec import tool_calls_parse
+from training.grpo.sampling import eos_ids
 
-
-@dataclass
-class SampledTurn:
-    """What the model sampled for one context: the ids (end-of-turn included when
-    sampled) and, from a vLLM server, its log-prob of each (the q that
-    `loss.sampling_correction` weighs against); None when the trainer's own model sampled."""
-
-    ids: list[int]
-    logprobs: list[float] | None = None
-
-
-# generate(contexts, limits, seeds) -> one SampledTurn per context. seeds: a per-request
-# seed for each context (vLLM's), or None; the local sampler draws from the global RNG.
-Generate = Callable[[list[list[int]], list[int], list[int | None]], list[SampledTurn]]
 # judge(task, episodes) -> one score in [0, 1] per episode
 EpisodeJudge = Callable[[Task, list[Episode]], list[float]]
-
-
-# --- the orchestrator ----------------------------------------------------------------------
-
-_TOKENIZER_LOCK = threading.Lock()
-
-
-class _Batcher:
-    """Collects the model calls of episodes running in threads and serves them in one
-    batched `generate` call once every episode still running is waiting for the model.
-    Rows go to `generate` ordered by episode, not by arrival, so a seeded run draws the
-    same random numbers for the same episodes whatever the threads' timing."""
-
-    def __init__(self, generate: Generate, active: int):
-        self.generate = generate
-        self.active = active
-        self.cv = threading.Condition()
-        self.pending: dict[int, tuple[list[int], int, int | None]] = {}
-        self.results: dict[int, SampledTurn] = {}
-        self.error: BaseException | None = None
-
-    def submit(self, ids: list[int], limit: int, *, key: int, seed: int | None = None) -> SampledTurn:
-        """Wait for the model's continuation of `ids`; `key` is the episode's index."""
-        with self.cv:
-            ticket = key
-            self.pending[ticket] = (ids, limit, seed)
-            self._run_if_ready()
-            while ticket not in self.results and self.error is None:
-                self.cv.wait()
-            if self.error is not None:
-                raise RuntimeError("sampling failed") from self.error
-            return self.results.pop(ticket)
-
-    def finished(self) -> None:
-        with self.cv:
-            self.active -= 1
-            self._run_if_ready()
-
-    def _run_if_ready(self) -> None:  # holds the lock
-        if not self.pending or len(self.pending) < self.active or self.error is not None:
-            return
-        batch, self.pending = dict(sorted(self.pending.items())), {}
-        try:
-            contexts, limits, seeds = (list(column) for column in zip(*batch.values(), strict=True))
-            out = self.generate(contexts, limits, seeds)
-        except BaseException as exc:  # every waiting episode re-raises it
-            self.error = exc
-        else:
-            self.results.update(zip(batch, out, strict=True))
-        self.cv.notify_all()
-
-
-def local_generate(policy: Policy, config: EpisodesConfig) -> Generate:
-    """Sample with the trainer's own model: one batched, KV-cached decode per call, the
-    contexts' shared prefix computed once."""
-    stop = eos_ids(policy.model, policy.tokenizer)
-    pad_id = policy.tokenizer.pad_token_id if policy.tokenizer.pad_token_id is not None else stop[0]
-
-    def generate(contexts: list[list[int]], limits: list[int], seeds: list[int | None]) -> list[SampledTurn]:
-        was_training = policy.model.training
-        policy.model.eval()
-        try:
-            sampled = prefix_decode(
-                policy.model,
-                contexts,
-                max_new_tokens=max(1, min(config.max_new_tokens, max(limits))),
-                temperature=config.temperature,
-                top_p=config.top_p,
-                eos_ids=stop,
-                pad_id=pad_id,
-            )
-        finally:
-            if was_training:
-                policy.model.train()
-        ends = set(stop)
-        rows: list[SampledTurn] = []
-        for tokens, limit in zip(sampled.tolist(), limits, strict=True):
-            # Up to and including the first end token; the padding after it is not the model's.
-            end = next((i for i, token in enumerate(tokens) if token in ends), len(tokens) - 1)
-            rows.append(SampledTurn(tokens[: min(end + 1, max(1, min(limit, config.max_new_tokens)))]))
-        return rows
-
-    return generate
-
-
-def policy_completer(
-    tokenizer,
-    batcher: _Batcher,
-    stop_ids: set[int],
-    *,
-    context_messages: int = 0,
-    key: int = 0,
-    seed: int | None = None,
-) -> Callable[..., Completion]:
-    """A `complete(messages, tools, max_tokens)` for one episode: it keeps the ids the
-    model sampled, builds the next context from them (`episode_segments`), and parses the
-    sampled text into an OpenAI-format message (`<tool_call>` blocks → `tool_calls`).
-    `seed`: turn j of the episode is requested with seed + j. The completion's `extra`
-    carries the ids, the text and, from a server, its log-prob of each id."""
-    sampled: list[list[int]] = []
-
-    def complete(messages: list[dict[str, Any]], tools: list[dict[str, Any]], max_tokens: int) -> Completion:
-        with _TOKENIZER_LOCK:  # a fast tokenizer may refuse concurrent calls ("Already borrowed")
-            segments = episode_segments(
-                tokenizer, messages, tools, sampled, generation=True, context_messages=context_messages
-            )
-        context, _ = episode_tokens(segments)
-        turn = batcher.submit(context, max_tokens, key=key, seed=None if seed is None else seed + len(sampled))
-        ids = turn.ids
-        sampled.append(ids)
-        with _TOKENIZER_LOCK:
-            text = tokenizer.decode(ids, skip_special_tokens=True)
-        content, calls = tool_calls_parse(text)
-        message: dict[str, Any] = {"content": content}
-        if calls:
-            message["tool_calls"] = calls
-        ended = bool(ids) and ids[-1] in stop_ids
-        extra: dict[str, Any] = {"ids": ids, "text": text}
-        if turn.logprobs is not None:
-            extra["logprobs"] = turn.logprobs
-        return Completion(
-            message=message,
-            tokens=len(ids),
-            finish_reason=("tool_calls" if calls else "stop") if ended else "length",
-            extra=extra,
-        )
-
-    return complete
-
-
-def episodes_rollout(
-    env: Environment,
-    tasks: Sequence[Task],
-    *,
-    group_size: int,
-    tokenizer,
-    generate: Generate,
-    stop_ids: set[int],
-    max_steps: int | None = None,
-    max_tokens: int | None = None,
-    seed: int | None = None,
-    first_episode: int = 0,
-) -> list[Episode]:
-    """Run `group_size` episodes of each task, all at once, each in its own state.
-    Returns them task-major (episode n·G + g is sample g of task n).
-
-    `seed` seeds each model request (vLLM's per-request seed): episode k of the call,
-    numbered from `first_episode`, sends its turn j with seed + k·S + j, S the step budget
-    (no episode has more turns), so every request of a seeded run has its own seed and a
-    rerun repeats them whatever the threads' timing."""
-    jobs = [task for task in tasks for _ in range(group_size)]
-    stride = max_steps or env.max_steps
-    batcher = _Batcher(generate, active=len(jobs))
-    results: list[Episode | None] = [None] * len(jobs)
-    errors: list[BaseException] = []
-
-    def run(index: int, task: Task) -> None:
-        try:
-            complete = policy_completer(
-                tokenizer,
-                batcher,
-                stop_ids,
-                context_messages=len(task.first_messages()),
-                key=index,
-                seed=None if seed is None else seed + (first_episode + index) * stride,
-            )
-            results[index] = episode_run(env, task, complete, max_steps=max_steps, max_tokens=max_tokens)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            batcher.finished()
-
-    threads = [threading.Thread(target=run, args=(i, t), daemon=True) for i, t in enumerate(jobs)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
-    return [e for e in results if e is not None]
 
 
 # --- rewards and statistics ----------------------------------------------------------------
@@ -294,184 +90,6 @@ def episode_stats(episodes: list[Episode]) -> dict[str, float]:
 
 def success_of(reward: float) -> float:
     return 1.0 if reward >= 1.0 - 1e-9 else 0.0
-
-
-# --- the update ---------------------------------------------------------------------------
-
-
-@dataclass
-class EpisodeBatch:
-    input_ids: torch.Tensor  # (B, L) left-padded
-    attention_mask: torch.Tensor  # (B, L)
-    mask: torch.Tensor  # (B, L - 1) 1 on the model's sampled tokens (as targets)
-    rows: list[int] = field(default_factory=list)  # which episodes, in order
-    sequences: list[list[int]] = field(default_factory=list)  # unpadded ids per row
-    masks: list[list[int]] = field(default_factory=list)  # unpadded 0/1 per token per row
-    pad_id: int = 0
-    # Unpadded per token per row: the server's log-prob of each sampled token (0 on
-    # context); None when the episodes were sampled by the trainer's own model.
-    sampler_logprobs: list[list[float]] | None = None
-
-
-def episode_batch(tokenizer, episodes: list[Episode], rows: list[int], pad_id: int) -> EpisodeBatch:
-    """Token layout of the chosen episodes: every sequence is the context/sampled
-    concatenation of `episode_tokens`; the mask is shifted by one so that mask[:, t]
-    marks the target token t + 1 (what `token_logprobs(keep=L-1)` scores). When every
-    turn carries the server's log-probs, they are laid out the same way, per token."""
-    seqs, masks, sampler = [], [], []
-    served = all("logprobs" in c.extra for r in rows for c in episodes[r].completions)
-    for r in rows:
-        e = episodes[r]
-        sampled = [c.extra["ids"] for c in e.completions]
-        opening = len(e.task.first_messages())
-        segments = episode_segments(tokenizer, e.messages, e.task.tools, sampled, context_messages=opening)
-        ids, mask = episode_tokens(segments)
-        seqs.append(ids)
-        masks.append(mask)
-        if served:
-            sampler.append(episode_values(segments, [c.extra["logprobs"] for c in e.completions]))
-    input_ids, attention = left_pad(seqs, pad_id)
-    mask_padded, _ = left_pad(masks, 0)
-    return EpisodeBatch(
-        input_ids=input_ids,
-        attention_mask=attention,
-        mask=mask_padded[:, 1:],
-        rows=list(rows),
-        sequences=seqs,
-        masks=masks,
-        pad_id=pad_id,
-        sampler_logprobs=sampler if served else None,
-    )
-
-
-def shared_prefix_length(sequences: list[list[int]], masks: list[list[int]], *, share_prefix: bool) -> int:
-    """How many leading tokens `sequence_logprobs` computes once for all rows: their
-    common prefix before the first sampled target, or 0 (one full pass per row) when not
-    sharing or when it is too short to be worth a separate pass."""
-    shared = common_prefix_length(sequences) if share_prefix and len(sequences) > 1 else 0
-    first_target = min(m.index(1) if 1 in m else len(m) for m in masks)
-    shared = min(shared, first_target - 1, min(len(s) for s in sequences) - 2)
-    return shared if shared >= 8 else 0
-
-
-def target_values(rows: list[list[float]], shared: int) -> torch.Tensor:
-    """Per-token values of the rows (one per token, like the masks) laid out as
-    `sequence_logprobs` lays out its targets for a shared prefix of `shared` tokens:
-    (b, T), left-padded with 0, value t of a row belonging to the target at t + 1."""
-    tails = [row[shared:] for row in rows]
-    width = max(len(t) for t in tails)
-    out = torch.zeros((len(tails), width), dtype=torch.float32)
-    for b, tail in enumerate(tails):
-        if tail:
-            out[b, width - len(tail) :] = torch.tensor(tail, dtype=torch.float32)
-    return out[:, 1:]
-
-
-def sequence_logprobs(
-    model,
-    sequences: list[list[int]],
-    masks: list[list[int]],
-    *,
-    pad_id: int,
-    temperature: float,
-    share_prefix: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log-probs (b, T), mask (b, T)) of every target token of `sequences`, with the
-    gradient when enabled; mask[b, t] = 1 where the target is a token the model sampled.
-
-    With `share_prefix`, the tokens all sequences share before the first sampled token
-    (the system prompt, tools and worked example of a job) go through the model once,
-    batch 1, and their key/value cache is repeated for the rows; gradients flow back
-    through the repeat, so the result (values and gradients) equals one forward pass per
-    full row, at a fraction of the cost when the shared part is most of each row."""
-    device = next(model.parameters()).device
-    shared = shared_prefix_length(sequences, masks, share_prefix=share_prefix)
-    if shared == 0:
-        ids, attn = left_pad(sequences, pad_id)
-        mask_padded, _ = left_pad(masks, 0)
-        ids, attn = ids.to(device), attn.to(device)
-        keep = ids.shape[1] - 1
-        logprobs = token_logprobs(model, ids, attn, keep=keep, temperature=temperature)
-        return logprobs, mask_padded[:, 1:].to(device).float()
-    from transformers import DynamicCache
-
-    from training.grpo.sampling import gather_logprobs, position_ids
-
-    cache = DynamicCache()
-    prefix = torch.tensor([sequences[0][:shared]], device=device)
-    model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1)
-    cache.batch_repeat_interleave(len(sequences))
-    suffix_ids, suffix_attn = left_pad([s[shared:] for s in sequences], pad_id)
-    suffix_mask, _ = left_pad([m[shared:] for m in masks], 0)
-    suffix_ids, suffix_attn = suffix_ids.to(device), suffix_attn.to(device)
-    full_attn = torch.cat([torch.ones((len(sequences), shared), dtype=torch.long, device=device), suffix_attn], dim=1)
-    out = model(
-        input_ids=suffix_ids,
-        attention_mask=full_attn,
-        position_ids=position_ids(full_attn)[:, shared:],
-        past_key_values=cache,
-        use_cache=True,
-    )
-    logits = out.logits[:, :-1, :]  # (b, S - 1, V): suffix position j predicts suffix token j + 1
-    if temperature != 1.0:
-        logits = logits / temperature
-    logprobs = gather_logprobs(logits, suffix_ids[:, 1:])
-    return logprobs, suffix_mask[:, 1:].to(device).float()
-
-
-def episode_loss_backward(
-    policy: Policy,
-    batch: EpisodeBatch,
-    advantages: torch.Tensor,
-    *,
-    config: EpisodesConfig,
-    constant: float,
-    micro_batch: int,
-    share_prefix: bool = True,
-) -> dict:
-    """Accumulate the gradient of the episode loss over micro-batches.
-
-    Per token: -A_episode · w · exp(logp - stopgrad(logp)) + β · k3 (`loss.policy_loss`,
-    one update per batch so the ratio is 1), summed over the model's tokens of every turn
-    and divided by `constant` (the "constant" normaliser: episodes x the episode token
-    budget, so the micro-batches add up to the full-batch loss with no length bias).
-    w = `loss.sampling_correction` of this pass's log-probs against the server's, for
-    episodes a vLLM server sampled (with `config.sampling_correction`), else 1.
-    KL(π ‖ π_start) by k3 is logged as a token mean when asked, and the correction's
-    figures ("correction": {} without a server) as token means over the batch."""
-    device = policy.device
-    total_loss = 0.0
-    means, correction = TokenMeans(), TokenMeans()
-    sampler_rows = batch.sampler_logprobs if config.sampling_correction else None
-    for rows in micro_batches(len(batch.sequences), micro_batch):
-        seqs, masks = batch.sequences[rows], batch.masks[rows]
-        adv = advantages[rows].to(device)
-        options = {"pad_id": batch.pad_id, "temperature": config.temperature, "share_prefix": share_prefix}
-        logprobs, mask = sequence_logprobs(policy.model, seqs, masks, **options)
-        tokens = float(mask.sum())
-        ref = weights = None
-        if config.beta > 0 or config.log_kl:
-            with torch.no_grad(), policy.as_reference() as reference:
-                ref, _ = sequence_logprobs(reference, seqs, masks, **options)
-        if sampler_rows is not None:
-            shared = shared_prefix_length(seqs, masks, share_prefix=share_prefix)
-            sampler = target_values(sampler_rows[rows], shared).to(device)  # (b, T), as logprobs
-            weights, stats = L.sampling_correction(logprobs, sampler, mask, cap=config.sampling_correction_cap)
-            correction.add(stats, tokens)
-        loss, stats = L.policy_loss(
-            logprobs,
-            adv,
-            mask,
-            ref_logprobs=ref,
-            beta=config.beta,
-            normaliser="constant",
-            constant=constant,
-            sampling_weights=weights,
-        )
-        means.add(stats, tokens)
-        loss.backward()
-        total_loss += float(loss.detach())
-    return {"loss": total_loss, "kl": means.get("kl"), "correction": correction.as_dict()}
 
 
 # --- the loop -----------------------------------------------------------------------------
@@ -731,33 +349,3 @@ def _sample_rows(episodes: list[Episode], rewards: list[float], advantages: torc
             }
         )
     return rows
-
-
-# --- vLLM -----------------------------------------------------------------------------------
-
-
-def vllm_generate(server, policy: Policy, config: EpisodesConfig) -> Generate:
-    """Sample each context from the vLLM server under the adapter `server.load` made
-    current (the contexts go as token ids, so the server reads exactly what training
-    will); requests go concurrently and the server batches them. Each turn keeps the
-    server's log-prob of every id it sampled, for the sampling correction."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    stop = sorted(eos_ids(policy.model, policy.tokenizer))
-
-    def one(context: list[int], limit: int, seed: int | None) -> SampledTurn:
-        ids, logprobs = server.complete_ids(
-            context,
-            max_tokens=max(1, min(limit, config.max_new_tokens)),
-            temperature=config.temperature,
-            top_p=config.top_p,
-            stop_ids=stop,
-            seed=seed,
-        )
-        return SampledTurn(ids, logprobs)
-
-    def generate(contexts: list[list[int]], limits: list[int], seeds: list[int | None]) -> list[SampledTurn]:
-        with ThreadPoolExecutor(max_workers=min(16, len(contexts))) as pool:
-            return list(pool.map(one, contexts, limits, seeds))
-
-    return generate
