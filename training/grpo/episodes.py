@@ -3,9 +3,10 @@ being trained, the grader (optionally with a judge) rewards each whole episode, 
 advantages compare the G episodes of a task, and the loss covers the model's own tokens
 across all turns of each episode (prompts and tool results masked out).
 
-`episodes_train` reads top to bottom:
-rollout (episodes) → reward → advantages → update → log → monitor → evaluate/checkpoint.
-The episodes themselves run in `episode_rollout`, the update in `episode_loss`.
+`episode_step` is one step, top to bottom:
+rollout (episodes) → reward → advantages → update → metrics; `run.run_training` runs
+the steps (resume, evaluation, monitors, checkpoints, export). The episodes themselves
+run in `episode_rollout`, the update in `episode_loss`.
 """
 
 from __future__ import annotations
@@ -19,35 +20,26 @@ import torch
 
 from training.environments.base import Environment, Task
 from training.environments.episodes import Episode
-from training.grpo import loss as L
 from training.grpo import monitors
-from training.grpo.common import (
-    Hooks,
-    TrainResult,
-    batch_for_step,
-    checkpoint_save,
-    finite_check,
-    result_close,
-    setup_torch,
-    step_close,
-)
+from training.grpo.common import Hooks, finite_check, group_advantages_kept, phase_seconds
 from training.grpo.config import EpisodesConfig
 from training.grpo.episode_loss import episode_batch, episode_loss_backward
 from training.grpo.episode_rollout import Generate, episodes_rollout, local_generate, vllm_generate
-from training.grpo.policy import (
-    Policy,
-    latest_checkpoint,
-    load_checkpoint,
-    load_policy,
-    make_optimizer,
+from training.grpo.policy import Policy
+from training.grpo.run import (
+    RunState,
+    StepFn,
+    StepOutput,
+    Trainer,
+    TrainResult,
+    run_training,
+    trainer_setup,
+    turn_monitors,
 )
 from training.grpo.sampling import eos_ids
 
 # judge(task, episodes) -> one score in [0, 1] per episode
 EpisodeJudge = Callable[[Task, list[Episode]], list[float]]
-
-
-# --- rewards and statistics ----------------------------------------------------------------
 
 
 def episode_rewards(
@@ -90,9 +82,6 @@ def episode_stats(episodes: list[Episode]) -> dict[str, float]:
 
 def success_of(reward: float) -> float:
     return 1.0 if reward >= 1.0 - 1e-9 else 0.0
-
-
-# --- the loop -----------------------------------------------------------------------------
 
 
 def episodes_evaluate(
@@ -166,11 +155,9 @@ def episodes_train(
     hooks = hooks or Hooks()
     if not tasks:
         raise ValueError("no training tasks")
-    setup_torch(config)
-    policy = policy or load_policy(config, reference=config.beta > 0 or config.log_kl)
-    optimizer = make_optimizer(policy, config)
+    trainer = trainer_setup(config, policy=policy, reference=config.beta > 0 or config.log_kl)
+    policy = trainer.policy
     stop_ids = set(eos_ids(policy.model, policy.tokenizer))
-    pad_id = policy.tokenizer.pad_token_id
     if config.rollout == "vllm":
         import uuid
 
@@ -184,13 +171,7 @@ def episodes_train(
         server = None
         generate = local_generate(policy, config)
 
-    result = TrainResult(status="finished", step=0)
-    state: dict = {"history": [], "evals": [], "start_length": None, "start_canary": None, "breaches": []}
-    checkpoint = latest_checkpoint(run_dir)
-
-    def evaluate_now(step: int) -> bool:
-        if not eval_tasks:
-            return False
+    def evaluate_now(step: int, state: RunState) -> dict:
         if server is not None:
             server.load(policy, step=f"eval-{step}")
         hooks.emit("on_phase", "evaluation", 0, len(eval_tasks) * config.eval_samples)
@@ -204,37 +185,55 @@ def episodes_train(
             progress=lambda done, total: hooks.emit("on_phase", "evaluation", done, total),
         )
         metrics["step"] = step
-        state["evals"].append(metrics)
         hooks.emit("on_episodes", step, "eval", episodes)
-        hooks.emit("on_eval", step, metrics)
-        return True
+        return metrics
 
-    if checkpoint is not None:
-        saved = load_checkpoint(checkpoint, policy=policy, optimizer=optimizer)
-        result.step = saved["step"]
-        state = saved["state"]
-        hooks.emit("log", f"resumed from {checkpoint.name}")
-    else:
-        evaluate_now(0)
+    def monitor(state: RunState) -> list[monitors.Breach]:
+        # The turn-level monitors, the environment-fidelity guard and, on the evaluation
+        # episodes, harm to records outside each task.
+        breaches = turn_monitors(config)(state)
+        breaches += monitors.fidelity(config.monitors, history=state.history)
+        breaches += monitors.harm(config.monitors, evals=state.evals)
+        return breaches
 
-    budget = config.max_episode_tokens or env.max_tokens
-    constant = config.prompts_per_step * config.group_size * budget
-    for step in range(result.step + 1, config.steps + 1):
-        if hooks.stop_requested():
-            checkpoint_save(run_dir, policy, optimizer, step - 1, config, state, hooks)
-            result.status = "cancelled"
-            break
-        started = time.perf_counter()
-        hooks.emit("on_phase", "sampling", step, config.steps)
-        batch_tasks = batch_for_step(tasks, step=step, size=config.prompts_per_step, seed=config.seed)
+    step = episode_step(trainer, env, judge=judge, generate=generate, stop_ids=stop_ids, hooks=hooks, server=server)
+    return run_training(
+        trainer,
+        items=tasks,
+        step=step,
+        run_dir=run_dir,
+        hooks=hooks,
+        evaluate=evaluate_now if eval_tasks else None,
+        monitor=monitor,
+        export=export,
+    )
+
+
+def episode_step(
+    trainer: Trainer,
+    env: Environment,
+    *,
+    judge: EpisodeJudge | None,
+    generate: Generate,
+    stop_ids: set[int],
+    hooks: Hooks,
+    server,
+) -> StepFn:
+    """Step n of full-episode GRPO. `server` (a `VllmRollouts`): the current weights are
+    loaded there as an adapter before the episodes run."""
+    config, policy = trainer.config, trainer.policy
+    group = config.group_size
+    constant = config.prompts_per_step * group * (config.max_episode_tokens or env.max_tokens)
+
+    def step(n: int, batch_tasks: list[Task], started: float) -> StepOutput:
 
         # Rollout: G episodes per task, each in its own sandbox.
         if server is not None:
-            server.load(policy, step=str(step))
+            server.load(policy, step=str(n))
         episodes = episodes_rollout(
             env,
             batch_tasks,
-            group_size=config.group_size,
+            group_size=group,
             tokenizer=policy.tokenizer,
             generate=generate,
             stop_ids=stop_ids,
@@ -247,48 +246,40 @@ def episodes_train(
         judge_scores: list[float] | None = None
         if judge is not None and config.judge_weight > 0:
             judge_scores = []
-            for n, task in enumerate(batch_tasks):
-                group = episodes[n * config.group_size : (n + 1) * config.group_size]
-                judge_scores += [float(s) for s in judge(task, group)]
+            for k, task in enumerate(batch_tasks):
+                judge_scores += [float(s) for s in judge(task, episodes[k * group : (k + 1) * group])]
         rewards = episode_rewards(
             episodes, judge_scores=judge_scores, grader_weight=config.grader_weight, judge_weight=config.judge_weight
         )
-        reward_tensor = torch.tensor(rewards).view(len(batch_tasks), config.group_size)  # (N, G)
         scored = time.perf_counter()
-
-        # Advantages over the G episodes of each task; equal groups carry no signal.
-        advantages, keep = L.group_advantages(
-            reward_tensor, baseline=config.baseline, scale_std=config.scale_std, clip=config.advantage_clip
-        )
-        row_keep = keep.repeat_interleave(config.group_size)  # (B,)
-        if not config.drop_zero_variance:
-            row_keep = torch.ones_like(row_keep)
-        rows = row_keep.nonzero().squeeze(1).tolist()
+        advantages, keep, kept = group_advantages_kept(rewards, groups=len(batch_tasks), config=config)
+        rows = kept.tolist()
 
         # Update on the model's own tokens of every turn.
-        hooks.emit("on_phase", "update", step, config.steps)
+        hooks.emit("on_phase", "update", n, config.steps)
         loss_value = grad_norm = 0.0
         kl_value = None
         correction: dict[str, float] = {}
         if rows:
-            batch = episode_batch(policy.tokenizer, episodes, rows, pad_id)
-            adv = advantages.view(-1)[rows]  # (B',)
-            optimizer.zero_grad(set_to_none=True)
+            batch = episode_batch(policy.tokenizer, episodes, rows, policy.tokenizer.pad_token_id)
+            trainer.optimizer.zero_grad(set_to_none=True)
             out = episode_loss_backward(
-                policy, batch, adv, config=config, constant=constant, micro_batch=config.micro_batch
+                policy,
+                batch,
+                advantages.view(-1)[rows],
+                config=config,
+                constant=constant,
+                micro_batch=config.micro_batch,
             )
             # Micro-batches are summed, so one non-finite loss among them shows here.
-            loss_value, kl_value = finite_check(out["loss"], what="loss", step=step), out["kl"]
+            loss_value, kl_value = finite_check(out["loss"], what="loss", step=n), out["kl"]
             correction = out["correction"]
-            norm = torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), config.max_grad_norm)
-            grad_norm = finite_check(float(norm), what="gradient norm", step=step)
-            optimizer.step()
+            grad_norm = trainer.clip_and_step(step=n)
         finished = time.perf_counter()
 
-        # Log.
         grades = [e.grade.reward for e in episodes]
         metrics = {
-            "step": step,
+            "step": n,
             "reward_mean": fmean(rewards),
             "reward_std": pstdev(rewards),
             "grade_mean": fmean(grades),
@@ -301,35 +292,12 @@ def episodes_train(
             **correction,
             "trained_sequences": len(rows),
             "generated_tokens": sum(e.tokens for e in episodes),
-            "step_seconds": finished - started,
-            "sample_seconds": sampled - started,
-            "score_seconds": scored - sampled,
-            "update_seconds": finished - scored,
+            **phase_seconds(started, sampled, scored, finished),
             **episode_stats(episodes),
         }
-        if state["start_length"] is None:
-            state["start_length"] = metrics["response_length"]
-        state["history"].append(metrics)
-        result.step = step
-        hooks.emit("on_step", step, metrics)
-        hooks.emit("on_episodes", step, "train", episodes)
-        if config.samples_every and (step == 1 or step % config.samples_every == 0):
-            hooks.emit("on_samples", step, _sample_rows(episodes, rewards, advantages))
+        return StepOutput(metrics, episodes=episodes, samples=lambda: _sample_rows(episodes, rewards, advantages))
 
-        evaluated = bool(config.eval_every and (step % config.eval_every == 0 or step == config.steps))
-        if evaluated:
-            evaluated = evaluate_now(step)
-
-        # Monitor: the turn-level monitors, the environment-fidelity guard and, on the
-        # evaluation episodes, harm to records outside each task.
-        breaches = monitors.check(config.monitors, history=state["history"], start_length=state["start_length"])
-        breaches += monitors.fidelity(config.monitors, history=state["history"])
-        breaches += monitors.harm(config.monitors, evals=state["evals"])
-        if step_close(run_dir, policy, optimizer, step, config, state, hooks, breaches):
-            result.status = "stopped"
-            break
-
-    return result_close(result, state, policy, run_dir, export, hooks)
+    return step
 
 
 def _sample_rows(episodes: list[Episode], rewards: list[float], advantages: torch.Tensor) -> list[dict]:
