@@ -1,19 +1,18 @@
-"""Running episodes against the policy: G episodes of each task in parallel threads, one
-per episode, each in its own sandbox through the same `episode_run` loop as evaluation
-and the demo agent; their model turns are batched: when every running episode waits for
-the model, one batched sampling call serves them all. The model is the trainer's policy
+"""Running episodes against the policy: G episodes of each task at once, each in its own
+sandbox through the same loop as evaluation and the demo agent (`episode_steps`, the
+generator form of `episode_run`), advanced in step so that one batched sampling call
+serves the next turn of every episode still running. The model is the trainer's policy
 on the CPU/GPU (`local_generate`) or a vLLM server serving the current adapter
 (`vllm_generate`)."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from training.environments.base import Environment, Task
-from training.environments.episodes import Completion, Episode, episode_run
+from training.environments.episodes import Completion, Episode, TurnRequest, episode_steps
 from training.grpo.config import EpisodesConfig
 from training.grpo.episode_tokens import episode_segments, episode_tokens
 from training.grpo.policy import Policy
@@ -34,54 +33,6 @@ class SampledTurn:
 # generate(contexts, limits, seeds) -> one SampledTurn per context. seeds: a per-request
 # seed for each context (vLLM's), or None; the local sampler draws from the global RNG.
 Generate = Callable[[list[list[int]], list[int], list[int | None]], list[SampledTurn]]
-
-
-_TOKENIZER_LOCK = threading.Lock()
-
-
-class _Batcher:
-    """Collects the model calls of episodes running in threads and serves them in one
-    batched `generate` call once every episode still running is waiting for the model.
-    Rows go to `generate` ordered by episode, not by arrival, so a seeded run draws the
-    same random numbers for the same episodes whatever the threads' timing."""
-
-    def __init__(self, generate: Generate, active: int):
-        self.generate = generate
-        self.active = active
-        self.cv = threading.Condition()
-        self.pending: dict[int, tuple[list[int], int, int | None]] = {}
-        self.results: dict[int, SampledTurn] = {}
-        self.error: BaseException | None = None
-
-    def submit(self, ids: list[int], limit: int, *, key: int, seed: int | None = None) -> SampledTurn:
-        """Wait for the model's continuation of `ids`; `key` is the episode's index."""
-        with self.cv:
-            ticket = key
-            self.pending[ticket] = (ids, limit, seed)
-            self._run_if_ready()
-            while ticket not in self.results and self.error is None:
-                self.cv.wait()
-            if self.error is not None:
-                raise RuntimeError("sampling failed") from self.error
-            return self.results.pop(ticket)
-
-    def finished(self) -> None:
-        with self.cv:
-            self.active -= 1
-            self._run_if_ready()
-
-    def _run_if_ready(self) -> None:  # holds the lock
-        if not self.pending or len(self.pending) < self.active or self.error is not None:
-            return
-        batch, self.pending = dict(sorted(self.pending.items())), {}
-        try:
-            contexts, limits, seeds = (list(column) for column in zip(*batch.values(), strict=True))
-            out = self.generate(contexts, limits, seeds)
-        except BaseException as exc:  # every waiting episode re-raises it
-            self.error = exc
-        else:
-            self.results.update(zip(batch, out, strict=True))
-        self.cv.notify_all()
 
 
 def local_generate(policy: Policy, config: EpisodesConfig) -> Generate:
@@ -117,103 +68,6 @@ def local_generate(policy: Policy, config: EpisodesConfig) -> Generate:
     return generate
 
 
-def policy_completer(
-    tokenizer,
-    batcher: _Batcher,
-    stop_ids: set[int],
-    *,
-    context_messages: int = 0,
-    key: int = 0,
-    seed: int | None = None,
-) -> Callable[..., Completion]:
-    """A `complete(messages, tools, max_tokens)` for one episode: it keeps the ids the
-    model sampled, builds the next context from them (`episode_segments`), and parses the
-    sampled text into an OpenAI-format message (`<tool_call>` blocks → `tool_calls`).
-    `seed`: turn j of the episode is requested with seed + j. The completion's `extra`
-    carries the ids, the text and, from a server, its log-prob of each id."""
-    sampled: list[list[int]] = []
-
-    def complete(messages: list[dict[str, Any]], tools: list[dict[str, Any]], max_tokens: int) -> Completion:
-        with _TOKENIZER_LOCK:  # a fast tokenizer may refuse concurrent calls ("Already borrowed")
-            segments = episode_segments(
-                tokenizer, messages, tools, sampled, generation=True, context_messages=context_messages
-            )
-        context, _ = episode_tokens(segments)
-        turn = batcher.submit(context, max_tokens, key=key, seed=None if seed is None else seed + len(sampled))
-        ids = turn.ids
-        sampled.append(ids)
-        with _TOKENIZER_LOCK:
-            text = tokenizer.decode(ids, skip_special_tokens=True)
-        content, calls = tool_calls_parse(text)
-        message: dict[str, Any] = {"content": content}
-        if calls:
-            message["tool_calls"] = calls
-        ended = bool(ids) and ids[-1] in stop_ids
-        extra: dict[str, Any] = {"ids": ids, "text": text}
-        if turn.logprobs is not None:
-            extra["logprobs"] = turn.logprobs
-        return Completion(
-            message=message,
-            tokens=len(ids),
-            finish_reason=("tool_calls" if calls else "stop") if ended else "length",
-            extra=extra,
-        )
-
-    return complete
-
-
-def episodes_rollout(
-    env: Environment,
-    tasks: Sequence[Task],
-    *,
-    group_size: int,
-    tokenizer,
-    generate: Generate,
-    stop_ids: set[int],
-    max_steps: int | None = None,
-    max_tokens: int | None = None,
-    seed: int | None = None,
-    first_episode: int = 0,
-) -> list[Episode]:
-    """Run `group_size` episodes of each task, all at once, each in its own state.
-    Returns them task-major (episode n·G + g is sample g of task n).
-
-    `seed` seeds each model request (vLLM's per-request seed): episode k of the call,
-    numbered from `first_episode`, sends its turn j with seed + k·S + j, S the step budget
-    (no episode has more turns), so every request of a seeded run has its own seed and a
-    rerun repeats them whatever the threads' timing."""
-    jobs = [task for task in tasks for _ in range(group_size)]
-    stride = max_steps or env.max_steps
-    batcher = _Batcher(generate, active=len(jobs))
-    results: list[Episode | None] = [None] * len(jobs)
-    errors: list[BaseException] = []
-
-    def run(index: int, task: Task) -> None:
-        try:
-            complete = policy_completer(
-                tokenizer,
-                batcher,
-                stop_ids,
-                context_messages=len(task.first_messages()),
-                key=index,
-                seed=None if seed is None else seed + (first_episode + index) * stride,
-            )
-            results[index] = episode_run(env, task, complete, max_steps=max_steps, max_tokens=max_tokens)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            batcher.finished()
-
-    threads = [threading.Thread(target=run, args=(i, t), daemon=True) for i, t in enumerate(jobs)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
-    return [e for e in results if e is not None]
-
-
 def vllm_generate(server, policy: Policy, config: EpisodesConfig) -> Generate:
     """Sample each context from the vLLM server under the adapter `server.load` made
     current (the contexts go as token ids, so the server reads exactly what training
@@ -239,3 +93,111 @@ def vllm_generate(server, policy: Policy, config: EpisodesConfig) -> Generate:
             return list(pool.map(one, contexts, limits, seeds))
 
     return generate
+
+
+class PolicyTurns:
+    """One episode's side of the model: it keeps the ids the model sampled, builds each
+    next context from them (`episode_segments`), and parses each sampled turn into an
+    OpenAI-format message (`<tool_call>` blocks → `tool_calls`). `seed`: turn j of the
+    episode is requested with seed + j. A completion's `extra` carries the ids, the text
+    and, from a server, its log-prob of each id."""
+
+    def __init__(self, tokenizer, stop_ids: set[int], *, context_messages: int = 0, seed: int | None = None):
+        self.tokenizer = tokenizer
+        self.stop_ids = stop_ids
+        self.context_messages = context_messages
+        self.seed = seed
+        self.sampled: list[list[int]] = []
+
+    def context(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> tuple[list[int], int | None]:
+        """The ids the model reads next, and the seed of that request."""
+        segments = episode_segments(
+            self.tokenizer, messages, tools, self.sampled, generation=True, context_messages=self.context_messages
+        )
+        context, _ = episode_tokens(segments)
+        return context, None if self.seed is None else self.seed + len(self.sampled)
+
+    def completion(self, turn: SampledTurn) -> Completion:
+        ids = turn.ids
+        self.sampled.append(ids)
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        content, calls = tool_calls_parse(text)
+        message: dict[str, Any] = {"content": content}
+        if calls:
+            message["tool_calls"] = calls
+        ended = bool(ids) and ids[-1] in self.stop_ids
+        extra: dict[str, Any] = {"ids": ids, "text": text}
+        if turn.logprobs is not None:
+            extra["logprobs"] = turn.logprobs
+        return Completion(
+            message=message,
+            tokens=len(ids),
+            finish_reason=("tool_calls" if calls else "stop") if ended else "length",
+            extra=extra,
+        )
+
+
+def episodes_rollout(
+    env: Environment,
+    tasks: Sequence[Task],
+    *,
+    group_size: int,
+    tokenizer,
+    generate: Generate,
+    stop_ids: set[int],
+    max_steps: int | None = None,
+    max_tokens: int | None = None,
+    seed: int | None = None,
+    first_episode: int = 0,
+) -> list[Episode]:
+    """Run `group_size` episodes of each task, all at once, each in its own state.
+    Returns them task-major (episode n·G + g is sample g of task n).
+
+    The episodes advance in step (`episode_steps`): every episode still running asks for
+    its next turn, one `generate` call serves them all, rows ordered by episode, and each
+    reads its turn, runs its tool calls and asks again, until all have ended. An error
+    stops them all, their states closed.
+
+    `seed` seeds each model request (vLLM's per-request seed): episode k of the call,
+    numbered from `first_episode`, sends its turn j with seed + k·S + j, S the step budget
+    (no episode has more turns), so every request of a seeded run has its own seed."""
+    jobs = [task for task in tasks for _ in range(group_size)]
+    stride = max_steps or env.max_steps
+    turns = [
+        PolicyTurns(
+            tokenizer,
+            stop_ids,
+            context_messages=len(task.first_messages()),
+            seed=None if seed is None else seed + (first_episode + k) * stride,
+        )
+        for k, task in enumerate(jobs)
+    ]
+    steps = [episode_steps(env, task, max_steps=max_steps, max_tokens=max_tokens) for task in jobs]
+    episodes: list[Episode | None] = [None] * len(jobs)
+    waiting: dict[int, TurnRequest] = {}
+
+    def advance(k: int, completion: Completion | None) -> None:
+        try:
+            waiting[k] = steps[k].send(completion)
+        except StopIteration as done:
+            waiting.pop(k, None)
+            episodes[k] = done.value
+
+    try:
+        for k in range(len(jobs)):
+            advance(k, None)
+        while waiting:
+            order = sorted(waiting)
+            contexts, limits, seeds = [], [], []
+            for k in order:
+                messages, tools, limit = waiting[k]
+                context, request_seed = turns[k].context(messages, tools)
+                contexts.append(context)
+                limits.append(limit)
+                seeds.append(request_seed)
+            for k, turn in zip(order, generate(contexts, limits, seeds), strict=True):
+                advance(k, turns[k].completion(turn))
+    finally:
+        for episode in steps:
+            episode.close()  # no-op for an ended one; closes the state of one an error cut short
+    return [e for e in episodes if e is not None]
