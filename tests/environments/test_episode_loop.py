@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from training.environments import Completion, Environment, Grade, Task, ToolError, episode_run
+from training.environments import Completion, Environment, Grade, Task, ToolError, episode_run, episode_steps
 
 TOOLS = [
     {
@@ -129,6 +129,42 @@ def test_the_state_is_released_when_the_model_fails():
 
     with pytest.raises(ConnectionError):
         episode_run(env, env.task("t1"), complete)
+    assert env.closed == 1
+
+
+def test_an_episode_driven_step_by_step_is_the_one_episode_run_gives():
+    """`episode_steps` yields each model request and is sent the completion: the caller
+    (the trainer, serving many episodes in one batch) sees the same requests and gets the
+    same episode as `episode_run` with a completion function."""
+    turns = (call({"a": 2, "b": 3}), Completion({"content": "It is 5."}, tokens=4))
+    env = Counter()
+    complete = scripted(*turns)
+    direct = episode_run(env, env.task("t1"), complete)
+
+    steps = episode_steps(env, env.task("t1"))
+    seen, limits = [], []
+    for request in (lambda: next(steps), lambda: steps.send(turns[0])):
+        messages, _, limit = request()
+        seen.append([dict(m) for m in messages])
+        limits.append(limit)
+    with pytest.raises(StopIteration) as done:
+        steps.send(turns[1])
+    stepped = done.value.value
+    assert seen == complete.seen and limits == [env.max_tokens, env.max_tokens - 10]
+    assert (stepped.messages, stepped.grade, stepped.end, stepped.tokens) == (
+        direct.messages,
+        direct.grade,
+        direct.end,
+        direct.tokens,
+    )
+    assert env.closed == 2
+
+
+def test_an_episode_closed_halfway_releases_its_state():
+    env = Counter()
+    steps = episode_steps(env, env.task("t1"))
+    next(steps)
+    steps.close()
     assert env.closed == 1
 
 

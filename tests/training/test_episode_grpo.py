@@ -15,16 +15,10 @@ import torch
 from training.environments import Grade
 from training.environments.files import FileTasks
 from training.grpo.config import EpisodesConfig, MonitorConfig
+from training.grpo.episode_loss import episode_batch, episode_loss_backward
+from training.grpo.episode_rollout import SampledTurn, episodes_rollout
 from training.grpo.episode_tokens import episode_segments, episode_tokens
-from training.grpo.episodes import (
-    SampledTurn,
-    episode_batch,
-    episode_loss_backward,
-    episode_rewards,
-    episode_stats,
-    episodes_rollout,
-    episodes_train,
-)
+from training.grpo.episodes import episode_rewards, episode_stats, episodes_train
 from training.grpo.monitors import fidelity
 
 
@@ -127,7 +121,7 @@ def test_the_episode_loss_adds_beta_k3_per_token_under_the_constant(tiny_model_d
     """loss = Σ_b Σ_t m·(-A_b + β·k3_{b,t}) / constant, over micro-batches; the logged KL is
     the token mean of k3."""
     from training.grpo import loss as L
-    from training.grpo.episodes import sequence_logprobs
+    from training.grpo.episode_loss import sequence_logprobs
     from training.grpo.policy import load_policy
 
     config = EpisodesConfig(model_path=str(tiny_model_dir), adapter="full", beta=0.5, temperature=1.0)
@@ -322,7 +316,7 @@ def test_the_episodes_config_refuses_bad_fields():
 def test_sharing_the_prompt_prefix_in_the_update_gives_the_same_loss_and_gradients(tiny_model_dir):
     """The shared-prefix forward (prefix once, its key/value cache repeated per row) is an
     exact rewrite: the loss and every gradient equal those of one pass per full row."""
-    from training.grpo.episodes import EpisodeBatch
+    from training.grpo.episode_loss import EpisodeBatch
     from training.grpo.policy import load_policy
 
     config = EpisodesConfig(model_path=str(tiny_model_dir), adapter="full", log_kl=False, temperature=0.7)
@@ -353,7 +347,7 @@ def test_served_turns_weigh_each_sampled_token_by_its_truncated_ratio_to_the_ser
     """The log-probs a server reported for each turn travel with the episode to its
     tokens in the loss: w = min(π/q, 3) on exactly the token q was reported for, whether
     the rows share their prefix's pass or not, and the loss is -Σ_b A_b Σ_t w_{b,t} / c."""
-    from training.grpo.episodes import sequence_logprobs
+    from training.grpo.episode_loss import sequence_logprobs
     from training.grpo.policy import load_policy
 
     config = EpisodesConfig(model_path=str(tiny_model_dir), adapter="full", log_kl=False, temperature=1.0)
@@ -395,7 +389,7 @@ def test_served_turns_weigh_each_sampled_token_by_its_truncated_ratio_to_the_ser
 
 
 def test_a_seeded_rollout_repeats_exactly_whatever_the_threads_timing(tiny_model_dir, tokenizer):
-    from training.grpo.episodes import local_generate
+    from training.grpo.episode_rollout import local_generate
     from training.grpo.policy import load_policy
 
     config = EpisodesConfig(model_path=str(tiny_model_dir), adapter="full", max_new_tokens=8, temperature=1.0)

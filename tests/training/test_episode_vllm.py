@@ -13,14 +13,9 @@ import torch
 
 from tests.training.test_episode_grpo import ParityTask
 from training.grpo.config import EpisodesConfig
-from training.grpo.episodes import (
-    episode_batch,
-    episode_loss_backward,
-    episodes_evaluate,
-    episodes_rollout,
-    episodes_train,
-    vllm_generate,
-)
+from training.grpo.episode_loss import episode_batch, episode_loss_backward
+from training.grpo.episode_rollout import episodes_rollout, vllm_generate
+from training.grpo.episodes import episodes_evaluate, episodes_train
 from training.grpo.policy import load_policy
 from training.grpo.sampling import eos_ids
 from training.grpo.vllm_rollout import VllmRollouts

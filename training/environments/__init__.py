@@ -1,7 +1,7 @@
 """Task environments: multi-turn tool tasks whose state lives outside the trainer.
 
 `base` holds the interface and the registry, `episodes` the loop that drives one episode
-with any completion function (the trainer's policy, vLLM, or the gateway through the
+with any completion function (or, as `episode_steps`, yields each model request to its caller) (the trainer's policy, vLLM, or the gateway through the
 `openai` client). Importing this package imports no ML library.
 """
 
@@ -16,7 +16,7 @@ from training.environments.base import (
     environment_names,
     register,
 )
-from training.environments.episodes import Completion, Episode, episode_replay, episode_run
+from training.environments.episodes import Completion, Episode, episode_replay, episode_run, episode_steps
 
 __all__ = [
     "Completion",
@@ -31,5 +31,6 @@ __all__ = [
     "environment_names",
     "episode_replay",
     "episode_run",
+    "episode_steps",
     "register",
 ]

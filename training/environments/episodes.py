@@ -4,13 +4,15 @@ grader reads the final state.
 
 The model is any `complete(messages, tools, max_tokens) -> Completion`: the trainer's
 policy, a vLLM server, or a deployment's gateway through the `openai` client, so the
-same loop serves training, evaluation and the demo agent.
+same loop serves training, evaluation and the demo agent. `episode_steps` is that loop as
+a generator that yields each model request, for a caller that serves the turns of many
+episodes in one batch.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +33,8 @@ class Completion:
 
 
 Complete = Callable[[list[dict[str, Any]], list[dict[str, Any]], int], Completion]
+# What an episode asks the model for: (the messages so far, the tools, the tokens left).
+TurnRequest = tuple[list[dict[str, Any]], list[dict[str, Any]], int]
 
 
 @dataclass
@@ -82,6 +86,32 @@ def episode_run(
 ) -> Episode:
     """Run `task` to its end in a fresh state and grade it. The state is closed whatever
     happens; a tool's failure is a tool result, never an exception here."""
+    steps = episode_steps(env, task, max_steps=max_steps, max_tokens=max_tokens)
+    completion = None
+    while True:
+        try:
+            request = steps.send(completion)
+        except StopIteration as done:
+            return done.value
+        try:
+            completion = complete(*request)
+        except BaseException:
+            steps.close()  # closes the state
+            raise
+
+
+def episode_steps(
+    env: Environment,
+    task: Task,
+    *,
+    max_steps: int | None = None,
+    max_tokens: int | None = None,
+) -> Generator[TurnRequest, Completion, Episode]:
+    """`episode_run` with the model call turned inside out: the generator yields each
+    request for the model, (messages, tools, max_tokens), is sent the model's
+    `Completion`, and returns the graded `Episode`. A caller can so run many episodes in
+    step and serve their model turns in one batch without a thread per episode; closing
+    the generator early closes the state."""
     max_steps = max_steps or env.max_steps
     max_tokens = max_tokens or env.max_tokens
     started = time.perf_counter()
@@ -96,7 +126,7 @@ def episode_run(
             if remaining <= 0:
                 end = "token_budget"
                 break
-            completion = complete(messages, task.tools, remaining)
+            completion = yield messages, task.tools, remaining
             completions.append(completion)
             tokens += completion.tokens
             message = {"role": "assistant", **{k: v for k, v in completion.message.items() if k != "role"}}

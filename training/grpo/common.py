@@ -1,20 +1,21 @@
-"""What the GRPO, SFT and distillation loops share: callbacks to the caller, batch
-selection that survives a resume, seeded evaluation, rollout statistics."""
+"""What the kinds' steps share: callbacks to the caller, batch selection that survives a
+resume, seeded evaluation, group advantages, rollout statistics, micro-batches."""
 
 from __future__ import annotations
 
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from statistics import fmean, pstdev
 from typing import Any
 
 import torch
 
+from training.grpo import loss as L
 from training.grpo import monitors
-from training.grpo.config import TrainConfig
+from training.grpo.config import GRPOConfig, TrainConfig
 from training.grpo.items import Scorer, TurnItem
 from training.grpo.sampling import Rollout, encode_prompt, sample
 
@@ -54,22 +55,6 @@ class Hooks:
 
     def stop_requested(self) -> bool:
         return bool(self.should_stop and self.should_stop())
-
-
-@dataclass
-class TrainResult:
-    status: str  # "finished", "cancelled" or "stopped" (a monitor breach stopped it)
-    step: int
-    export_path: Path | None = None
-    history: list[dict] = field(default_factory=list)
-    evals: list[dict] = field(default_factory=list)
-    breaches: list[dict] = field(default_factory=list)
-
-
-def setup_torch(config: TrainConfig) -> None:
-    torch.set_num_threads(config.torch_threads)
-    torch.manual_seed(config.seed)
-    random.seed(config.seed)
 
 
 def batch_for_step(items: list, *, step: int, size: int, seed: int) -> list:
@@ -218,62 +203,28 @@ def finite_check(value: float, *, what: str, step: int) -> float:
     return value
 
 
-def checkpoint_save(
-    run_dir: Path, policy, optimizer, step: int, config: TrainConfig, state: dict, hooks: Hooks
-) -> None:
-    """Save a resumable checkpoint (keeping the newest `config.keep_checkpoints`) and tell the caller."""
-    from training.grpo.policy import save_checkpoint
-
-    path = save_checkpoint(
-        run_dir, policy=policy, optimizer=optimizer, step=step, config=config, state=state, keep=config.keep_checkpoints
+def group_advantages_kept(
+    rewards: list[float], *, groups: int, config: GRPOConfig
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(advantages (N, G), keep (N,), rows (B',)) of task-major `rewards`, G =
+    `config.group_size` per group (`loss.group_advantages`): groups whose rewards are all
+    equal carry no signal, and `rows` (indices into the N·G samples) leaves them out
+    unless `drop_zero_variance` is off."""
+    reward_tensor = torch.tensor(rewards).view(groups, config.group_size)  # (N, G)
+    advantages, keep = L.group_advantages(
+        reward_tensor, baseline=config.baseline, scale_std=config.scale_std, clip=config.advantage_clip
     )
-    hooks.emit("on_checkpoint", step, path)
+    row_keep = keep.repeat_interleave(config.group_size)  # (B,)
+    if not config.drop_zero_variance:
+        row_keep = torch.ones_like(row_keep)
+    return advantages, keep, row_keep.nonzero().squeeze(1)
 
 
-def breaches_record(state: dict, step: int, breaches: list, hooks: Hooks) -> None:
-    """Keep the monitors that fire at `step` in the job's state. A monitor is reported when it
-    starts firing, not on every step it stays over."""
-    active = set(state.get("active_breaches", []))
-    state["active_breaches"] = sorted(b.monitor for b in breaches)
-    new = [b.to_dict() | {"step": step} for b in breaches if b.monitor not in active]
-    if new:
-        state["breaches"] += new
-        hooks.emit("on_breach", step, new)
-
-
-def step_close(
-    run_dir: Path,
-    policy,
-    optimizer,
-    step: int,
-    config: TrainConfig,
-    state: dict,
-    hooks: Hooks,
-    breaches: list | None = None,
-) -> bool:
-    """The end of a training step: record the monitors that fire (`breaches`; None for a
-    loop without monitors) and save a checkpoint when one is due. True when a breach stops
-    the job (`stop_on_breach`); that step is checkpointed first, so the job can resume."""
-    if breaches is not None:
-        breaches_record(state, step, breaches, hooks)
-        if breaches and config.monitors.stop_on_breach:
-            checkpoint_save(run_dir, policy, optimizer, step, config, state, hooks)
-            return True
-    if config.checkpoint_every and step % config.checkpoint_every == 0 and step < config.steps:
-        checkpoint_save(run_dir, policy, optimizer, step, config, state, hooks)
-    return False
-
-
-def result_close(
-    result: TrainResult, state: dict, policy, run_dir: Path, export: bool, hooks: Hooks | None = None
-) -> TrainResult:
-    """Copy the run's history, evaluations and breaches into `result`, and export the model
-    unless the job was cancelled or `export` is off."""
-    from training.grpo.policy import export_model
-
-    result.history, result.evals, result.breaches = state["history"], state["evals"], state["breaches"]
-    if export and result.status != "cancelled":
-        if hooks is not None:
-            hooks.emit("on_phase", "export", 0, 1)
-        result.export_path = export_model(policy, run_dir / "model")
-    return result
+def phase_seconds(started: float, sampled: float, scored: float, finished: float) -> dict[str, float]:
+    """A group step's wall-clock split, from `time.perf_counter()` readings."""
+    return {
+        "step_seconds": finished - started,
+        "sample_seconds": sampled - started,
+        "score_seconds": scored - sampled,
+        "update_seconds": finished - scored,
+    }

@@ -3,8 +3,9 @@
 The environment behind a production trace cannot be replayed, but one assistant turn
 given its logged context can: sample G responses from the current policy, score the
 group (the judge under the item's rubric, or a programmatic grader), compute group
-advantages, update. `grpo_train` reads top to bottom:
-rollout → reward → advantages → update → log → monitor → evaluate/checkpoint.
+advantages, update. `turn_step` is that step, top to bottom:
+rollout → reward → advantages → update → metrics; `run.run_training` runs the steps
+(resume, evaluation, monitors, checkpoints, export).
 """
 
 from __future__ import annotations
@@ -16,32 +17,31 @@ from statistics import fmean, pstdev
 import torch
 
 from training.grpo import loss as L
-from training.grpo import monitors
 from training.grpo.common import (
     Hooks,
     PromptCache,
     TokenMeans,
-    TrainResult,
-    batch_for_step,
-    checkpoint_save,
     evaluate,
     finite_check,
+    group_advantages_kept,
     micro_batches,
-    result_close,
+    phase_seconds,
     rollout_stats,
-    setup_torch,
-    step_close,
 )
 from training.grpo.config import GRPOConfig
 from training.grpo.items import Scorer, TurnItem, canary_items, grader_scorer
-from training.grpo.policy import (
-    Policy,
-    latest_checkpoint,
-    load_checkpoint,
-    load_policy,
-    make_optimizer,
+from training.grpo.policy import Policy
+from training.grpo.run import (
+    RunState,
+    StepFn,
+    StepOutput,
+    Trainer,
+    TrainResult,
+    run_training,
+    trainer_setup,
+    turn_monitors,
 )
-from training.grpo.sampling import sample, token_logprobs
+from training.grpo.sampling import Rollout, sample, token_logprobs
 
 
 def grpo_train(
@@ -65,170 +65,153 @@ def grpo_train(
     hooks = hooks or Hooks()
     if canaries is None and config.canaries:
         canaries = canary_items(config.canaries)
-    setup_torch(config)
-    need_reference = config.beta > 0 or config.log_kl
-    policy = policy or load_policy(config, reference=need_reference)
-    optimizer = make_optimizer(policy, config)
-    prompts = PromptCache(policy.tokenizer)
-    rollout_client = None
+    trainer = trainer_setup(config, policy=policy, reference=config.beta > 0 or config.log_kl)
+    prompts = PromptCache(trainer.policy.tokenizer)
+    server = None
     if config.rollout == "vllm":
         from training.grpo.vllm_rollout import VllmRollouts
 
-        rollout_client = VllmRollouts(base_url=config.vllm_url, run_dir=run_dir, api_key=vllm_api_key)
+        server = VllmRollouts(base_url=config.vllm_url, run_dir=run_dir, api_key=vllm_api_key)
 
-    result = TrainResult(status="finished", step=0)
-    state: dict = {"history": [], "evals": [], "start_length": None, "start_canary": None, "breaches": []}
-    checkpoint = latest_checkpoint(run_dir)
-    if checkpoint is not None:
-        saved = load_checkpoint(checkpoint, policy=policy, optimizer=optimizer)
-        result.step = saved["step"]
-        state = saved["state"]
-        hooks.emit("log", f"resumed from {checkpoint.name}")
-    elif eval_items or canaries:
-        _evaluate_into(state, 0, policy, eval_items, canaries, score, config, prompts, hooks, rollout_client)
+    def evaluate_now(step: int, state: RunState) -> dict:
+        return _evaluation(state, step, trainer.policy, eval_items, canaries, score, config, prompts, hooks, server)
 
-    denominator = config.prompts_per_step * config.group_size * config.max_new_tokens
-    for step in range(result.step + 1, config.steps + 1):
-        if hooks.stop_requested():
-            checkpoint_save(run_dir, policy, optimizer, step - 1, config, state, hooks)
-            result.status = "cancelled"
-            break
-        started = time.perf_counter()
-        hooks.emit("on_phase", "sampling", step, config.steps)
-        batch = batch_for_step(items, step=step, size=config.prompts_per_step, seed=config.seed)
+    return run_training(
+        trainer,
+        items=items,
+        step=turn_step(trainer, score, prompts=prompts, hooks=hooks, server=server),
+        run_dir=run_dir,
+        hooks=hooks,
+        evaluate=evaluate_now,
+        # A job with neither still records an empty evaluation at each due step (not at
+        # the start), as it always has.
+        evaluate_at_start=bool(eval_items or canaries),
+        monitor=turn_monitors(config),
+        export=export,
+    )
+
+
+def turn_step(trainer: Trainer, score: Scorer, *, prompts: PromptCache, hooks: Hooks, server) -> StepFn:
+    """Step n of turn-level GRPO: rollout → reward → advantages → update → metrics.
+    `server` (a `VllmRollouts`): sample there under the current adapter, else locally."""
+    config, policy = trainer.config, trainer.policy
+    group = config.group_size
+
+    def step(n: int, batch: list[TurnItem], started: float) -> StepOutput:
         prompt_ids = [prompts.get(it) for it in batch]
 
         # Rollout: G samples per prompt from the current policy.
-        if rollout_client is not None:
-            rollout = rollout_client.sample(policy, prompt_ids, step=step, config=config, num_samples=config.group_size)
+        if server is not None:
+            rollout = server.sample(policy, prompt_ids, step=n, config=config, num_samples=group)
         else:
             rollout = sample(
                 policy.model,
                 policy.tokenizer,
                 prompt_ids,
-                num_samples=config.group_size,
+                num_samples=group,
                 max_new_tokens=config.max_new_tokens,
                 temperature=config.temperature,
                 top_p=config.top_p,
             )
         sampled = time.perf_counter()
-
-        # Reward: score each group together (a judge compares candidates side by side).
-        rewards: list[float] = []
-        for i, item in enumerate(batch):
-            group = rollout.texts[i * config.group_size : (i + 1) * config.group_size]
-            scores = score(item, group)
-            if len(scores) != len(group):
-                raise ValueError(f"the scorer returned {len(scores)} rewards for {len(group)} candidates")
-            rewards += [float(s) for s in scores]
-        reward_tensor = torch.tensor(rewards).view(len(batch), config.group_size)  # (N, G)
+        rewards = group_rewards(batch, rollout.texts, score, group_size=group)
         scored = time.perf_counter()
+        advantages, keep, rows = group_advantages_kept(rewards, groups=len(batch), config=config)
 
-        # Advantages; groups with equal rewards carry no signal and leave the batch.
-        advantages, keep = L.group_advantages(
-            reward_tensor, baseline=config.baseline, scale_std=config.scale_std, clip=config.advantage_clip
-        )
-        row_keep = keep.repeat_interleave(config.group_size)  # (B,)
-        if not config.drop_zero_variance:
-            row_keep = torch.ones_like(row_keep)
-        rows = row_keep.nonzero().squeeze(1).to(policy.device)
-
-        # Update: log-probs from the same forward pass as the gradient.
-        hooks.emit("on_phase", "update", step, config.steps)
-        loss_value = kl_value = grad_norm = 0.0
-        clip_fraction = None
-        correction: dict[str, float] = {}
-        if len(rows) > 0:
-            ids = rollout.input_ids.index_select(0, rows)
-            attn = rollout.attention_mask.index_select(0, rows)
-            mask = rollout.response_mask.index_select(0, rows).float()
-            adv = advantages.view(-1).to(policy.device).index_select(0, rows)  # (B',)
-            width = mask.shape[1]
-            chunks = micro_batches(len(rows), config.micro_batch)
-            old_logprobs = ref_logprobs = None
-            with torch.no_grad():
-                if config.updates_per_batch > 1:
-                    old_logprobs = chunked_logprobs(policy.model, ids, attn, chunks, keep=width, config=config)
-                if need_reference:
-                    with policy.as_reference() as reference:
-                        ref_logprobs = chunked_logprobs(reference, ids, attn, chunks, keep=width, config=config)
-            sampler_logprobs = weights = None
-            if rollout_client is not None and config.sampling_correction:
-                sampler_logprobs = rollout.sampler_logprobs.index_select(0, rows)  # (B', T)
-                if old_logprobs is not None:
-                    # Against the policy that the batch was drawn for (before any update of
-                    # this batch), as TRL does with its old log-probs.
-                    weights, correction = L.sampling_correction(
-                        old_logprobs, sampler_logprobs, mask, cap=config.sampling_correction_cap
-                    )
-            for _ in range(config.updates_per_batch):
-                optimizer.zero_grad(set_to_none=True)
-                out = turn_loss_backward(
-                    policy.model,
-                    ids,
-                    attn,
-                    mask,
-                    adv,
-                    chunks=chunks,
-                    config=config,
-                    constant=denominator,
-                    old_logprobs=old_logprobs,
-                    ref_logprobs=ref_logprobs,
-                    sampler_logprobs=sampler_logprobs if weights is None else None,
-                    sampling_weights=weights,
-                )
-                correction = out["correction"] or correction
-                kl_value = out["kl"] if out["kl"] is not None else kl_value
-                # The micro-batches' losses add up to the batch's: one non-finite among them shows here.
-                loss_value = finite_check(out["loss"], what="loss", step=step)
-                norm = torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), config.max_grad_norm)
-                grad_norm = finite_check(float(norm), what="gradient norm", step=step)
-                optimizer.step()
-                clip_fraction = out["clip_fraction"] if out["clip_fraction"] is not None else clip_fraction
+        hooks.emit("on_phase", "update", n, config.steps)
+        update = turn_update(trainer, rollout, advantages, rows.to(policy.device), step=n, served=server is not None)
         finished = time.perf_counter()
-
-        # Log.
         metrics = {
-            "step": step,
+            "step": n,
             "reward_mean": fmean(rewards),
             "reward_std": pstdev(rewards),
             "zero_variance_share": 1.0 - float(keep.float().mean()),
-            "loss": loss_value,
-            "kl": kl_value if need_reference else None,
-            "grad_norm": grad_norm,
-            "clip_fraction": clip_fraction,
-            **correction,
+            "loss": update["loss"],
+            "kl": update["kl"] if config.beta > 0 or config.log_kl else None,
+            "grad_norm": update["grad_norm"],
+            "clip_fraction": update["clip_fraction"],
+            **update["correction"],
             "trained_sequences": len(rows),
             "generated_tokens": int(rollout.lengths.sum()),
-            "step_seconds": finished - started,
-            "sample_seconds": sampled - started,
-            "score_seconds": scored - sampled,
-            "update_seconds": finished - scored,
+            **phase_seconds(started, sampled, scored, finished),
             **rollout_stats(rollout),
         }
-        if state["start_length"] is None:
-            state["start_length"] = metrics["response_length"]
-        state["history"].append(metrics)
-        result.step = step
-        hooks.emit("on_step", step, metrics)
-        if config.samples_every and (step == 1 or step % config.samples_every == 0):
-            hooks.emit("on_samples", step, _sample_rows(batch, rollout, rewards, advantages, config.group_size))
+        return StepOutput(metrics, samples=lambda: _sample_rows(batch, rollout, rewards, advantages, group))
 
-        if config.eval_every and (step % config.eval_every == 0 or step == config.steps):
-            _evaluate_into(state, step, policy, eval_items, canaries, score, config, prompts, hooks, rollout_client)
+    return step
 
-        # Monitor.
-        breaches = monitors.check(
-            config.monitors,
-            history=state["history"],
-            start_length=state["start_length"],
-            start_canary=state["start_canary"],
+
+def group_rewards(batch: list[TurnItem], texts: list[str], score: Scorer, *, group_size: int) -> list[float]:
+    """Score each item's group of candidates together (a judge compares them side by
+    side); task-major, one reward per candidate."""
+    rewards: list[float] = []
+    for i, item in enumerate(batch):
+        group = texts[i * group_size : (i + 1) * group_size]
+        scores = score(item, group)
+        if len(scores) != len(group):
+            raise ValueError(f"the scorer returned {len(scores)} rewards for {len(group)} candidates")
+        rewards += [float(s) for s in scores]
+    return rewards
+
+
+def turn_update(
+    trainer: Trainer, rollout: Rollout, advantages: torch.Tensor, rows: torch.Tensor, *, step: int, served: bool
+) -> dict:
+    """`updates_per_batch` optimiser steps on the kept `rows` of `rollout`, log-probs from
+    the same forward pass as the gradient. `served`: the rollout came from a vLLM server
+    and carries its log-probs, for the sampling correction. Returns the loss, KL, gradient
+    norm, clip fraction and correction figures of the last update (zeros with no rows)."""
+    config, policy = trainer.config, trainer.policy
+    out = {"loss": 0.0, "kl": 0.0, "grad_norm": 0.0, "clip_fraction": None, "correction": {}}
+    if len(rows) == 0:
+        return out
+    ids = rollout.input_ids.index_select(0, rows)
+    attn = rollout.attention_mask.index_select(0, rows)
+    mask = rollout.response_mask.index_select(0, rows).float()
+    adv = advantages.view(-1).to(policy.device).index_select(0, rows)  # (B',)
+    width = mask.shape[1]
+    chunks = micro_batches(len(rows), config.micro_batch)
+    old_logprobs = ref_logprobs = None
+    with torch.no_grad():
+        if config.updates_per_batch > 1:
+            old_logprobs = chunked_logprobs(policy.model, ids, attn, chunks, keep=width, config=config)
+        if config.beta > 0 or config.log_kl:
+            with policy.as_reference() as reference:
+                ref_logprobs = chunked_logprobs(reference, ids, attn, chunks, keep=width, config=config)
+    sampler_logprobs = weights = None
+    if served and config.sampling_correction:
+        sampler_logprobs = rollout.sampler_logprobs.index_select(0, rows)  # (B', T)
+        if old_logprobs is not None:
+            # Against the policy that the batch was drawn for (before any update of
+            # this batch), as TRL does with its old log-probs.
+            weights, out["correction"] = L.sampling_correction(
+                old_logprobs, sampler_logprobs, mask, cap=config.sampling_correction_cap
+            )
+    denominator = config.prompts_per_step * config.group_size * config.max_new_tokens
+    for _ in range(config.updates_per_batch):
+        trainer.optimizer.zero_grad(set_to_none=True)
+        passed = turn_loss_backward(
+            policy.model,
+            ids,
+            attn,
+            mask,
+            adv,
+            chunks=chunks,
+            config=config,
+            constant=denominator,
+            old_logprobs=old_logprobs,
+            ref_logprobs=ref_logprobs,
+            sampler_logprobs=sampler_logprobs if weights is None else None,
+            sampling_weights=weights,
         )
-        if step_close(run_dir, policy, optimizer, step, config, state, hooks, breaches):
-            result.status = "stopped"
-            break
-
-    return result_close(result, state, policy, run_dir, export, hooks)
+        out["correction"] = passed["correction"] or out["correction"]
+        out["kl"] = passed["kl"] if passed["kl"] is not None else out["kl"]
+        # The micro-batches' losses add up to the batch's: one non-finite among them shows here.
+        out["loss"] = finite_check(passed["loss"], what="loss", step=step)
+        out["grad_norm"] = trainer.clip_and_step(step=step)
+        if passed["clip_fraction"] is not None:
+            out["clip_fraction"] = passed["clip_fraction"]
+    return out
 
 
 def chunked_logprobs(model, ids, attn, chunks: list[slice], *, keep: int, config: GRPOConfig) -> torch.Tensor:
@@ -305,10 +288,11 @@ def turn_loss_backward(
     }
 
 
-def _evaluate_into(state, step, policy, eval_items, canaries, score, config, prompts, hooks, server=None) -> None:
+def _evaluation(state, step, policy, eval_items, canaries, score, config, prompts, hooks, server=None) -> dict:
     """Evaluate the policy as it is served: with `server` (rollout="vllm") the current
     weights are loaded as an adapter and sampled by the server under the job's
-    `structured_outputs`, seeded; otherwise by the local sampler."""
+    `structured_outputs`, seeded; otherwise by the local sampler. The first canary reward
+    becomes the canary monitor's baseline, and each goes into the step's metrics too."""
     metrics: dict = {"step": step}
     total = len(eval_items or []) + len(canaries or [])
     if server is not None:
@@ -333,12 +317,11 @@ def _evaluate_into(state, step, policy, eval_items, canaries, score, config, pro
             server=server,
         )
         metrics["canary_reward"] = canary["reward"]
-        if state["start_canary"] is None:
-            state["start_canary"] = canary["reward"]
-        if state["history"]:
-            state["history"][-1]["canary_reward"] = canary["reward"]
-    state["evals"].append(metrics)
-    hooks.emit("on_eval", step, metrics)
+        if state.start_canary is None:
+            state.start_canary = canary["reward"]
+        if state.history:
+            state.history[-1]["canary_reward"] = canary["reward"]
+    return metrics
 
 
 def _sample_rows(batch, rollout, rewards, advantages, group_size) -> list[dict]:
