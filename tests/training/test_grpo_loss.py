@@ -322,3 +322,12 @@ def test_a_token_whose_sampler_log_prob_is_unknown_weighs_one():
     weights, stats = L.sampling_correction(logp, sampler, torch.ones(1, 2), cap=3.0)
     assert weights[0].tolist() == pytest.approx([0.5, 1.0])
     assert stats["sampler_logprob_gap"] == pytest.approx(math.log(2) / 2)
+
+
+def test_the_sampling_weight_ignores_whatever_a_padded_position_holds():
+    from training.grpo.loss import sampling_correction
+
+    logprobs = torch.tensor([[-0.5, float("-inf")]])
+    sampler = torch.tensor([[-0.5, -1.0]])
+    weights, stats = sampling_correction(logprobs, sampler, torch.tensor([[1.0, 0.0]]))
+    assert weights.tolist() == [[1.0, 0.0]] and stats["sampling_weight_mean"] == 1.0

@@ -52,7 +52,8 @@ def test_grpo_samples_through_vllm_with_the_current_adapter(vllm_server, tmp_pat
         m["id"]
         for m in httpx.get(f"{vllm_server.url}/v1/models", timeout=10, headers=vllm_server.headers).json()["data"]
     ]
-    assert "step-2" in served and "step-1" not in served  # the previous step's adapter was unloaded
+    ours = [name for name in served if name.startswith(tmp_path.name)]  # a prefix unique to the job
+    assert len(ours) == 1 and ours[0].endswith("-step-2")  # the previous step's adapter was unloaded
 
 
 def test_rollouts_follow_the_structured_output_constraint_the_agent_serves_with(vllm_server, tmp_path):

@@ -159,13 +159,9 @@ def episodes_train(
     policy = trainer.policy
     stop_ids = set(eos_ids(policy.model, policy.tokenizer))
     if config.rollout == "vllm":
-        import uuid
-
         from training.grpo.vllm_rollout import VllmRollouts
 
-        # Unique per run: another job (or this one, resumed) may share the server.
-        prefix = f"{run_dir.name}-{uuid.uuid4().hex[:6]}-"
-        server = VllmRollouts(base_url=config.vllm_url, run_dir=run_dir, name_prefix=prefix, api_key=vllm_api_key)
+        server = VllmRollouts(base_url=config.vllm_url, run_dir=run_dir, api_key=vllm_api_key)
         generate = vllm_generate(server, policy, config)
     else:
         server = None

@@ -180,9 +180,10 @@ def sampling_correction(
     m = mask.to(logprobs.dtype)  # (B, T)
     sampler = sampler_logprobs.to(logprobs.dtype)
     sampler = torch.where(torch.isnan(sampler), logprobs.detach(), sampler)  # (B, T)
-    log_ratio = (logprobs.detach() - sampler) * m  # (B, T)
+    # Selected, not multiplied, by the mask: a padded position may hold ±inf, and inf · 0 is NaN.
+    log_ratio = torch.where(m > 0, logprobs.detach() - sampler, torch.zeros_like(sampler))  # (B, T)
     raw = torch.exp(log_ratio)  # (B, T)
-    weights = raw.clamp(max=cap) * m  # (B, T)
+    weights = torch.where(m > 0, raw.clamp(max=cap), torch.zeros_like(raw))  # (B, T)
     stats = {
         "sampling_weight_mean": float(masked_mean(weights, m)),
         "sampling_truncated_share": float(masked_mean((raw >= cap).to(m.dtype), m)),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import shutil
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +24,7 @@ import httpx
 import torch
 
 from training.grpo.sampling import Rollout, eos_ids, rollout_from_tokens
-from training.inference.client import InferenceClient, InferenceError
+from training.inference.client import InferenceBadAnswer, InferenceClient, InferenceError
 
 # The rollouts' failures are the inference client's (unavailable, refused, bad answer).
 VllmError = InferenceError
@@ -38,11 +39,14 @@ class VllmRollouts:
         api_key: str = "",
         timeout: float = 600.0,
         retries: int = 2,
-        name_prefix: str = "",
+        name_prefix: str | None = None,
     ):
         """`name_prefix` goes before each adapter's name on the server ("step-N"): jobs
-        sharing one server need distinct prefixes, or a later job's "step-1" is refused.
+        sharing one server (or one job, resumed) need distinct prefixes, or a later job's
+        "step-1" is refused; by default it is unique to this instance.
         `api_key` is the server's own key (sent as a Bearer token with every request)."""
+        if name_prefix is None:
+            name_prefix = f"{run_dir.name}-{uuid.uuid4().hex[:6]}-"
         self.name_prefix = name_prefix
         self.base_url = base_url.rstrip("/")
         self.run_dir = run_dir
@@ -98,7 +102,7 @@ class VllmRollouts:
         )
         if response.status_code != 200:
             raise VllmError(f"completion failed: {response.status_code} {response.text[:300]}")
-        choice = response.json()["choices"][0]
+        choice = _choices(response)[0]
         tokens, logprobs = sampled_tokens(choice)
         if choice.get("finish_reason") == "stop" and (not tokens or tokens[-1] not in stop_ids):
             # A server that leaves the stop id out of token_ids still sampled it, with a
@@ -172,7 +176,7 @@ class VllmRollouts:
             )
             if response.status_code != 200:
                 raise VllmError(f"completion failed: {response.status_code} {response.text[:300]}")
-            for choice in sorted(response.json()["choices"], key=lambda c: c["index"]):
+            for choice in sorted(_choices(response), key=lambda c: c.get("index", 0)):
                 tokens, token_logprobs = sampled_tokens(choice)
                 responses.append(tokens)
                 logprobs.append(token_logprobs)
@@ -215,3 +219,15 @@ def sampled_tokens(choice: dict) -> tuple[list[int], list[float]]:
     if len(values) != len(tokens) or any(v is None for v in values):
         raise VllmError(f"the server returned {len(values)} log-probs for {len(tokens)} sampled ids")
     return tokens, [float(v) for v in values]
+
+
+def _choices(response: httpx.Response) -> list[dict]:
+    """A completion's choices, or the inference client's bad-answer error for a body that
+    is not one."""
+    try:
+        choices = response.json()["choices"]
+    except (ValueError, KeyError, TypeError):
+        raise InferenceBadAnswer(f"the completion's answer has no choices: {response.text[:300]}") from None
+    if not isinstance(choices, list) or not choices or not all(isinstance(c, dict) for c in choices):
+        raise InferenceBadAnswer(f"the completion's answer has no choices: {response.text[:300]}")
+    return choices

@@ -230,7 +230,9 @@ class InferenceClient:
 
         A name that is already loaded is kept, so a retried deployment step is safe (a
         version's name stands for fixed weights). `fresh=True` is for a name whose folder was
-        just written with new weights: a name already loaded is then refused.
+        just written with new weights: a name already loaded is then refused, and the call is
+        not repeated (a load that timed out may still have happened, and its retry would be
+        refused for the load itself).
         """
         self.request(
             "POST",
@@ -238,6 +240,7 @@ class InferenceClient:
             json={"lora_name": name, "lora_path": str(path)},
             timeout=timeout,
             accept=None if fresh else _already_loaded,
+            retries=0 if fresh else None,
         )
 
     def adapter_unload(self, name: str, *, timeout: float = 30.0) -> None:

@@ -17,6 +17,7 @@ process.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
 import logging
@@ -187,16 +188,35 @@ class InferenceServer:
 
     def stop(self, timeout: float = 15.0) -> None:
         """SIGTERM the process group, SIGKILL after `timeout` (vLLM ignores SIGTERM while loading)."""
-        if self.process is None or self.process.poll() is not None:
+        if self.process is None:
             return
+        # The group, even when its leader has exited: vLLM's engine runs in a child process
+        # that outlives a leader which failed while starting, and holds the port and memory.
         try:
             os.killpg(self.process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and _group_alive(self.process.pid):
+            time.sleep(0.2)
+        try:
             os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(10)
         except ProcessLookupError:
             pass
+        else:
+            self.process.wait(10)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def supervise(
