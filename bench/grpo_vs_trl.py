@@ -37,9 +37,9 @@ class Ours:
     """Our loop in a thread, paused after each step so the two trainers alternate."""
 
     def __init__(self, model_dir: Path, steps: int, lr: float, seed: int):
-        from training.grpo.common import Hooks
-        from training.grpo.config import GRPOConfig
-        from training.grpo.items import TurnItem
+        from training.trainer.common import Hooks
+        from training.trainer.config import GRPOConfig
+        from training.trainer.items import TurnItem
 
         self.times: list[float] = []
         self.rewards: list[float] = []
@@ -73,7 +73,7 @@ class Ours:
             return [vowel_share(c) for c in candidates]
 
         def run() -> None:
-            from training.grpo.grpo import grpo_train
+            from training.trainer.grpo import grpo_train
 
             self.go.acquire()
             grpo_train(

@@ -28,7 +28,7 @@ SENTENCE = "Orders ship within two days; refunds need the order id and go back t
 
 def contexts(tokenizer, count: int) -> list[list[int]]:
     """`count` chat prompts of about CONTEXT_TOKENS tokens sharing one system prompt."""
-    from training.grpo.sampling import encode_prompt
+    from training.trainer.sampling import encode_prompt
 
     questions = [f"Where is my order A{1000 + 37 * i}, and can I still change the address?" for i in range(count)]
     system = SENTENCE
@@ -44,7 +44,7 @@ def old_sample(model, tokenizer, prompts, *, num_samples: int, max_new_tokens: i
     """The sampler as it was: every row's prompt prefilled in full; masked responses."""
     import torch
 
-    from training.grpo.sampling import eos_ids, prefix_decode, response_mask_from_ids
+    from training.trainer.sampling import eos_ids, prefix_decode, response_mask_from_ids
 
     stop = eos_ids(model, tokenizer)
     pad = tokenizer.pad_token_id
@@ -76,7 +76,7 @@ def main() -> None:
     import torch
 
     from scripts.gpu_check import SHAPES, build_model, build_tokenizer
-    from training.grpo.sampling import sample
+    from training.trainer.sampling import sample
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as folder:

@@ -74,7 +74,7 @@ BASE_RECIPE: dict[str, Any] = {
     # test reports, on other orders): at these steps, the best success rate is kept.
     "validate_at": [],
     "validate_episodes": 16,
-    "first_token_weight": 1.0,  # see training.grpo.loss.sft_loss
+    "first_token_weight": 1.0,  # see training.trainer.loss.sft_loss
     # Counterfactual copies of each decision point: the lookup shows another status and
     # age, the target is what the policy does then (support_desk.counterfactual_turns).
     "variants": 0,
@@ -166,7 +166,7 @@ class Harness:
         """Each row (context ids, pattern, generator, token limit) → (text, tokens, ended)."""
         import torch
 
-        from training.grpo.sampling import prefill
+        from training.trainer.sampling import prefill
 
         batch = len(rows)
         with torch.no_grad():
@@ -230,8 +230,8 @@ class Harness:
 
         from training.environments import Completion, episode_run
         from training.environments.support_desk import SupportDesk
-        from training.grpo.sampling import encode_prompt
         from training.inference.codec import tool_calls_parse
+        from training.trainer.sampling import encode_prompt
 
         env = SupportDesk()
         results: list = [None] * len(tasks)
@@ -386,7 +386,7 @@ def oracle_items(tasks, *, prefix: str, variants: int = 0, rng: random.Random | 
     """One SFT item per oracle turn of each task (see `oracle_turns`), and `variants`
     counterfactual copies of each decision point (`counterfactual_turns`)."""
     from training.environments.support_desk import SupportDesk, counterfactual_turns, oracle_turns
-    from training.grpo.items import TurnItem
+    from training.trainer.items import TurnItem
 
     env = SupportDesk()
     rng = rng or random.Random(0)
@@ -413,8 +413,8 @@ def base_answers(harness: Harness, tasks, *, seed: int, prefix: str):
     SFT items that keep that behaviour."""
     import torch
 
-    from training.grpo.items import TurnItem
-    from training.grpo.sampling import encode_prompt
+    from training.trainer.items import TurnItem
+    from training.trainer.sampling import encode_prompt
 
     harness.model.eval()
     rows = []
@@ -439,11 +439,11 @@ def train(recipe: dict[str, Any], *, seed: int, run_dir: Path):
     import torch
 
     from training.environments.support_desk import SupportDesk
-    from training.grpo.common import Hooks
-    from training.grpo.config import SFTConfig
-    from training.grpo.distill import sft_train
-    from training.grpo.items import grader_scorer
-    from training.grpo.policy import load_policy
+    from training.trainer.common import Hooks
+    from training.trainer.config import SFTConfig
+    from training.trainer.distill import sft_train
+    from training.trainer.items import grader_scorer
+    from training.trainer.policy import load_policy
 
     desk = SupportDesk()
     train_tasks = desk.tasks_for(split="train", graded=True)
@@ -663,7 +663,7 @@ def command_decisions(args) -> None:
     import torch
 
     from training.environments.support_desk import REFUND_WINDOW_DAYS, SupportDesk
-    from training.grpo.sampling import encode_prompt
+    from training.trainer.sampling import encode_prompt
 
     model, tokenizer = load_base()
     if args.adapter:
@@ -708,8 +708,8 @@ def hinted(task, messages: list[dict[str, Any]], *, at: str = "system") -> list[
     import random
 
     from training.environments.support_operator import operator_comment
-    from training.grpo.config import DistillConfig
-    from training.grpo.items import with_hint
+    from training.trainer.config import DistillConfig
+    from training.trainer.items import with_hint
 
     order_id = task.hidden["order_id"]
     wrong = (

@@ -94,11 +94,11 @@ def vllm_available() -> bool:
 def run_shape(name: str, args, tokenizer, tokenizer_dir: Path) -> dict:
     import torch
 
-    from training.grpo.common import Hooks
-    from training.grpo.config import GRPOConfig
-    from training.grpo.grpo import grpo_train
-    from training.grpo.items import TurnItem
-    from training.grpo.policy import load_policy
+    from training.trainer.common import Hooks
+    from training.trainer.config import GRPOConfig
+    from training.trainer.grpo import grpo_train
+    from training.trainer.items import TurnItem
+    from training.trainer.policy import load_policy
 
     device = args.device
     dtype = torch.bfloat16 if device == "cuda" and not args.fp32 else torch.float32

@@ -24,9 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from training.grpo.common import Hooks  # noqa: E402
-from training.grpo.config import DistillConfig, GRPOConfig  # noqa: E402
-from training.grpo.items import TurnItem, grader_scorer  # noqa: E402
+from training.trainer.common import Hooks  # noqa: E402
+from training.trainer.config import DistillConfig, GRPOConfig  # noqa: E402
+from training.trainer.items import TurnItem, grader_scorer  # noqa: E402
 
 ADD_TEMPLATES = [
     "What is {a} + {b}? Answer with just the number.",
@@ -165,7 +165,7 @@ def run(task: str, args: argparse.Namespace) -> dict:
             # diagnostic, and the CPU budget goes to training steps instead.
             log_kl=False,
         )
-        from training.grpo.grpo import grpo_train
+        from training.trainer.grpo import grpo_train
 
         result = grpo_train(
             config=config, items=train, score=grader_scorer(), run_dir=run_dir, eval_items=held_out, hooks=hooks
@@ -181,9 +181,9 @@ def run(task: str, args: argparse.Namespace) -> dict:
             max_new_tokens=12,
             teacher=args.teacher,
         )
-        from training.grpo.common import PromptCache, evaluate
-        from training.grpo.distill import distill_train
-        from training.grpo.policy import load_policy
+        from training.trainer.common import PromptCache, evaluate
+        from training.trainer.distill import distill_train
+        from training.trainer.policy import load_policy
 
         policy = load_policy(config, reference=config.teacher == "frozen")
 

@@ -202,7 +202,7 @@ def test_the_job_step_offers_settings_a_job_accepts(tour_page):
     import html as html_lib
     import json
 
-    from training.grpo.config import config_from_dict
+    from training.trainer.config import config_from_dict
     from webapp.selectors_tour import episode_job_settings
 
     DeploymentFactory(name="support-bot")

@@ -133,7 +133,7 @@ class TrainingJob(WorkItem):
     HELD_STATUSES = (WorkStatus.RUNNING, WorkStatus.CANCELLING)
 
     kind = models.CharField(max_length=10, choices=JobKind.choices)
-    config = models.JSONField(help_text="the job's typed config (training.grpo.config), as JSON")
+    config = models.JSONField(help_text="the job's typed config (training.trainer.config), as JSON")
     training_set = models.ForeignKey(TrainingSet, null=True, blank=True, on_delete=models.PROTECT, related_name="jobs")
     base_version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="training_jobs")
     result_version = models.OneToOneField(

@@ -13,10 +13,10 @@ from feedback.demo.agent import ACT_OR_REPLY_REGEX
 from feedback.models import Trace, TraceSource
 from training.environments import Completion, episode_run
 from training.environments.support_desk import SupportDesk, oracle_turns, turn_reference, turn_target
-from training.grpo.graders import grade, response_action
 from training.inference.codec import tool_calls_parse
 from training.models import TrainingItem
 from training.services.episode_sets import episode_turn_items, training_set_from_episodes
+from training.trainer.graders import grade, response_action
 
 LOOKUP = '<tool_call>{"name": "lookup_order", "arguments": {"order_id": "A1001"}}</tool_call>'
 REFUND = '<tool_call>{"name": "issue_refund", "arguments": {"order_id": "A1001"}}</tool_call>'

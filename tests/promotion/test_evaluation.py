@@ -239,8 +239,8 @@ LOOKUP_A1001 = {
 def test_a_served_tool_call_is_graded_as_the_call_it_is():
     """A served message carries its call in `tool_calls` (the server parsed the block out of
     the text): the grader reads it back through the same codec, as the call it was."""
-    from training.grpo.graders import grade
     from training.services.evaluation import _grading_text
+    from training.trainer.graders import grade
 
     served = {"role": "assistant", "content": None, "tool_calls": [LOOKUP_A1001]}
     text = _grading_text(served)

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from training.grpo.config import GRPOConfig
-from training.grpo.policy import (
+from training.trainer.config import GRPOConfig
+from training.trainer.policy import (
     CheckpointRefused,
     Policy,
     latest_checkpoint,

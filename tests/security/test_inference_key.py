@@ -69,7 +69,7 @@ def test_every_inference_client_call_sends_the_key():
 
 
 def test_rollouts_send_the_key_they_are_given(tmp_path):
-    from training.grpo.vllm_rollout import VllmRollouts
+    from training.trainer.vllm_rollout import VllmRollouts
 
     server, seen = recording_server(status=200, body=b'{"data": [{"id": "tiny"}]}')
     try:

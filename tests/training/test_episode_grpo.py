@@ -14,12 +14,12 @@ import torch
 
 from training.environments import Grade
 from training.environments.files import FileTasks
-from training.grpo.config import EpisodesConfig, MonitorConfig
-from training.grpo.episode_loss import episode_batch, episode_loss_backward
-from training.grpo.episode_rollout import SampledTurn, episodes_rollout
-from training.grpo.episode_tokens import episode_segments, episode_tokens
-from training.grpo.episodes import episode_rewards, episode_stats, episodes_train
-from training.grpo.monitors import fidelity
+from training.trainer.config import EpisodesConfig, MonitorConfig
+from training.trainer.episode_loss import episode_batch, episode_loss_backward
+from training.trainer.episode_rollout import SampledTurn, episodes_rollout
+from training.trainer.episode_tokens import episode_segments, episode_tokens
+from training.trainer.episodes import episode_rewards, episode_stats, episodes_train
+from training.trainer.monitors import fidelity
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,7 @@ def test_the_loss_value_counts_exactly_the_sampled_tokens(tiny_model_dir, tokeni
     """With one update per batch the surrogate's value is -Σ_b A_b · n_b / constant, n_b
     the tokens the model sampled in episode b: a mask that covered a prompt or a tool
     result token would change it."""
-    from training.grpo.policy import load_policy
+    from training.trainer.policy import load_policy
 
     config = EpisodesConfig(model_path=str(tiny_model_dir), adapter="full", log_kl=False, temperature=1.0)
     policy = load_policy(config)
@@ -120,9 +120,9 @@ def test_the_loss_value_counts_exactly_the_sampled_tokens(tiny_model_dir, tokeni
 def test_the_episode_loss_adds_beta_k3_per_token_under_the_constant(tiny_model_dir, tokenizer):
     """loss = Σ_b Σ_t m·(-A_b + β·k3_{b,t}) / constant, over micro-batches; the logged KL is
     the token mean of k3."""
-    from training.grpo import loss as L
-    from training.grpo.episode_loss import sequence_logprobs
-    from training.grpo.policy import load_policy
+    from training.trainer import loss as L
+    from training.trainer.episode_loss import sequence_logprobs
+    from training.trainer.policy import load_policy
 
     config = EpisodesConfig(model_path=str(tiny_model_dir), adapter="full", beta=0.5, temperature=1.0)
     policy = load_policy(config, reference=True)
@@ -175,7 +175,7 @@ def test_a_tiny_episode_job_trains_evaluates_reports_and_exports(tiny_model_dir,
         samples_every=1,
     )
     seen: dict[str, list] = {"steps": [], "evals": [], "episodes": [], "samples": []}
-    from training.grpo.common import Hooks
+    from training.trainer.common import Hooks
 
     hooks = Hooks(
         on_step=lambda s, m: seen["steps"].append(m),
@@ -183,7 +183,7 @@ def test_a_tiny_episode_job_trains_evaluates_reports_and_exports(tiny_model_dir,
         on_episodes=lambda s, phase, eps: seen["episodes"].append((s, phase, len(eps))),
         on_samples=lambda s, rows: seen["samples"].append(rows),
     )
-    from training.grpo.policy import load_policy
+    from training.trainer.policy import load_policy
 
     policy = load_policy(config, reference=True)
     before = {n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad}
@@ -210,8 +210,8 @@ def test_a_tiny_episode_job_trains_evaluates_reports_and_exports(tiny_model_dir,
 
 
 def test_a_non_finite_episode_loss_stops_the_job_before_the_weights_move(tiny_model_dir, tmp_path, monkeypatch):
-    from training.grpo import loss as L
-    from training.grpo.policy import load_policy
+    from training.trainer import loss as L
+    from training.trainer.policy import load_policy
 
     real = L.policy_loss
 
@@ -241,7 +241,7 @@ def test_a_non_finite_episode_loss_stops_the_job_before_the_weights_move(tiny_mo
 
 
 def test_a_non_finite_episode_gradient_stops_the_job_before_the_weights_move(tiny_model_dir, tmp_path):
-    from training.grpo.policy import load_policy
+    from training.trainer.policy import load_policy
 
     env = ParityTask(count=4, heldout=0)
     config = EpisodesConfig(
@@ -301,7 +301,7 @@ def test_the_fidelity_guard_flags_reward_rising_with_tool_errors_only():
 
 
 def test_the_episodes_config_refuses_bad_fields():
-    from training.grpo.config import ConfigError, config_from_dict
+    from training.trainer.config import ConfigError, config_from_dict
 
     config = config_from_dict({"kind": "episodes", "environment": "files", "judge_weight": 0.5, "judge_rubric": "x"})
     assert isinstance(config, EpisodesConfig) and config.group_size == 6
@@ -316,8 +316,8 @@ def test_the_episodes_config_refuses_bad_fields():
 def test_sharing_the_prompt_prefix_in_the_update_gives_the_same_loss_and_gradients(tiny_model_dir):
     """The shared-prefix forward (prefix once, its key/value cache repeated per row) is an
     exact rewrite: the loss and every gradient equal those of one pass per full row."""
-    from training.grpo.episode_loss import EpisodeBatch
-    from training.grpo.policy import load_policy
+    from training.trainer.episode_loss import EpisodeBatch
+    from training.trainer.policy import load_policy
 
     config = EpisodesConfig(model_path=str(tiny_model_dir), adapter="full", log_kl=False, temperature=0.7)
     prefix = list(range(40, 70))
@@ -347,8 +347,8 @@ def test_served_turns_weigh_each_sampled_token_by_its_truncated_ratio_to_the_ser
     """The log-probs a server reported for each turn travel with the episode to its
     tokens in the loss: w = min(π/q, 3) on exactly the token q was reported for, whether
     the rows share their prefix's pass or not, and the loss is -Σ_b A_b Σ_t w_{b,t} / c."""
-    from training.grpo.episode_loss import sequence_logprobs
-    from training.grpo.policy import load_policy
+    from training.trainer.episode_loss import sequence_logprobs
+    from training.trainer.policy import load_policy
 
     config = EpisodesConfig(model_path=str(tiny_model_dir), adapter="full", log_kl=False, temperature=1.0)
     policy = load_policy(config)
@@ -389,8 +389,8 @@ def test_served_turns_weigh_each_sampled_token_by_its_truncated_ratio_to_the_ser
 
 
 def test_a_seeded_rollout_repeats_exactly_whatever_the_threads_timing(tiny_model_dir, tokenizer):
-    from training.grpo.episode_rollout import local_generate
-    from training.grpo.policy import load_policy
+    from training.trainer.episode_rollout import local_generate
+    from training.trainer.policy import load_policy
 
     config = EpisodesConfig(model_path=str(tiny_model_dir), adapter="full", max_new_tokens=8, temperature=1.0)
     policy = load_policy(config)
@@ -416,7 +416,7 @@ def test_an_episode_job_is_flagged_when_its_evaluation_episodes_change_other_rec
     environment's audit starts finding writes outside each task after the first evaluation,
     and the job is flagged at its next one. Each phase reports its own progress on the way."""
     from training.environments import EpisodeAudit
-    from training.grpo.common import Hooks
+    from training.trainer.common import Hooks
 
     class Careless(ParityTask):
         harmful = False

@@ -7,7 +7,7 @@ import pytest
 
 from tests.training.test_episode_grpo import scripted_generate
 from training.environments.files import FileTasks
-from training.grpo.episode_rollout import episodes_rollout
+from training.trainer.episode_rollout import episodes_rollout
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from training.grpo.episode_tokens import episode_segments, episode_tokens
+from training.trainer.episode_tokens import episode_segments, episode_tokens
 
 TOOLS = [{"type": "function", "function": {"name": "write_file", "parameters": {"type": "object"}}}]
 

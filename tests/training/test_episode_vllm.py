@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from tests.training.test_episode_grpo import ParityTask
-from training.grpo.config import EpisodesConfig
-from training.grpo.episode_loss import episode_batch, episode_loss_backward
-from training.grpo.episode_rollout import episodes_rollout, vllm_generate
-from training.grpo.episodes import episodes_evaluate, episodes_train
-from training.grpo.policy import load_policy
-from training.grpo.sampling import eos_ids
-from training.grpo.vllm_rollout import VllmRollouts
+from training.trainer.config import EpisodesConfig
+from training.trainer.episode_loss import episode_batch, episode_loss_backward
+from training.trainer.episode_rollout import episodes_rollout, vllm_generate
+from training.trainer.episodes import episodes_evaluate, episodes_train
+from training.trainer.policy import load_policy
+from training.trainer.sampling import eos_ids
+from training.trainer.vllm_rollout import VllmRollouts
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -42,7 +42,7 @@ def test_episode_grpo_samples_every_turn_through_vllm_with_the_current_adapter(v
     before = {n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad}
     env = ParityTask(count=4, heldout=0, example=False)
     episodes = []
-    from training.grpo.common import Hooks
+    from training.trainer.common import Hooks
 
     result = episodes_train(
         config=config,

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from tests.fixtures.configs import small
-from training.grpo.common import Hooks
-from training.grpo.config import ConfigError, DistillConfig, GRPOConfig, SFTConfig, config_from_dict
-from training.grpo.distill import distill_train, sft_train
-from training.grpo.grpo import grpo_train
-from training.grpo.items import TurnItem
-from training.grpo.policy import latest_checkpoint
+from training.trainer.common import Hooks
+from training.trainer.config import ConfigError, DistillConfig, GRPOConfig, SFTConfig, config_from_dict
+from training.trainer.distill import distill_train, sft_train
+from training.trainer.grpo import grpo_train
+from training.trainer.items import TurnItem
+from training.trainer.policy import latest_checkpoint
 
 ITEMS = [
     TurnItem(id=f"q{i}", messages=[{"role": "user", "content": f"refund order A{i} please"}], feedback="Say sorry.")
@@ -34,7 +34,7 @@ def trainable_snapshot(policy):
 
 @pytest.mark.parametrize("adapter", ["lora", "full"])
 def test_grpo_changes_parameters_and_keeps_the_loss_finite(tiny_model_dir, tmp_path, adapter):
-    from training.grpo.policy import load_policy
+    from training.trainer.policy import load_policy
 
     config = small(GRPOConfig, tiny_model_dir, adapter=adapter, group_size=4, beta=0.01)
     policy = load_policy(config, reference=True)
@@ -90,7 +90,7 @@ def test_the_kl_penalty_enters_the_turn_level_loss_per_token(tiny_model_dir, tmp
     """β·k3 goes inside the per-token loss, before the policy term's normaliser (as in
     TRL and the episode loop), not as a token-mean KL added to a differently normalised
     loss: the loss the loop steps on is exactly `policy_loss` with the reference."""
-    from training.grpo import loss as L
+    from training.trainer import loss as L
 
     real = L.policy_loss
     calls: list[tuple[dict, float]] = []
@@ -121,7 +121,7 @@ def test_the_kl_penalty_enters_the_turn_level_loss_per_token(tiny_model_dir, tmp
 
 
 def test_equal_rewards_mean_no_update(tiny_model_dir, tmp_path):
-    from training.grpo.policy import load_policy
+    from training.trainer.policy import load_policy
 
     config = small(GRPOConfig, tiny_model_dir, steps=2, group_size=4, log_kl=False)
     policy = load_policy(config)
@@ -151,8 +151,8 @@ def nan_scaled(fn):
 
 @pytest.mark.parametrize("loop", ["grpo", "grpo-micro-batched", "grpo-nan-reward", "distill", "sft"])
 def test_a_non_finite_loss_stops_the_job_before_the_weights_move(tiny_model_dir, tmp_path, monkeypatch, loop):
-    from training.grpo import loss as L
-    from training.grpo.policy import load_policy
+    from training.trainer import loss as L
+    from training.trainer.policy import load_policy
 
     score = parity_score
     if loop == "grpo-nan-reward":  # a scorer's NaN, kept by drop_zero_variance=False
@@ -192,7 +192,7 @@ def nan_gradient(policy) -> None:
 
 @pytest.mark.parametrize("loop", ["grpo", "distill", "sft"])
 def test_a_non_finite_gradient_stops_the_job_before_the_weights_move(tiny_model_dir, tmp_path, loop):
-    from training.grpo.policy import load_policy
+    from training.trainer.policy import load_policy
 
     if loop == "grpo":
         config = small(GRPOConfig, tiny_model_dir, group_size=4, drop_zero_variance=False)
@@ -256,7 +256,7 @@ def test_a_monitor_breach_flags_and_can_stop_the_job(tiny_model_dir, tmp_path):
 
 
 def test_self_distillation_and_sft_change_parameters(tiny_model_dir, tmp_path):
-    from training.grpo.policy import load_policy
+    from training.trainer.policy import load_policy
 
     config = small(DistillConfig, tiny_model_dir, samples_per_prompt=2)
     policy = load_policy(config)
@@ -312,8 +312,8 @@ def test_a_monitor_that_keeps_firing_is_reported_once(tiny_model_dir, tmp_path):
 
 
 def test_lora_with_trainable_layers_puts_adapters_on_the_top_blocks_only(tiny_model_dir):
-    from training.grpo.config import GRPOConfig
-    from training.grpo.policy import load_policy
+    from training.trainer.config import GRPOConfig
+    from training.trainer.policy import load_policy
 
     config = GRPOConfig(model_path=str(tiny_model_dir), adapter="lora", trainable_layers=1, lora_rank=4)
     policy = load_policy(config)
@@ -333,10 +333,10 @@ def test_a_micro_batched_update_accumulates_the_single_pass_gradient(tiny_model_
     """Micro-batches of 3, 3 and 2 rows, with β > 0, old log-probs (PPO-clip), sampling
     weights and the reference's log-probs sliced with the rows: the accumulated gradient,
     loss, KL and clip fraction are those of one pass over the 8 rows."""
-    from training.grpo.common import micro_batches
-    from training.grpo.grpo import chunked_logprobs, turn_loss_backward
-    from training.grpo.policy import load_policy
-    from training.grpo.sampling import sample
+    from training.trainer.common import micro_batches
+    from training.trainer.grpo import chunked_logprobs, turn_loss_backward
+    from training.trainer.policy import load_policy
+    from training.trainer.sampling import sample
 
     config = small(
         GRPOConfig, tiny_model_dir, adapter="full", group_size=4, beta=0.1, normaliser=normaliser, temperature=1.0
@@ -397,7 +397,7 @@ def test_a_micro_batched_update_accumulates_the_single_pass_gradient(tiny_model_
 
 @pytest.mark.parametrize("normaliser", ["token", "sequence"])
 def test_a_micro_batched_job_reaches_the_weights_of_a_single_pass_job(tiny_model_dir, tmp_path, normaliser):
-    from training.grpo.policy import load_policy
+    from training.trainer.policy import load_policy
 
     finals, histories = [], []
     for micro_batch in (0, 3):

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from training.grpo import loss as L
+from training.trainer import loss as L
 
 
 def test_masked_mean_ignores_masked_entries_and_an_empty_row_is_zero():
@@ -325,7 +325,7 @@ def test_a_token_whose_sampler_log_prob_is_unknown_weighs_one():
 
 
 def test_the_sampling_weight_ignores_whatever_a_padded_position_holds():
-    from training.grpo.loss import sampling_correction
+    from training.trainer.loss import sampling_correction
 
     logprobs = torch.tensor([[-0.5, float("-inf")]])
     sampler = torch.tensor([[-0.5, -1.0]])

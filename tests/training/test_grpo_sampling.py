@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training.grpo.sampling import (
+from training.trainer.sampling import (
     chat_tokens,
     common_prefix_length,
     encode_prompt,
@@ -89,7 +89,7 @@ def test_the_decode_loop_matches_generate_greedily_and_with_padding(tiny):
 
 
 def test_nucleus_keeps_the_top_mass():
-    from training.grpo.sampling import _nucleus
+    from training.trainer.sampling import _nucleus
 
     probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
     kept = _nucleus(probs, 0.75)  # 0.5 + 0.3 reach 0.75: the rest is dropped
@@ -127,7 +127,7 @@ def test_the_decode_loop_samples_from_the_softmax(tiny, top_p):
 
 
 def test_inverse_cdf_draws_match_the_probabilities_and_never_pick_a_zero():
-    from training.grpo.sampling import _inverse_cdf
+    from training.trainer.sampling import _inverse_cdf
 
     torch.manual_seed(0)
     probs = torch.tensor([[0.7, 0.2, 0.0, 0.1]]).repeat(20000, 1)
@@ -137,7 +137,7 @@ def test_inverse_cdf_draws_match_the_probabilities_and_never_pick_a_zero():
 
 
 def test_a_sample_without_its_token_ids_or_log_probs_is_refused():
-    from training.grpo.vllm_rollout import VllmError, sampled_tokens
+    from training.trainer.vllm_rollout import VllmError, sampled_tokens
 
     choice = {"index": 0, "text": "yes 12", "logprobs": {"token_logprobs": [-0.1, -0.2]}}
     with pytest.raises(VllmError, match="no token_ids"):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from training.grpo import monitors
-from training.grpo.config import ConfigError, GRPOConfig, MonitorConfig
+from training.trainer import monitors
+from training.trainer.config import ConfigError, GRPOConfig, MonitorConfig
 
 
 def steps(n, **metrics):

@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from training.grpo import openai_graders as G
-from training.grpo.graders import grade
+from training.trainer import openai_graders as G
+from training.trainer.graders import grade
 
 
 def check(operation: str, reference: str = "{{ item.id }}") -> dict:

@@ -9,11 +9,11 @@ import torch
 
 from tests.fixtures.adapters import random_adapter_make
 from tests.fixtures.configs import small
-from training.grpo.common import Hooks
-from training.grpo.config import GRPOConfig
-from training.grpo.grpo import grpo_train
-from training.grpo.items import TurnItem
-from training.grpo.policy import load_policy, make_optimizer
+from training.trainer.common import Hooks
+from training.trainer.config import GRPOConfig
+from training.trainer.grpo import grpo_train
+from training.trainer.items import TurnItem
+from training.trainer.policy import load_policy, make_optimizer
 
 ITEMS = [TurnItem(id=f"q{i}", messages=[{"role": "user", "content": f"refund order A{i} please"}]) for i in range(4)]
 IDS = torch.tensor([[5, 17, 33, 41, 9, 60, 2, 71]])

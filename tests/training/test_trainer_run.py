@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from tests.fixtures.configs import small
-from training.grpo.common import Hooks, batch_for_step
-from training.grpo.config import GRPOConfig, MonitorConfig, SFTConfig
-from training.grpo.distill import sft_train
-from training.grpo.grpo import grpo_train
-from training.grpo.items import TurnItem
-from training.grpo.monitors import Breach
-from training.grpo.policy import Policy, latest_checkpoint, load_policy, make_optimizer, save_checkpoint
-from training.grpo.run import RunState, StepOutput, Trainer, run_training
+from training.trainer.common import Hooks, batch_for_step
+from training.trainer.config import GRPOConfig, MonitorConfig, SFTConfig
+from training.trainer.distill import sft_train
+from training.trainer.grpo import grpo_train
+from training.trainer.items import TurnItem
+from training.trainer.monitors import Breach
+from training.trainer.policy import Policy, latest_checkpoint, load_policy, make_optimizer, save_checkpoint
+from training.trainer.run import RunState, StepOutput, Trainer, run_training
 
 ITEMS = [
     TurnItem(id=f"q{i}", messages=[{"role": "user", "content": f"refund order A{i} please"}], target=f"Sorry, A{i}.")

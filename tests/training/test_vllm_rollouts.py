@@ -9,10 +9,10 @@ import httpx
 import pytest
 import torch
 
-from training.grpo.config import GRPOConfig
-from training.grpo.grpo import grpo_train
-from training.grpo.items import TurnItem
-from training.grpo.policy import load_policy
+from training.trainer.config import GRPOConfig
+from training.trainer.grpo import grpo_train
+from training.trainer.items import TurnItem
+from training.trainer.policy import load_policy
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

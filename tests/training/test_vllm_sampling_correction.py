@@ -10,14 +10,14 @@ import re
 import pytest
 import torch
 
-from training.grpo import loss as L
-from training.grpo.common import PromptCache, evaluate
-from training.grpo.config import GRPOConfig
-from training.grpo.grpo import grpo_train
-from training.grpo.items import TurnItem
-from training.grpo.policy import load_policy
-from training.grpo.sampling import token_logprobs
-from training.grpo.vllm_rollout import VllmRollouts
+from training.trainer import loss as L
+from training.trainer.common import PromptCache, evaluate
+from training.trainer.config import GRPOConfig
+from training.trainer.grpo import grpo_train
+from training.trainer.items import TurnItem
+from training.trainer.policy import load_policy
+from training.trainer.sampling import token_logprobs
+from training.trainer.vllm_rollout import VllmRollouts
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -135,7 +135,7 @@ class LocalGenerator:
     def __init__(self, *, temperature: float = 0.0, seed: int = 0, device: str = "auto") -> None:
         import torch
 
-        from training.grpo.policy import pick_device
+        from training.trainer.policy import pick_device
 
         self.temperature = temperature
         self.seed = seed
@@ -192,7 +192,7 @@ class LocalGenerator:
     def generate(
         self, version: ModelVersion, *, messages: list[dict], tools: list[dict] | None, max_tokens: int
     ) -> Generated:
-        from training.grpo.sampling import encode_prompt, eos_ids, token_logprobs
+        from training.trainer.sampling import encode_prompt, eos_ids, token_logprobs
 
         torch = self._torch
         context, tokenizer, model = self._model(version)
@@ -237,7 +237,7 @@ class LocalGenerator:
     def token_logprobs(
         self, version: ModelVersion, *, prompt_token_ids: list[int], token_ids: list[int]
     ) -> list[float] | None:
-        from training.grpo.sampling import token_logprobs
+        from training.trainer.sampling import token_logprobs
 
         if not token_ids:
             return None

@@ -62,7 +62,7 @@ def wilson_interval(successes: float, n: int, *, z: float = Z_95) -> tuple[float
 
 def kl_k3(candidate_logprobs: Sequence[float], baseline_logprobs: Sequence[float]) -> float | None:
     """Mean over the candidate's tokens of the k3 estimate of KL(cand ‖ base), the formula of
-    `training.grpo.loss.kl_k3` with π_θ = the candidate and π_ref = the baseline (log-ratios
+    `training.trainer.loss.kl_k3` with π_θ = the candidate and π_ref = the baseline (log-ratios
     clipped to ±50). Unbiased when the tokens were sampled from the candidate at temperature
     1; on greedy responses it measures how far the models disagree on the candidate's own
     answers. None when the lengths differ, no token has a baseline log-prob, or one is not
@@ -74,7 +74,7 @@ def kl_k3(candidate_logprobs: Sequence[float], baseline_logprobs: Sequence[float
         return None
     import torch
 
-    from training.grpo.loss import kl_k3 as k3
+    from training.trainer.loss import kl_k3 as k3
 
     cand = torch.tensor([c for c, _ in pairs], dtype=torch.float64)
     base = torch.tensor([b for _, b in pairs], dtype=torch.float64)

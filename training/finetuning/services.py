@@ -25,12 +25,12 @@ from feedback.models import ApiKey
 from feedback.services.chat_format import MAX_JSON_DEPTH, json_depth
 from feedback.services.ingest import strip_nul
 from training.finetuning.models import FineTuningFile, FineTuningJob
-from training.grpo import openai_graders
 from training.inference.codec import message_served_text
 from training.models import JobEventKind, JobKind, TrainingItemKind, TrainingJob, TrainingJobEvent
 from training.services.jobs import JobError, training_job_cancel, training_job_create
 from training.services.training_sets import TrainingSetError, training_set_create
 from training.serving.models import ModelVersion
+from training.trainer import openai_graders
 from webapp.errors import Invalid, NotFound
 from webapp.work import WorkStatus
 

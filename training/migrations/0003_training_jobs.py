@@ -83,7 +83,7 @@ class Migration(migrations.Migration):
                         max_length=12,
                     ),
                 ),
-                ("config", models.JSONField(help_text="the job's typed config (training.grpo.config), as JSON")),
+                ("config", models.JSONField(help_text="the job's typed config (training.trainer.config), as JSON")),
                 ("step", models.PositiveIntegerField(default=0)),
                 ("total_steps", models.PositiveIntegerField(default=0)),
                 ("metrics", models.JSONField(blank=True, default=dict, help_text="the latest step's metrics")),

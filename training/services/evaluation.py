@@ -258,7 +258,7 @@ def evaluation_item_run(*, item: EvaluationItem, evaluation: Evaluation, generat
     from feedback.judge.scoring import score_candidates
     from training.evaluation.generate import GenerationError, same_tokenizer
     from training.evaluation.metrics import compare, kl_k3, response_checks
-    from training.grpo.graders import grade
+    from training.trainer.graders import grade
 
     if item.kind == EvaluationItemKind.EPISODE:
         _episode_item_run(item=item, evaluation=evaluation, generator=generator)

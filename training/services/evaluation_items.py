@@ -66,7 +66,7 @@ def items_from_traces(*, trace_ids: Sequence[int], deployment: Deployment) -> li
 
 
 def _check_given_item(i: int, item: Any) -> list[tuple[str, str]]:
-    from training.grpo.graders import GRADERS
+    from training.trainer.graders import GRADERS
 
     where = f"items[{i}]"
     if not isinstance(item, dict):

@@ -18,8 +18,6 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
-from training.grpo.config import config_from_dict
-from training.grpo.items import TurnItem
 from training.models import (
     PHASE_LABELS,
     JobEventKind,
@@ -30,6 +28,8 @@ from training.models import (
     TrainingSplit,
 )
 from training.serving.models import ModelVersion, ModelVersionKind
+from training.trainer.config import config_from_dict
+from training.trainer.items import TurnItem
 from webapp.work import WorkStatus, work_beat, work_claim, work_end, work_held
 
 log = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ def scorer_for(items: list[TurnItem], *, deployment=None, job_id: int | None = N
     """Each item's grader when it has one; else the judge under the item's rubric (the
     deployment's own judge endpoint when it has one). Every judge call is stored
     (`CandidateScoring`, with `job_id`)."""
-    from training.grpo.items import grader_scorer
+    from training.trainer.items import grader_scorer
 
     graded = grader_scorer()
     judge = None
@@ -167,7 +167,7 @@ def _judge_scorer(deployment, job_id: int | None = None):
 
 
 def _train(job: TrainingJob, worker: str):
-    from training.grpo.common import Hooks
+    from training.trainer.common import Hooks
 
     config = config_from_dict(job.config)
     if getattr(config, "vllm_url", ""):
@@ -184,7 +184,7 @@ def _train(job: TrainingJob, worker: str):
         return _train_episodes(job, config, run_dir, hooks)
     train, heldout = job_items(job)
     if job.kind == JobKind.GRPO:
-        from training.grpo.grpo import grpo_train
+        from training.trainer.grpo import grpo_train
 
         return grpo_train(
             config=config,
@@ -198,13 +198,13 @@ def _train(job: TrainingJob, worker: str):
     eval_items = [it for it in heldout if it.grader]  # compliance is measured by a grader
     score = scorer_for(eval_items, deployment=job.deployment, job_id=job.pk) if eval_items else None
     if job.kind == JobKind.DISTILL:
-        from training.grpo.distill import distill_train
+        from training.trainer.distill import distill_train
 
         items = [it for it in train if it.feedback]
         return distill_train(
             config=config, items=items, run_dir=run_dir, eval_items=eval_items, eval_score=score, hooks=hooks
         )
-    from training.grpo.distill import sft_train
+    from training.trainer.distill import sft_train
 
     return sft_train(config=config, items=train, run_dir=run_dir, eval_items=eval_items, eval_score=score, hooks=hooks)
 
@@ -223,7 +223,7 @@ def _train_episodes(job: TrainingJob, config, run_dir: Path, hooks):
     split is for measuring the candidate afterwards. Every episode is recorded as a trace of
     the job's deployment."""
     from training.environments.base import environment_get
-    from training.grpo.episodes import episodes_train
+    from training.trainer.episodes import episodes_train
 
     env = environment_get(config.environment, **config.environment_options)
     train, heldout = episode_job_tasks(env.tasks())

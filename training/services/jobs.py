@@ -10,7 +10,6 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from training.grpo.config import ConfigError, config_from_dict
 from training.inference.client import server_root
 from training.models import (
     CorrectionSource,
@@ -22,6 +21,7 @@ from training.models import (
     TrainingSet,
 )
 from training.serving.models import ModelVersion, ModelVersionKind
+from training.trainer.config import ConfigError, config_from_dict
 from webapp.errors import Invalid
 from webapp.stale_work import stale_work_settle
 from webapp.work import WorkStatus, work_cancel

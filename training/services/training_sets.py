@@ -9,8 +9,8 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Max
 
-from training.grpo.graders import GRADERS
 from training.models import TrainingItem, TrainingItemKind, TrainingSet, TrainingSplit
+from training.trainer.graders import GRADERS
 from webapp.errors import Invalid
 
 

@@ -138,7 +138,7 @@ class TrainConfig:
         if not isinstance(self.canaries, list):
             errors.append(("canaries", "must be a list"))
         else:
-            from training.grpo.graders import GRADERS
+            from training.trainer.graders import GRADERS
 
             for i, canary in enumerate(self.canaries):
                 if not isinstance(canary, dict) or not (canary.get("prompt") or canary.get("messages")):

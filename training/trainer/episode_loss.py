@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 import torch
 
 from training.environments.episodes import Episode
-from training.grpo import loss as L
-from training.grpo.common import TokenMeans, micro_batches
-from training.grpo.config import EpisodesConfig
-from training.grpo.episode_tokens import episode_segments, episode_tokens, episode_values
-from training.grpo.policy import Policy
-from training.grpo.sampling import common_prefix_length, left_pad, token_logprobs
+from training.trainer import loss as L
+from training.trainer.common import TokenMeans, micro_batches
+from training.trainer.config import EpisodesConfig
+from training.trainer.episode_tokens import episode_segments, episode_tokens, episode_values
+from training.trainer.policy import Policy
+from training.trainer.sampling import common_prefix_length, left_pad, token_logprobs
 
 
 @dataclass
@@ -113,7 +113,7 @@ def sequence_logprobs(
         return logprobs, mask_padded[:, 1:].to(device).float()
     from transformers import DynamicCache
 
-    from training.grpo.sampling import gather_logprobs, position_ids
+    from training.trainer.sampling import gather_logprobs, position_ids
 
     cache = DynamicCache()
     prefix = torch.tensor([sequences[0][:shared]], device=device)

@@ -9,8 +9,8 @@ import re
 import unicodedata
 from collections.abc import Callable
 
-from training.grpo.openai_graders import grade_reference
 from training.inference.codec import tool_call_blocks
+from training.trainer.openai_graders import grade_reference
 
 
 def _normalise(text: str) -> str:

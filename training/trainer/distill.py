@@ -14,12 +14,12 @@ from statistics import fmean
 
 import torch
 
-from training.grpo import loss as L
-from training.grpo.common import Hooks, PromptCache, evaluate, rollout_stats
-from training.grpo.config import DistillConfig, SFTConfig, TrainConfig
-from training.grpo.items import Scorer, TurnItem, with_hint
-from training.grpo.policy import Policy
-from training.grpo.run import (
+from training.trainer import loss as L
+from training.trainer.common import Hooks, PromptCache, evaluate, rollout_stats
+from training.trainer.config import DistillConfig, SFTConfig, TrainConfig
+from training.trainer.items import Scorer, TurnItem, with_hint
+from training.trainer.policy import Policy
+from training.trainer.run import (
     EvalFn,
     RunState,
     StepFn,
@@ -30,7 +30,14 @@ from training.grpo.run import (
     trainer_setup,
     turn_monitors,
 )
-from training.grpo.sampling import encode_target, forward_logits, left_pad, rollout_from_tokens, sample, token_logprobs
+from training.trainer.sampling import (
+    encode_target,
+    forward_logits,
+    left_pad,
+    rollout_from_tokens,
+    sample,
+    token_logprobs,
+)
 
 
 def distill_train(

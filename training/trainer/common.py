@@ -13,11 +13,11 @@ from typing import Any
 
 import torch
 
-from training.grpo import loss as L
-from training.grpo import monitors
-from training.grpo.config import GRPOConfig, TrainConfig
-from training.grpo.items import Scorer, TurnItem
-from training.grpo.sampling import Rollout, encode_prompt, sample
+from training.trainer import loss as L
+from training.trainer import monitors
+from training.trainer.config import GRPOConfig, TrainConfig
+from training.trainer.items import Scorer, TurnItem
+from training.trainer.sampling import Rollout, encode_prompt, sample
 
 
 @dataclass

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from training.grpo.config import TrainConfig
+from training.trainer.config import TrainConfig
 
 REFERENCE_ADAPTER = "reference"  # the frozen copy of a starting adapter, beside peft's "default"
 

@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 
-from training.grpo import monitors
-from training.grpo.common import Hooks, batch_for_step, finite_check
-from training.grpo.config import TrainConfig
-from training.grpo.policy import (
+from training.trainer import monitors
+from training.trainer.common import Hooks, batch_for_step, finite_check
+from training.trainer.config import TrainConfig
+from training.trainer.policy import (
     Policy,
     export_model,
     latest_checkpoint,

@@ -13,11 +13,11 @@ from typing import Any
 
 from training.environments.base import Environment, Task
 from training.environments.episodes import Completion, Episode, TurnRequest, episode_steps
-from training.grpo.config import EpisodesConfig
-from training.grpo.episode_tokens import episode_segments, episode_tokens
-from training.grpo.policy import Policy
-from training.grpo.sampling import eos_ids, prefix_decode
 from training.inference.codec import tool_calls_parse
+from training.trainer.config import EpisodesConfig
+from training.trainer.episode_tokens import episode_segments, episode_tokens
+from training.trainer.policy import Policy
+from training.trainer.sampling import eos_ids, prefix_decode
 
 
 @dataclass

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from statistics import fmean
 
-from training.grpo.config import MonitorConfig
 from training.inference import codec
+from training.trainer.config import MonitorConfig
 
 
 @dataclass

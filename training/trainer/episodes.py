@@ -20,13 +20,13 @@ import torch
 
 from training.environments.base import Environment, Task
 from training.environments.episodes import Episode
-from training.grpo import monitors
-from training.grpo.common import Hooks, finite_check, group_advantages_kept, phase_seconds
-from training.grpo.config import EpisodesConfig
-from training.grpo.episode_loss import episode_batch, episode_loss_backward
-from training.grpo.episode_rollout import Generate, episodes_rollout, local_generate, vllm_generate
-from training.grpo.policy import Policy
-from training.grpo.run import (
+from training.trainer import monitors
+from training.trainer.common import Hooks, finite_check, group_advantages_kept, phase_seconds
+from training.trainer.config import EpisodesConfig
+from training.trainer.episode_loss import episode_batch, episode_loss_backward
+from training.trainer.episode_rollout import Generate, episodes_rollout, local_generate, vllm_generate
+from training.trainer.policy import Policy
+from training.trainer.run import (
     RunState,
     StepFn,
     StepOutput,
@@ -36,7 +36,7 @@ from training.grpo.run import (
     trainer_setup,
     turn_monitors,
 )
-from training.grpo.sampling import eos_ids
+from training.trainer.sampling import eos_ids
 
 # judge(task, episodes) -> one score in [0, 1] per episode
 EpisodeJudge = Callable[[Task, list[Episode]], list[float]]
@@ -159,7 +159,7 @@ def episodes_train(
     policy = trainer.policy
     stop_ids = set(eos_ids(policy.model, policy.tokenizer))
     if config.rollout == "vllm":
-        from training.grpo.vllm_rollout import VllmRollouts
+        from training.trainer.vllm_rollout import VllmRollouts
 
         server = VllmRollouts(base_url=config.vllm_url, run_dir=run_dir, api_key=vllm_api_key)
         generate = vllm_generate(server, policy, config)

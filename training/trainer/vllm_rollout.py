@@ -23,8 +23,8 @@ from pathlib import Path
 import httpx
 import torch
 
-from training.grpo.sampling import Rollout, eos_ids, rollout_from_tokens
 from training.inference.client import InferenceBadAnswer, InferenceClient, InferenceError
+from training.trainer.sampling import Rollout, eos_ids, rollout_from_tokens
 
 # The rollouts' failures are the inference client's (unavailable, refused, bad answer).
 VllmError = InferenceError

@@ -16,8 +16,8 @@ from statistics import fmean, pstdev
 
 import torch
 
-from training.grpo import loss as L
-from training.grpo.common import (
+from training.trainer import loss as L
+from training.trainer.common import (
     Hooks,
     PromptCache,
     TokenMeans,
@@ -28,10 +28,10 @@ from training.grpo.common import (
     phase_seconds,
     rollout_stats,
 )
-from training.grpo.config import GRPOConfig
-from training.grpo.items import Scorer, TurnItem, canary_items, grader_scorer
-from training.grpo.policy import Policy
-from training.grpo.run import (
+from training.trainer.config import GRPOConfig
+from training.trainer.items import Scorer, TurnItem, canary_items, grader_scorer
+from training.trainer.policy import Policy
+from training.trainer.run import (
     RunState,
     StepFn,
     StepOutput,
@@ -41,7 +41,7 @@ from training.grpo.run import (
     trainer_setup,
     turn_monitors,
 )
-from training.grpo.sampling import Rollout, sample, token_logprobs
+from training.trainer.sampling import Rollout, sample, token_logprobs
 
 
 def grpo_train(
@@ -69,7 +69,7 @@ def grpo_train(
     prompts = PromptCache(trainer.policy.tokenizer)
     server = None
     if config.rollout == "vllm":
-        from training.grpo.vllm_rollout import VllmRollouts
+        from training.trainer.vllm_rollout import VllmRollouts
 
         server = VllmRollouts(base_url=config.vllm_url, run_dir=run_dir, api_key=vllm_api_key)
 
