@@ -75,3 +75,31 @@ def test_episodes_that_end_early_leave_the_later_batches(tokenizer):
     assert [len(batch) for batch in calls] == [3, 2]
     assert [len(e.completions) for e in episodes] == [1, 2, 2]
     assert env.opened == env.closed == 3
+
+
+def test_one_sandbox_whose_teardown_fails_leaves_no_other_open_and_hides_no_cause(tokenizer):
+    class FirstCloseFails(Counted):
+        def close(self, state):
+            super().close(state)
+            if self.closed == 1:
+                raise OSError("sandbox teardown failed")
+
+    env = FirstCloseFails(count=4, heldout=0, example=False)
+    calls: list = []
+    scripted = scripted_generate(tokenizer, calls)
+
+    def generate(contexts, limits, seeds):
+        if calls:
+            raise ConnectionError("the inference server went away")
+        return scripted(contexts, limits, seeds)
+
+    with pytest.raises(ConnectionError, match="went away"):  # the cause, not the teardown
+        episodes_rollout(
+            env,
+            env.tasks()[:2],
+            group_size=3,
+            tokenizer=tokenizer,
+            generate=generate,
+            stop_ids={tokenizer.eos_token_id},
+        )
+    assert env.opened == env.closed == 6

@@ -309,3 +309,32 @@ def test_a_worker_that_ends_after_the_stale_check_failed_its_job_does_not_overwr
     assert _finish(job.pk, "w1", stopped) == "skipped"
     job.refresh_from_db()
     assert job.status == WorkStatus.FAILED and "heartbeats" in job.error and job.result_version is None
+
+
+def test_a_worker_whose_job_another_took_over_writes_nothing_more(base_version, task_set, monkeypatch):
+    """The sweep gave the job to worker B while A was still training: A's next step writes
+    no event and no checkpoint into the folder B resumes from, and A ends as "skipped"."""
+    from training.services import job_runner
+
+    job = training_job_create(
+        kind="grpo",
+        config={**FAST, "steps": 4, "checkpoint_every": 1},
+        base_version=base_version,
+        training_set=task_set,
+    )
+    phases = job_runner.job_phase_set
+
+    def taken_over_at_step_3(job_id, worker, name, done=0, total=0):
+        if name == "update" and done == 3:
+            TrainingJob.objects.filter(pk=job_id).update(worker="B")  # the sweep requeued it; B claimed it
+        return phases(job_id, worker, name, done, total)
+
+    monkeypatch.setattr(job_runner, "job_phase_set", taken_over_at_step_3)
+
+    assert job_runner.training_job_run(job_id=job.pk, worker="A") == "skipped"
+    job.refresh_from_db()
+    assert job.worker == "B" and job.status == WorkStatus.RUNNING  # B's, untouched by A
+    assert [e.step for e in job.events.filter(kind=JobEventKind.STEP)] == [1, 2]
+    checkpoints = sorted(p.name for p in (job_runner.job_run_dir(job) / "checkpoints").iterdir())
+    assert "step-000003" not in checkpoints and not (job_runner.job_run_dir(job) / "model").exists()
+    assert job_runner.job_run_dir(job).joinpath("checkpoints", "latest").read_text().strip().endswith("2")

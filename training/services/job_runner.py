@@ -59,8 +59,13 @@ def training_job_run(*, job_id: int, worker: str) -> str:
     stop_beat = threading.Event()
     beat = threading.Thread(target=_heartbeat, args=(job.pk, worker, stop_beat), daemon=True)
     beat.start()
+    from training.trainer.common import WorkLost
+
     try:
         result = _train(job, worker)
+    except WorkLost as lost:
+        log.info("training job %s: %s", job.pk, lost)
+        return "skipped"
     except Exception as exc:
         log.exception("training job %s failed", job.pk)
         tail = "".join(traceback.format_exception(exc)[-3:])[-2000:]
@@ -248,6 +253,10 @@ def _episode_recorder(job: TrainingJob, environment: str):
     deployment, version = job.deployment, job.base_version.name
 
     def on_episodes(step: int, phase: str, episodes: list) -> None:
+        if not work_held(TrainingJob, pk=job.pk, worker=job.worker).exists():
+            from training.trainer.common import WorkLost
+
+            raise WorkLost(f"training job {job.pk} is no longer held by {job.worker}")
         model_version = version if step == 0 else f"{version}+job{job.pk}@step{step}"
         results = episodes_record(
             deployment=deployment,
@@ -314,14 +323,24 @@ def job_phase_set(job_id: int, worker: str, name: str, done: int = 0, total: int
 
 
 def _hooks(job_id: int, worker: str, Hooks):
+    from training.trainer.common import WorkLost
+
     jobs = work_held(TrainingJob, pk=job_id, worker=worker)
+
+    def held() -> None:
+        # A worker whose job the sweep gave to another writes nothing more: no event, no
+        # trace, no checkpoint (the other resumes from the same folder).
+        if not jobs.exists():
+            raise WorkLost(f"training job {job_id} is no longer held by {worker}")
 
     def on_step(step: int, metrics: dict) -> None:
         clean = {k: v for k, v in metrics.items() if v is not None}
+        held()
         TrainingJobEvent.objects.create(job_id=job_id, kind=JobEventKind.STEP, step=step, data=clean)
         work_beat(TrainingJob, pk=job_id, worker=worker, step=step, metrics=clean)
 
     def on_eval(step: int, metrics: dict) -> None:
+        held()
         # How long the evaluation took, from its phase's start: the ETA counts evaluations.
         phase = TrainingJob.objects.filter(pk=job_id).values_list("phase", flat=True).first() or {}
         if phase.get("name") == "evaluation" and phase.get("since"):
@@ -335,6 +354,7 @@ def _hooks(job_id: int, worker: str, Hooks):
         jobs.update(eval_metrics=summary)
 
     def on_samples(step: int, rows: list[dict]) -> None:
+        held()
         TrainingJobEvent.objects.create(
             job_id=job_id, kind=JobEventKind.SAMPLE, step=step, data={"rows": rows[:MAX_SAMPLE_ROWS]}
         )
@@ -344,14 +364,19 @@ def _hooks(job_id: int, worker: str, Hooks):
         _event_id(job_id, JobEventKind.LOG, step, {"message": f"checkpoint at step {step}"})
 
     def on_breach(step: int, breaches: list[dict]) -> None:
+        held()
         job = TrainingJob.objects.get(pk=job_id)
         jobs.update(flagged=True, breaches=[*job.breaches, *breaches][-100:])
         for breach in breaches:
             TrainingJobEvent.objects.create(job_id=job_id, kind=JobEventKind.BREACH, step=step, data=breach)
 
     def should_stop() -> bool:
-        # Stop too if another worker has taken the job over, or the sweep ended it.
-        return not work_beat(TrainingJob, pk=job_id, worker=worker)
+        # A cancel stops with a checkpoint; a job another worker took over (or the sweep
+        # ended) raises WorkLost instead, so nothing is written on the way out.
+        if work_beat(TrainingJob, pk=job_id, worker=worker):
+            return False
+        held()
+        return True
 
     def log_line(message: str) -> None:
         _event_id(job_id, JobEventKind.LOG, 0, {"message": message})
@@ -368,6 +393,7 @@ def _hooks(job_id: int, worker: str, Hooks):
         on_breach=on_breach,
         should_stop=should_stop,
         log=log_line,
+        holds=jobs.exists,
     )
 
 

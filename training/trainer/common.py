@@ -36,6 +36,9 @@ class Hooks:
     - on_phase(name, done, total): what the loop is doing now, with its own progress:
       "evaluation" (items or episodes done of total), "sampling" and "update" (step of
       steps), "export" (0 of 1); the caller adds "loading" and "registration".
+    - holds() -> bool: whether this run still holds its job; checked before every
+      checkpoint and the export, which write to the job's folder, and False raises
+      `WorkLost`. A caller's other hooks raise it too once another worker has the job.
     """
 
     on_step: Callable[[int, dict], None] | None = None
@@ -47,6 +50,7 @@ class Hooks:
     log: Callable[[str], None] | None = None
     on_episodes: Callable[[int, str, list], None] | None = None
     on_phase: Callable[[str, int, int], None] | None = None
+    holds: Callable[[], bool] | None = None
 
     def emit(self, name: str, *args: Any) -> None:
         fn = getattr(self, name)
@@ -55,6 +59,16 @@ class Hooks:
 
     def stop_requested(self) -> bool:
         return bool(self.should_stop and self.should_stop())
+
+    def check_held(self) -> None:
+        if self.holds is not None and not self.holds():
+            raise WorkLost("another worker holds this job now (or it was ended): this run writes nothing more")
+
+
+class WorkLost(RuntimeError):
+    """The run no longer holds its job: the stale-work sweep gave it to another worker, or
+    ended it. Unlike a cancel, nothing may be written on the way out: no checkpoint, no
+    export, no event. The other worker resumes from the last checkpoint in the same folder."""
 
 
 def batch_for_step(items: list, *, step: int, size: int, seed: int) -> list:

@@ -198,6 +198,22 @@ def episodes_rollout(
             for k, turn in zip(order, generate(contexts, limits, seeds), strict=True):
                 advance(k, turns[k].completion(turn))
     finally:
-        for episode in steps:
-            episode.close()  # no-op for an ended one; closes the state of one an error cut short
+        _close_all(steps)
     return [e for e in episodes if e is not None]
+
+
+def _close_all(steps: list) -> None:
+    """Close every episode (a no-op for an ended one; it releases the state of one an error
+    cut short), each on its own: one sandbox whose teardown fails must not leave the others
+    open. The first teardown error is raised once all are closed, unless another error is
+    already on its way out (that one is the cause, and stays the one reported)."""
+    import sys
+
+    failure: BaseException | None = None
+    for episode in steps:
+        try:
+            episode.close()
+        except Exception as exc:  # every episode is closed before any error is reported
+            failure = failure or exc
+    if failure is not None and sys.exc_info()[1] is None:
+        raise failure

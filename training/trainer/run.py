@@ -217,6 +217,7 @@ def _evaluation_record(state: RunState, step: int, evaluate: EvalFn, hooks: Hook
 def checkpoint_save(run_dir: Path, trainer: Trainer, step: int, state: RunState, hooks: Hooks) -> None:
     """Save a resumable checkpoint (keeping the newest `config.keep_checkpoints`) and tell the caller."""
     config = trainer.config
+    hooks.check_held()  # the folder is the job's: a worker that took it over resumes from it
     path = save_checkpoint(
         run_dir,
         policy=trainer.policy,
@@ -269,6 +270,7 @@ def result_close(
     unless the job was cancelled or `export` is off."""
     result.history, result.evals, result.breaches = state.history, state.evals, state.breaches
     if export and result.status != "cancelled":
+        hooks.check_held()
         hooks.emit("on_phase", "export", 0, 1)
         result.export_path = export_model(policy, run_dir / "model")
     return result
