@@ -1,8 +1,11 @@
 """One lifecycle for background work: judge jobs, failure-mode runs, training jobs and
 evaluations are `WorkItem`s, moved through the same statuses by the same functions.
 
-- `work_claim`: a worker takes a queued item (or one whose worker died, for a kind that
-  resumes), under the row's lock, so of two deliveries of one task only one runs it.
+- `work_claim`: a worker takes a queued item under the row's lock, so of two deliveries of
+  a queued task only one runs it. A held item is taken only by a kind that takes over: a
+  training job once its worker has been silent past the stale limit; judge jobs, failure-mode
+  runs and evaluations at once (`resume_after=0`), so a redelivery of a task still running
+  replaces the live worker, whose later writes then change nothing.
 - `work_beat`: the heartbeat, with progress, written only while the worker still holds the
   item; it answers whether to go on (no once a cancel was asked for or the item left it).
 - `work_cancel`: a queued item is cancelled at once, a running one is asked to stop.
