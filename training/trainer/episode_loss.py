@@ -93,6 +93,7 @@ def sequence_logprobs(
     pad_id: int,
     temperature: float,
     share_prefix: bool = True,
+    shared: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(log-probs (b, T), mask (b, T)) of every target token of `sequences`, with the
     gradient when enabled; mask[b, t] = 1 where the target is a token the model sampled.
@@ -101,9 +102,11 @@ def sequence_logprobs(
     (the system prompt, tools and worked example of a job) go through the model once,
     batch 1, and their key/value cache is repeated for the rows; gradients flow back
     through the repeat, so the result (values and gradients) equals one forward pass per
-    full row, at a fraction of the cost when the shared part is most of each row."""
+    full row, at a fraction of the cost when the shared part is most of each row.
+    `shared`: that prefix's length, when the caller has it already (`shared_prefix_length`)."""
     device = next(model.parameters()).device
-    shared = shared_prefix_length(sequences, masks, share_prefix=share_prefix)
+    if shared is None:
+        shared = shared_prefix_length(sequences, masks, share_prefix=share_prefix)
     if shared == 0:
         ids, attn = left_pad(sequences, pad_id)
         mask_padded, _ = left_pad(masks, 0)
@@ -164,7 +167,9 @@ def episode_loss_backward(
     for rows in micro_batches(len(batch.sequences), micro_batch):
         seqs, masks = batch.sequences[rows], batch.masks[rows]
         adv = advantages[rows].to(device)
-        options = {"pad_id": batch.pad_id, "temperature": config.temperature, "share_prefix": share_prefix}
+        # One layout for the policy, the reference and the server's log-probs.
+        shared = shared_prefix_length(seqs, masks, share_prefix=share_prefix)
+        options = {"pad_id": batch.pad_id, "temperature": config.temperature, "shared": shared}
         logprobs, mask = sequence_logprobs(policy.model, seqs, masks, **options)
         tokens = float(mask.sum())
         ref = weights = None
@@ -172,7 +177,6 @@ def episode_loss_backward(
             with torch.no_grad(), policy.as_reference() as reference:
                 ref, _ = sequence_logprobs(reference, seqs, masks, **options)
         if sampler_rows is not None:
-            shared = shared_prefix_length(seqs, masks, share_prefix=share_prefix)
             sampler = target_values(sampler_rows[rows], shared).to(device)  # (b, T), as logprobs
             weights, stats = L.sampling_correction(logprobs, sampler, mask, cap=config.sampling_correction_cap)
             correction.add(stats, tokens)

@@ -59,6 +59,45 @@ class VllmRollouts:
         # retried like every other call here.
         return self.server.request("POST", url.removeprefix(self.server.url), json=payload)
 
+    def _completions(
+        self,
+        prompt: list[int],
+        *,
+        n: int,
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        stop_ids: list[int],
+        skip_special_tokens: bool,
+        seed: int | None,
+        extra: dict | None = None,
+    ) -> list[dict]:
+        """The choices of one `/completions` request continuing the ids `prompt` under the
+        adapter loaded last, each with its sampled ids and their log-probs."""
+        payload = {
+            "model": self._adapter(),
+            "prompt": prompt,
+            "n": n,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "top_p": top_p,
+            "stop_token_ids": stop_ids,
+            "skip_special_tokens": skip_special_tokens,
+            "return_token_ids": True,
+            "logprobs": 0,
+            **({"seed": seed} if seed is not None else {}),
+            **(extra or {}),
+        }
+        response = self._post(f"{self.base_url}/completions", payload)
+        if response.status_code != 200:
+            raise VllmError(f"completion failed: {response.status_code} {response.text[:300]}")
+        return _choices(response)
+
+    def _adapter(self) -> str:
+        if self.loaded is None:
+            raise VllmError("no adapter loaded: call load() first")
+        return self.loaded
+
     def _base_model(self) -> str:
         if self.base_model is None:
             self.base_model = self.server.models()[0].id
@@ -82,27 +121,16 @@ class VllmRollouts:
         sampled, with the end-of-turn id when the server stopped on it; the server's
         log-prob of each, the q of `loss.sampling_correction`). `seed`: vLLM's per-request
         seed, so a seeded request repeats."""
-        if self.loaded is None:
-            raise VllmError("no adapter loaded: call load() first")
-        response = self._post(
-            f"{self.base_url}/completions",
-            {
-                "model": self.loaded,
-                "prompt": prompt,
-                "n": 1,
-                "max_tokens": max_tokens,
-                "temperature": temperature,
-                "top_p": top_p,
-                "stop_token_ids": stop_ids,
-                "skip_special_tokens": False,
-                "return_token_ids": True,
-                "logprobs": 0,
-                **({"seed": seed} if seed is not None else {}),
-            },
-        )
-        if response.status_code != 200:
-            raise VllmError(f"completion failed: {response.status_code} {response.text[:300]}")
-        choice = _choices(response)[0]
+        choice = self._completions(
+            prompt,
+            n=1,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            stop_ids=stop_ids,
+            skip_special_tokens=False,
+            seed=seed,
+        )[0]
         tokens, logprobs = sampled_tokens(choice)
         if choice.get("finish_reason") == "stop" and (not tokens or tokens[-1] not in stop_ids):
             # A server that leaves the stop id out of token_ids still sampled it, with a
@@ -146,37 +174,25 @@ class VllmRollouts:
         processed_logprobs` (our `ServerSpec` starts it so) the distribution it sampled
         from, after the structured-output mask, temperature and top-p, which is the q of
         `loss.sampling_correction`; docs/decisions/0019-sampling-correction.md."""
-        if self.loaded is None:
-            raise VllmError("no adapter loaded: call load() first")
+        self._adapter()
         stop_ids = eos_ids(policy.model, policy.tokenizer)
         responses: list[list[int]] = []
         logprobs: list[list[float]] = []
         texts: list[str] = []
+        structured = getattr(config, "structured_outputs", None)
         for k, prompt in enumerate(prompts):
-            response = self._post(
-                f"{self.base_url}/completions",
-                {
-                    "model": self.loaded,
-                    "prompt": prompt,
-                    "n": num_samples,
-                    "max_tokens": config.max_new_tokens,
-                    "temperature": config.temperature,
-                    "top_p": config.top_p,
-                    "stop_token_ids": stop_ids,
-                    "skip_special_tokens": True,
-                    "return_token_ids": True,
-                    "logprobs": 0,
-                    **({"seed": seed + k * num_samples} if seed is not None else {}),
-                    **(
-                        {"structured_outputs": config.structured_outputs}
-                        if getattr(config, "structured_outputs", None)
-                        else {}
-                    ),
-                },
+            choices = self._completions(
+                prompt,
+                n=num_samples,
+                max_tokens=config.max_new_tokens,
+                temperature=config.temperature,
+                top_p=config.top_p,
+                stop_ids=stop_ids,
+                skip_special_tokens=True,
+                seed=None if seed is None else seed + k * num_samples,
+                extra={"structured_outputs": structured} if structured else {},
             )
-            if response.status_code != 200:
-                raise VllmError(f"completion failed: {response.status_code} {response.text[:300]}")
-            for choice in sorted(_choices(response), key=lambda c: c.get("index", 0)):
+            for choice in sorted(choices, key=lambda c: c.get("index", 0)):
                 tokens, token_logprobs = sampled_tokens(choice)
                 responses.append(tokens)
                 logprobs.append(token_logprobs)
