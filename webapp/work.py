@@ -139,9 +139,12 @@ def work_beat(model: type[W], *, pk: int, worker: str, now: datetime | None = No
     `worker` holds it. Returns whether the work should go on: False once a cancel was asked
     for (the progress is still written) or the item is no longer this worker's."""
     held = work_held(model, pk=pk, worker=worker)
-    if not held.update(heartbeat_at=now or timezone.now(), **progress):
-        return False
-    return held.filter(cancel_requested=False).exists()
+    now = now or timezone.now()
+    # One query on the usual path (held, no cancel); a cancelled item still gets its beat.
+    if held.filter(cancel_requested=False).update(heartbeat_at=now, **progress):
+        return True
+    held.update(heartbeat_at=now, **progress)
+    return False
 
 
 def work_end(
