@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
@@ -76,9 +77,9 @@ def traces_export_jsonl(*, traces: Any, stream: IO[bytes], chunk_size: int = 500
 def traces_chat_rows(*, traces: Any, limit: int | None = None, chunk_size: int = 500) -> Iterator[tuple[Trace, dict]]:
     """Each trace (in id order, at most `limit`) with its row of the OpenAI chat fine-tuning
     format, read a chunk at a time so an export of any size holds one chunk in memory."""
-    for n, trace in enumerate(_iter_with_messages(traces, chunk_size)):
-        if limit is not None and n >= limit:
-            return
+    # Stops at the limit before reading the next chunk, and never reads a chunk past it.
+    chunk = chunk_size if limit is None else max(1, min(chunk_size, limit))
+    for trace in itertools.islice(_iter_with_messages(traces, chunk), limit):
         yield trace, trace_as_chat_jsonl_row(trace)
 
 
