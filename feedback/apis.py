@@ -30,6 +30,7 @@ from feedback.services.customer_feedback import (
 from feedback.services.ingest import traces_ingest
 from feedback.services.jsonl import traces_jsonl_lines, traces_parquet
 from webapp.api_errors import error_response, limit_param
+from webapp.errors import Refused
 from webapp.streaming import PARQUET, streamed
 
 _message_schema = inline_serializer(
@@ -85,23 +86,24 @@ TRACE_LIST_PARAMETERS = [
 ]
 
 
-def _list_filters(request) -> dict | Response:
-    """The trace list's filters from the query, or the 400/403 that says why not; a key's
-    are pinned to its own deployment."""
+def _list_filters(request) -> dict:
+    """The trace list's filters from the query (a bad one raises the 400 naming it); a
+    key's are pinned to its own deployment (another's is a 403)."""
     filters = trace_filters(request.query_params, also=("after", "limit"))
     deployment = getattr(request.user, "deployment", None)
     if deployment is not None:  # a key reads its own deployment's traces only
         if filters.get("deployment", deployment.pk) != deployment.pk:
-            return error_response(403, "deployment", "this API key reads its own deployment's traces only")
+            raise Refused("this API key reads its own deployment's traces only", field="deployment")
         filters["deployment"] = deployment.pk
     return filters
 
 
-EXPORT_PARAMETERS = [
-    OpenApiParameter(name, type=kind, description=text, required=False)
-    for name, kind, text in TRACE_LIST_PARAMETERS
-    if name not in ("after", "limit")
-] + [OpenApiParameter("limit", int, description=f"at most this many traces (1-{EXPORT_MAX})")]
+LIST_PARAMETERS = [
+    OpenApiParameter(name, type=kind, description=text, required=False) for name, kind, text in TRACE_LIST_PARAMETERS
+]
+EXPORT_PARAMETERS = [p for p in LIST_PARAMETERS if p.name not in ("after", "limit")] + [
+    OpenApiParameter("limit", int, description=f"at most this many traces (1-{EXPORT_MAX})")
+]
 
 
 class _TraceExport(APIView):
@@ -112,8 +114,6 @@ class _TraceExport(APIView):
 
     def get(self, request):
         filters = _list_filters(request)
-        if isinstance(filters, Response):
-            return filters
         limit = limit_param(request.query_params, default=EXPORT_MAX, maximum=EXPORT_MAX)
         return self.download(traces_filtered(filters), limit)
 
@@ -188,10 +188,7 @@ class TraceIngestApi(APIView):
 
     @extend_schema(
         operation_id="v1_traces_list",
-        parameters=[
-            OpenApiParameter(name, type=kind, description=text, required=False)
-            for name, kind, text in TRACE_LIST_PARAMETERS
-        ],
+        parameters=LIST_PARAMETERS,
         responses={
             200: OpenApiResponse(
                 description="{'results': [trace summaries], 'next': the URL of the next page or null}."
@@ -202,8 +199,6 @@ class TraceIngestApi(APIView):
     def get(self, request):
         params = request.query_params
         filters = _list_filters(request)
-        if isinstance(filters, Response):
-            return filters
         after = None
         if params.get("after"):
             after = Cursor.decode(params["after"])
