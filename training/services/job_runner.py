@@ -233,7 +233,7 @@ def _train_episodes(job: TrainingJob, config, run_dir: Path, hooks):
     env = environment_get(config.environment, **config.environment_options)
     train, heldout = episode_job_tasks(env.tasks())
     if config.record_traces and job.deployment is not None:
-        hooks.on_episodes = _episode_recorder(job, env.name)
+        hooks.on_episodes = _episode_recorder(job, env.name, hooks)
     judge = _episode_judge(job.deployment, config.judge_rubric, job.pk) if config.judge_weight > 0 else None
     return episodes_train(
         config=config,
@@ -247,16 +247,13 @@ def _train_episodes(job: TrainingJob, config, run_dir: Path, hooks):
     )
 
 
-def _episode_recorder(job: TrainingJob, environment: str):
+def _episode_recorder(job: TrainingJob, environment: str, hooks):
     from training.services.episodes import episodes_record
 
     deployment, version = job.deployment, job.base_version.name
 
     def on_episodes(step: int, phase: str, episodes: list) -> None:
-        if not work_held(TrainingJob, pk=job.pk, worker=job.worker).exists():
-            from training.trainer.common import WorkLost
-
-            raise WorkLost(f"training job {job.pk} is no longer held by {job.worker}")
+        hooks.check_held()  # a worker whose job another took over records no trace
         model_version = version if step == 0 else f"{version}+job{job.pk}@step{step}"
         results = episodes_record(
             deployment=deployment,
@@ -323,15 +320,12 @@ def job_phase_set(job_id: int, worker: str, name: str, done: int = 0, total: int
 
 
 def _hooks(job_id: int, worker: str, Hooks):
-    from training.trainer.common import WorkLost
-
     jobs = work_held(TrainingJob, pk=job_id, worker=worker)
 
     def held() -> None:
         # A worker whose job the sweep gave to another writes nothing more: no event, no
         # trace, no checkpoint (the other resumes from the same folder).
-        if not jobs.exists():
-            raise WorkLost(f"training job {job_id} is no longer held by {worker}")
+        hooks.check_held()
 
     def on_step(step: int, metrics: dict) -> None:
         clean = {k: v for k, v in metrics.items() if v is not None}
@@ -384,7 +378,7 @@ def _hooks(job_id: int, worker: str, Hooks):
     def on_phase(name: str, done: int, total: int) -> None:
         job_phase_set(job_id, worker, name, done, total)
 
-    return Hooks(
+    hooks = Hooks(
         on_phase=on_phase,
         on_step=on_step,
         on_eval=on_eval,
@@ -395,6 +389,7 @@ def _hooks(job_id: int, worker: str, Hooks):
         log=log_line,
         holds=jobs.exists,
     )
+    return hooks
 
 
 def _finish(job_id: int, worker: str, result) -> str:
