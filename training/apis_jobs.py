@@ -20,7 +20,7 @@ from rest_framework.response import Response
 from feedback.services.chat_format import MAX_JSON_DEPTH, json_depth
 from training import selectors
 from training.apis import PersonApi, needs
-from training.models import ACTIVE_JOB_STATUSES, JobKind, TrainingJob, TrainingSet
+from training.models import JobKind, TrainingJob, TrainingSet
 from training.services.jobs import JobError, training_job_cancel, training_job_create
 from training.serving.models import ModelVersion
 from webapp.api_errors import error_response, limit_param
@@ -179,7 +179,7 @@ class JobCancelApi(PersonApi):
     @extend_schema(request=None, responses={200: OpenApiResponse(description="The job, cancelled or cancelling.")})
     def post(self, request, job_id: int):
         job = get_object_or_404(TrainingJob, pk=job_id)
-        if job.status not in ACTIVE_JOB_STATUSES:
+        if not job.is_active:
             return error_response(409, "status", f"the job has ended ({job.status}); there is nothing to cancel")
         training_job_cancel(job=job, user=request.user)
         return Response(job_as_dict(selectors.training_job_get(job_id=job.pk), detail=True))

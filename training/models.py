@@ -111,7 +111,6 @@ class JobKind(models.TextChoices):
     EPISODES = "episodes", "Full-episode GRPO (environment)"
 
 
-ACTIVE_JOB_STATUSES = (WorkStatus.QUEUED, WorkStatus.RUNNING, WorkStatus.CANCELLING)
 # What a job does, phase by phase (`TrainingJob.phase["name"]`), in words.
 PHASE_LABELS = {
     "queued": "waiting for a worker",

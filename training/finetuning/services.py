@@ -31,6 +31,7 @@ from training.services.jobs import JobError, training_job_cancel, training_job_c
 from training.services.training_sets import TrainingSetError, training_set_create
 from training.serving.models import ModelVersion
 from training.trainer import openai_graders
+from training.trainer.config import GRPOConfig, SFTConfig
 from webapp.errors import Invalid, NotFound
 from webapp.work import WorkStatus
 
@@ -353,7 +354,7 @@ def _config(plan: Plan, *, train_count: int, has_validation: bool, seed: int) ->
     batch = _choice(asked, "batch_size", field, default=min(4, train_count), low=1, high=MAX_BATCH)
     multiplier = _choice(asked, "learning_rate_multiplier", field, default=1.0, low=1e-3, high=100, integer=False)
     steps = max(1, math.ceil(train_count * epochs / batch))
-    base_lr = 1e-4 if plan.kind == "supervised" else 2e-4  # the SFT and GRPO defaults
+    base_lr = _base_learning_rate(plan.kind)
     config: dict[str, Any] = {
         "steps": steps,
         "prompts_per_step": batch,
@@ -370,6 +371,11 @@ def _config(plan: Plan, *, train_count: int, has_validation: bool, seed: int) ->
         config["eval_every"] = 0
     config["n_epochs"] = epochs  # what was asked for, reported back (not a job setting)
     return config
+
+
+def _base_learning_rate(kind: str) -> float:
+    """The job kind's own default rate, which `learning_rate_multiplier` multiplies."""
+    return SFTConfig.learning_rate if kind == "supervised" else GRPOConfig.learning_rate
 
 
 def _version(api_key: ApiKey, name: Any) -> ModelVersion:
@@ -481,7 +487,7 @@ def fine_tuning_job_create(
         hyperparameters={
             "n_epochs": epochs,
             "batch_size": config["prompts_per_step"],
-            "learning_rate_multiplier": config["learning_rate"] / (1e-4 if kind == JobKind.SFT else 2e-4),
+            "learning_rate_multiplier": config["learning_rate"] / _base_learning_rate(plan.kind),
         },
         suffix=suffix_text,
         seed=seed,
@@ -545,7 +551,7 @@ def fine_tuning_job_cancel(*, api_key: ApiKey, job_id: str) -> FineTuningJob:
     found = fine_tuning_job_get(api_key=api_key, job_id=job_id)
     if found.job.status == WorkStatus.CANCELLING:
         return found  # asked already: it stops at its next step
-    if found.job.status not in (WorkStatus.QUEUED, WorkStatus.RUNNING):
+    if not found.job.is_active:
         from webapp.errors import Conflict
 
         raise Conflict(f"the job has already ended ({found.job.status})", field="fine_tuning_job_id")
@@ -567,11 +573,10 @@ def job_events(*, ft: FineTuningJob, after: str | None = None, limit: int = 20) 
 def event_message(event: TrainingJobEvent, total: int) -> tuple[str, str, str]:
     """(level, type, message) of an event, in the words OpenAI's events use."""
     data = event.data or {}
-    if event.kind == JobEventKind.STEP:
+    if event.kind in (JobEventKind.STEP, JobEventKind.EVAL):
         shown = ", ".join(f"{k}={v:.4g}" for k, v in data.items() if isinstance(v, float | int) and k != "step")
-        return "info", "metrics", f"Step {event.step}/{total}: {shown}"
-    if event.kind == JobEventKind.EVAL:
-        shown = ", ".join(f"{k}={v:.4g}" for k, v in data.items() if isinstance(v, float | int) and k != "step")
+        if event.kind == JobEventKind.STEP:
+            return "info", "metrics", f"Step {event.step}/{total}: {shown}"
         return "info", "metrics", f"Evaluation at step {event.step}: {shown}"
     if event.kind == JobEventKind.BREACH:
         return "warn", "message", f"A monitor fired at step {event.step}: {data.get('message') or data}"
