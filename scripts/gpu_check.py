@@ -136,12 +136,7 @@ def run_shape(name: str, args, tokenizer, tokenizer_dir: Path) -> dict:
             model_path=str(work / "base"), served_name="base", port=args.vllm_port, max_lora_rank=config.lora_rank
         )
         server = InferenceServer(spec, log_path=work / "vllm.log")
-        server.start()
-        try:
-            server.wait_ready(timeout=600)
-        except Exception:
-            server.stop()
-            raise
+        server.start_ready(timeout=600)
         config.rollout, config.vllm_url, vllm_key = "vllm", f"{spec.url}/v1", spec.api_key
     policy = load_policy(config, model=model, tokenizer=tokenizer)
     steps: list[dict] = []

@@ -173,6 +173,15 @@ class InferenceServer:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    def start_ready(self, timeout: float = 600.0) -> None:
+        """Start the server and wait until it answers; one that does not is stopped, whole."""
+        self.start()
+        try:
+            self.wait_ready(timeout=timeout)
+        except Exception:
+            self.stop()
+            raise
+
     def wait_ready(self, timeout: float = 600.0, *, cancelled: Callable[[], bool] = lambda: False) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and not cancelled():
