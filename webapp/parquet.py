@@ -47,6 +47,8 @@ def _text(value: Any) -> str | None:
 
 def _message(message: dict[str, Any]) -> dict[str, Any]:
     calls = message.get("tool_calls")
+    if isinstance(calls, dict):  # some harnesses log a lone call as an object, not a list of one
+        calls = [calls]
     return {
         "role": _text(message.get("role")),
         "content": _text(message.get("content")),

@@ -291,6 +291,20 @@ def test_a_file_whose_lines_cannot_train_is_refused_by_line(sdk, base_version, l
     assert refused.value.body["param"] == "training_file" and reason in refused.value.body["message"]
 
 
+def test_files_list_in_either_order_pages_with_after(sdk, base_version):
+    line = _jsonl([{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]}])
+    ids = [sdk.files.create(file=(f"f{i}.jsonl", line), purpose="fine-tune").id for i in range(3)]
+    assert [f.id for f in sdk.files.list()] == ids[::-1]
+    assert [f.id for f in sdk.files.list(order="asc")] == ids
+    first = sdk.files.list(order="asc", limit=2)
+    assert [f.id for f in first.data] == ids[:2] and first.has_more
+    assert [f.id for f in sdk.files.list(order="asc", after=ids[1])] == ids[2:]
+    assert [f.id for f in sdk.files.list(order="desc", after=ids[1])] == ids[:1]
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.files.list(order="sideways")
+    assert refused.value.body["param"] == "order"
+
+
 def test_a_nul_escaped_in_a_line_is_stored_as_a_replacement_character(sdk, base_version):
     line = {"messages": [{"role": "user", "content": "hi\u0000"}, {"role": "assistant", "content": "ok\u0000"}]}
     upload = sdk.files.create(file=("nul\x00.jsonl", json.dumps(line).encode()), purpose="fine-tune")

@@ -147,6 +147,7 @@ class FilesApi(OpenAIApi):
             purpose=request.query_params.get("purpose") or None,
             after=request.query_params.get("after") or None,
             limit=limit,
+            order=request.query_params.get("order") or "desc",
         )
         return Response(_page(rows, limit, file_object))
 

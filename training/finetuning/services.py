@@ -95,13 +95,27 @@ def file_create(*, api_key: ApiKey, filename: str, purpose: str, data: bytes) ->
     )
 
 
-def files_list(*, api_key: ApiKey, purpose: str | None = None, after: str | None = None, limit: int = 100):
-    files = _visible_files(api_key).order_by("-created_at", "-id")
+def files_list(
+    *, api_key: ApiKey, purpose: str | None = None, after: str | None = None, limit: int = 100, order: str = "desc"
+):
+    """The key's files, newest first (`order="desc"`, OpenAI's default) or oldest first;
+    `after` is the last file of the previous page in the same order."""
+    if order not in ("asc", "desc"):
+        raise FineTuningError([("order", "must be 'asc' or 'desc'")])
+    newest_first = order == "desc"
+    files = _visible_files(api_key).order_by(*(("-created_at", "-id") if newest_first else ("created_at", "id")))
     if purpose:
         files = files.filter(purpose=_name(purpose, "purpose"))
     if after:
         anchor = file_get(api_key=api_key, file_id=after, field="after")
-        files = files.filter(Q(created_at__lt=anchor.created_at) | Q(created_at=anchor.created_at, id__lt=anchor.id))
+        if newest_first:
+            files = files.filter(
+                Q(created_at__lt=anchor.created_at) | Q(created_at=anchor.created_at, id__lt=anchor.id)
+            )
+        else:
+            files = files.filter(
+                Q(created_at__gt=anchor.created_at) | Q(created_at=anchor.created_at, id__gt=anchor.id)
+            )
     return list(files[: limit + 1])
 
 
