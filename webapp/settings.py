@@ -384,6 +384,8 @@ FAILURE_MODE_STALE_AFTER_SECONDS = float(os.environ.get("PRACTICUM_FAILURE_MODE_
 OTEL_SPAN_RETENTION_SECONDS = float(os.environ.get("PRACTICUM_OTEL_SPAN_RETENTION_SECONDS", 24 * 3600))
 # The largest JSONL a fine-tuning upload (/api/openai/v1/files) may be; it is stored in the database.
 FINETUNE_FILE_MAX_BYTES = int(os.environ.get("PRACTICUM_FINETUNE_FILE_MAX_BYTES", 32 * 1024 * 1024))
+# All of one deployment's stored fine-tuning files together (deleted ones do not count).
+FINETUNE_STORAGE_MAX_BYTES = int(os.environ.get("PRACTICUM_FINETUNE_STORAGE_MAX_BYTES", 1024 * 1024 * 1024))
 # How long a logged history can be continued by a call that names no trace (conversation stitching).
 GATEWAY_STITCH_WINDOW_SECONDS = float(os.environ.get("PRACTICUM_GATEWAY_STITCH_WINDOW_SECONDS", 6 * 3600))
 

@@ -305,6 +305,19 @@ def test_files_list_in_either_order_pages_with_after(sdk, base_version):
     assert refused.value.body["param"] == "order"
 
 
+def test_a_deployments_stored_files_are_bounded_and_deleting_one_makes_room(sdk, base_version, settings):
+    line = _jsonl([{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]}])
+    settings.FINETUNE_STORAGE_MAX_BYTES = 2 * len(line)
+    first = sdk.files.create(file=("a.jsonl", line), purpose="fine-tune")
+    sdk.files.create(file=("b.jsonl", line), purpose="fine-tune")
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.files.create(file=("c.jsonl", line), purpose="fine-tune")
+    assert refused.value.body["param"] == "file" and "at most" in refused.value.body["message"]
+    assert len(sdk.files.list().data) == 2
+    sdk.files.delete(first.id)
+    assert sdk.files.create(file=("c.jsonl", line), purpose="fine-tune").filename == "c.jsonl"
+
+
 def test_a_nul_escaped_in_a_line_is_stored_as_a_replacement_character(sdk, base_version):
     line = {"messages": [{"role": "user", "content": "hi\u0000"}, {"role": "assistant", "content": "ok\u0000"}]}
     upload = sdk.files.create(file=("nul\x00.jsonl", json.dumps(line).encode()), purpose="fine-tune")

@@ -18,7 +18,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Q, Sum
 from django.utils import timezone
 
 from feedback.models import ApiKey
@@ -29,7 +29,7 @@ from training.inference.codec import message_served_text
 from training.models import JobEventKind, JobKind, TrainingItemKind, TrainingJob, TrainingJobEvent
 from training.services.jobs import JobError, training_job_cancel, training_job_create
 from training.services.training_sets import TrainingSetError, training_set_create
-from training.serving.models import ModelVersion
+from training.serving.models import Deployment, ModelVersion
 from training.trainer import openai_graders
 from training.trainer.config import GRPOConfig, SFTConfig
 from webapp.errors import Invalid, NotFound
@@ -86,13 +86,28 @@ def file_create(*, api_key: ApiKey, filename: str, purpose: str, data: bytes) ->
         raise FineTuningError([("file", "must be UTF-8 JSONL")]) from None
     if "\x00" in text:
         raise FineTuningError([("file", "must be UTF-8 JSONL (it holds a NUL character)")])
-    return FineTuningFile.objects.create(
-        api_key=api_key,
-        filename=strip_nul(filename or "upload.jsonl")[:255],
-        purpose=purpose,
-        content=text,
-        bytes=len(data),
-    )
+    with transaction.atomic():
+        # The deployment's row lock makes two concurrent uploads count each other.
+        Deployment.objects.select_for_update().filter(pk=api_key.deployment_id).first()
+        stored = _visible_files(api_key).aggregate(total=Sum("bytes"))["total"] or 0
+        quota = settings.FINETUNE_STORAGE_MAX_BYTES
+        if stored + len(data) > quota:
+            raise FineTuningError(
+                [
+                    (
+                        "file",
+                        f"would bring this deployment's stored files to {stored + len(data)} bytes; at most {quota}"
+                        " (delete files no job needs)",
+                    )
+                ]
+            )
+        return FineTuningFile.objects.create(
+            api_key=api_key,
+            filename=strip_nul(filename or "upload.jsonl")[:255],
+            purpose=purpose,
+            content=text,
+            bytes=len(data),
+        )
 
 
 def files_list(
