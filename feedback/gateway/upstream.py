@@ -188,8 +188,9 @@ class UpstreamPool:
             except (InferenceUnavailable, InferenceBadAnswer):
                 conn.transport.close()
                 # A kept-alive connection the server had already closed: nothing was processed,
-                # so one retry on a fresh connection is safe.
-                if reused and not conn.received and attempt == 0:
+                # so one retry on a fresh connection is safe. A timeout is not that: the
+                # server may be generating, and a second copy would run the request twice.
+                if reused and conn.closed and not conn.received and attempt == 0:
                     continue
                 raise
             except BaseException:

@@ -69,3 +69,56 @@ def test_an_upstream_failure_is_the_clients_error_kind_and_the_agent_gets_its_st
         assert error.timed_out == (behaviour == "silent")
     answer = _transport_error(error)
     assert (answer.status, answer.code) == (status, code)
+
+
+def _requests_seen(second: str) -> tuple[int, InferenceError | None]:
+    """How many requests the upstream received when a kept-alive connection, after one
+    answered request, meets `second` (`silent`: the server works on it and never answers
+    in time; `closed`: the server closes the connection unanswered, as when its idle timeout
+    fires as the request arrives), and the error raised."""
+
+    async def run() -> tuple[int, InferenceError | None]:
+        seen = 0
+
+        async def handle(reader, writer):
+            nonlocal seen
+            while await reader.readuntil(b"\r\n\r\n"):
+                await reader.readexactly(2)  # the body: b"{}"
+                seen += 1
+                if seen == 2 and second == "silent":
+                    await asyncio.sleep(5)
+                if seen == 2 and second == "closed":  # the idle connection's close races the request
+                    writer.close()
+                    return
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+                await writer.drain()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        pool = UpstreamPool(f"http://127.0.0.1:{port}/v1", read_timeout=0.5, connect_timeout=2)
+        error = None
+        try:
+            await (await pool.request("POST", "/v1/chat/completions", b"{}")).read()
+            try:
+                await (await pool.request("POST", "/v1/chat/completions", b"{}")).read()
+            except InferenceError as exc:
+                error = exc
+        finally:
+            pool.close()
+            server.close()
+        return seen, error
+
+    with concurrent.futures.ThreadPoolExecutor(1) as executor:
+        return executor.submit(asyncio.run, run()).result(timeout=30)
+
+
+def test_a_request_the_server_may_be_working_on_is_never_sent_twice():
+    # A timeout on a kept-alive connection is not a stale connection: the server has the
+    # request (a generation takes time), and a second copy would run it twice.
+    seen, error = _requests_seen("silent")
+    assert seen == 2 and isinstance(error, InferenceUnavailable) and error.timed_out
+
+
+def test_a_connection_the_server_closed_while_idle_is_retried_on_a_fresh_one():
+    seen, error = _requests_seen("closed")
+    assert error is None and seen == 3
