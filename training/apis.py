@@ -45,6 +45,7 @@ from training.services.release import rollback_request
 from training.serving.models import Deployment, ModelVersion
 from webapp.api_errors import error_response, limit_param
 from webapp.auth import ThrottledBasicAuthentication
+from webapp.ids import parse_id
 
 VIEW = "training.view_promotionrequest"
 EVALUATE = "training.add_evaluation"
@@ -306,13 +307,12 @@ class AuditLogApi(PersonApi):
             deployment = Deployment.objects.filter(name=request.query_params["deployment"]).first()
             if deployment is None:
                 return error_response(400, "deployment", "no deployment of that name")
-        try:
-            before = int(request.query_params["before"]) if request.query_params.get("before") else None
-            limit = int(request.query_params.get("limit", 100))
-        except ValueError:
-            return error_response(400, "before", "before and limit are integers")
-        if not 1 <= limit <= 500:
-            return error_response(400, "limit", "between 1 and 500")
+        before = None
+        if request.query_params.get("before"):
+            before = parse_id(request.query_params["before"])
+            if before is None:
+                return error_response(400, "before", "an event id from this list")
+        limit = limit_param(request.query_params, default=100, maximum=500)
         events = audit_events(deployment=deployment, before_id=before, limit=limit)
         return Response(
             {

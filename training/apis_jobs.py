@@ -24,6 +24,7 @@ from training.models import JobKind, TrainingJob, TrainingSet
 from training.services.jobs import JobError, training_job_cancel, training_job_create
 from training.serving.models import ModelVersion
 from webapp.api_errors import error_response, limit_param
+from webapp.ids import parse_id
 from webapp.work import WorkStatus
 
 VIEW_JOBS = "training.view_trainingjob"
@@ -127,10 +128,9 @@ class JobsApi(PersonApi):
         data.is_valid(raise_exception=True)
         given = data.validated_data
         name = given["base_version"]
+        pk = parse_id(name)
         version = ModelVersion.objects.filter(name=name).first() or (
-            ModelVersion.objects.filter(pk=int(name)).first()
-            if name.isascii() and name.isdigit() and len(name) <= 18
-            else None
+            ModelVersion.objects.filter(pk=pk).first() if pk is not None else None
         )
         if version is None:
             raise JobError([("base_version", f"no model version named {name[:100]!r}")])

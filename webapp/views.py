@@ -10,6 +10,7 @@ from django.views.decorators.http import require_POST
 
 from feedback.views.common import dashboard_view
 from training.charts import series_chart
+from webapp.ids import parse_id
 from webapp.selectors import ROLLING, deployments_overview
 from webapp.selectors_tour import tour_deployment, tour_get
 
@@ -58,9 +59,9 @@ def tour_agent_run(request: HttpRequest, deployment: str) -> HttpResponse:
         raise Http404("no such deployment")
     episodes = request.POST.get("episodes") or str(settings.DEMO_AGENT_EPISODES)
     try:
-        if not episodes.isdigit():
+        if parse_id(episodes) is None:
             raise DemoRunError([("episodes", "must be a whole number")])
-        demo_agent_run_enqueue(deployment=target, split="test", episodes=int(episodes))
+        demo_agent_run_enqueue(deployment=target, split="test", episodes=parse_id(episodes))
     except DemoRunError as exc:
         for field, reason in exc.errors:
             messages.error(request, f"{field}: {reason}")

@@ -38,6 +38,7 @@ from feedback.services.chat_format import FieldError
 from feedback.services.judging import judge_on_customer_feedback
 from training.serving.models import Deployment
 from webapp.errors import Conflict, NotFound, Refused
+from webapp.ids import parse_id
 
 MAX_TEXT_CHARS = 20_000
 LINK_SALT = "practicum.feedback-link"
@@ -88,8 +89,8 @@ def feedback_rating_parse(value: Any) -> tuple[str, int | None]:
         return "", None
     if isinstance(value, str) and value.strip().lower() in {"up", "down", "thumbs_up", "thumbs_down"}:
         return RatingKind.THUMBS, 1 if value.strip().lower().endswith("up") else -1
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value.strip())
+    if isinstance(value, str) and parse_id(value.strip()) is not None:
+        value = parse_id(value.strip())
     if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 5:
         return RatingKind.SCORE, value
     raise FieldError("rating", "'up' or 'down' (thumbs), or a whole number from 1 to 5 (score)")
@@ -137,9 +138,10 @@ def feedback_target_find(
                 "external_id", f"no trace {external_id[:80]!r} in deployment {deployment.name}"
             )
         return FeedbackTarget(trace, None)
-    if isinstance(trace_id, bool) or not isinstance(trace_id, int | str) or not str(trace_id).isdigit():
+    pk = parse_id(trace_id)
+    if pk is None:
         raise FieldError("trace_id", "must be a trace id (an integer)")
-    trace = Trace.objects.filter(deployment=deployment, pk=int(trace_id)).first()
+    trace = Trace.objects.filter(deployment=deployment, pk=pk).first()
     if trace is None:
         raise FeedbackTargetNotFound("trace_id", f"no trace {trace_id} in deployment {deployment.name}")
     return FeedbackTarget(trace, None)

@@ -157,6 +157,11 @@ def test_the_audit_api_pages_newest_first_in_constant_queries(
     rest = client.get(f"/api/v1/audit?deployment=support-bot&before={first['next_before']}").json()
     assert [e["action"] for e in rest["events"]] == ["promotion_requested"] and rest["next_before"] is None
     assert client.get("/api/v1/audit?limit=0").status_code == 400
+    for bad in ("\u00b2", "9" * 30, "-1"):
+        refused = client.get("/api/v1/audit", {"before": bad})
+        assert refused.status_code == 400 and refused.json()["errors"][0]["field"] == "before"
+    refused = client.get("/api/v1/audit", {"limit": "\u00b2"})
+    assert refused.status_code == 400 and refused.json()["errors"][0]["field"] == "limit"
 
 
 def test_pages_render_for_each_role_and_the_admin_offers_no_edit(client, registry, pending, operator, approver):

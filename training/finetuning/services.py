@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,10 +32,10 @@ from training.serving.models import Deployment, ModelVersion
 from training.trainer import openai_graders
 from training.trainer.config import GRPOConfig, SFTConfig
 from webapp.errors import Invalid, NotFound
+from webapp.ids import parse_id
 from webapp.work import WorkStatus
 
 PURPOSE = "fine-tune"
-_DIGITS = re.compile(r"[0-9]{1,18}")  # ASCII digits only: str.isdigit also takes superscripts and other scripts
 MAX_LINE_ERRORS = 5
 # A job is made from its files inside the request: these bound what one request can cost.
 MAX_LINES = 10_000
@@ -553,7 +552,8 @@ def _jobs(api_key: ApiKey):
 
 def fine_tuning_job_get(*, api_key: ApiKey, job_id: str, field: str = "fine_tuning_job_id") -> FineTuningJob:
     number = job_id.removeprefix("ftjob-") if isinstance(job_id, str) else ""
-    found = _jobs(api_key).filter(pk=int(number)).first() if _DIGITS.fullmatch(number) else None
+    pk = parse_id(number)
+    found = _jobs(api_key).filter(pk=pk).first() if pk is not None else None
     if found is None and field != "fine_tuning_job_id":
         raise FineTuningError([(field, f"no fine-tuning job {job_id!r}")])
     if found is None:
@@ -592,10 +592,10 @@ def job_events(*, ft: FineTuningJob, after: str | None = None, limit: int = 20) 
     """The job's events, newest first (OpenAI's order), without the sample rollouts."""
     events = TrainingJobEvent.objects.filter(job_id=ft.job_id).exclude(kind=JobEventKind.SAMPLE).order_by("-id")
     if after:
-        number = after.removeprefix("ftevent-")
-        if not _DIGITS.fullmatch(number):
+        before = parse_id(after.removeprefix("ftevent-"))
+        if before is None:
             raise FineTuningError([("after", "must be an event id from this list")])
-        events = events.filter(id__lt=int(number))
+        events = events.filter(id__lt=before)
     return list(events[: limit + 1])
 
 
