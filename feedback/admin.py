@@ -133,6 +133,8 @@ from django.contrib.auth import get_user_model  # noqa: E402
 from django.contrib.auth.admin import GroupAdmin, UserAdmin  # noqa: E402
 from django.contrib.auth.models import Group  # noqa: E402
 
+from webapp.ids import parse_id  # noqa: E402
+
 User = get_user_model()
 
 
@@ -171,7 +173,8 @@ class PracticumUserAdmin(UserAdmin):
         if db_field.name == "groups" and not request.user.is_superuser:
             # What they may hand out, plus what the edited user already has (kept, not added).
             edited = (request.resolver_match.kwargs if request.resolver_match else {}).get("object_id")
-            held = Group.objects.filter(user__pk=edited) if edited and str(edited).isdigit() else Group.objects.none()
+            user_pk = parse_id(edited)
+            held = Group.objects.filter(user__pk=user_pk) if user_pk is not None else Group.objects.none()
             kwargs["queryset"] = (_grantable_groups(request.user) | held).distinct()
         return super().formfield_for_manytomany(db_field, request, **kwargs)
 
