@@ -366,5 +366,6 @@ def test_hint_weights_ignore_padding_and_give_no_figures_without_hinted_tokens()
         logp, behaviour, torch.tensor([[1.0, 0.0], [1.0, 1.0]]), torch.tensor([True, False])
     )
     assert torch.allclose(weights, torch.tensor([[math.exp(0.5), 0.0], [1.0, 1.0]]))
+    assert stats["hint_weight_mean"] == pytest.approx(math.exp(0.5))  # the padded position is not counted
     _, none = L.hint_weights(logp, behaviour, torch.ones(2, 2), torch.tensor([False, False]))
     assert none == {"hint_weight_mean": 0.0, "hint_truncated_share": 0.0}
