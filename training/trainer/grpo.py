@@ -169,7 +169,7 @@ def turn_step(trainer: Trainer, score: Scorer, *, prompts: PromptCache, hooks: H
             **hint_metrics,
             **update["hint"],
             "trained_sequences": len(rows),
-            "generated_tokens": int(rollout.lengths.sum()),
+            "generated_tokens": int((rollout if hinted is None else hinted.rollout).lengths.sum()),
             **phase_seconds(started, sampled, scored, finished),
             **rollout_stats(rollout),
         }
