@@ -67,5 +67,7 @@ def test_a_hinted_job_from_the_jobs_page_runs_and_logs_what_its_hints_did(client
     assert len(hinted) == 2 * 2 and all(
         r["hint"] == "Feedback on earlier answers, follow it: Say sorry." for r in hinted
     )
-    page = client.get(f"/training/jobs/{job.pk}/", {"sample_step": 1})
-    assert page.status_code == 200 and "drawn with the comment as a hint" in page.content.decode()
+    page = client.get(f"/training/jobs/{job.pk}/", {"sample_step": 1}).content.decode()
+    assert "drawn with the comment as a hint" in page and "Hinted groups that gained reward variance" in page
+    metrics = client.get(f"/api/v1/jobs/{job.pk}/metrics").json()
+    assert metrics["hinted_groups"] == [[1, 2], [2, 2]] and metrics["zero_variance_groups"] == [[1, 2], [2, 2]]
