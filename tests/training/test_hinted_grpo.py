@@ -219,3 +219,9 @@ def test_hint_settings_are_refused_with_the_field_and_the_reason(changes, field)
     with pytest.raises(ConfigError) as err:
         EpisodesConfig.from_dict({"hint_samples": 2})
     assert err.value.errors[0][0] == "hint_samples"
+
+
+def test_a_script_cannot_mix_hinted_samples_with_a_servers_rollouts(tmp_path):
+    cfg = GRPOConfig(rollout="vllm", vllm_url="http://127.0.0.1:8001/v1", hint_samples=2)
+    with pytest.raises(ValueError, match="rollout 'local'"):
+        grpo_train(config=cfg, items=items(), score=all_fail_but_the_first_hinted, run_dir=tmp_path)

@@ -64,6 +64,10 @@ def grpo_train(
     `run_dir/model` when it finishes (also when stopped by a monitor: the candidate is
     kept for inspection, and nothing is deployed without a person's approval).
     `vllm_api_key`: the inference server's key, for `rollout="vllm"`."""
+    if config.hint_samples and config.rollout != "local":
+        # Not validated when a script builds the config itself; the hinted samples' π_b is
+        # the local sampler's, and mixing it with a server's rows would drop their correction.
+        raise ValueError("hint_samples needs rollout 'local': the trainer draws the hinted samples itself")
     hooks = hooks or Hooks()
     if canaries is None and config.canaries:
         canaries = canary_items(config.canaries)
