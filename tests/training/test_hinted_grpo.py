@@ -225,3 +225,39 @@ def test_a_script_cannot_mix_hinted_samples_with_a_servers_rollouts(tmp_path):
     cfg = GRPOConfig(rollout="vllm", vllm_url="http://127.0.0.1:8001/v1", hint_samples=2)
     with pytest.raises(ValueError, match="rollout 'local'"):
         grpo_train(config=cfg, items=items(), score=all_fail_but_the_first_hinted, run_dir=tmp_path)
+
+
+@pytest.mark.parametrize("changes", [{"micro_batch": 2}, {"normaliser": "token", "micro_batch": 4}])
+def test_hinted_rows_accumulate_over_micro_batches_as_in_one_pass(tiny_model_dir, tmp_path, changes):
+    """The hint weights are sliced with each micro-batch's rows: the step's loss, weights and
+    parameters are those of one pass over the whole enlarged batch."""
+    from training.trainer.policy import load_policy
+
+    runs = []
+    for name, extra in (("one-pass", {k: v for k, v in changes.items() if k != "micro_batch"}), ("micro", changes)):
+        cfg = config(tiny_model_dir, hint_samples=HINTS, **extra)
+        torch.manual_seed(cfg.seed)
+        policy = load_policy(cfg)
+        result = grpo_train(
+            config=cfg, items=items(), score=all_fail_but_the_first_hinted, run_dir=tmp_path / name, policy=policy
+        )
+        runs.append((result.history[0], trainable(policy)))
+    (whole, whole_params), (micro, micro_params) = runs
+    assert whole["trained_sequences"] == micro["trained_sequences"] == GROUP + HINTS
+    assert micro["loss"] == pytest.approx(whole["loss"], rel=1e-4, abs=1e-7)
+    assert micro["hint_weight_mean"] == pytest.approx(whole["hint_weight_mean"], rel=1e-4)
+    assert all(torch.allclose(micro_params[n], whole_params[n], atol=1e-6) for n in whole_params)
+
+
+def test_a_reused_batch_weighs_hinted_rows_against_the_policy_before_its_first_update(tiny_model_dir, tmp_path):
+    from training.trainer.policy import load_policy
+
+    cfg = config(tiny_model_dir, hint_samples=HINTS, updates_per_batch=2)
+    policy = load_policy(cfg)
+    before = trainable(policy)
+    step = grpo_train(
+        config=cfg, items=items(), score=all_fail_but_the_first_hinted, run_dir=tmp_path, policy=policy
+    ).history[0]
+    assert step["trained_sequences"] == GROUP + HINTS and 0 < step["hint_weight_mean"] <= 3.0
+    assert step["clip_fraction"] is not None
+    assert any(not torch.equal(p, before[n]) for n, p in policy.model.named_parameters() if p.requires_grad)
