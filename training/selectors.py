@@ -42,11 +42,25 @@ EPISODE_CHARTS = [
 ]
 
 
+# Hinted GRPO (a GRPO job with hint_samples > 0): what the comments did to the groups
+# that had no reward variance.
+HINT_CHARTS = [
+    ("hinted_groups", "Groups with one reward and a comment (hinted)"),
+    ("hinted_groups_with_variance", "Hinted groups that gained reward variance"),
+    ("hint_weight_mean", "Importance weight of hinted tokens (mean)"),
+    ("hint_truncated_share", "Hinted tokens at the weight's cap (share)"),
+]
+# Logged with them, served by the metrics API, not drawn.
+HINT_SERIES = ["zero_variance_groups", "hint_reward_mean"]
+
+
 def job_charts(*, job: TrainingJob) -> list[tuple[str, str]]:
     """The (metric, title) charts of a job's page: only those its method can have data for."""
     keep = METHOD_CHARTS.get(job.kind, tuple(k for k, _ in CHARTS))
     titles = CHART_TITLES.get(job.kind, {})
     charts = [(key, titles.get(key, title)) for key, title in CHARTS if key in keep]
+    if job.kind == "grpo" and (job.config or {}).get("hint_samples"):
+        charts += HINT_CHARTS
     return charts + EPISODE_CHARTS if job.kind == "episodes" else charts
 
 
@@ -70,7 +84,7 @@ def job_step_series(*, job: TrainingJob) -> dict[str, list]:
         by_step[step] = data
     steps = sorted(by_step)
     series: dict[str, list] = {}
-    for key, _ in CHARTS + EPISODE_CHARTS:
+    for key in [k for k, _ in CHARTS + EPISODE_CHARTS + HINT_CHARTS] + HINT_SERIES:
         series[key] = [(s, by_step[s][key]) for s in steps if by_step[s].get(key) is not None]
     series["reward_band"] = [
         (s, by_step[s]["reward_mean"] - by_step[s]["reward_std"], by_step[s]["reward_mean"] + by_step[s]["reward_std"])

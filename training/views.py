@@ -27,6 +27,7 @@ FORM_FIELDS = {
     "max_new_tokens": int,
     "adapter": str,
     "beta": float,
+    "hint_samples": int,
 }
 
 

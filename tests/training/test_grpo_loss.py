@@ -331,3 +331,41 @@ def test_the_sampling_weight_ignores_whatever_a_padded_position_holds():
     sampler = torch.tensor([[-0.5, -1.0]])
     weights, stats = sampling_correction(logprobs, sampler, torch.tensor([[1.0, 0.0]]))
     assert weights.tolist() == [[1.0, 0.0]] and stats["sampling_weight_mean"] == 1.0
+
+
+def test_hinted_grpo_weighs_a_hinted_sample_by_the_student_over_the_hinted_policy_truncated():
+    """Two samples of one group, two tokens each, computed by hand: sample 0 the student's
+    own (reward 0), sample 1 drawn with the comment as a hint (reward 1)."""
+    # The student's probabilities of each token in its own context (no hint).
+    logp = torch.log(torch.tensor([[0.5, 0.25], [0.2, 0.6]])).requires_grad_()
+    # The hinted policy's, at sampling time; row 0 was not hinted, so its values are unused.
+    behaviour = torch.log(torch.tensor([[0.9, 0.9], [0.4, 0.1]]))
+    mask = torch.ones(2, 2)
+    hinted = torch.tensor([False, True])
+    weights, stats = L.hint_weights(logp, behaviour, mask, hinted, cap=3.0)
+    # Row 1: 0.2 / 0.4 = 0.5; 0.6 / 0.1 = 6, truncated at 3. Row 0 is on-policy: 1.
+    assert torch.allclose(weights, torch.tensor([[1.0, 1.0], [0.5, 3.0]]))
+    assert stats["hint_weight_mean"] == pytest.approx((0.5 + 3.0) / 2)  # over the hinted tokens only
+    assert stats["hint_truncated_share"] == pytest.approx(1 / 2)
+
+    adv, keep = L.group_advantages(torch.tensor([[0.0, 1.0]]))  # RLOO: r_i - r_other = [-1, 1]
+    assert adv.tolist() == [[-1.0, 1.0]] and keep.tolist() == [True]
+    loss, _ = L.policy_loss(logp, adv.view(-1), mask, sampling_weights=weights, normaliser="constant", constant=4.0)
+    # Σ -w·A / 4 = (1 + 1 - 0.5 - 3) / 4
+    assert loss.item() == pytest.approx(-0.375)
+    loss.backward()
+    # d/dlogp = -w·A / 4: the student's own failure pushed down, the hinted success up, its
+    # second token at the cap.
+    assert torch.allclose(logp.grad, torch.tensor([[0.25, 0.25], [-0.125, -0.75]]))
+
+
+def test_hint_weights_ignore_padding_and_give_no_figures_without_hinted_tokens():
+    logp = torch.tensor([[-0.5, float("-inf")], [-1.0, -1.0]])
+    behaviour = torch.tensor([[-1.0, float("inf")], [0.0, 0.0]])
+    weights, stats = L.hint_weights(
+        logp, behaviour, torch.tensor([[1.0, 0.0], [1.0, 1.0]]), torch.tensor([True, False])
+    )
+    assert torch.allclose(weights, torch.tensor([[math.exp(0.5), 0.0], [1.0, 1.0]]))
+    assert stats["hint_weight_mean"] == pytest.approx(math.exp(0.5))  # the padded position is not counted
+    _, none = L.hint_weights(logp, behaviour, torch.ones(2, 2), torch.tensor([False, False]))
+    assert none == {"hint_weight_mean": 0.0, "hint_truncated_share": 0.0}

@@ -119,7 +119,7 @@ def training_job_create(
     if training_set is None and kind != JobKind.EPISODES:
         raise JobError([("training_set", "choose a training set")])
     if training_set is not None and kind != JobKind.EPISODES:
-        _check_items(kind, training_set)
+        _check_items(kind, training_set, hint_samples=getattr(parsed, "hint_samples", 0))
     if kind == JobKind.EPISODES and parsed.rollout == "vllm" and parsed.adapter != "lora":
         raise JobError([("config.rollout", "vLLM rollouts need a LoRA adapter")])
     deployment = deployment or (training_set.deployment if training_set else None) or base_version.deployment
@@ -196,7 +196,7 @@ def _judge_scored(kind: str, config, training_set: TrainingSet | None) -> str:
     return ""
 
 
-def _check_items(kind: str, training_set: TrainingSet) -> None:
+def _check_items(kind: str, training_set: TrainingSet, *, hint_samples: int = 0) -> None:
     items = training_set.items.filter(split="train")
     if not items.exists():
         raise JobError([("training_set", "has no training items")])
@@ -211,6 +211,10 @@ def _check_items(kind: str, training_set: TrainingSet) -> None:
         unscorable = items.filter(kind=TrainingItemKind.TURN, rubric__isnull=True, feedback="")
         if unscorable.exists():
             raise JobError([("training_set", "has turns with neither a judge rubric nor feedback to score against")])
+        if hint_samples > 0 and not items.exclude(feedback="").exists():
+            raise JobError(
+                [("config.hint_samples", "the training set has no feedback to use as a hint (0 = plain GRPO)")]
+            )
 
 
 def _enqueue(job: TrainingJob) -> None:

@@ -234,6 +234,19 @@ def group_advantages_kept(
     return advantages, keep, row_keep.nonzero().squeeze(1)
 
 
+def group_rewards(batch: list[TurnItem], texts: list[str], score: Scorer, *, group_size: int) -> list[float]:
+    """Score each item's group of candidates together (a judge compares them side by
+    side); task-major, one reward per candidate."""
+    rewards: list[float] = []
+    for i, item in enumerate(batch):
+        group = texts[i * group_size : (i + 1) * group_size]
+        scores = score(item, group)
+        if len(scores) != len(group):
+            raise ValueError(f"the scorer returned {len(scores)} rewards for {len(group)} candidates")
+        rewards += [float(s) for s in scores]
+    return rewards
+
+
 def phase_seconds(started: float, sampled: float, scored: float, finished: float) -> dict[str, float]:
     """A group step's wall-clock split, from `time.perf_counter()` readings."""
     return {

@@ -11,6 +11,8 @@ from typing import Any, ClassVar, Literal
 
 # No count a job takes goes past this (a step counter is a 32-bit column).
 MAX_INT_SETTING = 1_000_000_000
+# Hinted samples per zero-variance group: each is a full sample and a forward pass more.
+MAX_HINT_SAMPLES = 64
 
 
 @dataclass
@@ -182,6 +184,15 @@ class GRPOConfig(TrainConfig):
     # and docs/decisions/0019-sampling-correction.md. TRL's cap is 3.
     sampling_correction: bool = True
     sampling_correction_cap: float = 3.0
+    # Hinted GRPO (docs/decisions/0024-hinted-grpo.md): a group whose G samples all score
+    # the same, for an item with an operator's comment, gets `hint_samples` more from the
+    # policy with the comment as a hint (`hint_template`, placed by `hint_at`: in the system
+    # message, or as a last user message); the unhinted policy trains on all G + K, the
+    # hinted ones weighed by min(π_θ / π_hinted, hint_cap) per token (`loss.hint_weights`).
+    hint_samples: int = 0
+    hint_template: str = "Feedback on earlier answers, follow it: {feedback}"
+    hint_at: Literal["system", "last"] = "system"
+    hint_cap: float = 3.0
 
     def validate(self) -> list[tuple[str, str]]:
         errors = super().validate()
@@ -209,6 +220,21 @@ class GRPOConfig(TrainConfig):
             errors.append(("structured_outputs", "needs rollout 'vllm' (the local sampler does not constrain)"))
         if not 1 <= self.sampling_correction_cap <= 100:
             errors.append(("sampling_correction_cap", "must be between 1 and 100 (a cap below 1 shrinks every token)"))
+        errors += self._hint_errors()
+        return errors
+
+    def _hint_errors(self) -> list[tuple[str, str]]:
+        errors: list[tuple[str, str]] = []
+        if not 0 <= self.hint_samples <= MAX_HINT_SAMPLES:
+            errors.append(("hint_samples", f"must be between 0 and {MAX_HINT_SAMPLES} (0 = plain GRPO)"))
+        elif self.hint_samples > 0 and self.rollout != "local":
+            errors.append(("hint_samples", "needs rollout 'local': the trainer draws the hinted samples itself"))
+        if not _formats_feedback(self.hint_template):
+            errors.append(("hint_template", "must contain {feedback} and no other {…} field"))
+        if self.hint_at not in ("system", "last"):
+            errors.append(("hint_at", "must be 'system' or 'last'"))
+        if not 1 <= self.hint_cap <= 100:
+            errors.append(("hint_cap", "must be between 1 and 100 (a cap below 1 shrinks every hinted token)"))
         return errors
 
 
@@ -303,7 +329,17 @@ class EpisodesConfig(GRPOConfig):
             errors.append(("judge_weight", "weights must be ≥ 0 and not both 0"))
         if self.judge_weight > 0 and not self.judge_rubric.strip():
             errors.append(("judge_rubric", "required when judge_weight > 0"))
+        if self.hint_samples:
+            errors.append(("hint_samples", "turn-level GRPO only: an episode's tasks carry no operator's comment"))
         return errors
+
+
+def _formats_feedback(template: str) -> bool:
+    """Whether `template.format(feedback=…)` works and uses the feedback."""
+    try:
+        return "{feedback}" in template and template.format(feedback="") is not None
+    except (KeyError, IndexError, ValueError):
+        return False
 
 
 class ConfigError(ValueError):

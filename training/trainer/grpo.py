@@ -16,6 +16,7 @@ from statistics import fmean, pstdev
 
 import torch
 
+from training.trainer import hints
 from training.trainer import loss as L
 from training.trainer.common import (
     Hooks,
@@ -24,6 +25,7 @@ from training.trainer.common import (
     evaluate,
     finite_check,
     group_advantages_kept,
+    group_rewards,
     micro_batches,
     phase_seconds,
     rollout_stats,
@@ -62,6 +64,10 @@ def grpo_train(
     `run_dir/model` when it finishes (also when stopped by a monitor: the candidate is
     kept for inspection, and nothing is deployed without a person's approval).
     `vllm_api_key`: the inference server's key, for `rollout="vllm"`."""
+    if config.hint_samples and config.rollout != "local":
+        # Not validated when a script builds the config itself; the hinted samples' π_b is
+        # the local sampler's, and mixing it with a server's rows would drop their correction.
+        raise ValueError("hint_samples needs rollout 'local': the trainer draws the hinted samples itself")
     hooks = hooks or Hooks()
     if canaries is None and config.canaries:
         canaries = canary_items(config.canaries)
@@ -115,11 +121,44 @@ def turn_step(trainer: Trainer, score: Scorer, *, prompts: PromptCache, hooks: H
             )
         sampled = time.perf_counter()
         rewards = group_rewards(batch, rollout.texts, score, group_size=group)
-        scored = time.perf_counter()
         advantages, keep, rows = group_advantages_kept(rewards, groups=len(batch), config=config)
 
+        # Hints: groups with one reward and an operator's comment get K samples more, drawn
+        # with the comment in context and trained on without it (docs/decisions/0024).
+        hinted, hint_metrics = None, {}
+        if config.hint_samples > 0:
+            hinted, hint_metrics = hints.hint_round(
+                policy,
+                config=config,
+                batch=batch,
+                prompts=prompts,
+                prompt_ids=prompt_ids,
+                rollout=rollout,
+                rewards=rewards,
+                advantages=advantages,
+                keep=keep,
+                rows=rows,
+                score=score,
+            )
+        scored = time.perf_counter()
+
         hooks.emit("on_phase", "update", n, config.steps)
-        update = turn_update(trainer, rollout, advantages, rows.to(policy.device), step=n, served=server is not None)
+        if hinted is None:
+            update = turn_update(
+                trainer, rollout, advantages, rows.to(policy.device), step=n, served=server is not None
+            )
+        else:
+            update = turn_update(
+                trainer,
+                hinted.rollout,
+                hinted.advantages,
+                hinted.rows.to(policy.device),
+                step=n,
+                served=False,
+                behaviour_logprobs=hinted.behaviour_logprobs,
+                hinted=hinted.hinted,
+            )
+            rows = hinted.rows
         finished = time.perf_counter()
         metrics = {
             "step": n,
@@ -131,38 +170,46 @@ def turn_step(trainer: Trainer, score: Scorer, *, prompts: PromptCache, hooks: H
             "grad_norm": update["grad_norm"],
             "clip_fraction": update["clip_fraction"],
             **update["correction"],
+            **hint_metrics,
+            **update["hint"],
             "trained_sequences": len(rows),
-            "generated_tokens": int(rollout.lengths.sum()),
+            "generated_tokens": int((rollout if hinted is None else hinted.rollout).lengths.sum()),
             **phase_seconds(started, sampled, scored, finished),
             **rollout_stats(rollout),
         }
-        return StepOutput(metrics, samples=lambda: _sample_rows(batch, rollout, rewards, advantages, group))
+
+        def samples() -> list[dict]:
+            if hinted is None:
+                return _sample_rows(batch, rollout, rewards, advantages, group)
+            plain = hinted.advantages[: len(rollout.texts)]
+            return _sample_rows(batch, rollout, rewards, plain, group) + hints.hint_sample_rows(batch, hinted, config)
+
+        return StepOutput(metrics, samples=samples)
 
     return step
 
 
-def group_rewards(batch: list[TurnItem], texts: list[str], score: Scorer, *, group_size: int) -> list[float]:
-    """Score each item's group of candidates together (a judge compares them side by
-    side); task-major, one reward per candidate."""
-    rewards: list[float] = []
-    for i, item in enumerate(batch):
-        group = texts[i * group_size : (i + 1) * group_size]
-        scores = score(item, group)
-        if len(scores) != len(group):
-            raise ValueError(f"the scorer returned {len(scores)} rewards for {len(group)} candidates")
-        rewards += [float(s) for s in scores]
-    return rewards
-
-
 def turn_update(
-    trainer: Trainer, rollout: Rollout, advantages: torch.Tensor, rows: torch.Tensor, *, step: int, served: bool
+    trainer: Trainer,
+    rollout: Rollout,
+    advantages: torch.Tensor,
+    rows: torch.Tensor,
+    *,
+    step: int,
+    served: bool,
+    behaviour_logprobs: torch.Tensor | None = None,
+    hinted: torch.Tensor | None = None,
 ) -> dict:
     """`updates_per_batch` optimiser steps on the kept `rows` of `rollout`, log-probs from
     the same forward pass as the gradient. `served`: the rollout came from a vLLM server
-    and carries its log-probs, for the sampling correction. Returns the loss, KL, gradient
-    norm, clip fraction and correction figures of the last update (zeros with no rows)."""
+    and carries its log-probs, for the sampling correction. `behaviour_logprobs` (B, T) and
+    `hinted` (B,): rows drawn with a hint, weighed by `loss.hint_weights`. Returns the loss,
+    KL, gradient norm, clip fraction, correction and hint figures of the last update (zeros
+    with no rows)."""
     config, policy = trainer.config, trainer.policy
-    out = {"loss": 0.0, "kl": 0.0, "grad_norm": 0.0, "clip_fraction": None, "correction": {}}
+    out = {"loss": 0.0, "kl": 0.0, "grad_norm": 0.0, "clip_fraction": None, "correction": {}, "hint": {}}
+    if hinted is not None:
+        out["hint"] = {"hint_weight_mean": None, "hint_truncated_share": None}
     if len(rows) == 0:
         return out
     ids = rollout.input_ids.index_select(0, rows)
@@ -187,6 +234,15 @@ def turn_update(
             weights, out["correction"] = L.sampling_correction(
                 old_logprobs, sampler_logprobs, mask, cap=config.sampling_correction_cap
             )
+    behaviour = hinted_rows = None
+    if hinted is not None and behaviour_logprobs is not None:
+        behaviour = behaviour_logprobs.index_select(0, rows)  # (B', T)
+        hinted_rows = hinted.index_select(0, rows)  # (B',)
+        if old_logprobs is not None:
+            # As for the sampler: against the policy before this batch's first update.
+            hint_w, out["hint"] = L.hint_weights(old_logprobs, behaviour, mask, hinted_rows, cap=config.hint_cap)
+            weights = hint_w if weights is None else weights * hint_w
+            behaviour = None
     denominator = config.prompts_per_step * config.group_size * config.max_new_tokens
     for _ in range(config.updates_per_batch):
         trainer.optimizer.zero_grad(set_to_none=True)
@@ -203,8 +259,11 @@ def turn_update(
             ref_logprobs=ref_logprobs,
             sampler_logprobs=sampler_logprobs if weights is None else None,
             sampling_weights=weights,
+            behaviour_logprobs=behaviour,
+            hinted=hinted_rows,
         )
         out["correction"] = passed["correction"] or out["correction"]
+        out["hint"] = passed["hint"] or out["hint"]
         out["kl"] = passed["kl"] if passed["kl"] is not None else out["kl"]
         # The micro-batches' losses add up to the batch's: one non-finite among them shows here.
         out["loss"] = finite_check(passed["loss"], what="loss", step=step)
@@ -235,6 +294,8 @@ def turn_loss_backward(
     ref_logprobs: torch.Tensor | None = None,
     sampler_logprobs: torch.Tensor | None = None,
     sampling_weights: torch.Tensor | None = None,
+    behaviour_logprobs: torch.Tensor | None = None,
+    hinted: torch.Tensor | None = None,
 ) -> dict:
     """Accumulate the gradient of `loss.policy_loss` over the batch, one micro-batch of
     rows (`chunks`) per forward/backward pass, each micro-batch's loss scaled by
@@ -244,12 +305,14 @@ def turn_loss_backward(
     ids, attn: (B, L); mask: (B, T) the trained response tokens; advantages: (B,);
     old/ref/sampler log-probs and sampling weights: (B, T), sliced with the rows. With
     `sampler_logprobs` and no weights, the weights come from this pass's own log-probs
-    (one update per batch: the policy the batch was drawn for). Returns the loss, the KL
-    and clip fraction as token means over the batch (None when not measured) and the
-    sampling-correction figures ({} without a sampler)."""
+    (one update per batch: the policy the batch was drawn for); `behaviour_logprobs` (B, T)
+    with `hinted` (B,) the same way for rows drawn with a hint (`loss.hint_weights`).
+    Returns the loss, the KL and clip fraction as token means over the batch (None when
+    not measured), the sampling-correction figures ({} without a sampler) and the hint
+    figures over the hinted tokens ({} without hinted rows)."""
     batch_tokens, batch_rows = float(mask.sum()), mask.shape[0]
     width = mask.shape[1]
-    means, correction = TokenMeans(), TokenMeans()
+    means, correction, hint = TokenMeans(), TokenMeans(), TokenMeans()
     total = 0.0
     for c in chunks:
         logprobs = token_logprobs(model, ids[c], attn[c], keep=width, temperature=config.temperature)  # (b, T)
@@ -260,6 +323,10 @@ def turn_loss_backward(
                 logprobs, sampler_logprobs[c], mask[c], cap=config.sampling_correction_cap
             )
             correction.add(stats, tokens)
+        if behaviour_logprobs is not None and hinted is not None:
+            hint_w, stats = L.hint_weights(logprobs, behaviour_logprobs[c], mask[c], hinted[c], cap=config.hint_cap)
+            weights = hint_w if weights is None else weights * hint_w
+            hint.add(stats, float(mask[c][hinted[c]].sum()))
         # β·k3 is added per token, under the policy term's normaliser (as TRL does).
         loss, stats = L.policy_loss(
             logprobs,
@@ -285,6 +352,7 @@ def turn_loss_backward(
         "kl": means.get("kl"),
         "clip_fraction": means.get("clip_fraction"),
         "correction": correction.as_dict(),
+        "hint": hint.as_dict(),
     }
 
 

@@ -70,8 +70,13 @@ def grader_scorer(default_grader: str = "") -> Scorer:
     return score
 
 
-def with_hint(messages: list[dict[str, Any]], hint: str) -> list[dict[str, Any]]:
-    """The context with `hint` added to its system message (one is created if absent)."""
+def with_hint(messages: list[dict[str, Any]], hint: str, *, at: str = "system") -> list[dict[str, Any]]:
+    """The context with `hint` added to its system message (one is created if absent), or,
+    at="last", after the whole context as a user message (where the turn is decided: a
+    small model reads it there far more than in the system message, though not
+    necessarily as what it says, docs/experiments/2026-12-02-comment-hints.md)."""
+    if at == "last":
+        return [*messages, {"role": "user", "content": hint}]
     if messages and messages[0].get("role") == "system":
         first = dict(messages[0])
         first["content"] = f"{first.get('content') or ''}\n\n{hint}".strip()

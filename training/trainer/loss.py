@@ -192,6 +192,54 @@ def sampling_correction(
     return weights, stats
 
 
+def hint_weights(
+    logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    hinted: torch.Tensor,
+    *,
+    cap: float = 3.0,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Per-token truncated importance weights of hinted GRPO: samples drawn from the policy
+    with an operator's comment h in its context, trained on by the policy without it.
+
+    For an item x whose G samples all scored the same, K more y ~ π_b(· | x, h) are drawn,
+    π_b being the policy at sampling time with the hint (detached). Every sample is scored
+    under the student's own context x, and the policy term of `policy_loss` is weighed by
+
+        w_{b,t} = 1                                                       y_b ~ π_θ(· | x)
+        w_{b,t} = min(π_θ(y_{b,t} | x, y_{b,<t}) / π_b(y_{b,t} | x, h, y_{b,<t}), C)   y_b ~ π_b
+
+    so the step ascends  (1/Z) Σ_b Σ_t m_{b,t} · w_{b,t} · A_b · ∇log π_θ(y_{b,t} | x, y_{b,<t}),
+    A_b the group advantage over all G + K rewards of the item. With E_{π_b}[π_θ/π_b · f] =
+    E_{π_θ}[f], this is an off-policy estimate of the student's own objective, not of the
+    hinted policy's. The ratio is per token, as PPO's and TRL's "token_truncate" are: the
+    exact sequence weight Π_t π_θ/π_b has a variance that grows with the length, and the
+    per-token one ignores that the prefix was drawn with the hint (a bias, the price of a
+    bounded variance). Truncating at C (Ionides 2008; the cap of `sampling_correction`)
+    bounds what one hinted token can weigh; there is no lower bound, so a hinted token the
+    student would not say (π_θ ≪ π_b) carries almost no gradient: the comment only teaches
+    what the student already gives some mass to.
+
+    logprobs, behaviour_logprobs, mask: (B, T) (logprobs detached here: the weight is a
+    constant of the gradient); hinted: (B,) bool, the rows drawn with the hint. Returns
+    (weights (B, T), 0 outside the mask; stats over the hinted rows' masked tokens:
+    "hint_weight_mean" and "hint_truncated_share", the share at the cap; both 0 when no
+    hinted token is in the mask)."""
+    m = mask.to(logprobs.dtype)  # (B, T)
+    rows = hinted.to(torch.bool).unsqueeze(1) & (m > 0)  # (B, T) hinted tokens being trained
+    # Selected, not multiplied: a padded position may hold ±inf, and inf · 0 is NaN.
+    log_ratio = torch.where(rows, logprobs.detach() - behaviour_logprobs.to(logprobs.dtype), torch.zeros_like(m))
+    raw = torch.exp(log_ratio)  # (B, T)
+    weights = torch.where(rows, raw.clamp(max=cap), m)  # (B, T): 1 on plain tokens, 0 on padding
+    hinted_mask = rows.to(m.dtype)
+    stats = {
+        "hint_weight_mean": float(masked_mean(weights, hinted_mask)),
+        "hint_truncated_share": float(masked_mean((raw >= cap).to(m.dtype), hinted_mask)),
+    }
+    return weights, stats
+
+
 def normalised(
     per_token: torch.Tensor, mask: torch.Tensor, *, normaliser: Normaliser, constant: float | None = None
 ) -> torch.Tensor:
