@@ -143,6 +143,49 @@ def learning_policy_check(*, deployment: Deployment | None, values: dict[str, An
         raise PolicyError(errors)
 
 
+def learning_policy_refs(
+    *,
+    deployment: str | int | None = None,
+    eval_training_set: str | int | None = None,
+    notify_group: str | None = None,
+    notify_user: str | None = None,
+) -> dict[str, Any]:
+    """The rows a form or an API body names (a deployment by name or id, a training set by
+    id, a group and a user by name); only the ones given, blank meaning none. Raises
+    `PolicyError` naming each one that does not exist."""
+    from django.contrib.auth.models import Group
+
+    from training.models import TrainingSet
+
+    out: dict[str, Any] = {}
+    errors: list[tuple[str, str]] = []
+
+    def one(name: str, value, queryset, by: str, what: str):
+        if value is None:
+            return
+        if value == "":
+            out[name] = None
+            return
+        text = str(value)
+        row = queryset.filter(**{by: text}).first()
+        if row is None and by != "pk" and text.isdigit():
+            row = queryset.filter(pk=int(text)).first()
+        if row is None:
+            errors.append((name, f"no {what} {text!r}"))
+        out[name] = row
+
+    one("deployment", deployment, Deployment.objects.all(), "name", "deployment")
+    if eval_training_set not in (None, "") and not str(eval_training_set).isdigit():
+        errors.append(("eval_training_set", "a training set's id"))
+    else:
+        one("eval_training_set", eval_training_set, TrainingSet.objects.all(), "pk", "training set")
+    one("notify_group", notify_group, Group.objects.all(), "name", "group")
+    one("notify_user", notify_user, get_user_model().objects.filter(is_active=True), "username", "user")
+    if errors:
+        raise PolicyError(errors)
+    return out
+
+
 @transaction.atomic
 def learning_policy_create(*, deployment: Deployment | None, user, **values: Any) -> LearningPolicy:
     """A new policy of `deployment`; `user` answers for the promotion requests it opens."""
