@@ -40,5 +40,10 @@ _STALE_CHECK_SECONDS = float(
 _LEARNING_POLICY_TICK_SECONDS = float(os.environ.get("PRACTICUM_LEARNING_POLICY_TICK_SECONDS", 60))
 app.conf.beat_schedule = {
     "stale-work": {"task": "webapp.stale_work_sweep", "schedule": _STALE_CHECK_SECONDS},
-    "learning-policies": {"task": "training.learning_policies_tick", "schedule": _LEARNING_POLICY_TICK_SECONDS},
+    # A tick that waited past the next one is dropped: a busy worker does not work off a backlog.
+    "learning-policies": {
+        "task": "training.learning_policies_tick",
+        "schedule": _LEARNING_POLICY_TICK_SECONDS,
+        "options": {"expires": _LEARNING_POLICY_TICK_SECONDS},
+    },
 }
