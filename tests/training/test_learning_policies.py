@@ -227,3 +227,13 @@ def test_the_minimum_interval_holds_the_next_run_back(world):
     assert p.runs.count() == 1 and "the next may fire from" in p.waiting_reason
     learning_policies_tick(now=timezone.now() + timezone.timedelta(minutes=61))
     assert p.runs.count() == 2
+
+
+def test_the_tick_is_on_celery_beats_schedule_and_expires_with_its_interval():
+    from webapp.celery import app
+
+    entries = {entry["task"]: entry for entry in app.conf.beat_schedule.values()}
+    tick = entries["training.learning_policies_tick"]
+    assert tick["schedule"] <= 300 and tick["options"]["expires"] == tick["schedule"]
+    app.loader.import_default_modules()
+    assert app.tasks["training.learning_policies_tick"].queue == "default"
