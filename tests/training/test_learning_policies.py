@@ -237,3 +237,27 @@ def test_the_tick_is_on_celery_beats_schedule_and_expires_with_its_interval():
     assert tick["schedule"] <= 300 and tick["options"]["expires"] == tick["schedule"]
     app.loader.import_default_modules()
     assert app.tasks["training.learning_policies_tick"].queue == "default"
+
+
+def test_an_episodes_policy_learns_each_new_graded_training_episode_once(world):
+    from tests.training.test_episode_set_page import logged_episode
+    from training.environments.support_desk import SupportDesk
+
+    tasks = SupportDesk().tasks()
+    train = [t for t in tasks if t.split == "train" and t.hidden.get("graded")][:3]
+    test_task = next(t for t in tasks if t.split == "test" and t.hidden.get("graded"))
+    p = policy(world, signal="episodes", environment="support-desk", min_new_turns=2, job_kind="grpo")
+    logged_episode(world["deployment"], train[0], "ep-0")
+    logged_episode(world["deployment"], test_task, "ep-test")  # a test task never trains
+    learning_policies_tick()
+    p.refresh_from_db()
+    assert not p.runs.exists() and p.waiting_reason == "1 of 2 new episodes since the last run"
+
+    second = logged_episode(world["deployment"], train[1], "ep-1")
+    learning_policies_tick()
+    run = only_run(p)
+    assert run.provenance["episodes"] == 2 and run.job.kind == "grpo"
+    assert {i.trace_id for i in run.training_set.items.all()} == set(
+        LearningPolicyUse.objects.filter(run=run).values_list("object_id", flat=True)
+    )
+    assert second.pk in set(p.uses.values_list("object_id", flat=True))

@@ -145,8 +145,6 @@ class LearningPolicyDetailApi(PersonApi):
         if policy is None:
             return error_response(404, "policy", f"no learning policy {policy_id}")
         values = _values(request, PolicyUpdateSerializer)
-        if "deployment" in values:
-            raise PolicyError([("deployment", "a policy stays with its deployment")])
         learning_policy_update(policy=policy, user=request.user, **values)
         policy = learning_policy_get(policy_id=policy_id)
         return Response(policy_as_dict(policy, runs=policy.recent_runs))
