@@ -261,3 +261,23 @@ def test_an_episodes_policy_learns_each_new_graded_training_episode_once(world):
         LearningPolicyUse.objects.filter(run=run).values_list("object_id", flat=True)
     )
     assert second.pk in set(p.uses.values_list("object_id", flat=True))
+
+
+def test_a_customer_feedback_policy_counts_turns_with_new_customer_feedback(world):
+    from feedback.models import CustomerFeedback
+
+    p = policy(world, signal="customer", min_new_turns=2)
+    for i in range(2):
+        trace = TraceFactory(deployment=world["deployment"], external_id=f"cust-{i}")
+        MessageFactory(trace=trace, position=0, role="user", content="Refund A1?")
+        turn = MessageFactory(trace=trace, position=1, role="assistant", content="No.")
+        CustomerFeedback.objects.create(
+            deployment=world["deployment"], trace=trace, message=turn, comment="You never looked it up."
+        )
+        if i == 0:
+            commented_turns(world["deployment"], 3, start=10)  # operators' comments are another signal
+            learning_policies_tick()
+            assert not p.runs.exists()
+    learning_policies_tick()
+    run = only_run(p)
+    assert (run.provenance["customer_feedback"], run.provenance["turns"], run.provenance["comments"]) == (2, 2, 0)

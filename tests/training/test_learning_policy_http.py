@@ -125,3 +125,19 @@ def test_the_pages_create_a_policy_show_field_errors_and_escape_what_a_run_recor
     assert edited.status_code == 400 and b"<strong>min_win_rate</strong>: a rate between 0 and 1" in edited.content
     policy.refresh_from_db()
     assert policy.min_new_turns == 2
+
+
+def test_the_list_reads_a_fixed_number_of_queries_however_many_policies(world, client, django_assert_num_queries):
+    from tests.training.policies import policy
+
+    for name in ("a", "b", "c"):
+        policy(world, name=name, min_new_turns=1)
+    commented_turns(world["deployment"], 1)
+    learning_policies_tick()
+    client.force_login(world["olga"])
+    # The session, the user, their own and their groups' permissions; the policies with their
+    # latest runs' ids; those runs.
+    with django_assert_num_queries(6):
+        results = client.get(API).json()["results"]
+    assert sorted(p["name"] for p in results) == ["a", "b", "c"]
+    assert all(p["latest_run"] for p in results)
