@@ -251,11 +251,12 @@ def test_an_episodes_policy_learns_each_new_graded_training_episode_once(world):
     logged_episode(world["deployment"], test_task, "ep-test")  # a test task never trains
     learning_policies_tick()
     p.refresh_from_db()
-    assert not p.runs.exists() and p.waiting_reason == "1 of 2 new episodes since the last run"
+    assert not p.runs.exists() and p.waiting_reason == "1 of 2 graded episodes since the last run"
 
     second = logged_episode(world["deployment"], train[1], "ep-1")
     learning_policies_tick()
     run = only_run(p)
+    assert run.reason.startswith("2 new graded episodes so far")
     assert run.provenance["episodes"] == 2 and run.job.kind == "grpo"
     assert {i.trace_id for i in run.training_set.items.all()} == set(
         LearningPolicyUse.objects.filter(run=run).values_list("object_id", flat=True)

@@ -262,7 +262,7 @@ def _signal_rows(policy: LearningPolicy):
         rows = JudgeResult.objects.filter(trace__deployment=deployment, is_latest=True, status=JudgeStatus.SUCCEEDED)
         return rows.exclude(pk__in=_unused(policy, UseKind.JUDGE)), UseKind.JUDGE, "judged turns", "message_id"
     rows = Trace.objects.filter(deployment=deployment, environment=policy.environment, metadata__split="train")
-    return rows.exclude(pk__in=_unused(policy, UseKind.EPISODE)), UseKind.EPISODE, "new episodes", "id"
+    return rows.exclude(pk__in=_unused(policy, UseKind.EPISODE)), UseKind.EPISODE, "graded episodes", "id"
 
 
 def new_signal(*, policy: LearningPolicy) -> NewSignal:
