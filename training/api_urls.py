@@ -1,6 +1,7 @@
 from django.urls import path
 
 from training import apis, apis_jobs, apis_sets
+from training.learning_policies import apis as policy_apis
 
 urlpatterns = [
     path("evaluations", apis.EvaluationCreateApi.as_view(), name="api-evaluation-create"),
@@ -28,5 +29,11 @@ urlpatterns = [
         "training-sets/<int:set_id>/items.parquet",
         apis_sets.TrainingSetItemsParquetApi.as_view(),
         name="api-training-set-items-parquet",
+    ),
+    path("learning-policies/", policy_apis.LearningPoliciesApi.as_view(), name="api-learning-policies"),
+    path(
+        "learning-policies/<int:policy_id>/",
+        policy_apis.LearningPolicyDetailApi.as_view(),
+        name="api-learning-policy-detail",
     ),
 ]

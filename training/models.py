@@ -201,6 +201,11 @@ class TrainingJobEvent(models.Model):
 
 
 # Evaluation, promotion, release and the audit log live in their own module.
+from training.learning_policies.models import (  # noqa: E402, F401
+    LearningPolicy,
+    LearningPolicyRun,
+    LearningPolicyUse,
+)
 from training.models_promotion import (  # noqa: E402, F401
     AuditEvent,
     Evaluation,

@@ -4,6 +4,8 @@
 - `training.evaluation_run`: `default` (generation through the inference server, judge
   calls), or `training` when the evaluation generates in the worker with transformers.
 - `training.release_run`: `deploy` — the only queue that changes what the server serves.
+- `training.learning_policies_tick`: `default`, from the beat schedule (`webapp/celery.py`);
+  it queues jobs and evaluations and never waits for them.
 """
 
 from __future__ import annotations
@@ -39,3 +41,10 @@ def release_run_task(self, release_id: int) -> None:
     from training.services.release import release_run
 
     release_run(release_id=release_id, worker=_worker_name(self))
+
+
+@shared_task(name="training.learning_policies_tick", queue="default", ignore_result=True)
+def learning_policies_tick_task() -> None:
+    from training.learning_policies.services import learning_policies_tick
+
+    learning_policies_tick()

@@ -1,6 +1,7 @@
 from django.urls import path
 
 from training import views
+from training.learning_policies import views as policy_views
 
 app_name = "training"
 urlpatterns = [
@@ -9,4 +10,6 @@ urlpatterns = [
     path("training/jobs/<int:job_id>/cancel", views.job_cancel, name="job-cancel"),
     path("training/sets/", views.training_set_build, name="set-build"),
     path("training/sets/episodes", views.training_set_build_episodes, name="set-build-episodes"),
+    path("training/policies/", policy_views.policy_list, name="policy-list"),
+    path("training/policies/<int:policy_id>/", policy_views.policy_detail, name="policy-detail"),
 ]

@@ -36,6 +36,14 @@ _STALE_CHECK_SECONDS = float(
         float(os.environ.get("PRACTICUM_JUDGE_STALE_CHECK_SECONDS", 60)),
     )
 )
+# Learning policies: each tick moves every policy one step (fire, evaluate, check) and returns.
+_LEARNING_POLICY_TICK_SECONDS = float(os.environ.get("PRACTICUM_LEARNING_POLICY_TICK_SECONDS", 60))
 app.conf.beat_schedule = {
     "stale-work": {"task": "webapp.stale_work_sweep", "schedule": _STALE_CHECK_SECONDS},
+    # A tick that waited past the next one is dropped: a busy worker does not work off a backlog.
+    "learning-policies": {
+        "task": "training.learning_policies_tick",
+        "schedule": _LEARNING_POLICY_TICK_SECONDS,
+        "options": {"expires": _LEARNING_POLICY_TICK_SECONDS},
+    },
 }

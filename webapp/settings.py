@@ -405,6 +405,10 @@ EVAL_GENERATOR = os.environ.get("PRACTICUM_EVAL_GENERATOR", "auto")
 EVAL_MAX_ITEMS = int(os.environ.get("PRACTICUM_EVAL_MAX_ITEMS", 500))
 EVAL_MAX_TOKENS = int(os.environ.get("PRACTICUM_EVAL_MAX_TOKENS", 256))
 EVAL_TEMPERATURE = float(os.environ.get("PRACTICUM_EVAL_TEMPERATURE", 0))
+# Drift watch (the overview): the live version's first and latest DRIFT_WINDOW graded
+# outcomes and customer ratings are compared; a drop of more than DRIFT_DROP flags it.
+DRIFT_WINDOW = int(os.environ.get("PRACTICUM_DRIFT_WINDOW", 50))
+DRIFT_DROP = float(os.environ.get("PRACTICUM_DRIFT_DROP", 0.15))
 # A running evaluation with no item finished for this long lost its worker: the stale-work
 # sweep marks it failed, with an audit record. Longer
 # than one item may take: an episode item is two sides of up to 4 completions of at most

@@ -12,6 +12,7 @@ from feedback.views.common import dashboard_view
 from training.charts import series_chart
 from webapp.ids import parse_id
 from webapp.selectors import ROLLING, deployments_overview
+from webapp.selectors_drift import live_drift
 from webapp.selectors_tour import tour_deployment, tour_get
 
 DAYS_CHOICES = (14, 7, 30, 90)
@@ -95,6 +96,8 @@ def overview(request: HttpRequest) -> HttpResponse:
     split = (request.GET.get("split") or "").strip()[:50] or None
     overviews = deployments_overview(days=days, split=split)
     for o in overviews:
+        o.drift = live_drift(deployment=o.deployment)
+        o.drifting = [d for d in o.drift if d.flagged]
         by_version: dict[str, list[tuple[float, float]]] = {}
         for p in o.curve:
             by_version.setdefault(p.version, []).append((p.index, p.rate))

@@ -1,7 +1,7 @@
 """Roles are Django groups; what each may do is the permissions listed here.
 
 - operator: browse traces, comment, rate, correct, build and work annotation queues; build
-  training sets, start and cancel training jobs.
+  training sets, start and cancel training jobs; set up learning policies.
 - reviewer: work annotation queues only (sees a trace while holding or having done its item).
 - approver: approves model promotions (`training.approve_promotion`), reads traces and
   training jobs.
@@ -68,9 +68,12 @@ _PROMOTION_READ = [
     "training.view_release",
     "training.view_auditevent",
 ]
+# Learning policies: operators set them up (and answer for the requests they open);
+# approvers read them beside the requests they decide.
+_POLICIES = ["training.view_learningpolicy", "training.add_learningpolicy", "training.change_learningpolicy"]
 for _role, _extra in (
-    (OPERATOR, [*_PROMOTION_READ, "training.add_evaluation", "training.add_promotionrequest"]),
-    (APPROVER, _PROMOTION_READ),
+    (OPERATOR, [*_PROMOTION_READ, "training.add_evaluation", "training.add_promotionrequest", *_POLICIES]),
+    (APPROVER, [*_PROMOTION_READ, "training.view_learningpolicy"]),
 ):
     ROLE_PERMISSIONS[_role] += [p for p in _extra if p not in ROLE_PERMISSIONS[_role]]
 

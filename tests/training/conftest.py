@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.training.policies import world  # noqa: F401 - the learning policy tests' deployment
+
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):

@@ -78,6 +78,30 @@ def rollout_url_resolve(*, base_model, requested: str) -> str:
     return wanted
 
 
+def training_job_config_check(*, kind: str, config: dict, base_version: ModelVersion):
+    """The typed config a job of `kind` from `base_version` would run with, or `JobError`
+    naming each bad field (`kind`, `config.<field>`). The jobs page, the jobs API and the
+    learning policies' recipes all validate through here."""
+    if kind not in JobKind.values:
+        raise JobError([("kind", f"must be one of {', '.join(JobKind.values)}")])
+    if not isinstance(config, dict):
+        raise JobError([("config", "must be an object")])
+    forbidden = [k for k in ("model_path", "init_adapter", "kind") if k in config]
+    if forbidden:
+        raise JobError([(f"config.{k}", "is set from the base version and kind") for k in forbidden])
+    data = {**config, **model_paths(base_version), "kind": kind}
+    if data.get("rollout") == "vllm" or data.get("vllm_url"):
+        if not isinstance(data.get("vllm_url", ""), str):
+            raise JobError([("config.vllm_url", "must be a string")])
+        data["vllm_url"] = rollout_url_resolve(base_model=base_version.base_model, requested=data.get("vllm_url", ""))
+    if base_version.kind == ModelVersionKind.LORA and data.get("adapter", "lora") != "lora":
+        raise JobError([("config.adapter", "a LoRA version trains on as LoRA")])
+    try:
+        return config_from_dict(data)
+    except ConfigError as exc:
+        raise JobError([(f"config.{f}", r) for f, r in exc.errors]) from None
+
+
 @transaction.atomic
 def training_job_create(
     *,
@@ -98,24 +122,7 @@ def training_job_create(
     recorded as traces of `deployment` (default: the training set's, else the version's).
     A job whose rewards the judge scores needs the judge's training gate open, or
     `judge_gate_override_reason` from `user` (audited)."""
-    if kind not in JobKind.values:
-        raise JobError([("kind", f"must be one of {', '.join(JobKind.values)}")])
-    if not isinstance(config, dict):
-        raise JobError([("config", "must be an object")])
-    forbidden = [k for k in ("model_path", "init_adapter", "kind") if k in config]
-    if forbidden:
-        raise JobError([(f"config.{k}", "is set from the base version and kind") for k in forbidden])
-    data = {**config, **model_paths(base_version), "kind": kind}
-    if data.get("rollout") == "vllm" or data.get("vllm_url"):
-        if not isinstance(data.get("vllm_url", ""), str):
-            raise JobError([("config.vllm_url", "must be a string")])
-        data["vllm_url"] = rollout_url_resolve(base_model=base_version.base_model, requested=data.get("vllm_url", ""))
-    if base_version.kind == ModelVersionKind.LORA and data.get("adapter", "lora") != "lora":
-        raise JobError([("config.adapter", "a LoRA version trains on as LoRA")])
-    try:
-        parsed = config_from_dict(data)
-    except ConfigError as exc:
-        raise JobError([(f"config.{f}", r) for f, r in exc.errors]) from None
+    parsed = training_job_config_check(kind=kind, config=config, base_version=base_version)
     if training_set is None and kind != JobKind.EPISODES:
         raise JobError([("training_set", "choose a training set")])
     if training_set is not None and kind != JobKind.EPISODES:
