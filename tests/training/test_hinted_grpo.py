@@ -261,3 +261,26 @@ def test_a_reused_batch_weighs_hinted_rows_against_the_policy_before_its_first_u
     assert step["trained_sequences"] == GROUP + HINTS and 0 < step["hint_weight_mean"] <= 3.0
     assert step["clip_fraction"] is not None
     assert any(not torch.equal(p, before[n]) for n, p in policy.model.named_parameters() if p.requires_grad)
+
+
+def one_commented_all_fail(item, candidates):
+    # q0 (commented): every sample fails, hinted or not; q1 (no comment): has variance.
+    if item.id == "q0":
+        return [0.0] * len(candidates)
+    return [1.0] + [0.0] * (len(candidates) - 1)
+
+
+@pytest.mark.parametrize("updates", [1, 2])
+def test_a_step_that_trains_no_hinted_token_logs_no_hint_weight(tiny_model_dir, tmp_path, updates):
+    """The hinted group stays without variance and is dropped, while another group trains:
+    the hint weight's figures are None (nothing was weighed), not a mean weight of 0."""
+    batch = [
+        TurnItem(id="q0", messages=[{"role": "user", "content": "where is order A0?"}], feedback=COMMENT),
+        TurnItem(id="q1", messages=[{"role": "user", "content": "where is order A1?"}]),
+    ]
+    cfg = small(
+        GRPOConfig, tiny_model_dir, steps=1, group_size=GROUP, log_kl=False, hint_samples=HINTS, updates_per_batch=updates
+    )
+    step = grpo_train(config=cfg, items=batch, score=one_commented_all_fail, run_dir=tmp_path).history[0]
+    assert (step["hinted_groups"], step["hinted_groups_with_variance"], step["trained_sequences"]) == (1, 0, GROUP)
+    assert step["hint_weight_mean"] is None and step["hint_truncated_share"] is None
