@@ -207,6 +207,9 @@ def test_no_hint_samples_is_exactly_plain_grpo(tiny_model_dir, tmp_path):
         ({"hint_samples": 2, "rollout": "vllm", "vllm_url": "http://127.0.0.1:8001/v1"}, "hint_samples"),
         ({"hint_template": "no placeholder"}, "hint_template"),
         ({"hint_template": "{feedback} and {other}"}, "hint_template"),
+        ({"hint_template": "Note: {{feedback}}"}, "hint_template"),  # the literal text, never the comment
+        ({"hint_template": "{feedback}{feedback:>999999999}"}, "hint_template"),
+        ({"hint_template": "{feedback!r}"}, "hint_template"),
         ({"hint_at": "middle"}, "hint_at"),
         ({"hint_cap": 0.5}, "hint_cap"),
         ({"hint_cap": "3"}, "hint_cap"),
@@ -279,7 +282,13 @@ def test_a_step_that_trains_no_hinted_token_logs_no_hint_weight(tiny_model_dir, 
         TurnItem(id="q1", messages=[{"role": "user", "content": "where is order A1?"}]),
     ]
     cfg = small(
-        GRPOConfig, tiny_model_dir, steps=1, group_size=GROUP, log_kl=False, hint_samples=HINTS, updates_per_batch=updates
+        GRPOConfig,
+        tiny_model_dir,
+        steps=1,
+        group_size=GROUP,
+        log_kl=False,
+        hint_samples=HINTS,
+        updates_per_batch=updates,
     )
     step = grpo_train(config=cfg, items=batch, score=one_commented_all_fail, run_dir=tmp_path).history[0]
     assert (step["hinted_groups"], step["hinted_groups_with_variance"], step["trained_sequences"]) == (1, 0, GROUP)
