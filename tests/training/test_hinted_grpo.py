@@ -293,3 +293,27 @@ def test_a_step_that_trains_no_hinted_token_logs_no_hint_weight(tiny_model_dir, 
     step = grpo_train(config=cfg, items=batch, score=one_commented_all_fail, run_dir=tmp_path).history[0]
     assert (step["hinted_groups"], step["hinted_groups_with_variance"], step["trained_sequences"]) == (1, 0, GROUP)
     assert step["hint_weight_mean"] is None and step["hint_truncated_share"] is None
+
+
+def test_the_behaviour_log_probs_are_the_sampled_distributions_with_lora_dropout(tiny_model_dir):
+    """With LoRA dropout, π_b is the policy as `sample` drew from it (eval mode, no
+    dropout), not a randomly thinned one; the model is left in training mode."""
+    from training.trainer import hints
+    from training.trainer.common import PromptCache
+    from training.trainer.policy import load_policy
+
+    cfg = config(tiny_model_dir, hint_samples=HINTS, lora_dropout=0.5)
+    policy = load_policy(cfg)
+    with torch.no_grad():
+        for name, p in policy.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)  # an adapter that has been trained: dropout changes its output
+    drawn, behaviour = hints.hint_sample(policy, items()[:1], config=cfg, prompts=PromptCache(policy.tokenizer))
+    assert policy.model.training
+    width = drawn.response_mask.shape[1]
+    policy.model.eval()
+    with torch.no_grad():
+        sampled = token_logprobs(policy.model, drawn.input_ids, drawn.attention_mask, keep=width)
+    policy.model.train()
+    mask = drawn.response_mask.bool()
+    assert torch.allclose(behaviour[mask], sampled[mask], atol=1e-5)
