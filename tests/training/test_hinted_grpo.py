@@ -317,3 +317,28 @@ def test_the_behaviour_log_probs_are_the_sampled_distributions_with_lora_dropout
     policy.model.train()
     mask = drawn.response_mask.bool()
     assert torch.allclose(behaviour[mask], sampled[mask], atol=1e-5)
+
+
+def test_a_reused_batch_weighs_its_hinted_tokens_the_same_at_every_update(tiny_model_dir, tmp_path, monkeypatch):
+    """With updates_per_batch = 2 the hint weights are taken once, against the policy before
+    the first update: the second update's weights are the first's, though the policy moved."""
+    from training.trainer import loss as L
+    from training.trainer.policy import load_policy
+
+    seen: list[torch.Tensor] = []
+    real = L.policy_loss
+
+    def spy(*args, sampling_weights=None, **kw):
+        seen.append(sampling_weights.detach().clone())
+        return real(*args, sampling_weights=sampling_weights, **kw)
+
+    monkeypatch.setattr(L, "policy_loss", spy)
+    cfg = config(tiny_model_dir, hint_samples=HINTS, updates_per_batch=2)
+    policy = load_policy(cfg)
+    step = grpo_train(
+        config=cfg, items=items(), score=all_fail_but_the_first_hinted, run_dir=tmp_path, policy=policy
+    ).history[0]
+    assert step["trained_sequences"] == GROUP + HINTS and len(seen) == 2
+    hinted = seen[0][GROUP:]
+    assert (hinted != 1).any()  # the hinted tokens are weighed (not all exactly 1)
+    assert torch.equal(seen[0], seen[1])
