@@ -207,6 +207,9 @@ def test_no_hint_samples_is_exactly_plain_grpo(tiny_model_dir, tmp_path):
         ({"hint_samples": 2, "rollout": "vllm", "vllm_url": "http://127.0.0.1:8001/v1"}, "hint_samples"),
         ({"hint_template": "no placeholder"}, "hint_template"),
         ({"hint_template": "{feedback} and {other}"}, "hint_template"),
+        ({"hint_template": "Note: {{feedback}}"}, "hint_template"),  # the literal text, never the comment
+        ({"hint_template": "{feedback}{feedback:>999999999}"}, "hint_template"),
+        ({"hint_template": "{feedback!r}"}, "hint_template"),
         ({"hint_at": "middle"}, "hint_at"),
         ({"hint_cap": 0.5}, "hint_cap"),
         ({"hint_cap": "3"}, "hint_cap"),
@@ -261,3 +264,81 @@ def test_a_reused_batch_weighs_hinted_rows_against_the_policy_before_its_first_u
     assert step["trained_sequences"] == GROUP + HINTS and 0 < step["hint_weight_mean"] <= 3.0
     assert step["clip_fraction"] is not None
     assert any(not torch.equal(p, before[n]) for n, p in policy.model.named_parameters() if p.requires_grad)
+
+
+def one_commented_all_fail(item, candidates):
+    # q0 (commented): every sample fails, hinted or not; q1 (no comment): has variance.
+    if item.id == "q0":
+        return [0.0] * len(candidates)
+    return [1.0] + [0.0] * (len(candidates) - 1)
+
+
+@pytest.mark.parametrize("updates", [1, 2])
+def test_a_step_that_trains_no_hinted_token_logs_no_hint_weight(tiny_model_dir, tmp_path, updates):
+    """The hinted group stays without variance and is dropped, while another group trains:
+    the hint weight's figures are None (nothing was weighed), not a mean weight of 0."""
+    batch = [
+        TurnItem(id="q0", messages=[{"role": "user", "content": "where is order A0?"}], feedback=COMMENT),
+        TurnItem(id="q1", messages=[{"role": "user", "content": "where is order A1?"}]),
+    ]
+    cfg = small(
+        GRPOConfig,
+        tiny_model_dir,
+        steps=1,
+        group_size=GROUP,
+        log_kl=False,
+        hint_samples=HINTS,
+        updates_per_batch=updates,
+    )
+    step = grpo_train(config=cfg, items=batch, score=one_commented_all_fail, run_dir=tmp_path).history[0]
+    assert (step["hinted_groups"], step["hinted_groups_with_variance"], step["trained_sequences"]) == (1, 0, GROUP)
+    assert step["hint_weight_mean"] is None and step["hint_truncated_share"] is None
+
+
+def test_the_behaviour_log_probs_are_the_sampled_distributions_with_lora_dropout(tiny_model_dir):
+    """With LoRA dropout, π_b is the policy as `sample` drew from it (eval mode, no
+    dropout), not a randomly thinned one; the model is left in training mode."""
+    from training.trainer import hints
+    from training.trainer.common import PromptCache
+    from training.trainer.policy import load_policy
+
+    cfg = config(tiny_model_dir, hint_samples=HINTS, lora_dropout=0.5)
+    policy = load_policy(cfg)
+    with torch.no_grad():
+        for name, p in policy.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)  # an adapter that has been trained: dropout changes its output
+    drawn, behaviour = hints.hint_sample(policy, items()[:1], config=cfg, prompts=PromptCache(policy.tokenizer))
+    assert policy.model.training
+    width = drawn.response_mask.shape[1]
+    policy.model.eval()
+    with torch.no_grad():
+        sampled = token_logprobs(policy.model, drawn.input_ids, drawn.attention_mask, keep=width)
+    policy.model.train()
+    mask = drawn.response_mask.bool()
+    assert torch.allclose(behaviour[mask], sampled[mask], atol=1e-5)
+
+
+def test_a_reused_batch_weighs_its_hinted_tokens_the_same_at_every_update(tiny_model_dir, tmp_path, monkeypatch):
+    """With updates_per_batch = 2 the hint weights are taken once, against the policy before
+    the first update: the second update's weights are the first's, though the policy moved."""
+    from training.trainer import loss as L
+    from training.trainer.policy import load_policy
+
+    seen: list[torch.Tensor] = []
+    real = L.policy_loss
+
+    def spy(*args, sampling_weights=None, **kw):
+        seen.append(sampling_weights.detach().clone())
+        return real(*args, sampling_weights=sampling_weights, **kw)
+
+    monkeypatch.setattr(L, "policy_loss", spy)
+    cfg = config(tiny_model_dir, hint_samples=HINTS, updates_per_batch=2)
+    policy = load_policy(cfg)
+    step = grpo_train(
+        config=cfg, items=items(), score=all_fail_but_the_first_hinted, run_dir=tmp_path, policy=policy
+    ).history[0]
+    assert step["trained_sequences"] == GROUP + HINTS and len(seen) == 2
+    hinted = seen[0][GROUP:]
+    assert (hinted != 1).any()  # the hinted tokens are weighed (not all exactly 1)
+    assert torch.equal(seen[0], seen[1])

@@ -71,3 +71,15 @@ def test_a_hinted_job_from_the_jobs_page_runs_and_logs_what_its_hints_did(client
     assert "drawn with the comment as a hint" in page and "Hinted groups that gained reward variance" in page
     metrics = client.get(f"/api/v1/jobs/{job.pk}/metrics").json()
     assert metrics["hinted_groups"] == [[1, 2], [2, 2]] and metrics["zero_variance_groups"] == [[1, 2], [2, 2]]
+
+
+def test_hint_samples_on_a_set_whose_comments_are_only_blank_are_refused(base_version):
+    from training.services.training_sets import training_set_from_tasks
+
+    tasks = [
+        {"prompt": f"Where is order A{i}?", "reference": "x", "grader": "contains", "feedback": " \n"} for i in range(4)
+    ]
+    blank = training_set_from_tasks(name="blank-comments", tasks=tasks, heldout_fraction=0.0)
+    with pytest.raises(JobError) as err:
+        training_job_create(kind="grpo", config=HINTED, base_version=base_version, training_set=blank)
+    assert err.value.errors[0][0] == "config.hint_samples"

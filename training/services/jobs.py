@@ -218,7 +218,8 @@ def _check_items(kind: str, training_set: TrainingSet, *, hint_samples: int = 0)
         unscorable = items.filter(kind=TrainingItemKind.TURN, rubric__isnull=True, feedback="")
         if unscorable.exists():
             raise JobError([("training_set", "has turns with neither a judge rubric nor feedback to score against")])
-        if hint_samples > 0 and not items.exclude(feedback="").exists():
+        # As `hints.hint_groups`: a comment of only whitespace is no hint.
+        if hint_samples > 0 and not items.filter(feedback__regex=r"\S").exists():
             raise JobError(
                 [("config.hint_samples", "the training set has no feedback to use as a hint (0 = plain GRPO)")]
             )

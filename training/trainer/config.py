@@ -6,6 +6,7 @@ always logged."""
 from __future__ import annotations
 
 import dataclasses
+import string
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -230,7 +231,9 @@ class GRPOConfig(TrainConfig):
         elif self.hint_samples > 0 and self.rollout != "local":
             errors.append(("hint_samples", "needs rollout 'local': the trainer draws the hinted samples itself"))
         if not _formats_feedback(self.hint_template):
-            errors.append(("hint_template", "must contain {feedback} and no other {…} field"))
+            errors.append(
+                ("hint_template", "must contain {feedback} and no other {…} field, conversion or format spec")
+            )
         if self.hint_at not in ("system", "last"):
             errors.append(("hint_at", "must be 'system' or 'last'"))
         if not 1 <= self.hint_cap <= 100:
@@ -335,11 +338,14 @@ class EpisodesConfig(GRPOConfig):
 
 
 def _formats_feedback(template: str) -> bool:
-    """Whether `template.format(feedback=…)` works and uses the feedback."""
+    """Whether `template.format(feedback=…)` works and uses the feedback: at least one
+    `{feedback}` field, and no other field, conversion or format spec (`{{feedback}}` is
+    the literal text, and a spec such as `{feedback:>999999999}` pads without bound)."""
     try:
-        return "{feedback}" in template and template.format(feedback="") is not None
-    except (KeyError, IndexError, ValueError):
+        fields = [(name, spec, conv) for _, name, spec, conv in string.Formatter().parse(template) if name is not None]
+    except ValueError:
         return False
+    return bool(fields) and all(field == ("feedback", "", None) for field in fields)
 
 
 class ConfigError(ValueError):

@@ -240,7 +240,9 @@ def turn_update(
         hinted_rows = hinted.index_select(0, rows)  # (B',)
         if old_logprobs is not None:
             # As for the sampler: against the policy before this batch's first update.
-            hint_w, out["hint"] = L.hint_weights(old_logprobs, behaviour, mask, hinted_rows, cap=config.hint_cap)
+            hint_w, stats = L.hint_weights(old_logprobs, behaviour, mask, hinted_rows, cap=config.hint_cap)
+            if float(mask[hinted_rows].sum()) > 0:
+                out["hint"] = stats
             weights = hint_w if weights is None else weights * hint_w
             behaviour = None
     denominator = config.prompts_per_step * config.group_size * config.max_new_tokens
@@ -326,7 +328,9 @@ def turn_loss_backward(
         if behaviour_logprobs is not None and hinted is not None:
             hint_w, stats = L.hint_weights(logprobs, behaviour_logprobs[c], mask[c], hinted[c], cap=config.hint_cap)
             weights = hint_w if weights is None else weights * hint_w
-            hint.add(stats, float(mask[c][hinted[c]].sum()))
+            hinted_tokens = float(mask[c][hinted[c]].sum())
+            if hinted_tokens > 0:  # a step that trains no hinted token logs None, not a weight of 0
+                hint.add(stats, hinted_tokens)
         # β·k3 is added per token, under the policy term's normaliser (as TRL does).
         loss, stats = L.policy_loss(
             logprobs,

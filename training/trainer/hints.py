@@ -121,20 +121,29 @@ def hint_sample(
         top_p=config.top_p,
     )
     width = drawn.response_mask.shape[1]
-    with torch.no_grad():
-        behaviour = torch.cat(
-            [
-                token_logprobs(
-                    policy.model,
-                    drawn.input_ids[c],
-                    drawn.attention_mask[c],
-                    keep=width,
-                    temperature=config.temperature,
-                )
-                for c in micro_batches(len(drawn.texts), config.micro_batch)
-            ]
-        )  # (H·K, T_h)
+    # In eval mode, as `sample` drew them: with LoRA dropout, a train-mode pass would give
+    # log-probs of a randomly thinned policy, not of the distribution sampled from.
+    was_training = policy.model.training
+    policy.model.eval()
+    try:
+        behaviour = _behaviour_logprobs(policy, drawn, width=width, config=config)
+    finally:
+        if was_training:
+            policy.model.train()
     return drawn, behaviour
+
+
+@torch.no_grad()
+def _behaviour_logprobs(policy, drawn: Rollout, *, width: int, config: GRPOConfig) -> torch.Tensor:
+    """log π_b of the drawn tokens under their hinted context: (H·K, T_h)."""
+    return torch.cat(
+        [
+            token_logprobs(
+                policy.model, drawn.input_ids[c], drawn.attention_mask[c], keep=width, temperature=config.temperature
+            )
+            for c in micro_batches(len(drawn.texts), config.micro_batch)
+        ]
+    )
 
 
 def hinted_batch(
