@@ -293,6 +293,12 @@ def test_config_round_trips_through_json_and_rejects_bad_fields(tiny_model_dir):
     with pytest.raises(ConfigError) as err:
         config_from_dict({"kind": "grpo", "sampling_correction": "yes"})
     assert err.value.errors == [("sampling_correction", "must be bool")]
+    # The distillation teacher's hint follows the same rule as hinted GRPO's: a template that
+    # would fail mid-job, or never show the comment, is refused when the job is made.
+    for template in ("{feedback} and {other}", "Note: {{feedback}}", "{feedback:>999999999}"):
+        with pytest.raises(ConfigError) as err:
+            config_from_dict({"kind": "distill", "hint_template": template})
+        assert [field for field, _ in err.value.errors] == ["hint_template"]
 
 
 def test_a_monitor_that_keeps_firing_is_reported_once(tiny_model_dir, tmp_path):

@@ -261,8 +261,10 @@ class DistillConfig(TrainConfig):
             errors.append(("samples_per_prompt", "must be ≥ 1"))
         if self.teacher not in ("frozen", "current"):
             errors.append(("teacher", "must be 'frozen' or 'current'"))
-        if "{feedback}" not in self.hint_template:
-            errors.append(("hint_template", "must contain {feedback}"))
+        if not _formats_feedback(self.hint_template):
+            errors.append(
+                ("hint_template", "must contain {feedback} and no other {…} field, conversion or format spec")
+            )
         return errors
 
 
