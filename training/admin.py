@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.contrib import messages as admin_messages
 from django.core.exceptions import PermissionDenied
 
-from training.models_promotion import (
+from training.promotion.models import (
     AuditEvent,
     Evaluation,
     PromotionRequest,

@@ -17,7 +17,7 @@ from feedback.models import DeploymentJudge
 from feedback.services.api_keys import api_key_create
 from tests.factories import DeploymentFactory, user_with_role
 from tests.fixtures.adapters import LOOKUP_TOOL
-from training.models_promotion import AuditAction, AuditEvent
+from training.promotion.models import AuditAction, AuditEvent
 from training.serving.models import LiveVersion, ModelVersion
 
 pytestmark = [pytest.mark.vllm, pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]

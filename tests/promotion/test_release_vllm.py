@@ -9,7 +9,7 @@ import math
 import pytest
 
 from tests.promotion.conftest import evaluation_row
-from training.models_promotion import AuditAction, AuditEvent, PromotionStatus, ReleaseStatus
+from training.promotion.models import AuditAction, AuditEvent, PromotionStatus, ReleaseStatus
 from training.services.promotion import promotion_approve, promotion_request_create
 from training.services.release import release_run, rollback_request
 from training.serving.models import LiveVersion, ModelVersion

@@ -8,7 +8,7 @@ from django.core.exceptions import PermissionDenied
 
 from tests.factories import user_with_role
 from tests.promotion.conftest import evaluation_row
-from training.models_promotion import AuditAction, AuditEvent, PromotionStatus, Release, ReleaseStatus
+from training.promotion.models import AuditAction, AuditEvent, PromotionStatus, Release, ReleaseStatus
 from training.services.promotion import (
     promotion_approve,
     promotion_approve_check,

@@ -12,7 +12,7 @@ from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from training.models_promotion import AuditAction, Evaluation, PromotionRequest, PromotionStatus, Release
+from training.promotion.models import AuditAction, Evaluation, PromotionRequest, PromotionStatus, Release
 from training.services.audit import audit_record
 from training.services.promotion_checks import (
     APPROVE,

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from training.models_promotion import ACTIVE_RELEASE_STATUSES, Evaluation, Release
+from training.promotion.models import ACTIVE_RELEASE_STATUSES, Evaluation, Release
 from training.serving.models import Deployment, ModelVersion, ModelVersionKind, ModelVersionStatus
 from webapp.errors import Conflict
 from webapp.work import WorkStatus

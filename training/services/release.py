@@ -24,7 +24,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from training.inference.client import InferenceError
-from training.models_promotion import (
+from training.promotion.models import (
     ACTIVE_RELEASE_STATUSES,
     AuditAction,
     PromotionRequest,

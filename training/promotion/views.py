@@ -16,7 +16,7 @@ from django.views.decorators.http import require_POST
 
 from feedback.views.common import dashboard_view
 from training.models import TrainingSet
-from training.models_promotion import (
+from training.promotion.models import (
     AuditAction,
     Evaluation,
     EvaluationItem,
@@ -24,7 +24,7 @@ from training.models_promotion import (
     PromotionStatus,
     ReleaseStatus,
 )
-from training.selectors_promotion import (
+from training.promotion.selectors import (
     audit_events,
     candidate_versions,
     deployment_states,

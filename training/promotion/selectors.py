@@ -7,7 +7,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 
-from training.models_promotion import (
+from training.promotion.models import (
     ACTIVE_RELEASE_STATUSES,
     AuditEvent,
     Evaluation,
