@@ -186,7 +186,7 @@ def main() -> None:
             release = promotion_approve(promotion=promotion, user=approver, comment="bench")
             serving = wait_both(ports, key, candidate.name, started)
             release = Release.objects.get(pk=release.pk)
-            assert release.status == "live", release.error
+            assert release.status == "finished", release.error
             started = time.monotonic()
             rollback_request(deployment=deployment, user=approver, reason="bench")
             back = wait_both(ports, key, base_version.name, started)

@@ -61,7 +61,7 @@ class PromotionRequestAdmin(ReadOnlyAdmin):
 
 @admin.register(Release)
 class ReleaseAdmin(ReadOnlyAdmin):
-    list_display = ("id", "deployment", "kind", "from_version", "version", "status", "created_at", "error")
+    list_display = ("id", "deployment", "kind", "from_version", "version", "status", "step", "created_at", "error")
     list_filter = ("status", "kind", "deployment")
 
 

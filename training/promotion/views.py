@@ -22,7 +22,6 @@ from training.promotion.models import (
     EvaluationItem,
     PromotionRequest,
     PromotionStatus,
-    ReleaseStatus,
 )
 from training.promotion.selectors import (
     audit_events,
@@ -386,6 +385,5 @@ def audit_log(request: HttpRequest) -> HttpResponse:
         "deployments": Deployment.objects.order_by("name").values_list("name", flat=True),
         "next_before": events[-1].pk if len(events) == 100 else None,
         "actions": AuditAction,
-        "release_statuses": ReleaseStatus,
     }
     return render(request, "training/audit.html", context)
