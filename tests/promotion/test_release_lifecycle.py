@@ -135,3 +135,25 @@ def test_a_redelivered_task_takes_the_release_over_and_the_first_workers_writes_
     )
     assert release_run(release_id=release.pk).status == WorkStatus.FINISHED  # a redelivery after the end: nothing
     assert AuditEvent.objects.filter(action=AuditAction.LIVE_SWITCHED).count() == 1
+
+
+def test_the_pages_and_the_api_show_where_a_running_release_is(client, registry, operator, approver):
+    release = approved_release(registry, operator, approver)
+    worker = "deploy-1:300:pages"
+    work_claim(Release, pk=release.pk, worker=worker, resume_after=0)
+    work_beat(Release, pk=release.pk, worker=worker, step=ReleaseStep.SMOKE_TEST)
+    client.force_login(approver)
+
+    page = client.get(f"/promotions/{release.promotion_id}/").content.decode()
+    assert 'class="status status-smoke_test" id="release-status">Smoke test</span>' in page
+    assert 'hx-trigger="every 1s"' in page  # still polling: the release is in progress
+    assert '<span class="status status-smoke_test">Smoke test</span>' in client.get("/models/").content.decode()
+    api = client.get(f"/api/v1/releases/{release.pk}").json()
+    assert (api["status"], api["step"]) == ("running", "smoke_test")
+
+    silence(release)
+    stale_work_sweep_task()
+    page = client.get(f"/promotions/{release.promotion_id}/").content.decode()
+    assert 'id="release-status">Failed</span>' in page
+    assert "no sign of the release&#x27;s worker" in page and "The previous version stayed live." in page
+    assert 'hx-trigger="every 1s"' not in page  # it stopped polling
