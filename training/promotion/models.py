@@ -197,7 +197,7 @@ class Release(WorkItem):
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
-    # A release has always named who asked for it `requested_by` (kept from approval on, PROTECT).
+    # Who asked is `requested_by` (older than the lifecycle, and PROTECT): no second column for it.
     created_by = None
 
     class Meta:
