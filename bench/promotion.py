@@ -120,7 +120,7 @@ def main() -> None:
     from tests.fixtures.adapters import tiny_adapter_train
     from training.inference.server import InferenceServer, ServerSpec
     from training.modelprep import tiny_prepare
-    from training.models_promotion import Evaluation, Release
+    from training.promotion.models import Evaluation, Release
     from training.services.promotion import promotion_approve, promotion_request_create
     from training.services.release import rollback_request
     from training.serving.models import ModelVersion
@@ -186,7 +186,7 @@ def main() -> None:
             release = promotion_approve(promotion=promotion, user=approver, comment="bench")
             serving = wait_both(ports, key, candidate.name, started)
             release = Release.objects.get(pk=release.pk)
-            assert release.status == "live", release.error
+            assert release.status == "finished", release.error
             started = time.monotonic()
             rollback_request(deployment=deployment, user=approver, reason="bench")
             back = wait_both(ports, key, base_version.name, started)

@@ -14,7 +14,7 @@ from feedback.services.review import comment_add
 from tests.factories import DeploymentFactory, MessageFactory, TraceFactory, user_with_role
 from tests.promotion.conftest import evaluation_row, make_adapter_folder
 from training.models import TrainingJob
-from training.models_promotion import PromotionRequest, PromotionStatus
+from training.promotion.models import PromotionRequest, PromotionStatus
 from training.services.training_sets import training_set_create
 from training.serving.services import base_model_register, live_version_set, model_version_create
 from webapp.work import WorkStatus

@@ -21,7 +21,7 @@ from feedback.services.failure_modes import failure_mode_runs_fail_stale
 from feedback.services.judge_jobs import judge_jobs_fail_stale
 from tests.factories import DeploymentFactory
 from training.models import TrainingJob
-from training.models_promotion import Evaluation
+from training.promotion.models import Evaluation
 from training.services.evaluation import evaluations_fail_stale
 from training.services.jobs import training_jobs_check_stale
 from training.serving.models import BaseModel, ModelVersion

@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.contrib import messages as admin_messages
 from django.core.exceptions import PermissionDenied
 
-from training.models_promotion import (
+from training.promotion.models import (
     AuditEvent,
     Evaluation,
     PromotionRequest,
@@ -61,7 +61,7 @@ class PromotionRequestAdmin(ReadOnlyAdmin):
 
 @admin.register(Release)
 class ReleaseAdmin(ReadOnlyAdmin):
-    list_display = ("id", "deployment", "kind", "from_version", "version", "status", "created_at", "error")
+    list_display = ("id", "deployment", "kind", "from_version", "version", "status", "step", "created_at", "error")
     list_filter = ("status", "kind", "deployment")
 
 

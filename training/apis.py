@@ -19,8 +19,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from training.models import TrainingSet
-from training.models_promotion import Evaluation, PromotionRequest, PromotionStatus
-from training.selectors_promotion import (
+from training.promotion.models import Evaluation, PromotionRequest, PromotionStatus
+from training.promotion.selectors import (
     audit_as_dict,
     audit_events,
     evaluation_as_dict,

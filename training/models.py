@@ -200,16 +200,9 @@ class TrainingJobEvent(models.Model):
         return f"{self.job_id} {self.kind}@{self.step}"
 
 
-# Evaluation, promotion, release and the audit log live in their own module.
-from training.learning_policies.models import (  # noqa: E402, F401
-    LearningPolicy,
-    LearningPolicyRun,
-    LearningPolicyUse,
-)
-from training.models_promotion import (  # noqa: E402, F401
-    AuditEvent,
-    Evaluation,
-    EvaluationItem,
-    PromotionRequest,
-    Release,
-)
+# Django registers an app's models from its `models` module; promotion's live in
+# `training/promotion/models.py` and learning policies' in `training/learning_policies/models.py`
+# (app label `training`, the same tables), imported here only
+# so they are registered. Callers import them from there.
+import training.learning_policies.models  # noqa: E402
+import training.promotion.models  # noqa: E402, F401

@@ -10,16 +10,9 @@
 
 from __future__ import annotations
 
-import os
-import socket
-
 from celery import shared_task
 
 from webapp.work import work_worker_name
-
-
-def _worker_name(task) -> str:
-    return f"{task.request.hostname or socket.gethostname()}:{os.getpid()}"
 
 
 @shared_task(bind=True, name="training.run_job", queue="training", acks_late=True, reject_on_worker_lost=True)
@@ -40,7 +33,7 @@ def evaluation_run_task(self, evaluation_id: int) -> None:
 def release_run_task(self, release_id: int) -> None:
     from training.services.release import release_run
 
-    release_run(release_id=release_id, worker=_worker_name(self))
+    release_run(release_id=release_id, worker=work_worker_name(self.request.hostname))
 
 
 @shared_task(name="training.learning_policies_tick", queue="default", ignore_result=True)

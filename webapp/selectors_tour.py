@@ -12,7 +12,7 @@ from django.urls import reverse
 
 from feedback.models import Comment, CustomerFeedback, JudgeResult, JudgeStatus, Trace, TraceSource
 from training.models import TrainingJob, TrainingSet
-from training.models_promotion import Evaluation, PromotionRequest, PromotionStatus
+from training.promotion.models import Evaluation, PromotionRequest, PromotionStatus
 from training.serving.models import Deployment, LiveVersion, ModelVersion, ModelVersionKind
 from webapp.selectors import HELD_OUT_SPLITS
 from webapp.work import WorkStatus

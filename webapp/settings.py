@@ -420,7 +420,9 @@ RELEASE_SMOKE_PROMPT = os.environ.get("PRACTICUM_RELEASE_SMOKE_PROMPT", "Say hel
 RELEASE_SMOKE_MAX_TOKENS = int(os.environ.get("PRACTICUM_RELEASE_SMOKE_MAX_TOKENS", 8))
 RELEASE_SMOKE_TIMEOUT = float(os.environ.get("PRACTICUM_RELEASE_SMOKE_TIMEOUT", 60))
 RELEASE_LOAD_TIMEOUT = float(os.environ.get("PRACTICUM_RELEASE_LOAD_TIMEOUT", 120))
-# A release no worker finished in this long is marked failed when the next one is asked for.
+# A release queued this long with no worker taking it, or running with its worker silent
+# this long (longer than a load and a smoke request may take), is failed by the stale-work
+# sweep and before the next release or rollback is asked for.
 RELEASE_STALE_SECONDS = float(os.environ.get("PRACTICUM_RELEASE_STALE_SECONDS", 600))
 
 # Where the project's own processes reach its gateway (`/v1/`), e.g. the tour's "run the agent

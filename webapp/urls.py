@@ -20,5 +20,5 @@ urlpatterns = [
     path("api/openai/v1/", include("training.finetuning.urls")),
     path("", include("feedback.urls")),
     path("", include("training.urls")),
-    path("", include("training.urls_promotion")),
+    path("", include("training.promotion.urls")),
 ]

@@ -1,5 +1,6 @@
-"""One lifecycle for background work: judge jobs, failure-mode runs, training jobs and
-evaluations are `WorkItem`s, moved through the same statuses by the same functions.
+"""One lifecycle for background work: judge jobs, failure-mode runs, training jobs,
+evaluations and releases are `WorkItem`s, moved through the same statuses by the same
+functions.
 
 - `work_claim`: a worker takes a queued item under the row's lock, so of two deliveries of
   a queued task only one runs it. A held item is taken only by a kind that takes over: a
@@ -13,8 +14,8 @@ evaluations are `WorkItem`s, moved through the same statuses by the same functio
   (`webapp/stale_work.py`) is never overwritten by a worker that was only slow.
 
 A kind uses the statuses it needs: only training jobs are stopped by a monitor or wind down
-through `cancelling`. Releases are not work items in this sense: their statuses are the
-steps of putting weights live (loading, smoke test, live), shown as such.
+through `cancelling`. A kind with steps of its own keeps them in a field beside the status
+(a release's `step`: loading, smoke test, switching the live pointer).
 
 Nothing here imports an app, so every app can build on it.
 """

@@ -10,7 +10,7 @@ import pytest
 from tests.training.policies import commented_turns, finish_evaluation, finish_job
 from training.learning_policies.models import LearningPolicy
 from training.learning_policies.services import learning_policies_tick
-from training.models_promotion import PromotionStatus
+from training.promotion.models import PromotionStatus
 from training.serving.models import LiveVersion
 
 pytestmark = [pytest.mark.browser, pytest.mark.postgres, pytest.mark.django_db(transaction=True)]

@@ -10,7 +10,7 @@ import pytest
 
 from tests.factories import DeploymentFactory, user_with_role
 from tests.fixtures.adapters import LOOKUP_TOOL
-from training.models_promotion import PromotionRequest
+from training.promotion.models import PromotionRequest
 from training.serving.models import LiveVersion, ModelVersion
 from webapp.work import WorkStatus
 

@@ -10,7 +10,7 @@ import pytest
 from tests.factories import user_with_role
 from tests.promotion.conftest import registry  # noqa: F401 - the fixture
 from tests.promotion.test_regression_gate import glowing_evaluation, regressing_job
-from training.models_promotion import PromotionRequest
+from training.promotion.models import PromotionRequest
 
 pytestmark = [pytest.mark.browser, pytest.mark.postgres]
 

@@ -22,7 +22,7 @@ from tests.factories import DeploymentFactory, user_with_role
 from tests.fixtures.judge import presented_responses
 from tests.fixtures.worker import celery_worker
 from training.models import TrainingJob, TrainingSet
-from training.models_promotion import AuditEvent, PromotionRequest, PromotionStatus
+from training.promotion.models import AuditEvent, PromotionRequest, PromotionStatus
 from training.serving.models import LiveVersion, ModelVersion
 from webapp.work import WorkStatus
 

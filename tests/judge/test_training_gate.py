@@ -209,7 +209,7 @@ def test_a_judge_scored_job_is_refused_while_the_gate_is_closed_and_an_override_
     deployment, operator, gate_settings, judged_set, base_version
 ):
     from training.models import JobEventKind
-    from training.models_promotion import AuditAction, AuditEvent
+    from training.promotion.models import AuditAction, AuditEvent
     from training.services.jobs import JobError, training_job_create
 
     create = {"kind": "grpo", "config": {"steps": 1}, "base_version": base_version, "training_set": judged_set}
@@ -239,7 +239,7 @@ def test_overriding_the_default_judges_gate_for_a_job_of_no_deployment_is_audite
     job is scored by the settings' judge, and its override is audited on the deployments
     whose conversations it trains on."""
     from training.models import TrainingItemKind
-    from training.models_promotion import AuditAction, AuditEvent
+    from training.promotion.models import AuditAction, AuditEvent
     from training.services.jobs import training_job_create
     from training.services.training_sets import training_set_create
 

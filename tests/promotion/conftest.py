@@ -66,7 +66,7 @@ def registry(db, tmp_path) -> Registry:
 
 def evaluation_row(candidate, deployment, baseline, *, status="finished", done=None, total=4):
     """An evaluation in a given state, stored directly (the run itself is tested elsewhere)."""
-    from training.models_promotion import Evaluation
+    from training.promotion.models import Evaluation
 
     return Evaluation.objects.create(
         deployment=deployment,

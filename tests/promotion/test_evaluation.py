@@ -119,7 +119,7 @@ ITEMS = [
 
 
 def test_a_local_evaluation_scores_both_versions_side_by_side(local_registry, judge_settings, operator):
-    from training.models_promotion import AuditAction, AuditEvent
+    from training.promotion.models import AuditAction, AuditEvent
     from training.services.evaluation import evaluation_create, evaluation_run
     from webapp.work import WorkStatus
 
@@ -186,7 +186,7 @@ def test_a_local_evaluation_scores_both_versions_side_by_side(local_registry, ju
 
 
 def test_evaluation_input_is_checked_before_anything_is_stored(local_registry, operator):
-    from training.models_promotion import Evaluation
+    from training.promotion.models import Evaluation
     from training.services.evaluation import EvaluationError, evaluation_create
 
     deployment, base_version, candidate = local_registry

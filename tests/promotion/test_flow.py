@@ -17,7 +17,7 @@ from feedback.models import DeploymentJudge
 from feedback.services.api_keys import api_key_create
 from tests.factories import DeploymentFactory, user_with_role
 from tests.fixtures.adapters import LOOKUP_TOOL
-from training.models_promotion import AuditAction, AuditEvent
+from training.promotion.models import AuditAction, AuditEvent
 from training.serving.models import LiveVersion, ModelVersion
 
 pytestmark = [pytest.mark.vllm, pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]
@@ -107,7 +107,7 @@ def test_evaluate_approve_deploy_and_roll_back_through_the_gateway(
     serving_s = time.monotonic() - approved_at
     assert message.tool_calls[0].function.name == "lookup_order"
     release = client.get(f"/api/v1/releases/{response.json()['id']}").json()
-    assert release["status"] == "live"
+    assert (release["status"], release["step"]) == ("finished", "switch")
     print(
         f"\napproval → new version serving through the gateway: {serving_s:.2f} s; release steps (ms): "
         f"{release['timings_ms']}"

@@ -87,7 +87,7 @@ def _side(success: int, collateral: int, unknown: int, n: int = 10) -> dict:
 
 
 def _finished(summary: dict):
-    from training.models_promotion import Evaluation
+    from training.promotion.models import Evaluation
 
     return Evaluation(status=WorkStatus.FINISHED, summary=summary)
 
@@ -109,7 +109,7 @@ def test_the_harm_check_blocks_more_collateral_changes_whatever_the_success():
     assert same.ok and "in 1 of 10 episodes" in same.detail
     # No episodes: passes, and says it was not measured; unfinished: measured later.
     assert "not measured" in check_harm(_finished({"candidate": {}, "baseline": {}})).detail
-    from training.models_promotion import Evaluation
+    from training.promotion.models import Evaluation
 
     assert check_harm(Evaluation(status=WorkStatus.RUNNING)).ok
 
@@ -140,7 +140,7 @@ def test_the_evaluation_api_adds_an_environments_episodes_or_names_the_bad_field
     assert response.status_code == 201, response.content
     body = response.json()
     assert body["progress"] == {"done": 0, "total": 3}
-    from training.models_promotion import Evaluation
+    from training.promotion.models import Evaluation
 
     items = Evaluation.objects.get(pk=body["id"]).items.order_by("position")
     assert [i.kind for i in items] == ["episode"] * 3

@@ -11,7 +11,7 @@ from django.db import connection, transaction
 from feedback.services.api_keys import api_key_create
 from tests.factories import user_with_role
 from tests.promotion.conftest import evaluation_row
-from training.models_promotion import (
+from training.promotion.models import (
     AuditAction,
     AuditEvent,
     AuditImmutable,

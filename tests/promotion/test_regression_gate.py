@@ -9,7 +9,7 @@ import math
 import pytest
 
 from tests.promotion.conftest import evaluation_row
-from training.models_promotion import AuditAction, AuditEvent
+from training.promotion.models import AuditAction, AuditEvent
 from training.services.promotion import promotion_approve_check, promotion_request_create
 from training.services.promotion_checks import PromotionRefused
 from training.services.promotion_signals import Signal, difference_interval

@@ -9,10 +9,11 @@ import math
 import pytest
 
 from tests.promotion.conftest import evaluation_row
-from training.models_promotion import AuditAction, AuditEvent, PromotionStatus, ReleaseStatus
+from training.promotion.models import AuditAction, AuditEvent, PromotionStatus
 from training.services.promotion import promotion_approve, promotion_request_create
 from training.services.release import release_run, rollback_request
 from training.serving.models import LiveVersion, ModelVersion
+from webapp.work import WorkStatus
 
 pytestmark = [pytest.mark.vllm, pytest.mark.postgres]
 
@@ -69,7 +70,7 @@ def test_release_serves_the_adapter_then_rollback_restores_the_base(
 
     release = release_run(release_id=release.pk)
 
-    assert release.status == ReleaseStatus.LIVE, release.error
+    assert release.status == WorkStatus.FINISHED, release.error
     assert LiveVersion.objects.get(deployment=deployment).version == candidate
     assert candidate.name in {m.id for m in vllm_server.client().models()}
     assert release.smoke["model"] == candidate.name and release.smoke["tokens"] > 0
@@ -79,7 +80,7 @@ def test_release_serves_the_adapter_then_rollback_restores_the_base(
 
     back = release_run(release_id=rollback_request(deployment=deployment, user=approver, reason="test").pk)
 
-    assert back.status == ReleaseStatus.LIVE, back.error
+    assert back.status == WorkStatus.FINISHED, back.error
     assert LiveVersion.objects.get(deployment=deployment).version == base_version
     promotion.refresh_from_db()
     assert promotion.status == PromotionStatus.ROLLED_BACK
@@ -110,7 +111,7 @@ def test_a_failed_smoke_request_leaves_the_old_version_live(
 
     release = release_run(release_id=release.pk)
 
-    assert release.status == ReleaseStatus.FAILED
+    assert release.status == WorkStatus.FAILED
     assert release.error.startswith("smoke request failed:"), release.error
     assert LiveVersion.objects.get(deployment=deployment).version == base_version
     promotion.refresh_from_db()
@@ -133,7 +134,7 @@ def test_a_corrupt_adapter_never_reaches_the_server(
 
     release = release_run(release_id=release.pk)
 
-    assert release.status == ReleaseStatus.FAILED
+    assert release.status == WorkStatus.FAILED
     assert "tiny-corrupt was not loaded" in release.error and "NaN" in release.error
     assert candidate.name not in {m.id for m in vllm_server.client().models()}
     answer = vllm_server.client().chat(model=base_version.name, messages=[{"role": "user", "content": "hi"}])

@@ -8,7 +8,7 @@ from django.core.exceptions import PermissionDenied
 
 from tests.factories import user_with_role
 from tests.promotion.conftest import evaluation_row
-from training.models_promotion import AuditAction, AuditEvent, PromotionStatus, Release, ReleaseStatus
+from training.promotion.models import AuditAction, AuditEvent, PromotionStatus, Release
 from training.services.promotion import (
     promotion_approve,
     promotion_approve_check,
@@ -19,6 +19,7 @@ from training.services.promotion import (
 from training.services.promotion_checks import PromotionRefused
 from training.services.release import release_run, rollback_request, rollback_target
 from training.serving.models import LiveVersion
+from webapp.work import WorkStatus
 
 
 def request(registry, user, evaluation, **kwargs):
@@ -51,7 +52,7 @@ def test_a_requester_cannot_approve_their_own_request(registry, approving_operat
         "numbers look right",
     )
     assert (release.status, release.version, release.from_version) == (
-        ReleaseStatus.QUEUED,
+        WorkStatus.QUEUED,
         registry.candidate,
         registry.base_version,
     )
@@ -178,7 +179,7 @@ def test_a_release_whose_weights_cannot_load_leaves_the_old_version_live(registr
 
     release = release_run(release_id=release.pk)  # the server at inference_url is down
 
-    assert release.status == ReleaseStatus.FAILED
+    assert release.status == WorkStatus.FAILED
     assert "loading smol-v1 into the inference server failed" in release.error
     assert LiveVersion.objects.get(deployment=registry.deployment).version == registry.base_version
     promotion.refresh_from_db()
@@ -190,7 +191,7 @@ def test_a_release_whose_weights_cannot_load_leaves_the_old_version_live(registr
         release,
     )
     # A redelivered task finds the release finished and does nothing.
-    assert release_run(release_id=release.pk).status == ReleaseStatus.FAILED
+    assert release_run(release_id=release.pk).status == WorkStatus.FAILED
     assert AuditEvent.objects.filter(action=AuditAction.RELEASE_FAILED).count() == 1
 
 
@@ -231,7 +232,7 @@ def test_an_adapter_with_non_finite_weights_is_refused_before_it_reaches_the_ser
         candidate=diverged, deployment=registry.deployment, evaluation=evaluation, requested_by=operator
     )
     release = release_run(release_id=promotion_approve(promotion=promotion, user=approver).pk)
-    assert release.status == ReleaseStatus.FAILED
+    assert release.status == WorkStatus.FAILED
     assert "smol-diverged was not loaded: adapter_model.safetensors: 1 tensors hold NaN" in release.error
     assert "lora_B" in release.error
     assert LiveVersion.objects.get(deployment=registry.deployment).version == registry.base_version
@@ -316,10 +317,10 @@ def test_a_release_no_worker_finished_does_not_block_the_next_one_forever(regist
     again = rollback_request(deployment=registry.deployment, user=approver)
 
     stuck.refresh_from_db()
-    assert stuck.status == ReleaseStatus.FAILED
-    assert "not finished within 600 s: is a worker consuming the deploy queue?" in stuck.error
-    assert again.status == ReleaseStatus.QUEUED
-    assert release_run(release_id=stuck.pk).status == ReleaseStatus.FAILED  # a late worker does nothing
+    assert stuck.status == WorkStatus.FAILED
+    assert "not picked up within 600 s: is a worker consuming the deploy queue?" in stuck.error
+    assert again.status == WorkStatus.QUEUED
+    assert release_run(release_id=stuck.pk).status == WorkStatus.FAILED  # a late worker does nothing
 
 
 def test_a_worker_that_resumes_after_its_release_was_failed_as_stale_does_not_take_it_live(
@@ -338,16 +339,17 @@ def test_a_worker_that_resumes_after_its_release_was_failed_as_stale_does_not_ta
 
     def load_that_stalls_past_the_sweep(version):
         # The load takes so long that the release is failed as stale meanwhile; then it succeeds.
-        Release.objects.filter(pk=release.pk).update(created_at=timezone.now() - timedelta(minutes=11))
-        assert releases_fail_stale(deployment=registry.deployment) == 1
+        silent_since = timezone.now() - timedelta(minutes=11)
+        Release.objects.filter(pk=release.pk).update(started_at=silent_since, heartbeat_at=silent_since)
+        assert releases_fail_stale() == 1
         return {"loaded": version.name}
 
     monkeypatch.setattr(release_service, "release_load", load_that_stalls_past_the_sweep)
     monkeypatch.setattr(release_service, "release_smoke", lambda version: {"tokens": 1})
 
     late = release_run(release_id=release.pk)
-    assert late.status == ReleaseStatus.FAILED
-    assert "not finished within 600 s" in late.error
+    assert late.status == WorkStatus.FAILED
+    assert "no sign of the release's worker for 660 s (the limit is 600 s)" in late.error
     assert LiveVersion.objects.get(deployment=registry.deployment).version == registry.candidate
     late_actions = [AuditAction.RELEASE_LOADED, AuditAction.RELEASE_SMOKE_PASSED, AuditAction.LIVE_SWITCHED]
     assert not AuditEvent.objects.filter(release=release, action__in=late_actions).exists()

@@ -10,7 +10,7 @@ import pytest
 from django.utils import timezone
 
 from tests.promotion.conftest import evaluation_row
-from training.models_promotion import AuditAction, AuditEvent, EvaluationItem
+from training.promotion.models import AuditAction, AuditEvent, EvaluationItem
 from training.services import evaluation as evaluation_service
 from training.services.evaluation import evaluation_run, evaluations_fail_stale
 from webapp.tasks import stale_work_sweep_task

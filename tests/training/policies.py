@@ -11,7 +11,8 @@ from tests.factories import DeploymentFactory, MessageFactory, TraceFactory, use
 from tests.promotion.conftest import make_adapter_folder
 from training.learning_policies.models import LearningPolicyRun
 from training.learning_policies.services import learning_policy_create
-from training.models import Evaluation, TrainingJob
+from training.models import TrainingJob
+from training.promotion.models import Evaluation
 from training.services.training_sets import training_set_from_tasks
 from webapp.work import WorkStatus
 

@@ -20,8 +20,8 @@ from training.learning_policies.services import (
     learning_policies_tick,
     learning_policy_update,
 )
-from training.models import PromotionRequest, TrainingJob
-from training.models_promotion import PromotionStatus
+from training.models import TrainingJob
+from training.promotion.models import PromotionRequest, PromotionStatus
 from training.serving.models import LiveVersion, LiveVersionChange
 from webapp.work import WorkStatus
 

@@ -21,8 +21,7 @@ from feedback.services.review import comment_add
 from tests.factories import DeploymentFactory, MessageFactory, TraceFactory, user_with_role
 from training.learning_policies.models import LearningPolicyRun, RunOutcome
 from training.learning_policies.services import learning_policy_create
-from training.models import PromotionRequest
-from training.models_promotion import PromotionStatus
+from training.promotion.models import PromotionRequest, PromotionStatus
 from training.services.training_sets import training_set_from_tasks
 from training.serving.models import BaseModel, LiveVersion, LiveVersionChange, ModelVersion, ModelVersionKind
 from webapp.work import WorkStatus

@@ -460,7 +460,8 @@ def _provenance(items: list[dict[str, Any]], kind: str, used: set[int]) -> dict[
 
 
 def _advance(policy: LearningPolicy, run: LearningPolicyRun, now: datetime) -> str:
-    from training.models import Evaluation, TrainingJob
+    from training.models import TrainingJob
+    from training.promotion.models import Evaluation
 
     if run.stage == RunStage.TRAINING:
         job = TrainingJob.objects.filter(pk=run.job_id).select_related("result_version").first()

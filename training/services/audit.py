@@ -11,7 +11,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from training.models_promotion import AuditEvent, Evaluation, PromotionRequest, Release
+from training.promotion.models import AuditEvent, Evaluation, PromotionRequest, Release
 from training.serving.models import Deployment, ModelVersion
 
 

@@ -19,7 +19,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from training.models_promotion import AuditAction, Evaluation, EvaluationItem, EvaluationItemKind
+from training.promotion.models import AuditAction, Evaluation, EvaluationItem, EvaluationItemKind
 from training.services.audit import audit_record
 from training.services.evaluation_items import (
     EvaluationError,

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from feedback.models import Message, Trace
-from training.models_promotion import EvaluationItemKind
+from training.promotion.models import EvaluationItemKind
 from training.serving.models import Deployment
 from webapp.errors import Invalid
 

@@ -13,7 +13,7 @@ from typing import Any
 from django.utils import timezone
 
 from feedback.selectors.judge_gate import judge_training_gate
-from training.models_promotion import AuditAction
+from training.promotion.models import AuditAction
 from training.services.audit import audit_record
 from training.serving.models import Deployment
 from webapp.errors import Invalid

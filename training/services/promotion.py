@@ -12,7 +12,7 @@ from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from training.models_promotion import AuditAction, Evaluation, PromotionRequest, PromotionStatus, Release
+from training.promotion.models import AuditAction, Evaluation, PromotionRequest, PromotionStatus, Release
 from training.services.audit import audit_record
 from training.services.promotion_checks import (
     APPROVE,
@@ -245,7 +245,7 @@ def promotion_approve(*, promotion: PromotionRequest, user, comment: str = "") -
     promotion = _locked(promotion)
     checks = promotion_approve_check(promotion=promotion, user=user)
     _refuse_decider(checks[:2])
-    releases_fail_stale(deployment=promotion.deployment)
+    releases_fail_stale()
     raise_first_unmet(checks)
     live = live_version_get(deployment_id=promotion.deployment_id)
     promotion.status = PromotionStatus.APPROVED

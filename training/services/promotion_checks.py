@@ -8,7 +8,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from training.models_promotion import ACTIVE_RELEASE_STATUSES, Evaluation, Release
+from training.promotion.models import Evaluation
 from training.serving.models import Deployment, ModelVersion, ModelVersionKind, ModelVersionStatus
 from webapp.errors import Conflict
 from webapp.work import WorkStatus
@@ -272,13 +272,9 @@ def check_not_live(candidate: ModelVersion, live: ModelVersion | None) -> Precon
 
 
 def check_no_release_running(deployment: Deployment) -> Precondition:
-    from training.services.release import releases_stale
+    from training.services.release import release_in_progress
 
-    running = (
-        Release.objects.filter(deployment=deployment, status__in=ACTIVE_RELEASE_STATUSES)
-        .exclude(pk__in=releases_stale(deployment=deployment))
-        .first()
-    )
+    running = release_in_progress(deployment=deployment)
     if running is not None:
         return Precondition(
             "release",

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from training.evaluation.metrics import Z_95, wilson_interval
-from training.models_promotion import Evaluation
+from training.promotion.models import Evaluation
 from training.serving.models import ModelVersion
 from webapp.work import WorkStatus
 

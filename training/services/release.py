@@ -3,7 +3,10 @@
 `release_queue` stores the release and queues `release_run` on the `deploy` queue after
 commit. The worker loads the version under its versioned name (a LoRA adapter is
 hot-loaded; base weights must already be served), sends one smoke request through the
-inference client, then flips the live pointer in one transaction (`live_version_set`).
+inference client, then flips the live pointer (`live_version_set`) in the transaction that ends the release
+finished. A release is a work item (`webapp.work`): claimed, beaten at each step and ended
+through the shared functions, so the stale-work sweep's failure of a release whose worker
+went silent and the worker's flip lock the same row, and only one of them happens.
 The gateway reads the pointer per request (cached for a moment, and told of the flip at
 once on PostgreSQL), so the next request goes to the new version, while requests in
 flight finish on the old one, which stays loaded. Any failure leaves the old version
@@ -15,23 +18,23 @@ from __future__ import annotations
 import logging
 import math
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError, transaction
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from training.inference.client import InferenceError
-from training.models_promotion import (
-    ACTIVE_RELEASE_STATUSES,
+from training.promotion.models import (
     AuditAction,
     PromotionRequest,
     PromotionStatus,
     Release,
     ReleaseKind,
-    ReleaseStatus,
+    ReleaseStep,
 )
 from training.services.audit import audit_record
 from training.services.inference import version_server
@@ -45,6 +48,8 @@ from training.serving.models import (
     ModelVersionStatus,
 )
 from training.serving.services import ModelRegistryError, live_version_set
+from webapp.stale_work import stale_work_settle
+from webapp.work import WorkStatus, work_beat, work_claim, work_end, work_worker_name
 
 logger = logging.getLogger(__name__)
 
@@ -65,19 +70,53 @@ def _ms_since(start) -> int:
 # Queue ---------------------------------------------------------------------------------
 
 
-def releases_stale(*, deployment: Deployment):
-    """Active releases no worker finished in time (none running, or one that died for good)."""
-    cutoff = timezone.now() - timedelta(seconds=settings.RELEASE_STALE_SECONDS)
-    return Release.objects.filter(deployment=deployment, status__in=ACTIVE_RELEASE_STATUSES, created_at__lt=cutoff)
+IN_PROGRESS = (WorkStatus.QUEUED, *Release.HELD_STATUSES)
 
 
-def releases_fail_stale(*, deployment: Deployment) -> int:
-    """Mark stale releases failed (the live pointer never moved for them), so a new release
-    or a rollback is not blocked forever by one that will not finish."""
-    count = 0
-    for release in releases_stale(deployment=deployment).values_list("pk", flat=True):
-        reason = f"not finished within {settings.RELEASE_STALE_SECONDS:.0f} s: is a worker consuming the deploy queue?"
-        if _fail(release, reason, unload=False) is not None:
+def releases_stale(*, deployment: Deployment | None = None, now: datetime | None = None) -> QuerySet[Release]:
+    """Releases in progress that will not finish: queued for over `RELEASE_STALE_SECONDS`
+    with no worker taking them, or running with their worker silent that long."""
+    cutoff = (now or timezone.now()) - timedelta(seconds=settings.RELEASE_STALE_SECONDS)
+    silent = Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at__isnull=True, started_at__lt=cutoff)
+    stale = Release.objects.filter(
+        Q(status=WorkStatus.QUEUED, created_at__lt=cutoff) | (Q(status__in=Release.HELD_STATUSES) & silent)
+    )
+    return stale if deployment is None else stale.filter(deployment=deployment)
+
+
+def release_in_progress(*, deployment: Deployment) -> Release | None:
+    """The deployment's release that is queued or running and not stale, if any."""
+    return (
+        Release.objects.filter(deployment=deployment, status__in=IN_PROGRESS)
+        .exclude(pk__in=releases_stale(deployment=deployment))
+        .select_related("version")
+        .first()
+    )
+
+
+def releases_fail_stale(*, now: datetime | None = None) -> int:
+    """Fail the stale releases (the live pointer never moved for them), so a new release or
+    a rollback is not blocked forever by one that will not finish. A running one goes
+    through the stale-work sweep's rule; a queued one, which no worker holds, is failed
+    here under its row's lock (a worker that takes it meanwhile wins)."""
+    now = now or timezone.now()
+    limit = settings.RELEASE_STALE_SECONDS
+    swept = stale_work_settle(Release, silent_after=limit, now=now, what="release's worker", on_end=_release_ended)
+    count = len(swept)
+    cutoff = now - timedelta(seconds=limit)
+    for pk in Release.objects.filter(status=WorkStatus.QUEUED, created_at__lt=cutoff).values_list("pk", flat=True):
+        with transaction.atomic():
+            release = (
+                Release.objects.select_for_update()
+                .filter(pk=pk, status=WorkStatus.QUEUED, created_at__lt=cutoff)
+                .first()
+            )
+            if release is None:
+                continue
+            release.status, release.finished_at = WorkStatus.FAILED, now
+            release.error = f"not picked up within {limit:.0f} s: is a worker consuming the deploy queue?"
+            release.save(update_fields=["status", "finished_at", "error"])
+            _release_ended(release)
             count += 1
     return count
 
@@ -150,11 +189,7 @@ def rollback_check(*, deployment: Deployment, user=None) -> list[Precondition]:
         checks.append(
             Precondition("deployable", "Deployable", ok, "" if ok else f"{target.name} cannot be served again")
         )
-    running = (
-        Release.objects.filter(deployment=deployment, status__in=ACTIVE_RELEASE_STATUSES)
-        .exclude(pk__in=releases_stale(deployment=deployment))
-        .first()
-    )
+    running = release_in_progress(deployment=deployment)
     checks.append(
         Precondition(
             "release",
@@ -171,7 +206,7 @@ def rollback_request(*, deployment: Deployment, user, reason: str = "") -> Relea
     """Return the deployment to its previous version (load if needed, smoke, flip)."""
     checks = rollback_check(deployment=deployment, user=user)
     if checks[0].ok:
-        releases_fail_stale(deployment=deployment)
+        releases_fail_stale()
     if not checks[0].ok:
         raise PermissionDenied(checks[0].detail)
     raise_first_unmet(checks)
@@ -270,46 +305,36 @@ def release_smoke(version: ModelVersion) -> dict[str, Any]:
     return report
 
 
-def _lock_active(release_id: int) -> Release | None:
-    return (
-        Release.objects.select_for_update(of=("self",))
-        .select_related("version__base_model", "deployment", "promotion", "requested_by", "from_version")
-        .filter(pk=release_id, status__in=ACTIVE_RELEASE_STATUSES)
-        .first()
-    )
-
-
 class _ReleaseTakenAway(Exception):
-    """The release is no longer active (the stale sweep failed it while this worker was
-    busy): the worker stops and writes nothing more."""
+    """The release is no longer this worker's (the stale sweep failed it, a redelivered task
+    took it over) or a cancel was asked for: the worker stops and writes nothing more."""
 
 
-def _step(release: Release, status: str, **timings: int) -> None:
-    moved = Release.objects.filter(pk=release.pk, status__in=ACTIVE_RELEASE_STATUSES).update(
-        status=status, timings={**release.timings, **timings}
-    )
-    if not moved:
+def _beat(release: Release, worker: str, step: str, *, smoke: dict[str, Any] | None = None, **timings: int) -> None:
+    release.step, release.timings = step, {**release.timings, **timings}
+    progress: dict[str, Any] = {"step": step, "timings": release.timings}
+    if smoke is not None:
+        release.smoke = progress["smoke"] = smoke
+    if not work_beat(Release, pk=release.pk, worker=worker, **progress):
         raise _ReleaseTakenAway()
-    release.status = status
-    release.timings = {**release.timings, **timings}
 
 
 def release_run(*, release_id: int, worker: str = "") -> Release | None:
-    """Load, smoke-test and flip. A release already live or failed is left alone, so a
-    redelivered task does nothing; one interrupted mid-way starts its steps again (each is
-    safe to repeat)."""
-    with transaction.atomic():
-        release = _lock_active(release_id)
-        if release is None:
-            return Release.objects.filter(pk=release_id).first()
-        release.started_at = release.started_at or timezone.now()
-        release.worker = worker[:200]
-        release.save(update_fields=["started_at", "worker"])
-    _step(release, ReleaseStatus.LOADING, picked_up_ms=_ms_since(release.created_at))
+    """Load, smoke-test and flip. A release already ended is left alone, so a redelivered
+    task does nothing; a redelivery of one still running takes it over at once and starts
+    its steps again (each is safe to repeat), and the first worker's later writes change
+    nothing."""
+    worker = (worker or work_worker_name())[:200]
+    if work_claim(Release, pk=release_id, worker=worker, resume_after=0) is None:
+        return Release.objects.filter(pk=release_id).first()
+    release = Release.objects.select_related(
+        "version__base_model", "deployment", "promotion", "requested_by", "from_version"
+    ).get(pk=release_id)
     version = release.version
     try:
+        _beat(release, worker, ReleaseStep.LOADING, picked_up_ms=_ms_since(release.created_at))
         loaded = release_load(version)
-        _step(release, ReleaseStatus.SMOKE_TEST, loaded_ms=_ms_since(release.created_at))
+        _beat(release, worker, ReleaseStep.SMOKE_TEST, loaded_ms=_ms_since(release.created_at))
         audit_record(
             action=AuditAction.RELEASE_LOADED,
             deployment=release.deployment,
@@ -320,11 +345,7 @@ def release_run(*, release_id: int, worker: str = "") -> Release | None:
             data=loaded,
         )
         smoke = release_smoke(version)
-        release.timings = {**release.timings, "smoke_ms": _ms_since(release.created_at)}
-        if not Release.objects.filter(pk=release.pk, status__in=ACTIVE_RELEASE_STATUSES).update(
-            smoke=smoke, timings=release.timings
-        ):
-            raise _ReleaseTakenAway()
+        _beat(release, worker, ReleaseStep.SWITCH, smoke=smoke, smoke_ms=_ms_since(release.created_at))
         audit_record(
             action=AuditAction.RELEASE_SMOKE_PASSED,
             deployment=release.deployment,
@@ -334,77 +355,93 @@ def release_run(*, release_id: int, worker: str = "") -> Release | None:
             release=release,
             data=smoke,
         )
-        return _flip(release_id)
+        return _flip(release, worker)
     except _ReleaseTakenAway:
-        logger.warning("release %s: no longer active when its worker resumed; the late run stops", release_id)
-        return Release.objects.filter(pk=release_id).first()
+        logger.warning("release %s: no longer this worker's, or a cancel was asked for; the run stops", release_id)
+        # Still held only when a cancel was asked for: then it ends cancelled, the old version live.
+        return work_end(Release, pk=release_id, worker=worker, status=WorkStatus.CANCELLED, on_end=_release_ended)
     except ReleaseFailed as exc:
-        return _fail(release_id, str(exc), unload=exc.reached_server)
+        return _fail(release, worker, str(exc), unload=exc.reached_server)
     except ModelRegistryError as exc:
-        return _fail(release_id, str(exc))
+        return _fail(release, worker, str(exc))
     except Exception as exc:
         logger.exception("release %s failed", release_id)
-        return _fail(release_id, f"{type(exc).__name__}: {exc}")
+        return _fail(release, worker, f"{type(exc).__name__}: {exc}")
 
 
-@transaction.atomic
-def _flip(release_id: int) -> Release | None:
-    release = _lock_active(release_id)
-    if release is None:
-        return Release.objects.filter(pk=release_id).first()
+def _flip(release: Release, worker: str) -> Release | None:
+    """Flip the live pointer in the transaction that ends the release finished, under its
+    row's lock and only while this worker holds it: the pointer moves if and only if the
+    release is finished, and never after the sweep failed it."""
     version = release.version
-    before = LiveVersion.objects.filter(deployment=release.deployment).select_related("version").first()
-    previous = before.version if before else None
-    live_version_set(
-        deployment=release.deployment,
-        version=version,
-        user=release.requested_by,
-        reason=f"{release.get_kind_display().lower()} (release {release.pk})",
-    )
-    timings = {**release.timings, "live_ms": _ms_since(release.created_at)}
-    Release.objects.filter(pk=release.pk).update(status=ReleaseStatus.LIVE, finished_at=timezone.now(), timings=timings)
+    switched: dict[str, Any] = {}
+
+    def switch(locked: Release) -> list[str]:
+        before = LiveVersion.objects.filter(deployment=release.deployment).select_related("version").first()
+        switched["previous"] = previous = before.version if before else None
+        live_version_set(
+            deployment=release.deployment,
+            version=version,
+            user=release.requested_by,
+            reason=f"{release.get_kind_display().lower()} (release {release.pk})",
+        )
+        locked.timings = {**locked.timings, "live_ms": _ms_since(release.created_at)}
+        if release.kind == ReleaseKind.PROMOTION and release.promotion_id:
+            PromotionRequest.objects.filter(pk=release.promotion_id).update(status=PromotionStatus.DEPLOYED)
+        if release.kind == ReleaseKind.ROLLBACK and previous is not None:
+            PromotionRequest.objects.filter(
+                deployment=release.deployment, candidate=previous, status=PromotionStatus.DEPLOYED
+            ).update(status=PromotionStatus.ROLLED_BACK)
+        return ["timings"]
+
+    def record(ended: Release) -> None:
+        audit_record(
+            action=AuditAction.LIVE_SWITCHED,
+            deployment=release.deployment,
+            actor=release.requested_by,
+            from_version=switched["previous"],
+            to_version=version,
+            promotion=release.promotion,
+            release=ended,
+            detail=release.get_kind_display(),
+            data={"timings_ms": ended.timings},
+        )
+
+    return work_end(Release, pk=release.pk, worker=worker, status=WorkStatus.FINISHED, settle=switch, on_end=record)
+
+
+def _release_ended(release: Release) -> None:
+    """A release ended without going live (failed or cancelled), by its worker or the
+    sweep: the time it ended, its promotion failed, an audit record against the version
+    still live."""
+    release.timings = {**release.timings, f"{release.status}_ms": _ms_since(release.created_at)}
+    release.save(update_fields=["timings"])
     if release.kind == ReleaseKind.PROMOTION and release.promotion_id:
-        PromotionRequest.objects.filter(pk=release.promotion_id).update(status=PromotionStatus.DEPLOYED)
-    if release.kind == ReleaseKind.ROLLBACK and previous is not None:
-        PromotionRequest.objects.filter(
-            deployment=release.deployment, candidate=previous, status=PromotionStatus.DEPLOYED
-        ).update(status=PromotionStatus.ROLLED_BACK)
+        PromotionRequest.objects.filter(pk=release.promotion_id).update(status=PromotionStatus.FAILED)
+    live = LiveVersion.objects.filter(deployment_id=release.deployment_id).select_related("version").first()
     audit_record(
-        action=AuditAction.LIVE_SWITCHED,
+        action=AuditAction.RELEASE_FAILED,
         deployment=release.deployment,
-        actor=release.requested_by,
-        from_version=previous,
-        to_version=version,
+        from_version=live.version if live else None,
+        to_version=release.version,
         promotion=release.promotion,
         release=release,
-        detail=release.get_kind_display(),
-        data={"timings_ms": timings},
+        detail=release.error or f"release {release.get_status_display().lower()}",
     )
-    release.refresh_from_db()
-    return release
 
 
-def _fail(release_id: int, reason: str, *, unload: bool = True) -> Release | None:
-    with transaction.atomic():
-        release = _lock_active(release_id)
-        if release is None:
-            return Release.objects.filter(pk=release_id).first()
-        timings = {**release.timings, "failed_ms": _ms_since(release.created_at)}
-        Release.objects.filter(pk=release.pk).update(
-            status=ReleaseStatus.FAILED, error=reason[:5000], finished_at=timezone.now(), timings=timings
-        )
-        if release.kind == ReleaseKind.PROMOTION and release.promotion_id:
-            PromotionRequest.objects.filter(pk=release.promotion_id).update(status=PromotionStatus.FAILED)
-        live = LiveVersion.objects.filter(deployment=release.deployment).select_related("version").first()
-        audit_record(
-            action=AuditAction.RELEASE_FAILED,
-            deployment=release.deployment,
-            from_version=live.version if live else None,
-            to_version=release.version,
-            promotion=release.promotion,
-            release=release,
-            detail=reason,
-        )
+def _fail(release: Release, worker: str, reason: str, *, unload: bool = True) -> Release | None:
+    ended_here: list[Release] = []
+
+    def on_end(ended: Release) -> None:
+        _release_ended(ended)
+        ended_here.append(ended)
+
+    outcome = work_end(
+        Release, pk=release.pk, worker=worker, status=WorkStatus.FAILED, error=reason[:5000], on_end=on_end
+    )
+    if not ended_here:
+        return outcome
     version = release.version
     # A broken adapter should not linger in the server; one some deployment serves stays.
     if (
@@ -417,5 +454,4 @@ def _fail(release_id: int, reason: str, *, unload: bool = True) -> Release | Non
             version_server(version).adapter_unload(version.name)
         except InferenceError as exc:
             logger.warning("could not unload %s after a failed release: %s", version.name, exc)
-    release.refresh_from_db()
-    return release
+    return outcome

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from training import views_promotion as views
+from training.promotion import views
 
 app_name = "promotion"
 urlpatterns = [

@@ -7,8 +7,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 
-from training.models_promotion import (
-    ACTIVE_RELEASE_STATUSES,
+from training.promotion.models import (
     AuditEvent,
     Evaluation,
     EvaluationItem,
@@ -111,7 +110,7 @@ def deployment_states() -> list[DeploymentState]:
                 deployment=deployment,
                 live=lives.get(deployment.pk),
                 rollback_to=rollback_target(deployment=deployment) if deployment.pk in lives else None,
-                active_release=next((r for r in recent if r.status in ACTIVE_RELEASE_STATUSES), None),
+                active_release=next((r for r in recent if r.is_active), None),
                 recent_releases=recent,
             )
         )
@@ -194,6 +193,7 @@ def release_as_dict(r: Release) -> dict[str, Any]:
         "from_version": _name(r.from_version),
         "promotion": r.promotion_id,
         "status": r.status,
+        "step": r.step or None,
         "error": r.error or None,
         "smoke": r.smoke,
         "timings_ms": r.timings,

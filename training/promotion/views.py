@@ -16,15 +16,14 @@ from django.views.decorators.http import require_POST
 
 from feedback.views.common import dashboard_view
 from training.models import TrainingSet
-from training.models_promotion import (
+from training.promotion.models import (
     AuditAction,
     Evaluation,
     EvaluationItem,
     PromotionRequest,
     PromotionStatus,
-    ReleaseStatus,
 )
-from training.selectors_promotion import (
+from training.promotion.selectors import (
     audit_events,
     candidate_versions,
     deployment_states,
@@ -386,6 +385,5 @@ def audit_log(request: HttpRequest) -> HttpResponse:
         "deployments": Deployment.objects.order_by("name").values_list("name", flat=True),
         "next_before": events[-1].pk if len(events) == 100 else None,
         "actions": AuditAction,
-        "release_statuses": ReleaseStatus,
     }
     return render(request, "training/audit.html", context)

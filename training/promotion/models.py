@@ -6,7 +6,8 @@
 - `PromotionRequest`: someone asks that a candidate go live for a deployment; another
   person with `training.approve_promotion` approves or rejects it.
 - `Release`: the worker's job of putting a version live (load, smoke request, flip), for a
-  promotion or a rollback. The row is the source of truth for the page's live status.
+  promotion or a rollback; a work item like evaluations, its `step` saying where a running
+  one is. The row is the source of truth for the page's live status.
 - `AuditEvent`: append-only; every step above writes one. Rows cannot be changed or
   deleted through the ORM (and on PostgreSQL a trigger refuses UPDATE and DELETE).
 """
@@ -18,7 +19,7 @@ from django.db import models
 from django.utils import timezone
 
 from training.serving.models import Deployment, ModelVersion
-from webapp.work import WorkItem
+from webapp.work import WorkItem, WorkStatus
 
 
 class Evaluation(WorkItem):
@@ -165,20 +166,21 @@ class ReleaseKind(models.TextChoices):
     ROLLBACK = "rollback", "Rollback"
 
 
-class ReleaseStatus(models.TextChoices):
-    QUEUED = "queued", "Queued"
+class ReleaseStep(models.TextChoices):
+    """Where a release is: the step it is on while running, the last one it reached once
+    it ended."""
+
+    NONE = "", "Not started"
     LOADING = "loading", "Loading weights"
     SMOKE_TEST = "smoke_test", "Smoke test"
-    LIVE = "live", "Live"
-    FAILED = "failed", "Failed"
+    SWITCH = "switch", "Switching the live pointer"
 
 
-ACTIVE_RELEASE_STATUSES = (ReleaseStatus.QUEUED, ReleaseStatus.LOADING, ReleaseStatus.SMOKE_TEST)
-
-
-class Release(models.Model):
+class Release(WorkItem):
     """Putting `version` live for `deployment` on the inference server: load it, send a
-    smoke request, flip the live pointer. A failure leaves `from_version` live."""
+    smoke request, flip the live pointer. A work item (`webapp.work`): queued, running
+    (through `step`), then finished (the pointer flipped, in the same transaction), failed
+    or cancelled; any end but finished leaves `from_version` live."""
 
     deployment = models.ForeignKey(Deployment, on_delete=models.PROTECT, related_name="releases")
     version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="releases")
@@ -187,8 +189,7 @@ class Release(models.Model):
     promotion = models.ForeignKey(
         PromotionRequest, null=True, blank=True, on_delete=models.PROTECT, related_name="releases"
     )
-    status = models.CharField(max_length=12, choices=ReleaseStatus.choices, default=ReleaseStatus.QUEUED)
-    error = models.TextField(blank=True, default="")
+    step = models.CharField(max_length=12, choices=ReleaseStep.choices, blank=True, default=ReleaseStep.NONE)
     reason = models.CharField(max_length=500, blank=True, default="")
     smoke = models.JSONField(default=dict, blank=True, help_text="the smoke request and what came back")
     # Milliseconds from queueing to each step, for the page and the approval-to-serving figure.
@@ -196,10 +197,8 @@ class Release(models.Model):
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
-    created_at = models.DateTimeField(default=timezone.now)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
-    worker = models.CharField(max_length=200, blank=True, default="")
+    # Who asked is `requested_by` (older than the lifecycle, and PROTECT): no second column for it.
+    created_by = None
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -207,17 +206,30 @@ class Release(models.Model):
             # One release at a time per deployment: two racing flips would make "previous" meaningless.
             models.UniqueConstraint(
                 fields=["deployment"],
-                condition=models.Q(status__in=["queued", "loading", "smoke_test"]),
+                condition=models.Q(status__in=[WorkStatus.QUEUED, WorkStatus.RUNNING]),
                 name="release_one_active_per_deployment",
             ),
         ]
 
     def __str__(self) -> str:
-        return f"release {self.pk}: {self.version_id} → {self.deployment_id} ({self.status})"
+        return f"release {self.pk}: {self.version_id} → {self.deployment_id} ({self.state})"
 
     @property
-    def is_active(self) -> bool:
-        return self.status in ACTIVE_RELEASE_STATUSES
+    def state(self) -> str:
+        """What the pages show and style: the step while running, "live" once finished,
+        else the status."""
+        if self.status == WorkStatus.RUNNING:
+            return self.step or WorkStatus.RUNNING
+        if self.status == WorkStatus.FINISHED:
+            return "live"
+        return self.status
+
+    def get_state_display(self) -> str:
+        if self.status == WorkStatus.RUNNING:
+            return self.get_step_display() if self.step else WorkStatus.RUNNING.label
+        if self.status == WorkStatus.FINISHED:
+            return "Live"
+        return self.get_status_display()
 
 
 class AuditAction(models.TextChoices):
