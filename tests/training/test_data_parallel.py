@@ -125,17 +125,26 @@ def _adapter(version):
 @pytest.mark.postgres
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("kind", ["sft", "grpo"])
+@pytest.mark.parametrize("kind", ["sft", "grpo", "grpo-sparse"])
 def test_two_processes_train_the_adapter_one_process_trains(kind, base_version, process_env):
     """The same job, one process against two gloo processes, through the worker's service
     (job rows in PostgreSQL, torchrun, `manage.py train_rank`): the same adapter after 3
-    steps, the same losses and rewards, and one owner's events."""
+    steps, the same losses and rewards, and one owner's events. "grpo-sparse": only 2 of
+    10 items can ever be rewarded, so in some steps one process keeps no group and joins
+    the update with a zero gradient."""
     import torch
 
     from training.services.training_sets import training_set_from_tasks
 
+    sparse = kind == "grpo-sparse"
+    kind = kind.removesuffix("-sparse")
     tasks = [
-        {"prompt": f"Say something about order A{i}.", "reference": "e", "grader": "contains", "target": f"A{i} e."}
+        {
+            "prompt": f"Say something about order A{i}.",
+            "reference": "zzqqxxjj" if sparse and i >= 2 else "e",  # never in 6 tokens: equal rewards
+            "grader": "contains",
+            "target": f"A{i} e.",
+        }
         for i in range(10)
     ]
     training_set = training_set_from_tasks(name="orders", tasks=tasks, heldout_fraction=0.0)
@@ -165,6 +174,8 @@ def test_two_processes_train_the_adapter_one_process_trains(kind, base_version, 
     figures += ["reward_mean", "reward_std", "kl", "generated_tokens", "trained_sequences"] if kind == "grpo" else []
     for key in figures:
         assert history(jobs[2], key) == pytest.approx(history(jobs[1], key), abs=1e-5), key
+    if sparse:  # one group kept of the batch's four: the other process had none
+        assert any(0 < rows <= CONFIG["group_size"] for rows in history(jobs[1], "trained_sequences"))
     assert history(jobs[2], "step") == [1, 2, 3] and jobs[2].checkpoint_step == 2
     logs = [e.data["message"] for e in jobs[2].events.filter(kind=JobEventKind.LOG)]
     assert "starting 2 training processes (torchrun)" in logs and "checkpoint at step 2" in logs

@@ -86,7 +86,7 @@ class Ranks:
         dist.all_reduce(flat)
         offset = 0
         for p in parameters:
-            p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
+            p.grad = flat[offset : offset + p.numel()].view_as(p)
             offset += p.numel()
 
     def parameters_broadcast(self, parameters: list[torch.nn.Parameter]) -> None:
