@@ -103,6 +103,40 @@ Root Cause (first observed failure):
     assert processes_failure(summary, processes=2, code=1) == (
         "training process rank 1 of 2 failed (exit code -9  (SIGKILL)): Signal 9 (SIGKILL) received by PID 11923"
     )
+    raised = """
+Root Cause (first observed failure):
+[0]:
+  rank      : 1 (local_rank: 1)
+  exitcode  : 1 (pid: 1077)
+  error_file: /tmp/torchelastic_7xwqhtm7/attempt_0/1/error.json
+  traceback : Traceback (most recent call last):
+    File "/work/training/services/job_processes.py", line 7, in training_job_rank_run
+      raise ValueError("the judge could not be reached")
+  ValueError: the judge could not be reached
+
+============================================================
+"""
+    assert processes_failure(raised, processes=2, code=1) == (
+        "training process rank 1 of 2 failed (exit code 1): ValueError: the judge could not be reached"
+    )
+    # Rank 0 saw the broken collective at the same second torchrun saw rank 1 die: rank 1 is named.
+    raced = """
+Failures:
+[1]:
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 2201)  (SIGKILL)
+  traceback : Signal 9 (SIGKILL) received by PID 2201
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 2200)
+  traceback : Traceback (most recent call last):
+    File "training/trainer/parallel.py", line 31, in _collective
+  training.trainer.parallel.GroupBroken: GroupBroken: RuntimeError: Connection reset by peer
+============================================================
+"""
+    assert processes_failure(raced, processes=2, code=1).startswith("training process rank 1 of 2 failed (exit code -9")
     assert "no output" in processes_failure("", processes=2, code=1)
 
 

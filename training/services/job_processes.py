@@ -103,28 +103,43 @@ def training_job_processes_run(job: TrainingJob, worker: str) -> str:
     return row["status"]
 
 
-_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):(?P<block>.*?)(?:={10,}|\Z)", re.S)
+_SUMMARY = re.compile(r"^(?:Failures|Root Cause \(first observed failure\)):\s*$", re.M)
+_ENTRY = re.compile(r"^\[\d+\]:\s*$(?P<body>.*?)(?=^\[\d+\]:\s*$|^-{10,}|^={10,}|\Z)", re.S | re.M)
 _FIELD = re.compile(r"^\s*(?P<name>rank|exitcode|traceback)\s*:\s*(?P<value>.*)$", re.M)
+# What the processes that did not cause a failure die of: a collective that broke under
+# them, or torchrun's SIGTERM once another process failed.
+_CONSEQUENCES = ("GroupBroken", "SIGTERM")
 
 
 def processes_failure(log_text: str, *, processes: int, code: int) -> str:
-    """What broke a job's process group, from torchrun's summary of its first failure:
-    which rank, its exit code, and its error (a signal, or the exception it raised)."""
-    summaries = list(_ROOT_CAUSE.finditer(log_text))
-    match = summaries[-1] if summaries else None  # the last launch's (the log is appended to)
-    if match is None:
+    """What broke a job's process group, from torchrun's summary of the last launch: which
+    rank, its exit code, and its error (a signal, or the last line of what it raised). The
+    process that failed first is named, not one that only saw it (a broken collective, or
+    torchrun's SIGTERM), whichever torchrun happened to observe first."""
+    starts = [m.start() for m in _SUMMARY.finditer(log_text)]  # "Failures:", then "Root Cause"
+    summary = log_text[starts[-2 if len(starts) > 1 else -1] :] if starts else ""
+    entries = [e for e in (_failure_entry(m["body"]) for m in _ENTRY.finditer(summary)) if e["rank"] != "?"]
+    if not entries:
         tail = " ".join(log_text.strip().splitlines()[-3:])[-500:]
         return f"the {processes} training processes failed (torchrun exit code {code}): {tail or 'no output'}"
-    fields = {m["name"]: m["value"].strip() for m in _FIELD.finditer(match["block"])}
-    rank = fields.get("rank", "?").split(" ")[0]
-    exitcode = fields.get("exitcode", "?")
-    exitcode = re.sub(r"\s*\(pid: \d+\)", "", exitcode)
+    causes = [e for e in entries if not any(word in e["cause"] for word in _CONSEQUENCES)]
+    root = entries[-1]  # the summary's "Root Cause" comes last
+    chosen = root if root in causes or not causes else causes[0]
+    rank, exitcode, cause = chosen["rank"], chosen["exitcode"], chosen["cause"]
+    return f"training process rank {rank} of {processes} failed (exit code {exitcode}): {cause}"[:1500]
+
+
+def _failure_entry(body: str) -> dict[str, str]:
+    fields = {m["name"]: m["value"].strip() for m in _FIELD.finditer(body)}
     cause = fields.get("traceback", "")
     if cause.startswith("Traceback") or not cause:
-        # An exception: its last line says what it was.
-        lines = [ln.strip() for ln in match["block"].splitlines() if ln.strip()]
-        cause = lines[-1] if lines else ""
-    return f"training process rank {rank} of {processes} failed (exit code {exitcode}): {cause}"[:1500]
+        lines = [ln.strip() for ln in body.splitlines() if ln.strip()]
+        cause = lines[-1] if lines else ""  # an exception's last line says what it was
+    return {
+        "rank": fields.get("rank", "?").split(" ")[0],
+        "exitcode": re.sub(r"\s*\(pid: \d+\)", "", fields.get("exitcode", "?")),
+        "cause": cause,
+    }
 
 
 def training_job_rank_run(*, job_id: int, worker: str) -> str:
@@ -134,7 +149,7 @@ def training_job_rank_run(*, job_id: int, worker: str) -> str:
     import torch
     from torch.distributed import DistError
 
-    from training.trainer.parallel import process_group_close, process_group_init
+    from training.trainer.parallel import GroupBroken, process_group_close, process_group_init
 
     job = TrainingJob.objects.select_related("base_version__base_model", "deployment").get(pk=job_id)
     config = config_from_dict(job.config)
@@ -143,7 +158,7 @@ def training_job_rank_run(*, job_id: int, worker: str) -> str:
     try:
         if ranks.owner:
             # A broken group (a peer died) is the supervisor's to report: it knows which.
-            return training_job_held_run(job, worker, leave=(DistError,))
+            return training_job_held_run(job, worker, leave=(GroupBroken, DistError))
         _train(job, worker, owner=False)
         return "trained"
     finally:

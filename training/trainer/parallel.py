@@ -26,6 +26,19 @@ import torch
 import torch.distributed as dist
 
 
+class GroupBroken(RuntimeError):
+    """A collective failed: another process of the job died, left, or was silent past the
+    timeout. The process that sees it is not the cause, so it names none: the launcher
+    knows which process failed first, and why."""
+
+
+def _collective(fn, *args, **kwargs):
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:
+        raise GroupBroken(f"GroupBroken: {type(exc).__name__}: {str(exc)[:300]}") from exc
+
+
 @dataclass(frozen=True)
 class Ranks:
     """This process's place in the job's process group: `rank` of `size`; `device` is where
@@ -53,7 +66,7 @@ class Ranks:
         if self.size == 1:
             return [float(v) for v in values]
         tensor = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)
-        dist.all_reduce(tensor)
+        _collective(dist.all_reduce, tensor)
         return tensor.tolist()
 
     def gather(self, value: Any) -> list[Any]:
@@ -61,7 +74,7 @@ class Ranks:
         if self.size == 1:
             return [value]
         out: list[Any] = [None] * self.size
-        dist.all_gather_object(out, value)
+        _collective(dist.all_gather_object, out, value)
         return out
 
     def agree(self, decision: bool) -> bool:
@@ -70,7 +83,7 @@ class Ranks:
         if self.size == 1:
             return decision
         flag = torch.tensor([1 if decision else 0], dtype=torch.int64, device=self.device)
-        dist.broadcast(flag, src=0)
+        _collective(dist.broadcast, flag, src=0)
         return bool(flag.item())
 
     def gradients_sum(self, parameters: list[torch.nn.Parameter]) -> None:
@@ -83,7 +96,7 @@ class Ranks:
             return
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in parameters]
         flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat)
+        _collective(dist.all_reduce, flat)
         offset = 0
         for p in parameters:
             p.grad = flat[offset : offset + p.numel()].view_as(p)
@@ -96,7 +109,7 @@ class Ranks:
             return
         with torch.no_grad():
             for p in parameters:
-                dist.broadcast(p.data, src=0)
+                _collective(dist.broadcast, p.data, src=0)
 
 
 def ranks_current() -> Ranks:
