@@ -159,7 +159,7 @@ def _adapter(version):
 @pytest.mark.postgres
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("kind", ["sft", "grpo", "grpo-sparse"])
+@pytest.mark.parametrize("kind", ["sft", "grpo", "grpo-sparse", "distill"])
 def test_two_processes_train_the_adapter_one_process_trains(kind, base_version, process_env):
     """The same job, one process against two gloo processes, through the worker's service
     (job rows in PostgreSQL, torchrun, `manage.py train_rank`): the same adapter after 3
@@ -178,11 +178,14 @@ def test_two_processes_train_the_adapter_one_process_trains(kind, base_version, 
             "reference": "zzqqxxjj" if sparse and i >= 2 else "e",  # never in 6 tokens: equal rewards
             "grader": "contains",
             "target": f"A{i} e.",
+            "feedback": "Name the order first.",
         }
         for i in range(10)
     ]
     training_set = training_set_from_tasks(name="orders", tasks=tasks, heldout_fraction=0.0)
     config = CONFIG if kind == "grpo" else {k: v for k, v in CONFIG.items() if k != "group_size"}
+    if kind == "distill":
+        config = config | {"samples_per_prompt": 3}
     jobs = {}
     for processes in (1, 2):
         job = training_job_create(
@@ -206,6 +209,7 @@ def test_two_processes_train_the_adapter_one_process_trains(kind, base_version, 
 
     figures = ["loss", "grad_norm", "response_length"]
     figures += ["reward_mean", "reward_std", "kl", "generated_tokens", "trained_sequences"] if kind == "grpo" else []
+    figures += ["teacher_kl", "generated_tokens", "empty_share", "truncated_share"] if kind == "distill" else []
     for key in figures:
         assert history(jobs[2], key) == pytest.approx(history(jobs[1], key), abs=1e-5), key
     if sparse:  # one group kept of the batch's four: the other process had none
