@@ -172,7 +172,9 @@ def test_the_behaviour_log_probs_are_the_hinted_contexts_and_the_weights_their_r
 
 
 def score_by_length(item, candidates):
-    # Some groups vary, some do not (every sample the same length class).
+    # Some groups vary (by length), some do not: q0's and q1's candidates all score 0.
+    if item.id in ("q0", "q1"):
+        return [0.0] * len(candidates)
     return [float(len(c) > 12) for c in candidates]
 
 
@@ -210,6 +212,7 @@ def test_no_hint_samples_is_exactly_plain_grpo(tiny_model_dir, tmp_path):
         ({"hint_template": "Note: {{feedback}}"}, "hint_template"),  # the literal text, never the comment
         ({"hint_template": "{feedback}{feedback:>999999999}"}, "hint_template"),
         ({"hint_template": "{feedback!r}"}, "hint_template"),
+        ({"hint_samples": 2, "processes": 2, "prompts_per_step": 4}, "hint_samples"),
         ({"hint_at": "middle"}, "hint_at"),
         ({"hint_cap": 0.5}, "hint_cap"),
         ({"hint_cap": "3"}, "hint_cap"),

@@ -52,12 +52,25 @@ def _claim(job_id: int, worker: str) -> TrainingJob | None:
 
 
 def training_job_run(*, job_id: int, worker: str) -> str:
-    """Run (or resume) a job to its end. Returns the final status, or "skipped"."""
+    """Run (or resume) a job to its end. Returns the final status, or "skipped". A job of
+    `processes` > 1 runs in torchrun's processes, this worker supervising them."""
     job = _claim(job_id, worker)
     if job is None:
         return "skipped"
+    if (job.config or {}).get("processes", 1) > 1:
+        from training.services.job_processes import training_job_processes_run
+
+        return training_job_processes_run(job, worker)
+    return training_job_held_run(job, worker)
+
+
+def training_job_held_run(job: TrainingJob, worker: str, *, leave: tuple[type[BaseException], ...] = ()) -> str:
+    """Train a job `worker` holds, beating its heart, and end it: finished, cancelled,
+    stopped, or failed with the error. An error of a type in `leave` propagates and leaves
+    the job running, for the caller to end (a data-parallel job's supervisor, which knows
+    which process broke the group)."""
     stop_beat = threading.Event()
-    beat = threading.Thread(target=_heartbeat, args=(job.pk, worker, stop_beat), daemon=True)
+    beat = threading.Thread(target=job_heartbeat, args=(job.pk, worker, stop_beat), daemon=True)
     beat.start()
     from training.trainer.common import WorkLost
 
@@ -66,6 +79,8 @@ def training_job_run(*, job_id: int, worker: str) -> str:
     except WorkLost as lost:
         log.info("training job %s: %s", job.pk, lost)
         return "skipped"
+    except leave:
+        raise
     except Exception as exc:
         log.exception("training job %s failed", job.pk)
         tail = "".join(traceback.format_exception(exc)[-3:])[-2000:]
@@ -84,7 +99,7 @@ def training_job_run(*, job_id: int, worker: str) -> str:
     return _finish(job.pk, worker, result)
 
 
-def _heartbeat(job_id: int, worker: str, stop: threading.Event) -> None:
+def job_heartbeat(job_id: int, worker: str, stop: threading.Event) -> None:
     """Beat while the loop runs: a step can take minutes on a CPU."""
     try:
         while not stop.wait(settings.TRAINING_HEARTBEAT_SECONDS):
@@ -171,7 +186,9 @@ def _judge_scorer(deployment, job_id: int | None = None):
     return score
 
 
-def _train(job: TrainingJob, worker: str):
+def _train(job: TrainingJob, worker: str, *, owner: bool = True):
+    """Run the job's loop. `owner`: this process writes the job's row and events (a
+    data-parallel job's other processes train their shards with empty hooks)."""
     from training.trainer.common import Hooks
 
     config = config_from_dict(job.config)
@@ -183,8 +200,9 @@ def _train(job: TrainingJob, worker: str):
         config.vllm_url = rollout_url_resolve(base_model=job.base_version.base_model, requested=config.vllm_url)
     run_dir = job_run_dir(job)
     run_dir.mkdir(parents=True, exist_ok=True)
-    hooks = _hooks(job.pk, worker, Hooks)
-    job_phase_set(job.pk, worker, "loading")
+    hooks = _hooks(job.pk, worker, Hooks) if owner else Hooks()
+    if owner:
+        job_phase_set(job.pk, worker, "loading")
     if job.kind == JobKind.EPISODES:
         return _train_episodes(job, config, run_dir, hooks)
     train, heldout = job_items(job)

@@ -17,6 +17,7 @@ from training.trainer import loss as L
 from training.trainer import monitors
 from training.trainer.config import GRPOConfig, TrainConfig
 from training.trainer.items import Scorer, TurnItem
+from training.trainer.parallel import SeenRollout
 from training.trainer.sampling import Rollout, encode_prompt, sample
 
 
@@ -100,7 +101,9 @@ class PromptCache:
         return self._cache[key]
 
 
-def rollout_stats(rollout: Rollout) -> dict[str, float]:
+def rollout_stats(rollout: Rollout | SeenRollout) -> dict[str, float]:
+    """Length, empty, truncated and tool-call figures of a step's samples (a data-parallel
+    step passes the global batch's, `parallel.rollout_seen`)."""
     lengths = rollout.lengths.float().tolist()
     texts = rollout.texts
     seen, invalid = monitors.tool_call_validity(texts)

@@ -71,6 +71,10 @@ class TrainConfig:
     device: str = "auto"  # "auto" = cuda when available, else cpu
     dtype: Literal["float32", "bfloat16"] = "float32"
     torch_threads: int = 1
+    # Data-parallel processes (torchrun, one node): each takes its share of every batch and
+    # the gradients are summed, so the job trains as one process would on the same batches
+    # (docs/decisions/0026-data-parallel-jobs.md). 1 = the worker's own process.
+    processes: int = 1
     monitors: MonitorConfig = field(default_factory=MonitorConfig)
     # Canary prompts, scored at each evaluation; a drop below their start flags the job.
     # Each: {"prompt": str (or "messages": [...]), "reference": str, "grader": name}.
@@ -151,7 +155,7 @@ class TrainConfig:
         for name in ("eval_every", "checkpoint_every", "samples_every", "keep_checkpoints"):
             if getattr(self, name) < 0:
                 errors.append((name, "must be ≥ 0"))
-        return errors
+        return errors + processes_errors(self)
 
 
 @dataclass
@@ -230,6 +234,8 @@ class GRPOConfig(TrainConfig):
             errors.append(("hint_samples", f"must be between 0 and {MAX_HINT_SAMPLES} (0 = plain GRPO)"))
         elif self.hint_samples > 0 and self.rollout != "local":
             errors.append(("hint_samples", "needs rollout 'local': the trainer draws the hinted samples itself"))
+        elif self.hint_samples > 0 and self.processes > 1:
+            errors.append(("hint_samples", "runs in one process: hinted samples are not sharded (processes must be 1)"))
         if not _formats_feedback(self.hint_template):
             errors.append(
                 ("hint_template", "must contain {feedback} and no other {…} field, conversion or format spec")
@@ -348,6 +354,28 @@ def _formats_feedback(template: str) -> bool:
     except ValueError:
         return False
     return bool(fields) and all(field == ("feedback", "", None) for field in fields)
+
+
+MAX_PROCESSES = 64
+PARALLEL_KINDS = ("grpo", "sft", "distill")
+
+
+def processes_errors(config: TrainConfig) -> list[tuple[str, str]]:
+    """Why `config.processes` cannot run, if it cannot: out of range, more processes than
+    items in a batch (each process needs at least one), or a kind or rollout whose steps
+    do not shard yet."""
+    n = config.processes
+    if not 1 <= n <= MAX_PROCESSES:
+        return [("processes", f"must be between 1 and {MAX_PROCESSES}")]
+    if n == 1:
+        return []
+    if config.kind not in PARALLEL_KINDS:
+        return [("processes", f"{config.kind} jobs run in one process (data-parallel: {', '.join(PARALLEL_KINDS)})")]
+    if getattr(config, "rollout", "local") != "local":
+        return [("processes", "data-parallel jobs sample with the local sampler (rollout 'local')")]
+    if n > config.prompts_per_step:
+        return [("processes", f"must be ≤ prompts_per_step ({config.prompts_per_step}): each process takes items")]
+    return []
 
 
 class ConfigError(ValueError):

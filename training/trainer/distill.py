@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from statistics import fmean
 
 import torch
 
@@ -18,6 +17,7 @@ from training.trainer import loss as L
 from training.trainer.common import Hooks, PromptCache, evaluate, rollout_stats
 from training.trainer.config import DistillConfig, SFTConfig, TrainConfig
 from training.trainer.items import Scorer, TurnItem, with_hint
+from training.trainer.parallel import item_generators, rollout_seen
 from training.trainer.policy import Policy
 from training.trainer.run import (
     EvalFn,
@@ -85,6 +85,7 @@ def distill_step(trainer: Trainer, *, prompts: PromptCache, hooks: Hooks) -> Ste
             max_new_tokens=config.max_new_tokens,
             temperature=config.temperature,
             top_p=config.top_p,
+            generators=item_generators(trainer.ranks, seed=config.seed, step=n, count=len(batch)),
         )
         width = rollout.response_mask.shape[1]
         mask = rollout.response_mask.float()
@@ -109,15 +110,17 @@ def distill_step(trainer: Trainer, *, prompts: PromptCache, hooks: Hooks) -> Ste
         # Update: reverse KL(student ‖ teacher) on the student's tokens.
         hooks.emit("on_phase", "update", n, config.steps)
         student_logits = forward_logits(policy.model, rollout.input_ids, rollout.attention_mask, keep=width)
-        loss_value, grad_norm = trainer.loss_step(L.distill_kl(student_logits, teacher_logits, mask), step=n)
+        loss = L.distill_kl(student_logits, teacher_logits, mask)
+        loss_value, grad_norm = trainer.loss_step(loss, step=n, share=trainer.share(float(mask.sum())))
+        seen = rollout_seen(trainer.ranks, rollout)  # the figures are the global batch's
         metrics = {
             "step": n,
             "loss": loss_value,
             "teacher_kl": loss_value,  # the loss is the KL to the hinted teacher, not to the start
             "grad_norm": grad_norm,
-            "generated_tokens": int(rollout.lengths.sum()),
+            "generated_tokens": int(seen.lengths.sum()),
             "step_seconds": time.perf_counter() - started,
-            **rollout_stats(rollout),
+            **rollout_stats(seen),
         }
 
         def samples() -> list[dict]:
@@ -181,12 +184,15 @@ def sft_step(trainer: Trainer, *, prompts: PromptCache, hooks: Hooks) -> StepFn:
         )
         mask = layout.response_mask.float()
         logprobs = token_logprobs(policy.model, layout.input_ids, layout.attention_mask, keep=mask.shape[1])
-        loss_value, grad_norm = trainer.loss_step(L.sft_loss(logprobs, mask, config.first_token_weight), step=n)
+        loss = L.sft_loss(logprobs, mask, config.first_token_weight)
+        share = trainer.share(float(L.sft_token_weights(mask, config.first_token_weight).sum()))
+        loss_value, grad_norm = trainer.loss_step(loss, step=n, share=share)
+        lengths, rows = trainer.ranks.sum(float(layout.lengths.sum()), len(batch))
         metrics = {
             "step": n,
             "loss": loss_value,
             "grad_norm": grad_norm,
-            "response_length": fmean(layout.lengths.float().tolist()),
+            "response_length": lengths / rows,
             "step_seconds": time.perf_counter() - started,
         }
         return StepOutput(metrics)

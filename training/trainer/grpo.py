@@ -32,6 +32,7 @@ from training.trainer.common import (
 )
 from training.trainer.config import GRPOConfig
 from training.trainer.items import Scorer, TurnItem, canary_items, grader_scorer
+from training.trainer.parallel import item_generators, rollout_seen
 from training.trainer.policy import Policy
 from training.trainer.run import (
     RunState,
@@ -118,6 +119,7 @@ def turn_step(trainer: Trainer, score: Scorer, *, prompts: PromptCache, hooks: H
                 max_new_tokens=config.max_new_tokens,
                 temperature=config.temperature,
                 top_p=config.top_p,
+                generators=item_generators(trainer.ranks, seed=config.seed, step=n, count=len(batch)),
             )
         sampled = time.perf_counter()
         rewards = group_rewards(batch, rollout.texts, score, group_size=group)
@@ -160,11 +162,12 @@ def turn_step(trainer: Trainer, score: Scorer, *, prompts: PromptCache, hooks: H
             )
             rows = hinted.rows
         finished = time.perf_counter()
+        seen = rollout_seen(trainer.ranks, rollout, rewards=rewards, keep=keep)  # the global batch's figures
         metrics = {
             "step": n,
-            "reward_mean": fmean(rewards),
-            "reward_std": pstdev(rewards),
-            "zero_variance_share": 1.0 - float(keep.float().mean()),
+            "reward_mean": fmean(seen.rewards),
+            "reward_std": pstdev(seen.rewards),
+            "zero_variance_share": 1.0 - float(seen.keep.float().mean()),
             "loss": update["loss"],
             "kl": update["kl"] if config.beta > 0 or config.log_kl else None,
             "grad_norm": update["grad_norm"],
@@ -172,10 +175,10 @@ def turn_step(trainer: Trainer, score: Scorer, *, prompts: PromptCache, hooks: H
             **update["correction"],
             **hint_metrics,
             **update["hint"],
-            "trained_sequences": len(rows),
-            "generated_tokens": int((rollout if hinted is None else hinted.rollout).lengths.sum()),
+            "trained_sequences": update["trained_sequences"],
+            "generated_tokens": int(seen.lengths.sum() if hinted is None else hinted.rollout.lengths.sum()),
             **phase_seconds(started, sampled, scored, finished),
-            **rollout_stats(rollout),
+            **rollout_stats(seen),
         }
 
         def samples() -> list[dict]:
@@ -205,12 +208,37 @@ def turn_update(
     and carries its log-probs, for the sampling correction. `behaviour_logprobs` (B, T) and
     `hinted` (B,): rows drawn with a hint, weighed by `loss.hint_weights`. Returns the loss,
     KL, gradient norm, clip fraction, correction and hint figures of the last update (zeros
-    with no rows)."""
-    config, policy = trainer.config, trainer.policy
-    out = {"loss": 0.0, "kl": 0.0, "grad_norm": 0.0, "clip_fraction": None, "correction": {}, "hint": {}}
+    with no rows).
+
+    In a data-parallel job `rows` are this process's; the normaliser's counts, the loss,
+    the KL and the clip fraction are the global batch's. A process whose groups were all
+    dropped still takes part in every update (its gradient is zero), and no process steps
+    when no group of the global batch carried signal. (Hinted rows run in one process:
+    the config refuses hints with `processes` > 1.)"""
+    config, policy, ranks = trainer.config, trainer.policy, trainer.ranks
+    out = {
+        "loss": 0.0,
+        "kl": 0.0,
+        "grad_norm": 0.0,
+        "clip_fraction": None,
+        "correction": {},
+        "hint": {},
+        "trained_sequences": 0,
+    }
     if hinted is not None:
         out["hint"] = {"hint_weight_mean": None, "hint_truncated_share": None}
-    if len(rows) == 0:
+    busy = len(rows) > 0
+    local_tokens = float(rollout.response_mask.index_select(0, rows).sum()) if busy else 0.0
+    batch_tokens, batch_rows = ranks.sum(local_tokens, len(rows))
+    out["trained_sequences"] = int(batch_rows)
+    if batch_rows == 0:
+        return out
+    if not busy:
+        for _ in range(config.updates_per_batch):
+            trainer.optimizer.zero_grad(set_to_none=True)
+            out.update(_global_figures(ranks, {"loss": 0.0}, 0.0, batch_tokens, config))
+            out["loss"] = finite_check(out["loss"], what="loss", step=step)
+            out["grad_norm"] = trainer.clip_and_step(step=step)
         return out
     ids = rollout.input_ids.index_select(0, rows)
     attn = rollout.attention_mask.index_select(0, rows)
@@ -263,16 +291,30 @@ def turn_update(
             sampling_weights=weights,
             behaviour_logprobs=behaviour,
             hinted=hinted_rows,
+            batch_tokens=batch_tokens,
+            batch_rows=int(batch_rows),
         )
         out["correction"] = passed["correction"] or out["correction"]
         out["hint"] = passed["hint"] or out["hint"]
-        out["kl"] = passed["kl"] if passed["kl"] is not None else out["kl"]
+        out.update(_global_figures(ranks, passed, local_tokens, batch_tokens, config))
         # The micro-batches' losses add up to the batch's: one non-finite among them shows here.
-        out["loss"] = finite_check(passed["loss"], what="loss", step=step)
+        out["loss"] = finite_check(out["loss"], what="loss", step=step)
         out["grad_norm"] = trainer.clip_and_step(step=step)
-        if passed["clip_fraction"] is not None:
-            out["clip_fraction"] = passed["clip_fraction"]
     return out
+
+
+def _global_figures(ranks, passed: dict, tokens: float, batch_tokens: float, config: GRPOConfig) -> dict:
+    """An update's loss (the processes' parts add up to it), KL and clip fraction (token
+    means, each process's weighed by its trained tokens) over the global batch. Which of
+    them is measured is the config's to say, the same on every process."""
+    kl, clip = passed.get("kl"), passed.get("clip_fraction")
+    loss, kl_sum, clip_sum = ranks.sum(passed["loss"], (kl or 0.0) * tokens, (clip or 0.0) * tokens)
+    figures: dict = {"loss": loss}
+    if config.beta > 0 or config.log_kl:
+        figures["kl"] = kl if ranks.size == 1 else kl_sum / batch_tokens if batch_tokens else 0.0
+    if config.updates_per_batch > 1:
+        figures["clip_fraction"] = clip if ranks.size == 1 else clip_sum / batch_tokens if batch_tokens else 0.0
+    return figures
 
 
 def chunked_logprobs(model, ids, attn, chunks: list[slice], *, keep: int, config: GRPOConfig) -> torch.Tensor:
@@ -298,6 +340,8 @@ def turn_loss_backward(
     sampling_weights: torch.Tensor | None = None,
     behaviour_logprobs: torch.Tensor | None = None,
     hinted: torch.Tensor | None = None,
+    batch_tokens: float | None = None,
+    batch_rows: int | None = None,
 ) -> dict:
     """Accumulate the gradient of `loss.policy_loss` over the batch, one micro-batch of
     rows (`chunks`) per forward/backward pass, each micro-batch's loss scaled by
@@ -311,8 +355,11 @@ def turn_loss_backward(
     with `hinted` (B,) the same way for rows drawn with a hint (`loss.hint_weights`).
     Returns the loss, the KL and clip fraction as token means over the batch (None when
     not measured), the sampling-correction figures ({} without a sampler) and the hint
-    figures over the hinted tokens ({} without hinted rows)."""
-    batch_tokens, batch_rows = float(mask.sum()), mask.shape[0]
+    figures over the hinted tokens ({} without hinted rows). `batch_tokens`, `batch_rows`:
+    the normaliser's counts when the batch is larger than these rows (a data-parallel
+    job's global batch); by default these rows' own."""
+    batch_tokens = float(mask.sum()) if batch_tokens is None else batch_tokens
+    batch_rows = mask.shape[0] if batch_rows is None else batch_rows
     width = mask.shape[1]
     means, correction, hint = TokenMeans(), TokenMeans(), TokenMeans()
     total = 0.0

@@ -320,8 +320,16 @@ def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor, first_token_weight: flo
 
     logprobs: (B, T) log π_θ of the target tokens; mask: (B, T), each row's target a
     contiguous run of ones."""
+    weights = sft_token_weights(mask, first_token_weight)
+    return -(logprobs * weights).sum() / weights.sum().clamp(min=1e-8)
+
+
+def sft_token_weights(mask: torch.Tensor, first_token_weight: float = 1.0) -> torch.Tensor:
+    """(B, T) the weights w·mask of `sft_loss`: `first_token_weight` on each row's first
+    target token, 1 on the others, 0 off the targets. Their sum is the loss's normaliser
+    (a data-parallel step divides by the sum over every process's rows)."""
     weights = mask.clone()
     if first_token_weight != 1.0:
         first = (mask.cumsum(dim=1) == 1) & (mask > 0)
         weights = torch.where(first, mask * first_token_weight, weights)
-    return -(logprobs * weights).sum() / weights.sum().clamp(min=1e-8)
+    return weights

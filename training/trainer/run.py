@@ -21,6 +21,7 @@ import torch
 from training.trainer import monitors
 from training.trainer.common import Hooks, batch_for_step, finite_check
 from training.trainer.config import TrainConfig
+from training.trainer.parallel import Ranks, ranks_current
 from training.trainer.policy import (
     Policy,
     export_model,
@@ -79,26 +80,42 @@ class TrainResult:
 
 @dataclass
 class Trainer:
-    """The policy being trained and its optimizer."""
+    """The policy being trained, its optimizer, and the processes it trains with (`ranks`:
+    one, or a data-parallel job's group, `parallel.py`)."""
 
     policy: Policy
     optimizer: torch.optim.Optimizer
     config: TrainConfig
+    ranks: Ranks = field(default_factory=Ranks)
 
     def clip_and_step(self, *, step: int) -> float:
-        """Clip the accumulated gradient to `max_grad_norm` and step the optimizer; returns
-        the norm before clipping. A non-finite norm raises before the weights change."""
-        norm = torch.nn.utils.clip_grad_norm_(self.policy.trainable_parameters(), self.config.max_grad_norm)
+        """Sum the accumulated gradient over the processes, clip it to `max_grad_norm` and
+        step the optimizer; returns the norm before clipping. A non-finite norm raises
+        before the weights change (on every process alike: the norm is the global one)."""
+        parameters = self.policy.trainable_parameters()
+        self.ranks.gradients_sum(parameters)
+        norm = torch.nn.utils.clip_grad_norm_(parameters, self.config.max_grad_norm)
         grad_norm = finite_check(float(norm), what="gradient norm", step=step)
         self.optimizer.step()
         return grad_norm
 
-    def loss_step(self, loss: torch.Tensor, *, step: int) -> tuple[float, float]:
-        """One update on a loss computed in a single pass: (loss, gradient norm)."""
-        loss_value = finite_check(float(loss.detach()), what="loss", step=step)
+    def loss_step(self, loss: torch.Tensor, *, step: int, share: float = 1.0) -> tuple[float, float]:
+        """One update on a loss computed in a single pass: (loss, gradient norm). `share`:
+        this process's part of the global batch's normaliser (its tokens over all
+        processes' tokens), so the processes' losses add up to the global batch's loss."""
+        if share != 1.0:
+            loss = loss * share
+        loss_value = finite_check(self.ranks.sum(float(loss.detach()))[0], what="loss", step=step)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         return loss_value, self.clip_and_step(step=step)
+
+    def share(self, count: float) -> float:
+        """`count` (this process's tokens or rows of the step) over the global batch's."""
+        if self.ranks.size == 1:
+            return 1.0
+        total = self.ranks.sum(count)[0]
+        return count / total if total > 0 else 0.0
 
 
 def setup_torch(config: TrainConfig) -> None:
@@ -109,10 +126,13 @@ def setup_torch(config: TrainConfig) -> None:
 
 def trainer_setup(config: TrainConfig, *, policy: Policy | None, reference: bool) -> Trainer:
     """Seed the RNGs, load the policy unless one is given (`reference`: with the frozen
-    copy the KL or a frozen teacher needs) and make its optimizer."""
+    copy the KL or a frozen teacher needs) and make its optimizer. In a data-parallel job
+    (torch.distributed initialised) every process starts from rank 0's weights."""
     setup_torch(config)
     policy = policy or load_policy(config, reference=reference)
-    return Trainer(policy=policy, optimizer=make_optimizer(policy, config), config=config)
+    ranks = ranks_current()
+    ranks.parameters_broadcast(policy.trainable_parameters())
+    return Trainer(policy=policy, optimizer=make_optimizer(policy, config), config=config, ranks=ranks)
 
 
 @dataclass
@@ -169,8 +189,12 @@ def run_training(
     `first_phase`: what a step reports doing first ("sampling", or "update" for a step
     that samples nothing). Every `eval_every` steps and at the last one, `evaluate`;
     after every step, `monitor` (None: a job without monitors). Returns how it ended; the
-    model is exported to `run_dir/model` unless cancelled or `export` is off."""
-    config = trainer.config
+    model is exported to `run_dir/model` unless cancelled or `export` is off.
+
+    In a data-parallel job each process runs this loop on its shard of every batch; rank 0
+    alone evaluates, checkpoints and exports (the others' hooks are empty), and decides
+    when to stop, a decision every process receives before each step and after it."""
+    config, ranks = trainer.config, trainer.ranks
     result = TrainResult(status="finished", step=0)
     state = RunState()
     checkpoint = latest_checkpoint(run_dir)
@@ -178,17 +202,17 @@ def run_training(
         saved = load_checkpoint(checkpoint, policy=trainer.policy, optimizer=trainer.optimizer)
         result.step, state = saved["step"], RunState.from_dict(saved["state"])
         hooks.emit("log", f"resumed from {checkpoint.name}")
-    elif evaluate is not None and evaluate_at_start:
+    elif evaluate is not None and evaluate_at_start and ranks.owner:
         _evaluation_record(state, 0, evaluate, hooks)
 
     for n in range(result.step + 1, config.steps + 1):
-        if hooks.stop_requested():
+        if ranks.agree(hooks.stop_requested()):
             checkpoint_save(run_dir, trainer, n - 1, state, hooks)
             result.status = "cancelled"
             break
         started = time.perf_counter()
         hooks.emit("on_phase", first_phase, n, config.steps)
-        batch = batch_for_step(items, step=n, size=config.prompts_per_step, seed=config.seed)
+        batch = ranks.shard(batch_for_step(items, step=n, size=config.prompts_per_step, seed=config.seed))
         out = step(n, batch, started)
         if monitor is not None and state.start_length is None:  # the length monitor's baseline
             state.start_length = out.metrics["response_length"]
@@ -199,13 +223,15 @@ def run_training(
             hooks.emit("on_episodes", n, "train", out.episodes)
         if out.samples is not None and config.samples_every and (n == 1 or n % config.samples_every == 0):
             hooks.emit("on_samples", n, out.samples())
-        if evaluate is not None and config.eval_every and (n % config.eval_every == 0 or n == config.steps):
+        due = config.eval_every and (n % config.eval_every == 0 or n == config.steps)
+        if evaluate is not None and due and ranks.owner:
             _evaluation_record(state, n, evaluate, hooks)
-        if step_close(run_dir, trainer, n, state, hooks, None if monitor is None else monitor(state)):
+        breaches = None if monitor is None else monitor(state)
+        if ranks.agree(step_close(run_dir, trainer, n, state, hooks, breaches)):
             result.status = "stopped"
             break
 
-    return result_close(result, state, trainer.policy, run_dir, export, hooks)
+    return result_close(result, state, trainer.policy, run_dir, export and ranks.owner, hooks)
 
 
 def _evaluation_record(state: RunState, step: int, evaluate: EvalFn, hooks: Hooks) -> None:
@@ -217,6 +243,8 @@ def _evaluation_record(state: RunState, step: int, evaluate: EvalFn, hooks: Hook
 def checkpoint_save(run_dir: Path, trainer: Trainer, step: int, state: RunState, hooks: Hooks) -> None:
     """Save a resumable checkpoint (keeping the newest `config.keep_checkpoints`) and tell the caller."""
     config = trainer.config
+    if not trainer.ranks.owner:  # the run folder is rank 0's to write
+        return
     hooks.check_held()  # the folder is the job's: a worker that took it over resumes from it
     path = save_checkpoint(
         run_dir,

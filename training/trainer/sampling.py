@@ -119,6 +119,7 @@ def sample(
     temperature: float = 1.0,
     top_p: float = 1.0,
     engine: str = "decode",
+    generators: Sequence[torch.Generator] | None = None,
 ) -> Rollout:
     """Sample `num_samples` responses to each prompt (token lists).
 
@@ -126,7 +127,12 @@ def sample(
     model once (the prefix all prompts share, once for all) and its key/value cache is
     copied to its samples; engine="generate" uses transformers' `generate` on every row
     (same distribution, G prefills per prompt and more per-token overhead).
-    temperature=0 is greedy."""
+    temperature=0 is greedy. `generators` (one per prompt, CPU): each prompt's samples draw
+    from its own stream, so they do not depend on which prompts share the batch (a
+    data-parallel job's shards, `parallel.item_generators`); None draws from torch's
+    global stream."""
+    if generators is not None and engine != "decode":
+        raise ValueError("per-prompt generators need engine='decode'")
     eos_ids = _eos_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
     repeated = [p for p in prompts for _ in range(num_samples)]
@@ -146,6 +152,7 @@ def sample(
                 top_p=top_p,
                 eos_ids=eos_ids,
                 pad_id=pad_id,
+                generators=generators,
             )
         else:
             sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
@@ -254,9 +261,11 @@ def prefix_decode(
     eos_ids: Sequence[int],
     pad_id: int,
     share_prefix: bool = True,
+    generators: Sequence[torch.Generator] | None = None,
 ) -> torch.Tensor:
     """Sample `copies` continuations of each context after one `prefill`: (N contexts) →
-    (N · copies, T ≤ max_new_tokens), context-major; rows that ended get `pad_id`."""
+    (N · copies, T ≤ max_new_tokens), context-major; rows that ended get `pad_id`.
+    `generators`: one per context (see `sample`)."""
     logits, cache, mask, next_position = prefill(
         model, contexts, copies=copies, pad_id=pad_id, share_prefix=share_prefix
     )
@@ -271,6 +280,7 @@ def prefix_decode(
         top_p=top_p,
         eos_ids=eos_ids,
         pad_id=pad_id,
+        generators=generators,
     )
 
 
@@ -287,6 +297,7 @@ def decode_from(
     top_p: float,
     eos_ids: Sequence[int],
     pad_id: int,
+    generators: Sequence[torch.Generator] | None = None,
 ) -> torch.Tensor:
     """The sampling loop after a prefill: `logits` (B, V) predict the first new token,
     `cache` is the prefill's key/value cache (extended in place), `mask` (B, P) the
@@ -295,7 +306,9 @@ def decode_from(
 
     Samples from softmax(logits / temperature), nucleus-filtered when top_p < 1, greedy
     when temperature is 0; stops when every row has emitted an end token (rows already
-    finished get `pad_id`)."""
+    finished get `pad_id`). `generators`: one per context, its rows consecutive
+    (B = contexts · copies); each token draws `copies` numbers from each, whether or not
+    its rows have ended, so a context's stream does not depend on the others."""
     batch = mask.shape[0]
     device = mask.device
     eos = torch.tensor(list(eos_ids), device=device)
@@ -309,7 +322,7 @@ def decode_from(
             probs = torch.softmax(logits / temperature, dim=-1)
             if top_p < 1.0:
                 probs = _nucleus(probs, top_p)
-            chosen = _inverse_cdf(probs)
+            chosen = _inverse_cdf(probs, _uniforms(generators, batch, device))
         chosen = torch.where(finished, torch.full_like(chosen, pad_id), chosen)
         tokens.append(chosen)
         finished |= torch.isin(chosen, eos)
@@ -330,13 +343,27 @@ def decode_from(
     return torch.stack(tokens, dim=1)
 
 
-def _inverse_cdf(probs: torch.Tensor) -> torch.Tensor:
+def _uniforms(generators: Sequence[torch.Generator] | None, batch: int, device) -> torch.Tensor | None:
+    """(B, 1) uniform numbers, `batch / len(generators)` consecutive rows from each
+    generator; None without generators (the global stream)."""
+    if generators is None:
+        return None
+    copies, rest = divmod(batch, len(generators))
+    if rest:
+        raise ValueError(f"{batch} rows do not split into {len(generators)} contexts")
+    return torch.cat([torch.rand(copies, generator=g) for g in generators]).unsqueeze(1).to(device)
+
+
+def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor | None = None) -> torch.Tensor:
     """One exact draw per row of `probs` (B, V) → (B,): the first index whose cumulative
-    probability exceeds a uniform number. One random number per row, where
-    torch.multinomial draws one per vocabulary entry (~2 ms a token at B=64, V=1024 on
-    one CPU thread, a quarter of a small model's sampling time)."""
+    probability exceeds a uniform number (`uniforms` (B, 1), else drawn from the global
+    stream). One random number per row, where torch.multinomial draws one per vocabulary
+    entry (~2 ms a token at B=64, V=1024 on one CPU thread, a quarter of a small model's
+    sampling time)."""
     cdf = probs.cumsum(dim=-1)  # (B, V)
-    u = torch.rand((probs.shape[0], 1), device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]
+    if uniforms is None:
+        uniforms = torch.rand((probs.shape[0], 1), device=probs.device, dtype=cdf.dtype)
+    u = uniforms.to(cdf.dtype) * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp(max=probs.shape[-1] - 1)
 
 

@@ -1,0 +1,285 @@
+"""Data-parallel jobs ("processes": N): torchrun's gloo processes on the CPU train the
+same adapter as one process on the same global batches; a dead process fails the job
+with its reason, and a cancel stops every process (docs/decisions/0026)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.configs import small
+from tests.fixtures.worker import _database_url
+from tests.training.test_jobs_worker import _job, _start_worker, _stop, _wait
+from training.models import JobEventKind
+from training.services.job_processes import processes_failure
+from training.services.job_runner import training_job_run
+from training.services.jobs import training_job_cancel, training_job_create
+from webapp.work import WorkStatus, work_worker_name
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = {
+    "steps": 3,
+    "prompts_per_step": 4,
+    "group_size": 4,
+    "max_new_tokens": 6,
+    "eval_every": 0,
+    "checkpoint_every": 2,
+    "samples_every": 1,
+    "learning_rate": 5e-3,
+}
+
+
+def test_an_items_samples_do_not_depend_on_the_items_beside_it(tiny_model_dir):
+    """The property the equality rests on: item k of a global batch draws from its own
+    stream, so it gets the same tokens in a shard of one process as in the whole batch."""
+    import torch
+
+    from training.trainer.config import GRPOConfig
+    from training.trainer.parallel import Ranks, item_generators
+    from training.trainer.policy import load_policy
+    from training.trainer.sampling import encode_prompt, sample
+
+    policy = load_policy(small(GRPOConfig, tiny_model_dir))
+    prompts = [encode_prompt(policy.tokenizer, [{"role": "user", "content": f"Order A{k}, please."}]) for k in range(4)]
+
+    def drawn(ranks: Ranks, mine: list[list[int]]) -> torch.Tensor:
+        generators = item_generators(ranks, seed=3, step=2, count=len(mine))
+        rollout = sample(policy.model, policy.tokenizer, mine, num_samples=3, max_new_tokens=8, generators=generators)
+        return rollout.response_ids
+
+    whole = drawn(Ranks(), prompts)
+    second = drawn(Ranks(rank=1, size=2), Ranks(rank=1, size=2).shard(prompts))  # items 1 and 3
+    width = second.shape[1]
+    assert torch.equal(second, torch.cat([whole[3:6], whole[9:12]])[:, :width])
+    assert not torch.equal(whole[0:3], whole[3:6])  # and the items' streams differ
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("kind", "config", "reason"),
+    [
+        ("grpo", {"processes": 0}, "between 1 and 64"),
+        ("grpo", {"processes": 65}, "between 1 and 64"),
+        ("sft", {"processes": "2"}, "must be int"),
+        ("grpo", {"processes": 3, "prompts_per_step": 2}, "≤ prompts_per_step"),
+        ("episodes", {"processes": 2}, "run in one process"),
+    ],
+)
+def test_a_bad_processes_setting_is_a_400_naming_the_field(client, base_version, task_set, kind, config, reason):
+    from tests.factories import user_with_role
+
+    client.force_login(user_with_role("operator"))
+    body = {"kind": kind, "base_version": "tiny-base", "training_set": task_set.pk, "config": config}
+
+    answer = client.post("/api/v1/jobs", body, content_type="application/json")
+
+    assert answer.status_code == 400, answer.content
+    error = answer.json()["errors"][0]
+    assert error["field"] == "config.processes" and reason in error["reason"], error
+
+
+def test_torchruns_summary_names_the_process_that_broke_the_group():
+    summary = """
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+manage.py FAILED
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-03_14:58:01
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 11923)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 11923
+============================================================
+"""
+    assert processes_failure(summary, processes=2, code=1) == (
+        "training process rank 1 of 2 failed (exit code -9  (SIGKILL)): Signal 9 (SIGKILL) received by PID 11923"
+    )
+    raised = """
+Root Cause (first observed failure):
+[0]:
+  rank      : 1 (local_rank: 1)
+  exitcode  : 1 (pid: 1077)
+  error_file: /tmp/torchelastic_7xwqhtm7/attempt_0/1/error.json
+  traceback : Traceback (most recent call last):
+    File "/work/training/services/job_processes.py", line 7, in training_job_rank_run
+      raise ValueError("the judge could not be reached")
+  ValueError: the judge could not be reached
+
+============================================================
+"""
+    assert processes_failure(raised, processes=2, code=1) == (
+        "training process rank 1 of 2 failed (exit code 1): ValueError: the judge could not be reached"
+    )
+    # Rank 0 saw the broken collective at the same second torchrun saw rank 1 die: rank 1 is named.
+    raced = """
+Failures:
+[1]:
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 2201)  (SIGKILL)
+  traceback : Signal 9 (SIGKILL) received by PID 2201
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 2200)
+  traceback : Traceback (most recent call last):
+    File "training/trainer/parallel.py", line 31, in _collective
+  training.trainer.parallel.GroupBroken: GroupBroken: RuntimeError: Connection reset by peer
+============================================================
+"""
+    assert processes_failure(raced, processes=2, code=1).startswith("training process rank 1 of 2 failed (exit code -9")
+    assert "no output" in processes_failure("", processes=2, code=1)
+
+
+@pytest.fixture
+def process_env(monkeypatch, settings, tmp_path):
+    """What torchrun's processes need to reach this test's database and folders."""
+    monkeypatch.setenv("DATABASE_URL", _database_url())
+    monkeypatch.setenv("PRACTICUM_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("PRACTICUM_TRAINING_DIR", str(settings.TRAINING_DIR))
+    monkeypatch.setenv("PRACTICUM_MODELS_DIR", str(settings.MODELS_DIR))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+def _adapter(version):
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(version.path) / "adapter_model.safetensors"))
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("kind", ["sft", "grpo", "grpo-sparse", "distill"])
+def test_two_processes_train_the_adapter_one_process_trains(kind, base_version, process_env):
+    """The same job, one process against two gloo processes, through the worker's service
+    (job rows in PostgreSQL, torchrun, `manage.py train_rank`): the same adapter after 3
+    steps, the same losses and rewards, and one owner's events. "grpo-sparse": only 2 of
+    10 items can ever be rewarded, so in some steps one process keeps no group and joins
+    the update with a zero gradient."""
+    import torch
+
+    from training.services.training_sets import training_set_from_tasks
+
+    sparse = kind == "grpo-sparse"
+    kind = kind.removesuffix("-sparse")
+    tasks = [
+        {
+            "prompt": f"Say something about order A{i}.",
+            "reference": "zzqqxxjj" if sparse and i >= 2 else "e",  # never in 6 tokens: equal rewards
+            "grader": "contains",
+            "target": f"A{i} e.",
+            "feedback": "Name the order first.",
+        }
+        for i in range(10)
+    ]
+    training_set = training_set_from_tasks(name="orders", tasks=tasks, heldout_fraction=0.0)
+    config = CONFIG if kind == "grpo" else {k: v for k, v in CONFIG.items() if k != "group_size"}
+    if kind == "distill":
+        config = config | {"samples_per_prompt": 3}
+    jobs = {}
+    for processes in (1, 2):
+        job = training_job_create(
+            kind=kind,
+            config=config | {"processes": processes},
+            base_version=base_version,
+            training_set=training_set,
+            enqueue=False,
+        )
+        assert training_job_run(job_id=job.pk, worker=work_worker_name("test")) == WorkStatus.FINISHED
+        jobs[processes] = _job(job.pk)
+
+    one, two = _adapter(jobs[1].result_version), _adapter(jobs[2].result_version)
+    assert one.keys() == two.keys() and one
+    for name in one:
+        assert torch.allclose(one[name], two[name], atol=1e-5, rtol=0), name
+    assert any(float(one[n].abs().max()) > 0 for n in one if "lora_B" in n)  # it trained: B starts at zero
+
+    def history(job, key):
+        return [e.data[key] for e in job.events.filter(kind=JobEventKind.STEP).order_by("step")]
+
+    figures = ["loss", "grad_norm", "response_length"]
+    figures += ["reward_mean", "reward_std", "kl", "generated_tokens", "trained_sequences"] if kind == "grpo" else []
+    figures += ["teacher_kl", "generated_tokens", "empty_share", "truncated_share"] if kind == "distill" else []
+    for key in figures:
+        assert history(jobs[2], key) == pytest.approx(history(jobs[1], key), abs=1e-5), key
+    if sparse:  # one group kept of the batch's four: the other process had none
+        assert any(0 < rows <= CONFIG["group_size"] for rows in history(jobs[1], "trained_sequences"))
+    assert history(jobs[2], "step") == [1, 2, 3] and jobs[2].checkpoint_step == 2
+    logs = [e.data["message"] for e in jobs[2].events.filter(kind=JobEventKind.LOG)]
+    assert "starting 2 training processes (torchrun)" in logs and "checkpoint at step 2" in logs
+    if kind == "grpo":  # the sample rows are rank 0's share of the batch: 2 items of 4, 4 samples each
+        assert len(jobs[2].events.get(kind=JobEventKind.SAMPLE, step=1).data["rows"]) == 8
+
+
+def _rank_pids(job_id: int) -> dict[int, int]:
+    """The live `train_rank` processes of a job, by rank (from /proc)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if b"train_rank" not in argv or str(job_id).encode() not in argv:
+                continue
+            if (entry / "stat").read_text().split(") ")[-1].startswith("Z"):
+                continue  # a zombie: already dead, not yet reaped
+            environ = dict(
+                item.split(b"=", 1) for item in (entry / "environ").read_bytes().split(b"\0") if b"=" in item
+            )
+        except OSError:
+            continue
+        if b"RANK" in environ:  # torchrun's own process has the same arguments and no rank
+            found[int(environ[b"RANK"])] = int(entry.name)
+    return found
+
+
+@pytest.mark.redis
+@pytest.mark.postgres
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_the_worker_cancels_every_process_and_fails_a_job_whose_process_died(base_version, task_set, tmp_path):
+    """A real Celery worker runs two-process jobs: a cancel stops both processes with a
+    checkpoint; a process killed mid-job fails the job, saying which and why, in seconds."""
+    subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "webapp", "purge", "-f", "-Q", "training,default"],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=60,
+        env=os.environ | {"DATABASE_URL": _database_url()},
+    )
+    config = CONFIG | {"processes": 2, "steps": 500, "samples_every": 0, "checkpoint_every": 50}
+    worker = _start_worker(tmp_path, "parallel")
+    try:
+        job = training_job_create(kind="grpo", config=config, base_version=base_version, training_set=task_set)
+        _wait(lambda: _job(job.pk).step >= 2, 240, "two steps of the two-process job", tmp_path)
+        assert set(_rank_pids(job.pk)) == {0, 1}
+        training_job_cancel(job=_job(job.pk))
+        _wait(lambda: _job(job.pk).status == WorkStatus.CANCELLED, 60, "the cancel", tmp_path)
+        cancelled = _job(job.pk)
+        assert cancelled.checkpoint_step == cancelled.step < 500 and cancelled.result_version is None
+        _wait(lambda: not _rank_pids(job.pk), 30, "both processes to exit", tmp_path)
+
+        doomed = training_job_create(kind="grpo", config=config, base_version=base_version, training_set=task_set)
+        _wait(lambda: _job(doomed.pk).step >= 2, 240, "two steps of the second job", tmp_path)
+        os.kill(_rank_pids(doomed.pk)[1], signal.SIGKILL)
+        killed = time.monotonic()
+        _wait(lambda: _job(doomed.pk).status == WorkStatus.FAILED, 60, "the job to fail", tmp_path)
+        failed_after = time.monotonic() - killed
+        _wait(lambda: not _rank_pids(doomed.pk), 30, "rank 0 to exit", tmp_path)
+    finally:
+        _stop(worker)
+    failed = _job(doomed.pk)
+    assert "training process rank 1 of 2 failed" in failed.error and "SIGKILL" in failed.error, failed.error
+    assert failed_after < 60 and failed.step < 500
+    logs = [e.data["message"] for e in failed.events.filter(kind=JobEventKind.LOG)]
+    assert any(m.startswith("failed: training process rank 1 of 2") for m in logs)

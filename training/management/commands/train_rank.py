@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand
+
+
+class Command(BaseCommand):
+    help = (
+        "One process of a data-parallel training job, started by torchrun (RANK, WORLD_SIZE and the "
+        "rendezvous come from its environment). The worker that holds the job launches it; see "
+        "docs/decisions/0026-data-parallel-jobs.md."
+    )
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--job", type=int, required=True, help="the training job's id")
+        parser.add_argument("--worker", required=True, help="the name of the worker that holds the job")
+
+    def handle(self, *args, **opts) -> None:
+        from torch.distributed.elastic.multiprocessing.errors import record
+
+        from training.services.job_processes import training_job_rank_run
+
+        # `record` writes an exception to the file torchrun names, so its summary (and the
+        # job's error) says what this process raised.
+        status = record(training_job_rank_run)(job_id=opts["job"], worker=opts["worker"])
+        if status == "failed":
+            raise SystemExit(1)  # torchrun stops the other processes

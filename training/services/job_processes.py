@@ -1,0 +1,165 @@
+"""Data-parallel training jobs (`processes` > 1): the worker that claimed the job runs
+torchrun, which starts `manage.py train_rank` once per process; the worker waits for it.
+
+- Rank 0 runs the job as a one-process worker does, under the worker's name: heartbeat,
+  phases, events, metrics, checkpoints, the cancel flag, the candidate version.
+- The other ranks train their shards of every batch and write nothing to the job.
+- When any process dies or fails, torchrun stops the others and exits non-zero; the
+  worker then ends the job failed, naming the process and why (unless rank 0 already
+  ended it with its own error). A job is never left running by a broken group.
+
+docs/decisions/0026-data-parallel-jobs.md has the why.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shlex
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from django.conf import settings
+
+from training.models import JobEventKind, TrainingJob
+from training.services.job_runner import (
+    _event_id,
+    _train,
+    job_heartbeat,
+    job_run_dir,
+    training_job_held_run,
+)
+from training.trainer.config import config_from_dict
+from webapp.work import WorkStatus, work_end
+
+log = logging.getLogger(__name__)
+ROOT = Path(__file__).resolve().parents[2]
+LOG_NAME = "processes.log"
+
+
+def torchrun_command(*, job_id: int, worker: str, processes: int) -> list[str]:
+    """The launch of a job's processes: torchrun (`TRAINING_TORCHRUN_ARGS`, one node by
+    default) with no restarts, each process running `manage.py train_rank`."""
+    extra = shlex.split(settings.TRAINING_TORCHRUN_ARGS.replace("{job}", str(job_id)))
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *extra,
+        "--nproc-per-node",
+        str(processes),
+        "--max-restarts",
+        "0",
+        str(ROOT / "manage.py"),
+        "train_rank",
+        "--job",
+        str(job_id),
+        "--worker",
+        worker,
+    ]
+
+
+def training_job_processes_run(job: TrainingJob, worker: str) -> str:
+    """Run a claimed job in `processes` torchrun processes and end it if they could not.
+    Returns the job's final status, or "skipped" when another worker has it now."""
+    processes = int(job.config["processes"])
+    run_dir = job_run_dir(job)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log_path = run_dir / LOG_NAME
+    _event_id(job.pk, JobEventKind.LOG, job.step, {"message": f"starting {processes} training processes (torchrun)"})
+    stop_beat = threading.Event()
+    # Rank 0 beats too, once it runs; this covers the start (imports, the model's load).
+    beat = threading.Thread(target=job_heartbeat, args=(job.pk, worker, stop_beat), daemon=True)
+    beat.start()
+    try:
+        with open(log_path, "ab") as out:
+            code = subprocess.call(
+                torchrun_command(job_id=job.pk, worker=worker, processes=processes),
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+    finally:
+        stop_beat.set()
+        beat.join(timeout=5)
+    if code == 0:
+        reason = "the training processes exited without ending the job"
+    else:
+        reason = processes_failure(log_path.read_text(errors="replace"), processes=processes, code=code)
+    # A no-op when rank 0 ended the job (finished, cancelled, stopped, or failed with its own error).
+    work_end(
+        TrainingJob,
+        pk=job.pk,
+        worker=worker,
+        status=WorkStatus.FAILED,
+        error=f"{reason} (log: {log_path})"[:2000],
+        on_end=lambda row: _event_id(row.pk, JobEventKind.LOG, row.step, {"message": f"failed: {reason}"}),
+    )
+    row = TrainingJob.objects.filter(pk=job.pk).values("status", "worker").first()
+    if row is None or row["worker"] != worker:
+        return "skipped"
+    return row["status"]
+
+
+_SUMMARY = re.compile(r"^(?:Failures|Root Cause \(first observed failure\)):\s*$", re.M)
+_ENTRY = re.compile(r"^\[\d+\]:\s*$(?P<body>.*?)(?=^\[\d+\]:\s*$|^-{10,}|^={10,}|\Z)", re.S | re.M)
+_FIELD = re.compile(r"^\s*(?P<name>rank|exitcode|traceback)\s*:\s*(?P<value>.*)$", re.M)
+# What the processes that did not cause a failure die of: a collective that broke under
+# them, or torchrun's SIGTERM once another process failed.
+_CONSEQUENCES = ("GroupBroken", "SIGTERM")
+
+
+def processes_failure(log_text: str, *, processes: int, code: int) -> str:
+    """What broke a job's process group, from torchrun's summary of the last launch: which
+    rank, its exit code, and its error (a signal, or the last line of what it raised). The
+    process that failed first is named, not one that only saw it (a broken collective, or
+    torchrun's SIGTERM), whichever torchrun happened to observe first."""
+    starts = [m.start() for m in _SUMMARY.finditer(log_text)]  # "Failures:", then "Root Cause"
+    summary = log_text[starts[-2 if len(starts) > 1 else -1] :] if starts else ""
+    entries = [e for e in (_failure_entry(m["body"]) for m in _ENTRY.finditer(summary)) if e["rank"] != "?"]
+    if not entries:
+        tail = " ".join(log_text.strip().splitlines()[-3:])[-500:]
+        return f"the {processes} training processes failed (torchrun exit code {code}): {tail or 'no output'}"
+    causes = [e for e in entries if not any(word in e["cause"] for word in _CONSEQUENCES)]
+    root = entries[-1]  # the summary's "Root Cause" comes last
+    chosen = root if root in causes or not causes else causes[0]
+    rank, exitcode, cause = chosen["rank"], chosen["exitcode"], chosen["cause"]
+    return f"training process rank {rank} of {processes} failed (exit code {exitcode}): {cause}"[:1500]
+
+
+def _failure_entry(body: str) -> dict[str, str]:
+    fields = {m["name"]: m["value"].strip() for m in _FIELD.finditer(body)}
+    cause = fields.get("traceback", "")
+    if cause.startswith("Traceback") or not cause:
+        lines = [ln.strip() for ln in body.splitlines() if ln.strip()]
+        cause = lines[-1] if lines else ""  # an exception's last line says what it was
+    return {
+        "rank": fields.get("rank", "?").split(" ")[0],
+        "exitcode": re.sub(r"\s*\(pid: \d+\)", "", fields.get("exitcode", "?")),
+        "cause": cause,
+    }
+
+
+def training_job_rank_run(*, job_id: int, worker: str) -> str:
+    """One process of a data-parallel job, in the group torchrun set up. Rank 0 trains and
+    ends the job as `worker` (which holds it); the others train their shards. Returns the
+    job's status on rank 0, "trained" elsewhere."""
+    import torch
+    from torch.distributed import DistError
+
+    from training.trainer.parallel import GroupBroken, process_group_close, process_group_init
+
+    job = TrainingJob.objects.select_related("base_version__base_model", "deployment").get(pk=job_id)
+    config = config_from_dict(job.config)
+    cuda = config.device != "cpu" and torch.cuda.is_available()
+    ranks = process_group_init(cuda=cuda, timeout_seconds=settings.TRAINING_COLLECTIVE_TIMEOUT_SECONDS)
+    try:
+        if ranks.owner:
+            # A broken group (a peer died) is the supervisor's to report: it knows which.
+            return training_job_held_run(job, worker, leave=(GroupBroken, DistError))
+        _train(job, worker, owner=False)
+        return "trained"
+    finally:
+        process_group_close()

@@ -1,0 +1,190 @@
+"""Data-parallel training over processes (torch.distributed, launched by torchrun): which
+items of a global batch this process takes, how its samples are seeded, and the few
+collectives the loop needs.
+
+A job with `processes: N` runs N copies of the one loop. Process r takes items r::N of
+every global batch; each item is sampled from a generator seeded by the job's seed, the
+step and the item's place in the global batch (never by the process); each process scales
+its loss by its share of the global batch's normaliser, and the trainable parameters'
+gradients are summed over the processes before clipping. Every process then steps the same
+optimizer on the same gradient, so their parameters stay equal, and equal to what one
+process computes on the whole batch, up to float rounding.
+
+`Ranks()` (one process) makes every collective a no-op that returns its input: a
+one-process job runs the arithmetic it always ran.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+class GroupBroken(RuntimeError):
+    """A collective failed: another process of the job died, left, or was silent past the
+    timeout. The process that sees it is not the cause, so it names none: the launcher
+    knows which process failed first, and why."""
+
+
+def _collective(fn, *args, **kwargs):
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:
+        raise GroupBroken(f"GroupBroken: {type(exc).__name__}: {str(exc)[:300]}") from exc
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place in the job's process group: `rank` of `size`; `device` is where
+    the collectives' tensors live (the GPU for nccl, the CPU for gloo)."""
+
+    rank: int = 0
+    size: int = 1
+    device: str = "cpu"
+
+    @property
+    def owner(self) -> bool:
+        """Rank 0 owns the job: its row, its events, checkpoints, evaluations and export."""
+        return self.rank == 0
+
+    def shard(self, batch: list) -> list:
+        """This process's items of a global batch: r, r + N, r + 2N, …"""
+        return batch[self.rank :: self.size]
+
+    def global_index(self, local: int) -> int:
+        """The place in the global batch of this process's `local`-th item."""
+        return local * self.size + self.rank
+
+    def sum(self, *values: float) -> list[float]:
+        """Each value summed over the processes (in float64)."""
+        if self.size == 1:
+            return [float(v) for v in values]
+        tensor = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)
+        _collective(dist.all_reduce, tensor)
+        return tensor.tolist()
+
+    def gather(self, value: Any) -> list[Any]:
+        """Every process's `value` (picklable), in rank order."""
+        if self.size == 1:
+            return [value]
+        out: list[Any] = [None] * self.size
+        _collective(dist.all_gather_object, out, value)
+        return out
+
+    def agree(self, decision: bool) -> bool:
+        """Rank 0's decision, on every process: only the owner reads the job row (a cancel)
+        and runs the evaluations (canaries), so it alone decides when the loop stops."""
+        if self.size == 1:
+            return decision
+        flag = torch.tensor([1 if decision else 0], dtype=torch.int64, device=self.device)
+        _collective(dist.broadcast, flag, src=0)
+        return bool(flag.item())
+
+    def gradients_sum(self, parameters: list[torch.nn.Parameter]) -> None:
+        """Sum the parameters' gradients over the processes, in place, in one flat buffer.
+
+        Each process's loss is already its share of the global batch's loss, so the sum is
+        the global batch's gradient. A parameter without a gradient counts as zeros and gets
+        the sum: the optimizer must step every parameter on every process alike."""
+        if self.size == 1 or not parameters:
+            return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in parameters]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        _collective(dist.all_reduce, flat)
+        offset = 0
+        for p in parameters:
+            p.grad = flat[offset : offset + p.numel()].view_as(p)
+            offset += p.numel()
+
+    def parameters_broadcast(self, parameters: list[torch.nn.Parameter]) -> None:
+        """Rank 0's starting weights on every process. Each process seeds and builds the same
+        model, so this changes nothing unless an initialisation drew from another stream."""
+        if self.size == 1:
+            return
+        with torch.no_grad():
+            for p in parameters:
+                _collective(dist.broadcast, p.data, src=0)
+
+
+def ranks_current() -> Ranks:
+    """The process group torch.distributed was initialised with, or one process."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return Ranks()
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    return Ranks(rank=dist.get_rank(), size=dist.get_world_size(), device=device)
+
+
+def process_group_init(*, cuda: bool, timeout_seconds: float) -> Ranks:
+    """Join the process group torchrun describes in the environment (RANK, WORLD_SIZE,
+    LOCAL_RANK, MASTER_ADDR, MASTER_PORT): nccl with one GPU per local rank when `cuda`,
+    else gloo. `timeout_seconds` bounds every collective: a process that hangs (rather
+    than dies, which its peers see at once) fails the group after it."""
+    timeout = timedelta(seconds=timeout_seconds)
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl", timeout=timeout)
+    else:
+        dist.init_process_group("gloo", timeout=timeout)
+    return ranks_current()
+
+
+def process_group_close() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def item_generator(*, seed: int, step: int, index: int) -> torch.Generator:
+    """The random stream of the item at `index` of step `step`'s global batch: the same
+    draws whichever process samples it and whichever items share its local batch."""
+    digest = hashlib.sha256(f"practicum-sample:{seed}:{step}:{index}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
+
+
+def item_generators(ranks: Ranks, *, seed: int, step: int, count: int) -> list[torch.Generator]:
+    """One generator per item of this process's `count` items of step `step`."""
+    return [item_generator(seed=seed, step=step, index=ranks.global_index(k)) for k in range(count)]
+
+
+@dataclass
+class SeenRollout:
+    """The global batch's samples, gathered from every process for the step's figures
+    (`common.rollout_stats` reads the same attributes from a `Rollout`)."""
+
+    texts: list[str]
+    lengths: torch.Tensor  # (B,)
+    truncated: list[bool]
+    rewards: list[float]
+    keep: torch.Tensor  # (N,) the groups that carried signal
+
+
+def rollout_seen(ranks: Ranks, rollout, *, rewards: list[float] | None = None, keep=None) -> SeenRollout:
+    """`rollout` (and its rewards, and which groups were kept) over every process."""
+    local = (
+        rollout.texts,
+        rollout.lengths.tolist(),
+        list(rollout.truncated),
+        list(rewards or []),
+        [] if keep is None else keep.tolist(),
+    )
+    parts = ranks.gather(local)
+    if ranks.size == 1:
+        return SeenRollout(
+            texts=rollout.texts,
+            lengths=rollout.lengths,
+            truncated=list(rollout.truncated),
+            rewards=list(rewards or []),
+            keep=keep if keep is not None else torch.ones(0, dtype=torch.bool),
+        )
+    return SeenRollout(
+        texts=[t for p in parts for t in p[0]],
+        lengths=torch.tensor([n for p in parts for n in p[1]]),
+        truncated=[t for p in parts for t in p[2]],
+        rewards=[r for p in parts for r in p[3]],
+        keep=torch.tensor([k for p in parts for k in p[4]], dtype=torch.bool),
+    )
