@@ -173,3 +173,13 @@ def test_the_judge_scores_fresh_samples_under_the_operators_comment(tiny_model_d
     assert words in user_prompt(judge_settings.requests[0])
     assert result.history[0]["reward_mean"] == pytest.approx(0.25)
     assert CandidateScoring.objects.filter(item_key=items[0].id, status="succeeded").count() == 1
+
+
+def test_the_tours_distillation_settings_are_the_ones_the_comparison_measures():
+    from training.trainer.config import DistillConfig
+    from webapp.selectors_tour import comment_job_settings
+
+    options = lfc.Options()
+    measured = DistillConfig.from_dict(lfc._common(options, 0) | {"samples_per_prompt": options.distill_samples})
+    for name, value in json.loads(comment_job_settings()).items():
+        assert getattr(measured, name) == value, name
