@@ -117,6 +117,7 @@ def comments_set(*, harness: desk.Harness, seed: int, options: Options) -> dict[
     from training.serving.models import Deployment
 
     tasks = tasks_sample(split="train", count=options.train_episodes, seed=20_000 + seed, graded_share=1.0)
+    desk.log(f"seed {seed}: the base plays {len(tasks)} training-split episodes for the lead to review")
     played = harness.episodes(tasks, seed=seed * 1_000 + 500)
     deployment, _ = Deployment.objects.get_or_create(
         name=f"lfc-{options.run}-seed{seed}",
@@ -486,6 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--test-episodes", type=int, default=d.test_episodes, help="per slice: test and each fresh one")
     p.add_argument("--validate-episodes", type=int, default=d.validate_episodes)
     p.add_argument("--fresh-seed", type=int, action="append", default=None, help="fresh slices (default: 3)")
+    p.add_argument("--no-fresh", action="store_true", help="measure the test split only")
     p.add_argument("--steps", type=int, default=d.steps, help="distill and hinted-GRPO steps")
     p.add_argument("--validate-at", type=int, nargs="*", help="steps measured on validation (default: half, end)")
     p.add_argument("--oracle-steps", type=int, default=d.oracle_steps)
@@ -503,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         summary(args.runs, args.run)
         return 0
     if args.fresh_seed is None:
-        args.fresh_seed = list(d.fresh_seeds)
+        args.fresh_seed = [] if args.no_fresh else list(d.fresh_seeds)
     import django
 
     django.setup()
