@@ -90,6 +90,8 @@ def worker(monkeypatch, tmp_path, judge_server, gateway):
 def test_the_whole_tour_in_the_browser(
     open_page, screenshot, settings, vllm_server, tiny_base, gateway, judge_server, worker
 ):
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     from feedback.demo.agent import demo_agent_run
     from feedback.services.api_keys import api_key_create
     from training.serving.services import live_version_set
@@ -178,8 +180,11 @@ def test_the_whole_tour_in_the_browser(
     for name, value in [("steps", "2"), ("prompts_per_step", "1"), ("max_new_tokens", "8")]:
         page.fill(f"input[name={name}]", value)
     page.fill("textarea[name=config]", '{"eval_every": 0, "samples_per_prompt": 2}')
-    page.click("button:has-text('Start')")
-    page.wait_for_url(re.compile(r"/training/jobs/\d+/$"))
+    page.click("#job-form button[type=submit]")
+    try:
+        page.wait_for_url(re.compile(r"/training/jobs/\d+/$"), timeout=60_000)
+    except PlaywrightTimeout:
+        raise AssertionError(f"no job page: at {page.url}; {page.locator('ul.error').all_inner_texts()}") from None
     job = TrainingJob.objects.get()
     wait_until(lambda: TrainingJob.objects.get(pk=job.pk).status not in ("queued", "running"), 240, "the job")
     job.refresh_from_db()
