@@ -433,7 +433,7 @@ def base_answers(harness: Harness, tasks, *, seed: int, prefix: str):
     return items
 
 
-def train(recipe: dict[str, Any], *, seed: int, run_dir: Path):
+def train(recipe: dict[str, Any], *, seed: int, run_dir: Path, model: Path = MODEL):
     """SFT (LoRA on the top blocks) with `sft_train`; with `early_stop`, the validation
     split's turns are graded every `eval_every` steps and the best adapter is kept."""
     import torch
@@ -468,7 +468,7 @@ def train(recipe: dict[str, Any], *, seed: int, run_dir: Path):
     validation = oracle_items(desk.tasks_for(split="validation", graded=True), prefix="validation")
     validation = rng.sample(validation, min(recipe["validation_turns"], len(validation)))
     config = SFTConfig(
-        model_path=str(MODEL),
+        model_path=str(model),
         adapter="lora",
         lora_rank=recipe["lora_rank"],
         lora_alpha=recipe["lora_alpha"],
@@ -571,12 +571,12 @@ def append(record: dict[str, Any]) -> None:
         f.write(json.dumps(record) + "\n")
 
 
-def load_base():
+def load_base(path: Path = MODEL):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(MODEL)
-    model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     return model, tokenizer
 
 
@@ -757,10 +757,15 @@ def rates(measure: dict[str, Any], n: int) -> dict[str, Any]:
 
 
 def command_summary(args) -> None:
-    from training.evaluation.seeds import interval_text
-
     path = args.runs
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    summary_print(records)
+
+
+def summary_print(records: list[dict[str, Any]]) -> None:
+    """The per-seed and over-seeds tables of `records` (base and candidate runs)."""
+    from training.evaluation.seeds import interval_text
+
     base = {}
     for r in records:
         if r["kind"] == "base":

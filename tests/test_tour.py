@@ -203,15 +203,43 @@ def test_the_job_step_offers_settings_a_job_accepts(tour_page):
     import json
 
     from training.trainer.config import config_from_dict
-    from webapp.selectors_tour import episode_job_settings
+    from webapp.selectors_tour import comment_job_settings, episode_job_settings
 
     DeploymentFactory(name="support-bot")
     page = tour_page()
     shown = re.search(r'<pre class="hint"><code>(.*?)</code></pre>', page, re.S).group(1)
     settings_json = json.loads(html_lib.unescape(shown))
-    assert settings_json == json.loads(episode_job_settings())
-    config = config_from_dict({**settings_json, "kind": "sft", "model_path": "/models/x", "init_adapter": ""})
-    assert config.steps == 200 and config.prompts_per_step == 4 and config.learning_rate == 5e-4
+    # The comments path is the default: a self-distillation job on the comments set.
+    assert settings_json == json.loads(comment_job_settings())
+    config = config_from_dict({**settings_json, "kind": "distill", "model_path": "/models/x"})
+    assert config.steps == 40 and config.samples_per_prompt == 2
+    # The oracle path is offered by its name, with the settings make tour-demo measures.
+    oracle = json.loads(episode_job_settings())
+    assert config_from_dict({**oracle, "kind": "sft", "model_path": "/models/x"}).steps == 200
+    assert "oracle labels (computed from the environment&#x27;s hidden answer)" in page
+
+
+def test_the_training_steps_lead_to_the_comments_set_and_a_distillation_job(tour_page, client):
+    deployment = DeploymentFactory(name="support-bot")
+    TraceFactory(deployment=deployment)
+    page = tour_page()
+    set_link = re.search(r'id="step-training_set".*?<a href="([^"]+)"', page, re.S).group(1)
+    job_link = re.search(r'id="step-job".*?<a href="([^"]+)"', page, re.S).group(1)
+
+    built = client.get(set_link.replace("&amp;", "&"))
+    assert built.status_code == 200
+    html = built.content.decode()
+    # The feedback form is filled in with this deployment's commented traces.
+    form = re.search(r'<form[^>]*id="set-form".*?</form>', html, re.S).group(0)
+    assert f'name="filters" value="comment=yes&amp;deployment={deployment.pk}"' in form
+    # The episode form says what its corrected turns are.
+    assert "oracle labels (computed from the environment's hidden answer)" in html
+
+    started = client.get(job_link.replace("&amp;", "&")).content.decode()
+    assert re.search(r'<option value="distill" selected>', started)
+    # A kind that is none is ignored: the form keeps its default.
+    unknown = client.get(reverse("training:job-list"), {"kind": "<script>"})
+    assert unknown.status_code == 200 and '<option value="grpo" selected>' in unknown.content.decode()
 
 
 def test_the_trace_to_comment_on_is_never_a_held_out_tasks():

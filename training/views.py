@@ -36,6 +36,18 @@ FORM_FIELDS = {
 def job_list(request: HttpRequest) -> HttpResponse:
     errors: list[tuple[str, str]] = []
     form = {"kind": "grpo", "config": "{}"}
+    forms: dict = {}
+    if request.method == "GET":
+        # The tour links here with its path filled in: the set from operators' comments
+        # (`filters`) and the job kind that learns from them (`kind`).
+        if request.GET.get("kind") in JobKind.values:
+            form["kind"] = request.GET["kind"]
+        if request.GET.get("filters"):
+            forms["set_form"] = {
+                "name": "operator-comments",
+                "heldout_fraction": "0.2",
+                "filters": request.GET["filters"][:2000],
+            }
     if request.method == "POST":
         if not request.user.has_perm("training.add_trainingjob"):
             raise PermissionDenied("starting training jobs needs the operator or admin role")
@@ -43,7 +55,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
         job, errors = _create_from_form(request)
         if job is not None:
             return redirect("training:job-detail", job_id=job.pk)
-    return _job_list_page(request, status=400 if errors else 200, errors=errors, form=form)
+    return _job_list_page(request, status=400 if errors else 200, errors=errors, form=form, **forms)
 
 
 def _job_list_page(request: HttpRequest, *, status: int = 200, **forms) -> HttpResponse:

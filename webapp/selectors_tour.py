@@ -6,6 +6,7 @@ page costs the same with a hundred traces or a million (no table is counted)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from urllib.parse import urlencode
 
 from django.db.models import Q
 from django.urls import reverse
@@ -18,6 +19,8 @@ from webapp.selectors import HELD_OUT_SPLITS
 from webapp.work import WorkStatus
 
 DEFAULT_TOUR_DEPLOYMENT = "support-bot"
+# What a set of the agent's episodes with corrected turns trains on, named where it is offered.
+ORACLE_LABELS = "oracle labels (computed from the environment's hidden answer)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,22 +169,26 @@ def tour_get(*, deployment: Deployment | None, demo_target: int = 0) -> Tour:
 
     sets = TrainingSet.objects.filter(Q(deployment=deployment) | Q(items__trace__deployment=deployment)).distinct()
     latest_set = sets.order_by("-created_at", "-id").first()
+    commented = urlencode({"filters": f"comment=yes&deployment={deployment.pk}"})
     steps.append(
         TourStep(
             key="training_set",
-            title="Build a training set",
+            title="Build a training set from the operators' comments",
             how=(
-                "On Training: from the agent's graded episodes (each turn replayable, with a grader), or from the "
-                "trace list's filter (each commented turn with its rubric and correction). The judge's rubrics and "
-                "corrections need its training gate open (Judge → Agreement), or an override with a reason."
+                "On Training, “Build a training set from feedback” comes filled in with this deployment's commented "
+                "traces: each commented turn becomes an item with its context and the comment (and the judge's "
+                "rubric and correction where it judged; those need its training gate open, Judge → Agreement, or "
+                "an override with a reason). The other form builds a set from the agent's graded episodes with "
+                f"{ORACLE_LABELS}: a measuring stick, not what operators give."
             ),
             done=latest_set is not None,
             detail=(
-                f"{latest_set}: {latest_set.train_count} to train on, {latest_set.heldout_count} held out"
+                f"{latest_set} ({_set_source(latest_set)}): {latest_set.train_count} to train on, "
+                f"{latest_set.heldout_count} held out"
                 if latest_set
                 else "no training set yet"
             ),
-            link=reverse("training:job-list") + "#build-set",
+            link=reverse("training:job-list") + f"?{commented}#build-set",
             link_text="Training",
         )
     )
@@ -198,12 +205,14 @@ def tour_get(*, deployment: Deployment | None, demo_target: int = 0) -> Tour:
             key="job",
             title="Start a job and watch it learn",
             how=(
-                "GRPO, self-distillation or SFT from the live version on the set; the job page draws reward, "
-                "loss, KL and length as it goes. For the agent's episodes (a set built with corrected turns, "
-                "first turns included), an SFT job with these settings (the ones make tour-demo measures) "
-                "goes in the JSON box:"
+                "Self-distillation from the live version on the comments set: the model answers without the "
+                "comment and is pulled toward itself reading the comment as a hint. The job page draws loss, KL "
+                "and length as it goes. These settings (the ones make learn-from-comments trains) go in the JSON "
+                "box. GRPO scores fresh samples with the judge under each comment instead; SFT on an episode set "
+                f"with corrected turns ({ORACLE_LABELS}) is what make tour-demo measures, with "
+                f"{episode_job_settings()}."
             ),
-            hint=episode_job_settings(),
+            hint=comment_job_settings(),
             done=finished is not None,
             detail=(
                 f"job {finished.pk} finished: candidate {finished.result_version.name}"
@@ -212,7 +221,7 @@ def tour_get(*, deployment: Deployment | None, demo_target: int = 0) -> Tour:
             ),
             link=reverse("training:job-detail", args=[(finished or active).pk])
             if (finished or active)
-            else reverse("training:job-list"),
+            else reverse("training:job-list") + "?kind=distill#job-form",
             link_text="The job" if (finished or active) else "Training",
             in_progress=finished is None and active is not None,
         )
@@ -315,6 +324,33 @@ def tour_get(*, deployment: Deployment | None, demo_target: int = 0) -> Tour:
         demo_have=demo_readiness(deployment=deployment, target=demo_target),
         demo_target=demo_target,
     )
+
+
+def comment_job_settings() -> str:
+    """The settings of the self-distillation job `make learn-from-comments` trains on the
+    operators' comments (scripts/learn_from_comments.py; a test keeps the two the same)."""
+    import json
+
+    config = {
+        "steps": 40,
+        "prompts_per_step": 4,
+        "samples_per_prompt": 2,
+        "max_new_tokens": 48,
+        "temperature": 0.7,
+        "learning_rate": 5e-4,
+        "lora_rank": 16,
+        "trainable_layers": 6,
+    }
+    return json.dumps(config)
+
+
+def _set_source(training_set: TrainingSet) -> str:
+    selection = training_set.selection if isinstance(training_set.selection, dict) else {}
+    if selection.get("kind") == "episodes":
+        return ORACLE_LABELS if selection.get("targets") else "the agent's graded episodes"
+    if selection.get("filters") is not None or selection.get("queue"):
+        return "operators' feedback"
+    return "imported"
 
 
 def episode_job_settings() -> str:

@@ -90,6 +90,8 @@ def worker(monkeypatch, tmp_path, judge_server, gateway):
 def test_the_whole_tour_in_the_browser(
     open_page, screenshot, settings, vllm_server, tiny_base, gateway, judge_server, worker
 ):
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     from feedback.demo.agent import demo_agent_run
     from feedback.services.api_keys import api_key_create
     from training.serving.services import live_version_set
@@ -155,11 +157,11 @@ def test_the_whole_tour_in_the_browser(
     page.goto("/tour/")
     assert step_done(page, "comment") and step_done(page, "judge")
 
-    # 4. Build a training set from the commented traces.
+    # 4. Build a training set from the commented traces: the tour's link fills the filter in.
     page.click("#step-training_set a:has-text('Training')")
+    assert page.input_value("#set-form input[name=filters]") == f"comment=yes&deployment={deployment.pk}"
     page.fill("#set-form input[name=name]", "tour-refunds")
     page.fill("#set-form input[name=heldout_fraction]", "0")
-    page.fill("#set-form input[name=filters]", f"comment=yes&deployment={deployment.pk}")
     page.click("#set-form button[type=submit]")
     # The judge's rubric is in it, and no rated turns calibrate the judge: its gate is closed.
     assert "training gate is closed" in page.locator("ul.error").inner_text()
@@ -169,16 +171,20 @@ def test_the_whole_tour_in_the_browser(
     training_set = TrainingSet.objects.get(name="tour-refunds")
     assert training_set.train_count == 1
 
-    # 5. Start a GRPO job from the live version and watch it finish.
-    page.select_option("select[name=kind]", "grpo")
+    # 5. Start the tour's job, self-distillation on the comment, and watch it finish.
+    page.goto("/tour/")
+    page.click("#step-job a:has-text('Training')")
+    assert page.input_value("select[name=kind]") == "distill"
     page.select_option("select[name=base_version]", str(base_version.pk))
     page.select_option("select[name=training_set]", str(training_set.pk))
-    for name, value in [("steps", "2"), ("group_size", "2"), ("prompts_per_step", "1"), ("max_new_tokens", "8")]:
+    for name, value in [("steps", "2"), ("prompts_per_step", "1"), ("max_new_tokens", "8")]:
         page.fill(f"input[name={name}]", value)
-    page.fill("textarea[name=config]", '{"eval_every": 0}')
-    page.fill("#job-form input[name=judge_gate_override_reason]", "The tour: a two-step run")
-    page.click("button:has-text('Start')")
-    page.wait_for_url(re.compile(r"/training/jobs/\d+/$"))
+    page.fill("textarea[name=config]", '{"eval_every": 0, "samples_per_prompt": 2}')
+    page.click("#job-form button[type=submit]")
+    try:
+        page.wait_for_url(re.compile(r"/training/jobs/\d+/$"), timeout=60_000)
+    except PlaywrightTimeout:
+        raise AssertionError(f"no job page: at {page.url}; {page.locator('ul.error').all_inner_texts()}") from None
     job = TrainingJob.objects.get()
     wait_until(lambda: TrainingJob.objects.get(pk=job.pk).status not in ("queued", "running"), 240, "the job")
     job.refresh_from_db()

@@ -25,6 +25,7 @@ from training.models import (
     TrainingItem,
     TrainingJob,
     TrainingJobEvent,
+    TrainingSet,
     TrainingSplit,
 )
 from training.serving.models import ModelVersion, ModelVersionKind
@@ -110,8 +111,13 @@ def job_heartbeat(job_id: int, worker: str, stop: threading.Event) -> None:
 
 def job_items(job: TrainingJob) -> tuple[list[TurnItem], list[TurnItem]]:
     """(train, held-out) items of the job's training set."""
+    return training_set_items(job.training_set)
+
+
+def training_set_items(training_set: TrainingSet) -> tuple[list[TurnItem], list[TurnItem]]:
+    """(train, held-out) items of `training_set`, as a job trains on them."""
     train, heldout = [], []
-    for row in TrainingItem.objects.filter(training_set=job.training_set).order_by("id").iterator():
+    for row in TrainingItem.objects.filter(training_set=training_set).order_by("id").iterator():
         item = TurnItem(
             id=row.key,
             messages=row.messages,

