@@ -67,6 +67,11 @@ EDITABLE = (
 )
 
 
+# What the columns hold; the API's serializer has the same bounds.
+TEXT_LIMITS = {"name": 100, "environment": 100, "eval_environment": 100, "eval_environment_split": 20}
+INT_LIMITS = {"min_new_turns": 1_000_000, "min_interval_minutes": 525_600, "eval_environment_tasks": 10_000}
+
+
 class PolicyError(Invalid, ValueError):
     """A policy that cannot be saved; `errors` lists (field, reason) pairs (400)."""
 
@@ -87,6 +92,10 @@ def learning_policy_check(*, deployment: Deployment | None, values: dict[str, An
     errors: list[tuple[str, str]] = []
     if deployment is None:
         raise PolicyError([("deployment", "choose a deployment")])
+    for f, longest in TEXT_LIMITS.items():
+        v = values.get(f)
+        if v is not None and (not isinstance(v, str) or len(v) > longest or "\x00" in v):
+            errors.append((f, f"text of at most {longest} characters, without NUL"))
     name = values.get("name") or ""
     if not name or slugify(name) != name:
         errors.append(("name", "letters, digits, hyphens and underscores"))
@@ -107,8 +116,8 @@ def learning_policy_check(*, deployment: Deployment | None, values: dict[str, An
                 errors.append((env_field, f"no environment named {env!r}"))
     turns, minutes = values.get("min_new_turns"), values.get("min_interval_minutes")
     for f, v in (("min_new_turns", turns), ("min_interval_minutes", minutes)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            errors.append((f, "a whole number, 0 or more"))
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= INT_LIMITS[f]:
+            errors.append((f, f"a whole number from 0 to {INT_LIMITS[f]:,}"))
     if isinstance(turns, int) and isinstance(minutes, int) and turns == 0 and minutes == 0:
         errors.append(("min_new_turns", "set a number of new turns or a minimum interval (or both)"))
     heldout = values.get("heldout_fraction")
@@ -121,8 +130,10 @@ def learning_policy_check(*, deployment: Deployment | None, values: dict[str, An
         if not isinstance(v, int | float) or isinstance(v, bool) or not 0 <= v <= 1:
             errors.append((f, "a rate between 0 and 1"))
     tasks = values.get("eval_environment_tasks")
-    if tasks is not None and (not isinstance(tasks, int) or tasks < 1):
-        errors.append(("eval_environment_tasks", "a whole number, 1 or more"))
+    if tasks is not None and (
+        not isinstance(tasks, int) or isinstance(tasks, bool) or not 1 <= tasks <= INT_LIMITS["eval_environment_tasks"]
+    ):
+        errors.append(("eval_environment_tasks", f"a whole number from 1 to {INT_LIMITS['eval_environment_tasks']:,}"))
     if values.get("eval_training_set") is not None and not values["eval_training_set"].heldout_count:
         errors.append(("eval_training_set", f"{values['eval_training_set']} has no held-out items"))
     live = live_version_get(deployment_id=deployment.pk)
@@ -167,15 +178,20 @@ def learning_policy_refs(
             out[name] = None
             return
         text = str(value)
+        if "\x00" in text or len(text) > 200:
+            errors.append((name, f"no {what} with such a name"))
+            return
         row = queryset.filter(**{by: text}).first()
-        if row is None and by != "pk" and text.isdigit():
+        if row is None and by != "pk" and text.isascii() and text.isdigit():
             row = queryset.filter(pk=int(text)).first()
         if row is None:
             errors.append((name, f"no {what} {text!r}"))
         out[name] = row
 
     one("deployment", deployment, Deployment.objects.all(), "name", "deployment")
-    if eval_training_set not in (None, "") and not str(eval_training_set).isdigit():
+    if eval_training_set not in (None, "") and not (
+        str(eval_training_set).isascii() and str(eval_training_set).isdigit()
+    ):
         errors.append(("eval_training_set", "a training set's id"))
     else:
         one("eval_training_set", eval_training_set, TrainingSet.objects.all(), "pk", "training set")
@@ -198,7 +214,12 @@ def learning_policy_create(*, deployment: Deployment | None, user, **values: Any
 
 @transaction.atomic
 def learning_policy_update(*, policy: LearningPolicy, user, **values: Any) -> LearningPolicy:
-    """Change the fields given; the run in progress keeps the recipe it started with."""
+    """Change the fields given; the run in progress keeps the recipe it started with.
+
+    `user` answers for the policy from now on (its `created_by`): the requests it opens are
+    theirs, so the four-eyes rule keeps whoever last set its requirements from approving
+    them. Left with the creator, an approver who may edit policies (an admin) could lower
+    a policy's requirements and approve the request it opens in someone else's name."""
     policy = LearningPolicy.objects.select_for_update().get(pk=policy.pk)
     unknown = sorted(set(values) - set(EDITABLE))
     if unknown:
@@ -209,8 +230,9 @@ def learning_policy_update(*, policy: LearningPolicy, user, **values: Any) -> Le
         raise PolicyError([("name", f"{policy.deployment.name} already has a policy named {merged['name']}")])
     for f, v in values.items():
         setattr(policy, f, v)
+    policy.created_by = user
     policy.updated_at = timezone.now()
-    policy.save(update_fields=[*values, "updated_at"])
+    policy.save(update_fields=[*values, "created_by", "updated_at"])
     return policy
 
 
@@ -304,8 +326,9 @@ def _items_for(policy: LearningPolicy) -> tuple[list[dict[str, Any]], str, set[i
 
 
 def learning_policies_tick(*, now: datetime | None = None) -> list[tuple[int, str]]:
-    """Move every enabled policy (and every policy with a run in progress) one step: fire,
-    start the evaluation, check the requirements, or wait. Returns (policy id, what happened).
+    """Move every enabled policy one step: fire, start the evaluation, check the
+    requirements, or wait; a disabled policy's run in progress ends without a request.
+    Returns (policy id, what happened).
 
     Each policy is handled under its row's lock, taken with SKIP LOCKED: a second tick
     running at the same time passes over a policy the first holds; the unique active-run
@@ -335,6 +358,9 @@ def _policy_tick(pk: int, now: datetime) -> str:
     if policy is None:
         return "held by another tick"
     run = policy.runs.filter(finished_at__isnull=True).first()
+    if run is not None and not policy.enabled:
+        # Disabling stops the loop: no evaluation is started and no request opened for it.
+        return _end(run, RunOutcome.ERROR, now, error="the policy was disabled while this run was in progress")
     if run is not None:
         return _advance(policy, run, now)
     if not policy.enabled:

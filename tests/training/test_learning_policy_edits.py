@@ -1,0 +1,128 @@
+"""Learning policies edited or disabled while they run, and input the pages and the API must
+refuse with a 400 naming the field (never a 500)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.factories import user_with_role
+from tests.training.policies import commented_turns, finish_evaluation, finish_job, policy
+from training.learning_policies.models import LearningPolicy, RunOutcome
+from training.learning_policies.services import learning_policies_tick, learning_policy_update
+from training.models import Evaluation, PromotionRequest
+
+pytestmark = pytest.mark.django_db
+
+API = "/api/v1/learning-policies/"
+
+
+def run_to_evaluated(p, world, *, win_rate=0.9, ci_low=0.6):
+    commented_turns(world["deployment"], 3)
+    learning_policies_tick()
+    (run,) = p.runs.all()
+    finish_job(run, world)
+    learning_policies_tick()
+    run.refresh_from_db()
+    finish_evaluation(run, win_rate=win_rate, ci_low=ci_low, n=9)
+    return run
+
+
+def test_whoever_last_changed_a_policy_answers_for_its_request_and_cannot_approve_it(world, client):
+    ada = user_with_role("admin", "ada")  # an admin may both edit policies and approve
+    p = policy(world)
+    learning_policy_update(policy=p, user=ada, min_win_rate=0.0, min_win_rate_ci_low=None)
+    p.refresh_from_db()
+    assert p.created_by == ada
+    run = run_to_evaluated(p, world)
+    learning_policies_tick()
+    run.refresh_from_db()
+    assert run.outcome == RunOutcome.REQUESTED and run.promotion.requested_by == ada
+    client.force_login(ada)
+    response = client.post(f"/api/v1/promotions/{run.promotion.pk}/approve", {}, "application/json")
+    assert response.status_code == 403
+    client.force_login(world["arno"])
+    assert client.post(f"/api/v1/promotions/{run.promotion.pk}/approve", {}, "application/json").status_code == 202
+
+
+def test_disabling_a_policy_ends_its_run_without_an_evaluation_or_a_request(world):
+    p = policy(world)
+    commented_turns(world["deployment"], 3)
+    learning_policies_tick()
+    (run,) = p.runs.all()
+    finish_job(run, world)
+    learning_policy_update(policy=p, user=world["olga"], enabled=False)
+    learning_policies_tick()
+    run.refresh_from_db()
+    assert run.outcome == RunOutcome.ERROR and "disabled" in run.error and run.finished_at
+    assert not Evaluation.objects.exists() and not PromotionRequest.objects.exists()
+
+
+FORM = {
+    "name": "fix-lookups",
+    "deployment": "support-bot",
+    "enabled": "on",
+    "signal": "comments",
+    "min_new_turns": "3",
+    "min_interval_minutes": "0",
+    "job_kind": "distill",
+    "job_config": '{"steps": 2}',
+    "heldout_fraction": "0.2",
+    "min_win_rate": "0.5",
+}
+
+
+@pytest.mark.parametrize(
+    ("values", "field"),
+    [
+        ({"min_new_turns": "99999999999"}, "min_new_turns"),
+        ({"min_interval_minutes": "99999999999"}, "min_interval_minutes"),
+        ({"eval_environment_tasks": "99999999999"}, "eval_environment_tasks"),
+        ({"eval_environment_split": "a\x00b"}, "eval_environment_split"),
+        ({"eval_environment_split": "x" * 30}, "eval_environment_split"),
+        ({"name": "a" * 101}, "name"),
+        ({"job_config": "[" * 100_000}, "job_config"),
+        ({"job_config": '{"steps": 2, "hint_template": "\\u0000{feedback}"}'}, "job_config.hint_template"),
+        ({"job_config": '{"steps": 2, "weight_decay": 1e999}'}, "job_config.weight_decay"),
+        ({"job_config": '{"steps": 2, "weight_decay": NaN}'}, "job_config.weight_decay"),
+        ({"deployment": "a\x00b"}, "deployment"),
+        ({"deployment": "\u00b2"}, "deployment"),
+        ({"notify_user": "a\x00b"}, "notify_user"),
+        ({"notify_group": "a\x00b"}, "notify_group"),
+        ({"notify_user": "\u00b2"}, "notify_user"),
+        ({"eval_training_set": "\u00b2"}, "eval_training_set"),
+    ],
+)
+def test_the_form_refuses_bad_input_with_a_400_naming_the_field(world, client, values, field):
+    client.force_login(world["olga"])
+    response = client.post("/training/policies/", FORM | values)
+    assert response.status_code == 400
+    assert [f for f, _ in response.context["errors"]] == [field]
+    assert not LearningPolicy.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        ('{"deployment": "\\u00b2", "name": "a"}', "deployment"),
+        ('{"deployment": "support-bot", "name": "a", "eval_training_set": "\\u00b2"}', "eval_training_set"),
+        ('{"deployment": "support-bot", "name": "a", "notify_user": "\\u00b2"}', "notify_user"),
+        (
+            '{"deployment": "support-bot", "name": "a", "job_config": {"steps": 2, "hint_template": "\\u0000{feedback}"}}',
+            "job_config.hint_template",
+        ),
+        (
+            '{"deployment": "support-bot", "name": "a", "job_config": {"weight_decay": 1e999}}',
+            "job_config.weight_decay",
+        ),
+        (
+            '{"deployment": "support-bot", "name": "a", "job_config": {"monitors": {"kl_budget": 1e999}}}',
+            "job_config.monitors.kl_budget",
+        ),
+    ],
+)
+def test_the_api_refuses_bad_input_with_a_400_naming_the_field(world, client, raw, field):
+    client.force_login(world["olga"])
+    response = client.post(API, raw, content_type="application/json")
+    assert response.status_code == 400, response.content
+    assert [e["field"] for e in response.json()["errors"]] == [field]
+    assert not LearningPolicy.objects.exists()
