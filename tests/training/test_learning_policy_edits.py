@@ -126,3 +126,27 @@ def test_the_api_refuses_bad_input_with_a_400_naming_the_field(world, client, ra
     assert response.status_code == 400, response.content
     assert [e["field"] for e in response.json()["errors"]] == [field]
     assert not LearningPolicy.objects.exists()
+
+
+def test_a_policy_does_not_fire_for_someone_who_left_or_lost_the_role(world):
+    from django.contrib.auth.models import Group
+
+    p = policy(world)
+    commented_turns(world["deployment"], 3)
+    world["olga"].is_active = False
+    world["olga"].save()
+    learning_policies_tick()
+    p.refresh_from_db()
+    assert not p.runs.exists() and "olga answers for it and may no longer" in p.waiting_reason
+
+    world["olga"].is_active = True
+    world["olga"].save()
+    world["olga"].groups.remove(Group.objects.get(name="operator"))
+    olga = type(world["olga"]).objects.get(pk=world["olga"].pk)  # no cached permissions
+    p.created_by = olga
+    learning_policies_tick()
+    assert not p.runs.exists()
+
+    olga.groups.add(Group.objects.get(name="operator"))
+    learning_policies_tick()
+    assert p.runs.count() == 1

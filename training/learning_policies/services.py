@@ -67,6 +67,13 @@ EDITABLE = (
 )
 
 
+# What the person who answers for a policy must still be allowed to do for it to fire.
+RUNS_NEED = (
+    "training.add_trainingset",
+    "training.add_trainingjob",
+    "training.add_evaluation",
+    "training.add_promotionrequest",
+)
 # What the columns hold; the API's serializer has the same bounds.
 TEXT_LIMITS = {"name": 100, "environment": 100, "eval_environment": 100, "eval_environment_split": 20}
 INT_LIMITS = {"min_new_turns": 1_000_000, "min_interval_minutes": 525_600, "eval_environment_tasks": 10_000}
@@ -377,6 +384,11 @@ def _policy_tick(pk: int, now: datetime) -> str:
 
 def _decide(policy: LearningPolicy, now: datetime) -> tuple[str, str]:
     """("", why it fires) or (why it waits, "")."""
+    who = policy.created_by
+    missing = [p for p in RUNS_NEED if not (who.is_active and who.has_perm(p))]
+    if missing:
+        # The policy acts for this person: it does no more than they may do themselves.
+        return f"{who.username} answers for it and may no longer do this ({', '.join(missing)})", ""
     last = policy.runs.order_by("-fired_at", "-id").first()
     if policy.min_interval_minutes and last is not None:
         due = last.fired_at + timedelta(minutes=policy.min_interval_minutes)
