@@ -150,3 +150,26 @@ def test_a_policy_does_not_fire_for_someone_who_left_or_lost_the_role(world):
     olga.groups.add(Group.objects.get(name="operator"))
     learning_policies_tick()
     assert p.runs.count() == 1
+
+
+def test_the_list_refuses_a_deployment_name_with_nul_with_a_400(world, client):
+    client.force_login(world["olga"])
+    response = client.get(API, {"deployment": "a\x00b"})
+    assert response.status_code == 400 and response.json()["errors"][0]["field"] == "deployment"
+
+
+def test_only_approvers_of_the_group_or_the_user_named_are_told(world, django_capture_on_commit_callbacks):
+    from django.contrib.auth.models import Group
+    from django.core import mail
+
+    rita = user_with_role("reviewer", "rita", email="rita@example.com")
+    team = Group.objects.create(name="support-team")
+    for u in (rita, world["arno"], world["olga"]):
+        u.groups.add(team)
+    p = policy(world, notify_user=rita, notify_group=team)
+    run = run_to_evaluated(p, world)
+    with django_capture_on_commit_callbacks(execute=True):
+        learning_policies_tick()
+    run.refresh_from_db()
+    assert run.outcome == RunOutcome.REQUESTED and run.notified == ["arno"]
+    assert [m.to for m in mail.outbox] == [["arno@example.com"]]

@@ -98,7 +98,8 @@ class LearningPoliciesApi(PersonApi):
     def get(self, request):
         deployment_id = None
         if request.query_params.get("deployment"):
-            deployment = Deployment.objects.filter(name=request.query_params["deployment"]).first()
+            name = request.query_params["deployment"]
+            deployment = None if "\x00" in name else Deployment.objects.filter(name=name).first()
             if deployment is None:
                 return error_response(400, "deployment", f"no deployment {request.query_params['deployment'][:100]!r}")
             deployment_id = deployment.pk

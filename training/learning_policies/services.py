@@ -642,12 +642,18 @@ def _conclude(policy: LearningPolicy, run: LearningPolicyRun, evaluation, now: d
 
 def _notify(policy: LearningPolicy, promotion) -> list[str]:
     """Mail the policy's approvers (after commit); returns whom. The requester is left out:
-    they cannot approve their own request."""
+    they cannot approve their own request; so is anyone of the group (or the user named)
+    who may not approve promotions: they could not act on it, and the request is not theirs
+    to read."""
+    from django.contrib.auth.models import Permission
+
     users = get_user_model().objects.filter(is_active=True).exclude(pk=policy.created_by_id)
     chosen = Q(pk=policy.notify_user_id) if policy.notify_user_id else Q(pk__in=[])
     if policy.notify_group_id:
         chosen |= Q(groups=policy.notify_group_id)
-    people = list(users.filter(chosen).distinct().order_by("username"))
+    approve = Permission.objects.filter(content_type__app_label="training", codename="approve_promotion")
+    approvers = Q(is_superuser=True) | Q(groups__permissions__in=approve) | Q(user_permissions__in=approve)
+    people = list(users.filter(chosen).filter(pk__in=users.filter(approvers).values("pk")).order_by("username"))
     addresses = [u.email for u in people if u.email]
     if addresses:
         subject = f"Promotion request {promotion.pk}: {promotion.candidate.name} for {policy.deployment.name}"
