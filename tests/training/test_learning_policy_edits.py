@@ -173,3 +173,17 @@ def test_only_approvers_of_the_group_or_the_user_named_are_told(world, django_ca
     run.refresh_from_db()
     assert run.outcome == RunOutcome.REQUESTED and run.notified == ["arno"]
     assert [m.to for m in mail.outbox] == [["arno@example.com"]]
+
+
+def test_a_policy_with_nothing_to_evaluate_on_is_refused_and_a_run_without_held_out_items_trains_nothing(world):
+    from training.learning_policies.services import PolicyError
+    from training.models import TrainingJob
+
+    with pytest.raises(PolicyError, match="heldout_fraction"):
+        policy(world, eval_training_set=None, heldout_fraction=0.0)
+    p = policy(world, eval_training_set=None, heldout_fraction=0.01)  # 3 turns: none held out
+    commented_turns(world["deployment"], 3)
+    learning_policies_tick()
+    (run,) = p.runs.all()
+    assert run.outcome == RunOutcome.ERROR and "no held-out item" in run.error
+    assert run.training_set is None and not TrainingJob.objects.exists() and not p.uses.exists()

@@ -141,6 +141,15 @@ def learning_policy_check(*, deployment: Deployment | None, values: dict[str, An
         not isinstance(tasks, int) or isinstance(tasks, bool) or not 1 <= tasks <= INT_LIMITS["eval_environment_tasks"]
     ):
         errors.append(("eval_environment_tasks", f"a whole number from 1 to {INT_LIMITS['eval_environment_tasks']:,}"))
+    if (
+        heldout == 0
+        and not isinstance(heldout, bool)
+        and values.get("eval_training_set") is None
+        and not values.get("eval_environment")
+    ):
+        errors.append(
+            ("heldout_fraction", "hold items out, or choose a set or an environment to evaluate on: nothing would")
+        )
     if values.get("eval_training_set") is not None and not values["eval_training_set"].heldout_count:
         errors.append(("eval_training_set", f"{values['eval_training_set']} has no held-out items"))
     live = live_version_get(deployment_id=deployment.pk)
@@ -448,6 +457,11 @@ def _fire(policy: LearningPolicy, why: str, now: datetime) -> str:
                 heldout_fraction=policy.heldout_fraction,
                 user=policy.created_by,
             )
+            if not training_set.heldout_count and policy.eval_training_set_id is None and not policy.eval_environment:
+                # Training first would spend the job and the feedback on a candidate nothing evaluates.
+                raise PolicyError(
+                    [("heldout_fraction", f"the {len(items)} new turns leave no held-out item to evaluate on")]
+                )
             LearningPolicyUse.objects.bulk_create(
                 LearningPolicyUse(policy=policy, run=run, kind=kind, object_id=i) for i in sorted(used)
             )
