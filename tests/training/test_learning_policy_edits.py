@@ -187,3 +187,24 @@ def test_a_policy_with_nothing_to_evaluate_on_is_refused_and_a_run_without_held_
     (run,) = p.runs.all()
     assert run.outcome == RunOutcome.ERROR and "no held-out item" in run.error
     assert run.training_set is None and not TrainingJob.objects.exists() and not p.uses.exists()
+
+
+def test_the_api_refuses_unknown_or_unchangeable_fields_instead_of_ignoring_them(world, client):
+    client.force_login(world["olga"])
+    created = client.post(
+        API,
+        {
+            "deployment": "support-bot",
+            "name": "a",
+            "job_config": {"steps": 2},
+            "eval_training_set": str(world["eval_set"].pk),
+        },
+        content_type="application/json",
+    )
+    assert created.status_code == 201, created.content
+    pk = created.json()["id"]
+    for body in ({"min_win_rte": 0.9}, {"deployment": "elsewhere"}, {"created_by": "arno"}):
+        response = client.patch(f"{API}{pk}/", body, content_type="application/json")
+        assert response.status_code == 400, body
+        assert [e["field"] for e in response.json()["errors"]] == list(body)
+    assert LearningPolicy.objects.get(pk=pk).min_win_rate == 0.5
