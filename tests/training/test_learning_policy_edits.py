@@ -208,3 +208,19 @@ def test_the_api_refuses_unknown_or_unchangeable_fields_instead_of_ignoring_them
         assert response.status_code == 400, body
         assert [e["field"] for e in response.json()["errors"]] == list(body)
     assert LearningPolicy.objects.get(pk=pk).min_win_rate == 0.5
+
+
+def test_a_name_taken_at_the_same_moment_is_a_policy_error_not_an_integrity_error(world, monkeypatch):
+    from training.learning_policies import services
+    from training.learning_policies.services import PolicyError
+
+    policy(world)
+    real = LearningPolicy.objects.filter
+
+    def never_seen(*args, **kwargs):  # as if the other request committed just after the check
+        qs = real(*args, **kwargs)
+        return qs.none() if "name" in kwargs else qs
+
+    monkeypatch.setattr(services.LearningPolicy.objects, "filter", never_seen)
+    with pytest.raises(PolicyError, match="already has a policy named fix-lookups"):
+        policy(world)

@@ -225,7 +225,11 @@ def learning_policy_create(*, deployment: Deployment | None, user, **values: Any
     learning_policy_check(deployment=deployment, values=values)
     if LearningPolicy.objects.filter(deployment=deployment, name=values["name"]).exists():
         raise PolicyError([("name", f"{deployment.name} already has a policy named {values['name']}")])
-    return LearningPolicy.objects.create(deployment=deployment, created_by=user, **values)
+    try:
+        with transaction.atomic():
+            return LearningPolicy.objects.create(deployment=deployment, created_by=user, **values)
+    except IntegrityError:  # the same name saved at the same moment
+        raise PolicyError([("name", f"{deployment.name} already has a policy named {values['name']}")]) from None
 
 
 @transaction.atomic
@@ -248,7 +252,11 @@ def learning_policy_update(*, policy: LearningPolicy, user, **values: Any) -> Le
         setattr(policy, f, v)
     policy.created_by = user
     policy.updated_at = timezone.now()
-    policy.save(update_fields=[*values, "created_by", "updated_at"])
+    try:
+        with transaction.atomic():
+            policy.save(update_fields=[*values, "created_by", "updated_at"])
+    except IntegrityError:
+        raise PolicyError([("name", f"{policy.deployment.name} already has a policy named {merged['name']}")]) from None
     return policy
 
 
