@@ -78,6 +78,11 @@ def _values(request, serializer_class) -> dict[str, Any]:
     if isinstance(request.data, dict) and json_depth(request.data.get("job_config")) > MAX_JSON_DEPTH:
         raise PolicyError([("job_config", f"nested more than {MAX_JSON_DEPTH} levels deep")])
     data = serializer_class(data=request.data)
+    if isinstance(request.data, dict):
+        # A misspelt requirement must not pass for one that was set.
+        unknown = sorted(str(k)[:100] for k in request.data if k not in data.fields)
+        if unknown:
+            raise PolicyError([(k, "unknown field (or one that cannot be changed)") for k in unknown])
     data.is_valid(raise_exception=True)
     given = dict(data.validated_data)
     refs = learning_policy_refs(**{k: given.pop(k) for k in REFS if k in given})
@@ -98,7 +103,8 @@ class LearningPoliciesApi(PersonApi):
     def get(self, request):
         deployment_id = None
         if request.query_params.get("deployment"):
-            deployment = Deployment.objects.filter(name=request.query_params["deployment"]).first()
+            name = request.query_params["deployment"]
+            deployment = None if "\x00" in name else Deployment.objects.filter(name=name).first()
             if deployment is None:
                 return error_response(400, "deployment", f"no deployment {request.query_params['deployment'][:100]!r}")
             deployment_id = deployment.pk

@@ -29,7 +29,8 @@ class PolicySignal(models.TextChoices):
 class LearningPolicy(models.Model):
     """What the periodic tick (`learning_policies_tick`) does for one deployment. It trains
     from the live version, evaluates the candidate against it and, when every requirement
-    holds, opens a promotion request as `created_by`; it never puts anything live."""
+    holds, opens a promotion request as `created_by` (whoever created or last changed it);
+    it never puts anything live."""
 
     deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="learning_policies")
     name = models.SlugField(max_length=100)

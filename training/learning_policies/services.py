@@ -67,6 +67,18 @@ EDITABLE = (
 )
 
 
+# What the person who answers for a policy must still be allowed to do for it to fire.
+RUNS_NEED = (
+    "training.add_trainingset",
+    "training.add_trainingjob",
+    "training.add_evaluation",
+    "training.add_promotionrequest",
+)
+# What the columns hold; the API's serializer has the same bounds.
+TEXT_LIMITS = {"name": 100, "environment": 100, "eval_environment": 100, "eval_environment_split": 20}
+INT_LIMITS = {"min_new_turns": 1_000_000, "min_interval_minutes": 525_600, "eval_environment_tasks": 10_000}
+
+
 class PolicyError(Invalid, ValueError):
     """A policy that cannot be saved; `errors` lists (field, reason) pairs (400)."""
 
@@ -87,6 +99,10 @@ def learning_policy_check(*, deployment: Deployment | None, values: dict[str, An
     errors: list[tuple[str, str]] = []
     if deployment is None:
         raise PolicyError([("deployment", "choose a deployment")])
+    for f, longest in TEXT_LIMITS.items():
+        v = values.get(f)
+        if v is not None and (not isinstance(v, str) or len(v) > longest or "\x00" in v):
+            errors.append((f, f"text of at most {longest} characters, without NUL"))
     name = values.get("name") or ""
     if not name or slugify(name) != name:
         errors.append(("name", "letters, digits, hyphens and underscores"))
@@ -107,8 +123,8 @@ def learning_policy_check(*, deployment: Deployment | None, values: dict[str, An
                 errors.append((env_field, f"no environment named {env!r}"))
     turns, minutes = values.get("min_new_turns"), values.get("min_interval_minutes")
     for f, v in (("min_new_turns", turns), ("min_interval_minutes", minutes)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            errors.append((f, "a whole number, 0 or more"))
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= INT_LIMITS[f]:
+            errors.append((f, f"a whole number from 0 to {INT_LIMITS[f]:,}"))
     if isinstance(turns, int) and isinstance(minutes, int) and turns == 0 and minutes == 0:
         errors.append(("min_new_turns", "set a number of new turns or a minimum interval (or both)"))
     heldout = values.get("heldout_fraction")
@@ -121,8 +137,19 @@ def learning_policy_check(*, deployment: Deployment | None, values: dict[str, An
         if not isinstance(v, int | float) or isinstance(v, bool) or not 0 <= v <= 1:
             errors.append((f, "a rate between 0 and 1"))
     tasks = values.get("eval_environment_tasks")
-    if tasks is not None and (not isinstance(tasks, int) or tasks < 1):
-        errors.append(("eval_environment_tasks", "a whole number, 1 or more"))
+    if tasks is not None and (
+        not isinstance(tasks, int) or isinstance(tasks, bool) or not 1 <= tasks <= INT_LIMITS["eval_environment_tasks"]
+    ):
+        errors.append(("eval_environment_tasks", f"a whole number from 1 to {INT_LIMITS['eval_environment_tasks']:,}"))
+    if (
+        heldout == 0
+        and not isinstance(heldout, bool)
+        and values.get("eval_training_set") is None
+        and not values.get("eval_environment")
+    ):
+        errors.append(
+            ("heldout_fraction", "hold items out, or choose a set or an environment to evaluate on: nothing would")
+        )
     if values.get("eval_training_set") is not None and not values["eval_training_set"].heldout_count:
         errors.append(("eval_training_set", f"{values['eval_training_set']} has no held-out items"))
     live = live_version_get(deployment_id=deployment.pk)
@@ -167,15 +194,20 @@ def learning_policy_refs(
             out[name] = None
             return
         text = str(value)
+        if "\x00" in text or len(text) > 200:
+            errors.append((name, f"no {what} with such a name"))
+            return
         row = queryset.filter(**{by: text}).first()
-        if row is None and by != "pk" and text.isdigit():
+        if row is None and by != "pk" and text.isascii() and text.isdigit():
             row = queryset.filter(pk=int(text)).first()
         if row is None:
             errors.append((name, f"no {what} {text!r}"))
         out[name] = row
 
     one("deployment", deployment, Deployment.objects.all(), "name", "deployment")
-    if eval_training_set not in (None, "") and not str(eval_training_set).isdigit():
+    if eval_training_set not in (None, "") and not (
+        str(eval_training_set).isascii() and str(eval_training_set).isdigit()
+    ):
         errors.append(("eval_training_set", "a training set's id"))
     else:
         one("eval_training_set", eval_training_set, TrainingSet.objects.all(), "pk", "training set")
@@ -193,12 +225,21 @@ def learning_policy_create(*, deployment: Deployment | None, user, **values: Any
     learning_policy_check(deployment=deployment, values=values)
     if LearningPolicy.objects.filter(deployment=deployment, name=values["name"]).exists():
         raise PolicyError([("name", f"{deployment.name} already has a policy named {values['name']}")])
-    return LearningPolicy.objects.create(deployment=deployment, created_by=user, **values)
+    try:
+        with transaction.atomic():
+            return LearningPolicy.objects.create(deployment=deployment, created_by=user, **values)
+    except IntegrityError:  # the same name saved at the same moment
+        raise PolicyError([("name", f"{deployment.name} already has a policy named {values['name']}")]) from None
 
 
 @transaction.atomic
 def learning_policy_update(*, policy: LearningPolicy, user, **values: Any) -> LearningPolicy:
-    """Change the fields given; the run in progress keeps the recipe it started with."""
+    """Change the fields given; the run in progress keeps the recipe it started with.
+
+    `user` answers for the policy from now on (its `created_by`): the requests it opens are
+    theirs, so the four-eyes rule keeps whoever last set its requirements from approving
+    them. Left with the creator, an approver who may edit policies (an admin) could lower
+    a policy's requirements and approve the request it opens in someone else's name."""
     policy = LearningPolicy.objects.select_for_update().get(pk=policy.pk)
     unknown = sorted(set(values) - set(EDITABLE))
     if unknown:
@@ -209,8 +250,13 @@ def learning_policy_update(*, policy: LearningPolicy, user, **values: Any) -> Le
         raise PolicyError([("name", f"{policy.deployment.name} already has a policy named {merged['name']}")])
     for f, v in values.items():
         setattr(policy, f, v)
+    policy.created_by = user
     policy.updated_at = timezone.now()
-    policy.save(update_fields=[*values, "updated_at"])
+    try:
+        with transaction.atomic():
+            policy.save(update_fields=[*values, "created_by", "updated_at"])
+    except IntegrityError:
+        raise PolicyError([("name", f"{policy.deployment.name} already has a policy named {merged['name']}")]) from None
     return policy
 
 
@@ -304,8 +350,9 @@ def _items_for(policy: LearningPolicy) -> tuple[list[dict[str, Any]], str, set[i
 
 
 def learning_policies_tick(*, now: datetime | None = None) -> list[tuple[int, str]]:
-    """Move every enabled policy (and every policy with a run in progress) one step: fire,
-    start the evaluation, check the requirements, or wait. Returns (policy id, what happened).
+    """Move every enabled policy one step: fire, start the evaluation, check the
+    requirements, or wait; a disabled policy's run in progress ends without a request.
+    Returns (policy id, what happened).
 
     Each policy is handled under its row's lock, taken with SKIP LOCKED: a second tick
     running at the same time passes over a policy the first holds; the unique active-run
@@ -335,6 +382,9 @@ def _policy_tick(pk: int, now: datetime) -> str:
     if policy is None:
         return "held by another tick"
     run = policy.runs.filter(finished_at__isnull=True).first()
+    if run is not None and not policy.enabled:
+        # Disabling stops the loop: no evaluation is started and no request opened for it.
+        return _end(run, RunOutcome.ERROR, now, error="the policy was disabled while this run was in progress")
     if run is not None:
         return _advance(policy, run, now)
     if not policy.enabled:
@@ -351,6 +401,11 @@ def _policy_tick(pk: int, now: datetime) -> str:
 
 def _decide(policy: LearningPolicy, now: datetime) -> tuple[str, str]:
     """("", why it fires) or (why it waits, "")."""
+    who = policy.created_by
+    missing = [p for p in RUNS_NEED if not (who.is_active and who.has_perm(p))]
+    if missing:
+        # The policy acts for this person: it does no more than they may do themselves.
+        return f"{who.username} answers for it and may no longer do this ({', '.join(missing)})", ""
     last = policy.runs.order_by("-fired_at", "-id").first()
     if policy.min_interval_minutes and last is not None:
         due = last.fired_at + timedelta(minutes=policy.min_interval_minutes)
@@ -410,6 +465,11 @@ def _fire(policy: LearningPolicy, why: str, now: datetime) -> str:
                 heldout_fraction=policy.heldout_fraction,
                 user=policy.created_by,
             )
+            if not training_set.heldout_count and policy.eval_training_set_id is None and not policy.eval_environment:
+                # Training first would spend the job and the feedback on a candidate nothing evaluates.
+                raise PolicyError(
+                    [("heldout_fraction", f"the {len(items)} new turns leave no held-out item to evaluate on")]
+                )
             LearningPolicyUse.objects.bulk_create(
                 LearningPolicyUse(policy=policy, run=run, kind=kind, object_id=i) for i in sorted(used)
             )
@@ -605,12 +665,18 @@ def _conclude(policy: LearningPolicy, run: LearningPolicyRun, evaluation, now: d
 
 def _notify(policy: LearningPolicy, promotion) -> list[str]:
     """Mail the policy's approvers (after commit); returns whom. The requester is left out:
-    they cannot approve their own request."""
+    they cannot approve their own request; so is anyone of the group (or the user named)
+    who may not approve promotions: they could not act on it, and the request is not theirs
+    to read."""
+    from django.contrib.auth.models import Permission
+
     users = get_user_model().objects.filter(is_active=True).exclude(pk=policy.created_by_id)
     chosen = Q(pk=policy.notify_user_id) if policy.notify_user_id else Q(pk__in=[])
     if policy.notify_group_id:
         chosen |= Q(groups=policy.notify_group_id)
-    people = list(users.filter(chosen).distinct().order_by("username"))
+    approve = Permission.objects.filter(content_type__app_label="training", codename="approve_promotion")
+    approvers = Q(is_superuser=True) | Q(groups__permissions__in=approve) | Q(user_permissions__in=approve)
+    people = list(users.filter(chosen).filter(pk__in=users.filter(approvers).values("pk")).order_by("username"))
     addresses = [u.email for u in people if u.email]
     if addresses:
         subject = f"Promotion request {promotion.pk}: {promotion.candidate.name} for {policy.deployment.name}"

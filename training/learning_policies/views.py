@@ -12,6 +12,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import redirect, render
 
+from feedback.services.chat_format import json_loads_bounded
 from training.learning_policies.models import LearningPolicy, PolicySignal
 from training.learning_policies.selectors import learning_policy_get, learning_policy_list
 from training.learning_policies.services import (
@@ -47,7 +48,7 @@ def _form_values(data: QueryDict) -> tuple[dict[str, Any], list[tuple[str, str]]
         except ValueError:
             errors.append((f, "a whole number" if cast is int else "a number"))
     try:
-        values["job_config"] = json.loads(data.get("job_config") or "{}")
+        values["job_config"] = json_loads_bounded(data.get("job_config") or "{}")
         if not isinstance(values["job_config"], dict):
             raise ValueError
     except ValueError:
@@ -107,7 +108,11 @@ def policy_list(request: HttpRequest) -> HttpResponse:
         form = request.POST.dict()
         form["enabled"] = "enabled" in request.POST
         values, errors = _form_values(request.POST)
-        deployment = Deployment.objects.filter(name=request.POST.get("deployment") or "").first()
+        deployment = None
+        try:
+            deployment = learning_policy_refs(deployment=(request.POST.get("deployment") or "").strip())["deployment"]
+        except PolicyError as exc:
+            errors += exc.errors
         if not errors:
             try:
                 policy = learning_policy_create(deployment=deployment, user=request.user, **values)

@@ -4,6 +4,7 @@ Nothing here imports torch: the worker side lives in `training.services.job_runn
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 
 from django.conf import settings
@@ -86,6 +87,9 @@ def training_job_config_check(*, kind: str, config: dict, base_version: ModelVer
         raise JobError([("kind", f"must be one of {', '.join(JobKind.values)}")])
     if not isinstance(config, dict):
         raise JobError([("config", "must be an object")])
+    unstorable = _unstorable(config, "config")
+    if unstorable:
+        raise JobError(unstorable)
     forbidden = [k for k in ("model_path", "init_adapter", "kind") if k in config]
     if forbidden:
         raise JobError([(f"config.{k}", "is set from the base version and kind") for k in forbidden])
@@ -100,6 +104,28 @@ def training_job_config_check(*, kind: str, config: dict, base_version: ModelVer
         return config_from_dict(data)
     except ConfigError as exc:
         raise JobError([(f"config.{f}", r) for f, r in exc.errors]) from None
+
+
+def _unstorable(value, path: str) -> list[tuple[str, str]]:
+    """The places in a config that a jsonb column cannot hold: a NUL character in a key or a
+    string, a NaN or infinite number (`1e999` reads as infinity). Walked without recursion."""
+    errors: list[tuple[str, str]] = []
+    stack = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, dict):
+            for k, v in item.items():
+                if isinstance(k, str) and "\x00" in k:
+                    errors.append((where, "a key contains a NUL character"))
+                else:
+                    stack.append((v, f"{where}.{k}"))
+        elif isinstance(item, list | tuple):
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(item))
+        elif isinstance(item, str) and "\x00" in item:
+            errors.append((where, "contains a NUL character"))
+        elif isinstance(item, float) and not math.isfinite(item):
+            errors.append((where, "must be a finite number"))
+    return sorted(errors)
 
 
 @transaction.atomic
