@@ -42,6 +42,7 @@ def test_releases_move_to_the_shared_statuses_with_their_step_and_back():
         (a, "live", {"picked_up_ms": 40, "loaded_ms": 900, "smoke_ms": 1200, "live_ms": 1210}),
         (b, "failed", {"picked_up_ms": 40, "loaded_ms": 900, "failed_ms": 1100}),
         (c, "failed", {"failed_ms": 600_000}),
+        (a, "failed", {"picked_up_ms": 40, "loaded_ms": 900, "smoke_ms": 1200, "failed_ms": 1300}),
     ]:
         OldRelease.objects.create(
             deployment=deployment, version=version, status=status, timings=timings, reason=f"{deployment.name}-{status}"
@@ -56,6 +57,7 @@ def test_releases_move_to_the_shared_statuses_with_their_step_and_back():
         "a-live": ("finished", "switch"),
         "b-failed": ("failed", "smoke_test"),  # it had loaded: it failed in the smoke test
         "c-failed": ("failed", ""),
+        "a-failed": ("failed", "switch"),  # its smoke test passed: it failed at the switch
     }
     Release = new.get_model("training", "Release")
     # The constraint is rebuilt on the new active statuses: a running release still blocks.
@@ -76,6 +78,7 @@ def test_releases_move_to_the_shared_statuses_with_their_step_and_back():
         "a-live": ("live",),
         "b-failed": ("failed",),
         "c-failed": ("failed",),
+        "a-failed": ("failed",),
         # The switch commits with the end: a release still running there had not flipped.
         "d-switch": ("smoke_test",),
         "d-cancelled": ("failed",),

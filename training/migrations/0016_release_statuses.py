@@ -5,7 +5,8 @@ the new active statuses (queued, running)."""
 from django.db import migrations, models
 
 # Old status -> (new status, step). A live release reached the switch; a failed one's step
-# is not recorded, so the timings it reached say.
+# is not recorded, so the timings it reached say: the last one written is the step after it
+# (smoke passed: it failed at the switch; loaded: in the smoke test; picked up: loading).
 FORWARD = {
     "queued": ("queued", ""),
     "loading": ("running", "loading"),
@@ -18,11 +19,9 @@ def statuses_forward(apps, schema_editor):
     Release = apps.get_model("training", "Release")
     for old, (status, step) in FORWARD.items():
         Release.objects.filter(status=old).update(status=status, step=step)
-    for release in Release.objects.filter(status="failed").only("timings"):
-        reached = release.timings or {}
-        step = "smoke_test" if "loaded_ms" in reached else "loading" if "picked_up_ms" in reached else ""
-        if step:
-            Release.objects.filter(pk=release.pk).update(step=step)
+    failed = Release.objects.filter(status="failed", step="")
+    for reached, step in (("smoke_ms", "switch"), ("loaded_ms", "smoke_test"), ("picked_up_ms", "loading")):
+        failed.filter(timings__has_key=reached).update(step=step)
 
 
 def statuses_back(apps, schema_editor):
