@@ -1,4 +1,4 @@
-"""Releases joined the work-item lifecycle in migrations training 0014 and 0015. A database with a
+"""Releases joined the work-item lifecycle in migrations training 0015 and 0016. A database with a
 release in each of the old statuses migrates forward to the shared statuses with the step
 each had reached, keeps one active release per deployment, and migrates back again."""
 
