@@ -9,7 +9,7 @@ from tests.factories import user_with_role
 from tests.training.policies import commented_turns, finish_evaluation, finish_job, policy
 from training.learning_policies.models import LearningPolicy, RunOutcome
 from training.learning_policies.services import learning_policies_tick, learning_policy_update
-from training.models import Evaluation, PromotionRequest
+from training.promotion.models import Evaluation, PromotionRequest
 
 pytestmark = pytest.mark.django_db
 
