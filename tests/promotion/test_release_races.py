@@ -5,9 +5,11 @@ live pointer, the promotion's status and the audit log say the same as the relea
 
 from __future__ import annotations
 
+import contextlib
 from datetime import timedelta
 
 import pytest
+from django.db.models import F
 from django.utils import timezone
 
 import training.services.release as release_service
@@ -115,3 +117,38 @@ def test_a_rollback_whose_worker_died_is_failed_when_the_next_is_asked_and_that_
     assert release.promotion.status == PromotionStatus.ROLLED_BACK
     assert LiveVersion.objects.get(deployment=registry.deployment).version == registry.base_version
     assert releases_fail_stale() == 0
+
+
+class WorkerKilled(BaseException):
+    """The worker process dies mid-step (out of memory, killed): nothing is written, and the
+    broker delivers the task again (`acks_late`, `reject_on_worker_lost`)."""
+
+
+def test_a_release_that_kills_each_worker_it_is_redelivered_to_is_failed_and_frees_the_deployment(
+    registry, operator, approver, monkeypatch
+):
+    release = approved_release(registry, operator, approver)
+
+    def load(version):
+        raise WorkerKilled()
+
+    monkeypatch.setattr(release_service, "release_load", load)
+    for delivery in range(4):
+        # Four minutes pass between deliveries; each one takes the release over at once.
+        Release.objects.filter(pk=release.pk, started_at__isnull=False).update(
+            started_at=F("started_at") - timedelta(minutes=4), heartbeat_at=F("heartbeat_at") - timedelta(minutes=4)
+        )
+        with contextlib.suppress(WorkerKilled):
+            release_run(release_id=release.pk, worker=f"deploy-{delivery}")
+        release.refresh_from_db()
+        if release.status != WorkStatus.RUNNING:
+            break
+    releases_fail_stale()
+
+    release.refresh_from_db()
+    assert release.status == WorkStatus.FAILED, (release.status, release.started_at)
+    assert "its workers kept stopping" in release.error
+    assert release.promotion.status == PromotionStatus.FAILED
+    assert AuditEvent.objects.filter(action=AuditAction.RELEASE_FAILED, release=release).count() == 1
+    assert LiveVersion.objects.get(deployment=registry.deployment).version == registry.base_version
+    assert approved_release(registry, operator, approver).status == WorkStatus.QUEUED

@@ -325,12 +325,24 @@ def release_run(*, release_id: int, worker: str = "") -> Release | None:
     its steps again (each is safe to repeat), and the first worker's later writes change
     nothing."""
     worker = (worker or work_worker_name())[:200]
-    if work_claim(Release, pk=release_id, worker=worker, resume_after=0) is None:
+    claimed = work_claim(Release, pk=release_id, worker=worker, resume_after=0)
+    if claimed is None:
         return Release.objects.filter(pk=release_id).first()
     release = Release.objects.select_related(
         "version__base_model", "deployment", "promotion", "requested_by", "from_version"
     ).get(pk=release_id)
     version = release.version
+    # Each takeover beats the release's heart, so one whose every worker dies (a crash the
+    # broker answers with a redelivery) would never look silent to the sweep and would block
+    # its deployment forever: taken over past the limit since it first started, it fails.
+    limit = settings.RELEASE_STALE_SECONDS
+    if claimed.started_at < timezone.now() - timedelta(seconds=limit):
+        return _fail(
+            release,
+            worker,
+            f"not finished within {limit:.0f} s of its first start: its workers kept stopping mid-way; start it again",
+            unload=False,
+        )
     try:
         _beat(release, worker, ReleaseStep.LOADING, picked_up_ms=_ms_since(release.created_at))
         loaded = release_load(version)
