@@ -283,3 +283,77 @@ def test_the_worker_cancels_every_process_and_fails_a_job_whose_process_died(bas
     assert failed_after < 60 and failed.step < 500
     logs = [e.data["message"] for e in failed.events.filter(kind=JobEventKind.LOG)]
     assert any(m.startswith("failed: training process rank 1 of 2") for m in logs)
+
+
+_RANK = """
+import os, signal, sys, time
+sys.path.insert(0, {root!r})
+from training.trainer.launch import parent_death_signal
+parent_death_signal(signal.SIGKILL)
+open(os.path.join({folder!r}, "rank-" + os.environ["RANK"]), "w").write(str(os.getpid()))
+time.sleep(120)
+"""
+_SUPERVISOR = """
+import signal, subprocess, sys
+sys.path.insert(0, {root!r})
+from training.trainer.launch import parent_death_signal_setter
+command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", {rank!r}]
+process = subprocess.Popen(command, preexec_fn=parent_death_signal_setter(signal.SIGTERM))
+print(process.pid, flush=True)
+process.wait()
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(") ")[-1]
+    except OSError:
+        return False
+    return not state.startswith("Z")
+
+
+def _ranks_started(folder: Path) -> list[int]:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        files = sorted(folder.glob("rank-*"))
+        if len(files) == 2 and all(f.read_text() for f in files):
+            return [int(f.read_text()) for f in files]
+        time.sleep(0.2)
+    raise AssertionError("the two processes did not start")
+
+
+def _gone(pids: list[int], seconds: float = 30) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not any(_alive(pid) for pid in pids):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("killed", ["worker", "torchrun"])
+def test_a_jobs_processes_do_not_outlive_the_worker_or_torchrun(tmp_path, killed):
+    """The worker killed outright (SIGKILL, the OOM killer, a revoke with terminate) takes
+    torchrun and every rank with it; torchrun killed outright takes its ranks (they run in
+    sessions of their own), so no orphan trains on beside the worker's next job."""
+    rank = tmp_path / "rank.py"
+    rank.write_text(_RANK.format(root=str(ROOT), folder=str(tmp_path)))
+    supervisor = subprocess.Popen(
+        [sys.executable, "-c", _SUPERVISOR.format(root=str(ROOT), rank=str(rank))],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=os.environ | {"OMP_NUM_THREADS": "1"},
+    )
+    torchrun = int(supervisor.stdout.readline())
+    ranks = _ranks_started(tmp_path)
+    try:
+        os.kill(supervisor.pid if killed == "worker" else torchrun, signal.SIGKILL)
+        supervisor.wait(timeout=30) if killed == "worker" else None
+        assert _gone(ranks + ([torchrun] if killed == "worker" else [])), "a process outlived its launcher"
+    finally:
+        for pid in [*ranks, torchrun, supervisor.pid]:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        supervisor.wait(timeout=30)

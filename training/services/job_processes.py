@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -32,6 +33,7 @@ from training.services.job_runner import (
     training_job_held_run,
 )
 from training.trainer.config import config_from_dict
+from training.trainer.launch import parent_death_signal_setter
 from webapp.work import WorkStatus, work_end
 
 log = logging.getLogger(__name__)
@@ -80,6 +82,7 @@ def training_job_processes_run(job: TrainingJob, worker: str) -> str:
                 cwd=ROOT,
                 stdout=out,
                 stderr=subprocess.STDOUT,
+                preexec_fn=parent_death_signal_setter(signal.SIGTERM),
             )
     finally:
         stop_beat.set()
