@@ -84,6 +84,19 @@ def test_a_bad_processes_setting_is_a_400_naming_the_field(client, base_version,
     assert error["field"] == "config.processes" and reason in error["reason"], error
 
 
+@pytest.mark.parametrize("kind", ["grpo", "sft", "distill"])
+def test_lora_dropout_is_refused_with_more_than_one_process(kind):
+    """Every process seeds torch's global stream alike, so each would draw the same dropout
+    masks for its own rows: the job would not train as one process does."""
+    from training.trainer.config import ConfigError, config_from_dict
+
+    config_from_dict({"kind": kind, "processes": 1, "lora_dropout": 0.1})
+    config_from_dict({"kind": kind, "processes": 2, "lora_dropout": 0.0})
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({"kind": kind, "processes": 2, "lora_dropout": 0.1})
+    assert [field for field, _ in err.value.errors] == ["lora_dropout"]
+
+
 def test_torchruns_summary_names_the_process_that_broke_the_group():
     summary = """
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
@@ -349,6 +362,8 @@ def test_a_jobs_processes_do_not_outlive_the_worker_or_torchrun(tmp_path, killed
     torchrun = int(supervisor.stdout.readline())
     ranks = _ranks_started(tmp_path)
     try:
+        time.sleep(2)
+        assert all(_alive(pid) for pid in [*ranks, torchrun]), "a process died while its launcher lived"
         os.kill(supervisor.pid if killed == "worker" else torchrun, signal.SIGKILL)
         supervisor.wait(timeout=30) if killed == "worker" else None
         assert _gone(ranks + ([torchrun] if killed == "worker" else [])), "a process outlived its launcher"
