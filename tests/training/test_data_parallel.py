@@ -97,6 +97,29 @@ def test_lora_dropout_is_refused_with_more_than_one_process(kind):
     assert [field for field, _ in err.value.errors] == ["lora_dropout"]
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize("processes", [100_000, "2", 2.5])
+def test_a_processes_setting_written_past_the_create_service_never_reaches_torchrun(
+    base_version, task_set, monkeypatch, processes
+):
+    """The worker validates the stored config before it launches anything: a `processes`
+    out of range or of the wrong type fails the job with the config's error, and torchrun
+    is never started (it would start that many processes)."""
+    from training.models import TrainingJob
+    from training.services import job_processes
+
+    launched = []
+    monkeypatch.setattr(job_processes.subprocess, "call", lambda command, **_: launched.append(command) or 1)
+    job = training_job_create(
+        kind="grpo", config=CONFIG, base_version=base_version, training_set=task_set, enqueue=False
+    )
+    TrainingJob.objects.filter(pk=job.pk).update(config=job.config | {"processes": processes})
+
+    assert training_job_run(job_id=job.pk, worker=work_worker_name("test")) == WorkStatus.FAILED
+    assert launched == []
+    assert "processes" in _job(job.pk).error
+
+
 def test_torchruns_summary_names_the_process_that_broke_the_group():
     summary = """
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError:

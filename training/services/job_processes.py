@@ -66,7 +66,7 @@ def torchrun_command(*, job_id: int, worker: str, processes: int) -> list[str]:
 def training_job_processes_run(job: TrainingJob, worker: str) -> str:
     """Run a claimed job in `processes` torchrun processes and end it if they could not.
     Returns the job's final status, or "skipped" when another worker has it now."""
-    processes = int(job.config["processes"])
+    processes = config_from_dict(job.config).processes  # validated: 2 to MAX_PROCESSES
     run_dir = job_run_dir(job)
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / LOG_NAME
