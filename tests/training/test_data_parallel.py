@@ -84,6 +84,42 @@ def test_a_bad_processes_setting_is_a_400_naming_the_field(client, base_version,
     assert error["field"] == "config.processes" and reason in error["reason"], error
 
 
+@pytest.mark.parametrize("kind", ["grpo", "sft", "distill"])
+def test_lora_dropout_is_refused_with_more_than_one_process(kind):
+    """Every process seeds torch's global stream alike, so each would draw the same dropout
+    masks for its own rows: the job would not train as one process does."""
+    from training.trainer.config import ConfigError, config_from_dict
+
+    config_from_dict({"kind": kind, "processes": 1, "lora_dropout": 0.1})
+    config_from_dict({"kind": kind, "processes": 2, "lora_dropout": 0.0})
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({"kind": kind, "processes": 2, "lora_dropout": 0.1})
+    assert [field for field, _ in err.value.errors] == ["lora_dropout"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("processes", [100_000, "2", 2.5])
+def test_a_processes_setting_written_past_the_create_service_never_reaches_torchrun(
+    base_version, task_set, monkeypatch, processes
+):
+    """The worker validates the stored config before it launches anything: a `processes`
+    out of range or of the wrong type fails the job with the config's error, and torchrun
+    is never started (it would start that many processes)."""
+    from training.models import TrainingJob
+    from training.services import job_processes
+
+    launched = []
+    monkeypatch.setattr(job_processes.subprocess, "call", lambda command, **_: launched.append(command) or 1)
+    job = training_job_create(
+        kind="grpo", config=CONFIG, base_version=base_version, training_set=task_set, enqueue=False
+    )
+    TrainingJob.objects.filter(pk=job.pk).update(config=job.config | {"processes": processes})
+
+    assert training_job_run(job_id=job.pk, worker=work_worker_name("test")) == WorkStatus.FAILED
+    assert launched == []
+    assert "processes" in _job(job.pk).error
+
+
 def test_torchruns_summary_names_the_process_that_broke_the_group():
     summary = """
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
@@ -283,3 +319,79 @@ def test_the_worker_cancels_every_process_and_fails_a_job_whose_process_died(bas
     assert failed_after < 60 and failed.step < 500
     logs = [e.data["message"] for e in failed.events.filter(kind=JobEventKind.LOG)]
     assert any(m.startswith("failed: training process rank 1 of 2") for m in logs)
+
+
+_RANK = """
+import os, signal, sys, time
+sys.path.insert(0, {root!r})
+from training.trainer.launch import parent_death_signal
+parent_death_signal(signal.SIGKILL)
+open(os.path.join({folder!r}, "rank-" + os.environ["RANK"]), "w").write(str(os.getpid()))
+time.sleep(120)
+"""
+_SUPERVISOR = """
+import signal, subprocess, sys
+sys.path.insert(0, {root!r})
+from training.trainer.launch import parent_death_signal_setter
+command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", {rank!r}]
+process = subprocess.Popen(command, preexec_fn=parent_death_signal_setter(signal.SIGTERM))
+print(process.pid, flush=True)
+process.wait()
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(") ")[-1]
+    except OSError:
+        return False
+    return not state.startswith("Z")
+
+
+def _ranks_started(folder: Path) -> list[int]:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        files = sorted(folder.glob("rank-*"))
+        if len(files) == 2 and all(f.read_text() for f in files):
+            return [int(f.read_text()) for f in files]
+        time.sleep(0.2)
+    raise AssertionError("the two processes did not start")
+
+
+def _gone(pids: list[int], seconds: float = 30) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not any(_alive(pid) for pid in pids):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("killed", ["worker", "torchrun"])
+def test_a_jobs_processes_do_not_outlive_the_worker_or_torchrun(tmp_path, killed):
+    """The worker killed outright (SIGKILL, the OOM killer, a revoke with terminate) takes
+    torchrun and every rank with it; torchrun killed outright takes its ranks (they run in
+    sessions of their own), so no orphan trains on beside the worker's next job."""
+    rank = tmp_path / "rank.py"
+    rank.write_text(_RANK.format(root=str(ROOT), folder=str(tmp_path)))
+    supervisor = subprocess.Popen(
+        [sys.executable, "-c", _SUPERVISOR.format(root=str(ROOT), rank=str(rank))],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=os.environ | {"OMP_NUM_THREADS": "1"},
+    )
+    torchrun = int(supervisor.stdout.readline())
+    ranks = _ranks_started(tmp_path)
+    try:
+        time.sleep(2)
+        assert all(_alive(pid) for pid in [*ranks, torchrun]), "a process died while its launcher lived"
+        os.kill(supervisor.pid if killed == "worker" else torchrun, signal.SIGKILL)
+        supervisor.wait(timeout=30) if killed == "worker" else None
+        assert _gone(ranks + ([torchrun] if killed == "worker" else [])), "a process outlived its launcher"
+    finally:
+        for pid in [*ranks, torchrun, supervisor.pid]:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        supervisor.wait(timeout=30)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -32,6 +33,7 @@ from training.services.job_runner import (
     training_job_held_run,
 )
 from training.trainer.config import config_from_dict
+from training.trainer.launch import parent_death_signal_setter
 from webapp.work import WorkStatus, work_end
 
 log = logging.getLogger(__name__)
@@ -64,7 +66,7 @@ def torchrun_command(*, job_id: int, worker: str, processes: int) -> list[str]:
 def training_job_processes_run(job: TrainingJob, worker: str) -> str:
     """Run a claimed job in `processes` torchrun processes and end it if they could not.
     Returns the job's final status, or "skipped" when another worker has it now."""
-    processes = int(job.config["processes"])
+    processes = config_from_dict(job.config).processes  # validated: 2 to MAX_PROCESSES
     run_dir = job_run_dir(job)
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / LOG_NAME
@@ -80,6 +82,7 @@ def training_job_processes_run(job: TrainingJob, worker: str) -> str:
                 cwd=ROOT,
                 stdout=out,
                 stderr=subprocess.STDOUT,
+                preexec_fn=parent_death_signal_setter(signal.SIGTERM),
             )
     finally:
         stop_beat.set()

@@ -58,11 +58,23 @@ def training_job_run(*, job_id: int, worker: str) -> str:
     job = _claim(job_id, worker)
     if job is None:
         return "skipped"
-    if (job.config or {}).get("processes", 1) > 1:
+    if _processes(job) > 1:
         from training.services.job_processes import training_job_processes_run
 
         return training_job_processes_run(job, worker)
     return training_job_held_run(job, worker)
+
+
+def _processes(job: TrainingJob) -> int:
+    """How many processes the job's config asks for, once it validates: a config written
+    past the create service (out of range, not an int) must not reach torchrun's command
+    line. One for a config that does not validate: that run fails the job with its errors."""
+    from training.trainer.config import ConfigError
+
+    try:
+        return config_from_dict(job.config).processes
+    except ConfigError:
+        return 1
 
 
 def training_job_held_run(job: TrainingJob, worker: str, *, leave: tuple[type[BaseException], ...] = ()) -> str:

@@ -362,8 +362,8 @@ PARALLEL_KINDS = ("grpo", "sft", "distill")
 
 def processes_errors(config: TrainConfig) -> list[tuple[str, str]]:
     """Why `config.processes` cannot run, if it cannot: out of range, more processes than
-    items in a batch (each process needs at least one), or a kind or rollout whose steps
-    do not shard yet."""
+    items in a batch (each process needs at least one), a kind or rollout whose steps
+    do not shard yet, or LoRA dropout (its masks would not be one process's)."""
     n = config.processes
     if not 1 <= n <= MAX_PROCESSES:
         return [("processes", f"must be between 1 and {MAX_PROCESSES}")]
@@ -375,6 +375,10 @@ def processes_errors(config: TrainConfig) -> list[tuple[str, str]]:
         return [("processes", "data-parallel jobs sample with the local sampler (rollout 'local')")]
     if n > config.prompts_per_step:
         return [("processes", f"must be ≤ prompts_per_step ({config.prompts_per_step}): each process takes items")]
+    if config.lora_dropout > 0:
+        # Dropout draws from torch's global stream, which every process seeds alike: each
+        # would drop the same units of its own rows, not what one process draws.
+        return [("lora_dropout", "must be 0 with processes > 1: the processes' dropout masks are not sharded")]
     return []
 
 
