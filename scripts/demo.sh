@@ -205,9 +205,18 @@ cat <<MSG
   Press Ctrl-C to stop.
 
 MSG
-# Until Ctrl-C, or until one of the processes exits.
+# Until Ctrl-C, or until one of the processes exits. A one-second sleep waited on, not a
+# `wait -n` on the services: under load bash was seen to hold a trapped Ctrl-C in `wait -n`
+# for minutes, and a wait on a short child lets the trap run within a second.
 set +e
-wait -n "${pids[@]}"
+dead=""
+while [ -z "$dead" ]; do
+  for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null || { dead=$pid; break; }; done
+  [ -n "$dead" ] && break
+  sleep 1 &
+  wait $!
+done
+wait "$dead"
 code=$?
 [ "$stopping" = 1 ] && exit 0
 echo "a process of the demo exited ($code); see $LOGS/"
