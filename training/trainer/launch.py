@@ -9,6 +9,14 @@ import os
 _PR_SET_PDEATHSIG = 1
 
 
+def _prctl():
+    """The C library's prctl, or None where there is none (not Linux)."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
 def parent_death_signal_setter(sig: int):
     """A function that makes the calling process receive `sig` when its parent dies (Linux's
     PR_SET_PDEATHSIG; None elsewhere), resolved now so that a forked child only calls it.
@@ -17,9 +25,8 @@ def parent_death_signal_setter(sig: int):
     processes), and each `train_rank` process SIGKILL when torchrun dies (torchrun starts
     them in sessions of their own, so nothing else reaches them): a job's processes never
     outlive the worker that holds it, training on beside the next job it takes."""
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
+    prctl = _prctl()
+    if prctl is None:
         return None
     parent = os.getpid()
 
@@ -33,9 +40,8 @@ def parent_death_signal_setter(sig: int):
 
 def parent_death_signal(sig: int) -> None:
     """Receive `sig` when this process's parent dies (see `parent_death_signal_setter`)."""
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
+    prctl = _prctl()
+    if prctl is None:
         return
     prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     if os.getppid() == 1:  # already orphaned: the launcher is gone
