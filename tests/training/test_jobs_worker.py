@@ -8,13 +8,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from django.conf import settings
 from django.db import connection
 
+from tests.fixtures.worker import process_group_stop, wait_for
 from training.models import JobEventKind, TrainingJob
 from training.services.jobs import training_job_cancel, training_job_create
 from training.services.training_sets import training_set_from_tasks
@@ -51,27 +51,6 @@ def _start_worker(tmp_path: Path, name: str) -> subprocess.Popen:
         stderr=subprocess.STDOUT,
         start_new_session=True,  # its own process group, so killing it kills beat too
     )
-
-
-def _stop(worker: subprocess.Popen, sig=signal.SIGTERM) -> None:
-    if worker.poll() is None:
-        os.killpg(worker.pid, sig)
-        try:
-            worker.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(worker.pid, signal.SIGKILL)
-            worker.wait()
-
-
-def _wait(predicate, timeout: float, what: str, tmp_path: Path):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.3)
-    logs = "\n".join(p.read_text()[-3000:] for p in tmp_path.glob("*.log"))
-    raise AssertionError(f"timed out waiting for {what}\n{logs}")
 
 
 def _job(pk: int) -> TrainingJob:
@@ -115,10 +94,10 @@ def test_worker_runs_cancels_and_resumes_a_killed_job(setup, tmp_path):
             base_version=version,
             training_set=training_set,
         )
-        _wait(lambda: _job(long.pk).step >= 3, 180, "progress on the first job", tmp_path)
+        wait_for(lambda: _job(long.pk).step >= 3, 180, "progress on the first job", tmp_path)
         assert _job(long.pk).status == WorkStatus.RUNNING and _job(long.pk).heartbeat_at is not None
         training_job_cancel(job=_job(long.pk))
-        _wait(lambda: _job(long.pk).status == WorkStatus.CANCELLED, 60, "the cancel", tmp_path)
+        wait_for(lambda: _job(long.pk).status == WorkStatus.CANCELLED, 60, "the cancel", tmp_path)
         cancelled = _job(long.pk)
         assert cancelled.step < 500 and cancelled.result_version is None
         assert cancelled.checkpoint_step == cancelled.step  # checkpointed on the way out
@@ -130,16 +109,16 @@ def test_worker_runs_cancels_and_resumes_a_killed_job(setup, tmp_path):
             base_version=version,
             training_set=training_set,
         )
-        _wait(lambda: _job(job.pk).checkpoint_step >= 3 and _job(job.pk).step >= 4, 180, "a checkpoint", tmp_path)
-        _stop(worker, signal.SIGKILL)
+        wait_for(lambda: _job(job.pk).checkpoint_step >= 3 and _job(job.pk).step >= 4, 180, "a checkpoint", tmp_path)
+        process_group_stop(worker, signal.SIGKILL)
         killed_at = _job(job.pk)
         assert killed_at.status == WorkStatus.RUNNING and killed_at.step < 14
 
         # A new worker (with beat) notices the silent heartbeat and resumes the job.
         worker = _start_worker(tmp_path, "second")
-        _wait(lambda: _job(job.pk).status == WorkStatus.FINISHED, 240, "the resumed job to finish", tmp_path)
+        wait_for(lambda: _job(job.pk).status == WorkStatus.FINISHED, 240, "the resumed job to finish", tmp_path)
     finally:
-        _stop(worker)
+        process_group_stop(worker)
 
     job = _job(job.pk)
     assert job.attempts == 2 and job.step == 14

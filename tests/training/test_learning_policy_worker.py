@@ -8,10 +8,8 @@ request waits for an approver; the live pointer never moves."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,7 @@ from django.db import connection
 
 from feedback.services.review import comment_add
 from tests.factories import DeploymentFactory, MessageFactory, TraceFactory, user_with_role
+from tests.fixtures.worker import process_group_stop, wait_for
 from training.learning_policies.models import LearningPolicyRun, RunOutcome
 from training.learning_policies.services import learning_policy_create
 from training.promotion.models import PromotionRequest, PromotionStatus
@@ -55,27 +54,6 @@ def _start(tmp_path: Path, name: str, *args: str) -> subprocess.Popen:
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-
-
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-
-
-def _wait(predicate, timeout: float, what: str, tmp_path: Path):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    logs = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in tmp_path.glob("*.log"))
-    raise AssertionError(f"timed out waiting for {what}\n{logs}")
 
 
 def test_beat_fires_the_policy_and_the_request_waits_for_an_approver(tiny_model_dir, tmp_path):
@@ -127,7 +105,7 @@ def test_beat_fires_the_policy_and_the_request_waits_for_an_approver(tiny_model_
             turn = MessageFactory(trace=trace, position=1, role="assistant", content="No idea.")
             if i == 2:
                 # Two of three: beat ticks, the policy waits and says why.
-                _wait(
+                wait_for(
                     lambda: "2 of 3 commented turns" in type(policy).objects.get(pk=policy.pk).waiting_reason,
                     60,
                     "a tick that waits",
@@ -136,14 +114,14 @@ def test_beat_fires_the_policy_and_the_request_waits_for_an_approver(tiny_model_
                 assert not LearningPolicyRun.objects.exists()
             comment_add(message=turn, author=olga, body=f"Look order A{i} up before answering.")
 
-        run = _wait(lambda: LearningPolicyRun.objects.first(), 60, "the policy to fire", tmp_path)
+        run = wait_for(lambda: LearningPolicyRun.objects.first(), 60, "the policy to fire", tmp_path)
         assert run.provenance["comments"] == 3
-        run = _wait(
+        run = wait_for(
             lambda: (r := LearningPolicyRun.objects.get(pk=run.pk)).finished_at and r, 420, "the run to end", tmp_path
         )
     finally:
-        _stop(beat)
-        _stop(worker)
+        process_group_stop(beat)
+        process_group_stop(worker)
 
     assert run.outcome == RunOutcome.REQUESTED, (run.error, run.checks)
     print(
