@@ -258,6 +258,9 @@ class DistillConfig(TrainConfig):
     samples_per_prompt: int = 4
     teacher: Literal["frozen", "current"] = "frozen"
     hint_template: str = "Feedback on earlier answers, follow it: {feedback}"
+    # Where the teacher reads the hint: the system message, or a last user message right
+    # before the turn (where a small model reads it far more, docs/experiments/2026-12-02-comment-hints.md).
+    hint_at: Literal["system", "last"] = "system"
 
     def validate(self) -> list[tuple[str, str]]:
         errors = super().validate()
@@ -271,6 +274,8 @@ class DistillConfig(TrainConfig):
             errors.append(
                 ("hint_template", "must contain {feedback} and no other {…} field, conversion or format spec")
             )
+        if self.hint_at not in ("system", "last"):
+            errors.append(("hint_at", "must be 'system' or 'last'"))
         return errors
 
 

@@ -93,7 +93,9 @@ def distill_step(trainer: Trainer, *, prompts: PromptCache, hooks: Hooks) -> Ste
         # The teacher reads the same response tokens after the context *with* the hint.
         teacher_prompts = [
             prompts.get(
-                it, variant="hint", messages=with_hint(it.messages, config.hint_template.format(feedback=it.feedback))
+                it,
+                variant=f"hint-{config.hint_at}",
+                messages=with_hint(it.messages, config.hint_template.format(feedback=it.feedback), at=config.hint_at),
             )
             for it in batch
         ]
