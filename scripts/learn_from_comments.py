@@ -91,6 +91,7 @@ class Options:
     hint_samples: int = 4
     hint_cap: float = 3.0
     distill_samples: int = 2
+    hint_at: str = "system"  # where the teacher / hinted samples read the comment: "system" or "last"
     grpo_reward: str = "oracle"
     vague_rate: float | None = None  # None: the simulated lead's own defaults
     wrong_rate: float | None = None
@@ -285,6 +286,7 @@ def grpo_config(options: Options, seed: int):
             "hint_samples": options.hint_samples,
             "hint_template": DistillConfig.hint_template,
             "hint_cap": options.hint_cap,
+            "hint_at": options.hint_at,
         }
     )
 
@@ -326,7 +328,9 @@ def arm_train(arm: str, *, comments: dict[str, Any], seed: int, options: Options
         else:
             score = scorer_for(items, deployment=comments["deployment"])
     else:
-        config = DistillConfig.from_dict(_common(options, seed) | {"samples_per_prompt": options.distill_samples})
+        config = DistillConfig.from_dict(
+            _common(options, seed) | {"samples_per_prompt": options.distill_samples, "hint_at": options.hint_at}
+        )
     torch.manual_seed(seed)
     policy = load_policy(config)
     keeper = _Keeper(policy, seed=seed, options=options, label=f"{arm} seed {seed}")
@@ -355,6 +359,65 @@ def arm_train(arm: str, *, comments: dict[str, Any], seed: int, options: Options
     return policy, info
 
 
+# --- does the comment make the policy's own turn right? (the teacher, before any training) ---
+
+
+def hint_probe(options: Options, samples: int = 8) -> None:
+    """For each commented turn of each seed's comments set: how often the base's own sampled
+    turn (under the harness's regex) is right with no hint, with the comment in the system
+    message and with the comment as the last message. "Right" is the ORACLE `tool_action`
+    grade: it only measures the teacher that comment-conditioned distillation and hinted GRPO
+    would learn from, it trains nothing. Split by the kind of turn the reference is (the
+    first call on an order, a refund, a reply) since the comments differ by kind."""
+    import torch
+
+    from training.environments.support_desk import turn_reference
+    from training.services.job_runner import training_set_items
+    from training.trainer.graders import grade
+    from training.trainer.items import with_hint
+    from training.trainer.sampling import encode_prompt
+
+    options.run = options.run or time.strftime("probe-%Y%m%d-%H%M%S")
+    base_model, tokenizer = desk.load_base(options.model)
+    harness = desk.Harness(base_model, tokenizer)
+    template = "Feedback on earlier answers, follow it: {feedback}"
+    totals: dict[tuple[str, str], list[float]] = {}
+    for seed in options.seeds:
+        comments = comments_set(harness=harness, seed=seed, options=options)
+        comments_log(options, seed, comments)
+        task_of = item_tasks(comments["training_set"])
+        items, _ = training_set_items(comments["training_set"])
+        for n, item in enumerate(items):
+            reference = turn_reference(task=task_of[item.id], messages=item.messages) or ""
+            first = not any(m.get("role") == "assistant" for m in item.messages)
+            kind = "first call" if first else ("refund" if "refund" in reference else "reply or lookup")
+            variants = {
+                "none": item.messages,
+                "system": with_hint(item.messages, template.format(feedback=item.feedback), at="system"),
+                "last": with_hint(item.messages, template.format(feedback=item.feedback), at="last"),
+            }
+            row: dict[str, Any] = {"kind": "probe", "seed": seed, "turn": kind, "comment": item.feedback[:300]}
+            for name, messages in variants.items():
+                ids = encode_prompt(tokenizer, messages, item.tools)
+                pattern = harness.first if first else harness.later
+                rows = [
+                    (ids, pattern, torch.Generator().manual_seed(seed * 7919 + n * 101 + k), desk.MAX_TURN_TOKENS)
+                    for k in range(samples)
+                ]
+                texts = [text for text, _, _ in harness.decode(rows)]
+                right = [grade("tool_action", t, reference) for t in texts]
+                row[name] = sum(right) / len(right)
+                totals.setdefault((kind, name), []).append(row[name])
+            desk.log(f"seed {seed} item {n} ({kind}): " + ", ".join(f"{k} {row[k]:.2f}" for k in variants))
+            append(options, row)
+    print("\nShare of the base's own sampled turns graded right (ORACLE grade, measurement only):\n")
+    print(f"  {'turn':<16} {'n':>3}  {'no hint':>8} {'system':>8} {'last':>8}")
+    for kind in sorted({k for k, _ in totals}):
+        cells = [totals[(kind, v)] for v in ("none", "system", "last")]
+        mean = [sum(c) / len(c) for c in cells]
+        print(f"  {kind:<16} {len(cells[0]):>3}  {mean[0]:>8.2f} {mean[1]:>8.2f} {mean[2]:>8.2f}")
+
+
 # --- the run -----------------------------------------------------------------------------------
 
 
@@ -363,6 +426,22 @@ def append(options: Options, record: dict[str, Any]) -> None:
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     with (options.out / "runs.jsonl").open("a") as f:
         f.write(json.dumps({"run": options.run, "at": stamp, **record}, default=str) + "\n")
+
+
+def comments_log(options: Options, seed: int, comments: dict[str, Any]) -> None:
+    training_set = comments["training_set"]
+    append(
+        options,
+        {
+            "kind": "comments",
+            "seed": seed,
+            "training_set": str(training_set),
+            "items": training_set.item_count,
+            "review": comments["review"],
+            "episodes": comments["episodes"],
+            "successes": comments["successes"],
+        },
+    )
 
 
 def slices(options: Options) -> list[tuple[str, int | None]]:
@@ -390,18 +469,7 @@ def run(options: Options) -> None:
         comments = comments_set(harness=base, seed=seed, options=options)
         training_set = comments["training_set"]
         desk.log(f"seed {seed}: {comments['review']} on {comments['episodes']} episodes → {training_set}")
-        append(
-            options,
-            {
-                "kind": "comments",
-                "seed": seed,
-                "training_set": str(training_set),
-                "items": training_set.item_count,
-                "review": comments["review"],
-                "episodes": comments["episodes"],
-                "successes": comments["successes"],
-            },
-        )
+        comments_log(options, seed, comments)
         for key, result in measures(base, seed=seed, options=options, label="base").items():
             split, _, fresh = key.partition("-")
             append(
@@ -470,8 +538,27 @@ def options_from(args) -> Options:
         group_size=args.group_size,
         hint_samples=args.hint_samples,
         grpo_reward=args.grpo_reward,
+        hint_at=args.hint_at,
         run=args.run,
     )
+
+
+def _probe_main(args) -> int:
+    import django
+
+    django.setup()
+    import torch
+
+    torch.set_num_threads(1)
+    desk.cpu_attention()
+    options = Options(
+        model=args.model,
+        seeds=list(range(args.first_seed, args.first_seed + args.seeds)),
+        train_episodes=args.train_episodes,
+        run=args.run,
+    )
+    hint_probe(options, samples=args.samples)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -496,7 +583,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--group-size", type=int, default=d.group_size)
     p.add_argument("--hint-samples", type=int, default=d.hint_samples)
     p.add_argument("--grpo-reward", choices=sorted(GRPO_REWARDS), default=d.grpo_reward)
+    p.add_argument("--hint-at", choices=["system", "last"], default=d.hint_at, help="where the comment is read")
     p.add_argument("--run", default="", help="the run's id in the log (default: the start time)")
+    h = sub.add_parser("probe", help="how often the comment as a hint makes the base's own turn right")
+    h.add_argument("--model", type=Path, default=d.model)
+    h.add_argument("--seeds", type=int, default=1)
+    h.add_argument("--first-seed", type=int, default=0)
+    h.add_argument("--train-episodes", type=int, default=d.train_episodes)
+    h.add_argument("--samples", type=int, default=8)
+    h.add_argument("--run", default="")
     s = sub.add_parser("summary", help="print a run's tables from the log")
     s.add_argument("--runs", type=Path, default=OUT / "runs.jsonl")
     s.add_argument("--run", default="", help="the run's id (default: the latest)")
@@ -504,6 +599,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "summary":
         summary(args.runs, args.run)
         return 0
+    if args.command == "probe":
+        return _probe_main(args)
     if args.fresh_seed is None:
         args.fresh_seed = [] if args.no_fresh else list(d.fresh_seeds)
     import django

@@ -183,3 +183,20 @@ def test_the_tours_distillation_settings_are_the_ones_the_comparison_measures():
     measured = DistillConfig.from_dict(lfc._common(options, 0) | {"samples_per_prompt": options.distill_samples})
     for name, value in json.loads(comment_job_settings()).items():
         assert getattr(measured, name) == value, name
+
+
+@pytest.mark.slow
+def test_the_hint_probe_measures_each_commented_turn_with_and_without_the_comment(tiny_model_dir, tmp_path, capsys):
+    options = _options(tiny_model_dir, tmp_path, seeds=[0], train_episodes=4)
+    lfc.hint_probe(options, samples=2)
+
+    records = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    probes = [r for r in records if r["kind"] == "probe"]
+    comments = next(r for r in records if r["kind"] == "comments")
+    assert len(probes) == comments["items"] > 0  # every commented turn, once
+    for r in probes:
+        assert r["comment"] and r["turn"] in ("first call", "refund", "reply or lookup")
+        assert all(r[v] in (0.0, 0.5, 1.0) for v in ("none", "system", "last"))  # 2 samples each
+    out = capsys.readouterr().out
+    assert "ORACLE grade, measurement only" in out
+    assert any(line.split()[:1] == [probes[0]["turn"].split()[0]] for line in out.splitlines())
