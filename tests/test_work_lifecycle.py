@@ -160,3 +160,50 @@ def test_a_cancel_ends_a_queued_item_at_once_and_asks_a_running_one_to_stop(kind
     assert asked.status == (WorkStatus.CANCELLING if winds_down else WorkStatus.RUNNING)
     assert work_beat(kind.model, pk=item.pk, worker="w1") is False, "the worker is told to stop"
     assert work_end(kind.model, pk=item.pk, worker="w1", status=WorkStatus.CANCELLED).status == WorkStatus.CANCELLED
+
+
+def _run_judge_job(item):
+    from feedback.services.judge_jobs import judge_job_run
+
+    return judge_job_run(job=item, worker="w-next")
+
+
+def _run_failure_modes(item):
+    from feedback.services.failure_modes import failure_mode_run_execute
+
+    return failure_mode_run_execute(run=item, worker="w-next")
+
+
+def _run_evaluation(item):
+    from training.services.evaluation import evaluation_run
+
+    return evaluation_run(evaluation_id=item.pk, worker="w-next")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "kind,run",
+    [(JUDGE_JOB, _run_judge_job), (FAILURE_MODE_RUN, _run_failure_modes), (EVALUATION, _run_evaluation)],
+    ids=["JudgeJob", "FailureModeRun", "Evaluation"],
+)
+def test_an_item_whose_work_kills_every_worker_is_failed_at_the_cap_not_redelivered_forever(settings, kind, run):
+    # Each redelivery takes over at once and beats the heart, so the sweep never sees such
+    # an item silent: only the count of starts can end it.
+    settings.WORK_MAX_ATTEMPTS = 3
+    item = kind.make()
+    kind.model.objects.filter(pk=item.pk).update(
+        status=WorkStatus.RUNNING, worker="w-died", started_at=timezone.now(), heartbeat_at=timezone.now(), attempts=3
+    )
+    run(kind.model.objects.get(pk=item.pk))
+    item = kind.model.objects.get(pk=item.pk)
+    assert item.status == WorkStatus.FAILED and item.finished_at is not None
+    assert "started 3 times and stopped mid-way each time" in item.error
+
+    # Below the cap a redelivery still takes over, and counts the start.
+    fresh = kind.make()
+    kind.model.objects.filter(pk=fresh.pk).update(
+        status=WorkStatus.RUNNING, worker="w-died", started_at=timezone.now(), heartbeat_at=timezone.now(), attempts=2
+    )
+    run(kind.model.objects.get(pk=fresh.pk))
+    fresh = kind.model.objects.get(pk=fresh.pk)
+    assert fresh.attempts == 3 and "stopped mid-way" not in fresh.error

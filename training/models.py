@@ -155,7 +155,6 @@ class TrainingJob(WorkItem):
     breaches = models.JSONField(default=list, blank=True)
     checkpoint_path = models.CharField(max_length=500, blank=True, default="")
     checkpoint_step = models.PositiveIntegerField(default=0)
-    attempts = models.PositiveIntegerField(default=0, help_text="times a worker started or resumed it")
 
     class Meta:
         ordering = ["-created_at", "-id"]

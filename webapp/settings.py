@@ -433,6 +433,10 @@ RELEASE_LOAD_TIMEOUT = float(os.environ.get("PRACTICUM_RELEASE_LOAD_TIMEOUT", 12
 # this long (longer than a load and a smoke request may take), is failed by the stale-work
 # sweep and before the next release or rollback is asked for.
 RELEASE_STALE_SECONDS = float(os.environ.get("PRACTICUM_RELEASE_STALE_SECONDS", 600))
+# Judge jobs, failure-mode runs, evaluations and releases are taken over at once by a
+# redelivered task; one that has been started this many times is failed at the next
+# takeover instead (its work kills every worker it reaches), `webapp.work.work_claim`.
+WORK_MAX_ATTEMPTS = int(os.environ.get("PRACTICUM_WORK_MAX_ATTEMPTS", 3))
 
 # Where the project's own processes reach its gateway (`/v1/`), e.g. the tour's "run the agent
 # again", whose worker sends a freshly minted key there. Always configured, never taken from a

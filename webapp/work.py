@@ -6,7 +6,8 @@ functions.
   a queued task only one runs it. A held item is taken only by a kind that takes over: a
   training job once its worker has been silent past the stale limit; judge jobs, failure-mode
   runs and evaluations at once (`resume_after=0`), so a redelivery of a task still running
-  replaces the live worker, whose later writes then change nothing.
+  replaces the live worker, whose later writes then change nothing; each start is counted
+  (`attempts`), and a kind taking over at once fails an item past `work_attempts_exceeded`.
 - `work_beat`: the heartbeat, with progress, written only while the worker still holds the
   item; it answers whether to go on (no once a cancel was asked for or the item left it).
 - `work_cancel`: a queued item is cancelled at once, a running one is asked to stop.
@@ -66,6 +67,7 @@ class WorkItem(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)  # the worker's last sign of life (the sweep reads it)
     finished_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0, help_text="times a worker started or took it over")
 
     class Meta:
         abstract = True
@@ -100,8 +102,9 @@ def work_claim(
     its worker has been silent for over `resume_after` seconds (0: at once, a redelivered
     task takes over from the dead worker). The item is `running` again (`cancelling` if a
     cancel was asked for and the kind winds down through it), with this worker, its first
-    start, a fresh heartbeat and one more of `attempts` where the kind counts them;
-    `fields` are written with them."""
+    start, a fresh heartbeat and one more of `attempts`; `fields` are written with them.
+    A kind that takes over at once ends a claimed item past `work_attempts_exceeded` through
+    its own failure path."""
     now = now or timezone.now()
     with transaction.atomic():
         item = model.objects.select_for_update().filter(pk=pk).first()
@@ -118,15 +121,27 @@ def work_claim(
         item.worker = worker
         item.started_at = item.started_at or now
         item.heartbeat_at = now
-        changed = ["status", "worker", "started_at", "heartbeat_at"]
-        if hasattr(item, "attempts"):
-            item.attempts += 1
-            changed.append("attempts")
+        item.attempts += 1
+        changed = ["status", "worker", "started_at", "heartbeat_at", "attempts"]
         for name, value in (fields or {}).items():
             setattr(item, name, value)
             changed.append(name)
         item.save(update_fields=list(dict.fromkeys(changed)))
     return item
+
+
+def work_attempts_exceeded(item: WorkItem, limit: int | None = None) -> str | None:
+    """Why a just-claimed item must not run again, or None. A kind that takes a redelivered
+    item over at once beats its heart on every redelivery, so work that kills each worker it
+    reaches (out of memory, a crash in a native library) never looks silent to the sweep and
+    would be redelivered forever; its count of starts is what ends it."""
+    limit = settings.WORK_MAX_ATTEMPTS if limit is None else limit
+    if item.attempts <= limit:
+        return None
+    return (
+        f"started {item.attempts - 1} times and stopped mid-way each time: its workers kept dying, "
+        "so it is not started again; see the worker logs"
+    )
 
 
 def work_held(model: type[W], *, pk: int, worker: str) -> models.QuerySet[W]:

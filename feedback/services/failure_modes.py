@@ -53,7 +53,7 @@ from feedback.services.chat_format import FieldError
 from feedback.tasks import failure_mode_run_task
 from webapp.errors import Invalid
 from webapp.stale_work import stale_work_fail
-from webapp.work import WorkStatus, work_beat, work_claim, work_end, work_worker_name
+from webapp.work import WorkStatus, work_attempts_exceeded, work_beat, work_claim, work_end, work_worker_name
 
 logger = logging.getLogger(__name__)
 
@@ -365,6 +365,9 @@ def failure_mode_run_execute(
     if claimed is None:
         return _reread(run)
     run = claimed
+    too_many = work_attempts_exceeded(run)
+    if too_many:
+        return _run_end(run, WorkStatus.FAILED, error=too_many)
     FailureCluster.objects.filter(run=run).delete()
     if endpoint is None:
         try:

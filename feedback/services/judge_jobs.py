@@ -28,7 +28,15 @@ from feedback.selectors.judge import judge_endpoint_for
 from feedback.services.judging import JudgeError, judge_request, judge_run
 from feedback.tasks import judge_job_run_task
 from webapp.stale_work import stale_work_fail
-from webapp.work import WorkStatus, work_beat, work_cancel, work_claim, work_end, work_worker_name
+from webapp.work import (
+    WorkStatus,
+    work_attempts_exceeded,
+    work_beat,
+    work_cancel,
+    work_claim,
+    work_end,
+    work_worker_name,
+)
 
 
 def feedback_turns(*, deployment=None, since: datetime | None = None) -> Any:
@@ -115,6 +123,9 @@ def judge_job_run(*, job: JudgeJob, endpoint: JudgeEndpoint | None = None, worke
         job.refresh_from_db()
         return job
     job = claimed
+    too_many = work_attempts_exceeded(job)
+    if too_many:
+        return _job_end(job, worker, WorkStatus.FAILED, too_many)
     try:
         endpoint = endpoint or judge_endpoint_for(deployment=job.deployment)
     except JudgeNotConfigured as exc:

@@ -152,3 +152,27 @@ def test_a_release_that_kills_each_worker_it_is_redelivered_to_is_failed_and_fre
     assert AuditEvent.objects.filter(action=AuditAction.RELEASE_FAILED, release=release).count() == 1
     assert LiveVersion.objects.get(deployment=registry.deployment).version == registry.base_version
     assert approved_release(registry, operator, approver).status == WorkStatus.QUEUED
+
+
+def test_a_release_killed_on_each_quick_redelivery_is_failed_at_the_attempt_cap(
+    registry, operator, approver, monkeypatch, settings
+):
+    # Redeliveries seconds apart never reach the time limit; the count of starts ends it,
+    # through the release's own failure path (promotion failed, audited, deployment freed).
+    settings.WORK_MAX_ATTEMPTS = 3
+    release = approved_release(registry, operator, approver)
+
+    def load(version):
+        raise WorkerKilled()
+
+    monkeypatch.setattr(release_service, "release_load", load)
+    for delivery in range(4):
+        with contextlib.suppress(WorkerKilled):
+            release_run(release_id=release.pk, worker=f"deploy-{delivery}")
+    release.refresh_from_db()
+    assert release.status == WorkStatus.FAILED and release.attempts == 4
+    assert "started 3 times and stopped mid-way each time" in release.error
+    assert release.promotion.status == PromotionStatus.FAILED
+    assert AuditEvent.objects.filter(action=AuditAction.RELEASE_FAILED, release=release).count() == 1
+    assert LiveVersion.objects.get(deployment=registry.deployment).version == registry.base_version
+    assert approved_release(registry, operator, approver).status == WorkStatus.QUEUED

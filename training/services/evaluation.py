@@ -31,7 +31,15 @@ from training.services.evaluation_items import (
 from training.serving.models import Deployment, ModelVersion, ModelVersionKind, ModelVersionStatus
 from training.serving.selectors import live_version_get
 from webapp.stale_work import stale_work_fail
-from webapp.work import WorkStatus, work_beat, work_cancel, work_claim, work_end, work_worker_name
+from webapp.work import (
+    WorkStatus,
+    work_attempts_exceeded,
+    work_beat,
+    work_cancel,
+    work_claim,
+    work_end,
+    work_worker_name,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -449,6 +457,9 @@ def evaluation_run(*, evaluation_id: int, worker: str | None = None) -> Evaluati
     )
     if evaluation is None:
         return None
+    too_many = work_attempts_exceeded(claimed)
+    if too_many:
+        return _finish_if_running(evaluation, worker, WorkStatus.FAILED, error=too_many)
 
     generator = None
     try:

@@ -49,7 +49,7 @@ from training.serving.models import (
 )
 from training.serving.services import ModelRegistryError, live_version_set
 from webapp.stale_work import stale_work_settle
-from webapp.work import WorkStatus, work_beat, work_claim, work_end, work_worker_name
+from webapp.work import WorkStatus, work_attempts_exceeded, work_beat, work_claim, work_end, work_worker_name
 
 logger = logging.getLogger(__name__)
 
@@ -343,6 +343,9 @@ def release_run(*, release_id: int, worker: str = "") -> Release | None:
             f"not finished within {limit:.0f} s of its first start: its workers kept stopping mid-way; start it again",
             unload=False,
         )
+    too_many = work_attempts_exceeded(claimed)
+    if too_many:
+        return _fail(release, worker, too_many, unload=False)
     try:
         _beat(release, worker, ReleaseStep.LOADING, picked_up_ms=_ms_since(release.created_at))
         loaded = release_load(version)
