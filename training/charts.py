@@ -92,24 +92,30 @@ def series_chart(
         (label, downsample([(x, y) for x, y in pts if y is not None and math.isfinite(y)])) for label, pts in series
     ]
     series = [(label, pts) for label, pts in series if pts]
-    svg_height = height + 16 * len(series)  # a legend line per series
-    if not series:
-        return _no_data(title, width=width, height=height, svg_height=svg_height)
     markers = [(x, label) for x, label in markers or [] if math.isfinite(x)]
+    svg_height = height + 16 * len(series)  # a legend line per series
+    if not series and not markers:
+        return _no_data(title, width=width, height=height, svg_height=svg_height)
     xs = [x for _, pts in series for x, _ in pts] + [x for x, _ in markers]
-    ys = [y for _, pts in series for _, y in pts]
+    ys = [y for _, pts in series for _, y in pts] or [0.0, 1.0]
     x0, x1 = x_range if x_range else (min(xs), max(xs))
     y0, y1 = y_range if y_range else (min(ys), max(ys))
     axes, sx, sy = _axes(x0, x1, y0, y1, width=width, height=height, x_labels=x_labels)
     parts = [_svg_open(title, width=width, svg_height=svg_height), axes]
+    if not series:  # the events still show when they happened
+        parts.append(
+            f'<text x="{PAD_L + 8}" y="{PAD_T + (height - PAD_T - PAD_B) / 2:.0f}" class="chart-empty">no data yet</text>'
+        )
     for k, (x, label) in enumerate(markers):
         mx = sx(x)
-        # Labels alternate between two heights so that changes on nearby days stay readable.
+        # Labels alternate between two heights so that changes on nearby days stay readable,
+        # and sit left of their line in the right half, where they would run off the chart.
+        lx, anchor = (mx - 2, "end") if mx > width / 2 else (mx + 2, "start")
         parts.append(
             f'<line x1="{mx:.1f}" y1="{PAD_T}" x2="{mx:.1f}" y2="{height - PAD_B}" class="chart-marker" '
             f'stroke="#868e96" stroke-dasharray="3,3"/>'
-            f'<text x="{mx + 2:.1f}" y="{PAD_T + 10 + 11 * (k % 2)}" class="chart-label chart-marker-label">'
-            f"{escape(label)}</text>"
+            f'<text x="{lx:.1f}" y="{PAD_T + 10 + 11 * (k % 2)}" text-anchor="{anchor}" '
+            f'class="chart-label chart-marker-label">{escape(label)}</text>'
         )
     for k, (label, pts) in enumerate(series):
         color = PALETTE[k % len(PALETTE)]

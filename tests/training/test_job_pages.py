@@ -151,8 +151,12 @@ def test_series_chart_marks_changes_and_names_its_ends_escaped():
     assert XSS not in svg and svg.count("&lt;script&gt;") == 2
     assert svg.count('class="chart-marker"') == 1 and "dropped" not in svg
     assert ">2026-12-01</text>" in svg
-    # x 4.5 of 0..10 is the middle of the plot area (44 to 632).
+    # x 4.5 of 0..10 is 45 % of the plot area (44 to 632).
     assert 'x1="308.6"' in svg
+    # With no data the changes still show where they fall.
+    empty = series_chart([], title="t", x_range=(0, 10), markers=[(4.5, "→ v2")])
+    assert "no data yet" in empty and 'x1="308.6"' in empty and "→ v2" in empty
+    assert 'class="chart-marker"' not in series_chart([], title="t")
 
 
 def test_roles_decide_who_sees_starts_and_cancels_jobs(client, running_job, version, training_set):
