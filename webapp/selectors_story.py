@@ -27,6 +27,7 @@ from feedback.models import CustomerFeedback
 from training.learning_policies.models import LearningPolicyRun
 from training.models import CorrectionSource, TrainingItem
 from training.promotion.models import Evaluation, PromotionRequest, PromotionStatus
+from training.promotion.selectors import evaluation_items_source
 from training.serving.models import Deployment, LiveVersion, LiveVersionChange, ModelVersion
 from webapp.selectors_measurements import GRADER_REF
 from webapp.work import WorkStatus
@@ -167,21 +168,6 @@ class DeploymentStory:
     more_versions: bool = False
 
 
-def _held_out(evaluation: Evaluation) -> str:
-    sources = evaluation.sources or {}
-    parts = []
-    if isinstance(sources.get("training_set"), dict):
-        parts.append(f"held-out items of {sources['training_set'].get('name', '')}")
-    if isinstance(sources.get("environment"), dict):
-        env = sources["environment"]
-        parts.append(f"{env.get('tasks', '')} {env.get('name', '')} episodes ({env.get('split', '')} tasks)")
-    if sources.get("traces"):
-        parts.append(f"{len(sources['traces'])} hand-picked traces")
-    if sources.get("given"):
-        parts.append(f"{sources['given']} given items")
-    return "; ".join(parts) or "—"
-
-
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
@@ -196,7 +182,7 @@ def _story_evaluation(evaluation: Evaluation) -> StoryEvaluation:
         ci_low=_number(comparison.get("ci_low")),
         ci_high=_number(comparison.get("ci_high")),
         n=int(_number(comparison.get("n")) or 0),
-        held_out=_held_out(evaluation),
+        held_out=evaluation_items_source(evaluation=evaluation),
     )
 
 
