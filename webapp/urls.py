@@ -22,4 +22,5 @@ urlpatterns = [
     path("", include("feedback.urls")),
     path("", include("training.urls")),
     path("", include("training.promotion.urls")),
+    path("", include("training.notifications.urls")),
 ]
