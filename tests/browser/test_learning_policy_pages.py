@@ -1,17 +1,25 @@
 """Learning policies in real headless Chromium: an operator creates a policy from the form,
 watches its history take a fired run to an open promotion request without a reload, and an
-approver approves the request from its page. No worker runs: the test finishes the job and
-the evaluation itself, as a worker would, and calls the tick beat would send."""
+approver approves the request from its page, or from the notification the policy's mail
+links to. No worker runs: the test finishes the job, the evaluation and the release itself,
+as a worker would, and calls the tick beat would send."""
 
 from __future__ import annotations
 
-import pytest
+import re
+from datetime import timedelta
 
+import pytest
+from django.utils import timezone
+
+from feedback.models import CustomerFeedback
+from tests.test_overview import graded_traces
 from tests.training.policies import commented_turns, finish_evaluation, finish_job
 from training.learning_policies.models import LearningPolicy
 from training.learning_policies.services import learning_policies_tick
-from training.promotion.models import PromotionStatus
-from training.serving.models import LiveVersion
+from training.promotion.models import PromotionStatus, Release
+from training.services import release as release_service
+from training.serving.models import LiveVersion, LiveVersionChange
 
 pytestmark = [pytest.mark.browser, pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -75,12 +83,6 @@ def test_create_a_policy_follow_its_run_and_approve_its_request(open_page, scree
 def test_a_policy_fires_and_its_approver_approves_from_the_notification(
     open_page, screenshot, world, mailoutbox, monkeypatch
 ):
-    import re
-
-    from tests.test_overview import graded_traces
-    from training.promotion.models import Release
-    from training.services import release as release_service
-
     owner = open_page(world["olga"])
     owner.goto("/training/policies/")
     form = owner.locator("#policy-form")
@@ -98,7 +100,12 @@ def test_a_policy_fires_and_its_approver_approves_from_the_notification(
 
     # The live version's traffic so far, graded; then the policy fires on new comments (a
     # worker's part, then the ticks beat would send).
-    graded_traces(world["deployment"], world["base_version"], [True, False, False, False])
+    served = graded_traces(world["deployment"], world["base_version"], [True, False, False, False])
+    for days_ago, trace in zip((6, 5, 4, 3), served, strict=True):
+        CustomerFeedback.objects.filter(trace=trace).update(created_at=timezone.now() - timedelta(days=days_ago))
+    LiveVersionChange.objects.filter(deployment=world["deployment"]).update(
+        changed_at=timezone.now() - timedelta(days=8)
+    )
     commented_turns(world["deployment"], 3)
     learning_policies_tick()
     (run,) = policy.runs.all()
@@ -156,6 +163,9 @@ def test_a_policy_fires_and_its_approver_approves_from_the_notification(
     graded_traces(world["deployment"], candidate, [True, True, True, False], start=10)
     review.goto("/overview/")
     review.click("#deployment-support-bot a.story-link")
+    review.select_option("select[name=days]", "30")
+    review.click("form.inline-form button[type=submit]")
+    review.wait_for_url("**/story/?days=30")
     story = review.locator(f"#version-{candidate.name}")
     told = story.inner_text()
     assert "live" in told and "requested by olga" in told and "approved by arno" in told
@@ -163,6 +173,6 @@ def test_a_policy_fires_and_its_approver_approves_from_the_notification(
     curve = review.locator("#success-curve svg.chart")
     assert curve.locator(".chart-marker").count() == 2  # smol set live, then smol-v1
     legend = curve.text_content()
-    assert "smol · graded success (1 points, last 0.25)" in legend
+    assert "smol · graded success (4 points, last 0)" in legend  # a point per day it was graded
     assert "smol-v1 · graded success (1 points, last 0.75)" in legend
     screenshot(review, "deployment-story", full_page=True)

@@ -97,7 +97,6 @@ def promotion_decided_get(*, promotion_id: int) -> PromotionRequest | None:
     """A request as it stands after a decision, with what the notification shows of it."""
     return (
         PromotionRequest.objects.select_related("candidate", "deployment", "decided_by", "requested_by")
-        .prefetch_related("releases")
         .filter(pk=promotion_id)
         .first()
     )
