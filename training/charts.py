@@ -1,4 +1,5 @@
-"""Small server-rendered SVG line charts for the job page (no chart library, no CDN).
+"""Small server-rendered SVG line charts for the job, overview and story pages (no chart
+library, no CDN).
 
 Inputs are numbers; the only text (title, labels) is escaped, so the output is safe to
 mark safe."""
@@ -78,22 +79,44 @@ def series_chart(
     y_range: tuple[float, float] | None = None,
     width: int = 640,
     height: int = 200,
+    x_range: tuple[float, float] | None = None,
+    x_labels: tuple[str, str] | None = None,
+    markers: list[tuple[float, str]] | None = None,
 ) -> str:
     """Several (x, y) series on shared axes, each in its own colour with a legend entry
     (label, point count and last value). `y_range` fixes the y axis (e.g. (0, 1) for
-    rates). Labels are escaped; non-finite values are skipped."""
+    rates), `x_range` the x axis, and `x_labels` names its two ends (e.g. dates) instead of
+    their numbers. `markers` draws a dashed vertical line at each x with its label (e.g. a
+    version change). Labels are escaped; non-finite values are skipped."""
     series = [
         (label, downsample([(x, y) for x, y in pts if y is not None and math.isfinite(y)])) for label, pts in series
     ]
     series = [(label, pts) for label, pts in series if pts]
+    markers = [(x, label) for x, label in markers or [] if math.isfinite(x)]
     svg_height = height + 16 * len(series)  # a legend line per series
-    if not series:
+    if not series and not markers:
         return _no_data(title, width=width, height=height, svg_height=svg_height)
-    xs = [x for _, pts in series for x, _ in pts]
-    ys = [y for _, pts in series for _, y in pts]
+    xs = [x for _, pts in series for x, _ in pts] + [x for x, _ in markers]
+    ys = [y for _, pts in series for _, y in pts] or [0.0, 1.0]
+    x0, x1 = x_range if x_range else (min(xs), max(xs))
     y0, y1 = y_range if y_range else (min(ys), max(ys))
-    axes, sx, sy = _axes(min(xs), max(xs), y0, y1, width=width, height=height)
+    axes, sx, sy = _axes(x0, x1, y0, y1, width=width, height=height, x_labels=x_labels)
     parts = [_svg_open(title, width=width, svg_height=svg_height), axes]
+    if not series:  # the events still show when they happened
+        parts.append(
+            f'<text x="{PAD_L + 8}" y="{PAD_T + (height - PAD_T - PAD_B) / 2:.0f}" class="chart-empty">no data yet</text>'
+        )
+    for k, (x, label) in enumerate(markers):
+        mx = sx(x)
+        # Labels alternate between two heights so that changes on nearby days stay readable,
+        # and sit left of their line in the right half, where they would run off the chart.
+        lx, anchor = (mx - 2, "end") if mx > width / 2 else (mx + 2, "start")
+        parts.append(
+            f'<line x1="{mx:.1f}" y1="{PAD_T}" x2="{mx:.1f}" y2="{height - PAD_B}" class="chart-marker" '
+            f'stroke="#868e96" stroke-dasharray="3,3"/>'
+            f'<text x="{lx:.1f}" y="{PAD_T + 10 + 11 * (k % 2)}" text-anchor="{anchor}" '
+            f'class="chart-label chart-marker-label">{escape(label)}</text>'
+        )
     for k, (label, pts) in enumerate(series):
         color = PALETTE[k % len(PALETTE)]
         line = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts)
@@ -130,15 +153,24 @@ def _no_data(title: str, *, width: int, height: int, svg_height: int) -> str:
 
 
 def _axes(
-    x0: float, x1: float, y0: float, y1: float, *, width: int, height: int
+    x0: float,
+    x1: float,
+    y0: float,
+    y1: float,
+    *,
+    width: int,
+    height: int,
+    x_labels: tuple[str, str] | None = None,
 ) -> tuple[str, Callable[[float], float], Callable[[float], float]]:
-    """The axes, labelled with their ends, for data spanning x0..x1 and y0..y1 (a zero span
-    is widened so a single point still draws), and the maps from data to drawing coordinates."""
+    """The axes, labelled with their ends (or `x_labels`, escaped), for data spanning x0..x1
+    and y0..y1 (a zero span is widened so a single point still draws), and the maps from data
+    to drawing coordinates."""
     if x1 == x0:
         x1 = x0 + 1
     if y1 == y0:
         y0, y1 = y0 - 0.5, y1 + 0.5
     inner_w, inner_h = width - PAD_L - PAD_R, height - PAD_T - PAD_B
+    first, last = (escape(x_labels[0]), escape(x_labels[1])) if x_labels else (_fmt(x0), _fmt(x1))
 
     def sx(x: float) -> float:
         return PAD_L + (x - x0) / (x1 - x0) * inner_w
@@ -151,7 +183,7 @@ def _axes(
         f'<line x1="{PAD_L}" y1="{PAD_T}" x2="{PAD_L}" y2="{PAD_T + inner_h}" class="chart-axis"/>'
         f'<text x="{PAD_L - 4}" y="{PAD_T + 4}" text-anchor="end" class="chart-label">{_fmt(y1)}</text>'
         f'<text x="{PAD_L - 4}" y="{PAD_T + inner_h}" text-anchor="end" class="chart-label">{_fmt(y0)}</text>'
-        f'<text x="{PAD_L}" y="{height - 4}" class="chart-label">{_fmt(x0)}</text>'
-        f'<text x="{PAD_L + inner_w}" y="{height - 4}" text-anchor="end" class="chart-label">{_fmt(x1)}</text>'
+        f'<text x="{PAD_L}" y="{height - 4}" class="chart-label">{first}</text>'
+        f'<text x="{PAD_L + inner_w}" y="{height - 4}" text-anchor="end" class="chart-label">{last}</text>'
     )
     return svg, sx, sy

@@ -123,6 +123,8 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                # The nav's count of promotion requests waiting for the signed-in approver.
+                "training.notifications.context_processors.inbox",
             ],
         },
     },

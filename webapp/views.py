@@ -13,6 +13,7 @@ from training.charts import series_chart
 from webapp.ids import parse_id
 from webapp.selectors import ROLLING, deployments_overview
 from webapp.selectors_drift import live_drift
+from webapp.selectors_story import STORY_DAYS, deployment_story, story_curve
 from webapp.selectors_tour import tour_deployment, tour_get
 
 DAYS_CHOICES = (14, 7, 30, 90)
@@ -118,4 +119,50 @@ def overview(request: HttpRequest) -> HttpResponse:
         request,
         "overview.html",
         {"overviews": overviews, "days": days, "days_choices": DAYS_CHOICES, "split": split or ""},
+    )
+
+
+@dashboard_view("feedback.view_trace")
+def deployment_story_view(request: HttpRequest, deployment: str) -> HttpResponse:
+    """One deployment over time: its versions newest first (when each went live, what it
+    learned from, its evaluation, who asked and who approved) and its live traffic's success
+    per day across the versions, with the version changes marked."""
+    from training.serving.models import Deployment
+
+    target = Deployment.objects.filter(name=deployment[:100]).first()
+    if target is None:
+        raise Http404("no such deployment")
+    days = STORY_DAYS[0]
+    if request.GET.get("days"):
+        raw = request.GET["days"]
+        days = int(raw) if raw.isascii() and raw.isdigit() and len(raw) < 5 else 0
+        if days not in STORY_DAYS:
+            return render(
+                request,
+                "story.html",
+                {
+                    "deployment": target,
+                    "error": f"days: must be one of {', '.join(map(str, STORY_DAYS))}",
+                    "days_choices": STORY_DAYS,
+                },
+                status=400,
+            )
+    story = deployment_story(deployment=target, days=days)
+    curve = story_curve(story)
+    # series_chart escapes every label (version names, dates); the rest is numbers.
+    chart = mark_safe(
+        series_chart(
+            curve["series"],
+            title=f"success of the live traffic per day, last {days} days (dashed: the live version changed)",
+            y_range=(0.0, 1.0),
+            x_range=curve["x_range"],
+            x_labels=curve["x_labels"],
+            markers=curve["markers"],
+            width=760,
+        )
+    )
+    return render(
+        request,
+        "story.html",
+        {"deployment": target, "story": story, "chart": chart, "days": days, "days_choices": STORY_DAYS},
     )

@@ -1,17 +1,25 @@
 """Learning policies in real headless Chromium: an operator creates a policy from the form,
 watches its history take a fired run to an open promotion request without a reload, and an
-approver approves the request from its page. No worker runs: the test finishes the job and
-the evaluation itself, as a worker would, and calls the tick beat would send."""
+approver approves the request from its page, or from the notification the policy's mail
+links to. No worker runs: the test finishes the job, the evaluation and the release itself,
+as a worker would, and calls the tick beat would send."""
 
 from __future__ import annotations
 
-import pytest
+import re
+from datetime import timedelta
 
+import pytest
+from django.utils import timezone
+
+from feedback.models import CustomerFeedback
+from tests.test_overview import graded_traces
 from tests.training.policies import commented_turns, finish_evaluation, finish_job
 from training.learning_policies.models import LearningPolicy
 from training.learning_policies.services import learning_policies_tick
-from training.promotion.models import PromotionStatus
-from training.serving.models import LiveVersion
+from training.promotion.models import PromotionStatus, Release
+from training.services import release as release_service
+from training.serving.models import LiveVersion, LiveVersionChange
 
 pytestmark = [pytest.mark.browser, pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -70,3 +78,101 @@ def test_create_a_policy_follow_its_run_and_approve_its_request(open_page, scree
     assert run.promotion.status == PromotionStatus.APPROVED and run.promotion.decided_by == world["arno"]
     # Approval queues the release; only its worker flips the pointer, and none runs here.
     assert LiveVersion.objects.get(deployment=world["deployment"]).version == world["base_version"]
+
+
+def test_a_policy_fires_and_its_approver_approves_from_the_notification(
+    open_page, screenshot, world, mailoutbox, monkeypatch
+):
+    owner = open_page(world["olga"])
+    owner.goto("/training/policies/")
+    form = owner.locator("#policy-form")
+    form.locator("input[name=name]").fill("fix-lookups")
+    form.locator("select[name=deployment]").select_option("support-bot")
+    form.locator("input[name=min_new_turns]").fill("3")
+    form.locator("select[name=job_kind]").select_option("distill")
+    form.locator("textarea[name=job_config]").fill('{"steps": 2}')
+    form.locator("select[name=eval_training_set]").select_option(str(world["eval_set"].pk))
+    form.locator("input[name=min_win_rate]").fill("0.6")
+    form.locator("input[name=notify_user]").fill("arno")
+    form.locator("button[type=submit]").click()
+    owner.wait_for_selector("h1:has-text('fix-lookups')")
+    policy = LearningPolicy.objects.get(name="fix-lookups")
+
+    # The live version's traffic so far, graded; then the policy fires on new comments (a
+    # worker's part, then the ticks beat would send).
+    served = graded_traces(world["deployment"], world["base_version"], [True, False, False, False])
+    for days_ago, trace in zip((6, 5, 4, 3), served, strict=True):
+        CustomerFeedback.objects.filter(trace=trace).update(created_at=timezone.now() - timedelta(days=days_ago))
+    LiveVersionChange.objects.filter(deployment=world["deployment"]).update(
+        changed_at=timezone.now() - timedelta(days=8)
+    )
+    commented_turns(world["deployment"], 3)
+    learning_policies_tick()
+    (run,) = policy.runs.all()
+    candidate = finish_job(run, world)
+    learning_policies_tick()
+    run.refresh_from_db()
+    finish_evaluation(run, win_rate=0.9, ci_low=0.6, n=9)
+    learning_policies_tick()
+    run.refresh_from_db()
+
+    # Its history shows the fired run with its evidence and the request it opened.
+    owner.reload()
+    history = owner.locator(f"#run-{run.pk}")
+    history.locator(":text('Promotion request opened')").wait_for()
+    text = history.inner_text()
+    assert "3 new commented turns so far" in text and "3 turns from 3 comments" in text
+    assert "Win rate vs live ≥ 0.60" in text and "win rate 0.90 over 9 items" in text and "(told arno)" in text
+    assert owner.locator("#nav-notifications").count() == 0  # olga decides nothing
+    # Nothing is live, or on its way, before a person approves.
+    promotion = run.promotion
+    assert promotion.status == PromotionStatus.PENDING and not Release.objects.exists()
+    assert LiveVersion.objects.get(deployment=world["deployment"]).version == world["base_version"]
+
+    # The mail takes the approver to the request in their notifications.
+    (mail,) = mailoutbox
+    link = re.search(r"(/notifications/#promotion-\d+)", mail.body).group(1)
+    assert link == f"/notifications/#promotion-{promotion.pk}"
+    review = open_page(world["arno"])
+    review.goto("/training/jobs/")
+    assert review.inner_text("#inbox-count") == "1"
+    review.goto(link)
+    card = review.locator(f"#promotion-{promotion.pk}")
+    evidence = card.inner_text()
+    assert "Opened by learning policy fix-lookups" in evidence and f"run {run.pk}" in evidence
+    assert "Trained on 3 turns (3 comments" in evidence and "Win rate vs live ≥ 0.60" in evidence
+    assert "90.0%" in evidence and "held-out items of orders" in evidence
+    screenshot(review, "notification-approve", full_page=True)
+    card.locator("textarea[name=comment]").fill("The policy's evidence holds.")
+    card.locator("button.approve").click()
+    review.wait_for_selector(f"#decided-{promotion.pk}:has-text('Approved, deploying')")
+    assert review.locator("#inbox-count").is_hidden()  # nothing left to decide
+    assert review.url.endswith(link)  # decided where it was read, without leaving the page
+    promotion.refresh_from_db()
+    assert promotion.status == PromotionStatus.APPROVED and promotion.decided_by == world["arno"]
+    assert promotion.decision_comment == "The policy's evidence holds."
+    (release,) = Release.objects.filter(promotion=promotion)
+    # Approval queues the release; the version is not live until its worker has switched it.
+    assert LiveVersion.objects.get(deployment=world["deployment"]).version == world["base_version"]
+
+    # The deploy worker's part (the inference server answers), then the deployment's story.
+    monkeypatch.setattr(release_service, "release_load", lambda version: {"loaded": "lora", "name": version.name})
+    monkeypatch.setattr(release_service, "release_smoke", lambda version: {"tokens": 3, "content": "Hello"})
+    release_service.release_run(release_id=release.pk, worker="deploy-test")
+    assert LiveVersion.objects.get(deployment=world["deployment"]).version == candidate
+    graded_traces(world["deployment"], candidate, [True, True, True, False], start=10)
+    review.goto("/overview/")
+    review.click("#deployment-support-bot a.story-link")
+    review.select_option("select[name=days]", "30")
+    review.click("form.inline-form button[type=submit]")
+    review.wait_for_url("**/story/?days=30")
+    story = review.locator(f"#version-{candidate.name}")
+    told = story.inner_text()
+    assert "live" in told and "requested by olga" in told and "approved by arno" in told
+    assert "3 operator comments" in told and "90.0%" in told and "fired by learning policy fix-lookups" in told
+    curve = review.locator("#success-curve svg.chart")
+    assert curve.locator(".chart-marker").count() == 2  # smol set live, then smol-v1
+    legend = curve.text_content()
+    assert "smol · graded success (4 points, last 0)" in legend  # a point per day it was graded
+    assert "smol-v1 · graded success (1 points, last 0.75)" in legend
+    screenshot(review, "deployment-story", full_page=True)

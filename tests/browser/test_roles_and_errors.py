@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 EXPECTED = {
     "operator": {"Tour", "Overview", "Traces", "Queues", "Judge", "Failure modes", "Training", "Models"},
     "reviewer": {"Queues"},
-    "approver": {"Tour", "Overview", "Traces", "Judge", "Failure modes", "Training", "Models"},
+    "approver": {"Tour", "Overview", "Traces", "Judge", "Failure modes", "Training", "Models", "Notifications"},
 }
 
 

@@ -7,7 +7,7 @@ import pytest
 from django.urls import reverse
 
 from tests.factories import UserFactory
-from training.charts import line_chart
+from training.charts import line_chart, series_chart
 from training.models import JobEventKind, TrainingJob, TrainingJobEvent
 from training.services.training_sets import training_set_from_tasks
 from training.serving.models import BaseModel, ModelVersion
@@ -138,6 +138,25 @@ def test_line_chart_draws_points_and_escapes_its_title():
     assert XSS not in svg and "&lt;script&gt;" in svg
     assert svg.count("<polyline") == 1 and "<polygon" in svg
     assert "no data yet" in line_chart([], title="empty")
+
+
+def test_series_chart_marks_changes_and_names_its_ends_escaped():
+    svg = series_chart(
+        [("v1", [(0, 0.5), (9, 1.0)])],
+        title="t",
+        x_range=(0, 10),
+        x_labels=("2026-12-01", XSS),
+        markers=[(4.5, f"→ {XSS}"), (float("nan"), "dropped")],
+    )
+    assert XSS not in svg and svg.count("&lt;script&gt;") == 2
+    assert svg.count('class="chart-marker"') == 1 and "dropped" not in svg
+    assert ">2026-12-01</text>" in svg
+    # x 4.5 of 0..10 is 45 % of the plot area (44 to 632).
+    assert 'x1="308.6"' in svg
+    # With no data the changes still show where they fall.
+    empty = series_chart([], title="t", x_range=(0, 10), markers=[(4.5, "→ v2")])
+    assert "no data yet" in empty and 'x1="308.6"' in empty and "→ v2" in empty
+    assert 'class="chart-marker"' not in series_chart([], title="t")
 
 
 def test_roles_decide_who_sees_starts_and_cancels_jobs(client, running_job, version, training_set):

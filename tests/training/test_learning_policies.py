@@ -137,6 +137,8 @@ def test_a_passing_run_opens_a_request_that_waits_for_an_approver_and_nothing_go
     assert all(c["ok"] for c in evidence["checks"]) and promotion.snapshot["evaluation"]["id"] == run.evaluation_id
     assert run.notified == ["arno"]
     assert callbacks and [m.to for m in mail.outbox] == [["arno@example.com"]]
+    # The mail takes the approver to the request's notification, where they decide it.
+    assert f"/notifications/#promotion-{promotion.pk}" in mail.outbox[0].body
 
     # More ticks change nothing, and nothing is live until a person approves.
     learning_policies_tick()

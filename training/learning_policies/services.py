@@ -680,9 +680,13 @@ def _notify(policy: LearningPolicy, promotion) -> list[str]:
     addresses = [u.email for u in people if u.email]
     if addresses:
         subject = f"Promotion request {promotion.pk}: {promotion.candidate.name} for {policy.deployment.name}"
+        # Paths written out, not reverse()d: the worker that sends this loads no URLconf or view.
         body = (
             f"Learning policy {policy.name} opened promotion request {promotion.pk} on behalf of "
-            f"{policy.created_by.username}; it waits for an approver's decision at /promotions/{promotion.pk}/.\n"
+            f"{policy.created_by.username}; it waits for an approver's decision.\n\n"
+            f"Approve or reject it from your notifications, with its evidence: "
+            f"/notifications/#promotion-{promotion.pk}\n"
+            f"The request's page: /promotions/{promotion.pk}/\n"
         )
         transaction.on_commit(lambda: send_mail(subject, body, None, addresses, fail_silently=True))
     return [u.username for u in people]

@@ -26,6 +26,23 @@ def evaluation_get(*, evaluation_id: int) -> Evaluation | None:
     )
 
 
+def evaluation_items_source(*, evaluation: Evaluation) -> str:
+    """What an evaluation measured the candidate on, in words: the held-out items of a
+    training set (by name), an environment's episodes, hand-picked traces, given items."""
+    sources = evaluation.sources or {}
+    parts = []
+    if isinstance(sources.get("training_set"), dict):
+        parts.append(f"held-out items of {sources['training_set'].get('name', '')}")
+    if isinstance(sources.get("environment"), dict):
+        env = sources["environment"]
+        parts.append(f"{env.get('tasks', '')} {env.get('name', '')} episodes ({env.get('split', '')} tasks)")
+    if sources.get("traces"):
+        parts.append(f"{len(sources['traces'])} hand-picked traces")
+    if sources.get("given"):
+        parts.append(f"{sources['given']} given items")
+    return "; ".join(parts) or "—"
+
+
 def evaluation_items(*, evaluation: Evaluation) -> QuerySet[EvaluationItem]:
     return evaluation.items.order_by("position")
 

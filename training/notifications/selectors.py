@@ -1,0 +1,102 @@
+"""What waits for a person: every promotion request still pending that they may decide.
+
+An approver (`training.approve_promotion`) may decide any pending request but their own (the
+four-eyes rule the promotion service enforces), whether a learning policy or a person opened
+it; anyone else has nothing to decide. The evidence shown with each request is read from what
+the request recorded (its snapshot: the policy's run, the signals, the monitors) and its
+evaluation's summary, so the page costs the same few queries however many requests wait.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db.models import QuerySet
+
+from training.promotion.models import PromotionRequest, PromotionStatus
+from training.promotion.selectors import evaluation_items_source
+from training.services.promotion_checks import APPROVE, Precondition, check_harm
+from webapp.work import WorkStatus
+
+MAX_SHOWN = 50
+
+
+@dataclass
+class AwaitingDecision:
+    """A pending request and the evidence an approver decides it on."""
+
+    promotion: PromotionRequest
+    policy: dict[str, Any] | None  # the learning policy's run that opened it, as recorded
+    evaluation_finished: bool
+    win_rate: float | None
+    ci_low: float | None
+    ci_high: float | None
+    n: int
+    measured_on: str
+    harm: Precondition
+    regressions: list[dict[str, Any]] = field(default_factory=list)  # signals past their threshold, as recorded
+    breaches: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _may_decide(user) -> bool:
+    return bool(user is not None and user.is_authenticated and user.is_active and user.has_perm(APPROVE))
+
+
+def _waiting(user) -> QuerySet[PromotionRequest]:
+    return PromotionRequest.objects.filter(status=PromotionStatus.PENDING).exclude(requested_by=user)
+
+
+def promotions_awaiting_count(*, user) -> int:
+    """How many requests wait for `user`'s decision: one COUNT for an approver, no query for
+    anyone else."""
+    return _waiting(user).count() if _may_decide(user) else 0
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def awaiting_decision(promotion: PromotionRequest) -> AwaitingDecision:
+    """The evidence of one request (no query: its evaluation and people are joined)."""
+    evaluation = promotion.evaluation
+    comparison = (evaluation.summary or {}).get("comparison") or {}
+    snapshot = promotion.snapshot or {}
+    monitors = snapshot.get("monitors") or {}
+    return AwaitingDecision(
+        promotion=promotion,
+        policy=snapshot.get("learning_policy") if isinstance(snapshot.get("learning_policy"), dict) else None,
+        evaluation_finished=evaluation.status == WorkStatus.FINISHED,
+        win_rate=_number(comparison.get("win_rate")),
+        ci_low=_number(comparison.get("ci_low")),
+        ci_high=_number(comparison.get("ci_high")),
+        n=int(_number(comparison.get("n")) or 0),
+        measured_on=evaluation_items_source(evaluation=evaluation),
+        harm=check_harm(evaluation),
+        regressions=[
+            s for s in snapshot.get("signals") or [] if isinstance(s, dict) and s.get("regressed") and s.get("gates")
+        ],
+        breaches=[b for b in monitors.get("breaches") or [] if isinstance(b, dict)],
+    )
+
+
+def promotions_awaiting(*, user, limit: int = MAX_SHOWN) -> list[AwaitingDecision]:
+    """The requests waiting for `user`'s decision, oldest first (one query), each with its
+    evidence; none for someone who may not decide."""
+    if not _may_decide(user):
+        return []
+    rows = (
+        _waiting(user)
+        .select_related("candidate", "deployment", "from_version", "requested_by", "evaluation__baseline")
+        .order_by("requested_at", "id")[:limit]
+    )
+    return [awaiting_decision(p) for p in rows]
+
+
+def promotion_decided_get(*, promotion_id: int) -> PromotionRequest | None:
+    """A request as it stands after a decision, with what the notification shows of it."""
+    return (
+        PromotionRequest.objects.select_related("candidate", "deployment", "decided_by", "requested_by")
+        .filter(pk=promotion_id)
+        .first()
+    )

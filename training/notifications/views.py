@@ -1,0 +1,107 @@
+"""The notifications page: the promotion requests waiting for the signed-in person, each with
+its evidence and Approve / Reject buttons that decide it there.
+
+The buttons post to these views, which call the promotion service the request page, the API
+and the admin call (`promotion_approve`, `promotion_reject`): the same permission and
+four-eyes rule (403), the same preconditions (409 naming the unmet one), a rejection without
+a reason a 400 naming `comment`. With htmx the decided card replaces the one in the page and
+the nav's count is updated beside it; without, the page comes back with a message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from django.contrib import messages as flash
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from feedback.views.common import dashboard_view
+from training.notifications.selectors import (
+    awaiting_decision,
+    promotion_decided_get,
+    promotions_awaiting,
+    promotions_awaiting_count,
+)
+from training.promotion.models import PromotionRequest
+from training.services.promotion import promotion_approve, promotion_reject
+from training.services.promotion_checks import APPROVE, PromotionRefused
+
+COMMENT_LIMIT = 5000
+
+
+def _page(request: HttpRequest, *, errors: dict[int, str] | None = None, status: int = 200) -> HttpResponse:
+    context = {
+        "awaiting": promotions_awaiting(user=request.user),
+        "may_decide": request.user.has_perm(APPROVE),
+        "errors": errors or {},
+    }
+    return render(request, "training/notifications.html", context, status=status)
+
+
+@dashboard_view()
+def notifications(request: HttpRequest) -> HttpResponse:
+    return _page(request)
+
+
+def _decide(request: HttpRequest, promotion_id: int, act: Callable[[PromotionRequest, str], str]) -> HttpResponse:
+    promotion = get_object_or_404(PromotionRequest, pk=promotion_id)
+    comment = request.POST.get("comment", "")[:COMMENT_LIMIT]
+    try:
+        # PermissionDenied (not an approver, or the requester) goes up as a 403.
+        done = act(promotion, comment)
+    except PromotionRefused as exc:
+        status = 400 if exc.field == "comment" else 409
+        error = f"{exc.field}: {exc}" if exc.field else str(exc)
+        if request.htmx:
+            fresh = get_object_or_404(
+                PromotionRequest.objects.select_related(
+                    "candidate", "deployment", "from_version", "requested_by", "evaluation__baseline"
+                ),
+                pk=promotion_id,
+            )
+            context = {"a": awaiting_decision(fresh), "error": error, "may_decide": True}
+            return render(request, "training/_notification_card.html", context, status=status)
+        return _page(request, errors={promotion_id: error}, status=status)
+    if request.htmx:
+        context = {
+            "decided": promotion_decided_get(promotion_id=promotion_id),
+            "done": done,
+            "count": promotions_awaiting_count(user=request.user),
+        }
+        return render(request, "training/_notification_decided.html", context)
+    flash.success(request, done)
+    return redirect(reverse("notifications:list"))
+
+
+def _approve(request: HttpRequest) -> Callable[[PromotionRequest, str], str]:
+    def act(promotion: PromotionRequest, comment: str) -> str:
+        release = promotion_approve(promotion=promotion, user=request.user, comment=comment)
+        return (
+            f"Approved promotion #{promotion.pk} of {release.version.name} for {release.deployment.name}: "
+            f"release {release.pk} is queued; its worker loads, smoke-tests and then switches the live version."
+        )
+
+    return act
+
+
+def _reject(request: HttpRequest) -> Callable[[PromotionRequest, str], str]:
+    def act(promotion: PromotionRequest, comment: str) -> str:
+        promotion_reject(promotion=promotion, user=request.user, comment=comment)
+        return f"Rejected promotion #{promotion.pk} of {promotion.candidate.name}; nothing changes live."
+
+    return act
+
+
+@require_POST
+@dashboard_view(APPROVE)
+def notification_approve(request: HttpRequest, promotion_id: int) -> HttpResponse:
+    return _decide(request, promotion_id, _approve(request))
+
+
+@require_POST
+@dashboard_view(APPROVE)
+def notification_reject(request: HttpRequest, promotion_id: int) -> HttpResponse:
+    return _decide(request, promotion_id, _reject(request))
