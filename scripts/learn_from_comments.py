@@ -60,6 +60,14 @@ import desk_experiment as desk  # noqa: E402  (the harness, measurement and orac
 
 OUT = ROOT / "var" / "learn-from-comments"
 ARMS = ("distill", "hinted-grpo", "oracle-sft")
+HINT_FIGURES = (
+    "zero_variance_groups",
+    "hinted_groups",
+    "hinted_groups_with_variance",
+    "hint_reward_mean",
+    "hint_weight_mean",
+    "hint_truncated_share",
+)
 ORACLE_RECIPE = "decisions-weighted-32-cf3"
 GRPO_REWARDS = {
     "oracle": "ORACLE: the support desk's tool_action grade of each sampled turn against the actions "
@@ -356,6 +364,11 @@ def arm_train(arm: str, *, comments: dict[str, Any], seed: int, options: Options
     if arm == "hinted-grpo":
         info["reward"] = f"{options.grpo_reward}: {GRPO_REWARDS[options.grpo_reward]}"
         info["reward_mean"] = [h.get("reward_mean") for h in result.history]
+        # Per step: whether the comments gave any gradient at all (a hinted group that
+        # gained variance), and how far the hinted samples were reweighed.
+        info["hint_steps"] = [
+            {k: h.get(k) for k in HINT_FIGURES if k in h} | {"step": h.get("step")} for h in result.history
+        ]
     return policy, info
 
 

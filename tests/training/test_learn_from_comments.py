@@ -84,6 +84,12 @@ def test_comments_become_a_words_only_set_and_each_arm_is_measured_against_the_b
         hinted = "candidate" if _hinted_grpo_available() else "skipped"
         assert (hinted, "hinted-grpo", seed) in kinds
     trained = [r for r in records if r["kind"] == "candidate"]
+    for r in trained:
+        if r["recipe"] == "hinted-grpo":  # each step says whether the comments gave a gradient
+            assert [s["step"] for s in r["train"]["hint_steps"]] == [1]
+            assert {"zero_variance_groups", "hinted_groups", "hinted_groups_with_variance"} <= set(
+                r["train"]["hint_steps"][0]
+            )
     assert all(r["train"]["steps_run"] == 1 and r["train"]["step_kept"] == 1 for r in trained)
     # The arms play the base's test and fresh tasks, in the same order: they pair by episode.
     base = {(r["seed"], r["split"], r["fresh_seed"]): r["measure"] for r in records if r["kind"] == "base"}
