@@ -65,7 +65,7 @@ def evaluation_slice_from_failure_cluster(*, cluster: FailureCluster, user=None)
     for item in items:
         item["split"] = TrainingSplit.HELDOUT
         item["provenance"] |= {"failure_cluster": cluster.pk, "failure_mode_run": cluster.run_id}
-    kept = f"the first {len(items)} of {total} turns" if len(items) < total else f"{total} turns"
+    kept = f"first {len(items)} of the {total} turns" if len(items) < total else f"{total} turns"
     training_set = training_set_create(
         name=evaluation_slice_name(cluster),
         items=items,
@@ -80,8 +80,8 @@ def evaluation_slice_from_failure_cluster(*, cluster: FailureCluster, user=None)
             "turns": total,
         },
         description=(
-            f"Evaluation slice of failure mode “{cluster.name}” (failure-mode run {cluster.run_id}): {kept} "
-            "its notes are about, every one held out."
+            f"Evaluation slice of failure mode “{cluster.name}” (failure-mode run {cluster.run_id}): the "
+            f"{kept} its notes criticise, every one held out."
         ),
         heldout_fraction=0.0,
         user=user,
