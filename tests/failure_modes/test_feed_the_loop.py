@@ -188,7 +188,9 @@ def test_both_buttons_open_what_they_made_and_a_second_click_makes_nothing_new(m
     assert again.status_code == 200 and again["HX-Redirect"] == f"/queues/{queue.pk}/"
     assert AnnotationQueue.objects.count() == 1
     # The card links to the queue now instead of offering a second one.
-    assert f'href="/queues/{queue.pk}/">Open its queue' in client.get("/failure-modes/").content.decode()
+    card = client.get("/failure-modes/").content.decode()
+    assert f'href="/queues/{queue.pk}/" title="Failure mode: Missing tracking link">Open its queue' in card
+    assert f'action="/failure-modes/clusters/{cluster.pk}/queue"' not in card
 
     made = client.post(f"/failure-modes/clusters/{cluster.pk}/evaluation-slice", HTTP_HX_REQUEST="true")
     built = TrainingSet.objects.get()
