@@ -316,8 +316,8 @@ def training_set_detail(request: HttpRequest, set_id: int) -> HttpResponse:
 @require_POST
 @dashboard_view(BUILD_SETS)
 def failure_cluster_slice(request: HttpRequest, cluster_id: int) -> HttpResponse:
-    """ "Make an evaluation slice" on the failure-modes page: the cluster's turns as a set of
-    held-out items, opened; a second click opens the same set."""
+    """The failure-modes page's "Make an evaluation slice" button: the cluster's turns as a
+    set of held-out items, opened; a second click opens the same set."""
     from feedback.models import FailureCluster
     from feedback.permissions import BROWSE
     from feedback.views.failure_modes import cluster_refused, go_to

@@ -127,8 +127,8 @@ def _cluster_response(request: HttpRequest, cluster: FailureCluster, status: int
 
 
 def cluster_refused(request: HttpRequest, cluster: FailureCluster, reason: str) -> HttpResponse:
-    """A cluster's button refused: the cluster again with the reason beside its buttons (an
-    htmx request), or the page with the reason on top; 400 either way for htmx."""
+    """A cluster's button refused: for htmx, the cluster again with the reason beside its
+    buttons (400); for a plain form, back to the cluster with the reason on top of the page."""
     return _cluster_response(request, cluster, status=400, action_error=reason)
 
 
@@ -140,8 +140,8 @@ def go_to(request: HttpRequest, url: str) -> HttpResponse:
 @require_POST
 @dashboard_view(BUILD_QUEUE)
 def failure_cluster_queue_view(request: HttpRequest, cluster_id: int) -> HttpResponse:
-    """ "Review in a queue": the cluster's traces as an annotation queue, opened; a second
-    click opens the same queue."""
+    """The "Review in a queue" button: the cluster's traces as an annotation queue, opened;
+    a second click opens the same queue."""
     if not request.user.has_perm(BROWSE):
         raise PermissionDenied(f"your role does not include {BROWSE}")
     cluster = get_object_or_404(FailureCluster, pk=cluster_id)
