@@ -285,3 +285,34 @@ def test_the_page_answers_a_bad_run_and_an_unknown_one(modes, client):
     client.force_login(user_with_role("operator", "olga"))
     assert client.get("/failure-modes/?run=x1").status_code == 400
     assert client.get("/failure-modes/?run=999999").status_code == 404
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_clicks_at_once_make_one_queue_and_one_slice(modes):
+    """Both requests answer with the same queue (and the same slice): the second waits for the
+    first on the cluster's row and finds what it made, instead of failing on the unique key."""
+    from concurrent.futures import ThreadPoolExecutor
+    from threading import Barrier
+
+    from django.db import connection
+
+    olga = user_with_role("operator", "olga")
+    barrier = Barrier(2)
+
+    def click(make):
+        try:
+            barrier.wait(timeout=10)
+            made, created = make()
+            return made.pk, created
+        finally:
+            connection.close()
+
+    for make in (
+        lambda: queue_from_failure_cluster(cluster=modes["tracking"], created_by=olga),
+        lambda: evaluation_slice_from_failure_cluster(cluster=modes["tracking"], user=olga),
+    ):
+        with ThreadPoolExecutor(2) as pool:
+            answers = list(pool.map(click, [make, make]))
+        assert {pk for pk, _ in answers} == {answers[0][0]}
+        assert sorted(created for _, created in answers) == [False, True]
+    assert AnnotationQueue.objects.count() == 1 and TrainingSet.objects.count() == 1
