@@ -6,7 +6,7 @@ evaluation compares a candidate and the live version on (`items_from_training_se
 set is chosen, with no other step, on the evaluation form and as a learning policy's
 `eval_training_set`, and its win rate and judge reward are the signals a promotion's
 regression check reads. It has no training items, so no job trains on it: the mistake it
-holds stays a test the model never saw (docs/decisions/0028-failure-modes-feed-the-loop.md).
+holds stays a test the model never saw (docs/decisions/0029-failure-modes-feed-the-loop.md).
 """
 
 from __future__ import annotations

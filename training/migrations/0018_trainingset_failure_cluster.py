@@ -8,27 +8,29 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
     dependencies = [
         ("feedback", "0016_work_item_worker"),
+        ("serving", "0001_initial"),
+        ("training", "0017_work_attempts"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AddField(
-            model_name="annotationqueue",
+            model_name="trainingset",
             name="failure_cluster",
             field=models.ForeignKey(
                 blank=True,
                 null=True,
                 on_delete=django.db.models.deletion.SET_NULL,
-                related_name="queues",
+                related_name="+",
                 to="feedback.failurecluster",
             ),
         ),
         migrations.AddConstraint(
-            model_name="annotationqueue",
+            model_name="trainingset",
             constraint=models.UniqueConstraint(
                 condition=models.Q(("failure_cluster__isnull", False)),
                 fields=("failure_cluster",),
-                name="annotationqueue_one_per_failure_cluster",
+                name="trainingset_one_slice_per_failure_cluster",
             ),
         ),
     ]

@@ -7,30 +7,28 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("feedback", "0016_work_item_worker"),
-        ("serving", "0001_initial"),
-        ("training", "0016_release_statuses"),
+        ("feedback", "0017_work_attempts"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AddField(
-            model_name="trainingset",
+            model_name="annotationqueue",
             name="failure_cluster",
             field=models.ForeignKey(
                 blank=True,
                 null=True,
                 on_delete=django.db.models.deletion.SET_NULL,
-                related_name="+",
+                related_name="queues",
                 to="feedback.failurecluster",
             ),
         ),
         migrations.AddConstraint(
-            model_name="trainingset",
+            model_name="annotationqueue",
             constraint=models.UniqueConstraint(
                 condition=models.Q(("failure_cluster__isnull", False)),
                 fields=("failure_cluster",),
-                name="trainingset_one_slice_per_failure_cluster",
+                name="annotationqueue_one_per_failure_cluster",
             ),
         ),
     ]
