@@ -1,6 +1,6 @@
 from django.urls import path
 
-from feedback import apis, apis_judge, apis_otlp, apis_review
+from feedback import apis, apis_failure_modes, apis_judge, apis_otlp, apis_review
 
 urlpatterns = [
     path("traces", apis.TraceIngestApi.as_view(), name="api-trace-ingest"),
@@ -20,4 +20,12 @@ urlpatterns += [
 urlpatterns += [
     path("judge/agreement", apis_judge.JudgeAgreementApi.as_view(), name="api-judge-agreement"),
     path("traces/<int:trace_id>/judgements", apis_judge.TraceJudgementsApi.as_view(), name="api-trace-judgements"),
+]
+urlpatterns += [
+    # The id is read by `parse_id`, so what is no id is a 400 naming it rather than a 404.
+    path(
+        "failure-modes/clusters/<str:cluster_id>/queue",
+        apis_failure_modes.FailureClusterQueueApi.as_view(),
+        name="api-failure-cluster-queue",
+    ),
 ]

@@ -51,4 +51,9 @@ urlpatterns += [
         failure_modes.failure_cluster_dismiss_view,
         name="failure-cluster-dismiss",
     ),
+    path(
+        "failure-modes/clusters/<int:cluster_id>/queue",
+        failure_modes.failure_cluster_queue_view,
+        name="failure-cluster-queue",
+    ),
 ]

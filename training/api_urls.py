@@ -30,6 +30,12 @@ urlpatterns = [
         apis_sets.TrainingSetItemsParquetApi.as_view(),
         name="api-training-set-items-parquet",
     ),
+    # Beside the failure modes' queue API (`feedback.api_urls`): a cluster's evaluation slice.
+    path(
+        "failure-modes/clusters/<str:cluster_id>/evaluation-slice",
+        apis_sets.FailureClusterSliceApi.as_view(),
+        name="api-failure-cluster-slice",
+    ),
     path("learning-policies/", policy_apis.LearningPoliciesApi.as_view(), name="api-learning-policies"),
     path(
         "learning-policies/<int:policy_id>/",

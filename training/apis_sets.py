@@ -36,6 +36,7 @@ ITEM_FIELDS = ("split", *sorted(STORED_ITEM_FIELDS - {"trace_id", "message_id"})
 
 
 def set_as_dict(s: TrainingSet) -> dict[str, Any]:
+    """A set's fields (`failure_cluster`: the failure mode an evaluation slice was made from)."""
     return {
         "id": s.pk,
         "name": s.name,
@@ -47,6 +48,7 @@ def set_as_dict(s: TrainingSet) -> dict[str, Any]:
         "item_count": s.item_count,
         "train_count": s.train_count,
         "heldout_count": s.heldout_count,
+        "failure_cluster": s.failure_cluster_id,
         "created_by": s.created_by.username if s.created_by_id else None,
         "created_at": s.created_at.isoformat(),
     }
@@ -214,3 +216,34 @@ def _rows(items, kind: str) -> Iterator[dict[str, Any]]:
 def _lines(items, kind: str) -> Iterator[bytes]:
     for row in _rows(items, kind):
         yield orjson.dumps(row) + b"\n"
+
+
+class FailureClusterSliceApi(PersonApi):
+    """POST: a failure mode's evaluation slice — the turns its notes are about, every one held
+    out — (201), or the slice already made for it (200, `"created": false`). The page's
+    permissions: seeing failure modes and building training sets."""
+
+    permission_classes = [IsAuthenticated, needs("feedback.view_trace"), needs(BUILD_SETS)]
+
+    @extend_schema(
+        request=None,
+        responses={
+            201: OpenApiResponse(description="{'created': true, 'training_set', 'failure_mode'}"),
+            200: OpenApiResponse(description="the failure mode's slice, already made"),
+        },
+    )
+    def post(self, request, cluster_id: str):
+        from feedback.apis_failure_modes import cluster_as_dict, failure_cluster_for
+        from training.services.evaluation_slices import evaluation_slice_from_failure_cluster
+
+        cluster = failure_cluster_for(cluster_id)
+        if isinstance(cluster, Response):
+            return cluster
+        try:
+            built, created = evaluation_slice_from_failure_cluster(cluster=cluster, user=request.user)
+        except TrainingSetError as exc:
+            field, reason = exc.errors[0]
+            return error_response(400, field, reason)
+        built = TrainingSet.objects.select_related("deployment", "created_by").get(pk=built.pk)
+        body = {"created": created, "training_set": set_as_dict(built), "failure_mode": cluster_as_dict(cluster)}
+        return Response(body, status=201 if created else 200)

@@ -24,6 +24,11 @@ class TrainingSet(models.Model):
     # How the set was selected (the dashboard's filters or a saved queue), to rebuild it.
     selection = models.JSONField(default=dict, blank=True)
     heldout_fraction = models.FloatField(default=0.2)
+    # An evaluation slice made from a failure mode (every item held out): at most one per
+    # cluster. `selection` keeps the cluster's name and run for when a later run replaces it.
+    failure_cluster = models.ForeignKey(
+        "feedback.FailureCluster", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     item_count = models.PositiveIntegerField(default=0)
     train_count = models.PositiveIntegerField(default=0)
     heldout_count = models.PositiveIntegerField(default=0)
@@ -38,6 +43,11 @@ class TrainingSet(models.Model):
             models.UniqueConstraint(fields=["name", "version"], name="trainingset_name_version_unique"),
             models.CheckConstraint(
                 condition=models.Q(heldout_fraction__gte=0, heldout_fraction__lt=1), name="trainingset_heldout_range"
+            ),
+            models.UniqueConstraint(
+                fields=["failure_cluster"],
+                condition=models.Q(failure_cluster__isnull=False),
+                name="trainingset_one_slice_per_failure_cluster",
             ),
         ]
 

@@ -10,6 +10,7 @@ from django.db.models import QuerySet
 from training.models import (
     PHASE_LABELS,
     JobEventKind,
+    TrainingItem,
     TrainingJob,
     TrainingJobEvent,
     TrainingSet,
@@ -207,3 +208,28 @@ def versions_to_train_from() -> QuerySet[ModelVersion]:
 
 def training_sets() -> QuerySet[TrainingSet]:
     return TrainingSet.objects.all()[:100]
+
+
+def training_set_get(*, set_id: int) -> TrainingSet | None:
+    return (
+        TrainingSet.objects.select_related("deployment", "created_by", "failure_cluster", "failure_cluster__run")
+        .filter(pk=set_id)
+        .first()
+    )
+
+
+def training_set_items(*, training_set: TrainingSet, limit: int = 200) -> list[TrainingItem]:
+    """The set's first items, each with `preview`: the text of the last message before its
+    turn (what the turn answers)."""
+    items = list(
+        TrainingItem.objects.filter(training_set=training_set)
+        .only("id", "key", "split", "kind", "trace_id", "messages", "feedback", "rubric", "reward", "grader")
+        .order_by("id")[:limit]
+    )
+    for item in items:
+        last = item.messages[-1] if isinstance(item.messages, list) and item.messages else {}
+        content = last.get("content") if isinstance(last, dict) else None
+        if isinstance(content, list):  # content parts: their text
+            content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        item.preview = content if isinstance(content, str) else ""
+    return items

@@ -10,6 +10,12 @@ urlpatterns = [
     path("training/jobs/<int:job_id>/cancel", views.job_cancel, name="job-cancel"),
     path("training/sets/", views.training_set_build, name="set-build"),
     path("training/sets/episodes", views.training_set_build_episodes, name="set-build-episodes"),
+    path("training/sets/<int:set_id>/", views.training_set_detail, name="set-detail"),
+    path(
+        "failure-modes/clusters/<int:cluster_id>/evaluation-slice",
+        views.failure_cluster_slice,
+        name="failure-cluster-slice",
+    ),
     path("training/policies/", policy_views.policy_list, name="policy-list"),
     path("training/policies/<int:policy_id>/", policy_views.policy_detail, name="policy-detail"),
 ]

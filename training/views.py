@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 
+from django.contrib import messages as flash
 from django.contrib.auth.decorators import login_required, permission_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import redirect, render
+from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_POST
 
+from feedback.views.common import dashboard_view
 from training import selectors
 from training.charts import line_chart
 from training.models import JobKind, TrainingSet
@@ -290,3 +292,47 @@ def _queues():
     from feedback.models import AnnotationQueue
 
     return AnnotationQueue.objects.only("id", "name", "item_count")[:100]
+
+
+VIEW_SETS = "training.view_trainingset"
+BUILD_SETS = "training.add_trainingset"
+
+
+@dashboard_view(VIEW_SETS)
+def training_set_detail(request: HttpRequest, set_id: int) -> HttpResponse:
+    """A training set: what it was built from (a failure mode links back to its cluster),
+    its counts and its first items, and where to use it."""
+    training_set = selectors.training_set_get(set_id=set_id)
+    if training_set is None:
+        raise Http404("no such training set")
+    context = {
+        "set": training_set,
+        "items": selectors.training_set_items(training_set=training_set),
+        "is_slice": training_set.selection.get("kind") == "failure_mode",
+    }
+    return render(request, "training/set_detail.html", context)
+
+
+@require_POST
+@dashboard_view(BUILD_SETS)
+def failure_cluster_slice(request: HttpRequest, cluster_id: int) -> HttpResponse:
+    """The failure-modes page's "Make an evaluation slice" button: the cluster's turns as a
+    set of held-out items, opened; a second click opens the same set."""
+    from feedback.models import FailureCluster
+    from feedback.permissions import BROWSE
+    from feedback.views.failure_modes import cluster_refused, go_to
+    from training.services.evaluation_slices import evaluation_slice_from_failure_cluster
+    from training.services.training_sets import TrainingSetError
+
+    if not request.user.has_perm(BROWSE):
+        raise PermissionDenied(f"your role does not include {BROWSE}")
+    cluster = get_object_or_404(FailureCluster, pk=cluster_id)
+    try:
+        built, created = evaluation_slice_from_failure_cluster(cluster=cluster, user=request.user)
+    except TrainingSetError as exc:
+        return cluster_refused(request, cluster, exc.errors[0][1])
+    if created:
+        flash.success(request, f"Evaluation slice {built} holds {built.heldout_count} held-out turns.")
+    else:
+        flash.info(request, f"This failure mode's evaluation slice is {built}: here it is.")
+    return go_to(request, reverse("training:set-detail", kwargs={"set_id": built.pk}))

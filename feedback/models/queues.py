@@ -18,12 +18,25 @@ class AnnotationQueue(models.Model):
     filters = models.JSONField(default=dict, blank=True)
     lock_minutes = models.PositiveSmallIntegerField(default=10)
     item_count = models.PositiveIntegerField(default=0)
+    # The failure mode it was built from ("Review in a queue" on the failure-modes page): at
+    # most one queue per cluster, so a second click opens the first one. A later run that
+    # replaces the cluster leaves the queue, and its description says what it came from.
+    failure_cluster = models.ForeignKey(
+        "feedback.FailureCluster", null=True, blank=True, on_delete=models.SET_NULL, related_name="queues"
+    )
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         ordering = ["-created_at", "-id"]
         permissions = [("work_annotationqueue", "Can work through annotation queues")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["failure_cluster"],
+                condition=models.Q(failure_cluster__isnull=False),
+                name="annotationqueue_one_per_failure_cluster",
+            )
+        ]
 
     def __str__(self) -> str:
         return self.name

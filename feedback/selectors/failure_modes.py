@@ -5,11 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 
-from django.db.models import Count
+from django.db.models import Count, Prefetch, Q
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
-from feedback.models import FailureCluster, FailureModeRun, TraceFlag
+from feedback.models import (
+    AnnotationQueue,
+    FailureCluster,
+    FailureClusterMember,
+    FailureModeRun,
+    Message,
+    MessageRole,
+    Trace,
+    TraceFlag,
+)
 from training.serving.models import Deployment
 from webapp.work import WorkStatus
 
@@ -63,4 +72,35 @@ def latest_finished_run(*, deployment: Deployment | None = None) -> FailureModeR
 
 
 def run_clusters(*, run: FailureModeRun) -> list[FailureCluster]:
-    return list(FailureCluster.objects.filter(run=run).select_related("dismissed_by").order_by("rank"))
+    """The run's clusters, each with the queue made from it (`queue`, or None)."""
+    clusters = list(
+        FailureCluster.objects.filter(run=run)
+        .select_related("dismissed_by")
+        .prefetch_related(Prefetch("queues", queryset=AnnotationQueue.objects.only("id", "name", "failure_cluster")))
+        .order_by("rank")
+    )
+    for c in clusters:
+        c.queue = next(iter(c.queues.all()), None)
+    return clusters
+
+
+def failure_cluster_get(*, cluster_id: int) -> FailureCluster | None:
+    return FailureCluster.objects.select_related("run", "run__deployment").filter(pk=cluster_id).first()
+
+
+def failure_cluster_trace_ids(*, cluster: FailureCluster) -> list[int]:
+    """The traces the cluster's notes are on that are still stored, newest first (the trace
+    list's order)."""
+    members = FailureClusterMember.objects.filter(cluster=cluster).values("trace_id")
+    return list(Trace.objects.filter(pk__in=members).order_by("-started_at", "-id").values_list("pk", flat=True))
+
+
+def failure_cluster_turn_ids(*, cluster: FailureCluster) -> list[int]:
+    """The assistant turns the cluster's notes are about: the message each comment is on and
+    each failing judgement judged. A note on a user's or a tool's message names no answer to
+    replay, and a note whose comment was deleted since names nothing."""
+    members = FailureClusterMember.objects.filter(cluster=cluster)
+    comments = members.exclude(comment=None).values("comment__message_id")
+    judged = members.exclude(judge_result=None).values("judge_result__message_id")
+    turns = Message.objects.filter(role=MessageRole.ASSISTANT).filter(Q(pk__in=comments) | Q(pk__in=judged))
+    return list(turns.order_by("trace_id", "position").values_list("pk", flat=True))

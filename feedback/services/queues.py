@@ -13,7 +13,7 @@ from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from feedback.models import AnnotationQueue, QueueItem, QueueItemStatus, QueueSkip, Trace
+from feedback.models import AnnotationQueue, FailureCluster, QueueItem, QueueItemStatus, QueueSkip, Trace
 from feedback.services.chat_format import FieldError
 
 MAX_QUEUE_ITEMS = 5_000
@@ -33,6 +33,7 @@ def queue_create(
     limit: int = 100,
     lock_minutes: int = 10,
     description: str = "",
+    failure_cluster: FailureCluster | None = None,
 ) -> AnnotationQueue:
     """A queue of (at most `limit`) traces, in the order of the filtered list."""
     name = (name or "").strip()
@@ -53,12 +54,55 @@ def queue_create(
         filters=filters,
         lock_minutes=lock_minutes,
         item_count=len(ids),
+        failure_cluster=failure_cluster,
         created_by=created_by,
     )
     QueueItem.objects.bulk_create(
         [QueueItem(queue=queue, trace_id=trace_id, position=i) for i, trace_id in enumerate(ids)], batch_size=1000
     )
     return queue
+
+
+@transaction.atomic
+def queue_from_failure_cluster(*, cluster: FailureCluster, created_by) -> tuple[AnnotationQueue, bool]:
+    """A queue of the traces a failure mode's notes are on ("Review in a queue"), newest
+    first, named after the failure mode; `(queue, True)`. A cluster has one queue: asked
+    again, it returns the one already made, as it stands (`(queue, False)`)."""
+    from feedback.selectors.failure_modes import failure_cluster_trace_ids
+
+    # Two clicks at once wait for each other here, so the second finds the first's queue.
+    cluster = FailureCluster.objects.select_for_update(of=("self",)).select_related("run").get(pk=cluster.pk)
+    existing = AnnotationQueue.objects.filter(failure_cluster=cluster).first()
+    if existing is not None:
+        return existing, False
+    if cluster.dismissed_at is not None:
+        raise FieldError("cluster", "this failure mode was dismissed as not a failure mode")
+    trace_ids = failure_cluster_trace_ids(cluster=cluster)
+    if not trace_ids:
+        raise FieldError("cluster", "none of this failure mode's traces is stored any more")
+    kept = min(len(trace_ids), MAX_QUEUE_ITEMS)
+    description = (
+        f"The traces of failure mode “{cluster.name}” (failure-mode run {cluster.run_id}, flag {cluster.flag_name})"
+        + (f": the newest {kept} of {len(trace_ids)}." if kept < len(trace_ids) else ".")
+    )
+    queue = queue_create(
+        name=_free_queue_name(f"Failure mode: {cluster.name}", run_id=cluster.run_id),
+        traces=Trace.objects.filter(pk__in=trace_ids).order_by("-started_at", "-id"),
+        filters={},
+        created_by=created_by,
+        limit=kept,
+        description=description,
+        failure_cluster=cluster,
+    )
+    return queue, True
+
+
+def _free_queue_name(base: str, *, run_id: int) -> str:
+    """`base`, or, when a queue already has that name (an earlier run's failure mode of the
+    same name), `base (run N)`, then `base (run N, 2)`…"""
+    taken = set(AnnotationQueue.objects.filter(name__startswith=base).values_list("name", flat=True))
+    candidates = [base, f"{base} (run {run_id})", *(f"{base} (run {run_id}, {n})" for n in range(2, len(taken) + 3))]
+    return next(c for c in candidates if c not in taken)
 
 
 def _free(now: datetime) -> Q:

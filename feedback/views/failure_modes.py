@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import messages as flash
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_POST
+from django_htmx.http import HttpResponseClientRedirect
 
-from feedback.models import FailureCluster
-from feedback.permissions import BROWSE
+from feedback.models import FailureCluster, FailureModeRun
+from feedback.permissions import BROWSE, BUILD_QUEUE
 from feedback.selectors.failure_modes import failure_mode_runs, flag_counts_by_day, latest_finished_run, run_clusters
 from feedback.services.chat_format import FieldError
 from feedback.services.failure_modes import (
@@ -19,10 +22,15 @@ from feedback.services.failure_modes import (
     failure_cluster_rename,
     failure_mode_run_create,
 )
+from feedback.services.queues import queue_from_failure_cluster
 from feedback.views.common import dashboard_view
 from training.serving.models import Deployment
+from webapp.ids import parse_id
 
 START_RUN = "feedback.add_failuremoderun"
+# "Make an evaluation slice" builds a training set: the training sets' permission, by name,
+# since the slice's view lives with the training sets (feedback imports no training app).
+BUILD_SET = "training.add_trainingset"
 DAYS = 14
 
 
@@ -42,22 +50,43 @@ def _runs_context() -> dict:
     return {"runs": runs, "any_active": any(r.is_active for r in runs)}
 
 
+def cluster_actions(user) -> dict[str, bool]:
+    """Which of a cluster's buttons the person may use."""
+    return {
+        "can_run": user.has_perm(START_RUN),
+        "can_queue": user.has_perm(BUILD_QUEUE),
+        "can_slice": user.has_perm(BUILD_SET),
+    }
+
+
 @dashboard_view(BROWSE)
 def failure_modes(request: HttpRequest) -> HttpResponse:
+    """The latest finished run's clusters, or those of `?run=<id>` (where a queue's or an
+    evaluation slice's "from failure mode" link points)."""
     if request.htmx and request.GET.get("part") == "runs":
         return render(request, "feedback/failure_modes.html#runs", _runs_context())
-    days, series = flag_counts_by_day(days=DAYS)
+    status = 200
     latest = latest_finished_run()
+    shown = latest
+    if request.GET.get("run"):
+        run_id = parse_id(request.GET["run"])
+        if run_id is None:
+            flash.error(request, "run: a failure-mode run's id (a whole number)")
+            status = 400
+        else:
+            shown = get_object_or_404(FailureModeRun.objects.select_related("deployment"), pk=run_id)
+    days, series = flag_counts_by_day(days=DAYS)
     context = {
         "form": RunForm(),
-        "can_run": request.user.has_perm(START_RUN),
+        **cluster_actions(request.user),
         "days": days,
         "series": series,
-        "latest": latest,
-        "clusters": run_clusters(run=latest) if latest else [],
+        "latest": shown,
+        "is_latest": latest is not None and shown is not None and shown.pk == latest.pk,
+        "clusters": run_clusters(run=shown) if shown else [],
         **_runs_context(),
     }
-    return render(request, "feedback/failure_modes.html", context)
+    return render(request, "feedback/failure_modes.html", context, status=status)
 
 
 @require_POST
@@ -87,11 +116,44 @@ def failure_mode_run_create_view(request: HttpRequest) -> HttpResponse:
 
 def _cluster_response(request: HttpRequest, cluster: FailureCluster, status: int = 200, **extra) -> HttpResponse:
     if request.htmx:
-        context = {"c": cluster, "can_run": True, **extra}
+        cluster.queue = cluster.queues.first()
+        context = {"c": cluster, **cluster_actions(request.user), **extra}
         return render(request, "feedback/failure_modes.html#cluster", context, status=status)
     if extra.get("rename_error"):
         flash.error(request, f"name: {extra['rename_error']}")
-    return redirect("feedback:failure-modes")
+    if extra.get("action_error"):
+        flash.error(request, extra["action_error"])
+    return redirect(f"{reverse('feedback:failure-modes')}?run={cluster.run_id}#cluster-{cluster.pk}")
+
+
+def cluster_refused(request: HttpRequest, cluster: FailureCluster, reason: str) -> HttpResponse:
+    """A cluster's button refused: for htmx, the cluster again with the reason beside its
+    buttons (400); for a plain form, back to the cluster with the reason on top of the page."""
+    return _cluster_response(request, cluster, status=400, action_error=reason)
+
+
+def go_to(request: HttpRequest, url: str) -> HttpResponse:
+    """Open `url`: htmx follows it as a whole page, a plain form post by a redirect."""
+    return HttpResponseClientRedirect(url) if request.htmx else redirect(url)
+
+
+@require_POST
+@dashboard_view(BUILD_QUEUE)
+def failure_cluster_queue_view(request: HttpRequest, cluster_id: int) -> HttpResponse:
+    """The "Review in a queue" button: the cluster's traces as an annotation queue, opened;
+    a second click opens the same queue."""
+    if not request.user.has_perm(BROWSE):
+        raise PermissionDenied(f"your role does not include {BROWSE}")
+    cluster = get_object_or_404(FailureCluster, pk=cluster_id)
+    try:
+        queue, created = queue_from_failure_cluster(cluster=cluster, created_by=request.user)
+    except FieldError as exc:
+        return cluster_refused(request, cluster, exc.reason)
+    if created:
+        flash.success(request, f"Queue “{queue.name}” holds the failure mode's {queue.item_count} traces.")
+    else:
+        flash.info(request, f"This failure mode is already in queue “{queue.name}”: here it is.")
+    return go_to(request, reverse("feedback:queue-detail", kwargs={"queue_id": queue.pk}))
 
 
 @require_POST

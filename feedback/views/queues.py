@@ -54,7 +54,7 @@ def queue_create_view(request: HttpRequest) -> HttpResponse:
 
 @dashboard_view("feedback.view_annotationqueue")
 def queue_detail(request: HttpRequest, queue_id: int) -> HttpResponse:
-    queue = get_object_or_404(AnnotationQueue.objects.select_related("created_by"), pk=queue_id)
+    queue = get_object_or_404(AnnotationQueue.objects.select_related("created_by", "failure_cluster"), pk=queue_id)
     done, reviewers = queue_progress(queue)
     context = {
         "queue": queue,

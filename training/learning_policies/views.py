@@ -24,6 +24,7 @@ from training.learning_policies.services import (
 )
 from training.models import JobKind, TrainingSet
 from training.serving.models import Deployment
+from webapp.ids import parse_id
 
 INTS = ("min_new_turns", "min_interval_minutes", "eval_environment_tasks")
 FLOATS = ("heldout_fraction", "min_win_rate", "min_win_rate_ci_low")
@@ -102,6 +103,9 @@ NEW_FORM = {
 @permission_required("training.view_learningpolicy", raise_exception=True)
 def policy_list(request: HttpRequest) -> HttpResponse:
     form, errors = dict(NEW_FORM), []
+    if request.method == "GET" and parse_id(request.GET.get("eval_training_set")) is not None:
+        # An evaluation slice's page links here with itself as the set to evaluate on.
+        form["eval_training_set"] = parse_id(request.GET["eval_training_set"])
     if request.method == "POST":
         if not request.user.has_perm("training.add_learningpolicy"):
             raise PermissionDenied("setting up learning policies needs the operator or admin role")

@@ -20,7 +20,9 @@ from training.serving.models import Deployment, LiveVersion, ModelVersion, Model
 
 def evaluation_get(*, evaluation_id: int) -> Evaluation | None:
     return (
-        Evaluation.objects.select_related("candidate__base_model", "baseline", "deployment", "created_by")
+        Evaluation.objects.select_related(
+            "candidate__base_model", "baseline", "deployment", "created_by", "training_set"
+        )
         .filter(pk=evaluation_id)
         .first()
     )

@@ -183,13 +183,25 @@ def job_signals(candidate: ModelVersion) -> list[Signal]:
     return signals
 
 
+def _items_of(evaluation: Evaluation) -> str:
+    """Which held-out items the evaluation's figures are on, in words: the approver reads a
+    failure mode's evaluation slice there as the regression test it is."""
+    training_set = evaluation.training_set if evaluation.training_set_id else None
+    if training_set is None:
+        return ""
+    selection = training_set.selection or {}
+    if selection.get("kind") == "failure_mode":
+        return f" on {training_set}, the evaluation slice of failure mode “{selection.get('failure_mode', '')}”"
+    return f" on {training_set}"
+
+
 def evaluation_signals(evaluation: Evaluation | None) -> list[Signal]:
     if evaluation is None or evaluation.status != WorkStatus.FINISHED:
         return []
     summary = evaluation.summary or {}
     cand, live = summary.get("candidate") or {}, summary.get("baseline") or {}
     comparison = summary.get("comparison") or {}
-    source = f"evaluation {evaluation.pk}"
+    source = f"evaluation {evaluation.pk}{_items_of(evaluation)}"
     signals = []
     if comparison.get("win_rate") is not None:
         signals.append(
