@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.configs import small
-from tests.fixtures.worker import _database_url
-from tests.training.test_jobs_worker import _job, _start_worker, _stop, _wait
+from tests.fixtures.worker import _database_url, process_group_stop, wait_for
+from tests.training.test_jobs_worker import _job, _start_worker
 from training.models import JobEventKind
 from training.services.job_processes import processes_failure
 from training.services.job_runner import training_job_run
@@ -297,23 +297,23 @@ def test_the_worker_cancels_every_process_and_fails_a_job_whose_process_died(bas
     worker = _start_worker(tmp_path, "parallel")
     try:
         job = training_job_create(kind="grpo", config=config, base_version=base_version, training_set=task_set)
-        _wait(lambda: _job(job.pk).step >= 2, 240, "two steps of the two-process job", tmp_path)
+        wait_for(lambda: _job(job.pk).step >= 2, 240, "two steps of the two-process job", tmp_path)
         assert set(_rank_pids(job.pk)) == {0, 1}
         training_job_cancel(job=_job(job.pk))
-        _wait(lambda: _job(job.pk).status == WorkStatus.CANCELLED, 60, "the cancel", tmp_path)
+        wait_for(lambda: _job(job.pk).status == WorkStatus.CANCELLED, 60, "the cancel", tmp_path)
         cancelled = _job(job.pk)
         assert cancelled.checkpoint_step == cancelled.step < 500 and cancelled.result_version is None
-        _wait(lambda: not _rank_pids(job.pk), 30, "both processes to exit", tmp_path)
+        wait_for(lambda: not _rank_pids(job.pk), 30, "both processes to exit", tmp_path)
 
         doomed = training_job_create(kind="grpo", config=config, base_version=base_version, training_set=task_set)
-        _wait(lambda: _job(doomed.pk).step >= 2, 240, "two steps of the second job", tmp_path)
+        wait_for(lambda: _job(doomed.pk).step >= 2, 240, "two steps of the second job", tmp_path)
         os.kill(_rank_pids(doomed.pk)[1], signal.SIGKILL)
         killed = time.monotonic()
-        _wait(lambda: _job(doomed.pk).status == WorkStatus.FAILED, 60, "the job to fail", tmp_path)
+        wait_for(lambda: _job(doomed.pk).status == WorkStatus.FAILED, 60, "the job to fail", tmp_path)
         failed_after = time.monotonic() - killed
-        _wait(lambda: not _rank_pids(doomed.pk), 30, "rank 0 to exit", tmp_path)
+        wait_for(lambda: not _rank_pids(doomed.pk), 30, "rank 0 to exit", tmp_path)
     finally:
-        _stop(worker)
+        process_group_stop(worker)
     failed = _job(doomed.pk)
     assert "training process rank 1 of 2 failed" in failed.error and "SIGKILL" in failed.error, failed.error
     assert failed_after < 60 and failed.step < 500

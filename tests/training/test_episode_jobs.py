@@ -117,7 +117,8 @@ def test_a_celery_worker_runs_an_episode_job(tiny_model_dir, tmp_path):
     import subprocess
     import sys
 
-    from tests.training.test_jobs_worker import ROOT, _start_worker, _stop, _wait, _worker_env
+    from tests.fixtures.worker import process_group_stop, wait_for
+    from tests.training.test_jobs_worker import ROOT, _start_worker, _worker_env
 
     subprocess.run(
         [sys.executable, "-m", "celery", "-A", "webapp", "purge", "-f", "-Q", "training,default"],
@@ -134,11 +135,11 @@ def test_a_celery_worker_runs_an_episode_job(tiny_model_dir, tmp_path):
     worker = _start_worker(tmp_path, "episodes")
     try:
         job = training_job_create(kind="episodes", config=FAST, base_version=version, training_set=None)
-        _wait(
+        wait_for(
             lambda: TrainingJob.objects.get(pk=job.pk).status == WorkStatus.FINISHED, 240, "the episode job", tmp_path
         )
     finally:
-        _stop(worker)
+        process_group_stop(worker)
     job = TrainingJob.objects.get(pk=job.pk)
     assert job.step == 2 and job.result_version is not None
     assert Trace.objects.filter(deployment=deployment, source=TraceSource.ORCHESTRATOR).count() == 12
