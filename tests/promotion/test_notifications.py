@@ -192,3 +192,23 @@ def test_the_page_reads_the_same_queries_however_many_requests_wait(client, regi
         html = client.get(PAGE).content.decode()
     assert html.count('class="panel notification"') == 4
     assert len(four) == len(one), [q["sql"] for q in four.captured_queries]
+
+
+def test_a_comment_with_a_nul_character_is_a_400_naming_comment_and_nothing_changes(
+    client, registry, two_requests, approver
+):
+    # PostgreSQL text cannot hold NUL; a pasted or crafted one is bad input, not a 500.
+    by_policy, by_omar = two_requests
+    client.force_login(approver)
+    approve = client.post(approve_url(by_policy), {"comment": "fine\x00"}, headers={"HX-Request": "true"})
+    assert approve.status_code == 400 and b"comment: contains a NUL character" in approve.content
+    reject = client.post(reject_url(by_omar), {"comment": "no\x00"})
+    assert reject.status_code == 400 and b"comment: contains a NUL character" in reject.content
+    # The request's own page calls the same service: a message, never a 500.
+    assert client.post(f"/promotions/{by_omar.pk}/reject", {"comment": "no\x00"}).status_code == 302
+    assert set(PromotionRequest.objects.values_list("status", flat=True)) == {PromotionStatus.PENDING}
+    assert (
+        not Release.objects.exists()
+        and not AuditEvent.objects.filter(promotion=by_policy).exclude(action=AuditAction.PROMOTION_REQUESTED).exists()
+    )
+
