@@ -212,3 +212,23 @@ def test_a_comment_with_a_nul_character_is_a_400_naming_comment_and_nothing_chan
         and not AuditEvent.objects.filter(promotion=by_policy).exclude(action=AuditAction.PROMOTION_REQUESTED).exists()
     )
 
+
+def test_deciding_a_request_already_decided_says_so_and_offers_no_buttons(client, registry, two_requests, approver):
+    """A double click, or a second approver a moment late: a 409 that says the request is
+    already decided, without the page's JavaScript as with it, and no buttons to press again."""
+    by_policy, _ = two_requests
+    client.force_login(approver)
+    assert client.post(approve_url(by_policy), {"comment": "ok"}).status_code == 302
+    again = client.post(approve_url(by_policy), {"comment": "ok"})
+    assert again.status_code == 409
+    html = again.content.decode()
+    assert f"Promotion #{by_policy.pk}: status: request {by_policy.pk} is approved" in html and 'role="alert"' in html
+    late = client.post(reject_url(by_policy), {"comment": "too late"}, headers={"HX-Request": "true"})
+    assert late.status_code == 409
+    card = late.content.decode()
+    assert f'id="promotion-{by_policy.pk}"' in card and "is approved" in card
+    assert "Approve and deploy" not in card and f'hx-post="{reject_url(by_policy)}"' not in card
+    # The nav's count follows: the request waits for nobody now.
+    assert 'id="inbox-count"' in card and 'hx-swap-oob="true"' in card and ">1</span>" in card
+    by_policy.refresh_from_db()
+    assert by_policy.status == PromotionStatus.APPROVED and Release.objects.filter(promotion=by_policy).count() == 1
