@@ -230,3 +230,11 @@ def test_a_version_not_trained_here_says_so_and_items_without_provenance_count_n
     story_now = deployment_story(deployment=story["deployment"])
     assert [(v.version.name, v.learned) for v in story_now.versions] == [("smol", None)]
     assert _learned([training_set.pk])[training_set.pk]["comments"] == 0
+
+
+def test_a_name_no_deployment_can_have_is_a_404_never_a_500(client, story):
+    # Deployment names are slugs; a NUL (which PostgreSQL text cannot hold) or markup is none.
+    client.force_login(user_with_role("operator"))
+    for name in ("a%00b", "%3Cscript%3E", "support-bot%20"):
+        assert client.get(f"/overview/{name}/story/").status_code == 404
+
