@@ -232,3 +232,60 @@ def test_deciding_a_request_already_decided_says_so_and_offers_no_buttons(client
     assert 'id="inbox-count"' in card and 'hx-swap-oob="true"' in card and ">1</span>" in card
     by_policy.refresh_from_db()
     assert by_policy.status == PromotionStatus.APPROVED and Release.objects.filter(promotion=by_policy).count() == 1
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_two_approvers_deciding_at_once_one_approves_or_rejects_and_the_other_is_told(
+    client, registry, operator, approver, second_approver, monkeypatch
+):
+    """Approve and reject pressed at the same moment by two approvers: the request row is
+    locked while one decides, so the other reads the decision and gets a 409; never both, and
+    never a release for a rejected request. The lock is held a moment longer here so that the
+    two really overlap."""
+    import threading
+    import time
+
+    from django.db import connections
+    from django.test import Client
+
+    import training.services.promotion as promotion_service
+
+    promotion = request_for(registry, registry.candidate, operator)
+    locked = promotion_service._locked
+
+    def slow_locked(p):
+        row = locked(p)
+        time.sleep(0.5)
+        return row
+
+    monkeypatch.setattr(promotion_service, "_locked", slow_locked)
+    barrier, results = threading.Barrier(2), {}
+
+    def decide(user, url, comment):
+        try:
+            c = Client()
+            c.force_login(user)
+            barrier.wait()
+            results[user.username] = c.post(url, {"comment": comment}, headers={"HX-Request": "true"}).status_code
+        finally:
+            connections.close_all()
+
+    threads = [
+        threading.Thread(target=decide, args=(approver, approve_url(promotion), "ship it")),
+        threading.Thread(target=decide, args=(second_approver, reject_url(promotion), "not yet")),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(results.values()) == [200, 409], results
+    promotion.refresh_from_db()
+    winner = "arno" if results["arno"] == 200 else "bea"
+    assert promotion.decided_by.username == winner
+    assert promotion.status == (PromotionStatus.APPROVED if winner == "arno" else PromotionStatus.REJECTED)
+    assert Release.objects.filter(promotion=promotion).count() == (1 if winner == "arno" else 0)
+    decisions = AuditEvent.objects.filter(
+        promotion=promotion, action__in=[AuditAction.PROMOTION_APPROVED, AuditAction.PROMOTION_REJECTED]
+    )
+    assert decisions.count() == 1
