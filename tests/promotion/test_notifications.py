@@ -289,3 +289,24 @@ def test_two_approvers_deciding_at_once_one_approves_or_rejects_and_the_other_is
         promotion=promotion, action__in=[AuditAction.PROMOTION_APPROVED, AuditAction.PROMOTION_REJECTED]
     )
     assert decisions.count() == 1
+
+
+def test_the_nav_count_costs_nothing_on_the_login_page_for_anyone_else_or_on_the_api(
+    client, registry, two_requests, approver, operator
+):
+    """The context processor is on every template render: the login page (anonymous), an
+    operator's page and the JSON API read no promotion request for it; an approver's page
+    counts once."""
+    table = PromotionRequest._meta.db_table
+
+    def counts(response_of) -> tuple[int, int]:
+        with CaptureQueriesContext(connection) as queries:
+            response = response_of()
+        return response.status_code, sum(f'FROM "{table}"' in q["sql"] and "COUNT(" in q["sql"] for q in queries)
+
+    assert counts(lambda: client.get("/login/")) == (200, 0)
+    client.force_login(operator)
+    assert counts(lambda: client.get("/overview/")) == (200, 0)
+    client.force_login(approver)
+    assert counts(lambda: client.get("/overview/")) == (200, 1)
+    assert counts(lambda: client.get("/api/v1/promotions")) == (200, 0)
