@@ -310,3 +310,22 @@ def test_the_nav_count_costs_nothing_on_the_login_page_for_anyone_else_or_on_the
     client.force_login(approver)
     assert counts(lambda: client.get("/overview/")) == (200, 1)
     assert counts(lambda: client.get("/api/v1/promotions")) == (200, 0)
+
+
+def test_a_decision_needs_the_csrf_token_and_an_active_approver(registry, two_requests, approver):
+    from django.test import Client
+
+    by_policy, _ = two_requests
+    guarded = Client(enforce_csrf_checks=True)
+    guarded.force_login(approver)
+    # A page elsewhere cannot post the button for the approver: no token, no decision.
+    assert guarded.post(approve_url(by_policy), {"comment": "ok"}).status_code == 403
+    html = guarded.get(PAGE).content.decode()
+    token = html.split('name="csrfmiddlewaretoken" value="', 1)[1].split('"', 1)[0]
+    approver.is_active = False
+    approver.save(update_fields=["is_active"])
+    # Deactivated while signed in: the session no longer counts, to the login page.
+    response = guarded.post(approve_url(by_policy), {"comment": "ok", "csrfmiddlewaretoken": token})
+    assert response.status_code == 302 and "/login/" in response["Location"]
+    by_policy.refresh_from_db()
+    assert by_policy.status == PromotionStatus.PENDING and not Release.objects.exists()
