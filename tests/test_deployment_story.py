@@ -5,6 +5,8 @@ however many versions; escaped user text; 400 on a bad window, 404 on an unknown
 
 from __future__ import annotations
 
+from datetime import datetime, time, timedelta
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -230,3 +232,35 @@ def test_a_version_not_trained_here_says_so_and_items_without_provenance_count_n
     story_now = deployment_story(deployment=story["deployment"])
     assert [(v.version.name, v.learned) for v in story_now.versions] == [("smol", None)]
     assert _learned([training_set.pk])[training_set.pk]["comments"] == 0
+
+
+def test_a_name_no_deployment_can_have_is_a_404_never_a_500(client, story):
+    # Deployment names are slugs; a NUL (which PostgreSQL text cannot hold) or markup is none.
+    client.force_login(user_with_role("operator"))
+    for name in ("a%00b", "%3Cscript%3E", "support-bot%20"):
+        assert client.get(f"/overview/{name}/story/").status_code == 404
+
+
+def test_the_window_is_whole_days_and_nothing_before_its_first_day_is_counted_or_drawn(story):
+    """'The last 30 days' is today and the 29 before it: feedback from the evening of the day
+    before is neither in the totals nor drawn left of the chart's axis."""
+    from feedback.models import CustomerFeedback
+    from webapp.selectors_story import deployment_story, story_curve
+
+    deployment, base_version = story["deployment"], story["base_version"]
+    now = timezone.now().replace(hour=12, minute=0)
+    first_day = timezone.localdate(now) - timedelta(days=29)
+    day_before = timezone.make_aware(datetime.combine(first_day - timedelta(days=1), time(23, 0)))
+    graded_traces(deployment, base_version, [True, True], start=60)
+    CustomerFeedback.objects.update(created_at=day_before)
+    graded_traces(deployment, base_version, [False], start=70)
+    CustomerFeedback.objects.filter(created_at__gt=day_before).update(
+        created_at=timezone.make_aware(datetime.combine(first_day, time(0, 30)))
+    )
+
+    s = deployment_story(deployment=deployment, days=30, now=now)
+    assert s.first_day == first_day and [(p.day, p.graded) for p in s.points] == [(first_day, 1)]
+    (base,) = s.versions
+    assert (base.traffic.graded, base.traffic.successes) == (1, 0)
+    xs = [x for _, pts in story_curve(s)["series"] for x, _ in pts]
+    assert xs and min(xs) >= 0

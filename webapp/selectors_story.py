@@ -16,7 +16,7 @@ an oracle label, never anybody's feedback, and is counted as such.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta
+from datetime import date, datetime, time, timedelta
 from typing import Any
 
 from django.db.models import Count, F, Func, IntegerField, Q, Sum
@@ -212,7 +212,9 @@ def deployment_story(
     now = now or timezone.now()
     last_day = timezone.localdate(now)
     first_day = last_day - timedelta(days=days - 1)
-    since = now - timedelta(days=days)
+    # From the first day's midnight, not `days` * 24 hours back: the curve and the totals
+    # count whole days, and nothing from the day before is drawn left of the chart's axis.
+    since = timezone.make_aware(datetime.combine(first_day, time.min))
 
     live_id = LiveVersion.objects.filter(deployment=deployment).values_list("version_id", flat=True).first()
     changes = list(

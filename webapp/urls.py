@@ -11,7 +11,7 @@ urlpatterns = [
     path("tour/", views.tour, name="tour"),
     path("tour/<str:deployment>/agent-run", views.tour_agent_run, name="tour-agent-run"),
     path("overview/", views.overview, name="overview"),
-    path("overview/<str:deployment>/story/", views.deployment_story_view, name="deployment-story"),
+    path("overview/<slug:deployment>/story/", views.deployment_story_view, name="deployment-story"),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

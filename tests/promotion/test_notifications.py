@@ -192,3 +192,140 @@ def test_the_page_reads_the_same_queries_however_many_requests_wait(client, regi
         html = client.get(PAGE).content.decode()
     assert html.count('class="panel notification"') == 4
     assert len(four) == len(one), [q["sql"] for q in four.captured_queries]
+
+
+def test_a_comment_with_a_nul_character_is_a_400_naming_comment_and_nothing_changes(
+    client, registry, two_requests, approver
+):
+    # PostgreSQL text cannot hold NUL; a pasted or crafted one is bad input, not a 500.
+    by_policy, by_omar = two_requests
+    client.force_login(approver)
+    approve = client.post(approve_url(by_policy), {"comment": "fine\x00"}, headers={"HX-Request": "true"})
+    assert approve.status_code == 400 and b"comment: contains a NUL character" in approve.content
+    reject = client.post(reject_url(by_omar), {"comment": "no\x00"})
+    assert reject.status_code == 400 and b"comment: contains a NUL character" in reject.content
+    # The request's own page calls the same service: a message, never a 500.
+    assert client.post(f"/promotions/{by_omar.pk}/reject", {"comment": "no\x00"}).status_code == 302
+    assert set(PromotionRequest.objects.values_list("status", flat=True)) == {PromotionStatus.PENDING}
+    assert (
+        not Release.objects.exists()
+        and not AuditEvent.objects.filter(promotion=by_policy).exclude(action=AuditAction.PROMOTION_REQUESTED).exists()
+    )
+
+
+def test_deciding_a_request_already_decided_says_so_and_offers_no_buttons(client, registry, two_requests, approver):
+    """A double click, or a second approver a moment late: a 409 that says the request is
+    already decided, without the page's JavaScript as with it, and no buttons to press again."""
+    by_policy, _ = two_requests
+    client.force_login(approver)
+    assert client.post(approve_url(by_policy), {"comment": "ok"}).status_code == 302
+    again = client.post(approve_url(by_policy), {"comment": "ok"})
+    assert again.status_code == 409
+    html = again.content.decode()
+    assert f"Promotion #{by_policy.pk}: status: request {by_policy.pk} is approved" in html and 'role="alert"' in html
+    late = client.post(reject_url(by_policy), {"comment": "too late"}, headers={"HX-Request": "true"})
+    assert late.status_code == 409
+    card = late.content.decode()
+    assert f'id="promotion-{by_policy.pk}"' in card and "is approved" in card
+    assert "Approve and deploy" not in card and f'hx-post="{reject_url(by_policy)}"' not in card
+    # The nav's count follows: the request waits for nobody now.
+    assert 'id="inbox-count"' in card and 'hx-swap-oob="true"' in card and ">1</span>" in card
+    by_policy.refresh_from_db()
+    assert by_policy.status == PromotionStatus.APPROVED and Release.objects.filter(promotion=by_policy).count() == 1
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_two_approvers_deciding_at_once_one_approves_or_rejects_and_the_other_is_told(
+    client, registry, operator, approver, second_approver, monkeypatch
+):
+    """Approve and reject pressed at the same moment by two approvers: the request row is
+    locked while one decides, so the other reads the decision and gets a 409; never both, and
+    never a release for a rejected request. The lock is held a moment longer here so that the
+    two really overlap."""
+    import threading
+    import time
+
+    from django.db import connections
+    from django.test import Client
+
+    import training.services.promotion as promotion_service
+
+    promotion = request_for(registry, registry.candidate, operator)
+    locked = promotion_service._locked
+
+    def slow_locked(p):
+        row = locked(p)
+        time.sleep(0.5)
+        return row
+
+    monkeypatch.setattr(promotion_service, "_locked", slow_locked)
+    barrier, results = threading.Barrier(2), {}
+
+    def decide(user, url, comment):
+        try:
+            c = Client()
+            c.force_login(user)
+            barrier.wait()
+            results[user.username] = c.post(url, {"comment": comment}, headers={"HX-Request": "true"}).status_code
+        finally:
+            connections.close_all()
+
+    threads = [
+        threading.Thread(target=decide, args=(approver, approve_url(promotion), "ship it")),
+        threading.Thread(target=decide, args=(second_approver, reject_url(promotion), "not yet")),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(results.values()) == [200, 409], results
+    promotion.refresh_from_db()
+    winner = "arno" if results["arno"] == 200 else "bea"
+    assert promotion.decided_by.username == winner
+    assert promotion.status == (PromotionStatus.APPROVED if winner == "arno" else PromotionStatus.REJECTED)
+    assert Release.objects.filter(promotion=promotion).count() == (1 if winner == "arno" else 0)
+    decisions = AuditEvent.objects.filter(
+        promotion=promotion, action__in=[AuditAction.PROMOTION_APPROVED, AuditAction.PROMOTION_REJECTED]
+    )
+    assert decisions.count() == 1
+
+
+def test_the_nav_count_costs_nothing_on_the_login_page_for_anyone_else_or_on_the_api(
+    client, registry, two_requests, approver, operator
+):
+    """The context processor is on every template render: the login page (anonymous), an
+    operator's page and the JSON API read no promotion request for it; an approver's page
+    counts once."""
+    table = PromotionRequest._meta.db_table
+
+    def counts(response_of) -> tuple[int, int]:
+        with CaptureQueriesContext(connection) as queries:
+            response = response_of()
+        return response.status_code, sum(f'FROM "{table}"' in q["sql"] and "COUNT(" in q["sql"] for q in queries)
+
+    assert counts(lambda: client.get("/login/")) == (200, 0)
+    client.force_login(operator)
+    assert counts(lambda: client.get("/overview/")) == (200, 0)
+    client.force_login(approver)
+    assert counts(lambda: client.get("/overview/")) == (200, 1)
+    assert counts(lambda: client.get("/api/v1/promotions")) == (200, 0)
+
+
+def test_a_decision_needs_the_csrf_token_and_an_active_approver(registry, two_requests, approver):
+    from django.test import Client
+
+    by_policy, _ = two_requests
+    guarded = Client(enforce_csrf_checks=True)
+    guarded.force_login(approver)
+    # A page elsewhere cannot post the button for the approver: no token, no decision.
+    assert guarded.post(approve_url(by_policy), {"comment": "ok"}).status_code == 403
+    html = guarded.get(PAGE).content.decode()
+    token = html.split('name="csrfmiddlewaretoken" value="', 1)[1].split('"', 1)[0]
+    approver.is_active = False
+    approver.save(update_fields=["is_active"])
+    # Deactivated while signed in: the session no longer counts, to the login page.
+    response = guarded.post(approve_url(by_policy), {"comment": "ok", "csrfmiddlewaretoken": token})
+    assert response.status_code == 302 and "/login/" in response["Location"]
+    by_policy.refresh_from_db()
+    assert by_policy.status == PromotionStatus.PENDING and not Release.objects.exists()

@@ -25,7 +25,7 @@ from training.notifications.selectors import (
     promotions_awaiting,
     promotions_awaiting_count,
 )
-from training.promotion.models import PromotionRequest
+from training.promotion.models import PromotionRequest, PromotionStatus
 from training.services.promotion import promotion_approve, promotion_reject
 from training.services.promotion_checks import APPROVE, PromotionRefused
 
@@ -33,10 +33,15 @@ COMMENT_LIMIT = 5000
 
 
 def _page(request: HttpRequest, *, errors: dict[int, str] | None = None, status: int = 200) -> HttpResponse:
+    awaiting = promotions_awaiting(user=request.user)
+    errors = errors or {}
+    shown = {a.promotion.pk for a in awaiting}
     context = {
-        "awaiting": promotions_awaiting(user=request.user),
+        "awaiting": awaiting,
         "may_decide": request.user.has_perm(APPROVE),
-        "errors": errors or {},
+        "errors": errors,
+        # A request decided meanwhile has no card left to carry its refusal: say it above them.
+        "refused": [f"Promotion #{pk}: {error}" for pk, error in errors.items() if pk not in shown],
     }
     return render(request, "training/notifications.html", context, status=status)
 
@@ -62,7 +67,15 @@ def _decide(request: HttpRequest, promotion_id: int, act: Callable[[PromotionReq
                 ),
                 pk=promotion_id,
             )
-            context = {"a": awaiting_decision(fresh), "error": error, "may_decide": True}
+            still_pending = fresh.status == PromotionStatus.PENDING
+            context = {
+                "a": awaiting_decision(fresh),
+                "error": error,
+                # Decided meanwhile (a double click, another approver): nothing left to press,
+                # and the nav's count follows.
+                "may_decide": still_pending,
+                "count": None if still_pending else promotions_awaiting_count(user=request.user),
+            }
             return render(request, "training/_notification_card.html", context, status=status)
         return _page(request, errors={promotion_id: error}, status=status)
     if request.htmx:

@@ -197,6 +197,12 @@ def _refuse_decider(checks: list[Precondition]) -> None:
             raise PermissionDenied(check.detail)
 
 
+def _storable_comment(comment: str) -> None:
+    # PostgreSQL text cannot hold NUL: refuse it as bad input (400) instead of failing the write.
+    if "\x00" in comment:
+        raise PromotionRefused("contains a NUL character", field="comment")
+
+
 def promotion_approve_check(*, promotion: PromotionRequest, user=None) -> list[Precondition]:
     """Everything approval needs, each with whether it holds now. Without `user`, the
     checks that do not depend on who approves."""
@@ -245,6 +251,7 @@ def promotion_approve(*, promotion: PromotionRequest, user, comment: str = "") -
     promotion = _locked(promotion)
     checks = promotion_approve_check(promotion=promotion, user=user)
     _refuse_decider(checks[:2])
+    _storable_comment(comment)
     releases_fail_stale()
     raise_first_unmet(checks)
     live = live_version_get(deployment_id=promotion.deployment_id)
@@ -283,6 +290,7 @@ def promotion_reject(*, promotion: PromotionRequest, user, comment: str) -> Prom
         raise PromotionRefused(f"request {promotion.pk} is {promotion.get_status_display().lower()}", field="status")
     if not comment.strip():
         raise PromotionRefused("say why the request is rejected", field="comment")
+    _storable_comment(comment)
     promotion.status = PromotionStatus.REJECTED
     promotion.decided_by = user
     promotion.decided_at = timezone.now()
