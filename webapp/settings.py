@@ -451,6 +451,11 @@ GATEWAY_URL = (
     or os.environ.get("PRACTICUM_DEMO_AGENT_BASE_URL")
     or f"http://127.0.0.1:{os.environ.get('PRACTICUM_PORT', '8000')}"
 ).rstrip("/")
+# The site's address as people reach it, for the links in mails (a learning policy's request
+# to its approvers): configured, never taken from a request, for the same reason.
+SITE_URL = (
+    os.environ.get("PRACTICUM_SITE_URL") or f"http://127.0.0.1:{os.environ.get('PRACTICUM_PORT', '8000')}"
+).rstrip("/")
 # The tour's "run the agent again": how many tasks, and how long its key lives.
 DEMO_AGENT_EPISODES = int(os.environ.get("PRACTICUM_DEMO_AGENT_EPISODES", 12))
 # `make demo` sets how many episodes its agent works before the demo is ready; the tour shows

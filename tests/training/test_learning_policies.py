@@ -113,8 +113,9 @@ def test_a_failing_evaluation_opens_no_request_and_records_why(world):
 
 
 def test_a_passing_run_opens_a_request_that_waits_for_an_approver_and_nothing_goes_live(
-    world, client, django_capture_on_commit_callbacks
+    world, client, django_capture_on_commit_callbacks, settings
 ):
+    settings.SITE_URL = "https://practicum.example.com"
     live_before = list(LiveVersion.objects.values_list("deployment_id", "version_id"))
     changes_before = LiveVersionChange.objects.count()
     p = policy(world)
@@ -138,7 +139,7 @@ def test_a_passing_run_opens_a_request_that_waits_for_an_approver_and_nothing_go
     assert run.notified == ["arno"]
     assert callbacks and [m.to for m in mail.outbox] == [["arno@example.com"]]
     # The mail takes the approver to the request's notification, where they decide it.
-    assert f"/notifications/#promotion-{promotion.pk}" in mail.outbox[0].body
+    assert f"https://practicum.example.com/notifications/#promotion-{promotion.pk}" in mail.outbox[0].body
 
     # More ticks change nothing, and nothing is live until a person approves.
     learning_policies_tick()

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
 from django.core.mail import send_mail
@@ -680,13 +681,15 @@ def _notify(policy: LearningPolicy, promotion) -> list[str]:
     addresses = [u.email for u in people if u.email]
     if addresses:
         subject = f"Promotion request {promotion.pk}: {promotion.candidate.name} for {policy.deployment.name}"
-        # Paths written out, not reverse()d: the worker that sends this loads no URLconf or view.
+        # Paths written out, not reverse()d: the worker that sends this loads no URLconf or
+        # view. Absolute, on the configured site: a mail client has no page to resolve a path on.
+        site = settings.SITE_URL
         body = (
             f"Learning policy {policy.name} opened promotion request {promotion.pk} on behalf of "
             f"{policy.created_by.username}; it waits for an approver's decision.\n\n"
             f"Approve or reject it from your notifications, with its evidence: "
-            f"/notifications/#promotion-{promotion.pk}\n"
-            f"The request's page: /promotions/{promotion.pk}/\n"
+            f"{site}/notifications/#promotion-{promotion.pk}\n"
+            f"The request's page: {site}/promotions/{promotion.pk}/\n"
         )
         transaction.on_commit(lambda: send_mail(subject, body, None, addresses, fail_silently=True))
     return [u.username for u in people]
