@@ -10,9 +10,11 @@ fully read or streamed), and whether it is taking traffic.
   connection before any byte of its answer (killed, restarting). A timeout does not take it
   out (a slow server is still a server) and a 5xx answer is passed through: only a failed
   probe keeps a replica out.
-- **Back**: a replica that is out is probed in the background (`GET /health` must answer 200,
-  then `GET /v1/models` must list every version that was asked of it when it went out), with
-  backoff from `probe_interval` to `probe_max`; once both hold it takes traffic again.
+- **Back**: a replica that is out is probed in the background, with backoff from
+  `probe_interval` to `probe_max`: `GET /health` must answer 200, then `GET /v1/models` must
+  list every version asked for since the previous probe (the calls it would have had), so a
+  restarted replica comes back only once it serves the live adapters. Only names asked
+  since the last round count: a version that went out of service meanwhile is not awaited.
 - **Retry**: `send` tries a request that failed before the first byte of an answer once more,
   on another healthy replica; so too one that a replica answered "no such model" (404 on
   `model`: restarted, its adapters not loaded yet), which did no work. Nothing else is
@@ -45,7 +47,7 @@ class Replica:
     healthy: bool = True
     down_reason: str = ""
     down_since: float = 0.0
-    # The version names a request asked of it when it went out: it is back once it serves them.
+    # While it is out: the version names asked for since its last probe; back once it serves them.
     wanted: set[str] = field(default_factory=set)
     probe: asyncio.Task | None = None
     sent: int = 0  # requests sent to it, for the benchmark and the logs
@@ -111,17 +113,23 @@ class Balancer:
             replica = self.replicas[url] = Replica(url=url, pool=pool)
         return replica
 
-    def pick(self, urls: Sequence[str], *, exclude: Sequence[Replica] = ()) -> Replica | None:
-        """The healthy replica among `urls` with the fewest outstanding requests, or None."""
+    def pick(self, urls: Sequence[str], model: str, *, exclude: Sequence[Replica] = ()) -> Replica | None:
+        """The healthy replica among `urls` with the fewest outstanding requests, or None.
+        A replica that is out notes `model`: its probe waits until it serves it."""
         n = len(urls)
         if n == 1:  # the common case: one server, no scan
             replica = self.replica(urls[0])
-            return replica if replica.healthy and replica not in exclude else None
+            if not replica.healthy:
+                replica.wanted.add(model)
+                return None
+            return None if replica in exclude else replica
         start = self._turn = (self._turn + 1) % n
         best = None
         for i in range(n):
             replica = self.replica(urls[(start + i) % n])
-            if replica.healthy and replica not in exclude and (best is None or replica.outstanding < best.outstanding):
+            if not replica.healthy:
+                replica.wanted.add(model)
+            elif replica not in exclude and (best is None or replica.outstanding < best.outstanding):
                 best = replica
         return best
 
@@ -137,7 +145,7 @@ class Balancer:
         failure: InferenceError | None = None
         missing: tuple[Replica, Buffered] | None = None
         for _ in range(2):
-            replica = self.pick(urls, exclude=tried)
+            replica = self.pick(urls, model, exclude=tried)
             if replica is None:
                 break
             tried.append(replica)
@@ -197,8 +205,9 @@ class Balancer:
         delay = self.probe_interval
         while True:
             await asyncio.sleep(delay)
+            wanted, replica.wanted = replica.wanted, set()
             try:
-                ready = await asyncio.wait_for(self._ready(replica), self.probe_timeout)
+                ready = await asyncio.wait_for(self._ready(replica, wanted), self.probe_timeout)
             except (InferenceError, TimeoutError):
                 ready = False
             if ready:
@@ -210,12 +219,12 @@ class Balancer:
                 return
             delay = min(delay * 2, self.probe_max)
 
-    async def _ready(self, replica: Replica) -> bool:
+    async def _ready(self, replica: Replica, wanted: set[str]) -> bool:
         response = await replica.pool.request("GET", "/health")
         await response.read()
         if response.status != 200:
             return False
-        if not replica.wanted:
+        if not wanted:
             return True
         response = await replica.pool.request("GET", "/v1/models")
         content = await response.read()
@@ -225,7 +234,7 @@ class Balancer:
             served = {m.get("id") for m in orjson.loads(content).get("data") or [] if isinstance(m, dict)}
         except (orjson.JSONDecodeError, AttributeError):
             return False
-        return replica.wanted <= served
+        return wanted <= served
 
     def state(self) -> list[dict]:
         """Each replica's place in the rotation (for the gateway's health answer)."""

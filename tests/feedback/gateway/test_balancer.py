@@ -177,10 +177,14 @@ def test_a_replica_that_cannot_be_reached_is_taken_out_the_request_served_elsewh
             answers = [await call(lb, urls) for _ in range(4)]
             down = lb.replica(a.url)
             assert not down.healthy and "cannot connect" in down.down_reason
-            # It starts, but without the version: the probe keeps it out until it serves it.
+            # It starts, but without the version the calls ask for: while they keep coming
+            # (served by b), the probe keeps it out until it serves that version.
             await a.start()
-            await asyncio.sleep(0.5)
-            still_out = not down.healthy
+            meanwhile = []
+            for _ in range(10):
+                await asyncio.sleep(0.05)
+                meanwhile.append(await call(lb, urls))
+            still_out = not down.healthy and meanwhile == ["b"] * 10
             a.models = [MODEL]
             await until(lambda: down.healthy)
             back = [await call(lb, urls) for _ in range(4)]

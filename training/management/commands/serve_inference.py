@@ -41,6 +41,12 @@ class Command(BaseCommand):
             "(on a CPU machine each binds to its share of the CPUs)",
         )
         parser.add_argument("--max-model-len", type=int, default=None)
+        parser.add_argument(
+            "--tensor-parallel-size",
+            type=int,
+            default=None,
+            help="GPUs per server (vLLM's --tensor-parallel-size), from those CUDA_VISIBLE_DEVICES shows it",
+        )
         parser.add_argument("--max-restarts", type=int, default=5)
         parser.add_argument("--print-command", action="store_true", help="print the server command(s) and exit")
 
@@ -57,6 +63,9 @@ class Command(BaseCommand):
         specs = [
             server_spec_for_base(base, port=port + i, max_model_len=opts["max_model_len"]) for i in range(replicas or 1)
         ]
+        if opts["tensor_parallel_size"]:
+            for spec in specs:
+                spec.extra_args += ["--tensor-parallel-size", str(opts["tensor_parallel_size"])]
         if replicas and specs[0].device == "cpu" and not os.environ.get("VLLM_CPU_OMP_THREADS_BIND"):
             for spec, cpus in zip(specs, _cpu_sets(replicas), strict=False):
                 spec.extra_env["VLLM_CPU_OMP_THREADS_BIND"] = cpus
