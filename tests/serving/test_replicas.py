@@ -91,3 +91,13 @@ def test_the_gateways_route_lists_every_replica(base):
     route = _route_sync(deployment.pk)
     assert route.version_name == "smol"
     assert route.upstream_urls == ("http://127.0.0.1:8001", "http://gpu2:8001")
+
+
+def test_cpu_replicas_each_bind_to_their_own_cpus(monkeypatch):
+    from training.inference import server
+
+    monkeypatch.setattr(server.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4})
+    assert server.cpu_shares(2) == ["0-1", "2-3"]
+    assert server.cpu_shares(5) == ["0", "1", "2", "3", "4"]
+    # Fewer CPUs than servers, or one server: vLLM's own binding for all.
+    assert server.cpu_shares(6) == [] and server.cpu_shares(1) == []

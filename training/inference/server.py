@@ -134,6 +134,17 @@ class ServerSpec:
         return argv + list(self.extra_args), env
 
 
+def cpu_shares(replicas: int) -> list[str]:
+    """The CPUs each of `replicas` CPU servers binds its threads to (vLLM's
+    `VLLM_CPU_OMP_THREADS_BIND`), a disjoint share each; none when there are too few CPUs
+    to share (vLLM's own choice then applies to all)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    share = len(cpus) // replicas
+    if replicas < 2 or share < 1:
+        return []
+    return [f"{cpus[i * share]}-{cpus[i * share + share - 1]}" if share > 1 else str(cpus[i]) for i in range(replicas)]
+
+
 class ServerFailed(RuntimeError):
     """The server process exited or never became healthy; the message holds its log's tail."""
 

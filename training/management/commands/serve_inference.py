@@ -11,17 +11,6 @@ from training.serving.models import BaseModel
 from training.serving.selectors import base_model_replica_urls
 
 
-def _cpu_sets(replicas: int) -> list[str]:
-    """The CPUs each of `replicas` CPU servers binds its threads to (vLLM's
-    `VLLM_CPU_OMP_THREADS_BIND`), a disjoint share each; none when there are too few CPUs
-    to share (vLLM's own choice then applies to all)."""
-    cpus = sorted(os.sched_getaffinity(0))
-    share = len(cpus) // replicas
-    if replicas < 2 or share < 1:
-        return []
-    return [f"{cpus[i * share]}-{cpus[i * share + share - 1]}" if share > 1 else str(cpus[i]) for i in range(replicas)]
-
-
 class Command(BaseCommand):
     help = (
         "Start and supervise the vLLM inference server(s) for a base model on 127.0.0.1, load the live "
@@ -51,7 +40,7 @@ class Command(BaseCommand):
         parser.add_argument("--print-command", action="store_true", help="print the server command(s) and exit")
 
     def handle(self, *args, **opts) -> None:
-        from training.inference.server import InferenceServer, supervise_all, vllm_missing_reason
+        from training.inference.server import InferenceServer, cpu_shares, supervise_all, vllm_missing_reason
         from training.services.inference import live_adapters_load, server_spec_for_base
         from training.serving.services import ModelRegistryError, base_model_replicas_set
 
@@ -67,7 +56,7 @@ class Command(BaseCommand):
             for spec in specs:
                 spec.extra_args += ["--tensor-parallel-size", str(opts["tensor_parallel_size"])]
         if replicas and specs[0].device == "cpu" and not os.environ.get("VLLM_CPU_OMP_THREADS_BIND"):
-            for spec, cpus in zip(specs, _cpu_sets(replicas), strict=False):
+            for spec, cpus in zip(specs, cpu_shares(replicas), strict=False):
                 spec.extra_env["VLLM_CPU_OMP_THREADS_BIND"] = cpus
         if opts["print_command"]:
             for spec in specs:
