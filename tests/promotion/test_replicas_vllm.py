@@ -49,10 +49,17 @@ def served(url: str) -> set[str]:
         return set()
 
 
-def wait_for(predicate, timeout: float, what: str) -> None:
+def wait_for(predicate, timeout: float, what: str, logs: Path | None = None) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f} s"
+        if time.monotonic() > deadline:
+            tails = [
+                f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted((logs or ROOT).rglob("*.err"))
+            ]
+            tails += [
+                f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted((logs or ROOT).rglob("*.log"))
+            ]
+            raise AssertionError(f"{what}: not within {timeout:.0f} s\n" + ("\n".join(tails) if logs else ""))
         time.sleep(0.5)
 
 
@@ -86,6 +93,12 @@ def second_replica(transactional_db, tiny_base, tmp_path):
         "PRACTICUM_INFERENCE_MAX_LORA_RANK": "16",
         "PRACTICUM_DATA_DIR": str(tmp_path),
     }
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) > 1:
+        # The session's server binds its engine to the first CPU (vLLM's own choice); this
+        # one takes the last, as `serve_inference --replicas` would, so a restart under load
+        # does not queue behind the other engine on one core.
+        env["VLLM_CPU_OMP_THREADS_BIND"] = str(cpus[-1])
     supervisor = subprocess.Popen(
         [sys.executable, "manage.py", "serve_inference", "--base", tiny_base.name, "--port", str(port), *LEN],
         cwd=ROOT,
@@ -94,8 +107,8 @@ def second_replica(transactional_db, tiny_base, tmp_path):
         stderr=(tmp_path / "serve_inference.err").open("wb"),
     )
     try:
-        wait_for(lambda: tiny_base.name in served(url), 600, "the second replica starting")
-        yield url, supervisor
+        wait_for(lambda: tiny_base.name in served(url), 600, "the second replica starting", tmp_path)
+        yield url, supervisor, tmp_path
     finally:
         supervisor.send_signal(signal.SIGTERM)
         try:
@@ -111,7 +124,7 @@ def second_replica(transactional_db, tiny_base, tmp_path):
 def test_a_release_reaches_both_replicas_and_a_killed_replica_loses_no_request_and_comes_back_with_the_live_adapter(
     vllm_server, tiny_base, tool_call_adapter_path, second_replica, gateway, operator, approver, monkeypatch
 ):
-    first_url, (second_url, supervisor) = vllm_server.url, second_replica
+    first_url, (second_url, supervisor, logs) = vllm_server.url, second_replica
     deployment = DeploymentFactory(name="replicated")
     base_version = ModelVersion.objects.get(name=tiny_base.name)
     live_version_set(deployment=deployment, version=base_version)
@@ -150,8 +163,9 @@ def test_a_release_reaches_both_replicas_and_a_killed_replica_loses_no_request_a
                 body = {"model": "any", "messages": [{"role": "user", "content": "Where is A1001?"}], "max_tokens": 6}
                 response = http.post("/v1/chat/completions", json=body, headers={"X-Practicum-Trace-Id": trace})
                 results.append((response.status_code, trace))
+                time.sleep(0.05)  # steady load that leaves the restarting replica some CPU
 
-    threads = [threading.Thread(target=client, args=(n,), daemon=True) for n in range(3)]
+    threads = [threading.Thread(target=client, args=(n,), daemon=True) for n in range(2)]
     for thread in threads:
         thread.start()
     try:
@@ -161,7 +175,7 @@ def test_a_release_reaches_both_replicas_and_a_killed_replica_loses_no_request_a
         os.killpg(old, signal.SIGKILL)
         wait_for(lambda: not balancer.replica(second_url).healthy, 30, "the gateway taking the killed replica out")
         sent_while_down = balancer.replica(second_url).sent
-        wait_for(lambda: balancer.replica(second_url).healthy, 600, "the restarted replica back in the gateway")
+        wait_for(lambda: balancer.replica(second_url).healthy, 600, "the restarted replica back in the gateway", logs)
         restarted = vllm_child(supervisor)
         assert restarted is not None and restarted != old
         # Back in only because it serves the live adapter again (its supervisor loaded it).
