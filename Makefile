@@ -65,6 +65,7 @@ bench: install ## run the benchmarks under bench/ (needs PostgreSQL)
 	DATABASE_URL="$(or $(TEST_DATABASE_URL),$(PG_URL))" $(PY) bench/ingest.py
 	DATABASE_URL="$(or $(TEST_DATABASE_URL),$(PG_URL))" $(PY) bench/otlp.py
 	DATABASE_URL="$(or $(TEST_DATABASE_URL),$(PG_URL))" $(PY) bench/gateway.py
+	DATABASE_URL="$(or $(TEST_DATABASE_URL),$(PG_URL))" $(PY) bench/gateway_replicas.py
 	DATABASE_URL="$(or $(TEST_DATABASE_URL),$(PG_URL))" nice -n 10 $(PY) bench/list_page.py
 	$(PY) bench/failure_clusters.py
 	nice -n 10 $(PY) bench/turn_sampling.py

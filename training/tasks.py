@@ -4,6 +4,7 @@
 - `training.evaluation_run`: `default` (generation through the inference server, judge
   calls), or `training` when the evaluation generates in the worker with transformers.
 - `training.release_run`: `deploy` — the only queue that changes what the server serves.
+- `training.release_adapter_unload`: `deploy`, queued by a release's flip with a countdown.
 - `training.learning_policies_tick`: `default`, from the beat schedule (`webapp/celery.py`);
   it queues jobs and evaluations and never waits for them.
 """
@@ -34,6 +35,13 @@ def release_run_task(self, release_id: int) -> None:
     from training.services.release import release_run
 
     release_run(release_id=release_id, worker=work_worker_name(self.request.hostname))
+
+
+@shared_task(name="training.release_adapter_unload", queue="deploy", ignore_result=True)
+def release_adapter_unload_task(version_id: int) -> None:
+    from training.services.release import release_adapter_unload
+
+    release_adapter_unload(version_id=version_id)
 
 
 @shared_task(name="training.learning_policies_tick", queue="default", ignore_result=True)

@@ -441,6 +441,13 @@ RELEASE_STALE_SECONDS = float(os.environ.get("PRACTICUM_RELEASE_STALE_SECONDS", 
 # redelivered task; one that has been started this many times is failed at the next
 # takeover instead (its work kills every worker it reaches), `webapp.work.work_claim`.
 WORK_MAX_ATTEMPTS = int(os.environ.get("PRACTICUM_WORK_MAX_ATTEMPTS", 3))
+# After a flip the version that went out of service is unloaded from every replica this many
+# seconds later: by then no request that started on it can still be running (the gateway
+# gives up on one after its upstream timeout; a gateway process that missed the flip's NOTIFY
+# stops routing to it after its route cache's TTL).
+RELEASE_UNLOAD_AFTER_SECONDS = float(
+    os.environ.get("PRACTICUM_RELEASE_UNLOAD_AFTER_SECONDS", GATEWAY_UPSTREAM_TIMEOUT + GATEWAY_LIVE_CACHE_SECONDS + 5)
+)
 
 # Where the project's own processes reach its gateway (`/v1/`), e.g. the tour's "run the agent
 # again", whose worker sends a freshly minted key there. Always configured, never taken from a

@@ -18,7 +18,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from django.conf import settings
 from django.db import connections
 
 from feedback.gateway.errors import GatewayError
@@ -44,7 +43,7 @@ class Principal:
 class Route:
     version_id: int
     version_name: str
-    upstream_url: str
+    upstream_urls: tuple[str, ...]  # the base model's replicas, the first one first
     created: int
 
 
@@ -136,16 +135,15 @@ def _authenticate_sync(token: str) -> Principal | GatewayError:
 
 
 def _route_sync(deployment_id: int) -> Route | None:
-    from training.serving.selectors import live_version_get
+    from training.serving.selectors import base_model_replica_urls, live_version_get
 
     version = live_version_get(deployment_id=deployment_id)
     if version is None:
         return None
-    url = (version.base_model.inference_url or settings.INFERENCE_URL).rstrip("/")
     return Route(
         version_id=version.id,
         version_name=version.name,
-        upstream_url=url,
+        upstream_urls=tuple(base_model_replica_urls(base=version.base_model)),
         created=int(version.created_at.timestamp()),
     )
 

@@ -15,10 +15,10 @@ import orjson
 from django.conf import settings
 
 from feedback.gateway.access import Access, Route
+from feedback.gateway.balancer import Balancer
 from feedback.gateway.errors import GatewayError, error_body
 from feedback.gateway.exchange import Exchange, ExchangeStatus
 from feedback.gateway.recorder import Recorder
-from feedback.gateway.upstream import UpstreamPool
 from feedback.services.capture import new_trace_key
 from feedback.services.chat_format import FieldError, json_depth_check, parse_message, parse_tools
 from training.inference.client import InferenceError, InferenceUnavailable, error_detail
@@ -176,13 +176,8 @@ class GatewayApp:
         )
         self.timeout = settings.GATEWAY_UPSTREAM_TIMEOUT if upstream_timeout is None else upstream_timeout
         self.max_body = settings.INGEST_MAX_BODY_BYTES
-        self._pools: dict[str, UpstreamPool] = {}
-
-    def _pool(self, url: str) -> UpstreamPool:
-        pool = self._pools.get(url)
-        if pool is None:
-            pool = self._pools[url] = UpstreamPool(url, read_timeout=self.timeout, api_key=settings.INFERENCE_API_KEY)
-        return pool
+        # One per process: its replicas' outstanding counts and health are this process's view.
+        self.balancer = Balancer(api_key=settings.INFERENCE_API_KEY, read_timeout=self.timeout)
 
     async def startup(self) -> None:
         self.recorder.start()
@@ -190,9 +185,7 @@ class GatewayApp:
             self.access.listen()
 
     async def shutdown(self) -> None:
-        for pool in self._pools.values():
-            pool.close()
-        self._pools.clear()
+        self.balancer.close()
         await asyncio.to_thread(self.recorder.stop)
         await asyncio.to_thread(self.access.close)
 
@@ -395,13 +388,22 @@ class GatewayApp:
     async def _complete_call(
         self, send, gone, route: Route, payload, exchange, t0, want_logprobs, want_token_ids
     ) -> None:
+        replica = None
         try:
-            response = await self._pool(route.upstream_url).request("POST", "/v1/chat/completions", payload)
+            replica, response = await self.balancer.send(
+                route.upstream_urls, route.version_name, "/v1/chat/completions", payload
+            )
             content = await response.read()
         except InferenceError as exc:
             error = _transport_error(exc)
             self._fail(exchange, error, t0)
             raise error from exc
+        except GatewayError as error:
+            self._fail(exchange, error, t0)
+            raise
+        finally:
+            if replica is not None:
+                self.balancer.done(replica)
         if response.status != 200:
             error = _upstream_error(response.status, content)
             self._fail(exchange, error, t0, content[:2000].decode(errors="replace"))
@@ -427,11 +429,16 @@ class GatewayApp:
         self, send, receive, route: Route, payload, exchange, t0, want_logprobs, want_token_ids, want_usage
     ) -> None:
         try:
-            response = await self._pool(route.upstream_url).request("POST", "/v1/chat/completions", payload)
+            replica, response = await self.balancer.send(
+                route.upstream_urls, route.version_name, "/v1/chat/completions", payload
+            )
         except InferenceError as exc:
             error = _transport_error(exc)
             self._fail(exchange, error, t0)
             raise error from exc
+        except GatewayError as error:
+            self._fail(exchange, error, t0)
+            raise
         disconnected = asyncio.Event()
 
         async def watch() -> None:
@@ -516,6 +523,7 @@ class GatewayApp:
             if watcher is not None:
                 watcher.cancel()
             response.close()
+            self.balancer.done(replica)
 
 
 async def _lifespan(gateway: GatewayApp, receive, send) -> None:

@@ -9,7 +9,9 @@ connect timeout and a per-read timeout.
 The transport is its own; the conventions are the one inference client's
 (`training.inference.client`): the server named by its root URL, its key as a Bearer token,
 and failures as `InferenceUnavailable` (cannot connect, or no answer in time: `timed_out`)
-or `InferenceBadAnswer` (the connection dropped or the answer did not parse).
+or `InferenceBadAnswer` (the connection dropped or the answer did not parse). `UpstreamClosed`
+is the one bad answer that carried no byte of a response: the server went away before
+answering (killed, restarting), so the balancer may send the request to another replica.
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ from urllib.parse import urlsplit
 import httptools
 
 from training.inference.client import InferenceBadAnswer, InferenceUnavailable, auth_headers, server_root
+
+
+class UpstreamClosed(InferenceBadAnswer):
+    """The server closed the connection before sending any byte of its answer."""
 
 
 class _Connection(asyncio.Protocol):
@@ -183,7 +189,9 @@ class UpstreamPool:
             try:
                 while not conn.headers_done:
                     if conn.closed:
-                        raise InferenceBadAnswer("the inference server closed the connection")
+                        if conn.received:
+                            raise InferenceBadAnswer("the inference server closed the connection mid-answer")
+                        raise UpstreamClosed("the inference server closed the connection without answering")
                     await conn.wait(self.read_timeout)
             except (InferenceUnavailable, InferenceBadAnswer):
                 conn.transport.close()

@@ -22,6 +22,8 @@ from webapp.work import WorkStatus, work_claim
 
 
 class Unloads:
+    url = "http://replica:8001"
+
     def __init__(self, seen: list[str]) -> None:
         self.seen = seen
 
@@ -45,7 +47,7 @@ def test_a_flip_the_registry_refuses_fails_the_release_and_moves_nothing(
 
     monkeypatch.setattr(release_service, "release_smoke", smoke)
     unloaded = []
-    monkeypatch.setattr(release_service, "version_server", lambda version: Unloads(unloaded))
+    monkeypatch.setattr(release_service, "version_servers", lambda version: [Unloads(unloaded)])
     out = release_run(release_id=release.pk)
     assert out.status == WorkStatus.FAILED, out.error
     assert LiveVersion.objects.get(deployment=registry.deployment).version == registry.base_version
@@ -61,7 +63,7 @@ def test_the_first_workers_late_failure_after_a_takeover_neither_fails_nor_unloa
 ):
     release = approved_release(registry, operator, approver)
     unloaded = []
-    monkeypatch.setattr(release_service, "version_server", lambda version: Unloads(unloaded))
+    monkeypatch.setattr(release_service, "version_servers", lambda version: [Unloads(unloaded)])
     monkeypatch.setattr(release_service, "release_smoke", lambda v: {"tokens": 1})
     calls = []
 

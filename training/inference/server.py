@@ -134,6 +134,17 @@ class ServerSpec:
         return argv + list(self.extra_args), env
 
 
+def cpu_shares(replicas: int) -> list[str]:
+    """The CPUs each of `replicas` CPU servers binds its threads to (vLLM's
+    `VLLM_CPU_OMP_THREADS_BIND`), a disjoint share each; none when there are too few CPUs
+    to share (vLLM's own choice then applies to all)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    share = len(cpus) // replicas
+    if replicas < 2 or share < 1:
+        return []
+    return [f"{cpus[i * share]}-{cpus[i * share + share - 1]}" if share > 1 else str(cpus[i]) for i in range(replicas)]
+
+
 class ServerFailed(RuntimeError):
     """The server process exited or never became healthy; the message holds its log's tail."""
 
@@ -241,6 +252,39 @@ def supervise(
 
     Returns the exit status for the command: 0 on a requested stop, 1 after too many crashes.
     """
+    return supervise_all(
+        [server], on_ready=lambda _: on_ready(), max_restarts=max_restarts, ready_timeout=ready_timeout
+    )
+
+
+@dataclass(eq=False)
+class _Supervised:
+    server: InferenceServer
+    state: str = "idle"  # idle (start when `at` is reached), starting, ready, gave_up
+    at: float = 0.0  # starting: its deadline; idle: when to start it
+    up_since: float = 0.0
+    restarts: int = 0
+    backoff: float = 2.0
+
+
+def supervise_all(
+    servers: list[InferenceServer],
+    *,
+    on_ready: Callable[[InferenceServer], object] = lambda server: None,
+    max_restarts: int = 5,
+    ready_timeout: float = 600,
+    poll_s: float = 0.5,
+) -> int:
+    """Run several servers (replicas) until SIGTERM/SIGINT, each restarted on its own (with
+    its own backoff) when it dies. `on_ready(server)` runs each time one has started and
+    answers /health (loading the live adapters), before it is reported ready; an
+    `InferenceError` from it counts as a failed start. One loop in the calling thread (the
+    signal handlers need the main thread), so one server's slow start does not hold the
+    others' restarts back by more than its `on_ready`.
+
+    Returns 0 on a requested stop, 1 once every server has crashed more than `max_restarts`
+    times in a row (one that gives up is stopped; the others go on serving).
+    """
     stopping = False
 
     def request_stop(signum, frame) -> None:
@@ -248,34 +292,60 @@ def supervise(
         stopping = True
 
     previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
-    restarts, backoff = 0, 2.0
+    units = [_Supervised(server) for server in servers]
+
+    def failed(unit: _Supervised, reason: str) -> None:
+        logger.error("%s: %s", unit.server.url, reason)
+        if unit.up_since and time.monotonic() - unit.up_since > 300:
+            unit.restarts, unit.backoff = 0, 2.0  # it had been serving a while: a fresh crash
+        unit.restarts += 1
+        unit.up_since = 0.0
+        unit.server.stop()
+        if unit.restarts > max_restarts:
+            logger.error("inference server %s crashed %d times; giving up", unit.server.url, unit.restarts)
+            unit.state = "gave_up"
+            return
+        logger.warning(
+            "inference server %s died; restarting in %.0f s (%d/%d)",
+            unit.server.url,
+            unit.backoff,
+            unit.restarts,
+            max_restarts,
+        )
+        unit.state, unit.at = "idle", time.monotonic() + unit.backoff
+        unit.backoff = min(unit.backoff * 2, 60)
+
     try:
         while not stopping:
-            server.start()
-            try:
-                server.wait_ready(ready_timeout, cancelled=lambda: stopping)
-                on_ready()
-                logger.info("inference server ready at %s", server.url)
-                started = time.monotonic()
-                while not stopping and server.alive():
-                    time.sleep(0.5)
-            except (ServerFailed, InferenceError) as exc:
-                logger.error("%s", exc)
-                started = time.monotonic()
-            if stopping:
-                break
-            if time.monotonic() - started > 300:
-                restarts, backoff = 0, 2.0
-            restarts += 1
-            server.stop()
-            if restarts > max_restarts:
-                logger.error("inference server crashed %d times; giving up", restarts)
+            if all(unit.state == "gave_up" for unit in units):
                 return 1
-            logger.warning("inference server died; restarting in %.0f s (%d/%d)", backoff, restarts, max_restarts)
-            time.sleep(backoff)
-            backoff = min(backoff * 2, 60)
+            for unit in units:
+                if stopping:
+                    break
+                server, now = unit.server, time.monotonic()
+                if unit.state == "idle" and now >= unit.at:
+                    server.start()
+                    unit.state, unit.at = "starting", now + ready_timeout
+                elif unit.state == "starting":
+                    if not server.alive():
+                        code = server.process.returncode if server.process else None
+                        failed(unit, f"inference server exited with {code}:\n{server.log_tail()}")
+                    elif server.client().health(timeout=1.0):
+                        try:
+                            on_ready(server)
+                        except InferenceError as exc:
+                            failed(unit, f"not ready: {exc}")
+                            continue
+                        unit.state, unit.up_since = "ready", time.monotonic()
+                        logger.info("inference server ready at %s", server.url)
+                    elif now > unit.at:
+                        failed(unit, f"inference server not healthy after {ready_timeout:.0f} s:\n{server.log_tail()}")
+                elif unit.state == "ready" and not server.alive():
+                    failed(unit, f"inference server exited with {server.process.returncode}")
+            time.sleep(poll_s)
         return 0
     finally:
-        server.stop()
+        for unit in units:
+            unit.server.stop()
         for s, handler in previous.items():
             signal.signal(s, handler)

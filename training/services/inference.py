@@ -2,7 +2,8 @@
 `training.inference` (its client and its launcher), which reads neither.
 
 `inference_client` / `version_server` give a client with the site's key (`INFERENCE_API_KEY`)
-for the site's server (`INFERENCE_URL`) or the one a base model names; `server_spec_for_base`
+for the site's server (`INFERENCE_URL`) or the one a base model names; `version_servers` one
+for each of the base model's replicas (`base_model_replica_urls`); `server_spec_for_base`
 fills a launch spec from `INFERENCE_*`; `live_adapters_load` loads, by name, the adapters the
 deployments serve, which `serve_inference` runs each time its server is ready.
 """
@@ -16,7 +17,7 @@ from django.conf import settings
 from training.inference.client import InferenceClient
 from training.inference.server import ServerSpec
 from training.serving.models import BaseModel, ModelVersion, ModelVersionKind
-from training.serving.selectors import live_versions_for_base
+from training.serving.selectors import base_model_replica_urls, live_versions_for_base
 
 logger = logging.getLogger(__name__)
 
@@ -27,8 +28,15 @@ def inference_client(url: str | None = None, **options) -> InferenceClient:
 
 
 def version_server(version: ModelVersion, **options) -> InferenceClient:
-    """A client for the server that serves `version`: its base model's, or the site's."""
-    return inference_client(version.base_model.inference_url, **options)
+    """A client for the first server that serves `version` (its base model's `inference_url`,
+    or the site's): enough for a read or an evaluation, which need one server, not all."""
+    return inference_client(base_model_replica_urls(base=version.base_model)[0], **options)
+
+
+def version_servers(version: ModelVersion, **options) -> list[InferenceClient]:
+    """A client for every replica that serves `version`, the first one first: whatever changes
+    what a name answers (loading, unloading an adapter) goes to each."""
+    return [inference_client(url, **options) for url in base_model_replica_urls(base=version.base_model)]
 
 
 def server_spec_for_base(base: BaseModel, **overrides) -> ServerSpec:

@@ -22,6 +22,7 @@ from training.models import (
     TrainingSet,
 )
 from training.serving.models import ModelVersion, ModelVersionKind
+from training.serving.selectors import base_model_replica_urls
 from training.trainer.config import ConfigError, config_from_dict
 from webapp.errors import Invalid
 from webapp.stale_work import stale_work_settle
@@ -45,9 +46,9 @@ def model_paths(version: ModelVersion) -> dict[str, str]:
 
 def rollout_urls_allowed(*, base_model) -> list[str]:
     """The servers a job over `base_model` may sample rollouts from, as base URLs ending
-    in /v1: the base model's own inference server first (its `inference_url`, else
-    PRACTICUM_INFERENCE_URL), then PRACTICUM_INFERENCE_ROLLOUT_URLS."""
-    roots = [base_model.inference_url or settings.INFERENCE_URL, *settings.INFERENCE_ROLLOUT_URLS]
+    in /v1: the base model's own inference servers first (its `inference_url`, else
+    PRACTICUM_INFERENCE_URL, then its replicas), then PRACTICUM_INFERENCE_ROLLOUT_URLS."""
+    roots = [*base_model_replica_urls(base=base_model), *settings.INFERENCE_ROLLOUT_URLS]
     out: list[str] = []
     for root in roots:
         url = server_root(root) + "/v1"

@@ -1,15 +1,17 @@
 """Releases: putting a version live on the inference server, for a promotion or a rollback.
 
 `release_queue` stores the release and queues `release_run` on the `deploy` queue after
-commit. The worker loads the version under its versioned name (a LoRA adapter is
-hot-loaded; base weights must already be served), sends one smoke request through the
-inference client, then flips the live pointer (`live_version_set`) in the transaction that ends the release
-finished. A release is a work item (`webapp.work`): claimed, beaten at each step and ended
+commit. The worker loads the version under its versioned name into every replica of its
+base model's server (a LoRA adapter is hot-loaded; base weights must already be served),
+sends one smoke request to each through the inference client, then flips the live pointer
+(`live_version_set`) in the transaction that ends the release finished; a failure on any
+replica fails the release. The version that went out of service is unloaded from every
+replica once requests that started on it can no longer be running. A release is a work item (`webapp.work`): claimed, beaten at each step and ended
 through the shared functions, so the stale-work sweep's failure of a release whose worker
 went silent and the worker's flip lock the same row, and only one of them happens.
 The gateway reads the pointer per request (cached for a moment, and told of the flip at
 once on PostgreSQL), so the next request goes to the new version, while requests in
-flight finish on the old one, which stays loaded. Any failure leaves the old version
+flight finish on the old one, which stays loaded until then. Any failure leaves the old version
 live and marks the release failed with the reason.
 """
 
@@ -27,7 +29,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from training.inference.client import InferenceError
+from training.inference.client import InferenceClient, InferenceError
 from training.promotion.models import (
     AuditAction,
     PromotionRequest,
@@ -37,7 +39,7 @@ from training.promotion.models import (
     ReleaseStep,
 )
 from training.services.audit import audit_record
-from training.services.inference import version_server
+from training.services.inference import version_servers
 from training.services.promotion_checks import APPROVE, Precondition, PromotionRefused, raise_first_unmet
 from training.serving.models import (
     Deployment,
@@ -47,6 +49,7 @@ from training.serving.models import (
     ModelVersionKind,
     ModelVersionStatus,
 )
+from training.serving.selectors import base_model_replica_urls
 from training.serving.services import ModelRegistryError, live_version_set
 from webapp.stale_work import stale_work_settle
 from webapp.work import WorkStatus, work_attempts_exceeded, work_beat, work_claim, work_end, work_worker_name
@@ -243,41 +246,52 @@ def rollback_request(*, deployment: Deployment, user, reason: str = "") -> Relea
 
 
 def release_load(version: ModelVersion) -> dict[str, Any]:
-    """Make the inference server serve `version` under its name."""
-    server = version_server(version)
+    """Make every replica of the base model's inference server serve `version` under its
+    name: the gateway may send the first request after the flip to any of them."""
+    servers = version_servers(version)
+    replicas = [server.url for server in servers]
+
+    def where(server: InferenceClient) -> str:
+        return f" at {server.url}" if len(servers) > 1 else ""
+
     if version.kind == ModelVersionKind.LORA:
         from training.inference.adapters import adapter_problems
 
         problems = adapter_problems(version.path)
         if problems:
             raise ReleaseFailed(f"{version.name} was not loaded: " + "; ".join(problems), reached_server=False)
-        try:
-            server.adapter_load(version.name, version.path, timeout=settings.RELEASE_LOAD_TIMEOUT)
-        except InferenceError as exc:
-            raise ReleaseFailed(f"loading {version.name} into the inference server failed: {exc}") from exc
-        return {"loaded": "lora", "name": version.name}
+        for server in servers:
+            try:
+                server.adapter_load(version.name, version.path, timeout=settings.RELEASE_LOAD_TIMEOUT)
+            except InferenceError as exc:
+                raise ReleaseFailed(
+                    f"loading {version.name} into the inference server{where(server)} failed: {exc}"
+                ) from exc
+        return {"loaded": "lora", "name": version.name, "replicas": replicas}
     if version.kind == ModelVersionKind.FULL:
         raise ReleaseFailed(
             f"{version.name} is a full checkpoint; the shared server hot-loads LoRA adapters only "
             "(serve the checkpoint as its own base model)",
             reached_server=False,
         )
-    try:
-        served = {m.id for m in server.models()}
-    except InferenceError as exc:
-        raise ReleaseFailed(f"the inference server for {version.base_model} is not answering: {exc}") from exc
-    if version.name not in served:
-        raise ReleaseFailed(f"the inference server at {server.url} does not serve {version.name}")
-    return {"loaded": "base", "name": version.name}
+    for server in servers:
+        try:
+            served = {m.id for m in server.models()}
+        except InferenceError as exc:
+            raise ReleaseFailed(
+                f"the inference server{where(server)} for {version.base_model} is not answering: {exc}"
+            ) from exc
+        if version.name not in served:
+            raise ReleaseFailed(f"the inference server at {server.url} does not serve {version.name}")
+    return {"loaded": "base", "name": version.name, "replicas": replicas}
 
 
-def release_smoke(version: ModelVersion) -> dict[str, Any]:
-    """One short completion from the version: it must answer under its own name with
-    tokens whose log-probs are finite (a corrupt adapter gives NaN or an error)."""
+def _smoke_one(version: ModelVersion, server: InferenceClient) -> dict[str, Any]:
     messages = [{"role": "user", "content": settings.RELEASE_SMOKE_PROMPT}]
     started = time.monotonic()
+    where = f" at {server.url}" if len(base_model_replica_urls(base=version.base_model)) > 1 else ""
     try:
-        result = version_server(version).chat(
+        result = server.chat(
             model=version.name,
             messages=messages,
             max_tokens=settings.RELEASE_SMOKE_MAX_TOKENS,
@@ -285,9 +299,9 @@ def release_smoke(version: ModelVersion) -> dict[str, Any]:
             timeout=settings.RELEASE_SMOKE_TIMEOUT,
         )
     except InferenceError as exc:
-        raise ReleaseFailed(f"smoke request failed: {exc}") from exc
+        raise ReleaseFailed(f"smoke request failed{where}: {exc}") from exc
     report = {
-        "prompt": settings.RELEASE_SMOKE_PROMPT,
+        "replica": server.url,
         "model": result.model,
         "content": (result.content or "")[:500],
         "tool_calls": result.tool_calls[:3],
@@ -296,13 +310,60 @@ def release_smoke(version: ModelVersion) -> dict[str, Any]:
         "latency_ms": round((time.monotonic() - started) * 1000, 1),
     }
     if result.model != version.name:
-        raise ReleaseFailed(f"smoke request answered by {result.model!r}, not {version.name!r}")
+        raise ReleaseFailed(f"smoke request{where} answered by {result.model!r}, not {version.name!r}")
     if not result.token_ids:
-        raise ReleaseFailed("smoke request returned no tokens")
+        raise ReleaseFailed(f"smoke request{where} returned no tokens")
     bad = [lp for lp in result.token_logprobs if not math.isfinite(lp)]
     if bad or len(result.token_logprobs) != len(result.token_ids):
-        raise ReleaseFailed(f"smoke request returned non-finite log-probs ({len(bad)} of {len(result.token_ids)})")
+        raise ReleaseFailed(
+            f"smoke request{where} returned non-finite log-probs ({len(bad)} of {len(result.token_ids)})"
+        )
     return report
+
+
+def release_smoke(version: ModelVersion) -> dict[str, Any]:
+    """One short completion from the version on every replica: each must answer under its
+    own name with tokens whose log-probs are finite (a corrupt adapter gives NaN or an
+    error). The report is the first replica's answer, with every replica's under `replicas`."""
+    reports = [_smoke_one(version, server) for server in version_servers(version)]
+    first = {k: v for k, v in reports[0].items() if k != "replica"}
+    return {"prompt": settings.RELEASE_SMOKE_PROMPT, **first, "replicas": reports}
+
+
+def release_adapter_unload(*, version_id: int) -> list[str]:
+    """Unload a LoRA version from every replica of its base model, unless some deployment
+    serves it or a release of it is in progress; best effort (a replica that does not answer
+    is logged and skipped: a restarted one loads only the live adapters anyway). Returns the
+    servers it was unloaded from."""
+    version = ModelVersion.objects.select_related("base_model").filter(pk=version_id).first()
+    if version is None or version.kind != ModelVersionKind.LORA:
+        return []
+    if LiveVersion.objects.filter(version=version).exists():
+        return []
+    if Release.objects.filter(version=version, status__in=IN_PROGRESS).exists():
+        return []
+    unloaded = []
+    for server in version_servers(version):
+        try:
+            server.adapter_unload(version.name)
+        except InferenceError as exc:
+            logger.warning("could not unload %s from %s: %s", version.name, server.url, exc)
+            continue
+        unloaded.append(server.url)
+    logger.info("unloaded %s from %s", version.name, unloaded or "no server")
+    return unloaded
+
+
+def _unload_later(version: ModelVersion | None) -> None:
+    """After a flip, unload the version that went out of service once no request that
+    started on it can still be running (`RELEASE_UNLOAD_AFTER_SECONDS`)."""
+    if version is None or version.kind != ModelVersionKind.LORA:
+        return
+    from training.tasks import release_adapter_unload_task
+
+    release_adapter_unload_task.apply_async_on_commit(
+        args=[version.pk], queue="deploy", countdown=settings.RELEASE_UNLOAD_AFTER_SECONDS
+    )
 
 
 class _ReleaseTakenAway(Exception):
@@ -421,6 +482,7 @@ def _flip(release: Release, worker: str) -> Release | None:
             detail=release.get_kind_display(),
             data={"timings_ms": ended.timings},
         )
+        _unload_later(switched["previous"])
 
     return work_end(Release, pk=release.pk, worker=worker, status=WorkStatus.FINISHED, settle=switch, on_end=record)
 
@@ -457,16 +519,8 @@ def _fail(release: Release, worker: str, reason: str, *, unload: bool = True) ->
     )
     if not ended_here:
         return outcome
-    version = release.version
-    # A broken adapter should not linger in the server; one some deployment serves stays.
-    if (
-        unload
-        and release.kind == ReleaseKind.PROMOTION
-        and version.kind == ModelVersionKind.LORA
-        and not LiveVersion.objects.filter(version=version).exists()
-    ):
-        try:
-            version_server(version).adapter_unload(version.name)
-        except InferenceError as exc:
-            logger.warning("could not unload %s after a failed release: %s", version.name, exc)
+    # A broken adapter should not linger in the servers (every replica it may have reached);
+    # one some deployment serves stays.
+    if unload and release.kind == ReleaseKind.PROMOTION:
+        release_adapter_unload(version_id=release.version_id)
     return outcome

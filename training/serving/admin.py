@@ -20,13 +20,14 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
-# Read-only, for everyone: a base model's weights folder and inference server, a version's
+# Read-only, for everyone: a base model's weights folder and inference servers, a version's
 # folder, kind and status decide what answers customers. They are set when registered
 # (`prepare_model`, `register_version`, a training job) and change only through a release
-# (approved by a second person, audited).
+# (approved by a second person, audited); the replicas by whoever runs the servers
+# (`serve_inference --replicas`, `manage.py inference_replicas`).
 @admin.register(BaseModel)
 class BaseModelAdmin(ReadOnlyAdmin):
-    list_display = ("name", "path", "inference_url", "created_at")
+    list_display = ("name", "path", "inference_url", "inference_replicas", "created_at")
 
 
 @admin.register(ModelVersion)

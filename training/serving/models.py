@@ -48,6 +48,14 @@ class BaseModel(models.Model):
         default="",
         help_text="The inference server serving this base model (and its adapters); blank: the default one.",
     )
+    # Servers beside `inference_url` that serve the same weights: the gateway spreads requests
+    # over all of them, and a release loads into each. Set by `serve_inference --replicas` or
+    # `manage.py inference_replicas` (through `base_model_replicas_set`, which validates them).
+    inference_replicas = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="More inference servers of this base model (http:// URLs), beside inference_url.",
+    )
 
     class Meta:
         ordering = ["name"]

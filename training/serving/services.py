@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -18,6 +19,7 @@ from django.core.validators import validate_slug
 from django.db import connection, transaction
 from django.utils import timezone
 
+from training.inference.client import server_root
 from training.serving.models import (
     BaseModel,
     Deployment,
@@ -145,6 +147,51 @@ def base_model_register(
     elif version.base_model_id != base.id or version.kind != ModelVersionKind.BASE:
         raise ModelRegistryError(f"a {version.kind} version named {name!r} already exists; pick another name")
     return base, version
+
+
+def replica_urls_clean(*, primary: str, urls: list[Any], field: str = "inference_replicas") -> list[str]:
+    """`urls` as stored: each an `http://host:port` root (a trailing `/v1` is the same server),
+    none twice and none the same as `primary`. Raises `ModelRegistryError` naming the entry.
+
+    Plain http only: the gateway's upstream client speaks HTTP/1.1 to a private network
+    (docs/decisions/0001-gateway-hot-path.md), so an https replica could never take traffic."""
+    if not isinstance(urls, list):
+        raise ModelRegistryError("a list of URLs", field=field)
+    seen = {server_root(primary)} if primary else set()
+    out: list[str] = []
+    for i, url in enumerate(urls):
+        where = f"{field}[{i}]"
+        if not isinstance(url, str) or not url.strip():
+            raise ModelRegistryError("a non-empty URL string", field=where)
+        root = server_root(url)
+        try:
+            parts = urlsplit(root)
+            parts.port  # noqa: B018 - raises on a port that is not a number in range
+        except ValueError as exc:
+            raise ModelRegistryError(f"{url!r} is not a URL ({exc})", field=where) from exc
+        if parts.scheme != "http" or not parts.hostname:
+            raise ModelRegistryError(
+                f"{url!r}: an http://host:port URL (the gateway reaches inference servers over plain http)",
+                field=where,
+            )
+        if parts.query or parts.fragment or parts.username or parts.password or any(c in root for c in "\r\n\0 "):
+            raise ModelRegistryError(f"{url!r}: only scheme, host, port and path", field=where)
+        if root in seen:
+            raise ModelRegistryError(f"{url!r} is listed twice (or is the base model's inference_url)", field=where)
+        seen.add(root)
+        out.append(root)
+    return out
+
+
+@transaction.atomic
+def base_model_replicas_set(*, base: BaseModel, urls: list[Any]) -> BaseModel:
+    """Record the servers beside `base.inference_url` that serve `base` (replicas). The
+    gateway picks them up within its route cache's TTL; a release loads into each."""
+    locked = BaseModel.objects.select_for_update().get(pk=base.pk)
+    locked.inference_replicas = replica_urls_clean(primary=locked.inference_url or settings.INFERENCE_URL, urls=urls)
+    locked.save(update_fields=["inference_replicas"])
+    base.inference_replicas = locked.inference_replicas
+    return locked
 
 
 @transaction.atomic

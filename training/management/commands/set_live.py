@@ -3,15 +3,16 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from training.inference.client import InferenceError
-from training.services.inference import version_server
+from training.services.inference import version_servers
 from training.serving.models import ModelVersion, ModelVersionKind
 from training.serving.services import ModelRegistryError, deployment_get_or_create, live_version_set
 
 
 class Command(BaseCommand):
     help = (
-        "Point a deployment at a model version. A LoRA version is loaded into the running inference "
-        "server first (unless --no-load), so the gateway never routes to an adapter that is not there."
+        "Point a deployment at a model version. A LoRA version is loaded into every running inference "
+        "server of its base model first (unless --no-load), so the gateway never routes to an adapter "
+        "that is not there."
     )
 
     def add_arguments(self, parser) -> None:
@@ -26,10 +27,12 @@ class Command(BaseCommand):
             raise CommandError(f"no model version named {opts['version']!r}")
         deployment = deployment_get_or_create(name=opts["deployment"])
         if version.kind == ModelVersionKind.LORA and not opts["no_load"]:
-            try:
-                version_server(version).adapter_load(version.name, version.path)
-            except InferenceError as exc:
-                raise CommandError(f"could not load {version.name} into the inference server: {exc}") from exc
+            # Every replica first: the gateway may send the next request to any of them.
+            for server in version_servers(version):
+                try:
+                    server.adapter_load(version.name, version.path)
+                except InferenceError as exc:
+                    raise CommandError(f"could not load {version.name} into {server.url}: {exc}") from exc
         try:
             live_version_set(deployment=deployment, version=version, reason=opts["reason"] or "set_live command")
         except ModelRegistryError as exc:

@@ -1,0 +1,103 @@
+"""A base model's replicas: what is accepted and refused, the one list every reader uses, the
+commands that fill it, and the gateway's route over it."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from feedback.gateway.access import _route_sync
+from tests.factories import DeploymentFactory
+from training.serving.models import BaseModel
+from training.serving.selectors import base_model_replica_urls
+from training.serving.services import (
+    ModelRegistryError,
+    base_model_register,
+    base_model_replicas_set,
+    live_version_set,
+)
+
+
+@pytest.fixture
+def base(db, tmp_path) -> BaseModel:
+    (tmp_path / "config.json").write_text("{}")
+    base, _ = base_model_register(name="smol", path=tmp_path, inference_url="http://127.0.0.1:8001")
+    return base
+
+
+def test_the_inference_url_is_the_first_replica_and_each_server_counts_once(base, settings):
+    assert base_model_replica_urls(base=base) == ["http://127.0.0.1:8001"]
+    base_model_replicas_set(base=base, urls=["http://127.0.0.1:8002/v1", "http://gpu2:8001"])
+    base.refresh_from_db()
+    assert base_model_replica_urls(base=base) == ["http://127.0.0.1:8001", "http://127.0.0.1:8002", "http://gpu2:8001"]
+    base.inference_url = ""
+    settings.INFERENCE_URL = "http://127.0.0.1:8002"
+    # A blank inference_url is the site's server, here one of the replicas: listed once.
+    assert base_model_replica_urls(base=base) == ["http://127.0.0.1:8002", "http://gpu2:8001"]
+
+
+@pytest.mark.parametrize(
+    ("urls", "field", "reason"),
+    [
+        (["https://gpu2:8001"], "inference_replicas[0]", "an http://host:port URL"),
+        (["http://gpu2:8001", "http://gpu2:8001/"], "inference_replicas[1]", "listed twice"),
+        (["http://127.0.0.1:8001/v1"], "inference_replicas[0]", "the base model's inference_url"),
+        (["http://gpu2:port"], "inference_replicas[0]", "is not a URL"),
+        (["http://user:pw@gpu2:8001"], "inference_replicas[0]", "only scheme, host, port and path"),
+        (["gpu2:8001"], "inference_replicas[0]", "an http://host:port URL"),
+        ([""], "inference_replicas[0]", "a non-empty URL string"),
+        ([8002], "inference_replicas[0]", "a non-empty URL string"),
+        ("http://gpu2:8001", "inference_replicas", "a list of URLs"),
+    ],
+)
+def test_a_bad_replica_list_is_refused_naming_the_entry_and_nothing_is_stored(base, urls, field, reason):
+    base_model_replicas_set(base=base, urls=["http://gpu3:8001"])
+    with pytest.raises(ModelRegistryError) as caught:
+        base_model_replicas_set(base=base, urls=urls)
+    assert caught.value.status == 400
+    assert caught.value.field == field and reason in caught.value.reason
+    base.refresh_from_db()
+    assert base.inference_replicas == ["http://gpu3:8001"]
+
+
+def test_the_command_sets_lists_and_clears_the_replicas(base, capsys):
+    call_command("inference_replicas", "smol", "http://gpu2:8001", "http://gpu3:8001")
+    assert capsys.readouterr().out.split() == ["http://127.0.0.1:8001", "http://gpu2:8001", "http://gpu3:8001"]
+    with pytest.raises(CommandError, match=r"inference_replicas\[0\]: 'https://x:1'"):
+        call_command("inference_replicas", "smol", "https://x:1")
+    call_command("inference_replicas", "smol", "--clear")
+    assert capsys.readouterr().out.split() == ["http://127.0.0.1:8001"]
+    base.refresh_from_db()
+    assert base.inference_replicas == []
+
+
+def test_serve_inference_prints_one_server_per_replica_on_consecutive_ports(base, capsys):
+    call_command(
+        "serve_inference", "--base", "smol", "--print-command", "--port", "8001", "--replicas", "2",
+        "--tensor-parallel-size", "2",
+    )  # fmt: skip
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2
+    assert "--port 8001" in lines[0] and "--port 8002" in lines[1]
+    assert all("--tensor-parallel-size 2" in line for line in lines)
+    base.refresh_from_db()
+    assert base.inference_replicas == []  # printing records nothing
+
+
+def test_the_gateways_route_lists_every_replica(base):
+    deployment = DeploymentFactory(name="bot")
+    live_version_set(deployment=deployment, version=base.versions.get(name="smol"))
+    base_model_replicas_set(base=base, urls=["http://gpu2:8001"])
+    route = _route_sync(deployment.pk)
+    assert route.version_name == "smol"
+    assert route.upstream_urls == ("http://127.0.0.1:8001", "http://gpu2:8001")
+
+
+def test_cpu_replicas_each_bind_to_their_own_cpus(monkeypatch):
+    from training.inference import server
+
+    monkeypatch.setattr(server.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4})
+    assert server.cpu_shares(2) == ["0-1", "2-3"]
+    assert server.cpu_shares(5) == ["0", "1", "2", "3", "4"]
+    # Fewer CPUs than servers, or one server: vLLM's own binding for all.
+    assert server.cpu_shares(6) == [] and server.cpu_shares(1) == []
