@@ -19,9 +19,7 @@ from feedback.models import FailureCluster, Message
 from feedback.selectors.failure_modes import failure_cluster_turn_ids
 from training.models import TrainingSet, TrainingSplit
 from training.services.feedback_sets import turn_items
-from training.services.training_sets import TrainingSetError, training_set_create
-
-SLICE_KIND = "failure_mode"
+from training.services.training_sets import SLICE_KIND, TrainingSetError, training_set_create
 
 
 def evaluation_slice_name(cluster: FailureCluster) -> str:

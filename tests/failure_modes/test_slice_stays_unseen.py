@@ -1,0 +1,101 @@
+"""An evaluation slice is a test the candidate never saw: no training set trains on its
+traces once it exists, and a candidate whose own training (or an ancestor's) took one of
+them is refused an evaluation on it."""
+
+from __future__ import annotations
+
+import pytest
+from django.utils import timezone
+
+from tests.failure_modes.test_cluster_names_and_flags import noted  # noqa: F401
+from tests.failure_modes.test_feed_the_loop import modes  # noqa: F401
+from tests.promotion.conftest import make_adapter_folder
+from tests.training.policies import finish_job, policy, world  # noqa: F401
+from training.learning_policies.services import learning_policies_tick
+from training.models import TrainingItem, TrainingJob, TrainingSplit
+from training.promotion.models import Evaluation
+from training.services.evaluation_items import EvaluationError
+from training.services.evaluation_slices import evaluation_slice_from_failure_cluster
+from training.services.feedback_sets import training_set_from_feedback
+from training.services.jobs import training_job_create
+from webapp.work import WorkStatus
+
+pytestmark = pytest.mark.django_db
+
+
+def _slice_traces(built) -> set[int]:
+    return set(TrainingItem.objects.filter(training_set=built).values_list("trace_id", flat=True))
+
+
+def _trained_traces(training_set) -> set[int]:
+    return set(
+        TrainingItem.objects.filter(training_set=training_set, split=TrainingSplit.TRAIN).values_list(
+            "trace_id", flat=True
+        )
+    )
+
+
+def test_a_policy_evaluated_on_a_slice_does_not_train_on_the_slices_turns(modes, world):  # noqa: F811
+    """The policy's new feedback is the very comments the failure mode was made of: its set
+    holds those turns out, so the candidate it trains meets them first in the evaluation."""
+    built, _ = evaluation_slice_from_failure_cluster(cluster=modes["tracking"], user=world["olga"])
+    assert modes["run"].deployment == world["deployment"]  # the policy's feedback is the slice's
+    p = policy(world, eval_training_set=built, min_new_turns=1)
+    learning_policies_tick()
+    run = p.runs.get()
+    assert run.job_id is not None, run.error
+    trained = _trained_traces(run.training_set)
+    assert trained, "the other feedback still trains"
+    assert not trained & _slice_traces(built)
+    held = TrainingItem.objects.filter(training_set=run.training_set, trace_id__in=_slice_traces(built))
+    assert held.exists() and {it.split for it in held} == {TrainingSplit.HELDOUT}
+    assert run.training_set.selection["held_out_for_evaluation_slices"] == held.count()
+
+
+def test_a_training_set_built_after_the_slice_holds_its_traces_out(modes):  # noqa: F811
+    built, _ = evaluation_slice_from_failure_cluster(cluster=modes["tracking"], user=None)
+    everything = training_set_from_feedback(name="everything", filters={}, heldout_fraction=0.0)
+    on_slice = TrainingItem.objects.filter(training_set=everything, trace_id__in=_slice_traces(built))
+    assert on_slice.count() == built.item_count and {it.split for it in on_slice} == {TrainingSplit.HELDOUT}
+    assert _trained_traces(everything), "the rest still trains"
+
+
+def _candidate(world, name, *, parent=None):  # noqa: F811
+    from training.serving.services import model_version_create
+
+    return model_version_create(
+        name=name,
+        base_model=world["base"],
+        kind="lora",
+        path=make_adapter_folder(world["tmp"] / name),
+        parent=parent or world["base_version"],
+    )
+
+
+def test_a_candidate_trained_on_the_slices_turns_is_not_evaluated_on_it(modes, world):  # noqa: F811
+    """A set built before the slice took its turns as training items: the candidate trained on
+    it, and one trained from that candidate, saw the test; one that did not may take it."""
+    from training.services.evaluation import evaluation_create
+
+    earlier = training_set_from_feedback(name="before-the-slice", filters={}, heldout_fraction=0.0)
+    job = training_job_create(
+        kind="distill", config={"steps": 2}, base_version=world["base_version"], training_set=earlier, enqueue=False
+    )
+    saw = _candidate(world, "saw-it")
+    TrainingJob.objects.filter(pk=job.pk).update(
+        status=WorkStatus.FINISHED, result_version=saw, finished_at=timezone.now()
+    )
+    child = _candidate(world, "child-of-saw-it", parent=saw)
+    built, _ = evaluation_slice_from_failure_cluster(cluster=modes["tracking"], user=None)
+    assert _trained_traces(earlier) & _slice_traces(built)
+
+    for candidate in (saw, child):
+        with pytest.raises(EvaluationError) as refused:
+            evaluation_create(candidate=candidate, deployment=world["deployment"], training_set=built)
+        field, reason = refused.value.errors[0]
+        assert field == "training_set" and "before-the-slice" in reason and "trained on" in reason
+    assert not Evaluation.objects.exists()
+
+    fresh = _candidate(world, "never-saw-it")
+    evaluation = evaluation_create(candidate=fresh, deployment=world["deployment"], training_set=built)
+    assert evaluation.total == built.heldout_count
