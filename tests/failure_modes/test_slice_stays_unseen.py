@@ -99,3 +99,22 @@ def test_a_candidate_trained_on_the_slices_turns_is_not_evaluated_on_it(modes, w
     fresh = _candidate(world, "never-saw-it")
     evaluation = evaluation_create(candidate=fresh, deployment=world["deployment"], training_set=built)
     assert evaluation.total == built.heldout_count
+
+
+def test_the_slice_is_judged_on_the_mistake_its_notes_name(modes, world):  # noqa: F811
+    """A commented turn has no judge's rubric: evaluated under the general one alone, a
+    candidate that leaves the tracking link out again could still win. Each item's rubric holds
+    the reviewers' words, and the evaluation scores both answers under it."""
+    from training.promotion.models import EvaluationItem
+    from training.services.evaluation import evaluation_create
+
+    built, _ = evaluation_slice_from_failure_cluster(cluster=modes["tracking"], user=None)
+    for item in TrainingItem.objects.filter(training_set=built):
+        criteria = [c["criterion"] for c in item.rubric["criteria"]]
+        assert any(item.feedback in c for c in criteria), criteria  # the comment is the note
+        assert all(c["weight"] in (1, 2, 3) for c in item.rubric["criteria"])
+    evaluation = evaluation_create(
+        candidate=_candidate(world, "fresh"), deployment=world["deployment"], training_set=built
+    )
+    for item in EvaluationItem.objects.filter(evaluation=evaluation):
+        assert any("tracking" in c["criterion"].lower() for c in item.rubric["criteria"]), item.rubric

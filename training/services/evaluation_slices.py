@@ -15,7 +15,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils.text import slugify
 
-from feedback.models import FailureCluster, Message
+from feedback.models import FailureCluster, FailureClusterMember, Message
 from feedback.selectors.failure_modes import failure_cluster_turn_ids
 from training.models import TrainingSet, TrainingSplit
 from training.services.feedback_sets import turn_items
@@ -26,6 +26,36 @@ def evaluation_slice_name(cluster: FailureCluster) -> str:
     """`fm-<run>-<slug of the failure mode's name>`, a training set's slug of at most 100."""
     slug = slugify(cluster.name)[:80].strip("-") or f"cluster-{cluster.pk}"
     return f"fm-{cluster.run_id}-{slug}"
+
+
+def _notes_by_turn(cluster: FailureCluster) -> dict[int, list[str]]:
+    """The cluster's notes (comments, failing judges' rationales) by the turn they are about."""
+    notes: dict[int, list[str]] = {}
+    members = FailureClusterMember.objects.filter(cluster=cluster).order_by("pk")
+    for text, commented, judged in members.values_list("text", "comment__message_id", "judge_result__message_id"):
+        for turn in {commented, judged} - {None}:
+            notes.setdefault(turn, []).append(text)
+    return notes
+
+
+# A stored rubric's limits (feedback.judge.schemas.STORED_RUBRIC_SCHEMA).
+MAX_CRITERIA, CRITERION_MAX = 50, 5000
+
+
+def slice_rubric(rubric, critique: str) -> dict:
+    """What an evaluation scores a slice item's two answers by: the judge's rubric for the turn
+    (else the general one), and, weighted highest, not repeating what the failure mode's notes
+    on it criticised.
+    A commented turn has no rubric of its own, and under the general one a candidate that
+    makes the same mistake again can still win the comparison."""
+    criteria = list((rubric or {}).get("criteria") or []) if isinstance(rubric, dict) else []
+    if not criteria:
+        criteria = [{"criterion": settings.EVAL_DEFAULT_RUBRIC, "weight": 1}]
+    critique = " ".join(critique.split())
+    if critique and len(criteria) < MAX_CRITERIA:
+        head = "Does not repeat the mistake reviewers criticised in an earlier answer to this turn, in their words: "
+        criteria.append({"criterion": (head + f"“{critique}”")[:CRITERION_MAX], "weight": 3})
+    return {"criteria": criteria}
 
 
 @transaction.atomic
@@ -58,10 +88,12 @@ def evaluation_slice_from_failure_cluster(*, cluster: FailureCluster, user=None)
                 )
             ]
         )
+    notes = _notes_by_turn(cluster)
     total = len(items)
     items = items[: settings.EVAL_MAX_ITEMS]  # an evaluation takes at most this many
     for item in items:
         item["split"] = TrainingSplit.HELDOUT
+        item["rubric"] = slice_rubric(item.get("rubric"), " ".join(notes.get(item["message_id"], [])))
         item["provenance"] |= {"failure_cluster": cluster.pk, "failure_mode_run": cluster.run_id}
     kept = f"first {len(items)} of the {total} turns" if len(items) < total else f"{total} turns"
     training_set = training_set_create(
