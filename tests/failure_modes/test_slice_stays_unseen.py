@@ -118,3 +118,23 @@ def test_the_slice_is_judged_on_the_mistake_its_notes_name(modes, world):  # noq
     )
     for item in EvaluationItem.objects.filter(evaluation=evaluation):
         assert any("tracking" in c["criterion"].lower() for c in item.rubric["criteria"]), item.rubric
+
+
+def test_a_failure_mode_replaced_while_its_button_is_pressed_is_refused_not_a_crash(modes):  # noqa: F811
+    """A run found running restarts and deletes its clusters: the page a person pressed the
+    button on still names the old one. Both services answer on `cluster`, nothing is stored."""
+    from feedback.models import AnnotationQueue, FailureCluster
+    from feedback.services.chat_format import FieldError
+    from feedback.services.queues import queue_from_failure_cluster
+    from training.models import TrainingSet
+    from training.services.training_sets import TrainingSetError
+
+    stale = modes["tracking"]
+    FailureCluster.objects.filter(pk=stale.pk).delete()
+    with pytest.raises(FieldError) as refused:
+        queue_from_failure_cluster(cluster=stale, created_by=None)
+    assert refused.value.field == "cluster" and "replaced" in refused.value.reason
+    with pytest.raises(TrainingSetError) as refused:
+        evaluation_slice_from_failure_cluster(cluster=stale, user=None)
+    assert refused.value.errors[0][0] == "cluster" and "replaced" in refused.value.errors[0][1]
+    assert not AnnotationQueue.objects.exists() and not TrainingSet.objects.exists()

@@ -17,6 +17,7 @@ from django.utils.text import slugify
 
 from feedback.models import FailureCluster, FailureClusterMember, Message
 from feedback.selectors.failure_modes import failure_cluster_turn_ids
+from feedback.services.queues import REPLACED
 from training.models import TrainingSet, TrainingSplit
 from training.services.feedback_sets import turn_items
 from training.services.training_sets import SLICE_KIND, TrainingSetError, training_set_create
@@ -65,11 +66,15 @@ def evaluation_slice_from_failure_cluster(*, cluster: FailureCluster, user=None)
     `cluster`) for a dismissed cluster and for one none of whose notes is on an assistant
     turn that can be replayed (one with messages before it)."""
     # Two clicks at once wait for each other here, so the second finds the first's slice.
-    cluster = (
+    locked = (
         FailureCluster.objects.select_for_update(of=("self",))
         .select_related("run", "run__deployment")
-        .get(pk=cluster.pk)
+        .filter(pk=cluster.pk)
+        .first()
     )
+    if locked is None:
+        raise TrainingSetError([("cluster", REPLACED)])
+    cluster = locked
     existing = TrainingSet.objects.filter(failure_cluster=cluster).first()
     if existing is not None:
         return existing, False
