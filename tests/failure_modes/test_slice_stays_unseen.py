@@ -138,3 +138,21 @@ def test_a_failure_mode_replaced_while_its_button_is_pressed_is_refused_not_a_cr
         evaluation_slice_from_failure_cluster(cluster=stale, user=None)
     assert refused.value.errors[0][0] == "cluster" and "replaced" in refused.value.errors[0][1]
     assert not AnnotationQueue.objects.exists() and not TrainingSet.objects.exists()
+
+
+def test_a_set_from_the_failure_modes_queue_after_its_slice_says_why_it_trains_nothing(modes, world):  # noqa: F811
+    """The queue holds the very traces the slice tests: a set built from it holds them all out,
+    and a job on it says that is why it has nothing to train on."""
+    from feedback.services.queues import queue_from_failure_cluster
+    from training.services.jobs import JobError
+
+    queue, _ = queue_from_failure_cluster(cluster=modes["tracking"], created_by=None)
+    built, _ = evaluation_slice_from_failure_cluster(cluster=modes["tracking"], user=None)
+    from_queue = training_set_from_feedback(name="from-the-queue", queue_id=queue.pk, heldout_fraction=0.0)
+    assert from_queue.train_count == 0 and from_queue.selection["held_out_for_evaluation_slices"] == built.item_count
+    with pytest.raises(JobError) as refused:
+        training_job_create(
+            kind="distill", config={"steps": 2}, base_version=world["base_version"], training_set=from_queue
+        )
+    field, reason = refused.value.errors[0]
+    assert field == "training_set" and "evaluation slice" in reason, reason
