@@ -156,3 +156,19 @@ def test_a_set_from_the_failure_modes_queue_after_its_slice_says_why_it_trains_n
         )
     field, reason = refused.value.errors[0]
     assert field == "training_set" and "evaluation slice" in reason, reason
+
+
+def test_a_deployments_api_key_makes_neither_queue_nor_slice(modes, client):  # noqa: F811
+    """The buttons are a person's: a deployment's key, whatever its scopes, is refused."""
+    from feedback.models import AnnotationQueue, ApiKeyScope
+    from feedback.services.api_keys import api_key_create
+    from training.models import TrainingSet
+
+    key = api_key_create(deployment=modes["run"].deployment, scopes=list(ApiKeyScope.values))
+    for path in ("queue", "evaluation-slice"):
+        answer = client.post(
+            f"/api/v1/failure-modes/clusters/{modes['tracking'].pk}/{path}",
+            HTTP_AUTHORIZATION=f"Bearer {key.plaintext}",
+        )
+        assert answer.status_code == 403, (path, answer.content)
+    assert not AnnotationQueue.objects.exists() and not TrainingSet.objects.exists()
