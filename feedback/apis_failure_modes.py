@@ -86,6 +86,12 @@ class FailureClusterQueueApi(APIView):
         responses={
             201: OpenApiResponse(description="{'created': true, 'queue', 'failure_mode'}"),
             200: OpenApiResponse(description="the failure mode's queue, already made"),
+            400: OpenApiResponse(
+                description="`cluster`: the id is not a whole number, or the failure mode was dismissed, replaced "
+                "by a restart of its run, or has nothing to use; nothing is stored"
+            ),
+            403: OpenApiResponse(description="not a person with these permissions (an API key is refused)"),
+            404: OpenApiResponse(description="no such failure mode"),
         },
     )
     def post(self, request, cluster_id: str):

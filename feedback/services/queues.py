@@ -63,6 +63,10 @@ def queue_create(
     return queue
 
 
+# A run found running starts over and deletes its clusters: the page still showed this one.
+REPLACED = "this failure mode is gone: its run was started over and its clusters replaced; reload the page"
+
+
 @transaction.atomic
 def queue_from_failure_cluster(*, cluster: FailureCluster, created_by) -> tuple[AnnotationQueue, bool]:
     """A queue of the traces a failure mode's notes are on ("Review in a queue"), newest
@@ -71,7 +75,10 @@ def queue_from_failure_cluster(*, cluster: FailureCluster, created_by) -> tuple[
     from feedback.selectors.failure_modes import failure_cluster_trace_ids
 
     # Two clicks at once wait for each other here, so the second finds the first's queue.
-    cluster = FailureCluster.objects.select_for_update(of=("self",)).select_related("run").get(pk=cluster.pk)
+    locked = FailureCluster.objects.select_for_update(of=("self",)).select_related("run").filter(pk=cluster.pk).first()
+    if locked is None:
+        raise FieldError("cluster", REPLACED)
+    cluster = locked
     existing = AnnotationQueue.objects.filter(failure_cluster=cluster).first()
     if existing is not None:
         return existing, False

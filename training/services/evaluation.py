@@ -23,6 +23,7 @@ from training.promotion.models import AuditAction, Evaluation, EvaluationItem, E
 from training.services.audit import audit_record
 from training.services.evaluation_items import (
     EvaluationError,
+    check_unseen,
     items_from_environment,
     items_from_traces,
     items_from_training_set,
@@ -100,6 +101,7 @@ def evaluation_create(
     sources: dict[str, Any] = {}
     if training_set is not None:
         rows += items_from_training_set(training_set=training_set)
+        check_unseen(candidate=candidate, training_set=training_set)
         sources["training_set"] = {"id": training_set.pk, "name": str(training_set)}
     if trace_ids:
         rows += items_from_traces(trace_ids=list(trace_ids), deployment=deployment)

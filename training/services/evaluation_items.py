@@ -147,6 +147,50 @@ def items_from_training_set(*, training_set) -> list[dict[str, Any]]:
     return out
 
 
+def check_unseen(*, candidate, training_set) -> None:
+    """Refuse (`training_set`) a set some of whose held-out items the candidate, or a version
+    it was trained from, trained on: the same turn as a training item of the set a job made one
+    of them from, or, for a failure mode's evaluation slice, any turn of the same trace (the
+    slice is the test of that mistake; a turn after it answers the same conversation). A
+    comparison there measures what was learnt, not whether it carries over."""
+    from django.db.models import Q
+
+    from training.models import TrainingItem, TrainingJob, TrainingSet, TrainingSplit
+    from training.services.training_sets import SLICE_KIND
+    from training.serving.models import ModelVersion
+
+    lineage, version_id = [], candidate.pk
+    while version_id is not None and version_id not in lineage:
+        lineage.append(version_id)
+        version_id = ModelVersion.objects.filter(pk=version_id).values_list("parent_id", flat=True).first()
+    trained_sets = set(
+        TrainingJob.objects.filter(result_version__in=lineage, training_set__isnull=False).values_list(
+            "training_set", flat=True
+        )
+    )
+    if not trained_sets:
+        return
+    trained = TrainingItem.objects.filter(training_set__in=trained_sets, split=TrainingSplit.TRAIN)
+    seen = Q(key__in=trained.values("key"))
+    if (training_set.selection or {}).get("kind") == SLICE_KIND:
+        seen |= Q(trace_id__in=trained.exclude(trace_id=None).values("trace_id"))
+    heldout = TrainingItem.objects.filter(training_set=training_set, split=TrainingSplit.HELDOUT)
+    count = heldout.filter(seen).count()
+    if not count:
+        return
+    names = ", ".join(str(s) for s in TrainingSet.objects.filter(pk__in=trained_sets).order_by("pk"))
+    raise EvaluationError(
+        [
+            (
+                "training_set",
+                f"{count} of the {heldout.count()} held-out items of {training_set} were trained on by "
+                f"{candidate.name} or a version it was trained from (training set {names}): "
+                "an evaluation there measures what it was taught, not what it learnt",
+            )
+        ]
+    )
+
+
 MAX_ENVIRONMENT_TASKS = 500
 
 

@@ -15,19 +15,48 @@ from django.conf import settings
 from django.db import transaction
 from django.utils.text import slugify
 
-from feedback.models import FailureCluster, Message
+from feedback.models import FailureCluster, FailureClusterMember, Message
 from feedback.selectors.failure_modes import failure_cluster_turn_ids
+from feedback.services.queues import REPLACED
 from training.models import TrainingSet, TrainingSplit
 from training.services.feedback_sets import turn_items
-from training.services.training_sets import TrainingSetError, training_set_create
-
-SLICE_KIND = "failure_mode"
+from training.services.training_sets import SLICE_KIND, TrainingSetError, training_set_create
 
 
 def evaluation_slice_name(cluster: FailureCluster) -> str:
     """`fm-<run>-<slug of the failure mode's name>`, a training set's slug of at most 100."""
     slug = slugify(cluster.name)[:80].strip("-") or f"cluster-{cluster.pk}"
     return f"fm-{cluster.run_id}-{slug}"
+
+
+def _notes_by_turn(cluster: FailureCluster) -> dict[int, list[str]]:
+    """The cluster's notes (comments, failing judges' rationales) by the turn they are about."""
+    notes: dict[int, list[str]] = {}
+    members = FailureClusterMember.objects.filter(cluster=cluster).order_by("pk")
+    for text, commented, judged in members.values_list("text", "comment__message_id", "judge_result__message_id"):
+        for turn in {commented, judged} - {None}:
+            notes.setdefault(turn, []).append(text)
+    return notes
+
+
+# A stored rubric's limits (feedback.judge.schemas.STORED_RUBRIC_SCHEMA).
+MAX_CRITERIA, CRITERION_MAX = 50, 5000
+
+
+def slice_rubric(rubric, critique: str) -> dict:
+    """What an evaluation scores a slice item's two answers by: the judge's rubric for the turn
+    (else the general one), and, weighted highest, not repeating what the failure mode's notes
+    on it criticised.
+    A commented turn has no rubric of its own, and under the general one a candidate that
+    makes the same mistake again can still win the comparison."""
+    criteria = list((rubric or {}).get("criteria") or []) if isinstance(rubric, dict) else []
+    if not criteria:
+        criteria = [{"criterion": settings.EVAL_DEFAULT_RUBRIC, "weight": 1}]
+    critique = " ".join(critique.split())
+    if critique and len(criteria) < MAX_CRITERIA:
+        head = "Does not repeat the mistake reviewers criticised in an earlier answer to this turn, in their words: "
+        criteria.append({"criterion": (head + f"“{critique}”")[:CRITERION_MAX], "weight": 3})
+    return {"criteria": criteria}
 
 
 @transaction.atomic
@@ -37,11 +66,15 @@ def evaluation_slice_from_failure_cluster(*, cluster: FailureCluster, user=None)
     `cluster`) for a dismissed cluster and for one none of whose notes is on an assistant
     turn that can be replayed (one with messages before it)."""
     # Two clicks at once wait for each other here, so the second finds the first's slice.
-    cluster = (
+    locked = (
         FailureCluster.objects.select_for_update(of=("self",))
         .select_related("run", "run__deployment")
-        .get(pk=cluster.pk)
+        .filter(pk=cluster.pk)
+        .first()
     )
+    if locked is None:
+        raise TrainingSetError([("cluster", REPLACED)])
+    cluster = locked
     existing = TrainingSet.objects.filter(failure_cluster=cluster).first()
     if existing is not None:
         return existing, False
@@ -60,10 +93,12 @@ def evaluation_slice_from_failure_cluster(*, cluster: FailureCluster, user=None)
                 )
             ]
         )
+    notes = _notes_by_turn(cluster)
     total = len(items)
     items = items[: settings.EVAL_MAX_ITEMS]  # an evaluation takes at most this many
     for item in items:
         item["split"] = TrainingSplit.HELDOUT
+        item["rubric"] = slice_rubric(item.get("rubric"), " ".join(notes.get(item["message_id"], [])))
         item["provenance"] |= {"failure_cluster": cluster.pk, "failure_mode_run": cluster.run_id}
     kept = f"first {len(items)} of the {total} turns" if len(items) < total else f"{total} turns"
     training_set = training_set_create(

@@ -233,7 +233,9 @@ def _judge_scored(kind: str, config, training_set: TrainingSet | None) -> str:
 def _check_items(kind: str, training_set: TrainingSet, *, hint_samples: int = 0) -> None:
     items = training_set.items.filter(split="train")
     if not items.exists():
-        raise JobError([("training_set", "has no training items")])
+        held = (training_set.selection or {}).get("held_out_for_evaluation_slices")
+        why = f": its {held} turns on failure modes' evaluation slices are held out, the slices' test" if held else ""
+        raise JobError([("training_set", f"has no training items{why}")])
     if kind == JobKind.SFT and not items.exclude(corrected_response="").exists():
         raise JobError([("training_set", "has no corrected responses to fine-tune on")])
     if kind == JobKind.DISTILL and not items.exclude(feedback="").exists():

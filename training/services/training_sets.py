@@ -13,6 +13,9 @@ from training.models import TrainingItem, TrainingItemKind, TrainingSet, Trainin
 from training.trainer.graders import GRADERS
 from webapp.errors import Invalid
 
+# `selection["kind"]` of a failure mode's evaluation slice (training.services.evaluation_slices).
+SLICE_KIND = "failure_mode"
+
 
 class TrainingSetError(Invalid, ValueError):
     def __init__(self, errors: list[tuple[str, str]]):
@@ -24,6 +27,19 @@ def split_for(key: str, heldout_fraction: float) -> str:
     below `heldout_fraction`: deterministic, uniform, independent of the other items."""
     value = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64
     return TrainingSplit.HELDOUT if value < heldout_fraction else TrainingSplit.TRAIN
+
+
+def evaluation_slice_traces(trace_ids: set[int]) -> set[int]:
+    """Those of `trace_ids` that an evaluation slice holds a turn of. A slice is a test no
+    candidate may have trained on, and another turn of the same conversation carries the same
+    context and the criticised answer before it, so the whole trace stays out of training."""
+    if not trace_ids:
+        return set()
+    return set(
+        TrainingItem.objects.filter(training_set__selection__kind=SLICE_KIND, trace_id__in=trace_ids)
+        .values_list("trace_id", flat=True)
+        .distinct()
+    )
 
 
 def _next_version(name: str) -> int:
@@ -44,8 +60,8 @@ def training_set_create(
     """Store the next version of `name` with `items` (dicts with TrainingItem's fields;
     `key` required and unique; items with the same optional `split_key` fall on the same
     side of the train/held-out split, e.g. copies of one turn; an item's own `split` wins,
-    e.g. a validation file's lines). Validates everything
-    before writing anything."""
+    e.g. a validation file's lines, except that a turn of a trace an evaluation slice holds is
+    always held out). Validates everything before writing anything."""
     errors: list[tuple[str, str]] = []
     if not 0 <= heldout_fraction < 1:
         errors.append(("heldout_fraction", "must be in [0, 1)"))
@@ -70,11 +86,18 @@ def training_set_create(
         errors.append(("items", "no items selected"))
     if errors:
         raise TrainingSetError(errors)
+    selection = dict(selection or {})
+    held_for_slices: set[int] = set()
+    if selection.get("kind") != SLICE_KIND:
+        held_for_slices = evaluation_slice_traces({t for it in items if (t := it.get("trace_id")) is not None})
+    held_count = sum(1 for it in items if it.get("trace_id") in held_for_slices)
+    if held_count:
+        selection["held_out_for_evaluation_slices"] = held_count
     training_set = TrainingSet.objects.create(
         name=name,
         version=_next_version(name),
         deployment=deployment,
-        selection=selection or {},
+        selection=selection,
         description=description,
         heldout_fraction=heldout_fraction,
         created_by=user,
@@ -82,7 +105,9 @@ def training_set_create(
     rows = [
         TrainingItem(
             training_set=training_set,
-            split=item.get("split") or split_for(item.get("split_key") or item["key"], heldout_fraction),
+            split=TrainingSplit.HELDOUT
+            if item.get("trace_id") in held_for_slices
+            else item.get("split") or split_for(item.get("split_key") or item["key"], heldout_fraction),
             **_item_fields(item),
         )
         for item in items
