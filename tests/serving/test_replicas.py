@@ -101,3 +101,38 @@ def test_cpu_replicas_each_bind_to_their_own_cpus(monkeypatch):
     assert server.cpu_shares(5) == ["0", "1", "2", "3", "4"]
     # Fewer CPUs than servers, or one server: vLLM's own binding for all.
     assert server.cpu_shares(6) == [] and server.cpu_shares(1) == []
+
+
+def test_serve_inference_takes_its_replicas_off_the_list_when_one_gives_up_and_when_it_stops(base, monkeypatch):
+    # Left listed, a stopped replica would be probed by every gateway process forever and
+    # fail every release of the base model ("cannot connect … at http://127.0.0.1:8002").
+    from training.inference import server as server_module
+
+    seen = {}
+
+    def supervise_all(servers, *, on_ready, on_gave_up, max_restarts):
+        base.refresh_from_db()
+        seen["running"] = list(base.inference_replicas)
+        on_gave_up(servers[1])
+        base.refresh_from_db()
+        seen["after_give_up"] = list(base.inference_replicas)
+        base_model_replicas_set(base=base, urls=[*base.inference_replicas, "http://gpu9:8001"])  # someone else's
+        return 0
+
+    monkeypatch.setattr(server_module, "vllm_missing_reason", lambda: None)
+    monkeypatch.setattr(server_module, "supervise_all", supervise_all)
+    call_command("serve_inference", "--base", "smol", "--port", "8001", "--replicas", "3")
+    assert seen["running"] == ["http://127.0.0.1:8002", "http://127.0.0.1:8003"]
+    assert seen["after_give_up"] == ["http://127.0.0.1:8003"]
+    base.refresh_from_db()
+    assert base.inference_replicas == ["http://gpu9:8001"]
+
+
+def test_serve_inference_without_replicas_says_which_recorded_ones_it_does_not_start(base, monkeypatch, capsys):
+    from training.inference import server as server_module
+
+    base_model_replicas_set(base=base, urls=["http://127.0.0.1:8002"])
+    monkeypatch.setattr(server_module, "vllm_missing_reason", lambda: None)
+    monkeypatch.setattr(server_module, "supervise_all", lambda servers, **kw: 0)
+    call_command("serve_inference", "--base", "smol", "--port", "8001")
+    assert "also lists the replicas http://127.0.0.1:8002" in capsys.readouterr().err

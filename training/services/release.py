@@ -333,9 +333,9 @@ def release_smoke(version: ModelVersion) -> dict[str, Any]:
 
 def release_adapter_unload(*, version_id: int) -> list[str]:
     """Unload a LoRA version from every replica of its base model, unless some deployment
-    serves it, a release of it is in progress or an evaluation in progress generates with it; best effort (a replica that does not answer
-    is logged and skipped: a restarted one loads only the live adapters anyway). Returns the
-    servers it was unloaded from."""
+    serves it, a release of it is in progress or an evaluation in progress generates with it;
+    best effort (a replica that does not answer is logged and skipped: a restarted one loads
+    only the live adapters anyway). Returns the servers it was unloaded from."""
     version = ModelVersion.objects.select_related("base_model").filter(pk=version_id).first()
     if version is None or version.kind != ModelVersionKind.LORA:
         return []

@@ -195,6 +195,20 @@ def base_model_replicas_set(*, base: BaseModel, urls: list[Any]) -> BaseModel:
 
 
 @transaction.atomic
+def base_model_replicas_drop(*, base: BaseModel, urls: list[str]) -> list[str]:
+    """Take `urls` off `base`'s replicas (those a stopped server held), leaving any other entry
+    as it is (someone may have changed the list meanwhile). Returns the list as stored."""
+    locked = BaseModel.objects.select_for_update().get(pk=base.pk)
+    gone = {server_root(url) for url in urls}
+    kept = [url for url in locked.inference_replicas or [] if server_root(url) not in gone]
+    if kept != locked.inference_replicas:
+        locked.inference_replicas = kept
+        locked.save(update_fields=["inference_replicas"])
+    base.inference_replicas = kept
+    return kept
+
+
+@transaction.atomic
 def model_version_create(
     *,
     name: str,
