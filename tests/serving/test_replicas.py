@@ -41,6 +41,8 @@ def test_the_inference_url_is_the_first_replica_and_each_server_counts_once(base
     [
         (["https://gpu2:8001"], "inference_replicas[0]", "an http://host:port URL"),
         (["http://gpu2:8001", "http://gpu2:8001/"], "inference_replicas[1]", "listed twice"),
+        (["http://gpu2:8001", "HTTP://GPU2:8001"], "inference_replicas[1]", "listed twice"),
+        (["http://LOCALHOST:9/", "http://localhost:9"], "inference_replicas[1]", "listed twice"),
         (["http://127.0.0.1:8001/v1"], "inference_replicas[0]", "the base model's inference_url"),
         (["http://gpu2:port"], "inference_replicas[0]", "is not a URL"),
         (["http://user:pw@gpu2:8001"], "inference_replicas[0]", "only scheme, host, port and path"),
