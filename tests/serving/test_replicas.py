@@ -138,3 +138,56 @@ def test_serve_inference_without_replicas_says_which_recorded_ones_it_does_not_s
     monkeypatch.setattr(server_module, "supervise_all", lambda servers, **kw: 0)
     call_command("serve_inference", "--base", "smol", "--port", "8001")
     assert "also lists the replicas http://127.0.0.1:8002" in capsys.readouterr().err
+
+
+def _adapter_server(status: int):
+    """An inference server that answers every call with `status`; the requests it saw."""
+    import http.server
+    import json
+    import threading
+
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            seen.append((self.path, json.loads(raw) if raw else None))
+            body = b"{}" if status == 200 else b'{"error": {"message": "engine down"}}'
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_port}", seen
+
+
+def test_a_replica_the_command_adds_gets_the_live_adapters_before_it_is_listed(base, tmp_path):
+    from tests.promotion.conftest import make_adapter_folder
+    from training.serving.services import model_version_create
+
+    version = model_version_create(
+        name="smol-v1", base_model=base, kind="lora", path=make_adapter_folder(tmp_path / "v1"),
+        parent=base.versions.get(name="smol"),
+    )  # fmt: skip
+    live_version_set(deployment=DeploymentFactory(name="bot"), version=version)
+    broken, broken_url, _ = _adapter_server(500)
+    try:
+        with pytest.raises(CommandError, match="could not load the live adapters, nothing recorded"):
+            call_command("inference_replicas", "smol", broken_url)
+        base.refresh_from_db()
+        assert base.inference_replicas == []
+    finally:
+        broken.shutdown()
+    server, url, seen = _adapter_server(200)
+    try:
+        call_command("inference_replicas", "smol", url)
+    finally:
+        server.shutdown()
+    assert [(path, body["lora_name"]) for path, body in seen] == [("/v1/load_lora_adapter", "smol-v1")]
+    base.refresh_from_db()
+    assert base.inference_replicas == [url]
