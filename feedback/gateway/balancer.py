@@ -16,8 +16,10 @@ fully read or streamed), and whether it is taking traffic.
   restarted replica comes back only once it serves the live adapters. Only names asked
   since the last round count: a version that went out of service meanwhile is not awaited.
 - **Retry**: `send` tries a request that failed before the first byte of an answer once more,
-  on another healthy replica; so too one that a replica answered "no such model" (404 on
-  `model`: restarted, its adapters not loaded yet), which did no work. Nothing else is
+  on another healthy replica. One that a replica answered "no such model" (404 on `model`:
+  restarted, its adapters not loaded yet) did no work and costs no retry: it goes on to each
+  other healthy replica in turn, since such a replica answers fast, has few requests
+  outstanding and so is picked first again and again. Nothing else is
   repeated: once an answer has started (a stream, a status line) or a read timed out, the
   server may have done the work.
 """
@@ -144,7 +146,9 @@ class Balancer:
         tried: list[Replica] = []
         failure: InferenceError | None = None
         missing: tuple[Replica, Buffered] | None = None
-        for _ in range(2):
+        # Each try excludes the replicas tried before, so this ends after len(urls) tries at
+        # most; a second failure to reach one ends it at once.
+        while True:
             replica = self.pick(urls, model, exclude=tried)
             if replica is None:
                 break
@@ -160,6 +164,8 @@ class Balancer:
                 if not _retryable(exc):
                     raise
                 self.mark_down(replica, str(exc), model)
+                if failure is not None:
+                    raise
                 failure = exc
                 continue
             except BaseException:
@@ -209,6 +215,11 @@ class Balancer:
             try:
                 ready = await asyncio.wait_for(self._ready(replica, wanted), self.probe_timeout)
             except (InferenceError, TimeoutError):
+                ready = False
+            except Exception:
+                # Whatever the server answered, the probe goes on: a probe that died would
+                # keep the replica out for the life of the process.
+                logger.exception("probing inference replica %s failed", replica.url)
                 ready = False
             if ready:
                 replica.healthy, replica.down_reason, replica.probe = True, "", None

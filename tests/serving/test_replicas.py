@@ -41,6 +41,8 @@ def test_the_inference_url_is_the_first_replica_and_each_server_counts_once(base
     [
         (["https://gpu2:8001"], "inference_replicas[0]", "an http://host:port URL"),
         (["http://gpu2:8001", "http://gpu2:8001/"], "inference_replicas[1]", "listed twice"),
+        (["http://gpu2:8001", "HTTP://GPU2:8001"], "inference_replicas[1]", "listed twice"),
+        (["http://LOCALHOST:9/", "http://localhost:9"], "inference_replicas[1]", "listed twice"),
         (["http://127.0.0.1:8001/v1"], "inference_replicas[0]", "the base model's inference_url"),
         (["http://gpu2:port"], "inference_replicas[0]", "is not a URL"),
         (["http://user:pw@gpu2:8001"], "inference_replicas[0]", "only scheme, host, port and path"),
@@ -101,3 +103,91 @@ def test_cpu_replicas_each_bind_to_their_own_cpus(monkeypatch):
     assert server.cpu_shares(5) == ["0", "1", "2", "3", "4"]
     # Fewer CPUs than servers, or one server: vLLM's own binding for all.
     assert server.cpu_shares(6) == [] and server.cpu_shares(1) == []
+
+
+def test_serve_inference_takes_its_replicas_off_the_list_when_one_gives_up_and_when_it_stops(base, monkeypatch):
+    # Left listed, a stopped replica would be probed by every gateway process forever and
+    # fail every release of the base model ("cannot connect … at http://127.0.0.1:8002").
+    from training.inference import server as server_module
+
+    seen = {}
+
+    def supervise_all(servers, *, on_ready, on_gave_up, max_restarts):
+        base.refresh_from_db()
+        seen["running"] = list(base.inference_replicas)
+        on_gave_up(servers[1])
+        base.refresh_from_db()
+        seen["after_give_up"] = list(base.inference_replicas)
+        base_model_replicas_set(base=base, urls=[*base.inference_replicas, "http://gpu9:8001"])  # someone else's
+        return 0
+
+    monkeypatch.setattr(server_module, "vllm_missing_reason", lambda: None)
+    monkeypatch.setattr(server_module, "supervise_all", supervise_all)
+    call_command("serve_inference", "--base", "smol", "--port", "8001", "--replicas", "3")
+    assert seen["running"] == ["http://127.0.0.1:8002", "http://127.0.0.1:8003"]
+    assert seen["after_give_up"] == ["http://127.0.0.1:8003"]
+    base.refresh_from_db()
+    assert base.inference_replicas == ["http://gpu9:8001"]
+
+
+def test_serve_inference_without_replicas_says_which_recorded_ones_it_does_not_start(base, monkeypatch, capsys):
+    from training.inference import server as server_module
+
+    base_model_replicas_set(base=base, urls=["http://127.0.0.1:8002"])
+    monkeypatch.setattr(server_module, "vllm_missing_reason", lambda: None)
+    monkeypatch.setattr(server_module, "supervise_all", lambda servers, **kw: 0)
+    call_command("serve_inference", "--base", "smol", "--port", "8001")
+    assert "also lists the replicas http://127.0.0.1:8002" in capsys.readouterr().err
+
+
+def _adapter_server(status: int):
+    """An inference server that answers every call with `status`; the requests it saw."""
+    import http.server
+    import json
+    import threading
+
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            seen.append((self.path, json.loads(raw) if raw else None))
+            body = b"{}" if status == 200 else b'{"error": {"message": "engine down"}}'
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_port}", seen
+
+
+def test_a_replica_the_command_adds_gets_the_live_adapters_before_it_is_listed(base, tmp_path):
+    from tests.promotion.conftest import make_adapter_folder
+    from training.serving.services import model_version_create
+
+    version = model_version_create(
+        name="smol-v1", base_model=base, kind="lora", path=make_adapter_folder(tmp_path / "v1"),
+        parent=base.versions.get(name="smol"),
+    )  # fmt: skip
+    live_version_set(deployment=DeploymentFactory(name="bot"), version=version)
+    broken, broken_url, _ = _adapter_server(500)
+    try:
+        with pytest.raises(CommandError, match="could not load the live adapters, nothing recorded"):
+            call_command("inference_replicas", "smol", broken_url)
+        base.refresh_from_db()
+        assert base.inference_replicas == []
+    finally:
+        broken.shutdown()
+    server, url, seen = _adapter_server(200)
+    try:
+        call_command("inference_replicas", "smol", url)
+    finally:
+        server.shutdown()
+    assert [(path, body["lora_name"]) for path, body in seen] == [("/v1/load_lora_adapter", "smol-v1")]
+    base.refresh_from_db()
+    assert base.inference_replicas == [url]

@@ -271,6 +271,7 @@ def supervise_all(
     servers: list[InferenceServer],
     *,
     on_ready: Callable[[InferenceServer], object] = lambda server: None,
+    on_gave_up: Callable[[InferenceServer], object] = lambda server: None,
     max_restarts: int = 5,
     ready_timeout: float = 600,
     poll_s: float = 0.5,
@@ -283,7 +284,8 @@ def supervise_all(
     others' restarts back by more than its `on_ready`.
 
     Returns 0 on a requested stop, 1 once every server has crashed more than `max_restarts`
-    times in a row (one that gives up is stopped; the others go on serving).
+    times in a row (one that gives up is stopped, `on_gave_up(server)` is called and the
+    others go on serving).
     """
     stopping = False
 
@@ -304,6 +306,7 @@ def supervise_all(
         if unit.restarts > max_restarts:
             logger.error("inference server %s crashed %d times; giving up", unit.server.url, unit.restarts)
             unit.state = "gave_up"
+            on_gave_up(unit.server)
             return
         logger.warning(
             "inference server %s died; restarting in %.0f s (%d/%d)",

@@ -32,6 +32,7 @@ from django.utils import timezone
 from training.inference.client import InferenceClient, InferenceError
 from training.promotion.models import (
     AuditAction,
+    Evaluation,
     PromotionRequest,
     PromotionStatus,
     Release,
@@ -332,15 +333,22 @@ def release_smoke(version: ModelVersion) -> dict[str, Any]:
 
 def release_adapter_unload(*, version_id: int) -> list[str]:
     """Unload a LoRA version from every replica of its base model, unless some deployment
-    serves it or a release of it is in progress; best effort (a replica that does not answer
-    is logged and skipped: a restarted one loads only the live adapters anyway). Returns the
-    servers it was unloaded from."""
+    serves it, a release of it is in progress or an evaluation in progress generates with it;
+    best effort (a replica that does not answer is logged and skipped: a restarted one loads
+    only the live adapters anyway). Returns the servers it was unloaded from."""
     version = ModelVersion.objects.select_related("base_model").filter(pk=version_id).first()
     if version is None or version.kind != ModelVersionKind.LORA:
         return []
     if LiveVersion.objects.filter(version=version).exists():
         return []
     if Release.objects.filter(version=version, status__in=IN_PROGRESS).exists():
+        return []
+    # An evaluation generates through the server under the version's name, as candidate or
+    # as baseline (the version live when it was asked for, maybe gone out since): unloading
+    # it would fail the rest of its items. It stays loaded then (as a replaced version always
+    # did before there were replicas); a restarted server loads only the live ones.
+    evaluations = Evaluation.objects.filter(Q(candidate=version) | Q(baseline=version))
+    if evaluations.filter(status__in=(WorkStatus.QUEUED, *Evaluation.HELD_STATUSES)).exists():
         return []
     unloaded = []
     for server in version_servers(version):

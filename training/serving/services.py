@@ -149,6 +149,13 @@ def base_model_register(
     return base, version
 
 
+def _root_key(url: str) -> str:
+    """`url`'s server root with its scheme and host in lower case (the path kept as given)."""
+    root = server_root(url)
+    parts = urlsplit(root)
+    return parts._replace(scheme=parts.scheme.lower(), netloc=parts.netloc.lower()).geturl()
+
+
 def replica_urls_clean(*, primary: str, urls: list[Any], field: str = "inference_replicas") -> list[str]:
     """`urls` as stored: each an `http://host:port` root (a trailing `/v1` is the same server),
     none twice and none the same as `primary`. Raises `ModelRegistryError` naming the entry.
@@ -157,7 +164,9 @@ def replica_urls_clean(*, primary: str, urls: list[Any], field: str = "inference
     (docs/decisions/0001-gateway-hot-path.md), so an https replica could never take traffic."""
     if not isinstance(urls, list):
         raise ModelRegistryError("a list of URLs", field=field)
-    seen = {server_root(primary)} if primary else set()
+    # Scheme and host are case-insensitive: `HTTP://GPU2:8001` is gpu2's server again, and
+    # listed twice it would take a double share of the traffic.
+    seen = {_root_key(primary)} if primary else set()
     out: list[str] = []
     for i, url in enumerate(urls):
         where = f"{field}[{i}]"
@@ -176,6 +185,7 @@ def replica_urls_clean(*, primary: str, urls: list[Any], field: str = "inference
             )
         if parts.query or parts.fragment or parts.username or parts.password or any(c in root for c in "\r\n\0 "):
             raise ModelRegistryError(f"{url!r}: only scheme, host, port and path", field=where)
+        root = _root_key(root)
         if root in seen:
             raise ModelRegistryError(f"{url!r} is listed twice (or is the base model's inference_url)", field=where)
         seen.add(root)
@@ -192,6 +202,20 @@ def base_model_replicas_set(*, base: BaseModel, urls: list[Any]) -> BaseModel:
     locked.save(update_fields=["inference_replicas"])
     base.inference_replicas = locked.inference_replicas
     return locked
+
+
+@transaction.atomic
+def base_model_replicas_drop(*, base: BaseModel, urls: list[str]) -> list[str]:
+    """Take `urls` off `base`'s replicas (those a stopped server held), leaving any other entry
+    as it is (someone may have changed the list meanwhile). Returns the list as stored."""
+    locked = BaseModel.objects.select_for_update().get(pk=base.pk)
+    gone = {server_root(url) for url in urls}
+    kept = [url for url in locked.inference_replicas or [] if server_root(url) not in gone]
+    if kept != locked.inference_replicas:
+        locked.inference_replicas = kept
+        locked.save(update_fields=["inference_replicas"])
+    base.inference_replicas = kept
+    return kept
 
 
 @transaction.atomic

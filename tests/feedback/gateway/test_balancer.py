@@ -282,3 +282,72 @@ def test_no_healthy_replica_is_a_503_in_the_gateways_error_format():
     assert body["error"]["type"] == "service_unavailable"
     assert body["error"]["message"].startswith(f"no healthy inference server for {MODEL}: all 2 are out")
     assert body["errors"] == [{"field": "", "reason": body["error"]["message"]}]
+
+
+def test_replicas_without_the_version_do_not_use_up_the_retry_one_that_serves_it_answers():
+    # Two of three replicas restarted without the adapter: each answers its 404 at once, so
+    # least-outstanding picks them first; the request must still reach the one that serves it.
+    async def scenario():
+        a, b = await Upstream("a", behaviour="missing").start(), await Upstream("b", behaviour="missing").start()
+        c = await Upstream("c").start()
+        lb = balancer()
+        try:
+            answers = []
+            for _ in range(6):
+                a_first(lb)
+                answers.append(await call(lb, [a.url, b.url, c.url]))
+            return answers, [r.outstanding for r in lb.replicas.values()]
+        finally:
+            lb.close()
+            for upstream in (a, b, c):
+                await upstream.stop()
+
+    answers, outstanding = run(scenario())
+    assert answers == ["c"] * 6
+    assert outstanding == [0, 0, 0]
+
+
+def test_the_version_missing_everywhere_is_the_servers_404_once_each():
+    async def scenario():
+        ups = [await Upstream(n, behaviour="missing").start() for n in "abc"]
+        lb = balancer()
+        try:
+            replica, response = await lb.send([u.url for u in ups], MODEL, "/v1/chat/completions", b"{}")
+            lb.done(replica)
+            return response.status, [u.completions for u in ups], [r.outstanding for r in lb.replicas.values()]
+        finally:
+            lb.close()
+            for upstream in ups:
+                await upstream.stop()
+
+    status, seen, outstanding = run(scenario())
+    assert status == 404 and seen == [1, 1, 1] and outstanding == [0, 0, 0]
+
+
+def test_a_probe_survives_an_answer_it_cannot_read_and_brings_the_replica_back_later():
+    async def scenario():
+        b = await Upstream("b").start()
+        a = Upstream("a", port=_free_port())  # refused at first: taken out
+        lb = balancer()
+        try:
+            urls = [a.url, b.url]
+            a_first(lb)
+            assert await call(lb, urls) == "b"
+            down = lb.replica(a.url)
+            assert not down.healthy
+            a.models = [["not", "a", "name"]]  # an id that is not a string: unhashable
+            await a.start()
+            for _ in range(5):
+                await asyncio.sleep(0.05)
+                await call(lb, urls)
+            probe_alive = down.probe is not None and not down.probe.done()
+            a.models = [MODEL]
+            await until(lambda: down.healthy)
+            return probe_alive
+        finally:
+            lb.close()
+            await b.stop()
+            if a.server is not None:
+                await a.stop()
+
+    assert run(scenario())

@@ -42,7 +42,7 @@ class Command(BaseCommand):
     def handle(self, *args, **opts) -> None:
         from training.inference.server import InferenceServer, cpu_shares, supervise_all, vllm_missing_reason
         from training.services.inference import live_adapters_load, server_spec_for_base
-        from training.serving.services import ModelRegistryError, base_model_replicas_set
+        from training.serving.services import ModelRegistryError, base_model_replicas_drop, base_model_replicas_set
 
         base = self._base(opts["base"])
         replicas = opts["replicas"]
@@ -84,6 +84,13 @@ class Command(BaseCommand):
             )
         elif server_root(specs[0].url) != primary:
             self.stderr.write(f"note: {base.name} is served from {primary}; serving on {specs[0].url}")
+        if replicas is None and base.inference_replicas:
+            self.stderr.write(
+                f"note: {base.name} also lists the replicas {', '.join(base.inference_replicas)}, which this "
+                "command does not start; releases fail while one is down (manage.py inference_replicas "
+                f"{base.name} --clear if they are gone)"
+            )
+        recorded = [spec.url for spec in specs[1:]] if replicas is not None else []
         for name in ("training.inference", "training.services.inference"):
             logging.getLogger(name).setLevel(logging.INFO)
         servers = []
@@ -91,13 +98,27 @@ class Command(BaseCommand):
             log_path = settings.DATA_DIR / "logs" / f"inference-{base.name}-{spec.port}.log"
             self.stdout.write(f"Serving {base.name} on {spec.url} ({spec.device}); server log: {log_path}")
             servers.append(InferenceServer(spec, log_path=log_path))
-        code = supervise_all(
-            servers,
-            # Before the server counts as ready, and each time it restarts: a replica serves
-            # the live adapters before the gateway's probe lets it take traffic again.
-            on_ready=lambda server: live_adapters_load(base=base, server=server.client()),
-            max_restarts=opts["max_restarts"],
-        )
+
+        def gave_up(server) -> None:
+            # A replica this command recorded and no longer runs: left listed, the gateway
+            # would keep probing it and every release of the base model would fail on it.
+            if server.url in recorded:
+                base_model_replicas_drop(base=base, urls=[server.url])
+                self.stderr.write(f"{server.url} kept failing: taken off {base.name}'s replicas")
+
+        try:
+            code = supervise_all(
+                servers,
+                # Before the server counts as ready, and each time it restarts: a replica serves
+                # the live adapters before the gateway's probe lets it take traffic again.
+                on_ready=lambda server: live_adapters_load(base=base, server=server.client()),
+                on_gave_up=gave_up,
+                max_restarts=opts["max_restarts"],
+            )
+        finally:
+            # The servers are stopped: the replicas this command recorded go with them.
+            if recorded:
+                base_model_replicas_drop(base=base, urls=recorded)
         if code:
             raise CommandError(f"the inference servers kept failing; see {settings.DATA_DIR / 'logs'}")
 
