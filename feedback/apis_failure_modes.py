@@ -74,6 +74,22 @@ def queue_as_dict(queue: AnnotationQueue, request) -> dict[str, Any]:
     }
 
 
+def made_from_failure_mode_responses(key: str) -> dict[int, OpenApiResponse]:
+    """The answers of an endpoint that makes one thing (its body's `key`) from a failure mode,
+    once: the queue's and the evaluation slice's."""
+    noun = key.replace("_", " ")
+    return {
+        201: OpenApiResponse(description=f"{{'created': true, '{key}', 'failure_mode'}}"),
+        200: OpenApiResponse(description=f"the failure mode's {noun}, already made"),
+        400: OpenApiResponse(
+            description="`cluster`: the id is not a whole number, or the failure mode was dismissed, replaced "
+            "by a restart of its run, or has nothing to use; nothing is stored"
+        ),
+        403: OpenApiResponse(description="not a person with these permissions (an API key is refused)"),
+        404: OpenApiResponse(description="no such failure mode"),
+    }
+
+
 class FailureClusterQueueApi(APIView):
     """POST: the failure mode's traces as an annotation queue (201), or the queue already made
     for it (200, `"created": false`)."""
@@ -83,16 +99,7 @@ class FailureClusterQueueApi(APIView):
 
     @extend_schema(
         request=None,
-        responses={
-            201: OpenApiResponse(description="{'created': true, 'queue', 'failure_mode'}"),
-            200: OpenApiResponse(description="the failure mode's queue, already made"),
-            400: OpenApiResponse(
-                description="`cluster`: the id is not a whole number, or the failure mode was dismissed, replaced "
-                "by a restart of its run, or has nothing to use; nothing is stored"
-            ),
-            403: OpenApiResponse(description="not a person with these permissions (an API key is refused)"),
-            404: OpenApiResponse(description="no such failure mode"),
-        },
+        responses=made_from_failure_mode_responses("queue"),
     )
     def post(self, request, cluster_id: str):
         cluster = failure_cluster_for(cluster_id)

@@ -20,6 +20,7 @@ from rest_framework import serializers
 from rest_framework.permissions import SAFE_METHODS, IsAuthenticated
 from rest_framework.response import Response
 
+from feedback.apis_failure_modes import made_from_failure_mode_responses
 from feedback.forms import trace_filters
 from training.apis import PersonApi, needs
 from training.models import TrainingItem, TrainingSet, TrainingSplit
@@ -227,16 +228,7 @@ class FailureClusterSliceApi(PersonApi):
 
     @extend_schema(
         request=None,
-        responses={
-            201: OpenApiResponse(description="{'created': true, 'training_set', 'failure_mode'}"),
-            200: OpenApiResponse(description="the failure mode's slice, already made"),
-            400: OpenApiResponse(
-                description="`cluster`: the id is not a whole number, or the failure mode was dismissed, replaced "
-                "by a restart of its run, or has nothing to use; nothing is stored"
-            ),
-            403: OpenApiResponse(description="not a person with these permissions (an API key is refused)"),
-            404: OpenApiResponse(description="no such failure mode"),
-        },
+        responses=made_from_failure_mode_responses("training_set"),
     )
     def post(self, request, cluster_id: str):
         from feedback.apis_failure_modes import cluster_as_dict, failure_cluster_for
