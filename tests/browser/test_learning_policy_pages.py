@@ -24,19 +24,24 @@ from training.serving.models import LiveVersion, LiveVersionChange
 pytestmark = [pytest.mark.browser, pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 
-def test_create_a_policy_follow_its_run_and_approve_its_request(open_page, screenshot, world):
-    page = open_page(world["olga"])
-    page.goto("/training/policies/")
+def submit_policy(page, world, *, steps: int) -> None:
+    """Fill the new-policy form as an operator would, for `steps` of distillation, and send it."""
     form = page.locator("#policy-form")
     form.locator("input[name=name]").fill("fix-lookups")
     form.locator("select[name=deployment]").select_option("support-bot")
     form.locator("input[name=min_new_turns]").fill("3")
     form.locator("select[name=job_kind]").select_option("distill")
-    form.locator("textarea[name=job_config]").fill('{"steps": 0}')
+    form.locator("textarea[name=job_config]").fill(f'{{"steps": {steps}}}')
     form.locator("select[name=eval_training_set]").select_option(str(world["eval_set"].pk))
     form.locator("input[name=min_win_rate]").fill("0.6")
     form.locator("input[name=notify_user]").fill("arno")
     form.locator("button[type=submit]").click()
+
+
+def test_create_a_policy_follow_its_run_and_approve_its_request(open_page, screenshot, world):
+    page = open_page(world["olga"])
+    page.goto("/training/policies/")
+    submit_policy(page, world, steps=0)
     assert "job_config.steps" in page.inner_text("#policy-errors")  # the jobs' own validation, by field
 
     page.locator("#policy-form textarea[name=job_config]").fill('{"steps": 2}')
@@ -85,16 +90,7 @@ def test_a_policy_fires_and_its_approver_approves_from_the_notification(
 ):
     owner = open_page(world["olga"])
     owner.goto("/training/policies/")
-    form = owner.locator("#policy-form")
-    form.locator("input[name=name]").fill("fix-lookups")
-    form.locator("select[name=deployment]").select_option("support-bot")
-    form.locator("input[name=min_new_turns]").fill("3")
-    form.locator("select[name=job_kind]").select_option("distill")
-    form.locator("textarea[name=job_config]").fill('{"steps": 2}')
-    form.locator("select[name=eval_training_set]").select_option(str(world["eval_set"].pk))
-    form.locator("input[name=min_win_rate]").fill("0.6")
-    form.locator("input[name=notify_user]").fill("arno")
-    form.locator("button[type=submit]").click()
+    submit_policy(owner, world, steps=2)
     owner.wait_for_selector("h1:has-text('fix-lookups')")
     policy = LearningPolicy.objects.get(name="fix-lookups")
 
