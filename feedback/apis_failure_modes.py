@@ -21,10 +21,9 @@ from rest_framework.views import APIView
 from feedback.models import AnnotationQueue, FailureCluster
 from feedback.permissions import BROWSE, BUILD_QUEUE
 from feedback.selectors.failure_modes import failure_cluster_get
-from feedback.services.chat_format import FieldError
 from feedback.services.queues import queue_from_failure_cluster
-from webapp.api_errors import error_response
 from webapp.auth import ThrottledBasicAuthentication
+from webapp.errors import Invalid
 from webapp.ids import parse_id
 
 
@@ -39,11 +38,11 @@ def may(*permissions: str) -> type[BasePermission]:
     return HasPermissions
 
 
-def failure_cluster_for(cluster_id: str) -> FailureCluster | Response:
-    """The cluster a URL names, or the answer to give: 400 for what is no id, 404 for none."""
+def failure_cluster_for(cluster_id: str) -> FailureCluster:
+    """The cluster a URL names; `Invalid` (400) for what is no id, 404 for none."""
     pk = parse_id(cluster_id)
     if pk is None:
-        return error_response(400, "cluster", "a failure mode's id (a whole number)")
+        raise Invalid("a failure mode's id (a whole number)", field="cluster")
     cluster = failure_cluster_get(cluster_id=pk)
     if cluster is None:
         raise Http404("no such failure mode")
@@ -103,11 +102,6 @@ class FailureClusterQueueApi(APIView):
     )
     def post(self, request, cluster_id: str):
         cluster = failure_cluster_for(cluster_id)
-        if isinstance(cluster, Response):
-            return cluster
-        try:
-            queue, created = queue_from_failure_cluster(cluster=cluster, created_by=request.user)
-        except FieldError as exc:
-            return error_response(400, exc.field, exc.reason)
+        queue, created = queue_from_failure_cluster(cluster=cluster, created_by=request.user)
         body = {"created": created, "queue": queue_as_dict(queue, request), "failure_mode": cluster_as_dict(cluster)}
         return Response(body, status=201 if created else 200)

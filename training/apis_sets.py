@@ -235,13 +235,7 @@ class FailureClusterSliceApi(PersonApi):
         from training.services.evaluation_slices import evaluation_slice_from_failure_cluster
 
         cluster = failure_cluster_for(cluster_id)
-        if isinstance(cluster, Response):
-            return cluster
-        try:
-            built, created = evaluation_slice_from_failure_cluster(cluster=cluster, user=request.user)
-        except TrainingSetError as exc:
-            field, reason = exc.errors[0]
-            return error_response(400, field, reason)
+        built, created = evaluation_slice_from_failure_cluster(cluster=cluster, user=request.user)
         built = TrainingSet.objects.select_related("deployment", "created_by").get(pk=built.pk)
         body = {"created": created, "training_set": set_as_dict(built), "failure_mode": cluster_as_dict(cluster)}
         return Response(body, status=201 if created else 200)
