@@ -50,7 +50,6 @@ from training.serving.models import (
     ModelVersionKind,
     ModelVersionStatus,
 )
-from training.serving.selectors import base_model_replica_urls
 from training.serving.services import ModelRegistryError, live_version_set
 from webapp.stale_work import stale_work_settle
 from webapp.work import WorkStatus, work_attempts_exceeded, work_beat, work_claim, work_end, work_worker_name
@@ -287,10 +286,10 @@ def release_load(version: ModelVersion) -> dict[str, Any]:
     return {"loaded": "base", "name": version.name, "replicas": replicas}
 
 
-def _smoke_one(version: ModelVersion, server: InferenceClient) -> dict[str, Any]:
+def _smoke_one(version: ModelVersion, server: InferenceClient, *, several: bool) -> dict[str, Any]:
     messages = [{"role": "user", "content": settings.RELEASE_SMOKE_PROMPT}]
     started = time.monotonic()
-    where = f" at {server.url}" if len(base_model_replica_urls(base=version.base_model)) > 1 else ""
+    where = f" at {server.url}" if several else ""
     try:
         result = server.chat(
             model=version.name,
@@ -326,7 +325,8 @@ def release_smoke(version: ModelVersion) -> dict[str, Any]:
     """One short completion from the version on every replica: each must answer under its
     own name with tokens whose log-probs are finite (a corrupt adapter gives NaN or an
     error). The report is the first replica's answer, with every replica's under `replicas`."""
-    reports = [_smoke_one(version, server) for server in version_servers(version)]
+    servers = version_servers(version)
+    reports = [_smoke_one(version, server, several=len(servers) > 1) for server in servers]
     first = {k: v for k, v in reports[0].items() if k != "replica"}
     return {"prompt": settings.RELEASE_SMOKE_PROMPT, **first, "replicas": reports}
 
