@@ -12,25 +12,31 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse, QueryDict
 from django.utils.html import escape
 
+from webapp.errors import Invalid
+
 FORM = "application/x-www-form-urlencoded"
+
+
+def _first_with_nul(params: QueryDict) -> str | None:
+    for key, values in params.lists():
+        if "\x00" in key or any("\x00" in v for v in values):
+            return key.replace("\x00", "\ufffd")
+    return None
 
 
 def _offending(request: HttpRequest) -> str | None:
     if "\x00" in request.path_info:
         return "path"
-    for key, values in request.GET.lists():
-        if "\x00" in key or any("\x00" in v for v in values):
-            return key.replace("\x00", "\ufffd")
+    found = _first_with_nul(request.GET)
     # A page's form is read here as the CSRF check reads it anyway; an API's multipart body
     # is left to the view, which parses uploads with its own limits.
-    if request.method == "POST" and (not request.path_info.startswith("/api/") or request.content_type == FORM):
-        for key, values in request.POST.lists():
-            if "\x00" in key or any("\x00" in v for v in values):
-                return key.replace("\x00", "\ufffd")
-    return None
+    form = not request.path_info.startswith("/api/") or request.content_type == FORM
+    if found is None and request.method == "POST" and form:
+        found = _first_with_nul(request.POST)
+    return found
 
 
 class NulRefusalMiddleware:
@@ -43,9 +49,7 @@ class NulRefusalMiddleware:
             return self.get_response(request)
         reason = "contains a NUL character"
         if request.path_info.startswith("/api/"):
-            return JsonResponse(
-                {"detail": f"{field}: {reason}", "errors": [{"field": field, "reason": reason}]}, status=400
-            )
+            return JsonResponse(Invalid(reason, field=field).as_body(), status=400)
         return HttpResponse(
             f"<!doctype html><title>Bad request</title><p>{escape(field)}: {reason}</p>",
             status=400,
