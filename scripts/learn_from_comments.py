@@ -386,6 +386,7 @@ def hint_probe(options: Options, samples: int = 8) -> None:
 
     from training.environments.support_desk import turn_reference
     from training.services.job_runner import training_set_items
+    from training.trainer.config import DistillConfig
     from training.trainer.graders import grade
     from training.trainer.items import with_hint
     from training.trainer.sampling import encode_prompt
@@ -393,7 +394,7 @@ def hint_probe(options: Options, samples: int = 8) -> None:
     options.run = options.run or time.strftime("probe-%Y%m%d-%H%M%S")
     base_model, tokenizer = desk.load_base(options.model)
     harness = desk.Harness(base_model, tokenizer)
-    template = "Feedback on earlier answers, follow it: {feedback}"
+    template = DistillConfig.hint_template  # the hint both arms train with
     totals: dict[tuple[str, str], list[float]] = {}
     for seed in options.seeds:
         comments = comments_set(harness=harness, seed=seed, options=options)
