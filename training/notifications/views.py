@@ -51,12 +51,14 @@ def notifications(request: HttpRequest) -> HttpResponse:
     return _page(request)
 
 
-def _decide(request: HttpRequest, promotion_id: int, act: Callable[[PromotionRequest, str], str]) -> HttpResponse:
+def _decide(
+    request: HttpRequest, promotion_id: int, act: Callable[[HttpRequest, PromotionRequest, str], str]
+) -> HttpResponse:
     promotion = get_object_or_404(PromotionRequest, pk=promotion_id)
     comment = request.POST.get("comment", "")[:COMMENT_LIMIT]
     try:
         # PermissionDenied (not an approver, or the requester) goes up as a 403.
-        done = act(promotion, comment)
+        done = act(request, promotion, comment)
     except PromotionRefused as exc:
         status = 400 if exc.field == "comment" else 409
         error = f"{exc.field}: {exc}" if exc.field else str(exc)
@@ -89,32 +91,26 @@ def _decide(request: HttpRequest, promotion_id: int, act: Callable[[PromotionReq
     return redirect(reverse("notifications:list"))
 
 
-def _approve(request: HttpRequest) -> Callable[[PromotionRequest, str], str]:
-    def act(promotion: PromotionRequest, comment: str) -> str:
-        release = promotion_approve(promotion=promotion, user=request.user, comment=comment)
-        return (
-            f"Approved promotion #{promotion.pk} of {release.version.name} for {release.deployment.name}: "
-            f"release {release.pk} is queued; its worker loads, smoke-tests and then switches the live version."
-        )
-
-    return act
+def _approve(request: HttpRequest, promotion: PromotionRequest, comment: str) -> str:
+    release = promotion_approve(promotion=promotion, user=request.user, comment=comment)
+    return (
+        f"Approved promotion #{promotion.pk} of {release.version.name} for {release.deployment.name}: "
+        f"release {release.pk} is queued; its worker loads, smoke-tests and then switches the live version."
+    )
 
 
-def _reject(request: HttpRequest) -> Callable[[PromotionRequest, str], str]:
-    def act(promotion: PromotionRequest, comment: str) -> str:
-        promotion_reject(promotion=promotion, user=request.user, comment=comment)
-        return f"Rejected promotion #{promotion.pk} of {promotion.candidate.name}; nothing changes live."
-
-    return act
+def _reject(request: HttpRequest, promotion: PromotionRequest, comment: str) -> str:
+    promotion_reject(promotion=promotion, user=request.user, comment=comment)
+    return f"Rejected promotion #{promotion.pk} of {promotion.candidate.name}; nothing changes live."
 
 
 @require_POST
 @dashboard_view(APPROVE)
 def notification_approve(request: HttpRequest, promotion_id: int) -> HttpResponse:
-    return _decide(request, promotion_id, _approve(request))
+    return _decide(request, promotion_id, _approve)
 
 
 @require_POST
 @dashboard_view(APPROVE)
 def notification_reject(request: HttpRequest, promotion_id: int) -> HttpResponse:
-    return _decide(request, promotion_id, _reject(request))
+    return _decide(request, promotion_id, _reject)
