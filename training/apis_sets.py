@@ -23,6 +23,7 @@ from rest_framework.response import Response
 from feedback.apis_failure_modes import made_from_failure_mode_responses
 from feedback.forms import trace_filters
 from training.apis import PersonApi, needs
+from training.inference.codec import tool_calls_parse
 from training.models import TrainingItem, TrainingSet, TrainingSplit
 from training.services.training_sets import ITEM_FIELDS as STORED_ITEM_FIELDS
 from training.services.training_sets import TrainingSetError
@@ -195,6 +196,16 @@ def _items_asked(request, set_id: int):
     return training_set, items, kind
 
 
+def _assistant(text: str) -> dict[str, Any]:
+    """A corrected response as the chat format writes a turn: a tool call the model wrote as a
+    `<tool_call>` block is a `tool_calls` entry, as the inference server would have returned it."""
+    words, calls = tool_calls_parse(text)
+    message: dict[str, Any] = {"role": "assistant", "content": (words or None) if calls else text}
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
 def _rows(items, kind: str) -> Iterator[dict[str, Any]]:
     last = 0
     while True:
@@ -204,9 +215,7 @@ def _rows(items, kind: str) -> Iterator[dict[str, Any]]:
         last = chunk[-1]["pk"]
         for row in chunk:
             if kind == "chat":
-                line: dict[str, Any] = {
-                    "messages": [*row["messages"], {"role": "assistant", "content": row["corrected_response"]}]
-                }
+                line: dict[str, Any] = {"messages": [*row["messages"], _assistant(row["corrected_response"])]}
                 if row["tools"]:
                     line["tools"] = row["tools"]
                 yield line

@@ -40,6 +40,7 @@ from feedback.models import (
 from feedback.selectors.judge import judge_endpoint_for, judge_is_configured
 from feedback.selectors.traces import message_as_openai
 from feedback.tasks import judge_result_run_task, order_swap_check_task
+from training.inference.codec import message_served_text
 from training.serving.models import Deployment
 
 logger = logging.getLogger(__name__)
@@ -334,12 +335,13 @@ def _fail(result: JudgeResult, reason: str) -> JudgeResult:
 
 
 def _swap_candidates(result: JudgeResult) -> list[str] | None:
-    """The logged turn and a correction (the judge's, else an operator's), as texts."""
-    logged = result.message.content
+    """The logged turn and a correction (the judge's, else an operator's), as texts: a turn
+    that is a tool call is compared as the model wrote it, not as its (empty) words."""
+    logged = message_served_text(message_as_openai(result.message))
     correction = result.corrected_response
     if not correction:
-        human = result.human_corrections.exclude(content="").first()
-        correction = human.content if human else ""
+        served = (message_served_text(c.as_openai()) for c in result.human_corrections.all())
+        correction = next((text for text in served if text.strip()), "")
     if not logged.strip() or not correction.strip() or logged.strip() == correction.strip():
         return None
     return [logged, correction]

@@ -262,3 +262,32 @@ def test_training_reads_the_latest_judgement_of_each_turn_with_its_context(
     assert newest.rubric["criteria"][0]["weight"] == 3
     assert newest.corrected_response == "Let me check order A1 for you."
     assert newest.tools and newest.tools[0]["function"]["name"] == "lookup_order"
+
+
+def test_order_swap_check_compares_a_tool_call_turn_with_a_correction_that_is_a_tool_call(
+    make_trace, operator, judge_settings
+):
+    """A logged turn that is only a tool call and an operator's correction that is only a
+    tool call have no words: both are compared as the model writes them, not skipped."""
+    trace = make_trace()
+    call_turn = trace.messages.get(position=2)
+    right = [{"id": "c9", "type": "function", "function": {"name": "lookup_order", "arguments": '{"order_id": "B7"}'}}]
+    correction_add(message=call_turn, author=operator, tool_calls=right)
+    comment_add(message=call_turn, author=operator, body="The customer asked about B7, not A1.")
+    judge_settings.script(Reply.json({**VALID_JUDGEMENT, "corrected_response": ""}))
+    result = judge_run(result=JudgeResult.objects.get())
+
+    judge_settings.respond_with(
+        lambda request: {
+            "scores": [
+                {"response": i, "reason": "r", "score": 0.9 if "B7" in t else 0.1}
+                for i, t in enumerate(presented_responses(request), 1)
+            ]
+        }
+    )
+    check = order_swap_check_run(result=result)
+
+    assert check is not None and check.status == JudgeStatus.SUCCEEDED
+    assert check.first_scores == [0.1, 0.9]  # the logged call on A1, then the corrected call on B7
+    shown = presented_responses(judge_settings.requests[1])
+    assert any("A1" in t and "lookup_order" in t for t in shown) and any("B7" in t for t in shown)

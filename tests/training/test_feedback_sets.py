@@ -110,3 +110,19 @@ def test_the_build_form_uses_the_trace_list_filters(client):
     assert ok.status_code == 302 and built.item_count == 1 and built.selection["filters"] == {"comment": "yes"}
     page = client.get(reverse("training:job-list")).content.decode()
     assert "fixes v1" in page
+
+
+def test_an_operators_corrected_tool_call_is_the_items_target_as_the_model_writes_it():
+    """A correction that is a tool call with no words is what the turn should have been: it
+    trains as the model writes a call (and exports as `tool_calls`), it is not dropped."""
+    trace, m = conversation()
+    call = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"order_id": "A1"}'}}
+    Correction.objects.create(trace=trace, message=m[1], content="", tool_calls=[call])
+    Correction.objects.create(trace=trace, message=m[3], content="Let me check.", tool_calls=[call])
+
+    built = training_set_from_feedback(name="calls", filters={"deployment": trace.deployment_id})
+
+    first, second = built.items.order_by("key")
+    served = '<tool_call>{"name": "lookup", "arguments": {"order_id": "A1"}}</tool_call>'
+    assert (first.corrected_response, first.correction_source) == (served, CorrectionSource.HUMAN)
+    assert second.corrected_response == "Let me check." + served

@@ -150,3 +150,30 @@ def test_a_set_downloads_as_parquet_with_every_field_or_as_chat(client, commente
     assert json.loads(chat[0]["tools"]) == [{"type": "function", "function": {"name": "lookup"}}]
     assert table(split="heldout") == []
     assert client.get(f"{url}/items.parquet", {"as": "csv"}).json()["errors"][0]["field"] == "as"
+
+
+def test_a_corrected_tool_call_downloads_as_a_chat_turn_with_tool_calls(client):
+    trace = TraceFactory(external_id="conv-2", tools=[{"type": "function", "function": {"name": "lookup"}}])
+    m = [
+        MessageFactory(trace=trace, position=i, role=r, content=t)
+        for i, (r, t) in enumerate([("user", "A1?"), ("assistant", "No.")])
+    ]
+    call = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"order_id": "A1"}'}}
+    Correction.objects.create(trace=trace, message=m[1], content="Checking.", tool_calls=[call])
+    client.force_login(user_with_role("operator", "olga"))
+    built = client.post(
+        "/api/v1/training-sets",
+        {"name": "calls", "filters": {}, "heldout_fraction": 0},
+        content_type="application/json",
+    ).json()
+
+    (line,) = [
+        json.loads(x)
+        for x in body(client.get(f"/api/v1/training-sets/{built['id']}/items.jsonl", {"as": "chat"})).splitlines()
+    ]
+
+    turn = line["messages"][-1]
+    assert turn["role"] == "assistant" and turn["content"] == "Checking."
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in turn["tool_calls"]] == [
+        ("lookup", {"order_id": "A1"})
+    ]

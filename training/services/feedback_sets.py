@@ -14,6 +14,7 @@ from typing import Any
 from feedback.models import Comment, Correction, CustomerFeedback, JudgeResult, Message, QueueItem, Trace
 from feedback.models.judge import JudgeStatus
 from feedback.selectors.traces import message_as_openai
+from training.inference.codec import message_served_text
 from training.models import CorrectionSource, TrainingItemKind, TrainingSet
 from training.services.training_sets import TrainingSetError, training_set_create
 from training.serving.models import Deployment
@@ -113,10 +114,12 @@ def turn_items(*, trace_ids: list[int]) -> list[dict[str, Any]]:
         trace = turn.trace
         judge = found["judge"][0] if found["judge"] else None
         corrected, source = "", CorrectionSource.NONE
-        human = [c for c in found["corrections"] if c.content]
+        # A correction may be a tool call with no words: it is the turn written as the model
+        # writes it (the served text), or an operator's corrected action would be lost.
+        human = [text for c in found["corrections"] if (text := message_served_text(c.as_openai()))]
         customer_corrections = [f for f in found["customer"] if f.correction]
         if human:
-            corrected, source = human[-1].content, CorrectionSource.HUMAN
+            corrected, source = human[-1], CorrectionSource.HUMAN
         elif customer_corrections:
             corrected, source = customer_corrections[-1].correction, CorrectionSource.CUSTOMER
         elif judge and judge.corrected_response:
