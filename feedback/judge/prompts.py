@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from training.inference.codec import message_served_text
+
 MESSAGE_MAX_CHARS = 4000
 CONVERSATION_MAX_CHARS = 24000
 _TAGS = re.compile(r"<(/?)(conversation|turn|feedback|rubric|response|items)\b", re.IGNORECASE)
@@ -32,6 +34,9 @@ class Prompt:
     version: str
     system: str
     user: str
+    # How the conversation shows an assistant's tool calls: "bracket" ("[calls tool …]", v1) or
+    # "served" (the `<tool_call>` blocks the model itself writes, so a correction can be one).
+    calls: str = "bracket"
 
     def messages(self, **values: str) -> list[dict[str, str]]:
         return [{"role": "system", "content": self.system}, {"role": "user", "content": self.user.format(**values)}]
@@ -58,9 +63,12 @@ def _clip(text: str, limit: int) -> str:
     return f"{text[:half]} …[{len(text) - limit} characters cut]… {text[-half:]}"
 
 
-def render_message(message: dict[str, Any]) -> str:
-    """One OpenAI-format chat message as a line of text for the judge."""
+def render_message(message: dict[str, Any], *, calls: str = "bracket") -> str:
+    """One OpenAI-format chat message as a line of text for the judge; `calls="served"`
+    writes an assistant's tool calls as the model writes them (`<tool_call>` blocks)."""
     role = message.get("role", "?")
+    if calls == "served" and role == "assistant":
+        return f"assistant: {defuse(_clip(message_served_text(message), MESSAGE_MAX_CHARS))}"
     content = message.get("content")
     if isinstance(content, list):
         content = "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
@@ -76,10 +84,12 @@ def render_message(message: dict[str, Any]) -> str:
     return f"{label}: {defuse(_clip(' '.join(parts), MESSAGE_MAX_CHARS))}"
 
 
-def render_conversation(messages: Sequence[dict[str, Any]], *, max_chars: int = CONVERSATION_MAX_CHARS) -> str:
+def render_conversation(
+    messages: Sequence[dict[str, Any]], *, max_chars: int = CONVERSATION_MAX_CHARS, calls: str = "bracket"
+) -> str:
     """The conversation as numbered lines; when too long, the oldest turns after the
     first (usually the system prompt) are dropped, since the judged turn answers the end."""
-    lines = [f"[{i}] {render_message(m)}" for i, m in enumerate(messages)]
+    lines = [f"[{i}] {render_message(m, calls=calls)}" for i, m in enumerate(messages)]
     total = sum(len(line) + 1 for line in lines)
     dropped = 0
     while total > max_chars and len(lines) > 2:
@@ -135,6 +145,27 @@ JUDGE_TURN_V1 = Prompt(
     ),
 )
 
+JUDGE_TURN_V2 = Prompt(
+    version="judge-turn/v2",
+    system=JUDGE_TURN_V1.system,
+    user=(
+        "{tools}<conversation>\n{conversation}\n</conversation>\n\n"
+        "<turn>\n{turn}\n</turn>\n\n"
+        "<feedback>\n{feedback}\n</feedback>\n\n"
+        "Write a JSON object with:\n"
+        '- "rubric": {{"criteria": [...]}}, 1 to 6 criteria the feedback implies for this turn, each '
+        "phrased so that it can grade any other reply to the same conversation, not only this one; "
+        '"weight" 3 = essential, 2 = important, 1 = nice to have.\n'
+        '- "rationale": how the turn does against the rubric, citing the feedback (at most 3 sentences).\n'
+        '- "reward": a number from 0 to 1, the weighted share of the rubric the turn satisfies.\n'
+        '- "corrected_response": if the feedback implies what the right turn was, that whole turn in the '
+        "assistant's own format, as the conversation shows its turns: words to the user, and each tool "
+        'call written as <tool_call>{{"name": <tool>, "arguments": {{...}}}}</tool_call> with one of the '
+        'tools above; otherwise "".'
+    ),
+    calls="served",
+)
+
 SCORE_CANDIDATES_V1 = Prompt(
     version="score-candidates/v1",
     system=(
@@ -171,10 +202,10 @@ NAME_CLUSTER_V1 = Prompt(
 )
 
 # The prompts new results are produced with.
-CURRENT_TURN = JUDGE_TURN_V1
+CURRENT_TURN = JUDGE_TURN_V2
 CURRENT_SCORE = SCORE_CANDIDATES_V1
 CURRENT_NAME = NAME_CLUSTER_V1
-PROMPTS = {p.version: p for p in (JUDGE_TURN_V1, SCORE_CANDIDATES_V1, NAME_CLUSTER_V1)}
+PROMPTS = {p.version: p for p in (JUDGE_TURN_V1, JUDGE_TURN_V2, SCORE_CANDIDATES_V1, NAME_CLUSTER_V1)}
 
 
 def turn_prompt_messages(
@@ -187,8 +218,8 @@ def turn_prompt_messages(
 ) -> list[dict[str, str]]:
     return prompt.messages(
         tools=render_tools(tools),
-        conversation=render_conversation(context),
-        turn=render_message(turn),
+        conversation=render_conversation(context, calls=prompt.calls),
+        turn=render_message(turn, calls=prompt.calls),
         feedback=render_feedback(feedback),
     )
 

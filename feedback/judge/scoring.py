@@ -25,12 +25,14 @@ from feedback.judge.prompts import (
 )
 from feedback.judge.schemas import (
     Rubric,
+    SchemaViolation,
     TurnJudgement,
     group_scores_schema,
     parse_group_scores,
     parse_turn_judgement,
     turn_judgement_schema,
 )
+from training.inference.codec import tool_call_blocks
 
 Candidate = str | dict[str, Any]
 MAX_GROUP = 32
@@ -80,7 +82,7 @@ def judge_turn(
         messages=messages,
         schema_name="turn_judgement",
         schema=schema,
-        parse=lambda data: parse_turn_judgement(data, schema),
+        parse=lambda data: correction_calls_check(parse_turn_judgement(data, schema), tools),
     )
     text, has_calls = _candidate_text(turn)
     return TurnOutcome(
@@ -91,6 +93,22 @@ def judge_turn(
         record=result.record,
         prompt_version=prompt.version,
     )
+
+
+def correction_calls_check(judgement: TurnJudgement, tools: Sequence[dict[str, Any]]) -> TurnJudgement:
+    """The judgement, or `SchemaViolation` (the judge is asked again) when its corrected
+    response holds a tool call the model could not have made: a `<tool_call>` block that
+    does not parse, or one naming a tool the conversation did not offer. A correction
+    trains the model as it is written, so a malformed call would teach malformed calls."""
+    names = {str((t.get("function") or t).get("name") or "") for t in tools if isinstance(t, dict)}
+    for block in tool_call_blocks(judgement.corrected_response or ""):
+        if not block.parsed:
+            raise SchemaViolation(
+                "corrected_response: a <tool_call> block is not a JSON object with name and arguments"
+            )
+        if tools and block.name not in names:
+            raise SchemaViolation(f"corrected_response: calls {block.name!r}, which is not one of the tools offered")
+    return judgement
 
 
 @dataclass(slots=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from feedback.judge.prompts import CURRENT_TURN
 from feedback.models import JudgeResult, JudgeStatus, TurnRating
 from feedback.selectors.judge import agreement_by_version, judge_reward_gate
 from feedback.services.api_keys import api_key_create
@@ -13,7 +14,7 @@ pytestmark = pytest.mark.django_db
 
 
 def rated_turn(
-    deployment, user, *, human: tuple[str, int], reward: float | None, model="judge-a", version="judge-turn/v1"
+    deployment, user, *, human: tuple[str, int], reward: float | None, model="judge-a", version=CURRENT_TURN.version
 ):
     trace = TraceFactory(deployment=deployment)
     MessageFactory(trace=trace, position=0, role="user", content="Where is A1?")
@@ -73,9 +74,15 @@ def test_kappa_per_version_and_the_training_gate(deployment, operator, settings)
 
     # Another prompt version is judged on its own, and has too few turns.
     seed(
-        deployment, operator, agree_pass=5, agree_fail=5, judge_only_pass=0, human_only_pass=0, version="judge-turn/v2"
+        deployment,
+        operator,
+        agree_pass=5,
+        agree_fail=5,
+        judge_only_pass=0,
+        human_only_pass=0,
+        version="judge-turn/next",
     )
-    gate_v2 = judge_reward_gate(prompt_version="judge-turn/v2")
+    gate_v2 = judge_reward_gate(prompt_version="judge-turn/next")
     assert not gate_v2.allowed and "only 10 rated turns" in gate_v2.reason
 
 
@@ -99,7 +106,7 @@ def test_only_the_latest_judgement_per_turn_counts(deployment, operator):
         trigger="manual",
         status=JudgeStatus.SUCCEEDED,
         judge_model="judge-a",
-        prompt_version="judge-turn/v1",
+        prompt_version=CURRENT_TURN.version,
         reward=0.9,
         is_latest=True,
     )
@@ -113,7 +120,7 @@ def test_agreement_page_and_api(deployment, operator, client):
     page = client.get("/judge/agreement/")
     assert page.status_code == 200
     html = page.content.decode()
-    assert "judge-a" in html and "judge-turn/v1" in html and "blocked" in html
+    assert "judge-a" in html and CURRENT_TURN.version in html and "blocked" in html
 
     key = api_key_create(deployment=deployment, scopes=["read"]).plaintext
     data = client.get("/api/v1/judge/agreement", HTTP_AUTHORIZATION=f"Bearer {key}").json()

@@ -109,7 +109,7 @@ def test_trace_page_shows_the_judgement_escaped_and_the_judge_button(make_trace,
     assert "Judge again" in html
 
     detail = client.get(f"/judge/results/{result.pk}/").content.decode()
-    assert "judge-turn/v1" in detail and "Attempt 1" in detail and "&lt;script&gt;" in detail
+    assert "judge-turn/v2" in detail and "Attempt 1" in detail and "&lt;script&gt;" in detail
 
     response = client.post(f"/traces/{trace.pk}/messages/4/judge", {"next": f"/traces/{trace.pk}/"})
     assert response.status_code == 302

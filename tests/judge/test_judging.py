@@ -48,7 +48,7 @@ def test_an_operator_comment_is_judged_into_rubric_reward_and_correction(
     }
     assert result.rationale.startswith("The operator says")
     assert result.corrected_response == "Let me check order A1 for you."
-    assert (result.judge_model, result.prompt_version) == ("test-judge", "judge-turn/v1")
+    assert (result.judge_model, result.prompt_version) == ("test-judge", "judge-turn/v2")
     assert result.judge_base_url == judge_settings.base_url
     assert result.raw_output == Reply.json(VALID_JUDGEMENT).content
     assert result.latency_ms > 0 and len(result.attempts) == 1
@@ -97,14 +97,14 @@ def test_rejudging_with_a_new_prompt_keeps_the_old_result(make_trace, operator, 
     judge_settings.script(Reply.json(VALID_JUDGEMENT), Reply.json({**VALID_JUDGEMENT, "reward": 0.6}))
     first = judge_run(result=JudgeResult.objects.get())
 
-    v2 = prompts.Prompt(version="judge-turn/v2", system=prompts.JUDGE_TURN_V1.system, user=prompts.JUDGE_TURN_V1.user)
-    monkeypatch.setattr("feedback.services.judging.CURRENT_TURN", v2)
-    monkeypatch.setattr("feedback.judge.scoring.CURRENT_TURN", v2)
+    v3 = prompts.Prompt(version="judge-turn/v3", system=prompts.JUDGE_TURN_V2.system, user=prompts.JUDGE_TURN_V2.user)
+    monkeypatch.setattr("feedback.services.judging.CURRENT_TURN", v3)
+    monkeypatch.setattr("feedback.judge.scoring.CURRENT_TURN", v3)
     second = judge_run(result=judge_request(message=answer_of(trace), trigger=JudgeTrigger.MANUAL, enqueue=False))
 
     first.refresh_from_db()
-    assert (first.prompt_version, first.reward, first.is_latest) == ("judge-turn/v1", 0.2, False)
-    assert (second.prompt_version, second.reward, second.is_latest) == ("judge-turn/v2", 0.6, True)
+    assert (first.prompt_version, first.reward, first.is_latest) == ("judge-turn/v2", 0.2, False)
+    assert (second.prompt_version, second.reward, second.is_latest) == ("judge-turn/v3", 0.6, True)
     assert JudgeResult.objects.count() == 2
     assert Trace.objects.get(pk=trace.pk).judge_reward == pytest.approx(0.6)
 
@@ -291,3 +291,34 @@ def test_order_swap_check_compares_a_tool_call_turn_with_a_correction_that_is_a_
     assert check.first_scores == [0.1, 0.9]  # the logged call on A1, then the corrected call on B7
     shown = presented_responses(judge_settings.requests[1])
     assert any("A1" in t and "lookup_order" in t for t in shown) and any("B7" in t for t in shown)
+
+
+def test_the_judge_sees_tool_calls_as_the_model_writes_them_and_corrects_a_call_with_a_call(
+    make_trace, operator, judge_settings, settings
+):
+    """A tool-calling agent's wrong turn is a call: the judge reads the logged calls in the
+    model's own format, and its corrected call is stored in that format, ready to train on
+    and to export as `tool_calls`. A correction naming a tool not offered is asked again."""
+    settings.JUDGE_SWAP_CHECK_RATE = 0.0
+    trace = make_trace()
+    call_turn = trace.messages.get(position=2)
+    comment_add(message=call_turn, author=operator, body="They asked about B7, not A1. Look that one up.")
+    right = '<tool_call>{"name": "lookup_order", "arguments": {"order_id": "B7"}}</tool_call>'
+    judge_settings.script(
+        Reply.json(
+            {**VALID_JUDGEMENT, "corrected_response": '<tool_call>{"name": "find", "arguments": {}}</tool_call>'}
+        ),
+        Reply.json({**VALID_JUDGEMENT, "corrected_response": right}),
+    )
+
+    result = judge_run(result=JudgeResult.objects.get())
+
+    first, second = (user_prompt(r) for r in judge_settings.requests)
+    assert '<tool_call>{"name": "lookup_order", "arguments": {"order_id": "A1"}}</tool_call>' in first
+    assert "[calls tool" not in first
+    assert "'find', which is not one of the tools offered" in second
+    assert (result.status, result.corrected_response, result.prompt_version) == (
+        JudgeStatus.SUCCEEDED,
+        right,
+        "judge-turn/v2",
+    )

@@ -132,7 +132,7 @@ def test_judge_turn_turns_an_operator_comment_into_rubric_reward_and_correction(
     )
     assert outcome.reward == pytest.approx(0.2)
     assert outcome.judgement.corrected_response == "Let me check order A1 for you."
-    assert outcome.prompt_version == "judge-turn/v1"
+    assert outcome.prompt_version == "judge-turn/v2"
     assert outcome.guard_reason is None
     prompt = user_prompt(judge_server.requests[0])
     assert "It guessed; it should call lookup_order first." in prompt

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from feedback.judge.prompts import CURRENT_SCORE
+from feedback.judge.prompts import CURRENT_SCORE, CURRENT_TURN
 from feedback.models import CandidateScoring, JudgeResult, JudgeStatus, ScoringPurpose, TurnRating
 from feedback.selectors.judge_gate import judge_training_gate
 from feedback.services.judge_gate import judge_calibration_run
@@ -52,7 +52,7 @@ def rated_turn(deployment, user, *, good: bool, n: int, judged: bool = True):
             trigger="manual",
             status=JudgeStatus.SUCCEEDED,
             judge_model="test-judge",
-            prompt_version="judge-turn/v1",
+            prompt_version=CURRENT_TURN.version,
             rubric=RUBRIC,
             reward=0.9 if good else 0.1,
             corrected_response=f"Let me look up order A{n} for you.",
