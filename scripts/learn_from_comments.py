@@ -26,6 +26,15 @@ For each seed:
      — an ORACLE reward, the only one offline without a capable judge; `--grpo-reward
      judge` scores the samples with the judge (`score_candidates`) under the comment as the
      rubric. A config that does not know the hint fields skips the arm and says so.
+   - `judge-sft`: the judge path — a judge reads each commented turn with the comment
+     (the product's `judge_run`, prompt `judge-turn/v2`, stored as a JudgeResult), and the
+     policy is fine-tuned on the judge's corrected responses (`training_set_from_feedback`,
+     corrections by source `judge`). The judge is a local model served by vLLM
+     (`--judge`, an HF folder: `make local-judge` prepares Qwen2.5-Coder-1.5B-Instruct
+     offline) or any OpenAI-compatible endpoint (`--judge-url`). It never sees the hidden
+     policy; each correction's oracle grade is written to the record as a measurement
+     of the judge only. Without a judge the arm is skipped and says so. The SFT settings
+     are the oracle recipe's (chosen earlier on the validation split), with `--steps`.
    - `oracle-sft`: the ceiling — SFT on oracle labels (`desk_experiment`'s
      `decisions-weighted-32-cf3` recipe: every training order's turns as the hidden policy
      plays them, with counterfactual copies), computed from the environment's hidden answer.
@@ -41,6 +50,7 @@ episode, as `desk_experiment.py summary` prints them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -59,7 +69,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import desk_experiment as desk  # noqa: E402  (the harness, measurement and oracle recipe)
 
 OUT = ROOT / "var" / "learn-from-comments"
-ARMS = ("distill", "hinted-grpo", "oracle-sft")
+ARMS = ("distill", "hinted-grpo", "judge-sft", "oracle-sft")
+JUDGE_DIR = ROOT / "var" / "judges" / "qwen2.5-coder-1.5b-instruct"  # `make local-judge`
+EXPERIMENTER = "learn-from-comments"  # the account that answers for the judge gate's override
 HINT_FIGURES = (
     "zero_variance_groups",
     "hinted_groups",
@@ -101,6 +113,11 @@ class Options:
     distill_samples: int = 2
     hint_at: str = "system"  # where the teacher / hinted samples read the comment: "system" or "last"
     grpo_reward: str = "oracle"
+    judge: Path | None = None  # an HF folder served by vLLM as the judge
+    judge_url: str = ""  # or an OpenAI-compatible endpoint (…/v1)
+    judge_model: str = ""
+    judge_key: str = ""
+    judge_concurrency: int = 8
     vague_rate: float | None = None  # None: the simulated lead's own defaults
     wrong_rate: float | None = None
     out: Path = OUT
@@ -299,7 +316,169 @@ def grpo_config(options: Options, seed: int):
     )
 
 
-def arm_train(arm: str, *, comments: dict[str, Any], seed: int, options: Options, run_dir: Path):
+class JudgeServer:
+    """The judge endpoint for a run: a vLLM server of `options.judge` started once (and
+    stopped at the end), or the endpoint `options.judge_url` names."""
+
+    def __init__(self, options: Options):
+        self.options = options
+        self.server = None
+        self.url, self.model, self.key = options.judge_url, options.judge_model, options.judge_key
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.options.judge_url or self.options.judge)
+
+    def __enter__(self) -> JudgeServer:
+        if self.options.judge and not self.options.judge_url:
+            from training.inference.server import InferenceServer, ServerSpec
+
+            spec = ServerSpec(
+                model_path=str(self.options.judge), served_name="judge", port=8071, max_model_len=4096, kv_cache_gib=2
+            )
+            self.server = InferenceServer(spec, log_path=self.options.out / "judge-server.log")
+            desk.log(f"starting the judge {self.options.judge} on {spec.url}")
+            self.server.start_ready(timeout=900)
+            self.url, self.model, self.key = f"{spec.url}/v1", "judge", spec.api_key
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+
+def judge_corrections(*, comments: dict[str, Any], seed: int, options: Options, judge: JudgeServer):
+    """Every commented turn of the seed's comments set judged through the product's path
+    (`judge_request` + `judge_run`, the deployment's own judge endpoint), then the set
+    rebuilt from feedback so that each item carries the judge's corrected response.
+    Returns (the set, the judge's figures)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.conf import settings
+    from django.contrib.auth import get_user_model
+    from django.db import connection
+    from django.test import override_settings
+
+    from feedback.models import DeploymentJudge, JudgeResult, JudgeTrigger, Message
+    from feedback.services.judging import judge_request, judge_run
+    from training.environments.support_desk import turn_reference
+    from training.services.feedback_sets import training_set_from_feedback
+    from training.trainer.graders import grade
+
+    deployment = comments["deployment"]
+    variable = f"PRACTICUM_JUDGE_KEY_LFC_{options.run.upper().replace('-', '_')}_{seed}"
+    os.environ[variable] = judge.key
+    DeploymentJudge.objects.update_or_create(
+        deployment=deployment, defaults={"base_url": judge.url, "model": judge.model, "api_key_env": variable}
+    )
+    turns = Message.objects.filter(pk__in=comments["training_set"].items.values("message_id"))
+    pending = [judge_request(message=m, trigger=JudgeTrigger.COMMENT, enqueue=False) for m in turns]
+
+    # A local judge on a CPU answers in minutes, not seconds; the order-swap check would
+    # double the calls and measures the judge, which the record does by the oracle instead.
+    patient = override_settings(
+        JUDGE_TIMEOUT_S=max(settings.JUDGE_TIMEOUT_S, 900.0),
+        JUDGE_DEADLINE_S=max(settings.JUDGE_DEADLINE_S, 2700.0),
+        JUDGE_SWAP_CHECK_RATE=0.0,
+    )
+    started = time.time()
+    with patient:
+        if options.judge_concurrency <= 1:
+            for result in pending:
+                judge_run(result=result)
+        else:
+
+            def run_one(result) -> None:
+                try:
+                    judge_run(result=result)
+                finally:
+                    connection.close()  # this thread's own connection
+
+            with ThreadPoolExecutor(options.judge_concurrency) as pool:
+                list(pool.map(run_one, pending))
+    seconds = round(time.time() - started, 1)
+    experimenter, _ = get_user_model().objects.get_or_create(username=EXPERIMENTER, defaults={"is_active": False})
+    training_set = training_set_from_feedback(
+        name=f"lfc-{options.run}-seed{seed}-judge",
+        filters={"comment": "yes"},
+        deployment=deployment,
+        heldout_fraction=0.0,
+        user=experimenter,
+        judge_gate_override_reason=(
+            "learn-from-comments judge arm: the local judge's agreement with people is not measured; "
+            "each correction's oracle grade is kept in the run's record"
+        ),
+        description="the simulated lead's comments, turned into corrected responses by the judge",
+    )
+    task_of = item_tasks(training_set)
+    graded = []
+    for row in training_set.items.all():
+        if row.corrected_response:
+            reference = turn_reference(task=task_of[row.key], messages=row.messages) or ""
+            graded.append(grade("tool_action", row.corrected_response, reference))
+    results = JudgeResult.objects.filter(pk__in=[r.pk for r in pending])
+    figures = {
+        "judged": len(pending),
+        "succeeded": results.filter(status="succeeded").count(),
+        "failed": results.filter(status="failed").count(),
+        "corrections": len(graded),
+        # A measurement of the judge only (never used in training): the share of its
+        # corrections the hidden policy accepts.
+        "corrections_right_by_oracle": round(sum(graded) / len(graded), 3) if graded else None,
+        "judge": str(options.judge or options.judge_url),
+        "judge_seconds": seconds,
+    }
+    return training_set, figures
+
+
+def judge_sft_train(*, comments: dict[str, Any], seed: int, options: Options, run_dir: Path, judge: JudgeServer):
+    """SFT on the judge's corrections, with the oracle recipe's settings (not tuned here)."""
+    import torch
+
+    from training.services.job_runner import training_set_items
+    from training.trainer.common import Hooks
+    from training.trainer.config import SFTConfig
+    from training.trainer.distill import sft_train
+    from training.trainer.policy import load_policy
+
+    if not judge.configured:
+        return None, "no judge: `make local-judge` and --judge var/judges/…, or --judge-url"
+    training_set, figures = judge_corrections(comments=comments, seed=seed, options=options, judge=judge)
+    items, _ = training_set_items(training_set)
+    items = [it for it in items if it.target]
+    if not items:
+        return None, f"the judge wrote no correction ({figures})"
+    recipe = desk.RECIPES[ORACLE_RECIPE]
+    config = SFTConfig.from_dict(
+        _common(options, seed)
+        | {"learning_rate": recipe["learning_rate"], "first_token_weight": recipe["first_token_weight"]}
+    )
+    torch.manual_seed(seed)
+    policy = load_policy(config)
+    keeper = _Keeper(policy, seed=seed, options=options, label=f"judge-sft seed {seed}")
+    started = time.time()
+    result = sft_train(
+        config=config, items=items, run_dir=run_dir, policy=policy, export=False, hooks=Hooks(on_step=keeper.on_step)
+    )
+    kept = keeper.restore()
+    return policy, {
+        "settings": config.to_dict(),
+        "signal": "the simulated lead's comments (words only), turned into corrected responses by the judge",
+        "judge": figures,
+        "training_set": str(training_set),
+        "train_items": len(items),
+        "steps_run": result.step,
+        "step_kept": kept,
+        "status": result.status,
+        "validation": keeper.history,
+        "final_loss": result.history[-1].get("loss") if result.history else None,
+        "train_seconds": round(time.time() - started, 1),
+    }
+
+
+def arm_train(
+    arm: str, *, comments: dict[str, Any], seed: int, options: Options, run_dir: Path, judge: JudgeServer | None = None
+):
     """Train `arm` from the base for one seed: (policy, record of its training), or
     (None, reason) when the arm cannot run here."""
     import torch
@@ -325,6 +504,10 @@ def arm_train(arm: str, *, comments: dict[str, Any], seed: int, options: Options
         policy, info = desk.train(recipe, seed=seed, run_dir=run_dir, model=options.model)
         return policy, info | {"settings": recipe, "signal": "oracle labels (computed from the hidden policy)"}
 
+    if arm == "judge-sft":
+        return judge_sft_train(
+            comments=comments, seed=seed, options=options, run_dir=run_dir, judge=judge or JudgeServer(options)
+        )
     items, _ = training_set_items(comments["training_set"])
     if arm == "hinted-grpo":
         try:
@@ -478,6 +661,12 @@ def run(options: Options) -> None:
     options.run = options.run or time.strftime("%Y%m%d-%H%M%S")
     base_model, tokenizer = desk.load_base(options.model)
     base = desk.Harness(base_model, tokenizer)
+    judge = JudgeServer(options) if "judge-sft" in options.arms else None
+    with judge or contextlib.nullcontext():
+        _run_seeds(options, base, judge)
+
+
+def _run_seeds(options: Options, base, judge: JudgeServer | None) -> None:
     for seed in options.seeds:
         random.seed(seed)
         comments = comments_set(harness=base, seed=seed, options=options)
@@ -499,7 +688,7 @@ def run(options: Options) -> None:
         for arm in options.arms:
             run_dir = options.out / "runs" / f"{options.run}-{arm}-seed{seed}"
             desk.log(f"{arm} seed {seed}: training")
-            policy, info = arm_train(arm, comments=comments, seed=seed, options=options, run_dir=run_dir)
+            policy, info = arm_train(arm, comments=comments, seed=seed, options=options, run_dir=run_dir, judge=judge)
             if policy is None:
                 desk.log(f"{arm} seed {seed} skipped: {info}")
                 append(options, {"kind": "skipped", "recipe": arm, "seed": seed, "reason": info})
@@ -553,6 +742,13 @@ def options_from(args) -> Options:
         hint_samples=args.hint_samples,
         grpo_reward=args.grpo_reward,
         hint_at=args.hint_at,
+        judge=args.judge
+        if args.judge or args.judge_url
+        else (JUDGE_DIR if (JUDGE_DIR / "config.json").exists() else None),
+        judge_url=args.judge_url,
+        judge_model=args.judge_model,
+        judge_key=os.environ.get("PRACTICUM_LFC_JUDGE_KEY", ""),
+        judge_concurrency=args.judge_concurrency,
         run=args.run,
     )
 
@@ -598,6 +794,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hint-samples", type=int, default=d.hint_samples)
     p.add_argument("--grpo-reward", choices=sorted(GRPO_REWARDS), default=d.grpo_reward)
     p.add_argument("--hint-at", choices=["system", "last"], default=d.hint_at, help="where the comment is read")
+    p.add_argument("--judge", type=Path, help=f"the judge's HF folder, served by vLLM (default: {JUDGE_DIR} if there)")
+    p.add_argument(
+        "--judge-url", default="", help="an OpenAI-compatible judge endpoint instead (key: $PRACTICUM_LFC_JUDGE_KEY)"
+    )
+    p.add_argument("--judge-model", default="", help="the model name at --judge-url")
+    p.add_argument("--judge-concurrency", type=int, default=d.judge_concurrency)
     p.add_argument("--run", default="", help="the run's id in the log (default: the start time)")
     h = sub.add_parser("probe", help="how often the comment as a hint makes the base's own turn right")
     h.add_argument("--model", type=Path, default=d.model)

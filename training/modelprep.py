@@ -74,16 +74,22 @@ def smollm2_gguf_path() -> Path:
 
 def smollm2_prepare(dest: Path, *, force: bool = False) -> Path:
     """Convert the packaged GGUF into a plain HF folder at `dest` (once; cached)."""
-    if (dest / "config.json").exists() and (dest / "model.safetensors").exists() and not force:
+    # The GGUF's own template is ChatML without tools; ours keeps its default system prompt and
+    # adds tool definitions and tool calls, so the gateway can pass an agent's tools through.
+    return gguf_prepare(smollm2_gguf_path(), dest, force=force, chat_template=chatml_template(SMOLLM2_DEFAULT_SYSTEM))
+
+
+def gguf_prepare(gguf: Path, dest: Path, *, force: bool = False, chat_template: str | None = None) -> Path:
+    """Convert a GGUF file into a plain fp32 HF folder at `dest` (once; cached) that
+    transformers and vLLM load directly. `chat_template` replaces the file's own."""
+    if (dest / "config.json").exists() and any(dest.glob("*.safetensors")) and not force:
         return dest
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    gguf = smollm2_gguf_path()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    # The GGUF's own template is ChatML without tools; ours keeps its default system prompt and
-    # adds tool definitions and tool calls, so the gateway can pass an agent's tools through.
-    tokenizer.chat_template = chatml_template(SMOLLM2_DEFAULT_SYSTEM)
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
     quantised = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # save_pretrained refuses a GGUF-loaded model: rebuild a plain one from its config.
     config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -92,8 +98,9 @@ def smollm2_prepare(dest: Path, *, force: bool = False) -> Path:
     config.dtype = torch.float32
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     missing, unexpected = model.load_state_dict(quantised.state_dict(), strict=False)
+    del quantised
     if [k for k in missing if "lm_head" not in k] or unexpected:
-        raise RuntimeError(f"SmolLM2 weights did not match: missing={missing} unexpected={unexpected}")
+        raise RuntimeError(f"{gguf.name}: weights did not match: missing={missing} unexpected={unexpected}")
     if missing:
         model.tie_weights()
     tmp = dest.with_name(dest.name + ".partial")

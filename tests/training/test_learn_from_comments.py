@@ -98,7 +98,9 @@ def test_comments_become_a_words_only_set_and_each_arm_is_measured_against_the_b
             tasks = [e["task"] for e in r["measures"][key]["episodes"]]
             assert tasks == [e["task"] for e in base[(r["seed"], split, fresh)]["episodes"]]
     skipped = [r for r in records if r["kind"] == "skipped"]
-    assert all("hint fields" in r["reason"] for r in skipped)
+    # No judge was given: the judge arm says so instead of training on nothing.
+    assert {("judge-sft", 0), ("judge-sft", 1)} <= {(r["recipe"], r["seed"]) for r in skipped}
+    assert all("hint fields" in r["reason"] or "no judge" in r["reason"] for r in skipped)
 
     capsys.readouterr()
     lfc.summary(tmp_path / "runs.jsonl")
@@ -107,8 +109,66 @@ def test_comments_become_a_words_only_set_and_each_arm_is_measured_against_the_b
     row = next(line for line in out.splitlines() if line.startswith("| distill | test | 2 |"))
     assert row.count("[") >= 3 and "(n = 6)" in row
     assert "| oracle-sft | fresh-3 | 2 |" in out
-    if skipped:
+    assert "judge-sft seed 0 skipped: no judge" in out
+    if not _hinted_grpo_available():
         assert "hinted-grpo seed 0 skipped" in out
+
+
+@pytest.mark.slow
+def test_the_judge_arm_trains_on_the_corrections_the_judge_writes_from_the_comments(
+    tiny_model_dir, tmp_path, judge_server
+):
+    """The judge path of learning from words: each commented turn is judged through the
+    product's `judge_run` (prompt judge-turn/v2, the deployment's own endpoint), the set is
+    rebuilt with the judge's corrections, and the policy is fine-tuned on them and measured
+    against the base. The judge here is the wire-protocol test server; it answers every turn
+    with a lookup of the id the comment names."""
+    import re
+
+    from feedback.models import JudgeResult
+    from tests.fixtures.judge import user_prompt
+    from training.models import CorrectionSource, TrainingSet
+
+    def judge(request):
+        feedback = user_prompt(request).split("<feedback>")[-1]
+        named = re.findall(r"\b[A-Z0-9][A-Z0-9-]{2,14}\b", feedback)
+        call = {"name": "lookup_order", "arguments": {"order_id": named[0] if named else "UNKNOWN"}}
+        return {
+            "rubric": {"criteria": [{"criterion": "Works on the order the customer names", "weight": 3}]},
+            "rationale": "The comment says which order.",
+            "reward": 0.0,
+            "corrected_response": f"<tool_call>{json.dumps(call)}</tool_call>",
+        }
+
+    judge_server.respond_with(judge)
+    options = _options(
+        tiny_model_dir,
+        tmp_path,
+        seeds=[0],
+        arms=("judge-sft",),
+        fresh_seeds=[],
+        judge_url=judge_server.base_url,
+        judge_model="test-judge",
+        judge_key="test-key",
+        judge_concurrency=1,
+    )
+
+    lfc.run(options)
+
+    judged = JudgeResult.objects.all()
+    assert judged and {(r.status, r.prompt_version) for r in judged} == {("succeeded", "judge-turn/v2")}
+    assert all("<feedback>" in user_prompt(r) for r in judge_server.requests)
+    words = TrainingSet.objects.get(name="lfc-t-seed0")
+    corrected = TrainingSet.objects.get(name="lfc-t-seed0-judge")
+    assert corrected.item_count == words.item_count
+    assert {it.correction_source for it in corrected.items.all()} == {CorrectionSource.JUDGE}
+    assert corrected.selection["judge_gate"]["override"]["by"] == lfc.EXPERIMENTER
+    (record,) = [json.loads(x) for x in (tmp_path / "runs.jsonl").read_text().splitlines() if '"candidate"' in x]
+    assert record["recipe"] == "judge-sft" and record["train"]["steps_run"] == 1
+    figures = record["train"]["judge"]
+    assert figures["judged"] == figures["succeeded"] == figures["corrections"] == words.item_count
+    assert 0.0 <= figures["corrections_right_by_oracle"] <= 1.0
+    assert "test" in record["measures"]
 
 
 def test_a_set_that_carries_an_oracle_answer_is_refused():
