@@ -404,8 +404,8 @@ TRAINING_STALE_CHECK_SECONDS = float(os.environ.get("PRACTICUM_TRAINING_STALE_CH
 # Data-parallel jobs ("processes": N > 1): the worker runs `torchrun <these arguments>
 # --nproc-per-node N manage.py train_rank …` on its own machine ("{job}" becomes the job's
 # id). With rendezvous arguments such as "--nnodes 2 --rdzv-backend c10d --rdzv-endpoint
-# head:29400 --rdzv-id job-{job}" the other nodes' torchrun must be started by hand or by a
-# scheduler (README, "Data-parallel jobs"; not tested), or the group waits. A collective
+# head:29400 --rdzv-id job-{job}" each other node runs `manage.py train_node --job <id>` (by
+# hand or from a scheduler, with the same setting), or the group waits. A collective
 # that waits this long for a silent process fails the group (it waits for rank 0's
 # evaluations too, so it must be longer than the longest one).
 TRAINING_TORCHRUN_ARGS = os.environ.get("PRACTICUM_TRAINING_TORCHRUN_ARGS", "--standalone")

@@ -395,3 +395,88 @@ def test_a_jobs_processes_do_not_outlive_the_worker_or_torchrun(tmp_path, killed
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
         supervisor.wait(timeout=30)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_job_over_two_nodes_trains_the_adapter_one_process_trains(base_version, process_env, settings, monkeypatch):
+    """Two nodes on loopback: the worker's node runs torchrun with a c10d rendezvous, the
+    other joins with `manage.py train_node`; 2 processes on each train the adapter one
+    process trains on the same global batches, and the worker's node owns the job."""
+    import threading
+
+    import torch
+
+    from training.services.training_sets import training_set_from_tasks
+
+    rendezvous = f"--nnodes 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{_free_port()} --rdzv-id job-{{job}}"
+    tasks = [{"prompt": f"Where is order A{i}?", "target": f"A{i} shipped.", "grader": "contains"} for i in range(8)]
+    training_set = training_set_from_tasks(name="orders", tasks=tasks, heldout_fraction=0.0)
+    config = {k: v for k, v in CONFIG.items() if k != "group_size"}
+    one = training_job_create(
+        kind="sft", config=config, base_version=base_version, training_set=training_set, enqueue=False
+    )
+    assert training_job_run(job_id=one.pk, worker=work_worker_name("test")) == WorkStatus.FINISHED
+
+    settings.TRAINING_TORCHRUN_ARGS = rendezvous  # the worker's node
+    monkeypatch.setenv("PRACTICUM_TRAINING_TORCHRUN_ARGS", rendezvous)  # the other node's command reads it
+    job = training_job_create(
+        kind="sft",
+        config=config | {"processes": 2},
+        base_version=base_version,
+        training_set=training_set,
+        enqueue=False,
+    )
+    node = subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), "train_node", "--job", str(job.pk), "--wait", "120"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    ended, head = {}, work_worker_name("head")
+    worker = threading.Thread(target=lambda: ended.update(status=training_job_run(job_id=job.pk, worker=head)))
+    worker.start()
+    try:
+        worker.join(timeout=300)
+        output = node.communicate(timeout=60)[0].decode(errors="replace")
+    finally:
+        process_group_stop(node)
+    assert ended.get("status") == WorkStatus.FINISHED, output[-3000:]
+    assert node.returncode == 0, output[-3000:]
+
+    two = _job(job.pk)
+    assert two.worker == head and two.config["processes"] == 2
+    first, second = _adapter(_job(one.pk).result_version), _adapter(two.result_version)
+    assert first.keys() == second.keys() and first
+    # A sum over 4 processes rounds differently from one process's: Adam's g/√v turns the
+    # last bits of a near-zero gradient into up to ~3e-5 of weight after 3 steps.
+    for name in first:
+        assert torch.allclose(first[name], second[name], atol=1e-4, rtol=0), name
+    assert any(float(first[n].abs().max()) > 1e-3 for n in first if "lora_B" in n)  # it trained: B starts at zero
+
+
+@pytest.mark.django_db
+def test_a_node_has_nothing_to_join_without_a_rendezvous_or_a_running_job(base_version, task_set, settings):
+    from training.services.job_processes import NodeError, training_job_node_run
+
+    job = training_job_create(
+        kind="grpo", config={"processes": 2}, base_version=base_version, training_set=task_set, enqueue=False
+    )
+    settings.TRAINING_TORCHRUN_ARGS = "--standalone"
+    with pytest.raises(NodeError, match="names no other node"):
+        training_job_node_run(job_id=job.pk, wait_seconds=0)
+    settings.TRAINING_TORCHRUN_ARGS = "--nnodes 2 --rdzv-backend c10d --rdzv-endpoint head:29400 --rdzv-id job-{job}"
+    with pytest.raises(NodeError, match="not started by a worker within 0 s"):
+        training_job_node_run(job_id=job.pk, wait_seconds=0, poll_seconds=0)
+    with pytest.raises(NodeError, match="does not exist"):
+        training_job_node_run(job_id=job.pk + 1000, wait_seconds=0)

@@ -145,6 +145,50 @@ def _failure_entry(body: str) -> dict[str, str]:
     }
 
 
+class NodeError(Exception):
+    """This machine cannot join the job's processes; the message says why."""
+
+
+def _multi_node(args: str) -> bool:
+    words = shlex.split(args)
+    return "--standalone" not in words and any(w == "--nnodes" or w.startswith("--nnodes=") for w in words)
+
+
+def training_job_node_run(*, job_id: int, wait_seconds: float = 600.0, poll_seconds: float = 1.0) -> int:
+    """This machine's share of a job over several nodes: once the worker that holds the job
+    is running it, the same torchrun it started (`TRAINING_TORCHRUN_ARGS`, whose rendezvous
+    joins the two), whose processes train their shards and write nothing to the job. Returns
+    torchrun's exit code; raises `NodeError` when this node has nothing to join."""
+    import time
+
+    if not _multi_node(settings.TRAINING_TORCHRUN_ARGS):
+        raise NodeError(
+            "PRACTICUM_TRAINING_TORCHRUN_ARGS names no other node (it needs --nnodes and a rendezvous, "
+            f"not {settings.TRAINING_TORCHRUN_ARGS!r}): the job's processes all run on the worker's machine"
+        )
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        job = TrainingJob.objects.filter(pk=job_id).first()
+        if job is None:
+            raise NodeError(f"training job {job_id} does not exist")
+        if job.status == WorkStatus.RUNNING and job.worker:
+            break
+        if job.status not in (WorkStatus.QUEUED, WorkStatus.RUNNING):
+            raise NodeError(f"training job {job_id} is {job.status}: there is nothing to join")
+        if time.monotonic() > deadline:
+            raise NodeError(f"training job {job_id} was not started by a worker within {wait_seconds:.0f} s")
+        time.sleep(poll_seconds)
+    processes = config_from_dict(job.config).processes
+    if processes < 2:
+        raise NodeError(f"training job {job_id} runs in one process (its config's processes is {processes})")
+    log.info("joining training job %s held by %s with %s processes", job_id, job.worker, processes)
+    return subprocess.call(
+        torchrun_command(job_id=job_id, worker=job.worker, processes=processes),
+        cwd=ROOT,
+        preexec_fn=parent_death_signal_setter(signal.SIGTERM),
+    )
+
+
 def training_job_rank_run(*, job_id: int, worker: str) -> str:
     """One process of a data-parallel job, in the group torchrun set up. Rank 0 trains and
     ends the job as `worker` (which holds it); the others train their shards. Returns the
