@@ -460,12 +460,19 @@ def judge_sft_train(*, comments: dict[str, Any], seed: int, options: Options, ru
     result = sft_train(
         config=config, items=items, run_dir=run_dir, policy=policy, export=False, hooks=Hooks(on_step=keeper.on_step)
     )
-    kept = keeper.restore()
     return policy, {
-        "settings": config.to_dict(),
         "signal": "the simulated lead's comments (words only), turned into corrected responses by the judge",
         "judge": figures,
         "training_set": str(training_set),
+        **_trained(config, items, result, keeper, started),
+    }
+
+
+def _trained(config, items: list, result, keeper: _Keeper, started: float) -> dict[str, Any]:
+    """An arm's training record, once the best validation checkpoint is restored."""
+    kept = keeper.restore()
+    return {
+        "settings": config.to_dict(),
         "train_items": len(items),
         "steps_run": result.step,
         "step_kept": kept,
@@ -532,18 +539,7 @@ def arm_train(
         result = grpo_train(score=score, hooks=hooks, **common)
     else:
         result = distill_train(hooks=hooks, **common)
-    kept = keeper.restore()
-    info = {
-        "settings": config.to_dict(),
-        "signal": "the simulated lead's comments (words only)",
-        "train_items": len(items),
-        "steps_run": result.step,
-        "step_kept": kept,
-        "status": result.status,
-        "validation": keeper.history,
-        "final_loss": result.history[-1].get("loss") if result.history else None,
-        "train_seconds": round(time.time() - started, 1),
-    }
+    info = {"signal": "the simulated lead's comments (words only)", **_trained(config, items, result, keeper, started)}
     if arm == "hinted-grpo":
         info["reward"] = f"{options.grpo_reward}: {GRPO_REWARDS[options.grpo_reward]}"
         info["reward_mean"] = [h.get("reward_mean") for h in result.history]
