@@ -67,3 +67,15 @@ def schema_first_error(validator: Draft202012Validator, instance: Any) -> Valida
     Raises `UnusableSchema` as `schema_errors` does."""
     errors = schema_errors(validator, instance)
     return best_match(errors) if errors else None
+
+
+def tool_parameter_schemas(tools: Any) -> dict[str, dict[str, Any] | None]:
+    """Each tool a conversation offers (chat-format `tools`), by name: its parameters' JSON
+    schema, or None when it gives none. Malformed entries offer nothing."""
+    out: dict[str, dict[str, Any] | None] = {}
+    for tool in tools if isinstance(tools, list) else []:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            params = function.get("parameters")
+            out[function["name"]] = params if isinstance(params, dict) else None
+    return out

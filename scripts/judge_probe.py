@@ -60,26 +60,13 @@ def _wrong_turn(task, env, kind: str):
     return context, call("issue_refund", order_id)
 
 
-def _action(text: str) -> dict:
-    from training.inference.codec import tool_calls_parse
-
-    words, calls = tool_calls_parse(text)
-    if calls:
-        function = calls[0]["function"]
-        try:
-            order = json.loads(function["arguments"]).get("order_id")
-        except (ValueError, AttributeError):
-            order = None
-        return {"tool": function["name"], "arguments": {"order_id": order}}
-    return {"reply": True} if words.strip() else {}
-
-
 def _judge_one(task, kind: str, rng_seed: int, *, env, endpoint):
     from feedback.judge.client import JudgeCallFailed
     from feedback.judge.prompts import FeedbackItem
     from feedback.judge.scoring import judge_turn
     from training.environments.support_desk import TOOLS, turn_reference
     from training.environments.support_operator import operator_comment
+    from training.trainer.graders import grade
 
     context, turn = _wrong_turn(task, env, kind)
     comment = operator_comment(task=task, messages=[*context, turn], rng=random.Random(rng_seed))
@@ -98,9 +85,7 @@ def _judge_one(task, kind: str, rng_seed: int, *, env, endpoint):
         corrected, attempts = outcome.judgement.corrected_response, len(outcome.record.attempts)
     except JudgeCallFailed as exc:
         error, attempts = str(exc)[:300], len(exc.record.attempts)
-    accepted = json.loads(turn_reference(task=task, messages=context))
-    action = _action(corrected or "")
-    right = bool(action) and any(a == action or (a.get("reply") and action.get("reply")) for a in accepted)
+    right = bool(grade("tool_action", corrected or "", turn_reference(task=task, messages=context) or ""))
     return {
         "task": task.id,
         "mistake": kind,

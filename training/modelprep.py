@@ -102,6 +102,8 @@ def gguf_prepare(gguf: Path, dest: Path, *, force: bool = False, chat_template: 
     if [k for k in missing if "lm_head" not in k] or unexpected:
         raise RuntimeError(f"{gguf.name}: weights did not match: missing={missing} unexpected={unexpected}")
     if missing:
+        if not getattr(config, "tie_word_embeddings", False):
+            raise RuntimeError(f"{gguf.name}: no output head, and the model's embeddings are not tied to one")
         model.tie_weights()
     tmp = dest.with_name(dest.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)

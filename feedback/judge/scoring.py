@@ -9,6 +9,7 @@ wrap `judge_turn` with storage.
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ from feedback.judge.schemas import (
     parse_turn_judgement,
     turn_judgement_schema,
 )
+from feedback.schema_validation import UnusableSchema, schema_first_error, schema_validator, tool_parameter_schemas
 from training.inference.codec import tool_call_blocks
 
 Candidate = str | dict[str, Any]
@@ -95,19 +97,41 @@ def judge_turn(
     )
 
 
+# How judge-turn/v1 showed a call; text like it is no call an agent can make.
+BRACKET_CALL = re.compile(r"\[calls tool ")
+
+
 def correction_calls_check(judgement: TurnJudgement, tools: Sequence[dict[str, Any]]) -> TurnJudgement:
     """The judgement, or `SchemaViolation` (the judge is asked again) when its corrected
-    response holds a tool call the model could not have made: a `<tool_call>` block that
-    does not parse, or one naming a tool the conversation did not offer. A correction
-    trains the model as it is written, so a malformed call would teach malformed calls."""
-    names = {str((t.get("function") or t).get("name") or "") for t in tools if isinstance(t, dict)}
-    for block in tool_call_blocks(judgement.corrected_response or ""):
-        if not block.parsed:
-            raise SchemaViolation(
-                "corrected_response: a <tool_call> block is not a JSON object with name and arguments"
-            )
-        if tools and block.name not in names:
+    response holds a call the model could not have made, held to what an operator's
+    corrected call is held to: each `<tool_call>` block closed, a JSON object naming one of
+    the tools the conversation offers, with arguments that are an object meeting that
+    tool's parameters; and no call written the way v1 showed calls. A correction trains the
+    model as it is written, so a malformed call would teach malformed calls."""
+    text = judgement.corrected_response or ""
+    if BRACKET_CALL.search(text):
+        raise SchemaViolation('corrected_response: write a tool call as a <tool_call> block, not "[calls tool …]"')
+    blocks = tool_call_blocks(text)
+    if not blocks:
+        return judgement
+    schemas = tool_parameter_schemas(list(tools))
+    if not schemas:
+        raise SchemaViolation("corrected_response: calls a tool, but the conversation offers none")
+    for block in blocks:
+        if not block.parsed or not text[block.start : block.end].endswith("</tool_call>"):
+            raise SchemaViolation("corrected_response: a <tool_call> block is not a closed JSON object with a name")
+        if block.name not in schemas:
             raise SchemaViolation(f"corrected_response: calls {block.name!r}, which is not one of the tools offered")
+        arguments = block.arguments_object
+        if arguments is None:
+            raise SchemaViolation(f"corrected_response: the arguments of {block.name!r} are not a JSON object")
+        schema = schemas[block.name]
+        try:
+            error = schema_first_error(schema_validator(schema), arguments) if schema else None
+        except UnusableSchema:
+            error = None  # the agent's own schema is broken: any object, as for an operator's call
+        if error is not None:
+            raise SchemaViolation(f"corrected_response: arguments of {block.name!r}: {error.message[:200]}")
     return judgement
 
 

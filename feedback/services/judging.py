@@ -61,11 +61,12 @@ def _rating_text(kind: str, value: int | None) -> str:
 
 
 def feedback_items_for(
-    *, message: Message
+    *, message: Message, calls: str = CURRENT_TURN.calls
 ) -> tuple[list[FeedbackItem], list[Comment], list[CustomerFeedback], list[Correction]]:
     """Everything people said about the turn, as the judge is shown it, and the rows it
     came from. Operators' own turn ratings are left out on purpose: they are the labels
-    the judge's agreement is measured against, and showing them would inflate it."""
+    the judge's agreement is measured against, and showing them would inflate it.
+    An operator's corrected calls are shown as the judge's prompt shows calls (`calls`)."""
     comments = list(Comment.objects.filter(message=message).order_by("created_at", "id"))
     last_assistant = (
         Message.objects.filter(trace_id=message.trace_id, role=MessageRole.ASSISTANT).order_by("-position").first()
@@ -88,10 +89,13 @@ def feedback_items_for(
         if f.correction:
             items.append(FeedbackItem(kind="customer's correction", text=f.correction))
     for c in corrections:
-        text = c.content
-        for call in c.tool_calls or []:
-            fn = call.get("function") or {}
-            text += f" [calls tool {fn.get('name')} with {fn.get('arguments')}]"
+        if calls == "served":
+            text = message_served_text(c.as_openai())
+        else:
+            text = c.content
+            for call in c.tool_calls or []:
+                fn = call.get("function") or {}
+                text += f" [calls tool {fn.get('name')} with {fn.get('arguments')}]"
         if c.note:
             text += f" (why: {c.note})"
         items.append(FeedbackItem(kind="operator's corrected response", text=text.strip()))

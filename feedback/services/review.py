@@ -16,7 +16,7 @@ from django.utils import timezone
 from django.utils.crypto import get_random_string
 
 from feedback.models import Comment, Correction, Message, MessageRole, RatingKind, Trace, TurnRating
-from feedback.schema_validation import UnusableSchema, schema_first_error, schema_validator
+from feedback.schema_validation import UnusableSchema, schema_first_error, schema_validator, tool_parameter_schemas
 from feedback.services.chat_format import FieldError, json_depth_check
 from feedback.services.judging import judge_on_comment
 
@@ -173,13 +173,7 @@ def turn_rating_clear(*, message: Message, user) -> None:
 
 
 def _tool_schemas(trace: Trace) -> dict[str, dict[str, Any] | None]:
-    out: dict[str, dict[str, Any] | None] = {}
-    for tool in trace.tools or []:
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if isinstance(function, dict) and isinstance(function.get("name"), str):
-            params = function.get("parameters")
-            out[function["name"]] = params if isinstance(params, dict) else None
-    return out
+    return tool_parameter_schemas(trace.tools)
 
 
 def correction_tool_calls_validate(*, trace: Trace, tool_calls: Any) -> list[dict[str, Any]] | None:

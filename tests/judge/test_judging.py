@@ -322,3 +322,18 @@ def test_the_judge_sees_tool_calls_as_the_model_writes_them_and_corrects_a_call_
         right,
         "judge-turn/v2",
     )
+
+
+def test_the_v2_judge_is_shown_an_operators_corrected_call_as_the_model_writes_it(make_trace, operator, judge_settings):
+    trace = make_trace()
+    call_turn = trace.messages.get(position=2)
+    right = [{"id": "c9", "type": "function", "function": {"name": "lookup_order", "arguments": '{"order_id": "B7"}'}}]
+    correction_add(message=call_turn, author=operator, tool_calls=right)
+    comment_add(message=call_turn, author=operator, body="They asked about B7.")
+    judge_settings.script(Reply.json({**VALID_JUDGEMENT, "corrected_response": ""}))
+
+    judge_run(result=JudgeResult.objects.get())
+
+    feedback = user_prompt(judge_settings.requests[0]).split("<feedback>")[1].split("</feedback>")[0]
+    assert '<tool_call>{"name": "lookup_order", "arguments": {"order_id":"B7"}}</tool_call>' in feedback
+    assert "[calls tool" not in feedback

@@ -163,3 +163,47 @@ def test_rubrics_are_taken_as_stored_lists_or_text_and_bad_ones_refused():
     for bad in ("", {"criteria": []}, {"criteria": [{"criterion": "x y z", "weight": 7}]}):
         with pytest.raises(SchemaViolation):
             Rubric.from_data(bad)
+
+
+LOOKUP_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup_order",
+            "parameters": {
+                "type": "object",
+                "properties": {"order_id": {"type": "string"}},
+                "required": ["order_id"],
+                "additionalProperties": False,
+            },
+        },
+    }
+]
+
+
+@pytest.mark.parametrize(
+    ("corrected", "tools", "refused"),
+    [
+        ('<tool_call>{"name": "lookup_order", "arguments": {"order_id": "B7"}}</tool_call>', LOOKUP_TOOLS, None),
+        ("Order B7 shipped on Monday.", LOOKUP_TOOLS, None),
+        ("Order B7 shipped on Monday.", [], None),  # words need no tools
+        ('<tool_call>{"name": "refund", "arguments": {"order_id": "B7"}}</tool_call>', LOOKUP_TOOLS, "not one of"),
+        ('<tool_call>{"name": "lookup_order", "arguments": "not json"}</tool_call>', LOOKUP_TOOLS, "not a JSON object"),
+        ('<tool_call>{"name": "lookup_order", "arguments": [1, 2]}</tool_call>', LOOKUP_TOOLS, "not a JSON object"),
+        ('<tool_call>{"name": "lookup_order", "arguments": {"order_id": 5}}</tool_call>', LOOKUP_TOOLS, "arguments of"),
+        ('<tool_call>{"name": "lookup_order", "arguments": {"id": "B7"}}</tool_call>', LOOKUP_TOOLS, "arguments of"),
+        ('<tool_call>{"name": "lookup_order", "arguments": {"order_id": "B7"}}', LOOKUP_TOOLS, "not a closed"),
+        ('<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>', [], "offers none"),
+        ('[calls tool lookup_order with {"order_id": "B7"}]', LOOKUP_TOOLS, 'not "\\[calls tool'),
+    ],
+)
+def test_a_judges_corrected_call_is_held_to_what_an_operators_must_be(corrected, tools, refused):
+    from feedback.judge.schemas import Rubric, SchemaViolation, TurnJudgement
+    from feedback.judge.scoring import correction_calls_check
+
+    judgement = TurnJudgement(rubric=Rubric(criteria=()), rationale="r", reward=0.0, corrected_response=corrected)
+    if refused is None:
+        assert correction_calls_check(judgement, tools) is judgement
+    else:
+        with pytest.raises(SchemaViolation, match=refused):
+            correction_calls_check(judgement, tools)

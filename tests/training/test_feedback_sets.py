@@ -126,3 +126,30 @@ def test_an_operators_corrected_tool_call_is_the_items_target_as_the_model_write
     served = '<tool_call>{"name": "lookup", "arguments": {"order_id": "A1"}}</tool_call>'
     assert (first.corrected_response, first.correction_source) == (served, CorrectionSource.HUMAN)
     assert second.corrected_response == "Let me check." + served
+
+
+def test_a_v1_judges_bracket_call_is_no_target_but_its_comment_stays():
+    """judge-turn/v1 showed calls as "[calls tool … with …]"; a correction written that way
+    is no turn an agent can make, so it trains nothing, while the comment still does."""
+    trace, m = conversation()
+    Comment.objects.create(trace=trace, message=m[1], body="Look A1 up first.")
+    JudgeResult.objects.create(
+        trace=trace,
+        message=m[1],
+        trigger=JudgeTrigger.COMMENT,
+        status=JudgeStatus.SUCCEEDED,
+        rubric={"criteria": [{"name": "uses the tool"}]},
+        reward=0.1,
+        corrected_response='[calls tool lookup with {"order_id": "A1"}]',
+        prompt_version="judge-turn/v1",
+        is_latest=True,
+    )
+    olga = user_with_role("operator", "olga")
+
+    built = training_set_from_feedback(
+        name="v1", filters={"deployment": trace.deployment_id}, user=olga, judge_gate_override_reason="pilot"
+    )
+
+    (item,) = built.items.all()
+    assert (item.corrected_response, item.correction_source) == ("", CorrectionSource.NONE)
+    assert item.feedback == "Look A1 up first."

@@ -11,6 +11,7 @@ import json
 from collections import defaultdict
 from typing import Any
 
+from feedback.judge.scoring import BRACKET_CALL
 from feedback.models import Comment, Correction, CustomerFeedback, JudgeResult, Message, QueueItem, Trace
 from feedback.models.judge import JudgeStatus
 from feedback.selectors.traces import message_as_openai
@@ -122,7 +123,8 @@ def turn_items(*, trace_ids: list[int]) -> list[dict[str, Any]]:
             corrected, source = human[-1], CorrectionSource.HUMAN
         elif customer_corrections:
             corrected, source = customer_corrections[-1].correction, CorrectionSource.CUSTOMER
-        elif judge and judge.corrected_response:
+        elif judge and judge.corrected_response and not BRACKET_CALL.search(judge.corrected_response):
+            # A judge-turn/v1 correction of a call is "[calls tool …]" text: no agent emits it.
             corrected, source = judge.corrected_response, CorrectionSource.JUDGE
         critique = [c.body for c in found["comments"]] + [f.comment for f in found["customer"] if f.comment]
         items.append(
