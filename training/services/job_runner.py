@@ -18,6 +18,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
+from training.inference.codec import message_served_text
 from training.models import (
     PHASE_LABELS,
     JobEventKind,
@@ -140,7 +141,8 @@ def training_set_items(training_set: TrainingSet) -> tuple[list[TurnItem], list[
             grader=row.grader,
             feedback=row.feedback,
             target=row.corrected_response or None,
-            logged_response=(row.logged_response or {}).get("content") if row.logged_response else None,
+            # As the model wrote it: a logged turn that is a tool call has no words.
+            logged_response=message_served_text(row.logged_response) if isinstance(row.logged_response, dict) else None,
         )
         (heldout if row.split == TrainingSplit.HELDOUT else train).append(item)
     return train, heldout
