@@ -403,9 +403,9 @@ TRAINING_MAX_ATTEMPTS = int(os.environ.get("PRACTICUM_TRAINING_MAX_ATTEMPTS", 3)
 TRAINING_STALE_CHECK_SECONDS = float(os.environ.get("PRACTICUM_TRAINING_STALE_CHECK_SECONDS", 60))
 # Data-parallel jobs ("processes": N > 1): the worker runs `torchrun <these arguments>
 # --nproc-per-node N manage.py train_rank …` on its own machine ("{job}" becomes the job's
-# id). With rendezvous arguments such as "--nnodes 2 --rdzv-backend c10d --rdzv-endpoint
-# head:29400 --rdzv-id job-{job}" each other node runs `manage.py train_node --job <id>` (by
-# hand or from a scheduler, with the same setting), or the group waits. A collective
+# id). With "--nnodes 2 --node-rank 0 --master-addr head --master-port 29400" each other
+# node runs `manage.py train_node --job <id> --node-rank K` (by hand or from a scheduler, with
+# the same setting), or the group waits; the worker's node is node 0 and owns the job. A collective
 # that waits this long for a silent process fails the group (it waits for rank 0's
 # evaluations too, so it must be longer than the longest one).
 TRAINING_TORCHRUN_ARGS = os.environ.get("PRACTICUM_TRAINING_TORCHRUN_ARGS", "--standalone")

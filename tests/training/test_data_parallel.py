@@ -409,16 +409,17 @@ def _free_port() -> int:
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_job_over_two_nodes_trains_the_adapter_one_process_trains(base_version, process_env, settings, monkeypatch):
-    """Two nodes on loopback: the worker's node runs torchrun with a c10d rendezvous, the
-    other joins with `manage.py train_node`; 2 processes on each train the adapter one
-    process trains on the same global batches, and the worker's node owns the job."""
+    """Two nodes on loopback: the worker's node runs torchrun as node 0 of a static
+    rendezvous, the other joins with `manage.py train_node --node-rank 1` (started first:
+    with a dynamic rendezvous it would take rank 0); 2 processes on each train the adapter
+    one process trains on the same global batches, and the worker's node owns the job."""
     import threading
 
     import torch
 
     from training.services.training_sets import training_set_from_tasks
 
-    rendezvous = f"--nnodes 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{_free_port()} --rdzv-id job-{{job}}"
+    rendezvous = f"--nnodes 2 --node-rank 0 --master-addr 127.0.0.1 --master-port {_free_port()}"
     tasks = [{"prompt": f"Where is order A{i}?", "target": f"A{i} shipped.", "grader": "contains"} for i in range(8)]
     training_set = training_set_from_tasks(name="orders", tasks=tasks, heldout_fraction=0.0)
     config = {k: v for k, v in CONFIG.items() if k != "group_size"}
@@ -437,7 +438,17 @@ def test_a_job_over_two_nodes_trains_the_adapter_one_process_trains(base_version
         enqueue=False,
     )
     node = subprocess.Popen(
-        [sys.executable, str(ROOT / "manage.py"), "train_node", "--job", str(job.pk), "--wait", "120"],
+        [
+            sys.executable,
+            str(ROOT / "manage.py"),
+            "train_node",
+            "--job",
+            str(job.pk),
+            "--node-rank",
+            "1",
+            "--wait",
+            "120",
+        ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -472,11 +483,21 @@ def test_a_node_has_nothing_to_join_without_a_rendezvous_or_a_running_job(base_v
     job = training_job_create(
         kind="grpo", config={"processes": 2}, base_version=base_version, training_set=task_set, enqueue=False
     )
-    settings.TRAINING_TORCHRUN_ARGS = "--standalone"
+
+    def join(args: str, node_rank: int = 1, job_id: int = job.pk):
+        settings.TRAINING_TORCHRUN_ARGS = args
+        return training_job_node_run(job_id=job_id, node_rank=node_rank, wait_seconds=0, poll_seconds=0)
+
+    static = "--nnodes 2 --node-rank 0 --master-addr head --master-port 29400"
     with pytest.raises(NodeError, match="names no other node"):
-        training_job_node_run(job_id=job.pk, wait_seconds=0)
-    settings.TRAINING_TORCHRUN_ARGS = "--nnodes 2 --rdzv-backend c10d --rdzv-endpoint head:29400 --rdzv-id job-{job}"
+        join("--standalone")
+    # A dynamic rendezvous ranks nodes as they join: this node could take rank 0, the owner's.
+    with pytest.raises(NodeError, match="c10d rendezvous gives rank 0"):
+        join("--nnodes 2 --rdzv-backend c10d --rdzv-endpoint head:29400 --rdzv-id job-{job}")
+    for rank in (0, 2):
+        with pytest.raises(NodeError, match="--node-rank must be from 1 to 1"):
+            join(static, node_rank=rank)
     with pytest.raises(NodeError, match="not started by a worker within 0 s"):
-        training_job_node_run(job_id=job.pk, wait_seconds=0, poll_seconds=0)
+        join(static)
     with pytest.raises(NodeError, match="does not exist"):
-        training_job_node_run(job_id=job.pk + 1000, wait_seconds=0)
+        join(static, job_id=job.pk + 1000)

@@ -149,23 +149,50 @@ class NodeError(Exception):
     """This machine cannot join the job's processes; the message says why."""
 
 
-def _multi_node(args: str) -> bool:
+def _option(words: list[str], name: str) -> str | None:
+    """The value of torchrun option `name` in `words` (its last one, as torchrun reads them)."""
+    value = None
+    for i, word in enumerate(words):
+        if word == name and i + 1 < len(words):
+            value = words[i + 1]
+        elif word.startswith(name + "="):
+            value = word.split("=", 1)[1]
+    return value
+
+
+def node_launch_check(args: str, node_rank: int) -> None:
+    """Why this machine cannot be node `node_rank` of a group launched with `args`
+    (`TRAINING_TORCHRUN_ARGS`), if it cannot. The worker's node must be node 0, whose first
+    process owns the job: only a static rendezvous (`--nnodes M --node-rank 0 --master-addr
+    HEAD --master-port P`) fixes that; a dynamic one (c10d, etcd) gives rank 0 to whichever
+    node joins first, which may be this one."""
     words = shlex.split(args)
-    return "--standalone" not in words and any(w == "--nnodes" or w.startswith("--nnodes=") for w in words)
+    nodes = _option(words, "--nnodes")
+    if "--standalone" in words or nodes is None:
+        raise NodeError(
+            "PRACTICUM_TRAINING_TORCHRUN_ARGS names no other node (it needs --nnodes, --master-addr and "
+            f"--master-port, not {args!r}): the job's processes all run on the worker's machine"
+        )
+    backend = _option(words, "--rdzv-backend") or _option(words, "--rdzv_backend") or "static"
+    if backend != "static":
+        raise NodeError(
+            f"the {backend} rendezvous gives rank 0, which owns the job, to whichever node joins first: "
+            "use a static one (--nnodes M --node-rank 0 --master-addr HEAD --master-port P on the worker)"
+        )
+    if not nodes.isdigit() or not 1 <= node_rank < int(nodes):
+        raise NodeError(f"--node-rank must be from 1 to {int(nodes) - 1 if nodes.isdigit() else 'nnodes - 1'}")
 
 
-def training_job_node_run(*, job_id: int, wait_seconds: float = 600.0, poll_seconds: float = 1.0) -> int:
-    """This machine's share of a job over several nodes: once the worker that holds the job
-    is running it, the same torchrun it started (`TRAINING_TORCHRUN_ARGS`, whose rendezvous
-    joins the two), whose processes train their shards and write nothing to the job. Returns
-    torchrun's exit code; raises `NodeError` when this node has nothing to join."""
+def training_job_node_run(
+    *, job_id: int, node_rank: int, wait_seconds: float = 600.0, poll_seconds: float = 1.0
+) -> int:
+    """Node `node_rank` (1 or more) of a job over several nodes: once the worker that holds the
+    job is running it, the same torchrun it started (`TRAINING_TORCHRUN_ARGS`) as that node,
+    whose processes train their shards and write nothing to the job; the worker's node is
+    node 0. Returns torchrun's exit code; raises `NodeError` when this node cannot join."""
     import time
 
-    if not _multi_node(settings.TRAINING_TORCHRUN_ARGS):
-        raise NodeError(
-            "PRACTICUM_TRAINING_TORCHRUN_ARGS names no other node (it needs --nnodes and a rendezvous, "
-            f"not {settings.TRAINING_TORCHRUN_ARGS!r}): the job's processes all run on the worker's machine"
-        )
+    node_launch_check(settings.TRAINING_TORCHRUN_ARGS, node_rank)
     deadline = time.monotonic() + wait_seconds
     while True:
         job = TrainingJob.objects.filter(pk=job_id).first()
@@ -181,12 +208,11 @@ def training_job_node_run(*, job_id: int, wait_seconds: float = 600.0, poll_seco
     processes = config_from_dict(job.config).processes
     if processes < 2:
         raise NodeError(f"training job {job_id} runs in one process (its config's processes is {processes})")
-    log.info("joining training job %s held by %s with %s processes", job_id, job.worker, processes)
-    return subprocess.call(
-        torchrun_command(job_id=job_id, worker=job.worker, processes=processes),
-        cwd=ROOT,
-        preexec_fn=parent_death_signal_setter(signal.SIGTERM),
-    )
+    log.info("joining training job %s held by %s as node %s", job_id, job.worker, node_rank)
+    command = torchrun_command(job_id=job_id, worker=job.worker, processes=processes)
+    at = command.index("--nproc-per-node")  # torchrun reads the last --node-rank given
+    command[at:at] = ["--node-rank", str(node_rank)]
+    return subprocess.call(command, cwd=ROOT, preexec_fn=parent_death_signal_setter(signal.SIGTERM))
 
 
 def training_job_rank_run(*, job_id: int, worker: str) -> str:
