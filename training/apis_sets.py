@@ -22,9 +22,9 @@ from rest_framework.response import Response
 
 from feedback.apis_failure_modes import made_from_failure_mode_responses
 from feedback.forms import trace_filters
-from feedback.schema_validation import tool_parameter_schemas
+from feedback.judge.scoring import served_calls_problem
 from training.apis import PersonApi, needs
-from training.inference.codec import tool_call_blocks, tool_calls_parse
+from training.inference.codec import tool_calls_parse
 from training.models import TrainingItem, TrainingSet, TrainingSplit
 from training.services.training_sets import ITEM_FIELDS as STORED_ITEM_FIELDS
 from training.services.training_sets import TrainingSetError
@@ -199,14 +199,10 @@ def _items_asked(request, set_id: int):
 
 def _assistant(text: str, tools: Any) -> dict[str, Any]:
     """A corrected response as the chat format writes a turn: `<tool_call>` blocks become
-    `tool_calls` entries, as the inference server would have returned them, when every block
-    is a call of a tool the conversation offers with an object for arguments. Otherwise the
-    text stays words: a customer's correction may hold `<tool_call>` text, which must not
-    become a call no check ever saw."""
-    offered = tool_parameter_schemas(tools)
-    blocks = tool_call_blocks(text)
-    callable_ = all(b.parsed and b.name in offered and b.arguments_object is not None for b in blocks)
-    words, calls = tool_calls_parse(text) if blocks and callable_ else (text, [])
+    `tool_calls` entries, as the inference server would have returned them, when they are
+    calls the agent could have made (`served_calls_problem`). Otherwise the text stays
+    words: it must not become a call no check ever saw."""
+    words, calls = tool_calls_parse(text) if served_calls_problem(text, tools or []) is None else (text, [])
     message: dict[str, Any] = {"role": "assistant", "content": (words or None) if calls else text}
     if calls:
         message["tool_calls"] = calls

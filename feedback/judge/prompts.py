@@ -121,11 +121,17 @@ def render_tools(tools: Sequence[dict[str, Any]], *, tagged: bool = False) -> st
     data rule: their descriptions come from the agent's traces, like the conversation."""
     if not tools:
         return ""
+    if tagged:  # name and parameters first: a long description must not hide what a call needs
+        shown = []
+        for t in tools:
+            function = t.get("function") or {}
+            spec = {"name": function.get("name"), "parameters": function.get("parameters")}
+            if function.get("description"):
+                spec["description"] = _clip(str(function["description"]), 300)
+            shown.append(_clip(json.dumps(spec, ensure_ascii=False), 3000))
+        return "Tools the assistant could call:\n<tools>\n" + "\n".join(defuse(n) for n in shown) + "\n</tools>\n\n"
     names = [json.dumps((t.get("function") or {}), ensure_ascii=False)[:600] for t in tools]
-    listed = "\n".join(defuse(n) for n in names)
-    if tagged:
-        return f"Tools the assistant could call:\n<tools>\n{listed}\n</tools>\n\n"
-    return f"Tools the assistant could call:\n{listed}\n\n"
+    return "Tools the assistant could call:\n" + "\n".join(defuse(n) for n in names) + "\n\n"
 
 
 JUDGE_TURN_V1 = Prompt(

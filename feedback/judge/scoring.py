@@ -101,37 +101,44 @@ def judge_turn(
 BRACKET_CALL = re.compile(r"\[calls tool ")
 
 
-def correction_calls_check(judgement: TurnJudgement, tools: Sequence[dict[str, Any]]) -> TurnJudgement:
-    """The judgement, or `SchemaViolation` (the judge is asked again) when its corrected
-    response holds a call the model could not have made, held to what an operator's
-    corrected call is held to: each `<tool_call>` block closed, a JSON object naming one of
-    the tools the conversation offers, with arguments that are an object meeting that
-    tool's parameters; and no call written the way v1 showed calls. A correction trains the
-    model as it is written, so a malformed call would teach malformed calls."""
-    text = judgement.corrected_response or ""
+def served_calls_problem(text: str, tools: Sequence[dict[str, Any]]) -> str | None:
+    """Why the `<tool_call>` blocks of `text` are not calls the agent could have made, or
+    None when they are (or there are none): each block closed, a JSON object naming one of
+    `tools`, with arguments that are an object (not a string holding one) meeting that
+    tool's parameters — what an operator's corrected call is held to — and no call written
+    as judge-turn/v1 showed calls."""
     if BRACKET_CALL.search(text):
-        raise SchemaViolation('corrected_response: write a tool call as a <tool_call> block, not "[calls tool …]"')
+        return 'write a tool call as a <tool_call> block, not "[calls tool …]"'
     blocks = tool_call_blocks(text)
     if not blocks:
-        return judgement
+        return None
     schemas = tool_parameter_schemas(list(tools))
     if not schemas:
-        raise SchemaViolation("corrected_response: calls a tool, but the conversation offers none")
+        return "calls a tool, but the conversation offers none"
     for block in blocks:
         if not block.parsed or not text[block.start : block.end].endswith("</tool_call>"):
-            raise SchemaViolation("corrected_response: a <tool_call> block is not a closed JSON object with a name")
+            return "a <tool_call> block is not a closed JSON object with a name"
         if block.name not in schemas:
-            raise SchemaViolation(f"corrected_response: calls {block.name!r}, which is not one of the tools offered")
-        arguments = block.arguments_object
-        if arguments is None:
-            raise SchemaViolation(f"corrected_response: the arguments of {block.name!r} are not a JSON object")
+            return f"calls {block.name!r}, which is not one of the tools offered"
+        if not isinstance(block.arguments if block.arguments is not None else {}, dict):
+            return f"the arguments of {block.name!r} are not a JSON object"
         schema = schemas[block.name]
         try:
-            error = schema_first_error(schema_validator(schema), arguments) if schema else None
+            error = schema_first_error(schema_validator(schema), block.arguments or {}) if schema else None
         except UnusableSchema:
             error = None  # the agent's own schema is broken: any object, as for an operator's call
         if error is not None:
-            raise SchemaViolation(f"corrected_response: arguments of {block.name!r}: {error.message[:200]}")
+            return f"arguments of {block.name!r}: {error.message[:200]}"
+    return None
+
+
+def correction_calls_check(judgement: TurnJudgement, tools: Sequence[dict[str, Any]]) -> TurnJudgement:
+    """The judgement, or `SchemaViolation` (the judge is asked again) when its corrected
+    response holds a call the model could not have made (`served_calls_problem`). A
+    correction trains the model as it is written: a malformed call would teach malformed calls."""
+    problem = served_calls_problem(judgement.corrected_response or "", tools)
+    if problem is not None:
+        raise SchemaViolation(f"corrected_response: {problem}")
     return judgement
 
 

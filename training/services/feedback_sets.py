@@ -118,7 +118,9 @@ def turn_items(*, trace_ids: list[int]) -> list[dict[str, Any]]:
         # A correction may be a tool call with no words: it is the turn written as the model
         # writes it (the served text), or an operator's corrected action would be lost.
         human = [text for c in found["corrections"] if (text := message_served_text(c.as_openai()))]
-        customer_corrections = [f for f in found["customer"] if f.correction]
+        # A customer's correction is free text from a public link: one that holds a tool call
+        # would train the agent to make a call no check ever saw, so it trains nothing.
+        customer_corrections = [f for f in found["customer"] if f.correction and "<tool_call" not in f.correction]
         if human:
             corrected, source = human[-1], CorrectionSource.HUMAN
         elif customer_corrections:
