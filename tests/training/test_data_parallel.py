@@ -499,5 +499,22 @@ def test_a_node_has_nothing_to_join_without_a_rendezvous_or_a_running_job(base_v
             join(static, node_rank=rank)
     with pytest.raises(NodeError, match="not started by a worker within 0 s"):
         join(static)
+    with pytest.raises(NodeError, match="0 or more"):
+        training_job_node_run(job_id=job.pk, node_rank=1, wait_seconds=float("nan"))
+    # 2 nodes of 2 processes and 4 prompts a step fit; 3 nodes do not: a process would get none.
+    with pytest.raises(NodeError, match="group has 6 processes"):
+        join("--nnodes 3 --node-rank 0 --master-addr head --master-port 29400")
     with pytest.raises(NodeError, match="does not exist"):
         join(static, job_id=job.pk + 1000)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_the_worker_fails_a_job_whose_group_is_larger_than_its_batch(base_version, task_set, process_env, settings):
+    settings.TRAINING_TORCHRUN_ARGS = "--nnodes 3 --node-rank 0 --master-addr 127.0.0.1 --master-port 29400"
+    job = training_job_create(
+        kind="grpo", config=CONFIG | {"processes": 2}, base_version=base_version, training_set=task_set, enqueue=False
+    )
+
+    assert training_job_run(job_id=job.pk, worker=work_worker_name("test")) == WorkStatus.FAILED
+    assert "group has 6 processes (3 nodes of 2)" in _job(job.pk).error

@@ -32,13 +32,14 @@ from training.services.job_runner import (
     job_run_dir,
     training_job_held_run,
 )
-from training.trainer.config import config_from_dict
+from training.trainer.config import ConfigError, config_from_dict
 from training.trainer.launch import parent_death_signal_setter
 from webapp.work import WorkStatus, work_end
 
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
 LOG_NAME = "processes.log"
+NODE_LOG_NAME = "processes-node{node}.log"  # a joining node's torchrun, in the shared run folder
 
 
 def torchrun_command(*, job_id: int, worker: str, processes: int) -> list[str]:
@@ -66,10 +67,22 @@ def torchrun_command(*, job_id: int, worker: str, processes: int) -> list[str]:
 def training_job_processes_run(job: TrainingJob, worker: str) -> str:
     """Run a claimed job in `processes` torchrun processes and end it if they could not.
     Returns the job's final status, or "skipped" when another worker has it now."""
-    processes = config_from_dict(job.config).processes  # validated: 2 to MAX_PROCESSES
+    config = config_from_dict(job.config)
+    processes = config.processes  # validated: 2 to MAX_PROCESSES
     run_dir = job_run_dir(job)
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / LOG_NAME
+    problem = group_size_problem(settings.TRAINING_TORCHRUN_ARGS, processes, config.prompts_per_step)
+    if problem is not None:
+        work_end(
+            TrainingJob,
+            pk=job.pk,
+            worker=worker,
+            status=WorkStatus.FAILED,
+            error=problem,
+            on_end=lambda row: _event_id(row.pk, JobEventKind.LOG, row.step, {"message": f"failed: {problem}"}),
+        )
+        return WorkStatus.FAILED
     _event_id(job.pk, JobEventKind.LOG, job.step, {"message": f"starting {processes} training processes (torchrun)"})
     stop_beat = threading.Event()
     # Rank 0 beats too, once it runs; this covers the start (imports, the model's load).
@@ -91,6 +104,8 @@ def training_job_processes_run(job: TrainingJob, worker: str) -> str:
         reason = "the training processes exited without ending the job"
     else:
         reason = processes_failure(log_path.read_text(errors="replace"), processes=processes, code=code)
+        if _nodes(settings.TRAINING_TORCHRUN_ARGS) > 1:
+            reason += f" (on the worker's node; the other nodes' output: {NODE_LOG_NAME.format(node='*')})"
     # A no-op when rank 0 ended the job (finished, cancelled, stopped, or failed with its own error).
     work_end(
         TrainingJob,
@@ -160,13 +175,36 @@ def _option(words: list[str], name: str) -> str | None:
     return value
 
 
+def _nodes(args: str) -> int:
+    try:
+        value = _option(shlex.split(args), "--nnodes")
+    except ValueError:
+        return 1
+    return int(value) if value and value.isdigit() else 1
+
+
+def group_size_problem(args: str, processes: int, prompts_per_step: int) -> str | None:
+    """Why a group of `processes` per node over the launch's nodes cannot share the batch:
+    every process needs at least one of the step's prompts."""
+    total = _nodes(args) * processes
+    if total > prompts_per_step:
+        return (
+            f"the group has {total} processes ({_nodes(args)} nodes of {processes}) but a step has "
+            f"{prompts_per_step} prompts: every process needs one (raise prompts_per_step or use fewer)"
+        )
+    return None
+
+
 def node_launch_check(args: str, node_rank: int) -> None:
     """Why this machine cannot be node `node_rank` of a group launched with `args`
     (`TRAINING_TORCHRUN_ARGS`), if it cannot. The worker's node must be node 0, whose first
     process owns the job: only a static rendezvous (`--nnodes M --node-rank 0 --master-addr
     HEAD --master-port P`) fixes that; a dynamic one (c10d, etcd) gives rank 0 to whichever
     node joins first, which may be this one."""
-    words = shlex.split(args)
+    try:
+        words = shlex.split(args)
+    except ValueError as exc:
+        raise NodeError(f"PRACTICUM_TRAINING_TORCHRUN_ARGS cannot be read: {exc}") from None
     nodes = _option(words, "--nnodes")
     if "--standalone" in words or nodes is None:
         raise NodeError(
@@ -190,14 +228,26 @@ def training_job_node_run(
     job is running it, the same torchrun it started (`TRAINING_TORCHRUN_ARGS`) as that node,
     whose processes train their shards and write nothing to the job; the worker's node is
     node 0. Returns torchrun's exit code; raises `NodeError` when this node cannot join."""
+    import math
     import time
 
     node_launch_check(settings.TRAINING_TORCHRUN_ARGS, node_rank)
+    if not (math.isfinite(wait_seconds) and wait_seconds >= 0):
+        raise NodeError("the wait must be a number of seconds, 0 or more")
     deadline = time.monotonic() + wait_seconds
     while True:
         job = TrainingJob.objects.filter(pk=job_id).first()
         if job is None:
             raise NodeError(f"training job {job_id} does not exist")
+        try:
+            config = config_from_dict(job.config)
+        except (ConfigError, TypeError, KeyError) as exc:  # a row written past the create service
+            raise NodeError(f"training job {job_id}'s config cannot be read: {exc}") from None
+        if config.processes < 2:
+            raise NodeError(f"training job {job_id} runs in one process (its config's processes is {config.processes})")
+        problem = group_size_problem(settings.TRAINING_TORCHRUN_ARGS, config.processes, config.prompts_per_step)
+        if problem is not None:
+            raise NodeError(f"training job {job_id}: {problem}")
         if job.status == WorkStatus.RUNNING and job.worker:
             break
         if job.status not in (WorkStatus.QUEUED, WorkStatus.RUNNING):
@@ -205,14 +255,22 @@ def training_job_node_run(
         if time.monotonic() > deadline:
             raise NodeError(f"training job {job_id} was not started by a worker within {wait_seconds:.0f} s")
         time.sleep(poll_seconds)
-    processes = config_from_dict(job.config).processes
-    if processes < 2:
-        raise NodeError(f"training job {job_id} runs in one process (its config's processes is {processes})")
     log.info("joining training job %s held by %s as node %s", job_id, job.worker, node_rank)
-    command = torchrun_command(job_id=job_id, worker=job.worker, processes=processes)
+    command = torchrun_command(job_id=job_id, worker=job.worker, processes=config.processes)
     at = command.index("--nproc-per-node")  # torchrun reads the last --node-rank given
     command[at:at] = ["--node-rank", str(node_rank)]
-    return subprocess.call(command, cwd=ROOT, preexec_fn=parent_death_signal_setter(signal.SIGTERM))
+    run_dir = job_run_dir(job)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    # In the shared run folder, beside the worker's processes.log: a failure that began on
+    # this node shows on the worker's only as a broken group.
+    with open(run_dir / NODE_LOG_NAME.format(node=node_rank), "ab") as out:
+        return subprocess.call(
+            command,
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=parent_death_signal_setter(signal.SIGTERM),
+        )
 
 
 def training_job_rank_run(*, job_id: int, worker: str) -> str:
