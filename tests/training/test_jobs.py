@@ -338,3 +338,19 @@ def test_a_worker_whose_job_another_took_over_writes_nothing_more(base_version, 
     checkpoints = sorted(p.name for p in (job_runner.job_run_dir(job) / "checkpoints").iterdir())
     assert "step-000003" not in checkpoints and not (job_runner.job_run_dir(job) / "model").exists()
     assert job_runner.job_run_dir(job).joinpath("checkpoints", "latest").read_text().strip().endswith("2")
+
+
+@pytest.mark.django_db
+def test_a_models_text_with_nul_is_logged_without_failing_the_job(base_version, task_set):
+    """A model may generate U+0000 (a random tiny one did, in a sample row); PostgreSQL's jsonb
+    cannot hold it, and the job failed writing its samples."""
+    from training.models import TrainingJobEvent
+    from training.services.job_runner import _event_id
+    from training.services.jobs import training_job_create
+
+    job = training_job_create(kind="grpo", config={}, base_version=base_version, training_set=task_set, enqueue=False)
+
+    _event_id(job.pk, "sample", 1, {"rows": [{"response": "refund\x00 please", "a\x00": 1}]})
+
+    (event,) = TrainingJobEvent.objects.filter(job=job, kind="sample")
+    assert event.data == {"rows": [{"response": "refund\ufffd please", "a\ufffd": 1}]}

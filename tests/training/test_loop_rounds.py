@@ -58,7 +58,7 @@ def test_two_rounds_run_unattended_up_to_an_approver_and_nothing_goes_live(
         Comment.objects.filter(trace__metadata__phase=f"loop-t-round{n}").count() for n in (1, 2)
     ]
     for r, run in zip(rounds, runs, strict=True):
-        assert run.finished_at is not None and run.outcome in ("requested", "checks_failed")
+        assert run.finished_at is not None and run.outcome in ("requested", "checks_failed"), (run.outcome, run.error)
         assert r["outcome"] == run.outcome and (run.outcome == "requested") == (run.promotion_id is not None)
         # The candidate and the base played the same test tasks.
         assert [e["task"] for e in r["measure"]["episodes"]] == [

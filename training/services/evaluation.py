@@ -19,6 +19,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from feedback.services.ingest import strip_nul
 from training.promotion.models import AuditAction, Evaluation, EvaluationItem, EvaluationItemKind
 from training.services.audit import audit_record
 from training.services.evaluation_items import (
@@ -333,7 +334,8 @@ def evaluation_item_run(*, item: EvaluationItem, evaluation: Evaluation, generat
         )
         if under_base is not None:
             item.kl = kl_k3(g.logprobs, under_base)
-    item.candidate, item.baseline = cand, base
+    # Generated text may hold U+0000, which PostgreSQL's jsonb cannot.
+    item.candidate, item.baseline = strip_nul(cand), strip_nul(base)
     item.done = True
     item.save(update_fields=["candidate", "baseline", "outcome", "kl", "judge_error", "done"])
 
@@ -428,7 +430,8 @@ def _episode_item_run(*, item: EvaluationItem, evaluation: Evaluation, generator
     item.outcome = compare(cand.get("graded"), base.get("graded"))
     item.kl = None
     item.judge_error = ""
-    item.candidate, item.baseline = cand, base
+    # Generated text may hold U+0000, which PostgreSQL's jsonb cannot.
+    item.candidate, item.baseline = strip_nul(cand), strip_nul(base)
     item.done = True
     item.save(update_fields=["candidate", "baseline", "outcome", "kl", "judge_error", "done"])
 

@@ -18,6 +18,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
+from feedback.services.ingest import strip_nul
 from training.inference.codec import message_served_text
 from training.models import (
     PHASE_LABELS,
@@ -368,7 +369,7 @@ def _hooks(job_id: int, worker: str, Hooks):
     def on_step(step: int, metrics: dict) -> None:
         clean = {k: v for k, v in metrics.items() if v is not None}
         held()
-        TrainingJobEvent.objects.create(job_id=job_id, kind=JobEventKind.STEP, step=step, data=clean)
+        _event_create(job_id=job_id, kind=JobEventKind.STEP, step=step, data=clean)
         work_beat(TrainingJob, pk=job_id, worker=worker, step=step, metrics=clean)
 
     def on_eval(step: int, metrics: dict) -> None:
@@ -378,7 +379,7 @@ def _hooks(job_id: int, worker: str, Hooks):
         if phase.get("name") == "evaluation" and phase.get("since"):
             started = datetime.fromisoformat(phase["since"])
             metrics = {**metrics, "eval_seconds": round((timezone.now() - started).total_seconds(), 3)}
-        TrainingJobEvent.objects.create(job_id=job_id, kind=JobEventKind.EVAL, step=step, data=metrics)
+        _event_create(job_id=job_id, kind=JobEventKind.EVAL, step=step, data=metrics)
         job = TrainingJob.objects.get(pk=job_id)
         summary = dict(job.eval_metrics or {})
         summary.setdefault("first", metrics)
@@ -387,9 +388,7 @@ def _hooks(job_id: int, worker: str, Hooks):
 
     def on_samples(step: int, rows: list[dict]) -> None:
         held()
-        TrainingJobEvent.objects.create(
-            job_id=job_id, kind=JobEventKind.SAMPLE, step=step, data={"rows": rows[:MAX_SAMPLE_ROWS]}
-        )
+        _event_create(job_id=job_id, kind=JobEventKind.SAMPLE, step=step, data={"rows": rows[:MAX_SAMPLE_ROWS]})
 
     def on_checkpoint(step: int, path: Path) -> None:
         jobs.update(checkpoint_path=str(path), checkpoint_step=step)
@@ -400,7 +399,7 @@ def _hooks(job_id: int, worker: str, Hooks):
         job = TrainingJob.objects.get(pk=job_id)
         jobs.update(flagged=True, breaches=[*job.breaches, *breaches][-100:])
         for breach in breaches:
-            TrainingJobEvent.objects.create(job_id=job_id, kind=JobEventKind.BREACH, step=step, data=breach)
+            _event_create(job_id=job_id, kind=JobEventKind.BREACH, step=step, data=breach)
 
     def should_stop() -> bool:
         # A cancel stops with a checkpoint; a job another worker took over (or the sweep
@@ -509,8 +508,14 @@ def _move_into(source: Path, dest: Path) -> None:
 
 
 def _event(job: TrainingJob, kind: str, step: int, data: dict) -> None:
-    TrainingJobEvent.objects.create(job=job, kind=kind, step=step, data=data)
+    _event_create(job=job, kind=kind, step=step, data=data)
+
+
+def _event_create(**fields) -> TrainingJobEvent:
+    """A job's event, its data free of NUL: samples and metrics hold the model's own text,
+    which may contain U+0000, and PostgreSQL's jsonb cannot (the job failed on it)."""
+    return TrainingJobEvent.objects.create(**(fields | {"data": strip_nul(fields.get("data"))}))
 
 
 def _event_id(job_id: int, kind: str, step: int, data: dict) -> None:
-    TrainingJobEvent.objects.create(job_id=job_id, kind=kind, step=step, data=data)
+    _event_create(job_id=job_id, kind=kind, step=step, data=data)
