@@ -79,3 +79,15 @@ def tool_parameter_schemas(tools: Any) -> dict[str, dict[str, Any] | None]:
             params = function.get("parameters")
             out[function["name"]] = params if isinstance(params, dict) else None
     return out
+
+
+def tool_arguments_error(schema: dict[str, Any] | None, arguments: Any) -> ValidationError | None:
+    """Why `arguments` do not meet a tool's parameters `schema`, or None. A tool with no
+    schema, or one too broken to use (or pointing outside itself, never fetched), takes
+    any object: the agent's own definition is at fault, not the call."""
+    if not schema:
+        return None
+    try:
+        return schema_first_error(schema_validator(schema), arguments)
+    except UnusableSchema:
+        return None

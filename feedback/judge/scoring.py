@@ -33,7 +33,7 @@ from feedback.judge.schemas import (
     parse_turn_judgement,
     turn_judgement_schema,
 )
-from feedback.schema_validation import UnusableSchema, schema_first_error, schema_validator, tool_parameter_schemas
+from feedback.schema_validation import tool_arguments_error, tool_parameter_schemas
 from training.inference.codec import tool_call_blocks
 
 Candidate = str | dict[str, Any]
@@ -120,13 +120,10 @@ def served_calls_problem(text: str, tools: Sequence[dict[str, Any]]) -> str | No
             return "a <tool_call> block is not a closed JSON object with a name"
         if block.name not in schemas:
             return f"calls {block.name!r}, which is not one of the tools offered"
-        if not isinstance(block.arguments if block.arguments is not None else {}, dict):
+        arguments = {} if block.arguments is None else block.arguments
+        if not isinstance(arguments, dict):
             return f"the arguments of {block.name!r} are not a JSON object"
-        schema = schemas[block.name]
-        try:
-            error = schema_first_error(schema_validator(schema), block.arguments or {}) if schema else None
-        except UnusableSchema:
-            error = None  # the agent's own schema is broken: any object, as for an operator's call
+        error = tool_arguments_error(schemas[block.name], arguments)
         if error is not None:
             return f"arguments of {block.name!r}: {error.message[:200]}"
     return None

@@ -16,7 +16,7 @@ from django.utils import timezone
 from django.utils.crypto import get_random_string
 
 from feedback.models import Comment, Correction, Message, MessageRole, RatingKind, Trace, TurnRating
-from feedback.schema_validation import UnusableSchema, schema_first_error, schema_validator, tool_parameter_schemas
+from feedback.schema_validation import tool_arguments_error, tool_parameter_schemas
 from feedback.services.chat_format import FieldError, json_depth_check
 from feedback.services.judging import judge_on_comment
 
@@ -172,10 +172,6 @@ def turn_rating_clear(*, message: Message, user) -> None:
     TurnRating.objects.filter(message=message, user=user).delete()
 
 
-def _tool_schemas(trace: Trace) -> dict[str, dict[str, Any] | None]:
-    return tool_parameter_schemas(trace.tools)
-
-
 def correction_tool_calls_validate(*, trace: Trace, tool_calls: Any) -> list[dict[str, Any]] | None:
     """Tool calls of a correction in the chat format: each names a tool the trace defines and
     has arguments (a JSON object, or its string form) that satisfy that tool's parameters."""
@@ -185,7 +181,7 @@ def correction_tool_calls_validate(*, trace: Trace, tool_calls: Any) -> list[dic
         raise FieldError("tool_calls", "must be an array")
     if len(tool_calls) > MAX_TOOL_CALLS:
         raise FieldError("tool_calls", f"at most {MAX_TOOL_CALLS} tool calls")
-    schemas = _tool_schemas(trace)
+    schemas = tool_parameter_schemas(trace.tools)
     if not schemas:
         raise FieldError("tool_calls", "this trace defines no tools, so a correction cannot call one")
     out = []
@@ -211,17 +207,10 @@ def correction_tool_calls_validate(*, trace: Trace, tool_calls: Any) -> list[dic
                 raise FieldError(f"{here}.function.arguments", f"not valid JSON: {exc}") from exc
         if not isinstance(arguments, dict):
             raise FieldError(f"{here}.function.arguments", "must be a JSON object")
-        schema = schemas[name]
-        if schema:
-            try:
-                error = schema_first_error(schema_validator(schema), arguments)
-            except UnusableSchema:
-                # The agent's own tool schema is broken (or points outside itself, which is
-                # never fetched): accept any object.
-                error = None
-            if error is not None:
-                where = "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
-                raise FieldError(f"{here}.function.arguments{where}", error.message[:300])
+        error = tool_arguments_error(schemas[name], arguments)
+        if error is not None:
+            where = "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+            raise FieldError(f"{here}.function.arguments{where}", error.message[:300])
         call_id = call.get("id") if isinstance(call.get("id"), str) and call.get("id") else None
         out.append(
             {
