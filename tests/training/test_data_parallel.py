@@ -69,6 +69,9 @@ def test_an_items_samples_do_not_depend_on_the_items_beside_it(tiny_model_dir):
         ("sft", {"processes": "2"}, "must be int"),
         ("grpo", {"processes": 3, "prompts_per_step": 2}, "≤ prompts_per_step"),
         ("episodes", {"processes": 2}, "run in one process"),
+        ("grpo", {"sharding": "fsdp"}, "needs processes ≥ 2"),
+        ("sft", {"sharding": "zero3", "processes": 2}, "'replicate' or 'fsdp'"),
+        ("sft", {"sharding": "fsdp", "processes": 2, "adapter": "full"}, "LoRA jobs"),
     ],
 )
 def test_a_bad_processes_setting_is_a_400_naming_the_field(client, base_version, task_set, kind, config, reason):
@@ -81,7 +84,8 @@ def test_a_bad_processes_setting_is_a_400_naming_the_field(client, base_version,
 
     assert answer.status_code == 400, answer.content
     error = answer.json()["errors"][0]
-    assert error["field"] == "config.processes" and reason in error["reason"], error
+    field = "config.sharding" if "sharding" in config else "config.processes"
+    assert error["field"] == field and reason in error["reason"], error
 
 
 @pytest.mark.parametrize("kind", ["grpo", "sft", "distill"])
@@ -195,17 +199,23 @@ def _adapter(version):
 @pytest.mark.postgres
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("kind", ["sft", "grpo", "grpo-sparse", "distill"])
+@pytest.mark.parametrize(
+    "kind", ["sft", "grpo", "grpo-sparse", "distill", "sft-fsdp", "grpo-sparse-fsdp", "distill-fsdp"]
+)
 def test_two_processes_train_the_adapter_one_process_trains(kind, base_version, process_env):
     """The same job, one process against two gloo processes, through the worker's service
     (job rows in PostgreSQL, torchrun, `manage.py train_rank`): the same adapter after 3
     steps, the same losses and rewards, and one owner's events. "grpo-sparse": only 2 of
     10 items can ever be rewarded, so in some steps one process keeps no group and joins
-    the update with a zero gradient."""
+    the update with a zero gradient. "-fsdp": the two processes split the model's weights
+    (`sharding: fsdp`), evaluate at step 2 and 3 and checkpoint at step 2 in lockstep; the
+    one-process job evaluates alike, and the evaluations agree."""
     import torch
 
     from training.services.training_sets import training_set_from_tasks
 
+    sharded = kind.endswith("-fsdp")
+    kind = kind.removesuffix("-fsdp")
     sparse = kind == "grpo-sparse"
     kind = kind.removesuffix("-sparse")
     tasks = [
@@ -218,20 +228,30 @@ def test_two_processes_train_the_adapter_one_process_trains(kind, base_version, 
         }
         for i in range(10)
     ]
-    training_set = training_set_from_tasks(name="orders", tasks=tasks, heldout_fraction=0.0)
+    # Sharded SFT and distillation evaluate held-out items (GRPO: canaries, below).
+    heldout = 0.3 if sharded and not sparse else 0.0
+    training_set = training_set_from_tasks(name="orders", tasks=tasks, heldout_fraction=heldout)
     config = CONFIG if kind == "grpo" else {k: v for k, v in CONFIG.items() if k != "group_size"}
     if kind == "distill":
         config = config | {"samples_per_prompt": 3}
+    if sharded and sparse:  # evaluations: canaries, sampled by both processes in lockstep
+        canaries = [
+            {"prompt": f"Say something about order B{i}.", "reference": "e", "grader": "contains"} for i in range(3)
+        ]
+        config = config | {"canaries": canaries}
+    if sharded:
+        config = config | {"eval_every": 2}
     jobs = {}
     for processes in (1, 2):
         job = training_job_create(
             kind=kind,
-            config=config | {"processes": processes},
+            config=config | {"processes": processes} | ({"sharding": "fsdp"} if sharded and processes > 1 else {}),
             base_version=base_version,
             training_set=training_set,
             enqueue=False,
         )
-        assert training_job_run(job_id=job.pk, worker=work_worker_name("test")) == WorkStatus.FINISHED
+        status = training_job_run(job_id=job.pk, worker=work_worker_name("test"))
+        assert status == WorkStatus.FINISHED, _job(job.pk).error
         jobs[processes] = _job(job.pk)
 
     one, two = _adapter(jobs[1].result_version), _adapter(jobs[2].result_version)
@@ -248,6 +268,14 @@ def test_two_processes_train_the_adapter_one_process_trains(kind, base_version, 
     figures += ["teacher_kl", "generated_tokens", "empty_share", "truncated_share"] if kind == "distill" else []
     for key in figures:
         assert history(jobs[2], key) == pytest.approx(history(jobs[1], key), abs=1e-5), key
+    if sharded:  # every process sampled the evaluations; rank 0 scored them as one process does
+        key = "canary_reward" if sparse else "reward"
+        evals = {
+            p: [(e.step, e.data) for e in jobs[p].events.filter(kind=JobEventKind.EVAL).order_by("step")] for p in jobs
+        }
+        assert [s for s, _ in evals[2]] == [0, 2, 3] and len(evals[2]) == len(evals[1])
+        for (_, one_eval), (_, two_eval) in zip(evals[1], evals[2], strict=True):
+            assert two_eval[key] == pytest.approx(one_eval[key], abs=1e-6)
     if sparse:  # one group kept of the batch's four: the other process had none
         assert any(0 < rows <= CONFIG["group_size"] for rows in history(jobs[1], "trained_sequences"))
     assert history(jobs[2], "step") == [1, 2, 3] and jobs[2].checkpoint_step == 2

@@ -134,9 +134,16 @@ def evaluate(
     does not change the training run, and two evaluations of one model agree.
     `server` (a `VllmRollouts` with the policy's adapter loaded): sample there, the way
     the policy is served (the config's `structured_outputs` included), with vLLM's
-    per-request seed; else the local sampler."""
+    per-request seed; else the local sampler.
+
+    A sharded job's other processes (`sharding.py`) run this beside rank 0 for its forward
+    passes only: they sample and do not score (their rewards read 0; rank 0's are the job's)."""
     if not items:
         return {}
+    from training.trainer.parallel import ranks_current
+    from training.trainer.sharding import is_sharded
+
+    scoring = ranks_current().owner or not is_sharded(policy.model)
     samples = samples or config.eval_samples
     cpu_state = torch.get_rng_state()
     cuda_state = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
@@ -161,7 +168,8 @@ def evaluate(
                     top_p=config.top_p,
                 )
             for i, item in enumerate(chunk):
-                rewards += score(item, rollout.texts[i * samples : (i + 1) * samples])
+                texts = rollout.texts[i * samples : (i + 1) * samples]
+                rewards += score(item, texts) if scoring else [0.0] * len(texts)
             lengths += rollout.lengths.float().tolist()
             if progress is not None:
                 progress(min(len(items), start + len(chunk)), len(items))

@@ -75,6 +75,10 @@ class TrainConfig:
     # the gradients are summed, so the job trains as one process would on the same batches
     # (docs/decisions/0026-data-parallel-jobs.md). 1 = the worker's own process.
     processes: int = 1
+    # "fsdp": the processes also split the model's weights, its adapter's gradients and
+    # optimizer state (FSDP2) for a base model too large for one device; LoRA only
+    # (docs/decisions/0032-fsdp2-lockstep.md). "replicate": each process holds the model.
+    sharding: Literal["replicate", "fsdp"] = "replicate"
     monitors: MonitorConfig = field(default_factory=MonitorConfig)
     # Canary prompts, scored at each evaluation; a drop below their start flags the job.
     # Each: {"prompt": str (or "messages": [...]), "reference": str, "grader": name}.
@@ -372,6 +376,10 @@ def processes_errors(config: TrainConfig) -> list[tuple[str, str]]:
     n = config.processes
     if not 1 <= n <= MAX_PROCESSES:
         return [("processes", f"must be between 1 and {MAX_PROCESSES}")]
+    if config.sharding not in ("replicate", "fsdp"):
+        return [("sharding", "must be 'replicate' or 'fsdp'")]
+    if n == 1 and config.sharding == "fsdp":
+        return [("sharding", "fsdp splits the model over processes: it needs processes ≥ 2")]
     if n == 1:
         return []
     if config.kind not in PARALLEL_KINDS:
@@ -380,6 +388,8 @@ def processes_errors(config: TrainConfig) -> list[tuple[str, str]]:
         return [("processes", "data-parallel jobs sample with the local sampler (rollout 'local')")]
     if n > config.prompts_per_step:
         return [("processes", f"must be ≤ prompts_per_step ({config.prompts_per_step}): each process takes items")]
+    if config.sharding == "fsdp" and config.adapter != "lora":
+        return [("sharding", "fsdp shards LoRA jobs (adapter 'lora'); full fine-tuning replicates the model")]
     if config.lora_dropout > 0:
         # Dropout draws from torch's global stream, which every process seeds alike: each
         # would drop the same units of its own rows, not what one process draws.

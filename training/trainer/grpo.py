@@ -16,7 +16,7 @@ from statistics import fmean, pstdev
 
 import torch
 
-from training.trainer import hints
+from training.trainer import hints, sharding
 from training.trainer import loss as L
 from training.trainer.common import (
     Hooks,
@@ -233,9 +233,17 @@ def turn_update(
     out["trained_sequences"] = int(batch_rows)
     if batch_rows == 0:
         return out
+    chunks = micro_batches(len(rows), config.micro_batch) if busy else []
+    # A sharded model's passes are collectives: every process takes as many as the busiest.
+    pad = sharding.most(ranks, len(chunks)) - len(chunks) if trainer.sharded else 0
     if not busy:
+        if config.updates_per_batch > 1:  # the old log-probs' passes
+            sharding.passes_pad(policy.model, pad, backward=False, device=policy.device)
+        if config.beta > 0 or config.log_kl:  # the reference's
+            sharding.passes_pad(policy.model, pad, backward=False, device=policy.device)
         for _ in range(config.updates_per_batch):
             trainer.optimizer.zero_grad(set_to_none=True)
+            sharding.passes_pad(policy.model, pad, backward=True, device=policy.device)
             out.update(_global_figures(ranks, {"loss": 0.0}, 0.0, batch_tokens, config))
             out["loss"] = finite_check(out["loss"], what="loss", step=step)
             out["grad_norm"] = trainer.clip_and_step(step=step)
@@ -245,14 +253,15 @@ def turn_update(
     mask = rollout.response_mask.index_select(0, rows).float()
     adv = advantages.view(-1).to(policy.device).index_select(0, rows)  # (B',)
     width = mask.shape[1]
-    chunks = micro_batches(len(rows), config.micro_batch)
     old_logprobs = ref_logprobs = None
     with torch.no_grad():
         if config.updates_per_batch > 1:
             old_logprobs = chunked_logprobs(policy.model, ids, attn, chunks, keep=width, config=config)
+            sharding.passes_pad(policy.model, pad, backward=False, device=policy.device)
         if config.beta > 0 or config.log_kl:
             with policy.as_reference() as reference:
                 ref_logprobs = chunked_logprobs(reference, ids, attn, chunks, keep=width, config=config)
+                sharding.passes_pad(reference, pad, backward=False, device=policy.device)
     sampler_logprobs = weights = None
     if served and config.sampling_correction:
         sampler_logprobs = rollout.sampler_logprobs.index_select(0, rows)  # (B', T)
@@ -294,6 +303,7 @@ def turn_update(
             batch_tokens=batch_tokens,
             batch_rows=int(batch_rows),
         )
+        sharding.passes_pad(policy.model, pad, backward=True, device=policy.device)
         out["correction"] = passed["correction"] or out["correction"]
         out["hint"] = passed["hint"] or out["hint"]
         out.update(_global_figures(ranks, passed, local_tokens, batch_tokens, config))

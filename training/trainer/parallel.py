@@ -32,7 +32,7 @@ class GroupBroken(RuntimeError):
     knows which process failed first, and why."""
 
 
-def _collective(fn, *args, **kwargs):
+def collective(fn, *args, **kwargs):
     try:
         return fn(*args, **kwargs)
     except Exception as exc:
@@ -66,7 +66,7 @@ class Ranks:
         if self.size == 1:
             return [float(v) for v in values]
         tensor = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)
-        _collective(dist.all_reduce, tensor)
+        collective(dist.all_reduce, tensor)
         return tensor.tolist()
 
     def gather(self, value: Any) -> list[Any]:
@@ -74,7 +74,7 @@ class Ranks:
         if self.size == 1:
             return [value]
         out: list[Any] = [None] * self.size
-        _collective(dist.all_gather_object, out, value)
+        collective(dist.all_gather_object, out, value)
         return out
 
     def agree(self, decision: bool) -> bool:
@@ -83,7 +83,7 @@ class Ranks:
         if self.size == 1:
             return decision
         flag = torch.tensor([1 if decision else 0], dtype=torch.int64, device=self.device)
-        _collective(dist.broadcast, flag, src=0)
+        collective(dist.broadcast, flag, src=0)
         return bool(flag.item())
 
     def gradients_sum(self, parameters: list[torch.nn.Parameter]) -> None:
@@ -96,7 +96,7 @@ class Ranks:
             return
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in parameters]
         flat = torch.cat([g.reshape(-1) for g in grads])
-        _collective(dist.all_reduce, flat)
+        collective(dist.all_reduce, flat)
         offset = 0
         for p in parameters:
             p.grad = flat[offset : offset + p.numel()].view_as(p)
@@ -109,7 +109,7 @@ class Ranks:
             return
         with torch.no_grad():
             for p in parameters:
-                _collective(dist.broadcast, p.data, src=0)
+                collective(dist.broadcast, p.data, src=0)
 
 
 def ranks_current() -> Ranks:

@@ -72,13 +72,18 @@ class Policy:
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
-    def save_pretrained(self, folder: Path) -> None:
+    def save_pretrained(self, folder: Path, *, state_dict: dict[str, torch.Tensor] | None = None) -> None:
         """Save the trained weights as a model or adapter folder: for LoRA only the trained
-        adapter (peft would also write the frozen reference copy into a subfolder)."""
+        adapter (peft would also write the frozen reference copy into a subfolder).
+        `state_dict`: the weights' whole values when the model holds shards of them
+        (`sharding.trainable_state`)."""
+        extra = {} if state_dict is None else {"state_dict": state_dict}
         if self.reference_adapter is not None:
-            self.model.save_pretrained(folder, safe_serialization=True, selected_adapters=[self.model.active_adapter])
+            self.model.save_pretrained(
+                folder, safe_serialization=True, selected_adapters=[self.model.active_adapter], **extra
+            )
         else:
-            self.model.save_pretrained(folder, safe_serialization=True)
+            self.model.save_pretrained(folder, safe_serialization=True, **extra)
 
 
 def pick_device(name: str) -> torch.device:
@@ -185,12 +190,16 @@ def save_checkpoint(
     config: TrainConfig,
     state: dict[str, Any],
     keep: int = 2,
+    trainable: dict[str, torch.Tensor] | None = None,
+    optimizer_state: dict[str, Any] | None = None,
 ) -> Path:
     """Write `run_dir/checkpoints/step-NNNNNN/` atomically (a temp folder renamed into
     place, then the `latest` pointer), keeping the newest `keep` checkpoints.
 
     Holds the trainable weights (the adapter, or the trained blocks), the optimizer
-    state, the step, the RNG states, the job config and the loop's own `state`."""
+    state, the step, the RNG states, the job config and the loop's own `state`.
+    `trainable`, `optimizer_state`: their whole values, gathered beforehand by every
+    process of a sharded job (`sharding.py`); by default read from this process."""
     root = run_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:06d}"
@@ -199,9 +208,12 @@ def save_checkpoint(
     tmp.mkdir()
     from safetensors.torch import save_file
 
-    trainable = {n: p.detach().to("cpu").contiguous() for n, p in policy.model.named_parameters() if p.requires_grad}
+    if trainable is None:
+        trainable = {
+            n: p.detach().to("cpu").contiguous() for n, p in policy.model.named_parameters() if p.requires_grad
+        }
     save_file(trainable, str(tmp / "trainable.safetensors"))
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(optimizer.state_dict() if optimizer_state is None else optimizer_state, tmp / "optimizer.pt")
     rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state_all()
@@ -261,8 +273,12 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return path
 
 
-def load_checkpoint(path: Path, *, policy: Policy, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def load_checkpoint(
+    path: Path, *, policy: Policy, optimizer: torch.optim.Optimizer, sharded: bool = False
+) -> dict[str, Any]:
     """Restore weights, optimizer and RNG from `path`; return {"step", "config", "state"}.
+    `sharded`: the model is split over the job's processes (every process loads, and keeps
+    its shard; the optimizer's state is keyed by parameter name, `sharding.optimizer_state`).
 
     Tensors and plain containers only (`weights_only=True`): a pickled object in a
     checkpoint is refused instead of run."""
@@ -273,10 +289,17 @@ def load_checkpoint(path: Path, *, policy: Policy, optimizer: torch.optim.Optimi
     missing = [n for n in weights if n not in params]
     if missing:
         raise RuntimeError(f"checkpoint {path} does not fit this model: {missing[:3]}…")
-    with torch.no_grad():
-        for name, value in weights.items():
-            params[name].copy_(value)
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location=policy.device, weights_only=True))
+    optimizer_state = torch.load(path / "optimizer.pt", map_location=policy.device, weights_only=True)
+    if sharded:
+        from training.trainer import sharding
+
+        sharding.trainable_load(policy.model, weights)
+        sharding.optimizer_load(policy.model, optimizer, optimizer_state)
+    else:
+        with torch.no_grad():
+            for name, value in weights.items():
+                params[name].copy_(value)
+        optimizer.load_state_dict(optimizer_state)
     rng = torch.load(path / "rng.pt", weights_only=True)
     torch.set_rng_state(rng["torch"])
     random.setstate(_python_rng_state(rng["python"]))
@@ -291,13 +314,14 @@ def _python_rng_state(value: Any) -> tuple:
     return (int(version), tuple(int(x) for x in internal), gauss)
 
 
-def export_model(policy: Policy, dest: Path) -> Path:
+def export_model(policy: Policy, dest: Path, *, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
     """Save the trained version: a PEFT adapter folder for LoRA (servable by vLLM:
-    no `modules_to_save`), or a full HF model folder; the tokenizer goes with either."""
+    no `modules_to_save`), or a full HF model folder; the tokenizer goes with either.
+    `state_dict`: see `Policy.save_pretrained`."""
     tmp = dest.with_name(dest.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    policy.save_pretrained(tmp)
+    policy.save_pretrained(tmp, state_dict=state_dict)
     policy.tokenizer.save_pretrained(tmp)
     shutil.rmtree(dest, ignore_errors=True)
     tmp.rename(dest)

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from training.trainer import monitors
+from training.trainer import monitors, sharding
 from training.trainer.common import Hooks, batch_for_step, finite_check
 from training.trainer.config import TrainConfig
 from training.trainer.parallel import Ranks, ranks_current
@@ -88,14 +88,22 @@ class Trainer:
     config: TrainConfig
     ranks: Ranks = field(default_factory=Ranks)
 
+    @property
+    def sharded(self) -> bool:
+        """The model's weights are split over the processes (`sharding.py`): its passes,
+        checkpoints and export are collectives every process joins."""
+        return self.config.sharding == "fsdp" and self.ranks.size > 1
+
     def clip_and_step(self, *, step: int) -> float:
         """Sum the accumulated gradient over the processes, clip it to `max_grad_norm` and
         step the optimizer; returns the norm before clipping. A non-finite norm raises
-        before the weights change (on every process alike: the norm is the global one)."""
+        before the weights change (on every process alike: the norm is the global one).
+        A sharded model's backward pass has already summed its gradient's shards."""
         parameters = self.policy.trainable_parameters()
-        self.ranks.gradients_sum(parameters)
+        if not self.sharded:
+            self.ranks.gradients_sum(parameters)
         norm = torch.nn.utils.clip_grad_norm_(parameters, self.config.max_grad_norm)
-        grad_norm = finite_check(float(norm), what="gradient norm", step=step)
+        grad_norm = finite_check(sharding.grad_norm(norm), what="gradient norm", step=step)
         self.optimizer.step()
         return grad_norm
 
@@ -127,11 +135,14 @@ def setup_torch(config: TrainConfig) -> None:
 def trainer_setup(config: TrainConfig, *, policy: Policy | None, reference: bool) -> Trainer:
     """Seed the RNGs, load the policy unless one is given (`reference`: with the frozen
     copy the KL or a frozen teacher needs) and make its optimizer. In a data-parallel job
-    (torch.distributed initialised) every process starts from rank 0's weights."""
+    (torch.distributed initialised) every process starts from rank 0's weights; with
+    `sharding: fsdp` each then keeps its shard of them."""
     setup_torch(config)
     policy = policy or load_policy(config, reference=reference)
     ranks = ranks_current()
     ranks.parameters_broadcast(policy.trainable_parameters())
+    if config.sharding == "fsdp" and ranks.size > 1:
+        sharding.shard_model(policy.model, ranks)
     return Trainer(policy=policy, optimizer=make_optimizer(policy, config), config=config, ranks=ranks)
 
 
@@ -193,16 +204,21 @@ def run_training(
 
     In a data-parallel job each process runs this loop on its shard of every batch; rank 0
     alone evaluates, checkpoints and exports (the others' hooks are empty), and decides
-    when to stop, a decision every process receives before each step and after it."""
+    when to stop, a decision every process receives before each step and after it. A
+    sharded job's processes all take part in evaluations (sampling only), checkpoints and
+    the export (gathering the adapter): their passes are collectives."""
     config, ranks = trainer.config, trainer.ranks
     result = TrainResult(status="finished", step=0)
     state = RunState()
     checkpoint = latest_checkpoint(run_dir)
     if checkpoint is not None:
-        saved = load_checkpoint(checkpoint, policy=trainer.policy, optimizer=trainer.optimizer)
+        saved = load_checkpoint(checkpoint, policy=trainer.policy, optimizer=trainer.optimizer, sharded=trainer.sharded)
         result.step, state = saved["step"], RunState.from_dict(saved["state"])
         hooks.emit("log", f"resumed from {checkpoint.name}")
-    elif evaluate is not None and evaluate_at_start and ranks.owner:
+    if trainer.sharded:
+        local, whole = sharding.held(trainer.policy.model)
+        hooks.emit("log", f"fsdp: the model's {whole:,} weights are split over {ranks.size} processes ({local:,} here)")
+    if checkpoint is None and evaluate is not None and evaluate_at_start and (ranks.owner or trainer.sharded):
         _evaluation_record(state, 0, evaluate, hooks)
 
     for n in range(result.step + 1, config.steps + 1):
@@ -224,14 +240,14 @@ def run_training(
         if out.samples is not None and config.samples_every and (n == 1 or n % config.samples_every == 0):
             hooks.emit("on_samples", n, out.samples())
         due = config.eval_every and (n % config.eval_every == 0 or n == config.steps)
-        if evaluate is not None and due and ranks.owner:
+        if evaluate is not None and due and (ranks.owner or trainer.sharded):
             _evaluation_record(state, n, evaluate, hooks)
         breaches = None if monitor is None else monitor(state)
-        if ranks.agree(step_close(run_dir, trainer, n, state, hooks, breaches)):
+        if step_close(run_dir, trainer, n, state, hooks, breaches):
             result.status = "stopped"
             break
 
-    return result_close(result, state, trainer.policy, run_dir, export and ranks.owner, hooks)
+    return result_close(result, state, trainer, run_dir, export, hooks)
 
 
 def _evaluation_record(state: RunState, step: int, evaluate: EvalFn, hooks: Hooks) -> None:
@@ -243,6 +259,10 @@ def _evaluation_record(state: RunState, step: int, evaluate: EvalFn, hooks: Hook
 def checkpoint_save(run_dir: Path, trainer: Trainer, step: int, state: RunState, hooks: Hooks) -> None:
     """Save a resumable checkpoint (keeping the newest `config.keep_checkpoints`) and tell the caller."""
     config = trainer.config
+    gathered: dict[str, Any] = {}
+    if trainer.sharded:  # every process joins the gather
+        gathered["trainable"] = sharding.trainable_state(trainer.policy.model)
+        gathered["optimizer_state"] = sharding.optimizer_state(trainer.policy.model, trainer.optimizer)
     if not trainer.ranks.owner:  # the run folder is rank 0's to write
         return
     hooks.check_held()  # the folder is the job's: a worker that took it over resumes from it
@@ -254,6 +274,7 @@ def checkpoint_save(run_dir: Path, trainer: Trainer, step: int, state: RunState,
         config=config,
         state=state.to_dict(),
         keep=config.keep_checkpoints,
+        **gathered,
     )
     hooks.emit("on_checkpoint", step, path)
 
@@ -279,26 +300,32 @@ def step_close(
 ) -> bool:
     """The end of a training step: record the monitors that fire (`breaches`; None for a
     loop without monitors) and save a checkpoint when one is due. True when a breach stops
-    the job (`stop_on_breach`); that step is checkpointed first, so the job can resume."""
+    the job (`stop_on_breach`); that step is checkpointed first, so the job can resume.
+    Rank 0's monitors decide for every process (it alone scores the evaluations)."""
     config = trainer.config
+    stopping = False
     if breaches is not None:
         breaches_record(state, step, breaches, hooks)
-        if breaches and config.monitors.stop_on_breach:
-            checkpoint_save(run_dir, trainer, step, state, hooks)
-            return True
+        stopping = bool(breaches) and config.monitors.stop_on_breach
+    if trainer.ranks.agree(stopping):
+        checkpoint_save(run_dir, trainer, step, state, hooks)
+        return True
     if config.checkpoint_every and step % config.checkpoint_every == 0 and step < config.steps:
         checkpoint_save(run_dir, trainer, step, state, hooks)
     return False
 
 
 def result_close(
-    result: TrainResult, state: RunState, policy: Policy, run_dir: Path, export: bool, hooks: Hooks
+    result: TrainResult, state: RunState, trainer: Trainer, run_dir: Path, export: bool, hooks: Hooks
 ) -> TrainResult:
     """Copy the run's history, evaluations and breaches into `result`, and export the model
-    unless the job was cancelled or `export` is off."""
+    (rank 0) unless the job was cancelled or `export` is off."""
     result.history, result.evals, result.breaches = state.history, state.evals, state.breaches
-    if export and result.status != "cancelled":
+    if not export or result.status == "cancelled":
+        return result
+    weights = sharding.trainable_state(trainer.policy.model) if trainer.sharded else None  # every process
+    if trainer.ranks.owner:
         hooks.check_held()
         hooks.emit("on_phase", "export", 0, 1)
-        result.export_path = export_model(policy, run_dir / "model")
+        result.export_path = export_model(trainer.policy, run_dir / "model", state_dict=weights)
     return result

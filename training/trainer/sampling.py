@@ -19,6 +19,9 @@ from typing import Any
 
 import torch
 
+from training.trainer import sharding
+from training.trainer.parallel import Ranks, ranks_current
+
 
 @dataclass
 class Rollout:
@@ -133,6 +136,8 @@ def sample(
     global stream."""
     if generators is not None and engine != "decode":
         raise ValueError("per-prompt generators need engine='decode'")
+    if engine != "decode" and _lockstep(model) is not None:
+        raise ValueError("a sharded model samples with engine='decode' (its passes run in lockstep)")
     eos_ids = _eos_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
     repeated = [p for p in prompts for _ in range(num_samples)]
@@ -225,6 +230,12 @@ def prefill(
         distinct, source, shared = rows, list(range(len(rows))), 0
     batch = len(distinct)
     cache = DynamicCache()
+    lockstep = _lockstep(model)
+    if lockstep is not None and shared == 0 and sharding.most(lockstep, 0):
+        # Another process takes a prefix pass: a sharded model's passes are collectives.
+        sharding.passes_pad(model, 1, backward=False, device=device)
+    elif lockstep is not None and shared > 0:
+        sharding.most(lockstep, 1)
     if shared > 0:
         prefix = torch.tensor([distinct[0][:shared]], device=device)
         model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1)
@@ -314,6 +325,7 @@ def decode_from(
     eos = torch.tensor(list(eos_ids), device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     tokens: list[torch.Tensor] = []
+    lockstep = _lockstep(model)
     for _ in range(max_new_tokens):
         logits = logits.float()
         if temperature <= 0:
@@ -326,8 +338,12 @@ def decode_from(
         chosen = torch.where(finished, torch.full_like(chosen, pad_id), chosen)
         tokens.append(chosen)
         finished |= torch.isin(chosen, eos)
-        if bool(finished.all()) or len(tokens) == max_new_tokens:
+        if len(tokens) == max_new_tokens:
             break
+        if lockstep is None and bool(finished.all()):
+            break
+        if lockstep is not None and not sharding.most(lockstep, int(not bool(finished.all()))):
+            break  # every process's rows have ended
         mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=device)], dim=1)
         out = model(
             input_ids=chosen.unsqueeze(1),
@@ -341,6 +357,15 @@ def decode_from(
     if not tokens:
         return torch.empty((batch, 0), dtype=torch.long, device=device)
     return torch.stack(tokens, dim=1)
+
+
+def _lockstep(model) -> Ranks | None:
+    """The job's processes when `model` is sharded over them (its passes are collectives,
+    so every process must take as many as the others: `sharding.py`), else None."""
+    ranks = ranks_current()
+    if ranks.size == 1 or not sharding.is_sharded(model):
+        return None
+    return ranks
 
 
 def _uniforms(generators: Sequence[torch.Generator] | None, batch: int, device) -> torch.Tensor | None:

@@ -1,0 +1,83 @@
+"""A GRPO job on the tiny model, run by `tests/training/test_fsdp.py` under torchrun (or as
+one plain process): `python fsdp_job.py MODEL RUN_DIR [--sharding fsdp] [--cancel-at N]`.
+
+Only item 0 of four can be rewarded, so in most steps one process keeps no group and pads
+its passes; β > 0 (reference passes), two updates a batch (old log-probs) and micro-batches
+of 2 rows make every lockstep path run. `--cancel-at N`: rank 0's stop hook answers yes
+before step N (the job checkpoints step N-1 and returns, as a cancel does). Rank 0 prints
+its result as one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> None:
+    import torch
+
+    from training.trainer.common import Hooks
+    from training.trainer.config import GRPOConfig
+    from training.trainer.grpo import grpo_train
+    from training.trainer.items import TurnItem
+    from training.trainer.parallel import process_group_close, process_group_init, ranks_current
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model")
+    parser.add_argument("run_dir")
+    parser.add_argument("--sharding", default="replicate")
+    parser.add_argument("--cancel-at", type=int, default=0)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    distributed = "RANK" in __import__("os").environ
+    ranks = process_group_init(cuda=False, timeout_seconds=120) if distributed else ranks_current()
+    config = GRPOConfig(
+        model_path=args.model,
+        steps=3,
+        prompts_per_step=4,
+        group_size=4,
+        max_new_tokens=6,
+        eval_every=0,
+        checkpoint_every=0,
+        samples_every=0,
+        learning_rate=5e-3,
+        beta=0.04,
+        updates_per_batch=2,
+        micro_batch=2,
+        processes=ranks.size,
+        sharding=args.sharding,
+    )
+    items = [
+        TurnItem(id=f"q{i}", messages=[{"role": "user", "content": f"Say something about A{i}."}]) for i in range(4)
+    ]
+    polls = {"n": 0}
+    logs: list[str] = []
+
+    def stop() -> bool:
+        polls["n"] += 1
+        return bool(args.cancel_at) and polls["n"] >= args.cancel_at
+
+    result = grpo_train(
+        config=config,
+        items=items,
+        # Item 0's samples are rewarded by their length; the others' all alike (no signal).
+        score=lambda item, texts: [float(len(t) % 3) if item.id == "q0" else 0.0 for t in texts],
+        run_dir=Path(args.run_dir),
+        hooks=Hooks(should_stop=stop, log=logs.append) if ranks.owner else Hooks(),
+    )
+    if ranks.owner:
+        trained = [m["trained_sequences"] for m in result.history]
+        out = {"status": result.status, "step": result.step, "trained_sequences": trained, "logs": logs}
+        print(json.dumps(out), flush=True)
+    if distributed:
+        process_group_close()
+
+
+if __name__ == "__main__":
+    main()

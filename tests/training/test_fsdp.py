@@ -1,0 +1,61 @@
+"""Sharded jobs (`"sharding": "fsdp"`, FSDP2 over torchrun's gloo processes on the CPU):
+the same adapter as one process, every lockstep path taken, and a cancelled job resumed
+from its checkpoint as if it had never stopped (docs/decisions/0032-fsdp2-lockstep.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).with_name("fsdp_job.py")
+
+
+def _job(model: Path, run_dir: Path, *args: str, processes: int = 2) -> dict:
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
+    command = [*(launch if processes > 1 else [sys.executable]), str(SCRIPT), str(model), str(run_dir), *args]
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _adapter(run_dir: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(run_dir / "model" / "adapter_model.safetensors"))
+
+
+@pytest.mark.slow
+def test_a_sharded_job_trains_what_one_process_trains_and_resumes_where_it_stopped(tiny_model_dir, tmp_path):
+    import torch
+
+    one = _job(tiny_model_dir, tmp_path / "one", processes=1)
+    whole = _job(tiny_model_dir, tmp_path / "fsdp", "--sharding", "fsdp")
+    stopped = _job(tiny_model_dir, tmp_path / "resumed", "--sharding", "fsdp", "--cancel-at", "3")
+    resumed = _job(tiny_model_dir, tmp_path / "resumed", "--sharding", "fsdp")
+
+    assert one["status"] == whole["status"] == resumed["status"] == "finished"
+    assert stopped == stopped | {"status": "cancelled", "step": 2}
+    assert "resumed from step-000002" in resumed["logs"]
+    # Each process held about half the weights: they were split, not copied.
+    split = next(line for line in whole["logs"] if line.startswith("fsdp:"))
+    total, held = (int(n.replace(",", "")) for n in re.findall(r"([0-9][0-9,]*) (?:weights|here)", split))
+    assert 0.4 * total < held < 0.6 * total, split
+    # Only item 0 carried signal: its process trained alone while the other padded its passes.
+    assert whole["trained_sequences"] == one["trained_sequences"] and max(one["trained_sequences"]) <= 4
+    assert any(one["trained_sequences"])
+
+    reference = _adapter(tmp_path / "one")
+    assert any(float(v.abs().max()) > 0 for n, v in reference.items() if "lora_B" in n)  # it trained
+    for run in ("fsdp", "resumed"):
+        adapter = _adapter(tmp_path / run)
+        assert adapter.keys() == reference.keys()
+        for name, value in reference.items():
+            assert adapter[name].shape == value.shape, name  # whole tensors, not a process's shard
+            assert torch.allclose(adapter[name], value, atol=1e-5, rtol=0), (run, name)

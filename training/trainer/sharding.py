@@ -1,0 +1,162 @@
+"""Sharded data parallelism (FSDP2, `torch.distributed.fsdp.fully_shard`) for LoRA jobs
+whose base model does not fit one device (docs/decisions/0032-fsdp2-lockstep.md).
+
+A job with `"sharding": "fsdp"` runs the data-parallel loop of `parallel.py` (each process
+its share of every batch, per-item seeds, global normalisers) with the model's weights
+split over the processes: each transformer block, and then the rest of the model, is a
+`fully_shard` unit holding 1/N of its parameters; a forward pass all-gathers a block's
+weights just before it runs and frees them after, and the backward pass reduce-scatters
+the gradients, so each process keeps 1/N of the adapter's gradients and optimizer state.
+
+That makes every forward and backward pass a collective: the processes must call the
+model the same number of times, in the same order, or they wait for each other forever.
+The loop therefore runs in *lockstep* where the number of passes depends on the data:
+
+- sampling goes on, token by token, until every process's rows have ended
+  (`sampling.decode_from`), and a prefill's shared-prefix pass is taken by every process
+  or by none (`sampling.prefill`);
+- a GRPO update takes as many micro-batch passes on every process as on the busiest,
+  the others passing one token whose loss is multiplied by 0 (`passes_pad`);
+- evaluations and canaries are sampled by every process (rank 0 alone scores and records
+  them), and checkpoints and the export gather the adapter on every process (rank 0
+  alone writes).
+
+Gradients are summed, not averaged (`set_gradient_divide_factor(1)`): each process's loss
+is already its share of the global batch's, as in the replicated mode.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from training.trainer.parallel import Ranks, collective
+
+
+def is_sharded(model: Any) -> bool:
+    """True when `model` holds `fully_shard` units: its passes are collectives."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(m, FSDPModule) for m in model.modules())
+
+
+def blocks_of(model: Any) -> list[torch.nn.Module]:
+    """The transformer blocks of a (peft-wrapped) causal LM: the `layers` list of the
+    decoder, found by name so that Llama-, Qwen2- and Mistral-style models all shard."""
+    for name, module in model.named_modules():
+        if name.endswith("model.layers") and isinstance(module, torch.nn.ModuleList):
+            return list(module)
+    raise ValueError("no transformer blocks (a `model.layers` list) to shard in this model")
+
+
+def shard_model(model: Any, ranks: Ranks) -> None:
+    """Split `model`'s weights over the job's processes, in place: one `fully_shard` unit
+    per transformer block, then the root (embeddings, final norm, output layer). Frozen base
+    weights and trainable LoRA weights are sharded alike; FSDP2 keeps each parameter's
+    `requires_grad`. Gradients are summed over the processes (divide factor 1)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    mesh = init_device_mesh(ranks.device, (ranks.size,))
+    for block in blocks_of(model):
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            # Plain SUM collectives (gloo has no pre-multiplied sum; NCCL's zero-copy path wants SUM too).
+            module.set_force_sum_reduction_for_comms(True)
+
+
+def held(model: Any) -> tuple[int, int]:
+    """(weights this process holds, weights of the whole model): a sharded model's
+    parameters count their local shard only."""
+    from torch.distributed.tensor import DTensor
+
+    local = whole = 0
+    for p in model.parameters():
+        whole += p.numel()
+        local += p.to_local().numel() if isinstance(p, DTensor) else p.numel()
+    return local, whole
+
+
+def full_tensor(value: torch.Tensor) -> torch.Tensor:
+    """A parameter's (or optimizer state's) whole value: a sharded one is all-gathered, a
+    collective every process must call in the same order."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(value, DTensor):
+        return collective(value.full_tensor)
+    return value
+
+
+def trainable_state(model: Any) -> dict[str, torch.Tensor]:
+    """The trainable parameters' whole values, on the CPU, by name (every process calls it;
+    each gets the whole set)."""
+    return {
+        name: full_tensor(p.detach()).to("cpu").contiguous() for name, p in model.named_parameters() if p.requires_grad
+    }
+
+
+def trainable_load(model: Any, weights: dict[str, torch.Tensor]) -> None:
+    """Copy whole trainable values (a checkpoint's) into a sharded model: each process
+    keeps its own shard of each."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in weights.items():
+            param = params[name]
+            if isinstance(param, DTensor):
+                shard = distribute_tensor(value.to(param.device, param.dtype), param.device_mesh, param.placements)
+                param.to_local().copy_(shard.to_local())
+            else:
+                param.copy_(value)
+
+
+def optimizer_state(model: Any, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's whole state (every process calls it), keyed by parameter name so
+    that a job resumes with any number of processes."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return collective(get_optimizer_state_dict, model, optimizer, options=options)
+
+
+def optimizer_load(model: Any, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Load `optimizer_state`'s whole state, each process keeping its shard."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True)
+    collective(set_optimizer_state_dict, model, optimizer, optim_state_dict=state, options=options)
+
+
+def grad_norm(norm: torch.Tensor) -> float:
+    """`clip_grad_norm_`'s total norm as a number (a sharded model's is a DTensor)."""
+    return float(full_tensor(norm))
+
+
+def most(ranks: Ranks, count: int) -> int:
+    """The largest `count` over the processes (each process's own with one)."""
+    if ranks.size == 1:
+        return count
+    tensor = torch.tensor([count], dtype=torch.int64, device=ranks.device)
+    collective(dist.all_reduce, tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
+def passes_pad(model: Any, count: int, *, backward: bool, device: torch.device) -> None:
+    """`count` passes of one token through a sharded `model` that change nothing: the
+    lockstep's turns of a process with fewer micro-batches than the busiest. With
+    `backward`, the pass's output times 0 is backpropagated, adding zeros to the gradient
+    (the reduce-scatter every process must join)."""
+    token = torch.zeros((1, 1), dtype=torch.long, device=device)
+    for _ in range(count):
+        if backward:
+            out = model(input_ids=token, use_cache=False)
+            (out.logits.float().sum() * 0.0).backward()
+        else:
+            with torch.no_grad():
+                model(input_ids=token, use_cache=False)
