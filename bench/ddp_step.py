@@ -1,12 +1,15 @@
 """Training step time of a data-parallel job: one process against two (torchrun, gloo, CPU),
-the same global batch, measured side by side in one run.
+replicated and sharded (`"sharding": "fsdp"`), the same global batch, measured side by side
+in one run.
 
 Each setting runs `run_training` (the jobs' loop: SFT and turn-level GRPO) under
 `torchrun --standalone --nproc-per-node N` on a random Qwen2-shaped model with the tiny
 model's tokenizer, one torch thread per process, LoRA on all linear layers. The runs
 alternate (1, 2, 1, 2, …) so a change in the machine's load hits both alike; each
 reports the median `step_seconds` of rank 0 after a warm-up step. Speed-up = the
-one-process median over the two-process median (> 1: two processes are faster).
+one-process median over the two-process median (> 1: two processes are faster). For each
+setting rank 0 also reports the model weights it holds after setup (a sharded process
+holds its shard) and its peak resident memory (which includes loading the whole model).
 
     .venv/bin/python bench/ddp_step.py [--rounds 2] [--steps 6] [--shapes tiny larger]
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -72,6 +76,9 @@ def worker(args) -> None:
     from training.trainer.grpo import grpo_train
     from training.trainer.items import TurnItem, grader_scorer
     from training.trainer.parallel import process_group_close, process_group_init
+    from training.trainer.policy import load_policy
+    from training.trainer.run import setup_torch
+    from training.trainer.sharding import held
 
     torch.set_num_threads(1)
     ranks = process_group_init(cuda=False, timeout_seconds=600)
@@ -95,25 +102,40 @@ def worker(args) -> None:
         samples_every=0,
         learning_rate=1e-4,
         processes=ranks.size,
+        sharding=args.sharding,
     )
     with tempfile.TemporaryDirectory() as run_dir:
         if args.kind == "sft":
-            result = sft_train(config=SFTConfig(**common), items=items, run_dir=Path(run_dir), export=False)
+            config = SFTConfig(**common)
+            setup_torch(config)  # seeded before the adapter is drawn, as the loop would
+            policy = load_policy(config)  # the loop shards it in place (`trainer_setup`)
+            result = sft_train(config=config, items=items, run_dir=Path(run_dir), export=False, policy=policy)
         else:
             config = GRPOConfig(**common, group_size=4)
-            result = grpo_train(config=config, items=items, score=grader_scorer(), run_dir=Path(run_dir), export=False)
+            setup_torch(config)
+            policy = load_policy(config, reference=True)
+            result = grpo_train(
+                config=config, items=items, score=grader_scorer(), run_dir=Path(run_dir), export=False, policy=policy
+            )
     if ranks.owner:
         seconds = [h["step_seconds"] for h in result.history[1:]]  # the first step warms up
-        Path(args.out).write_text(json.dumps({"step_seconds": seconds, "loss": result.history[-1]["loss"]}))
+        local, _ = held(policy.model)
+        figures = {
+            "step_seconds": seconds,
+            "loss": result.history[-1]["loss"],
+            "weights_held": local,
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        }
+        Path(args.out).write_text(json.dumps(figures))
     process_group_close()
 
 
-def run_setting(kind: str, model: Path, processes: int, steps: int, batch: int) -> dict:
+def run_setting(kind: str, model: Path, processes: int, sharding: str, steps: int, batch: int) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = Path(f.name)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes)]
     command += [__file__, "--worker", "--kind", kind, "--model", str(model), "--out", str(out)]
-    command += ["--steps", str(steps), "--batch", str(batch)]
+    command += ["--steps", str(steps), "--batch", str(batch), "--sharding", sharding]
     env = os.environ | {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     if done.returncode != 0:
@@ -121,6 +143,9 @@ def run_setting(kind: str, model: Path, processes: int, steps: int, batch: int) 
     figures = json.loads(out.read_text())
     out.unlink()
     return figures
+
+
+SETTINGS = [(1, "replicate"), (2, "replicate"), (2, "fsdp")]
 
 
 def main() -> None:
@@ -134,6 +159,7 @@ def main() -> None:
     parser.add_argument("--kind", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--sharding", default="replicate", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args)
@@ -143,19 +169,23 @@ def main() -> None:
         for shape in args.shapes:
             model = model_dir(shape, Path(root))
             for kind in args.kinds:
-                seconds: dict[int, list[float]] = {1: [], 2: []}
-                losses: dict[int, float] = {}
+                seconds: dict[tuple, list[float]] = {s: [] for s in SETTINGS}
+                last: dict[tuple, dict] = {}
                 for _ in range(args.rounds):
-                    for processes in (1, 2):
-                        figures = run_setting(kind, model, processes, args.steps, args.batch)
-                        seconds[processes] += figures["step_seconds"]
-                        losses[processes] = figures["loss"]
-                one, two = statistics.median(seconds[1]), statistics.median(seconds[2])
-                print(
-                    f"{shape:6} {kind:4} global batch {args.batch}: 1 process {one:.3f} s/step, "
-                    f"2 processes {two:.3f} s/step, speed-up {one / two:.2f}x "
-                    f"({len(seconds[1])} steps each; last loss {losses[1]:.5f} vs {losses[2]:.5f})"
-                )
+                    for setting in SETTINGS:
+                        figures = run_setting(kind, model, *setting, args.steps, args.batch)
+                        seconds[setting] += figures["step_seconds"]
+                        last[setting] = figures
+                one = statistics.median(seconds[SETTINGS[0]])
+                print(f"{shape:6} {kind:4} global batch {args.batch}, {len(seconds[SETTINGS[0]])} steps each:")
+                for setting in SETTINGS:
+                    median = statistics.median(seconds[setting])
+                    f = last[setting]
+                    print(
+                        f"  {setting[0]} process(es), {setting[1]:9}: {median:.3f} s/step, speed-up {one / median:.2f}x; "
+                        f"rank 0 holds {f['weights_held']:,} weights, peak RSS {f['peak_rss_mib']:.0f} MiB; "
+                        f"last loss {f['loss']:.5f}"
+                    )
     print(f"load average after: {os.getloadavg()[0]:.1f}")
 
 
