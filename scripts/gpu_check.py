@@ -5,8 +5,14 @@ project virtualenv, no weight files, no network: the models are built here from 
 shapes (SmolLM2-135M's and a ~0.5B Qwen2's), the tokenizer is trained here. Rollouts go
 through a local vLLM server when the `vllm` package imports, else through `generate`.
 
-    scripts/gpu_check.sh                        # on a CUDA machine: both shapes
+Then the built-in sampler's two decode loops side by side, on SmolLM2-135M's shape (the
+tiny one with --tiny) at 8 contexts x 8 copies = 64 sequences: generated tokens/s of the
+eager `decode_from` and of the fixed-shape `static_decode_from`, compiled into CUDA graphs
+on a GPU (eager on a CPU, where there are none), and their ratio.
+
+    scripts/gpu_check.sh                        # on a CUDA machine: both shapes, then the samplers
     scripts/gpu_check.sh --device cpu --tiny    # anywhere: the same code on a tiny shape
+    scripts/gpu_check.sh --sampler-only         # only the sampler comparison
 """
 
 from __future__ import annotations
@@ -194,6 +200,111 @@ def run_shape(name: str, args, tokenizer, tokenizer_dir: Path) -> dict:
     return summary
 
 
+def sampler_contexts(count: int, *, prefix: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    """`count` random token contexts: one shared `prefix`, then remainders of different
+    lengths (8 to 40 tokens), as a batch of chat turns behind one system prompt."""
+    import torch
+
+    rng = torch.Generator().manual_seed(seed)
+    shared = torch.randint(3, vocab, (prefix,), generator=rng).tolist()
+    return [shared + torch.randint(3, vocab, (8 + (i * 13) % 33,), generator=rng).tolist() for i in range(count)]
+
+
+def compare_samplers(
+    model,
+    contexts: list[list[int]],
+    *,
+    copies: int,
+    new_tokens: int,
+    compile: bool,
+    repeats: int,
+    temperature: float = 1.0,
+) -> dict:
+    """Generated tokens/s of `decode_from` and `static_decode_from` after the same prefill.
+
+    Each run prefills anew (not timed: the two loops start from the same state) and
+    decodes `new_tokens` for every row: no end token, so both take the same number of
+    steps. One untimed run of each first (for the compiled loop: compiling and capturing
+    its CUDA graphs), then `repeats` alternating timed runs with generators seeded alike.
+    Rates are of median wall seconds; the process's CPU seconds come beside them, as on a
+    shared machine the wall clock also counts the time other processes held a core."""
+    import time
+
+    import torch
+
+    from training.trainer.sampling import decode_from, prefill
+    from training.trainer.static_decode import static_decode_from
+
+    device = next(model.parameters()).device
+    loops = {
+        "eager": decode_from,
+        "static": lambda *a, **kw: static_decode_from(*a, compile=compile, **kw),
+    }
+    seconds: dict[str, list[float]] = {name: [] for name in loops}
+    cpu: dict[str, list[float]] = {name: [] for name in loops}
+    tokens: dict[str, torch.Tensor] = {}
+    for repeat in range(repeats + 1):
+        for name, decode in loops.items():
+            generators = [torch.Generator().manual_seed(1000 * repeat + i) for i in range(len(contexts))]
+            logits, cache, mask, position = prefill(model, contexts, copies=copies, pad_id=0)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            started, started_cpu = time.perf_counter(), time.process_time()
+            out = decode(
+                model,
+                logits,
+                cache,
+                mask,
+                position,
+                max_new_tokens=new_tokens,
+                temperature=temperature,
+                top_p=1.0,
+                eos_ids=[-1],
+                pad_id=0,
+                generators=generators,
+            )
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            if repeat > 0:
+                seconds[name].append(time.perf_counter() - started)
+                cpu[name].append(time.process_time() - started_cpu)
+            tokens[name] = out.cpu()
+    rows = len(contexts) * copies
+    rate = {name: rows * new_tokens / statistics.median(s) for name, s in seconds.items()}
+    cpu_rate = {name: rows * new_tokens / statistics.median(s) for name, s in cpu.items()}
+    return {
+        "sequences": f"{len(contexts)} contexts x {copies} copies",
+        "prompt_tokens": f"{min(map(len, contexts))}-{max(map(len, contexts))}",
+        "new_tokens": new_tokens,
+        "static_compiled": compile,
+        "eager_tokens_per_s": round(rate["eager"], 1),
+        "static_tokens_per_s": round(rate["static"], 1),
+        "ratio_static_over_eager": round(rate["static"] / rate["eager"], 2),
+        "eager_tokens_per_cpu_s": round(cpu_rate["eager"], 1),
+        "static_tokens_per_cpu_s": round(cpu_rate["static"], 1),
+        "same_tokens": torch.equal(tokens["eager"], tokens["static"]),
+        "eager_seconds": [round(s, 3) for s in seconds["eager"]],
+        "static_seconds": [round(s, 3) for s in seconds["static"]],
+        "eager_cpu_seconds": [round(s, 3) for s in cpu["eager"]],
+        "static_cpu_seconds": [round(s, 3) for s in cpu["static"]],
+    }
+
+
+def run_sampler_comparison(name: str, args, tokenizer) -> dict:
+    """The two decode loops on shape `name` at 64 sequences (see the module docstring)."""
+    import torch
+
+    if args.device == "cpu":
+        torch.set_num_threads(args.threads)
+    dtype = torch.bfloat16 if args.device == "cuda" and not args.fp32 else torch.float32
+    model = build_model(SHAPES[name], tokenizer, dtype).to(args.device).eval()
+    contexts = sampler_contexts(8, prefix=64, vocab=len(tokenizer))
+    summary = compare_samplers(
+        model, contexts, copies=8, new_tokens=args.new_tokens, compile=args.device == "cuda", repeats=3
+    )
+    return {"shape": name, "device": args.device, "dtype": str(dtype).replace("torch.", ""), **summary}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="auto", help="cuda, cpu or auto")
@@ -209,6 +320,8 @@ def main() -> int:
     parser.add_argument("--no-vllm", action="store_true", help="use generate even when vllm imports")
     parser.add_argument("--vllm-port", type=int, default=8390)
     parser.add_argument("--json", type=Path, help="also write the summaries here")
+    parser.add_argument("--no-sampler", action="store_true", help="skip the comparison of the two decode loops")
+    parser.add_argument("--sampler-only", action="store_true", help="only the comparison of the two decode loops")
     args = parser.parse_args()
 
     import torch
@@ -221,6 +334,8 @@ def main() -> int:
         return 2
     if args.tiny:
         args.shapes = "tiny"
+    if args.sampler_only:
+        args.shapes = ""
     args.vllm = not args.no_vllm and args.device == "cuda" and vllm_available()
     gpu = torch.cuda.get_device_name(0) if args.device == "cuda" else platform.processor() or "cpu"
     print(
@@ -240,14 +355,26 @@ def main() -> int:
         print(json.dumps(summary), flush=True)
         if args.device == "cuda":
             torch.cuda.empty_cache()
+    sampler = None
+    if not args.no_sampler:
+        sampler = run_sampler_comparison("tiny" if args.tiny else "smollm2-135m", args, tokenizer)
+        print(json.dumps(sampler), flush=True)
     if args.json:
-        args.json.write_text(json.dumps(summaries, indent=1))
-    print("\nshape            params   step s  sample s  update s  gen tok/s  train tok/s")
+        args.json.write_text(json.dumps(summaries + ([sampler] if sampler else []), indent=1))
+    if summaries:
+        print("\nshape            params   step s  sample s  update s  gen tok/s  train tok/s")
     for s in summaries:
         print(
             f"{s['shape']:<15} {s['parameters'] / 1e6:6.1f}M  {s['step_seconds_median']:7.3f}  "
             f"{s['sample_seconds_median']:8.3f}  {s['update_seconds_median']:8.3f}  "
             f"{s['generated_tokens_per_s']:9.1f}  {s['trained_tokens_per_s']:11.1f}"
+        )
+    if sampler:
+        loop = "static_decode_from(compile=True)" if sampler["static_compiled"] else "static_decode_from"
+        print(
+            f"\nsampler, {sampler['shape']} at {sampler['sequences']}, {sampler['new_tokens']} new tokens: "
+            f"decode_from {sampler['eager_tokens_per_s']:.1f} tok/s, {loop} {sampler['static_tokens_per_s']:.1f} "
+            f"tok/s, ratio {sampler['ratio_static_over_eager']:.2f}; same tokens: {sampler['same_tokens']}"
         )
     return 0
 
