@@ -37,11 +37,15 @@ def test_a_sharded_job_trains_what_one_process_trains_and_resumes_where_it_stopp
 
     one = _job(tiny_model_dir, tmp_path / "one", processes=1)
     whole = _job(tiny_model_dir, tmp_path / "fsdp", "--sharding", "fsdp")
+    # Cancelled before the first step (a checkpoint with no optimizer state yet), resumed and
+    # cancelled before step 3, resumed again.
+    before = _job(tiny_model_dir, tmp_path / "resumed", "--sharding", "fsdp", "--cancel-at", "1")
     stopped = _job(tiny_model_dir, tmp_path / "resumed", "--sharding", "fsdp", "--cancel-at", "3")
     resumed = _job(tiny_model_dir, tmp_path / "resumed", "--sharding", "fsdp")
 
     assert one["status"] == whole["status"] == resumed["status"] == "finished"
-    assert stopped == stopped | {"status": "cancelled", "step": 2}
+    assert before == before | {"status": "cancelled", "step": 0}
+    assert stopped == stopped | {"status": "cancelled", "step": 2} and "resumed from step-000000" in stopped["logs"]
     assert "resumed from step-000002" in resumed["logs"]
     # Each process held about half the weights: they were split, not copied.
     split = next(line for line in whole["logs"] if line.startswith("fsdp:"))
@@ -59,3 +63,38 @@ def test_a_sharded_job_trains_what_one_process_trains_and_resumes_where_it_stopp
         for name, value in reference.items():
             assert adapter[name].shape == value.shape, name  # whole tensors, not a process's shard
             assert torch.allclose(adapter[name], value, atol=1e-5, rtol=0), (run, name)
+
+
+def test_a_sharded_job_refuses_an_adapter_outside_the_blocks(tiny_model_dir):
+    """An adapter on the output layer would sit in the root unit, which FSDP2 keeps gathered
+    after a forward pass: refused with the layer's name before any collective."""
+    from training.trainer.config import SFTConfig
+    from training.trainer.parallel import Ranks
+    from training.trainer.policy import load_policy
+    from training.trainer.sharding import shard_model
+
+    policy = load_policy(SFTConfig(model_path=str(tiny_model_dir), lora_target=".*(q_proj|lm_head)"))
+    with pytest.raises(ValueError, match=r"outside: .*lm_head"):
+        shard_model(policy.model, Ranks(rank=0, size=2))
+
+
+def test_only_a_failed_communication_is_a_broken_group():
+    """A gather that fails for want of memory or from a bug fails the job with its own error;
+    only the backend's failure is `GroupBroken` (which the worker reads as another process's
+    doing)."""
+    import torch
+
+    from training.trainer.parallel import GroupBroken, gathering
+
+    def raising(exc):
+        def fn():
+            raise exc
+
+        return fn
+
+    with pytest.raises(GroupBroken, match="Connection reset"):
+        gathering(raising(RuntimeError("Connection reset by peer")))
+    with pytest.raises(KeyError):
+        gathering(raising(KeyError(4)))
+    with pytest.raises(torch.OutOfMemoryError):
+        gathering(raising(torch.OutOfMemoryError("CUDA out of memory")))

@@ -39,6 +39,19 @@ def collective(fn, *args, **kwargs):
         raise GroupBroken(f"GroupBroken: {type(exc).__name__}: {str(exc)[:300]}") from exc
 
 
+def gathering(fn, *args, **kwargs):
+    """`collective` for a call that also computes (gathering a sharded state): only a
+    failed communication (a `RuntimeError` from the backend) is `GroupBroken`; an
+    out-of-memory error or a bug (a `KeyError`, a `ValueError`) is this process's own, and
+    is raised as it is, so the job fails with it rather than with a broken group."""
+    try:
+        return fn(*args, **kwargs)
+    except torch.OutOfMemoryError:
+        raise
+    except RuntimeError as exc:
+        raise GroupBroken(f"GroupBroken: {type(exc).__name__}: {str(exc)[:300]}") from exc
+
+
 @dataclass(frozen=True)
 class Ranks:
     """This process's place in the job's process group: `rank` of `size`; `device` is where

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from training.trainer.parallel import Ranks, collective
+from training.trainer.parallel import Ranks, collective, gathering
 
 
 def is_sharded(model: Any) -> bool:
@@ -55,12 +55,24 @@ def shard_model(model: Any, ranks: Ranks) -> None:
     """Split `model`'s weights over the job's processes, in place: one `fully_shard` unit
     per transformer block, then the root (embeddings, final norm, output layer). Frozen base
     weights and trainable LoRA weights are sharded alike; FSDP2 keeps each parameter's
-    `requires_grad`. Gradients are summed over the processes (divide factor 1)."""
+    `requires_grad`. Gradients are summed over the processes (divide factor 1).
+
+    Every trainable weight must sit in a block (ValueError otherwise, before any
+    collective): an adapter on the output layer or the embeddings (a `lora_target` that
+    reaches them) would live in the root unit, which FSDP2 leaves gathered after a forward
+    pass, and its export would need the layer's base weights too."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
+    blocks = blocks_of(model)
+    inside = {id(p) for block in blocks for p in block.parameters()}
+    outside = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in inside]
+    if outside:
+        raise ValueError(
+            f"sharding 'fsdp' trains adapters inside the transformer blocks only; these are outside: {outside[:3]}"
+        )
     mesh = init_device_mesh(ranks.device, (ranks.size,))
-    for block in blocks_of(model):
+    for block in blocks:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
     for module in model.modules():
@@ -88,7 +100,7 @@ def full_tensor(value: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     if isinstance(value, DTensor):
-        return collective(value.full_tensor)
+        return gathering(value.full_tensor)
     return value
 
 
@@ -118,19 +130,30 @@ def trainable_load(model: Any, weights: dict[str, torch.Tensor]) -> None:
 
 def optimizer_state(model: Any, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """The optimizer's whole state (every process calls it), keyed by parameter name so
-    that a job resumes with any number of processes."""
+    that a job resumes with any number of processes.
+
+    Before the first optimizer step it is the plain, empty `state_dict()`, as a
+    one-process job saves it: torch's gather would first initialise the state by a step
+    at learning rate 0, leaving the live optimizer at step 1 with zero moments, and every
+    later update with the wrong bias correction."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
+    if not optimizer.state:  # every process alike: they step together
+        return optimizer.state_dict()
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return collective(get_optimizer_state_dict, model, optimizer, options=options)
+    return gathering(get_optimizer_state_dict, model, optimizer, options=options)
 
 
 def optimizer_load(model: Any, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-    """Load `optimizer_state`'s whole state, each process keeping its shard."""
+    """Load `optimizer_state`'s whole state, each process keeping its shard; an empty
+    state (saved before the first step) leaves the fresh optimizer as it is, for the
+    reason `optimizer_state` gives."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
+    if not state.get("state"):
+        return
     options = StateDictOptions(full_state_dict=True)
-    collective(set_optimizer_state_dict, model, optimizer, optim_state_dict=state, options=options)
+    gathering(set_optimizer_state_dict, model, optimizer, optim_state_dict=state, options=options)
 
 
 def grad_norm(norm: torch.Tensor) -> float:
