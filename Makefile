@@ -70,6 +70,9 @@ bench: install ## run the benchmarks under bench/ (needs PostgreSQL)
 	$(PY) bench/failure_clusters.py
 	nice -n 10 $(PY) bench/turn_sampling.py
 	nice -n 10 $(PY) bench/micro_batch_memory.py
+	nice -n 10 $(PY) bench/static_decode.py
+	nice -n 10 $(PY) bench/memory_recipe.py
+	nice -n 10 $(PY) bench/ddp_step.py
 	$(PIP) install -q -c constraints.txt -r requirements-bench.txt
 	nice -n 10 $(PY) bench/grpo_vs_trl.py
 	DATABASE_URL="$(or $(TEST_DATABASE_URL),$(PG_URL))" CELERY_BROKER_URL="$(or $(TEST_BROKER_URL),$(REDIS_URL))" \
