@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
+import tempfile
 from pathlib import Path
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -105,15 +106,34 @@ def gguf_prepare(gguf: Path, dest: Path, *, force: bool = False, chat_template: 
         if not getattr(config, "tie_word_embeddings", False):
             raise RuntimeError(f"{gguf.name}: no output head, and the model's embeddings are not tied to one")
         model.tie_weights()
-    tmp = dest.with_name(dest.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = _staging(dest)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(tmp)
-    shutil.rmtree(dest, ignore_errors=True)
-    tmp.rename(dest)
-    return dest
+    return _publish(tmp, dest)
+
+
+def _staging(dest: Path) -> Path:
+    """A new, empty folder beside `dest` that no other run writes: two preparations of the
+    same model at once (two `make` targets, two test sessions) each fill their own."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{dest.name}.partial-", dir=dest.parent))
+    tmp.chmod(0o755)  # mkdtemp's 0700 would hide the model from a server running as another user
+    return tmp
+
+
+def _publish(tmp: Path, dest: Path) -> Path:
+    """Put the finished folder `tmp` at `dest`, replacing what was there. Two runs that
+    finish together both publish a whole folder; the last one stays."""
+    for _ in range(5):
+        shutil.rmtree(dest, ignore_errors=True)
+        try:
+            tmp.rename(dest)
+            return dest
+        except OSError:  # another run published between the removal and the rename
+            continue
+    raise RuntimeError(f"could not put {tmp} at {dest}: another run keeps replacing it")
 
 
 def _tiny_corpus() -> list[str]:
@@ -185,9 +205,7 @@ def tiny_prepare(dest: Path, *, force: bool = False, seed: int = 0) -> Path:
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    tmp = dest.with_name(dest.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    tmp = _staging(dest)
     tokenizer = _tiny_tokenizer(tmp)
     reloaded = AutoTokenizer.from_pretrained(tmp)
     probe = 'Hello world! <|im_start|>user\nRefund order A1001 (34.5 days)?<|im_end|> {"x": 9}'
@@ -213,6 +231,4 @@ def tiny_prepare(dest: Path, *, force: bool = False, seed: int = 0) -> Path:
     model.generation_config.eos_token_id = config.eos_token_id
     model.generation_config.pad_token_id = config.pad_token_id
     model.save_pretrained(tmp, safe_serialization=True)
-    shutil.rmtree(dest, ignore_errors=True)
-    tmp.rename(dest)
-    return dest
+    return _publish(tmp, dest)

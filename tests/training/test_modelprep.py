@@ -41,3 +41,27 @@ def test_tiny_model_is_deterministic_and_its_tokenizer_reloads_identically(tmp_p
     ids = tokenizer(text)["input_ids"]
     assert tokenizer.decode(ids) == text
     assert max(ids) < model.config.vocab_size
+
+
+def test_two_preparations_of_one_model_at_once_both_succeed(tmp_path):
+    """Two runs building the same model folder at the same moment (two test sessions, two
+    `make` targets) each stage their own copy and leave one whole model behind; a shared
+    staging folder had one run delete the other's files mid-write."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    code = (
+        "import sys; from pathlib import Path; sys.path.insert(0, sys.argv[2]); "
+        "from training.modelprep import tiny_prepare; tiny_prepare(Path(sys.argv[1]), force=True)"
+    )
+    runs = [
+        subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "tiny"), str(root)], stderr=subprocess.PIPE)
+        for _ in range(3)
+    ]
+    errors = [run.communicate(timeout=300)[1].decode()[-2000:] for run in runs]
+    assert [run.returncode for run in runs] == [0, 0, 0], errors
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny"]  # no staging folder left
+    assert (tmp_path / "tiny" / "model.safetensors").exists() and (tmp_path / "tiny" / "tokenizer.json").exists()
+    assert (tmp_path / "tiny").stat().st_mode & 0o755 == 0o755
