@@ -16,9 +16,9 @@ import pytest
 from tests.fixtures.configs import small
 from tests.fixtures.worker import _database_url, process_group_stop, wait_for
 from tests.training.test_jobs_worker import _job, _start_worker
-from training.models import JobEventKind
+from training.models import JobEventKind, TrainingJob
 from training.services.job_processes import processes_failure
-from training.services.job_runner import training_job_run
+from training.services.job_runner import job_run_dir, training_job_run
 from training.services.jobs import training_job_cancel, training_job_create
 from webapp.work import WorkStatus, work_worker_name
 
@@ -546,3 +546,87 @@ def test_the_worker_fails_a_job_whose_group_is_larger_than_its_batch(base_versio
 
     assert training_job_run(job_id=job.pk, worker=work_worker_name("test")) == WorkStatus.FAILED
     assert "group has 6 processes (3 nodes of 2)" in _job(job.pk).error
+
+
+def _train_node(job_id: int) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "manage.py"),
+            "train_node",
+            "--job",
+            str(job_id),
+            "--node-rank",
+            "1",
+            "--wait",
+            "0",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_node_joins_once_and_leaves_when_its_job_moves_to_another_worker(
+    base_version, task_set, process_env, settings, monkeypatch
+):
+    """A second `train_node` for a node already joined is refused at once (it used to wait
+    forever at the rendezvous); the first, left over once another worker has taken the job
+    (resumed elsewhere, with a rendezvous it is not part of), stops its torchrun and says why."""
+    from training.services.job_processes import NodeError, training_job_node_run
+
+    rendezvous = f"--nnodes 2 --node-rank 0 --master-addr 127.0.0.1 --master-port {_free_port()}"
+    settings.TRAINING_TORCHRUN_ARGS = rendezvous
+    monkeypatch.setenv("PRACTICUM_TRAINING_TORCHRUN_ARGS", rendezvous)
+    job = training_job_create(
+        kind="grpo", config={"processes": 2}, base_version=base_version, training_set=task_set, enqueue=False
+    )
+    TrainingJob.objects.filter(pk=job.pk).update(status=WorkStatus.RUNNING, worker="head-1")  # no node 0 comes
+    first = _train_node(job.pk)
+    try:
+        run_dir = job_run_dir(_job(job.pk))
+        wait_for(lambda: (run_dir / "processes-node1.log").exists(), 60, "the first node's torchrun", run_dir)
+        with pytest.raises(NodeError, match="already joined by another train_node"):
+            training_job_node_run(job_id=job.pk, node_rank=1, wait_seconds=0)
+
+        TrainingJob.objects.filter(pk=job.pk).update(worker="head-2")  # the job resumed elsewhere
+        output = first.communicate(timeout=60)[0].decode(errors="replace")
+    finally:
+        process_group_stop(first)
+    assert first.returncode != 0
+    assert "is now held by head-2, not head-1: this node's training processes were stopped" in output, output[-2000:]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_cancel_before_every_node_joined_stops_the_workers_processes(base_version, task_set, process_env, settings):
+    """Rank 0 reads the cancel flag between steps, which never come while node 1 is missing:
+    the worker stops its torchrun itself and ends the job cancelled."""
+    import threading
+
+    settings.TRAINING_TORCHRUN_ARGS = f"--nnodes 2 --node-rank 0 --master-addr 127.0.0.1 --master-port {_free_port()}"
+    job = training_job_create(
+        kind="grpo", config=CONFIG | {"processes": 2}, base_version=base_version, training_set=task_set, enqueue=False
+    )
+    ended: dict = {}
+    worker = threading.Thread(
+        target=lambda: ended.update(status=training_job_run(job_id=job.pk, worker=work_worker_name("head")))
+    )
+    worker.start()
+    try:
+        started = _job(job.pk).events.filter(data__message="starting 2 training processes (torchrun)").exists
+        wait_for(started, 60, "the worker's torchrun", job_run_dir(_job(job.pk)))
+        time.sleep(2)  # torchrun is waiting at the rendezvous for node 1
+        training_job_cancel(job=_job(job.pk))
+        worker.join(timeout=90)
+    finally:
+        worker.join(timeout=60)
+    assert ended.get("status") == WorkStatus.CANCELLED
+    row = _job(job.pk)
+    assert row.status == WorkStatus.CANCELLED
+    logs = [e.data["message"] for e in row.events.filter(kind=JobEventKind.LOG)]
+    assert "cancelled before every node joined: the training processes were stopped" in logs
+    assert "all 2 training processes joined" not in logs

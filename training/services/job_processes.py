@@ -13,6 +13,8 @@ docs/decisions/0026-data-parallel-jobs.md has the why.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 import re
 import shlex
@@ -23,6 +25,7 @@ import threading
 from pathlib import Path
 
 from django.conf import settings
+from django.db import connection
 
 from training.models import JobEventKind, TrainingJob
 from training.services.job_runner import (
@@ -40,6 +43,11 @@ log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
 LOG_NAME = "processes.log"
 NODE_LOG_NAME = "processes-node{node}.log"  # a joining node's torchrun, in the shared run folder
+# Written by rank 0 once every process of every node has joined the group: until then a
+# cancel cannot reach the loop (rank 0 reads the flag between steps), so the worker stops
+# the processes itself.
+JOINED_NAME = "processes.joined"
+STOP_GRACE_SECONDS = 30.0  # how long torchrun gets to stop its processes after SIGTERM
 
 
 def torchrun_command(*, job_id: int, worker: str, processes: int) -> list[str]:
@@ -64,14 +72,19 @@ def torchrun_command(*, job_id: int, worker: str, processes: int) -> list[str]:
     ]
 
 
-def training_job_processes_run(job: TrainingJob, worker: str) -> str:
+def training_job_processes_run(job: TrainingJob, worker: str, *, poll_seconds: float = 1.0) -> str:
     """Run a claimed job in `processes` torchrun processes and end it if they could not.
-    Returns the job's final status, or "skipped" when another worker has it now."""
+    Returns the job's final status, or "skipped" when another worker has it now.
+
+    A cancel asked before the group has formed (another node has not joined yet) stops
+    torchrun and ends the job cancelled: the loop that would read the flag is not running."""
     config = config_from_dict(job.config)
     processes = config.processes  # validated: 2 to MAX_PROCESSES
     run_dir = job_run_dir(job)
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / LOG_NAME
+    joined = run_dir / JOINED_NAME
+    joined.unlink(missing_ok=True)  # an earlier attempt's
     problem = group_size_problem(settings.TRAINING_TORCHRUN_ARGS, processes, config.prompts_per_step)
     if problem is not None:
         work_end(
@@ -90,16 +103,28 @@ def training_job_processes_run(job: TrainingJob, worker: str) -> str:
     beat.start()
     try:
         with open(log_path, "ab") as out:
-            code = subprocess.call(
+            launched = subprocess.Popen(
                 torchrun_command(job_id=job.pk, worker=worker, processes=processes),
                 cwd=ROOT,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 preexec_fn=parent_death_signal_setter(signal.SIGTERM),
             )
+            code = _supervise(launched, poll_seconds, stop=lambda: not joined.exists() and _cancel_asked(job.pk))
     finally:
         stop_beat.set()
         beat.join(timeout=5)
+    if code is None:  # cancelled before the group formed
+        message = "cancelled before every node joined: the training processes were stopped"
+        work_end(
+            TrainingJob,
+            pk=job.pk,
+            worker=worker,
+            status=WorkStatus.CANCELLED,
+            on_end=lambda row: _event_id(row.pk, JobEventKind.LOG, row.step, {"message": message}),
+        )
+        row = TrainingJob.objects.filter(pk=job.pk).values("status", "worker").first()
+        return "skipped" if row is None or row["worker"] != worker else row["status"]
     if code == 0:
         reason = "the training processes exited without ending the job"
     else:
@@ -119,6 +144,48 @@ def training_job_processes_run(job: TrainingJob, worker: str) -> str:
     if row is None or row["worker"] != worker:
         return "skipped"
     return row["status"]
+
+
+def _supervise(launched: subprocess.Popen, poll_seconds: float, *, stop) -> int | None:
+    """Wait for `launched` (torchrun); every `poll_seconds`, ask `stop()`. Returns its exit
+    code, or None when `stop()` said yes and it was stopped (`process_stop`)."""
+    while True:
+        try:
+            return launched.wait(timeout=poll_seconds)
+        except subprocess.TimeoutExpired:
+            pass
+        if stop():
+            process_stop(launched)
+            return None
+
+
+def process_stop(launched: subprocess.Popen, grace: float = STOP_GRACE_SECONDS) -> None:
+    """SIGTERM to torchrun, which stops its processes (they also get SIGKILL when it dies);
+    SIGKILL if it has not exited after `grace` seconds."""
+    launched.terminate()
+    try:
+        launched.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        launched.kill()
+        launched.wait()
+
+
+def _ended_long_ago(row: dict) -> bool:
+    import time
+
+    ended = row["status"] not in (WorkStatus.RUNNING, WorkStatus.CANCELLING) and row["finished_at"] is not None
+    return ended and time.time() - row["finished_at"].timestamp() > STOP_GRACE_SECONDS
+
+
+def _cancel_asked(job_id: int) -> bool:
+    return TrainingJob.objects.filter(pk=job_id, cancel_requested=True).exists()
+
+
+def group_joined_mark(job: TrainingJob, processes: int) -> None:
+    """Rank 0, once the group has formed: the mark the worker's supervisor reads (`JOINED_NAME`)
+    and a line on the job's page."""
+    (job_run_dir(job) / JOINED_NAME).touch()
+    _event_id(job.pk, JobEventKind.LOG, job.step, {"message": f"all {processes} training processes joined"})
 
 
 _SUMMARY = re.compile(r"^(?:Failures|Root Cause \(first observed failure\)):\s*$", re.M)
@@ -227,13 +294,48 @@ def training_job_node_run(
     """Node `node_rank` (1 or more) of a job over several nodes: once the worker that holds the
     job is running it, the same torchrun it started (`TRAINING_TORCHRUN_ARGS`) as that node,
     whose processes train their shards and write nothing to the job; the worker's node is
-    node 0. Returns torchrun's exit code; raises `NodeError` when this node cannot join."""
+    node 0. Returns torchrun's exit code; raises `NodeError` when this node cannot join.
+
+    One `train_node` per node of a job (`node_claim`): a second one is refused at once. While
+    its torchrun runs it watches the job: if another worker takes the job over (it resumed
+    elsewhere, with a rendezvous this torchrun is not part of) or the job ends and torchrun
+    does not exit by itself, it stops torchrun and raises `NodeError` saying why."""
     import math
-    import time
 
     node_launch_check(settings.TRAINING_TORCHRUN_ARGS, node_rank)
     if not (math.isfinite(wait_seconds) and wait_seconds >= 0):
         raise NodeError("the wait must be a number of seconds, 0 or more")
+    with node_claim(job_id, node_rank):
+        return _node_run(job_id, node_rank, wait_seconds, poll_seconds)
+
+
+@contextlib.contextmanager
+def node_claim(job_id: int, node_rank: int):
+    """Hold node `node_rank` of job `job_id` for this process, or raise `NodeError` when
+    another process holds it. A session advisory lock of PostgreSQL, so a `train_node` that
+    dies (killed, its machine gone) lets go with its connection; on SQLite, which has one
+    machine, there is no claim."""
+    if connection.vendor != "postgresql":
+        yield
+        return
+    digest = hashlib.sha256(f"practicum-train-node:{job_id}:{node_rank}".encode()).digest()
+    key = int.from_bytes(digest[:8], "big", signed=True)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s)", [key])
+        if not cursor.fetchone()[0]:
+            raise NodeError(
+                f"node {node_rank} of training job {job_id} is already joined by another train_node; stop it first"
+            )
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [key])
+
+
+def _node_run(job_id: int, node_rank: int, wait_seconds: float, poll_seconds: float) -> int:
+    import time
+
     deadline = time.monotonic() + wait_seconds
     while True:
         job = TrainingJob.objects.filter(pk=job_id).first()
@@ -263,14 +365,31 @@ def training_job_node_run(
     run_dir.mkdir(parents=True, exist_ok=True)
     # In the shared run folder, beside the worker's processes.log: a failure that began on
     # this node shows on the worker's only as a broken group.
+    held_by = job.worker
+    why: list[str] = []
+
+    def leave() -> bool:
+        row = TrainingJob.objects.filter(pk=job_id).values("status", "worker", "finished_at").first()
+        if row is None:
+            why.append(f"training job {job_id} was deleted")
+        elif row["worker"] != held_by:
+            why.append(f"training job {job_id} is now held by {row['worker'] or 'no worker'}, not {held_by}")
+        elif _ended_long_ago(row):  # torchrun exits by itself when the job ends: it had the grace
+            why.append(f"training job {job_id} ended ({row['status']}) and this node's processes did not")
+        return bool(why)
+
     with open(run_dir / NODE_LOG_NAME.format(node=node_rank), "ab") as out:
-        return subprocess.call(
+        launched = subprocess.Popen(
             command,
             cwd=ROOT,
             stdout=out,
             stderr=subprocess.STDOUT,
             preexec_fn=parent_death_signal_setter(signal.SIGTERM),
         )
+        code = _supervise(launched, poll_seconds, stop=leave)
+    if code is None:
+        raise NodeError(f"{why[0]}: this node's training processes were stopped")
+    return code
 
 
 def training_job_rank_run(*, job_id: int, worker: str) -> str:
@@ -288,6 +407,7 @@ def training_job_rank_run(*, job_id: int, worker: str) -> str:
     ranks = process_group_init(cuda=cuda, timeout_seconds=settings.TRAINING_COLLECTIVE_TIMEOUT_SECONDS)
     try:
         if ranks.owner:
+            group_joined_mark(job, ranks.size)
             # A broken group (a peer died) is the supervisor's to report: it knows which.
             return training_job_held_run(job, worker, leave=(GroupBroken, DistError))
         _train(job, worker, owner=False)
