@@ -327,15 +327,9 @@ def decode_from(
     tokens: list[torch.Tensor] = []
     lockstep = _lockstep(model)
     for _ in range(max_new_tokens):
-        logits = logits.float()
-        if temperature <= 0:
-            chosen = logits.argmax(dim=-1)
-        else:
-            probs = torch.softmax(logits / temperature, dim=-1)
-            if top_p < 1.0:
-                probs = _nucleus(probs, top_p)
-            chosen = _inverse_cdf(probs, _uniforms(generators, batch, device))
-        chosen = torch.where(finished, torch.full_like(chosen, pad_id), chosen)
+        chosen = next_tokens(
+            logits, finished, temperature=temperature, top_p=top_p, generators=generators, pad_id=pad_id
+        )
         tokens.append(chosen)
         finished |= torch.isin(chosen, eos)
         if len(tokens) == max_new_tokens:
@@ -357,6 +351,30 @@ def decode_from(
     if not tokens:
         return torch.empty((batch, 0), dtype=torch.long, device=device)
     return torch.stack(tokens, dim=1)
+
+
+def next_tokens(
+    logits: torch.Tensor,
+    finished: torch.Tensor,
+    *,
+    temperature: float,
+    top_p: float,
+    generators: Sequence[torch.Generator] | None,
+    pad_id: int,
+) -> torch.Tensor:
+    """One token for each row from its logits (B, V): drawn from softmax(logits /
+    temperature), nucleus-filtered when top_p < 1, greedy when temperature is 0, one
+    uniform number per row from `generators` (see `decode_from`); `pad_id` where the row
+    has `finished` (B,). Returns (B,)."""
+    logits = logits.float()
+    if temperature <= 0:
+        chosen = logits.argmax(dim=-1)
+    else:
+        probs = torch.softmax(logits / temperature, dim=-1)
+        if top_p < 1.0:
+            probs = _nucleus(probs, top_p)
+        chosen = _inverse_cdf(probs, _uniforms(generators, logits.shape[0], logits.device))
+    return torch.where(finished, torch.full_like(chosen, pad_id), chosen)
 
 
 def _lockstep(model) -> Ranks | None:

@@ -21,7 +21,7 @@ SmolLM2-135M, whose flat distribution over 49k tokens packs boundaries tightly, 
 16 parted from the eager loop's within 32 tokens.
 
 Sampling (temperature, nucleus, one inverse-CDF draw per row from the per-context
-generators) is `sampling`'s own helpers, run eagerly outside the captured step.
+generators) is `sampling.next_tokens`, the eager loop's own, run outside the captured step.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 import torch
 
-from training.trainer.sampling import _inverse_cdf, _lockstep, _nucleus, _uniforms
+from training.trainer.sampling import _lockstep, next_tokens
 
 # With compile=True the cache is rounded up to a multiple of this many slots and kept for
 # the next call with the same model and batch: prompts of a job differ in length from
@@ -103,15 +103,9 @@ def static_decode_from(
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     tokens: list[torch.Tensor] = []
     for column in range(prompt, prompt + max_new_tokens):
-        logits = logits.float()
-        if temperature <= 0:
-            chosen = logits.argmax(dim=-1)
-        else:
-            probs = torch.softmax(logits / temperature, dim=-1)
-            if top_p < 1.0:
-                probs = _nucleus(probs, top_p)
-            chosen = _inverse_cdf(probs, _uniforms(generators, batch, device))
-        chosen = torch.where(finished, torch.full_like(chosen, pad_id), chosen)
+        chosen = next_tokens(
+            logits, finished, temperature=temperature, top_p=top_p, generators=generators, pad_id=pad_id
+        )
         tokens.append(chosen)
         finished |= torch.isin(chosen, eos)
         if bool(finished.all()) or len(tokens) == max_new_tokens:
