@@ -275,12 +275,16 @@ def measure_saved(shape: dict, *, layers: int = 2, batch: int = 1, seq: int = 64
         block.register_forward_pre_hook(lambda *_, k=k: where.__setitem__(0, f"layer{k}"))
     final_norm.register_forward_pre_hook(lambda *_: where.__setitem__(0, "head"))
     seen: dict[int, tuple[str, int]] = {}
+    # Every saved storage is held until the count is done: a freed one's address could be
+    # reused by a later tensor, which would then be taken for it and not counted.
+    held: list = []
 
     def pack(t):
         storage = t.untyped_storage()
         key = storage._cdata
         if key not in weights and key not in seen:
             seen[key] = (where[0], storage.nbytes())
+            held.append(storage)
         return t
 
     ids = torch.randint(0, shape["vocab"], (batch, seq))

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -65,7 +67,17 @@ def test_the_activation_formula_is_what_autograd_keeps(recipe):
     the formula the recipe scales to the large models (a library change that keeps
     more or less fails here, and the documented figures with it)."""
     shape = {"hidden": 64, "intermediate": 176, "layers": 2, "heads": 4, "kv_heads": 2, "vocab": 512, "tied": True}
-    m = recipe.measure_saved(shape, batch=2, seq=32, scored=16)
+    # In a fresh interpreter: in a long test session the count once came out 2.6 % low
+    # (a state the suite leaves behind, not reproduced alone).
+    code = (
+        "import json, sys; sys.path[:0] = [sys.argv[1], sys.argv[1] + '/bench']; import memory_recipe as r; "
+        "print(json.dumps(r.measure_saved(json.loads(sys.argv[2]), batch=2, seq=32, scored=16)))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(ROOT), json.dumps(shape)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    m = json.loads(done.stdout.strip().splitlines()[-1])
     assert m["layer_per_token"] == pytest.approx(recipe.layer_saved_per_token(shape, 16, 32), rel=0.01)
     rest = recipe.shared_saved(shape, 32) + recipe.head_saved(shape, 32, 16)
     assert m["shared_per_sequence"] + m["head_per_sequence"] == pytest.approx(rest, rel=0.01)
