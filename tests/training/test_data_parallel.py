@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from django.db import connection
 
 from tests.fixtures.configs import small
 from tests.fixtures.worker import _database_url, process_group_stop, wait_for
@@ -548,6 +549,10 @@ def test_the_worker_fails_a_job_whose_group_is_larger_than_its_batch(base_versio
     assert "group has 6 processes (3 nodes of 2)" in _job(job.pk).error
 
 
+# The session holding a node's claim (the test's own connection holds none).
+HOLDERS = "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()"
+
+
 def _train_node(job_id: int) -> subprocess.Popen:
     return subprocess.Popen(
         [
@@ -592,6 +597,23 @@ def test_a_node_joins_once_and_leaves_when_its_job_moves_to_another_worker(
         with pytest.raises(NodeError, match="already joined by another train_node"):
             training_job_node_run(job_id=job.pk, node_rank=1, wait_seconds=0)
 
+        # Its database session dies (a failover): it stays, and takes its node again.
+        with connection.cursor() as cursor:
+            cursor.execute(HOLDERS)
+            (holder,) = cursor.fetchone()
+            cursor.execute("SELECT pg_terminate_backend(%s)", [holder])
+
+        def retaken():
+            with connection.cursor() as cursor:
+                cursor.execute(HOLDERS)
+                row = cursor.fetchone()
+            return row is not None and row[0] != holder
+
+        wait_for(retaken, 30, "the node to take its claim again", run_dir)
+        assert first.poll() is None
+        with pytest.raises(NodeError, match="already joined by another train_node"):
+            training_job_node_run(job_id=job.pk, node_rank=1, wait_seconds=0)
+
         TrainingJob.objects.filter(pk=job.pk).update(worker="head-2")  # the job resumed elsewhere
         output = first.communicate(timeout=60)[0].decode(errors="replace")
     finally:
@@ -612,9 +634,14 @@ def test_a_cancel_before_every_node_joined_stops_the_workers_processes(base_vers
         kind="grpo", config=CONFIG | {"processes": 2}, base_version=base_version, training_set=task_set, enqueue=False
     )
     ended: dict = {}
-    worker = threading.Thread(
-        target=lambda: ended.update(status=training_job_run(job_id=job.pk, worker=work_worker_name("head")))
-    )
+
+    def run() -> None:
+        try:
+            ended.update(status=training_job_run(job_id=job.pk, worker=work_worker_name("head")))
+        finally:
+            connection.close()  # the thread's own session: the test database is dropped after
+
+    worker = threading.Thread(target=run, daemon=True)
     worker.start()
     try:
         started = _job(job.pk).events.filter(data__message="starting 2 training processes (torchrun)").exists
@@ -630,3 +657,20 @@ def test_a_cancel_before_every_node_joined_stops_the_workers_processes(base_vers
     logs = [e.data["message"] for e in row.events.filter(kind=JobEventKind.LOG)]
     assert "cancelled before every node joined: the training processes were stopped" in logs
     assert "all 2 training processes joined" not in logs
+
+
+def test_a_supervisor_that_fails_while_waiting_stops_what_it_launched():
+    """A database error while the worker or a node watches its torchrun must not leave the
+    training group running behind it."""
+    from django.db import OperationalError
+
+    from training.services.job_processes import _supervise
+
+    launched = subprocess.Popen(["sleep", "300"])
+
+    def stop() -> bool:
+        raise OperationalError("the connection is closed")
+
+    with pytest.raises(OperationalError):
+        _supervise(launched, 0.05, stop=stop)
+    assert launched.poll() is not None

@@ -25,7 +25,7 @@ import threading
 from pathlib import Path
 
 from django.conf import settings
-from django.db import connection
+from django.db import DatabaseError, connection
 
 from training.models import JobEventKind, TrainingJob
 from training.services.job_runner import (
@@ -110,11 +110,13 @@ def training_job_processes_run(job: TrainingJob, worker: str, *, poll_seconds: f
                 stderr=subprocess.STDOUT,
                 preexec_fn=parent_death_signal_setter(signal.SIGTERM),
             )
-            code = _supervise(launched, poll_seconds, stop=lambda: not joined.exists() and _cancel_asked(job.pk))
+            code = _supervise(
+                launched, poll_seconds, stop=lambda: not _formed(joined, worker) and _unformed_stop(job.pk, worker)
+            )
     finally:
         stop_beat.set()
         beat.join(timeout=5)
-    if code is None:  # cancelled before the group formed
+    if code is None:  # cancelled, or lost, before the group formed
         message = "cancelled before every node joined: the training processes were stopped"
         work_end(
             TrainingJob,
@@ -148,15 +150,25 @@ def training_job_processes_run(job: TrainingJob, worker: str, *, poll_seconds: f
 
 def _supervise(launched: subprocess.Popen, poll_seconds: float, *, stop) -> int | None:
     """Wait for `launched` (torchrun); every `poll_seconds`, ask `stop()`. Returns its exit
-    code, or None when `stop()` said yes and it was stopped (`process_stop`)."""
-    while True:
-        try:
-            return launched.wait(timeout=poll_seconds)
-        except subprocess.TimeoutExpired:
-            pass
-        if stop():
+    code, or None when `stop()` said yes and it was stopped (`process_stop`). Anything
+    raised while waiting (a database error in `stop`, an interrupt) stops it too: the
+    caller would otherwise leave a training group running behind it."""
+    try:
+        while True:
+            try:
+                return launched.wait(timeout=poll_seconds)
+            except subprocess.TimeoutExpired:
+                pass
+            if stop():
+                code = launched.poll()  # it may have exited by itself meanwhile
+                if code is not None:
+                    return code
+                process_stop(launched)
+                return None
+    except BaseException:
+        if launched.poll() is None:
             process_stop(launched)
-            return None
+        raise
 
 
 def process_stop(launched: subprocess.Popen, grace: float = STOP_GRACE_SECONDS) -> None:
@@ -170,21 +182,38 @@ def process_stop(launched: subprocess.Popen, grace: float = STOP_GRACE_SECONDS) 
         launched.wait()
 
 
-def _ended_long_ago(row: dict) -> bool:
-    import time
-
-    ended = row["status"] not in (WorkStatus.RUNNING, WorkStatus.CANCELLING) and row["finished_at"] is not None
-    return ended and time.time() - row["finished_at"].timestamp() > STOP_GRACE_SECONDS
-
-
-def _cancel_asked(job_id: int) -> bool:
-    return TrainingJob.objects.filter(pk=job_id, cancel_requested=True).exists()
+def _formed(joined: Path, worker: str) -> bool:
+    """Whether this worker's group has formed: rank 0 of *its* torchrun wrote the mark
+    (a late rank 0 of an earlier attempt on the same run folder writes another name)."""
+    try:
+        return joined.read_text() == worker
+    except OSError:
+        return False
 
 
-def group_joined_mark(job: TrainingJob, processes: int) -> None:
-    """Rank 0, once the group has formed: the mark the worker's supervisor reads (`JOINED_NAME`)
-    and a line on the job's page."""
-    (job_run_dir(job) / JOINED_NAME).touch()
+def _unformed_stop(job_id: int, worker: str) -> bool:
+    """Stop a group that has not formed: its job was cancelled (the loop that reads the flag
+    is not running yet), or this worker no longer holds it. Only for several nodes: on one
+    node the group forms within seconds of the launch."""
+    if _nodes(settings.TRAINING_TORCHRUN_ARGS) < 2:
+        return False
+    try:
+        row = TrainingJob.objects.filter(pk=job_id).values("cancel_requested", "worker", "status").first()
+    except DatabaseError:  # no answer is no reason to stop; the next poll connects again
+        connection.close()
+        return False
+    if row is None:
+        return True
+    held = row["worker"] == worker and row["status"] in (WorkStatus.RUNNING, WorkStatus.CANCELLING)
+    return row["cancel_requested"] or not held
+
+
+def group_joined_mark(job: TrainingJob, worker: str, processes: int) -> None:
+    """Rank 0, once the group has formed: the mark the worker's supervisor reads (`JOINED_NAME`,
+    holding the worker's name) and a line on the job's page, while `worker` holds the job."""
+    if not TrainingJob.objects.filter(pk=job.pk, worker=worker).exists():
+        return
+    (job_run_dir(job) / JOINED_NAME).write_text(worker)
     _event_id(job.pk, JobEventKind.LOG, job.step, {"message": f"all {processes} training processes joined"})
 
 
@@ -305,35 +334,56 @@ def training_job_node_run(
     node_launch_check(settings.TRAINING_TORCHRUN_ARGS, node_rank)
     if not (math.isfinite(wait_seconds) and wait_seconds >= 0):
         raise NodeError("the wait must be a number of seconds, 0 or more")
-    with node_claim(job_id, node_rank):
-        return _node_run(job_id, node_rank, wait_seconds, poll_seconds)
+    with node_claim(job_id, node_rank) as claim:
+        return _node_run(job_id, node_rank, wait_seconds, poll_seconds, claim)
+
+
+class NodeClaim:
+    """Node `node_rank` of job `job_id`, held by this process: a session advisory lock of
+    PostgreSQL, so a `train_node` that dies (killed, its machine gone) lets go with its
+    connection. On SQLite, which has one machine, there is no claim. The lock lives on the
+    process's own database session: behind a transaction-mode pooler (pgbouncer) a node
+    must reach PostgreSQL directly."""
+
+    def __init__(self, job_id: int, node_rank: int):
+        digest = hashlib.sha256(f"practicum-train-node:{job_id}:{node_rank}".encode()).digest()
+        self.key = int.from_bytes(digest[:8], "big", signed=True)
+
+    def take(self) -> bool:
+        """Take the node; False when another process holds it. Once per database session
+        (PostgreSQL counts a session's repeated takes)."""
+        if connection.vendor != "postgresql":
+            return True
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_try_advisory_lock(%s)", [self.key])
+            return bool(cursor.fetchone()[0])
+
+    def release(self) -> None:
+        if connection.vendor != "postgresql":
+            return
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s)", [self.key])
+        except DatabaseError:  # the session is gone, and its lock with it
+            pass
 
 
 @contextlib.contextmanager
 def node_claim(job_id: int, node_rank: int):
-    """Hold node `node_rank` of job `job_id` for this process, or raise `NodeError` when
-    another process holds it. A session advisory lock of PostgreSQL, so a `train_node` that
-    dies (killed, its machine gone) lets go with its connection; on SQLite, which has one
-    machine, there is no claim."""
-    if connection.vendor != "postgresql":
-        yield
-        return
-    digest = hashlib.sha256(f"practicum-train-node:{job_id}:{node_rank}".encode()).digest()
-    key = int.from_bytes(digest[:8], "big", signed=True)
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_lock(%s)", [key])
-        if not cursor.fetchone()[0]:
-            raise NodeError(
-                f"node {node_rank} of training job {job_id} is already joined by another train_node; stop it first"
-            )
+    """Hold node `node_rank` of job `job_id` (`NodeClaim`) for the block, or raise
+    `NodeError` at once when another process holds it."""
+    claim = NodeClaim(job_id, node_rank)
+    if not claim.take():
+        raise NodeError(
+            f"node {node_rank} of training job {job_id} is already joined by another train_node; stop it first"
+        )
     try:
-        yield
+        yield claim
     finally:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_unlock(%s)", [key])
+        claim.release()
 
 
-def _node_run(job_id: int, node_rank: int, wait_seconds: float, poll_seconds: float) -> int:
+def _node_run(job_id: int, node_rank: int, wait_seconds: float, poll_seconds: float, claim: NodeClaim) -> int:
     import time
 
     deadline = time.monotonic() + wait_seconds
@@ -367,15 +417,32 @@ def _node_run(job_id: int, node_rank: int, wait_seconds: float, poll_seconds: fl
     # this node shows on the worker's only as a broken group.
     held_by = job.worker
     why: list[str] = []
+    seen: dict[str, float | bool] = {"session_lost": False}
 
     def leave() -> bool:
-        row = TrainingJob.objects.filter(pk=job_id).values("status", "worker", "finished_at").first()
+        """Whether this node's torchrun must stop (the reason in `why`). A database error
+        is no reason: the next poll connects again and takes the claim again."""
+        try:
+            if seen["session_lost"]:
+                if not claim.take():
+                    why.append(f"another train_node joined node {node_rank} while this one's database session was down")
+                    return True
+                seen["session_lost"] = False
+            row = TrainingJob.objects.filter(pk=job_id).values("status", "worker").first()
+        except DatabaseError:
+            connection.close()
+            seen["session_lost"] = True
+            return False
         if row is None:
             why.append(f"training job {job_id} was deleted")
         elif row["worker"] != held_by:
             why.append(f"training job {job_id} is now held by {row['worker'] or 'no worker'}, not {held_by}")
-        elif _ended_long_ago(row):  # torchrun exits by itself when the job ends: it had the grace
-            why.append(f"training job {job_id} ended ({row['status']}) and this node's processes did not")
+        elif row["status"] not in (WorkStatus.RUNNING, WorkStatus.CANCELLING):
+            # torchrun exits by itself once the job's processes end; it gets the grace,
+            # timed on this node's clock from when the end was first seen.
+            ended = seen.setdefault("ended", time.monotonic())
+            if time.monotonic() - ended > STOP_GRACE_SECONDS:
+                why.append(f"training job {job_id} ended ({row['status']}) and this node's processes did not")
         return bool(why)
 
     with open(run_dir / NODE_LOG_NAME.format(node=node_rank), "ab") as out:
@@ -407,7 +474,7 @@ def training_job_rank_run(*, job_id: int, worker: str) -> str:
     ranks = process_group_init(cuda=cuda, timeout_seconds=settings.TRAINING_COLLECTIVE_TIMEOUT_SECONDS)
     try:
         if ranks.owner:
-            group_joined_mark(job, ranks.size)
+            group_joined_mark(job, worker, ranks.size)
             # A broken group (a peer died) is the supervisor's to report: it knows which.
             return training_job_held_run(job, worker, leave=(GroupBroken, DistError))
         _train(job, worker, owner=False)
