@@ -1,12 +1,16 @@
-"""Our GRPO step vs TRL's GRPOTrainer, on the same tiny model and the same prompts.
+"""Our GRPO step vs TRL's GRPOTrainer, on the same model and the same prompts.
 
-8 prompts x 8 samples x 32 new tokens per step, fp32, one torch thread, beta = 0, full
-fine-tuning at the same learning rate for both, run alternately in one process: a
-block of our steps, then a block of TRL's, and so on, so machine noise hits both alike.
-The reward (the share of vowels in the answer) is learnable from scratch, so the
-two learning curves can be compared.
+8 prompts x 8 samples x 32 new tokens per step, beta = 0, full fine-tuning at the same
+learning rate for both, run alternately in one process: a block of our steps, then a
+block of TRL's, and so on, so machine noise hits both alike. The reward (the share of
+vowels in the answer) is learnable from scratch, so the two learning curves can be
+compared. On the CPU: the tiny test model, fp32, one torch thread. On a GPU (`--device
+cuda`): a random model of SmolLM2-135M's or Qwen2.5-0.5B's shape (`--shape`, built here
+as `scripts/gpu_check.py` builds it), bf16, both trainers sampling with their built-in
+`generate` paths; `scripts/gpu_check.sh` runs it when TRL is installed.
 
     .venv/bin/python bench/grpo_vs_trl.py [--steps 24] [--block 4]
+    python bench/grpo_vs_trl.py --device cuda --shape smollm2-135m [--steps 12]
 
 Needs TRL (requirements-bench.txt); it is a benchmark dependency only.
 """
@@ -36,7 +40,7 @@ def vowel_share(text: str) -> float:
 class Ours:
     """Our loop in a thread, paused after each step so the two trainers alternate."""
 
-    def __init__(self, model_dir: Path, steps: int, lr: float, seed: int):
+    def __init__(self, model_dir: Path, steps: int, lr: float, seed: int, device: str = "cpu"):
         from training.trainer.common import Hooks
         from training.trainer.config import GRPOConfig
         from training.trainer.items import TurnItem
@@ -61,6 +65,8 @@ class Ours:
             checkpoint_every=0,
             samples_every=0,
             seed=seed,
+            device=device,
+            dtype="bfloat16" if device == "cuda" else "float32",
         )
 
         def on_step(step: int, m: dict) -> None:
@@ -97,7 +103,7 @@ class Ours:
 class Trl:
     """TRL's GRPOTrainer driven one optimiser step at a time, as its own loop does."""
 
-    def __init__(self, model_dir: Path, steps: int, lr: float, seed: int):
+    def __init__(self, model_dir: Path, steps: int, lr: float, seed: int, device: str = "cpu"):
         import torch
         from datasets import Dataset
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -106,7 +112,9 @@ class Trl:
         self.times: list[float] = []
         self.rewards: list[float] = []
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=torch.bfloat16 if device == "cuda" else torch.float32
+        )
         dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in PROMPTS])
 
         def reward(completions, **kwargs):
@@ -131,8 +139,8 @@ class Trl:
             logging_steps=10**6,
             save_strategy="no",
             report_to="none",
-            use_cpu=True,
-            bf16=False,
+            use_cpu=device == "cpu",
+            bf16=device == "cuda",
             fp16=False,
             seed=seed,
             dataloader_num_workers=0,
@@ -163,30 +171,56 @@ class Trl:
         self.rewards.append(statistics.fmean(self._last_rewards))
 
 
+def model_of_shape(shape: str, root: Path) -> Path:
+    """The tiny test model, or a random one of a `scripts/gpu_check.py` shape with the tiny
+    tokenizer, saved once under `root`."""
+    from training.modelprep import tiny_prepare
+
+    if shape == "tiny":
+        return tiny_prepare(root / "tiny")
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    if shape not in gpu_check.SHAPES:
+        raise SystemExit(f"--shape must be tiny or one of {', '.join(gpu_check.SHAPES)}")
+    dest = root / shape
+    if not (dest / "config.json").exists():
+        tokenizer = gpu_check.build_tokenizer(root / f"{shape}-tokenizer")
+        torch.manual_seed(0)
+        gpu_check.build_model(gpu_check.SHAPES[shape], tokenizer, torch.bfloat16).save_pretrained(dest)
+        tokenizer.save_pretrained(dest)
+    return dest
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=24, help="optimiser steps for each trainer")
     parser.add_argument("--block", type=int, default=4, help="steps of one trainer before switching")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--shape", default="tiny", help="tiny, or a shape of scripts/gpu_check.py (smollm2-135m, …)")
     args = parser.parse_args()
 
     import torch
     import transformers
     import trl
 
-    from training.modelprep import tiny_prepare
-
     torch.set_num_threads(1)
-    model_dir = tiny_prepare(ROOT / "var" / "bench" / "tiny")
+    model_dir = model_of_shape(args.shape, ROOT / "var" / "bench")
+    precision = "bf16" if args.device == "cuda" else "fp32, 1 thread"
     print(
         f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}; "
-        f"{PROMPTS_PER_STEP} prompts x {GROUP} samples x {NEW_TOKENS} new tokens, fp32, 1 thread, beta 0, "
-        f"lr {args.lr}, {args.steps} steps each in blocks of {args.block}",
+        f"{args.shape} on {args.device}, {PROMPTS_PER_STEP} prompts x {GROUP} samples x {NEW_TOKENS} new tokens, "
+        f"{precision}, beta 0, lr {args.lr}, {args.steps} steps each in blocks of {args.block}",
         flush=True,
     )
-    ours = Ours(model_dir, args.steps, args.lr, args.seed)
-    theirs = Trl(model_dir, args.steps, args.lr, args.seed)
+    ours = Ours(model_dir, args.steps, args.lr, args.seed, args.device)
+    theirs = Trl(model_dir, args.steps, args.lr, args.seed, args.device)
     for start in range(0, args.steps, args.block):
         for _ in range(min(args.block, args.steps - start)):
             ours.step()
