@@ -466,23 +466,7 @@ def test_a_job_over_two_nodes_trains_the_adapter_one_process_trains(base_version
         training_set=training_set,
         enqueue=False,
     )
-    node = subprocess.Popen(
-        [
-            sys.executable,
-            str(ROOT / "manage.py"),
-            "train_node",
-            "--job",
-            str(job.pk),
-            "--node-rank",
-            "1",
-            "--wait",
-            "120",
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    node = _train_node(job.pk, wait=120)
     ended, head = {}, work_worker_name("head")
     worker = threading.Thread(target=lambda: ended.update(status=training_job_run(job_id=job.pk, worker=head)))
     worker.start()
@@ -553,19 +537,11 @@ def test_the_worker_fails_a_job_whose_group_is_larger_than_its_batch(base_versio
 HOLDERS = "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()"
 
 
-def _train_node(job_id: int) -> subprocess.Popen:
+def _train_node(job_id: int, *, wait: float = 0) -> subprocess.Popen:
+    """`manage.py train_node` for node 1 of the job, in a session of its own."""
+    command = [sys.executable, str(ROOT / "manage.py"), "train_node", "--job", str(job_id), "--node-rank", "1"]
     return subprocess.Popen(
-        [
-            sys.executable,
-            str(ROOT / "manage.py"),
-            "train_node",
-            "--job",
-            str(job_id),
-            "--node-rank",
-            "1",
-            "--wait",
-            "0",
-        ],
+        [*command, "--wait", str(wait)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
