@@ -413,8 +413,6 @@ def _node_run(job_id: int, node_rank: int, wait_seconds: float, poll_seconds: fl
     command[at:at] = ["--node-rank", str(node_rank)]
     run_dir = job_run_dir(job)
     run_dir.mkdir(parents=True, exist_ok=True)
-    # In the shared run folder, beside the worker's processes.log: a failure that began on
-    # this node shows on the worker's only as a broken group.
     held_by = job.worker
     why: list[str] = []
     seen: dict[str, float | bool] = {"session_lost": False}
@@ -445,6 +443,8 @@ def _node_run(job_id: int, node_rank: int, wait_seconds: float, poll_seconds: fl
                 why.append(f"training job {job_id} ended ({row['status']}) and this node's processes did not")
         return bool(why)
 
+    # In the shared run folder, beside the worker's processes.log: a failure that began on
+    # this node shows on the worker's only as a broken group.
     with open(run_dir / NODE_LOG_NAME.format(node=node_rank), "ab") as out:
         launched = subprocess.Popen(
             command,
