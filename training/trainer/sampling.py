@@ -319,7 +319,9 @@ def decode_from(
     when temperature is 0; stops when every row has emitted an end token (rows already
     finished get `pad_id`). `generators`: one per context, its rows consecutive
     (B = contexts · copies); each token draws `copies` numbers from each, whether or not
-    its rows have ended, so a context's stream does not depend on the others."""
+    its rows have ended, so a context's stream does not depend on the others. A model
+    sharded over the job's processes decodes until every process's rows have ended
+    (`sharding.py`): its passes are collectives."""
     batch = mask.shape[0]
     device = mask.device
     eos = torch.tensor(list(eos_ids), device=device)
