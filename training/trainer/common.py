@@ -140,10 +140,9 @@ def evaluate(
     passes only: they sample and do not score (their rewards read 0; rank 0's are the job's)."""
     if not items:
         return {}
-    from training.trainer.parallel import ranks_current
-    from training.trainer.sharding import is_sharded
+    from training.trainer.sharding import lockstep
 
-    scoring = ranks_current().owner or not is_sharded(policy.model)
+    scoring = (ranks := lockstep(policy.model)) is None or ranks.owner
     samples = samples or config.eval_samples
     cpu_state = torch.get_rng_state()
     cuda_state = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None

@@ -20,7 +20,6 @@ from typing import Any
 import torch
 
 from training.trainer import sharding
-from training.trainer.parallel import Ranks, ranks_current
 
 
 @dataclass
@@ -136,7 +135,7 @@ def sample(
     global stream."""
     if generators is not None and engine != "decode":
         raise ValueError("per-prompt generators need engine='decode'")
-    if engine != "decode" and _lockstep(model) is not None:
+    if engine != "decode" and sharding.lockstep(model) is not None:
         raise ValueError("a sharded model samples with engine='decode' (its passes run in lockstep)")
     eos_ids = _eos_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
@@ -230,12 +229,10 @@ def prefill(
         distinct, source, shared = rows, list(range(len(rows))), 0
     batch = len(distinct)
     cache = DynamicCache()
-    lockstep = _lockstep(model)
-    if lockstep is not None and shared == 0 and sharding.most(lockstep, 0):
+    lockstep = sharding.lockstep(model)
+    if lockstep is not None and sharding.most(lockstep, int(shared > 0)) and shared == 0:
         # Another process takes a prefix pass: a sharded model's passes are collectives.
         sharding.passes_pad(model, 1, backward=False, device=device)
-    elif lockstep is not None and shared > 0:
-        sharding.most(lockstep, 1)
     if shared > 0:
         prefix = torch.tensor([distinct[0][:shared]], device=device)
         model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1)
@@ -327,19 +324,18 @@ def decode_from(
     eos = torch.tensor(list(eos_ids), device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     tokens: list[torch.Tensor] = []
-    lockstep = _lockstep(model)
+    lockstep = sharding.lockstep(model)
     for _ in range(max_new_tokens):
         chosen = next_tokens(
             logits, finished, temperature=temperature, top_p=top_p, generators=generators, pad_id=pad_id
         )
         tokens.append(chosen)
         finished |= torch.isin(chosen, eos)
-        if len(tokens) == max_new_tokens:
+        running = not bool(finished.all())
+        if lockstep is not None:  # until every process's rows have ended
+            running = bool(sharding.most(lockstep, int(running)))
+        if not running or len(tokens) == max_new_tokens:
             break
-        if lockstep is None and bool(finished.all()):
-            break
-        if lockstep is not None and not sharding.most(lockstep, int(not bool(finished.all()))):
-            break  # every process's rows have ended
         mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=device)], dim=1)
         out = model(
             input_ids=chosen.unsqueeze(1),
@@ -377,15 +373,6 @@ def next_tokens(
             probs = _nucleus(probs, top_p)
         chosen = _inverse_cdf(probs, _uniforms(generators, logits.shape[0], logits.device))
     return torch.where(finished, torch.full_like(chosen, pad_id), chosen)
-
-
-def _lockstep(model) -> Ranks | None:
-    """The job's processes when `model` is sharded over them (its passes are collectives,
-    so every process must take as many as the others: `sharding.py`), else None."""
-    ranks = ranks_current()
-    if ranks.size == 1 or not sharding.is_sharded(model):
-        return None
-    return ranks
 
 
 def _uniforms(generators: Sequence[torch.Generator] | None, batch: int, device) -> torch.Tensor | None:

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from training.trainer.parallel import Ranks, collective, gathering
+from training.trainer.parallel import Ranks, collective, gathering, ranks_current
 
 
 def is_sharded(model: Any) -> bool:
@@ -40,6 +40,15 @@ def is_sharded(model: Any) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
     return any(isinstance(m, FSDPModule) for m in model.modules())
+
+
+def lockstep(model: Any) -> Ranks | None:
+    """The job's processes when `model` is sharded over them (its passes are collectives,
+    so every process must take as many as the others), else None."""
+    ranks = ranks_current()
+    if ranks.size == 1 or not is_sharded(model):
+        return None
+    return ranks
 
 
 def blocks_of(model: Any) -> list[torch.nn.Module]:

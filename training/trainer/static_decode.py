@@ -32,7 +32,8 @@ from collections.abc import Sequence
 
 import torch
 
-from training.trainer.sampling import _lockstep, next_tokens
+from training.trainer.sampling import next_tokens
+from training.trainer.sharding import lockstep
 
 # With compile=True the cache is rounded up to a multiple of this many slots and kept for
 # the next call with the same model and batch: prompts of a job differ in length from
@@ -81,7 +82,7 @@ def static_decode_from(
             "compile=True needs a CUDA model: it saves kernel launches by replaying the step as CUDA graphs, "
             f"which {device.type} tensors do not have (run with compile=False)"
         )
-    if _lockstep(model) is not None:
+    if lockstep(model) is not None:
         raise ValueError(
             "a model sharded over processes decodes with sampling.decode_from, which keeps them in lockstep"
         )
