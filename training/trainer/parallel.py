@@ -32,11 +32,15 @@ class GroupBroken(RuntimeError):
     knows which process failed first, and why."""
 
 
+def _broken(exc: BaseException) -> GroupBroken:
+    return GroupBroken(f"GroupBroken: {type(exc).__name__}: {str(exc)[:300]}")
+
+
 def collective(fn, *args, **kwargs):
     try:
         return fn(*args, **kwargs)
     except Exception as exc:
-        raise GroupBroken(f"GroupBroken: {type(exc).__name__}: {str(exc)[:300]}") from exc
+        raise _broken(exc) from exc
 
 
 def gathering(fn, *args, **kwargs):
@@ -49,7 +53,7 @@ def gathering(fn, *args, **kwargs):
     except torch.OutOfMemoryError:
         raise
     except RuntimeError as exc:
-        raise GroupBroken(f"GroupBroken: {type(exc).__name__}: {str(exc)[:300]}") from exc
+        raise _broken(exc) from exc
 
 
 @dataclass(frozen=True)

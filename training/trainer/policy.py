@@ -209,9 +209,9 @@ def save_checkpoint(
     from safetensors.torch import save_file
 
     if trainable is None:
-        trainable = {
-            n: p.detach().to("cpu").contiguous() for n, p in policy.model.named_parameters() if p.requires_grad
-        }
+        from training.trainer.sharding import trainable_state
+
+        trainable = trainable_state(policy.model)
     save_file(trainable, str(tmp / "trainable.safetensors"))
     torch.save(optimizer.state_dict() if optimizer_state is None else optimizer_state, tmp / "optimizer.pt")
     rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
@@ -289,16 +289,13 @@ def load_checkpoint(
     missing = [n for n in weights if n not in params]
     if missing:
         raise RuntimeError(f"checkpoint {path} does not fit this model: {missing[:3]}…")
+    from training.trainer import sharding
+
+    sharding.trainable_load(policy.model, weights)
     optimizer_state = torch.load(path / "optimizer.pt", map_location=policy.device, weights_only=True)
     if sharded:
-        from training.trainer import sharding
-
-        sharding.trainable_load(policy.model, weights)
         sharding.optimizer_load(policy.model, optimizer, optimizer_state)
     else:
-        with torch.no_grad():
-            for name, value in weights.items():
-                params[name].copy_(value)
         optimizer.load_state_dict(optimizer_state)
     rng = torch.load(path / "rng.pt", weights_only=True)
     torch.set_rng_state(rng["torch"])

@@ -92,7 +92,7 @@ class Trainer:
     def sharded(self) -> bool:
         """The model's weights are split over the processes (`sharding.py`): its passes,
         checkpoints and export are collectives every process joins."""
-        return self.config.sharding == "fsdp" and self.ranks.size > 1
+        return sharding.splits(self.config, self.ranks)
 
     def clip_and_step(self, *, step: int) -> float:
         """Sum the accumulated gradient over the processes, clip it to `max_grad_norm` and
@@ -141,7 +141,7 @@ def trainer_setup(config: TrainConfig, *, policy: Policy | None, reference: bool
     policy = policy or load_policy(config, reference=reference)
     ranks = ranks_current()
     ranks.parameters_broadcast(policy.trainable_parameters())
-    if config.sharding == "fsdp" and ranks.size > 1:
+    if sharding.splits(config, ranks):
         sharding.shard_model(policy.model, ranks)
     return Trainer(policy=policy, optimizer=make_optimizer(policy, config), config=config, ranks=ranks)
 

@@ -91,6 +91,11 @@ def shard_model(model: Any, ranks: Ranks) -> None:
             module.set_force_sum_reduction_for_comms(True)
 
 
+def splits(config: Any, ranks: Ranks) -> bool:
+    """Whether a job with `config`, run by `ranks`, splits its model over its processes."""
+    return config.sharding == "fsdp" and ranks.size > 1
+
+
 def held(model: Any) -> tuple[int, int]:
     """(weights this process holds, weights of the whole model): a sharded model's
     parameters count their local shard only."""
@@ -114,16 +119,16 @@ def full_tensor(value: torch.Tensor) -> torch.Tensor:
 
 
 def trainable_state(model: Any) -> dict[str, torch.Tensor]:
-    """The trainable parameters' whole values, on the CPU, by name (every process calls it;
-    each gets the whole set)."""
+    """The trainable parameters' whole values, on the CPU, by name: a checkpoint's and an
+    export's weights. Of a sharded model every process calls it, and each gets the whole set."""
     return {
         name: full_tensor(p.detach()).to("cpu").contiguous() for name, p in model.named_parameters() if p.requires_grad
     }
 
 
 def trainable_load(model: Any, weights: dict[str, torch.Tensor]) -> None:
-    """Copy whole trainable values (a checkpoint's) into a sharded model: each process
-    keeps its own shard of each."""
+    """Copy whole trainable values (a checkpoint's) into `model`; a sharded model's
+    processes each keep their own shard of each."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     params = dict(model.named_parameters())
