@@ -125,23 +125,22 @@ def training_job_processes_run(job: TrainingJob, worker: str, *, poll_seconds: f
             status=WorkStatus.CANCELLED,
             on_end=lambda row: _event_id(row.pk, JobEventKind.LOG, row.step, {"message": message}),
         )
-        row = TrainingJob.objects.filter(pk=job.pk).values("status", "worker").first()
-        return "skipped" if row is None or row["worker"] != worker else row["status"]
-    if code == 0:
-        reason = "the training processes exited without ending the job"
     else:
-        reason = processes_failure(log_path.read_text(errors="replace"), processes=processes, code=code)
-        if _nodes(settings.TRAINING_TORCHRUN_ARGS) > 1:
-            reason += f" (on the worker's node; the other nodes' output: {NODE_LOG_NAME.format(node='*')})"
-    # A no-op when rank 0 ended the job (finished, cancelled, stopped, or failed with its own error).
-    work_end(
-        TrainingJob,
-        pk=job.pk,
-        worker=worker,
-        status=WorkStatus.FAILED,
-        error=f"{reason} (log: {log_path})"[:2000],
-        on_end=lambda row: _event_id(row.pk, JobEventKind.LOG, row.step, {"message": f"failed: {reason}"}),
-    )
+        if code == 0:
+            reason = "the training processes exited without ending the job"
+        else:
+            reason = processes_failure(log_path.read_text(errors="replace"), processes=processes, code=code)
+            if _nodes(settings.TRAINING_TORCHRUN_ARGS) > 1:
+                reason += f" (on the worker's node; the other nodes' output: {NODE_LOG_NAME.format(node='*')})"
+        # A no-op when rank 0 ended the job (finished, cancelled, stopped, or failed with its own error).
+        work_end(
+            TrainingJob,
+            pk=job.pk,
+            worker=worker,
+            status=WorkStatus.FAILED,
+            error=f"{reason} (log: {log_path})"[:2000],
+            on_end=lambda row: _event_id(row.pk, JobEventKind.LOG, row.step, {"message": f"failed: {reason}"}),
+        )
     row = TrainingJob.objects.filter(pk=job.pk).values("status", "worker").first()
     if row is None or row["worker"] != worker:
         return "skipped"
