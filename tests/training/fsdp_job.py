@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 def main() -> None:
     import torch
 
+    from tests.fixtures.configs import small
     from training.trainer.common import Hooks
     from training.trainer.config import GRPOConfig
     from training.trainer.grpo import grpo_train
@@ -37,16 +38,11 @@ def main() -> None:
     torch.set_num_threads(1)
     distributed = "RANK" in __import__("os").environ
     ranks = process_group_init(cuda=False, timeout_seconds=120) if distributed else ranks_current()
-    config = GRPOConfig(
-        model_path=args.model,
-        steps=3,
+    config = small(
+        GRPOConfig,
+        args.model,
         prompts_per_step=4,
         group_size=4,
-        max_new_tokens=6,
-        eval_every=0,
-        checkpoint_every=0,
-        samples_every=0,
-        learning_rate=5e-3,
         beta=0.04,
         updates_per_batch=2,
         micro_batch=2,

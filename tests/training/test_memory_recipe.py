@@ -15,8 +15,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytest.importorskip("peft")
-
 
 @pytest.fixture(scope="module")
 def recipe():
