@@ -17,6 +17,19 @@ def tiny_model_dir(tmp_path_factory):
     return tiny_prepare(tmp_path_factory.mktemp("models") / "tiny")
 
 
+@pytest.fixture
+def process_env(monkeypatch, settings, tmp_path):
+    """What torchrun's processes (a data-parallel job's) need to reach this test's database
+    and folders."""
+    from tests.fixtures.worker import _database_url
+
+    monkeypatch.setenv("DATABASE_URL", _database_url())
+    monkeypatch.setenv("PRACTICUM_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("PRACTICUM_TRAINING_DIR", str(settings.TRAINING_DIR))
+    monkeypatch.setenv("PRACTICUM_MODELS_DIR", str(settings.MODELS_DIR))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
 _TASKS = [{"prompt": f"Say something about order A{i}.", "reference": "e", "grader": "contains"} for i in range(12)]
 
 

@@ -1,17 +1,20 @@
-"""A GRPO job on the tiny model, run by `tests/training/test_fsdp.py` under torchrun (or as
-one plain process): `python fsdp_job.py MODEL RUN_DIR [--sharding fsdp] [--cancel-at N]`.
+"""A GRPO job on the tiny model, run by `tests/training/test_fsdp.py` and
+`test_vllm_data_parallel.py` under torchrun (or as one plain process):
+`python fsdp_job.py MODEL RUN_DIR [--sharding fsdp] [--cancel-at N] [--vllm-url URL] [--canaries]`.
 
 Only item 0 of four can be rewarded, so in most steps one process keeps no group and pads
 its passes; β > 0 (reference passes), two updates a batch (old log-probs) and micro-batches
 of 2 rows make every lockstep path run. `--cancel-at N`: rank 0's stop hook answers yes
 before step N (the job checkpoints step N-1 and returns, as a cancel does). Rank 0 prints
-its result as one JSON line.
+its result as one JSON line. `--vllm-url`: the rollouts come from that server (its key in
+PRACTICUM_INFERENCE_API_KEY); `--canaries`: two canaries are evaluated at steps 0, 2 and 3.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -34,9 +37,11 @@ def main() -> None:
     parser.add_argument("run_dir")
     parser.add_argument("--sharding", default="replicate")
     parser.add_argument("--cancel-at", type=int, default=0)
+    parser.add_argument("--vllm-url", default="")
+    parser.add_argument("--canaries", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    distributed = "RANK" in __import__("os").environ
+    distributed = "RANK" in os.environ
     ranks = process_group_init(cuda=False, timeout_seconds=120) if distributed else ranks_current()
     config = small(
         GRPOConfig,
@@ -49,6 +54,11 @@ def main() -> None:
         processes=ranks.size,
         sharding=args.sharding,
     )
+    if args.vllm_url:
+        config.rollout, config.vllm_url = "vllm", args.vllm_url
+    if args.canaries:
+        config.eval_every = 2
+        config.canaries = [{"prompt": f"Say B{i}.", "reference": "e", "grader": "contains"} for i in range(2)]
     items = [
         TurnItem(id=f"q{i}", messages=[{"role": "user", "content": f"Say something about A{i}."}]) for i in range(4)
     ]
@@ -66,10 +76,16 @@ def main() -> None:
         score=lambda item, texts: [float(len(t) % 3) if item.id == "q0" else 0.0 for t in texts],
         run_dir=Path(args.run_dir),
         hooks=Hooks(should_stop=stop, log=logs.append) if ranks.owner else Hooks(),
+        vllm_api_key=os.environ.get("PRACTICUM_INFERENCE_API_KEY", ""),
     )
     if ranks.owner:
         trained = [m["trained_sequences"] for m in result.history]
         out = {"status": result.status, "step": result.step, "trained_sequences": trained, "logs": logs}
+        out["history"] = [
+            {k: m[k] for k in ("reward_mean", "generated_tokens", "loss", "kl", "response_length")}
+            for m in result.history
+        ]
+        out["evals"] = result.evals
         print(json.dumps(out), flush=True)
     if distributed:
         process_group_close()

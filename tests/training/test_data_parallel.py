@@ -181,16 +181,6 @@ Root Cause (first observed failure):
     assert "no output" in processes_failure("", processes=2, code=1)
 
 
-@pytest.fixture
-def process_env(monkeypatch, settings, tmp_path):
-    """What torchrun's processes need to reach this test's database and folders."""
-    monkeypatch.setenv("DATABASE_URL", _database_url())
-    monkeypatch.setenv("PRACTICUM_DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.setenv("PRACTICUM_TRAINING_DIR", str(settings.TRAINING_DIR))
-    monkeypatch.setenv("PRACTICUM_MODELS_DIR", str(settings.MODELS_DIR))
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-
-
 def _adapter(version):
     from safetensors.torch import load_file
 

@@ -154,8 +154,9 @@ def evaluate(
             chunk = items[start : start + max(1, batch // samples)]
             chunk_prompts = [prompts.get(it) for it in chunk]
             if server is not None:
-                seed = config.seed + 7919 + start * samples  # prompt k of the chunk: seed + k·samples
-                rollout = server.generate(policy, chunk_prompts, config=config, num_samples=samples, seed=seed)
+                # Prompt k of the whole list: seed + k·samples, so no two samples share a seed.
+                seeds = [config.seed + 7919 + (start + k) * samples for k in range(len(chunk))]
+                rollout = server.generate(policy, chunk_prompts, config=config, num_samples=samples, seeds=seeds)
             else:
                 rollout = sample(
                     policy.model,

@@ -371,8 +371,8 @@ PARALLEL_KINDS = ("grpo", "sft", "distill")
 
 def processes_errors(config: TrainConfig) -> list[tuple[str, str]]:
     """Why `config.processes` cannot run, if it cannot: out of range, more processes than
-    items in a batch (each process needs at least one), a kind or rollout whose steps
-    do not shard yet, or LoRA dropout (its masks would not be one process's)."""
+    items in a batch (each process needs at least one), a kind whose steps do not
+    shard yet, or LoRA dropout (its masks would not be one process's)."""
     n = config.processes
     if not 1 <= n <= MAX_PROCESSES:
         return [("processes", f"must be between 1 and {MAX_PROCESSES}")]
@@ -384,8 +384,6 @@ def processes_errors(config: TrainConfig) -> list[tuple[str, str]]:
         return []
     if config.kind not in PARALLEL_KINDS:
         return [("processes", f"{config.kind} jobs run in one process (data-parallel: {', '.join(PARALLEL_KINDS)})")]
-    if getattr(config, "rollout", "local") != "local":
-        return [("processes", "data-parallel jobs sample with the local sampler (rollout 'local')")]
     if n > config.prompts_per_step:
         return [("processes", f"must be ≤ prompts_per_step ({config.prompts_per_step}): each process takes items")]
     if config.sharding == "fsdp" and config.adapter != "lora":

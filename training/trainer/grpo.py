@@ -32,7 +32,7 @@ from training.trainer.common import (
 )
 from training.trainer.config import GRPOConfig
 from training.trainer.items import Scorer, TurnItem, canary_items, grader_scorer
-from training.trainer.parallel import item_generators, rollout_seen
+from training.trainer.parallel import item_generators, item_seeds, rollout_seen
 from training.trainer.policy import Policy
 from training.trainer.run import (
     RunState,
@@ -78,7 +78,7 @@ def grpo_train(
     if config.rollout == "vllm":
         from training.trainer.vllm_rollout import VllmRollouts
 
-        server = VllmRollouts(base_url=config.vllm_url, run_dir=run_dir, api_key=vllm_api_key)
+        server = VllmRollouts(base_url=config.vllm_url, run_dir=run_dir, api_key=vllm_api_key, ranks=trainer.ranks)
 
     def evaluate_now(step: int, state: RunState) -> dict:
         return _evaluation(state, step, trainer.policy, eval_items, canaries, score, config, prompts, hooks, server)
@@ -109,7 +109,8 @@ def turn_step(trainer: Trainer, score: Scorer, *, prompts: PromptCache, hooks: H
 
         # Rollout: G samples per prompt from the current policy.
         if server is not None:
-            rollout = server.sample(policy, prompt_ids, step=n, config=config, num_samples=group)
+            seeds = item_seeds(trainer.ranks, seed=config.seed, step=n, count=len(batch))
+            rollout = server.sample(policy, prompt_ids, step=n, config=config, num_samples=group, seeds=seeds)
         else:
             rollout = sample(
                 policy.model,
@@ -426,6 +427,8 @@ def _evaluation(state, step, policy, eval_items, canaries, score, config, prompt
     total = len(eval_items or []) + len(canaries or [])
     if server is not None:
         server.load(policy, step=f"eval-{step}")
+        if not server.ranks.owner:  # a sharded job's other processes joined the adapter's gather; the server samples
+            return metrics
 
     def progress(done: int, _: int, offset: int = 0) -> None:
         hooks.emit("on_phase", "evaluation", offset + done, total)

@@ -156,16 +156,27 @@ def process_group_close() -> None:
         dist.destroy_process_group()
 
 
+def _item_digest(*, seed: int, step: int, index: int) -> int:
+    digest = hashlib.sha256(f"practicum-sample:{seed}:{step}:{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
 def item_generator(*, seed: int, step: int, index: int) -> torch.Generator:
     """The random stream of the item at `index` of step `step`'s global batch: the same
     draws whichever process samples it and whichever items share its local batch."""
-    digest = hashlib.sha256(f"practicum-sample:{seed}:{step}:{index}".encode()).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
+    return torch.Generator().manual_seed(_item_digest(seed=seed, step=step, index=index) & (2**63 - 1))
 
 
 def item_generators(ranks: Ranks, *, seed: int, step: int, count: int) -> list[torch.Generator]:
     """One generator per item of this process's `count` items of step `step`."""
     return [item_generator(seed=seed, step=step, index=ranks.global_index(k)) for k in range(count)]
+
+
+def item_seeds(ranks: Ranks, *, seed: int, step: int, count: int) -> list[int]:
+    """The inference server's request seed for each of this process's `count` items of
+    step `step`: the item's stream in the global batch, as `item_generators`, in 31 bits
+    (the server adds a choice's index to it)."""
+    return [_item_digest(seed=seed, step=step, index=ranks.global_index(k)) & (2**31 - 1) for k in range(count)]
 
 
 @dataclass

@@ -8,6 +8,12 @@ server's log-probs of the sampled tokens only weigh each token's policy term by 
 far the server's distribution (its regex, its numerics) was from the trainer's
 (`loss.sampling_correction`).
 
+A data-parallel job's processes (`parallel.py`) share one server: each step rank 0 saves
+the adapter (a sharded model's processes first gather it, `sharding.trainable_state`) and
+loads it, and every process then samples its own items under that one name. Each item
+is sampled with a seed of the job's seed, the step and the item's place in the global
+batch, so which process sends it changes nothing.
+
 The transport, its retry rule, the error types and adapter loading are the project's one
 inference client (`training.inference.client`); the launcher is `training.inference.server`.
 """
@@ -24,6 +30,8 @@ import httpx
 import torch
 
 from training.inference.client import InferenceBadAnswer, InferenceClient, InferenceError
+from training.trainer import sharding
+from training.trainer.parallel import Ranks
 from training.trainer.sampling import Rollout, eos_ids, rollout_from_tokens
 
 # The rollouts' failures are the inference client's (unavailable, refused, bad answer).
@@ -40,14 +48,19 @@ class VllmRollouts:
         timeout: float = 600.0,
         retries: int = 2,
         name_prefix: str | None = None,
+        ranks: Ranks | None = None,
     ):
         """`name_prefix` goes before each adapter's name on the server ("step-N"): jobs
         sharing one server (or one job, resumed) need distinct prefixes, or a later job's
         "step-1" is refused; by default it is unique to this instance.
-        `api_key` is the server's own key (sent as a Bearer token with every request)."""
+        `api_key` is the server's own key (sent as a Bearer token with every request).
+        `ranks`: a data-parallel job's processes, every one of which builds its own
+        instance here (a collective: they take rank 0's prefix) and calls `sample` at
+        every step."""
+        self.ranks = ranks or Ranks()
         if name_prefix is None:
             name_prefix = f"{run_dir.name}-{uuid.uuid4().hex[:6]}-"
-        self.name_prefix = name_prefix
+        self.name_prefix = self.ranks.gather(name_prefix)[0]
         self.base_url = base_url.rstrip("/")
         self.run_dir = run_dir
         self.server = InferenceClient(base_url, api_key=api_key, timeout=timeout, retries=retries, keep_alive=True)
@@ -104,8 +117,10 @@ class VllmRollouts:
         return self.base_model
 
     def load(self, policy, *, step: int | str) -> str:
-        """Make the server serve the policy's current adapter; later `complete_ids` use it."""
-        return self._load_adapter(policy, step)
+        """Make the server serve the policy's current adapter; later `complete_ids` and
+        `generate` use it. Called by rank 0 alone (an evaluation), except of a sharded
+        model, whose processes all call it (their gather of the adapter is a collective)."""
+        return self._load_adapter(policy, step, self.ranks if sharding.lockstep(policy.model) else Ranks())
 
     def complete_ids(
         self,
@@ -139,42 +154,75 @@ class VllmRollouts:
             logprobs.append(math.nan)
         return tokens, logprobs
 
-    def _load_adapter(self, policy, step: int | str) -> str:
-        """Save the current adapter and make the server serve it under a fresh name."""
+    def _load_adapter(self, policy, step: int | str, ranks: Ranks) -> str:
+        """Save the current adapter and make the server serve it under a fresh name.
+
+        With `ranks` of several processes, each of which calls this: a sharded model's
+        processes gather the adapter's whole weights, rank 0 saves and loads them, and
+        every process then samples under that name, or raises rank 0's error (it is
+        broadcast, so no process waits for an adapter that never came)."""
         if policy.adapter != "lora":
             raise VllmError("vLLM rollouts need a LoRA adapter (full fine-tuning reloads weights another way)")
         name = f"{self.name_prefix}step-{step}"
+        weights = sharding.trainable_state(policy.model) if sharding.lockstep(policy.model) else None
+        failure: InferenceError | None = None
+        if ranks.owner:
+            try:
+                self._serve(policy, name, weights)
+            except InferenceError as exc:
+                failure = exc
+        message = ranks.gather(str(failure) if failure else "")[0]
+        if failure is not None:
+            raise failure
+        if message:
+            raise VllmError(f"rank 0 could not load the step's adapter: {message}")
+        self.loaded = name
+        return name
+
+    def _serve(self, policy, name: str, weights: dict[str, torch.Tensor] | None) -> None:
+        """Load the adapter as `name` on the server, then unload the one loaded before."""
         folder = self.run_dir / "rollout-adapters" / name
         shutil.rmtree(folder, ignore_errors=True)
-        policy.save_pretrained(folder)
+        policy.save_pretrained(folder, state_dict=weights)
         # fresh: the folder holds new weights, so a name another run left loaded must not stand in.
         self.server.adapter_load(name, folder, fresh=True, timeout=self.server.timeout)
         if self.loaded:
             self.server.adapter_unload(self.loaded, timeout=self.server.timeout)
             shutil.rmtree(self.run_dir / "rollout-adapters" / self.loaded, ignore_errors=True)
-        self.loaded = name
-        return name
 
-    def sample(self, policy, prompts: list[list[int]], *, step: int, config, num_samples: int) -> ServedRollout:
-        """Load the policy's current adapter as "step-N", then `generate` under it."""
-        self._load_adapter(policy, step)
-        return self.generate(policy, prompts, config=config, num_samples=num_samples)
+    def sample(
+        self,
+        policy,
+        prompts: list[list[int]],
+        *,
+        step: int,
+        config,
+        num_samples: int,
+        seeds: list[int] | None = None,
+    ) -> ServedRollout:
+        """Load the policy's current adapter as "step-N" (every process of the job calls
+        this), then `generate` this process's prompts under it."""
+        self._load_adapter(policy, step, self.ranks)
+        return self.generate(policy, prompts, config=config, num_samples=num_samples, seeds=seeds)
 
     def generate(
-        self, policy, prompts: list[list[int]], *, config, num_samples: int, seed: int | None = None
+        self, policy, prompts: list[list[int]], *, config, num_samples: int, seeds: list[int] | None = None
     ) -> ServedRollout:
         """`num_samples` samples of each prompt under the adapter loaded last, with the
         config's sampling settings and `structured_outputs`, exactly as the server drew
         them: the sampled ids (never a re-tokenisation of the text, which can differ from
-        what was sampled) and the log-prob the server gave each. `seed` seeds the
-        requests: prompt k is sent with `seed + k·num_samples` and vLLM gives its choice i
-        that plus i, so a seeded call repeats and no two samples share a seed.
+        what was sampled) and the log-prob the server gave each. `seeds` (one per prompt)
+        seed the requests: vLLM gives a request's choice i its seed plus i, so a seeded
+        call repeats; the caller keeps the seeds `num_samples` apart where no two samples
+        may share one.
 
         The log-probs are what the server reports: with `--logprobs-mode
         processed_logprobs` (our `ServerSpec` starts it so) the distribution it sampled
         from, after the structured-output mask, temperature and top-p, which is the q of
         `loss.sampling_correction`; docs/decisions/0019-sampling-correction.md."""
         self._adapter()
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
         stop_ids = eos_ids(policy.model, policy.tokenizer)
         responses: list[list[int]] = []
         logprobs: list[list[float]] = []
@@ -189,7 +237,7 @@ class VllmRollouts:
                 top_p=config.top_p,
                 stop_ids=stop_ids,
                 skip_special_tokens=True,
-                seed=None if seed is None else seed + k * num_samples,
+                seed=None if seeds is None else seeds[k],
                 extra={"structured_outputs": structured} if structured else {},
             )
             for choice in sorted(choices, key=lambda c: c.get("index", 0)):
