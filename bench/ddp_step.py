@@ -34,6 +34,9 @@ SHAPES = {
     "tiny": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "heads": 2, "kv": 1},
     # ~ 21M parameters besides the embeddings: a step is compute, not launch overhead
     "larger": {"hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 6, "heads": 8, "kv": 2},
+    # ~ 270M parameters (1.1 GB in float32): loading it shows in a process's memory
+    # (bench/sharded_load.py)
+    "load": {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 24, "heads": 16, "kv": 4},
 }
 
 

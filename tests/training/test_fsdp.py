@@ -98,3 +98,28 @@ def test_only_a_failed_communication_is_a_broken_group():
         gathering(raising(KeyError(4)))
     with pytest.raises(torch.OutOfMemoryError):
         gathering(raising(torch.OutOfMemoryError("CUDA out of memory")))
+
+
+def test_a_skeleton_has_the_loaded_models_parameters_and_buffers_without_their_memory(tiny_model_dir):
+    """A sharded job's other processes build the model this way, and rank 0's weights fill
+    it: the same parameters (names, shapes, which train, the tied output layer), the same
+    buffers and end-of-turn ids, and no memory for the weights."""
+    import torch
+
+    from training.trainer.config import SFTConfig
+    from training.trainer.policy import load_policy
+    from training.trainer.sampling import eos_ids
+
+    config = SFTConfig(model_path=str(tiny_model_dir))
+    loaded, empty = load_policy(config), load_policy(config, weights="none")
+
+    def layout(model):
+        return [(n, tuple(p.shape), p.dtype, p.requires_grad) for n, p in model.named_parameters()]
+
+    assert layout(empty.model) == layout(loaded.model)
+    assert all(p.is_meta for p in empty.model.parameters())
+    buffers = dict(loaded.model.named_buffers())
+    assert buffers and {n: b.is_meta for n, b in empty.model.named_buffers()} == dict.fromkeys(buffers, False)
+    for name, buffer in empty.model.named_buffers():
+        assert torch.equal(buffer, buffers[name]), name
+    assert eos_ids(empty.model, empty.tokenizer) == eos_ids(loaded.model, loaded.tokenizer)

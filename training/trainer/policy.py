@@ -92,10 +92,18 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def load_policy(config: TrainConfig, *, reference: bool = False, model=None, tokenizer=None) -> Policy:
+def load_policy(
+    config: TrainConfig, *, reference: bool = False, model=None, tokenizer=None, weights: str = "device"
+) -> Policy:
     """The trainable policy described by `config`. `model`/`tokenizer` may be passed in
     already built (the GPU check builds random models); otherwise they are loaded from
-    `config.model_path`."""
+    `config.model_path`.
+
+    `weights` says where a loaded model's weights go: "device" (the config's), "host" (kept
+    on the CPU: a sharded job's rank 0, whose `sharding.shard_model` then moves each block's
+    shard to the device, so the device never holds the whole model) or "none" (a sharded
+    job's other processes: a skeleton whose parameters are on the meta device, taking no
+    memory, filled with rank 0's weights when the model is sharded)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     device = pick_device(config.device)
@@ -104,9 +112,11 @@ def load_policy(config: TrainConfig, *, reference: bool = False, model=None, tok
         tokenizer = AutoTokenizer.from_pretrained(config.model_path)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    if model is None:
+    if model is None and weights == "none":
+        model = model_skeleton(config.model_path, dtype=dtype)
+    elif model is None:
         model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=dtype)
-    model = model.to(device=device, dtype=dtype)
+    model = model.to(dtype=dtype) if weights != "device" else model.to(device=device, dtype=dtype)
     model.config.use_cache = True
     ref = None
     reference_adapter = None
@@ -160,6 +170,22 @@ def load_policy(config: TrainConfig, *, reference: bool = False, model=None, tok
         starts_from_adapter=config.adapter == "lora" and bool(config.init_adapter),
         reference_adapter=reference_adapter,
     )
+
+
+def model_skeleton(path: str, *, dtype: torch.dtype):
+    """The causal LM of `path` without its weights: parameters on the meta device (no
+    memory, no values), buffers such as the rotary frequencies computed on the CPU as
+    `from_pretrained` computes them, and the folder's generation config (its end-of-turn
+    ids)."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=dtype)
+    model.tie_weights()  # as loading does: a tied output layer is the embeddings' parameter
+    with contextlib.suppress(OSError):  # a folder without generation_config.json keeps the default
+        model.generation_config = GenerationConfig.from_pretrained(path)
+    return model
 
 
 def _train_top_layers(model, count: int) -> None:

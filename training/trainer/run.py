@@ -136,13 +136,19 @@ def trainer_setup(config: TrainConfig, *, policy: Policy | None, reference: bool
     """Seed the RNGs, load the policy unless one is given (`reference`: with the frozen
     copy the KL or a frozen teacher needs) and make its optimizer. In a data-parallel job
     (torch.distributed initialised) every process starts from rank 0's weights; with
-    `sharding: fsdp` each then keeps its shard of them."""
+    `sharding: fsdp` only rank 0 reads them (into the CPU's memory), and each process
+    keeps its shard of them."""
     setup_torch(config)
-    policy = policy or load_policy(config, reference=reference)
     ranks = ranks_current()
-    ranks.parameters_broadcast(policy.trainable_parameters())
-    if sharding.splits(config, ranks):
+    sharded = sharding.splits(config, ranks)
+    # A sharded job's model is read once, by rank 0, on the CPU: the others build it empty
+    # and `shard_model` fills every process's shards from rank 0's weights.
+    weights = "device" if not sharded else "host" if ranks.owner else "none"
+    policy = policy or load_policy(config, reference=reference, weights=weights)
+    if sharded:
         sharding.shard_model(policy.model, ranks)
+    else:
+        ranks.parameters_broadcast(policy.trainable_parameters())
     return Trainer(policy=policy, optimizer=make_optimizer(policy, config), config=config, ranks=ranks)
 
 

@@ -66,6 +66,12 @@ def shard_model(model: Any, ranks: Ranks) -> None:
     weights and trainable LoRA weights are sharded alike; FSDP2 keeps each parameter's
     `requires_grad`. Gradients are summed over the processes (divide factor 1).
 
+    Every process's shards are then filled from rank 0's model, whose weights may be on the
+    CPU (each block's shard moves to the device as the block is sharded, so the device
+    never holds the whole model), and the buffers are rank 0's too. The other processes
+    may pass a skeleton (`policy.model_skeleton`, parameters on the meta device): they
+    then never hold more than their shards and one whole tensor at a time.
+
     Every trainable weight must sit in a block (ValueError otherwise, before any
     collective): an adapter on the output layer or the embeddings (a `lora_target` that
     reaches them) would live in the root unit, which FSDP2 leaves gathered after a forward
@@ -80,6 +86,13 @@ def shard_model(model: Any, ranks: Ranks) -> None:
         raise ValueError(
             f"sharding 'fsdp' trains adapters inside the transformer blocks only; these are outside: {outside[:3]}"
         )
+    # Every fill below is a collective over the parameters in order: a process that built
+    # another model (another skeleton) would wait in one forever.
+    names = [(n, tuple(p.shape)) for n, p in model.named_parameters()]
+    if any(theirs != names for theirs in ranks.gather(names)):
+        raise ValueError("the processes built different models: their parameters differ in names or shapes")
+    # Rank 0's whole values, held until every shard is filled from them.
+    whole = {name: p.detach() for name, p in model.named_parameters()} if ranks.owner else {}
     mesh = init_device_mesh(ranks.device, (ranks.size,))
     for block in blocks:
         fully_shard(block, mesh=mesh)
@@ -89,6 +102,23 @@ def shard_model(model: Any, ranks: Ranks) -> None:
             module.set_gradient_divide_factor(1.0)
             # Plain SUM collectives (gloo has no pre-multiplied sum; NCCL's zero-copy path wants SUM too).
             module.set_force_sum_reduction_for_comms(True)
+    if any(p.is_meta for p in model.parameters()):  # a skeleton: give its shards memory
+        model.to_empty(device=ranks.device)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            value = whole.pop(name) if ranks.owner else torch.empty(param.shape, dtype=param.dtype)
+            _shard_fill(param, value)
+        for buffer in model.buffers():
+            collective(dist.broadcast, buffer, src=0)
+
+
+def _shard_fill(param: torch.Tensor, value: torch.Tensor) -> None:
+    """Copy rank 0's whole `value` into this process's shard of `param` (a collective:
+    rank 0 scatters the shards; the others' `value` gives only the shape)."""
+    from torch.distributed.tensor import distribute_tensor
+
+    shard = gathering(distribute_tensor, value.to(param.device, param.dtype), param.device_mesh, param.placements)
+    param.to_local().copy_(shard.to_local())
 
 
 def splits(config: Any, ranks: Ranks) -> bool:
@@ -129,15 +159,14 @@ def trainable_state(model: Any) -> dict[str, torch.Tensor]:
 def trainable_load(model: Any, weights: dict[str, torch.Tensor]) -> None:
     """Copy whole trainable values (a checkpoint's) into `model`; a sharded model's
     processes each keep their own shard of each."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
+    from torch.distributed.tensor import DTensor
 
     params = dict(model.named_parameters())
     with torch.no_grad():
         for name, value in weights.items():
             param = params[name]
             if isinstance(param, DTensor):
-                shard = distribute_tensor(value.to(param.device, param.dtype), param.device_mesh, param.placements)
-                param.to_local().copy_(shard.to_local())
+                _shard_fill(param, value)
             else:
                 param.copy_(value)
 
