@@ -58,6 +58,7 @@ def worker(args) -> None:
     import accelerate  # noqa: F401
     import peft  # noqa: F401
     from transformers import Qwen2ForCausalLM  # noqa: F401
+
     Path("/proc/self/clear_refs").write_text("5")  # resets the peak (VmHWM) to the current RSS
     baseline = _rss_mib()
     config = SFTConfig(model_path=args.model, processes=ranks.size, sharding="fsdp", steps=1)
