@@ -44,6 +44,12 @@ def test_episode_grpo_samples_every_turn_through_vllm_with_the_current_adapter(v
     episodes = []
     from training.trainer.common import Hooks
 
+    def ours() -> list[str]:  # the job's adapters on the server: their names start with the run folder's
+        models = httpx.get(f"{vllm_server.url}/v1/models", timeout=10, headers=vllm_server.headers).json()["data"]
+        return [m["id"] for m in models if m["id"].startswith(f"{tmp_path.name}-")]
+
+    loaded = []
+
     result = episodes_train(
         config=config,
         env=env,
@@ -51,7 +57,9 @@ def test_episode_grpo_samples_every_turn_through_vllm_with_the_current_adapter(v
         run_dir=tmp_path,
         policy=policy,
         export=False,
-        hooks=Hooks(on_episodes=lambda step, phase, eps: episodes.extend(eps)),
+        hooks=Hooks(
+            on_episodes=lambda step, phase, eps: episodes.extend(eps), on_step=lambda *_: loaded.append(ours())
+        ),
         vllm_api_key=vllm_server.api_key,
     )
     assert result.step == 2 and len(episodes) == 16
@@ -59,12 +67,9 @@ def test_episode_grpo_samples_every_turn_through_vllm_with_the_current_adapter(v
     assert any(not torch.equal(p, before[n]) for n, p in policy.model.named_parameters() if p.requires_grad)
     # Every turn's ids came back from the server and at most max_new_tokens of them.
     assert all(0 < len(c.extra["ids"]) <= 6 for e in episodes for c in e.completions)
-    served = [
-        m["id"]
-        for m in httpx.get(f"{vllm_server.url}/v1/models", timeout=10, headers=vllm_server.headers).json()["data"]
-    ]
-    ours = [name for name in served if name.startswith(f"{tmp_path.name}-")]
-    assert len(ours) == 1 and ours[0].endswith("-step-2")  # each step's adapter replaced the previous one
+    # Each step's adapter replaced the previous one, and the last left with the job.
+    assert [[name.rsplit("-", 1)[-1] for name in names] for names in loaded] == [["1"], ["2"]]
+    assert ours() == []
     # Each step samples under the weights it then trains: the correction is logged and ≈ 1
     # (a step whose groups all tied trains nothing, and has no correction to log).
     trained = [m for m in result.history if m["trained_sequences"]]

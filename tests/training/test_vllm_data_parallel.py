@@ -41,17 +41,19 @@ def test_two_processes_sampling_from_one_server_train_what_one_process_trains(
     for name, value in reference.items():
         assert torch.allclose(adapter[name], value, atol=1e-5, rtol=0), name
 
-    # One adapter of the job is left on the server (the last evaluation's): every step's
-    # was loaded once, by rank 0, and unloaded when the next came.
+    # Rank 0 unloaded the job's last adapter when it ended (the server is the session's).
     served = httpx.get(f"{url}/models", timeout=10, headers=vllm_server.headers).json()["data"]
-    ours = [m["id"] for m in served if m["id"].startswith(f"two-{sharding}-")]  # the server is the session's
-    assert len(ours) == 1 and ours[0].endswith("-step-eval-3"), ours
+    assert not [m["id"] for m in served if m["id"].startswith(f"two-{sharding}-")]
 
 
-def test_when_rank_0_cannot_load_the_adapter_every_process_fails_with_its_reason(tiny_model_dir, tmp_path):
-    """Nothing answers at the URL: rank 0's load fails, and the other process raises rank
-    0's reason at once instead of sampling under a name that was never loaded (or waiting
-    for one until the collective timeout)."""
+@pytest.mark.parametrize("cause", ["no server", "unwritable folder"])
+def test_when_rank_0_cannot_load_the_adapter_every_process_fails_with_its_reason(
+    request, tiny_model_dir, tmp_path, cause
+):
+    """Rank 0's load fails (nothing answers at the URL; or the server answers but the
+    adapter's folder cannot be written), and the other process raises rank 0's reason at
+    once instead of sampling under a name that was never loaded, or failing with a broken
+    group that names nothing."""
     import os
     import subprocess
     import sys
@@ -59,15 +61,21 @@ def test_when_rank_0_cannot_load_the_adapter_every_process_fails_with_its_reason
     from tests.fixtures.inference import free_port
     from tests.training.test_fsdp import SCRIPT
 
-    url = f"http://127.0.0.1:{free_port()}/v1"
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    if cause == "no server":
+        url, model, expected = f"http://127.0.0.1:{free_port()}/v1", tiny_model_dir, "InferenceUnavailable"
+    else:
+        server = request.getfixturevalue("vllm_server")
+        url, model, expected = f"{server.url}/v1", server.model_path, "NotADirectoryError"
+        env["PRACTICUM_INFERENCE_API_KEY"] = server.api_key
+        (tmp_path / "run").mkdir()
+        (tmp_path / "run" / "rollout-adapters").write_text("a file where the adapters' folder goes")
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    command = [*launch, str(SCRIPT), str(tiny_model_dir), str(tmp_path / "run"), "--vllm-url", url]
-    done = subprocess.run(
-        command, capture_output=True, text=True, timeout=300, env=os.environ | {"OMP_NUM_THREADS": "1"}
-    )
+    command = [*launch, str(SCRIPT), str(model), str(tmp_path / "run"), "--vllm-url", url]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
 
     assert done.returncode != 0
-    assert "rank 0 could not load the step's adapter" in done.stderr, done.stderr[-3000:]
+    assert f"rank 0 could not load the step's adapter: {expected}" in done.stderr, done.stderr[-3000:]
     assert "GroupBroken" not in done.stderr, done.stderr[-3000:]
 
 

@@ -34,6 +34,13 @@ def test_grpo_samples_through_vllm_with_the_current_adapter(vllm_server, tmp_pat
     policy = load_policy(config)
     before = {n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad}
     items = [TurnItem(id=f"q{i}", messages=[{"role": "user", "content": f"order A{i} status?"}]) for i in range(4)]
+    from training.trainer.common import Hooks
+
+    def ours() -> list[str]:  # the job's adapters on the server: their names start with the run folder's
+        models = httpx.get(f"{vllm_server.url}/v1/models", timeout=10, headers=vllm_server.headers).json()["data"]
+        return [m["id"] for m in models if m["id"].startswith(tmp_path.name)]
+
+    loaded = []
     result = grpo_train(
         config=config,
         items=items,
@@ -42,18 +49,18 @@ def test_grpo_samples_through_vllm_with_the_current_adapter(vllm_server, tmp_pat
         policy=policy,
         export=False,
         vllm_api_key=vllm_server.api_key,
+        hooks=Hooks(on_step=lambda step, metrics: loaded.append(ours())),
     )
     assert result.step == 2
     assert all(math.isfinite(m["loss"]) and m["generated_tokens"] > 0 for m in result.history)
     # The server sampled from the trainer's own weights: the correction changes nothing.
     assert all(abs(m["sampling_weight_mean"] - 1) < 1e-3 for m in result.history if m["trained_sequences"])
     assert any(not torch.equal(p, before[n]) for n, p in policy.model.named_parameters() if p.requires_grad)
-    served = [
-        m["id"]
-        for m in httpx.get(f"{vllm_server.url}/v1/models", timeout=10, headers=vllm_server.headers).json()["data"]
-    ]
-    ours = [name for name in served if name.startswith(tmp_path.name)]  # a prefix unique to the job
-    assert len(ours) == 1 and ours[0].endswith("-step-2")  # the previous step's adapter was unloaded
+    # At each step one adapter of the job is loaded, the step's (the previous one was
+    # unloaded); when the job ends the last one goes too.
+    assert [len(names) for names in loaded] == [1, 1]
+    assert [names[0].rsplit("-", 1)[-1] for names in loaded] == ["1", "2"]
+    assert ours() == []
 
 
 def test_rollouts_follow_the_structured_output_constraint_the_agent_serves_with(vllm_server, tmp_path):

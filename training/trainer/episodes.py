@@ -193,16 +193,20 @@ def episodes_train(
         return breaches
 
     step = episode_step(trainer, env, judge=judge, generate=generate, stop_ids=stop_ids, hooks=hooks, server=server)
-    return run_training(
-        trainer,
-        items=tasks,
-        step=step,
-        run_dir=run_dir,
-        hooks=hooks,
-        evaluate=evaluate_now if eval_tasks else None,
-        monitor=monitor,
-        export=export,
-    )
+    try:
+        return run_training(
+            trainer,
+            items=tasks,
+            step=step,
+            run_dir=run_dir,
+            hooks=hooks,
+            evaluate=evaluate_now if eval_tasks else None,
+            monitor=monitor,
+            export=export,
+        )
+    finally:
+        if server is not None:
+            server.close()  # the job's last adapter leaves the server with it
 
 
 def episode_step(

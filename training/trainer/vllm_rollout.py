@@ -20,6 +20,7 @@ inference client (`training.inference.client`); the launcher is `training.infere
 
 from __future__ import annotations
 
+import logging
 import math
 import shutil
 import uuid
@@ -33,6 +34,8 @@ from training.inference.client import InferenceBadAnswer, InferenceClient, Infer
 from training.trainer import sharding
 from training.trainer.parallel import Ranks
 from training.trainer.sampling import Rollout, eos_ids, rollout_from_tokens
+
+logger = logging.getLogger(__name__)
 
 # The rollouts' failures are the inference client's (unavailable, refused, bad answer).
 VllmError = InferenceError
@@ -165,13 +168,13 @@ class VllmRollouts:
             raise VllmError("vLLM rollouts need a LoRA adapter (full fine-tuning reloads weights another way)")
         name = f"{self.name_prefix}step-{step}"
         weights = sharding.trainable_state(policy.model) if sharding.lockstep(policy.model) else None
-        failure: InferenceError | None = None
+        failure: Exception | None = None
         if ranks.owner:
             try:
                 self._serve(policy, name, weights)
-            except InferenceError as exc:
+            except Exception as exc:  # the server's refusal, or writing the folder: either way the others must hear
                 failure = exc
-        message = ranks.gather(str(failure) if failure else "")[0]
+        message = ranks.gather(f"{type(failure).__name__}: {failure}" if failure else "")[0]
         if failure is not None:
             raise failure
         if message:
@@ -227,19 +230,7 @@ class VllmRollouts:
         responses: list[list[int]] = []
         logprobs: list[list[float]] = []
         texts: list[str] = []
-        structured = getattr(config, "structured_outputs", None)
-        for k, prompt in enumerate(prompts):
-            choices = self._completions(
-                prompt,
-                n=num_samples,
-                max_tokens=config.max_new_tokens,
-                temperature=config.temperature,
-                top_p=config.top_p,
-                stop_ids=stop_ids,
-                skip_special_tokens=True,
-                seed=None if seeds is None else seeds[k],
-                extra={"structured_outputs": structured} if structured else {},
-            )
+        for choices in self._choices(prompts, config=config, num_samples=num_samples, stop_ids=stop_ids, seeds=seeds):
             for choice in sorted(choices, key=lambda c: c.get("index", 0)):
                 tokens, token_logprobs = sampled_tokens(choice)
                 responses.append(tokens)
@@ -258,6 +249,40 @@ class VllmRollouts:
         for row, values in enumerate(logprobs):
             sampler[row, : len(values)] = torch.tensor(values, dtype=torch.float32)
         return ServedRollout(**vars(rollout), sampler_logprobs=sampler.to(policy.device))
+
+    def _choices(
+        self, prompts: list[list[int]], *, config, num_samples: int, stop_ids: list[int], seeds: list[int] | None
+    ) -> list[list[dict]]:
+        """Each prompt's `num_samples` completion choices (`/completions` answers: index,
+        token_ids, logprobs.token_logprobs, text), one request per prompt."""
+        structured = getattr(config, "structured_outputs", None)
+        return [
+            self._completions(
+                prompt,
+                n=num_samples,
+                max_tokens=config.max_new_tokens,
+                temperature=config.temperature,
+                top_p=config.top_p,
+                stop_ids=stop_ids,
+                skip_special_tokens=True,
+                seed=None if seeds is None else seeds[k],
+                extra={"structured_outputs": structured} if structured else {},
+            )
+            for k, prompt in enumerate(prompts)
+        ]
+
+    def close(self) -> None:
+        """Unload the job's last adapter from the server (rank 0, which loaded it): a
+        finished, failed or cancelled job leaves nothing loaded there. A server that does
+        not answer keeps it until it restarts; the job's own ending is not changed by that."""
+        if not self.ranks.owner or self.loaded is None:
+            return
+        try:
+            self.server.adapter_unload(self.loaded, timeout=min(30.0, self.server.timeout))
+        except InferenceError as exc:
+            logger.warning("could not unload %s from the inference server: %s", self.loaded, exc)
+        shutil.rmtree(self.run_dir / "rollout-adapters", ignore_errors=True)
+        self.loaded = None
 
 
 @dataclass
