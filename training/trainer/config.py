@@ -183,13 +183,20 @@ class GRPOConfig(TrainConfig):
     clip_high: float = 0.28
     beta: float = 0.0  # KL(π ‖ π_start) penalty weight (k3)
     log_kl: bool = True
-    rollout: Literal["local", "vllm"] = "local"
+    # "local": the trainer's own sampler; "vllm": an inference server (`vllm_url`);
+    # "colocate": a vLLM engine the job starts on its own device (`vllm_colocate.py`).
+    rollout: Literal["local", "vllm", "colocate"] = "local"
     vllm_url: str = ""  # OpenAI-compatible base URL ending in /v1, for rollout="vllm"
-    # vLLM structured outputs for rollout="vllm" (e.g. {"regex": …}): sample under the same
-    # constraint the agent's harness serves with, so the trained choices are the served ones.
+    # rollout="colocate": the share of the GPU the engine may take while awake (it sleeps
+    # while the trainer trains), and the longest sequence it is sized for.
+    colocate_memory: float = 0.3
+    colocate_max_model_len: int = 4096
+    # vLLM structured outputs (e.g. {"regex": …}) for rollout "vllm" or "colocate": sample
+    # under the same constraint the agent's harness serves with, so the trained choices are
+    # the served ones.
     structured_outputs: dict = field(default_factory=dict)
-    # rollout="vllm": weigh each sampled token's policy term by min(π_θ/q, cap), q being
-    # what the server sampled from (its regex, its numerics); see `loss.sampling_correction`
+    # vLLM rollouts: weigh each sampled token's policy term by min(π_θ/q, cap), q being
+    # what vLLM sampled from (its regex, its numerics); see `loss.sampling_correction`
     # and docs/decisions/0019-sampling-correction.md. TRL's cap is 3.
     sampling_correction: bool = True
     sampling_correction_cap: float = 3.0
@@ -219,18 +226,36 @@ class GRPOConfig(TrainConfig):
             errors.append(("micro_batch", "must be ≥ 0 (0 = the whole batch in one pass)"))
         if self.beta < 0:
             errors.append(("beta", "must be ≥ 0"))
-        if self.rollout not in ("local", "vllm"):
-            errors.append(("rollout", "must be 'local' or 'vllm'"))
+        if self.rollout not in ("local", "vllm", "colocate"):
+            errors.append(("rollout", "must be 'local', 'vllm' or 'colocate'"))
         if self.rollout == "vllm" and not self.vllm_url:
             errors.append(("vllm_url", "required when rollout is 'vllm'"))
+        errors += self._colocate_errors()
         if not isinstance(self.structured_outputs, dict):
             errors.append(("structured_outputs", "must be an object"))
-        elif self.structured_outputs and self.rollout != "vllm":
-            errors.append(("structured_outputs", "needs rollout 'vllm' (the local sampler does not constrain)"))
+        elif self.structured_outputs and self.rollout == "local":
+            errors.append(("structured_outputs", "needs vLLM rollouts (the local sampler does not constrain)"))
         if not 1 <= self.sampling_correction_cap <= 100:
             errors.append(("sampling_correction_cap", "must be between 1 and 100 (a cap below 1 shrinks every token)"))
         errors += self._hint_errors()
         return errors
+
+    def _colocate_errors(self) -> list[tuple[str, str]]:
+        if self.rollout != "colocate":
+            return []
+        if self.kind == "episodes":
+            return [("rollout", "episodes sample through an inference server ('vllm') or locally, not 'colocate'")]
+        if self.adapter != "lora":
+            return [
+                ("rollout", "'colocate' loads the trained adapter into the engine each step: it needs adapter 'lora'")
+            ]
+        if self.processes > 1:
+            return [("rollout", "'colocate' runs one engine for one process (processes must be 1)")]
+        if not 0.05 <= self.colocate_memory <= 0.95:
+            return [("colocate_memory", "must be between 0.05 and 0.95 (a share of the GPU)")]
+        if self.colocate_max_model_len < self.max_new_tokens + 1:
+            return [("colocate_max_model_len", "must exceed max_new_tokens")]
+        return []
 
     def _hint_errors(self) -> list[tuple[str, str]]:
         errors: list[tuple[str, str]] = []

@@ -79,23 +79,31 @@ def grpo_train(
         from training.trainer.vllm_rollout import VllmRollouts
 
         server = VllmRollouts(base_url=config.vllm_url, run_dir=run_dir, api_key=vllm_api_key, ranks=trainer.ranks)
+    elif config.rollout == "colocate":
+        from training.trainer.vllm_colocate import ColocatedRollouts
+
+        server = ColocatedRollouts(config=config, run_dir=run_dir)
 
     def evaluate_now(step: int, state: RunState) -> dict:
         return _evaluation(state, step, trainer.policy, eval_items, canaries, score, config, prompts, hooks, server)
 
-    return run_training(
-        trainer,
-        items=items,
-        step=turn_step(trainer, score, prompts=prompts, hooks=hooks, server=server),
-        run_dir=run_dir,
-        hooks=hooks,
-        evaluate=evaluate_now,
-        # A job with neither still records an empty evaluation at each due step (not at
-        # the start), as it always has.
-        evaluate_at_start=bool(eval_items or canaries),
-        monitor=turn_monitors(config),
-        export=export,
-    )
+    try:
+        return run_training(
+            trainer,
+            items=items,
+            step=turn_step(trainer, score, prompts=prompts, hooks=hooks, server=server),
+            run_dir=run_dir,
+            hooks=hooks,
+            evaluate=evaluate_now,
+            # A job with neither still records an empty evaluation at each due step (not at
+            # the start), as it always has.
+            evaluate_at_start=bool(eval_items or canaries),
+            monitor=turn_monitors(config),
+            export=export,
+        )
+    finally:
+        if server is not None:
+            server.close()
 
 
 def turn_step(trainer: Trainer, score: Scorer, *, prompts: PromptCache, hooks: Hooks, server) -> StepFn:

