@@ -100,7 +100,20 @@ def second_replica(transactional_db, tiny_base, tmp_path):
         # does not queue behind the other engine on one core.
         env["VLLM_CPU_OMP_THREADS_BIND"] = str(cpus[-1])
     supervisor = subprocess.Popen(
-        [sys.executable, "manage.py", "serve_inference", "--base", tiny_base.name, "--port", str(port), *LEN],
+        # A restart that hangs is given up on (its stacks to its log) and started again well
+        # within the test's 600 s wait for it.
+        [
+            sys.executable,
+            "manage.py",
+            "serve_inference",
+            "--base",
+            tiny_base.name,
+            "--port",
+            str(port),
+            "--ready-timeout",
+            "240",
+            *LEN,
+        ],
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,

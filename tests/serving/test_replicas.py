@@ -112,7 +112,7 @@ def test_serve_inference_takes_its_replicas_off_the_list_when_one_gives_up_and_w
 
     seen = {}
 
-    def supervise_all(servers, *, on_ready, on_gave_up, max_restarts):
+    def supervise_all(servers, *, on_ready, on_gave_up, max_restarts, ready_timeout):
         base.refresh_from_db()
         seen["running"] = list(base.inference_replicas)
         on_gave_up(servers[1])

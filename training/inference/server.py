@@ -22,6 +22,7 @@ import importlib.metadata
 import importlib.util
 import logging
 import os
+import resource
 import secrets
 import signal
 import subprocess
@@ -125,6 +126,9 @@ class ServerSpec:
             "TRANSFORMERS_OFFLINE": "1",
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
+            # A server that hangs while starting is sent SIGABRT (`InferenceServer.stacks_dump`):
+            # every Python process of it then writes its threads' stacks to the log.
+            "PYTHONFAULTHANDLER": "1",
         }
         if self.device == "cpu":
             # fp32 beats bf16 on AVX2-only CPUs; eager mode starts in ~40 s instead of minutes.
@@ -170,10 +174,30 @@ class InferenceServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
         logger.info("starting inference server: %s", " ".join(argv))
-        self.process = subprocess.Popen(
-            argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
-        )
-        log.close()
+        # The server inherits no core-file limit: the SIGABRT of `stacks_dump` must leave its
+        # stacks in the log, not the whole process's memory on the disk.
+        soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
+        resource.setrlimit(resource.RLIMIT_CORE, (0, hard))
+        try:
+            self.process = subprocess.Popen(
+                argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
+        finally:
+            resource.setrlimit(resource.RLIMIT_CORE, (soft, hard))
+            log.close()
+
+    def stacks_dump(self, wait: float = 10.0) -> None:
+        """Make a server that hangs say where: SIGABRT to its process group, whose Python
+        processes (started with PYTHONFAULTHANDLER) write every thread's stack to the log
+        and end; waits up to `wait` seconds for the leader to go."""
+        if not self.alive():
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGABRT)
+        except ProcessLookupError:
+            return
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(wait)
 
     def log_tail(self, chars: int = 4000) -> str:
         try:
@@ -204,6 +228,7 @@ class InferenceServer:
             time.sleep(0.5)
         if cancelled():
             raise ServerFailed("stopped while starting")
+        self.stacks_dump()
         raise ServerFailed(f"inference server not healthy after {timeout:.0f} s:\n{self.log_tail()}")
 
     def stop(self, timeout: float = 15.0) -> None:
@@ -342,6 +367,7 @@ def supervise_all(
                         unit.state, unit.up_since = "ready", time.monotonic()
                         logger.info("inference server ready at %s", server.url)
                     elif now > unit.at:
+                        server.stacks_dump()  # where it hangs, in the log's tail below
                         failed(unit, f"inference server not healthy after {ready_timeout:.0f} s:\n{server.log_tail()}")
                 elif unit.state == "ready" and not server.alive():
                     failed(unit, f"inference server exited with {server.process.returncode}")

@@ -37,6 +37,13 @@ class Command(BaseCommand):
             help="GPUs per server (vLLM's --tensor-parallel-size), from those CUDA_VISIBLE_DEVICES shows it",
         )
         parser.add_argument("--max-restarts", type=int, default=5)
+        parser.add_argument(
+            "--ready-timeout",
+            type=float,
+            default=600,
+            help="seconds a (re)started server may take to answer before it counts as failed: its stacks go "
+            "to its log and it is restarted",
+        )
         parser.add_argument("--print-command", action="store_true", help="print the server command(s) and exit")
 
     def handle(self, *args, **opts) -> None:
@@ -114,6 +121,7 @@ class Command(BaseCommand):
                 on_ready=lambda server: live_adapters_load(base=base, server=server.client()),
                 on_gave_up=gave_up,
                 max_restarts=opts["max_restarts"],
+                ready_timeout=opts["ready_timeout"],
             )
         finally:
             # The servers are stopped: the replicas this command recorded go with them.
