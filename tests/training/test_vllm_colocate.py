@@ -96,6 +96,8 @@ def test_a_colocated_engine_samples_what_the_server_samples_so_the_job_trains_th
         ("grpo", {"rollout": "server"}, "config.rollout", "'local', 'vllm' or 'colocate'"),
         ("episodes", {"rollout": "colocate"}, "config.rollout", "not 'colocate'"),
         ("grpo", {"structured_outputs": {"regex": "a+"}}, "config.structured_outputs", "needs vLLM rollouts"),
+        ("grpo", {"rollout": "colocate", "device": "cuda:1"}, "config.device", "the first visible GPU"),
+        ("grpo", {"rollout": "colocate", "lora_rank": 600}, "config.lora_rank", "rank ≤ 512"),
     ],
 )
 def test_a_colocate_setting_that_cannot_run_is_a_400_naming_the_field(
@@ -152,3 +154,78 @@ def test_the_worker_runs_a_colocated_job_in_a_process_of_its_own(base_version, p
     )
     logs = [e.data["message"] for e in job.events.filter(kind=JobEventKind.LOG)]
     assert "starting the training process (torchrun)" in logs and "the training process started" in logs
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_the_engine_samples_under_the_models_generation_defaults_as_a_server_does(tiny_model_dir, tmp_path):
+    """A server applies the model's generation_config (here top_k 2) to what a request leaves
+    out; the colocated engine, given its sampling settings explicitly, must too: every token
+    it samples is one of the policy's 2 likeliest there (of ~700 nearly even ones)."""
+    import json
+    import shutil
+
+    import torch
+
+    from training.inference.server import vllm_missing_reason
+    from training.trainer.config import GRPOConfig
+    from training.trainer.policy import load_policy
+    from training.trainer.sampling import forward_logits
+    from training.trainer.vllm_colocate import ColocatedRollouts, adapter_rank
+
+    if reason := vllm_missing_reason():
+        pytest.skip(reason)
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    generation = (
+        json.loads((model / "generation_config.json").read_text())
+        if (model / "generation_config.json").exists()
+        else {}
+    )
+    (model / "generation_config.json").write_text(json.dumps(generation | {"top_k": 2}))
+    config = small(GRPOConfig, model, rollout="colocate", max_new_tokens=6)
+    policy = load_policy(config)
+    prompts = [policy.tokenizer.encode(f"Order A{i}: status?") for i in range(2)]
+    server = ColocatedRollouts(config=config, run_dir=tmp_path / "run", lora_rank=adapter_rank(policy))
+    try:
+        server.load(policy, step=1)
+        rollout = server.generate(policy, prompts, config=config, num_samples=8, seeds=[11, 29])
+    finally:
+        server.close()
+
+    width = rollout.response_mask.shape[1]
+    with torch.no_grad():
+        logits = forward_logits(policy.model, rollout.input_ids, rollout.attention_mask, keep=width)  # (B, T, V)
+    sampled = rollout.input_ids[:, -width:]  # (B, T)
+    above = (logits > logits.gather(2, sampled.unsqueeze(2))).sum(dim=2)  # (B, T) tokens likelier than the sampled one
+    trained = rollout.response_mask.bool()
+    assert int(trained.sum()) >= 40
+    assert int(above[trained].max()) <= 1, above[trained].tolist()
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_job_continued_from_a_larger_adapter_gets_engine_slots_of_its_rank(tiny_model_dir, tmp_path):
+    """A job continued from a LoRA version trains that version's adapter, of its own rank
+    (32 here), whatever `lora_rank` says (16 by default): the engine's LoRA slots must hold it."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from training.inference.server import vllm_missing_reason
+    from training.trainer.config import GRPOConfig
+
+    if reason := vllm_missing_reason():
+        pytest.skip(reason)
+    start = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+        LoraConfig(r=32, lora_alpha=64, target_modules="all-linear", task_type="CAUSAL_LM"),
+    )
+    start.save_pretrained(tmp_path / "start")
+    config = small(
+        GRPOConfig, tiny_model_dir, rollout="colocate", steps=1, group_size=3, init_adapter=str(tmp_path / "start")
+    )
+    assert config.lora_rank == 16
+
+    result = _run(config, tmp_path / "run")
+
+    assert result.status == "finished" and result.history[0]["generated_tokens"] > 0

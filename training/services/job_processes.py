@@ -241,12 +241,14 @@ def processes_failure(log_text: str, *, processes: int, code: int) -> str:
     entries = [e for e in (_failure_entry(m["body"]) for m in _ENTRY.finditer(summary)) if e["rank"] != "?"]
     if not entries:
         tail = " ".join(log_text.strip().splitlines()[-3:])[-500:]
-        return f"the {processes} training processes failed (torchrun exit code {code}): {tail or 'no output'}"
+        what = f"the {processes} training processes" if processes > 1 else "the training process"
+        return f"{what} failed (torchrun exit code {code}): {tail or 'no output'}"
     causes = [e for e in entries if not any(word in e["cause"] for word in _CONSEQUENCES)]
     root = entries[-1]  # the summary's "Root Cause" comes last
     chosen = root if root in causes or not causes else causes[0]
     rank, exitcode, cause = chosen["rank"], chosen["exitcode"], chosen["cause"]
-    return f"training process rank {rank} of {processes} failed (exit code {exitcode}): {cause}"[:1500]
+    which = f"training process rank {rank} of {processes}" if processes > 1 else "the training process"
+    return f"{which} failed (exit code {exitcode}): {cause}"[:1500]
 
 
 def _failure_entry(body: str) -> dict[str, str]:

@@ -251,6 +251,11 @@ class GRPOConfig(TrainConfig):
             ]
         if self.processes > 1:
             return [("rollout", "'colocate' runs one engine for one process (processes must be 1)")]
+        if self.device not in ("auto", "cuda", "cpu"):
+            # The engine's core takes the first visible GPU, whichever the trainer uses.
+            return [("device", "'colocate' runs on 'auto', 'cuda' (the first visible GPU) or 'cpu'")]
+        if self.lora_rank > 512:
+            return [("lora_rank", "'colocate' serves adapters of rank ≤ 512 (vLLM's largest LoRA slot)")]
         if not 0.05 <= self.colocate_memory <= 0.95:
             return [("colocate_memory", "must be between 0.05 and 0.95 (a share of the GPU)")]
         if self.colocate_max_model_len < self.max_new_tokens + 1:

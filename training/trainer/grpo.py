@@ -80,9 +80,9 @@ def grpo_train(
 
         server = VllmRollouts(base_url=config.vllm_url, run_dir=run_dir, api_key=vllm_api_key, ranks=trainer.ranks)
     elif config.rollout == "colocate":
-        from training.trainer.vllm_colocate import ColocatedRollouts
+        from training.trainer.vllm_colocate import ColocatedRollouts, adapter_rank
 
-        server = ColocatedRollouts(config=config, run_dir=run_dir)
+        server = ColocatedRollouts(config=config, run_dir=run_dir, lora_rank=adapter_rank(trainer.policy))
 
     def evaluate_now(step: int, state: RunState) -> dict:
         return _evaluation(state, step, trainer.policy, eval_items, canaries, score, config, prompts, hooks, server)
@@ -433,7 +433,7 @@ def _evaluation(state, step, policy, eval_items, canaries, score, config, prompt
     becomes the canary monitor's baseline, and each goes into the step's metrics too."""
     metrics: dict = {"step": step}
     total = len(eval_items or []) + len(canaries or [])
-    if server is not None:
+    if server is not None and total:  # nothing to sample: no adapter to load (nor an engine to wake)
         server.load(policy, step=f"eval-{step}")
         if not server.ranks.owner:  # a sharded job's other processes joined the adapter's gather; the server samples
             return metrics

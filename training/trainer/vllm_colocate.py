@@ -13,12 +13,14 @@ policy term is weighed by the sampling correction against the engine's log-probs
 On a GPU the engine sleeps while the trainer trains (vLLM's sleep mode, level 1: its
 weights go to the CPU's memory and its KV cache is freed) and wakes before it samples, so
 the two do not hold the device's memory at once; `colocate_memory` is the share of the
-device the engine may take when awake. On a CPU there is no sleep mode: the engine's KV
-cache (`VLLM_CPU_KVCACHE_SPACE`, 1 GiB unless set) stays allocated.
+device the engine may take when awake, and the trainer's peak plus that share must fit the
+device. (Not run on a GPU here: no GPU was available.) On a CPU there is no sleep mode: the
+engine's KV cache (`VLLM_CPU_KVCACHE_SPACE`, 1 GiB unless set) stays allocated.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -29,12 +31,19 @@ import torch
 from training.trainer.vllm_rollout import VllmError, VllmRollouts
 
 # vLLM's LoRA slots come in these ranks; an adapter of rank r needs a slot ≥ r.
-_LORA_SLOTS = (8, 16, 32, 64, 128, 256, 320, 512)
+_LORA_SLOTS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# The sampling settings a request does not set itself, which the model's generation config
+# may give (the job sets temperature, top_p and the length).
+_DEFAULTED = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+
+logger = logging.getLogger(__name__)
 
 
 class ColocatedRollouts(VllmRollouts):
-    def __init__(self, *, config, run_dir: Path, engine: Any = None):
-        """Start the job's engine (`engine`: one already started, for tests and benches)."""
+    def __init__(self, *, config, run_dir: Path, lora_rank: int):
+        """Start the job's engine, with LoRA slots for the trained adapter's `lora_rank`
+        (`adapter_rank`: a job continued from a LoRA version trains that version's rank,
+        whatever `config.lora_rank` says)."""
         self.run_dir = run_dir
         self.name_prefix = ""  # the engine is the job's own: no other job's names to avoid
         self.loaded: str | None = None
@@ -43,7 +52,15 @@ class ColocatedRollouts(VllmRollouts):
 
         self.ranks = Ranks()  # one process (the config refuses more)
         self.cuda = pick_cuda(config)
-        self.engine = engine if engine is not None else colocated_engine(config, cuda=self.cuda)
+        self.engine = colocated_engine(config, cuda=self.cuda, lora_rank=lora_rank)
+        # The model's generation_config sampling defaults (top_k, min_p, penalties), which a
+        # server applies to every field a request leaves out: the engine must sample as the
+        # server would, and `SamplingParams` given explicitly skips them.
+        self.defaults = {
+            key: value
+            for key, value in self.engine.llm_engine.model_config.get_diff_sampling_param().items()
+            if key in _DEFAULTED
+        }
         self.requests: dict[str, Any] = {}
         self.next_id = 1
         self.asleep = False
@@ -83,6 +100,7 @@ class ColocatedRollouts(VllmRollouts):
             structured = StructuredOutputsParams(**config.structured_outputs)
         params = [
             SamplingParams(
+                **self.defaults,
                 n=num_samples,
                 max_tokens=config.max_new_tokens,
                 temperature=config.temperature,
@@ -103,12 +121,19 @@ class ColocatedRollouts(VllmRollouts):
                 lora_request=self.requests[self._adapter()],
                 use_tqdm=False,
             )
-        finally:
-            self.sleep()
+        except Exception:
+            self.asleep = False  # a dead engine is not put to sleep: its own error is the job's
+            raise
+        self.sleep()
         return [[_choice(i, c) for i, c in enumerate(out.outputs)] for out in outputs]
 
     def wake(self) -> None:
+        """Before the engine loads or samples: on a GPU, the trainer's cached blocks go back
+        to the device first (the engine's core is another process and cannot use them), then
+        the engine takes its weights and KV cache back."""
         if self.asleep:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
             self.engine.wake_up()
             self.asleep = False
 
@@ -120,10 +145,15 @@ class ColocatedRollouts(VllmRollouts):
             self.asleep = True
 
     def close(self) -> None:
-        """Shut the engine down (its core process ends and its memory is freed)."""
+        """Shut the engine down (its core process ends and its memory is freed). Called as
+        the job ends, maybe with its error on the way: a failure here is logged, not raised
+        over that error."""
         engine, self.engine = self.engine, None
-        if engine is not None:
-            engine.llm_engine.engine_core.shutdown()
+        try:
+            if engine is not None:
+                engine.llm_engine.engine_core.shutdown()
+        except Exception:
+            logger.exception("the colocated vLLM engine did not shut down cleanly")
         shutil.rmtree(self.run_dir / "rollout-adapters", ignore_errors=True)
 
 
@@ -156,24 +186,33 @@ def lora_slot(rank: int) -> int:
     raise VllmError(f"lora_rank {rank} is larger than vLLM's largest LoRA slot ({_LORA_SLOTS[-1]})")
 
 
-def colocated_engine(config, *, cuda: bool):
-    """vLLM's `LLM` over the job's base model with LoRA on, started in this process's
-    device: on a GPU `colocate_memory` of it and sleep mode, on a CPU eager mode in float32
-    (as `ServerSpec` serves there)."""
+def adapter_rank(policy) -> int:
+    """The rank the trained LoRA adapter has (its largest, with a per-module pattern)."""
+    config = policy.model.peft_config[policy.model.active_adapter]
+    return max([int(config.r), *(int(r) for r in (config.rank_pattern or {}).values())])
+
+
+def colocated_engine(config, *, cuda: bool, lora_rank: int):
+    """vLLM's `LLM` over the job's base model with LoRA slots of `lora_rank`, started on
+    this process's device: on a GPU `colocate_memory` of it and sleep mode, on a CPU eager
+    mode in float32 (as `ServerSpec` serves there)."""
     from transformers import AutoConfig
 
     # The engine core is its own process: spawned, not forked from a trainer that holds
-    # threads (and, in a data-parallel job, a process group).
-    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    # threads (and, in a torchrun process, a process group).
+    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
-    from vllm import LLM
+    try:
+        from vllm import LLM
+    except ImportError as exc:
+        raise VllmError(f"rollout 'colocate' needs vLLM on the worker: {exc}") from exc
 
     longest = int(getattr(AutoConfig.from_pretrained(config.model_path), "max_position_embeddings", 4096) or 4096)
     options: dict[str, Any] = {
         "model": config.model_path,
         "enable_lora": True,
-        "max_lora_rank": lora_slot(config.lora_rank),
+        "max_lora_rank": lora_slot(lora_rank),
         "max_loras": 1,
         "max_model_len": min(longest, config.colocate_max_model_len),
         "seed": config.seed,
