@@ -190,14 +190,19 @@ class InferenceServer:
         """Make a server that hangs say where: SIGABRT to its process group, whose Python
         processes (started with PYTHONFAULTHANDLER) write every thread's stack to the log
         and end; waits up to `wait` seconds for the leader to go."""
-        if not self.alive():
-            return
+        if self.alive():
+            self._group_signal(signal.SIGABRT, wait)
+
+    def _group_signal(self, sig: int, wait: float) -> bool:
+        """Send `sig` to the server's process group and wait up to `wait` seconds for its
+        leader to exit; False when the group was already gone."""
         try:
-            os.killpg(self.process.pid, signal.SIGABRT)
+            os.killpg(self.process.pid, sig)
         except ProcessLookupError:
-            return
+            return False
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(wait)
+        return True
 
     def log_tail(self, chars: int = 4000) -> str:
         try:
@@ -237,12 +242,8 @@ class InferenceServer:
             return
         # The group, even when its leader has exited: vLLM's engine runs in a child process
         # that outlives a leader which failed while starting, and holds the port and memory.
-        try:
-            os.killpg(self.process.pid, signal.SIGTERM)
-        except ProcessLookupError:
+        if not self._group_signal(signal.SIGTERM, timeout):
             return
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and _group_alive(self.process.pid):
             time.sleep(0.2)
