@@ -229,3 +229,76 @@ def test_a_job_continued_from_a_larger_adapter_gets_engine_slots_of_its_rank(tin
     result = _run(config, tmp_path / "run")
 
     assert result.status == "finished" and result.history[0]["generated_tokens"] > 0
+
+
+def _engine_cores(job_id: int) -> dict[int, int]:
+    """The live vLLM engine cores a launch of training job `job_id` started: pid → parent pid."""
+    from training.trainer.launch import LAUNCH_TAG
+
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if "EngineCor" not in (entry / "comm").read_text():
+                continue
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            stat = (entry / "stat").read_text().split(") ")[-1].split()
+        except OSError:
+            continue
+        if stat[0] != "Z" and any(v.startswith(f"{LAUNCH_TAG}=job{job_id}-".encode()) for v in environ):
+            found[int(entry.name)] = int(stat[1])
+    return found
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_colocated_job_whose_process_is_killed_fails_and_leaves_no_engine_running(base_version, process_env):
+    """The engine's core has no parent-death signal: killed outright (SIGKILL, as the
+    kernel's OOM killer does), the training process would leave it running, holding its
+    memory. The worker stops what the launch left once torchrun has ended, and says so."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from training.inference.server import vllm_missing_reason
+    from training.models import JobEventKind, TrainingJob
+    from training.services.job_runner import training_job_run
+    from training.services.jobs import training_job_create
+    from training.services.training_sets import training_set_from_tasks
+    from webapp.work import WorkStatus, work_worker_name
+
+    if reason := vllm_missing_reason():
+        pytest.skip(reason)
+    tasks = [{"prompt": f"Say something about order A{i}.", "reference": "e", "grader": "contains"} for i in range(6)]
+    job = training_job_create(
+        kind="grpo",
+        config={"steps": 500, "prompts_per_step": 2, "group_size": 3, "max_new_tokens": 6, "rollout": "colocate"},
+        base_version=base_version,
+        training_set=training_set_from_tasks(name="orders", tasks=tasks, heldout_fraction=0.0),
+        enqueue=False,
+    )
+    outcome = {}
+    runner = threading.Thread(
+        target=lambda: outcome.update(status=training_job_run(job_id=job.pk, worker=work_worker_name("test")))
+    )
+    runner.start()
+    deadline = time.monotonic() + 300
+    while not (cores := _engine_cores(job.pk)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert cores, "the job's engine did not start"
+    (core, rank), *_ = cores.items()
+    os.kill(rank, signal.SIGKILL)  # the training process, the engine core's parent
+    runner.join(300)
+
+    assert outcome.get("status") == WorkStatus.FAILED
+    job = TrainingJob.objects.get(pk=job.pk)
+    assert "SIGKILL" in job.error, job.error
+    assert not _engine_cores(job.pk)
+    logs = [e.data["message"] for e in job.events.filter(kind=JobEventKind.LOG)]
+    # The engine's core among them (with its helpers, such as multiprocessing's resource tracker).
+    stopped = next(line for line in logs if "the training processes left running" in line)
+    assert str(core) in stopped.split("pids ")[-1], stopped

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import os
 import re
 import shlex
 import signal
@@ -36,7 +37,7 @@ from training.services.job_runner import (
     training_job_held_run,
 )
 from training.trainer.config import ConfigError, config_from_dict
-from training.trainer.launch import parent_death_signal_setter
+from training.trainer.launch import LAUNCH_TAG, launch_tag, parent_death_signal_setter, tagged_stop
 from webapp.work import WorkStatus, work_end
 
 log = logging.getLogger(__name__)
@@ -107,11 +108,13 @@ def training_job_processes_run(job: TrainingJob, worker: str, *, poll_seconds: f
     # Rank 0 beats too, once it runs; this covers the start (imports, the model's load).
     beat = threading.Thread(target=job_heartbeat, args=(job.pk, worker, stop_beat), daemon=True)
     beat.start()
+    tag = launch_tag(job.pk)
     try:
         with open(log_path, "ab") as out:
             launched = subprocess.Popen(
                 torchrun_command(job_id=job.pk, worker=worker, processes=processes),
                 cwd=ROOT,
+                env=os.environ | {LAUNCH_TAG: tag},
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 preexec_fn=parent_death_signal_setter(signal.SIGTERM),
@@ -122,6 +125,7 @@ def training_job_processes_run(job: TrainingJob, worker: str, *, poll_seconds: f
     finally:
         stop_beat.set()
         beat.join(timeout=5)
+        _leftovers_stop(job.pk, tag)
     if code is None:  # cancelled, or lost, before the group formed
         message = "cancelled before every node joined: the training processes were stopped"
         work_end(
@@ -151,6 +155,18 @@ def training_job_processes_run(job: TrainingJob, worker: str, *, poll_seconds: f
     if row is None or row["worker"] != worker:
         return "skipped"
     return row["status"]
+
+
+def _leftovers_stop(job_id: int, tag: str) -> None:
+    """Once torchrun has ended: kill what its processes left running (`launch.tagged_stop`),
+    and say so in the job's log."""
+    stopped = tagged_stop(tag)
+    if stopped:
+        message = f"stopped {len(stopped)} process(es) the training processes left running (pids {stopped})"
+        log.warning("training job %s: %s", job_id, message)
+        with contextlib.suppress(DatabaseError):
+            step = TrainingJob.objects.filter(pk=job_id).values_list("step", flat=True).first() or 0
+            _event_id(job_id, JobEventKind.LOG, step, {"message": message})
 
 
 def _supervise(launched: subprocess.Popen, poll_seconds: float, *, stop) -> int | None:
@@ -453,15 +469,20 @@ def _node_run(job_id: int, node_rank: int, wait_seconds: float, poll_seconds: fl
 
     # In the shared run folder, beside the worker's processes.log: a failure that began on
     # this node shows on the worker's only as a broken group.
-    with open(run_dir / NODE_LOG_NAME.format(node=node_rank), "ab") as out:
-        launched = subprocess.Popen(
-            command,
-            cwd=ROOT,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            preexec_fn=parent_death_signal_setter(signal.SIGTERM),
-        )
-        code = _supervise(launched, poll_seconds, stop=leave)
+    tag = launch_tag(job_id)
+    try:
+        with open(run_dir / NODE_LOG_NAME.format(node=node_rank), "ab") as out:
+            launched = subprocess.Popen(
+                command,
+                cwd=ROOT,
+                env=os.environ | {LAUNCH_TAG: tag},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                preexec_fn=parent_death_signal_setter(signal.SIGTERM),
+            )
+            code = _supervise(launched, poll_seconds, stop=leave)
+    finally:
+        _leftovers_stop(job_id, tag)
     if code is None:
         raise NodeError(f"{why[0]}: this node's training processes were stopped")
     return code

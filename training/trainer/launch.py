@@ -3,10 +3,16 @@ ranks (docs/decisions/0026-data-parallel-jobs.md). No Django, no torch."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
+import secrets
+import signal
+from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
+# The environment variable that marks every process of one launch: its value is the launch's tag.
+LAUNCH_TAG = "PRACTICUM_LAUNCH"
 
 
 def _prctl():
@@ -46,3 +52,34 @@ def parent_death_signal(sig: int) -> None:
     prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     if os.getppid() == 1:  # already orphaned: the launcher is gone
         os.kill(os.getpid(), sig)
+
+
+def launch_tag(job_id: int) -> str:
+    """A tag of its own for one launch of a job's processes (`LAUNCH_TAG` in their
+    environment, which every process they start inherits)."""
+    return f"job{job_id}-{secrets.token_hex(6)}"
+
+
+def tagged_stop(tag: str) -> list[int]:
+    """SIGKILL every process whose environment carries `LAUNCH_TAG`=`tag`, and return their
+    pids: what a launch left behind once its torchrun has ended. A process that a rank
+    started and that has no parent-death signal of its own (a vLLM engine's core) outlives
+    a rank killed outright, holding its memory and its share of a GPU; its environment
+    still says whose it is. Reads /proc (Linux); elsewhere nothing is found."""
+    needle = f"{LAUNCH_TAG}={tag}".encode()
+    proc = Path("/proc")
+    stopped: list[int] = []
+    if not proc.is_dir():
+        return stopped
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()  # a zombie's reads empty
+        except OSError:
+            continue
+        if needle in environ.split(b"\0"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry.name), signal.SIGKILL)
+                stopped.append(int(entry.name))
+    return stopped
