@@ -88,7 +88,7 @@ def main() -> None:
         out["evals"] = result.evals
         print(json.dumps(out), flush=True)
     if distributed:
-        process_group_close()
+        process_group_close(together=True)
 
 
 if __name__ == "__main__":

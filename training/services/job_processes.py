@@ -501,12 +501,18 @@ def training_job_rank_run(*, job_id: int, worker: str) -> str:
     config = config_from_dict(job.config)
     cuda = config.device != "cpu" and torch.cuda.is_available()
     ranks = process_group_init(cuda=cuda, timeout_seconds=settings.TRAINING_COLLECTIVE_TIMEOUT_SECONDS)
+    status = WorkStatus.FAILED
     try:
         if ranks.owner:
             group_joined_mark(job, worker, ranks.size)
             # A broken group (a peer died) is the supervisor's to report: it knows which.
-            return training_job_held_run(job, worker, leave=(GroupBroken, DistError))
-        _train(job, worker, owner=False)
-        return "trained"
+            status = training_job_held_run(job, worker, leave=(GroupBroken, DistError))
+        else:
+            _train(job, worker, owner=False)
+            status = "trained"
+        return status
     finally:
-        process_group_close()
+        # Together only when this process got to the loop's end, as the others then do.
+        process_group_close(
+            together=status in ("trained", WorkStatus.FINISHED, WorkStatus.CANCELLED, WorkStatus.STOPPED)
+        )

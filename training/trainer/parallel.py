@@ -16,6 +16,7 @@ one-process job runs the arithmetic it always ran.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from dataclasses import dataclass
@@ -151,8 +152,17 @@ def process_group_init(*, cuda: bool, timeout_seconds: float) -> Ranks:
     return ranks_current()
 
 
-def process_group_close() -> None:
+def process_group_close(*, together: bool = False) -> None:
+    """Leave the process group. `together`: every process got to the same end (the loop
+    finished, or stopped, on all of them), so they first wait for each other and tear the
+    group down with no collective of a peer still in flight; a process that tore its end down
+    while another was still inside FSDP2's last collectives was seen to abort at exit
+    ("terminate called without an active exception"). After a failure there is no such
+    wait: a peer may be stuck elsewhere, or gone."""
     if dist.is_available() and dist.is_initialized():
+        if together:
+            with contextlib.suppress(GroupBroken):  # the others are already gone: nothing to wait for
+                collective(dist.barrier)
         dist.destroy_process_group()
 
 
