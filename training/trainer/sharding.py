@@ -67,8 +67,9 @@ def shard_model(model: Any, ranks: Ranks) -> None:
     `requires_grad`. Gradients are summed over the processes (divide factor 1).
 
     Every process's shards are then filled from rank 0's model, whose weights may be on the
-    CPU (each block's shard moves to the device as the block is sharded, so the device
-    never holds the whole model), and the buffers are rank 0's too. The other processes
+    CPU (FSDP2 moves each unit's weights to the device as it shards the unit, whole, then
+    keeps the shard: the device never holds more than its shards and one unit's weights),
+    and the buffers are rank 0's too. The other processes
     may pass a skeleton (`policy.model_skeleton`, parameters on the meta device): they
     then never hold more than their shards and one whole tensor at a time.
 
