@@ -115,6 +115,24 @@ def test_a_colocate_setting_that_cannot_run_is_a_400_naming_the_field(
     assert reason in answer.json()["errors"][0]["reason"], answer.json()
 
 
+def _colocated_job(base_version, *, steps: int):
+    """A queued GRPO job of `steps` steps with rollout 'colocate' (skips without vLLM)."""
+    from training.inference.server import vllm_missing_reason
+    from training.services.jobs import training_job_create
+    from training.services.training_sets import training_set_from_tasks
+
+    if reason := vllm_missing_reason():
+        pytest.skip(reason)
+    tasks = [{"prompt": f"Say something about order A{i}.", "reference": "e", "grader": "contains"} for i in range(6)]
+    return training_job_create(
+        kind="grpo",
+        config={"steps": steps, "prompts_per_step": 2, "group_size": 3, "max_new_tokens": 6, "rollout": "colocate"},
+        base_version=base_version,
+        training_set=training_set_from_tasks(name="orders", tasks=tasks, heldout_fraction=0.0),
+        enqueue=False,
+    )
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.postgres
@@ -123,24 +141,12 @@ def test_the_worker_runs_a_colocated_job_in_a_process_of_its_own(base_version, p
     """The engine's core is a child process, which a worker's pool process (a daemon) may
     not start: the worker runs the job through torchrun, as one process, and supervises it.
     The job ends with a candidate version, as a job sampling locally does."""
-    from training.inference.server import vllm_missing_reason
     from training.models import JobEventKind, TrainingJob
     from training.services.job_runner import training_job_run
-    from training.services.jobs import training_job_create
-    from training.services.training_sets import training_set_from_tasks
     from training.serving.models import ModelVersionKind
     from webapp.work import WorkStatus, work_worker_name
 
-    if reason := vllm_missing_reason():
-        pytest.skip(reason)
-    tasks = [{"prompt": f"Say something about order A{i}.", "reference": "e", "grader": "contains"} for i in range(6)]
-    job = training_job_create(
-        kind="grpo",
-        config={"steps": 2, "prompts_per_step": 2, "group_size": 3, "max_new_tokens": 6, "rollout": "colocate"},
-        base_version=base_version,
-        training_set=training_set_from_tasks(name="orders", tasks=tasks, heldout_fraction=0.0),
-        enqueue=False,
-    )
+    job = _colocated_job(base_version, steps=2)
 
     status = training_job_run(job_id=job.pk, worker=work_worker_name("test"))
 
@@ -264,23 +270,11 @@ def test_a_colocated_job_whose_process_is_killed_fails_and_leaves_no_engine_runn
     import threading
     import time
 
-    from training.inference.server import vllm_missing_reason
     from training.models import JobEventKind, TrainingJob
     from training.services.job_runner import training_job_run
-    from training.services.jobs import training_job_create
-    from training.services.training_sets import training_set_from_tasks
     from webapp.work import WorkStatus, work_worker_name
 
-    if reason := vllm_missing_reason():
-        pytest.skip(reason)
-    tasks = [{"prompt": f"Say something about order A{i}.", "reference": "e", "grader": "contains"} for i in range(6)]
-    job = training_job_create(
-        kind="grpo",
-        config={"steps": 500, "prompts_per_step": 2, "group_size": 3, "max_new_tokens": 6, "rollout": "colocate"},
-        base_version=base_version,
-        training_set=training_set_from_tasks(name="orders", tasks=tasks, heldout_fraction=0.0),
-        enqueue=False,
-    )
+    job = _colocated_job(base_version, steps=500)
     outcome = {}
     runner = threading.Thread(
         target=lambda: outcome.update(status=training_job_run(job_id=job.pk, worker=work_worker_name("test")))
