@@ -116,13 +116,10 @@ def test_a_colocate_setting_that_cannot_run_is_a_400_naming_the_field(
 
 
 def _colocated_job(base_version, *, steps: int):
-    """A queued GRPO job of `steps` steps with rollout 'colocate' (skips without vLLM)."""
-    from training.inference.server import vllm_missing_reason
+    """A queued GRPO job of `steps` steps with rollout 'colocate'."""
     from training.services.jobs import training_job_create
     from training.services.training_sets import training_set_from_tasks
 
-    if reason := vllm_missing_reason():
-        pytest.skip(reason)
     tasks = [{"prompt": f"Say something about order A{i}.", "reference": "e", "grader": "contains"} for i in range(6)]
     return training_job_create(
         kind="grpo",
@@ -173,14 +170,11 @@ def test_the_engine_samples_under_the_models_generation_defaults_as_a_server_doe
 
     import torch
 
-    from training.inference.server import vllm_missing_reason
     from training.trainer.config import GRPOConfig
     from training.trainer.policy import load_policy
     from training.trainer.sampling import forward_logits
     from training.trainer.vllm_colocate import ColocatedRollouts, adapter_rank
 
-    if reason := vllm_missing_reason():
-        pytest.skip(reason)
     model = tmp_path / "model"
     shutil.copytree(tiny_model_dir, model)
     generation = (
@@ -217,11 +211,8 @@ def test_a_job_continued_from_a_larger_adapter_gets_engine_slots_of_its_rank(tin
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from training.inference.server import vllm_missing_reason
     from training.trainer.config import GRPOConfig
 
-    if reason := vllm_missing_reason():
-        pytest.skip(reason)
     start = get_peft_model(
         AutoModelForCausalLM.from_pretrained(tiny_model_dir),
         LoraConfig(r=32, lora_alpha=64, target_modules="all-linear", task_type="CAUSAL_LM"),
