@@ -32,13 +32,14 @@ from training.models import JobEventKind, TrainingJob
 from training.services.job_runner import (
     _event_id,
     _train,
+    job_end_logged,
     job_heartbeat,
     job_run_dir,
     training_job_held_run,
 )
 from training.trainer.config import ConfigError, config_from_dict
 from training.trainer.launch import LAUNCH_TAG, launch_tag, parent_death_signal_setter, tagged_stop
-from webapp.work import WorkStatus, work_end
+from webapp.work import WorkStatus
 
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,14 +94,7 @@ def training_job_processes_run(job: TrainingJob, worker: str, *, poll_seconds: f
     args = settings.TRAINING_TORCHRUN_ARGS if processes > 1 else "--standalone"
     problem = group_size_problem(args, processes, config.prompts_per_step)
     if problem is not None:
-        work_end(
-            TrainingJob,
-            pk=job.pk,
-            worker=worker,
-            status=WorkStatus.FAILED,
-            error=problem,
-            on_end=lambda row: _event_id(row.pk, JobEventKind.LOG, row.step, {"message": f"failed: {problem}"}),
-        )
+        job_end_logged(job.pk, worker, status=WorkStatus.FAILED, error=problem, message=f"failed: {problem}")
         return WorkStatus.FAILED
     what = f"{processes} training processes" if processes > 1 else "the training process"
     _event_id(job.pk, JobEventKind.LOG, job.step, {"message": f"starting {what} (torchrun)"})
@@ -128,13 +122,7 @@ def training_job_processes_run(job: TrainingJob, worker: str, *, poll_seconds: f
         _leftovers_stop(job.pk, tag)
     if code is None:  # cancelled, or lost, before the group formed
         message = "cancelled before every node joined: the training processes were stopped"
-        work_end(
-            TrainingJob,
-            pk=job.pk,
-            worker=worker,
-            status=WorkStatus.CANCELLED,
-            on_end=lambda row: _event_id(row.pk, JobEventKind.LOG, row.step, {"message": message}),
-        )
+        job_end_logged(job.pk, worker, status=WorkStatus.CANCELLED, message=message)
     else:
         if code == 0:
             reason = "the training processes exited without ending the job"
@@ -143,14 +131,8 @@ def training_job_processes_run(job: TrainingJob, worker: str, *, poll_seconds: f
             if _nodes(args) > 1:
                 reason += f" (on the worker's node; the other nodes' output: {NODE_LOG_NAME.format(node='*')})"
         # A no-op when rank 0 ended the job (finished, cancelled, stopped, or failed with its own error).
-        work_end(
-            TrainingJob,
-            pk=job.pk,
-            worker=worker,
-            status=WorkStatus.FAILED,
-            error=f"{reason} (log: {log_path})"[:2000],
-            on_end=lambda row: _event_id(row.pk, JobEventKind.LOG, row.step, {"message": f"failed: {reason}"}),
-        )
+        error = f"{reason} (log: {log_path})"[:2000]
+        job_end_logged(job.pk, worker, status=WorkStatus.FAILED, error=error, message=f"failed: {reason}")
     row = TrainingJob.objects.filter(pk=job.pk).values("status", "worker").first()
     if row is None or row["worker"] != worker:
         return "skipped"

@@ -103,13 +103,12 @@ def training_job_held_run(job: TrainingJob, worker: str, *, leave: tuple[type[Ba
     except Exception as exc:
         log.exception("training job %s failed", job.pk)
         tail = "".join(traceback.format_exception(exc)[-3:])[-2000:]
-        work_end(
-            TrainingJob,
-            pk=job.pk,
-            worker=worker,
+        job_end_logged(
+            job.pk,
+            worker,
             status=WorkStatus.FAILED,
             error=f"{type(exc).__name__}: {exc}"[:2000],
-            on_end=lambda row: _event(row, JobEventKind.LOG, row.step, {"message": f"failed: {tail}"}),
+            message=f"failed: {tail}",
         )
         return WorkStatus.FAILED
     finally:
@@ -509,6 +508,19 @@ def _move_into(source: Path, dest: Path) -> None:
         # mounts): copy into the claimed folder, then drop the run's copy.
         shutil.copytree(source, dest, dirs_exist_ok=True)
         shutil.rmtree(source, ignore_errors=True)
+
+
+def job_end_logged(job_id: int, worker: str, *, status: str, message: str, error: str | None = None) -> None:
+    """End a job this worker holds as `status` (with `error`, when given) and log `message`
+    at its step; a no-op when the job has ended already (rank 0 ended it, or the sweep)."""
+    work_end(
+        TrainingJob,
+        pk=job_id,
+        worker=worker,
+        status=status,
+        error=error,
+        on_end=lambda row: _event_id(row.pk, JobEventKind.LOG, row.step, {"message": message}),
+    )
 
 
 def _event(job: TrainingJob, kind: str, step: int, data: dict) -> None:
