@@ -85,11 +85,10 @@ class ColocatedRollouts(VllmRollouts):
             self.engine.llm_engine.remove_lora(old.lora_int_id)
             shutil.rmtree(self.run_dir / "rollout-adapters" / self.loaded, ignore_errors=True)
 
-    def _choices(
-        self, prompts: list[list[int]], *, config, num_samples: int, stop_ids: list[int], seeds: list[int] | None
-    ) -> list[list[dict]]:
-        """Every prompt in one batched `generate` under the adapter loaded last, each
-        prompt's choices in the `/completions` form the server answers with."""
+    def _choices(self, prompts: list[list[int]], fields: list[dict], *, config) -> list[list[dict]]:
+        """Every prompt in one batched `generate` under the adapter loaded last, each under
+        its sampling `fields` and the model's generation defaults, each prompt's choices in
+        the `/completions` form the server answers with."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -98,21 +97,7 @@ class ColocatedRollouts(VllmRollouts):
             from vllm.sampling_params import StructuredOutputsParams
 
             structured = StructuredOutputsParams(**config.structured_outputs)
-        params = [
-            SamplingParams(
-                **self.defaults,
-                n=num_samples,
-                max_tokens=config.max_new_tokens,
-                temperature=config.temperature,
-                top_p=config.top_p,
-                stop_token_ids=stop_ids,
-                skip_special_tokens=True,
-                logprobs=0,
-                seed=None if seeds is None else seeds[k],
-                structured_outputs=structured,
-            )
-            for k in range(len(prompts))
-        ]
+        params = [SamplingParams(**self.defaults, **f, logprobs=0, structured_outputs=structured) for f in fields]
         self.wake()
         try:
             outputs = self.engine.generate(

@@ -75,34 +75,16 @@ class VllmRollouts:
         # retried like every other call here.
         return self.server.request("POST", url.removeprefix(self.server.url), json=payload)
 
-    def _completions(
-        self,
-        prompt: list[int],
-        *,
-        n: int,
-        max_tokens: int,
-        temperature: float,
-        top_p: float,
-        stop_ids: list[int],
-        skip_special_tokens: bool,
-        seed: int | None,
-        extra: dict | None = None,
-    ) -> list[dict]:
+    def _completions(self, prompt: list[int], fields: dict) -> list[dict]:
         """The choices of one `/completions` request continuing the ids `prompt` under the
-        adapter loaded last, each with its sampled ids and their log-probs."""
+        adapter loaded last, each with its sampled ids and their log-probs. `fields`: the
+        request's sampling fields (`sampling_fields`, vLLM's names)."""
         payload = {
             "model": self._adapter(),
             "prompt": prompt,
-            "n": n,
-            "max_tokens": max_tokens,
-            "temperature": temperature,
-            "top_p": top_p,
-            "stop_token_ids": stop_ids,
-            "skip_special_tokens": skip_special_tokens,
+            **fields,
             "return_token_ids": True,
             "logprobs": 0,
-            **({"seed": seed} if seed is not None else {}),
-            **(extra or {}),
         }
         response = self._post(f"{self.base_url}/completions", payload)
         if response.status_code != 200:
@@ -139,16 +121,10 @@ class VllmRollouts:
         sampled, with the end-of-turn id when the server stopped on it; the server's
         log-prob of each, the q of `loss.sampling_correction`). `seed`: vLLM's per-request
         seed, so a seeded request repeats."""
-        choice = self._completions(
-            prompt,
-            n=1,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            stop_ids=stop_ids,
-            skip_special_tokens=False,
-            seed=seed,
-        )[0]
+        fields = sampling_fields(
+            n=1, max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop_ids=stop_ids, seed=seed
+        )
+        choice = self._completions(prompt, fields | {"skip_special_tokens": False})[0]
         tokens, logprobs = sampled_tokens(choice)
         if choice.get("finish_reason") == "stop" and (not tokens or tokens[-1] not in stop_ids):
             # A server that leaves the stop id out of token_ids still sampled it, with a
@@ -230,7 +206,18 @@ class VllmRollouts:
         responses: list[list[int]] = []
         logprobs: list[list[float]] = []
         texts: list[str] = []
-        for choices in self._choices(prompts, config=config, num_samples=num_samples, stop_ids=stop_ids, seeds=seeds):
+        fields = [
+            sampling_fields(
+                n=num_samples,
+                max_tokens=config.max_new_tokens,
+                temperature=config.temperature,
+                top_p=config.top_p,
+                stop_ids=stop_ids,
+                seed=None if seeds is None else seeds[k],
+            )
+            for k in range(len(prompts))
+        ]
+        for choices in self._choices(prompts, fields, config=config):
             for choice in sorted(choices, key=lambda c: c.get("index", 0)):
                 tokens, token_logprobs = sampled_tokens(choice)
                 responses.append(tokens)
@@ -250,26 +237,13 @@ class VllmRollouts:
             sampler[row, : len(values)] = torch.tensor(values, dtype=torch.float32)
         return ServedRollout(**vars(rollout), sampler_logprobs=sampler.to(policy.device))
 
-    def _choices(
-        self, prompts: list[list[int]], *, config, num_samples: int, stop_ids: list[int], seeds: list[int] | None
-    ) -> list[list[dict]]:
-        """Each prompt's `num_samples` completion choices (`/completions` answers: index,
-        token_ids, logprobs.token_logprobs, text), one request per prompt."""
+    def _choices(self, prompts: list[list[int]], fields: list[dict], *, config) -> list[list[dict]]:
+        """Each prompt's completion choices (`/completions` answers: index, token_ids,
+        logprobs.token_logprobs, text) under its sampling `fields` and the config's
+        `structured_outputs`, one request per prompt."""
         structured = getattr(config, "structured_outputs", None)
-        return [
-            self._completions(
-                prompt,
-                n=num_samples,
-                max_tokens=config.max_new_tokens,
-                temperature=config.temperature,
-                top_p=config.top_p,
-                stop_ids=stop_ids,
-                skip_special_tokens=True,
-                seed=None if seeds is None else seeds[k],
-                extra={"structured_outputs": structured} if structured else {},
-            )
-            for k, prompt in enumerate(prompts)
-        ]
+        extra = {"structured_outputs": structured} if structured else {}
+        return [self._completions(prompt, f | extra) for prompt, f in zip(prompts, fields, strict=True)]
 
     def close(self) -> None:
         """Unload the job's last adapter from the server (rank 0, which loaded it): a
@@ -283,6 +257,23 @@ class VllmRollouts:
             logger.warning("could not unload %s from the inference server: %s", self.loaded, exc)
         shutil.rmtree(self.run_dir / "rollout-adapters", ignore_errors=True)
         self.loaded = None
+
+
+def sampling_fields(
+    *, n: int, max_tokens: int, temperature: float, top_p: float, stop_ids: list[int], seed: int | None
+) -> dict:
+    """One request's sampling settings under vLLM's names, which its `/completions` body and
+    its `SamplingParams` share: `n` samples of at most `max_tokens`, stopping on `stop_ids`,
+    special tokens left out of the text, seeded when `seed` is given."""
+    return {
+        "n": n,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "top_p": top_p,
+        "stop_token_ids": stop_ids,
+        "skip_special_tokens": True,
+        **({"seed": seed} if seed is not None else {}),
+    }
 
 
 @dataclass
