@@ -13,11 +13,14 @@ CANARIES = [{"prompt": f"Say B{i}.", "reference": "e", "grader": "contains"} for
 
 
 def _children() -> dict[int, str]:
-    """This process's live child processes, with their command lines."""
+    """This process's live child processes, with their command lines. A zombie (it has
+    exited and waits to be reaped; its command line reads empty) is not live."""
     found = {}
     for task in Path("/proc/self/task").iterdir():
         for pid in (task / "children").read_text().split():
             try:
+                if Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].startswith("Z"):
+                    continue
                 found[int(pid)] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
             except OSError:
                 continue
