@@ -233,6 +233,14 @@ INGEST_MAX_TRACES_PER_BATCH = int(os.environ.get("PRACTICUM_INGEST_MAX_TRACES", 
 INGEST_MAX_MESSAGES_PER_TRACE = int(os.environ.get("PRACTICUM_INGEST_MAX_MESSAGES", 2000))
 # Django's own cap on a request body read through request.body.
 DATA_UPLOAD_MAX_MEMORY_SIZE = INGEST_MAX_BODY_BYTES
+# Request bodies (webapp/request_bodies.py), read before a request takes a slot: at most
+# WEB_MAX_BODY_BYTES (a fine-tuning upload: its file limit and the multipart around it), at
+# most WEB_ANONYMOUS_MAX_BODY_BYTES to a route anyone may post to (login, feedback links),
+# credentials checked first everywhere else, and the whole body in within
+# WEB_BODY_TIMEOUT_SECONDS of the headers (else 408).
+WEB_MAX_BODY_BYTES = int(os.environ.get("PRACTICUM_WEB_MAX_BODY_BYTES", INGEST_MAX_BODY_BYTES))
+WEB_ANONYMOUS_MAX_BODY_BYTES = int(os.environ.get("PRACTICUM_WEB_ANONYMOUS_MAX_BODY_BYTES", 1024 * 1024))
+WEB_BODY_TIMEOUT_SECONDS = float(os.environ.get("PRACTICUM_WEB_BODY_TIMEOUT_SECONDS", 60))
 
 # Celery. The database row of a job is the source of truth, so no result backend.
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL") or "filesystem://"

@@ -95,19 +95,29 @@ async def _send_json(send, status: int, body: bytes, headers: list[tuple[bytes, 
     await send({"type": "http.response.body", "body": body})
 
 
-async def _read_body(receive, limit: int) -> bytes:
+async def _read_body(receive, limit: int, *, declared: bytes | None = None, timeout: float | None = None) -> bytes:
+    """The body, refused from its Content-Length (`declared`) when that is over `limit`, cut
+    off as it streams past `limit`, and given up on after `timeout` seconds."""
+    if declared is not None and declared.strip().isdigit() and int(declared) > limit:
+        raise GatewayError(413, f"request body of {int(declared)} bytes; at most {limit}", code="request_too_large")
     parts, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise GatewayError(400, "the client disconnected before sending the whole body")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise GatewayError(413, f"request body over {limit} bytes", code="request_too_large")
-        parts.append(chunk)
-        if not message.get("more_body"):
-            return b"".join(parts)
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise GatewayError(400, "the client disconnected before sending the whole body")
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    raise GatewayError(413, f"request body over {limit} bytes", code="request_too_large")
+                parts.append(chunk)
+                if not message.get("more_body"):
+                    return b"".join(parts)
+    except TimeoutError:
+        raise GatewayError(
+            408, f"the request body did not arrive within {timeout:g} seconds", code="request_timeout"
+        ) from None
 
 
 def _strip_choice(choice: dict[str, Any], logprobs: bool, token_ids: bool) -> dict[str, Any]:
@@ -176,6 +186,7 @@ class GatewayApp:
         )
         self.timeout = settings.GATEWAY_UPSTREAM_TIMEOUT if upstream_timeout is None else upstream_timeout
         self.max_body = settings.INGEST_MAX_BODY_BYTES
+        self.body_timeout = settings.WEB_BODY_TIMEOUT_SECONDS
         # One per process: its replicas' outstanding counts and health are this process's view.
         self.balancer = Balancer(api_key=settings.INFERENCE_API_KEY, read_timeout=self.timeout)
 
@@ -209,7 +220,9 @@ class GatewayApp:
                     404, f"no route {path}; the gateway serves /v1/chat/completions, /v1/models and /v1/health"
                 )
         except GatewayError as exc:
-            await _send_json(send, exc.status, exc.body())
+            # A body refused for its size or its lateness is not read on: the connection closes.
+            close = [(b"connection", b"close")] if exc.status in (408, 413) else []
+            await _send_json(send, exc.status, exc.body(), [(b"content-type", b"application/json"), *close])
 
     @staticmethod
     def _header(scope, name: bytes) -> bytes | None:
@@ -243,16 +256,18 @@ class GatewayApp:
     async def chat_completions(self, scope, receive, send) -> None:
         t0 = time.perf_counter()
         started_at = time.time()
-        authorization = trace_header = session_header = None
+        authorization = trace_header = session_header = declared = None
         for key, value in scope["headers"]:
             if key == b"authorization":
                 authorization = value
+            elif key == b"content-length":
+                declared = value
             elif key == TRACE_HEADER:
                 trace_header = value
             elif key == SESSION_HEADER:
                 session_header = value
         principal = await self.access.principal(authorization)
-        request = self._parse(await _read_body(receive, self.max_body))
+        request = self._parse(await _read_body(receive, self.max_body, declared=declared, timeout=self.body_timeout))
         messages, tools = self._validate(request)
         metadata = self._metadata(request.pop("metadata", None))
         # Both identifiers are checked before the model is called: the trace id is echoed in a
