@@ -124,6 +124,7 @@ class JobKind(models.TextChoices):
 # What a job does, phase by phase (`TrainingJob.phase["name"]`), in words.
 PHASE_LABELS = {
     "queued": "waiting for a worker",
+    "validating_files": "reading its fine-tuning files",
     "loading": "loading the model",
     "evaluation": "evaluating",
     "sampling": "sampling",

@@ -157,21 +157,7 @@ def training_job_create(
     if kind == JobKind.EPISODES and parsed.rollout == "vllm" and parsed.adapter != "lora":
         raise JobError([("config.rollout", "vLLM rollouts need a LoRA adapter")])
     deployment = deployment or (training_set.deployment if training_set else None) or base_version.deployment
-    gate = None
-    uses = _judge_scored(kind, parsed, training_set)
-    if uses:
-        from training.services.judge_gate import JudgeGateClosed, judge_gate_pass
-
-        try:
-            gate = judge_gate_pass(
-                deployments=[deployment],
-                uses=uses,
-                override_reason=judge_gate_override_reason,
-                user=user,
-                audit_on=_trained_on(training_set),
-            )
-        except JudgeGateClosed as exc:
-            raise JobError([(exc.field, exc.reason)]) from None
+    gate = _gate_pass(kind, parsed, training_set, deployment, user, judge_gate_override_reason)
     job = TrainingJob.objects.create(
         kind=kind,
         config=parsed.to_dict(),
@@ -181,19 +167,106 @@ def training_job_create(
         total_steps=parsed.steps,
         created_by=user,
     )
-    if gate is not None:
-        override = gate["override"]
-        said = (
-            f"judge gate overridden by {override['by']}: {override['reason']}"
-            if override
-            else "judge gate open: " + "; ".join(g["reason"] for g in gate["gates"])
-        )
-        TrainingJobEvent.objects.create(
-            job=job, kind=JobEventKind.LOG, step=0, data={"message": said, "judge_gate": gate}
-        )
+    _gate_log(job, gate)
     _log(job, "queued")
     if enqueue:
         _enqueue(job)
+    return job
+
+
+def _gate_pass(kind: str, parsed, training_set, deployment, user, override_reason: str) -> dict | None:
+    """The judge's training gate, for a job that trains on what the judge wrote (None when
+    it does not); `JobError` when the gate is closed and not overridden."""
+    uses = _judge_scored(kind, parsed, training_set)
+    if not uses:
+        return None
+    from training.services.judge_gate import JudgeGateClosed, judge_gate_pass
+
+    try:
+        return judge_gate_pass(
+            deployments=[deployment],
+            uses=uses,
+            override_reason=override_reason,
+            user=user,
+            audit_on=_trained_on(training_set),
+        )
+    except JudgeGateClosed as exc:
+        raise JobError([(exc.field, exc.reason)]) from None
+
+
+def _gate_log(job: TrainingJob, gate: dict | None) -> None:
+    if gate is None:
+        return
+    override = gate["override"]
+    said = (
+        f"judge gate overridden by {override['by']}: {override['reason']}"
+        if override
+        else "judge gate open: " + "; ".join(g["reason"] for g in gate["gates"])
+    )
+    TrainingJobEvent.objects.create(job=job, kind=JobEventKind.LOG, step=0, data={"message": said, "judge_gate": gate})
+
+
+# A job whose training set is built off the request path (a fine-tuning request's files are
+# read by a worker) is stored queued without its set and enqueued only once it has one.
+AWAITING_SET_PHASE = "validating_files"
+
+
+@transaction.atomic
+def training_job_hold(*, kind: str, config: dict, base_version: ModelVersion, deployment, message: str) -> TrainingJob:
+    """A queued job whose training set is still to be built: its config is checked now, the
+    set's checks wait for `training_job_set_attach`, and nothing is enqueued until then (a
+    cancel before that ends it at once, as any queued job)."""
+    if kind == JobKind.EPISODES:
+        raise JobError([("kind", "an episodes job needs no training set")])
+    parsed = training_job_config_check(kind=kind, config=config, base_version=base_version)
+    job = TrainingJob.objects.create(
+        kind=kind,
+        config=parsed.to_dict(),
+        base_version=base_version,
+        deployment=deployment,
+        phase={"name": AWAITING_SET_PHASE, "done": 0, "total": 0, "since": timezone.now().isoformat()},
+    )
+    _log(job, message)
+    return job
+
+
+def training_job_awaits_set(job: TrainingJob) -> bool:
+    return job.status == WorkStatus.QUEUED and job.training_set_id is None and job.kind != JobKind.EPISODES
+
+
+@transaction.atomic
+def training_job_set_attach(
+    *, job_id: int, training_set: TrainingSet, config: dict, enqueue: bool = True
+) -> TrainingJob | None:
+    """Give a held job its training set and final config, with every check a new job gets
+    (the judge's gate included), and enqueue it. None when the job no longer waits for one
+    (cancelled meanwhile, or given one by an earlier delivery)."""
+    job = TrainingJob.objects.select_for_update().select_related("base_version").filter(pk=job_id).first()
+    if job is None or not training_job_awaits_set(job):
+        return None
+    parsed = training_job_config_check(kind=job.kind, config=config, base_version=job.base_version)
+    _check_items(job.kind, training_set, hint_samples=getattr(parsed, "hint_samples", 0))
+    gate = _gate_pass(job.kind, parsed, training_set, job.deployment, None, "")
+    job.training_set, job.config, job.total_steps = training_set, parsed.to_dict(), parsed.steps
+    job.phase = {}
+    job.save(update_fields=["training_set", "config", "total_steps", "phase"])
+    _gate_log(job, gate)
+    _log(job, "queued")
+    if enqueue:
+        _enqueue(job)
+    return job
+
+
+@transaction.atomic
+def training_job_refuse(*, job_id: int, reason: str) -> TrainingJob | None:
+    """Fail a held job whose training set could not be built, saying why (None when it no
+    longer waits for one)."""
+    job = TrainingJob.objects.select_for_update().filter(pk=job_id).first()
+    if job is None or not training_job_awaits_set(job):
+        return None
+    job.status, job.error, job.finished_at, job.phase = WorkStatus.FAILED, reason, timezone.now(), {}
+    job.save(update_fields=["status", "error", "finished_at", "phase"])
+    _log(job, f"failed: {reason}")
     return job
 
 
