@@ -396,8 +396,15 @@ FAILURE_MODE_STALE_AFTER_SECONDS = float(os.environ.get("PRACTICUM_FAILURE_MODE_
 OTEL_SPAN_RETENTION_SECONDS = float(os.environ.get("PRACTICUM_OTEL_SPAN_RETENTION_SECONDS", 24 * 3600))
 # The largest JSONL a fine-tuning upload (/api/openai/v1/files) may be; it is stored in the database.
 FINETUNE_FILE_MAX_BYTES = int(os.environ.get("PRACTICUM_FINETUNE_FILE_MAX_BYTES", 32 * 1024 * 1024))
-# All of one deployment's stored fine-tuning files together (deleted ones do not count).
+# All of one deployment's stored fine-tuning data together: its files (deleted ones too, until
+# no job still has to read them) and the training items its jobs made of them.
 FINETUNE_STORAGE_MAX_BYTES = int(os.environ.get("PRACTICUM_FINETUNE_STORAGE_MAX_BYTES", 1024 * 1024 * 1024))
+# A supervised line makes one item per assistant message, each carrying the messages before
+# it (N such messages: N items of up to N messages): bounds per line, and on the bytes of
+# items one job makes (counted before any item is built).
+FINETUNE_MAX_MESSAGES_PER_LINE = int(os.environ.get("PRACTICUM_FINETUNE_MAX_MESSAGES_PER_LINE", 256))
+FINETUNE_MAX_TARGETS_PER_LINE = int(os.environ.get("PRACTICUM_FINETUNE_MAX_TARGETS_PER_LINE", 32))
+FINETUNE_MAX_ITEM_BYTES = int(os.environ.get("PRACTICUM_FINETUNE_MAX_ITEM_BYTES", 4 * FINETUNE_FILE_MAX_BYTES))
 # How long a logged history can be continued by a call that names no trace (conversation stitching).
 GATEWAY_STITCH_WINDOW_SECONDS = float(os.environ.get("PRACTICUM_GATEWAY_STITCH_WINDOW_SECONDS", 6 * 3600))
 

@@ -1,6 +1,10 @@
 """OpenAI's fine-tuning API served by Practicum, driven by the real `openai` SDK: files in,
 supervised and reinforcement jobs through to a candidate version, events and checkpoints,
-and every refusal a 400 (or 403/404) naming the request's field, with nothing stored."""
+and every refusal a 400 (or 403/404) naming the request's field, with nothing stored.
+
+A file's lines and a job's training set are read off the request path by the default
+queue's worker; here `_processed` and `_prepared` do what it does, in the test's transaction
+(`test_openai_finetuning_bounds.py` runs the real worker)."""
 
 from __future__ import annotations
 
@@ -13,7 +17,8 @@ import pytest
 from feedback.services.api_keys import api_key_create
 from tests.factories import DeploymentFactory
 from training.finetuning.models import FineTuningFile, FineTuningJob
-from training.models import TrainingItem, TrainingJob, TrainingSet
+from training.finetuning.services import file_validate, fine_tuning_job_prepare
+from training.models import TrainingItem, TrainingJob, TrainingJobEvent, TrainingSet
 from training.services.job_runner import training_job_run
 from training.serving.models import ModelVersion
 from webapp.work import WorkStatus
@@ -55,6 +60,19 @@ def _jsonl(rows: list[dict]) -> bytes:
     return "\n".join(json.dumps(r) for r in rows).encode()
 
 
+def _processed(sdk, upload):
+    """What the default queue's worker does after an upload: the file's lines are read."""
+    file_validate(file_id=upload.id)
+    return sdk.files.retrieve(upload.id)
+
+
+def _prepared(sdk, job):
+    """What the default queue's worker does after a job request: the files become its
+    training set and the job is queued for training."""
+    fine_tuning_job_prepare(job_id=int(job.id.removeprefix("ftjob-")))
+    return sdk.fine_tuning.jobs.retrieve(job.id)
+
+
 SUPERVISED = [
     {
         "messages": [
@@ -91,6 +109,7 @@ def test_a_supervised_job_from_the_sdk_trains_a_candidate_that_waits_for_approva
 ):
     upload = sdk.files.create(file=("train.jsonl", _jsonl(SUPERVISED)), purpose="fine-tune")
     assert upload.id.startswith("file-") and upload.purpose == "fine-tune" and upload.bytes == len(_jsonl(SUPERVISED))
+    assert upload.status == "uploaded" and _processed(sdk, upload).status == "processed"
     assert [f.id for f in sdk.files.list()] == [upload.id]
     assert sdk.files.content(upload.id).content == _jsonl(SUPERVISED)
 
@@ -103,8 +122,11 @@ def test_a_supervised_job_from_the_sdk_trains_a_candidate_that_waits_for_approva
             seed=3,
             metadata={"team": "support"},
         )
-    assert job.id.startswith("ftjob-") and job.status == "queued" and len(queued) == 1
+    assert job.id.startswith("ftjob-") and job.status == "validating_files" and len(queued) == 1
     assert job.model == "tiny-base" and job.fine_tuned_model is None and job.seed == 3
+    with django_capture_on_commit_callbacks() as queued:
+        assert _prepared(sdk, job).status == "queued"
+    assert len(queued) == 1  # the training itself, on the training queue
     # Four one-turn lines and the tool call of the fifth (its weight-0 reply is left out).
     training_job = TrainingJob.objects.get(pk=int(job.id.removeprefix("ftjob-")))
     targets = list(
@@ -121,9 +143,14 @@ def test_a_supervised_job_from_the_sdk_trains_a_candidate_that_waits_for_approva
     assert candidate.status == "candidate" and candidate.deployment == deployment  # nothing serves it yet
     checkpoints = sdk.fine_tuning.jobs.checkpoints.list(job.id).data
     assert [c.fine_tuned_model_checkpoint for c in checkpoints] == [candidate.name]
+    # The checkpoint's metrics are the logged ones at its step, in OpenAI's names.
+    last = TrainingJobEvent.objects.filter(job=training_job, kind="step").latest("step")
+    assert checkpoints[0].step_number == last.step == 3
+    assert checkpoints[0].metrics.step == 3 and checkpoints[0].metrics.train_loss == pytest.approx(last.data["loss"])
     events = sdk.fine_tuning.jobs.list_events(job.id, limit=100).data
     assert any("another person has approved" in e.message for e in events)
     assert sum(e.type == "metrics" for e in events) == 3
+    assert all(e.data["train_loss"] == e.data["loss"] for e in events if e.type == "metrics")
     assert [j.id for j in sdk.fine_tuning.jobs.list(metadata={"team": "support"})] == [job.id]
     assert list(sdk.fine_tuning.jobs.list(metadata={"team": "other"})) == []
     assert list(sdk.fine_tuning.jobs.list(metadata={"team__regex": ".*"})) == []  # a key, never a lookup
@@ -174,6 +201,7 @@ def test_a_reinforcement_job_is_scored_by_the_requests_grader_on_each_line(
                 },
             },
         )
+        _prepared(sdk, job)
     training_job = TrainingJob.objects.get(pk=int(job.id.removeprefix("ftjob-")))
     splits = TrainingItem.objects.filter(training_set=training_job.training_set).values_list("split", flat=True)
     assert training_job.kind == "grpo" and training_job.total_steps == 2
@@ -190,6 +218,9 @@ def test_a_reinforcement_job_is_scored_by_the_requests_grader_on_each_line(
     steps = [e for e in events if e.type == "metrics" and e.message.startswith("Step")]
     assert len(steps) == 2 and all(0.0 <= e.data["reward_mean"] <= 1.0 for e in steps)
     assert any(e.message.startswith("Evaluation at step 2") for e in events)
+    (checkpoint,) = sdk.fine_tuning.jobs.checkpoints.list(job.id).data
+    assert checkpoint.metrics.step == 2 and checkpoint.metrics.train_loss is not None
+    assert 0.0 <= checkpoint.metrics.valid_mean_reward <= 1.0  # the held-out lines' evaluation
 
 
 def test_a_job_can_be_cancelled_before_it_starts_and_not_after_it_ends(
@@ -267,11 +298,40 @@ def test_a_job_that_cannot_start_is_a_400_naming_the_field_and_stores_nothing(sd
 
 
 @pytest.mark.parametrize(
+    ("lines", "reason"),
+    [
+        (b'{"messages": [}\n', "line 1 is not JSON"),
+        (_jsonl([{"messages": [{"role": "wizard", "content": "hi"}]}]), "line 1: messages[0] needs a role"),
+        (b"\n\n", "has no lines"),
+        (b"[1]\n" + _jsonl(SUPERVISED[:1]), "line 1 must be a JSON object"),
+    ],
+)
+def test_a_bad_file_is_reported_on_the_file_and_refused_for_jobs(sdk, base_version, lines, reason):
+    upload = sdk.files.create(file=("bad.jsonl", lines), purpose="fine-tune")
+    read = _processed(sdk, upload)
+    # As OpenAI's: the file object says why, before any job is asked for.
+    assert read.status == "error" and reason in read.status_details
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.fine_tuning.jobs.create(model="tiny-base", training_file=upload.id)
+    assert refused.value.body["param"] == "training_file" and reason in refused.value.body["message"]
+    assert not TrainingJob.objects.exists()
+
+
+def test_a_line_a_supervised_job_cannot_use_is_refused_by_line(sdk, base_version):
+    prompt_only = _jsonl([{"messages": [{"role": "user", "content": "hi"}]}])
+    upload = sdk.files.create(file=("prompts.jsonl", prompt_only), purpose="fine-tune")
+    assert _processed(sdk, upload).status == "processed"  # a reinforcement job could use it
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.fine_tuning.jobs.create(model="tiny-base", training_file=upload.id)
+    assert refused.value.body["param"] == "training_file"
+    assert "line 1: no assistant message" in refused.value.body["message"]
+
+
+@pytest.mark.parametrize(
     ("lines", "method", "reason"),
     [
         (b'{"messages": [}\n', None, "line 1 is not JSON"),
         (_jsonl([{"messages": [{"role": "user", "content": "hi"}]}]), None, "no assistant message"),
-        (_jsonl([{"messages": [{"role": "wizard", "content": "hi"}]}]), None, "needs a role"),
         (
             _jsonl(GRADED[:1]),
             {
@@ -282,13 +342,19 @@ def test_a_job_that_cannot_start_is_a_400_naming_the_field_and_stores_nothing(sd
         ),
     ],
 )
-def test_a_file_whose_lines_cannot_train_is_refused_by_line(sdk, base_version, lines, method, reason):
+def test_a_job_whose_files_cannot_train_fails_naming_the_file_and_the_line(sdk, base_version, lines, method, reason):
     upload = sdk.files.create(file=("bad.jsonl", lines), purpose="fine-tune")
-    with pytest.raises(openai.BadRequestError) as refused:
-        sdk.fine_tuning.jobs.create(
-            model="tiny-base", training_file=upload.id, **({"method": method} if method else {})
-        )
-    assert refused.value.body["param"] == "training_file" and reason in refused.value.body["message"]
+    # Asked for before the worker read the file: the worker reads it and fails the job.
+    job = sdk.fine_tuning.jobs.create(
+        model="tiny-base", training_file=upload.id, **({"method": method} if method else {})
+    )
+    assert job.status == "validating_files"
+    failed = _prepared(sdk, job)
+    assert failed.status == "failed" and failed.error.param == "training_file"
+    assert failed.error.code == "invalid_training_file" and reason in failed.error.message
+    assert not TrainingSet.objects.exists()
+    with pytest.raises(openai.ConflictError):  # over: nothing to cancel
+        sdk.fine_tuning.jobs.cancel(job.id)
 
 
 def test_files_list_in_either_order_pages_with_after(sdk, base_version):
@@ -322,7 +388,7 @@ def test_a_nul_escaped_in_a_line_is_stored_as_a_replacement_character(sdk, base_
     line = {"messages": [{"role": "user", "content": "hi\u0000"}, {"role": "assistant", "content": "ok\u0000"}]}
     upload = sdk.files.create(file=("nul\x00.jsonl", json.dumps(line).encode()), purpose="fine-tune")
     assert "\x00" not in sdk.files.retrieve(upload.id).filename
-    job = sdk.fine_tuning.jobs.create(model="tiny-base", training_file=upload.id)
+    job = _prepared(sdk, sdk.fine_tuning.jobs.create(model="tiny-base", training_file=upload.id))
     (item,) = TrainingItem.objects.filter(training_set=TrainingJob.objects.get(pk=int(job.id[6:])).training_set)
     assert item.corrected_response == "ok\ufffd" and item.messages[0]["content"] == "hi\ufffd"
 
@@ -348,13 +414,10 @@ def test_keys_see_their_own_deployment_and_need_the_train_scope(sdk, connect, ba
         sdk.fine_tuning.jobs.retrieve("ftjob-99999999999999999999999")
 
 
-def test_a_score_model_grader_becomes_the_judges_rubric_with_the_line_filled_in(train_key):
-    from training.finetuning.services import reinforcement_items
+def test_a_score_model_grader_becomes_the_judges_rubric_with_the_line_filled_in():
+    from training.finetuning.lines import reinforcement_items
 
     content = _jsonl(GRADED[:1]).decode()
-    upload = FineTuningFile.objects.create(
-        api_key=train_key.api_key, filename="f.jsonl", purpose="fine-tune", content=content, bytes=len(content)
-    )
     grader = {
         "type": "score_model",
         "name": "judge",
@@ -362,7 +425,9 @@ def test_a_score_model_grader_becomes_the_judges_rubric_with_the_line_filled_in(
         "input": [{"role": "user", "content": "Does {{ sample.output_text }} name the code word {{ item.answer }}?"}],
         "range": [0, 1],
     }
-    (item,) = reinforcement_items(upload, grader, split="train", field="training_file")
+    (item,), _ = reinforcement_items(
+        content=content, file_id="file-x", grader=grader, split="train", field="training_file", budget=10**6
+    )
     assert item["kind"] == "turn" and "code word e?" in item["rubric"] and "{{" not in item["rubric"]
 
 
@@ -391,7 +456,8 @@ def test_lines_end_at_newlines_only_and_a_byte_order_mark_is_not_part_of_line_on
     ]
     data = b"\xef\xbb\xbf" + "\r\n".join(json.dumps(x, ensure_ascii=False) for x in lines).encode()
     upload = sdk.files.create(file=("u.jsonl", data), purpose="fine-tune")
-    job = sdk.fine_tuning.jobs.create(model="tiny-base", training_file=upload.id)
+    assert _processed(sdk, upload).status == "processed"
+    job = _prepared(sdk, sdk.fine_tuning.jobs.create(model="tiny-base", training_file=upload.id))
     items = TrainingItem.objects.filter(training_set=TrainingJob.objects.get(pk=int(job.id[6:])).training_set)
     assert sorted(i.messages[0]["content"] for i in items) == [f"a\u2028b\u2029c\u0085 {i}" for i in range(2)]
 
@@ -409,13 +475,14 @@ def test_a_message_of_the_wrong_shape_is_refused_by_line(sdk, base_version, assi
     upload = sdk.files.create(
         file=("x.jsonl", _jsonl([{"messages": [{"role": "user", "content": "hi"}, assistant]}])), purpose="fine-tune"
     )
+    assert "line 1: messages[1]" in _processed(sdk, upload).status_details
     with pytest.raises(openai.BadRequestError) as refused:
         sdk.fine_tuning.jobs.create(model="tiny-base", training_file=upload.id)
     assert refused.value.body["param"] == "training_file" and "line 1: messages[1]" in refused.value.body["message"]
 
 
 def test_what_one_request_can_cost_is_bounded(sdk, base_version, in_process_site, train_key, monkeypatch):
-    from training.finetuning import services
+    from training.finetuning import lines
 
     raw = httpx.Client(transport=in_process_site, base_url="http://testserver")
     answer = raw.post(
@@ -435,14 +502,17 @@ def test_what_one_request_can_cost_is_bounded(sdk, base_version, in_process_site
         )
     assert refused.value.body["param"] == "method.reinforcement.grader"
 
-    monkeypatch.setattr(services, "MAX_LINES", 3)
+    monkeypatch.setattr(lines, "MAX_LINES", 3)
+    long = sdk.files.create(file=("t.jsonl", _jsonl(GRADED)), purpose="fine-tune")
+    assert "more than 3 lines" in _processed(sdk, long).status_details
     with pytest.raises(openai.BadRequestError, match="more than 3 lines"):
-        sdk.fine_tuning.jobs.create(model="tiny-base", training_file=upload.id)
+        sdk.fine_tuning.jobs.create(model="tiny-base", training_file=long.id)
 
     line = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}], "x": [[[[]]]]}
     for _ in range(70):
         line["x"] = [line["x"]]
     deep = sdk.files.create(file=("d.jsonl", json.dumps(line).encode()), purpose="fine-tune")
+    assert "nested deeper" in _processed(sdk, deep).status_details
     with pytest.raises(openai.BadRequestError, match="nested deeper"):
         sdk.fine_tuning.jobs.create(model="tiny-base", training_file=deep.id)
 

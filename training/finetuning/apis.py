@@ -19,7 +19,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from feedback.auth import ApiKeyAuthentication, ApiKeyPrincipal
-from training.finetuning import services
+from training.finetuning import selectors, services
 from training.finetuning.models import FineTuningFile, FineTuningJob
 from webapp.api_errors import JSONParser, exception_handler, limit_param
 
@@ -115,8 +115,8 @@ def file_object(upload: FineTuningFile) -> dict[str, Any]:
         "created_at": int(upload.created_at.timestamp()),
         "filename": upload.filename,
         "purpose": upload.purpose,
-        "status": "processed",
-        "status_details": None,
+        "status": upload.status,
+        "status_details": upload.status_details or None,
     }
 
 
@@ -216,7 +216,7 @@ class FileContentApi(OpenAIApi):
 
 def job_object(ft: FineTuningJob) -> dict[str, Any]:
     job = ft.job
-    status = services.job_status(job)
+    status = selectors.job_status(job)
     failed = status == "failed"
     return {
         "id": f"ftjob-{job.pk}",
@@ -242,7 +242,7 @@ def job_object(ft: FineTuningJob) -> dict[str, Any]:
         "seed": ft.seed,
         "suffix": ft.suffix or None,
         "metadata": ft.metadata or None,
-        "error": {"code": job.status, "message": job.error or "the job did not finish", "param": None}
+        "error": (ft.failure or {"code": job.status, "message": job.error or "the job did not finish", "param": None})
         if failed
         else None,
         "estimated_finish": None,
@@ -344,10 +344,13 @@ class JobEventsApi(OpenAIApi):
     def get(self, request, job_id: str):
         ft = services.fine_tuning_job_get(api_key=self.api_key, job_id=job_id)
         limit = limit_param(request.query_params, default=20, maximum=1000)
-        rows = services.job_events(ft=ft, after=request.query_params.get("after") or None, limit=limit)
+        rows = selectors.job_events(ft=ft, after=request.query_params.get("after") or None, limit=limit)
 
         def render(event) -> dict[str, Any]:
-            level, kind, message = services.event_message(event, ft.job.total_steps)
+            level, kind, message = selectors.event_message(event, ft.job.total_steps)
+            data = event.data if kind == "metrics" else {}
+            if event.kind == "step" and "loss" in data:  # OpenAI's names beside Practicum's
+                data = {**data, "train_loss": data["loss"], "total_steps": ft.job.total_steps}
             return {
                 "id": f"ftevent-{event.pk}",
                 "object": "fine_tuning.job.event",
@@ -355,7 +358,7 @@ class JobEventsApi(OpenAIApi):
                 "level": level,
                 "message": message,
                 "type": kind,
-                "data": event.data if kind == "metrics" else {},
+                "data": data,
             }
 
         page = _page(rows, limit, render)
@@ -385,7 +388,7 @@ class JobCheckpointsApi(OpenAIApi):
                     "fine_tuned_model_checkpoint": job.result_version.name,
                     "fine_tuning_job_id": f"ftjob-{job.pk}",
                     "step_number": job.step,
-                    "metrics": {k: v for k, v in (job.metrics or {}).items() if isinstance(v, int | float)},
+                    "metrics": selectors.checkpoint_metrics(job),
                 }
             )
         first = data[0]["id"] if data else None

@@ -12,9 +12,18 @@ def file_id() -> str:
     return f"file-{secrets.token_hex(12)}"
 
 
+class FileStatus(models.TextChoices):
+    """OpenAI's file statuses: its lines are read off the request path after the upload."""
+
+    UPLOADED = "uploaded", "Uploaded, not read yet"
+    PROCESSED = "processed", "Read: every line can train"
+    ERROR = "error", "Refused (status_details says why)"
+
+
 class FineTuningFile(models.Model):
-    """A JSONL file uploaded with purpose `fine-tune`. The lines are read when a job is
-    made from it (as OpenAI does), so an upload is only checked for size and encoding.
+    """A JSONL file uploaded with purpose `fine-tune`. The upload is checked for size and
+    encoding; its lines are read by a worker (status `uploaded` → `processed` or `error`,
+    with the reason in `status_details`), as OpenAI validates a file after its upload.
     Files and requests go with their key (and its deployment) when an admin deletes it; the
     training sets and jobs made from them stay."""
 
@@ -23,7 +32,15 @@ class FineTuningFile(models.Model):
     filename = models.CharField(max_length=255)
     purpose = models.CharField(max_length=40)
     content = models.TextField()
-    bytes = models.PositiveBigIntegerField()
+    bytes = models.PositiveBigIntegerField(help_text="the upload's size, as OpenAI's file object reports it")
+    stored_bytes = models.PositiveBigIntegerField(
+        default=0, help_text="what the row still holds of it (0 once a deleted file's content is dropped)"
+    )
+    status = models.CharField(max_length=20, choices=FileStatus.choices, default=FileStatus.UPLOADED)
+    status_details = models.TextField(blank=True, default="")
+    summary = models.JSONField(
+        default=dict, blank=True, help_text="what reading its lines found: lines, targets, bytes as SFT items"
+    )
     created_at = models.DateTimeField(default=timezone.now)
     deleted_at = models.DateTimeField(null=True, blank=True)
 
@@ -36,7 +53,8 @@ class FineTuningFile(models.Model):
 
 class FineTuningJob(models.Model):
     """What a fine-tuning request asked for, beside the training job that carries it out
-    (`ftjob-<training job id>`)."""
+    (`ftjob-<training job id>`). The training job waits, queued without a training set,
+    while a worker reads the files into one (OpenAI's `validating_files`)."""
 
     job = models.OneToOneField("training.TrainingJob", primary_key=True, on_delete=models.CASCADE, related_name="+")
     api_key = models.ForeignKey("feedback.ApiKey", on_delete=models.CASCADE, related_name="fine_tuning_jobs")
@@ -50,6 +68,12 @@ class FineTuningJob(models.Model):
     suffix = models.CharField(max_length=64, blank=True, default="")
     seed = models.BigIntegerField(default=0)
     metadata = models.JSONField(default=dict, blank=True)
+    items_bytes = models.PositiveBigIntegerField(
+        default=0, help_text="the training items made from its files (they count against the storage quota)"
+    )
+    failure = models.JSONField(
+        default=dict, blank=True, help_text="why its files could not make a training set: OpenAI's error object"
+    )
 
     class Meta:
         ordering = ["-job_id"]

@@ -4,12 +4,18 @@ a `reinforcement` job is a GRPO job scored by the request's grader (`score_model
 deployment's judge, under the judge's training gate), and the job's result is a candidate
 version, which serves only after an evaluation and another person's approval.
 
+What a request costs is bounded: an upload is stored and its lines are read by a worker
+(`file_validate`, the file's status `uploaded` → `processed` or `error`); a job is checked and
+stored at once, and a worker builds its training set (`fine_tuning_job_prepare`, the job
+`validating_files` meanwhile) within the bounds of `training.finetuning.lines`. Every stored
+byte of a deployment's files, deleted ones included until their content is dropped, and of
+the training items made from them counts against `FINETUNE_STORAGE_MAX_BYTES`.
+
 Every call acts for one deployment API key with the `train` scope and sees only the files
 and jobs of that key's deployment."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from dataclasses import dataclass
@@ -21,39 +27,36 @@ from django.db.models import Q, Sum
 from django.utils import timezone
 
 from feedback.models import ApiKey
-from feedback.services.chat_format import MAX_JSON_DEPTH, json_depth
 from feedback.services.ingest import strip_nul
-from training.finetuning.models import FineTuningFile, FineTuningJob
-from training.inference.codec import message_served_text
-from training.models import JobEventKind, JobKind, TrainingItemKind, TrainingJob, TrainingJobEvent
-from training.services.jobs import JobError, training_job_cancel, training_job_create
+from training.finetuning.lines import FineTuningError, file_check, reinforcement_items, supervised_items
+from training.finetuning.models import FileStatus, FineTuningFile, FineTuningJob
+from training.models import JobEventKind, JobKind, TrainingJob, TrainingJobEvent
+from training.services.jobs import (
+    JobError,
+    training_job_awaits_set,
+    training_job_cancel,
+    training_job_hold,
+    training_job_refuse,
+    training_job_set_attach,
+)
 from training.services.training_sets import TrainingSetError, training_set_create
 from training.serving.models import Deployment, ModelVersion
 from training.trainer import openai_graders
 from training.trainer.config import GRPOConfig, SFTConfig
-from webapp.errors import Invalid, NotFound
+from webapp.errors import NotFound
 from webapp.ids import parse_id
 from webapp.work import WorkStatus
 
 PURPOSE = "fine-tune"
-MAX_LINE_ERRORS = 5
-# A job is made from its files inside the request: these bound what one request can cost.
-MAX_LINES = 10_000
 MAX_GRADER_BYTES = 8_192
-MAX_RUBRIC = 16_384
 MAX_EPOCHS = 50
 MAX_BATCH = 256
-ROLES = ("system", "developer", "user", "assistant", "tool")
 CANDIDATE_NOTE = (
     "Practicum trains a candidate version of {model}. It does not serve until an evaluation "
     "has been run on it and another person has approved its promotion (the promotion page or "
     "/api/v1/promotions)."
 )
-
-
-class FineTuningError(Invalid, ValueError):
-    def __init__(self, errors: list[tuple[str, str]]):
-        super().__init__("; ".join(f"{f}: {r}" for f, r in errors), errors=errors)
+__all__ = ["FineTuningError"]
 
 
 class FineTuningNotFound(NotFound):
@@ -72,8 +75,37 @@ def _visible_files(api_key: ApiKey):
     return FineTuningFile.objects.filter(api_key__deployment=api_key.deployment, deleted_at__isnull=True)
 
 
+def storage_used(*, deployment: Deployment) -> int:
+    """Bytes a deployment's fine-tuning data holds: every file's stored content, deleted
+    (hidden) files' too until it is dropped, and the training items made from its files,
+    which stay as long as their jobs."""
+    files = FineTuningFile.objects.filter(api_key__deployment=deployment).aggregate(n=Sum("stored_bytes"))["n"]
+    items = FineTuningJob.objects.filter(api_key__deployment=deployment).aggregate(n=Sum("items_bytes"))["n"]
+    return (files or 0) + (items or 0)
+
+
+def _quota_check(deployment: Deployment, adding: int, field: str) -> None:
+    stored, quota = storage_used(deployment=deployment), settings.FINETUNE_STORAGE_MAX_BYTES
+    if stored + adding > quota:
+        raise FineTuningError(
+            [
+                (
+                    field,
+                    f"would bring this deployment's fine-tuning storage to {stored + adding} bytes; at most {quota}"
+                    " (PRACTICUM_FINETUNE_STORAGE_MAX_BYTES: files, deleted ones a job still needs, and the"
+                    " training items jobs made; delete files no job needs)",
+                )
+            ]
+        )
+
+
+def _deployment_lock(deployment_id: int) -> None:
+    """Hold the deployment's row: uploads and jobs of one deployment count each other's bytes."""
+    Deployment.objects.select_for_update().filter(pk=deployment_id).first()
+
+
 def file_create(*, api_key: ApiKey, filename: str, purpose: str, data: bytes) -> FineTuningFile:
-    """Store an upload; its lines are read when a job is made from it."""
+    """Store an upload (`uploaded`); a worker reads its lines (`file_validate`)."""
     if purpose != PURPOSE:
         raise FineTuningError([("purpose", f"must be {PURPOSE!r}: this server keeps fine-tuning files only")])
     limit = settings.FINETUNE_FILE_MAX_BYTES
@@ -86,27 +118,35 @@ def file_create(*, api_key: ApiKey, filename: str, purpose: str, data: bytes) ->
     if "\x00" in text:
         raise FineTuningError([("file", "must be UTF-8 JSONL (it holds a NUL character)")])
     with transaction.atomic():
-        # The deployment's row lock makes two concurrent uploads count each other.
-        Deployment.objects.select_for_update().filter(pk=api_key.deployment_id).first()
-        stored = _visible_files(api_key).aggregate(total=Sum("bytes"))["total"] or 0
-        quota = settings.FINETUNE_STORAGE_MAX_BYTES
-        if stored + len(data) > quota:
-            raise FineTuningError(
-                [
-                    (
-                        "file",
-                        f"would bring this deployment's stored files to {stored + len(data)} bytes; at most {quota}"
-                        " (delete files no job needs)",
-                    )
-                ]
-            )
-        return FineTuningFile.objects.create(
+        _deployment_lock(api_key.deployment_id)
+        _quota_check(api_key.deployment, len(data), "file")
+        created = FineTuningFile.objects.create(
             api_key=api_key,
             filename=strip_nul(filename or "upload.jsonl")[:255],
             purpose=purpose,
             content=text,
             bytes=len(data),
+            stored_bytes=len(data),
         )
+        from training.finetuning.tasks import file_validate_task
+
+        file_validate_task.delay_on_commit(created.id)
+        return created
+
+
+@transaction.atomic
+def file_validate(*, file_id: str) -> FineTuningFile | None:
+    """Read an uploaded file's lines: `processed`, or `error` with the first few reasons in
+    `status_details` (a file read already is left as it is)."""
+    upload = FineTuningFile.objects.select_for_update().filter(pk=file_id).first()
+    if upload is None or upload.status != FileStatus.UPLOADED:
+        return upload
+    errors, summary = file_check(upload.content)
+    upload.status = FileStatus.ERROR if errors else FileStatus.PROCESSED
+    upload.status_details = "; ".join(errors)
+    upload.summary = summary
+    upload.save(update_fields=["status", "status_details", "summary"])
+    return upload
 
 
 def files_list(
@@ -150,167 +190,30 @@ def file_get(*, api_key: ApiKey, file_id: str, field: str = "file_id", lock: boo
 @transaction.atomic
 def file_delete(*, api_key: ApiKey, file_id: str) -> FineTuningFile:
     """Delete a file. One a job was made from is hidden instead, so the job keeps its
-    provenance; its training set already holds the items."""
+    provenance (its training set holds the items); its content is dropped as soon as no job
+    still has to read it, and until then it counts against the storage quota."""
     found = file_get(api_key=api_key, file_id=file_id, lock=True)
-    used = FineTuningJob.objects.filter(Q(training_file=found) | Q(validation_file=found)).exists()
-    if used:
-        found.deleted_at = timezone.now()
-        found.save(update_fields=["deleted_at"])
-    else:
+    if not _file_jobs(found).exists():
         found.delete()
+        return found
+    found.deleted_at = timezone.now()
+    found.save(update_fields=["deleted_at"])
+    _content_drop_if_unneeded(found)
     return found
 
 
-# --- reading a file's lines ------------------------------------------------------------------
+def _file_jobs(upload: FineTuningFile):
+    return FineTuningJob.objects.filter(Q(training_file=upload) | Q(validation_file=upload))
 
 
-def _lines(upload: FineTuningFile, field: str) -> list[tuple[int, dict[str, Any]]]:
-    rows, errors = [], []
-    # Lines end at "\n" only: JSON strings may hold U+2028, U+2029 or U+0085 raw, which
-    # str.splitlines would also break on.
-    for number, line in enumerate(upload.content.split("\n"), start=1):
-        line = line.removesuffix("\r")
-        if not line.strip():
-            continue
-        if len(rows) >= MAX_LINES:
-            raise FineTuningError([(field, f"has more than {MAX_LINES} lines")])
-        try:
-            row = json.loads(line)
-        except (ValueError, RecursionError):
-            errors.append((field, f"line {number} is not JSON"))
-        else:
-            if isinstance(row, dict) and json_depth(row) > MAX_JSON_DEPTH:
-                errors.append((field, f"line {number} is nested deeper than {MAX_JSON_DEPTH} levels"))
-            elif isinstance(row, dict):
-                rows.append((number, strip_nul(row)))  # a "\u0000" escape: the store holds no NUL
-            else:
-                errors.append((field, f"line {number} must be a JSON object"))
-        if len(errors) >= MAX_LINE_ERRORS:
-            break
-    if errors:
-        raise FineTuningError(errors)
-    if not rows:
-        raise FineTuningError([(field, "has no lines")])
-    return rows
-
-
-def _messages(row: dict[str, Any], number: int, field: str) -> list[dict[str, Any]]:
-    messages = row.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise FineTuningError([(field, f"line {number}: messages must be a non-empty list")])
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in ROLES:
-            raise FineTuningError([(field, f"line {number}: messages[{i}] needs a role of {', '.join(ROLES)}")])
-        wrong = _message_shape(message)
-        if wrong:
-            raise FineTuningError([(field, f"line {number}: messages[{i}].{wrong}")])
-    tools = row.get("tools")
-    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
-        raise FineTuningError([(field, f"line {number}: tools must be a list of tool definitions")])
-    return messages
-
-
-def _message_shape(message: dict[str, Any]) -> str:
-    """What is wrong with a message's content or tool calls ("" when nothing): the chat
-    format's shapes, which the SFT target and the exports read."""
-    content = message.get("content")
-    parts_ok = isinstance(content, list) and all(
-        isinstance(p, dict) and isinstance(p.get("text", ""), str) for p in content
-    )
-    if content is not None and not isinstance(content, str) and not parts_ok:
-        return "content must be text, a list of text parts, or null"
-    calls = message.get("tool_calls")
-    if calls is None:
-        return ""
-    if not isinstance(calls, list):
-        return "tool_calls must be a list"
-    for call in calls:
-        function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            return "tool_calls must each have a function with a name"
-        if not isinstance(function.get("arguments", "{}"), str | dict):
-            return "tool_calls' arguments must be a JSON string or an object"
-    return ""
-
-
-def _key(*parts: Any) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
-
-
-def supervised_items(upload: FineTuningFile, *, split: str, field: str) -> list[dict[str, Any]]:
-    """One SFT item per assistant message of each line (`weight: 0` leaves one out): the
-    context before it, and the message, tool calls included, as the target."""
-    items = []
-    for number, row in _lines(upload, field):
-        messages = _messages(row, number, field)
-        targets = [i for i, m in enumerate(messages) if m["role"] == "assistant" and m.get("weight", 1) != 0]
-        if not targets:
-            raise FineTuningError([(field, f"line {number}: no assistant message to train on")])
-        for i in targets:
-            target = message_served_text(messages[i])
-            if not target.strip():
-                raise FineTuningError([(field, f"line {number}: messages[{i}] has no content or tool calls")])
-            context = [{k: v for k, v in m.items() if k != "weight"} for m in messages[:i]]
-            if not context:
-                raise FineTuningError([(field, f"line {number}: messages[{i}] has no context before it")])
-            items.append(
-                {
-                    "kind": TrainingItemKind.TURN,
-                    "key": f"ft:{upload.id}:{number}:{i}:{_key(context, target)}",
-                    "messages": context,
-                    "tools": row.get("tools") or [],
-                    "corrected_response": target,
-                    "split": split,
-                    "provenance": {"source": "fine-tuning file", "file": upload.id, "line": number},
-                }
-            )
-    return items
-
-
-def reinforcement_items(upload: FineTuningFile, grader: dict[str, Any], *, split: str, field: str) -> list[dict]:
-    """One task per line: its messages are the prompt, and the rest of the line is what the
-    grader's `{{ item.… }}` templates read. A `score_model` grader becomes the judge's rubric."""
-    needed = openai_graders.item_fields(grader)
-    items = []
-    for number, row in _lines(upload, field):
-        messages = _messages(row, number, field)
-        if messages[-1]["role"] == "assistant":
-            raise FineTuningError([(field, f"line {number}: a reinforcement prompt ends before the answer")])
-        item = {k: v for k, v in row.items() if k not in ("messages", "tools")}
-        missing = [f for f in needed if openai_graders._lookup(item, f.split(".")) is None]
-        if missing:
-            raise FineTuningError([(field, f"line {number}: the grader reads item.{missing[0]}, which it lacks")])
-        common = {
-            "key": f"ft:{upload.id}:{number}:{_key(messages, item)}",
-            "messages": messages,
-            "tools": row.get("tools") or [],
-            "split": split,
-            "provenance": {"source": "fine-tuning file", "file": upload.id, "line": number},
-        }
-        if grader["type"] == "score_model":
-            rubric = _judge_rubric(grader, item, number, field)
-            items.append({**common, "kind": TrainingItemKind.TURN, "rubric": rubric})
-        else:
-            reference = json.dumps({"grader": grader, "item": item}, ensure_ascii=False)
-            items.append({**common, "kind": TrainingItemKind.TASK, "grader": "openai", "reference": reference})
-    return items
-
-
-def _judge_rubric(grader: dict[str, Any], item: dict[str, Any], number: int, field: str) -> str:
-    """A `score_model` grader's prompt, with the line's fields filled in, as the rubric the
-    judge scores each sampled response under."""
-    parts = []
-    for message in grader.get("input") or []:
-        text = openai_graders.render(
-            openai_graders._content(message), output_text="(the response being scored)", item=item
-        )
-        parts.append(f"{message.get('role', 'user')}: {text}")
-    low, high = grader.get("range", [0, 1])
-    parts.append(f"Score from {low} to {high}.")
-    rubric = "\n".join(parts)
-    if len(rubric) > MAX_RUBRIC:
-        raise FineTuningError([(field, f"line {number}: the grader's prompt fills to over {MAX_RUBRIC} characters")])
-    return rubric
+def _content_drop_if_unneeded(upload: FineTuningFile) -> None:
+    """A deleted file's content goes once no job waits to read it: its bytes are then gone."""
+    if upload.deleted_at is None or not upload.stored_bytes:
+        return
+    if any(training_job_awaits_set(ft.job) for ft in _file_jobs(upload).select_related("job")):
+        return
+    upload.content, upload.stored_bytes = "", 0
+    upload.save(update_fields=["content", "stored_bytes"])
 
 
 # --- jobs --------------------------------------------------------------------------------------
@@ -452,8 +355,10 @@ def fine_tuning_job_create(
     metadata: Any = None,
     enqueue: bool = True,
 ) -> FineTuningJob:
-    """Read the files, build the training set, and queue the job (checked before anything
-    is written; a refusal names the request's field)."""
+    """Check the request and store the job (`validating_files`); a worker then builds its
+    training set from the files and queues the training (`fine_tuning_job_prepare`). What
+    can be told from the request and what reading the files found already is refused here,
+    before anything is written, naming the request's field."""
     version = _version(api_key, model)
     plan = _method(method, hyperparameters)
     suffix_text = _text(suffix, "suffix", 64)
@@ -464,63 +369,179 @@ def fine_tuning_job_create(
         raise FineTuningError([("seed", "must be an integer from 0 to 2147483647")])
     if not isinstance(training_file, str):
         raise FineTuningError([("training_file", "name an uploaded file")])
+    _deployment_lock(api_key.deployment_id)
     train_file = file_get(api_key=api_key, file_id=training_file, field="training_file", lock=True)
     check_file = None
     if validation_file is not None:
         if not isinstance(validation_file, str):
             raise FineTuningError([("validation_file", "name an uploaded file")])
         check_file = file_get(api_key=api_key, file_id=validation_file, field="validation_file", lock=True)
+    files = [(train_file, "training_file"), *([(check_file, "validation_file")] if check_file else [])]
+    _files_read_check(files, plan, api_key.deployment)
     if plan.grader and plan.grader["type"] == "score_model":
-        _judge_gate_open(api_key)  # before any line is read
-
-    def items_of(upload: FineTuningFile, split: str, field: str) -> list[dict]:
-        if plan.kind == "supervised":
-            return supervised_items(upload, split=split, field=field)
-        return reinforcement_items(upload, plan.grader, split=split, field=field)
-
-    train = items_of(train_file, "train", "training_file")
-    held = items_of(check_file, "heldout", "validation_file") if check_file else []
-    config = _config(plan, train_count=len(train), has_validation=bool(held), seed=seed)
+        _judge_gate_open(api_key)
+    # The settings are checked now; the batch size that depends on the number of items is
+    # settled once the files are read.
+    config = _config(plan, train_count=1, has_validation=bool(check_file), seed=seed)
     epochs = config.pop("n_epochs")
     kind = JobKind.SFT if plan.kind == "supervised" else JobKind.GRPO
     try:
-        training_set = training_set_create(
-            name=f"fine-tuning-{train_file.id}",
-            items=train + held,
-            deployment=api_key.deployment,
-            heldout_fraction=0.0,
-            selection={"kind": "fine-tuning file", "training_file": train_file.id, "validation_file": validation_file},
-            description=f"From {train_file.filename} ({plan.kind} fine-tuning request)",
-        )
-        job = training_job_create(
+        job = training_job_hold(
             kind=kind,
             config=config,
             base_version=version,
-            training_set=training_set,
             deployment=api_key.deployment,
-            enqueue=enqueue,
+            message="reading the fine-tuning files into a training set",
         )
-    except (JobError, TrainingSetError) as exc:
+    except JobError as exc:
         raise FineTuningError([(_request_field(f), r) for f, r in exc.errors]) from None
     TrainingJobEvent.objects.create(
         job=job, kind=JobEventKind.LOG, step=0, data={"message": CANDIDATE_NOTE.format(model=version.name)}
     )
-    return FineTuningJob.objects.create(
+    asked_batch = plan.hyperparameters.get("batch_size", "auto")
+    ft = FineTuningJob.objects.create(
         job=job,
         api_key=api_key,
         training_file=train_file,
         validation_file=check_file,
         model=version.name,
-        method={"type": plan.kind, **({"grader": plan.grader} if plan.grader else {})},
+        # The hyperparameters as asked, for the worker that settles them.
+        method={"type": plan.kind, **({"grader": plan.grader} if plan.grader else {}), "asked": plan.hyperparameters},
         hyperparameters={
             "n_epochs": epochs,
-            "batch_size": config["prompts_per_step"],
+            "batch_size": "auto" if asked_batch in ("auto", None) else config["prompts_per_step"],
             "learning_rate_multiplier": config["learning_rate"] / _base_learning_rate(plan.kind),
         },
         suffix=suffix_text,
         seed=seed,
         metadata=tags,
     )
+    if enqueue:
+        from training.finetuning.tasks import fine_tuning_job_prepare_task
+
+        fine_tuning_job_prepare_task.delay_on_commit(job.pk)
+    return ft
+
+
+def _files_read_check(files: list[tuple[FineTuningFile, str]], plan: Plan, deployment: Deployment) -> None:
+    """Refuse a job over what reading its files found already: a file in `error`, or (for
+    a supervised job) a line that makes no item, items past the per-job bound or the quota."""
+    for upload, field in files:
+        if upload.status == FileStatus.ERROR:
+            raise FineTuningError([(field, f"{upload.id} cannot be used: {upload.status_details}")])
+    if plan.kind != "supervised" or any(u.status != FileStatus.PROCESSED for u, _ in files):
+        return  # the worker checks the rest as it reads
+    for upload, field in files:
+        if upload.summary.get("supervised_problem"):
+            raise FineTuningError([(field, upload.summary["supervised_problem"])])
+    size = sum(int(u.summary.get("supervised_item_bytes", 0)) for u, _ in files)
+    bound = settings.FINETUNE_MAX_ITEM_BYTES
+    if size > bound:
+        raise FineTuningError(
+            [
+                (
+                    files[0][1],
+                    f"makes {size} bytes of training items; at most {bound} per job (PRACTICUM_FINETUNE_MAX_ITEM_BYTES)",
+                )
+            ]
+        )
+    _quota_check(deployment, size, files[0][1])
+
+
+def fine_tuning_job_prepare(*, job_id: int, enqueue: bool = True) -> FineTuningJob | None:
+    """On a worker (the default queue): read a job's files into its training set, within the
+    bounds, and queue the training; or fail the job with OpenAI's error object saying which
+    file and why. A job that no longer waits (cancelled, or prepared by an earlier delivery)
+    is left as it is."""
+    related = ("job", "api_key__deployment", "training_file", "validation_file")
+    ft = FineTuningJob.objects.select_related(*related).filter(pk=job_id).first()
+    if ft is None or not training_job_awaits_set(ft.job):
+        return ft
+    for upload in (ft.training_file, ft.validation_file):
+        if upload is not None and upload.status == FileStatus.UPLOADED:
+            file_validate(file_id=upload.id)
+    try:
+        with transaction.atomic():
+            _deployment_lock(ft.api_key.deployment_id)
+            ft = FineTuningJob.objects.select_related(*related).get(pk=job_id)
+            # Held until the set is attached: a cancel meanwhile waits, then finds it queued.
+            ft.job = TrainingJob.objects.select_for_update().get(pk=job_id)
+            if not training_job_awaits_set(ft.job):
+                return ft
+            _prepare(ft, enqueue=enqueue)
+    except (FineTuningError, JobError, TrainingSetError) as exc:
+        field, reason = exc.errors[0]
+        param = field if field in ("training_file", "validation_file") else _request_field(field)
+        code = {"training_file": "invalid_training_file", "validation_file": "invalid_validation_file"}
+        with transaction.atomic():
+            if training_job_refuse(job_id=job_id, reason=f"{param}: {reason}") is not None:
+                ft.failure = {"code": code.get(param, "invalid_request"), "message": reason, "param": param}
+                ft.save(update_fields=["failure"])
+    with transaction.atomic():
+        for upload in (ft.training_file, ft.validation_file):
+            locked = FineTuningFile.objects.select_for_update().filter(pk=upload.pk).first() if upload else None
+            if locked is not None:
+                _content_drop_if_unneeded(locked)
+    return ft
+
+
+def _prepare(ft: FineTuningJob, *, enqueue: bool) -> None:
+    files = [
+        (ft.training_file, "training_file"),
+        *([(ft.validation_file, "validation_file")] if ft.validation_file else []),
+    ]
+    for upload, field in files:
+        if upload.status == FileStatus.ERROR:
+            raise FineTuningError([(field, f"{upload.id} cannot be used: {upload.status_details}")])
+    plan = Plan(kind=ft.method["type"], grader=ft.method.get("grader"), hyperparameters=_asked(ft))
+    budget = settings.FINETUNE_MAX_ITEM_BYTES
+    made: dict[str, list[dict]] = {}
+    used = 0
+    for upload, field in files:
+        split = "train" if field == "training_file" else "heldout"
+        if plan.kind == "supervised":
+            items, size = supervised_items(
+                content=upload.content, file_id=upload.id, split=split, field=field, budget=budget - used
+            )
+        else:
+            items, size = reinforcement_items(
+                content=upload.content,
+                file_id=upload.id,
+                grader=plan.grader,
+                split=split,
+                field=field,
+                budget=budget - used,
+            )
+        made[field], used = items, used + size
+    _quota_check(ft.api_key.deployment, used, "training_file")
+    train, held = made["training_file"], made.get("validation_file", [])
+    config = _config(plan, train_count=len(train), has_validation=bool(held), seed=ft.seed)
+    epochs = config.pop("n_epochs")
+    training_set = training_set_create(
+        name=f"fine-tuning-{ft.training_file_id}",
+        items=train + held,
+        deployment=ft.api_key.deployment,
+        heldout_fraction=0.0,
+        selection={
+            "kind": "fine-tuning file",
+            "training_file": ft.training_file_id,
+            "validation_file": ft.validation_file_id,
+        },
+        description=f"From {ft.training_file.filename} ({plan.kind} fine-tuning request)",
+    )
+    training_job_set_attach(job_id=ft.job_id, training_set=training_set, config=config, enqueue=enqueue)
+    ft.items_bytes = used
+    ft.hyperparameters = {
+        "n_epochs": epochs,
+        "batch_size": config["prompts_per_step"],
+        "learning_rate_multiplier": config["learning_rate"] / _base_learning_rate(plan.kind),
+    }
+    ft.save(update_fields=["items_bytes", "hyperparameters"])
+
+
+def _asked(ft: FineTuningJob) -> dict[str, Any]:
+    """The hyperparameters as the request gave them."""
+    return dict(ft.method.get("asked") or {})
 
 
 def _judge_gate_open(api_key: ApiKey) -> None:
@@ -586,42 +607,3 @@ def fine_tuning_job_cancel(*, api_key: ApiKey, job_id: str) -> FineTuningJob:
         raise Conflict(f"the job has already ended ({found.job.status})", field="fine_tuning_job_id")
     found.job = training_job_cancel(job=found.job, user=None)
     return found
-
-
-def job_events(*, ft: FineTuningJob, after: str | None = None, limit: int = 20) -> list[TrainingJobEvent]:
-    """The job's events, newest first (OpenAI's order), without the sample rollouts."""
-    events = TrainingJobEvent.objects.filter(job_id=ft.job_id).exclude(kind=JobEventKind.SAMPLE).order_by("-id")
-    if after:
-        before = parse_id(after.removeprefix("ftevent-"))
-        if before is None:
-            raise FineTuningError([("after", "must be an event id from this list")])
-        events = events.filter(id__lt=before)
-    return list(events[: limit + 1])
-
-
-def event_message(event: TrainingJobEvent, total: int) -> tuple[str, str, str]:
-    """(level, type, message) of an event, in the words OpenAI's events use."""
-    data = event.data or {}
-    if event.kind in (JobEventKind.STEP, JobEventKind.EVAL):
-        shown = ", ".join(f"{k}={v:.4g}" for k, v in data.items() if isinstance(v, float | int) and k != "step")
-        if event.kind == JobEventKind.STEP:
-            return "info", "metrics", f"Step {event.step}/{total}: {shown}"
-        return "info", "metrics", f"Evaluation at step {event.step}: {shown}"
-    if event.kind == JobEventKind.BREACH:
-        return "warn", "message", f"A monitor fired at step {event.step}: {data.get('message') or data}"
-    message = str(data.get("message") or "")
-    level = "error" if message.startswith(("failed", "error")) else "info"
-    return level, "message", message
-
-
-def job_status(job: TrainingJob) -> str:
-    """Practicum's job status in OpenAI's words."""
-    return {
-        "queued": "queued",
-        "running": "running",
-        "cancelling": "running",
-        "cancelled": "cancelled",
-        "finished": "succeeded",
-        "stopped": "failed",
-        "failed": "failed",
-    }.get(job.status, job.status)
