@@ -27,6 +27,7 @@ from training.services.promotion_checks import (
     check_monitors,
     check_no_release_running,
     check_not_live,
+    check_not_withdrawn_since,
     check_regressions,
     raise_first_unmet,
     snapshot,
@@ -229,6 +230,7 @@ def promotion_approve_check(*, promotion: PromotionRequest, user=None) -> list[P
         ),
         check_monitors(promotion.candidate, promotion.breach_override_reason),
         check_lineage(promotion.candidate, live, promotion.rebase_reason),
+        check_not_withdrawn_since(promotion),
         check_no_release_running(promotion.deployment),
     ]
     return (_decider(promotion, user) if user is not None else []) + checks
