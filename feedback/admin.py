@@ -128,26 +128,54 @@ class FailureModeRunAdmin(admin.ModelAdmin):
 # Users and roles ------------------------------------------------------------------------
 # The admin role manages users (auth.change_user, auth.change_group) but is not a superuser:
 # it must not be able to make itself (or anyone) one, grant permissions it does not hold,
-# or take over a superuser's account by changing its password.
+# or take over a superuser's account by changing its password. Nor may it hand out, or
+# take over an account holding, a role that requests or approves promotions: with a second
+# account of its making, one admin would be both people four eyes need. Every change here
+# is in the audit log with who made it (training/services/accounts.py).
 from django.contrib.auth import get_user_model  # noqa: E402
 from django.contrib.auth.admin import GroupAdmin, UserAdmin  # noqa: E402
-from django.contrib.auth.models import Group  # noqa: E402
+from django.contrib.auth.models import Group, Permission  # noqa: E402
+from django.db.models import Q  # noqa: E402
 
+from feedback.services.roles import PROMOTING  # noqa: E402
 from webapp.ids import parse_id  # noqa: E402
 
 User = get_user_model()
 
 
+def _promoting_permissions() -> Q:
+    """The permissions that request or approve promotions (`roles.PROMOTING`)."""
+    query = Q(pk__in=[])
+    for name in PROMOTING:
+        app_label, codename = name.split(".", 1)
+        query |= Q(content_type__app_label=app_label, codename=codename)
+    return query
+
+
+def _promotes(account) -> bool:
+    """Whether the account can request or approve promotions, active or not (an inactive
+    approver reactivated with a new password would be as good as a new one)."""
+    permissions = Permission.objects.filter(_promoting_permissions())
+    return (
+        account.is_superuser
+        or account.groups.filter(permissions__in=permissions).exists()
+        or account.user_permissions.filter(pk__in=permissions).exists()
+    )
+
+
 def _grantable_groups(user):
-    """Groups whose every permission `user` holds: the ones they may hand out."""
+    """Groups whose every permission `user` holds: the ones they may hand out. A role that
+    requests or approves promotions only a superuser hands out."""
     if user.is_superuser:
         return Group.objects.all()
     held = user.get_all_permissions()
+    promoting = set(PROMOTING)
     return Group.objects.filter(
         pk__in=[
             g.pk
             for g in Group.objects.prefetch_related("permissions__content_type")
-            if {f"{p.content_type.app_label}.{p.codename}" for p in g.permissions.all()} <= held
+            if (names := {f"{p.content_type.app_label}.{p.codename}" for p in g.permissions.all()}) <= held
+            and not names & promoting
         ]
     )
 
@@ -160,12 +188,13 @@ class PracticumUserAdmin(UserAdmin):
         return fields
 
     def has_change_permission(self, request, obj=None) -> bool:
-        if obj is not None and obj.is_superuser and not request.user.is_superuser:
+        # The password form asks this too: no password set on such an account either.
+        if obj is not None and not request.user.is_superuser and _promotes(obj):
             return False
         return super().has_change_permission(request, obj)
 
     def has_delete_permission(self, request, obj=None) -> bool:
-        if obj is not None and obj.is_superuser and not request.user.is_superuser:
+        if obj is not None and not request.user.is_superuser and _promotes(obj):
             return False
         return super().has_delete_permission(request, obj)
 
@@ -183,8 +212,9 @@ class PracticumGroupAdmin(GroupAdmin):
     def get_readonly_fields(self, request, obj=None):
         fields = list(super().get_readonly_fields(request, obj))
         if not request.user.is_superuser:
-            # A role's permissions come from the code (feedback/services/roles.py).
-            fields += ["permissions"]
+            # A role's permissions come from the code (feedback/services/roles.py), which finds
+            # each role by its name: renamed, another group would receive its permissions.
+            fields += ["name", "permissions"]
         return fields
 
 

@@ -104,6 +104,8 @@ MIDDLEWARE = [
     "webapp.nul.NulRefusalMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Who is acting, for the audit rows of account and role changes (webapp/actor.py).
+    "webapp.actor.ActorMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",

@@ -5,7 +5,10 @@
 - reviewer: work annotation queues only (sees a trace while holding or having done its item).
 - approver: approves model promotions (`training.approve_promotion`), reads traces and
   training jobs.
-- admin: every permission of the project's apps and user management.
+- admin: every permission of the project's apps and user management, of the accounts that
+  cannot request or approve promotions: giving a role that can (operator, approver,
+  admin), or changing an account that holds one, is a superuser's (`PROMOTING`), so one
+  admin cannot make the second person four eyes need.
 
 `roles_sync` creates the groups and adds missing permissions; it runs in a data migration
 and after every `migrate` (a post_migrate handler), so a new permission named here reaches
@@ -58,6 +61,9 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
     ADMIN: ["auth.view_user", "auth.add_user", "auth.change_user", "auth.view_group", "auth.change_group"],
 }
 ADMIN_APPS = ("serving", "feedback", "training")
+# The permissions that request or approve a promotion: a role or account holding one is
+# given or changed by a superuser only (feedback/admin.py).
+PROMOTING = ("training.add_promotionrequest", "training.approve_promotion")
 
 # Evaluation and promotion: operators evaluate candidates and request promotions; approvers
 # read the same pages and decide (approve, reject, roll back: `training.approve_promotion`).

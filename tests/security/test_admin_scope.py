@@ -92,18 +92,22 @@ def test_a_staff_admin_cannot_make_itself_superuser_or_grant_itself_permissions(
     response = client.post(
         f"/admin/auth/user/{staff.pk}/change/", _user_form(staff, is_superuser="on", user_permissions=everything)
     )
-    assert response.status_code in (200, 302)
+    # Its own account holds the admin role, which approves promotions: a superuser's to change.
+    assert response.status_code == 403
     staff.refresh_from_db()
     assert not staff.is_superuser and not staff.user_permissions.exists()
 
     # A group that holds what the admin role does not is not theirs to hand out.
     powerful = Group.objects.create(name="powerful")
     powerful.permissions.set(Permission.objects.filter(content_type__app_label="sessions"))
+    pat = UserFactory(username="pat")
     client.post(
-        f"/admin/auth/user/{staff.pk}/change/",
-        _user_form(staff, groups=[*(str(g.pk) for g in staff.groups.all()), str(powerful.pk)]),
+        f"/admin/auth/user/{pat.pk}/change/",
+        _user_form(pat, is_superuser="on", user_permissions=everything, groups=[str(powerful.pk)]),
     )
-    assert not staff.groups.filter(name="powerful").exists()
+    pat.refresh_from_db()
+    assert not pat.groups.filter(name="powerful").exists()
+    assert not pat.is_superuser and not pat.user_permissions.exists()
 
     # Nor can a role's permissions be widened.
     admin_group = Group.objects.get(name="admin")
@@ -111,13 +115,14 @@ def test_a_staff_admin_cannot_make_itself_superuser_or_grant_itself_permissions(
     client.post(f"/admin/auth/group/{admin_group.pk}/change/", {"name": "admin", "permissions": everything})
     assert set(admin_group.permissions.values_list("pk", flat=True)) == before
 
-    # Roles the admin holds every permission of can still be given (user management works).
+    # Roles the admin holds every permission of can still be given (user management works),
+    # except those that request or approve promotions (tests/promotion/test_account_four_eyes.py).
     operator = UserFactory(username="olga")
     client.post(
         f"/admin/auth/user/{operator.pk}/change/",
-        _user_form(operator, groups=[str(Group.objects.get(name="operator").pk)]),
+        _user_form(operator, groups=[str(Group.objects.get(name="reviewer").pk)]),
     )
-    assert operator.groups.filter(name="operator").exists()
+    assert operator.groups.filter(name="reviewer").exists()
 
 
 def test_a_staff_admin_cannot_take_over_a_superuser_account(client, staff):

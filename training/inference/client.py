@@ -217,6 +217,16 @@ class InferenceClient:
         except httpx.HTTPError:
             return False
 
+    def open_without_key(self, *, timeout: float = 5.0) -> bool:
+        """True when the server answers a route outside `/v1` without the key (`GET /version`
+        with no Authorization header): a vLLM server started without the key guard, whose
+        `/adapters` routes would let anyone swap the adapter behind a live name. False when it
+        refuses (401), or cannot be asked."""
+        try:
+            return httpx.get(f"{self.url}/version", timeout=timeout).is_success
+        except httpx.HTTPError:
+            return False
+
     def models(self, *, timeout: float = 10.0) -> list[ServedModel]:
         """What the server serves: the base model and every loaded adapter (parent = its base)."""
         body = self._json(self.request("GET", "/v1/models", timeout=timeout))

@@ -4,9 +4,12 @@
 is started as `python -m vllm.entrypoints.openai.api_server`, bound to loopback, and always
 with an API key (vLLM's `--api-key`, passed as `VLLM_API_KEY` so it does not show in the
 process list): runtime LoRA loading is on, and without a key anyone who reaches the port could
-load or unload the adapter behind a live name. Every `/v1/...` route, adapter loading
-included, then needs `Authorization: Bearer <key>`, which `InferenceClient` sends. vLLM's
-development endpoints (not covered by the key) stay off.
+load or unload the adapter behind a live name. vLLM's own check covers only `/v1`, `/v2`,
+`/inference` and `/cohere`; its SageMaker routes (`POST /adapters`, `DELETE /adapters/{name}`,
+`POST /invocations`) and the rest take no key. So the server also loads our middleware
+(`training.inference.server_auth.KeyGuard`, through vLLM's `--middleware`), which refuses
+every route but `GET /health` without `Authorization: Bearer <key>` (`InferenceClient` sends
+it). vLLM's development endpoints stay off as well.
 
 The one launcher: the `serve_inference` command (through `training.services.inference`, which
 fills a spec from the settings and loads the live versions' adapters once the server is
@@ -33,6 +36,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from training.inference.client import InferenceClient, InferenceError
+from training.inference.server_auth import IMPORT_PATH as KEY_GUARD
+
+# The folder that holds the `training` package: the server process imports the key guard
+# from it, whatever folder the server is started from.
+_PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +143,10 @@ class ServerSpec:
             argv += ["--dtype", "float32", "--enforce-eager"]
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_cache_gib)
         env.update({k: v for k, v in self.extra_env.items() if k not in ("VLLM_API_KEY", "VLLM_SERVER_DEV_MODE")})
-        return argv + list(self.extra_args), env
+        env["PYTHONPATH"] = os.pathsep.join([_PROJECT_ROOT, *filter(None, [env.get("PYTHONPATH")])])
+        # Last, so it is the outermost middleware (vLLM adds each in turn around the app):
+        # nothing of the app, an extra middleware included, sees a request without the key.
+        return argv + list(self.extra_args) + ["--middleware", KEY_GUARD], env
 
 
 def cpu_shares(replicas: int) -> list[str]:

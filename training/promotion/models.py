@@ -8,8 +8,10 @@
 - `Release`: the worker's job of putting a version live (load, smoke request, flip), for a
   promotion or a rollback; a work item like evaluations, its `step` saying where a running
   one is. The row is the source of truth for the page's live status.
-- `AuditEvent`: append-only; every step above writes one. Rows cannot be changed or
-  deleted through the ORM (and on PostgreSQL a trigger refuses UPDATE and DELETE).
+- `AuditEvent`: append-only; every step above writes one, and so does every change a
+  signed-in person makes to an account or a role (`training.services.accounts`). Rows
+  cannot be changed or deleted through the ORM (and on PostgreSQL a trigger refuses UPDATE
+  and DELETE).
 """
 
 from __future__ import annotations
@@ -247,6 +249,13 @@ class AuditAction(models.TextChoices):
     LIVE_SWITCHED = "live_switched", "Live version switched"
     RELEASE_FAILED = "release_failed", "Release failed"
     JUDGE_GATE_OVERRIDDEN = "judge_gate_overridden", "Judge training gate overridden"
+    # People and roles (`training.services.accounts`): who changed whose account.
+    ACCOUNT_CREATED = "account_created", "Account created"
+    ACCOUNT_CHANGED = "account_changed", "Account changed"
+    ROLES_CHANGED = "roles_changed", "Roles changed"
+    PASSWORD_SET = "password_set", "Password set"
+    ACCOUNT_DELETED = "account_deleted", "Account deleted"
+    ROLE_CHANGED = "role_changed", "Role's permissions changed"
 
 
 class AuditImmutable(Exception):
@@ -263,7 +272,8 @@ class AuditEventQuerySet(models.QuerySet):
 
 class AuditEvent(models.Model):
     """One step of evaluation, promotion, release or rollback: who, when, what, from
-    which version to which. Append-only."""
+    which version to which; or a change to a person's account or roles (no deployment;
+    `data` names the account: `user_id`, `username`). Append-only."""
 
     at = models.DateTimeField(default=timezone.now, db_index=True)
     actor = models.ForeignKey(

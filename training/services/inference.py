@@ -14,7 +14,7 @@ import logging
 
 from django.conf import settings
 
-from training.inference.client import InferenceClient
+from training.inference.client import InferenceClient, InferenceRefused
 from training.inference.server import ServerSpec
 from training.serving.models import BaseModel, ModelVersion, ModelVersionKind
 from training.serving.selectors import base_model_replica_urls, live_versions_for_base
@@ -57,7 +57,15 @@ def server_spec_for_base(base: BaseModel, **overrides) -> ServerSpec:
 
 
 def live_adapters_load(*, base: BaseModel, server: InferenceClient) -> list[str]:
-    """Load, by name, the LoRA adapters of every live version over `base`; returns their names."""
+    """Load, by name, the LoRA adapters of every live version over `base`; returns their names.
+
+    A server that answers without the key (not started through `ServerSpec`, so without its
+    key guard) is refused first: the live names would be open to anyone who reaches it."""
+    if server.open_without_key():
+        raise InferenceRefused(
+            f"{server.url} answers GET /version without the inference key: start it with `manage.py "
+            "serve_inference` (its key covers every route but /health), not as a plain vLLM server"
+        )
     names = []
     for version in live_versions_for_base(base_model_id=base.id):
         if version.kind == ModelVersionKind.LORA:

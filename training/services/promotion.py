@@ -13,6 +13,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from training.promotion.models import AuditAction, Evaluation, PromotionRequest, PromotionStatus, Release
+from training.services.accounts import account_ties
 from training.services.audit import audit_record
 from training.services.promotion_checks import (
     APPROVE,
@@ -27,6 +28,7 @@ from training.services.promotion_checks import (
     check_monitors,
     check_no_release_running,
     check_not_live,
+    check_not_withdrawn_since,
     check_regressions,
     raise_first_unmet,
     snapshot,
@@ -190,6 +192,32 @@ def _decider(promotion: PromotionRequest, user) -> list[Precondition]:
     ]
 
 
+def check_independent(promotion: PromotionRequest, user) -> Precondition:
+    """Four eyes against one person with two accounts: the approver did not create or
+    change the requester's account or roles (a password they set, a role they gave), nor
+    the requester the approver's (`account_ties`)."""
+    label = "Independent of the requester"
+    requester = promotion.requested_by
+    # The requester deciding is the four-eyes check's refusal (403), not this one's.
+    mine = not user.is_authenticated or user.pk == requester.pk
+    ties = [] if mine else account_ties(requester=requester, approver=user)
+    if not ties:
+        return Precondition("independent", label, True, "")
+    tie = ties[0]
+    when = f"{tie.get_action_display().lower()} on {tie.at:%Y-%m-%d %H:%M:%S %Z}"
+    if tie.actor_id == user.pk:
+        detail = f"you created or changed {requester.get_username()}'s account or roles ({when})"
+    else:
+        detail = f"{requester.get_username()} created or changed your account or roles ({when})"
+    return Precondition(
+        "independent",
+        label,
+        False,
+        f"{detail}: another approver, with no hand in either account, must decide",
+        "requested_by",
+    )
+
+
 def _refuse_decider(checks: list[Precondition]) -> None:
     """Not an approver, or the requester: a matter of who may act (403), not of state."""
     for check in checks:
@@ -229,9 +257,12 @@ def promotion_approve_check(*, promotion: PromotionRequest, user=None) -> list[P
         ),
         check_monitors(promotion.candidate, promotion.breach_override_reason),
         check_lineage(promotion.candidate, live, promotion.rebase_reason),
+        check_not_withdrawn_since(promotion),
         check_no_release_running(promotion.deployment),
     ]
-    return (_decider(promotion, user) if user is not None else []) + checks
+    if user is None:
+        return checks
+    return [*_decider(promotion, user), check_independent(promotion, user), *checks]
 
 
 def _locked(promotion: PromotionRequest) -> PromotionRequest:

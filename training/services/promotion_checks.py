@@ -8,8 +8,9 @@ from typing import Any
 
 from django.utils import timezone
 
-from training.promotion.models import Evaluation
+from training.promotion.models import Evaluation, PromotionRequest
 from training.serving.models import Deployment, ModelVersion, ModelVersionKind, ModelVersionStatus
+from training.serving.selectors import live_withdrawals
 from webapp.errors import Conflict
 from webapp.work import WorkStatus
 
@@ -268,6 +269,23 @@ def check_not_live(candidate: ModelVersion, live: ModelVersion | None) -> Precon
     ok = live is None or live.pk != candidate.pk
     return Precondition(
         "not_live", "Not live already", ok, "" if ok else f"{candidate.name} is already live", "candidate"
+    )
+
+
+def check_not_withdrawn_since(promotion: PromotionRequest) -> Precondition:
+    """A request made before its candidate was rolled back from cannot put it back: the
+    rollback is news its requester did not have. A new request (made since) can."""
+    label = "Not withdrawn since the request"
+    withdrawal = live_withdrawals(deployment_id=promotion.deployment_id).get(promotion.candidate_id)
+    if withdrawal is None or withdrawal.at < promotion.requested_at:
+        return Precondition("withdrawn", label, True, "")
+    return Precondition(
+        "withdrawn",
+        label,
+        False,
+        f"{withdrawal.describe()} for {promotion.deployment.name}, after this request was made: "
+        "withdraw it and ask again with a new request",
+        "candidate",
     )
 
 

@@ -44,12 +44,13 @@ from training.services.inference import version_servers
 from training.services.promotion_checks import APPROVE, Precondition, PromotionRefused, raise_first_unmet
 from training.serving.models import (
     Deployment,
+    LiveChangeKind,
     LiveVersion,
-    LiveVersionChange,
     ModelVersion,
     ModelVersionKind,
     ModelVersionStatus,
 )
+from training.serving.selectors import live_rollback_target
 from training.serving.services import ModelRegistryError, live_version_set
 from webapp.stale_work import stale_work_settle
 from webapp.work import WorkStatus, work_attempts_exceeded, work_beat, work_claim, work_end, work_worker_name
@@ -158,17 +159,10 @@ def release_queue(
 
 
 def rollback_target(*, deployment: Deployment) -> ModelVersion | None:
-    """The version that was live before the current one (from the live pointer's history)."""
-    live = LiveVersion.objects.filter(deployment=deployment).first()
-    if live is None:
-        return None
-    change = (
-        LiveVersionChange.objects.filter(deployment=deployment, to_version_id=live.version_id)
-        .select_related("from_version__base_model")
-        .order_by("-changed_at", "-id")
-        .first()
-    )
-    return change.from_version if change else None
+    """The version a rollback returns to: the most recent one live before the current one
+    that the deployment did not withdraw (`live_rollback_target`). A version rolled back
+    from is never the target: it comes back only through a new approved request."""
+    return live_rollback_target(deployment_id=deployment.pk)[0]
 
 
 def rollback_check(*, deployment: Deployment, user=None) -> list[Precondition]:
@@ -178,15 +172,20 @@ def rollback_check(*, deployment: Deployment, user=None) -> list[Precondition]:
         checks.append(
             Precondition("permission", "Approver", allowed, "" if allowed else f"your role does not include {APPROVE}")
         )
-    target = rollback_target(deployment=deployment)
-    checks.append(
-        Precondition(
-            "previous",
-            "A previous version",
-            target is not None,
-            f"back to {target.name}" if target else f"{deployment.name} has no earlier live version",
+    target, passed = live_rollback_target(deployment_id=deployment.pk)
+    if target is not None:
+        detail = f"back to {target.name}" + (
+            f" (not {', '.join(w.version.name for w in passed)}: withdrawn)" if passed else ""
         )
-    )
+    elif passed:
+        detail = (
+            f"{deployment.name} has no earlier version to return to: "
+            + "; ".join(w.describe() for w in passed)
+            + ". A withdrawn version goes live again only through a new promotion request, approved by another person"
+        )
+    else:
+        detail = f"{deployment.name} has no earlier live version"
+    checks.append(Precondition("previous", "A previous version", target is not None, detail, "deployment"))
     if target is not None:
         ok = target.status != ModelVersionStatus.FAILED and target.kind != ModelVersionKind.FULL
         checks.append(
@@ -463,11 +462,15 @@ def _flip(release: Release, worker: str) -> Release | None:
     def switch(locked: Release) -> list[str]:
         before = LiveVersion.objects.filter(deployment=release.deployment).select_related("version").first()
         switched["previous"] = previous = before.version if before else None
+        promoting = release.kind == ReleaseKind.PROMOTION
         live_version_set(
             deployment=release.deployment,
             version=version,
             user=release.requested_by,
             reason=f"{release.get_kind_display().lower()} (release {release.pk})",
+            kind=LiveChangeKind.PROMOTION if promoting else LiveChangeKind.ROLLBACK,
+            # The request behind it: a withdrawn version goes live only on a request made since.
+            request_made_at=release.promotion.requested_at if promoting and release.promotion_id else None,
         )
         locked.timings = {**locked.timings, "live_ms": _ms_since(release.created_at)}
         if release.kind == ReleaseKind.PROMOTION and release.promotion_id:

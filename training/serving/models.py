@@ -129,6 +129,15 @@ class LiveVersion(models.Model):
         return f"{self.deployment_id} → {self.version_id}"
 
 
+class LiveChangeKind(models.TextChoices):
+    """How the live pointer moved: what decides whether the version it left may come back
+    without a new approval (`training.serving.selectors.live_withdrawals`)."""
+
+    PROMOTION = "promotion", "Promotion (an approved request)"
+    ROLLBACK = "rollback", "Rollback"
+    SET = "set", "Set by a command"
+
+
 class LiveVersionChange(models.Model):
     """Audit row for every flip of a deployment's live pointer: who, when, from what, to what."""
 
@@ -140,6 +149,7 @@ class LiveVersionChange(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     reason = models.CharField(max_length=300, blank=True, default="")
+    kind = models.CharField(max_length=10, choices=LiveChangeKind.choices, default=LiveChangeKind.SET)
 
     class Meta:
         ordering = ["-changed_at", "-id"]

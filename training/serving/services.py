@@ -9,6 +9,7 @@ is a separate step (`training.inference`): promotion checks that first, then fli
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -23,12 +24,14 @@ from training.inference.client import server_root
 from training.serving.models import (
     BaseModel,
     Deployment,
+    LiveChangeKind,
     LiveVersion,
     LiveVersionChange,
     ModelVersion,
     ModelVersionKind,
     ModelVersionStatus,
 )
+from training.serving.selectors import live_withdrawals
 from webapp.errors import Invalid
 
 # PostgreSQL channel a live-pointer flip is announced on (the payload is the deployment id);
@@ -256,9 +259,22 @@ def model_version_create(
 
 
 @transaction.atomic
-def live_version_set(*, deployment: Deployment, version: ModelVersion, user=None, reason: str = "") -> LiveVersion:
+def live_version_set(
+    *,
+    deployment: Deployment,
+    version: ModelVersion,
+    user=None,
+    reason: str = "",
+    kind: str = LiveChangeKind.SET,
+    request_made_at: datetime | None = None,
+) -> LiveVersion:
     """Point `deployment` at `version`. Returns the live row; a no-op when it already is live.
 
+    `kind` says how (a release's promotion or rollback, or a command). A version the
+    deployment withdrew (`live_withdrawals`) comes back only through a promotion whose
+    request was made after the withdrawal (`request_made_at`); a command may put back what
+    a command took out, never what a rollback did. Every route to the live pointer
+    (releases, `set_live`, `prepare_model --live-for`, `demo_setup`) comes through here.
     The previous version goes back to `approved` unless another deployment still serves it.
     """
     if version.status == ModelVersionStatus.FAILED:
@@ -268,6 +284,17 @@ def live_version_set(*, deployment: Deployment, version: ModelVersion, user=None
     previous = live.version if live else None
     if previous is not None and previous.pk == version.pk:
         return live
+    withdrawal = live_withdrawals(deployment_id=deployment.pk).get(version.pk)
+    if kind == LiveChangeKind.PROMOTION:
+        allowed = withdrawal is None or (request_made_at is not None and request_made_at > withdrawal.at)
+    else:
+        allowed = withdrawal is None or (kind == LiveChangeKind.SET and not withdrawal.by_rollback)
+    if not allowed:
+        raise ModelRegistryError(
+            f"{withdrawal.describe()} for {deployment.name}: it goes live again only through a new "
+            "promotion request, approved by another person",
+            field="version",
+        )
     if live is None:
         live = LiveVersion.objects.create(deployment=deployment, version=version, changed_at=now, changed_by=user)
     else:
@@ -276,7 +303,13 @@ def live_version_set(*, deployment: Deployment, version: ModelVersion, user=None
         live.changed_by = user
         live.save(update_fields=["version", "changed_at", "changed_by"])
     LiveVersionChange.objects.create(
-        deployment=deployment, from_version=previous, to_version=version, changed_at=now, changed_by=user, reason=reason
+        deployment=deployment,
+        from_version=previous,
+        to_version=version,
+        changed_at=now,
+        changed_by=user,
+        reason=reason,
+        kind=kind,
     )
     live_version_announce(deployment_id=deployment.pk)
     if version.status != ModelVersionStatus.LIVE:
