@@ -77,12 +77,12 @@ def test_a_line_of_2000_assistant_messages_is_refused_naming_the_limit(sdk, base
     with Peak() as peak:
         upload = sdk.files.create(file=("quadratic.jsonl", data), purpose="fine-tune")
         read = _processed(sdk, upload)
+        assert read.status == "error"
+        assert read.status_details == (
+            "line 1: 2001 messages; at most 256 per line (PRACTICUM_FINETUNE_MAX_MESSAGES_PER_LINE)"
+        )
         with pytest.raises(openai.BadRequestError) as refused:
             sdk.fine_tuning.jobs.create(model="tiny-base", training_file=upload.id)
-    assert read.status == "error"
-    assert read.status_details == (
-        "line 1: 2001 messages; at most 256 per line (PRACTICUM_FINETUNE_MAX_MESSAGES_PER_LINE)"
-    )
     assert refused.value.body["param"] == "training_file"
     assert "PRACTICUM_FINETUNE_MAX_MESSAGES_PER_LINE" in refused.value.body["message"]
     # Under the messages bound, the assistant messages one line trains on are bounded too.
@@ -100,6 +100,7 @@ def test_with_the_line_bounds_raised_the_item_bytes_per_job_still_hold(sdk, base
     data = _jsonl([_quadratic_line(2000)])
     with Peak() as peak:
         upload = sdk.files.create(file=("quadratic.jsonl", data), purpose="fine-tune")
+        assert upload.status == "uploaded"  # its lines are read after the request
         # Asked for before the file is read: the worker refuses it before building an item.
         job = sdk.fine_tuning.jobs.create(model="tiny-base", training_file=upload.id)
         failed = _prepared(sdk, job)

@@ -62,12 +62,15 @@ def _finite(value: Any) -> bool:
 def checkpoint_metrics(job: TrainingJob) -> dict[str, float]:
     """OpenAI's checkpoint `metrics` for the job's candidate, from the events it logged: the
     step and the training loss at that step (`train_loss`; a GRPO job's is its surrogate
-    loss). Practicum's own beside them, where logged: the step's mean reward
-    (`train_mean_reward`) and the latest evaluation's on held-out lines (`valid_mean_reward`).
+    loss). Practicum's own beside them: the step's logged figures under their own names,
+    its mean reward (`train_mean_reward`) and the latest evaluation's on held-out lines
+    (`valid_mean_reward`), where logged.
     SFT jobs here log no validation loss, so `valid_loss` is left out."""
-    out: dict[str, float] = {"step": float(job.step)}
     logged = TrainingJobEvent.objects.filter(job=job, step__lte=job.step).order_by("-step", "-id")
     step = logged.filter(kind=JobEventKind.STEP).values_list("data", flat=True).first() or {}
+    # The step's own figures stay beside OpenAI's names (loss, grad_norm, …), as before.
+    out: dict[str, float] = {k: v for k, v in step.items() if _finite(v)}
+    out["step"] = float(job.step)
     if _finite(step.get("loss")):
         out["train_loss"] = float(step["loss"])
     if _finite(step.get("reward_mean")):
