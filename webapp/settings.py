@@ -241,7 +241,8 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = INGEST_MAX_BODY_BYTES
 # credentials checked first everywhere else, and the whole body in within
 # WEB_BODY_TIMEOUT_SECONDS of the headers (else 408).
 WEB_MAX_BODY_BYTES = int(os.environ.get("PRACTICUM_WEB_MAX_BODY_BYTES", INGEST_MAX_BODY_BYTES))
-WEB_ANONYMOUS_MAX_BODY_BYTES = int(os.environ.get("PRACTICUM_WEB_ANONYMOUS_MAX_BODY_BYTES", 1024 * 1024))
+# 512 KiB: a feedback link's comment and correction (20,000 characters each) form-encoded.
+WEB_ANONYMOUS_MAX_BODY_BYTES = int(os.environ.get("PRACTICUM_WEB_ANONYMOUS_MAX_BODY_BYTES", 512 * 1024))
 WEB_BODY_TIMEOUT_SECONDS = float(os.environ.get("PRACTICUM_WEB_BODY_TIMEOUT_SECONDS", 60))
 
 # Celery. The database row of a job is the source of truth, so no result backend.

@@ -250,3 +250,14 @@ def test_credentials_are_checked_from_the_headers_alone(client, keys, settings):
     assert AccessAttempt.objects.get(username="basil").failures_since_start == settings.AXES_FAILURE_LIMIT
     right = {b"authorization": _basic("basil", "a-long-password-2")}
     assert credentials_check(right, ("127.0.0.1", 1)).startswith("too many failed logins")
+
+
+def test_a_route_anyone_may_post_to_takes_a_body_without_credentials(site, keys):
+    with httpx.Client(base_url=site.url, timeout=IN_TIME) as client:
+        auth = {"Authorization": f"Bearer {keys['ingest']}"}
+        assert client.post("/api/v1/traces", json=_traces(7), headers=auth).status_code == 207
+        link = client.post("/api/v1/feedback/links", json={"external_id": "t-7"}, headers=auth)
+        assert link.status_code == 201, link.text
+        # A customer with the link and no key: its signed token is the credential.
+        sent = client.post(link.json()["api_url"], json={"rating": 1, "comment": "x" * 20_000})
+        assert sent.status_code == 201, sent.text
