@@ -244,9 +244,9 @@ def test_a_name_no_deployment_can_have_is_a_404_never_a_500(client, story):
 
 
 def test_the_window_is_whole_days_and_nothing_before_its_first_day_is_counted_or_drawn(story):
-    """'The last 30 days' is today and the 29 before it: feedback from the evening of the day
+    """'The last 30 days' is today and the 29 before it: grades from the evening of the day
     before is neither in the totals nor drawn left of the chart's axis."""
-    from feedback.models import CustomerFeedback
+    from feedback.models import Grade
     from webapp.selectors_story import deployment_story, story_curve
 
     deployment, base_version = story["deployment"], story["base_version"]
@@ -254,9 +254,9 @@ def test_the_window_is_whole_days_and_nothing_before_its_first_day_is_counted_or
     first_day = timezone.localdate(now) - timedelta(days=29)
     day_before = timezone.make_aware(datetime.combine(first_day - timedelta(days=1), time(23, 0)))
     graded_traces(deployment, base_version, [True, True], start=60)
-    CustomerFeedback.objects.update(created_at=day_before)
+    Grade.objects.update(created_at=day_before)
     graded_traces(deployment, base_version, [False], start=70)
-    CustomerFeedback.objects.filter(created_at__gt=day_before).update(
+    Grade.objects.filter(created_at__gt=day_before).update(
         created_at=timezone.make_aware(datetime.combine(first_day, time(0, 30)))
     )
 

@@ -16,6 +16,7 @@ from django.utils import timezone
 from feedback.models import Message, MessageRole
 from feedback.services.customer_feedback import customer_feedback_create
 from feedback.services.flags import trace_flag_set
+from feedback.services.grades import grade_record
 from feedback.services.review import comment_add
 from tests.factories import DeploymentFactory, TraceFactory, user_with_role
 from tests.promotion.conftest import make_adapter_folder
@@ -41,8 +42,8 @@ def versions(tmp_path):
 
 
 def graded_traces(deployment, version, outcomes, *, start=0, when=None, split="test", tasks=None):
-    """One trace per outcome (True = success), served by `version`, with the grader's feedback;
-    `tasks` names each trace's task id."""
+    """One trace per outcome (True = success), served by `version`, with its grade; `tasks`
+    names each trace's task id."""
     traces = []
     for i, ok in enumerate(outcomes, start):
         metadata = {"split": split} | ({"task_id": tasks[i - start]} if tasks else {})
@@ -54,9 +55,9 @@ def graded_traces(deployment, version, outcomes, *, start=0, when=None, split="t
             trace.save(update_fields=["started_at"])
         Message.objects.create(trace=trace, position=0, role=MessageRole.USER, content="Refund A1001?", raw={})
         Message.objects.create(trace=trace, position=1, role=MessageRole.ASSISTANT, content="Done.", raw={})
-        customer_feedback_create(
+        grade_record(
             deployment=deployment,
-            data={"trace_id": trace.pk, "rating": 5 if ok else 1, "comment": "graded", "customer_ref": "grader"},
+            data={"trace_id": trace.pk, "outcome": "success" if ok else "failure", "reason": "graded"},
         )
         traces.append(trace)
     return traces

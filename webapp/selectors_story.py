@@ -23,13 +23,13 @@ from django.db.models import Count, F, Func, IntegerField, Q, Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
-from feedback.models import CustomerFeedback
+from feedback.models import CustomerFeedback, Grade, GradeOutcome
 from training.learning_policies.models import LearningPolicyRun
 from training.models import CorrectionSource, TrainingItem
 from training.promotion.models import Evaluation, PromotionRequest, PromotionStatus
 from training.promotion.selectors import evaluation_items_source
 from training.serving.models import Deployment, LiveVersion, LiveVersionChange, ModelVersion
-from webapp.selectors_measurements import GRADER_REF
+from webapp.selectors_measurements import OUTCOME_GRADE
 from webapp.work import WorkStatus
 
 MAX_VERSIONS = 50
@@ -329,34 +329,39 @@ def deployment_story(
 
 
 def _traffic(deployment: Deployment, since: datetime) -> tuple[list[DayPoint], dict[str, Traffic]]:
-    """Per day and serving version: graded outcomes (the grader's score, 5 a success) and
-    customer ratings (not unhappy: neither a thumbs-down nor a score of 1-2). One query."""
-    grader = Q(customer_ref=GRADER_REF, rating_kind="score")
-    rated = ~Q(customer_ref=GRADER_REF) & Q(rating__isnull=False) & ~Q(rating_kind="")
+    """Per day and serving version: graded outcomes (the `outcome` grades) and customer
+    ratings (not unhappy: neither a thumbs-down nor a score of 1-2). Two queries."""
+    rated = Q(rating__isnull=False) & ~Q(rating_kind="")
     unhappy = Q(rating_kind="thumbs", rating=-1) | Q(rating_kind="score", rating__lte=2)
-    rows = (
-        CustomerFeedback.objects.filter(deployment=deployment, created_at__gte=since)
+    by_day: dict[tuple[date, str], list[int]] = {}
+    grades = (
+        Grade.objects.filter(deployment=deployment, name=OUTCOME_GRADE, created_at__gte=since)
         .annotate(day=TruncDate("created_at"))
         .values("day", "trace__model_version__name")
-        .annotate(
-            graded=Count("id", filter=grader),
-            successes=Count("id", filter=grader & Q(rating=5)),
-            rated=Count("id", filter=rated),
-            not_unhappy=Count("id", filter=rated & ~unhappy),
-        )
-        .order_by("day", "trace__model_version__name")
+        .annotate(graded=Count("id"), successes=Count("id", filter=Q(outcome=GradeOutcome.SUCCESS)))
+        .order_by()
     )
+    for r in grades:
+        cell = by_day.setdefault((r["day"], r["trace__model_version__name"] or "(unknown version)"), [0, 0, 0, 0])
+        cell[0], cell[1] = r["graded"], r["successes"]
+    ratings = (
+        CustomerFeedback.objects.filter(rated, deployment=deployment, created_at__gte=since)
+        .annotate(day=TruncDate("created_at"))
+        .values("day", "trace__model_version__name")
+        .annotate(rated=Count("id"), not_unhappy=Count("id", filter=~unhappy))
+        .order_by()
+    )
+    for r in ratings:
+        cell = by_day.setdefault((r["day"], r["trace__model_version__name"] or "(unknown version)"), [0, 0, 0, 0])
+        cell[2], cell[3] = r["rated"], r["not_unhappy"]
     points, totals = [], {}
-    for r in rows:
-        name = r["trace__model_version__name"] or "(unknown version)"
-        if not (r["graded"] or r["rated"]):
-            continue
-        points.append(DayPoint(r["day"], name, r["graded"], r["successes"], r["rated"], r["not_unhappy"]))
+    for (day, name), (graded, successes, rated_n, not_unhappy) in sorted(by_day.items()):
+        points.append(DayPoint(day, name, graded, successes, rated_n, not_unhappy))
         t = totals.setdefault(name, Traffic())
-        t.graded += r["graded"]
-        t.successes += r["successes"]
-        t.rated += r["rated"]
-        t.not_unhappy += r["not_unhappy"]
+        t.graded += graded
+        t.successes += successes
+        t.rated += rated_n
+        t.not_unhappy += not_unhappy
     return points, totals
 
 

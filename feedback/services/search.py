@@ -13,8 +13,15 @@ it to a fifth with 4 KB ones (bench/ingest.py, side by side with the code before
 to_tsvector is the single costliest step of storing a trace. `manage.py search_index`
 builds whatever is missing (e.g. traces stored while no worker ran).
 
-Only the first MAX_MESSAGE_CHARS of a message and MAX_DOCUMENT_CHARS of a trace are
-indexed: a tsvector is capped at 1 MB, and a huge pasted log says little past its start.
+Only the first MAX_MESSAGE_CHARS of a message, and MAX_DOCUMENT_CHARS of a trace's system
+messages and of its other messages, are indexed: a tsvector is capped at 1 MB, and a huge
+pasted log says little past its start.
+
+System messages are indexed with weight A, the others with the default weight D, and a
+search matches D lexemes only unless it asks for system messages too: an agent's system
+prompt is the same on every trace ("refund" in its policy would match them all), so by
+default a search does not look there. One vector with weights keeps one GIN index: a
+weight-restricted query uses it like any other (with a recheck).
 """
 
 from __future__ import annotations
@@ -33,32 +40,51 @@ logger = logging.getLogger(__name__)
 SEARCH_CONFIG = "english"
 MAX_MESSAGE_CHARS = 20_000
 MAX_DOCUMENT_CHARS = 200_000
+# A message's indexed text: its content and its tool calls' names and arguments.
+_MESSAGE_TEXT = """left(m.content, %(chars)s) || coalesce(' ' || (
+    SELECT string_agg(concat_ws(' ', c->'function'->>'name', c->'function'->>'arguments'), ' ')
+    FROM jsonb_array_elements(m.tool_calls) AS c
+), '')"""
+# A trace's vector from its messages `m` grouped by trace; system messages weighed A.
+VECTOR_SQL = f"""setweight(to_tsvector(%(config)s::regconfig, left(coalesce(string_agg(
+    {_MESSAGE_TEXT}, E'\\n' ORDER BY m.position) FILTER (WHERE m.role = 'system'), ''), %(doc)s)), 'A')
+|| to_tsvector(%(config)s::regconfig, left(coalesce(string_agg(
+    {_MESSAGE_TEXT}, E'\\n' ORDER BY m.position) FILTER (WHERE m.role <> 'system'), ''), %(doc)s))"""
 
 
 def traces_search_index(*, trace_ids: Sequence[int]) -> int:
     """(Re)build the search vectors of these traces from their stored messages: contents,
-    tool names and tool-call arguments. Idempotent; returns the number of traces written."""
+    tool names and tool-call arguments, system messages weighed A. Idempotent; returns the
+    number of traces written."""
     if connection.vendor != "postgresql" or not trace_ids:
         return 0
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
-            UPDATE {Trace._meta.db_table} AS t SET search_vector = to_tsvector(%s::regconfig, d.doc)
+            UPDATE {Trace._meta.db_table} AS t SET search_vector = d.vector
             FROM (
-                SELECT m.trace_id, left(string_agg(
-                    left(m.content, %s) || coalesce(' ' || (
-                        SELECT string_agg(concat_ws(' ', c->'function'->>'name', c->'function'->>'arguments'), ' ')
-                        FROM jsonb_array_elements(m.tool_calls) AS c
-                    ), ''), E'\\n' ORDER BY m.position), %s) AS doc
+                SELECT m.trace_id, {VECTOR_SQL} AS vector
                 FROM {Message._meta.db_table} AS m
-                WHERE m.trace_id = ANY(%s)
+                WHERE m.trace_id = ANY(%(ids)s)
                 GROUP BY m.trace_id
             ) AS d
             WHERE t.id = d.trace_id
             """,
-            [SEARCH_CONFIG, MAX_MESSAGE_CHARS, MAX_DOCUMENT_CHARS, list(trace_ids)],
+            {"config": SEARCH_CONFIG, "chars": MAX_MESSAGE_CHARS, "doc": MAX_DOCUMENT_CHARS, "ids": list(trace_ids)},
         )
         return cursor.rowcount
+
+
+def search_tsquery_sql(*, include_system: bool) -> str:
+    """The SQL of a search's tsquery, with two parameters: the configuration and the words.
+    Leaving system messages out restricts every lexeme of the query to weight D
+    (`'refund':D`): the query's text form quotes each lexeme (a quote inside doubled), so
+    the pattern finds each one, and negations and phrases keep their meaning on the other
+    messages' text."""
+    query = "websearch_to_tsquery(%s::regconfig, %s)"
+    if include_system:
+        return query
+    return f"regexp_replace({query}::text, '''(?:[^'']|'''')*''', '\\&:D', 'g')::tsquery"
 
 
 def traces_search_index_later(*, trace_ids: Sequence[int]) -> None:
