@@ -114,6 +114,11 @@ class QueueCreateForm(forms.Form):
     limit = forms.IntegerField(min_value=1, max_value=5000, initial=100, label="Traces")
     lock_minutes = forms.IntegerField(min_value=1, max_value=240, initial=10, label="Lock (minutes)")
     description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
+    instructions = forms.CharField(required=False, max_length=20_000, widget=forms.Textarea(attrs={"rows": 3}))
+    rubric = forms.CharField(required=False, max_length=20_000, widget=forms.Textarea(attrs={"rows": 4}))
+    dimensions = forms.CharField(
+        required=False, max_length=20_000, label="Score dimensions", widget=forms.Textarea(attrs={"rows": 3})
+    )
 
 
 def trace_filters(data: Mapping[str, Any], *, also: Iterable[str] = (), prefix: str = "") -> dict:
