@@ -118,18 +118,25 @@ def grades_to_grader_feedback(apps, schema_editor):
         schema_editor.execute("SET CONSTRAINTS ALL IMMEDIATE")
 
 
-# The vector feedback.services.search builds, as of this migration: system messages weighed A.
+# The vectors feedback.services.search builds, as of this migration: the conversation's, and
+# the system messages' apart.
 _TEXT = """left(m.content, 20000) || coalesce(' ' || (
     SELECT string_agg(concat_ws(' ', c->'function'->>'name', c->'function'->>'arguments'), ' ')
     FROM jsonb_array_elements(m.tool_calls) AS c), '')"""
+
+
+def _vector(roles):
+    return (
+        f"to_tsvector('english'::regconfig, left(string_agg({_TEXT}, E'\\n' ORDER BY m.position) "
+        f"FILTER (WHERE {roles}), 200000))"
+    )
+
+
 REINDEX = f"""
-UPDATE feedback_trace AS t SET search_vector = d.vector
+UPDATE feedback_trace AS t
+SET search_vector = coalesce(d.conversation, ''::tsvector), system_vector = d.system
 FROM (
-    SELECT m.trace_id,
-        setweight(to_tsvector('english'::regconfig, left(coalesce(string_agg({_TEXT}, E'\\n' ORDER BY m.position)
-            FILTER (WHERE m.role = 'system'), ''), 200000)), 'A')
-        || to_tsvector('english'::regconfig, left(coalesce(string_agg({_TEXT}, E'\\n' ORDER BY m.position)
-            FILTER (WHERE m.role <> 'system'), ''), 200000)) AS vector
+    SELECT m.trace_id, {_vector("m.role <> 'system'")} AS conversation, {_vector("m.role = 'system'")} AS system
     FROM feedback_message AS m
     WHERE m.trace_id >= %s AND m.trace_id < %s
       AND m.trace_id IN (SELECT trace_id FROM feedback_message WHERE role = 'system' AND trace_id >= %s AND trace_id < %s)
@@ -139,12 +146,13 @@ WHERE t.id = d.trace_id
 """
 
 
-def reweigh_system_messages(apps, schema_editor):
-    """Rebuild the search vector of every trace with a system message, so that searches can
-    leave system messages out (without one a trace's vector is unchanged). In id ranges, so
-    each statement's work is bounded."""
+def system_messages_apart(apps, schema_editor):
+    """Give system messages a vector of their own (`system_vector`, not indexed) and take them
+    out of the searched one, so a search can leave the system prompt out. Only traces with a
+    system message change, in id ranges, so each statement's work is bounded."""
     if schema_editor.connection.vendor != "postgresql":
         return
+    schema_editor.execute("ALTER TABLE feedback_trace ADD COLUMN IF NOT EXISTS system_vector tsvector")
     with schema_editor.connection.cursor() as cursor:
         cursor.execute("SELECT min(trace_id), max(trace_id) FROM feedback_message WHERE role = 'system'")
         low, high = cursor.fetchone()
@@ -154,13 +162,15 @@ def reweigh_system_messages(apps, schema_editor):
             cursor.execute(REINDEX, [start, start + 5000, start, start + 5000])
 
 
-def weigh_everything_alike(apps, schema_editor):
-    """Back: the earlier vector, every message alike (its positions kept)."""
+def system_messages_back(apps, schema_editor):
+    """Back: one vector of every message, as before."""
     if schema_editor.connection.vendor != "postgresql":
         return
     schema_editor.execute(
-        "UPDATE feedback_trace SET search_vector = setweight(search_vector, 'D') WHERE search_vector IS NOT NULL"
+        "UPDATE feedback_trace SET search_vector = coalesce(system_vector, ''::tsvector) || search_vector "
+        "WHERE system_vector IS NOT NULL"
     )
+    schema_editor.execute("ALTER TABLE feedback_trace DROP COLUMN IF EXISTS system_vector")
 
 
 class Migration(migrations.Migration):
@@ -369,6 +379,8 @@ class Migration(migrations.Migration):
                 fields=("item", "dimension", "user"), name="queuescore_once_per_reviewer"
             ),
         ),
+        # The column first: PostgreSQL alters no table while the rows the grades step writes
+        # still have foreign-key checks pending.
+        migrations.RunPython(system_messages_apart, system_messages_back),
         migrations.RunPython(grader_feedback_to_grades, grades_to_grader_feedback),
-        migrations.RunPython(reweigh_system_messages, weigh_everything_alike),
     ]

@@ -5,8 +5,9 @@ whose denormalised counts and flags are kept up to date by the services that wri
 messages and feedback, and paginate by keyset on (started_at, id).
 
 On PostgreSQL the trace table also has a `search_vector` tsvector column with a GIN
-index, created by migration 0003 and written by `feedback.services.search`. It is
-deliberately not a model field: no query should fetch it, and SQLite has no such type.
+index, created by migration 0004, and a `system_vector` of its system messages (migration
+0019, not indexed), both written by `feedback.services.search`. They are deliberately not
+model fields: no query should fetch them, and SQLite has no such type.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from django.db.models.expressions import RawSQL
 
 from feedback.forms import OUTCOME_VALUES, RATING_VALUES
 from feedback.models import Message, MessageRole, Trace, TraceFlag
-from feedback.services.search import SEARCH_CONFIG, search_tsquery_sql
+from feedback.services.search import SEARCH_CONFIG, search_match_sql
 
 PAGE_SIZE = 50
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -70,7 +70,7 @@ def traces_search(queryset: QuerySet[Trace], query: str, *, include_system: bool
     if connection.vendor == "postgresql":
         return queryset.filter(
             RawSQL(
-                f'"{Trace._meta.db_table}"."search_vector" @@ {search_tsquery_sql(include_system=include_system)}',
+                search_match_sql(table=Trace._meta.db_table, include_system=include_system),
                 [SEARCH_CONFIG, query],
                 output_field=BooleanField(),
             )

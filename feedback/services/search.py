@@ -17,11 +17,12 @@ Only the first MAX_MESSAGE_CHARS of a message, and MAX_DOCUMENT_CHARS of a trace
 messages and of its other messages, are indexed: a tsvector is capped at 1 MB, and a huge
 pasted log says little past its start.
 
-System messages are indexed with weight A, the others with the default weight D, and a
-search matches D lexemes only unless it asks for system messages too: an agent's system
-prompt is the same on every trace ("refund" in its policy would match them all), so by
-default a search does not look there. One vector with weights keeps one GIN index: a
-weight-restricted query uses it like any other (with a recheck).
+System messages have a vector of their own, `system_vector` (not indexed), and a search
+looks through the conversation's vector alone unless asked to look at system messages too:
+an agent's system prompt is the same on every trace ("refund" in its policy would match them
+all), so by default a search does not look there. Kept apart rather than weighed inside one
+vector: a weight-restricted query on one GIN index would fetch every trace whose prompt has
+the word and recheck each, a scan of the table for a word of the prompt.
 """
 
 from __future__ import annotations
@@ -45,25 +46,29 @@ _MESSAGE_TEXT = """left(m.content, %(chars)s) || coalesce(' ' || (
     SELECT string_agg(concat_ws(' ', c->'function'->>'name', c->'function'->>'arguments'), ' ')
     FROM jsonb_array_elements(m.tool_calls) AS c
 ), '')"""
-# A trace's vector from its messages `m` grouped by trace; system messages weighed A.
-VECTOR_SQL = f"""setweight(to_tsvector(%(config)s::regconfig, left(coalesce(string_agg(
-    {_MESSAGE_TEXT}, E'\\n' ORDER BY m.position) FILTER (WHERE m.role = 'system'), ''), %(doc)s)), 'A')
-|| to_tsvector(%(config)s::regconfig, left(coalesce(string_agg(
-    {_MESSAGE_TEXT}, E'\\n' ORDER BY m.position) FILTER (WHERE m.role <> 'system'), ''), %(doc)s))"""
+
+
+def _vector_sql(roles: str) -> str:
+    """A trace's vector from its messages `m` (grouped by trace) whose role is `roles`; NULL
+    when it has none."""
+    return f"""to_tsvector(%(config)s::regconfig, left(string_agg(
+    {_MESSAGE_TEXT}, E'\\n' ORDER BY m.position) FILTER (WHERE {roles}), %(doc)s))"""
 
 
 def traces_search_index(*, trace_ids: Sequence[int]) -> int:
     """(Re)build the search vectors of these traces from their stored messages: contents,
-    tool names and tool-call arguments, system messages weighed A. Idempotent; returns the
-    number of traces written."""
+    tool names and tool-call arguments, system messages in a vector of their own.
+    Idempotent; returns the number of traces written."""
     if connection.vendor != "postgresql" or not trace_ids:
         return 0
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
-            UPDATE {Trace._meta.db_table} AS t SET search_vector = d.vector
+            UPDATE {Trace._meta.db_table} AS t
+            SET search_vector = coalesce(d.conversation, ''::tsvector), system_vector = d.system
             FROM (
-                SELECT m.trace_id, {VECTOR_SQL} AS vector
+                SELECT m.trace_id, {_vector_sql("m.role <> 'system'")} AS conversation,
+                    {_vector_sql("m.role = 'system'")} AS system
                 FROM {Message._meta.db_table} AS m
                 WHERE m.trace_id = ANY(%(ids)s)
                 GROUP BY m.trace_id
@@ -75,16 +80,15 @@ def traces_search_index(*, trace_ids: Sequence[int]) -> int:
         return cursor.rowcount
 
 
-def search_tsquery_sql(*, include_system: bool) -> str:
-    """The SQL of a search's tsquery, with two parameters: the configuration and the words.
-    Leaving system messages out restricts every lexeme of the query to weight D
-    (`'refund':D`): the query's text form quotes each lexeme (a quote inside doubled), so
-    the pattern finds each one, and negations and phrases keep their meaning on the other
-    messages' text."""
+def search_match_sql(*, table: str, include_system: bool) -> str:
+    """The SQL condition of a search, with two parameters: the configuration and the words.
+    With the system messages, the trace's two vectors are matched as one document (so
+    "refund -policy" means what it says over the whole trace); that match is read row by
+    row, not from the index."""
     query = "websearch_to_tsquery(%s::regconfig, %s)"
-    if include_system:
-        return query
-    return f"regexp_replace({query}::text, '''(?:[^'']|'''')*''', '\\&:D', 'g')::tsquery"
+    if not include_system:
+        return f'"{table}"."search_vector" @@ {query}'
+    return f"""("{table}"."search_vector" || coalesce("{table}"."system_vector", ''::tsvector)) @@ {query}"""
 
 
 def traces_search_index_later(*, trace_ids: Sequence[int]) -> None:
