@@ -219,6 +219,9 @@ def main() -> None:
 
     def use(size: int) -> None:
         connection.close()
+        # The connection pool keeps its connections to the database it was made for.
+        if hasattr(connection, "close_pool"):
+            connection.close_pool()
         connection.settings_dict["NAME"] = urls[size].rsplit("/", 1)[1]
 
     rng = random.Random(7)
