@@ -78,6 +78,21 @@ def test_a_queue_from_negative_feedback_states_each_task_and_takes_a_score_per_d
     assert brief.locator("fieldset.dimension").count() == 3
     assert overflowing(page, width) == []
     assert page.evaluate("document.documentElement.scrollWidth") <= width
+    # The side panel's turn table: one-word headers stay whole ("Latency", never "LATENC Y").
+    lines = page.evaluate(
+        """() => [...document.querySelectorAll("#side-turns thead th")].map((th) => {
+            const range = document.createRange();
+            range.selectNodeContents(th);
+            return [th.textContent.trim(), new Set([...range.getClientRects()].map((r) => Math.round(r.top))).size];
+        })"""
+    )
+    assert {name: n for name, n in lines if " " not in name} == {
+        "Turn": 1,
+        "Latency": 1,
+        "Tokens": 1,
+        "Feedback": 1,
+        "Judge": 1,
+    }
 
     page.check("input[name=score-right_order][value=no]")
     page.fill("input[name=score-helpfulness]", "2")

@@ -4,6 +4,7 @@ columns, searches that leave the system prompt out unless asked, and a loading s
 
 from __future__ import annotations
 
+import html
 import re
 from datetime import UTC, datetime, timedelta
 
@@ -101,3 +102,24 @@ def test_a_queue_built_from_the_outcome_filter_takes_the_failed_traces(operator_
     queue = AnnotationQueue.objects.get()
     assert response.status_code == 302 and queue.filters == {"outcome": ["failure"]}
     assert [i.trace.external_id for i in queue.items.select_related("trace")] == ["refund-1"]
+
+
+def test_the_trace_page_shows_metadata_as_indented_json_escaped_and_the_grades(operator_client, deployment, ingest):
+    (trace,) = ingest(
+        deployment,
+        episode(
+            "meta-1",
+            "Where is my parcel?",
+            0,
+            grades=[{"outcome": "failure", "reason": "gave <b>no</b> tracking link", "source": "checker"}],
+        )
+        | {"metadata": {"customer_tier": "gold", "note": "<script>alert(1)</script>", "tags": ["a", "b"]}},
+    )
+    body = operator_client.get(f"/traces/{trace.pk}/").content.decode()
+    start = body.index('<pre class="json">') + len('<pre class="json">')
+    meta = html.unescape(body[start : body.index("</pre>", start)])
+    # JSON (double quotes, indented, lists as JSON), not a Python dict; its text escaped.
+    assert '"customer_tier": "gold"' in meta and '  "tags": [' in meta and "{'" not in meta
+    assert '"note": "<script>alert(1)</script>"' in meta and "<script>alert" not in body
+    grades = body[body.index('id="side-grades"') :]
+    assert "✗ failure" in grades and "gave &lt;b&gt;no&lt;/b&gt; tracking link" in grades and "by checker" in grades
