@@ -8,6 +8,7 @@ from feedback.models import (
     CustomerFeedback,
     DeploymentJudge,
     FailureModeRun,
+    Grade,
     JudgeJob,
     JudgeResult,
     Message,
@@ -75,6 +76,14 @@ class CustomerFeedbackAdmin(admin.ModelAdmin):
     list_display = ("id", "deployment", "trace", "source", "rating_kind", "rating", "customer_ref", "created_at")
     list_filter = ("deployment", "source")
     raw_id_fields = ("trace", "message", "api_key")
+
+
+@admin.register(Grade)
+class GradeAdmin(admin.ModelAdmin):
+    list_display = ("id", "deployment", "trace", "name", "outcome", "score", "source", "updated_at")
+    list_filter = ("deployment", "outcome", "source")
+    raw_id_fields = ("trace", "api_key")
+    show_full_result_count = False
 
 
 @admin.register(TraceFlag)

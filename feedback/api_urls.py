@@ -14,6 +14,7 @@ urlpatterns = [
 ]
 urlpatterns += [
     path("feedback", apis.FeedbackCreateApi.as_view(), name="api-feedback-create"),
+    path("grades", apis.GradeCreateApi.as_view(), name="api-grade-create"),
     path("feedback/links", apis.FeedbackLinkCreateApi.as_view(), name="api-feedback-link-create"),
     path("feedback/links/<str:token>", apis.FeedbackLinkPostApi.as_view(), name="api-feedback-link-post"),
 ]

@@ -21,12 +21,14 @@ from feedback.forms import trace_filters
 from feedback.models import ApiKeyScope, FeedbackSource, TraceSource
 from feedback.selectors import trace_as_dict, trace_visible_to
 from feedback.selectors.trace_list import Cursor, trace_page, traces_filtered
+from feedback.selectors.traces import grade_as_dict
 from feedback.services.customer_feedback import (
     customer_feedback_create,
     feedback_link_create,
     feedback_link_resolve,
     feedback_target_find,
 )
+from feedback.services.grades import grade_record
 from feedback.services.ingest import traces_ingest
 from feedback.services.jsonl import traces_jsonl_lines, traces_parquet
 from webapp.api_errors import error_response, limit_param
@@ -60,6 +62,11 @@ _trace_schema = inline_serializer(
         "status": serializers.ChoiceField(["ok", "error", "in_progress"], required=False),
         "started_at": serializers.DateTimeField(required=False),
         "ended_at": serializers.DateTimeField(required=False),
+        "grades": serializers.JSONField(
+            required=False,
+            help_text="Your grader's verdicts: [{outcome: success|failure, score?: 0-1, reason?, source?, name?}] "
+            "(one per name; sending one again replaces it).",
+        ),
     },
 )
 
@@ -68,11 +75,13 @@ TRACE_LIST_DEFAULT = 50
 TRACE_LIST_MAX = 200
 EXPORT_MAX = 100_000
 TRACE_LIST_PARAMETERS = [
-    ("q", str, "full-text search of the messages"),
+    ("q", str, "full-text search of the messages (system messages only with system=yes)"),
+    ("system", str, "yes: the search looks through system messages too"),
     ("deployment", int, "a deployment's id (an API key reads its own only)"),
     ("environment", str, "the trace's environment"),
     ("version", int, "the id of the model version that served it"),
-    ("status", str, "ok, error or in_progress"),
+    ("status", str, "ok, error or in_progress: whether the calls ran (not whether the task was done: see outcome)"),
+    ("outcome", str, "success, failure or ungraded: the trace's grades"),
     ("start", str, "from this date (YYYY-MM-DD)"),
     ("end", str, "to this date, inclusive"),
     ("comment", str, "yes or no: has an operator's comment"),
@@ -172,6 +181,10 @@ def _trace_summary(row: dict, request) -> dict:
         "has_customer_feedback": row["has_customer_feedback"],
         "feedback_rating": row["feedback_rating"],
         "judge_reward": row["judge_reward"],
+        "outcome": row["outcome"] or None,
+        "outcome_reason": row["outcome_reason"] or None,
+        "outcome_score": row["outcome_score"],
+        "ended_at": row["ended_at"].isoformat() if row["ended_at"] else None,
         "flags": row["flags"],
     }
 
@@ -432,3 +445,52 @@ class FeedbackLinkPostApi(APIView):
             source=FeedbackSource.LINK,
             link_id=link.link_id,
         )
+
+
+# Grades -------------------------------------------------------------------------------
+
+
+class GradeCreateApi(APIView):
+    """A grader's verdict on a trace, from the harness that ran it: its own tests, an
+    environment's check of the final state. Stored as a grade (the trace's outcome), never as
+    customer feedback. One grade per `name` and trace: sending it again replaces it."""
+
+    permission_classes = [scope_required(ApiKeyScope.INGEST)]
+    parser_classes: list = []
+
+    @extend_schema(
+        operation_id="grade_create",
+        request=inline_serializer(
+            "GradeIn",
+            fields={
+                "trace_id": serializers.IntegerField(
+                    required=False, help_text="The trace's id (as ingest returned it)."
+                ),
+                "external_id": serializers.CharField(required=False, help_text="Or the agent's own id of the trace."),
+                "outcome": serializers.ChoiceField(["success", "failure"]),
+                "score": serializers.FloatField(required=False, help_text="The grader's number, 0 to 1."),
+                "reason": serializers.CharField(required=False, help_text="Why, in the grader's words."),
+                "source": serializers.CharField(
+                    required=False, help_text="Who graded: an environment, a test suite (default 'api')."
+                ),
+                "name": serializers.CharField(
+                    required=False, help_text="What was graded (default 'outcome', which the overview counts)."
+                ),
+            },
+        ),
+        responses={
+            201: OpenApiResponse(description="Stored."),
+            200: OpenApiResponse(description="Replaced the trace's grade of this name."),
+            400: OpenApiResponse(description="Invalid field (field and reason)."),
+            404: OpenApiResponse(description="No such trace in this key's deployment."),
+        },
+    )
+    def post(self, request):
+        data = _json_body(request)
+        if isinstance(data, Response):
+            return data
+        principal = request.user
+        if not isinstance(principal, ApiKeyPrincipal):
+            return error_response(400, "", "grades are posted with a deployment's API key")
+        grade, created = grade_record(deployment=principal.deployment, data=data, api_key=principal.api_key)
+        return Response(grade_as_dict(grade), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)

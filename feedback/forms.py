@@ -25,9 +25,13 @@ RATINGS = [
     ("positive", "positive (thumbs up, 4-5)"),
 ]
 RATING_VALUES = {"negative": -1, "neutral": 0, "positive": 1}
+OUTCOMES = [("", "any"), ("failure", "failure"), ("success", "success"), ("ungraded", "ungraded")]
+# The stored outcome of each choice: an ungraded trace's is blank.
+OUTCOME_VALUES = {"failure": "failure", "success": "success", "ungraded": ""}
 # The parameters that make up a filter (the cursor `after` is not one).
 FILTER_FIELDS = (
     "q",
+    "system",
     "deployment",
     "environment",
     "version",
@@ -37,6 +41,7 @@ FILTER_FIELDS = (
     "comment",
     "feedback",
     "rating",
+    "outcome",
     "reward_min",
     "reward_max",
     "flag",
@@ -45,6 +50,8 @@ FILTER_FIELDS = (
 
 class TraceFilterForm(forms.Form):
     q = forms.CharField(required=False, max_length=500, label="Search")
+    # The system prompt is the same on every trace of an agent: searched only when asked.
+    system = forms.ChoiceField(required=False, choices=[("", "no"), ("yes", "yes")], label="Search system messages too")
     # Ids, not choices: validating against the lists would query them on every htmx request.
     deployment = forms.IntegerField(required=False, min_value=1)
     environment = forms.CharField(required=False, max_length=200)
@@ -55,6 +62,7 @@ class TraceFilterForm(forms.Form):
     comment = forms.ChoiceField(required=False, choices=YES_NO, label="Commented")
     feedback = forms.ChoiceField(required=False, choices=YES_NO, label="Customer feedback")
     rating = forms.ChoiceField(required=False, choices=RATINGS, label="Feedback rating")
+    outcome = forms.ChoiceField(required=False, choices=OUTCOMES, label="Outcome")
     reward_min = forms.FloatField(
         required=False, label="Judge reward ≥", widget=forms.NumberInput(attrs={"step": "any"})
     )
@@ -73,7 +81,7 @@ class TraceFilterForm(forms.Form):
             ],
         }
         out = {}
-        for name in ("deployment", "version", "status", "comment", "feedback", "rating"):
+        for name in ("deployment", "version", "status", "outcome", "comment", "feedback", "rating"):
             current = str(self.data.get(name, "")) if self.is_bound else ""
             options = format_html_join(
                 "",
@@ -106,6 +114,11 @@ class QueueCreateForm(forms.Form):
     limit = forms.IntegerField(min_value=1, max_value=5000, initial=100, label="Traces")
     lock_minutes = forms.IntegerField(min_value=1, max_value=240, initial=10, label="Lock (minutes)")
     description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
+    instructions = forms.CharField(required=False, max_length=20_000, widget=forms.Textarea(attrs={"rows": 3}))
+    rubric = forms.CharField(required=False, max_length=20_000, widget=forms.Textarea(attrs={"rows": 4}))
+    dimensions = forms.CharField(
+        required=False, max_length=20_000, label="Score dimensions", widget=forms.Textarea(attrs={"rows": 3})
+    )
 
 
 def trace_filters(data: Mapping[str, Any], *, also: Iterable[str] = (), prefix: str = "") -> dict:

@@ -23,6 +23,8 @@ urlpatterns = [
     path("queues/new", queues.queue_create_view, name="queue-create"),
     path("queues/<int:queue_id>/", queues.queue_detail, name="queue-detail"),
     path("queues/<int:queue_id>/next", queues.queue_next, name="queue-next"),
+    path("queues/<int:queue_id>/rubric", queues.queue_rubric_edit, name="queue-rubric"),
+    path("queues/<int:queue_id>/items/<int:item_id>/scores", queues.queue_item_scores, name="queue-item-scores"),
     path("queues/<int:queue_id>/items/<int:item_id>/", queues.queue_item, name="queue-item"),
     re_path(
         r"^queues/(?P<queue_id>\d+)/items/(?P<item_id>\d+)/(?P<action>done|skip)$",

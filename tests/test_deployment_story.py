@@ -5,7 +5,7 @@ however many versions; escaped user text; 400 on a bad window, 404 on an unknown
 
 from __future__ import annotations
 
-from datetime import datetime, time, timedelta
+from datetime import UTC, datetime, time, timedelta
 
 import pytest
 from django.db import connection
@@ -16,6 +16,7 @@ from django.utils import timezone
 from tests.factories import DeploymentFactory, TraceFactory, user_with_role
 from tests.promotion.conftest import make_adapter_folder
 from tests.test_overview import graded_traces
+from tests.training.test_job_pages import chart_of
 from training.models import TrainingItem, TrainingJob
 from training.promotion.models import Evaluation, PromotionRequest
 from training.services.training_sets import training_set_create
@@ -178,8 +179,9 @@ def test_each_version_tells_what_it_learned_from_its_evaluation_and_who_approved
     # The approver's comment is user text: escaped, never markup.
     assert XSS not in html and "&lt;script&gt;window.__story_xss" in html
     # The curve: a series per version, a dashed marker at each change of the live version.
-    assert '<svg class="chart"' in html and "smol-v1 · graded success" in html and "smol · graded success" in html
-    assert html.count('class="chart-marker"') == 2 and "→ smol-v1" in html
+    curve = chart_of(html, "chart-story")
+    assert {s["label"] for s in curve["series"]} >= {"smol-v1 · graded success", "smol · graded success"}
+    assert [m["label"] for m in curve["markers"]] == ["→ smol", "→ smol-v1"]
     assert [name for _, name in s.changes] == ["smol", "smol-v1"]
 
 
@@ -244,9 +246,9 @@ def test_a_name_no_deployment_can_have_is_a_404_never_a_500(client, story):
 
 
 def test_the_window_is_whole_days_and_nothing_before_its_first_day_is_counted_or_drawn(story):
-    """'The last 30 days' is today and the 29 before it: feedback from the evening of the day
+    """'The last 30 days' is today and the 29 before it: grades from the evening of the day
     before is neither in the totals nor drawn left of the chart's axis."""
-    from feedback.models import CustomerFeedback
+    from feedback.models import Grade
     from webapp.selectors_story import deployment_story, story_curve
 
     deployment, base_version = story["deployment"], story["base_version"]
@@ -254,9 +256,9 @@ def test_the_window_is_whole_days_and_nothing_before_its_first_day_is_counted_or
     first_day = timezone.localdate(now) - timedelta(days=29)
     day_before = timezone.make_aware(datetime.combine(first_day - timedelta(days=1), time(23, 0)))
     graded_traces(deployment, base_version, [True, True], start=60)
-    CustomerFeedback.objects.update(created_at=day_before)
+    Grade.objects.update(created_at=day_before)
     graded_traces(deployment, base_version, [False], start=70)
-    CustomerFeedback.objects.filter(created_at__gt=day_before).update(
+    Grade.objects.filter(created_at__gt=day_before).update(
         created_at=timezone.make_aware(datetime.combine(first_day, time(0, 30)))
     )
 
@@ -264,5 +266,30 @@ def test_the_window_is_whole_days_and_nothing_before_its_first_day_is_counted_or
     assert s.first_day == first_day and [(p.day, p.graded) for p in s.points] == [(first_day, 1)]
     (base,) = s.versions
     assert (base.traffic.graded, base.traffic.successes) == (1, 0)
-    xs = [x for _, pts in story_curve(s)["series"] for x, _ in pts]
-    assert xs and min(xs) >= 0
+    curve = story_curve(s)
+    xs = [x for line in curve["series"] for x, _ in line["points"]]
+    start = datetime.combine(first_day, time(0), tzinfo=UTC).timestamp()
+    assert xs and min(xs) >= start
+
+
+def test_the_story_axis_fits_its_data_not_the_whole_window(story):
+    """One day of traffic in a 90-day window sits in the middle of a week-wide axis, not at
+    the edge of 90 days; a longer story gets an axis as long as its data."""
+    from feedback.models import Grade
+    from webapp.selectors_story import deployment_story, story_curve
+
+    deployment, base_version = story["deployment"], story["base_version"]
+    now = timezone.now().replace(hour=12, minute=0)
+    graded_traces(deployment, base_version, [True, False], start=80)
+    s = deployment_story(deployment=deployment, days=90, now=now)
+    curve = story_curve(s)
+    (x,) = {x for line in curve["series"] for x, _ in line["points"]}
+    low, high = curve["x"]["range"]
+    day = 86_400
+    assert high - low == 7 * day
+    changes = [m["x"] for m in curve["markers"]]
+    assert low <= min([x, *changes]) and max([x, *changes]) <= high
+    Grade.objects.filter(trace__external_id=f"{base_version.name}-80").update(created_at=now - timedelta(days=20))
+    curve = story_curve(deployment_story(deployment=deployment, days=90, now=now))
+    low, high = curve["x"]["range"]
+    assert 20 * day < high - low < 23 * day

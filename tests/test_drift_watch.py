@@ -8,7 +8,7 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
-from feedback.models import CustomerFeedback
+from feedback.models import CustomerFeedback, Grade
 from tests.factories import DeploymentFactory, TraceFactory, user_with_role
 from training.serving.models import BaseModel, ModelVersion
 from webapp.selectors_drift import live_drift, rate_drop
@@ -35,15 +35,14 @@ def live(tmp_path):
     return deployment, old, version, live_version_set
 
 
-def graded(deployment, version, outcomes, *, start, ref="grader"):
+def graded(deployment, version, outcomes, *, start):
     for i, ok in enumerate(outcomes):
         trace = TraceFactory(deployment=deployment, model_version=version)
-        CustomerFeedback.objects.create(
+        Grade.objects.create(
             deployment=deployment,
             trace=trace,
-            customer_ref=ref,
-            rating_kind="score",
-            rating=5 if ok else 1,
+            outcome="success" if ok else "failure",
+            source="support-desk",
             created_at=start + timedelta(minutes=i),
         )
 

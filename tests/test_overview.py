@@ -16,9 +16,11 @@ from django.utils import timezone
 from feedback.models import Message, MessageRole
 from feedback.services.customer_feedback import customer_feedback_create
 from feedback.services.flags import trace_flag_set
+from feedback.services.grades import grade_record
 from feedback.services.review import comment_add
 from tests.factories import DeploymentFactory, TraceFactory, user_with_role
 from tests.promotion.conftest import make_adapter_folder
+from tests.training.test_job_pages import chart_of
 
 pytestmark = pytest.mark.django_db
 
@@ -41,8 +43,8 @@ def versions(tmp_path):
 
 
 def graded_traces(deployment, version, outcomes, *, start=0, when=None, split="test", tasks=None):
-    """One trace per outcome (True = success), served by `version`, with the grader's feedback;
-    `tasks` names each trace's task id."""
+    """One trace per outcome (True = success), served by `version`, with its grade; `tasks`
+    names each trace's task id."""
     traces = []
     for i, ok in enumerate(outcomes, start):
         metadata = {"split": split} | ({"task_id": tasks[i - start]} if tasks else {})
@@ -54,9 +56,9 @@ def graded_traces(deployment, version, outcomes, *, start=0, when=None, split="t
             trace.save(update_fields=["started_at"])
         Message.objects.create(trace=trace, position=0, role=MessageRole.USER, content="Refund A1001?", raw={})
         Message.objects.create(trace=trace, position=1, role=MessageRole.ASSISTANT, content="Done.", raw={})
-        customer_feedback_create(
+        grade_record(
             deployment=deployment,
-            data={"trace_id": trace.pk, "rating": 5 if ok else 1, "comment": "graded", "customer_ref": "grader"},
+            data={"trace_id": trace.pk, "outcome": "success" if ok else "failure", "reason": "graded"},
         )
         traces.append(trace)
     return traces
@@ -98,7 +100,11 @@ def test_success_rate_and_reward_per_version_and_the_live_version(client, versio
         ("smol", 1.0), ("smol", 0.5), ("smol", 0.33), ("smol", 0.25),
         ("smol-v1", 1.0), ("smol-v1", 1.0), ("smol-v1", 1.0), ("smol-v1", 0.75),
     ]  # fmt: skip
-    assert '<svg class="chart"' in html and "smol-v1 (4 points, last 0.75)" in html
+    curve = chart_of(html, f"chart-success-{deployment.pk}")
+    assert "smol-v1: 4 points, last 75%" in curve["summary"]
+    assert [s["label"] for s in curve["series"]] == ["smol", "smol-v1"] and curve["y"]["range"] == [0, 1]
+    traffic = chart_of(html, f"chart-traffic-{deployment.pk}")
+    assert traffic["kind"] == "bars" and [y for _, y in traffic["series"][0]["points"]][-1] == 10
     assert "<script>window.__overview_xss" not in html and "&lt;script&gt;window.__overview_xss" in html
     assert re.search(r'href="/overview/"[^>]*>Overview</a>', html)  # the nav links here
 
@@ -167,7 +173,7 @@ def test_versions_are_compared_on_one_split_and_on_the_tasks_all_of_them_ran(cli
     assert {p.version for p in o.curve} == {"smol", "smol-v1"} and len(o.curve) == 7  # held-out only
     html = response.content.decode()
     assert 'Like with like: <span class="compare-split">test</span> tasks' in html
-    assert "success rate per model version on test tasks" in html
+    assert "Success rate per model version on test tasks" in html
     assert {v.name: v.split_cells for v in o.versions} == {
         "smol": [("test", 4, 1, 0.25), ("train", 10, 6, 0.6)],
         "smol-v1": [("test", 3, 3, 1.0), ("train", 0, 0, None)],

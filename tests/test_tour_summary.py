@@ -52,12 +52,13 @@ def test_a_summary_without_collateral_figures_has_no_collateral_line():
 
 def _store_runs(tmp_path, runs):
     """Traces of tour runs as the gateway stores them: (run, version or None, split, fresh
-    seed, {episode index: grader rating}), one minute apart in this order."""
+    seed, {episode index: the grader's rating 1-5, stored as its grade}), one minute apart in
+    this order."""
     import datetime as dt
 
     from django.utils import timezone
 
-    from feedback.models import CustomerFeedback
+    from feedback.models import Grade
     from tests.factories import DeploymentFactory, TraceFactory
     from training.serving.models import BaseModel, ModelVersion
 
@@ -80,8 +81,12 @@ def _store_runs(tmp_path, runs):
                 metadata=metadata,
                 started_at=started + dt.timedelta(minutes=n, seconds=i),
             )
-            CustomerFeedback.objects.create(
-                deployment=deployment, trace=trace, customer_ref="grader", rating_kind="score", rating=rating
+            Grade.objects.create(
+                deployment=deployment,
+                trace=trace,
+                outcome="success" if rating == 5 else "failure",
+                score=(rating - 1) / 4,
+                source="support-desk",
             )
 
 
@@ -92,7 +97,7 @@ def measured_runs(**kwargs):
 
 
 @pytest.mark.django_db
-def test_measurements_are_rebuilt_from_the_traces_and_the_graders_feedback(tmp_path):
+def test_measurements_are_rebuilt_from_the_traces_and_their_grades(tmp_path):
     # The base on test and fresh, then the candidate on both (one seed), in that order.
     _store_runs(
         tmp_path,

@@ -1,14 +1,17 @@
-"""Small server-rendered SVG line charts for the job, overview and story pages (no chart
-library, no CDN).
+"""Charts: the specs the pages hand to `static/js/charts.js` (drawn with the vendored uPlot:
+axes, hover values, several lines, markers), and a small server-rendered SVG line for the
+promotion page's signal curves.
 
-Inputs are numbers; the only text (title, labels) is escaped, so the output is safe to
-mark safe."""
+A spec is plain data, put in the page with `json_script` (the Content-Security-Policy runs
+no inline script, and json_script escapes it); the SVG's only text (title, labels) is
+escaped, so it is safe to mark safe."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
 from html import escape
+from typing import Any
 
 
 def _fmt(value: float) -> str:
@@ -69,69 +72,6 @@ def downsample_band(band: list[tuple[float, float, float]], limit: int = 300) ->
     return band[::stride]
 
 
-PALETTE = ("#3056d3", "#d9480f", "#2b8a3e", "#862e9c", "#c92a2a", "#1098ad", "#e67700", "#5c940d")
-
-
-def series_chart(
-    series: list[tuple[str, list[tuple[float, float]]]],
-    *,
-    title: str,
-    y_range: tuple[float, float] | None = None,
-    width: int = 640,
-    height: int = 200,
-    x_range: tuple[float, float] | None = None,
-    x_labels: tuple[str, str] | None = None,
-    markers: list[tuple[float, str]] | None = None,
-) -> str:
-    """Several (x, y) series on shared axes, each in its own colour with a legend entry
-    (label, point count and last value). `y_range` fixes the y axis (e.g. (0, 1) for
-    rates), `x_range` the x axis, and `x_labels` names its two ends (e.g. dates) instead of
-    their numbers. `markers` draws a dashed vertical line at each x with its label (e.g. a
-    version change). Labels are escaped; non-finite values are skipped."""
-    series = [
-        (label, downsample([(x, y) for x, y in pts if y is not None and math.isfinite(y)])) for label, pts in series
-    ]
-    series = [(label, pts) for label, pts in series if pts]
-    markers = [(x, label) for x, label in markers or [] if math.isfinite(x)]
-    svg_height = height + 16 * len(series)  # a legend line per series
-    if not series and not markers:
-        return _no_data(title, width=width, height=height, svg_height=svg_height)
-    xs = [x for _, pts in series for x, _ in pts] + [x for x, _ in markers]
-    ys = [y for _, pts in series for _, y in pts] or [0.0, 1.0]
-    x0, x1 = x_range if x_range else (min(xs), max(xs))
-    y0, y1 = y_range if y_range else (min(ys), max(ys))
-    axes, sx, sy = _axes(x0, x1, y0, y1, width=width, height=height, x_labels=x_labels)
-    parts = [_svg_open(title, width=width, svg_height=svg_height), axes]
-    if not series:  # the events still show when they happened
-        parts.append(
-            f'<text x="{PAD_L + 8}" y="{PAD_T + (height - PAD_T - PAD_B) / 2:.0f}" class="chart-empty">no data yet</text>'
-        )
-    for k, (x, label) in enumerate(markers):
-        mx = sx(x)
-        # Labels alternate between two heights so that changes on nearby days stay readable,
-        # and sit left of their line in the right half, where they would run off the chart.
-        lx, anchor = (mx - 2, "end") if mx > width / 2 else (mx + 2, "start")
-        parts.append(
-            f'<line x1="{mx:.1f}" y1="{PAD_T}" x2="{mx:.1f}" y2="{height - PAD_B}" class="chart-marker" '
-            f'stroke="#868e96" stroke-dasharray="3,3"/>'
-            f'<text x="{lx:.1f}" y="{PAD_T + 10 + 11 * (k % 2)}" text-anchor="{anchor}" '
-            f'class="chart-label chart-marker-label">{escape(label)}</text>'
-        )
-    for k, (label, pts) in enumerate(series):
-        color = PALETTE[k % len(PALETTE)]
-        line = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts)
-        parts.append(f'<polyline points="{line}" fill="none" stroke="{color}" stroke-width="1.5"/>')
-        parts.extend(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="1.8" fill="{color}"/>' for x, y in pts)
-        ly = height + 12 + 16 * k
-        parts.append(
-            f'<rect x="{PAD_L}" y="{ly - 8}" width="10" height="10" fill="{color}"/>'
-            f'<text x="{PAD_L + 16}" y="{ly}" class="chart-label chart-legend">{escape(label)} '
-            f"({len(pts)} points, last {_fmt(pts[-1][1])})</text>"
-        )
-    parts.append("</svg>")
-    return "".join(parts)
-
-
 # Plot-area padding: left (room for the y labels), right, top (the title), bottom (x labels).
 PAD_L, PAD_R, PAD_T, PAD_B = 44, 8, 20, 18
 
@@ -160,17 +100,15 @@ def _axes(
     *,
     width: int,
     height: int,
-    x_labels: tuple[str, str] | None = None,
 ) -> tuple[str, Callable[[float], float], Callable[[float], float]]:
-    """The axes, labelled with their ends (or `x_labels`, escaped), for data spanning x0..x1
-    and y0..y1 (a zero span is widened so a single point still draws), and the maps from data
-    to drawing coordinates."""
+    """The axes, labelled with their ends, for data spanning x0..x1 and y0..y1 (a zero span is
+    widened so a single point still draws), and the maps from data to drawing coordinates."""
     if x1 == x0:
         x1 = x0 + 1
     if y1 == y0:
         y0, y1 = y0 - 0.5, y1 + 0.5
     inner_w, inner_h = width - PAD_L - PAD_R, height - PAD_T - PAD_B
-    first, last = (escape(x_labels[0]), escape(x_labels[1])) if x_labels else (_fmt(x0), _fmt(x1))
+    first, last = _fmt(x0), _fmt(x1)
 
     def sx(x: float) -> float:
         return PAD_L + (x - x0) / (x1 - x0) * inner_w
@@ -187,3 +125,62 @@ def _axes(
         f'<text x="{PAD_L + inner_w}" y="{height - 4}" text-anchor="end" class="chart-label">{last}</text>'
     )
     return svg, sx, sy
+
+
+MAX_SPEC_POINTS = 500
+
+
+def chart_spec(
+    *,
+    chart_id: str,
+    title: str,
+    series: list[dict[str, Any]],
+    x: dict[str, Any],
+    y: dict[str, Any] | None = None,
+    markers: list[dict[str, Any]] | None = None,
+    kind: str = "line",
+    height: int = 220,
+) -> dict[str, Any]:
+    """A chart for `static/js/charts.js`. `series`: [{"label", "points": [(x, y)], "band"?:
+    [(x, low, high)], "dash"?: bool}] (non-finite values left out, each line cut to at most
+    MAX_SPEC_POINTS points); `x`: {"label", "kind": "step" | "index" | "day" (x in Unix
+    seconds), "range"?: (low, high), "elapsed"?: {step: seconds}}; `y`: {"label", "format":
+    "number" | "percent" | "int", "range"?: (low, high)}; `markers`: [{"x", "label"}] drawn
+    as dashed vertical lines; `kind`: "line" or "bars". `summary` says in words what it shows
+    (the last value of each line), for screen readers and pages without scripts."""
+    drawn = []
+    for s in series:
+        points = downsample(
+            [(float(px), float(py)) for px, py in s["points"] if py is not None and math.isfinite(py)],
+            MAX_SPEC_POINTS,
+        )
+        item = {"label": s["label"], "points": points, "dash": bool(s.get("dash"))}
+        if s.get("band"):
+            item["band"] = downsample_band(s["band"], MAX_SPEC_POINTS)
+        drawn.append(item)
+    y = {"label": "", "format": "number", **(y or {})}
+    words = [
+        f"{s['label']}: {len(s['points'])} point{'s' if len(s['points']) != 1 else ''}, last "
+        + _spoken(s["points"][-1][1], y["format"])
+        for s in drawn
+        if s["points"]
+    ]
+    return {
+        "id": chart_id,
+        "title": title,
+        "kind": kind,
+        "height": height,
+        "x": x,
+        "y": y,
+        "series": drawn,
+        "markers": [m for m in markers or [] if math.isfinite(m["x"])],
+        "summary": f"{title}. " + ("; ".join(words) if words else "No data yet."),
+    }
+
+
+def _spoken(value: float, fmt: str) -> str:
+    if fmt == "percent":
+        return f"{value:.0%}"
+    if fmt == "int":
+        return f"{value:.0f}"
+    return _fmt(value)

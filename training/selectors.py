@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from statistics import median
+from typing import Any
 
 from django.db.models import QuerySet
 
@@ -81,8 +83,11 @@ def job_step_series(*, job: TrainingJob) -> dict[str, list]:
     """Per metric, the (step, value) points of the job's steps, the latest value of a
     step winning (steps redone after a resume appear once)."""
     by_step: dict[int, dict] = {}
-    for step, data in TrainingJobEvent.objects.filter(job=job, kind=JobEventKind.STEP).values_list("step", "data"):
-        by_step[step] = data
+    at: dict[int, datetime] = {}
+    for step, data, created in TrainingJobEvent.objects.filter(job=job, kind=JobEventKind.STEP).values_list(
+        "step", "data", "created_at"
+    ):
+        by_step[step], at[step] = data, created
     steps = sorted(by_step)
     series: dict[str, list] = {}
     for key in [k for k, _ in CHARTS + EPISODE_CHARTS + HINT_CHARTS] + HINT_SERIES:
@@ -93,6 +98,9 @@ def job_step_series(*, job: TrainingJob) -> dict[str, list]:
         if by_step[s].get("reward_mean") is not None and by_step[s].get("reward_std") is not None
     ]
     series["step_seconds"] = [by_step[s].get("step_seconds") for s in steps if by_step[s].get("step_seconds")]
+    # When each step was logged, in seconds since the job started: the charts' hover says it.
+    start = job.started_at or (min(at.values()) if at else None)
+    series["elapsed"] = [(s, round((at[s] - start).total_seconds(), 1)) for s in steps] if start else []
     return series
 
 
@@ -181,6 +189,58 @@ def job_eval_seconds(*, evals: list[TrainingJobEvent]) -> list[float]:
 
 def job_evals(*, job: TrainingJob) -> list[TrainingJobEvent]:
     return list(TrainingJobEvent.objects.filter(job=job, kind=JobEventKind.EVAL).order_by("id"))
+
+
+CHECKPOINT_LOG = "checkpoint at step "  # how the job runner logs a checkpoint it saved
+# Metrics an in-job evaluation measures on held-out items, drawn beside the training line.
+VALIDATION_OF = {"reward_mean": "reward", "response_length": "response_length"}
+PERCENT_METRICS = {"zero_variance_share", "success", "tool_error_rate", "budget_exhaustion", "early_stop"}
+
+
+def job_checkpoint_steps(*, job: TrainingJob) -> list[int]:
+    """The steps the job saved a checkpoint at (from its log)."""
+    messages = TrainingJobEvent.objects.filter(
+        job=job, kind=JobEventKind.LOG, data__message__startswith=CHECKPOINT_LOG
+    ).values_list("step", flat=True)
+    return sorted(set(messages))
+
+
+def job_chart_specs(
+    *, job: TrainingJob, series: dict[str, list], evals: list[TrainingJobEvent], checkpoints: list[int]
+) -> list[dict[str, Any]]:
+    """The job page's charts (see training.charts.chart_spec): each metric its method can have,
+    per step, with the held-out evaluations' line where they measure it (reward, response
+    length; step 0 is the starting model), the mean ± std band of the reward, and the steps
+    with a checkpoint marked."""
+    from training.charts import chart_spec
+
+    elapsed = {str(s): seconds for s, seconds in series.get("elapsed", [])}
+    markers = [{"x": float(s), "label": f"checkpoint {s}"} for s in checkpoints]
+    specs = []
+    for key, title in job_charts(job=job):
+        lines: list[dict[str, Any]] = [
+            {
+                "label": "training",
+                "points": series.get(key, []),
+                **({"band": series["reward_band"]} if key == "reward_mean" else {}),
+            }
+        ]
+        measured = VALIDATION_OF.get(key)
+        if measured:
+            held_out = [(e.step, e.data.get(measured)) for e in evals if e.data.get(measured) is not None]
+            if held_out:
+                lines.append({"label": "validation (held out)", "points": held_out, "dash": True})
+        specs.append(
+            chart_spec(
+                chart_id=f"chart-{key}",
+                title=title,
+                series=lines,
+                x={"label": "step", "kind": "step", "elapsed": elapsed, "range": (0, max(job.total_steps, 1))},
+                y={"label": title.split(" (")[0], "format": "percent" if key in PERCENT_METRICS else "number"},
+                markers=markers,
+            )
+        )
+    return specs
 
 
 def job_logs(*, job: TrainingJob, limit: int = 200) -> list[TrainingJobEvent]:

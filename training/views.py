@@ -10,12 +10,10 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
-from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_POST
 
 from feedback.views.common import dashboard_view
 from training import selectors
-from training.charts import line_chart
 from training.models import JobKind, TrainingSet
 from training.services.jobs import JobError, training_job_cancel, training_job_create
 from training.serving.models import ModelVersion
@@ -141,10 +139,9 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     if job is None:
         raise Http404("no such job")
     series, evals, progress = selectors.job_live(job=job)
-    charts = [
-        mark_safe(line_chart(series[key], title=title, band=series["reward_band"] if key == "reward_mean" else None))
-        for key, title in selectors.job_charts(job=job)
-    ]
+    charts = selectors.job_chart_specs(
+        job=job, series=series, evals=evals, checkpoints=selectors.job_checkpoint_steps(job=job)
+    )
     sample_steps = selectors.job_sample_steps(job=job)
     chosen = request.GET.get("sample_step")
     sample_step = int(chosen) if chosen and chosen.isdigit() else (sample_steps[-1] if sample_steps else None)

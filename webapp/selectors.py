@@ -4,10 +4,10 @@ Everything is bounded: counts are over the last `days` days (each query filtered
 on an indexed column, or cut by a LIMIT), and the graded outcomes are the latest
 `max_graded`. Nothing counts a whole table.
 
-Graded outcomes are customer feedback with `customer_ref: "grader"` — how a harness
-reports a task's programmatic grade (the demo agent does; see feedback/demo/agent.py):
-a score of 5 is a success, and the reward is (score - 1) / 4. They are attributed to the
-model version that served the trace.
+Graded outcomes are the traces' `outcome` grades — how a harness reports a task's
+programmatic grade (the demo agent does; see feedback/demo/agent.py and
+feedback/services/grades.py): a success or a failure, and the reward is the grade's score
+(1 or 0 when it gave none). They are attributed to the model version that served the trace.
 
 Versions are compared like with like: each version's success is counted per split (the
 trace metadata's `split`: train, heldout, test, …), and the comparison and the curve use one
@@ -24,11 +24,11 @@ from django.db.models import Avg, Count, Q
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
-from feedback.models import Comment, CustomerFeedback, Trace, TraceFlag
+from feedback.models import Comment, CustomerFeedback, Grade, GradeOutcome, Trace, TraceFlag
 from feedback.models.judge import JudgeResult, JudgeStatus
 from training.evaluation.paired_runs import SliceSummary, slice_summaries
 from training.serving.models import Deployment, LiveVersion, LiveVersionChange
-from webapp.selectors_measurements import GRADER_REF, measured_runs
+from webapp.selectors_measurements import OUTCOME_GRADE, measured_runs
 
 MAX_DEPLOYMENTS = 20
 ROLLING = 10  # graded episodes per point of the success-rate curve
@@ -118,21 +118,27 @@ class DeploymentOverview:
         return max(self.traces_per_day, default=0)
 
 
-def _graded(deployment: Deployment, since: datetime, limit: int) -> list[tuple[datetime, str, int, str, str]]:
-    """(when, version name, score, split, task id) of the latest `limit` graded outcomes, oldest first."""
+def _graded(deployment: Deployment, since: datetime, limit: int) -> list[tuple[datetime, str, bool, float, str, str]]:
+    """(when, version name, success, reward, split, task id) of the latest `limit` graded
+    outcomes, oldest first."""
     rows = (
-        CustomerFeedback.objects.filter(
-            deployment=deployment, customer_ref=GRADER_REF, rating_kind="score", created_at__gte=since
-        )
+        Grade.objects.filter(deployment=deployment, name=OUTCOME_GRADE, created_at__gte=since)
         .order_by("-id")
         .values_list(
-            "created_at", "trace__model_version__name", "rating", "trace__metadata__split", "trace__metadata__task_id"
+            "created_at",
+            "trace__model_version__name",
+            "outcome",
+            "score",
+            "trace__metadata__split",
+            "trace__metadata__task_id",
         )[:limit]
     )
-    return [
-        (at, name or "(unknown version)", rating, str(split) if split else NO_SPLIT, str(task) if task else "")
-        for at, name, rating, split, task in reversed(list(rows))
-    ]
+    out = []
+    for at, name, outcome, score, split, task in reversed(list(rows)):
+        ok = outcome == GradeOutcome.SUCCESS
+        reward = score if score is not None else float(ok)
+        out.append((at, name or "(unknown version)", ok, reward, str(split) if split else NO_SPLIT, str(task or "")))
+    return out
 
 
 def _comparison_split(versions: list[VersionStats], chosen: str | None) -> str | None:
@@ -196,19 +202,13 @@ def deployment_overview(
 
     comments = Comment.objects.filter(trace__deployment=deployment, created_at__gte=since).count()
     fb = CustomerFeedback.objects.filter(deployment=deployment, created_at__gte=since).aggregate(
-        success=Count("id", filter=Q(customer_ref=GRADER_REF, rating=5, rating_kind="score")),
-        failure=Count("id", filter=Q(customer_ref=GRADER_REF, rating_kind="score") & ~Q(rating=5)),
-        positive=Count(
-            "id",
-            filter=~Q(customer_ref=GRADER_REF)
-            & (Q(rating_kind="thumbs", rating=1) | Q(rating_kind="score", rating__gte=4)),
-        ),
-        negative=Count(
-            "id",
-            filter=~Q(customer_ref=GRADER_REF)
-            & (Q(rating_kind="thumbs", rating=-1) | Q(rating_kind="score", rating__lte=2)),
-        ),
-        total=Count("id", filter=~Q(customer_ref=GRADER_REF)),
+        positive=Count("id", filter=Q(rating_kind="thumbs", rating=1) | Q(rating_kind="score", rating__gte=4)),
+        negative=Count("id", filter=Q(rating_kind="thumbs", rating=-1) | Q(rating_kind="score", rating__lte=2)),
+        total=Count("id"),
+    )
+    grades = Grade.objects.filter(deployment=deployment, name=OUTCOME_GRADE, created_at__gte=since).aggregate(
+        success=Count("id", filter=Q(outcome=GradeOutcome.SUCCESS)),
+        failure=Count("id", filter=Q(outcome=GradeOutcome.FAILURE)),
     )
     flags = (
         TraceFlag.objects.filter(trace__deployment=deployment, trace_started_at__gte=since)
@@ -233,14 +233,14 @@ def deployment_overview(
 
     versions: dict[str, VersionStats] = {}
     graded = _graded(deployment, since, max_graded)
-    for at, name, rating, graded_split, task in graded:
+    for at, name, success, reward, graded_split, task in graded:
         v = versions.setdefault(name, VersionStats(name=name, first_at=at))
-        ok = int(rating == 5)
+        ok = int(success)
         v.graded += 1
         v.successes += ok
         v.heldout += int(graded_split in HELD_OUT_SPLITS)
         v.heldout_successes += int(graded_split in HELD_OUT_SPLITS and ok)
-        v.reward_sum += (rating - 1) / 4
+        v.reward_sum += reward
         v.last_at = at
         cell = v.by_split.setdefault(graded_split, [0, 0])
         cell[0], cell[1] = cell[0] + 1, cell[1] + ok
@@ -250,11 +250,11 @@ def deployment_overview(
     compare_on = _comparison_split(list(versions.values()), split)
     curve: list[CurvePoint] = []
     recent: dict[str, list[int]] = {}
-    for _, name, rating, graded_split, _ in graded:
+    for _, name, success, _, graded_split, _ in graded:
         if graded_split != compare_on:
             continue
         window = recent.setdefault(name, [])
-        window.append(int(rating == 5))
+        window.append(int(success))
         del window[:-ROLLING]
         curve.append(CurvePoint(index=len(curve) + 1, version=name, rate=sum(window) / len(window)))
     for row in judged:
@@ -282,8 +282,8 @@ def deployment_overview(
         customer_positive=fb["positive"],
         customer_negative=fb["negative"],
         customer_other=fb["total"] - fb["positive"] - fb["negative"],
-        graded_success=fb["success"],
-        graded_failure=fb["failure"],
+        graded_success=grades["success"],
+        graded_failure=grades["failure"],
         judged=sum(r["n"] for r in judged),
         failure_modes=[(r["name"], r["n"]) for r in flags],
         versions=ordered,

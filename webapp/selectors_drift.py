@@ -1,9 +1,8 @@
 """Drift watch: does the live version do worse on its new traffic than when it went live?
 
 For each deployment's live version, two signals over the traffic it served since it went
-live: task success (graded outcomes, `customer_ref: "grader"`, score 5 a success) and
-customer ratings (other customer feedback with a rating; a thumbs-down or a score of 1-2 is
-unhappy). Each compares the version's first `DRIFT_WINDOW` outcomes with its latest
+live: task success (the traces' `outcome` grades) and customer ratings (customer feedback
+with a rating; a thumbs-down or a score of 1-2 is unhappy). Each compares the version's first `DRIFT_WINDOW` outcomes with its latest
 `DRIFT_WINDOW`; a drop of more than `DRIFT_DROP` flags the deployment on the overview. Four
 queries per deployment, each cut by a LIMIT.
 """
@@ -16,9 +15,9 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db.models import Q
 
-from feedback.models import CustomerFeedback
+from feedback.models import CustomerFeedback, Grade, GradeOutcome
 from training.serving.models import Deployment, LiveVersion
-from webapp.selectors_measurements import GRADER_REF
+from webapp.selectors_measurements import OUTCOME_GRADE
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,18 +50,18 @@ def rate_drop(baseline: Sequence[int], recent: Sequence[int]) -> float | None:
     return sum(baseline) / len(baseline) - sum(recent) / len(recent)
 
 
-def _windows(rows, good, window: int) -> tuple[list[int], list[int], int]:
+def _windows(rows, fields: tuple[str, ...], good, window: int) -> tuple[list[int], list[int], int]:
     """The first and latest `window` outcomes of `rows` (oldest first), and how many there are
     (up to 2 * window: beyond that the count is not needed)."""
-    first = [good(r) for r in rows.order_by("created_at", "id").values_list("rating_kind", "rating")[: 2 * window]]
+    first = [good(r) for r in rows.order_by("created_at", "id").values_list(*fields)[: 2 * window]]
     if len(first) < 2 * window:
         return first, [], len(first)
-    latest = [good(r) for r in rows.order_by("-created_at", "-id").values_list("rating_kind", "rating")[:window]]
+    latest = [good(r) for r in rows.order_by("-created_at", "-id").values_list(*fields)[:window]]
     return first[:window], latest, 2 * window
 
 
-def _signal(code: str, label: str, rows, good, window: int, threshold: float) -> DriftSignal:
-    baseline, recent, n = _windows(rows, good, window)
+def _signal(code: str, label: str, rows, fields: tuple[str, ...], good, window: int, threshold: float) -> DriftSignal:
+    baseline, recent, n = _windows(rows, fields, good, window)
     drop = rate_drop(baseline, recent)
     return DriftSignal(
         code=code,
@@ -77,8 +76,8 @@ def _signal(code: str, label: str, rows, good, window: int, threshold: float) ->
     )
 
 
-def _success(row: tuple[str, int | None]) -> int:
-    return int(row[1] == 5)
+def _success(row: tuple[str]) -> int:
+    return int(row[0] == GradeOutcome.SUCCESS)
 
 
 def _not_unhappy(row: tuple[str, int | None]) -> int:
@@ -95,12 +94,12 @@ def live_drift(
     live = LiveVersion.objects.filter(deployment=deployment).first()
     if live is None:
         return []
-    served = CustomerFeedback.objects.filter(
-        deployment=deployment, trace__model_version_id=live.version_id, created_at__gte=live.changed_at
-    )
-    graded = served.filter(customer_ref=GRADER_REF, rating_kind="score")
-    rated = served.exclude(customer_ref=GRADER_REF).exclude(Q(rating_kind="") | Q(rating__isnull=True))
+    served = {"deployment": deployment, "trace__model_version_id": live.version_id, "created_at__gte": live.changed_at}
+    graded = Grade.objects.filter(name=OUTCOME_GRADE, **served)
+    rated = CustomerFeedback.objects.filter(**served).exclude(Q(rating_kind="") | Q(rating__isnull=True))
     return [
-        _signal("success", "Task success", graded, _success, window, threshold),
-        _signal("rating", "Customer ratings not unhappy", rated, _not_unhappy, window, threshold),
+        _signal("success", "Task success", graded, ("outcome",), _success, window, threshold),
+        _signal(
+            "rating", "Customer ratings not unhappy", rated, ("rating_kind", "rating"), _not_unhappy, window, threshold
+        ),
     ]

@@ -8,7 +8,7 @@ of the same slice before it, each base run once: the k-th pair of a slice is see
 how `make tour-demo` measures (base, train, candidate, per seed) and how a person doing the
 tour by hand does it once.
 
-Success is the grader's feedback on each trace (a score of 5). Collateral changes — writes
+Success is each trace's `outcome` grade (feedback/services/grades.py). Collateral changes — writes
 to records the task does not concern — are recomputed from the logged conversation
 (`episode_replay`: the tool calls run again in a fresh copy of the task's records), so a
 harness that reports only its grade still has them counted; an episode whose environment or
@@ -28,11 +28,11 @@ from django.core.cache import cache
 from django.db.models import Count, Max
 from django.utils import timezone
 
-from feedback.models import CustomerFeedback, Message, Trace
+from feedback.models import Grade, GradeOutcome, Message, Trace
 from feedback.selectors.traces import message_as_openai
 from training.environments import Environment, Task, environment_get, episode_replay
 
-GRADER_REF = "grader"
+OUTCOME_GRADE = "outcome"  # the grade the overview's success rates count (a grade's default name)
 MEASURED_SPLITS = ("test", "fresh")
 MAX_TRACES = 2000  # the latest measured traces a summary reads (a 3-seed tour holds 576)
 MAX_REPLAY_MESSAGES = 64  # longer conversations are left out of the collateral rate
@@ -132,9 +132,9 @@ def measured_runs(
     if days is not None:
         recent = recent.filter(started_at__gte=timezone.now() - timedelta(days=days))
     marks = recent.aggregate(last=Max("id"), n=Count("id"), changed=Max("updated_at"))
-    graded_mark = CustomerFeedback.objects.filter(
-        deployment__name=deployment, customer_ref=GRADER_REF, trace__external_id__startswith="demo-"
-    ).aggregate(last=Max("id"))["last"]
+    graded_mark = Grade.objects.filter(
+        deployment__name=deployment, name=OUTCOME_GRADE, trace__external_id__startswith="demo-"
+    ).aggregate(last=Max("id"), changed=Max("updated_at"))
     key = (
         "measured-runs:"
         + hashlib.blake2b(
@@ -151,7 +151,7 @@ def measured_runs(
 
 def _measured_runs(recent, max_traces: int, base_kind: str) -> tuple[list[dict[str, Any]], list[str]]:
     traces = list(
-        recent.filter(customer_feedback__customer_ref=GRADER_REF)
+        recent.filter(grades__name=OUTCOME_GRADE)
         .select_related("model_version")
         .distinct()
         .order_by("-started_at", "-id")[: max_traces + 1]
@@ -160,10 +160,10 @@ def _measured_runs(recent, max_traces: int, base_kind: str) -> tuple[list[dict[s
         cut = traces[max_traces - 1].external_id.split("-")[1]
         traces = [t for t in traces[:max_traces] if t.external_id.split("-")[1] != cut]
     success = {
-        trace_id: rating == 5
-        for trace_id, rating in CustomerFeedback.objects.filter(
-            trace__in=traces, customer_ref=GRADER_REF, rating_kind="score"
-        ).values_list("trace_id", "rating")
+        trace_id: outcome == GradeOutcome.SUCCESS
+        for trace_id, outcome in Grade.objects.filter(trace__in=traces, name=OUTCOME_GRADE).values_list(
+            "trace_id", "outcome"
+        )
     }
     traces = [t for t in traces if t.pk in success]
     # A conversation longer than any episode of an environment's budget is not replayed.

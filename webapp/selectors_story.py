@@ -16,20 +16,20 @@ an oracle label, never anybody's feedback, and is counted as such.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import date, datetime, time, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
 from django.db.models import Count, F, Func, IntegerField, Q, Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
-from feedback.models import CustomerFeedback
+from feedback.models import CustomerFeedback, Grade, GradeOutcome
 from training.learning_policies.models import LearningPolicyRun
 from training.models import CorrectionSource, TrainingItem
 from training.promotion.models import Evaluation, PromotionRequest, PromotionStatus
 from training.promotion.selectors import evaluation_items_source
 from training.serving.models import Deployment, LiveVersion, LiveVersionChange, ModelVersion
-from webapp.selectors_measurements import GRADER_REF
+from webapp.selectors_measurements import OUTCOME_GRADE
 from webapp.work import WorkStatus
 
 MAX_VERSIONS = 50
@@ -329,59 +329,88 @@ def deployment_story(
 
 
 def _traffic(deployment: Deployment, since: datetime) -> tuple[list[DayPoint], dict[str, Traffic]]:
-    """Per day and serving version: graded outcomes (the grader's score, 5 a success) and
-    customer ratings (not unhappy: neither a thumbs-down nor a score of 1-2). One query."""
-    grader = Q(customer_ref=GRADER_REF, rating_kind="score")
-    rated = ~Q(customer_ref=GRADER_REF) & Q(rating__isnull=False) & ~Q(rating_kind="")
+    """Per day and serving version: graded outcomes (the `outcome` grades) and customer
+    ratings (not unhappy: neither a thumbs-down nor a score of 1-2). Two queries."""
+    rated = Q(rating__isnull=False) & ~Q(rating_kind="")
     unhappy = Q(rating_kind="thumbs", rating=-1) | Q(rating_kind="score", rating__lte=2)
-    rows = (
-        CustomerFeedback.objects.filter(deployment=deployment, created_at__gte=since)
+    by_day: dict[tuple[date, str], list[int]] = {}
+    grades = (
+        Grade.objects.filter(deployment=deployment, name=OUTCOME_GRADE, created_at__gte=since)
         .annotate(day=TruncDate("created_at"))
         .values("day", "trace__model_version__name")
-        .annotate(
-            graded=Count("id", filter=grader),
-            successes=Count("id", filter=grader & Q(rating=5)),
-            rated=Count("id", filter=rated),
-            not_unhappy=Count("id", filter=rated & ~unhappy),
-        )
-        .order_by("day", "trace__model_version__name")
+        .annotate(graded=Count("id"), successes=Count("id", filter=Q(outcome=GradeOutcome.SUCCESS)))
+        .order_by()
     )
+    for r in grades:
+        cell = by_day.setdefault((r["day"], r["trace__model_version__name"] or "(unknown version)"), [0, 0, 0, 0])
+        cell[0], cell[1] = r["graded"], r["successes"]
+    ratings = (
+        CustomerFeedback.objects.filter(rated, deployment=deployment, created_at__gte=since)
+        .annotate(day=TruncDate("created_at"))
+        .values("day", "trace__model_version__name")
+        .annotate(rated=Count("id"), not_unhappy=Count("id", filter=~unhappy))
+        .order_by()
+    )
+    for r in ratings:
+        cell = by_day.setdefault((r["day"], r["trace__model_version__name"] or "(unknown version)"), [0, 0, 0, 0])
+        cell[2], cell[3] = r["rated"], r["not_unhappy"]
     points, totals = [], {}
-    for r in rows:
-        name = r["trace__model_version__name"] or "(unknown version)"
-        if not (r["graded"] or r["rated"]):
-            continue
-        points.append(DayPoint(r["day"], name, r["graded"], r["successes"], r["rated"], r["not_unhappy"]))
+    for (day, name), (graded, successes, rated_n, not_unhappy) in sorted(by_day.items()):
+        points.append(DayPoint(day, name, graded, successes, rated_n, not_unhappy))
         t = totals.setdefault(name, Traffic())
-        t.graded += r["graded"]
-        t.successes += r["successes"]
-        t.rated += r["rated"]
-        t.not_unhappy += r["not_unhappy"]
+        t.graded += graded
+        t.successes += successes
+        t.rated += rated_n
+        t.not_unhappy += not_unhappy
     return points, totals
 
 
+def _day_x(day: date) -> float:
+    """A day's place on a chart's time axis, where its label is: its start, in Unix seconds (UTC)."""
+    return datetime.combine(day, time(0), tzinfo=UTC).timestamp()
+
+
+MIN_AXIS_DAYS = 7
+
+
 def story_curve(story: DeploymentStory) -> dict[str, Any]:
-    """The chart's inputs: a series per version (graded success per day, and the share of
-    customer ratings not unhappy where there are ratings), x the day's index in the window,
-    and a marker at each change of the live version."""
+    """The success chart's spec (training.charts.chart_spec): a line per version (graded
+    success per day, and the share of customer ratings not unhappy where there are ratings),
+    a marker at each change of the live version, and a time axis that fits what is drawn —
+    half a day either side of it, at least MIN_AXIS_DAYS wide around its middle — not the
+    whole window: one day of traffic sits in the middle of its axis, not at the edge of 90
+    days."""
+    from training.charts import chart_spec
+
     graded: dict[str, list[tuple[float, float]]] = {}
     rated: dict[str, list[tuple[float, float]]] = {}
     for p in story.points:
-        x = float((p.day - story.first_day).days)
+        x = _day_x(p.day)
         if p.graded:
             graded.setdefault(p.version, []).append((x, p.successes / p.graded))
         if p.rated:
             rated.setdefault(p.version, []).append((x, p.not_unhappy / p.rated))
-    series = [(f"{name} · graded success", pts) for name, pts in graded.items()]
-    series += [(f"{name} · ratings not unhappy", pts) for name, pts in rated.items()]
-    markers = []
-    for at, name in story.changes:
-        local = timezone.localtime(at)
-        offset = (local.date() - story.first_day).days + (local.hour * 60 + local.minute) / 1440
-        markers.append((float(offset), f"→ {name}"))
-    return {
-        "series": series,
-        "markers": markers,
-        "x_range": (0.0, float(story.days)),
-        "x_labels": (story.first_day.isoformat(), story.last_day.isoformat()),
-    }
+    series = [{"label": f"{name} · graded success", "points": pts} for name, pts in graded.items()]
+    series += [{"label": f"{name} · ratings not unhappy", "points": pts, "dash": True} for name, pts in rated.items()]
+    markers = [{"x": at.timestamp(), "label": f"→ {name}"} for at, name in story.changes]
+    xs = [x for s in series for x, _ in s["points"]] + [m["x"] for m in markers]
+    day = 86_400.0
+    if xs:
+        low, high = min(xs) - day / 2, max(xs) + day / 2
+        if high - low < MIN_AXIS_DAYS * day:
+            middle = (low + high) / 2
+            low, high = middle - MIN_AXIS_DAYS * day / 2, middle + MIN_AXIS_DAYS * day / 2
+        # Centred on what is drawn even where that runs past today, the window's last day:
+        # the newest traffic would otherwise always sit at the axis's edge.
+        x_range = (low, high)
+    else:
+        x_range = None
+    return chart_spec(
+        chart_id="chart-story",
+        title=f"Success of the live traffic per day, last {story.days} days (dashed markers: the live version changed)",
+        series=series,
+        x={"label": "day (UTC)", "kind": "day", **({"range": x_range} if x_range else {})},
+        y={"label": "success", "format": "percent", "range": (0, 1)},
+        markers=markers,
+        height=260,
+    )

@@ -5,11 +5,10 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_POST
 
 from feedback.views.common import dashboard_view
-from training.charts import series_chart
+from training.charts import chart_spec
 from webapp.ids import parse_id
 from webapp.selectors import ROLLING, deployments_overview
 from webapp.selectors_drift import live_drift
@@ -99,27 +98,48 @@ def overview(request: HttpRequest) -> HttpResponse:
     for o in overviews:
         o.drift = live_drift(deployment=o.deployment)
         o.drifting = [d for d in o.drift if d.flagged]
-        by_version: dict[str, list[tuple[float, float]]] = {}
-        for p in o.curve:
-            by_version.setdefault(p.version, []).append((p.index, p.rate))
-        # series_chart escapes every label; the rest is numbers.
-        o.chart = mark_safe(
-            series_chart(
-                list(by_version.items()),
-                title=(
-                    f"success rate per model version on {o.comparison.split} tasks "
-                    f"(rolling, last {ROLLING} graded episodes of each version)"
-                    if o.comparison
-                    else "success rate per model version"
-                ),
-                y_range=(0.0, 1.0),
-            )
-        )
+        o.charts = _overview_charts(o)
     return render(
         request,
         "overview.html",
         {"overviews": overviews, "days": days, "days_choices": DAYS_CHOICES, "split": split or ""},
     )
+
+
+def _overview_charts(o) -> list[dict]:
+    """A deployment's charts on the overview: its traces per day as bars over the window, and
+    each version's rolling success rate on the compared split."""
+    from datetime import UTC, datetime, time
+
+    def start(day) -> float:
+        return datetime.combine(day, time(0), tzinfo=UTC).timestamp()
+
+    key = o.deployment.pk
+    traffic = chart_spec(
+        chart_id=f"chart-traffic-{key}",
+        title=f"Traces per day ({o.traces_total} in {len(o.days)} days)",
+        series=[{"label": "traces", "points": [(start(d), n) for d, n in zip(o.days, o.traces_per_day, strict=True)]}],
+        x={"label": "day (UTC)", "kind": "day", "range": (start(o.days[0]) - 43_200, start(o.days[-1]) + 43_200)},
+        y={"label": "traces", "format": "int"},
+        kind="bars",
+        height=140,
+    )
+    by_version: dict[str, list[tuple[float, float]]] = {}
+    for p in o.curve:
+        by_version.setdefault(p.version, []).append((p.index, p.rate))
+    success = chart_spec(
+        chart_id=f"chart-success-{key}",
+        title=(
+            f"Success rate per model version on {o.comparison.split} tasks "
+            f"(rolling, last {ROLLING} graded episodes of each version)"
+            if o.comparison
+            else "Success rate per model version"
+        ),
+        series=[{"label": name, "points": pts} for name, pts in by_version.items()],
+        x={"label": "graded episode", "kind": "index"},
+        y={"label": "success", "format": "percent", "range": (0, 1)},
+    )
+    return [success, traffic]
 
 
 @dashboard_view("feedback.view_trace")
@@ -148,19 +168,7 @@ def deployment_story_view(request: HttpRequest, deployment: str) -> HttpResponse
                 status=400,
             )
     story = deployment_story(deployment=target, days=days)
-    curve = story_curve(story)
-    # series_chart escapes every label (version names, dates); the rest is numbers.
-    chart = mark_safe(
-        series_chart(
-            curve["series"],
-            title=f"success of the live traffic per day, last {days} days (dashed: the live version changed)",
-            y_range=(0.0, 1.0),
-            x_range=curve["x_range"],
-            x_labels=curve["x_labels"],
-            markers=curve["markers"],
-            width=760,
-        )
-    )
+    chart = story_curve(story)
     return render(
         request,
         "story.html",

@@ -7,11 +7,12 @@ turns of the episode land in one trace, served by the deployment's live version.
 tools run in the episode's own copy of the orders table (`training/environments/`).
 
 How outcomes are reported (the way a customer's harness reports them): after a graded
-episode the agent posts customer feedback (`POST /api/v1/feedback`) on the trace with
-`customer_ref: "grader"`, a score (`rating` 5 for a success, 1 for a failure) and the
-grader's reason as the comment. On a tracking task (no programmatic grade) it posts the
-customer's own words instead (`customer_ref: "customer"`, thumbs down). The overview page
-reads the `grader` feedback as the success rate per model version.
+episode the agent posts the environment's grade (`POST /api/v1/grades`) on the trace:
+`outcome` success or failure, the reward as `score`, the grader's reason, and the environment
+as `source`. A grade is not customer feedback: it is what a program that knows the answer
+found. On a tracking task (no programmatic grade) it posts the customer's own words instead
+(`POST /api/v1/feedback`, `customer_ref: "customer"`, thumbs down). The overview page reads
+the grades as the success rate per model version.
 
 The trace's metadata (sent as the request's `metadata`) names the environment, the task
 and its split, so held-out traffic can be told apart.
@@ -32,7 +33,6 @@ import httpx
 from training.environments.episodes import Completion, episode_run
 from training.environments.support_desk import FRESH_SPLIT, ORDER_ID_PATTERN, SPLITS, SupportDesk, tasks_sample
 
-GRADER_REF = "grader"
 CUSTOMER_REF = "customer"
 DEFAULT_TEMPERATURE = 0.7
 MAX_TURN_TOKENS = 96
@@ -64,7 +64,7 @@ class DemoEpisode:
     tool_errors: int = 0
     seconds: float = 0.0
     operator_comment: str = ""  # what an operator would write about this answer (tracking tasks)
-    feedback_posted: bool = False
+    reported: bool = False  # its grade, or the customer's words, were posted
     collateral_changes: int = 0  # writes to orders the task does not concern (the episode's audit)
     unknown_ids: int = 0  # tool calls on ids the conversation never showed
 
@@ -155,17 +155,18 @@ class DemoAgentError(RuntimeError):
     """The site refused what the agent sent (a key without the feedback scope, …)."""
 
 
-def _post_feedback(client: httpx.Client, body: dict[str, Any], *, wait_s: float = 20.0) -> bool:
-    """Post one piece of feedback; the gateway writes traces off the response path, so a
-    trace that is not stored yet (404) is retried for up to `wait_s` seconds."""
+def _post_report(client: httpx.Client, path: str, body: dict[str, Any], *, wait_s: float = 20.0) -> bool:
+    """Post one grade or piece of feedback; the gateway writes traces off the response path,
+    so a trace that is not stored yet (404) is retried for up to `wait_s` seconds."""
     deadline = time.monotonic() + wait_s
     delay = 0.2
+    what = "grade" if path.endswith("grades") else "feedback"
     while True:
-        response = client.post("/api/v1/feedback", json=body)
+        response = client.post(path, json=body)
         if response.status_code in (200, 201):
             return True
         if response.status_code != 404 or time.monotonic() > deadline:
-            raise DemoAgentError(f"feedback refused ({response.status_code}): {response.text[:300]}")
+            raise DemoAgentError(f"{what} refused ({response.status_code}): {response.text[:300]}")
         time.sleep(delay)
         delay = min(delay * 2, 2.0)
 
@@ -190,8 +191,8 @@ def demo_agent_run(
     """Run `episodes` support-desk conversations of `split` ("train", "validation",
     "test", or "fresh": the slice generated from `fresh_seed`) through the OpenAI-compatible endpoint at `base_url` (the gateway: `<base_url>/v1`).
 
-    With `report`, each outcome is posted as customer feedback to `feedback_base_url`
-    (default: `base_url`). Tasks are drawn reproducibly from `seed`; on the train split a
+    With `report`, each graded outcome is posted as a grade, and each tracking answer's
+    customer words as customer feedback, to `feedback_base_url` (default: `base_url`). Tasks are drawn reproducibly from `seed`; on the train split a
     quarter of them are tracking questions (no grade, seeded words), runs on the other
     splits are all graded. An episode the endpoint fails is kept with `end="error"` and no reward.
 
@@ -296,7 +297,7 @@ def demo_agent_run(
                 unknown_ids=len(episode.audit.unknown_ids),
             )
             if report:
-                ep.feedback_posted = _post_feedback(http, _feedback_body(ep, task))
+                ep.reported = _post_report(http, *_report(ep, task, environment=env.name))
         return ep
 
     try:
@@ -328,16 +329,18 @@ def demo_agent_run(
     return result
 
 
-def _feedback_body(ep: DemoEpisode, task) -> dict[str, Any]:
+def _report(ep: DemoEpisode, task, *, environment: str) -> tuple[str, dict[str, Any]]:
+    """Where to post what the episode left to report, and the body: the environment's grade of
+    a graded task, else the customer's own words."""
     if ep.graded and ep.reward is not None:
-        return {
+        return "/api/v1/grades", {
             "external_id": ep.trace_id,
-            "rating": 1 + round(4 * ep.reward),
-            "comment": ep.reason,
-            "customer_ref": GRADER_REF,
-            "idempotency_key": f"{ep.trace_id}:grade",
+            "outcome": "success" if ep.success else "failure",
+            "score": min(1.0, max(0.0, ep.reward)),
+            "reason": ep.reason,
+            "source": environment,
         }
-    return {
+    return "/api/v1/feedback", {
         "external_id": ep.trace_id,
         "rating": "down",
         "comment": task.hidden.get("customer_feedback", ""),

@@ -1,5 +1,6 @@
 """The feedback app's models, by sub-domain; import them from here."""
 
+from feedback.models.grades import Grade
 from feedback.models.judge import (
     CandidateScoring,
     DeploymentJudge,
@@ -14,7 +15,15 @@ from feedback.models.judge import (
     SchemaMode,
     ScoringPurpose,
 )
-from feedback.models.queues import AnnotationQueue, QueueItem, QueueItemStatus, QueueSkip
+from feedback.models.queues import (
+    AnnotationQueue,
+    QueueItem,
+    QueueItemStatus,
+    QueueScore,
+    QueueSkip,
+    ScoreDimension,
+    ScoreKind,
+)
 from feedback.models.review import (
     Comment,
     Correction,
@@ -30,6 +39,7 @@ from feedback.models.traces import (
     ApiKey,
     ApiKeyScope,
     ConversationTip,
+    GradeOutcome,
     Message,
     MessageRole,
     OtelSpan,
@@ -52,6 +62,8 @@ __all__ = [
     "FailureClusterMember",
     "FailureModeRun",
     "FeedbackSource",
+    "Grade",
+    "GradeOutcome",
     "JudgeJob",
     "JudgeResult",
     "JudgeStatus",
@@ -62,9 +74,12 @@ __all__ = [
     "OtelSpan",
     "QueueItem",
     "QueueItemStatus",
+    "QueueScore",
     "QueueSkip",
     "RatingKind",
     "SchemaMode",
+    "ScoreDimension",
+    "ScoreKind",
     "ScoringPurpose",
     "Trace",
     "TraceFlag",

@@ -5,8 +5,9 @@ whose denormalised counts and flags are kept up to date by the services that wri
 messages and feedback, and paginate by keyset on (started_at, id).
 
 On PostgreSQL the trace table also has a `search_vector` tsvector column with a GIN
-index, created by migration 0003 and written by `feedback.services.search`. It is
-deliberately not a model field: no query should fetch it, and SQLite has no such type.
+index, created by migration 0004, and a `system_vector` of its system messages (migration
+0019, not indexed), both written by `feedback.services.search`. They are deliberately not
+model fields: no query should fetch them, and SQLite has no such type.
 """
 
 from __future__ import annotations
@@ -61,6 +62,13 @@ class TraceStatus(models.TextChoices):
     IN_PROGRESS = "in_progress", "In progress"
 
 
+class GradeOutcome(models.TextChoices):
+    """A grade's verdict, and a trace's outcome (blank: no grade yet)."""
+
+    SUCCESS = "success", "Success"
+    FAILURE = "failure", "Failure"
+
+
 class TraceSource(models.TextChoices):
     INGEST = "ingest", "Batch ingest"
     GATEWAY = "gateway", "Completion gateway"
@@ -105,6 +113,13 @@ class Trace(models.Model):
     feedback_rating = models.SmallIntegerField(null=True, blank=True)
     # Written by the judge (the lowest reward over the judged turns); null until judged.
     judge_reward = models.FloatField(null=True, blank=True)
+    # Written from the trace's grades (feedback.services.grades): a failure when any grade
+    # failed, else a success when any passed; blank while ungraded. The reason and score are
+    # the deciding grade's. Database defaults, because ingest and capture write rows by COPY
+    # and name their columns.
+    outcome = models.CharField(max_length=10, choices=GradeOutcome.choices, blank=True, default="", db_default="")
+    outcome_reason = models.CharField(max_length=300, blank=True, default="", db_default="")
+    outcome_score = models.FloatField(null=True, blank=True)
     # A fork: the trace whose history this one shares up to `forked_at` messages and then
     # leaves (an edited or rewritten history, a regenerated answer, another of `n` choices).
     forked_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="forks")
@@ -135,6 +150,11 @@ class Trace(models.Model):
             ),
             models.Index(
                 fields=["-started_at", "-id"], name="trace_judged_idx", condition=models.Q(judge_reward__isnull=False)
+            ),
+            # The Outcome filter walks one outcome's traces newest first; ungraded traces (the
+            # ingest default) are left out, so the index costs nothing there.
+            models.Index(
+                fields=["outcome", "-started_at", "-id"], name="trace_outcome_idx", condition=~models.Q(outcome="")
             ),
         ]
 

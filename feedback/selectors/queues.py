@@ -1,14 +1,28 @@
-"""Reads for annotation queues: the list with progress, and progress per reviewer."""
+"""Reads for annotation queues: the list with progress, progress per reviewer, what a
+reviewer is shown on an item (its task, the queue's instructions, rubric and dimensions with
+their own scores), and the scores so far per dimension."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.contrib.auth import get_user_model
-from django.db.models import Count, Q
+from django.db.models import Avg, Count, Q
 from django.utils import timezone
 
-from feedback.models import AnnotationQueue, QueueItem, QueueItemStatus, QueueSkip
+from feedback.models import (
+    AnnotationQueue,
+    Message,
+    MessageRole,
+    QueueItem,
+    QueueItemStatus,
+    QueueScore,
+    QueueSkip,
+    ScoreDimension,
+    ScoreKind,
+)
+
+TASK_CHARS = 2_000  # of the user's request shown above the conversation
 
 
 def queues_with_progress(limit: int = 100) -> list[AnnotationQueue]:
@@ -134,3 +148,91 @@ def queue_item_neighbours(item: QueueItem, *, user) -> tuple[QueueItem | None, Q
     previous = mine.filter(position__lt=item.position).order_by("-position").only("id", "position").first()
     following = mine.filter(position__gt=item.position).order_by("position").only("id", "position").first()
     return previous, following
+
+
+@dataclass(slots=True)
+class DimensionField:
+    """One dimension of an item's score form, with this reviewer's current answer."""
+
+    dimension: ScoreDimension
+    answer: str  # the input's value: a number, a category, "yes"/"no", or "" when unscored
+
+    @property
+    def step(self) -> str:
+        d = self.dimension
+        whole = d.kind == ScoreKind.NUMERIC and float(d.min_value).is_integer() and float(d.max_value).is_integer()
+        return "1" if whole else "any"
+
+
+@dataclass(slots=True)
+class QueueBrief:
+    """What a reviewer reads at the top of every item: the user's request, the queue's
+    instructions and rubric, and the score form."""
+
+    task: str
+    task_position: int | None
+    task_cut: bool
+    fields: list[DimensionField]
+    scored: int  # dimensions this reviewer has scored on this item
+
+
+def queue_item_brief(*, item: QueueItem, user) -> QueueBrief:
+    """The item's task (the trace's first user message: what was asked) and the score form
+    with this reviewer's answers. Three queries."""
+    first = (
+        Message.objects.filter(trace_id=item.trace_id, role=MessageRole.USER)
+        .order_by("position")
+        .values_list("position", "content")
+        .first()
+    )
+    position, task = first if first else (None, "")
+    mine = {s.dimension_id: s for s in QueueScore.objects.filter(item=item, user=user)}
+    fields = []
+    for d in ScoreDimension.objects.filter(queue_id=item.queue_id):
+        score = mine.get(d.pk)
+        answer = "" if score is None else score.shown
+        fields.append(DimensionField(dimension=d, answer=answer))
+    return QueueBrief(
+        task=task[:TASK_CHARS],
+        task_position=position,
+        task_cut=len(task) > TASK_CHARS,
+        fields=fields,
+        scored=len(mine),
+    )
+
+
+@dataclass(slots=True)
+class DimensionSummary:
+    dimension: ScoreDimension
+    scores: int = 0
+    mean: float | None = None  # numeric: the mean; boolean: the share of yes
+    counts: list[tuple[str, int]] = field(default_factory=list)  # categorical and boolean: per answer
+
+
+def queue_score_summary(queue: AnnotationQueue) -> list[DimensionSummary]:
+    """Per dimension, the reviewers' scores so far: how many, the mean (share of yes), and
+    the count of each answer. Two queries."""
+    dimensions = list(ScoreDimension.objects.filter(queue=queue))
+    rows = (
+        QueueScore.objects.filter(dimension__queue=queue)
+        .values("dimension_id", "label")
+        .annotate(n=Count("id"), mean=Avg("value"))
+        .order_by("dimension_id", "label")
+    )
+    by_dimension: dict[int, list[dict]] = {}
+    for r in rows:
+        by_dimension.setdefault(r["dimension_id"], []).append(r)
+    out = []
+    for d in dimensions:
+        groups = by_dimension.get(d.pk, [])
+        summary = DimensionSummary(dimension=d, scores=sum(g["n"] for g in groups))
+        if d.kind == ScoreKind.NUMERIC and groups:
+            summary.mean = sum(g["mean"] * g["n"] for g in groups) / summary.scores
+        elif d.kind == ScoreKind.BOOLEAN and groups:
+            summary.mean = sum(g["n"] for g in groups if g["label"] == "yes") / summary.scores
+        if d.kind != ScoreKind.NUMERIC:
+            answers = d.categories if d.kind == ScoreKind.CATEGORICAL else ["yes", "no"]
+            counts = {g["label"]: g["n"] for g in groups}
+            summary.counts = [(a, counts.get(a, 0)) for a in answers]
+        out.append(summary)
+    return out

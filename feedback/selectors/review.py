@@ -16,6 +16,7 @@ from feedback.models import (
     Comment,
     Correction,
     CustomerFeedback,
+    Grade,
     Message,
     Trace,
     TraceFlag,
@@ -117,6 +118,12 @@ class TraceReview:
     first_position: int = 0  # of this page
     last_position: int = -1
     timeline: list[TimelineBar] = field(default_factory=list)
+    grades: list[Grade] = field(default_factory=list)
+
+    @property
+    def metadata_json(self) -> str:
+        """The trace's metadata as indented JSON (the page escapes it)."""
+        return json_pretty(self.trace.metadata, sort_keys=True)
 
     @property
     def page_numbers(self) -> list[int]:
@@ -310,6 +317,7 @@ def trace_review(*, trace: Trace, user, page: int = 1, page_size: int = TURNS_PE
         first_position=first,
         last_position=first + len(turns) - 1,
         timeline=timeline,
+        grades=list(Grade.objects.filter(trace=trace).order_by("name")),
     )
 
 

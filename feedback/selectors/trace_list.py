@@ -13,9 +13,9 @@ from django.db import connection
 from django.db.models import BooleanField, Exists, OuterRef, Q, QuerySet
 from django.db.models.expressions import RawSQL
 
-from feedback.forms import RATING_VALUES
-from feedback.models import Message, Trace, TraceFlag
-from feedback.services.search import SEARCH_CONFIG
+from feedback.forms import OUTCOME_VALUES, RATING_VALUES
+from feedback.models import Message, MessageRole, Trace, TraceFlag
+from feedback.services.search import SEARCH_CONFIG, search_match_sql
 
 PAGE_SIZE = 50
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -36,6 +36,10 @@ LIST_COLUMNS = (
     "has_customer_feedback",
     "feedback_rating",
     "judge_reward",
+    "ended_at",
+    "outcome",
+    "outcome_reason",
+    "outcome_score",
 )
 
 
@@ -57,22 +61,26 @@ class Cursor:
             return None
 
 
-def traces_search(queryset: QuerySet[Trace], query: str) -> QuerySet[Trace]:
-    """Traces matching a search query; see feedback.services.search for both backends."""
+def traces_search(queryset: QuerySet[Trace], query: str, *, include_system: bool = False) -> QuerySet[Trace]:
+    """Traces matching a search query, in their system messages too only with
+    `include_system`; see feedback.services.search for both backends."""
     query = query.strip()
     if not query:
         return queryset
     if connection.vendor == "postgresql":
         return queryset.filter(
             RawSQL(
-                f'"{Trace._meta.db_table}"."search_vector" @@ websearch_to_tsquery(%s::regconfig, %s)',
+                search_match_sql(table=Trace._meta.db_table, include_system=include_system),
                 [SEARCH_CONFIG, query],
                 output_field=BooleanField(),
             )
         )
+    messages = Message.objects.filter(trace=OuterRef("pk"))
+    if not include_system:
+        messages = messages.exclude(role=MessageRole.SYSTEM)
     condition = Q()
     for word in query.replace('"', " ").split()[:10]:
-        condition &= Q(Exists(Message.objects.filter(trace=OuterRef("pk"), content__icontains=word)))
+        condition &= Q(Exists(messages.filter(content__icontains=word)))
     return queryset.filter(condition)
 
 
@@ -102,8 +110,10 @@ def traces_filtered(filters: dict) -> QuerySet[Trace]:
         qs = qs.filter(judge_reward__gte=filters["reward_min"])
     if "reward_max" in filters:
         qs = qs.filter(judge_reward__lte=filters["reward_max"])
+    if "outcome" in filters:
+        qs = qs.filter(outcome=OUTCOME_VALUES[filters["outcome"]])
     if "q" in filters:
-        qs = traces_search(qs, filters["q"])
+        qs = traces_search(qs, filters["q"], include_system=filters.get("system") == "yes")
     if "flag" in filters:
         # Walk the flag's (name, trace_started_at, trace) index newest first and join the
         # traces: the cost follows the page, not how many traces carry the flag. A trace has

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 
-from feedback.models import Message, Trace
+from feedback.models import Grade, Message, Trace
 
 
 def trace_visible_to(user) -> QuerySet[Trace]:
@@ -63,7 +63,23 @@ def trace_as_dict(trace: Trace) -> dict[str, Any]:
         "metadata": trace.metadata,
         "tools": trace.tools,
         "message_count": trace.message_count,
+        "outcome": trace.outcome or None,
+        "grades": [grade_as_dict(g) for g in trace.grades.order_by("name")],
         "messages": messages,
+    }
+
+
+def grade_as_dict(grade: Grade) -> dict[str, Any]:
+    return {
+        "id": grade.id,
+        "trace_id": grade.trace_id,
+        "name": grade.name,
+        "outcome": grade.outcome,
+        "score": grade.score,
+        "reason": grade.reason,
+        "source": grade.source,
+        "created_at": grade.created_at.isoformat(),
+        "updated_at": grade.updated_at.isoformat(),
     }
 
 

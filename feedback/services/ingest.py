@@ -30,6 +30,7 @@ from feedback.services.chat_format import (
     parse_timestamp,
     parse_tools,
 )
+from feedback.services.grades import GradeIn, grades_parse, grades_write
 from feedback.services.search import traces_search_index_later
 from training.serving.models import Deployment
 
@@ -49,6 +50,7 @@ class ParsedTrace:
     ended_at: datetime | None
     status: str
     raw: dict[str, Any]
+    grades: list[GradeIn] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -92,9 +94,10 @@ def parse_trace_item(item: Any, *, max_messages: int | None = None) -> ParsedTra
     metadata = item.get("metadata") or {}
     if not isinstance(metadata, dict):
         raise FieldError("metadata", "must be an object")
+    grades = grades_parse(item.get("grades"))
     for key, value in item.items():
-        # Each message and tool is checked as it is parsed.
-        if key not in ("messages", "tools") and isinstance(value, dict | list):
+        # Each message, tool and grade is checked as it is parsed.
+        if key not in ("messages", "tools", "grades") and isinstance(value, dict | list):
             json_depth_check(value, str(key)[:100])
     status = item.get("status") or TraceStatus.OK
     if status not in TraceStatus.values:
@@ -114,7 +117,8 @@ def parse_trace_item(item: Any, *, max_messages: int | None = None) -> ParsedTra
         started_at=started_at,
         ended_at=ended_at,
         status=status,
-        raw={k: v for k, v in item.items() if k != "messages"},
+        raw={k: v for k, v in item.items() if k not in ("messages", "grades")},
+        grades=grades,
     )
 
 
@@ -335,6 +339,7 @@ def _ingest_parsed(deployment: Deployment, parsed: list[tuple[int, ParsedTrace]]
         )
     }
     results: list[ItemResult] = []
+    grades: list[tuple[int, GradeIn]] = []  # (trace id, grade): a resend may grade a stored trace
     new_traces: list[tuple[int, ParsedTrace, dict[str, Any]]] = []
     for index, p in parsed:
         if p.external_id in existing:
@@ -371,6 +376,7 @@ def _ingest_parsed(deployment: Deployment, parsed: list[tuple[int, ParsedTrace]]
             message_row(trace_id=trace_id, position=pos, message=m, now=now) for pos, m in enumerate(p.messages)
         )
         results.append(ItemResult(index, p.external_id, "created", trace_id))
+        grades.extend((trace_id, g) for g in p.grades)
 
     for external_id, trace in existing.items():
         index, p = by_id[external_id]
@@ -394,6 +400,7 @@ def _ingest_parsed(deployment: Deployment, parsed: list[tuple[int, ParsedTrace]]
             )
             continue
         extra = p.messages[len(stored) :]
+        grades.extend((trace.id, g) for g in p.grades)
         if not extra:
             results.append(ItemResult(index, external_id, "exists", trace.id))
             continue
@@ -403,6 +410,7 @@ def _ingest_parsed(deployment: Deployment, parsed: list[tuple[int, ParsedTrace]]
         _apply_appended(trace, extra, p, now, stored_count=len(stored))
         results.append(ItemResult(index, external_id, "appended", trace.id))
     messages_insert(rows)
+    grades_write(deployment_id=deployment.id, grades=grades, now=now)
     return results
 
 

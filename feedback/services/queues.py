@@ -34,8 +34,15 @@ def queue_create(
     lock_minutes: int = 10,
     description: str = "",
     failure_cluster: FailureCluster | None = None,
+    instructions: str = "",
+    rubric: str = "",
+    dimensions: str = "",
 ) -> AnnotationQueue:
-    """A queue of (at most `limit`) traces, in the order of the filtered list."""
+    """A queue of (at most `limit`) traces, in the order of the filtered list, with what its
+    reviewers are asked to do: `instructions`, a `rubric` and score `dimensions` (their text,
+    one a line: see feedback.services.queue_scores)."""
+    from feedback.services.queue_scores import queue_rubric_set
+
     name = (name or "").strip()
     if not name:
         raise FieldError("name", "required")
@@ -60,6 +67,8 @@ def queue_create(
     QueueItem.objects.bulk_create(
         [QueueItem(queue=queue, trace_id=trace_id, position=i) for i, trace_id in enumerate(ids)], batch_size=1000
     )
+    if instructions or rubric or dimensions:
+        queue = queue_rubric_set(queue=queue, instructions=instructions, rubric=rubric, dimensions=dimensions)
     return queue
 
 
@@ -100,6 +109,11 @@ def queue_from_failure_cluster(*, cluster: FailureCluster, created_by) -> tuple[
         limit=kept,
         description=description,
         failure_cluster=cluster,
+        instructions=(
+            f"Each trace here was grouped under the failure mode “{cluster.name}”. Read the conversation and "
+            "say whether it shows that failure; where it does, comment on the turn that went wrong."
+        ),
+        dimensions="shows_failure_mode: boolean | The conversation shows this failure mode",
     )
     return queue, True
 

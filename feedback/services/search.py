@@ -13,8 +13,16 @@ it to a fifth with 4 KB ones (bench/ingest.py, side by side with the code before
 to_tsvector is the single costliest step of storing a trace. `manage.py search_index`
 builds whatever is missing (e.g. traces stored while no worker ran).
 
-Only the first MAX_MESSAGE_CHARS of a message and MAX_DOCUMENT_CHARS of a trace are
-indexed: a tsvector is capped at 1 MB, and a huge pasted log says little past its start.
+Only the first MAX_MESSAGE_CHARS of a message, and MAX_DOCUMENT_CHARS of a trace's system
+messages and of its other messages, are indexed: a tsvector is capped at 1 MB, and a huge
+pasted log says little past its start.
+
+System messages have a vector of their own, `system_vector` (not indexed), and a search
+looks through the conversation's vector alone unless asked to look at system messages too:
+an agent's system prompt is the same on every trace ("refund" in its policy would match them
+all), so by default a search does not look there. Kept apart rather than weighed inside one
+vector: a weight-restricted query on one GIN index would fetch every trace whose prompt has
+the word and recheck each, a scan of the table for a word of the prompt.
 """
 
 from __future__ import annotations
@@ -33,32 +41,54 @@ logger = logging.getLogger(__name__)
 SEARCH_CONFIG = "english"
 MAX_MESSAGE_CHARS = 20_000
 MAX_DOCUMENT_CHARS = 200_000
+# A message's indexed text: its content and its tool calls' names and arguments.
+_MESSAGE_TEXT = """left(m.content, %(chars)s) || coalesce(' ' || (
+    SELECT string_agg(concat_ws(' ', c->'function'->>'name', c->'function'->>'arguments'), ' ')
+    FROM jsonb_array_elements(m.tool_calls) AS c
+), '')"""
+
+
+def _vector_sql(roles: str) -> str:
+    """A trace's vector from its messages `m` (grouped by trace) whose role is `roles`; NULL
+    when it has none."""
+    return f"""to_tsvector(%(config)s::regconfig, left(string_agg(
+    {_MESSAGE_TEXT}, E'\\n' ORDER BY m.position) FILTER (WHERE {roles}), %(doc)s))"""
 
 
 def traces_search_index(*, trace_ids: Sequence[int]) -> int:
     """(Re)build the search vectors of these traces from their stored messages: contents,
-    tool names and tool-call arguments. Idempotent; returns the number of traces written."""
+    tool names and tool-call arguments, system messages in a vector of their own.
+    Idempotent; returns the number of traces written."""
     if connection.vendor != "postgresql" or not trace_ids:
         return 0
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
-            UPDATE {Trace._meta.db_table} AS t SET search_vector = to_tsvector(%s::regconfig, d.doc)
+            UPDATE {Trace._meta.db_table} AS t
+            SET search_vector = coalesce(d.conversation, ''::tsvector), system_vector = d.system
             FROM (
-                SELECT m.trace_id, left(string_agg(
-                    left(m.content, %s) || coalesce(' ' || (
-                        SELECT string_agg(concat_ws(' ', c->'function'->>'name', c->'function'->>'arguments'), ' ')
-                        FROM jsonb_array_elements(m.tool_calls) AS c
-                    ), ''), E'\\n' ORDER BY m.position), %s) AS doc
+                SELECT m.trace_id, {_vector_sql("m.role <> 'system'")} AS conversation,
+                    {_vector_sql("m.role = 'system'")} AS system
                 FROM {Message._meta.db_table} AS m
-                WHERE m.trace_id = ANY(%s)
+                WHERE m.trace_id = ANY(%(ids)s)
                 GROUP BY m.trace_id
             ) AS d
             WHERE t.id = d.trace_id
             """,
-            [SEARCH_CONFIG, MAX_MESSAGE_CHARS, MAX_DOCUMENT_CHARS, list(trace_ids)],
+            {"config": SEARCH_CONFIG, "chars": MAX_MESSAGE_CHARS, "doc": MAX_DOCUMENT_CHARS, "ids": list(trace_ids)},
         )
         return cursor.rowcount
+
+
+def search_match_sql(*, table: str, include_system: bool) -> str:
+    """The SQL condition of a search, with two parameters: the configuration and the words.
+    With the system messages, the trace's two vectors are matched as one document (so
+    "refund -policy" means what it says over the whole trace); that match is read row by
+    row, not from the index."""
+    query = "websearch_to_tsquery(%s::regconfig, %s)"
+    if not include_system:
+        return f'"{table}"."search_vector" @@ {query}'
+    return f"""("{table}"."search_vector" || coalesce("{table}"."system_vector", ''::tsvector)) @@ {query}"""
 
 
 def traces_search_index_later(*, trace_ids: Sequence[int]) -> None:

@@ -36,6 +36,7 @@ from feedback.models import (
     Correction,
     CustomerFeedback,
     FailureClusterMember,
+    Grade,
     JudgeResult,
     Message,
     QueueItem,
@@ -45,6 +46,7 @@ from feedback.models import (
     TurnRating,
 )
 from feedback.services.capture import UNSEEN_FINISH_REASONS, message_digest
+from feedback.services.grades import trace_outcomes_refresh
 from feedback.services.ingest import trace_counts
 from feedback.services.stitching import history_chain, stitch_scope
 
@@ -206,6 +208,9 @@ def traces_stitch_apply(*, plan: StitchPlan) -> None:
         for old, new in merge.same.items():
             CustomerFeedback.objects.filter(message_id=old).update(message_id=new, trace_id=target)
         CustomerFeedback.objects.filter(trace_id=source).update(trace_id=target)
+        # The later part's grade of a name is the verdict on the whole conversation.
+        Grade.objects.filter(trace_id=target, name__in=Grade.objects.filter(trace_id=source).values("name")).delete()
+        Grade.objects.filter(trace_id=source).update(trace_id=target)
         trace_merged.send(sender=Trace, source_id=source, target_id=target, same=merge.same)
         FailureClusterMember.objects.filter(trace_id=source).update(trace_id=target)
         TraceFlag.objects.filter(
@@ -224,6 +229,7 @@ def traces_stitch_apply(*, plan: StitchPlan) -> None:
         touched.add(target)
     for trace_id in sorted(touched):
         _recount(trace_id)
+    trace_outcomes_refresh(trace_ids=sorted(touched))
     if touched:
         from feedback.services.search import traces_search_index_later
 

@@ -11,9 +11,17 @@ from django.views.decorators.http import require_POST
 from feedback.forms import FILTER_FIELDS, QueueCreateForm, TraceFilterForm
 from feedback.models import AnnotationQueue, QueueItem, QueueItemStatus
 from feedback.permissions import BUILD_QUEUE, WORK_QUEUE, can_browse
-from feedback.selectors.queues import queue_item_neighbours, queue_items, queue_progress, queues_with_progress
+from feedback.selectors.queues import (
+    queue_item_brief,
+    queue_item_neighbours,
+    queue_items,
+    queue_progress,
+    queue_score_summary,
+    queues_with_progress,
+)
 from feedback.selectors.trace_list import traces_filtered
 from feedback.services.chat_format import FieldError
+from feedback.services.queue_scores import dimensions_text, queue_item_scores_save, queue_rubric_set
 from feedback.services.queues import QueueItemNotHeld, queue_create, queue_item_done, queue_item_skip, queue_next_item
 from feedback.views.common import dashboard_view
 from feedback.views.traces import trace_detail_context, trace_or_404
@@ -41,6 +49,9 @@ def queue_create_view(request: HttpRequest) -> HttpResponse:
                 created_by=request.user,
                 limit=form.cleaned_data["limit"],
                 lock_minutes=form.cleaned_data["lock_minutes"],
+                instructions=form.cleaned_data["instructions"],
+                rubric=form.cleaned_data["rubric"],
+                dimensions=form.cleaned_data["dimensions"],
             )
         except FieldError as exc:
             messages.error(request, f"{exc.field}: {exc.reason}")
@@ -55,6 +66,10 @@ def queue_create_view(request: HttpRequest) -> HttpResponse:
 @dashboard_view("feedback.view_annotationqueue")
 def queue_detail(request: HttpRequest, queue_id: int) -> HttpResponse:
     queue = get_object_or_404(AnnotationQueue.objects.select_related("created_by", "failure_cluster"), pk=queue_id)
+    return _queue_page(request, queue)
+
+
+def _queue_page(request: HttpRequest, queue: AnnotationQueue, *, error=None, draft=None) -> HttpResponse:
     done, reviewers = queue_progress(queue)
     context = {
         "queue": queue,
@@ -62,8 +77,30 @@ def queue_detail(request: HttpRequest, queue_id: int) -> HttpResponse:
         "reviewers": reviewers,
         "items": queue_items(queue, user=request.user, can_browse=can_browse(request.user)),
         "can_work": request.user.has_perm(WORK_QUEUE),
+        "can_edit": request.user.has_perm(BUILD_QUEUE),
+        "summary": queue_score_summary(queue),
+        "rubric_form": draft
+        or {"instructions": queue.instructions, "rubric": queue.rubric, "dimensions": dimensions_text(queue)},
+        "error": error,
     }
-    return render(request, "feedback/queue_detail.html", context)
+    return render(request, "feedback/queue_detail.html", context, status=400 if error else 200)
+
+
+@require_POST
+@dashboard_view(BUILD_QUEUE)
+def queue_rubric_edit(request: HttpRequest, queue_id: int) -> HttpResponse:
+    """Set the queue's instructions, rubric and score dimensions; a refused edit comes back
+    with what was typed and the error beside its field."""
+    queue = get_object_or_404(AnnotationQueue.objects.select_related("created_by", "failure_cluster"), pk=queue_id)
+    draft = {k: request.POST.get(k, "") for k in ("instructions", "rubric", "dimensions")}
+    try:
+        queue_rubric_set(queue=queue, **draft)
+    except FieldError as exc:
+        return _queue_page(request, queue, error=exc, draft=draft)
+    messages.success(
+        request, "Saved: reviewers see these instructions, this rubric and these dimensions on every item."
+    )
+    return redirect("feedback:queue-detail", queue_id=queue.pk)
 
 
 @require_POST
@@ -99,8 +136,54 @@ def queue_item(request: HttpRequest, queue_id: int, item_id: int) -> HttpRespons
         previous_item=previous,
         next_item=following,
         holds_item=item.status == QueueItemStatus.PENDING and item.locked_by_id == request.user.pk,
+        brief=queue_item_brief(item=item, user=request.user),
+        can_score=_can_score(item, request.user),
     )
     return render(request, "feedback/trace_detail.html", context)
+
+
+def _can_score(item: QueueItem, user) -> bool:
+    pending = item.status == QueueItemStatus.PENDING
+    return (pending and item.locked_by_id == user.pk) or (not pending and item.done_by_id == user.pk)
+
+
+@require_POST
+@dashboard_view(WORK_QUEUE)
+def queue_item_scores(request: HttpRequest, queue_id: int, item_id: int) -> HttpResponse:
+    """Save the reviewer's scores of an item, one per dimension (inputs `score-<name>`); for
+    htmx the brief comes back in place, with the error beside its dimension when refused."""
+    item = _item(request, queue_id, item_id)
+    trace_or_404(request, item.trace_id)
+    prefix = "score-"
+    values = {k[len(prefix) :]: v for k, v in request.POST.items() if k.startswith(prefix)}
+    error = None  # {"dimension": the name it is about, or "", "text": what to fix}
+    try:
+        queue_item_scores_save(item=item, user=request.user, values=values)
+    except FieldError as exc:
+        name = exc.field.removeprefix("scores.")
+        error = {"dimension": name, "text": f"{name}: {exc.reason}"}
+    except QueueItemNotHeld as exc:
+        error = {"dimension": "", "text": str(exc)}
+    if not request.htmx:
+        if error is not None:
+            messages.error(request, error["text"])
+        else:
+            messages.success(request, "Scores saved.")
+        return redirect("feedback:queue-item", queue_id=queue_id, item_id=item_id)
+    brief = queue_item_brief(item=item, user=request.user)
+    if error is not None:  # what was chosen stays chosen
+        for f in brief.fields:
+            f.answer = values.get(f.dimension.name, f.answer)
+    context = {
+        "queue": item.queue,
+        "queue_item": item,
+        "trace": item.trace,
+        "brief": brief,
+        "can_score": _can_score(item, request.user),
+        "score_error": error,
+        "scores_saved": error is None,
+    }
+    return render(request, "feedback/_queue_brief.html", context, status=400 if error else 200)
 
 
 @require_POST

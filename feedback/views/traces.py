@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from urllib.parse import parse_qsl
 
 from django.core.exceptions import PermissionDenied
@@ -49,6 +50,9 @@ def trace_list(request: HttpRequest) -> HttpResponse:
         preview = row["preview"]
         row["preview"] = preview if len(preview) <= 140 else preview[:139] + "…"
         row["label"] = row["external_id"] if len(row["external_id"]) <= 40 else row["external_id"][:39] + "…"
+        row["score"] = "" if row["outcome_score"] is None else f"{row['outcome_score']:.2f}"
+        row["latency"] = _duration(row["started_at"], row["ended_at"])
+        row["tokens"] = f"{row['total_tokens']:,}" if row["total_tokens"] else "—"
     context = {
         "form": form,
         "page": page,
@@ -72,6 +76,20 @@ def trace_list(request: HttpRequest) -> HttpResponse:
 
 
 MAX_SHOWN = 1_000
+
+
+def _duration(started: datetime, ended: datetime | None) -> str:
+    """A trace's latency, from its start to its end, as people read it: 850 ms, 4.2 s, 3 min."""
+    if ended is None or ended < started:
+        return "—"
+    seconds = (ended - started).total_seconds()
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def _shown(value: str | None) -> int:

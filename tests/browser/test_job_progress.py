@@ -24,7 +24,8 @@ def test_the_job_page_follows_its_phases(open_page, running_job):  # noqa: F811
     page.goto(f"/training/jobs/{running_job.pk}/")
     assert "loading the model" in page.inner_text("#job-phase")
     assert "estimated after" in page.inner_text("#job-eta")
-    assert page.locator("svg").count() == 2  # loss and response length: no reward or KL for SFT
+    # Loss and response length: no reward or KL for SFT.
+    assert page.locator("figure.uchart canvas").count() == 2
 
     # The worker moves on: the polled part shows the evaluation's own progress, then the ETA.
     TrainingJobEvent.objects.create(

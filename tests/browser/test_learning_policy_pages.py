@@ -12,7 +12,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from feedback.models import CustomerFeedback
+from feedback.models import Grade
 from tests.test_overview import graded_traces
 from tests.training.policies import commented_turns, finish_evaluation, finish_job
 from training.learning_policies.models import LearningPolicy
@@ -98,7 +98,7 @@ def test_a_policy_fires_and_its_approver_approves_from_the_notification(
     # worker's part, then the ticks beat would send).
     served = graded_traces(world["deployment"], world["base_version"], [True, False, False, False])
     for days_ago, trace in zip((6, 5, 4, 3), served, strict=True):
-        CustomerFeedback.objects.filter(trace=trace).update(created_at=timezone.now() - timedelta(days=days_ago))
+        Grade.objects.filter(trace=trace).update(created_at=timezone.now() - timedelta(days=days_ago))
     LiveVersionChange.objects.filter(deployment=world["deployment"]).update(
         changed_at=timezone.now() - timedelta(days=8)
     )
@@ -166,9 +166,11 @@ def test_a_policy_fires_and_its_approver_approves_from_the_notification(
     told = story.inner_text()
     assert "live" in told and "requested by olga" in told and "approved by arno" in told
     assert "3 operator comments" in told and "90.0%" in told and "fired by learning policy fix-lookups" in told
-    curve = review.locator("#success-curve svg.chart")
-    assert curve.locator(".chart-marker").count() == 2  # smol set live, then smol-v1
-    legend = curve.text_content()
-    assert "smol · graded success (4 points, last 0)" in legend  # a point per day it was graded
-    assert "smol-v1 · graded success (1 points, last 0.75)" in legend
+    curve = review.locator("#chart-story-figure")
+    curve.locator("canvas").wait_for()
+    spec = curve.evaluate("f => JSON.parse(document.getElementById(f.dataset.chart).textContent)")
+    assert [m["label"] for m in spec["markers"]] == ["→ smol", "→ smol-v1"]  # smol set live, then smol-v1
+    summary = curve.locator(".uchart-summary").text_content()
+    assert "smol · graded success: 4 points, last 0%" in summary  # a point per day it was graded
+    assert "smol-v1 · graded success: 1 point, last 75%" in summary
     screenshot(review, "deployment-story", full_page=True)

@@ -35,15 +35,21 @@ def test_the_overview_shows_each_versions_success_rate_and_the_live_one(open_pag
         for row in section.locator("tr.version-row").all()
     }
     assert rows == {"smol": ("0.250", "0.250 (1/4)"), "smol-v1": ("0.750", "0.750 (3/4)")}
-    assert section.locator("svg.chart polyline").count() == 2
+    curve = section.locator(f"#chart-success-{deployment.pk}-figure")
+    curve.locator("canvas").wait_for()
+    assert curve.locator(".u-legend .u-series th").all_inner_texts()[1:] == ["smol", "smol-v1"]
     # It says what it compares: both versions on the same split (the one their traces name).
     split = inspect.signature(graded_traces).parameters["split"].default
     assert section.locator(".compare-split").inner_text() == split
-    assert f"on {split} tasks" in section.locator("svg.chart").text_content()
+    assert f"on {split} tasks" in curve.locator("figcaption").inner_text()
     assert "<script>" in section.inner_text()  # the description is shown as text, not run
     assert page.evaluate("window.__overview_xss === undefined")
     page.select_option("select[name=days]", "30")
     page.click("button:has-text('Show')")
     page.wait_for_url("**/overview/?days=30")
-    assert section.locator(".traces-per-day td").count() == 30
+    # Traces per day: a bar chart of the window's 30 days, as wide as the section.
+    traffic = section.locator(f"#chart-traffic-{deployment.pk}-figure")
+    traffic.locator("canvas").wait_for()
+    assert traffic.evaluate("f => f.uplot.data[0].length") == 30
+    assert traffic.evaluate("f => f.uplot.data[1].slice(-1)[0]") == 8  # today's traces
     screenshot(page, "overview", full_page=True)

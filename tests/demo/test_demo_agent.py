@@ -1,14 +1,14 @@
 """The demo agent through the real gateway (uvicorn, real openai client) in front of the
 real vLLM server on the tiny model: one trace per episode served by the live version,
-graded outcomes reported as customer feedback, seeded operator comments."""
+graded outcomes reported as grades (not customer feedback), seeded operator comments."""
 
 from __future__ import annotations
 
 import pytest
 from django.core.management import call_command
 
-from feedback.demo.agent import GRADER_REF, demo_agent_run
-from feedback.models import Comment, CustomerFeedback, Trace, TraceSource
+from feedback.demo.agent import demo_agent_run
+from feedback.models import Comment, CustomerFeedback, Grade, Trace, TraceSource
 from feedback.services.api_keys import api_key_create
 from tests.factories import DeploymentFactory, user_with_role
 
@@ -47,9 +47,14 @@ def test_each_episode_is_one_trace_of_the_live_version_with_its_graded_outcome(g
         first = trace.messages.filter(role="assistant").order_by("position").first()
         assert first.tool_calls[0]["function"]["name"] in {"lookup_order", "issue_refund"}
         assert trace.messages.filter(role="tool").count() == ep.tool_calls
-        feedback = CustomerFeedback.objects.get(trace=trace, customer_ref=GRADER_REF)
-        assert feedback.rating == (5 if ep.success else 1) and feedback.comment == ep.reason
-        assert trace.has_customer_feedback
+        grade = Grade.objects.get(trace=trace)
+        assert (grade.outcome, grade.reason, grade.source) == (
+            "success" if ep.success else "failure",
+            ep.reason,
+            "support-desk",
+        )
+        assert grade.score == ep.reward and trace.outcome == grade.outcome
+        assert not trace.has_customer_feedback and not CustomerFeedback.objects.filter(trace=trace).exists()
 
 
 def test_concurrent_conversations_each_keep_their_own_trace_and_come_back_in_task_order(gateway, live):
@@ -69,7 +74,7 @@ def test_concurrent_conversations_each_keep_their_own_trace_and_come_back_in_tas
         assert trace.messages.filter(role="user").order_by("position").last().content == task.prompt
         # The last tool result is never sent on when the episode ran out of steps.
         assert trace.messages.filter(role="tool").count() in {ep.tool_calls, ep.tool_calls - 1}
-        assert CustomerFeedback.objects.get(trace=trace, customer_ref=GRADER_REF).comment == ep.reason
+        assert Grade.objects.get(trace=trace).reason == ep.reason
 
 
 def test_the_command_seeds_customer_words_and_operator_comments_on_tracking_tasks(gateway, live):
@@ -88,7 +93,7 @@ def test_the_command_seeds_customer_words_and_operator_comments_on_tracking_task
         comment = Comment.objects.get(trace=trace)
         assert comment.author.username == "operator" and comment.message.role == "assistant"
     graded = [t for t in traces if t.metadata["task_id"].startswith("refund-")]
-    assert all(CustomerFeedback.objects.filter(trace=t, customer_ref=GRADER_REF).exists() for t in graded)
+    assert all(Grade.objects.filter(trace=t).exists() for t in graded)
 
 
 def test_a_wrong_key_or_a_key_without_the_feedback_scope_is_a_clear_error(gateway, live):
@@ -97,8 +102,10 @@ def test_a_wrong_key_or_a_key_without_the_feedback_scope_is_a_clear_error(gatewa
     deployment, _version, _key = live
     with pytest.raises(CommandError, match="the gateway refused the key"):
         call_command("demo_agent", "--base-url", gateway.url, "--api-key", "prk_wrong", "--episodes", "1")
+    # Seed 2's train tasks include a tracking task, whose customer words need the feedback scope.
     ingest_only = api_key_create(deployment=deployment, scopes=["ingest"]).plaintext
-    with pytest.raises(CommandError, match=r"feedback refused \(403\).*needs the ingest and feedback scopes"):
+    with pytest.raises(CommandError, match=r"feedback refused \(403\).*the feedback scope for feedback"):
         call_command(
-            "demo_agent", "--base-url", gateway.url, "--api-key", ingest_only, "--split", "test", "--episodes", "1"
-        )
+            "demo_agent", "--base-url", gateway.url, "--api-key", ingest_only, "--split", "train", "--episodes", "6",
+            "--seed", "2",
+        )  # fmt: skip

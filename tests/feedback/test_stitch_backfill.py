@@ -195,3 +195,26 @@ def test_stitching_carries_training_items_over_to_the_conversation_and_its_turn(
     assert (on_repeated.trace_id, on_repeated.message.trace_id) == (conversation.id, conversation.id)
     assert (on_repeated.message.position, on_repeated.message.response_id) == (4, "Whe-1")
     assert (on_own.trace_id, on_own.message.response_id) == (conversation.id, "Whe-2")
+
+
+def test_stitching_keeps_the_later_calls_grades_as_the_conversations_outcome():
+    from feedback.models import Grade
+    from feedback.services.grades import GradeIn, grades_write
+
+    deployment = DeploymentFactory(name="old-agent")
+    converse(deployment, "Where is A1?", [lookup("A1"), {"content": "Shipped."}], [])
+    first, second = Trace.objects.order_by("id")
+
+    def grade(trace, name, outcome, reason):
+        grades_write(deployment_id=deployment.id, grades=[(trace.id, GradeIn(name, outcome, None, reason, "checker"))])
+
+    grade(first, "outcome", "failure", "no answer yet")
+    grade(first, "tone", "success", "polite")
+    grade(second, "outcome", "success", "answered with the tracking status")
+    call_command("stitch_traces", "--deployment", "old-agent", "--apply", stdout=StringIO())
+    (trace,) = Trace.objects.all()
+    assert sorted(Grade.objects.filter(trace=trace).values_list("name", "reason")) == [
+        ("outcome", "answered with the tracking status"),
+        ("tone", "polite"),
+    ]
+    assert (trace.outcome, trace.outcome_reason) == ("success", "answered with the tracking status")

@@ -222,8 +222,8 @@ def test_detail_page_queries_are_pinned(operator_client, deployment, ingest, ope
         comment_add(message=trace.messages.get(position=position), author=operator, body="hm")
     operator_client.get(f"/traces/{trace.id}/")
     # session, user, trace, permissions (2), messages, comments, corrections, ratings, feedback, flags,
-    # its fork parent and forks, judgements
-    with django_assert_num_queries(13):
+    # its fork parent and forks, grades, judgements
+    with django_assert_num_queries(14):
         assert operator_client.get(f"/traces/{trace.id}/").status_code == 200
 
 

@@ -7,7 +7,7 @@ import pytest
 from django.urls import reverse
 
 from tests.factories import UserFactory
-from training.charts import line_chart, series_chart
+from training.charts import chart_spec, line_chart
 from training.models import JobEventKind, TrainingJob, TrainingJobEvent
 from training.services.training_sets import training_set_from_tasks
 from training.serving.models import BaseModel, ModelVersion
@@ -86,12 +86,51 @@ def test_job_page_shows_progress_charts_samples_and_escapes_everything(client_in
     html = response.content.decode()
     assert response.status_code == 200
     assert XSS not in html and "&lt;script&gt;" in html
-    assert html.count("<svg") == 5 and "<polyline" in html and "Reward (mean ± std)" in html
+    assert html.count('<figure class="uchart') == 5 and "Reward (mean ± std)" in html
+    assert 'src="/static/vendor/uplot/uPlot.iife.min.js"' in html  # served from here, no CDN
+    reward = chart_of(html, "chart-reward_mean")
+    assert [s["label"] for s in reward["series"]] == ["training", "validation (held out)"]
+    assert reward["series"][0]["points"] == [[1.0, 0.1], [2.0, 0.2], [3.0, 0.30000000000000004], [4.0, 0.4]]
+    assert reward["series"][1]["points"] == [[0.0, 0.25]]  # the starting model, before step 1
+    assert reward["series"][0]["band"][0] == [1, 0.05, 0.15000000000000002]
     assert 'value="40"' in html and "step 4 / 10" in html
     assert "ETA 12 s" in html  # 6 steps left x 2 s
     assert "0.750" in html  # a sample's reward
     assert 'hx-trigger="every 3s"' in html and "Cancel" in html
     assert "flagged by a monitor" in html
+
+
+def chart_of(html: str, chart_id: str) -> dict:
+    """The spec a page hands its chart script (json_script's element)."""
+    import json
+    import re
+
+    return json.loads(re.search(rf'<script id="{chart_id}" type="application/json">(.*?)</script>', html, re.S)[1])
+
+
+def test_checkpoints_are_marked_and_hover_knows_when_each_step_ran(client_in, running_job):
+    TrainingJobEvent.objects.create(
+        job=running_job, kind=JobEventKind.LOG, step=2, data={"message": "checkpoint at step 2"}
+    )
+    html = client_in.get(reverse("training:job-detail", args=[running_job.pk])).content.decode()
+    for chart in ("chart-reward_mean", "chart-loss", "chart-kl"):
+        assert chart_of(html, chart)["markers"] == [{"x": 2.0, "label": "checkpoint 2"}]
+    loss = chart_of(html, "chart-loss")
+    assert [s["label"] for s in loss["series"]] == ["training"]  # no held-out loss is measured
+    assert loss["x"]["range"] == [0, 10] and set(loss["x"]["elapsed"]) == {"1", "2", "3", "4"}
+    assert loss["summary"] == "Loss. training: 4 points, last 0.125"
+
+
+def test_a_chart_spec_keeps_finite_points_and_reaches_the_page_escaped():
+    from django.template.loader import render_to_string
+
+    spec = chart_spec(
+        chart_id="c", title=XSS, series=[{"label": XSS, "points": [(0, 1.0), (1, float("nan")), (2, None)]}], x={}
+    )
+    assert spec["series"][0]["points"] == [(0.0, 1.0)]
+    html = render_to_string("_chart.html", {"chart": spec})
+    assert XSS not in html and "&lt;script&gt;" in html  # the caption and summary
+    assert "\\u003Cscript\\u003E" in html  # the JSON (json_script escapes <, > and &)
 
 
 def test_the_htmx_poll_gets_only_the_live_part_and_stops_when_the_job_ends(client_in, running_job):
@@ -138,25 +177,6 @@ def test_line_chart_draws_points_and_escapes_its_title():
     assert XSS not in svg and "&lt;script&gt;" in svg
     assert svg.count("<polyline") == 1 and "<polygon" in svg
     assert "no data yet" in line_chart([], title="empty")
-
-
-def test_series_chart_marks_changes_and_names_its_ends_escaped():
-    svg = series_chart(
-        [("v1", [(0, 0.5), (9, 1.0)])],
-        title="t",
-        x_range=(0, 10),
-        x_labels=("2026-12-01", XSS),
-        markers=[(4.5, f"→ {XSS}"), (float("nan"), "dropped")],
-    )
-    assert XSS not in svg and svg.count("&lt;script&gt;") == 2
-    assert svg.count('class="chart-marker"') == 1 and "dropped" not in svg
-    assert ">2026-12-01</text>" in svg
-    # x 4.5 of 0..10 is 45 % of the plot area (44 to 632).
-    assert 'x1="308.6"' in svg
-    # With no data the changes still show where they fall.
-    empty = series_chart([], title="t", x_range=(0, 10), markers=[(4.5, "→ v2")])
-    assert "no data yet" in empty and 'x1="308.6"' in empty and "→ v2" in empty
-    assert 'class="chart-marker"' not in series_chart([], title="t")
 
 
 def test_roles_decide_who_sees_starts_and_cancels_jobs(client, running_job, version, training_set):
@@ -215,7 +235,7 @@ def test_charts_a_method_cannot_have_are_not_drawn(client_in, running_job):
     running_job.kind = "sft"
     running_job.save(update_fields=["kind"])
     html = _page(client_in, running_job)
-    assert html.count("<svg") == 2 and "Loss" in html and "Response length" in html
+    assert html.count('<figure class="uchart') == 2 and "Loss" in html and "Response length" in html
     assert "Reward (mean" not in html and "KL to the starting model" not in html and "Zero-variance" not in html
 
 

@@ -24,7 +24,9 @@ def episode_trace_item(
     index: int,
 ) -> dict[str, Any]:
     """One episode in the ingest format. The G episodes of a task at one step share a
-    session; the metadata holds the environment, task, model version, reward and reason."""
+    session; the metadata holds the environment, task, model version, reward and reason, and
+    the environment's grade is the trace's `outcome` grade (a success at full reward, as the
+    job's success rate counts it)."""
     run = f"job{job_id}" if job_id is not None else "run"
     metadata = episode.metadata(environment) | {
         "model_version": model_version,
@@ -48,6 +50,14 @@ def episode_trace_item(
         "messages": messages,
         "metadata": metadata,
         "status": TraceStatus.OK,
+        "grades": [
+            {
+                "outcome": "success" if episode.grade.reward >= 1.0 - 1e-9 else "failure",
+                "score": episode.grade.reward,
+                "reason": episode.grade.reason[:20_000],
+                "source": environment[:100],
+            }
+        ],
     }
 
 

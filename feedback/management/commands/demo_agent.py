@@ -25,7 +25,7 @@ class Command(BaseCommand):
             "--concurrency", type=int, default=1, help="conversations at once (the inference server batches them)"
         )
         parser.add_argument("--feedback-base-url", default=None, help="where /api/v1/feedback is (default: base URL)")
-        parser.add_argument("--no-report", action="store_true", help="post no feedback")
+        parser.add_argument("--no-report", action="store_true", help="post no grades or feedback")
         parser.add_argument("--deployment", default="support-bot", help="for the seeded operator comments")
         parser.add_argument("--comment-as", default="operator", help="the operator who writes the seeded comments")
         parser.add_argument("--comments", type=int, default=5, help="at most this many seeded operator comments")
@@ -67,7 +67,9 @@ class Command(BaseCommand):
         except openai.AuthenticationError as exc:
             raise CommandError(f"the gateway refused the key: {exc}") from None
         except DemoAgentError as exc:
-            raise CommandError(f"{exc} (the key needs the ingest and feedback scopes)") from None
+            raise CommandError(
+                f"{exc} (the key needs the ingest scope for grades and the feedback scope for feedback)"
+            ) from None
         added = 0
         wanted = [(ep.trace_id, ep.operator_comment) for ep in result.episodes if ep.operator_comment]
         if opts["comments"] > 0 and wanted and get_user_model().objects.filter(username=opts["comment_as"]).exists():
