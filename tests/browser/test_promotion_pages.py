@@ -81,6 +81,7 @@ def test_request_approve_and_watch_the_release_go_live(
     assert "✓" in review.inner_text("#decision")
     review.fill("textarea[name=comment]", "Win rate and tool calls look right.")
     review.click("#approve")
+    review.click("#confirm-approve")  # after reading what approving does
     review.wait_for_selector("#release-status")
     review.evaluate("window.__same_page = true")
     seen = []

@@ -219,6 +219,7 @@ def test_the_whole_tour_in_the_browser(
     review.click("#step-promote a:has-text('The request')")
     review.fill("textarea[name=comment]", "Checks the order first now.")
     review.click("#approve")
+    review.click("#confirm-approve")
     review.wait_for_selector("#promotion-status:has-text('Deployed')", timeout=120_000)
     promotion.refresh_from_db()
     assert (promotion.status, promotion.decided_by) == (PromotionStatus.DEPLOYED, approver)

@@ -18,6 +18,7 @@ from tests.promotion.evidence import (
     summary_of,
 )
 from training.promotion.models import Evaluation
+from training.services.promotion_checks import HARM_SIGNALS
 from training.services.promotion_signals import (
     MIN_PAIRED_N,
     Signal,
@@ -38,7 +39,7 @@ def test_a_signal_whose_interval_spans_its_threshold_is_inconclusive_whatever_it
     # The issue's approver page: n = 3-6, intervals of ±0.53 around a threshold of -0.05.
     spans = signal(+0.1, -0.43, +0.63)
     assert spans.status == S.INCONCLUSIVE and spans.direction == "better" and not spans.regressed
-    assert spans.why == "its 95% interval [-0.430, +0.630] reaches past the threshold -0.05"
+    assert spans.why == "its 95% interval [-0.430, +0.630] spans the threshold -0.05"
     assert signal(0.0, -0.06, +0.06).status == S.INCONCLUSIVE  # just past it
     assert signal(0.0, -0.04, +0.06).status == S.WITHIN  # rules the drop out
     assert signal(+0.1, +0.02, +0.18).status == S.BETTER  # better beyond noise
@@ -190,6 +191,13 @@ def test_the_verdict_names_sample_sizes_and_what_is_open(registry, demo_evaluati
     assert samples.startswith(f"evaluation {demo_evaluation.pk}: 9 items, 6 whole episodes per version")
     assert "3 single turns" in samples and "0 judged pairs (and 3 of two empty answers)" in samples
     assert any(line.startswith("Evaluation win rate (n 9): its 95% interval") for line in verdict.inconclusive)
+    assert "Collateral changes (n 6 / 6): its 95% interval [-0.390, +0.390] cannot rule out a rise of 0.05" in (
+        verdict.inconclusive
+    )
+    # The small kinds of task make one line, not one each.
+    (kinds,) = [line for line in verdict.inconclusive if line.startswith("Task success by kind")]
+    assert kinds.startswith("Task success by kind, 5 kinds whose intervals span the threshold: ")
+    assert "late, delivered 31-40 days ago (n 1 / 1)" in kinds
     assert verdict.not_measured == [
         "Mean judge reward: not measured — no answer was judged: every answer of both versions was empty"
     ]
@@ -199,3 +207,33 @@ def test_the_verdict_names_sample_sizes_and_what_is_open(registry, demo_evaluati
 
     unfinished = Evaluation(pk=1, status=WorkStatus.RUNNING, done=2, total=9)
     assert promotion_verdict(signals=[], evaluation=unfinished).level == "waiting"
+
+
+@pytest.mark.xfail(
+    "violations" not in {code for code, _ in HARM_SIGNALS},
+    reason="the harm precondition does not count policy violations yet (promotion_checks.HARM_SIGNALS)",
+    strict=True,
+)
+def test_a_refund_everything_candidates_request_is_refused_by_the_policy_violation_check(registry, operator):
+    """Whatever its success and whatever reason the requester gives for its regressions."""
+    from training.services.promotion import promotion_request_create
+    from training.services.promotion_checks import PromotionRefused
+
+    evaluation = evaluation_store(
+        registry.candidate,
+        registry.deployment,
+        registry.base_version,
+        refund_everything_items(),
+        sources=ENVIRONMENT,
+        extra={"gain": REFUND_GAIN},
+    )
+    with pytest.raises(PromotionRefused, match="blocked whatever the success rate") as refused:
+        promotion_request_create(
+            candidate=registry.candidate,
+            deployment=registry.deployment,
+            evaluation=evaluation,
+            requested_by=operator,
+            regression_override_reason="success went up",
+        )
+    assert refused.value.code == "harm"
+    assert "31 of 144 episodes" in str(refused.value) and "the live version in 2 of 144 episodes" in str(refused.value)

@@ -47,7 +47,7 @@ from training.services.promotion import (
     promotion_withdraw,
 )
 from training.services.promotion_checks import APPROVE, PromotionRefused, check_harm, lineage
-from training.services.promotion_signals import evaluation_signals, promotion_signals
+from training.services.promotion_signals import KIND_PREFIX, evaluation_signals, promotion_signals
 from training.services.promotion_verdict import promotion_overrides, promotion_verdict
 from training.services.release import rollback_check, rollback_request, rollback_target
 from training.serving.models import Deployment, ModelVersion
@@ -285,7 +285,7 @@ def promotion_new(request: HttpRequest) -> HttpResponse:
 
 
 def _kinds(signals: list) -> list:
-    return [s for s in signals if s.code.startswith("kind_success-")]
+    return [s for s in signals if s.code.startswith(KIND_PREFIX)]
 
 
 def _promotion_context(request: HttpRequest, promotion: PromotionRequest) -> dict:

@@ -70,6 +70,8 @@ HARM_RESOLUTION = 0.05
 # few equal differences give it no width at all.
 MIN_PAIRED_N = 10
 
+KIND_PREFIX = "kind_success-"  # the code of a per-kind success signal, before the kind
+
 HARM_LABELS = {
     "collateral": "Collateral changes",
     "unknown_ids": "Tool calls on unknown ids",
@@ -178,7 +180,9 @@ class Signal:
                 return self.undecided
             if low is None:
                 return f"{self.n or 'too few items'}: no interval to decide with"
-            return f"its 95% interval {self._interval_text()} reaches past the threshold {self._signed_threshold()}"
+            if not self.higher_is_better:
+                return f"its 95% interval {self._interval_text()} cannot rule out a rise of {self._margin:.2f}"
+            return f"its 95% interval {self._interval_text()} spans the threshold {self._signed_threshold()}"
         if status == SignalStatus.BETTER:
             return f"its whole 95% interval {self._interval_text()} is better than live"
         return f"its 95% interval {self._interval_text()} rules out a change past {self._signed_threshold()}"
@@ -399,7 +403,7 @@ def kind_signals(ce: dict[str, Any] | None, le: dict[str, Any] | None, where: st
         label = c_kind.get("label") or l_kind.get("label") or kind
         signals.append(
             _proportion_signal(
-                f"kind_success-{slugify(kind) or 'kind'}",
+                f"{KIND_PREFIX}{slugify(kind) or 'kind'}",
                 f"Task success · {label}",
                 f"{where}: the episodes of this kind",
                 c,

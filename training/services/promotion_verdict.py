@@ -26,7 +26,7 @@ from typing import Any
 
 from training.promotion.models import Evaluation
 from training.services.promotion_checks import Precondition
-from training.services.promotion_signals import Signal, SignalStatus
+from training.services.promotion_signals import KIND_PREFIX, Signal, SignalStatus
 from webapp.work import WorkStatus
 
 # A candidate's share of empty or cut-off answers from which it is a red flag: a few cut
@@ -72,7 +72,11 @@ def evaluation_samples(evaluation: Evaluation | None) -> list[str]:
     episodes = (cand.get("episodes") or {}).get("n") or 0
     parts = [f"evaluation {evaluation.pk}: {items} item{'s' if items != 1 else ''}"]
     if episodes:
-        parts.append(f"{episodes} whole episodes per version ({(live.get('episodes') or {}).get('n', 0)} for live)")
+        live_episodes = (live.get("episodes") or {}).get("n", 0)
+        parts.append(
+            f"{episodes} whole episodes per version"
+            + (f" ({live_episodes} for live)" if live_episodes != episodes else "")
+        )
     turns = items - episodes
     if turns > 0:
         parts.append(f"{turns} single turn{'s' if turns != 1 else ''}")
@@ -127,15 +131,22 @@ def promotion_verdict(
     if harm is not None and not any(c.code == harm.code for c in evidence):
         evidence.append(harm)
     verdict.blocked = [f"{c.label}: {c.detail}" for c in evidence if not c.ok]
+    # Kinds of task are many and small: their inconclusive ones make one line.
+    open_kinds = [s for s in signals if s.code.startswith(KIND_PREFIX) and s.status == SignalStatus.INCONCLUSIVE]
     for signal in signals:
         status = signal.status
         line = f"{signal.label} ({signal.n}): {signal.why}" if signal.n else f"{signal.label}: {signal.why}"
         if status == SignalStatus.REGRESSED:
             verdict.regressed.append(signal.describe() + (f" — {signal.note}" if signal.note else ""))
-        elif status == SignalStatus.INCONCLUSIVE:
+        elif status == SignalStatus.INCONCLUSIVE and (len(open_kinds) < 2 or signal not in open_kinds):
             verdict.inconclusive.append(line)
         elif status == SignalStatus.NOT_MEASURED:
             verdict.not_measured.append(f"{signal.label}: not measured — {signal.why}")
+    if len(open_kinds) >= 2:
+        kinds = "; ".join(f"{s.label.removeprefix('Task success · ')} ({s.n})" for s in open_kinds)
+        verdict.inconclusive.append(
+            f"Task success by kind, {len(open_kinds)} kinds whose intervals span the threshold: {kinds}"
+        )
     if harm is not None and harm.ok and harm.detail.startswith("not measured"):
         verdict.not_measured.append(f"{harm.label}: {harm.detail}")
     verdict.overridden = list(overrides or [])
