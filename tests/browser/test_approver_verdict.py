@@ -191,4 +191,4 @@ def test_the_evaluation_page_draws_the_decision_curve_beside_success_by_kind(
     assert "+0.132" in page.inner_text("#episode-gain")
     page.click("#decision-curve summary")
     assert "days since delivery" in page.inner_text("#decision-curve table")
-    screenshot(page, "evaluation-by-kind-and-decision-curve", full_page=True)
+    screenshot(page, "evaluation-by-kind-and-decision-curve", element=page.locator("#report .evaluation-summary"))

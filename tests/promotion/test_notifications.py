@@ -132,11 +132,13 @@ def test_approving_from_the_notification_queues_the_release_and_nothing_goes_liv
     assert "<b>100 %</b> of support-bot's requests" in card and "replacing smol" in card
     assert "Roll back to smol" in card and "/api/v1/deployments/support-bot/rollback" in card
     assert ">evidence holds</textarea>" in card  # the comment is carried to the confirmation
+    assert "has changed since you confirmed it" not in card
     by_policy.refresh_from_db()
     assert by_policy.status == PromotionStatus.PENDING and not Release.objects.exists()
     # A confirmation of another effect (the live version moved since) is asked again.
     stale = client.post(approve_url(by_policy), {"comment": "evidence holds", "confirm": "0:0:0:0"})
     assert stale.status_code == 200 and f'id="confirm-{by_policy.pk}"' in stale.content.decode()
+    assert "has changed since you confirmed it" in stale.content.decode()
     assert not Release.objects.exists()
     response = client.post(approve_url(by_policy), {"comment": "evidence holds", "confirm": confirm_token(html)})
     assert response.status_code == 302 and response["Location"] == PAGE

@@ -70,8 +70,8 @@ def notifications(request: HttpRequest) -> HttpResponse:
 class _AskToConfirm(Exception):
     """Approval was asked for without confirming what it does: answer with the confirmation."""
 
-    def __init__(self, effect: ApprovalEffect, comment: str) -> None:
-        self.effect, self.comment = effect, comment
+    def __init__(self, effect: ApprovalEffect, comment: str, *, stale: bool) -> None:
+        self.effect, self.comment, self.stale = effect, comment, stale
 
 
 def _fresh(promotion_id: int) -> PromotionRequest:
@@ -93,9 +93,11 @@ def _decide(
                 "may_decide": True,
                 "confirm": ask.effect,
                 "comment": ask.comment,
+                "stale": ask.stale,
             }
             return render(request, "training/_notification_card.html", context)
-        return _page(request, confirming={promotion_id: {"effect": ask.effect, "comment": ask.comment}})
+        asking = {"effect": ask.effect, "comment": ask.comment, "stale": ask.stale}
+        return _page(request, confirming={promotion_id: asking})
     except PromotionRefused as exc:
         status = 400 if exc.field == "comment" else 409
         error = f"{exc.field}: {exc}" if exc.field else str(exc)
@@ -125,9 +127,10 @@ def _decide(
 
 def _approve(request: HttpRequest, promotion: PromotionRequest, comment: str) -> str:
     effect = promotion_approval_effect(promotion=promotion)
-    if request.POST.get("confirm", "") != effect.token:
+    confirmed = request.POST.get("confirm", "")
+    if confirmed != effect.token:
         promotion_approve_refusal(promotion=promotion, user=request.user)
-        raise _AskToConfirm(effect, comment)
+        raise _AskToConfirm(effect, comment, stale=bool(confirmed))
     release = promotion_approve(promotion=promotion, user=request.user, comment=comment)
     return (
         f"Approved promotion #{promotion.pk} of {release.version.name} for {release.deployment.name}: "

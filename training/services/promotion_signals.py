@@ -202,29 +202,9 @@ class Signal:
         return f"{self.label}: {base} → {cand} (Δ {delta}{ci}{threshold})"
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "code": self.code,
-            "label": self.label,
-            "source": self.source,
-            "candidate": self.candidate,
-            "live": self.live,
-            "delta": self.delta,
-            "ci_low": self.ci_low,
-            "ci_high": self.ci_high,
-            "higher_is_better": self.higher_is_better,
-            "threshold": self.threshold,
-            "n": self.n,
-            "direction": self.direction,
-            "regressed": self.regressed,
-            "status": str(self.status),
-            "why": self.why,
-            "gates": self.gates,
-            "note": self.note,
-            "rule": self.rule,
-            "margin": self.margin,
-            "unmeasured": self.unmeasured,
-            "undecided": self.undecided,
-        }
+        """As a request's snapshot records it: the fields, and what they read as."""
+        derived = {"direction": self.direction, "regressed": self.regressed, "status": str(self.status)}
+        return {**{k: getattr(self, k) for k in SIGNAL_FIELDS}, **derived, "why": self.why}
 
 
 SIGNAL_FIELDS = (

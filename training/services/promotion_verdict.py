@@ -49,10 +49,7 @@ class Verdict:
     not_measured: list[str] = field(default_factory=list)
     unverified: list[str] = field(default_factory=list)
     red_flags: list[str] = field(default_factory=list)
-
-    @property
-    def open_count(self) -> int:
-        return len(self.inconclusive) + len(self.not_measured) + len(self.unverified)
+    inconclusive_signals: int = 0  # the small kinds of task share one line of `inconclusive`
 
 
 def _pct(value: Any) -> str:
@@ -142,6 +139,7 @@ def promotion_verdict(
             verdict.inconclusive.append(line)
         elif status == SignalStatus.NOT_MEASURED:
             verdict.not_measured.append(f"{signal.label}: not measured — {signal.why}")
+    verdict.inconclusive_signals = sum(1 for s in signals if s.status == SignalStatus.INCONCLUSIVE)
     if len(open_kinds) >= 2:
         kinds = "; ".join(f"{s.label.removeprefix('Task success · ')} ({s.n})" for s in open_kinds)
         verdict.inconclusive.append(
@@ -172,7 +170,7 @@ def _headline(verdict: Verdict, evaluation: Evaluation | None) -> tuple[str, str
     counts = [
         (len(verdict.regressed), "regressed"),
         (len(verdict.overridden), "overridden"),
-        (len(verdict.inconclusive), "inconclusive"),
+        (verdict.inconclusive_signals, "inconclusive"),
         (len(verdict.not_measured), "not measured"),
         (len(verdict.unverified), "unverified"),
         (len(verdict.red_flags), "red flag" + ("s" if len(verdict.red_flags) != 1 else "")),
