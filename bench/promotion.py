@@ -12,7 +12,9 @@ Each cycle registers a new version of the tool-call adapter under a new name (so
 server really loads it), approves its promotion (`promotion_approve`, the service behind
 the page button and the API) and then, from two threads, asks each gateway for one token
 until it answers with the new version (`x-practicum-model-version`). Then it rolls back
-and waits for the base model again. The evaluation a promotion needs is stored as
+and waits for the version before again: an adapter that answers a greeting, live from the
+start (the random tiny model itself answers only newlines, which a release's smoke test
+refuses, so a rollback to it would fail). The evaluation a promotion needs is stored as
 finished: the figure is approval to serving, not evaluation time.
 
 Uses its own database (<name>_promobench), dropped and recreated each run.
@@ -117,7 +119,7 @@ def main() -> None:
     from django.conf import settings
 
     from feedback.services.api_keys import api_key_create
-    from tests.fixtures.adapters import tiny_adapter_train
+    from tests.fixtures.adapters import TALKING_TEXT, tiny_adapter_train
     from training.inference.server import InferenceServer, ServerSpec
     from training.modelprep import tiny_prepare
     from training.promotion.models import Evaluation, Release
@@ -133,13 +135,17 @@ def main() -> None:
 
     model_dir = tiny_prepare(settings.DATA_DIR / "test-models" / "tiny")
     adapter = tiny_adapter_train(model_dir, settings.DATA_DIR / "test-models" / "tiny-lora-tool-call")
+    talking = tiny_adapter_train(model_dir, settings.DATA_DIR / "test-models" / "tiny-lora-talking", text=TALKING_TEXT)
     spec = ServerSpec(model_path=str(model_dir), served_name="tiny", port=free_port(), max_model_len=1024,
                       max_lora_rank=16, max_loras=4, kv_cache_gib=1, api_key=settings.INFERENCE_API_KEY)  # fmt: skip
     server = InferenceServer(spec, log_path=settings.DATA_DIR / "logs" / "bench-promotion-vllm.log")
     procs: list[subprocess.Popen] = []
     try:
         server.start()
-        base, base_version = base_model_register(name="tiny", path=model_dir, inference_url=spec.url)
+        base, tiny_version = base_model_register(name="tiny", path=model_dir, inference_url=spec.url)
+        base_version = model_version_create(
+            name="tiny-talking", base_model=base, kind="lora", path=talking, parent=tiny_version
+        )
         deployment = deployment_get_or_create(name="support-bot")
         live_version_set(deployment=deployment, version=base_version)
         key = api_key_create(deployment=deployment, scopes=["ingest"]).plaintext
@@ -164,6 +170,7 @@ def main() -> None:
                 )
             )  # fmt: skip
         server.wait_ready(timeout=600)
+        server.client().adapter_load(base_version.name, talking)
         for port in ports.values():
             wait_port(port)
         wait_both(ports, key, base_version.name, time.monotonic())  # warm both gateways

@@ -78,6 +78,7 @@ def test_create_a_policy_follow_its_run_and_approve_its_request(open_page, scree
     assert "Win rate vs live ≥ 0.60" in review.inner_text("#learning-policy")
     review.fill("textarea[name=comment]", "The policy's evidence holds.")
     review.click("#approve")
+    review.click("#confirm-approve")
     review.wait_for_selector("#release")
     run.promotion.refresh_from_db()
     assert run.promotion.status == PromotionStatus.APPROVED and run.promotion.decided_by == world["arno"]
@@ -141,6 +142,11 @@ def test_a_policy_fires_and_its_approver_approves_from_the_notification(
     screenshot(review, "notification-approve", full_page=True)
     card.locator("textarea[name=comment]").fill("The policy's evidence holds.")
     card.locator("button.approve").click()
+    # The card asks, in place, to confirm what approving does; the comment comes along.
+    confirm = review.locator(f"#confirm-{promotion.pk}")
+    confirm.wait_for()
+    assert "100 %" in confirm.inner_text() and "Roll back to" in confirm.inner_text()
+    confirm.locator("button.confirm-approve").click()
     review.wait_for_selector(f"#decided-{promotion.pk}:has-text('Approved, deploying')")
     assert review.locator("#inbox-count").is_hidden()  # nothing left to decide
     assert review.url.endswith(link)  # decided where it was read, without leaving the page

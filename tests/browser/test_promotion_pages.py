@@ -10,8 +10,10 @@ import pytest
 
 from tests.factories import DeploymentFactory, user_with_role
 from tests.fixtures.adapters import LOOKUP_TOOL
+from tests.fixtures.inference import talking_version_create
+from tests.fixtures.judge import scores_lookups
 from training.promotion.models import PromotionRequest
-from training.serving.models import LiveVersion, ModelVersion
+from training.serving.models import LiveVersion
 from webapp.work import WorkStatus
 
 pytestmark = [pytest.mark.browser, pytest.mark.vllm, pytest.mark.redis, pytest.mark.postgres, pytest.mark.slow]
@@ -33,7 +35,14 @@ ITEMS = [
 
 
 def test_request_approve_and_watch_the_release_go_live(
-    open_page, screenshot, vllm_server, tiny_base, tool_call_adapter_path, deploy_worker, judge_server
+    open_page,
+    screenshot,
+    vllm_server,
+    tiny_base,
+    tool_call_adapter_path,
+    talking_adapter_path,
+    deploy_worker,
+    judge_server,
 ):
     from feedback.models import DeploymentJudge
     from training.services.evaluation import evaluation_create
@@ -41,12 +50,12 @@ def test_request_approve_and_watch_the_release_go_live(
 
     operator, approver = user_with_role("operator", "olga"), user_with_role("approver", "arno")
     deployment = DeploymentFactory(name="support-bot")
-    base_version = ModelVersion.objects.get(name=tiny_base.name)
+    # Live before: the talking adapter, which a rollback can put live again (the random tiny
+    # model itself answers only newlines, which the release's smoke test refuses).
+    base_version = talking_version_create(tiny_base, talking_adapter_path, vllm_server)
     live_version_set(deployment=deployment, version=base_version)
     DeploymentJudge.objects.create(deployment=deployment, base_url=judge_server.base_url, model="test-judge")
-    judge_server.respond_with(
-        lambda request: {"scores": [{"response": 1, "reason": "calls lookup_order for the order", "score": 0.9}]}
-    )
+    judge_server.respond_with(scores_lookups)
     candidate = model_version_create(
         name="tiny-tools-v2", base_model=tiny_base, kind="lora", path=tool_call_adapter_path, parent=base_version
     )
@@ -81,6 +90,7 @@ def test_request_approve_and_watch_the_release_go_live(
     assert "✓" in review.inner_text("#decision")
     review.fill("textarea[name=comment]", "Win rate and tool calls look right.")
     review.click("#approve")
+    review.click("#confirm-approve")  # after reading what approving does
     review.wait_for_selector("#release-status")
     review.evaluate("window.__same_page = true")
     seen = []

@@ -3,7 +3,9 @@ worker on Redis (deploy and default queues), the gateway, the `openai` client, t
 endpoint, and the HTTP API for people.
 
 evaluate (server generation, worker) → request → approve → release (worker) → the gateway
-answers from the tool-call adapter → rollback → the base model answers again.
+answers from the tool-call adapter → rollback → the version before answers again (the
+talking adapter: the random tiny model itself answers only newlines, which no release's
+smoke test passes).
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from feedback.models import DeploymentJudge
 from feedback.services.api_keys import api_key_create
 from tests.factories import DeploymentFactory, user_with_role
 from tests.fixtures.adapters import LOOKUP_TOOL
+from tests.fixtures.inference import talking_version_create
+from tests.fixtures.judge import scores_lookups
 from training.promotion.models import AuditAction, AuditEvent
-from training.serving.models import LiveVersion, ModelVersion
+from training.serving.models import LiveVersion
 
 pytestmark = [pytest.mark.vllm, pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]
 
@@ -48,18 +52,24 @@ def people(transactional_db):
 
 
 def test_evaluate_approve_deploy_and_roll_back_through_the_gateway(
-    vllm_server, tiny_base, tool_call_adapter_path, gateway, deploy_worker, judge_server, people, client
+    vllm_server,
+    tiny_base,
+    tool_call_adapter_path,
+    talking_adapter_path,
+    gateway,
+    deploy_worker,
+    judge_server,
+    people,
+    client,
 ):
     from training.serving.services import live_version_set, model_version_create
 
     operator, approver = people
     deployment = DeploymentFactory(name="support-bot")
-    base_version = ModelVersion.objects.get(name=tiny_base.name)
+    base_version = talking_version_create(tiny_base, talking_adapter_path, vllm_server)
     live_version_set(deployment=deployment, version=base_version)
     DeploymentJudge.objects.create(deployment=deployment, base_url=judge_server.base_url, model="test-judge")
-    judge_server.respond_with(
-        lambda request: {"scores": [{"response": 1, "reason": "looks the order up", "score": 0.9}]}
-    )
+    judge_server.respond_with(scores_lookups)
     candidate = model_version_create(
         name="tiny-tools-v1", base_model=tiny_base, kind="lora", path=tool_call_adapter_path, parent=base_version
     )

@@ -2,7 +2,8 @@
 their evidence, decided there through the promotion service: the requester never sees their
 own request to decide and gets 403, so does anyone who may not approve; an unmet
 precondition is a 409 naming it, a rejection without a reason a 400 naming `comment`, and
-nothing changes on a refusal. The nav's count is one query."""
+nothing changes on a refusal. Approving asks first to confirm what it does. The nav's count
+is one query."""
 
 from __future__ import annotations
 
@@ -26,6 +27,20 @@ def approve_url(promotion) -> str:
 
 def reject_url(promotion) -> str:
     return f"/notifications/promotions/{promotion.pk}/reject"
+
+
+def confirm_token(html: str) -> str:
+    """The confirmation the approve button's first answer asks to post back."""
+    return html.split('name="confirm" value="', 1)[1].split('"', 1)[0]
+
+
+def approve_confirmed(client, promotion, comment: str = "", **kwargs):
+    """Approve as the page does: ask, read what approval does, confirm it."""
+    asked = client.post(approve_url(promotion), {"comment": comment}, **kwargs)
+    assert asked.status_code == 200, asked.content[:500]
+    return client.post(
+        approve_url(promotion), {"comment": comment, "confirm": confirm_token(asked.content.decode())}, **kwargs
+    )
 
 
 def candidate(registry, tmp_path, name: str):
@@ -108,7 +123,24 @@ def test_approving_from_the_notification_queues_the_release_and_nothing_goes_liv
 ):
     by_policy, _ = two_requests
     client.force_login(approver)
-    response = client.post(approve_url(by_policy), {"comment": "evidence holds"})
+    # The button first says what approval does, in the request's card, and changes nothing.
+    asked = client.post(approve_url(by_policy), {"comment": "evidence holds"})
+    assert asked.status_code == 200
+    html = asked.content.decode()
+    card = html[html.index(f'id="promotion-{by_policy.pk}"') :]
+    assert f'id="confirm-{by_policy.pk}"' in card and "Confirm what approving does" in card
+    assert "<b>100 %</b> of support-bot's requests" in card and "replacing smol" in card
+    assert "Roll back to smol" in card and "/api/v1/deployments/support-bot/rollback" in card
+    assert ">evidence holds</textarea>" in card  # the comment is carried to the confirmation
+    assert "has changed since you confirmed it" not in card
+    by_policy.refresh_from_db()
+    assert by_policy.status == PromotionStatus.PENDING and not Release.objects.exists()
+    # A confirmation of another effect (the live version moved since) is asked again.
+    stale = client.post(approve_url(by_policy), {"comment": "evidence holds", "confirm": "0:0:0:0"})
+    assert stale.status_code == 200 and f'id="confirm-{by_policy.pk}"' in stale.content.decode()
+    assert "has changed since you confirmed it" in stale.content.decode()
+    assert not Release.objects.exists()
+    response = client.post(approve_url(by_policy), {"comment": "evidence holds", "confirm": confirm_token(html)})
     assert response.status_code == 302 and response["Location"] == PAGE
     by_policy.refresh_from_db()
     assert by_policy.status == PromotionStatus.APPROVED and by_policy.decided_by == approver
@@ -136,6 +168,33 @@ def test_with_htmx_the_decided_card_replaces_the_request_and_the_count_follows(
     assert 'id="inbox-count"' in html and 'hx-swap-oob="true"' in html and ">1</span>" in html
     by_omar.refresh_from_db()
     assert by_omar.status == PromotionStatus.REJECTED and by_omar.decided_by == approver
+
+
+def test_with_htmx_approving_asks_in_the_card_then_the_decided_card_replaces_it(
+    client, registry, two_requests, approver
+):
+    by_policy, _ = two_requests
+    client.force_login(approver)
+    page = client.get(PAGE).content.decode()
+    card = page[page.index(f'id="promotion-{by_policy.pk}"') :]
+    # The card decides from the top: its verdict, then the evidence, then the buttons.
+    verdict, evidence, button = (
+        card.index(f'id="verdict-{by_policy.pk}"'),
+        card.index('class="facts evidence"'),
+        card.index("Approve and deploy…"),
+    )
+    assert verdict < evidence < button
+    assert "4 items" in card and "inconclusive" in card.lower()  # a 0.75 win rate over 4 items decides nothing
+    htmx = {"HX-Request": "true"}
+    asked = client.post(approve_url(by_policy), {"comment": "ok"}, headers=htmx)
+    assert asked.status_code == 200
+    html = asked.content.decode()
+    assert html.lstrip().startswith("<article") and f'id="confirm-{by_policy.pk}"' in html
+    assert f'hx-post="{approve_url(by_policy)}"' in html and "Approve: send 100 % of support-bot to smol-v1" in html
+    assert not Release.objects.exists()
+    decided = client.post(approve_url(by_policy), {"comment": "ok", "confirm": confirm_token(html)}, headers=htmx)
+    assert decided.status_code == 200 and "Approved promotion" in decided.content.decode()
+    assert Release.objects.filter(promotion=by_policy).count() == 1
 
 
 def test_the_requester_and_a_non_approver_are_refused_with_403_and_nothing_changes(
@@ -219,7 +278,7 @@ def test_deciding_a_request_already_decided_says_so_and_offers_no_buttons(client
     already decided, without the page's JavaScript as with it, and no buttons to press again."""
     by_policy, _ = two_requests
     client.force_login(approver)
-    assert client.post(approve_url(by_policy), {"comment": "ok"}).status_code == 302
+    assert approve_confirmed(client, by_policy, "ok").status_code == 302
     again = client.post(approve_url(by_policy), {"comment": "ok"})
     assert again.status_code == 409
     html = again.content.decode()
@@ -253,6 +312,7 @@ def test_two_approvers_deciding_at_once_one_approves_or_rejects_and_the_other_is
     import training.services.promotion as promotion_service
 
     promotion = request_for(registry, registry.candidate, operator)
+    confirmed = promotion_service.promotion_approval_effect(promotion=promotion).token
     locked = promotion_service._locked
 
     def slow_locked(p):
@@ -268,7 +328,8 @@ def test_two_approvers_deciding_at_once_one_approves_or_rejects_and_the_other_is
             c = Client()
             c.force_login(user)
             barrier.wait()
-            results[user.username] = c.post(url, {"comment": comment}, headers={"HX-Request": "true"}).status_code
+            form = {"comment": comment, "confirm": confirmed}
+            results[user.username] = c.post(url, form, headers={"HX-Request": "true"}).status_code
         finally:
             connections.close_all()
 

@@ -1,6 +1,8 @@
 """Releases against the real vLLM server on the tiny model (in-process, no worker): the
 adapter is loaded, smoke-tested and made live; a corrupt one fails its smoke test and
-the old version stays live; rollback goes back."""
+the old version stays live; rollback goes back. The version the rollback returns to is the
+talking adapter: the random tiny model itself answers only newlines, which no smoke test
+passes."""
 
 from __future__ import annotations
 
@@ -8,11 +10,13 @@ import math
 
 import pytest
 
+from tests.fixtures.inference import talking_version_create
 from tests.promotion.conftest import evaluation_row
 from training.promotion.models import AuditAction, AuditEvent, PromotionStatus
 from training.services.promotion import promotion_approve, promotion_request_create
 from training.services.release import release_run, rollback_request
 from training.serving.models import LiveVersion, ModelVersion
+from training.serving.services import model_version_create
 from webapp.work import WorkStatus
 
 pytestmark = [pytest.mark.vllm, pytest.mark.postgres]
@@ -61,11 +65,17 @@ def approved_release(deployment, candidate, baseline, operator, approver):
     return promotion, promotion_approve(promotion=promotion, user=approver, comment="ship it")
 
 
-def test_release_serves_the_adapter_then_rollback_restores_the_base(
-    vllm_server, tiny_base, tool_call_adapter_path, live_base, operator, approver
+def test_release_serves_the_adapter_then_rollback_restores_the_version_before(
+    vllm_server, tiny_base, tool_call_adapter_path, talking_adapter_path, live_base, operator, approver
 ):
-    deployment, base_version = live_base
-    candidate = candidate_version("tiny-tools-r1", tool_call_adapter_path, tiny_base)
+    from training.serving.services import live_version_set
+
+    deployment, _ = live_base
+    base_version = talking_version_create(tiny_base, talking_adapter_path, vllm_server)
+    live_version_set(deployment=deployment, version=base_version)
+    candidate = model_version_create(
+        name="tiny-tools-r1", base_model=tiny_base, kind="lora", path=tool_call_adapter_path, parent=base_version
+    )
     promotion, release = approved_release(deployment, candidate, base_version, operator, approver)
 
     release = release_run(release_id=release.pk)
@@ -81,6 +91,7 @@ def test_release_serves_the_adapter_then_rollback_restores_the_base(
     back = release_run(release_id=rollback_request(deployment=deployment, user=approver, reason="test").pk)
 
     assert back.status == WorkStatus.FINISHED, back.error
+    assert back.smoke["content"].startswith("Hello!")
     assert LiveVersion.objects.get(deployment=deployment).version == base_version
     promotion.refresh_from_db()
     assert promotion.status == PromotionStatus.ROLLED_BACK

@@ -27,12 +27,12 @@ import training.services.release as release_service
 from feedback.models import Trace
 from feedback.services.api_keys import api_key_create
 from tests.factories import DeploymentFactory
-from tests.fixtures.inference import free_port
+from tests.fixtures.inference import free_port, talking_version_create
 from tests.fixtures.worker import _database_url
 from tests.promotion.test_release_vllm import approved_release
 from training.inference.client import InferenceClient
 from training.promotion.models import ReleaseKind
-from training.serving.models import LiveVersion, ModelVersion
+from training.serving.models import LiveVersion
 from training.serving.services import base_model_replicas_set, live_version_set, model_version_create
 from webapp.work import WorkStatus
 
@@ -135,11 +135,21 @@ def second_replica(transactional_db, tiny_base, tmp_path):
 
 
 def test_a_release_reaches_both_replicas_and_a_killed_replica_loses_no_request_and_comes_back_with_the_live_adapter(
-    vllm_server, tiny_base, tool_call_adapter_path, second_replica, gateway, operator, approver, monkeypatch
+    vllm_server,
+    tiny_base,
+    tool_call_adapter_path,
+    talking_adapter_path,
+    second_replica,
+    gateway,
+    operator,
+    approver,
+    monkeypatch,
 ):
     first_url, (second_url, supervisor, logs) = vllm_server.url, second_replica
     deployment = DeploymentFactory(name="replicated")
-    base_version = ModelVersion.objects.get(name=tiny_base.name)
+    # The version to roll back to answers with text on both replicas (the rollback loads it
+    # into each); the random tiny model itself answers only newlines.
+    base_version = talking_version_create(tiny_base, talking_adapter_path, name="tiny-talking-replicated")
     live_version_set(deployment=deployment, version=base_version)
     candidate = model_version_create(
         name="tiny-replicated", base_model=tiny_base, kind="lora", path=tool_call_adapter_path, parent=base_version

@@ -177,6 +177,15 @@ def summarize(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
         for i in items
         if i["candidate"].get("reward") is not None and i["baseline"].get("reward") is not None
     ]
+    # A judge scoring two empty answers measures nothing, whatever reward it gives them.
+    blank_pairs = sum(
+        1
+        for i in items
+        if i["candidate"].get("reward") is not None
+        and i["baseline"].get("reward") is not None
+        and i["candidate"].get("empty")
+        and i["baseline"].get("empty")
+    )
     kls = [i["kl"] for i in items if i.get("kl") is not None]
     diff_low, diff_high = mean_interval(diffs)
     return {
@@ -196,6 +205,7 @@ def summarize(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "reward_diff_n": len(diffs),
             "reward_diff_ci_low": diff_low,
             "reward_diff_ci_high": diff_high,
+            "reward_diff_blank_n": blank_pairs,
         },
         "kl": {
             "mean": _mean(kls),

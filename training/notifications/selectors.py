@@ -3,8 +3,10 @@
 An approver (`training.approve_promotion`) may decide any pending request but their own (the
 four-eyes rule the promotion service enforces), whether a learning policy or a person opened
 it; anyone else has nothing to decide. The evidence shown with each request is read from what
-the request recorded (its snapshot: the policy's run, the signals, the monitors) and its
-evaluation's summary, so the page costs the same few queries however many requests wait.
+the request recorded (its snapshot: the policy's run, the job's signals, the monitors, the
+judge's agreement) and its evaluation's summary (the evaluation's signals, worked out again:
+the request may have been made while it ran), so the page costs the same few queries however
+many requests wait. Each card opens with the same verdict as the request's page.
 """
 
 from __future__ import annotations
@@ -17,9 +19,21 @@ from django.db.models import QuerySet
 from training.promotion.models import PromotionRequest, PromotionStatus
 from training.promotion.selectors import evaluation_items_source
 from training.services.promotion_checks import APPROVE, Precondition, check_harm
+from training.services.promotion_signals import Signal, evaluation_signals, signal_from_dict
+from training.services.promotion_verdict import Verdict, promotion_overrides, promotion_verdict
 from webapp.work import WorkStatus
 
 MAX_SHOWN = 50
+
+# What a card reads of each request, joined in its one query.
+AWAITING_JOINS = (
+    "candidate",
+    "deployment",
+    "from_version",
+    "requested_by",
+    "evaluation__baseline",
+    "evaluation__training_set",
+)
 
 
 @dataclass
@@ -37,6 +51,7 @@ class AwaitingDecision:
     harm: Precondition
     regressions: list[dict[str, Any]] = field(default_factory=list)  # signals past their threshold, as recorded
     breaches: list[dict[str, Any]] = field(default_factory=list)
+    verdict: Verdict | None = None
 
 
 def _may_decide(user) -> bool:
@@ -57,12 +72,21 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
+def _signals(promotion: PromotionRequest, snapshot: dict[str, Any]) -> list[Signal]:
+    """The job's signals as the request recorded them, the evaluation's from its summary now."""
+    recorded = [signal_from_dict(s) for s in snapshot.get("signals") or [] if isinstance(s, dict)]
+    return [s for s in recorded if s.code.startswith("job_")] + evaluation_signals(promotion.evaluation)
+
+
 def awaiting_decision(promotion: PromotionRequest) -> AwaitingDecision:
     """The evidence of one request (no query: its evaluation and people are joined)."""
     evaluation = promotion.evaluation
     comparison = (evaluation.summary or {}).get("comparison") or {}
     snapshot = promotion.snapshot or {}
     monitors = snapshot.get("monitors") or {}
+    harm = check_harm(evaluation)
+    signals = _signals(promotion, snapshot)
+    breaches = [b for b in monitors.get("breaches") or [] if isinstance(b, dict)]
     return AwaitingDecision(
         promotion=promotion,
         policy=snapshot.get("learning_policy") if isinstance(snapshot.get("learning_policy"), dict) else None,
@@ -72,11 +96,17 @@ def awaiting_decision(promotion: PromotionRequest) -> AwaitingDecision:
         ci_high=_number(comparison.get("ci_high")),
         n=int(_number(comparison.get("n")) or 0),
         measured_on=evaluation_items_source(evaluation=evaluation),
-        harm=check_harm(evaluation),
-        regressions=[
-            s for s in snapshot.get("signals") or [] if isinstance(s, dict) and s.get("regressed") and s.get("gates")
-        ],
-        breaches=[b for b in monitors.get("breaches") or [] if isinstance(b, dict)],
+        harm=harm,
+        regressions=[s.as_dict() for s in signals if s.regressed and s.gates],
+        breaches=breaches,
+        verdict=promotion_verdict(
+            signals=signals,
+            evaluation=evaluation,
+            harm=harm,
+            judge_agreement=snapshot.get("judge_agreement"),
+            overrides=promotion_overrides(promotion),
+            breaches=breaches,
+        ),
     )
 
 
@@ -85,11 +115,7 @@ def promotions_awaiting(*, user, limit: int = MAX_SHOWN) -> list[AwaitingDecisio
     evidence; none for someone who may not decide."""
     if not _may_decide(user):
         return []
-    rows = (
-        _waiting(user)
-        .select_related("candidate", "deployment", "from_version", "requested_by", "evaluation__baseline")
-        .order_by("requested_at", "id")[:limit]
-    )
+    rows = _waiting(user).select_related(*AWAITING_JOINS).order_by("requested_at", "id")[:limit]
     return [awaiting_decision(p) for p in rows]
 
 

@@ -4,8 +4,10 @@ its evidence and Approve / Reject buttons that decide it there.
 The buttons post to these views, which call the promotion service the request page, the API
 and the admin call (`promotion_approve`, `promotion_reject`): the same permission and
 four-eyes rule (403), the same preconditions (409 naming the unmet one), a rejection without
-a reason a 400 naming `comment`. With htmx the decided card replaces the one in the page and
-the nav's count is updated beside it; without, the page comes back with a message.
+a reason a 400 naming `comment`. Approve first answers with the card asking to confirm what
+approval does (which deployment, its share of traffic, how to roll back); only a post that
+carries that confirmation approves. With htmx the card (asking, or decided) replaces the one
+in the page and the nav's count is updated beside it; without, the page comes back with it.
 """
 
 from __future__ import annotations
@@ -20,19 +22,32 @@ from django.views.decorators.http import require_POST
 
 from feedback.views.common import dashboard_view
 from training.notifications.selectors import (
+    AWAITING_JOINS,
     awaiting_decision,
     promotion_decided_get,
     promotions_awaiting,
     promotions_awaiting_count,
 )
 from training.promotion.models import PromotionRequest, PromotionStatus
-from training.services.promotion import promotion_approve, promotion_reject
+from training.services.promotion import (
+    ApprovalEffect,
+    promotion_approval_effect,
+    promotion_approve,
+    promotion_approve_refusal,
+    promotion_reject,
+)
 from training.services.promotion_checks import APPROVE, PromotionRefused
 
 COMMENT_LIMIT = 5000
 
 
-def _page(request: HttpRequest, *, errors: dict[int, str] | None = None, status: int = 200) -> HttpResponse:
+def _page(
+    request: HttpRequest,
+    *,
+    errors: dict[int, str] | None = None,
+    status: int = 200,
+    confirming: dict[int, dict[str, object]] | None = None,
+) -> HttpResponse:
     awaiting = promotions_awaiting(user=request.user)
     errors = errors or {}
     shown = {a.promotion.pk for a in awaiting}
@@ -40,6 +55,7 @@ def _page(request: HttpRequest, *, errors: dict[int, str] | None = None, status:
         "awaiting": awaiting,
         "may_decide": request.user.has_perm(APPROVE),
         "errors": errors,
+        "confirming": confirming or {},
         # A request decided meanwhile has no card left to carry its refusal: say it above them.
         "refused": [f"Promotion #{pk}: {error}" for pk, error in errors.items() if pk not in shown],
     }
@@ -51,6 +67,17 @@ def notifications(request: HttpRequest) -> HttpResponse:
     return _page(request)
 
 
+class _AskToConfirm(Exception):
+    """Approval was asked for without confirming what it does: answer with the confirmation."""
+
+    def __init__(self, effect: ApprovalEffect, comment: str, *, stale: bool) -> None:
+        self.effect, self.comment, self.stale = effect, comment, stale
+
+
+def _fresh(promotion_id: int) -> PromotionRequest:
+    return get_object_or_404(PromotionRequest.objects.select_related(*AWAITING_JOINS), pk=promotion_id)
+
+
 def _decide(
     request: HttpRequest, promotion_id: int, act: Callable[[HttpRequest, PromotionRequest, str], str]
 ) -> HttpResponse:
@@ -59,16 +86,23 @@ def _decide(
     try:
         # PermissionDenied (not an approver, or the requester) goes up as a 403.
         done = act(request, promotion, comment)
+    except _AskToConfirm as ask:
+        if request.htmx:
+            context = {
+                "a": awaiting_decision(_fresh(promotion_id)),
+                "may_decide": True,
+                "confirm": ask.effect,
+                "comment": ask.comment,
+                "stale": ask.stale,
+            }
+            return render(request, "training/_notification_card.html", context)
+        asking = {"effect": ask.effect, "comment": ask.comment, "stale": ask.stale}
+        return _page(request, confirming={promotion_id: asking})
     except PromotionRefused as exc:
         status = 400 if exc.field == "comment" else 409
         error = f"{exc.field}: {exc}" if exc.field else str(exc)
         if request.htmx:
-            fresh = get_object_or_404(
-                PromotionRequest.objects.select_related(
-                    "candidate", "deployment", "from_version", "requested_by", "evaluation__baseline"
-                ),
-                pk=promotion_id,
-            )
+            fresh = _fresh(promotion_id)
             still_pending = fresh.status == PromotionStatus.PENDING
             context = {
                 "a": awaiting_decision(fresh),
@@ -92,6 +126,11 @@ def _decide(
 
 
 def _approve(request: HttpRequest, promotion: PromotionRequest, comment: str) -> str:
+    effect = promotion_approval_effect(promotion=promotion)
+    confirmed = request.POST.get("confirm", "")
+    if confirmed != effect.token:
+        promotion_approve_refusal(promotion=promotion, user=request.user)
+        raise _AskToConfirm(effect, comment, stale=bool(confirmed))
     release = promotion_approve(promotion=promotion, user=request.user, comment=comment)
     return (
         f"Approved promotion #{promotion.pk} of {release.version.name} for {release.deployment.name}: "

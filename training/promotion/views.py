@@ -37,15 +37,18 @@ from training.promotion.selectors import (
 )
 from training.services.evaluation import EvaluationError, evaluation_cancel, evaluation_create
 from training.services.promotion import (
+    promotion_approval_effect,
     promotion_approve,
     promotion_approve_check,
+    promotion_approve_refusal,
     promotion_reject,
     promotion_request_check,
     promotion_request_create,
     promotion_withdraw,
 )
 from training.services.promotion_checks import APPROVE, PromotionRefused, check_harm, lineage
-from training.services.promotion_signals import promotion_signals
+from training.services.promotion_signals import KIND_PREFIX, evaluation_signals, promotion_signals
+from training.services.promotion_verdict import promotion_overrides, promotion_verdict
 from training.services.release import rollback_check, rollback_request, rollback_target
 from training.serving.models import Deployment, ModelVersion
 from training.serving.selectors import live_version_get
@@ -163,9 +166,12 @@ def evaluation_detail(request: HttpRequest, evaluation_id: int) -> HttpResponse:
     evaluation = evaluation_get(evaluation_id=evaluation_id)
     if evaluation is None:
         raise Http404("no such evaluation")
+    signals = evaluation_signals(evaluation)
     context = {
         "evaluation": evaluation,
         "harm": check_harm(evaluation),
+        "signals": signals,
+        "kinds": _kinds(signals),
         "items": evaluation_items(evaluation=evaluation),
         "can_evaluate": request.user.has_perm(EVALUATE),
         "can_request": request.user.has_perm(REQUEST),
@@ -278,23 +284,42 @@ def promotion_new(request: HttpRequest) -> HttpResponse:
     return render(request, "training/promotion_new.html", {"form": form, "checks": checks, "signals": signals})
 
 
+def _kinds(signals: list) -> list:
+    return [s for s in signals if s.code.startswith(KIND_PREFIX)]
+
+
 def _promotion_context(request: HttpRequest, promotion: PromotionRequest) -> dict:
     releases = releases_of(promotion=promotion)
     live = live_version_get(deployment_id=promotion.deployment_id)
     checks = promotion_approve_check(promotion=promotion, user=request.user)
+    signals = promotion_signals(candidate=promotion.candidate, evaluation=promotion.evaluation)
+    harm = check_harm(promotion.evaluation)
+    snapshot = promotion.decision_snapshot or promotion.snapshot
+    pending = promotion.status == PromotionStatus.PENDING
     return {
         "promotion": promotion,
         "evaluation": promotion.evaluation,
-        "harm": check_harm(promotion.evaluation),
-        "signals": promotion_signals(candidate=promotion.candidate, evaluation=promotion.evaluation),
+        "harm": harm,
+        "signals": signals,
+        "kinds": _kinds(signals),
+        "verdict": promotion_verdict(
+            signals=signals,
+            evaluation=promotion.evaluation,
+            checks=checks if pending else None,
+            harm=harm,
+            judge_agreement=(snapshot or {}).get("judge_agreement"),
+            overrides=promotion_overrides(promotion),
+            breaches=((snapshot or {}).get("monitors") or {}).get("breaches"),
+        ),
+        "effect": promotion_approval_effect(promotion=promotion) if pending else None,
         "releases": releases,
         "release": releases[0] if releases else None,
         "release_active": bool(releases) and releases[0].is_active,
         "live": live,
         "checks": checks,
-        "can_decide": promotion.status == PromotionStatus.PENDING and all(c.ok for c in checks[:2]),
+        "can_decide": pending and all(c.ok for c in checks[:2]),
         "can_approve": all(c.ok for c in checks),
-        "can_withdraw": promotion.status == PromotionStatus.PENDING and promotion.requested_by_id == request.user.pk,
+        "can_withdraw": pending and promotion.requested_by_id == request.user.pk,
         "can_rollback": (
             request.user.has_perm(APPROVE)
             and live is not None
@@ -303,7 +328,7 @@ def _promotion_context(request: HttpRequest, promotion: PromotionRequest) -> dic
         ),
         "rollback_to": rollback_target(deployment=promotion.deployment),
         "lineage": lineage(promotion.candidate)[:8],
-        "snapshot": promotion.decision_snapshot or promotion.snapshot,
+        "snapshot": snapshot,
         "audit": promotion.audit_events.select_related("from_version", "to_version").order_by("id"),
     }
 
@@ -331,7 +356,23 @@ def _decision(request: HttpRequest, promotion_id: int, act) -> HttpResponse:
 @require_POST
 @dashboard_view(APPROVE)
 def promotion_approve_view(request: HttpRequest, promotion_id: int) -> HttpResponse:
+    """Approve once the approver has confirmed what approval does: without a confirmation of
+    the effect that holds now, the answer is the confirmation page (nothing changes); a
+    request that cannot be approved is refused before it is asked for."""
     comment = request.POST.get("comment", "")[:5000]
+    promotion = promotion_get(promotion_id=promotion_id)
+    if promotion is None:
+        raise Http404("no such promotion request")
+    effect = promotion_approval_effect(promotion=promotion)
+    confirmed = request.POST.get("confirm", "")
+    if confirmed != effect.token:
+        try:
+            promotion_approve_refusal(promotion=promotion, user=request.user)
+        except (PermissionDenied, PromotionRefused) as exc:
+            _refused(request, exc)
+            return redirect("promotion:promotion", promotion_id=promotion_id)
+        context = {**_promotion_context(request, promotion), "comment": comment, "stale": bool(confirmed)}
+        return render(request, "training/promotion_confirm.html", context)
     return _decision(
         request, promotion_id, lambda p: promotion_approve(promotion=p, user=request.user, comment=comment)
     )

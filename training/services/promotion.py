@@ -3,10 +3,14 @@
 Check-then-execute: `promotion_request_check` / `promotion_approve_check` return every
 precondition with whether it holds (the request page lists them) and the `*_execute`
 functions raise `PromotionRefused` naming the first unmet one before changing anything.
-Approval queues a release (see `training.services.release`) after commit.
+Approval queues a release (see `training.services.release`) after commit. The pages ask
+the approver to confirm what approval does first (`promotion_approval_effect`); a call to
+the API's approve is that confirmation itself, refused for the same preconditions.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError, transaction
@@ -263,6 +267,39 @@ def promotion_approve_check(*, promotion: PromotionRequest, user=None) -> list[P
     if user is None:
         return checks
     return [*_decider(promotion, user), check_independent(promotion, user), *checks]
+
+
+@dataclass(frozen=True)
+class ApprovalEffect:
+    """What approving a request does, for the confirmation the pages ask for first. The
+    gateway routes a deployment's every request to its live version: a release moves all of
+    its traffic at once, and the version it replaces stays loaded as the rollback target."""
+
+    deployment: Deployment
+    candidate: ModelVersion
+    replaces: ModelVersion | None
+    traffic_share: float
+    token: str  # names this effect: a confirmation of another (the live version moved since) is stale
+
+
+def promotion_approval_effect(*, promotion: PromotionRequest) -> ApprovalEffect:
+    live = live_version_get(deployment_id=promotion.deployment_id)
+    token = f"{promotion.pk}:{promotion.deployment_id}:{promotion.candidate_id}:{live.pk if live else 0}"
+    return ApprovalEffect(
+        deployment=promotion.deployment,
+        candidate=promotion.candidate,
+        replaces=live,
+        traffic_share=1.0,
+        token=token,
+    )
+
+
+def promotion_approve_refusal(*, promotion: PromotionRequest, user) -> None:
+    """Raise what `promotion_approve` would raise now, and change nothing: a confirmation is
+    asked for only what can be approved."""
+    checks = promotion_approve_check(promotion=promotion, user=user)
+    _refuse_decider(checks[:2])
+    raise_first_unmet(checks)
 
 
 def _locked(promotion: PromotionRequest) -> PromotionRequest:

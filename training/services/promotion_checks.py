@@ -29,9 +29,12 @@ class Precondition:
     ok: bool
     detail: str
     field: str = ""
+    # Holds, but on evidence that cannot decide it (inconclusive or unmeasured signals): the
+    # page marks it neither passed nor failed.
+    warn: bool = False
 
     def as_dict(self) -> dict[str, Any]:
-        return {"code": self.code, "label": self.label, "ok": self.ok, "detail": self.detail}
+        return {"code": self.code, "label": self.label, "ok": self.ok, "detail": self.detail, "warn": self.warn}
 
 
 def raise_first_unmet(checks: list[Precondition]) -> None:
@@ -206,18 +209,38 @@ def check_regressions(
     candidate: ModelVersion, evaluation: Evaluation | None, override_reason: str, *, overridden_by: str = ""
 ) -> Precondition:
     """No signal regresses beyond its threshold (see `promotion_signals`) — or the requester
-    gave a reason, recorded with their name."""
-    from training.services.promotion_signals import promotion_signals, regressions
+    gave a reason, recorded with their name. It holds with a warning when signals it counts
+    are inconclusive or not measured, and says which: "no regression" is not "no drop"."""
+    from training.services.promotion_signals import SignalStatus, promotion_signals, regressions
 
     label = "No signal regresses beyond its threshold"
-    worse = regressions(promotion_signals(candidate=candidate, evaluation=evaluation))
+    signals = promotion_signals(candidate=candidate, evaluation=evaluation)
+    worse = regressions(signals)
+    undecided = [s for s in signals if s.gates and s.status in (SignalStatus.INCONCLUSIVE, SignalStatus.NOT_MEASURED)]
+    caveat = "; ".join(f"{s.label} {s.status}" for s in undecided)
     if not worse:
+        if undecided:
+            decided = len([s for s in signals if s.gates]) - len(undecided)
+            return Precondition(
+                "regression",
+                label,
+                True,
+                f"no signal regresses, but {len(undecided)} cannot tell ({caveat}); "
+                f"{decided} within {'its' if decided == 1 else 'their'} threshold or better",
+                warn=True,
+            )
+        if not signals:
+            return Precondition("regression", label, True, "no signal to compare yet", warn=True)
         return Precondition("regression", label, True, "every signal within its threshold of the live version")
     what = "; ".join(s.describe() for s in worse)
     if override_reason.strip():
         who = f" by {overridden_by}" if overridden_by else ""
         return Precondition(
-            "regression", label, True, f"regression overridden{who}: {override_reason.strip()[:300]} ({what})"
+            "regression",
+            label,
+            True,
+            f"regression overridden{who}: {override_reason.strip()[:300]} ({what})",
+            warn=True,
         )
     return Precondition(
         "regression",

@@ -312,6 +312,15 @@ def _smoke_one(version: ModelVersion, server: InferenceClient, *, several: bool)
         raise ReleaseFailed(f"smoke request{where} answered by {result.model!r}, not {version.name!r}")
     if not result.token_ids:
         raise ReleaseFailed(f"smoke request{where} returned no tokens")
+    if not result.content.strip() and not result.tool_calls:
+        # Tokens that decode to nothing a customer would read: a version that answers this
+        # way to every request serves blank replies, whatever its log-probs.
+        cut = " and was cut off at the token limit" if result.finish_reason == "length" else ""
+        shown = "an empty answer" if not result.content else f"only whitespace ({result.content[:20]!r})"
+        raise ReleaseFailed(
+            f"smoke request{where} answered with {shown}{cut} "
+            f"(finish_reason {result.finish_reason or 'none'!r}, {len(result.token_ids)} tokens)"
+        )
     bad = [lp for lp in result.token_logprobs if not math.isfinite(lp)]
     if bad or len(result.token_logprobs) != len(result.token_ids):
         raise ReleaseFailed(
@@ -323,7 +332,9 @@ def _smoke_one(version: ModelVersion, server: InferenceClient, *, several: bool)
 def release_smoke(version: ModelVersion) -> dict[str, Any]:
     """One short completion from the version on every replica: each must answer under its
     own name with tokens whose log-probs are finite (a corrupt adapter gives NaN or an
-    error). The report is the first replica's answer, with every replica's under `replicas`."""
+    error) and with text or a tool call (an empty or whitespace-only answer, cut off at the
+    token limit or not, fails it). The report is the first replica's answer, with every
+    replica's under `replicas`."""
     servers = version_servers(version)
     reports = [_smoke_one(version, server, several=len(servers) > 1) for server in servers]
     first = {k: v for k, v in reports[0].items() if k != "replica"}

@@ -104,3 +104,65 @@ def curve_svg(points: Any, title: str = "") -> str:
     if not points:
         return ""
     return mark_safe(line_chart([(float(x), float(y)) for x, y in points], title=title, width=260, height=110))
+
+
+@register.filter
+def by_code(signals: Any, code: str) -> Any:
+    """The signal with `code` from a list of signals, or None."""
+    return next((s for s in signals or [] if getattr(s, "code", None) == code), None)
+
+
+def _curve_points(points: Any) -> list[tuple[float, float, int]]:
+    """[x, p, n] rows of a decision curve, numbers only (anything else is dropped)."""
+    out = []
+    for row in points if isinstance(points, list) else []:
+        if isinstance(row, list | tuple) and len(row) >= 2 and all(_number(v) is not None for v in row[:2]):
+            n = row[2] if len(row) > 2 and _number(row[2]) is not None else 0
+            out.append((float(row[0]), float(row[1]), int(n)))
+    return sorted(out)
+
+
+@register.filter
+def decision_curve_rows(curve: Any) -> list[dict[str, Any]]:
+    """The curve's points side by side, one row per x: {x, candidate: (p, n), live: (p, n)}."""
+    series = (curve or {}).get("series") if isinstance(curve, dict) else None
+    if not isinstance(series, dict):
+        return []
+    rows: dict[float, dict[str, Any]] = {}
+    for side in ("candidate", "live"):
+        for x, p, n in _curve_points(series.get(side)):
+            rows.setdefault(x, {"x": x})[side] = {"p": p, "n": n}
+    return [rows[x] for x in sorted(rows)]
+
+
+@register.filter
+def decision_curve_svg(curve: Any) -> str:
+    """The candidate's and the live version's decision curves on one chart (P of the action
+    against the rule's variable), with the rule's threshold as a marker. Numbers only; the
+    labels are escaped."""
+    from django.utils.safestring import mark_safe
+
+    from training.charts import series_chart
+
+    if not isinstance(curve, dict) or not isinstance(curve.get("series"), dict):
+        return ""
+    series = [
+        (side, [(x, p) for x, p, _ in _curve_points(curve["series"].get(side))]) for side in ("candidate", "live")
+    ]
+    xs = [x for _, pts in series for x, _ in pts]
+    if not xs:
+        return ""
+    threshold = _number(((curve.get("rule") or {}) if isinstance(curve.get("rule"), dict) else {}).get("threshold"))
+    markers = [(threshold, f"rule: {threshold:g}")] if threshold is not None else []
+    x_label = str(curve.get("x_label") or "x")
+    return mark_safe(
+        series_chart(
+            series,
+            title=f"P(action) by {x_label}",
+            y_range=(0.0, 1.0),
+            x_range=(min(xs + [m for m, _ in markers]), max(xs + [m for m, _ in markers])),
+            markers=markers,
+            width=560,
+            height=200,
+        )
+    )
