@@ -474,3 +474,58 @@ def test_a_logged_turn_with_arguments_nested_past_the_parsers_depth_still_gets_a
     ]
     reference = json.loads(turn_reference(task=task, messages=messages))
     assert {"tool": "lookup_order", "arguments": {"order_id": task.hidden["order_id"]}} in reference
+
+
+def test_decision_contexts_show_each_day_and_status_after_the_lookup_of_held_out_requests():
+    from training.evaluation.decision_curve import calls_action, curve_summary, rule_step
+
+    desk = SupportDesk()
+    tasks = desk.tasks_for(split="test")
+    curve = desk.decision_curve()
+    assert (curve.threshold, curve.action, curve.xs[0], curve.xs[-1]) == (REFUND_WINDOW_DAYS, "issue_refund", 0, 60)
+    contexts = desk.decision_contexts(tasks=tasks, per_point=2, every=6)
+    days = sorted({*range(0, 61, 6), 30, 31})
+    assert [c.x for c in contexts if c.status == "delivered"] == [d for d in days for _ in range(2)]
+    assert [c.status for c in contexts[-6:]] == [
+        "shipped",
+        "shipped",
+        "processing",
+        "processing",
+        "refunded",
+        "refunded",
+    ]
+    requests = {t.prompt for t in tasks if t.hidden["graded"]}
+    for c in contexts:
+        *opening, call, result = c.messages
+        assert opening[-1]["content"] in requests  # a held-out request, never a training one
+        assert call["tool_calls"][0]["function"]["name"] == "lookup_order"
+        row = json.loads(result["content"])
+        assert (row["status"], row["delivered_days_ago"]) == (c.status, c.x)
+        assert c.acts == refund_allowed(row) == (c.status == "delivered" and c.x <= REFUND_WINDOW_DAYS)
+    # Consecutive contexts are other customers' requests.
+    assert contexts[0].messages[1] != contexts[1].messages[1]
+
+    # "Refund every delivered order" draws a flat line at 1 and agrees with the rule up to day 30.
+    def refund(c):
+        order_id = json.loads(c.messages[-1]["content"])["order_id"]
+        arguments = json.dumps({"order_id": order_id})
+        return {"content": "", "tool_calls": [{"function": {"name": "issue_refund", "arguments": arguments}}]}
+
+    acts = {
+        "candidate": [
+            calls_action(refund(c) if c.status == "delivered" else {"content": "Sorry."}, "issue_refund")
+            for c in contexts
+        ],
+        # A reply, or a refund call cut off by the token limit.
+        "live": [
+            calls_action({"content": '<tool_call>{"name": "issue_refund", "argu'}, "issue_refund") for _ in contexts
+        ],
+    }
+    summary = curve_summary(curve=curve, contexts=contexts, acts=acts, per_point=2)
+    assert summary["series"]["candidate"] == [[d, 1.0, 2] for d in days]
+    assert summary["statuses"]["candidate"] == {"shipped": [0.0, 2], "processing": [0.0, 2], "refunded": [0.0, 2]}
+    within = sum(1 for d in days if d <= REFUND_WINDOW_DAYS)
+    assert summary["agreement"]["candidate"]["count"] == 2 * within + 6
+    assert rule_step(summary["series"]["candidate"], REFUND_WINDOW_DAYS) == (1.0, 1.0)
+    assert summary["series"]["live"][0] == [0, 1.0, 2] and summary["rule"] == {"threshold": 30, "status": "delivered"}
+    assert desk.decision_contexts(tasks=[t for t in tasks if not t.hidden["graded"]], per_point=2) == []
