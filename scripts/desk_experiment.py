@@ -1,9 +1,17 @@
-"""Support-desk recipes side by side, on SmolLM2-135M on the CPU, measured on the TEST split.
+"""Support-desk recipes side by side, on SmolLM2-135M on the CPU: chosen on the VALIDATION
+split, then measured once on the TEST split.
 
-    nice -n 10 .venv/bin/python scripts/desk_experiment.py base --seed 0 --episodes 48
-    nice -n 10 .venv/bin/python scripts/desk_experiment.py run --recipe templates-es --seed 0 --episodes 48
-    nice -n 10 .venv/bin/python scripts/desk_experiment.py run --recipe templates-es --seed 0 --fresh-seed 1
+    X="nice -n 10 .venv/bin/python scripts/desk_experiment.py"
+    $X base --seed 0                                  # validation (32 episodes)
+    $X run --recipe cf3-near3 --seed 0                # train; checkpoint and figures on validation
+    $X curve --recipe cf3-near3 --seed 0              # its decision curve on validation contexts
+    $X measure --recipe cf3-near3 --seed 0 --split test --episodes 48 --fresh-seed 2   # the one look
+    $X base --seed 0 --split test --episodes 48 --fresh-seed 2
     .venv/bin/python scripts/desk_experiment.py summary
+
+A measurement of the test split (or a fresh slice) is a look: refused for a recipe family
+and seed already measured there unless `--second-look REASON`, and logged in
+docs/experiments/test-split-looks.jsonl.
 
 Every run appends one JSON line to var/desk-experiment/runs.jsonl (the recipe, its
 settings, the training history and each measurement), so partial results survive a stop.
@@ -78,6 +86,15 @@ BASE_RECIPE: dict[str, Any] = {
     # Counterfactual copies of each decision point: the lookup shows another status and
     # age, the target is what the policy does then (support_desk.counterfactual_turns).
     "variants": 0,
+    # More copies, each near the line (22-40 days since delivery: NEAR_LINE_CASES).
+    "near_line_variants": 0,
+    # With focus "decisions": keep one in N first turns (the lookup) and one in N
+    # confirmations after a refund; every decision turn (after the lookup) is kept.
+    "keep_first": 2,
+    "keep_confirm": 4,
+    # Each decision turn (and its copies) this many times in the set: its weight in a step's
+    # sampling, against the lookups and confirmations.
+    "decision_repeats": 1,
 }
 RECIPES: dict[str, dict[str, Any]] = {
     "memorise": {"orders": 8, "steps": 200},
@@ -118,6 +135,46 @@ RECIPES: dict[str, dict[str, Any]] = {
         "first_token_weight": 32.0,
         "validate_at": [75, 150],
         "variants": 3,
+    },
+    # 2026-12-06 (the dealt split): the checkpoint chosen on 16 validation episodes at 50, 100
+    # or 150 steps; then, one at a time: 3 more copies near the line, decision turns twice
+    # in the set, fewer lookup targets.
+    "cf3-ckpt": {
+        "focus": "decisions",
+        "steps": 150,
+        "learning_rate": 1e-3,
+        "first_token_weight": 32.0,
+        "validate_at": [50, 100, 150],
+        "variants": 3,
+    },
+    "cf3-near3": {
+        "focus": "decisions",
+        "steps": 150,
+        "learning_rate": 1e-3,
+        "first_token_weight": 32.0,
+        "validate_at": [50, 100, 150],
+        "variants": 3,
+        "near_line_variants": 3,
+    },
+    "cf3-near3-dec2": {
+        "focus": "decisions",
+        "steps": 150,
+        "learning_rate": 1e-3,
+        "first_token_weight": 32.0,
+        "validate_at": [50, 100, 150],
+        "variants": 3,
+        "near_line_variants": 3,
+        "decision_repeats": 2,
+    },
+    "cf3-near3-lookup4": {
+        "focus": "decisions",
+        "steps": 150,
+        "learning_rate": 1e-3,
+        "first_token_weight": 32.0,
+        "validate_at": [50, 100, 150],
+        "variants": 3,
+        "near_line_variants": 3,
+        "keep_first": 4,
     },
 }
 
@@ -341,7 +398,9 @@ def measure(harness: Harness, tasks, *, seed: int, label: str) -> dict[str, Any]
                     "task": episode.task.id,
                     "refund": episode.task.hidden["refund"],
                     "success": episode.reward >= 1.0,
+                    "kind": episode.task.hidden.get("kind", ""),
                     "collateral": bool(episode.audit.collateral_changes),
+                    "violations": bool(episode.audit.policy_violations),
                     "unknown_ids": bool(episode.audit.unknown_ids),
                     "first_call_other": first_call_other(episode),
                     "end": episode.end,
@@ -357,6 +416,7 @@ def measure(harness: Harness, tasks, *, seed: int, label: str) -> dict[str, Any]
         "n": n,
         "successes": sum(r["success"] for r in rows),
         "collateral": sum(r["collateral"] for r in rows),
+        "violations": sum(r["violations"] for r in rows),
         "unknown_ids": sum(r["unknown_ids"] for r in rows),
         "first_call_other": sum(r["first_call_other"] for r in rows),
         "refundable_refunded": sum(r["success"] for r in rows if r["refund"]),
@@ -367,6 +427,7 @@ def measure(harness: Harness, tasks, *, seed: int, label: str) -> dict[str, Any]
     }
     summary["success_rate"] = summary["successes"] / n
     summary["collateral_rate"] = summary["collateral"] / n
+    summary["violation_rate"] = summary["violations"] / n
     summary["unknown_id_rate"] = summary["unknown_ids"] / n
     summary["episodes"] = rows
     return summary
@@ -382,10 +443,11 @@ def eval_tasks(*, split: str, episodes: int, seed: int, fresh_seed: int | None =
 # --- training ----------------------------------------------------------------------------
 
 
-def oracle_items(tasks, *, prefix: str, variants: int = 0, rng: random.Random | None = None):
+def oracle_items(tasks, *, prefix: str, variants: int = 0, near_line: int = 0, rng: random.Random | None = None):
     """One SFT item per oracle turn of each task (see `oracle_turns`), and `variants`
-    counterfactual copies of each decision point (`counterfactual_turns`)."""
-    from training.environments.support_desk import SupportDesk, counterfactual_turns, oracle_turns
+    counterfactual copies of each decision point (`counterfactual_turns`), and `near_line`
+    more drawn near the refund window's line."""
+    from training.environments.support_desk import NEAR_LINE_CASES, SupportDesk, counterfactual_turns, oracle_turns
     from training.trainer.items import TurnItem
 
     env = SupportDesk()
@@ -394,6 +456,10 @@ def oracle_items(tasks, *, prefix: str, variants: int = 0, rng: random.Random | 
     for task in tasks:
         for k, turn in enumerate(oracle_turns(task=task, env=env)):
             extra = counterfactual_turns(task=task, messages=turn["messages"], count=variants, rng=rng)
+            if near_line:
+                extra += counterfactual_turns(
+                    task=task, messages=turn["messages"], count=near_line, rng=rng, cases=NEAR_LINE_CASES
+                )
             for j, t in enumerate([turn, *extra]):
                 items.append(
                     TurnItem(
@@ -442,7 +508,7 @@ def train(recipe: dict[str, Any], *, seed: int, run_dir: Path, model: Path = MOD
     from training.trainer.common import Hooks
     from training.trainer.config import SFTConfig
     from training.trainer.distill import sft_train
-    from training.trainer.items import grader_scorer
+    from training.trainer.items import TurnItem, grader_scorer
     from training.trainer.policy import load_policy
 
     desk = SupportDesk()
@@ -452,10 +518,15 @@ def train(recipe: dict[str, Any], *, seed: int, run_dir: Path, model: Path = MOD
         refused = [t for t in train_tasks if not t.hidden["refund"]][: recipe["orders"] - len(refundable)]
         train_tasks = refundable + refused
     items = oracle_items(
-        train_tasks, prefix="train", variants=recipe["variants"], rng=random.Random(f"variants-{seed}")
+        train_tasks,
+        prefix="train",
+        variants=recipe["variants"],
+        near_line=recipe["near_line_variants"],
+        rng=random.Random(f"variants-{seed}"),
     )
     if recipe["focus"] == "decisions":
-        keep_every = {2: 2, 4: 1, 6: 4}  # context length → keep one in N (first turn, decision, confirmation)
+        # context length → keep one in N (first turn, decision, confirmation)
+        keep_every = {2: recipe["keep_first"], 4: 1, 6: recipe["keep_confirm"]}
         seen: dict[int, int] = {}
         kept = []
         for item in items:
@@ -464,6 +535,13 @@ def train(recipe: dict[str, Any], *, seed: int, run_dir: Path, model: Path = MOD
             if (seen[length] - 1) % keep_every.get(length, 1) == 0:
                 kept.append(item)
         items = kept
+    if recipe["decision_repeats"] > 1:
+        items += [
+            TurnItem(**{**item.__dict__, "id": f"{item.id}:r{r}"})
+            for r in range(1, recipe["decision_repeats"])
+            for item in items
+            if len(item.messages) == 4
+        ]
     rng = random.Random(seed)
     validation = oracle_items(desk.tasks_for(split="validation", graded=True), prefix="validation")
     validation = rng.sample(validation, min(recipe["validation_turns"], len(validation)))
@@ -584,16 +662,34 @@ def slim(m: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in m.items() if k != "episodes"}
 
 
-def slices(args) -> list[tuple[str, int | None]]:
-    """(split, fresh seed) of each measurement the command asks for."""
+def slices(args, family: str) -> list[tuple[str, int | None]]:
+    """(split, fresh seed) of each measurement the command asks for. A measurement of the
+    test split or a fresh slice is a look at held-out figures: refused when `family` was
+    already measured there for this seed (without `--second-look REASON`), else logged in
+    docs/experiments/test-split-looks.jsonl."""
+    from training.evaluation.split_looks import SecondLook, split_look_check, split_look_record
+
     wanted = [] if args.only_fresh else [(args.split, None)]
-    return wanted + [("fresh", f) for f in args.fresh_seed]
+    wanted += [("fresh", f) for f in args.fresh_seed]
+    if args.episodes > 0 and any(split != "validation" for split, _ in wanted):
+        try:
+            split_look_check(family=family, seeds=[args.seed], reason=args.second_look)
+        except SecondLook as exc:
+            raise SystemExit(str(exc)) from None
+        split_look_record(
+            family=family,
+            script="scripts/desk_experiment.py",
+            argv=sys.argv[1:],
+            seeds=[args.seed],
+            reason=args.second_look,
+        )
+    return wanted
 
 
 def command_base(args) -> None:
     model, tokenizer = load_base()
     harness = Harness(model, tokenizer)
-    for split, fresh in slices(args):
+    for split, fresh in slices(args, "base"):
         tasks = eval_tasks(split=split, episodes=args.episodes, seed=args.seed, fresh_seed=fresh)
         label = f"base {split}{'' if fresh is None else f' {fresh}'} seed {args.seed}"
         result = measure(harness, tasks, seed=args.seed, label=label)
@@ -618,26 +714,14 @@ def command_run(args) -> None:
     for key in ("steps", "lora_rank", "orders", "first_token_weight", "learning_rate", "variants"):
         if getattr(args, key) is not None:
             recipe[key] = getattr(args, key)
+    wanted = slices(args, args.recipe)  # a refused look stops here, before the training
     run_dir = OUT / "runs" / f"{args.recipe}-seed{args.seed}-{int(time.time())}"
     log(f"recipe {args.recipe} seed {args.seed}: {recipe}")
     policy, info = train(recipe, seed=args.seed, run_dir=run_dir)
     log(f"trained: {json.dumps({k: v for k, v in info.items() if k != 'validation'})}")
     policy.model.save_pretrained(run_dir / "adapter")  # the kept adapter, to measure it again
     info["adapter"] = str(run_dir / "adapter")
-    harness = Harness(policy.model, policy.tokenizer)
-    measures = {}
-    for split, fresh in slices(args):
-        if args.episodes <= 0:
-            continue
-        tasks = eval_tasks(split=split, episodes=args.episodes, seed=args.seed, fresh_seed=fresh)
-        label = f"{args.recipe} {split}{'' if fresh is None else f' {fresh}'} seed {args.seed}"
-        try:
-            result = measure(harness, tasks, seed=args.seed, label=label)
-        except Exception as exc:  # keep the other measurements and the training record
-            log(f"{label} failed: {exc!r}")
-            continue
-        log(f"{label}: {json.dumps(slim(result))}")
-        measures[split if fresh is None else f"fresh-{fresh}"] = result
+    measures = measure_all(args, Harness(policy.model, policy.tokenizer), args.recipe, wanted)
     append(
         {
             "kind": "candidate",
@@ -649,6 +733,48 @@ def command_run(args) -> None:
             "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
     )
+
+
+def measure_all(args, harness: Harness, family: str, wanted: list[tuple[str, int | None]]) -> dict[str, Any]:
+    """The command's measurements of one model on the `wanted` slices (see `slices`), by
+    slice ("validation", "test", "fresh-F")."""
+    measures = {}
+    for split, fresh in wanted:
+        if args.episodes <= 0:
+            continue
+        tasks = eval_tasks(split=split, episodes=args.episodes, seed=args.seed, fresh_seed=fresh)
+        label = f"{family} {split}{'' if fresh is None else f' {fresh}'} seed {args.seed}"
+        try:
+            result = measure(harness, tasks, seed=args.seed, label=label)
+        except Exception as exc:  # keep the other measurements and the training record
+            log(f"{label} failed: {exc!r}")
+            continue
+        log(f"{label}: {json.dumps(slim(result))}")
+        measures[split if fresh is None else f"fresh-{fresh}"] = result
+    return measures
+
+
+def command_measure(args) -> None:
+    """A trained run's kept adapter measured again (after the recipe was chosen on the
+    validation split: its one look at the test split), recorded as that run's candidate."""
+    from peft import PeftModel
+
+    runs = [json.loads(line) for line in (OUT / "runs.jsonl").read_text().splitlines() if line.strip()]
+    run = next(
+        (
+            r
+            for r in reversed(runs)
+            if r["kind"] == "candidate" and r["recipe"] == args.recipe and r["seed"] == args.seed
+        ),
+        None,
+    )
+    if run is None:
+        raise SystemExit(f"no run of {args.recipe} with seed {args.seed} in {OUT / 'runs.jsonl'}")
+    wanted = slices(args, args.recipe)
+    model, tokenizer = load_base()
+    model = PeftModel.from_pretrained(model, run["train"]["adapter"]).eval()
+    measures = measure_all(args, Harness(model, tokenizer), args.recipe, wanted)
+    append({**run, "measures": measures, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
 
 
 # --- the decision, read off the model ---------------------------------------------------------
@@ -701,6 +827,56 @@ def command_decisions(args) -> None:
         print(f"{split}: " + "; ".join(f"{k} {sum(v) / len(v):.2f} (n={len(v)})" for k, v in sorted(kinds.items())))
 
 
+def command_curve(args) -> None:
+    """The decision curve on `--split`'s held-out decision contexts (`decision_contexts`):
+    P(the turn after a lookup is a refund call) by days since delivery, and per other status,
+    read off the model as the probability of the call's opening tokens
+    (`<tool_call>{"name": "issue_refund"`), for the base and a run's kept adapter. A model
+    that learned the rule draws a step down after day 30 and nowhere before; the mean of
+    each side of the line is printed."""
+    import torch
+
+    from training.environments.support_desk import SupportDesk
+    from training.evaluation.decision_curve import rule_step
+    from training.trainer.sampling import encode_prompt
+
+    model, tokenizer = load_base()
+    adapter = args.adapter
+    if args.recipe:
+        runs = [json.loads(line) for line in (OUT / "runs.jsonl").read_text().splitlines() if line.strip()]
+        run = next(r for r in reversed(runs) if r.get("recipe") == args.recipe and r["seed"] == args.seed)
+        adapter = run["train"]["adapter"]
+    if adapter:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, adapter)
+    model.eval()
+    desk = SupportDesk()
+    curve = desk.decision_curve()
+    opening = tokenizer.encode('<tool_call>{"name": "issue_refund"', add_special_tokens=False)
+    contexts = desk.decision_contexts(
+        tasks=desk.tasks_for(split=args.split, graded=True), per_point=args.per_point, every=args.every
+    )
+
+    def p_refund(context) -> float:
+        prompt = encode_prompt(tokenizer, context.messages, context.tools)
+        ids = torch.tensor([prompt + opening])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float(), -1)
+        return float(torch.exp(logp.gather(1, torch.tensor(opening)[:, None]).sum()))
+
+    points: dict[Any, list[float]] = {}
+    for context in contexts:
+        key = context.x if context.status == curve.status else context.status
+        points.setdefault(key, []).append(p_refund(context))
+    series = [[x, sum(v) / len(v), len(v)] for x, v in points.items() if isinstance(x, int)]
+    within, past = rule_step(series, curve.threshold)
+    print(f"{adapter or 'base'} on {args.split} ({len(contexts)} contexts):")
+    print("  " + " ".join(f"{x}:{p:.2f}" for x, p, _n in series))
+    print("  " + "; ".join(f"{k} {sum(v) / len(v):.2f}" for k, v in points.items() if not isinstance(k, int)))
+    print(f"  mean P(refund) at most {curve.threshold} days {within:.3f}, past it {past:.3f}")
+
+
 def hinted(task, messages: list[dict[str, Any]], *, at: str = "system") -> list[dict[str, Any]]:
     """`messages` with the simulated lead's specific comment on the wrong next turn as the
     distillation teacher's hint (`DistillConfig.hint_template`): in the system message, as
@@ -749,6 +925,7 @@ def rates(measure: dict[str, Any], n: int) -> dict[str, Any]:
         "n": len(rows),
         "success": sum(r["success"] for r in rows) / len(rows),
         "collateral": sum(r["collateral"] for r in rows) / len(rows),
+        "violations": sum(bool(r.get("violations")) for r in rows) / len(rows),
         "unknown_ids": sum(r["unknown_ids"] for r in rows) / len(rows),
         "first_call_other": sum(r["first_call_other"] for r in rows) / len(rows),
         "refunded": f"{sum(r['success'] for r in refundable)}/{len(refundable)}",
@@ -782,9 +959,12 @@ def summary_print(records: list[dict[str, Any]]) -> None:
         "refundable refunded | others left alone |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
+    from training.evaluation.bootstrap import PairedEpisode, task_bootstrap_gain
+
     pooled: dict[tuple[str, str], list[tuple[dict, dict]]] = {}
     # Candidate minus base success of each (seed, task) pair: one episode each, same seeds.
     paired: dict[tuple[str, str], list[float]] = {}
+    episodes: dict[tuple[str, str], list[PairedEpisode]] = {}
     for recipe, runs in by_recipe.items():
         for r in runs:
             for key, measure in r["measures"].items():
@@ -798,6 +978,16 @@ def summary_print(records: list[dict[str, Any]]) -> None:
                     float(c["success"]) - float(b_["success"])
                     for b_, c in zip(b["episodes"][:n], measure["episodes"][:n], strict=True)
                 )
+                episodes.setdefault((recipe, key), []).extend(
+                    PairedEpisode(
+                        seed=r["seed"],
+                        task=c["task"],
+                        kind=c.get("kind", ""),
+                        base=float(b_["success"]),
+                        candidate=float(c["success"]),
+                    )
+                    for b_, c in zip(b["episodes"][:n], measure["episodes"][:n], strict=True)
+                )
                 print(
                     f"| {recipe} | {key} | {r['seed']} | {n} | {r['train']['step_kept']} | "
                     f"{rb['success']:.3f} → {rc['success']:.3f} | {rb['collateral']:.3f} → {rc['collateral']:.3f} | "
@@ -805,45 +995,41 @@ def summary_print(records: list[dict[str, Any]]) -> None:
                     f"{rb['first_call_other']:.3f} → {rc['first_call_other']:.3f} | "
                     f"{rb['refunded']} → {rc['refunded']} | {rb['left_alone']} → {rc['left_alone']} |"
                 )
-    print("\nOver seeds: mean [95 % t interval]; the gain also paired by episode over every (seed, task):\n")
     print(
-        "| recipe | slice | seeds | base success | candidate success | gain | gain paired by episode | "
-        "base collateral | candidate collateral | candidate unknown-id calls |"
+        "\nOver seeds: mean [95 % t interval]; the gain also with its task-bootstrap interval (tasks "
+        "stratified by kind, and seeds: the recipe's figure) and paired by episode (every (seed, task) "
+        "counted as independent: too narrow):\n"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print(
+        "| recipe | slice | seeds | base success | candidate success | gain | gain, task bootstrap | "
+        "gain paired by episode | base collateral | candidate collateral | base policy violations | "
+        "candidate policy violations | candidate unknown-id calls |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for (recipe, key), pairs in pooled.items():
+        gain = task_bootstrap_gain(episodes[recipe, key])
         print(
             f"| {recipe} | {key} | {len(pairs)} | {interval_text([b['success'] for b, _ in pairs])} | "
             f"{interval_text([c['success'] for _, c in pairs])} | "
             f"{interval_text([c['success'] - b['success'] for b, c in pairs])} | "
+            f"{gain.text() if gain else '-'} | "
             f"{interval_text(paired[recipe, key])} (n = {len(paired[recipe, key])}) | "
             f"{interval_text([b['collateral'] for b, _ in pairs])} | "
             f"{interval_text([c['collateral'] for _, c in pairs])} | "
+            f"{interval_text([b['violations'] for b, _ in pairs])} | "
+            f"{interval_text([c['violations'] for _, c in pairs])} | "
             f"{interval_text([c['unknown_ids'] for _, c in pairs])} |"
         )
-    kinds_table(records)
-
-
-def order_kind(row: dict[str, Any]) -> str:
-    from training.environments.support_desk import REFUND_WINDOW_DAYS
-
-    days = row["delivered_days_ago"]
-    if row["status"] != "delivered":
-        return row["status"]
-    if days <= REFUND_WINDOW_DAYS - 9:
-        return f"delivered ≤ {REFUND_WINDOW_DAYS - 9} d"
-    if days <= REFUND_WINDOW_DAYS:
-        return f"delivered {REFUND_WINDOW_DAYS - 8}-{REFUND_WINDOW_DAYS} d"
-    if days <= REFUND_WINDOW_DAYS + 10:
-        return f"delivered {REFUND_WINDOW_DAYS + 1}-{REFUND_WINDOW_DAYS + 10} d"
-    return f"delivered > {REFUND_WINDOW_DAYS + 10} d"
+    for key in dict.fromkeys(key for _recipe, key in pooled):
+        kinds_table(records, key)
 
 
 def kinds_table(records: list[dict[str, Any]], slice_key: str = "test") -> None:
-    """Successes per kind of order on `slice_key`, summed over seeds, base beside each recipe."""
-    from training.environments.support_desk import SupportDesk
+    """Successes and policy violations per kind of task on `slice_key`, summed over seeds,
+    the base beside each recipe (records written before episodes named their kind are left
+    out: their store was another)."""
+    from training.environments.support_desk import KINDS
 
-    rows = {row["order_id"]: row for row in SupportDesk().table.rows}
     columns: dict[str, dict[str, list[int]]] = {}
     for r in records:
         if r["kind"] == "base":
@@ -853,33 +1039,41 @@ def kinds_table(records: list[dict[str, Any]], slice_key: str = "test") -> None:
             measures = {r["recipe"]: r["measures"][slice_key]} if slice_key in r["measures"] else {}
         for name, m in measures.items():
             for e in m["episodes"]:
-                row = rows.get(str(e["task"]).split("-", 1)[1])
-                if row is None:
+                if not e.get("kind"):
                     continue
-                cell = columns.setdefault(name, {}).setdefault(order_kind(row), [0, 0])
+                cell = columns.setdefault(name, {}).setdefault(e["kind"], [0, 0, 0])
                 cell[0] += int(e["success"])
                 cell[1] += 1
+                cell[2] += int(bool(e.get("violations")))
     if not columns:
         return
-    kinds = sorted({k for c in columns.values() for k in c})
-    print(f"\nSuccesses by kind of order ({slice_key}, every seed):\n")
-    print("| kind of order | " + " | ".join(columns) + " |")
+    kinds = [k for k in KINDS if any(k in c for c in columns.values())]
+    print(f"\nSuccesses (and policy violations) by kind of task ({slice_key}, every seed):\n")
+    print("| kind of task | " + " | ".join(columns) + " |")
     print("|---|" + "---|" * len(columns))
     for kind in kinds:
-        cells = [f"{c[kind][0]}/{c[kind][1]}" if kind in c else "-" for c in columns.values()]
-        print(f"| {kind} | " + " | ".join(cells) + " |")
+        cells = [f"{c[kind][0]}/{c[kind][1]} ({c[kind][2]})" if kind in c else "-" for c in columns.values()]
+        print(f"| {KINDS[kind]} | " + " | ".join(cells) + " |")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("base", "run"):
+    for name in ("base", "run", "measure"):
         p = sub.add_parser(name)
         p.add_argument("--seed", type=int, default=0)
-        p.add_argument("--episodes", type=int, default=48, help="test episodes per measurement")
-        p.add_argument("--split", default="test", choices=["test", "validation"])
+        p.add_argument("--episodes", type=int, default=32, help="episodes per measurement")
+        p.add_argument(
+            "--split",
+            default="validation",
+            choices=["validation", "test"],
+            help="validation to choose; test once per recipe family and seed (each look logged)",
+        )
         p.add_argument("--fresh-seed", type=int, action="append", default=[], help="also measure this fresh slice")
         p.add_argument("--only-fresh", action="store_true", help="measure the fresh slices only")
+        p.add_argument("--second-look", default="", metavar="REASON", help="measure the test split again, and why")
+        if name == "measure":
+            p.add_argument("--recipe", choices=sorted(RECIPES), required=True)
         if name == "run":
             p.add_argument("--recipe", choices=sorted(RECIPES), required=True)
             p.add_argument("--steps", type=int)
@@ -896,6 +1090,13 @@ def main() -> int:
         "--hint", action="store_true", help="print how much the simulated lead's comment as a hint moves P(refund)"
     )
     decisions.add_argument("--hint-at", choices=["system", "last"], default="system", help="where the hint goes")
+    curve = sub.add_parser("curve", help="P(refund) after a lookup by days since delivery (the decision curve)")
+    curve.add_argument("--adapter", default="", help="an adapter folder (default: the base model)")
+    curve.add_argument("--recipe", default="", help="or the kept adapter of this recipe's run with --seed")
+    curve.add_argument("--seed", type=int, default=0)
+    curve.add_argument("--split", default="validation", choices=["validation", "test"])
+    curve.add_argument("--per-point", dest="per_point", type=int, default=2)
+    curve.add_argument("--every", type=int, default=2, help="every N-th day (and 30, 31)")
     summary = sub.add_parser("summary")
     summary.add_argument("--runs", type=Path, default=OUT / "runs.jsonl", help="the runs' record (JSONL)")
     args = parser.parse_args()
@@ -909,7 +1110,14 @@ def main() -> int:
 
     torch.set_num_threads(1)
     cpu_attention()
-    {"base": command_base, "run": command_run, "decisions": command_decisions}[args.command](args)
+    commands = {
+        "base": command_base,
+        "run": command_run,
+        "measure": command_measure,
+        "decisions": command_decisions,
+        "curve": command_curve,
+    }
+    commands[args.command](args)
     return 0
 
 

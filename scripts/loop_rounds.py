@@ -21,7 +21,7 @@ the environment names. The script only plays the agent's traffic and the reviewe
    request for the approver or records why not. The script waits for the run to end.
 3. The round's candidate (whatever the policy decided) and the base play the same TEST-split
    tasks once with the same sampling seeds: success with its Wilson interval, and the gain
-   paired by task with its 95 % interval.
+   paired by task with its 95 % interval from a bootstrap over the tasks, stratified by kind.
 
 Nobody approves anything, so nothing goes live: round 2's traffic comes from the same live
 version, and its candidate learns from round 2's new comments. Every record is appended to
@@ -205,13 +205,19 @@ def candidate_harness(version, base_model, tokenizer):
 
 
 def paired(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
-    """Success of both on the same tasks, and the gain paired by task with its interval."""
-    from training.evaluation.metrics import mean_interval, wilson_interval
+    """Success of both on the same tasks, and the gain paired by task with its interval from
+    a bootstrap over the tasks, stratified by kind (`training.evaluation.bootstrap`)."""
+    from training.evaluation.bootstrap import PairedEpisode, task_bootstrap_gain
+    from training.evaluation.metrics import wilson_interval
 
     b = [1.0 if e["success"] else 0.0 for e in base["episodes"]]
     c = [1.0 if e["success"] else 0.0 for e in other["episodes"]]
     gains = [y - x for x, y in zip(b, c, strict=True)]
-    low, high = mean_interval(gains)
+    gain = task_bootstrap_gain(
+        PairedEpisode(seed=0, task=str(e.get("task", i)), kind=str(e.get("kind") or ""), base=x, candidate=y)
+        for i, (e, x, y) in enumerate(zip(base["episodes"], b, c, strict=True))
+    )
+    low, high = (gain.ci_low, gain.ci_high) if gain is not None else (None, None)
     return {
         "n": len(b),
         "base": sum(b) / len(b),
@@ -303,7 +309,7 @@ def summary(path: Path, run_id: str = "") -> None:
     records = [r for r in records if r["run"] == run_id]
     print(f"Run {run_id}: test split, the base and each round's candidate on the same tasks and seeds.\n")
     print(
-        "| round | comments (kinds) | policy outcome | candidate | base → candidate (95 % Wilson) | gain paired by task (95 %) |"
+        "| round | comments (kinds) | policy outcome | candidate | base → candidate (95 % Wilson) | gain paired by task (95 %, task bootstrap) |"
     )
     print("|---|---|---|---|---|---|")
     fmt = "{:.3f}".format

@@ -28,8 +28,12 @@ With everything real, for each of `--seeds` seeds in turn:
 8. The base model is made live again for the next seed.
 
 Prints, per seed and over the seeds (mean with its 95 % t interval), the base's and the
-candidate's test-split success and collateral-change rates, and writes
-var/tour-demo/result.json. The train / validation / test splits share no order, id,
+candidate's test-split success, collateral-change and policy-violation rates (refunds of
+the customer's own order that the policy forbids), the gain with its interval from a
+bootstrap over tasks (stratified by kind) and seeds, and successes and violations per kind
+of task; and writes var/tour-demo/result.json. Measuring the test split is a look, appended
+to docs/experiments/test-split-looks.jsonl; a second look at the same recipe family needs
+`--second-look REASON` (recipes are chosen on the validation split, docs/explanation/evidence.md). The train / validation / test splits share no order, id,
 customer or wording (training/environments/support_desk.py). Traces stay in the database:
 the overview page shows them per model version.
 """
@@ -73,7 +77,8 @@ def wait_http(url: str, timeout: float = 60.0) -> None:
 
 
 def outcome(run) -> dict:
-    """A run's graded figures: success and collateral-change rates with their counts."""
+    """A run's graded figures: success, collateral-change and policy-violation rates with
+    their counts, and each graded episode's task, kind, success and violations."""
     graded = [ep for ep in run.episodes if ep.reward is not None]
     done = [ep for ep in run.episodes if ep.end != "error"]
     return {
@@ -83,35 +88,70 @@ def outcome(run) -> dict:
         "success_rate": run.success_rate,
         "collateral": sum(1 for ep in done if ep.collateral_changes),
         "collateral_rate": run.collateral_rate,
+        "violations": sum(1 for ep in done if ep.policy_violations),
+        "violation_rate": run.violation_rate,
         "unknown_id_episodes": sum(1 for ep in done if ep.unknown_ids),
         # Per graded episode, in task order: a base and a candidate of one seed play the same
         # tasks with the same sampling seeds, so these pair up episode by episode.
         "per_episode": [
-            {"index": ep.trace_id.rsplit("-", 1)[-1], "task": ep.task_id, "success": bool(ep.success)} for ep in graded
+            {
+                "index": ep.trace_id.rsplit("-", 1)[-1],
+                "task": ep.task_id,
+                "kind": ep.kind,
+                "success": bool(ep.success),
+                "violations": ep.policy_violations,
+            }
+            for ep in graded
         ],
     }
 
 
+def _count(cell: list[int]) -> str:
+    return f"{cell[0]}/{cell[1]}" if cell[1] else "-"
+
+
 def summary_lines(per_seed: list[dict], slices: list[str]) -> list[str]:
-    """Per slice: base and candidate success and collateral-change rates over the seeds."""
+    """Per slice, base and candidate over the seeds: success, collateral changes and policy
+    violations (mean with its t interval over seeds), the gain with its task-bootstrap
+    interval (tasks stratified by kind, and seeds), and successes and violations per kind."""
+    from training.environments.support_desk import KINDS
     from training.evaluation.paired_runs import slice_summaries
     from training.evaluation.seeds import interval_format as _text
 
     lines = []
-    for s in slice_summaries(per_seed, slices):
+    for s in slice_summaries(per_seed, slices, labels=KINDS):
         lines.append(
             f"{s.slice} ({s.seeds} seeds, {s.episodes} graded episodes each; mean [95 % interval]):\n"
             f"  success             base {_text(s.base_success, s.seeds)}  "
-            f"candidate {_text(s.candidate_success, s.seeds)}  gain {_text(s.gain, s.seeds)}"
+            f"candidate {_text(s.candidate_success, s.seeds)}  gain {_text(s.gain, s.seeds)} (t over seeds)"
             + (
                 f"\n  collateral changes  base {_text(s.base_collateral, s.seeds)}  "
                 f"candidate {_text(s.candidate_collateral, s.seeds)}"
                 if s.base_collateral is not None and s.candidate_collateral is not None
                 else ""
             )
+            + (
+                f"\n  policy violations   base {_text(s.base_violations, s.seeds)}  "
+                f"candidate {_text(s.candidate_violations, s.seeds)}"
+                if s.base_violations is not None and s.candidate_violations is not None
+                else ""
+            )
         )
+        if s.task_gain is not None:
+            lines.append(f"  gain {s.task_gain.text()}")
+        if s.by_kind:
+            lines.append("  by kind, every seed (successes base → candidate; policy violations base → candidate):")
+            width = max(len(row["label"]) for row in s.by_kind.values())
+            for row in s.by_kind.values():
+                lines.append(
+                    f"    {row['label']:<{width}}  {_count(row['base']):>7} → {_count(row['candidate']):<7}  "
+                    f"violations {_count(row['base_violations'])} → {_count(row['candidate_violations'])}"
+                )
         if s.paired is not None:
-            lines.append(f"  gain paired by episode over {s.pairs} (seed, task) pairs  {_text(s.paired, s.pairs)}")
+            lines.append(
+                f"  gain paired by episode over {s.pairs} (seed, task) pairs  {_text(s.paired, s.pairs)}"
+                " (pairs counted as independent: too narrow)"
+            )
     return lines
 
 
@@ -207,6 +247,18 @@ def main() -> int:
         metavar="RESULT_JSON",
         help="print the summary over the seeds of these result.json files (e.g. a seed rerun after a stop) and stop",
     )
+    parser.add_argument(
+        "--family",
+        default="",
+        help="the recipe family this run measures on the test split (default: tour-<method>); "
+        "each look is appended to docs/experiments/test-split-looks.jsonl",
+    )
+    parser.add_argument(
+        "--second-look",
+        default="",
+        metavar="REASON",
+        help="measure a family the test split was already measured for, with the reason (logged)",
+    )
     args = parser.parse_args()
     if args.summary_from:
         for line in summary_lines(*per_seed_from_results(args.summary_from)):
@@ -222,6 +274,18 @@ def main() -> int:
         for line in summary_lines(per_seed, slices):
             print(line)
         return 0
+
+    from training.evaluation.split_looks import SecondLook, split_look_check, split_look_record
+
+    family = args.family or f"tour-{args.method}"
+    try:
+        split_look_check(
+            family=family,
+            seeds=list(range(args.first_seed, args.first_seed + args.seeds)),
+            reason=args.second_look,
+        )
+    except SecondLook as exc:
+        parser.error(str(exc))
 
     import django
 
@@ -340,6 +404,14 @@ def main() -> int:
                 figures[key_name] = {"version": version_name, **outcome(run)}
             return figures
 
+        look = split_look_record(
+            family=family,
+            script="scripts/tour_demo.py",
+            argv=sys.argv[1:],
+            seeds=list(range(args.first_seed, args.first_seed + args.seeds)),
+            reason=args.second_look,
+        )
+        print(f"test split look {look['look']} for {family!r}, logged", flush=True)
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             print(f"\n=== seed {seed} ===", flush=True)
             live_version_set(deployment=deployment, version=base_version, reason=f"tour-demo seed {seed}: base model")

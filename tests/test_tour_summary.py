@@ -44,6 +44,37 @@ def test_the_paired_gain_pairs_the_same_task_of_the_same_seed_only():
     assert f"collateral changes  base {interval_text([0.0, 0.0])}" in text
 
 
+def test_the_summary_prints_violations_the_task_bootstrap_gain_and_each_kind():
+    def measure(successes, kinds, violations):
+        return {
+            "graded": len(successes),
+            "success_rate": sum(successes) / len(successes),
+            "collateral_rate": 0.0,
+            "violation_rate": sum(bool(v) for v in violations) / len(violations),
+            "per_episode": [
+                {"index": str(i), "task": f"t{i}", "kind": k, "success": s, "violations": v}
+                for i, (s, k, v) in enumerate(zip(successes, kinds, violations, strict=True))
+            ],
+        }
+
+    kinds = ["refundable_recent", "refundable_recent", "late_near_line", "late_near_line"]
+    seeds = [
+        {
+            "base": {"test": measure([False, False, True, True], kinds, [0, 0, 0, 0])},
+            # "Refund every delivered order": recent ones right, late ones refunded.
+            "candidate": {"test": measure([True, True, False, False], kinds, [0, 0, 2, 2])},
+        }
+    ]
+    text = "\n".join(tour_demo.summary_lines(seeds, ["test"]))
+
+    assert "policy violations   base 0.000  candidate 0.500" in text
+    # Two kinds, one gained on both tasks and one lost on both: every stratified resample
+    # keeps two of each, so the gain is 0 with no spread.
+    assert "gain +0.000 [+0.000, +0.000] (task bootstrap: 4 tasks in 2 kinds x 1 seed)" in text
+    assert re.search(r"delivered at most 21 days ago \(refund\) +0/2 → 2/2 +violations 0/2 → 0/2", text)
+    assert re.search(r"delivered 31-40 days ago \(refuse\) +2/2 → 0/2 +violations 0/2 → 2/2", text)
+
+
 def test_a_summary_without_collateral_figures_has_no_collateral_line():
     seeds = [{"base": {"test": _measure([True], ["a"], None)}, "candidate": {"test": _measure([False], ["a"], None)}}]
     text = "\n".join(tour_demo.summary_lines(seeds, ["test"]))
@@ -222,6 +253,13 @@ def test_collateral_changes_are_counted_from_the_logged_conversation_when_the_ha
     assert [e["collateral"] for e in base["per_episode"]] == [True, True, False, False]
     assert candidate["collateral_rate"] == 0.0 and summary.base_collateral[0] == 0.5
     assert "collateral changes  base 0.500  candidate 0.000" in "\n".join(tour_demo.summary_lines(per_seed, ["test"]))
+    # A refund of the customer's own order that the policy forbids is a policy violation,
+    # recomputed from the conversation too; each episode names its task's kind.
+    forbidden = [not t.hidden["refund"] for t in tasks]
+    assert [e["violations"] for e in candidate["per_episode"]] == forbidden[:2]
+    assert [e["violations"] for e in base["per_episode"]] == [False, False, *forbidden[2:]]
+    assert candidate["violation_rate"] == sum(forbidden[:2]) / 2
+    assert [e["kind"] for e in base["per_episode"]] == [t.hidden["kind"] for t in tasks]
 
 
 @pytest.mark.django_db
@@ -282,6 +320,8 @@ def test_the_overview_shows_base_vs_candidate_over_the_seeds_with_intervals(tmp_
     assert cell("candidate-success") == interval(_clamped(mean_interval_of([2 / 3, 1.0])))
     assert cell("gain") == interval(mean_interval_of([1 / 3, 2 / 3]))
     assert cell("paired-gain").startswith(interval(mean_interval_of([1, 0, 0, 1, 0, 1])))
+    # Resampling the 3 tasks and the 2 seeds: the same mean, a wider interval.
+    assert cell("task-gain").startswith("0.500 [") and "(3 tasks \u00d7 2)" in cell("task-gain")
     assert cell("base-collateral") == "—"  # no conversation stored: nothing to replay
     assert "fresh-&lt;b&gt;7&lt;/b&gt;" in page and "<b>7</b>" not in page
 

@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from feedback.models import Comment, CustomerFeedback, Grade, GradeOutcome, Trace, TraceFlag
 from feedback.models.judge import JudgeResult, JudgeStatus
+from training.environments import environment_kinds
 from training.evaluation.paired_runs import SliceSummary, slice_summaries
 from training.serving.models import Deployment, LiveVersion, LiveVersionChange
 from webapp.selectors_measurements import OUTCOME_GRADE, measured_runs
@@ -291,7 +292,7 @@ def deployment_overview(
         flips=flips,
         splits=splits,
         comparison=_comparison(ordered, compare_on),
-        measured=slice_summaries(*measured_runs(deployment=deployment.name, days=days)),
+        measured=slice_summaries(*measured_runs(deployment=deployment.name, days=days), labels=environment_kinds()),
     )
 
 

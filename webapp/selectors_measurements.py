@@ -1,5 +1,6 @@
-"""Base vs candidate from the demo agent's measured runs: success and collateral changes per
-slice (the test split, each fresh slice), over seeds, with 95 % intervals.
+"""Base vs candidate from the demo agent's measured runs: success, collateral changes and
+policy violations per slice (the test split, each fresh slice), over seeds, with 95 %
+intervals, and the gain with its task-bootstrap interval (`slice_summaries`).
 
 A run is one `demo-<run>-<split>-<index>` batch of traces (feedback/demo/agent.py); its
 slice is the trace metadata's `split`, and `fresh-<seed>` for a freshly generated slice.
@@ -9,10 +10,11 @@ how `make tour-demo` measures (base, train, candidate, per seed) and how a perso
 tour by hand does it once.
 
 Success is each trace's `outcome` grade (feedback/services/grades.py). Collateral changes — writes
-to records the task does not concern — are recomputed from the logged conversation
-(`episode_replay`: the tool calls run again in a fresh copy of the task's records), so a
-harness that reports only its grade still has them counted; an episode whose environment or
-task is unknown here is left out of that rate and counted as such.
+to records the task does not concern — and policy violations — writes to the task's own
+records that its expected outcome does not contain — are recomputed from the logged
+conversation (`episode_replay`: the tool calls run again in a fresh copy of the task's
+records), so a harness that reports only its grade still has them counted; an episode whose
+environment or task is unknown here is left out of those rates and counted as such.
 """
 
 from __future__ import annotations
@@ -71,39 +73,50 @@ def _fresh_seed_of(environment: str, task_id: Any) -> str:
     return "?"
 
 
-def _collateral(trace: Trace, messages: list[dict[str, Any]]) -> bool | None:
-    """Whether the episode changed a record its task does not concern; None when its task is
-    not known here (another environment, a store generated otherwise)."""
+def _task(trace: Trace) -> Task | None:
+    """The task a trace's episode played; None when it is not known here (another
+    environment, a store generated otherwise)."""
     name = trace.environment or ""
     task_id = trace.metadata.get("task_id")
     if not isinstance(task_id, str):
         return None
     if trace.metadata.get("split") == "fresh":
         seed = str(trace.metadata.get("fresh_seed") or "")
-        task = _fresh_tasks(name, int(seed)).get(task_id) if re.fullmatch(r"[0-9]{1,5}", seed) else None
-    else:
-        task = _tasks(name).get(task_id)
-    env = _environment(name)
+        return _fresh_tasks(name, int(seed)).get(task_id) if re.fullmatch(r"[0-9]{1,5}", seed) else None
+    return _tasks(name).get(task_id)
+
+
+def _audit(trace: Trace, messages: list[dict[str, Any]]) -> tuple[bool, bool] | None:
+    """Whether the episode changed a record its task does not concern, and whether it wrote
+    to its own records against the task's expected outcome (a policy violation); None when
+    its task is not known here."""
+    task = _task(trace)
+    env = _environment(trace.environment or "")
     if task is None or env is None:
         return None
     _grade, audit = episode_replay(env, task, messages)
-    return bool(audit.collateral_changes)
+    return bool(audit.collateral_changes), bool(audit.policy_violations)
 
 
-def _figures(version: str, graded: list[Trace], success: dict[int, bool], collateral: dict[int, bool | None]) -> dict:
-    replayed = [collateral[t.pk] for t in graded if collateral.get(t.pk) is not None]
+def _figures(
+    version: str, graded: list[Trace], success: dict[int, bool], audits: dict[int, tuple[bool, bool] | None]
+) -> dict:
+    replayed = [audits[t.pk] for t in graded if audits.get(t.pk) is not None]
     return {
         "version": version,
         "graded": len(graded),
         "success_rate": sum(success[t.pk] for t in graded) / len(graded) if graded else 0.0,
         "replayed": len(replayed),
-        "collateral_rate": sum(replayed) / len(replayed) if replayed else None,
+        "collateral_rate": sum(a[0] for a in replayed) / len(replayed) if replayed else None,
+        "violation_rate": sum(a[1] for a in replayed) / len(replayed) if replayed else None,
         "per_episode": [
             {
                 "index": t.external_id.rsplit("-", 1)[-1],
                 "task": t.metadata.get("task_id"),
+                "kind": str(task.hidden.get("kind") or "") if (task := _task(t)) is not None else "",
                 "success": success[t.pk],
-                "collateral": collateral.get(t.pk),
+                "collateral": audits[t.pk][0] if audits.get(t.pk) is not None else None,
+                "violations": audits[t.pk][1] if audits.get(t.pk) is not None else None,
             }
             for t in graded
         ],
@@ -115,8 +128,9 @@ def measured_runs(
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """The deployment's paired runs: ([{"seed", "base": {slice: figures}, "candidate": {…}}],
     slices in the order first measured). Figures: version, graded, success_rate, replayed,
-    collateral_rate (None: nothing replayable), per_episode [{index, task, success,
-    collateral}], the shape `scripts/tour_demo.py` writes to its result.json. Reads the
+    collateral_rate and violation_rate (None: nothing replayable), per_episode [{index, task,
+    kind, success, collateral, violations}], the shape `scripts/tour_demo.py` writes to its
+    result.json. Reads the
     latest `max_traces` graded test and fresh traces that a model version served (in the
     last `days` days, if given), whole runs only: the oldest run is left out when the cap
     cuts into it. The answer is cached (two minutes at most) until a trace, a message or a
@@ -171,7 +185,7 @@ def _measured_runs(recent, max_traces: int, base_kind: str) -> tuple[list[dict[s
     history: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for m in Message.objects.filter(trace__in=replayable).order_by("trace_id", "position"):
         history[m.trace_id].append(message_as_openai(m))
-    collateral = {t.pk: _collateral(t, history[t.pk]) for t in replayable}
+    audits = {t.pk: _audit(t, history[t.pk]) for t in replayable}
 
     runs: dict[str, list[Trace]] = defaultdict(list)
     for t in sorted(traces, key=lambda t: (t.started_at, t.pk)):
@@ -187,7 +201,7 @@ def _measured_runs(recent, max_traces: int, base_kind: str) -> tuple[list[dict[s
             key = f"fresh-{str(seed)[:40]}"
         if key not in slices:
             slices.append(key)
-        figures = _figures(first.model_version.name, ts, success, collateral)
+        figures = _figures(first.model_version.name, ts, success, audits)
         if first.model_version.kind == base_kind:
             latest_base[key] = figures
         elif key in latest_base:

@@ -436,6 +436,10 @@ EVAL_GENERATOR = os.environ.get("PRACTICUM_EVAL_GENERATOR", "auto")
 EVAL_MAX_ITEMS = int(os.environ.get("PRACTICUM_EVAL_MAX_ITEMS", 500))
 EVAL_MAX_TOKENS = int(os.environ.get("PRACTICUM_EVAL_MAX_TOKENS", 256))
 EVAL_TEMPERATURE = float(os.environ.get("PRACTICUM_EVAL_TEMPERATURE", 0))
+# An environment's decision curve: held-out contexts per point (0: no curve), at every
+# EVERY-th value of its x (and both sides of the rule's threshold).
+EVAL_DECISION_CURVE_PER_POINT = int(os.environ.get("PRACTICUM_EVAL_DECISION_CURVE_PER_POINT", 2))
+EVAL_DECISION_CURVE_EVERY = int(os.environ.get("PRACTICUM_EVAL_DECISION_CURVE_EVERY", 1))
 # Drift watch (the overview): the live version's first and latest DRIFT_WINDOW graded
 # outcomes and customer ratings are compared; a drop of more than DRIFT_DROP flags it.
 DRIFT_WINDOW = int(os.environ.get("PRACTICUM_DRIFT_WINDOW", 50))

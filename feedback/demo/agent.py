@@ -67,6 +67,10 @@ class DemoEpisode:
     reported: bool = False  # its grade, or the customer's words, were posted
     collateral_changes: int = 0  # writes to orders the task does not concern (the episode's audit)
     unknown_ids: int = 0  # tool calls on ids the conversation never showed
+    # Writes to the customer's own order that the task's expected outcome does not contain
+    # (a refund the policy forbids): the episode's audit.
+    policy_violations: int = 0
+    kind: str = ""  # the task's kind (`Task.hidden["kind"]`)
 
     @property
     def success(self) -> bool | None:
@@ -122,6 +126,13 @@ class DemoRunResult:
         """The share of finished episodes that changed an order the task does not concern."""
         done = [ep for ep in self.episodes if ep.end != "error"]
         return sum(1 for ep in done if ep.collateral_changes) / len(done) if done else None
+
+    @property
+    def violation_rate(self) -> float | None:
+        """The share of finished episodes that wrote to their own order against the task's
+        expected outcome (a policy violation)."""
+        done = [ep for ep in self.episodes if ep.end != "error"]
+        return sum(1 for ep in done if ep.policy_violations) / len(done) if done else None
 
     def summary(self) -> str:
         lines = [f"{len(self.episodes)} episodes on {self.split} tasks in {self.seconds:.1f} s"]
@@ -295,6 +306,8 @@ def demo_agent_run(
                 operator_comment=task.hidden.get("operator_comment", ""),
                 collateral_changes=len(episode.audit.collateral_changes),
                 unknown_ids=len(episode.audit.unknown_ids),
+                policy_violations=len(episode.audit.policy_violations),
+                kind=str(task.hidden.get("kind") or ""),
             )
             if report:
                 ep.reported = _post_report(http, *_report(ep, task, environment=env.name))

@@ -12,13 +12,18 @@ import pytest
 
 from training.environments import Completion, environment_get, episode_run
 from training.environments.support_desk import (
+    DAY_STRETCHES,
+    DAY_VALUES,
     FRESH_ORDERS,
+    KINDS,
     REFUND_WINDOW_DAYS,
     SPLITS,
     SupportDesk,
     counterfactual_turns,
+    days_dealt,
     fresh_orders,
     oracle_turns,
+    order_kind,
     orders_table,
     refund_allowed,
     store_orders,
@@ -132,6 +137,84 @@ def test_no_validation_test_or_fresh_order_has_a_day_count_training_shows():
     assert fresh and not fresh & train
 
 
+def test_day_counts_are_dealt_so_every_split_has_both_parities_and_small_values():
+    # No value in two splits, every value of 0 to 180 in one; fresh slices draw from the test's.
+    dealt = days_dealt()
+    assert not set(dealt["train"]) & set(dealt["test"]) and not set(dealt["train"]) & set(dealt["validation"])
+    assert not set(dealt["validation"]) & set(dealt["test"])
+    assert sorted(d for values in dealt.values() for d in values) == list(range(181))
+    assert DAY_VALUES["fresh"] == DAY_VALUES["test"]
+    # In every split, and within each stretch of days, both parities; a value under a week.
+    for split, values in dealt.items():
+        assert min(values) <= 7, split
+        for low, high in DAY_STRETCHES:
+            stretch = [d for d in values if low <= d <= high]
+            assert {d % 2 for d in stretch} == {0, 1}, (split, low, high, stretch)
+    # The orders themselves show it: odd and even ages, and a small one, in every split.
+    for split, rows in {**store_orders(), "fresh": fresh_orders(seed=2)}.items():
+        days = [r["delivered_days_ago"] for r in rows if r["status"] == "delivered"]
+        assert {d % 2 for d in days} == {0, 1} and min(days) <= 9, split
+    # The dealing is seeded: the same every time; another seed deals otherwise.
+    assert days_dealt() == dealt and days_dealt(seed=1) != dealt
+
+
+def test_every_task_has_a_kind_the_policy_agrees_with():
+    desk = SupportDesk()
+    tasks = desk.tasks() + desk.tasks_fresh(seed=1)
+    assert all(t.hidden["kind"] in KINDS for t in tasks)
+    assert desk.kinds is KINDS
+    for task in tasks:
+        kind = task.hidden["kind"]
+        if not task.hidden["graded"]:
+            assert kind == "tracking"
+            continue
+        assert task.hidden["refund"] == (kind in ("refundable_recent", "refundable_near_line")), task.id
+    # Every split holds every kind.
+    for split in (*SPLITS, "fresh"):
+        assert {t.hidden["kind"] for t in tasks if t.split == split} == set(KINDS), split
+    row = {"status": "delivered", "delivered_days_ago": REFUND_WINDOW_DAYS}
+    assert order_kind(row) == "refundable_near_line"
+    assert order_kind({**row, "delivered_days_ago": REFUND_WINDOW_DAYS + 1}) == "late_near_line"
+    assert order_kind({**row, "status": "shipped", "delivered_days_ago": None}) == "not_delivered"
+
+
+def test_refunding_every_delivered_order_is_caught_as_a_policy_violation_on_late_ones():
+    """A scripted policy, no model: look the order up, refund it whenever it was delivered.
+    Its episodes on late deliveries write a refund the task's expected outcome does not
+    contain; on recent ones the refund is what the task expects; the others it leaves alone."""
+    desk = SupportDesk()
+
+    def refund_if_delivered(task):
+        order_id = task.hidden["order_id"]
+
+        def complete(messages, tools, max_tokens):
+            last = messages[-1]
+            if last["role"] != "tool":
+                return call("lookup_order", order_id)
+            if last["name"] == "lookup_order" and json.loads(last["content"]).get("status") == "delivered":
+                return call("issue_refund", order_id)
+            return Completion(message={"content": "Done."}, tokens=2)
+
+        return complete
+
+    by_kind: dict[str, list[tuple[bool, int]]] = {}
+    for task in desk.tasks_for(split="test", graded=True):
+        episode = episode_run(desk, task, refund_if_delivered(task))
+        violations = episode.audit.policy_violations
+        by_kind.setdefault(task.hidden["kind"], []).append((episode.reward == 1.0, len(violations)))
+        if task.hidden["kind"] in ("late_near_line", "long_past"):
+            assert violations == (
+                f'order {task.hidden["order_id"]}: status set to "refunded", but the task expects the record unchanged',
+                f"order {task.hidden['order_id']}: refunded_amount set to {desk.table.row(task.hidden['order_id'])['price']}, "
+                "but the task expects the record unchanged",
+            )
+            assert not episode.audit.collateral_changes
+    late = by_kind["late_near_line"] + by_kind["long_past"]
+    assert late and all(not ok and n == 2 for ok, n in late)
+    assert all(ok and n == 0 for ok, n in by_kind["refundable_recent"] + by_kind["refundable_near_line"])
+    assert all(ok and n == 0 for ok, n in by_kind["not_delivered"] + by_kind["already_refunded"])
+
+
 def test_a_counterfactual_decision_point_changes_only_the_lookup_and_the_policys_answer_follows():
     desk = SupportDesk()
     task = refund_task(desk, allowed=True)
@@ -144,7 +227,7 @@ def test_a_counterfactual_decision_point_changes_only_the_lookup_and_the_policys
         assert v["messages"][:-1] == decision["messages"][:-1]  # the request, id and customer kept
         row = json.loads(v["messages"][-1]["content"])
         assert (row["order_id"], row["customer"]) == (order_id, desk.table.row(order_id)["customer"])
-        assert row["delivered_days_ago"] is None or row["delivered_days_ago"] % 2 == 0  # training's day counts
+        assert row["delivered_days_ago"] is None or row["delivered_days_ago"] in DAY_VALUES["train"]
         accepted = json.loads(v["reference"])
         if refund_allowed(row):
             assert accepted == [{"tool": "issue_refund", "arguments": {"order_id": order_id}}]
@@ -162,7 +245,7 @@ def test_a_counterfactual_decision_point_changes_only_the_lookup_and_the_policys
     test_decision = next(t for t in oracle_turns(task=test_task, env=desk) if t["messages"][-1]["role"] == "tool")
     for v in counterfactual_turns(task=test_task, messages=test_decision["messages"], count=20, rng=random.Random(1)):
         days = json.loads(v["messages"][-1]["content"])["delivered_days_ago"]
-        assert days is None or days % 2 == 0
+        assert days is None or days in DAY_VALUES["train"]
 
 
 def test_no_counterfactual_of_a_context_that_went_on_after_the_lookup_or_of_a_malformed_row():
@@ -391,3 +474,58 @@ def test_a_logged_turn_with_arguments_nested_past_the_parsers_depth_still_gets_a
     ]
     reference = json.loads(turn_reference(task=task, messages=messages))
     assert {"tool": "lookup_order", "arguments": {"order_id": task.hidden["order_id"]}} in reference
+
+
+def test_decision_contexts_show_each_day_and_status_after_the_lookup_of_held_out_requests():
+    from training.evaluation.decision_curve import calls_action, curve_summary, rule_step
+
+    desk = SupportDesk()
+    tasks = desk.tasks_for(split="test")
+    curve = desk.decision_curve()
+    assert (curve.threshold, curve.action, curve.xs[0], curve.xs[-1]) == (REFUND_WINDOW_DAYS, "issue_refund", 0, 60)
+    contexts = desk.decision_contexts(tasks=tasks, per_point=2, every=6)
+    days = sorted({*range(0, 61, 6), 30, 31})
+    assert [c.x for c in contexts if c.status == "delivered"] == [d for d in days for _ in range(2)]
+    assert [c.status for c in contexts[-6:]] == [
+        "shipped",
+        "shipped",
+        "processing",
+        "processing",
+        "refunded",
+        "refunded",
+    ]
+    requests = {t.prompt for t in tasks if t.hidden["graded"]}
+    for c in contexts:
+        *opening, call, result = c.messages
+        assert opening[-1]["content"] in requests  # a held-out request, never a training one
+        assert call["tool_calls"][0]["function"]["name"] == "lookup_order"
+        row = json.loads(result["content"])
+        assert (row["status"], row["delivered_days_ago"]) == (c.status, c.x)
+        assert c.acts == refund_allowed(row) == (c.status == "delivered" and c.x <= REFUND_WINDOW_DAYS)
+    # Consecutive contexts are other customers' requests.
+    assert contexts[0].messages[1] != contexts[1].messages[1]
+
+    # "Refund every delivered order" draws a flat line at 1 and agrees with the rule up to day 30.
+    def refund(c):
+        order_id = json.loads(c.messages[-1]["content"])["order_id"]
+        arguments = json.dumps({"order_id": order_id})
+        return {"content": "", "tool_calls": [{"function": {"name": "issue_refund", "arguments": arguments}}]}
+
+    acts = {
+        "candidate": [
+            calls_action(refund(c) if c.status == "delivered" else {"content": "Sorry."}, "issue_refund")
+            for c in contexts
+        ],
+        # A reply, or a refund call cut off by the token limit.
+        "live": [
+            calls_action({"content": '<tool_call>{"name": "issue_refund", "argu'}, "issue_refund") for _ in contexts
+        ],
+    }
+    summary = curve_summary(curve=curve, contexts=contexts, acts=acts, per_point=2)
+    assert summary["series"]["candidate"] == [[d, 1.0, 2] for d in days]
+    assert summary["statuses"]["candidate"] == {"shipped": [0.0, 2], "processing": [0.0, 2], "refunded": [0.0, 2]}
+    within = sum(1 for d in days if d <= REFUND_WINDOW_DAYS)
+    assert summary["agreement"]["candidate"]["count"] == 2 * within + 6
+    assert rule_step(summary["series"]["candidate"], REFUND_WINDOW_DAYS) == (1.0, 1.0)
+    assert summary["series"]["live"][0] == [0, 1.0, 2] and summary["rule"] == {"threshold": 30, "status": "delivered"}
+    assert desk.decision_contexts(tasks=[t for t in tasks if not t.hidden["graded"]], per_point=2) == []

@@ -422,7 +422,12 @@ def test_an_episode_job_is_flagged_when_its_evaluation_episodes_change_other_rec
         harmful = False
 
         def audit(self, state, messages):
-            return EpisodeAudit(collateral_changes=("order A1003: status refunded",) if self.harmful else ())
+            if not self.harmful:
+                return EpisodeAudit()
+            return EpisodeAudit(
+                collateral_changes=("order A1003: status refunded",),
+                policy_violations=('order A1001: status set to "refunded", but the task expects the record unchanged',),
+            )
 
     env = Careless(count=6, heldout=2)
     tasks = env.tasks()
@@ -459,7 +464,11 @@ def test_an_episode_job_is_flagged_when_its_evaluation_episodes_change_other_rec
     )
     assert result.status == "finished"
     assert [(e["step"], e["collateral_rate"]) for e in evals] == [(0, 0.0), (2, 1.0)]
-    assert [b for b in breaches if b[1] in ("collateral", "unknown_ids")] == [(2, "collateral")]
+    assert [(e["step"], e["violation_rate"]) for e in evals] == [(0, 0.0), (2, 1.0)]
+    assert [b for b in breaches if b[1] in ("collateral", "unknown_ids", "violations")] == [
+        (2, "collateral"),
+        (2, "violations"),
+    ]
     assert phases == [
         ("evaluation", 0, 2),
         ("evaluation", 2, 2),

@@ -6,6 +6,8 @@ with any completion function (or, as `episode_steps`, yields each model request 
 """
 
 from training.environments.base import (
+    DecisionContext,
+    DecisionCurve,
     Environment,
     EpisodeAudit,
     Grade,
@@ -13,6 +15,7 @@ from training.environments.base import (
     ToolError,
     ToolResult,
     environment_get,
+    environment_kinds,
     environment_names,
     register,
 )
@@ -20,6 +23,8 @@ from training.environments.episodes import Completion, Episode, episode_replay, 
 
 __all__ = [
     "Completion",
+    "DecisionContext",
+    "DecisionCurve",
     "Environment",
     "Episode",
     "EpisodeAudit",
@@ -28,6 +33,7 @@ __all__ = [
     "ToolError",
     "ToolResult",
     "environment_get",
+    "environment_kinds",
     "environment_names",
     "episode_replay",
     "episode_run",

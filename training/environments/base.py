@@ -54,15 +54,23 @@ class ToolResult:
 @dataclass(frozen=True)
 class EpisodeAudit:
     """What an episode did beyond its task, whatever its grade: writes to records the task
-    does not concern (`collateral_changes`) and tool calls naming ids that appear nowhere
-    earlier in the conversation (`unknown_ids`, i.e. invented or remembered from training).
-    A promotion gate compares the rates of both against the live version's."""
+    does not concern (`collateral_changes`), tool calls naming ids that appear nowhere
+    earlier in the conversation (`unknown_ids`, i.e. invented or remembered from training),
+    and writes to the records the task does concern that its expected outcome does not
+    contain (`policy_violations`: a refund the policy forbids, a wrong amount, a second
+    refund), each described in words. A promotion gate compares the rates of all three
+    against the live version's."""
 
     collateral_changes: tuple[str, ...] = ()
     unknown_ids: tuple[str, ...] = ()
+    policy_violations: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
-        return {"collateral_changes": list(self.collateral_changes), "unknown_ids": list(self.unknown_ids)}
+        return {
+            "collateral_changes": list(self.collateral_changes),
+            "unknown_ids": list(self.unknown_ids),
+            "policy_violations": list(self.policy_violations),
+        }
 
 
 @dataclass(frozen=True)
@@ -73,6 +81,34 @@ class Grade:
     def __post_init__(self) -> None:
         if not 0.0 <= self.reward <= 1.0:
             raise ValueError(f"a reward must lie in [0, 1], not {self.reward}")
+
+
+@dataclass(frozen=True)
+class DecisionCurve:
+    """What an environment with a parametric rule measures a version's decision against:
+    the probability that the turn right after a lookup calls `action`, as a function of one
+    number the lookup shows (`x_label`), over `xs`, with the rule's `threshold` (the policy
+    acts at or below it). `statuses` are the other values of the looked-up record's status,
+    each measured once beside the curve."""
+
+    x_label: str
+    action: str
+    threshold: int
+    xs: tuple[int, ...]
+    status: str  # the status the curve is drawn for
+    statuses: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class DecisionContext:
+    """One held-out decision point: the conversation right after the lookup, the record made
+    to show `status` and `x`, and whether the rule calls `action` there."""
+
+    status: str
+    x: int | None
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    acts: bool
 
 
 class ToolError(Exception):
@@ -86,6 +122,9 @@ class Environment(ABC):
     description: ClassVar[str] = ""
     max_steps: ClassVar[int] = 8  # assistant turns per episode
     max_tokens: ClassVar[int] = 1024  # model tokens per episode, all turns together
+    # The kinds a task's `hidden["kind"]` may name, each with a label for people: the
+    # evaluation reports success and policy violations per kind.
+    kinds: ClassVar[dict[str, str]] = {}
 
     @abstractmethod
     def tasks(self) -> list[Task]: ...
@@ -108,6 +147,17 @@ class Environment(ABC):
         no training set can have contained, for measuring a candidate on cases it never saw.
         An environment whose tasks are fixed raises `NotImplementedError`."""
         raise NotImplementedError(f"environment {self.name!r} cannot generate fresh tasks")
+
+    def decision_curve(self) -> DecisionCurve | None:
+        """The environment's parametric rule, for a decision curve; None where it has none."""
+        return None
+
+    def decision_contexts(self, *, tasks: list[Task], per_point: int, every: int = 1) -> list[DecisionContext]:
+        """`per_point` held-out decision contexts for each point of `decision_curve()` (every
+        `every`-th x of its status and the two either side of the threshold, then each other
+        status), built from `tasks` (the split an evaluation measures) so that no context is a
+        training conversation."""
+        return []
 
     def audit(self, state: Any, messages: list[dict[str, Any]]) -> EpisodeAudit:
         """What the episode changed or named outside its task (see `EpisodeAudit`); read
@@ -193,6 +243,12 @@ def _load_builtin() -> None:
 def environment_names() -> list[str]:
     _load_builtin()
     return sorted(_REGISTRY)
+
+
+def environment_kinds() -> dict[str, str]:
+    """Every registered environment's task kinds with their labels (see `Environment.kinds`)."""
+    _load_builtin()
+    return {kind: label for cls in _REGISTRY.values() for kind, label in cls.kinds.items()}
 
 
 def environment_get(name: str, **options: Any) -> Environment:

@@ -72,6 +72,7 @@ class Episode:
             "tokens": self.tokens,
             "collateral_changes": len(self.audit.collateral_changes),
             "unknown_ids": len(self.audit.unknown_ids),
+            "policy_violations": len(self.audit.policy_violations),
             "audit": self.audit.as_dict(),
         }
 

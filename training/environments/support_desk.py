@@ -16,9 +16,10 @@ grade — only an operator's comment or a customer's words say whether the answe
 The store is generated from a seed (`STORE_SEED`): order ids in several formats, items,
 customers, prices and delivery ages on both sides of the policy's line, and many request
 wordings. Its orders fall into three splits that share no order, id, customer, wording or
-day count (`DAY_RESIDUES`):
-`train` (what training traffic may come from), `validation` (for choosing a checkpoint)
-and `test` (every figure the project reports). `tasks_fresh(seed=…)` generates a slice
+day count (`DAY_VALUES`, dealt by a seeded shuffle): `train` (what training traffic may come
+from), `validation` (for choosing a recipe and a checkpoint) and `test` (every figure the
+project reports). Each task carries its kind (`KINDS`: refundable recent, near the line on
+either side, long past, not delivered, already refunded, tracking) in `hidden["kind"]`. `tasks_fresh(seed=…)` generates a slice
 anew ("fresh"): other orders, ids, customers and wordings again, added to the same table,
 so that a candidate is also measured on cases no training set can have contained.
 The same seed gives the same store on every machine.
@@ -33,7 +34,16 @@ from dataclasses import replace
 from functools import lru_cache
 from typing import Any
 
-from training.environments.base import Environment, EpisodeAudit, Grade, Task, ToolError, register
+from training.environments.base import (
+    DecisionContext,
+    DecisionCurve,
+    Environment,
+    EpisodeAudit,
+    Grade,
+    Task,
+    ToolError,
+    register,
+)
 from training.environments.records import (
     FieldSpec,
     RecordsState,
@@ -227,22 +237,83 @@ _CUSTOMER_FEEDBACK = [
 ]
 
 
+CURVE_MAX_DAYS = 60  # the decision curve's days since delivery: 0 to this
+CURVE_REFUNDED_DAYS = 10
+
+# The kinds of task, by what the hidden policy says about the order (one place: the
+# evaluation's per-kind figures, tour-demo and the experiment scripts read their labels here).
+KINDS: dict[str, str] = {
+    "refundable_recent": f"delivered at most {REFUND_WINDOW_DAYS - 9} days ago (refund)",
+    "refundable_near_line": f"delivered {REFUND_WINDOW_DAYS - 8}-{REFUND_WINDOW_DAYS} days ago (refund)",
+    "late_near_line": f"delivered {REFUND_WINDOW_DAYS + 1}-{REFUND_WINDOW_DAYS + 10} days ago (refuse)",
+    "long_past": f"delivered over {REFUND_WINDOW_DAYS + 10} days ago (refuse)",
+    "not_delivered": "shipped or still processing (refuse)",
+    "already_refunded": "already refunded (refuse)",
+    "tracking": "tracking question (people's feedback only, no grade)",
+}
+
+
+def order_kind(row: dict[str, Any]) -> str:
+    """The refund-request kind of an order row (see `KINDS`)."""
+    days = row.get("delivered_days_ago")
+    if row.get("status") == "refunded":
+        return "already_refunded"
+    if row.get("status") != "delivered" or days is None:
+        return "not_delivered"
+    if days <= REFUND_WINDOW_DAYS - 9:
+        return "refundable_recent"
+    if days <= REFUND_WINDOW_DAYS:
+        return "refundable_near_line"
+    if days <= REFUND_WINDOW_DAYS + 10:
+        return "late_near_line"
+    return "long_past"
+
+
 # Day counts are dealt to the splits, so every validation, test and fresh order was
 # delivered a number of days ago that no training order shows: the 30-day rule has to be
-# read off the number, not matched. Train has the even counts, validation those that are
-# 1 (mod 4), test and fresh slices those that are 3 (mod 4).
-DAY_RESIDUES = {"train": (0, 2), "validation": (1,), "test": (3,), FRESH_SPLIT: (3,)}
+# read off the number, not matched. The values of each stretch of days (the cases' ranges,
+# the first week apart) are shuffled with a fixed seed, evens and odds each on their own,
+# and dealt in turn to train, validation, test, train: every split gets both parities and
+# small values in every stretch, train about half, and no value is in two splits. Fresh
+# slices draw from the test split's values.
+DAY_SEED = 20261206
+DAY_STRETCHES = (
+    (0, 7),
+    (8, REFUND_WINDOW_DAYS - 9),
+    (REFUND_WINDOW_DAYS - 8, REFUND_WINDOW_DAYS),
+    (REFUND_WINDOW_DAYS + 1, REFUND_WINDOW_DAYS + 10),
+    (REFUND_WINDOW_DAYS + 11, 60),
+    (61, 180),
+)
+_DEAL_ORDER = ("train", "validation", "test", "train")
+
+
+def days_dealt(seed: int = DAY_SEED) -> dict[str, tuple[int, ...]]:
+    """Each split's day counts (sorted), dealt from a shuffle seeded by `seed`."""
+    rng = random.Random(f"days-{seed}")
+    dealt: dict[str, list[int]] = {split: [] for split in SPLITS}
+    for low, high in DAY_STRETCHES:
+        for parity in (0, 1):
+            values = [d for d in range(low, high + 1) if d % 2 == parity]
+            rng.shuffle(values)
+            for turn, value in enumerate(values):
+                dealt[_DEAL_ORDER[turn % len(_DEAL_ORDER)]].append(value)
+    return {split: tuple(sorted(values)) for split, values in dealt.items()}
+
+
+DAY_VALUES: dict[str, tuple[int, ...]] = days_dealt()
+DAY_VALUES[FRESH_SPLIT] = DAY_VALUES["test"]
 
 
 def _days(rng: random.Random, low: int, high: int, split: str) -> int:
-    return rng.choice([d for d in range(low, high + 1) if d % 4 in DAY_RESIDUES[split]])
+    return rng.choice([d for d in DAY_VALUES[split] if low <= d <= high])
 
 
 def _case(rng: random.Random, kind: int, split: str) -> tuple[str, int | None, bool]:
     """(status, days since delivery, already refunded) for the `kind`-th case of eight:
     four refundable (one of them close to the line), four not (two of those just past it
     or long past it, one shipping, one processing or already refunded); the days drawn
-    from `split`'s own day counts (`DAY_RESIDUES`)."""
+    from `split`'s own day counts (`DAY_VALUES`)."""
     if kind in (0, 1, 2):
         return "delivered", _days(rng, 0, REFUND_WINDOW_DAYS - 9, split), False
     if kind == 3:
@@ -370,6 +441,7 @@ def _tasks(rows: tuple[dict[str, Any], ...], split: str, seed: int, extra: dict[
                     "order_id": row["order_id"],
                     "refund": allowed,
                     "expected": {row["order_id"]: expected},
+                    "kind": order_kind(dict(row)),
                     "wording": f"{split}-refund-{wording}",
                     **(extra or {}),
                 },
@@ -388,6 +460,7 @@ def _tasks(rows: tuple[dict[str, Any], ...], split: str, seed: int, extra: dict[
                         "graded": False,
                         "order_id": row["order_id"],
                         "concerns": [row["order_id"]],
+                        "kind": "tracking",
                         "operator_comment": _OPERATOR_COMMENTS[i % len(_OPERATOR_COMMENTS)],
                         "customer_feedback": _CUSTOMER_FEEDBACK[i % len(_CUSTOMER_FEEDBACK)],
                         "wording": f"{split}-track-{wording}",
@@ -404,6 +477,8 @@ class SupportDesk(Environment):
     description = "Acme Store's support desk: look up orders and refund them under a hidden policy."
     max_steps = 4
     max_tokens = 400
+
+    kinds = KINDS
 
     def __init__(self, max_calls: int = 6, store_seed: int = STORE_SEED) -> None:
         self.store_seed = store_seed
@@ -466,6 +541,54 @@ class SupportDesk(Environment):
     def audit(self, state: RecordsState, messages: list[dict[str, Any]]) -> EpisodeAudit:
         return records_audit(state=state, messages=messages)
 
+    def decision_curve(self) -> DecisionCurve:
+        """P(refund) after a lookup by days since delivery, 0 to 60: the policy is a step
+        down after `REFUND_WINDOW_DAYS`; shipped, processing and refunded orders beside it."""
+        return DecisionCurve(
+            x_label="days since delivery",
+            action="issue_refund",
+            threshold=REFUND_WINDOW_DAYS,
+            xs=tuple(range(CURVE_MAX_DAYS + 1)),
+            status="delivered",
+            statuses=("shipped", "processing", "refunded"),
+        )
+
+    def decision_contexts(self, *, tasks: list[Task], per_point: int, every: int = 1) -> list[DecisionContext]:
+        """For each point, `per_point` of `tasks`' refund requests in turn (other customers,
+        ids and wordings from point to point), each followed by the lookup of the customer's
+        order showing the point's status and age (a refunded order: refunded
+        `CURVE_REFUNDED_DAYS` days after delivery, inside the window)."""
+        requests = [t for t in tasks if t.hidden.get("graded") and t.hidden.get("order_id")]
+        if not requests or per_point < 1:
+            return []
+        curve = self.decision_curve()
+        edge = (curve.threshold, curve.threshold + 1)
+        xs = [x for i, x in enumerate(curve.xs) if i % max(1, every) == 0 or x in edge]
+        points: list[tuple[str, int | None]] = [(curve.status, x) for x in xs]
+        points += [(status, CURVE_REFUNDED_DAYS if status == "refunded" else None) for status in curve.statuses]
+        out = []
+        turn = 0
+        for status, days in points:
+            for _ in range(per_point):
+                task = requests[turn % len(requests)]
+                turn += 1
+                fresh_seed = task.hidden.get("fresh_seed")
+                table = self.table if fresh_seed is None else _fresh_table(fresh_seed, self.store_seed)
+                row = table.row(task.hidden["order_id"])
+                shown = {
+                    **row,
+                    "status": status,
+                    "delivered_days_ago": days,
+                    "refunded_amount": row["price"] if status == "refunded" else 0.0,
+                }
+                messages = [*task.first_messages(), *lookup_messages(row["order_id"], shown)]
+                out.append(
+                    DecisionContext(
+                        status=status, x=days, messages=messages, tools=task.tools, acts=refund_allowed(shown)
+                    )
+                )
+        return out
+
     def grade(self, state: RecordsState, messages: list[dict[str, Any]]) -> Grade:
         """The final rows against the task's hidden expectation. A tracking task has no
         programmatic grade: it gets 0.0 with a reason that says so (see `graded`)."""
@@ -479,6 +602,22 @@ class SupportDesk(Environment):
             else f"did not refund order {order_id}, which the policy does not allow"
         )
         return records_grade(state=state, expected=task.hidden["expected"], success=success)
+
+
+def lookup_messages(order_id: str, row: dict[str, Any], call_id: str = "call_0") -> list[dict[str, Any]]:
+    """The assistant's lookup of `order_id` and the tool's answer showing `row`, as an
+    episode logs them."""
+    arguments = json.dumps({"order_id": order_id})
+    return [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": call_id, "type": "function", "function": {"name": "lookup_order", "arguments": arguments}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": call_id, "name": "lookup_order", "content": json.dumps(row)},
+    ]
 
 
 def turn_reference(*, task: Task, messages: list[dict[str, Any]]) -> str | None:
@@ -582,13 +721,22 @@ def oracle_turns(*, task: Task, env: SupportDesk | None = None) -> list[dict[str
     return turns
 
 
+NEAR_LINE_CASES = (3, 4)  # `_case`'s cases 22-30 and 31-40 days after delivery
+
+
 def counterfactual_turns(
-    *, task: Task, messages: list[dict[str, Any]], count: int, rng: random.Random
+    *,
+    task: Task,
+    messages: list[dict[str, Any]],
+    count: int,
+    rng: random.Random,
+    cases: tuple[int, ...] = tuple(range(8)),
 ) -> list[dict[str, Any]]:
     """`count` copies of a decision point (`messages` ends with the lookup of the task's
-    order) whose lookup shows another status and delivery age, drawn over the eight
-    cases of the store (half of them near the refund window's line), each with the
-    corrected response and accepted actions the hidden policy gives for that row.
+    order) whose lookup shows another status and delivery age, drawn over `cases` of the
+    store's eight (all by default, two of them near the refund window's line, on either
+    side: `NEAR_LINE_CASES`), each with the corrected response and accepted actions the
+    hidden policy gives for that row.
 
     Oracle labels, for training only: the same request, id and customer with only the
     looked-up facts changed, so the one thing that separates the targets is what the
@@ -610,7 +758,7 @@ def counterfactual_turns(
     for _ in range(count):
         # Training's day counts whatever the task's split: a copy never shows an age that a
         # validation or test order has.
-        status, days, refunded = _case(rng, rng.randrange(8), "train")
+        status, days, refunded = _case(rng, rng.choice(cases), "train")
         changed = {
             **row,
             "status": "refunded" if refunded else status,
@@ -621,7 +769,10 @@ def counterfactual_turns(
         variant = [dict(m) for m in messages]
         variant[-1]["content"] = json.dumps(changed)
         expected = _expected_row(changed)
-        twin = replace(task, hidden={**task.hidden, "refund": allowed, "expected": {order_id: expected}})
+        twin = replace(
+            task,
+            hidden={**task.hidden, "refund": allowed, "expected": {order_id: expected}, "kind": order_kind(changed)},
+        )
         target = turn_target(task=twin, messages=variant)
         reference = turn_reference(task=twin, messages=variant)
         if target is not None and reference is not None:

@@ -6,8 +6,9 @@
 - `kl_k3`: the k3 estimate of KL(candidate ‖ baseline) per token from the two models'
   log-probs of the candidate's tokens.
 - `episode_summary`: over whole episodes, the task-success rate and the rates of episodes
-  that changed records the task does not concern or called a tool on an id never shown,
-  each with its Wilson interval.
+  that changed records the task does not concern, called a tool on an id never shown, or
+  wrote against the task's own expected outcome (policy violations), each with its Wilson
+  interval, overall and per kind of task.
 - `summarize`: both versions' figures and the candidate's win rate over finished items.
 """
 
@@ -120,18 +121,33 @@ def _share(count: int, n: int) -> dict[str, Any]:
 def episode_summary(sides: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     """Over one version's finished episodes (None when it ran none): `success` (graded
     episodes that reached the task's goal), `collateral` (episodes with at least one write to
-    a record the task does not concern) and `unknown_ids` (episodes with at least one tool call
-    on an id that appeared nowhere before it), each {rate, count, n, ci_low, ci_high} with a
-    Wilson 95% interval."""
+    a record the task does not concern), `unknown_ids` (episodes with at least one tool call
+    on an id that appeared nowhere before it) and `violations` (episodes with at least one
+    write to a record the task concerns that its expected outcome does not contain), each
+    {rate, count, n, ci_low, ci_high} with a Wilson 95% interval; and `by_kind`, per kind of
+    task ({label, success, violations}; stored as JSON the keys lose their order: show them
+    in the environment's `kinds` order)."""
     episodes = [s for s in sides if s.get("episode") and not s.get("error")]
     if not episodes:
         return None
     graded = [s for s in episodes if s.get("success") is not None]
+    by_kind: dict[str, dict[str, Any]] = {}
+    for kind in dict.fromkeys(s.get("kind") or "" for s in episodes):
+        of_kind = [s for s in episodes if (s.get("kind") or "") == kind]
+        graded_kind = [s for s in of_kind if s.get("success") is not None]
+        label = next((s["kind_label"] for s in of_kind if s.get("kind_label")), kind or "no kind")
+        by_kind[kind] = {
+            "label": label,
+            "success": _share(sum(1 for s in graded_kind if s["success"]), len(graded_kind)),
+            "violations": _share(sum(1 for s in of_kind if s.get("policy_violations")), len(of_kind)),
+        }
     return {
         "n": len(episodes),
         "success": _share(sum(1 for s in graded if s["success"]), len(graded)),
         "collateral": _share(sum(1 for s in episodes if s.get("collateral_changes")), len(episodes)),
         "unknown_ids": _share(sum(1 for s in episodes if s.get("unknown_ids")), len(episodes)),
+        "violations": _share(sum(1 for s in episodes if s.get("policy_violations")), len(episodes)),
+        "by_kind": by_kind,
     }
 
 
@@ -188,6 +204,7 @@ def summarize(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
     )
     kls = [i["kl"] for i in items if i.get("kl") is not None]
     diff_low, diff_high = mean_interval(diffs)
+    gain = episode_gain(items)
     return {
         "items": len(items),
         "candidate": side_summary([i["candidate"] for i in items]),
@@ -213,4 +230,29 @@ def summarize(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "estimator": "k3 per token of KL(candidate ‖ baseline) on the candidate's responses",
         },
         "judge_failures": sum(1 for i in items if i.get("judge_error")),
+        **({"gain": gain} if gain is not None else {}),
     }
+
+
+def episode_gain(items: Sequence[dict[str, Any]], *, seed: int = 0) -> dict[str, Any] | None:
+    """The candidate's gain in task success over the graded episodes both versions finished,
+    with its interval from a bootstrap over the tasks stratified by kind (one evaluation is
+    one seed; `training.evaluation.bootstrap`); None without such episodes."""
+    from training.evaluation.bootstrap import PairedEpisode, task_bootstrap_gain
+
+    pairs = []
+    for i in items:
+        cand, base = i.get("candidate") or {}, i.get("baseline") or {}
+        if not (cand.get("episode") and base.get("episode")) or cand.get("error") or base.get("error"):
+            continue
+        if cand.get("success") is None or base.get("success") is None:
+            continue
+        task = str(i.get("key") or cand.get("task") or len(pairs))
+        kind = str(cand.get("kind") or base.get("kind") or "")
+        pairs.append(
+            PairedEpisode(
+                seed=seed, task=task, kind=kind, base=float(base["success"]), candidate=float(cand["success"])
+            )
+        )
+    gain = task_bootstrap_gain(pairs)
+    return gain.as_dict() if gain is not None else None

@@ -134,12 +134,17 @@ def evaluation_create(
     if not 0 <= temperature <= 2:
         raise EvaluationError([("temperature", "between 0 and 2")])
     chosen = _generator_for(candidate, generator or settings.EVAL_GENERATOR)
+    config = {"generator": chosen, "max_tokens": max_tokens, "temperature": temperature, "seed": 0}
+    if environment:
+        from training.services.evaluation_curve import decision_curve_config
+
+        config["decision_curve"] = decision_curve_config()
     evaluation = Evaluation.objects.create(
         deployment=deployment,
         candidate=candidate,
         baseline=baseline,
         training_set=training_set,
-        config={"generator": chosen, "max_tokens": max_tokens, "temperature": temperature, "seed": 0},
+        config=config,
         sources=sources,
         total=len(rows),
         created_by=created_by,
@@ -194,15 +199,17 @@ def _audit_outcome(evaluation: Evaluation, *, actor=None, detail: str = "") -> N
     )
 
 
-def _finish_if_running(evaluation: Evaluation, worker: str, status: str, *, error: str = "") -> Evaluation:
+def _finish_if_running(
+    evaluation: Evaluation, worker: str, status: str, *, error: str = "", extra: dict[str, Any] | None = None
+) -> Evaluation:
     """End a running evaluation this worker holds (a cancelled or finished one with its
-    summary), with its audit record; one the sweep or a cancel already ended keeps its
-    outcome. Returns the row as it now is."""
+    summary, `extra` added to it), with its audit record; one the sweep or a cancel already
+    ended keeps its outcome. Returns the row as it now is."""
 
     def settle(row: Evaluation) -> list[str]:
         if status not in (WorkStatus.CANCELLED, WorkStatus.FINISHED):
             return []
-        row.summary = evaluation_summary(evaluation=row)
+        row.summary = {**evaluation_summary(evaluation=row), **(extra or {})}
         if status == WorkStatus.FINISHED:
             row.done = row.items.filter(done=True).count()
         return ["summary", "done"]
@@ -406,6 +413,9 @@ def episode_side_run(*, env, task, version: ModelVersion, generator, max_tokens:
         "tool_errors": episode.tool_errors,
         "collateral_changes": list(episode.audit.collateral_changes)[:50],
         "unknown_ids": list(episode.audit.unknown_ids)[:50],
+        "policy_violations": list(episode.audit.policy_violations)[:50],
+        "kind": str(task.hidden.get("kind") or ""),
+        "kind_label": env.kinds.get(str(task.hidden.get("kind") or ""), ""),
         "transcript": _transcript(episode.messages[len(task.first_messages()) :]),
     }
 
@@ -439,7 +449,11 @@ def _episode_item_run(*, item: EvaluationItem, evaluation: Evaluation, generator
 def evaluation_summary(*, evaluation: Evaluation) -> dict[str, Any]:
     from training.evaluation.metrics import summarize
 
-    rows = evaluation.items.filter(done=True).values("candidate", "baseline", "outcome", "kl", "judge_error")
+    rows = (
+        evaluation.items.filter(done=True)
+        .order_by("position")
+        .values("key", "candidate", "baseline", "outcome", "kl", "judge_error")
+    )
     summary = summarize(list(rows))
     summary["generator"] = evaluation.config.get("generator")
     return summary
@@ -487,7 +501,18 @@ def evaluation_run(*, evaluation_id: int, worker: str | None = None) -> Evaluati
                 return _finish_if_running(evaluation, worker, WorkStatus.CANCELLED)
             evaluation_item_run(item=item, evaluation=evaluation, generator=generator, endpoint=endpoint)
             work_beat(Evaluation, pk=evaluation.pk, worker=worker, done=F("done") + 1)
-        _finish_if_running(evaluation, worker, WorkStatus.FINISHED)
+        from training.services.evaluation_curve import evaluation_decision_curve
+
+        curve = evaluation_decision_curve(
+            evaluation=evaluation,
+            generator=generator,
+            beat=lambda: work_beat(Evaluation, pk=evaluation.pk, worker=worker),
+        )
+        if not work_beat(Evaluation, pk=evaluation.pk, worker=worker):
+            return _finish_if_running(evaluation, worker, WorkStatus.CANCELLED)
+        _finish_if_running(
+            evaluation, worker, WorkStatus.FINISHED, extra={"decision_curve": curve} if curve is not None else None
+        )
     except GenerationError as exc:
         _finish_if_running(evaluation, worker, WorkStatus.FAILED, error=str(exc)[:5000])
     except Exception as exc:

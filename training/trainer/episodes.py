@@ -131,6 +131,7 @@ def episodes_evaluate(
         "episode_tokens": stats["episode_tokens"],
         "collateral_rate": fmean(1.0 if e.audit.collateral_changes else 0.0 for e in episodes),
         "unknown_id_rate": fmean(1.0 if e.audit.unknown_ids else 0.0 for e in episodes),
+        "violation_rate": fmean(1.0 if e.audit.policy_violations else 0.0 for e in episodes),
     }
     return metrics, episodes
 

@@ -151,14 +151,16 @@ def fidelity(config: MonitorConfig, *, history: list[dict], reward_key: str = "g
 HARM_SIGNALS = {
     "collateral_rate": ("collateral", "changed records their task does not concern"),
     "unknown_id_rate": ("unknown_ids", "called a tool on an id never shown"),
+    "violation_rate": ("violations", "wrote to their task's own records against its expected outcome"),
 }
 
 
 def harm(config: MonitorConfig, *, evals: list[dict]) -> list[Breach]:
     """The promotion gate's harm check, run on an episode job's evaluation episodes: the share
-    of the latest evaluation's episodes that changed records outside their task (or named an
-    id never shown) against the starting model's share (the first evaluation), each flagged
-    when higher by more than `config.harm_rise`. Needs two evaluations with those figures."""
+    of the latest evaluation's episodes that changed records outside their task, named an id
+    never shown, or wrote against their task's expected outcome (a policy violation) against
+    the starting model's share (the first evaluation), each flagged when higher by more than
+    `config.harm_rise`. Needs two evaluations with those figures."""
     rated = [e for e in evals if e.get("collateral_rate") is not None]
     if len(rated) < 2:
         return []

@@ -1,0 +1,29 @@
+"""Looks at the test split: each measurement of a recipe family is logged, and a second look
+at a family needs its reason."""
+
+from __future__ import annotations
+
+import pytest
+
+from training.evaluation.split_looks import SecondLook, split_look_check, split_look_record, split_looks
+
+
+def test_each_look_is_logged_and_a_second_look_needs_a_reason(tmp_path):
+    log = tmp_path / "looks.jsonl"
+    split_look_check(family="tour-sft", path=log)  # never looked: fine
+    first = split_look_record(
+        family="tour-sft", script="scripts/tour_demo.py", argv=["--seeds", "3"], seeds=[0, 1, 2], path=log
+    )
+    assert (first["look"], first["seeds"], first["argv"]) == (1, [0, 1, 2], ["--seeds", "3"]) and first["at"]
+    with pytest.raises(SecondLook, match="already measured for 'tour-sft'"):
+        split_look_check(family="tour-sft", path=log)
+    split_look_check(family="desk-cf-near", path=log)  # another family: fine
+    split_look_check(family="tour-sft", seeds=[3], path=log)  # another seed of the family: fine
+    with pytest.raises(SecondLook):
+        split_look_check(family="tour-sft", seeds=[2, 3], path=log)
+    split_look_check(family="tour-sft", reason="the server crashed in seed 1", path=log)
+    second = split_look_record(
+        family="tour-sft", script="scripts/tour_demo.py", argv=[], seeds=[1], reason="the server crashed", path=log
+    )
+    assert second["look"] == 2 and second["reason"] == "the server crashed"
+    assert [look["look"] for look in split_looks(log)] == [1, 2]
