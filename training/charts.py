@@ -76,6 +76,68 @@ def downsample_band(band: list[tuple[float, float, float]], limit: int = 300) ->
 PAD_L, PAD_R, PAD_T, PAD_B = 44, 8, 20, 18
 
 
+PALETTE = ("#3056d3", "#d9480f", "#2b8a3e", "#862e9c", "#c92a2a", "#1098ad", "#e67700", "#5c940d")
+
+
+def series_chart(
+    series: list[tuple[str, list[tuple[float, float]]]],
+    *,
+    title: str,
+    y_range: tuple[float, float] | None = None,
+    width: int = 640,
+    height: int = 200,
+    x_range: tuple[float, float] | None = None,
+    markers: list[tuple[float, str]] | None = None,
+) -> str:
+    """Drawn on the server, as an SVG (for a small chart that must read without scripts,
+    such as the decision curve): several (x, y) series on shared axes, each in its own colour with a legend entry
+    (label, point count and last value). `y_range` fixes the y axis (e.g. (0, 1) for
+    rates), and `x_range` the x axis. `markers` draws a dashed vertical line at each x with its label (e.g. a
+    version change). Labels are escaped; non-finite values are skipped."""
+    series = [
+        (label, downsample([(x, y) for x, y in pts if y is not None and math.isfinite(y)])) for label, pts in series
+    ]
+    series = [(label, pts) for label, pts in series if pts]
+    markers = [(x, label) for x, label in markers or [] if math.isfinite(x)]
+    svg_height = height + 16 * len(series)  # a legend line per series
+    if not series and not markers:
+        return _no_data(title, width=width, height=height, svg_height=svg_height)
+    xs = [x for _, pts in series for x, _ in pts] + [x for x, _ in markers]
+    ys = [y for _, pts in series for _, y in pts] or [0.0, 1.0]
+    x0, x1 = x_range if x_range else (min(xs), max(xs))
+    y0, y1 = y_range if y_range else (min(ys), max(ys))
+    axes, sx, sy = _axes(x0, x1, y0, y1, width=width, height=height)
+    parts = [_svg_open(title, width=width, svg_height=svg_height), axes]
+    if not series:  # the events still show when they happened
+        parts.append(
+            f'<text x="{PAD_L + 8}" y="{PAD_T + (height - PAD_T - PAD_B) / 2:.0f}" class="chart-empty">no data yet</text>'
+        )
+    for k, (x, label) in enumerate(markers):
+        mx = sx(x)
+        # Labels alternate between two heights so that changes on nearby days stay readable,
+        # and sit left of their line in the right half, where they would run off the chart.
+        lx, anchor = (mx - 2, "end") if mx > width / 2 else (mx + 2, "start")
+        parts.append(
+            f'<line x1="{mx:.1f}" y1="{PAD_T}" x2="{mx:.1f}" y2="{height - PAD_B}" class="chart-marker" '
+            f'stroke="#868e96" stroke-dasharray="3,3"/>'
+            f'<text x="{lx:.1f}" y="{PAD_T + 10 + 11 * (k % 2)}" text-anchor="{anchor}" '
+            f'class="chart-label chart-marker-label">{escape(label)}</text>'
+        )
+    for k, (label, pts) in enumerate(series):
+        color = PALETTE[k % len(PALETTE)]
+        line = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts)
+        parts.append(f'<polyline points="{line}" fill="none" stroke="{color}" stroke-width="1.5"/>')
+        parts.extend(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="1.8" fill="{color}"/>' for x, y in pts)
+        ly = height + 12 + 16 * k
+        parts.append(
+            f'<rect x="{PAD_L}" y="{ly - 8}" width="10" height="10" fill="{color}"/>'
+            f'<text x="{PAD_L + 16}" y="{ly}" class="chart-label chart-legend">{escape(label)} '
+            f"({len(pts)} points, last {_fmt(pts[-1][1])})</text>"
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
 def _svg_open(title: str, *, width: int, svg_height: int) -> str:
     return (
         f'<svg class="chart" viewBox="0 0 {width} {svg_height}" width="{width}" height="{svg_height}" '

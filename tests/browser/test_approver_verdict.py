@@ -7,9 +7,7 @@
   confirmation page that says what it does;
 - a candidate that learned "refund every delivered order" has its promotion request blocked
   by the policy-violation check, with the reason on the approver's page and the notification
-  page. That check is the harm precondition's once it counts policy violations
-  (`promotion_checks.HARM_SIGNALS`); until then the test is an expected failure, and a strict
-  one, so it fails the day it passes unnoticed."""
+  page: the harm precondition counts policy violations (`promotion_checks.HARM_SIGNALS`)."""
 
 from __future__ import annotations
 
@@ -27,11 +25,8 @@ from tests.promotion.evidence import (
     refund_everything_items,
 )
 from training.promotion.models import PromotionStatus, Release
-from training.services.promotion_checks import HARM_SIGNALS
 
 pytestmark = [pytest.mark.browser, pytest.mark.postgres]
-
-VIOLATIONS_BLOCK = "violations" in {code for code, _ in HARM_SIGNALS}
 
 
 def below(page, upper: str, lower: str) -> bool:
@@ -111,11 +106,6 @@ def test_the_demos_evaluation_reads_inconclusive_above_the_buttons_and_approval_
     assert Release.objects.filter(promotion=promotion).count() == 1
 
 
-@pytest.mark.xfail(
-    not VIOLATIONS_BLOCK,
-    reason="the harm precondition does not count policy violations yet (promotion_checks.HARM_SIGNALS)",
-    strict=True,
-)
 def test_a_refund_everything_candidate_is_blocked_by_the_policy_violation_check(
     open_page,
     screenshot,

@@ -11,14 +11,10 @@ Two candidates from the issue that asked for honest evidence:
 - `demo_like`: the small evaluation the tour's demo makes — 3 hand-picked traces whose
   answers were all empty and cut off (the judge scored nothing), 6 whole episodes.
 
-Where `summarize` does not yet give the per-kind and violation shares, `summary_of` adds them
-in the shape it documents (`{rate, count, n, ci_low, ci_high}`), from the same per-episode
-fields.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any
 
 from django.utils import timezone
@@ -54,6 +50,7 @@ def episode_side(*, success: bool, kind: str, violations: list[str] | None = Non
     return {
         "episode": True,
         "kind": kind,
+        "kind_label": KIND_LABELS.get(kind, kind),
         "message": {"role": "assistant", "content": "Done." if success else "Sorry."},
         "finish_reason": "stop",
         "tokens": 24,
@@ -77,35 +74,8 @@ def episode_side(*, success: bool, kind: str, violations: list[str] | None = Non
     }
 
 
-def _episode_shares(sides: list[dict[str, Any]]) -> dict[str, Any]:
-    """The violation and per-kind shares of one version's episodes, as the summary gives them."""
-    episodes = [s for s in sides if s.get("episode") and not s.get("error")]
-    by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for side in episodes:
-        by_kind[side.get("kind") or ""].append(side)
-    return {
-        "violations": share(sum(1 for s in episodes if s.get("policy_violations")), len(episodes)),
-        "by_kind": {
-            kind: {
-                "label": KIND_LABELS.get(kind, kind),
-                "success": share(sum(1 for s in group if s.get("success")), len(group)),
-                "violations": share(sum(1 for s in group if s.get("policy_violations")), len(group)),
-            }
-            for kind, group in sorted(by_kind.items())
-            if kind
-        },
-    }
-
-
 def summary_of(items: list[dict[str, Any]]) -> dict[str, Any]:
-    summary = summarize(items)
-    for side in ("candidate", "baseline"):
-        episodes = summary[side].get("episodes")
-        if episodes:
-            shares = _episode_shares([i[side] for i in items])
-            for key, value in shares.items():
-                episodes.setdefault(key, value)
-    return summary
+    return summarize(items)
 
 
 def evaluation_store(

@@ -18,7 +18,6 @@ from tests.promotion.evidence import (
     summary_of,
 )
 from training.promotion.models import Evaluation
-from training.services.promotion_checks import HARM_SIGNALS
 from training.services.promotion_signals import (
     MIN_PAIRED_N,
     Signal,
@@ -209,11 +208,6 @@ def test_the_verdict_names_sample_sizes_and_what_is_open(registry, demo_evaluati
     assert promotion_verdict(signals=[], evaluation=unfinished).level == "waiting"
 
 
-@pytest.mark.xfail(
-    "violations" not in {code for code, _ in HARM_SIGNALS},
-    reason="the harm precondition does not count policy violations yet (promotion_checks.HARM_SIGNALS)",
-    strict=True,
-)
 def test_a_refund_everything_candidates_request_is_refused_by_the_policy_violation_check(registry, operator):
     """Whatever its success and whatever reason the requester gives for its regressions."""
     from training.services.promotion import promotion_request_create

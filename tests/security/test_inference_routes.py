@@ -10,6 +10,7 @@ a list written here: a route a later vLLM adds is checked too."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import shutil
 import subprocess
@@ -57,6 +58,13 @@ def served_routes(spec, tasks: tuple[str, ...] = ("generate",)) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _run(coro):
+    """Runs a coroutine on a thread of its own: a browser test earlier in the session can
+    leave an event loop running on the main thread, where `asyncio.run` refuses to start."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
 def _call(url: str, method: str, path: str, headers: dict[str, str]) -> int:
     body = None if method in ("GET", "HEAD", "DELETE", "OPTIONS") else b"{}"
     sent = {**headers, "Content-Type": "application/json"} if body is not None else headers
@@ -79,7 +87,7 @@ def _websocket_refused(url: str, path: str) -> bool:
         writer.close()
         return line
 
-    return b" 101 " not in asyncio.run(handshake())
+    return b" 101 " not in _run(handshake())
 
 
 def _guarded(key: str = "k-1"):
@@ -99,7 +107,7 @@ def _ask(guard, method: str, path: str, headers: dict[str, str] | None = None) -
         async with httpx.AsyncClient(transport=transport, base_url="http://inference") as client:
             return (await client.request(method, path, headers=headers or {})).status_code
 
-    return asyncio.run(go())
+    return _run(go())
 
 
 def test_the_key_guard_opens_the_health_check_alone():
@@ -134,9 +142,9 @@ def test_the_key_guard_closes_a_websocket_without_the_key_and_passes_lifespan():
     async def receive():
         return {"type": "websocket.connect"}
 
-    asyncio.run(guard({"type": "websocket", "path": "/v1/realtime", "headers": []}, receive, send))
+    _run(guard({"type": "websocket", "path": "/v1/realtime", "headers": []}, receive, send))
     assert sent == [{"type": "websocket.close", "code": 1008}]
-    asyncio.run(guard({"type": "lifespan"}, receive, send))  # reaches the app, which ignores it
+    _run(guard({"type": "lifespan"}, receive, send))  # reaches the app, which ignores it
     assert len(sent) == 1
 
 

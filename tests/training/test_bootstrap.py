@@ -55,6 +55,20 @@ def test_strata_keep_the_mix_of_kinds():
     assert (pooled.mean, pooled.ci_low, pooled.ci_high) == (0.5, 0.0, 1.0)
 
 
+def test_kinds_of_one_task_are_pooled_instead_of_frozen():
+    # Three kinds of one task each, differences 1, 0, 0: resampled within their own kind each
+    # task would come back once in every replicate (a zero-width interval); pooled they are
+    # the one-seed binomial of three tasks: P(mean = 0) = 8/27, P(1) = 1/27.
+    replicates = task_bootstrap_replicates(pairs([1, 0, 0], kinds=["a", "b", "c"]), resamples=20_000, rng_seed=1)
+    got = shares(replicates)
+    assert got[0.0] == pytest.approx(8 / 27, abs=0.015)
+    assert got[1.0] == pytest.approx(1 / 27, abs=0.01)
+    # A lone one-task kind beside larger ones joins the largest: kind "a" (differences 1, 0)
+    # and kind "b" (one task, 0) resample as one stratum of three tasks.
+    replicates = task_bootstrap_replicates(pairs([1, 0, 0], kinds=["a", "a", "b"]), resamples=20_000, rng_seed=1)
+    assert shares(replicates)[0.0] == pytest.approx(8 / 27, abs=0.015)
+
+
 def test_seeds_are_resampled_too():
     # One task, played in two seeds, gained in one: the resampled seeds give 0, 1/2 and 1
     # with probabilities 1/4, 1/2, 1/4.

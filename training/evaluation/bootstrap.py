@@ -17,13 +17,16 @@ Procedure (`task_bootstrap_replicates`):
 3. A replicate draws, with replacement, as many seeds as were measured (weight w_s = how
    often seed s was drawn) and, within each kind k, as many tasks of kind k as were measured
    (weight v_t): the mix of kinds is the one measured, so a resample cannot, say, hold no
-   late delivery at all. Its statistic is Σ_s Σ_t w_s v_t D[s, t] / Σ_s Σ_t w_s v_t N[s, t]
+   late delivery at all. A kind with a single task cannot be resampled within itself (every
+   replicate would hold that task once, as if it could not have been another), so the kinds
+   with one task are pooled into one stratum, and a pool of one task joins the largest kind.
+   Its statistic is Σ_s Σ_t w_s v_t D[s, t] / Σ_s Σ_t w_s v_t N[s, t]
    (a replicate whose drawn cells hold no pair is drawn again).
 4. The 95 % interval is the percentile interval of the replicates: the values at ranks
    ⌊0.025 B⌋ and ⌈0.975 B⌉ - 1 of the B sorted replicates (0-based), so its ends are
    values a replicate took.
 
-With one seed only the tasks are resampled; with one task per kind only the seeds. The
+With one seed only the tasks are resampled; with one task only the seeds. The
 random generator is seeded (`rng_seed`), so a figure is the same on every run.
 """
 
@@ -98,7 +101,20 @@ def _cells(pairs: Sequence[PairedEpisode]):
     strata: dict[str, list[str]] = {}
     for t in tasks:
         strata.setdefault(kind_of[t], []).append(t)
-    return seeds, tasks, strata, total, count
+    return seeds, tasks, _pooled(strata), total, count
+
+
+def _pooled(strata: dict[str, list[str]]) -> dict[Hashable, list[str]]:
+    """The strata with every kind of one task pooled into one stratum (step 3); a pool of
+    one task joins the largest kind."""
+    single = [members[0] for members in strata.values() if len(members) == 1]
+    kept = {kind: members for kind, members in strata.items() if len(members) > 1}
+    if not single:
+        return kept
+    pool = (object(),)  # a key no kind has
+    if len(single) == 1 and kept:
+        pool = max(kept, key=lambda kind: len(kept[kind]))
+    return {**kept, pool: [*kept.get(pool, []), *single]}
 
 
 def task_bootstrap_replicates(

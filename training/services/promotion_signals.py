@@ -66,8 +66,8 @@ THRESHOLDS: dict[str, float] = {
 # rule blocks any rise; with a threshold of 0 no finite sample would ever be conclusive).
 HARM_RESOLUTION = 0.05
 
-# Below this many paired differences the normal interval of their mean decides nothing: a
-# few equal differences give it no width at all.
+# Below this many paired differences (or distinct tasks, for a bootstrap over tasks) an
+# interval decides nothing: a few equal differences give it no width at all.
 MIN_PAIRED_N = 10
 
 KIND_PREFIX = "kind_success-"  # the code of a per-kind success signal, before the kind
@@ -357,7 +357,8 @@ def _success_signal(summary: dict[str, Any], ce: dict[str, Any], le: dict[str, A
     gain = summary.get("gain") or {}
     if gain.get("mean") is None or c is None or b is None:
         return _proportion_signal("episode_success", "Task success", where, c, b, n_c, n_b)
-    method = f"{gain.get('method', 'bootstrap')} over {gain.get('tasks', '?')} tasks x {gain.get('seeds', 1)} seeds"
+    tasks = int(gain.get("tasks") or 0)
+    method = f"{gain.get('method', 'bootstrap')} over {tasks} tasks x {gain.get('seeds', 1)} seeds"
     return Signal(
         "episode_success",
         "Task success",
@@ -369,6 +370,7 @@ def _success_signal(summary: dict[str, Any], ce: dict[str, Any], le: dict[str, A
         gain.get("ci_high"),
         threshold=THRESHOLDS["episode_success"],
         n=f"n {n_c} / {n_b}",
+        undecided=f"{tasks} tasks: too few for the interval to decide" if tasks < MIN_PAIRED_N else "",
     )
 
 
