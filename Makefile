@@ -12,7 +12,7 @@ REDIS_URL ?= redis://127.0.0.1:6379/15
 TEST_DATABASE_URL = $(or $(DATABASE_URL),$(shell pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null && echo $(PG_URL)))
 TEST_BROKER_URL = $(or $(CELERY_BROKER_URL),$(shell (redis-cli -h 127.0.0.1 ping 2>/dev/null | grep -q PONG) && echo $(REDIS_URL)))
 
-.PHONY: help install demo test test-fast lint format bench migrate browser-deps screenshots clean inference learn-demo episodes-demo gpu-check learn-from-comments local-judge loop-rounds
+.PHONY: help install demo test test-fast lint format bench migrate browser-deps screenshots clean inference learn-demo episodes-demo gpu-check learn-from-comments local-judge loop-rounds docs docs-build
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -60,6 +60,14 @@ lint: install ## ruff check and format check
 format: install ## apply ruff's formatting and fixes
 	.venv/bin/ruff format .
 	.venv/bin/ruff check --fix .
+
+DOCS_ADDR ?= 127.0.0.1:8008
+
+docs: install ## serve the documentation site from docs/ on http://127.0.0.1:8008/ (DOCS_ADDR=host:port to change)
+	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs serve --dev-addr $(DOCS_ADDR)
+
+docs-build: install ## build the documentation site into var/site/ as CI does (--strict: a broken link fails)
+	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict
 
 bench: install ## run the benchmarks under bench/ (needs PostgreSQL)
 	DATABASE_URL="$(or $(TEST_DATABASE_URL),$(PG_URL))" $(PY) bench/ingest.py

@@ -319,17 +319,17 @@ def test_the_earlier_event_convention_is_read_too(live_server, deployment, inges
     assert trace.messages.get(position=2).finish_reason == "stop"
 
 
-def test_the_readme_example_runs_as_printed(live_server, deployment, ingest_key, monkeypatch, capsys):
+def test_the_guide_example_runs_as_printed(live_server, deployment, ingest_key, monkeypatch, capsys):
     import re
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = text[text.index("## Send OpenTelemetry traces") :]
+    guide = Path(__file__).resolve().parents[2] / "docs" / "how-to" / "opentelemetry.md"
+    section = guide.read_text()
     code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"{live_server.url}/api/v1/otel")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", f"Authorization=Bearer%20{ingest_key}")
 
-    exec(compile(code, "README.md", "exec"), {})
+    exec(compile(code, str(guide), "exec"), {})
 
     trace_id = capsys.readouterr().out.split()[-1]
     trace = Trace.objects.get(deployment=deployment, external_id=trace_id)
