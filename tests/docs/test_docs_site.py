@@ -92,3 +92,14 @@ def test_every_decision_record_and_experiment_is_in_its_index():
         index = (ROOT / "docs" / folder / "index.md").read_text()
         for path in (ROOT / "docs" / folder).glob(pattern):
             assert f"]({path.name})" in index, f"docs/{folder}/index.md does not link {path.name}"
+
+
+def test_the_readme_prints_what_make_demo_prints():
+    """The console lines the README shows are the ones scripts/demo.sh writes (default host,
+    port and episodes, without FAST=1)."""
+    block = re.search(r"```\n(  The web server is up.*?)```", README.read_text(), re.DOTALL).group(1)
+    script = (ROOT / "scripts" / "demo.sh").read_text()
+    script = script.replace("$URL", "http://127.0.0.1:8000").replace("$EPISODES", "36")
+    for line in block.splitlines():
+        if line.strip() != "…":
+            assert line in script, f"make demo does not print {line.strip()!r}"
