@@ -457,8 +457,9 @@ def recipe(name: str, shape: dict, c: Counts, args: argparse.Namespace) -> dict:
         "per_gpu": rows,
         "forward_flops_per_token": flops,
         # A LoRA update: the forward pass and the backward pass to the activations (the
-        # frozen weights get no gradient), about two forward passes. A GRPO step adds the
-        # reference pass (log_kl or beta > 0): three.
+        # frozen weights get no gradient), about two forward passes. A GRPO step with beta > 0
+        # or a KL budget adds the reference pass: three (at beta = 0 it runs only at the
+        # evaluations, GRPOConfig.reference_due: this is the slower case).
         "sft_tokens_per_s_per_gpu": rate / (2 * flops["sft"]),
         "grpo_tokens_per_s_per_gpu": rate / (3 * flops["grpo"]),
     }

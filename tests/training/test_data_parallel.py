@@ -251,14 +251,17 @@ def test_two_processes_train_the_adapter_one_process_trains(kind, base_version, 
         assert torch.allclose(one[name], two[name], atol=1e-5, rtol=0), name
     assert any(float(one[n].abs().max()) > 0 for n in one if "lora_B" in n)  # it trained: B starts at zero
 
-    def history(job, key):
-        return [e.data[key] for e in job.events.filter(kind=JobEventKind.STEP).order_by("step")]
+    def history(job, key):  # None where the step did not measure it (a step's event leaves it out)
+        return [e.data.get(key) for e in job.events.filter(kind=JobEventKind.STEP).order_by("step")]
 
     figures = ["loss", "grad_norm", "response_length"]
     figures += ["reward_mean", "reward_std", "kl", "generated_tokens", "trained_sequences"] if kind == "grpo" else []
     figures += ["teacher_kl", "generated_tokens", "empty_share", "truncated_share"] if kind == "distill" else []
     for key in figures:
         assert history(jobs[2], key) == pytest.approx(history(jobs[1], key), abs=1e-5), key
+    if kind == "grpo":  # β = 0: the reference's pass at the steps that evaluate and the last, in step on both
+        measured = [kl is not None for kl in history(jobs[2], "kl")]
+        assert measured == ([False, True, True] if sharded else [False, False, True])
     if sharded:  # every process sampled the evaluations; rank 0 scored them as one process does
         key = "canary_reward" if sparse else "reward"
         evals = {

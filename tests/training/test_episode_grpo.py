@@ -145,6 +145,25 @@ def test_the_episode_loss_adds_beta_k3_per_token_under_the_constant(tiny_model_d
     assert out["kl"] == pytest.approx(float(L.masked_mean(k3, mask)), rel=1e-5)
 
 
+def test_an_episode_step_that_does_not_measure_the_kl_leaves_the_reference_alone(tiny_model_dir, tokenizer):
+    """β = 0 with the KL logged: a step `reference_due` does not name runs no reference
+    pass and logs no KL, with the same loss as a step that does."""
+    from training.trainer.policy import load_policy
+
+    config = EpisodesConfig(model_path=str(tiny_model_dir), adapter="full", temperature=1.0)
+    policy = load_policy(config, reference=True)
+    passes: list[int] = []
+    policy.reference.register_forward_hook(lambda *_: passes.append(1))
+    _, batch, advantages = _one_group(tokenizer)
+    skipped = episode_loss_backward(
+        policy, batch, advantages, config=config, constant=1000.0, micro_batch=3, reference=False
+    )
+    assert passes == [] and skipped["kl"] is None
+    measured = episode_loss_backward(policy, batch, advantages, config=config, constant=1000.0, micro_batch=3)
+    assert passes and measured["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert skipped["loss"] == pytest.approx(measured["loss"], rel=1e-6)
+
+
 class ParityTask(FileTasks):
     """A random model's answers give a group both rewards: 1 when the final answer has an
     even number of characters."""

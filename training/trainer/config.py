@@ -182,6 +182,8 @@ class GRPOConfig(TrainConfig):
     clip_low: float = 0.2
     clip_high: float = 0.28
     beta: float = 0.0  # KL(π ‖ π_start) penalty weight (k3)
+    # Log KL(π ‖ π_start) at β = 0 too: at the steps that evaluate and the last one, or every
+    # step with a KL budget (`reference_due`; docs/decisions/0044-kl-at-evaluation-steps.md).
     log_kl: bool = True
     # "local": the trainer's own sampler; "vllm": an inference server (`vllm_url`);
     # "colocate": a vLLM engine the job starts on its own device (`vllm_colocate.py`).
@@ -209,6 +211,28 @@ class GRPOConfig(TrainConfig):
     hint_template: str = "Feedback on earlier answers, follow it: {feedback}"
     hint_at: Literal["system", "last"] = "system"
     hint_cap: float = 3.0
+
+    def reference_due(self, step: int) -> bool:
+        """Whether step `step` (1-based) runs the reference's forward pass, whose only use is
+        KL(π ‖ π_start) on the step's sampled tokens (docs/decisions/0044-kl-at-evaluation-steps.md):
+
+        - β > 0: every step, the penalty is part of the loss;
+        - `log_kl` off: never (nor is the reference loaded);
+        - a KL budget (`monitors.kl_budget`): every step, the monitor averages the KL over its
+          window of steps and may stop the job on it;
+        - otherwise (β = 0, the default): at the steps that evaluate (every `eval_every`) and
+          at the last step, so the chart has a point at each evaluation and the job ends
+          with its drift measured, for 1/`eval_every` of the passes.
+
+        The figure is the one every step logged before: the k3 token mean of the batch the
+        step trains on, by the policy before the step's update."""
+        if self.beta > 0:
+            return True
+        if not self.log_kl:
+            return False
+        if self.monitors.kl_budget is not None:
+            return True
+        return step == self.steps or bool(self.eval_every and step % self.eval_every == 0)
 
     def validate(self) -> list[tuple[str, str]]:
         errors = super().validate()

@@ -149,6 +149,7 @@ def episode_loss_backward(
     constant: float,
     micro_batch: int,
     share_prefix: bool = True,
+    reference: bool = True,
 ) -> dict:
     """Accumulate the gradient of the episode loss over micro-batches.
 
@@ -158,8 +159,9 @@ def episode_loss_backward(
     budget, so the micro-batches add up to the full-batch loss with no length bias).
     w = `loss.sampling_correction` of this pass's log-probs against the server's, for
     episodes a vLLM server sampled (with `config.sampling_correction`), else 1.
-    KL(π ‖ π_start) by k3 is logged as a token mean when asked, and the correction's
-    figures ("correction": {} without a server) as token means over the batch."""
+    KL(π ‖ π_start) by k3 is logged as a token mean when asked and `reference` (the step's
+    `config.reference_due`: the reference's pass runs only then), else None, and the
+    correction's figures ("correction": {} without a server) as token means over the batch."""
     device = policy.device
     total_loss = 0.0
     means, correction = TokenMeans(), TokenMeans()
@@ -173,9 +175,9 @@ def episode_loss_backward(
         logprobs, mask = sequence_logprobs(policy.model, seqs, masks, **options)
         tokens = float(mask.sum())
         ref = weights = None
-        if config.beta > 0 or config.log_kl:
-            with torch.no_grad(), policy.as_reference() as reference:
-                ref, _ = sequence_logprobs(reference, seqs, masks, **options)
+        if reference and (config.beta > 0 or config.log_kl):
+            with torch.no_grad(), policy.as_reference() as frozen:
+                ref, _ = sequence_logprobs(frozen, seqs, masks, **options)
         if sampler_rows is not None:
             sampler = target_values(sampler_rows[rows], shared).to(device)  # (b, T), as logprobs
             weights, stats = L.sampling_correction(logprobs, sampler, mask, cap=config.sampling_correction_cap)

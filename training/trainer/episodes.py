@@ -6,7 +6,9 @@ across all turns of each episode (prompts and tool results masked out).
 `episode_step` is one step, top to bottom:
 rollout (episodes) → reward → advantages → update → metrics; `run.run_training` runs
 the steps (resume, evaluation, monitors, checkpoints, export). The episodes themselves
-run in `episode_rollout`, the update in `episode_loss`.
+run in `episode_rollout`, the update in `episode_loss`. As in turn-level GRPO, the
+reference's pass runs at the steps `GRPOConfig.reference_due` names: every step with β > 0
+or a KL budget, else only at the steps that evaluate and the last one.
 """
 
 from __future__ import annotations
@@ -271,6 +273,7 @@ def episode_step(
                 config=config,
                 constant=constant,
                 micro_batch=config.micro_batch,
+                reference=config.reference_due(n),
             )
             # Micro-batches are summed, so one non-finite loss among them shows here.
             loss_value, kl_value = finite_check(out["loss"], what="loss", step=n), out["kl"]

@@ -6,6 +6,15 @@ group (the judge under the item's rubric, or a programmatic grader), compute gro
 advantages, update. `turn_step` is that step, top to bottom:
 rollout → reward → advantages → update → metrics; `run.run_training` runs the steps
 (resume, evaluation, monitors, checkpoints, export).
+
+The reference (the starting version) costs a forward pass over the batch, and with β = 0
+(the default) its only use is the logged KL(π ‖ π_start). So the pass runs at every step
+only when the loss or a monitor needs it (β > 0, or a `monitors.kl_budget`); otherwise at
+the steps that evaluate and at the last one (`GRPOConfig.reference_due`), and the other
+steps log the KL as None. The sampling log-probs could not stand in for it: they are the
+policy's own, so against the policy they measure the drift within one step (exactly 0 with
+one update per batch), not the drift from the start that the chart and the budget are
+about (docs/decisions/0044-kl-at-evaluation-steps.md).
 """
 
 from __future__ import annotations
@@ -178,7 +187,7 @@ def turn_step(trainer: Trainer, score: Scorer, *, prompts: PromptCache, hooks: H
             "reward_std": pstdev(seen.rewards),
             "zero_variance_share": 1.0 - float(seen.keep.float().mean()),
             "loss": update["loss"],
-            "kl": update["kl"] if config.beta > 0 or config.log_kl else None,
+            "kl": update["kl"],  # None at a step that does not measure it
             "grad_norm": update["grad_norm"],
             "clip_fraction": update["clip_fraction"],
             **update["correction"],
@@ -217,7 +226,8 @@ def turn_update(
     and carries its log-probs, for the sampling correction. `behaviour_logprobs` (B, T) and
     `hinted` (B,): rows drawn with a hint, weighed by `loss.hint_weights`. Returns the loss,
     KL, gradient norm, clip fraction, correction and hint figures of the last update (zeros
-    with no rows).
+    with no rows). The reference's pass runs, and the KL is measured, only at the steps
+    `config.reference_due` names (every step with β > 0); at the others the KL is None.
 
     In a data-parallel job `rows` are this process's; the normaliser's counts, the loss,
     the KL and the clip fraction are the global batch's. A process whose groups were all
@@ -225,9 +235,10 @@ def turn_update(
     when no group of the global batch carried signal. (Hinted rows run in one process:
     the config refuses hints with `processes` > 1.)"""
     config, policy, ranks = trainer.config, trainer.policy, trainer.ranks
+    reference = config.reference_due(step)  # the same on every process: collectives match
     out = {
         "loss": 0.0,
-        "kl": 0.0,
+        "kl": 0.0 if reference else None,
         "grad_norm": 0.0,
         "clip_fraction": None,
         "correction": {},
@@ -248,12 +259,12 @@ def turn_update(
     if not busy:
         if config.updates_per_batch > 1:  # the old log-probs' passes
             sharding.passes_pad(policy.model, pad, backward=False, device=policy.device)
-        if config.beta > 0 or config.log_kl:  # the reference's
+        if reference:  # the reference's
             sharding.passes_pad(policy.model, pad, backward=False, device=policy.device)
         for _ in range(config.updates_per_batch):
             trainer.optimizer.zero_grad(set_to_none=True)
             sharding.passes_pad(policy.model, pad, backward=True, device=policy.device)
-            out.update(_global_figures(ranks, {"loss": 0.0}, 0.0, batch_tokens, config))
+            out.update(_global_figures(ranks, {"loss": 0.0}, 0.0, batch_tokens, config, kl=reference))
             out["loss"] = finite_check(out["loss"], what="loss", step=step)
             out["grad_norm"] = trainer.clip_and_step(step=step)
         return out
@@ -267,10 +278,10 @@ def turn_update(
         if config.updates_per_batch > 1:
             old_logprobs = chunked_logprobs(policy.model, ids, attn, chunks, keep=width, config=config)
             sharding.passes_pad(policy.model, pad, backward=False, device=policy.device)
-        if config.beta > 0 or config.log_kl:
-            with policy.as_reference() as reference:
-                ref_logprobs = chunked_logprobs(reference, ids, attn, chunks, keep=width, config=config)
-                sharding.passes_pad(reference, pad, backward=False, device=policy.device)
+        if reference:
+            with policy.as_reference() as frozen:
+                ref_logprobs = chunked_logprobs(frozen, ids, attn, chunks, keep=width, config=config)
+                sharding.passes_pad(frozen, pad, backward=False, device=policy.device)
     sampler_logprobs = weights = None
     if served and config.sampling_correction:
         sampler_logprobs = rollout.sampler_logprobs.index_select(0, rows)  # (B', T)
@@ -315,22 +326,23 @@ def turn_update(
         sharding.passes_pad(policy.model, pad, backward=True, device=policy.device)
         out["correction"] = passed["correction"] or out["correction"]
         out["hint"] = passed["hint"] or out["hint"]
-        out.update(_global_figures(ranks, passed, local_tokens, batch_tokens, config))
+        out.update(_global_figures(ranks, passed, local_tokens, batch_tokens, config, kl=reference))
         # The micro-batches' losses add up to the batch's: one non-finite among them shows here.
         out["loss"] = finite_check(out["loss"], what="loss", step=step)
         out["grad_norm"] = trainer.clip_and_step(step=step)
     return out
 
 
-def _global_figures(ranks, passed: dict, tokens: float, batch_tokens: float, config: GRPOConfig) -> dict:
+def _global_figures(ranks, passed: dict, tokens: float, batch_tokens: float, config: GRPOConfig, *, kl: bool) -> dict:
     """An update's loss (the processes' parts add up to it), KL and clip fraction (token
     means, each process's weighed by its trained tokens) over the global batch. Which of
-    them is measured is the config's to say, the same on every process."""
-    kl, clip = passed.get("kl"), passed.get("clip_fraction")
-    loss, kl_sum, clip_sum = ranks.sum(passed["loss"], (kl or 0.0) * tokens, (clip or 0.0) * tokens)
+    them is measured is the config's and the step's to say (`kl`: the reference ran), the
+    same on every process."""
+    measured, clip = passed.get("kl"), passed.get("clip_fraction")
+    loss, kl_sum, clip_sum = ranks.sum(passed["loss"], (measured or 0.0) * tokens, (clip or 0.0) * tokens)
     figures: dict = {"loss": loss}
-    if config.beta > 0 or config.log_kl:
-        figures["kl"] = kl if ranks.size == 1 else kl_sum / batch_tokens if batch_tokens else 0.0
+    if kl:
+        figures["kl"] = measured if ranks.size == 1 else kl_sum / batch_tokens if batch_tokens else 0.0
     if config.updates_per_batch > 1:
         figures["clip_fraction"] = clip if ranks.size == 1 else clip_sum / batch_tokens if batch_tokens else 0.0
     return figures
