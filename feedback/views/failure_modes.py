@@ -25,6 +25,7 @@ from feedback.services.failure_modes import (
 from feedback.services.queues import queue_from_failure_cluster
 from feedback.views.common import dashboard_view
 from training.serving.models import Deployment
+from webapp.form_problems import django_form_problems
 from webapp.ids import parse_id
 
 START_RUN = "feedback.add_failuremoderun"
@@ -94,8 +95,7 @@ def failure_modes(request: HttpRequest) -> HttpResponse:
 def failure_mode_run_create_view(request: HttpRequest) -> HttpResponse:
     form = RunForm(request.POST)
     if not form.is_valid():
-        for field, errors in form.errors.items():
-            flash.error(request, f"{field}: {'; '.join(errors)}")
+        flash.error(request, django_form_problems(form).text())
         return redirect("feedback:failure-modes")
     data = form.cleaned_data
     deployment = Deployment.objects.filter(pk=data["deployment"]).first() if data["deployment"] else None

@@ -29,6 +29,7 @@ from feedback.services.judging import JudgeError, judge_request
 from feedback.views.common import dashboard_view, safe_next
 from feedback.views.traces import trace_or_404
 from training.serving.models import Deployment
+from webapp.form_problems import django_form_problems
 
 RUN_JUDGE = "feedback.add_judgejob"
 
@@ -85,8 +86,7 @@ def judge_overview(request: HttpRequest) -> HttpResponse:
 def judge_job_create_view(request: HttpRequest) -> HttpResponse:
     form = BackfillForm(request.POST)
     if not form.is_valid():
-        for field, errors in form.errors.items():
-            flash.error(request, f"{field}: {'; '.join(errors)}")
+        flash.error(request, django_form_problems(form).text())
         return redirect("feedback:judge")
     data = form.cleaned_data
     deployment = Deployment.objects.filter(pk=data["deployment"]).first() if data["deployment"] else None

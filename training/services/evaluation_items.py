@@ -11,6 +11,11 @@ from training.promotion.models import EvaluationItemKind
 from training.serving.models import Deployment
 from webapp.errors import Invalid
 
+NOTHING_HELD_OUT = (
+    "holds nothing out of training, so it cannot be evaluated: rebuild it with a held-out "
+    "fraction above 0, or choose traces or an environment"
+)
+
 
 class EvaluationError(Invalid, ValueError):
     """The evaluation cannot be created as asked: (field, reason) pairs (400)."""
