@@ -143,9 +143,9 @@ def _create_from_form(request: HttpRequest):
     errors: list[tuple[str, str]] = []
     data = request.POST
     wrong = json_object_error(data.get("config") or "{}")
-    if wrong:
-        return None, [("config", wrong)]
-    config = json.loads(data.get("config") or "{}")
+    if wrong:  # said with the other fields' errors, not alone
+        errors.append(("config", wrong))
+    config = {} if wrong else json.loads(data.get("config") or "{}")
     for name, cast in FORM_FIELDS.items():
         raw = (data.get(name) or "").strip()
         if raw:

@@ -83,6 +83,9 @@ def problems(errors: Iterable[tuple[str, str]], *, labels: dict[str, str], prefi
             out.items.append(Problem(target, labels[target], said, field_id(prefix, target)))
         else:
             out.items.append(Problem("", "", said, ""))
+    # In the order of the page (`labels` lists the fields as the form does); the form's own first.
+    order = {name: i for i, name in enumerate(labels, start=1)}
+    out.items.sort(key=lambda p: order.get(p.field, 0))
     return out
 
 

@@ -23,7 +23,6 @@ from feedback.services.ingest import strip_nul
 from training.promotion.models import AuditAction, Evaluation, EvaluationItem, EvaluationItemKind
 from training.services.audit import audit_record
 from training.services.evaluation_items import (
-    NOTHING_HELD_OUT,
     EvaluationError,
     check_unseen,
     items_from_environment,
@@ -122,8 +121,6 @@ def evaluation_create(
             "tasks": len(episodes),
             **({"fresh_seed": fresh_seed} if fresh_seed is not None else {}),
         }
-    if not rows and training_set is not None:
-        raise EvaluationError([("training_set", f"{training_set} {NOTHING_HELD_OUT}")])
     if not rows:
         raise EvaluationError(
             [("items", "nothing to evaluate: choose a training set's held-out items, traces or an environment")]

@@ -148,7 +148,7 @@ def items_from_training_set(*, training_set) -> list[dict[str, Any]]:
             }
         )
     if not out:
-        raise EvaluationError([("training_set", f"{training_set} has no held-out items")])
+        raise EvaluationError([("training_set", f"{training_set} {NOTHING_HELD_OUT}")])
     return out
 
 

@@ -42,7 +42,8 @@ def _splits(
     held out, so no candidate trained on a later version has seen a test an earlier one was
     measured on. When the hash holds nothing out of a set of two or more groups (6 items at
     0.2: 26 % of the time), the group whose hash is lowest — the nearest to the line — is
-    held out: a set built to be evaluated always can be."""
+    held out: a set built to be evaluated always can be. Likewise, when it holds every group
+    out, the highest trains (unless an earlier version held it out)."""
     fixed: list[str | None] = [
         TrainingSplit.HELDOUT if it.get("trace_id") in held_for_slices else it.get("split") for it in items
     ]
@@ -52,12 +53,16 @@ def _splits(
             training_set__name=name, split=TrainingSplit.HELDOUT, key__in=[it["key"] for it in items]
         ).values_list("key", flat=True)
     )
-    held = {g for g in groups if _hash_fraction(g) < heldout_fraction}
-    held |= {it.get("split_key") or it["key"] for it in items if it["key"] in held_before}
+    sticky = {it.get("split_key") or it["key"] for it in items if it["key"] in held_before}
+    held = {g for g in groups if _hash_fraction(g) < heldout_fraction} | sticky
     kept = ""
     if heldout_fraction > 0 and len(groups) >= 2 and not held and TrainingSplit.HELDOUT not in fixed:
         kept = min(groups, key=_hash_fraction)
         held.add(kept)
+    if len(groups) >= 2 and not groups - held and TrainingSplit.TRAIN not in fixed and groups - sticky:
+        # Nothing left to train on (a few items at a large share): the farthest from the line
+        # trains, unless an earlier version held it out.
+        held.discard(max(groups - sticky, key=_hash_fraction))
     sides = [
         side or (TrainingSplit.HELDOUT if (it.get("split_key") or it["key"]) in held else TrainingSplit.TRAIN)
         for it, side in zip(items, fixed, strict=True)
