@@ -44,6 +44,7 @@ def test_create_a_policy_follow_its_run_and_approve_its_request(open_page, scree
     submit_policy(page, world, steps=0)
     # The jobs' own validation, under the field's label, the cursor in that field.
     assert "Job settings (JSON): steps:" in page.inner_text("#policy-errors")
+    page.wait_for_load_state("load")
     assert page.evaluate("document.activeElement.name") == "job_config"
 
     page.locator("#policy-form textarea[name=job_config]").fill('{"steps": 2}')
