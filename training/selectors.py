@@ -281,8 +281,6 @@ def job_samples(*, job: TrainingJob, step: int | None) -> list[dict]:
     return event.data.get("rows", []) if event else []
 
 
-# How a page says a set holds no held-out item (training.models.TrainingSet.choice_label).
-NOT_EVALUABLE = "It holds nothing out, so it cannot be evaluated"
 # Fewer usable items than this and the job form warns: every step repeats the same few.
 FEW_USABLE = 5
 USABLE_WHAT = {

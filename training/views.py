@@ -331,7 +331,9 @@ def _built_message(request: HttpRequest, built: TrainingSet) -> None:
     if built.heldout_count:
         flash.success(request, said)
     else:
-        flash.warning(request, f"{said} {selectors.NOT_EVALUABLE}: no evaluation can use it.")
+        flash.warning(
+            request, f"{said} With nothing held out, no evaluation can use it: hold out a share of two or more items."
+        )
 
 
 @login_required
