@@ -54,6 +54,18 @@ class TrainingSet(models.Model):
     def __str__(self) -> str:
         return f"{self.name} v{self.version}"
 
+    @property
+    def evaluable(self) -> bool:
+        """Whether an evaluation can use the set: it holds items out of training."""
+        return self.heldout_count > 0
+
+    @property
+    def choice_label(self) -> str:
+        """The set as every dropdown that lists sets names it: with its split, and marked
+        when nothing is held out to evaluate on."""
+        label = f"{self} — {self.train_count} train / {self.heldout_count} held out"
+        return label if self.evaluable else f"{label} (cannot be evaluated: nothing held out)"
+
 
 class TrainingItemKind(models.TextChoices):
     TURN = "turn", "Logged turn"

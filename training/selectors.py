@@ -7,17 +7,19 @@ from datetime import datetime
 from statistics import median
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from training.models import (
     PHASE_LABELS,
     JobEventKind,
+    JobKind,
     TrainingItem,
+    TrainingItemKind,
     TrainingJob,
     TrainingJobEvent,
     TrainingSet,
 )
-from training.serving.models import ModelVersion
+from training.serving.models import LiveVersion, ModelVersion
 
 CHARTS = [
     ("reward_mean", "Reward (mean ± std)"),
@@ -123,9 +125,25 @@ class JobProgress:
         return round(100 * self.phase_done / self.phase_total) if self.phase_total else None
 
 
+def job_evaluates(job: TrainingJob) -> bool:
+    """Whether the job has anything to evaluate on: held-out items of its set (for SFT and
+    self-distillation, held-out items with a grader: they measure compliance by one), or
+    canary prompts. An episodes job evaluates on its environment's tasks."""
+    if job.kind == JobKind.EPISODES or job.training_set_id is None or (job.config or {}).get("canaries"):
+        return True
+    if not job.training_set.heldout_count:
+        return False
+    if job.kind == JobKind.GRPO:
+        return True
+    return job.training_set.items.filter(split="heldout").exclude(grader="").exists()
+
+
 def _evaluations_left(job: TrainingJob, *, evaluating: bool) -> int:
     """Evaluations still to run after the current step (the loops evaluate every `eval_every`
-    steps and at the last step), plus the one running now."""
+    steps and at the last step), plus the one running now; none for a job with nothing to
+    evaluate on."""
+    if not evaluating and not job_evaluates(job):
+        return 0
     every = int((job.config or {}).get("eval_every") or 0)
     if not every or not job.total_steps:
         return int(evaluating)
@@ -168,9 +186,10 @@ def job_progress(*, job: TrainingJob, step_seconds: list[float], eval_seconds: l
     if evals_left:
         running_share = (1 - done / total) if evaluating and total else (1.0 if evaluating else 0.0)
         eta += ((evals_left - int(evaluating)) + running_share) * (eval_time or 0.0)
-    note = (
-        f"{steps_left} step{'s' if steps_left != 1 else ''} and {evals_left} evaluation{'s' if evals_left != 1 else ''}"
-    )
+    steps = f"{steps_left} step{'s' if steps_left != 1 else ''}"
+    note = f"{steps} and {evals_left} evaluation{'s' if evals_left != 1 else ''}"
+    if not evals_left and not evaluating and not job_evaluates(job):
+        note = f"{steps}; nothing held out to evaluate on"
     return JobProgress(name, label, done, total, percent, eta, note, evals_left)
 
 
@@ -260,6 +279,73 @@ def job_samples(*, job: TrainingJob, step: int | None) -> list[dict]:
         rows = rows.filter(step=step)
     event = rows.order_by("-id").first()
     return event.data.get("rows", []) if event else []
+
+
+# Fewer usable items than this and the job form warns: every step repeats the same few.
+FEW_USABLE = 5
+USABLE_WHAT = {
+    JobKind.GRPO: "with a grader, a judge rubric or feedback to score against",
+    JobKind.DISTILL: "with feedback to use as a hint",
+    JobKind.SFT: "with a corrected response",
+}
+
+
+@dataclass(frozen=True)
+class Usable:
+    """How many of a set's training items a method can train on."""
+
+    kind: str
+    usable: int
+    total: int
+
+    @property
+    def few(self) -> bool:
+        return self.usable < min(FEW_USABLE, self.total) or self.usable == 0
+
+    def sentence(self) -> str:
+        label = JobKind(self.kind).label
+        return f"{self.usable} of {self.total} items usable by {label} (those {USABLE_WHAT[JobKind(self.kind)]})"
+
+
+def training_set_usable(*, kind: str, training_set: TrainingSet | None) -> Usable | None:
+    """The training items of `training_set` that a `kind` job trains on (the filters its
+    trainer applies: SFT needs a corrected response, self-distillation a hint, GRPO something
+    to score against); None for a method that takes no set's items (episodes)."""
+    if training_set is None or kind not in USABLE_WHAT:
+        return None
+    items = TrainingItem.objects.filter(training_set=training_set, split="train")
+    if kind == JobKind.SFT:
+        usable = items.exclude(corrected_response="")
+    elif kind == JobKind.DISTILL:
+        usable = items.filter(feedback__regex=r"\S")
+    else:
+        usable = items.filter(
+            Q(kind=TrainingItemKind.TASK) & ~Q(grader="")
+            | Q(kind=TrainingItemKind.TURN) & (Q(rubric__isnull=False) | Q(feedback__regex=r"\S"))
+        )
+    return Usable(kind=kind, usable=usable.count(), total=training_set.train_count)
+
+
+def live_version_to_train_from(*, training_set: TrainingSet | None) -> ModelVersion | None:
+    """The version a new job starts from by default: the live version of the set's
+    deployment, else of the first deployment (by name) that has one."""
+    live = LiveVersion.objects.select_related("version").order_by("deployment__name")
+    if training_set is not None and training_set.deployment_id is not None:
+        own = live.filter(deployment_id=training_set.deployment_id).first()
+        if own is not None:
+            return own.version
+    first = live.exclude(version__status="failed").first()
+    return first.version if first is not None else None
+
+
+def live_version_names() -> dict[int, str]:
+    """Each live version's id → the deployments it is live for, for the version dropdown."""
+    out: dict[int, str] = {}
+    for version_id, name in LiveVersion.objects.order_by("deployment__name").values_list(
+        "version_id", "deployment__name"
+    ):
+        out[version_id] = f"{out[version_id]}, {name}" if version_id in out else name
+    return out
 
 
 def versions_to_train_from() -> QuerySet[ModelVersion]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from urllib.parse import urlencode
 
 from django.contrib import messages as flash
 from django.contrib.auth.decorators import login_required, permission_required
@@ -17,6 +18,7 @@ from training import selectors
 from training.models import JobKind, TrainingSet
 from training.services.jobs import JobError, training_job_cancel, training_job_create
 from training.serving.models import ModelVersion
+from webapp.form_problems import FormProblems, json_object_error, problems
 
 # The form's common fields; anything else goes in the JSON box.
 FORM_FIELDS = {
@@ -30,6 +32,37 @@ FORM_FIELDS = {
     "hint_samples": int,
 }
 
+# Each form's fields as its labels name them: errors are said in these words.
+JOB_LABELS = {
+    "kind": "Kind",
+    "base_version": "Train from version",
+    "training_set": "Training set",
+    "steps": "Steps",
+    "learning_rate": "Learning rate",
+    "group_size": "Group size",
+    "prompts_per_step": "Prompts per step",
+    "max_new_tokens": "Max new tokens",
+    "adapter": "Weights",
+    "beta": "KL weight β",
+    "hint_samples": "Hinted samples",
+    "config": "Other settings (JSON)",
+    "judge_gate_override_reason": "Override the judge's training gate",
+}
+SET_LABELS = {
+    "name": "Name",
+    "heldout_fraction": "Held-out fraction",
+    "queue": "From a queue",
+    "filters": "Trace-list filters",
+    "judge_gate_override_reason": "Override the judge's training gate",
+}
+EPISODE_LABELS = {
+    "name": "Name",
+    "heldout_fraction": "Held-out fraction",
+    "deployment": "Deployment",
+    "environment": "Environment",
+    "variants": "Counterfactual copies of each decision",
+}
+
 
 @login_required
 @permission_required("training.view_trainingjob", raise_exception=True)
@@ -37,6 +70,8 @@ def job_list(request: HttpRequest) -> HttpResponse:
     errors: list[tuple[str, str]] = []
     form = {"kind": "grpo", "config": "{}"}
     forms: dict = {}
+    if request.method == "GET" and request.htmx and request.GET.get("part") == "usable":
+        return render(request, "training/job_list.html#usable", _usable_context(request.GET.dict()))
     if request.method == "GET":
         # The tour links here with its path filled in: the set from operators' comments
         # (`filters`) and the job kind that learns from them (`kind`).
@@ -54,23 +89,43 @@ def job_list(request: HttpRequest) -> HttpResponse:
         form = request.POST.dict()
         job, errors = _create_from_form(request)
         if job is not None:
+            usable = selectors.training_set_usable(kind=job.kind, training_set=job.training_set)
+            if usable is not None and usable.few:
+                flash.warning(request, f"Job #{job.pk} trains on {usable.sentence()}.")
             return redirect("training:job-detail", job_id=job.pk)
-    return _job_list_page(request, status=400 if errors else 200, errors=errors, form=form, **forms)
+    job_problems = problems(errors, labels=JOB_LABELS, prefix="job")
+    return _job_list_page(request, status=400 if errors else 200, errors=job_problems, form=form, **forms)
 
 
 def _job_list_page(request: HttpRequest, *, status: int = 200, **forms) -> HttpResponse:
     """The jobs page, with the forms' values and errors given in `forms` (the job form's
     `form`/`errors`, the training-set forms' `set_form`/`set_errors` and
     `episode_form`/`episode_errors`) and every other form empty."""
+    training_sets = list(selectors.training_sets())
+    form = forms.pop("form", None) or {"kind": "grpo", "config": "{}"}
+    if not form.get("training_set") and training_sets:
+        form["training_set"] = str(training_sets[0].pk)
+    if not form.get("base_version"):
+        # The version the deployment serves now: a job trains on from what is live, not from
+        # the newest candidate nobody approved.
+        live = selectors.live_version_to_train_from(
+            training_set=next((s for s in training_sets if str(s.pk) == form["training_set"]), None)
+        )
+        if live is not None:
+            form["base_version"] = str(live.pk)
     context = {
         "jobs": selectors.training_job_list(),
         "versions": selectors.versions_to_train_from(),
-        "training_sets": selectors.training_sets(),
+        "live_versions": selectors.live_version_names(),
+        "training_sets": training_sets,
         "kinds": JobKind.choices,
-        "errors": [],
-        "form": {"kind": "grpo", "config": "{}"},
+        "errors": FormProblems("job"),
+        "form": form,
+        **_usable_context(form, training_sets=training_sets),
         "queues": _queues(),
         "set_form": {"heldout_fraction": "0.2"},
+        "set_errors": FormProblems("set"),
+        "episode_errors": FormProblems("episode"),
         # The defaults build the demo's set as they stand: the support desk's episodes of support-bot.
         "episode_form": {
             "heldout_fraction": "0.15",
@@ -87,19 +142,17 @@ def _job_list_page(request: HttpRequest, *, status: int = 200, **forms) -> HttpR
 def _create_from_form(request: HttpRequest):
     errors: list[tuple[str, str]] = []
     data = request.POST
-    try:
-        config = json.loads(data.get("config") or "{}")
-        if not isinstance(config, dict):
-            raise ValueError
-    except ValueError:
-        return None, [("config", "must be a JSON object")]
+    wrong = json_object_error(data.get("config") or "{}")
+    if wrong:  # said with the other fields' errors, not alone
+        errors.append(("config", wrong))
+    config = {} if wrong else json.loads(data.get("config") or "{}")
     for name, cast in FORM_FIELDS.items():
         raw = (data.get(name) or "").strip()
         if raw:
             try:
                 config[name] = cast(raw)
             except ValueError:
-                errors.append((name, "must be an integer" if cast is int else "must be a number"))
+                errors.append((name, "must be a whole number" if cast is int else "must be a number"))
     version = (
         ModelVersion.objects.filter(pk=data.get("base_version") or 0).first()
         if _is_int(data.get("base_version"))
@@ -132,6 +185,19 @@ def _is_int(value) -> bool:
     return isinstance(value, str) and value.isdigit()
 
 
+def _usable_context(data: dict, *, training_sets: list[TrainingSet] | None = None) -> dict:
+    """What the job form says before Start: how many of the chosen set's items the chosen
+    method can train on."""
+    chosen = data.get("training_set") or ""
+    if training_sets is not None:
+        training_set = next((s for s in training_sets if str(s.pk) == chosen), None)
+    else:
+        training_set = TrainingSet.objects.filter(pk=chosen).first() if _is_int(chosen) else None
+    kind = data.get("kind") or JobKind.GRPO
+    usable = selectors.training_set_usable(kind=kind, training_set=training_set) if training_set else None
+    return {"usable": usable}
+
+
 @login_required
 @permission_required("training.view_trainingjob", raise_exception=True)
 def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
@@ -156,11 +222,25 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
         "sample_step": sample_step,
         "samples": selectors.job_samples(job=job, step=sample_step) if sample_step is not None else [],
         "config_json": json.dumps(job.config, indent=1, sort_keys=True),
+        "evaluate_url": _evaluate_url(job),
     }
     template = "training/job_detail.html"
     if request.htmx and request.GET.get("partial") == "live":
         template += "#live"
     return render(request, template, context)
+
+
+def _evaluate_url(job) -> str:
+    """The evaluation form, filled in for the job's candidate: its deployment and the
+    held-out items of the set it trained on (when the set holds any)."""
+    if job.result_version is None:
+        return ""
+    query = {"candidate": job.result_version.name}
+    if job.deployment is not None:
+        query["deployment"] = job.deployment.name
+    if job.training_set is not None and job.training_set.evaluable:
+        query["training_set"] = str(job.training_set_id)
+    return f"{reverse('promotion:models')}?{urlencode(query)}#evaluate"
 
 
 @login_required
@@ -185,7 +265,7 @@ def _set_name_and_heldout(data, *, default_heldout: float) -> tuple[str, float, 
     except ValueError:
         heldout = -1.0
     if not 0 <= heldout < 1:
-        errors.append(("heldout_fraction", "must be a number in [0, 1)"))
+        errors.append(("heldout_fraction", "must be a number from 0 up to (not including) 1, e.g. 0.2"))
     return name, heldout, errors
 
 
@@ -208,7 +288,7 @@ def training_set_build(request: HttpRequest) -> HttpResponse:
         query = query.split("?", 1)[1]
     filters = None
     if not queue:
-        form = TraceFilterForm(QueryDict(query))
+        form = TraceFilterForm(_deployment_by_name(QueryDict(query, mutable=True)))
         filters = form.filters()
         errors += [(f"filters.{field}", "; ".join(msgs)) for field, msgs in form.errors.items()]
     elif not queue.isdigit():
@@ -227,8 +307,33 @@ def training_set_build(request: HttpRequest) -> HttpResponse:
         except TrainingSetError as exc:
             errors = exc.errors
     if built is not None:
-        return redirect(f"{reverse('training:job-list')}?built={built.pk}")
-    return _job_list_page(request, status=400, set_errors=errors, set_form=data.dict())
+        _built_message(request, built)
+        return redirect(f"{reverse('training:job-list')}?built={built.pk}#sets")
+    set_problems = problems(errors, labels=SET_LABELS, prefix="set")
+    return _job_list_page(request, status=400, set_errors=set_problems, set_form=data.dict())
+
+
+def _deployment_by_name(query):
+    """The trace list's filter takes a deployment's id; a name typed or pasted in its place
+    means that deployment."""
+    from training.serving.models import Deployment
+
+    wanted = query.get("deployment") or ""
+    if wanted and not wanted.isdigit():
+        found = Deployment.objects.filter(name=wanted).values_list("pk", flat=True).first()
+        if found is not None:
+            query["deployment"] = str(found)
+    return query
+
+
+def _built_message(request: HttpRequest, built: TrainingSet) -> None:
+    said = f"Built {built}: {built.train_count} train / {built.heldout_count} held out."
+    if built.heldout_count:
+        flash.success(request, said)
+    else:
+        flash.warning(
+            request, f"{said} With nothing held out, no evaluation can use it: hold out a share of two or more items."
+        )
 
 
 @login_required
@@ -269,8 +374,10 @@ def training_set_build_episodes(request: HttpRequest) -> HttpResponse:
         except TrainingSetError as exc:
             errors = exc.errors
     if built is not None:
-        return redirect(f"{reverse('training:job-list')}?built={built.pk}")
-    return _job_list_page(request, status=400, episode_errors=errors, episode_form=data.dict())
+        _built_message(request, built)
+        return redirect(f"{reverse('training:job-list')}?built={built.pk}#sets")
+    episode_problems = problems(errors, labels=EPISODE_LABELS, prefix="episode")
+    return _job_list_page(request, status=400, episode_errors=episode_problems, episode_form=data.dict())
 
 
 def _environments() -> list[str]:

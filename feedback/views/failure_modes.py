@@ -25,6 +25,7 @@ from feedback.services.failure_modes import (
 from feedback.services.queues import queue_from_failure_cluster
 from feedback.views.common import dashboard_view
 from training.serving.models import Deployment
+from webapp.form_problems import django_form_problems
 from webapp.ids import parse_id
 
 START_RUN = "feedback.add_failuremoderun"
@@ -75,9 +76,15 @@ def failure_modes(request: HttpRequest) -> HttpResponse:
             status = 400
         else:
             shown = get_object_or_404(FailureModeRun.objects.select_related("deployment"), pk=run_id)
+    return _failure_modes_page(request, RunForm(), shown=shown, latest=latest, status=status)
+
+
+def _failure_modes_page(request: HttpRequest, form: RunForm, *, shown, latest, status: int = 200) -> HttpResponse:
+    """The page, with the run form as given (bound, with its errors, when it came back)."""
     days, series = flag_counts_by_day(days=DAYS)
     context = {
-        "form": RunForm(),
+        "form": form,
+        "problems": django_form_problems(form, prefix="run") if form.is_bound else None,
         **cluster_actions(request.user),
         "days": days,
         "series": series,
@@ -94,9 +101,8 @@ def failure_modes(request: HttpRequest) -> HttpResponse:
 def failure_mode_run_create_view(request: HttpRequest) -> HttpResponse:
     form = RunForm(request.POST)
     if not form.is_valid():
-        for field, errors in form.errors.items():
-            flash.error(request, f"{field}: {'; '.join(errors)}")
-        return redirect("feedback:failure-modes")
+        latest = latest_finished_run()
+        return _failure_modes_page(request, form, shown=latest, latest=latest, status=400)
     data = form.cleaned_data
     deployment = Deployment.objects.filter(pk=data["deployment"]).first() if data["deployment"] else None
     try:

@@ -29,6 +29,7 @@ from feedback.services.judging import JudgeError, judge_request
 from feedback.views.common import dashboard_view, safe_next
 from feedback.views.traces import trace_or_404
 from training.serving.models import Deployment
+from webapp.form_problems import django_form_problems
 
 RUN_JUDGE = "feedback.add_judgejob"
 
@@ -67,17 +68,23 @@ def _jobs_context() -> dict:
 def judge_overview(request: HttpRequest) -> HttpResponse:
     if request.htmx and request.GET.get("part") == "jobs":
         return render(request, "feedback/judge_overview.html#jobs", _jobs_context())
+    return _judge_page(request, BackfillForm())
+
+
+def _judge_page(request: HttpRequest, form: BackfillForm, *, status: int = 200) -> HttpResponse:
+    """The judge page, with the backfill form as given (bound, with its errors, when it came back)."""
     recent = JudgeResult.objects.select_related("trace", "message").order_by("-created_at", "-id")[:50]
     context = {
         "endpoint": _endpoint_summary(),
-        "form": BackfillForm(),
+        "form": form,
+        "problems": django_form_problems(form, prefix="backfill") if form.is_bound else None,
         "recent": recent,
         "can_run": request.user.has_perm(RUN_JUDGE),
         "min_kappa": settings.JUDGE_REWARD_MIN_KAPPA,
         "min_n": settings.JUDGE_REWARD_MIN_N,
         **_jobs_context(),
     }
-    return render(request, "feedback/judge_overview.html", context)
+    return render(request, "feedback/judge_overview.html", context, status=status)
 
 
 @require_POST
@@ -85,9 +92,7 @@ def judge_overview(request: HttpRequest) -> HttpResponse:
 def judge_job_create_view(request: HttpRequest) -> HttpResponse:
     form = BackfillForm(request.POST)
     if not form.is_valid():
-        for field, errors in form.errors.items():
-            flash.error(request, f"{field}: {'; '.join(errors)}")
-        return redirect("feedback:judge")
+        return _judge_page(request, form, status=400)
     data = form.cleaned_data
     deployment = Deployment.objects.filter(pk=data["deployment"]).first() if data["deployment"] else None
     try:

@@ -25,6 +25,7 @@ from feedback.services.queue_scores import dimensions_text, queue_item_scores_sa
 from feedback.services.queues import QueueItemNotHeld, queue_create, queue_item_done, queue_item_skip, queue_next_item
 from feedback.views.common import dashboard_view
 from feedback.views.traces import trace_detail_context, trace_or_404
+from webapp.form_problems import django_form_problems
 
 
 @dashboard_view("feedback.view_annotationqueue")
@@ -59,7 +60,7 @@ def queue_create_view(request: HttpRequest) -> HttpResponse:
             messages.success(request, f"Queue “{queue.name}” holds {queue.item_count} traces.")
             return redirect("feedback:queue-detail", queue_id=queue.pk)
     else:
-        messages.error(request, "; ".join(f"{k}: {v[0]}" for k, v in form.errors.items()))
+        messages.error(request, django_form_problems(form).text())
     return redirect(reverse("feedback:trace-list"))
 
 

@@ -42,7 +42,10 @@ def test_create_a_policy_follow_its_run_and_approve_its_request(open_page, scree
     page = open_page(world["olga"])
     page.goto("/training/policies/")
     submit_policy(page, world, steps=0)
-    assert "job_config.steps" in page.inner_text("#policy-errors")  # the jobs' own validation, by field
+    # The jobs' own validation, under the field's label, the cursor in that field.
+    assert "Job settings (JSON): steps:" in page.inner_text("#policy-errors")
+    page.wait_for_load_state("load")
+    assert page.evaluate("document.activeElement.name") == "job_config"
 
     page.locator("#policy-form textarea[name=job_config]").fill('{"steps": 2}')
     page.locator("#policy-form button[type=submit]").click()

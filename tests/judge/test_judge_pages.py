@@ -146,9 +146,18 @@ def test_only_roles_that_may_spend_judge_calls_start_them(make_trace, judge_sett
 
 def test_bad_backfill_input_is_reported_not_stored(operator, judge_settings, client):
     client.force_login(operator)
-    response = client.post("/judge/jobs", {"limit": "0"}, follow=True)
-    assert "limit: Ensure this value is greater than or equal to 1." in response.content.decode()
+    response = client.post("/judge/jobs", {"limit": "0", "since": "2026-01-02"})
+    body = response.content.decode()
+    # Named by its label and linked to its field; the other values stay as they were.
+    assert response.status_code == 400
+    assert '<a href="#id_limit">Limit</a>: Ensure this value is greater than or equal to 1.' in body
+    assert 'value="2026-01-02"' in body and 'aria-invalid="true"' in body
     assert JudgeJob.objects.count() == 0
+
+    response = client.post("/failure-modes/runs", {"max_traces": "many"})
+    body = response.content.decode()
+    assert response.status_code == 400 and 'value="many"' in body
+    assert '<a href="#id_max_traces">' in body and "Enter a whole number." in body
 
 
 def test_trace_judgements_api_lists_every_version_in_pinned_queries(

@@ -55,7 +55,7 @@ def test_a_set_of_the_graded_training_episodes_is_built(operator_client):
     )
     assert response.status_code == 302
     built = TrainingSet.objects.get(name="desk")
-    assert response.url == f"{reverse('training:job-list')}?built={built.pk}"
+    assert response.url == f"{reverse('training:job-list')}?built={built.pk}#sets"
     items = list(built.items.all())
     assert len(items) == 2  # the held-out task's episode stays out
     assert {i.grader for i in items} == {"tool_action"} and all(i.reference for i in items)
@@ -76,7 +76,7 @@ def test_a_set_of_the_graded_training_episodes_is_built(operator_client):
     assert with_targets.version == built.version + 1
     # Each turn's accepted action, written as the agent's harness writes a turn: an SFT job's targets.
     assert all(i.corrected_response.startswith("<tool_call>") for i in with_targets.items.all())
-    assert 'name="variants" type="number" min="0" max="16" value="0"' in page
+    assert 'name="variants" type="number" min="0" max="16" id="episode-variants" value="0"' in page
 
 
 @pytest.mark.parametrize(
@@ -96,7 +96,9 @@ def test_bad_input_is_refused_with_the_field(operator_client, post, field):
     data = {"name": "desk", "heldout_fraction": "0.1", "deployment": "support-bot", "environment": "support-desk"}
     response = operator_client.post(reverse("training:set-build-episodes"), data | post)
     assert response.status_code == 400
-    assert f"<strong>{field}</strong>" in response.content.decode()
+    # Named by its label, linked to its input, which is marked invalid.
+    assert f'href="#episode-{field.replace("_", "-")}">' in response.content.decode()
+    assert f'id="episode-{field.replace("_", "-")}" aria-invalid="true"' in response.content.decode()
     assert "<script>x</script>" not in response.content.decode()
     assert not TrainingSet.objects.exists()
 

@@ -184,8 +184,9 @@ def test_a_policy_with_nothing_to_evaluate_on_is_refused_and_a_run_without_held_
 
     with pytest.raises(PolicyError, match="heldout_fraction"):
         policy(world, eval_training_set=None, heldout_fraction=0.0)
-    p = policy(world, eval_training_set=None, heldout_fraction=0.01)  # 3 turns: none held out
-    commented_turns(world["deployment"], 3)
+    # One turn cannot be split: with two or more, the build holds one out (training_sets._splits).
+    p = policy(world, eval_training_set=None, heldout_fraction=0.01, min_new_turns=1)
+    commented_turns(world["deployment"], 1)
     learning_policies_tick()
     (run,) = p.runs.all()
     assert run.outcome == RunOutcome.ERROR and "no held-out item" in run.error

@@ -105,7 +105,7 @@ def test_the_pages_create_a_policy_show_field_errors_and_escape_what_a_run_recor
         "eval_training_set": str(world["eval_set"].pk),
     }
     bad = client.post("/training/policies/", form)
-    assert bad.status_code == 400 and b"<strong>min_new_turns</strong>: a whole number" in bad.content
+    assert bad.status_code == 400 and "New turns with the signal, at least</a>: a whole number" in bad.content.decode()
     created = client.post("/training/policies/", form | {"min_new_turns": "2"})
     assert created.status_code == 302
     policy = LearningPolicy.objects.get(name="fix-lookups")
@@ -122,7 +122,10 @@ def test_the_pages_create_a_policy_show_field_errors_and_escape_what_a_run_recor
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "<script>alert(1)" not in page
     assert "2 new commented turns so far" in page
     edited = client.post(f"/training/policies/{policy.pk}/", form | {"min_new_turns": "5", "min_win_rate": "7"})
-    assert edited.status_code == 400 and b"<strong>min_win_rate</strong>: a rate between 0 and 1" in edited.content
+    assert (
+        edited.status_code == 400
+        and "Win rate vs live, at least</a>: a rate between 0 and 1" in edited.content.decode()
+    )
     policy.refresh_from_db()
     assert policy.min_new_turns == 2
 

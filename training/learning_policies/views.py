@@ -24,8 +24,29 @@ from training.learning_policies.services import (
 )
 from training.models import JobKind, TrainingSet
 from training.serving.models import Deployment
+from webapp.form_problems import json_object_error, problems
 from webapp.ids import parse_id
 
+# The form's fields as its labels name them (errors are said in these words).
+POLICY_LABELS = {
+    "name": "Name",
+    "deployment": "Deployment",
+    "signal": "Signal",
+    "environment": "Environment",
+    "min_new_turns": "New turns with the signal, at least",
+    "min_interval_minutes": "Minutes since the last run, at least",
+    "job_kind": "Job kind",
+    "job_config": "Job settings (JSON)",
+    "heldout_fraction": "Held-out fraction of the set",
+    "eval_training_set": "Held-out items of",
+    "eval_environment": "Whole episodes of",
+    "eval_environment_split": "Split",
+    "eval_environment_tasks": "Tasks",
+    "min_win_rate": "Win rate vs live, at least",
+    "min_win_rate_ci_low": "Its 95% lower bound above",
+    "notify_group": "Group",
+    "notify_user": "User",
+}
 INTS = ("min_new_turns", "min_interval_minutes", "eval_environment_tasks")
 FLOATS = ("heldout_fraction", "min_win_rate", "min_win_rate_ci_low")
 OPTIONAL = ("eval_environment_tasks", "min_win_rate_ci_low")
@@ -51,9 +72,12 @@ def _form_values(data: QueryDict) -> tuple[dict[str, Any], list[tuple[str, str]]
     try:
         values["job_config"] = json_loads_bounded(data.get("job_config") or "{}")
         if not isinstance(values["job_config"], dict):
-            raise ValueError
-    except ValueError:
-        errors.append(("job_config", "a JSON object"))
+            raise ValueError("a JSON object")
+    except ValueError as exc:
+        # Where the JSON breaks (line and column), once the depth check let it be read.
+        deep = str(exc).startswith("nested")
+        said = str(exc) if deep else json_object_error(data.get("job_config") or "{}")
+        errors.append(("job_config", said or "a JSON object"))
     try:
         values |= learning_policy_refs(
             eval_training_set=(data.get("eval_training_set") or "").strip(),
@@ -124,6 +148,7 @@ def policy_list(request: HttpRequest) -> HttpResponse:
             except PolicyError as exc:
                 errors = exc.errors
     context = {"policies": learning_policy_list(), "form": form, "errors": errors, **_choices()}
+    context["problems"] = problems(errors, labels=POLICY_LABELS, prefix="policy")
     return render(request, "training/policy_list.html", context, status=400 if errors else 200)
 
 
@@ -155,6 +180,7 @@ def policy_detail(request: HttpRequest, policy_id: int) -> HttpResponse:
         "active": any(r.is_active for r in runs),
         "form": form,
         "errors": errors,
+        "problems": problems(errors, labels=POLICY_LABELS, prefix="policy"),
         **_choices(),
     }
     if request.htmx and request.GET.get("part") == "history":

@@ -52,6 +52,7 @@ from training.services.promotion_verdict import promotion_overrides, promotion_v
 from training.services.release import rollback_check, rollback_request, rollback_target
 from training.serving.models import Deployment, ModelVersion
 from training.serving.selectors import live_version_get
+from webapp.form_problems import FormProblems, django_form_problems
 
 VIEW = "training.view_promotionrequest"
 EVALUATE = "training.add_evaluation"
@@ -66,10 +67,17 @@ def _refused(request: HttpRequest, exc: Exception) -> None:
 # Overview ------------------------------------------------------------------------------
 
 
+class TrainingSetChoice(forms.ModelChoiceField):
+    """A set named with its split, marked when it holds nothing out to evaluate on."""
+
+    def label_from_instance(self, obj: TrainingSet) -> str:
+        return obj.choice_label
+
+
 class EvaluateForm(forms.Form):
     candidate = forms.ModelChoiceField(queryset=ModelVersion.objects.exclude(kind="base"), to_field_name="name")
     deployment = forms.ModelChoiceField(queryset=Deployment.objects.all(), to_field_name="name")
-    training_set = forms.ModelChoiceField(
+    training_set = TrainingSetChoice(
         queryset=TrainingSet.objects.all(), required=False, label="Held-out items of", empty_label="(none)"
     )
     trace_ids = forms.CharField(
@@ -110,16 +118,24 @@ class EvaluateForm(forms.Form):
 def models_overview(request: HttpRequest) -> HttpResponse:
     if request.htmx and request.GET.get("part") == "deployments":
         return render(request, "training/models.html#deployments", _deployments_context(request))
+    return _models_page(request, EvaluateForm(initial=request.GET.dict()))
+
+
+def _models_page(request: HttpRequest, evaluate_form: EvaluateForm, *, status: int = 200) -> HttpResponse:
+    """The models page; the evaluation form as given (bound, with its errors, when it came back)."""
     context = {
         **_deployments_context(request),
         "candidates": candidate_versions(),
         "promotions": promotions_recent(limit=20),
         "evaluations": evaluations_recent(limit=15),
-        "evaluate_form": EvaluateForm(initial=request.GET.dict()),
+        "evaluate_form": evaluate_form,
+        "evaluate_problems": django_form_problems(evaluate_form, prefix="evaluate")
+        if evaluate_form.is_bound
+        else FormProblems("evaluate"),
         "can_evaluate": request.user.has_perm(EVALUATE),
         "can_request": request.user.has_perm(REQUEST),
     }
-    return render(request, "training/models.html", context)
+    return render(request, "training/models.html", context, status=status)
 
 
 def _deployments_context(request: HttpRequest) -> dict:
@@ -139,9 +155,7 @@ def _deployments_context(request: HttpRequest) -> dict:
 def evaluation_create_view(request: HttpRequest) -> HttpResponse:
     form = EvaluateForm(request.POST)
     if not form.is_valid():
-        for field, errors in form.errors.items():
-            flash.error(request, f"{field}: {'; '.join(errors)}")
-        return redirect("promotion:models")
+        return _models_page(request, form, status=400)
     data = form.cleaned_data
     try:
         evaluation = evaluation_create(
@@ -156,8 +170,11 @@ def evaluation_create_view(request: HttpRequest) -> HttpResponse:
             created_by=request.user,
         )
     except EvaluationError as exc:
-        _refused(request, exc)
-        return redirect("promotion:models")
+        # Beside the field it names (an unknown name is the form's as a whole); every
+        # selection stays as it was chosen.
+        for field, reason in exc.errors:
+            form.add_error(field if field in form.fields else None, reason)
+        return _models_page(request, form, status=400)
     return redirect("promotion:evaluation", evaluation_id=evaluation.pk)
 
 
@@ -281,7 +298,13 @@ def promotion_new(request: HttpRequest) -> HttpResponse:
                 regression_override_reason=source.get("regression_override_reason", ""),
             )
             signals = promotion_signals(candidate=candidate, evaluation=evaluation)
-    return render(request, "training/promotion_new.html", {"form": form, "checks": checks, "signals": signals})
+    context = {
+        "form": form,
+        "checks": checks,
+        "signals": signals,
+        "problems": django_form_problems(form, prefix="promotion") if form.is_bound else FormProblems("promotion"),
+    }
+    return render(request, "training/promotion_new.html", context, status=400 if form.is_bound else 200)
 
 
 def _kinds(signals: list) -> list:

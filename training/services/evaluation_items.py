@@ -11,6 +11,11 @@ from training.promotion.models import EvaluationItemKind
 from training.serving.models import Deployment
 from webapp.errors import Invalid
 
+NOTHING_HELD_OUT = (
+    "holds nothing out of training, so it cannot be evaluated: rebuild it with a held-out "
+    "fraction above 0, or choose traces or an environment"
+)
+
 
 class EvaluationError(Invalid, ValueError):
     """The evaluation cannot be created as asked: (field, reason) pairs (400)."""
@@ -143,7 +148,7 @@ def items_from_training_set(*, training_set) -> list[dict[str, Any]]:
             }
         )
     if not out:
-        raise EvaluationError([("training_set", f"{training_set} has no held-out items")])
+        raise EvaluationError([("training_set", f"{training_set} {NOTHING_HELD_OUT}")])
     return out
 
 

@@ -22,11 +22,52 @@ class TrainingSetError(Invalid, ValueError):
         super().__init__("; ".join(f"{f}: {r}" for f, r in errors), errors=errors)
 
 
+def _hash_fraction(key: str) -> float:
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64
+
+
 def split_for(key: str, heldout_fraction: float) -> str:
     """Held out when the first 8 bytes of sha256(key), read as a fraction of 2^64, fall
     below `heldout_fraction`: deterministic, uniform, independent of the other items."""
-    value = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64
-    return TrainingSplit.HELDOUT if value < heldout_fraction else TrainingSplit.TRAIN
+    return TrainingSplit.HELDOUT if _hash_fraction(key) < heldout_fraction else TrainingSplit.TRAIN
+
+
+def _splits(
+    items: list[dict[str, Any]], *, name: str, heldout_fraction: float, held_for_slices: set[int]
+) -> tuple[list[str], str]:
+    """Each item's side, and the group held out to keep the set evaluable ("" if none was).
+
+    An item's own `split` and a slice's trace are fixed; the others go by the hash of their
+    group (`split_key`, else `key`). A group held out by an earlier version of `name` stays
+    held out, so no candidate trained on a later version has seen a test an earlier one was
+    measured on. When the hash holds nothing out of a set of two or more groups (6 items at
+    0.2: 26 % of the time), the group whose hash is lowest — the nearest to the line — is
+    held out: a set built to be evaluated always can be. Likewise, when it holds every group
+    out, the highest trains (unless an earlier version held it out)."""
+    fixed: list[str | None] = [
+        TrainingSplit.HELDOUT if it.get("trace_id") in held_for_slices else it.get("split") for it in items
+    ]
+    groups = {it.get("split_key") or it["key"] for it, side in zip(items, fixed, strict=True) if side is None}
+    held_before = set(
+        TrainingItem.objects.filter(
+            training_set__name=name, split=TrainingSplit.HELDOUT, key__in=[it["key"] for it in items]
+        ).values_list("key", flat=True)
+    )
+    sticky = {it.get("split_key") or it["key"] for it in items if it["key"] in held_before}
+    held = {g for g in groups if _hash_fraction(g) < heldout_fraction} | sticky
+    kept = ""
+    if heldout_fraction > 0 and len(groups) >= 2 and not held and TrainingSplit.HELDOUT not in fixed:
+        kept = min(groups, key=_hash_fraction)
+        held.add(kept)
+    if len(groups) >= 2 and not groups - held and TrainingSplit.TRAIN not in fixed and groups - sticky:
+        # Nothing left to train on (a few items at a large share): the farthest from the line
+        # trains, unless an earlier version held it out.
+        held.discard(max(groups - sticky, key=_hash_fraction))
+    sides = [
+        side or (TrainingSplit.HELDOUT if (it.get("split_key") or it["key"]) in held else TrainingSplit.TRAIN)
+        for it, side in zip(items, fixed, strict=True)
+    ]
+    return sides, kept
 
 
 def evaluation_slice_traces(trace_ids: set[int]) -> set[int]:
@@ -61,7 +102,8 @@ def training_set_create(
     `key` required and unique; items with the same optional `split_key` fall on the same
     side of the train/held-out split, e.g. copies of one turn; an item's own `split` wins,
     e.g. a validation file's lines, except that a turn of a trace an evaluation slice holds is
-    always held out). Validates everything before writing anything."""
+    always held out; see `_splits`: with a held-out share and two or more items, at least one
+    is held out). Validates everything before writing anything."""
     errors: list[tuple[str, str]] = []
     if not 0 <= heldout_fraction < 1:
         errors.append(("heldout_fraction", "must be in [0, 1)"))
@@ -93,6 +135,9 @@ def training_set_create(
     held_count = sum(1 for it in items if it.get("trace_id") in held_for_slices)
     if held_count:
         selection["held_out_for_evaluation_slices"] = held_count
+    sides, kept = _splits(items, name=name, heldout_fraction=heldout_fraction, held_for_slices=held_for_slices)
+    if kept:
+        selection["held_out_to_evaluate"] = kept
     training_set = TrainingSet.objects.create(
         name=name,
         version=_next_version(name),
@@ -103,14 +148,8 @@ def training_set_create(
         created_by=user,
     )
     rows = [
-        TrainingItem(
-            training_set=training_set,
-            split=TrainingSplit.HELDOUT
-            if item.get("trace_id") in held_for_slices
-            else item.get("split") or split_for(item.get("split_key") or item["key"], heldout_fraction),
-            **_item_fields(item),
-        )
-        for item in items
+        TrainingItem(training_set=training_set, split=side, **_item_fields(item))
+        for item, side in zip(items, sides, strict=True)
     ]
     TrainingItem.objects.bulk_create(rows, batch_size=500)
     heldout = sum(1 for r in rows if r.split == TrainingSplit.HELDOUT)
