@@ -527,7 +527,18 @@ def test_the_worker_fails_a_job_whose_group_is_larger_than_its_batch(base_versio
 
 
 # The session holding a node's claim (the test's own connection holds none).
-HOLDERS = "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()"
+def _holders_query(job_id: int, node_rank: int) -> tuple[str, list[int]]:
+    """The session holding this node's claim. Other advisory locks (another test's worker,
+    a job left from an earlier test) must not count: taking any of them for the node's own
+    lock let the test race the node to its claim, and win it, under load."""
+    from training.services.job_processes import NodeClaim
+
+    key = NodeClaim(job_id, node_rank).key & 0xFFFFFFFFFFFFFFFF  # PostgreSQL splits it in two oids
+    return (
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 "
+        "AND classid = %s AND objid = %s AND pid <> pg_backend_pid()",
+        [key >> 32, key & 0xFFFFFFFF],
+    )
 
 
 def _train_node(job_id: int, *, wait: float = 0) -> subprocess.Popen:
@@ -560,6 +571,7 @@ def test_a_node_joins_once_and_leaves_when_its_job_moves_to_another_worker(
     )
     TrainingJob.objects.filter(pk=job.pk).update(status=WorkStatus.RUNNING, worker="head-1")  # no node 0 comes
     first = _train_node(job.pk)
+    holders = _holders_query(job.pk, 1)
     try:
         run_dir = job_run_dir(_job(job.pk))
         wait_for(lambda: (run_dir / "processes-node1.log").exists(), 60, "the first node's torchrun", run_dir)
@@ -568,13 +580,13 @@ def test_a_node_joins_once_and_leaves_when_its_job_moves_to_another_worker(
 
         # Its database session dies (a failover): it stays, and takes its node again.
         with connection.cursor() as cursor:
-            cursor.execute(HOLDERS)
+            cursor.execute(*holders)
             (holder,) = cursor.fetchone()
             cursor.execute("SELECT pg_terminate_backend(%s)", [holder])
 
         def retaken():
             with connection.cursor() as cursor:
-                cursor.execute(HOLDERS)
+                cursor.execute(*holders)
                 row = cursor.fetchone()
             return row is not None and row[0] != holder
 
