@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from django.conf import settings
 from django.contrib import messages as flash
 from django.contrib.auth.decorators import login_required, permission_required
 from django.core.exceptions import PermissionDenied
@@ -64,7 +65,8 @@ def _job_list_page(request: HttpRequest, *, status: int = 200, **forms) -> HttpR
     `episode_form`/`episode_errors`) and every other form empty."""
     context = {
         "jobs": selectors.training_job_list(),
-        "versions": selectors.versions_to_train_from(),
+        "versions": selectors.versions_with_gaps(),
+        "min_hint_gap": settings.TRAINING_MIN_HINT_GAP,
         "training_sets": selectors.training_sets(),
         "kinds": JobKind.choices,
         "errors": [],
