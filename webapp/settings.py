@@ -303,6 +303,9 @@ JUDGE_MAX_RESPONSE_BYTES = int(os.environ.get("PRACTICUM_JUDGE_MAX_RESPONSE_BYTE
 # "full" sends the whole output schema; "portable" leaves out length/range bounds that some
 # hosted providers' strict mode rejects (they are still checked on the answer).
 JUDGE_SCHEMA_MODE = os.environ.get("PRACTICUM_JUDGE_SCHEMA_MODE", "full")
+# "text": the judge writes a corrected turn; "actions": it chooses the turn among the agent's
+# own tools (ids copied from the conversation) or a reply, and the product renders it.
+JUDGE_CORRECTION_MODE = os.environ.get("PRACTICUM_JUDGE_CORRECTION_MODE", "text")
 JUDGE_PRICE_INPUT_PER_MTOK = (
     float(os.environ["PRACTICUM_JUDGE_PRICE_INPUT_PER_MTOK"])
     if os.environ.get("PRACTICUM_JUDGE_PRICE_INPUT_PER_MTOK")
