@@ -329,6 +329,11 @@ JUDGE_REWARD_MIN_N = int(os.environ.get("PRACTICUM_JUDGE_REWARD_MIN_N", 30))
 # The training gate (feedback/selectors/judge_gate.py) also asks the score-candidates prompt
 # for at least this many order-swap checks, this consistency, and at most this failure rate;
 # the kappa minimum applies to the lower bound of its 95% interval.
+# A judge that chooses actions (PRACTICUM_JUDGE_CORRECTION_MODE / a deployment judge's
+# correction mode "actions") must also agree with operators' own corrections at least this
+# often on each kind of turn, measured on at least this many corrected turns of that kind.
+JUDGE_ACTION_MIN_AGREEMENT = float(os.environ.get("PRACTICUM_JUDGE_ACTION_MIN_AGREEMENT", 0.8))
+JUDGE_ACTION_MIN_N = int(os.environ.get("PRACTICUM_JUDGE_ACTION_MIN_N", 10))
 JUDGE_GATE_MIN_SWAP_N = int(os.environ.get("PRACTICUM_JUDGE_GATE_MIN_SWAP_N", 10))
 JUDGE_GATE_MIN_SWAP_AGREEMENT = float(os.environ.get("PRACTICUM_JUDGE_GATE_MIN_SWAP_AGREEMENT", 0.8))
 JUDGE_GATE_MAX_FAILURE_RATE = float(os.environ.get("PRACTICUM_JUDGE_GATE_MAX_FAILURE_RATE", 0.1))

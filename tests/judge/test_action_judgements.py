@@ -144,3 +144,63 @@ def test_the_judge_page_switches_a_deployments_corrections(client, deployment, j
     client.post(reverse("feedback:deployment-judge-mode", args=[judge.pk]), {"correction_mode": "nonsense"})
     judge.refresh_from_db()
     assert judge.correction_mode == "actions"
+
+
+def _chosen_and_corrected(make_trace, operator, deployment, judge_server, i: int, *, kind: str, agree: bool):
+    """A turn an operator corrected to a lookup of A1, judged (from the comment alone) into a
+    lookup of A1 (agree) or a reply (not)."""
+    from feedback.services.review import correction_add
+
+    trace = make_trace(external_id=f"conv-{i}", metadata={"kind": kind})
+    turn = trace.messages.get(position=4)
+    chosen = (
+        {"kind": "tool", "name": "lookup_order", "arguments": {"order_id": "A1"}}
+        if agree
+        else {"kind": "reply", "text": "It has shipped."}
+    )
+    JudgeResult.objects.create(
+        trace=trace,
+        message=turn,
+        trigger="comment",
+        status=JudgeStatus.SUCCEEDED,
+        judge_model="test-judge",
+        judge_base_url=judge_server.base_url,
+        prompt_version="judge-action/v1",
+        reward=0.0,
+        action=chosen,
+        is_latest=True,
+    )
+    calls = [{"id": "c1", "type": "function", "function": {"name": "lookup_order", "arguments": '{"order_id": "A1"}'}}]
+    correction_add(message=turn, author=operator, tool_calls=calls)
+
+
+def test_the_training_gate_asks_a_judge_choosing_actions_to_agree_with_operators_per_kind(
+    make_trace, operator, deployment, judge_server, settings
+):
+    from feedback.selectors.judge_gate import judge_training_gate
+
+    settings.JUDGE_ACTION_MIN_N = 3
+    settings.JUDGE_ACTION_MIN_AGREEMENT = 0.8
+    DeploymentJudge.objects.create(
+        deployment=deployment, base_url=judge_server.base_url, model="test-judge", correction_mode="actions"
+    )
+    for i in range(4):
+        _chosen_and_corrected(make_trace, operator, deployment, judge_server, i, kind="refundable_recent", agree=True)
+    for i in range(4, 6):
+        _chosen_and_corrected(make_trace, operator, deployment, judge_server, i, kind="long_past", agree=i == 4)
+
+    gate = judge_training_gate(deployment=deployment)
+    assert gate.action_agreement["refundable_recent"] == {"kind": "refundable_recent", "n": 4, "agreed": 4, "rate": 1.0}
+    assert gate.action_agreement["long_past"]["n"] == 2
+    assert not gate.allowed
+    assert "chosen actions of kind long_past: only 2 corrected turns; 3 needed" in gate.reason
+    assert "kind refundable_recent" not in gate.reason  # measured and agreeing
+
+    _chosen_and_corrected(make_trace, operator, deployment, judge_server, 6, kind="long_past", agree=False)
+    gate = judge_training_gate(deployment=deployment)
+    assert "chosen actions of kind long_past agree with operators on 33% of 3, below 80%" in gate.reason
+
+    # A judge that writes its corrections is not asked this.
+    DeploymentJudge.objects.filter(deployment=deployment).update(correction_mode="text")
+    gate = judge_training_gate(deployment=deployment)
+    assert gate.action_agreement == {} and "chosen actions" not in gate.reason
