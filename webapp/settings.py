@@ -424,7 +424,7 @@ GATEWAY_STITCH_WINDOW_SECONDS = float(os.environ.get("PRACTICUM_GATEWAY_STITCH_W
 # (at most TRAINING_MAX_ATTEMPTS starts in all) or marked failed.
 # Comment-conditioned distillation and hinted GRPO are offered for a model only where its
 # student-teacher gap (`manage.py probe_gap`) is at least this; an unprobed model is allowed
-# with a warning on the job (docs/decisions/0042-student-teacher-gap-gate.md).
+# with a warning on the job (docs/decisions/0042-readers-that-choose-actions-and-the-gap-probe.md).
 TRAINING_MIN_HINT_GAP = float(os.environ.get("PRACTICUM_TRAINING_MIN_HINT_GAP", 0.10))
 TRAINING_DIR = Path(os.environ.get("PRACTICUM_TRAINING_DIR", DATA_DIR / "training")).resolve()
 TRAINING_HEARTBEAT_SECONDS = float(os.environ.get("PRACTICUM_TRAINING_HEARTBEAT_SECONDS", 10))

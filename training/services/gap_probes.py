@@ -4,7 +4,7 @@ comment-conditioned distillation and hinted GRPO only where the comment moves th
 A version never probed is allowed, with a warning on the job ("not probed"): the check must
 not stop the demo or the tour, which train a fresh model without a probe first; the job's log
 says that nobody measured whether the comments reach the model
-(docs/decisions/0042-student-teacher-gap-gate.md)."""
+(docs/decisions/0042-readers-that-choose-actions-and-the-gap-probe.md)."""
 
 from __future__ import annotations
 
