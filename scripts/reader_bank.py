@@ -120,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
             from training.modelprep import smollm2_prepare
 
             model = smollm2_prepare(ROOT / "var" / "models" / "smollm2-135m-instruct")
-        spec = ServerSpec(model_path=str(model), served_name="reader", port=args.port, max_model_len=4096, kv_cache_gib=2)
+        spec = ServerSpec(
+            model_path=str(model), served_name="reader", port=args.port, max_model_len=4096, kv_cache_gib=2
+        )
         server = InferenceServer(spec, log_path=ROOT / "var" / "reader-bank-server.log")
         print(f"starting vLLM for {model} on {spec.url} …", flush=True)
         server.start_ready(timeout=900)
