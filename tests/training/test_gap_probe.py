@@ -114,7 +114,18 @@ def test_a_model_not_probed_is_allowed_with_a_warning_and_a_probed_one_with_its_
         kind="distill", config={"steps": 1}, base_version=base_version, training_set=training_set, enqueue=False
     )
     logs = [e.data["message"] for e in TrainingJobEvent.objects.filter(job=job)]
-    assert any(m.startswith("warning: tiny-base was not probed") for m in logs)
+    assert any(m.startswith("warning: tiny-base was not probed with the comment at system") for m in logs)
+    # A probe of another placement is not this job's.
+    from training.services.gap_probes import gap_probe_record
+
+    gap_probe_record(
+        version=base_version, result={"n": 40, "p_with": 0.5, "p_without": 0.5, "gap": 0.0}, hint_at="last"
+    )
+    job = training_job_create(
+        kind="distill", config={"steps": 1}, base_version=base_version, training_set=training_set, enqueue=False
+    )
+    logs = [e.data["message"] for e in TrainingJobEvent.objects.filter(job=job)]
+    assert any(m.startswith("warning: tiny-base was not probed with the comment at system") for m in logs)
     _probe(base_version, 0.25)
     job = training_job_create(
         kind="distill", config={"steps": 1}, base_version=base_version, training_set=training_set, enqueue=False

@@ -17,8 +17,10 @@ from training.models import GapProbe, JobKind
 from training.serving.models import ModelVersion
 
 
-def gap_probe_latest(*, version: ModelVersion) -> GapProbe | None:
-    return GapProbe.objects.filter(version=version).first()
+def gap_probe_latest(*, version: ModelVersion, hint_at: str | None = None) -> GapProbe | None:
+    """The version's latest probe (with the comment placed at `hint_at`, when given)."""
+    probes = GapProbe.objects.filter(version=version)
+    return (probes.filter(hint_at=hint_at) if hint_at else probes).first()
 
 
 @transaction.atomic
@@ -56,12 +58,15 @@ def hint_gap_verdict(*, kind: str, config: Any, version: ModelVersion) -> tuple[
     if not use:
         return True, ""
     minimum = settings.TRAINING_MIN_HINT_GAP
-    probe = gap_probe_latest(version=version)
+    # The gap of the placement the job uses: a comment read last moves a small model in
+    # other ways than one in the system message (docs/experiments/2026-12-02-comment-hints.md).
+    hint_at = getattr(config, "hint_at", "system")
+    probe = gap_probe_latest(version=version, hint_at=hint_at)
     if probe is None:
         return True, (
-            f"warning: {version.name} was not probed: nobody measured whether a comment in its context "
-            f"moves it to the right action ({use} needs a student-teacher gap of at least {minimum:.2f}; "
-            f"run `manage.py probe_gap {version.name}`)"
+            f"warning: {version.name} was not probed with the comment at {hint_at}: nobody measured whether "
+            f"a comment in its context moves it to the right action ({use} needs a student-teacher gap of at "
+            f"least {minimum:.2f}; run `manage.py probe_gap {version.name} --hint-at {hint_at}`)"
         )
     said = (
         f"student-teacher gap of {version.name}: {probe.gap:+.3f} (P(right | comment) {probe.p_with:.3f} - "

@@ -7,8 +7,10 @@ so the gap is measured before a job is offered:
 
 over decision contexts of the support desk (the turn right after the lookup, where the
 policy refunds or answers). P(right action) is read off one forward pass: P(refund) is the
-probability of the refund call's opening tokens (`<tool_call>{"name": "issue_refund"`),
-and P(right) is P(refund) where the policy refunds, 1 - P(refund) where it does not. The
+probability that the turn opens a tool call (the first token of `<tool_call>`: after the
+lookup, the only call is the refund; the whole call's text would also measure how the model
+spells it, which is not the decision), as docs/experiments/2026-12-02-comment-hints.md read
+it; P(right) is P(refund) where the policy refunds, 1 - P(refund) where it does not. The
 comment is the simulated lead's specific comment on the wrong turn there, placed as the
 jobs place it (`hint_template`, `hint_at`): the best case for the hint, so a gap below the
 threshold is a clear no.
@@ -149,13 +151,14 @@ def probe_gap(
 
 
 def refund_scorer(model, tokenizer) -> Callable[[list[dict[str, Any]], list[dict[str, Any]]], float]:
-    """`p_refund(messages, tools)` for a loaded causal LM: the probability of the refund
-    call's opening tokens after the chat template's assistant header."""
+    """`p_refund(messages, tools)` for a loaded causal LM: the probability that the turn
+    opens a tool call (the first token of `REFUND_OPENING`) after the chat template's
+    assistant header."""
     import torch
 
     from training.trainer.sampling import encode_prompt
 
-    opening = tokenizer.encode(REFUND_OPENING, add_special_tokens=False)
+    opening = tokenizer.encode(REFUND_OPENING, add_special_tokens=False)[:1]
     device = next(model.parameters()).device
 
     def p_refund(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> float:
