@@ -63,7 +63,8 @@ def conversation_ids(context: Sequence[dict[str, Any]]) -> list[str]:
     return out
 
 
-def _id_params(parameters: dict[str, Any]) -> list[str]:
+def id_params(parameters: dict[str, Any]) -> list[str]:
+    """The string parameters of a tool's schema that hold an id (`id`, `..._id`)."""
     props = parameters.get("properties") if isinstance(parameters, dict) else None
     if not isinstance(props, dict):
         return []
@@ -80,7 +81,7 @@ def _arguments_schema(parameters: dict[str, Any] | None, ids: Sequence[str]) -> 
     schema = json.loads(json.dumps(parameters))  # a copy that is plain JSON
     schema.setdefault("type", "object")
     if ids:
-        for name in _id_params(schema):
+        for name in id_params(schema):
             spec = schema["properties"][name]
             spec["enum"] = list(ids)
             spec.pop("pattern", None)
@@ -160,7 +161,7 @@ def _ids_check(data: Any, *, tools: Sequence[dict[str, Any]], ids: Sequence[str]
     if not isinstance(raw, dict) or raw.get("kind") != "tool" or not isinstance(raw.get("arguments"), dict):
         return
     parameters = tool_parameter_schemas(list(tools)).get(str(raw.get("name")))
-    for param in _id_params(parameters or {}):
+    for param in id_params(parameters or {}):
         value = raw["arguments"].get(param)
         if value is not None and value not in ids:
             raise SchemaViolation(f"action/arguments/{param}: {str(value)[:60]!r} is not an id the conversation shows")

@@ -13,7 +13,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from feedback.judge.actions import _id_params
+from feedback.judge.actions import id_params
 from feedback.models import Correction, JudgeResult, JudgeStatus
 from training.serving.models import Deployment
 
@@ -61,7 +61,7 @@ def actions_agree(chosen: dict[str, Any], wanted: dict[str, Any]) -> bool:
     if chosen.get("name") != wanted.get("name"):
         return False
     given = wanted.get("arguments") or {}
-    ids = [k for k in given if k in _id_params({"properties": {k: {"type": "string"} for k in given}})]
+    ids = [k for k in given if k in id_params({"properties": {k: {"type": "string"} for k in given}})]
     return all(str((chosen.get("arguments") or {}).get(k, "")).strip() == str(given[k]).strip() for k in ids)
 
 
