@@ -95,7 +95,7 @@ def test_a_deployment_judge_is_set_to_choose_actions_through_the_api(client, dep
 
 
 def test_a_comment_is_judged_into_a_chosen_action_and_the_rendered_turn(
-    make_trace, operator, deployment, judge_server, settings
+    make_trace, operator, deployment, judge_server, settings, client
 ):
     settings.JUDGE_SWAP_CHECK_RATE = 0.0
     DeploymentJudge.objects.create(
@@ -130,6 +130,12 @@ def test_a_comment_is_judged_into_a_chosen_action_and_the_rendered_turn(
     assert lookup["properties"]["arguments"]["properties"]["order_id"]["enum"] == ["A1"]
     # The made-up id was refused and the judge asked again, told why.
     assert "not an id the conversation shows" in second["messages"][-1]["content"]
+    # The judgement's page and the API show the rendered turn and the action.
+    client.force_login(operator)
+    page = client.get(reverse("feedback:judge-result", args=[result.pk]))
+    assert page.status_code == 200 and "judge-action/v1" in page.content.decode()
+    api = client.get(reverse("api-trace-judgements", args=[trace.pk])).json()["judgements"][0]
+    assert api["action"] == result.action and api["corrected_response"] == result.corrected_response
 
 
 def test_the_judge_page_switches_a_deployments_corrections(client, deployment, judge_server):
