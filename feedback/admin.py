@@ -108,7 +108,7 @@ class DeploymentJudgeAdmin(admin.ModelAdmin):
     """A deployment's own judge endpoint. The key stays in the environment: give the name
     of the variable that holds it."""
 
-    list_display = ("deployment", "model", "base_url", "api_key_env", "schema_mode", "updated_at")
+    list_display = ("deployment", "model", "base_url", "api_key_env", "schema_mode", "correction_mode", "updated_at")
 
 
 @admin.register(JudgeResult)

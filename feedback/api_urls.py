@@ -21,6 +21,7 @@ urlpatterns += [
 urlpatterns += [
     path("judge/agreement", apis_judge.JudgeAgreementApi.as_view(), name="api-judge-agreement"),
     path("traces/<int:trace_id>/judgements", apis_judge.TraceJudgementsApi.as_view(), name="api-trace-judgements"),
+    path("deployments/<str:name>/judge", apis_judge.DeploymentJudgeApi.as_view(), name="api-deployment-judge"),
 ]
 urlpatterns += [
     # The id is read by `parse_id`, so what is no id is a 400 naming it rather than a 404.

@@ -3,17 +3,24 @@ judgements of a trace."""
 
 from __future__ import annotations
 
+from django.core.exceptions import ValidationError
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import serializers
+from rest_framework.authentication import SessionAuthentication
+from rest_framework.permissions import BasePermission, IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from feedback.auth import ApiKeyPrincipal, scope_required
-from feedback.models import ApiKeyScope, JudgeResult
+from feedback.models import ApiKeyScope, CorrectionMode, DeploymentJudge, JudgeResult, SchemaMode
 from feedback.selectors import trace_visible_to
 from feedback.selectors.judge import agreement_as_dict, agreement_by_version
 from training.serving.models import Deployment
 from webapp.api_errors import error_response
+from webapp.auth import ThrottledBasicAuthentication
+
+SET_JUDGE = "feedback.change_deploymentjudge"
 
 
 def judge_result_as_dict(r: JudgeResult) -> dict:
@@ -31,6 +38,7 @@ def judge_result_as_dict(r: JudgeResult) -> dict:
         "rationale": r.rationale,
         "corrected_response": r.corrected_response or None,
         "corrected_response_author": "judge" if r.corrected_response else None,
+        "action": r.action,
         "guard_reason": r.guard_reason or None,
         "is_latest": r.is_latest,
         "latency_ms": r.latency_ms,
@@ -94,3 +102,61 @@ class TraceJudgementsApi(APIView):
             .order_by("-created_at", "-id")
         )
         return Response({"trace_id": trace.pk, "judgements": [judge_result_as_dict(r) for r in results]})
+
+
+def deployment_judge_as_dict(judge: DeploymentJudge) -> dict:
+    return {
+        "deployment": judge.deployment.name,
+        "base_url": judge.base_url,
+        "model": judge.model,
+        "api_key_env": judge.api_key_env,
+        "schema_mode": judge.schema_mode,
+        "correction_mode": judge.correction_mode,
+        "updated_at": judge.updated_at.isoformat(),
+    }
+
+
+class _MaySetJudge(BasePermission):
+    message = f"your role does not include {SET_JUDGE}"
+
+    def has_permission(self, request, view) -> bool:
+        return bool(request.user and request.user.is_authenticated and request.user.has_perm(SET_JUDGE))
+
+
+class DeploymentJudgeApi(APIView):
+    """A deployment's own judge endpoint: read it, or set it (admins). `correction_mode`
+    "actions" has the judge choose each corrected turn among the agent's own actions."""
+
+    authentication_classes = [SessionAuthentication, ThrottledBasicAuthentication]
+    permission_classes = [IsAuthenticated, _MaySetJudge]
+
+    class InputSerializer(serializers.Serializer):
+        base_url = serializers.URLField(max_length=500)
+        model = serializers.CharField(max_length=200)
+        api_key_env = serializers.CharField(max_length=100, required=False, allow_blank=True, default="")
+        schema_mode = serializers.ChoiceField(choices=SchemaMode.values, default=SchemaMode.FULL)
+        correction_mode = serializers.ChoiceField(choices=CorrectionMode.values, default=CorrectionMode.TEXT)
+
+    @extend_schema(responses={200: OpenApiResponse(description="The deployment's judge endpoint.")})
+    def get(self, request, name: str):
+        deployment = get_object_or_404(Deployment, name=name)
+        judge = DeploymentJudge.objects.filter(deployment=deployment).select_related("deployment").first()
+        if judge is None:
+            return error_response(404, "deployment", "this deployment uses the settings' judge")
+        return Response(deployment_judge_as_dict(judge))
+
+    @extend_schema(request=InputSerializer, responses={200: OpenApiResponse(description="The judge as set.")})
+    def put(self, request, name: str):
+        from feedback.services.judging import deployment_judge_set
+
+        deployment = get_object_or_404(Deployment, name=name)
+        data = self.InputSerializer(data=request.data)
+        if not data.is_valid():
+            field, reasons = next(iter(data.errors.items()))
+            return error_response(400, field, str(reasons[0]))
+        try:
+            judge = deployment_judge_set(deployment=deployment, **data.validated_data)
+        except ValidationError as exc:
+            field, reasons = next(iter(exc.message_dict.items()))
+            return error_response(400, field, reasons[0])
+        return Response(deployment_judge_as_dict(judge))

@@ -39,6 +39,11 @@ urlpatterns += [
     path("judge/jobs/<int:job_id>/cancel", judge.judge_job_cancel_view, name="judge-job-cancel"),
     path("judge/results/<int:result_id>/", judge.judge_result_detail, name="judge-result"),
     path("judge/agreement/", judge.judge_agreement, name="judge-agreement"),
+    path(
+        "judge/deployments/<int:deployment_id>/correction-mode",
+        judge.deployment_judge_mode_view,
+        name="deployment-judge-mode",
+    ),
     path("traces/<int:trace_id>/messages/<int:position>/judge", judge.judge_turn_view, name="judge-turn"),
     path("traces/<int:trace_id>/messages/<int:position>/judgement", judge.judge_turn_status, name="judge-turn-status"),
     path("failure-modes/", failure_modes.failure_modes, name="failure-modes"),

@@ -222,6 +222,34 @@ class TrainingJobEvent(models.Model):
         return f"{self.job_id} {self.kind}@{self.step}"
 
 
+class GapProbe(models.Model):
+    """One measurement of a model version's student-teacher gap: how far an operator's
+    comment in its context raises P(right action) on decision contexts
+    (`training.trainer.gap_probe`). Distillation and hinted GRPO are offered for a version
+    only where its latest gap reaches PRACTICUM_TRAINING_MIN_HINT_GAP."""
+
+    version = models.ForeignKey(ModelVersion, on_delete=models.CASCADE, related_name="gap_probes")
+    environment = models.CharField(max_length=100, default="support-desk")
+    split = models.CharField(max_length=20, default="train")
+    hint_at = models.CharField(max_length=10, default="system")
+    n = models.PositiveIntegerField()
+    p_with = models.FloatField(help_text="mean P(right action) with the comment in context")
+    p_without = models.FloatField(help_text="mean P(right action) without it")
+    gap = models.FloatField()
+    per_kind = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["version", "-created_at"], name="gapprobe_version_idx")]
+
+    def __str__(self) -> str:
+        return f"gap {self.gap:+.3f} of {self.version_id} (n={self.n})"
+
+
 # Django registers an app's models from its `models` module; promotion's live in
 # `training/promotion/models.py` and learning policies' in `training/learning_policies/models.py`
 # (app label `training`, the same tables), imported here only

@@ -352,6 +352,23 @@ def versions_to_train_from() -> QuerySet[ModelVersion]:
     return ModelVersion.objects.select_related("base_model").exclude(status="failed")
 
 
+def versions_with_gaps() -> list[ModelVersion]:
+    """The versions to train from, each with `gap_probe` (its latest student-teacher gap
+    probe, or None) and `hint_offered` (whether distillation and hinted GRPO are offered)."""
+    from django.conf import settings
+
+    from training.models import GapProbe
+
+    versions = list(versions_to_train_from())
+    latest: dict[int, GapProbe] = {}
+    for probe in GapProbe.objects.filter(version__in=[v.pk for v in versions]).order_by("-created_at", "-id"):
+        latest.setdefault(probe.version_id, probe)
+    for v in versions:
+        v.gap_probe = latest.get(v.pk)
+        v.hint_offered = v.gap_probe is None or v.gap_probe.gap >= settings.TRAINING_MIN_HINT_GAP
+    return versions
+
+
 def training_sets() -> QuerySet[TrainingSet]:
     return TrainingSet.objects.all()[:100]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from urllib.parse import urlencode
 
+from django.conf import settings
 from django.contrib import messages as flash
 from django.contrib.auth.decorators import login_required, permission_required
 from django.core.exceptions import PermissionDenied
@@ -115,7 +116,8 @@ def _job_list_page(request: HttpRequest, *, status: int = 200, **forms) -> HttpR
             form["base_version"] = str(live.pk)
     context = {
         "jobs": selectors.training_job_list(),
-        "versions": selectors.versions_to_train_from(),
+        "versions": selectors.versions_with_gaps(),
+        "min_hint_gap": settings.TRAINING_MIN_HINT_GAP,
         "live_versions": selectors.live_version_names(),
         "training_sets": training_sets,
         "kinds": JobKind.choices,

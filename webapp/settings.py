@@ -303,6 +303,9 @@ JUDGE_MAX_RESPONSE_BYTES = int(os.environ.get("PRACTICUM_JUDGE_MAX_RESPONSE_BYTE
 # "full" sends the whole output schema; "portable" leaves out length/range bounds that some
 # hosted providers' strict mode rejects (they are still checked on the answer).
 JUDGE_SCHEMA_MODE = os.environ.get("PRACTICUM_JUDGE_SCHEMA_MODE", "full")
+# "text": the judge writes a corrected turn; "actions": it chooses the turn among the agent's
+# own tools (ids copied from the conversation) or a reply, and the product renders it.
+JUDGE_CORRECTION_MODE = os.environ.get("PRACTICUM_JUDGE_CORRECTION_MODE", "text")
 JUDGE_PRICE_INPUT_PER_MTOK = (
     float(os.environ["PRACTICUM_JUDGE_PRICE_INPUT_PER_MTOK"])
     if os.environ.get("PRACTICUM_JUDGE_PRICE_INPUT_PER_MTOK")
@@ -329,6 +332,11 @@ JUDGE_REWARD_MIN_N = int(os.environ.get("PRACTICUM_JUDGE_REWARD_MIN_N", 30))
 JUDGE_GATE_MIN_SWAP_N = int(os.environ.get("PRACTICUM_JUDGE_GATE_MIN_SWAP_N", 10))
 JUDGE_GATE_MIN_SWAP_AGREEMENT = float(os.environ.get("PRACTICUM_JUDGE_GATE_MIN_SWAP_AGREEMENT", 0.8))
 JUDGE_GATE_MAX_FAILURE_RATE = float(os.environ.get("PRACTICUM_JUDGE_GATE_MAX_FAILURE_RATE", 0.1))
+# A judge that chooses actions (PRACTICUM_JUDGE_CORRECTION_MODE / a deployment judge's
+# correction mode "actions") must also agree with operators' own corrections at least this
+# often on each kind of turn, measured on at least this many corrected turns of that kind.
+JUDGE_ACTION_MIN_AGREEMENT = float(os.environ.get("PRACTICUM_JUDGE_ACTION_MIN_AGREEMENT", 0.8))
+JUDGE_ACTION_MIN_N = int(os.environ.get("PRACTICUM_JUDGE_ACTION_MIN_N", 10))  # corrected turns per kind, at least
 # The general rubric for a turn that carries none of its own: what calibration scores a rated
 # turn without a judgement under, and what the evaluation uses for held-out turns.
 _GENERAL_RUBRIC = (
@@ -410,6 +418,11 @@ FINETUNE_MAX_TARGETS_PER_LINE = int(os.environ.get("PRACTICUM_FINETUNE_MAX_TARGE
 FINETUNE_MAX_ITEM_BYTES = int(os.environ.get("PRACTICUM_FINETUNE_MAX_ITEM_BYTES", 4 * FINETUNE_FILE_MAX_BYTES))
 # How long a logged history can be continued by a call that names no trace (conversation stitching).
 GATEWAY_STITCH_WINDOW_SECONDS = float(os.environ.get("PRACTICUM_GATEWAY_STITCH_WINDOW_SECONDS", 6 * 3600))
+
+# Comment-conditioned distillation and hinted GRPO are offered for a model only where its
+# student-teacher gap (`manage.py probe_gap`) is at least this; an unprobed model is allowed
+# with a warning on the job (docs/decisions/0042-readers-that-choose-actions-and-the-gap-probe.md).
+TRAINING_MIN_HINT_GAP = float(os.environ.get("PRACTICUM_TRAINING_MIN_HINT_GAP", 0.10))
 
 # Training jobs: run folders, and how a worker's liveness is judged. A running job whose
 # heartbeat is older than TRAINING_STALE_AFTER_SECONDS is resumed from its checkpoint

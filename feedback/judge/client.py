@@ -49,6 +49,7 @@ _PORTABLE_DROP = frozenset(
     {"minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minItems", "maxItems"}
 )
 _TRANSIENT_STATUS = frozenset({408, 409, 429})
+CORRECTION_MODES = ("text", "actions")
 
 
 class JudgeNotConfigured(RuntimeError):
@@ -71,6 +72,9 @@ class JudgeEndpoint:
     # "full" sends the whole schema (vLLM and other grammar backends enforce it);
     # "portable" drops length and range bounds that strict hosted subsets reject.
     schema_mode: str = "full"
+    # "text": the judge writes the corrected turn; "actions": it chooses the turn among the
+    # agent's own actions (`feedback.judge.actions`) and the product renders it.
+    correction_mode: str = "text"
     price_input_per_mtok: float | None = None
     price_output_per_mtok: float | None = None
     limits: OutputLimits = field(default_factory=OutputLimits)
@@ -90,6 +94,7 @@ class JudgeEndpoint:
             "max_tokens": settings.JUDGE_MAX_TOKENS,
             "max_response_bytes": settings.JUDGE_MAX_RESPONSE_BYTES,
             "schema_mode": settings.JUDGE_SCHEMA_MODE,
+            "correction_mode": settings.JUDGE_CORRECTION_MODE,
             "price_input_per_mtok": settings.JUDGE_PRICE_INPUT_PER_MTOK,
             "price_output_per_mtok": settings.JUDGE_PRICE_OUTPUT_PER_MTOK,
             "limits": OutputLimits(
@@ -119,6 +124,8 @@ class JudgeEndpoint:
             raise ValueError("max_response_bytes must be at least 1")
         if self.schema_mode not in {"full", "portable"}:
             raise ValueError(f"schema_mode must be 'full' or 'portable', not {self.schema_mode!r}")
+        if self.correction_mode not in CORRECTION_MODES:
+            raise ValueError(f"correction_mode must be 'text' or 'actions', not {self.correction_mode!r}")
 
     def with_(self, **changes: Any) -> JudgeEndpoint:
         return replace(self, **changes)

@@ -180,6 +180,29 @@ JUDGE_TURN_V2 = Prompt(
     tools_tagged=True,
 )
 
+JUDGE_ACTION_V1 = Prompt(
+    version="judge-action/v1",
+    system=(
+        "You are a careful evaluator of an AI assistant's turns. People who reviewed a logged "
+        "conversation wrote feedback about one assistant turn. You decide which action the feedback "
+        "asks the assistant to take instead, among the actions it has: one of its tools, or a reply in "
+        "words. " + _DATA_RULE + " Answer with one JSON object and nothing else."
+    ),
+    user=(
+        "{tools}<conversation>\n{conversation}\n</conversation>\n\n"
+        "<turn>\n{turn}\n</turn>\n\n"
+        "<feedback>\n{feedback}\n</feedback>\n\n"
+        "Write a JSON object with:\n"
+        '- "rationale": what the feedback asks for, citing it (at most 3 sentences).\n'
+        '- "action": the turn the assistant should have taken: {{"kind": "tool", "name": <a tool listed in '
+        '<tools>>, "arguments": {{...}}}}, with every id copied exactly from the conversation, or '
+        '{{"kind": "reply", "text": <the words to the user>}}.\n'
+        '- "reward": a number from 0 to 1, how far the logged turn does what the feedback asks.'
+    ),
+    calls="served",
+    tools_tagged=True,
+)
+
 SCORE_CANDIDATES_V1 = Prompt(
     version="score-candidates/v1",
     system=(
@@ -219,7 +242,8 @@ NAME_CLUSTER_V1 = Prompt(
 CURRENT_TURN = JUDGE_TURN_V2
 CURRENT_SCORE = SCORE_CANDIDATES_V1
 CURRENT_NAME = NAME_CLUSTER_V1
-PROMPTS = {p.version: p for p in (JUDGE_TURN_V1, JUDGE_TURN_V2, SCORE_CANDIDATES_V1, NAME_CLUSTER_V1)}
+CURRENT_ACTION = JUDGE_ACTION_V1
+PROMPTS = {p.version: p for p in (JUDGE_TURN_V1, JUDGE_TURN_V2, JUDGE_ACTION_V1, SCORE_CANDIDATES_V1, NAME_CLUSTER_V1)}
 
 
 def turn_prompt_messages(

@@ -14,9 +14,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from feedback.judge.actions import action_space_schema, conversation_ids, parse_action_judgement
 from feedback.judge.client import CallRecord, JudgeEndpoint, call_structured
 from feedback.judge.guards import master_key_reason
 from feedback.judge.prompts import (
+    CURRENT_ACTION,
     CURRENT_SCORE,
     CURRENT_TURN,
     FeedbackItem,
@@ -60,6 +62,8 @@ class TurnOutcome:
     data: Any
     record: CallRecord
     prompt_version: str
+    # In "actions" mode, the action chosen (`ChosenAction.as_dict()`); None otherwise.
+    action: dict[str, Any] | None = None
 
     @property
     def reward(self) -> float:
@@ -76,7 +80,11 @@ def judge_turn(
     prompt: Prompt = CURRENT_TURN,
 ) -> TurnOutcome:
     """Rubric, reward and (when implied) a corrected response for the assistant `turn`
-    that answered `context`, from the `feedback` people gave. Raises `JudgeCallFailed`."""
+    that answered `context`, from the `feedback` people gave; with an endpoint in "actions"
+    mode, the corrected turn is chosen among the agent's actions (`judge_turn_action`).
+    Raises `JudgeCallFailed`."""
+    if endpoint.correction_mode == "actions":
+        return judge_turn_action(context=context, turn=turn, feedback=feedback, endpoint=endpoint, tools=tools)
     messages = turn_prompt_messages(context=context, turn=turn, feedback=feedback, tools=tools, prompt=prompt)
     schema = turn_judgement_schema(endpoint.limits)
     result = call_structured(
@@ -94,6 +102,42 @@ def judge_turn(
         data=result.data,
         record=result.record,
         prompt_version=prompt.version,
+    )
+
+
+def judge_turn_action(
+    *,
+    context: Sequence[dict[str, Any]],
+    turn: dict[str, Any],
+    feedback: Sequence[FeedbackItem],
+    endpoint: JudgeEndpoint,
+    tools: Sequence[dict[str, Any]] = (),
+    prompt: Prompt = CURRENT_ACTION,
+) -> TurnOutcome:
+    """The action the `feedback` asks for instead of `turn`, chosen within the agent's
+    action space (its `tools`, ids copied from `context`, or a reply) under structured
+    output, rendered as the corrected response; the reward of the logged turn; a one-line
+    rubric naming the action. Raises `JudgeCallFailed`."""
+    ids = conversation_ids(context)
+    schema = action_space_schema(tools=tools, ids=ids, limits=endpoint.limits)
+    messages = turn_prompt_messages(context=context, turn=turn, feedback=feedback, tools=tools, prompt=prompt)
+    result = call_structured(
+        endpoint=endpoint,
+        messages=messages,
+        schema_name="action_judgement",
+        schema=schema,
+        parse=lambda data: parse_action_judgement(data, schema=schema, tools=tools, ids=ids),
+    )
+    judgement, action = result.value
+    text, has_calls = _candidate_text(turn)
+    return TurnOutcome(
+        judgement=judgement,
+        guard_reason=master_key_reason(text, has_tool_calls=has_calls),
+        raw=result.raw,
+        data=result.data,
+        record=result.record,
+        prompt_version=prompt.version,
+        action=action.as_dict(),
     )
 
 

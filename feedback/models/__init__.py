@@ -3,6 +3,7 @@
 from feedback.models.grades import Grade
 from feedback.models.judge import (
     CandidateScoring,
+    CorrectionMode,
     DeploymentJudge,
     FailureCluster,
     FailureClusterMember,
@@ -56,6 +57,7 @@ __all__ = [
     "Comment",
     "ConversationTip",
     "Correction",
+    "CorrectionMode",
     "CustomerFeedback",
     "DeploymentJudge",
     "FailureCluster",

@@ -35,6 +35,11 @@ class JudgeTrigger(models.TextChoices):
     MANUAL = "manual", "Requested by hand"
 
 
+class CorrectionMode(models.TextChoices):
+    TEXT = "text", "Written by the judge"
+    ACTIONS = "actions", "Chosen among the agent's actions"
+
+
 class SchemaMode(models.TextChoices):
     FULL = "full", "Full schema (vLLM, grammar backends)"
     PORTABLE = "portable", "Without length/range bounds (strict hosted APIs)"
@@ -80,6 +85,13 @@ class DeploymentJudge(models.Model):
         max_length=100, blank=True, default="", help_text="name of the environment variable holding the API key"
     )
     schema_mode = models.CharField(max_length=10, choices=SchemaMode.choices, default=SchemaMode.FULL)
+    correction_mode = models.CharField(
+        max_length=10,
+        choices=CorrectionMode.choices,
+        default=CorrectionMode.TEXT,
+        help_text="how the judge gives the corrected turn: written, or chosen among the agent's tools "
+        "(ids copied from the conversation) and a reply, under structured output",
+    )
     updated_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -148,6 +160,9 @@ class JudgeResult(models.Model):
     rationale = models.TextField(blank=True, default="")
     # The self-distillation target, written by the judge (human corrections are `Correction`s).
     corrected_response = models.TextField(blank=True, default="")
+    # In "actions" mode, the action the judge chose ({"kind": "tool", "name", "arguments"} or
+    # {"kind": "reply", "text"}); `corrected_response` is it rendered as the agent writes it.
+    action = models.JSONField(null=True, blank=True)
     guard_reason = models.TextField(
         blank=True, default="", help_text="set when the logged turn had no content: the reward is then 0"
     )

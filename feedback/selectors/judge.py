@@ -55,6 +55,7 @@ def judge_endpoint_for(*, deployment: Deployment | None = None) -> JudgeEndpoint
         model=override.model,
         api_key=os.environ.get(override.api_key_env, "") if override.api_key_env else "",
         schema_mode=override.schema_mode,
+        correction_mode=override.correction_mode,
     )
 
 

@@ -43,6 +43,8 @@ class TrainingGate:
     calls: int
     failure_rate: float | None
     thresholds: dict[str, float] = field(default_factory=dict)
+    # A judge in "actions" mode: per kind, its chosen actions against operators' corrections.
+    action_agreement: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -55,15 +57,23 @@ def _thresholds() -> dict[str, float]:
         "min_swap_n": settings.JUDGE_GATE_MIN_SWAP_N,
         "min_swap_agreement": settings.JUDGE_GATE_MIN_SWAP_AGREEMENT,
         "max_failure_rate": settings.JUDGE_GATE_MAX_FAILURE_RATE,
+        "min_action_agreement": settings.JUDGE_ACTION_MIN_AGREEMENT,
+        "min_action_n": settings.JUDGE_ACTION_MIN_N,
     }
 
 
 def judge_training_gate(
-    *, deployment: Deployment | None, judge_model: str | None = None, judge_base_url: str | None = None
+    *,
+    deployment: Deployment | None,
+    judge_model: str | None = None,
+    judge_base_url: str | None = None,
+    correction_mode: str = "text",
 ) -> TrainingGate:
     """The gate for `deployment`'s judge (its own endpoint, else the settings' one). The
     evidence counted is that of this judge: its model name at its URL. Another server that
-    answers to the same name (an endpoint edited to point elsewhere) starts uncalibrated."""
+    answers to the same name (an endpoint edited to point elsewhere) starts uncalibrated.
+    A judge that chooses actions (`correction_mode` "actions") must also agree with the
+    operators' own corrections on every kind (`judge_actions.action_agreement`)."""
     version = CURRENT_SCORE.version
     t = _thresholds()
     if judge_model is None:
@@ -74,6 +84,7 @@ def judge_training_gate(
                 False, "no judge endpoint is configured", "", version, None, None, 0, 0, None, 0, None, t
             )
         judge_model, judge_base_url = endpoint.model, endpoint.base_url
+        correction_mode = endpoint.correction_mode
     calls = CandidateScoring.objects.filter(
         purpose=ScoringPurpose.CALIBRATION, judge_model=judge_model, prompt_version=version
     )
@@ -128,6 +139,10 @@ def judge_training_gate(
         unmet.append(
             f"the judge failed {failures} of {total} calls ({failure_rate:.0%}), over {t['max_failure_rate']:.0%}"
         )
+    kinds: dict[str, dict[str, Any]] = {}
+    if correction_mode == "actions":
+        kinds, action_unmet = _action_conditions(deployment, judge_model, judge_base_url, t)
+        unmet += action_unmet
     if unmet:
         reason = "; ".join(unmet)
     else:
@@ -136,6 +151,10 @@ def judge_training_gate(
             f"order-swap consistency {swap['agreement']:.2f} over {swap['n']} checks, "
             f"{failure_rate or 0:.0%} of calls failed"
         )
+        if kinds:
+            reason += "; chosen actions agree with operators' corrections: " + ", ".join(
+                f"{k} {v['rate']:.0%} of {v['n']}" for k, v in kinds.items()
+            )
     return TrainingGate(
         allowed=not unmet,
         reason=reason,
@@ -149,4 +168,28 @@ def judge_training_gate(
         calls=total,
         failure_rate=failure_rate,
         thresholds=t,
+        action_agreement=kinds,
     )
+
+
+def _action_conditions(
+    deployment: Deployment | None, judge_model: str, judge_base_url: str | None, t: dict[str, float]
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Per kind agreement of the judge's chosen actions with operators' corrections, and
+    the conditions it leaves unmet: every kind measured on at least `min_action_n` turns,
+    each agreeing at least `min_action_agreement`."""
+    from feedback.selectors.judge_actions import action_agreement
+
+    kinds = action_agreement(deployment=deployment, judge_model=judge_model, judge_base_url=judge_base_url)
+    unmet = []
+    if not kinds:
+        unmet.append("no operator corrections to measure the judge's chosen actions against")
+    for kind, a in kinds.items():
+        if a.n < t["min_action_n"]:
+            unmet.append(f"chosen actions of kind {kind}: only {a.n} corrected turns; {t['min_action_n']:g} needed")
+        elif (a.rate or 0) < t["min_action_agreement"]:
+            unmet.append(
+                f"chosen actions of kind {kind} agree with operators on {a.rate:.0%} of {a.n}, "
+                f"below {t['min_action_agreement']:.0%}"
+            )
+    return {k: a.as_dict() for k, a in kinds.items()}, unmet

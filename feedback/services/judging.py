@@ -20,7 +20,7 @@ from django.db.models import Min, Q
 from django.utils import timezone
 
 from feedback.judge.client import JudgeCallFailed, JudgeEndpoint, JudgeNotConfigured
-from feedback.judge.prompts import CURRENT_SCORE, CURRENT_TURN, FeedbackItem
+from feedback.judge.prompts import CURRENT_ACTION, CURRENT_SCORE, CURRENT_TURN, FeedbackItem
 from feedback.judge.scoring import judge_turn, order_swap_check
 from feedback.models import (
     Comment,
@@ -229,6 +229,7 @@ _OUTCOME_FIELDS = (
     "reward",
     "rationale",
     "corrected_response",
+    "action",
     "guard_reason",
     "raw_output",
 )
@@ -295,7 +296,7 @@ def _judge_claimed(result: JudgeResult, endpoint: JudgeEndpoint | None) -> Judge
     context, turn = _context_for(message)
     result.judge_model = endpoint.model
     result.judge_base_url = endpoint.base_url
-    result.prompt_version = CURRENT_TURN.version
+    result.prompt_version = CURRENT_ACTION.version if endpoint.correction_mode == "actions" else CURRENT_TURN.version
     if not items:
         return _fail(result, "no feedback on this turn to judge it by")
     try:
@@ -312,6 +313,7 @@ def _judge_claimed(result: JudgeResult, endpoint: JudgeEndpoint | None) -> Judge
     result.reward = outcome.reward
     result.rationale = judgement.rationale
     result.corrected_response = judgement.corrected_response or ""
+    result.action = outcome.action
     result.guard_reason = outcome.guard_reason or ""
     result.raw_output = outcome.raw[:RAW_OUTPUT_MAX]
     result.status = JudgeStatus.SUCCEEDED
@@ -400,13 +402,22 @@ def order_swap_check_run(
 
 @transaction.atomic
 def deployment_judge_set(
-    *, deployment: Deployment, base_url: str, model: str, api_key_env: str = "", schema_mode: str = "full"
+    *,
+    deployment: Deployment,
+    base_url: str,
+    model: str,
+    api_key_env: str = "",
+    schema_mode: str = "full",
+    correction_mode: str = "text",
 ) -> DeploymentJudge:
     """Give `deployment` its own judge endpoint (or change it). The key is never stored:
     `api_key_env` names the variable that holds it, and only judge key variables are
-    accepted (`judge_key_env_check`); a bad value raises ValidationError naming the field."""
+    accepted (`judge_key_env_check`); a bad value raises ValidationError naming the field.
+    `correction_mode` "actions" has the judge choose the corrected turn among the agent's
+    actions instead of writing it."""
     judge = DeploymentJudge.objects.filter(deployment=deployment).first() or DeploymentJudge(deployment=deployment)
     judge.base_url, judge.model, judge.api_key_env, judge.schema_mode = base_url, model, api_key_env, schema_mode
+    judge.correction_mode = correction_mode
     judge.updated_at = timezone.now()
     judge.full_clean()
     judge.save()

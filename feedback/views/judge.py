@@ -15,8 +15,8 @@ from django.views.decorators.http import require_POST
 from django_htmx.http import trigger_client_event
 
 from feedback.judge.client import JudgeNotConfigured
-from feedback.judge.prompts import CURRENT_TURN
-from feedback.models import JudgeJob, JudgeResult, JudgeStatus, JudgeTrigger, Message
+from feedback.judge.prompts import CURRENT_ACTION, CURRENT_TURN
+from feedback.models import CorrectionMode, DeploymentJudge, JudgeJob, JudgeResult, JudgeStatus, JudgeTrigger, Message
 from feedback.permissions import BROWSE, can_see_customer_feedback
 from feedback.selectors.judge import (
     agreement_by_version,
@@ -25,13 +25,14 @@ from feedback.selectors.judge import (
     judge_results_for_messages,
 )
 from feedback.services.judge_jobs import judge_job_cancel, judge_job_create
-from feedback.services.judging import JudgeError, judge_request
+from feedback.services.judging import JudgeError, deployment_judge_set, judge_request
 from feedback.views.common import dashboard_view, safe_next
 from feedback.views.traces import trace_or_404
 from training.serving.models import Deployment
 from webapp.form_problems import django_form_problems
 
 RUN_JUDGE = "feedback.add_judgejob"
+SET_JUDGE = "feedback.change_deploymentjudge"
 
 
 class BackfillForm(forms.Form):
@@ -55,7 +56,8 @@ def _endpoint_summary() -> dict:
         "model": endpoint.model,
         "base_url": endpoint.base_url,
         "schema_mode": endpoint.schema_mode,
-        "prompt_version": CURRENT_TURN.version,
+        "correction_mode": endpoint.correction_mode,
+        "prompt_version": CURRENT_ACTION.version if endpoint.correction_mode == "actions" else CURRENT_TURN.version,
     }
 
 
@@ -80,6 +82,9 @@ def _judge_page(request: HttpRequest, form: BackfillForm, *, status: int = 200) 
         "problems": django_form_problems(form, prefix="backfill") if form.is_bound else None,
         "recent": recent,
         "can_run": request.user.has_perm(RUN_JUDGE),
+        "can_set": request.user.has_perm(SET_JUDGE),
+        "deployment_judges": DeploymentJudge.objects.select_related("deployment").order_by("deployment__name"),
+        "correction_modes": CorrectionMode.choices,
         "min_kappa": settings.JUDGE_REWARD_MIN_KAPPA,
         "min_n": settings.JUDGE_REWARD_MIN_N,
         **_jobs_context(),
@@ -107,6 +112,28 @@ def judge_job_create_view(request: HttpRequest) -> HttpResponse:
         flash.error(request, str(exc))
     else:
         flash.success(request, f"Backfill job {job.pk} queued.")
+    return redirect("feedback:judge")
+
+
+@require_POST
+@dashboard_view(SET_JUDGE)
+def deployment_judge_mode_view(request: HttpRequest, deployment_id: int) -> HttpResponse:
+    """Switch how a deployment's judge gives corrected turns: written, or chosen among the
+    agent's actions."""
+    judge = get_object_or_404(DeploymentJudge.objects.select_related("deployment"), pk=deployment_id)
+    mode = request.POST.get("correction_mode", "")
+    if mode not in CorrectionMode.values:
+        flash.error(request, f"correction_mode: must be one of {', '.join(CorrectionMode.values)}")
+        return redirect("feedback:judge")
+    deployment_judge_set(
+        deployment=judge.deployment,
+        base_url=judge.base_url,
+        model=judge.model,
+        api_key_env=judge.api_key_env,
+        schema_mode=judge.schema_mode,
+        correction_mode=mode,
+    )
+    flash.success(request, f"{judge.deployment.name}: corrections {CorrectionMode(mode).label.lower()}.")
     return redirect("feedback:judge")
 
 

@@ -44,7 +44,7 @@ def test_a_staff_admin_cannot_save_another_variable_in_the_admin(client, deploym
     admin = user_with_role("admin", "ada", is_staff=True)
     client.force_login(admin)
     form = {"deployment": deployment.pk, "base_url": "http://judge.invalid/v1", "model": "m"}
-    form |= {"schema_mode": "full", "updated_at_0": "2026-12-01", "updated_at_1": "12:00:00"}
+    form |= {"schema_mode": "full", "correction_mode": "text", "updated_at_0": "2026-12-01", "updated_at_1": "12:00:00"}
     response = client.post("/admin/feedback/deploymentjudge/add/", {**form, "api_key_env": "SECRET_KEY"})
     assert response.status_code == 200 and "is not a judge key variable" in response.content.decode()
     assert not DeploymentJudge.objects.exists()

@@ -156,6 +156,7 @@ def training_job_create(
         _check_items(kind, training_set, hint_samples=getattr(parsed, "hint_samples", 0))
     if kind == JobKind.EPISODES and parsed.rollout == "vllm" and parsed.adapter != "lora":
         raise JobError([("config.rollout", "vLLM rollouts need a LoRA adapter")])
+    hint_note = _hint_gap_pass(kind, parsed, base_version)
     deployment = deployment or (training_set.deployment if training_set else None) or base_version.deployment
     gate = _gate_pass(kind, parsed, training_set, deployment, user, judge_gate_override_reason)
     job = TrainingJob.objects.create(
@@ -168,10 +169,23 @@ def training_job_create(
         created_by=user,
     )
     _gate_log(job, gate)
+    if hint_note:
+        _log(job, hint_note)
     _log(job, "queued")
     if enqueue:
         _enqueue(job)
     return job
+
+
+def _hint_gap_pass(kind: str, parsed, base_version: ModelVersion) -> str:
+    """What the job's log says about the version's student-teacher gap ("" for a job that
+    uses no hint); `JobError` on the base version when the gap is too small."""
+    from training.services.gap_probes import hint_gap_verdict
+
+    allowed, said = hint_gap_verdict(kind=kind, config=parsed, version=base_version)
+    if not allowed:
+        raise JobError([("base_version", said)])
+    return said
 
 
 def _gate_pass(kind: str, parsed, training_set, deployment, user, override_reason: str) -> dict | None:
@@ -246,11 +260,14 @@ def training_job_set_attach(
         return None
     parsed = training_job_config_check(kind=job.kind, config=config, base_version=job.base_version)
     _check_items(job.kind, training_set, hint_samples=getattr(parsed, "hint_samples", 0))
+    hint_note = _hint_gap_pass(job.kind, parsed, job.base_version)
     gate = _gate_pass(job.kind, parsed, training_set, job.deployment, None, "")
     job.training_set, job.config, job.total_steps = training_set, parsed.to_dict(), parsed.steps
     job.phase = {}
     job.save(update_fields=["training_set", "config", "total_steps", "phase"])
     _gate_log(job, gate)
+    if hint_note:
+        _log(job, hint_note)
     _log(job, "queued")
     if enqueue:
         _enqueue(job)
