@@ -48,8 +48,8 @@ def _chain(messages: list[dict[str, Any]], start: str = "") -> str:
     return start
 
 
-def _size(message: dict[str, Any]) -> int:
-    return len(orjson.dumps(message, default=str))
+def _size(value: Any) -> int:
+    return len(orjson.dumps(value, default=str))
 
 
 @dataclass
@@ -190,6 +190,7 @@ class TraceExtension:
             s["model"] = r.model or s.get("model", "")
             if r.tools:
                 s["tools"] = r.tools
+                self.added_bytes += _size(r.tools)
             return
         # A call from before the latest one: it may say only what the trace holds, then more.
         said = inputs + r.outputs
@@ -235,6 +236,7 @@ class TraceExtension:
                 s[key] = value
         if r.metadata:
             s["metadata"] = {**s.get("metadata", {}), **r.metadata}
+            self.added_bytes += _size(r.metadata)
 
 
 def _calls(message: dict[str, Any]) -> list[list[str]]:

@@ -76,7 +76,7 @@ def _span_id(n: int) -> str:
 
 def _stored_span_bytes() -> int:
     with connection.cursor() as cursor:
-        cursor.execute("SELECT coalesce(sum(pg_column_size(data)), 0) FROM feedback_otelspan")
+        cursor.execute("SELECT coalesce(sum(octet_length(data::text)), 0) FROM feedback_otelspan")
         return cursor.fetchone()[0]
 
 
@@ -226,3 +226,16 @@ def test_an_oversized_span_is_an_otlp_error_before_anything_is_written(deploymen
             request=_request(_chat(_span_id(0), 10, [_text("user", "q" * 5_000)], _text("assistant", "a"))),
         )
     assert not Trace.objects.exists() and not OtelSpan.objects.exists()
+
+
+def test_metadata_and_tool_definitions_count_toward_the_span_bound(deployment, settings):
+    settings.OTEL_SPAN_MAX_BYTES = 10_000
+    span = _chat(_span_id(0), 10, [_text("user", "hi")], _text("assistant", "hello"))
+    span["attributes"]["metadata"] = json.dumps({"notes": "n" * 20_000})  # OpenInference's run metadata
+    with pytest.raises(OtlpError, match=f"span {_span_id(0)}"):
+        otlp_ingest(deployment=deployment, request=_request(span))
+
+    settings.OTEL_SPAN_MAX_BYTES = 100_000
+    assert otlp_ingest(deployment=deployment, request=_request(span)).rejected_spans == 0
+    assert Trace.objects.get().metadata["notes"] == "n" * 20_000
+    assert "metadata" not in OtelTrace.objects.get().summary  # the trace holds it, not the state
