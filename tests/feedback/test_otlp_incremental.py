@@ -239,3 +239,22 @@ def test_metadata_and_tool_definitions_count_toward_the_span_bound(deployment, s
     assert otlp_ingest(deployment=deployment, request=_request(span)).rejected_spans == 0
     assert Trace.objects.get().metadata["notes"] == "n" * 20_000
     assert "metadata" not in OtelTrace.objects.get().summary  # the trace holds it, not the state
+
+
+def test_a_small_export_after_large_parked_spans_costs_what_it_carries(deployment):
+    """The issue's case: tool results parked near the span bound, then a 390-byte export."""
+    import tracemalloc
+
+    for n in range(10):
+        parked = _request(_tool(_span_id(n), 5 + n, f"c{n}", "r" * 900_000))
+        assert otlp_ingest(deployment=deployment, request=parked).rejected_spans == 0
+    small = _request({"id": _span_id(20), "start": 50, "attributes": {"http.route": "/orders"}})
+    assert small.ByteSize() < 400
+
+    tracemalloc.start()
+    result = otlp_ingest(deployment=deployment, request=small)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+
+    assert result.rejected_spans == 0 and result.traces["held"] == 1
+    assert peak < 1_000_000  # 9 MB parked; before, each export re-read and parsed all of it
