@@ -117,7 +117,9 @@ class TraceExtension:
             for pk, cid, tool in self._held():
                 if pk not in self.taken and ((tool == name and not cid) if by_name else cid == call_id):
                     self.taken.add(pk)
-                    return OtelSpan.objects.filter(pk=pk).values_list("data__result", flat=True).first() or ""
+                    text = OtelSpan.objects.filter(pk=pk).values_list("data__result", flat=True).first() or ""
+                    self.added_bytes -= len(text.encode())  # counted when it was parked
+                    return text
             for r in self.parked:
                 if (r.tool_name == name and not r.call_id) if by_name else r.call_id == call_id:
                     self.parked.remove(r)

@@ -258,3 +258,16 @@ def test_a_small_export_after_large_parked_spans_costs_what_it_carries(deploymen
 
     assert result.rejected_spans == 0 and result.traces["held"] == 1
     assert peak < 1_000_000  # 9 MB parked; before, each export re-read and parsed all of it
+
+
+def test_a_held_result_is_not_counted_again_against_the_call_that_takes_it(deployment, settings):
+    settings.OTEL_SPAN_MAX_BYTES = 100_000
+    parked = _request(_tool(_span_id(0), 5, "c1", "r" * 90_000))
+    assert otlp_ingest(deployment=deployment, request=parked).rejected_spans == 0
+
+    call = _request(_chat(_span_id(1), 10, [_text("user", "u" * 20_000)], _call("c1")))
+    result = otlp_ingest(deployment=deployment, request=call)
+
+    assert result.rejected_spans == 0 and result.traces["created"] == 1
+    assert [m.role for m in Trace.objects.get().messages.order_by("position")] == ["user", "assistant", "tool"]
+    assert not OtelSpan.objects.filter(held=True).exists() and OtelTrace.objects.get().held == 0
