@@ -109,7 +109,7 @@ def otlp_ingest(*, deployment: Deployment, request, now: datetime | None = None)
             for t in Trace.objects.select_for_update()
             .filter(deployment=deployment, external_id__in=valid)
             .order_by("id")
-            .values("id", "external_id", "message_count", "metadata", "ended_at", "session_id", "tools", "status")
+            .values("id", "external_id", "message_count", "metadata", "ended_at", "session_id", "status")
         }
         works: list[TraceExtension] = []
         for trace_id in valid:
@@ -305,8 +305,8 @@ def _trace_update(work: TraceExtension, now: datetime) -> None:
         fields["session_id"] = s["session"]
     if s.get("model"):
         fields["model_name"] = s["model"]
-    if s.get("tools") and not t["tools"]:
-        fields["tools"] = s["tools"]
+    if s.get("tools"):  # a trace that has none takes the first a model call names
+        Trace.objects.filter(pk=t["id"], tools=[]).update(tools=s["tools"])
     if counts["preview"]:
         Trace.objects.filter(pk=t["id"], preview="").update(preview=counts["preview"])
     Trace.objects.filter(pk=t["id"]).update(**fields)
