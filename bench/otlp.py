@@ -197,6 +197,8 @@ def main() -> None:
             f"{'message':>8} {'round':>5} {'OTLP runs/s':>12} {'OTLP spans/s':>13} {'batch runs/s':>13} {'OTLP/batch':>11}"
         )
         for size in (200, 2000):
+            sizes = len(otlp_body("size", size)), len(batch_body("size", size))
+            print(f"{size:>7}B bytes a request of {RUNS_PER_REQUEST} runs: OTLP {sizes[0]:,}, batch {sizes[1]:,}")
             send_all(base, key, [otlp_body(f"w{size}", size)], 1, otlp=True)
             send_all(base, key, [batch_body(f"w{size}", size)], 1, otlp=False)
             otlp_rates, batch_rates = [], []
