@@ -9,6 +9,15 @@ and three tool spans — 8 spans, one export request per 50 runs (what the SDK's
 processor sends). Both go to uvicorn (--workers, default 2) from --clients concurrent
 clients; rounds alternate OTLP and batch so machine noise hits both. Prints runs/s for both,
 spans/s for OTLP, and the ratio. Uses its own database (<name>_bench), recreated each run.
+
+Then one long run, as a long-running agent exports it: the real OpenTelemetry SDK's OTLP/HTTP
+exporter behind a SimpleSpanProcessor (one export per finished span) sends --spans spans of
+one trace (default 1,200; --spans 5000 is the per-trace limit). Each step of the run is a
+model call whose input repeats the conversation so far and asks for a tool, the tool's span,
+and four spans of other work (an HTTP call, a query, a cache read, a log write). Prints the
+median export latency of exports 100-200 and of the last 100, and their ratio (the cost of
+an export should depend on the spans it carries, not on how long the run is); the model-call
+exports, which carry the whole conversation, are shown apart.
 """
 
 from __future__ import annotations
@@ -175,6 +184,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
     parser.add_argument("--port", type=int, default=8766)
+    parser.add_argument("--spans", type=int, default=1200, help="spans of the long run (0: none; 5000: the limit)")
     args = parser.parse_args()
 
     base_url = os.environ.get("DATABASE_URL", "")
@@ -187,6 +197,8 @@ def main() -> None:
             f"{'message':>8} {'round':>5} {'OTLP runs/s':>12} {'OTLP spans/s':>13} {'batch runs/s':>13} {'OTLP/batch':>11}"
         )
         for size in (200, 2000):
+            sizes = len(otlp_body("size", size)), len(batch_body("size", size))
+            print(f"{size:>7}B bytes a request of {RUNS_PER_REQUEST} runs: OTLP {sizes[0]:,}, batch {sizes[1]:,}")
             send_all(base, key, [otlp_body(f"w{size}", size)], 1, otlp=True)
             send_all(base, key, [batch_body(f"w{size}", size)], 1, otlp=False)
             otlp_rates, batch_rates = [], []
@@ -214,6 +226,76 @@ def main() -> None:
                 )
             o, b = statistics.median(otlp_rates), statistics.median(batch_rates)
             print(f"{size:>7}B median {o:>11.0f} {o * SPANS_PER_RUN:>13.0f} {b:>13.0f} {o / b:>11.2f}")
+        if args.spans:
+            long_run(base, key, args.spans)
+
+
+STEP_SPANS = ("chat", "execute_tool", "GET /orders", "SELECT orders", "cache get", "log write")
+
+
+def long_run(base: str, key: str, spans: int) -> None:
+    """One trace of `spans` spans, each exported alone as it ends (see the module docstring)."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+
+    exporter = OTLPSpanExporter(endpoint=f"{base}/api/v1/otel/v1/traces", headers={"Authorization": f"Bearer {key}"})
+    timings: list[tuple[str, float]] = []
+    export = exporter.export
+
+    def timed(batch):
+        t0 = time.perf_counter()
+        result = export(batch)
+        timings.append((batch[0].name, time.perf_counter() - t0))
+        if result is not SpanExportResult.SUCCESS:
+            raise RuntimeError(f"export {len(timings)} failed")
+        return result
+
+    exporter.export = timed
+    provider = TracerProvider(resource=Resource.create({"service.name": "bench-agent"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("bench")
+    history = [{"role": "user", "parts": [{"type": "text", "content": "Audit the open orders, one by one."}]}]
+    t0 = time.perf_counter()
+    with tracer.start_as_current_span("invoke_agent audit") as run:
+        run.set_attribute("gen_ai.operation.name", "invoke_agent")
+        step = 0
+        while len(timings) < spans - 1:  # the agent's own span is the last export
+            call_id = f"call_{step}"
+            call = {
+                "role": "assistant",
+                "parts": [{"type": "tool_call", "id": call_id, "name": "lookup", "arguments": {"order": step}}],
+            }
+            for name in STEP_SPANS[: spans - 1 - len(timings)]:
+                with tracer.start_as_current_span(name) as span:
+                    if name == "chat":
+                        span.set_attribute("gen_ai.operation.name", "chat")
+                        span.set_attribute("gen_ai.request.model", "bench-model")
+                        span.set_attribute("gen_ai.input.messages", json.dumps(history))
+                        span.set_attribute("gen_ai.output.messages", json.dumps([call]))
+                        span.set_attribute("gen_ai.usage.output_tokens", 12)
+                    elif name == "execute_tool":
+                        span.set_attribute("gen_ai.operation.name", "execute_tool")
+                        span.set_attribute("gen_ai.tool.call.id", call_id)
+                        span.set_attribute("gen_ai.tool.call.result", f'{{"order": {step}, "status": "shipped"}}')
+                    else:
+                        span.set_attribute("http.route" if name.startswith("GET") else "db.operation", name)
+            result = {"role": "tool", "parts": [{"type": "tool_call_response", "id": call_id, "response": "ok"}]}
+            history += [call, result]
+            step += 1
+    provider.shutdown()
+    elapsed = time.perf_counter() - t0
+    ms = [t * 1000 for _, t in timings]
+    early, late = statistics.median(ms[100:200]), statistics.median(ms[-100:])
+    chat = [t * 1000 for name, t in timings if name == "chat"]
+    print(
+        f"\nlong run: {len(ms)} exports of one span each (one trace, {step} model calls), {elapsed:.0f} s\n"
+        f"  median export latency, exports 100-200: {early:.2f} ms; last 100: {late:.2f} ms; "
+        f"ratio {late / early:.2f}\n"
+        f"  model-call exports (their input is the whole conversation): median of the first 20 "
+        f"{statistics.median(chat[:20]):.2f} ms, of the last 20 {statistics.median(chat[-20:]):.2f} ms"
+    )
 
 
 if __name__ == "__main__":

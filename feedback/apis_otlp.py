@@ -11,7 +11,8 @@ from rest_framework.views import APIView
 
 from feedback.auth import ApiKeyPrincipal, scope_required
 from feedback.models import ApiKeyScope
-from feedback.services.otlp import OtlpError, export_response, otlp_decode, otlp_ingest
+from feedback.services.otlp import OtlpError, export_response, otlp_decode
+from feedback.services.otlp_ingest import otlp_ingest
 from webapp.api_errors import error_response
 
 

@@ -246,22 +246,60 @@ class ConversationTip(models.Model):
 
 
 class OtelSpan(models.Model):
-    """A span an OpenTelemetry exporter sent, kept while it can still shape its trace: a run's
-    spans arrive over several exports (each as it ends, the agent's own span last), and its
-    conversation is read from all of them at once (feedback/services/otlp.py)."""
+    """A span an OpenTelemetry exporter sent, kept while a retry of it may still come, so it is
+    taken once. Only a tool span whose call no model call has made yet keeps content (`held`:
+    its call id, tool name and result, waiting for that call); every other span keeps its id
+    alone (feedback/services/otlp_ingest.py)."""
 
     deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="+", db_index=False)
     trace_id = models.CharField(max_length=32)  # hex, as the trace's external id
     span_id = models.CharField(max_length=16)
     start_ns = models.BigIntegerField()
-    data = models.JSONField()  # name, parent, end, status, attributes, events, resource
+    data = models.JSONField()  # a held tool span's call id, name, result and size; else {}
+    held = models.BooleanField(default=False)
     received_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["deployment", "trace_id", "span_id"], name="otelspan_unique"),
         ]
-        indexes = [models.Index(fields=["received_at"], name="otelspan_received_idx")]
+        indexes = [
+            models.Index(fields=["received_at"], name="otelspan_received_idx"),
+            models.Index(fields=["deployment", "trace_id"], name="otelspan_held_idx", condition=models.Q(held=True)),
+        ]
 
     def __str__(self) -> str:
         return f"{self.trace_id}/{self.span_id}"
+
+
+class OtelTrace(models.Model):
+    """Where an OpenTelemetry trace's ingest stands between exports: enough to extend the
+    trace with the next spans without reading what it already holds. `chain` is a digest
+    over its `messages` as read (a tool message by its call id), so a model call whose input
+    repeats the conversation so far is recognised by hashing the input alone; `open_calls`
+    are the last assistant turn's calls no tool message answers yet; `frontier_*` is the
+    latest model call taken (a call that starts earlier is checked against the stored
+    messages instead); `summary` is what the spans say about the whole run."""
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="+", db_index=False)
+    external_id = models.CharField(max_length=32)  # the 32-hex trace id
+    trace = models.ForeignKey(Trace, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    spans = models.PositiveIntegerField(default=0)
+    messages = models.PositiveIntegerField(default=0)
+    chain = models.CharField(max_length=32, blank=True, default="")  # "" until known
+    open_calls = models.JSONField(default=list)  # [[call id, tool name], …]
+    frontier_start_ns = models.BigIntegerField(default=-1)
+    frontier_end_ns = models.BigIntegerField(default=-1)
+    held = models.PositiveIntegerField(default=0)
+    stored_bytes = models.BigIntegerField(default=0)  # messages written and results held, by its spans
+    summary = models.JSONField(default=dict)  # times, error, session, agent, service, metadata, model
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["deployment", "external_id"], name="oteltrace_unique"),
+        ]
+        indexes = [models.Index(fields=["updated_at"], name="oteltrace_updated_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.deployment_id}:{self.external_id}"

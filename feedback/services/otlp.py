@@ -15,35 +15,28 @@ the next assistant turn, with the span's model, tokens, finish reason and latenc
 when no later model call's input carried it. Other spans (the agent's own, HTTP, database)
 add only the trace's times, status and session.
 
-The payload is parsed with the official `opentelemetry-proto` messages; the conversation then
-goes through batch ingest (`traces_ingest`) like any other source: the same validation,
-limits and append-only rule, so spans of one run may arrive over several exports as long as
-each model call carries its input (the instrumentations do once message content capture is
-on: `OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true`).
+The payload is parsed with the official `opentelemetry-proto` messages, and each span is read
+(`span_read`) into what the mapping needs, nothing more; `feedback/services/otlp_ingest.py`
+takes the readings into traces, one export at a time. A new trace goes through batch ingest
+(`traces_ingest`) like any other source, and every appended turn through the same message
+validation and limits and the append-only rule, so spans of one run may arrive over several
+exports as long as each model call carries its input (the instrumentations do once message
+content capture is on: `OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true`).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import json
 import math
 import re
 import zlib
-from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
-from django.conf import settings
-from django.db import connection, transaction
-from django.utils import timezone
-
-from feedback.models import OtelSpan, Trace, TraceSource
-from feedback.services.chat_format import SERVING_KEYS, parse_timestamp
-from feedback.services.ingest import strip_nul, traces_ingest
-from training.serving.models import Deployment
+from feedback.services.chat_format import SERVING_KEYS
 
 MAX_SPANS = 20_000  # per export request
 MAX_SPANS_PER_TRACE = 5_000
@@ -85,17 +78,6 @@ class SpanRecord:
             return op
         kind = str(self.attributes.get("openinference.span.kind") or "").upper()
         return {"LLM": "chat", "TOOL": TOOL_OPERATION}.get(kind, "")
-
-
-@dataclass
-class TraceMapping:
-    """The spans of one trace, read: an ingest item, or why there is none."""
-
-    trace_id: str
-    spans: int
-    item: dict[str, Any] | None = None
-    reason: str = ""
-    notes: list[str] = field(default_factory=list)
 
 
 # --- decoding -------------------------------------------------------------------------------
@@ -256,74 +238,11 @@ def export_response(*, rejected: int, message: str, as_json: bool) -> tuple[byte
 # --- spans to a conversation --------------------------------------------------------------
 
 
-def _map_trace(mapping: TraceMapping, spans: list[SpanRecord]) -> None:
-    llm = [s for s in spans if s.operation in LLM_OPERATIONS]
-    if not llm:
-        mapping.reason = "no GenAI or OpenInference model-call span in this trace"
-        return
-    conversation: list[dict[str, Any]] = []
-    tools: list[dict[str, Any]] = []
-    model = ""
-    for span in llm:
-        if len(conversation) > settings.INGEST_MAX_MESSAGES_PER_TRACE:
-            break  # ingest refuses it with the count; reading further only costs
-        read = _llm_messages(span)
-        if read is None:
-            mapping.notes.append(f"span {span.span_id}: no message content")
-            continue
-        inputs, outputs = read
-        common = 0
-        while common < min(len(conversation), len(inputs)) and _plain(conversation[common]) == _plain(inputs[common]):
-            common += 1
-        conversation += inputs[common:]
-        conversation += [_with_serving(m, span) for m in outputs]
-        tools = _tool_definitions(span) or tools
-        model = _model(span) or model
-    if not conversation:
-        mapping.reason = (
-            "the model-call spans carry no message content; turn content capture on "
-            "(OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true)"
-        )
-        return
-    conversation = _with_tool_results(conversation, spans)
-    metadata: dict[str, Any] = {"otel": {"spans": len(spans)}}
-    service = next((s.resource.get("service.name") for s in spans if s.resource.get("service.name")), None)
-    if isinstance(service, str):
-        metadata["otel"]["service_name"] = service[:200]
-    for span in spans:
-        extra = _json_object(span.attributes.get("metadata"))  # OpenInference: a JSON object
-        if extra:
-            metadata.update(extra)
-        agent = span.attributes.get("gen_ai.agent.name")
-        if isinstance(agent, str) and agent:
-            metadata.setdefault("agent", agent[:200])
-    session = next(
-        (
-            str(v)[:200]
-            for s in spans
-            for v in (s.attributes.get("gen_ai.conversation.id"), s.attributes.get("session.id"))
-            if isinstance(v, str | int) and not isinstance(v, bool) and str(v)
-        ),
-        "",
-    )
-    mapping.item = {
-        "external_id": mapping.trace_id,
-        "messages": conversation,
-        "metadata": metadata,
-        "session_id": session,
-        "model": model[:200],
-        "status": "error" if any(s.error for s in spans) else "ok",
-        "started_at": _iso(min(s.start_ns for s in spans)),
-        "ended_at": _iso(max(max(s.end_ns, s.start_ns) for s in spans)),
-        **({"tools": tools} if tools else {}),
-    }
-
-
-def _plain(message: dict[str, Any]) -> dict[str, Any]:
+def plain_message(message: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in message.items() if k not in SERVING_KEYS}
 
 
-def _iso(ns: int) -> str | None:
+def ns_iso(ns: int) -> str | None:
     if ns <= 0:
         return None
     try:
@@ -336,10 +255,21 @@ def _json_value(value: Any) -> Any:
     """An attribute that holds JSON: as a string (most instrumentations) or already structured."""
     if isinstance(value, str):
         try:
-            return _clean(json.loads(value))
+            loaded = json.loads(value, parse_constant=_no_constant, parse_float=_finite)
         except (ValueError, RecursionError):
             return None
+        # NaN and infinities are null already; only an escaped NUL needs the walk.
+        return _clean(loaded) if "\\u0000" in value else loaded
     return value
+
+
+def _no_constant(_: str) -> None:
+    return None
+
+
+def _finite(text: str) -> float | None:
+    number = float(text)
+    return number if math.isfinite(number) else None
 
 
 def _json_object(value: Any) -> dict[str, Any]:
@@ -574,259 +504,64 @@ def _tool_definitions(span: SpanRecord) -> list[dict[str, Any]]:
     return [t for _, t in sorted(indexed, key=lambda x: x[0])]
 
 
-def _with_tool_results(conversation: list[dict[str, Any]], spans: list[SpanRecord]) -> list[dict[str, Any]]:
-    """The conversation with the tool spans' results: a span's result is the tool message
-    for its call (by call id, else the first unanswered call of its name), after the turn
-    that made it. Where a later model call's input carried that message too, the span's
-    text is kept, so every rebuild of the trace says the same whichever export carried what."""
-    by_id: dict[str, str] = {}
-    by_name: dict[str, list[str]] = defaultdict(list)
-    for span in spans:
-        a = span.attributes
-        if span.operation != TOOL_OPERATION:
-            continue
-        result = a.get("gen_ai.tool.call.result", a.get("output.value"))
-        if result is None:
-            continue
-        call_id = a.get("gen_ai.tool.call.id", a.get("tool_call.id"))
-        if isinstance(call_id, str) and call_id:
-            by_id.setdefault(call_id, _text(result))
-        else:
-            by_name[str(a.get("gen_ai.tool.name", a.get("tool.name")) or "")].append(_text(result))
-    if not by_id and not by_name:
-        return conversation
-    out: list[dict[str, Any]] = []
-    pending: list[dict[str, Any]] = []  # the last assistant turn's calls not answered yet
-    for message in [*conversation, None]:
-        if message is None or message.get("role") != "tool":
-            for call in pending:  # the turn's tool messages are over: add what spans answered
-                text = by_id.pop(call["id"], None)
-                if text is None and by_name.get(call["function"]["name"]):
-                    text = by_name[call["function"]["name"]].pop(0)
-                if text is not None:
-                    out.append({"role": "tool", "tool_call_id": call["id"], "content": text})
-            pending = []
-        if message is None:
-            break
-        if message.get("role") == "tool":
-            text = by_id.pop(message.get("tool_call_id"), None)
-            out.append({**message, "content": text} if text is not None else message)
-            pending = [c for c in pending if c["id"] != message.get("tool_call_id")]
-            continue
-        out.append(message)
-        if message.get("role") == "assistant":
-            pending = list(message.get("tool_calls") or [])
-    return out
-
-
-# --- the service --------------------------------------------------------------------------
-
-
 @dataclass
-class OtlpResult:
-    traces: dict[str, int]  # created / appended / exists / held / error: how many traces
-    rejected_spans: int
-    error_message: str
+class SpanReading:
+    """What the trace mapping reads of one span, and nothing else: the rest of its attributes
+    (however large) is not kept past the export that carried it."""
+
+    span_id: str
+    start_ns: int
+    end_ns: int
+    error: bool
+    kind: str  # "llm", "tool" or "" (any other span)
+    inputs: list[dict[str, Any]] | None = None  # a model call's input; None when it carries no content
+    outputs: list[dict[str, Any]] = field(default_factory=list)  # its answer, with the serving data
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    model: str = ""
+    call_id: str = ""  # a tool span's call, by id or else by tool name
+    tool_name: str = ""
+    result: str | None = None
+    session: str = ""
+    agent: str = ""
+    service: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.start_ns, self.end_ns)
 
 
-def _record_data(span: SpanRecord) -> dict[str, Any]:
-    return {
-        "name": span.name,
-        "parent": span.parent_id,
-        "end_ns": span.end_ns,
-        "error": span.error,
-        "attributes": span.attributes,
-        "events": [list(e) for e in span.events],
-        "resource": span.resource,
-    }
-
-
-def _record_of(row: OtelSpan) -> SpanRecord:
-    d = row.data
-    return SpanRecord(
-        trace_id=row.trace_id,
-        span_id=row.span_id,
-        parent_id=d.get("parent", ""),
-        name=d.get("name", ""),
-        start_ns=row.start_ns,
-        end_ns=d.get("end_ns", 0),
-        error=bool(d.get("error")),
-        attributes=d.get("attributes") or {},
-        events=[(e[0], e[1]) for e in d.get("events") or []],
-        resource=d.get("resource") or {},
+def span_read(span: SpanRecord) -> SpanReading:
+    """The span as the mapping reads it (see the module's docstring)."""
+    a = span.attributes
+    reading = SpanReading(span.span_id, span.start_ns, span.end_ns, span.error, "")
+    operation = span.operation
+    if operation in LLM_OPERATIONS:
+        reading.kind = "llm"
+        read = _llm_messages(span)
+        if read is not None:
+            reading.inputs = read[0]
+            reading.outputs = [_with_serving(m, span) for m in read[1]]
+        reading.tools = _tool_definitions(span)
+        reading.model = _model(span)[:200]
+    elif operation == TOOL_OPERATION:
+        reading.kind = "tool"
+        result = a.get("gen_ai.tool.call.result", a.get("output.value"))
+        reading.result = None if result is None else _text(result)
+        call_id = a.get("gen_ai.tool.call.id", a.get("tool_call.id"))
+        reading.call_id = call_id[:200] if isinstance(call_id, str) else ""
+        reading.tool_name = str(a.get("gen_ai.tool.name", a.get("tool.name")) or "")[:200]
+    reading.session = next(
+        (
+            str(v)[:200]
+            for v in (a.get("gen_ai.conversation.id"), a.get("session.id"))
+            if isinstance(v, str | int) and not isinstance(v, bool) and str(v)
+        ),
+        "",
     )
-
-
-def _genai(span: SpanRecord) -> bool:
-    return span.operation in LLM_OPERATIONS or span.operation == TOOL_OPERATION
-
-
-def otlp_ingest(*, deployment: Deployment, request, now: datetime | None = None) -> OtlpResult:
-    """Store the spans of a decoded export request (`otlp_decode`) for `deployment` and
-    (re)build each trace they belong to from all of its spans so far.
-
-    A trace's spans are kept (`OtelSpan`) once one of them is a model call or a tool call,
-    and its conversation is read from all of them: the tool span that arrived in its own
-    export and the agent's span that ends last each find their trace. A trace with only tool
-    spans so far is held, not rejected. Rejected, with the reason per trace: spans of a trace
-    with no GenAI span, or whose model calls carry no content, or that ingest refuses (its
-    stored turns are never rewritten) — and a refused export's spans are not kept, so they
-    do not stand in the way of the next one. Spans are kept for
-    `OTEL_SPAN_RETENTION_SECONDS` whether or not the root span is in: a span that ends after
-    the agent's own, or a retry, still finds everything the trace was built from. A span is taken once (by its id, within an
-    export and across them). Two exports of one trace take turns (a lock per trace), so
-    neither rebuilds it without the other's spans."""
-    now = now or timezone.now()
-    incoming: dict[str, dict[str, SpanRecord]] = defaultdict(dict)
-    counts = {s: 0 for s in ("created", "exists", "appended", "held", "error")}
-    rejected = 0
-    reasons: list[str] = []
-
-    def reject(trace_id: str, spans: int, reason: str) -> None:
-        nonlocal rejected
-        counts["error"] += 1
-        rejected += spans
-        reasons.append(f"trace {trace_id}: {reason}")
-
-    bad_ids = 0
-    for span in spans_of(request):
-        if not re.fullmatch(r"[0-9a-f]{16}", span.span_id) or span.span_id == "0" * 16:
-            bad_ids += 1
-            continue
-        incoming[span.trace_id].setdefault(span.span_id, span)
-    if bad_ids:
-        rejected += bad_ids
-        reasons.append(f"{bad_ids} span(s): spanId must be 8 bytes, not all zero")
-
-    with transaction.atomic():
-        valid = []
-        for trace_id in sorted(incoming):
-            if not re.fullmatch(r"[0-9a-f]{32}", trace_id) or trace_id == "0" * 32:
-                reject(trace_id or "(none)", len(incoming[trace_id]), "traceId: must be 16 bytes, not all zero")
-            else:
-                valid.append(trace_id)
-        _traces_lock(deployment.pk, valid)
-        stored: dict[str, dict[str, SpanRecord]] = defaultdict(dict)
-        for row in OtelSpan.objects.filter(deployment=deployment, trace_id__in=valid).order_by("start_ns", "id"):
-            stored[row.trace_id][row.span_id] = _record_of(row)
-        mappings: list[tuple[TraceMapping, list[SpanRecord]]] = []
-        keep: list[tuple[str, list[SpanRecord]]] = []
-        for trace_id in valid:
-            got = list(incoming[trace_id].values())
-            new = [s for s in got if s.span_id not in stored[trace_id]]  # a retry adds nothing
-            spans = [*stored[trace_id].values(), *new]
-            if not any(_genai(s) for s in spans):
-                reject(trace_id, len(got), "no GenAI or OpenInference model-call span in this trace")
-                continue
-            if len(spans) > MAX_SPANS_PER_TRACE:
-                reject(trace_id, len(new), f"more than {MAX_SPANS_PER_TRACE} spans in one trace")
-                continue
-            mapping = TraceMapping(trace_id=trace_id, spans=len(got))
-            _map_trace(mapping, sorted(spans, key=lambda s: (s.start_ns, s.end_ns)))
-            if mapping.item is None and not any(s.operation in LLM_OPERATIONS for s in spans):
-                counts["held"] += 1  # tool spans before their model call's export
-                keep.append((trace_id, new))
-            elif mapping.item is None:
-                reject(trace_id, len(got), mapping.reason)
-            else:
-                mappings.append((mapping, new))
-                if mapping.notes:
-                    reasons.append(f"trace {trace_id}: " + "; ".join(mapping.notes[:3]))
-        _merge_stored(deployment, [m.item for m, _ in mappings])
-        results = traces_ingest(deployment=deployment, items=[m.item for m, _ in mappings], source=TraceSource.OTEL)
-        for (mapping, new), result in zip(mappings, results, strict=True):
-            if result.status == "error":
-                reject(
-                    mapping.trace_id, mapping.spans, "; ".join(f"{e['field']}: {e['reason']}" for e in result.errors)
-                )
-                continue
-            counts[result.status] += 1
-            if result.status != "created":  # a new trace was written from the item already
-                _trace_fields_update(result.trace_id, mapping.item)
-            keep.append((mapping.trace_id, new))
-        OtelSpan.objects.bulk_create(
-            [
-                OtelSpan(
-                    deployment=deployment,
-                    trace_id=trace_id,
-                    span_id=s.span_id,
-                    start_ns=min(s.start_ns, 2**63 - 1),
-                    data=_record_data(s),
-                    received_at=now,
-                )
-                for trace_id, new in keep
-                for s in new
-            ],
-            ignore_conflicts=True,
-        )
-    _spans_expire(now)
-    return OtlpResult(traces=counts, rejected_spans=rejected, error_message="; ".join(reasons)[:MAX_ERROR_CHARS])
-
-
-def _spans_expire(now: datetime) -> None:
-    """Spans kept past `OTEL_SPAN_RETENTION_SECONDS` go, in bounded steps so one export never
-    waits long, but faster than any export can add them (at most MAX_SPANS each)."""
-    cutoff = now - timedelta(seconds=settings.OTEL_SPAN_RETENTION_SECONDS)
-    for _ in range(2 * MAX_SPANS // 5000):
-        ids = list(
-            OtelSpan.objects.filter(received_at__lt=cutoff).order_by("received_at").values_list("pk", flat=True)[:5000]
-        )
-        if not ids:
-            return
-        OtelSpan.objects.filter(pk__in=ids).delete()
-
-
-def _traces_lock(deployment_id: int, trace_ids: list[str]) -> None:
-    """Hold these traces' locks until the transaction ends, taken in one order by every
-    export so two never wait on each other crosswise (PostgreSQL; SQLite writes one at a time)."""
-    if connection.vendor != "postgresql" or not trace_ids:
-        return
-    keys = sorted(
-        int.from_bytes(
-            hashlib.blake2b(f"otel:{deployment_id}:{t}".encode(), digest_size=8).digest(), "big", signed=True
-        )
-        for t in trace_ids
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(pg_advisory_xact_lock(k)) FROM unnest(%s::bigint[]) WITH ORDINALITY AS u(k, n)", [keys]
-        )
-
-
-def _merge_stored(deployment: Deployment, items: list[dict[str, Any]]) -> None:
-    """Items of traces already stored keep what the stored trace knows: an error stays an
-    error, and the metadata (its `otel` part too) is merged, not replaced, should the spans
-    the item was read from be fewer than the trace was built from (older ones expired)."""
-    stored = {
-        t["external_id"]: t
-        for t in Trace.objects.filter(deployment=deployment, external_id__in=[i["external_id"] for i in items]).values(
-            "external_id", "status", "metadata"
-        )
-    }
-    for item in items:
-        before = stored.get(item["external_id"])
-        if before is None:
-            continue
-        if before["status"] == "error":
-            item["status"] = "error"
-        old = before["metadata"] if isinstance(before["metadata"], dict) else {}
-        otel = {**_dict(old.get("otel")), **item["metadata"]["otel"]}
-        otel["spans"] = max(_dict(old.get("otel")).get("spans") or 0, item["metadata"]["otel"]["spans"])
-        item["metadata"] = {**old, **item["metadata"], "otel": otel}
-
-
-def _trace_fields_update(trace_pk: int, item: dict[str, Any]) -> None:
-    """What a later span tells about the whole run (its session, its end, an error, the
-    agent's name), on a trace ingest found stored."""
-    trace = Trace.objects.only("metadata", "ended_at").get(pk=trace_pk)
-    ended = parse_timestamp(item.get("ended_at"), "ended_at")
-    fields = {
-        "metadata": strip_nul({**trace.metadata, **item["metadata"]}),
-        "status": item["status"],
-        "ended_at": max(filter(None, (trace.ended_at, ended)), default=None),
-    }
-    if item.get("session_id"):
-        fields["session_id"] = item["session_id"]
-    if item.get("model"):
-        fields["model_name"] = item["model"]
-    Trace.objects.filter(pk=trace_pk).update(**fields)
+    agent = a.get("gen_ai.agent.name")
+    reading.agent = agent[:200] if isinstance(agent, str) else ""
+    service = span.resource.get("service.name")
+    reading.service = service[:200] if isinstance(service, str) else ""
+    reading.metadata = _json_object(a.get("metadata"))  # OpenInference: a JSON object
+    return reading
