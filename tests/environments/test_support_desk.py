@@ -12,22 +12,24 @@ import pytest
 
 from training.environments import Completion, environment_get, episode_run
 from training.environments.support_desk import (
-    DAY_STRETCHES,
-    DAY_VALUES,
-    FRESH_ORDERS,
     KINDS,
     REFUND_WINDOW_DAYS,
     SPLITS,
     SupportDesk,
     counterfactual_turns,
+    oracle_turns,
+    tasks_sample,
+)
+from training.environments.support_desk.store import (
+    DAY_STRETCHES,
+    DAY_VALUES,
+    FRESH_ORDERS,
     days_dealt,
     fresh_orders,
-    oracle_turns,
     order_kind,
     orders_table,
     refund_allowed,
     store_orders,
-    tasks_sample,
 )
 
 

@@ -226,7 +226,7 @@ def test_a_refund_that_errored_under_a_call_id_an_earlier_lookup_used_is_not_don
 
 
 def test_results_answer_calls_in_order_when_one_turn_repeats_an_id_and_text_parts_are_read():
-    from training.environments.support_desk import done_actions
+    from training.environments.support_desk.transcripts import done_actions
 
     order = ALLOWED.hidden["order_id"]
 

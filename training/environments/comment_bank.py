@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from training.environments.base import DecisionContext
-from training.environments.support_desk import order_kind
+from training.environments.support_desk.store import order_kind
 
 BANK_PATH = Path(__file__).with_name("data") / "comment_bank.json"
 KINDS = ("specific", "vague", "wrong")

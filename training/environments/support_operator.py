@@ -22,13 +22,8 @@ from typing import Any
 
 from training.environments.base import Task
 from training.environments.records import call_arguments, call_key, key_normalized, records_row
-from training.environments.support_desk import (
-    REFUND_WINDOW_DAYS,
-    SupportDesk,
-    done_actions,
-    refund_amount,
-    turn_reference,
-)
+from training.environments.support_desk import REFUND_WINDOW_DAYS, SupportDesk, turn_reference
+from training.environments.support_desk.transcripts import done_actions, refund_amount
 
 VAGUE_RATE = 0.2
 WRONG_RATE = 0.1

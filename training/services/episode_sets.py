@@ -29,8 +29,13 @@ MAX_VARIANTS = 16
 
 
 def _turn_function(env, name: str, what: str):
-    module = importlib.import_module(type(env).__module__)
-    function = getattr(module, name, None)
+    # An environment written as a package (support_desk) exports its turn functions from the
+    # package, beside the module that defines its class.
+    module_name = type(env).__module__
+    package = module_name.rpartition(".")[0]
+    function = getattr(importlib.import_module(module_name), name, None)
+    if function is None and package:
+        function = getattr(importlib.import_module(package), name, None)
     if function is None:
         raise TrainingSetError([("environment", f"{env.name!r} cannot {what} (no {name})")])
     return function
