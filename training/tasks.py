@@ -46,6 +46,6 @@ def release_adapter_unload_task(version_id: int) -> None:
 
 @shared_task(name="training.learning_policies_tick", queue="default", ignore_result=True)
 def learning_policies_tick_task() -> None:
-    from training.learning_policies.services import learning_policies_tick
+    from training.learning_policies.tick import learning_policies_tick
 
     learning_policies_tick()

@@ -16,7 +16,7 @@ from feedback.models import Grade
 from tests.test_overview import graded_traces
 from tests.training.policies import commented_turns, finish_evaluation, finish_job
 from training.learning_policies.models import LearningPolicy
-from training.learning_policies.services import learning_policies_tick
+from training.learning_policies.tick import learning_policies_tick
 from training.promotion.models import PromotionStatus, Release
 from training.services import release as release_service
 from training.serving.models import LiveVersion, LiveVersionChange

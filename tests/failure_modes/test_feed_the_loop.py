@@ -151,7 +151,7 @@ def test_the_slice_is_a_policys_evaluation_set_and_the_promotions_regression_sli
 
     built, _ = evaluation_slice_from_failure_cluster(cluster=modes["tracking"], user=world["olga"])
     p = policy(world, eval_training_set=built, min_new_turns=1)
-    from training.learning_policies.services import learning_policies_tick
+    from training.learning_policies.tick import learning_policies_tick
 
     learning_policies_tick()
     run = p.runs.get()

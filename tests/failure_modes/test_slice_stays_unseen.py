@@ -11,7 +11,7 @@ from tests.failure_modes.test_cluster_names_and_flags import noted  # noqa: F401
 from tests.failure_modes.test_feed_the_loop import modes  # noqa: F401
 from tests.promotion.conftest import make_adapter_folder
 from tests.training.policies import finish_job, policy, world  # noqa: F401
-from training.learning_policies.services import learning_policies_tick
+from training.learning_policies.tick import learning_policies_tick
 from training.models import TrainingItem, TrainingJob, TrainingSplit
 from training.promotion.models import Evaluation
 from training.services.evaluation_items import EvaluationError

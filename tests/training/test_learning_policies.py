@@ -15,11 +15,8 @@ from feedback.models.judge import JudgeStatus, JudgeTrigger
 from tests.factories import MessageFactory, TraceFactory
 from tests.training.policies import commented_turns, finish_evaluation, finish_job, policy
 from training.learning_policies.models import LearningPolicyRun, LearningPolicyUse, RunOutcome, RunStage
-from training.learning_policies.services import (
-    PolicyError,
-    learning_policies_tick,
-    learning_policy_update,
-)
+from training.learning_policies.services import PolicyError, learning_policy_update
+from training.learning_policies.tick import learning_policies_tick
 from training.models import TrainingJob
 from training.promotion.models import PromotionRequest, PromotionStatus
 from training.serving.models import LiveVersion, LiveVersionChange

@@ -8,7 +8,8 @@ import pytest
 from tests.factories import user_with_role
 from tests.training.policies import commented_turns, finish_evaluation, finish_job, policy
 from training.learning_policies.models import LearningPolicy, RunOutcome
-from training.learning_policies.services import learning_policies_tick, learning_policy_update
+from training.learning_policies.services import learning_policy_update
+from training.learning_policies.tick import learning_policies_tick
 from training.promotion.models import Evaluation, PromotionRequest
 
 pytestmark = pytest.mark.django_db

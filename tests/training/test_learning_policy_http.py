@@ -7,7 +7,7 @@ import pytest
 from tests.factories import user_with_role
 from tests.training.policies import commented_turns
 from training.learning_policies.models import LearningPolicy, LearningPolicyRun, RunOutcome, RunStage
-from training.learning_policies.services import learning_policies_tick
+from training.learning_policies.tick import learning_policies_tick
 
 pytestmark = pytest.mark.django_db
 
