@@ -16,8 +16,9 @@ import pytest
 
 from feedback.services.api_keys import api_key_create
 from tests.factories import DeploymentFactory
+from training.finetuning.files import file_validate
+from training.finetuning.jobs import fine_tuning_job_prepare
 from training.finetuning.models import FineTuningFile, FineTuningJob
-from training.finetuning.services import file_validate, fine_tuning_job_prepare
 from training.models import TrainingItem, TrainingJob, TrainingJobEvent, TrainingSet
 from training.services.job_runner import training_job_run
 from training.serving.models import ModelVersion

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.http import HttpResponse
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import exceptions
@@ -19,7 +20,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from feedback.auth import ApiKeyAuthentication, ApiKeyPrincipal
-from training.finetuning import selectors, services
+from training.finetuning import files, jobs, selectors
 from training.finetuning.models import FineTuningFile, FineTuningJob
 from webapp.api_errors import JSONParser, exception_handler, limit_param
 
@@ -142,7 +143,7 @@ class FilesApi(OpenAIApi):
     )
     def get(self, request):
         limit = limit_param(request.query_params, default=100, maximum=10_000)
-        rows = services.files_list(
+        rows = files.files_list(
             api_key=self.api_key,
             purpose=request.query_params.get("purpose") or None,
             after=request.query_params.get("after") or None,
@@ -162,11 +163,11 @@ class FilesApi(OpenAIApi):
         upload = request.FILES.get("file")
         if upload is None:
             raise exceptions.ValidationError({"file": ["upload the JSONL as the multipart field 'file'"]})
-        created = services.file_create(
+        created = files.file_create(
             api_key=self.api_key,
             filename=upload.name,
             purpose=request.data.get("purpose", ""),
-            data=upload.read(services.settings.FINETUNE_FILE_MAX_BYTES + 1),
+            data=upload.read(settings.FINETUNE_FILE_MAX_BYTES + 1),
         )
         return Response(file_object(created))
 
@@ -179,7 +180,7 @@ class FileDetailApi(OpenAIApi):
         responses={200: OpenApiResponse(description="A file"), **ERRORS},
     )
     def get(self, request, file_id: str):
-        return Response(file_object(services.file_get(api_key=self.api_key, file_id=file_id)))
+        return Response(file_object(files.file_get(api_key=self.api_key, file_id=file_id)))
 
     @extend_schema(
         tags=TAG,
@@ -188,7 +189,7 @@ class FileDetailApi(OpenAIApi):
         responses={200: OpenApiResponse(description="Delete a file"), **ERRORS},
     )
     def delete(self, request, file_id: str):
-        gone = services.file_delete(api_key=self.api_key, file_id=file_id)
+        gone = files.file_delete(api_key=self.api_key, file_id=file_id)
         return Response({"id": gone.id, "object": "file", "deleted": True})
 
 
@@ -210,7 +211,7 @@ class FileContentApi(OpenAIApi):
         responses={200: OpenApiResponse(description="A file's bytes"), **ERRORS},
     )
     def get(self, request, file_id: str):
-        upload = services.file_get(api_key=self.api_key, file_id=file_id)
+        upload = files.file_get(api_key=self.api_key, file_id=file_id)
         return HttpResponse(upload.content.encode(), content_type="application/jsonl")
 
 
@@ -264,7 +265,7 @@ class JobsApi(OpenAIApi):
         metadata = {
             k[9:-1]: v for k, v in request.query_params.items() if k.startswith("metadata[") and k.endswith("]")
         }
-        rows = services.fine_tuning_jobs_list(
+        rows = jobs.fine_tuning_jobs_list(
             api_key=self.api_key, after=request.query_params.get("after") or None, limit=limit, metadata=metadata
         )
         page = _page(rows, limit, job_object)
@@ -297,7 +298,7 @@ class JobsApi(OpenAIApi):
             raise exceptions.ValidationError({unknown[0]: ["is not a field of a fine-tuning job"]})
         if body.get("integrations"):
             raise exceptions.ValidationError({"integrations": ["are not served here"]})
-        ft = services.fine_tuning_job_create(
+        ft = jobs.fine_tuning_job_create(
             api_key=self.api_key,
             model=body.get("model"),
             training_file=body.get("training_file"),
@@ -319,7 +320,7 @@ class JobDetailApi(OpenAIApi):
         responses={200: OpenApiResponse(description="A fine-tuning job"), **ERRORS},
     )
     def get(self, request, job_id: str):
-        return Response(job_object(services.fine_tuning_job_get(api_key=self.api_key, job_id=job_id)))
+        return Response(job_object(jobs.fine_tuning_job_get(api_key=self.api_key, job_id=job_id)))
 
 
 class JobCancelApi(OpenAIApi):
@@ -331,7 +332,7 @@ class JobCancelApi(OpenAIApi):
         responses={200: OpenApiResponse(description="Cancel a fine-tuning job"), **ERRORS},
     )
     def post(self, request, job_id: str):
-        return Response(job_object(services.fine_tuning_job_cancel(api_key=self.api_key, job_id=job_id)))
+        return Response(job_object(jobs.fine_tuning_job_cancel(api_key=self.api_key, job_id=job_id)))
 
 
 class JobEventsApi(OpenAIApi):
@@ -342,7 +343,7 @@ class JobEventsApi(OpenAIApi):
         responses={200: OpenApiResponse(description="A fine-tuning job's events"), **ERRORS},
     )
     def get(self, request, job_id: str):
-        ft = services.fine_tuning_job_get(api_key=self.api_key, job_id=job_id)
+        ft = jobs.fine_tuning_job_get(api_key=self.api_key, job_id=job_id)
         limit = limit_param(request.query_params, default=20, maximum=1000)
         rows = selectors.job_events(ft=ft, after=request.query_params.get("after") or None, limit=limit)
 
@@ -376,7 +377,7 @@ class JobCheckpointsApi(OpenAIApi):
         },
     )
     def get(self, request, job_id: str):
-        ft = services.fine_tuning_job_get(api_key=self.api_key, job_id=job_id)
+        ft = jobs.fine_tuning_job_get(api_key=self.api_key, job_id=job_id)
         job = ft.job
         data = []
         if job.result_version_id:

@@ -14,13 +14,13 @@ from celery import shared_task
 
 @shared_task(name="finetuning.file_validate", queue="default", ignore_result=True)
 def file_validate_task(file_id: str) -> None:
-    from training.finetuning.services import file_validate
+    from training.finetuning.files import file_validate
 
     file_validate(file_id=file_id)
 
 
 @shared_task(name="finetuning.job_prepare", queue="default", ignore_result=True)
 def fine_tuning_job_prepare_task(job_id: int) -> None:
-    from training.finetuning.services import fine_tuning_job_prepare
+    from training.finetuning.jobs import fine_tuning_job_prepare
 
     fine_tuning_job_prepare(job_id=job_id)
