@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from typing import Any
 
@@ -16,17 +15,26 @@ from django.conf import settings
 
 from feedback.gateway.access import Access, Route
 from feedback.gateway.balancer import Balancer
-from feedback.gateway.errors import GatewayError, error_body
+from feedback.gateway.errors import GatewayError, error_body, transport_error, upstream_status_error
 from feedback.gateway.exchange import Exchange, ExchangeStatus
 from feedback.gateway.recorder import Recorder
+from feedback.gateway.wire import (
+    SESSION_HEADER,
+    TRACE_HEADER,
+    chunk_stripped,
+    client_identifier,
+    exchange_trace_header,
+    read_body,
+    response_headers,
+    response_stripped,
+    send_json,
+)
 from feedback.services.capture import new_trace_key
 from feedback.services.chat_format import FieldError, json_depth_check, parse_message, parse_tools
-from training.inference.client import InferenceError, InferenceUnavailable, error_detail
+from training.inference.client import InferenceError
 
 logger = logging.getLogger(__name__)
 
-TRACE_HEADER = b"x-practicum-trace-id"
-SESSION_HEADER = b"x-practicum-session-id"
 # Request fields kept with each logged turn: what produced the logged tokens and log-probs.
 PARAM_KEYS = (
     "model",
@@ -49,121 +57,6 @@ PARAM_KEYS = (
 
 # Fields whose nesting is checked where they are parsed; every other one is checked as a whole.
 _CHECKED_FIELDS = frozenset({"messages", "tools", "metadata"})
-
-# C0 and C1 control characters (CR, LF, NUL, …) and DEL: none belongs in an identifier that is
-# echoed in a response header and looked up in PostgreSQL (whose text cannot hold NUL).
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def _identifier(value: Any, param: str, max_length: int, *, allow_empty: bool = False) -> str | None:
-    """A client-chosen trace or session id, or a 400 naming the field and the reason."""
-    if value is None or (allow_empty and value == ""):
-        return None
-    if not isinstance(value, str) or not 0 < len(value) <= max_length:
-        raise GatewayError(400, f"a non-empty string of at most {max_length} characters", param=param)
-    if (bad := _CONTROL.search(value)) is not None:
-        raise GatewayError(
-            400, f"contains a control character ({ord(bad.group()):#04x}); send printable text only", param=param
-        )
-    return value
-
-
-def _headers(trace_key: str | None, version: str | None, content_type: bytes) -> list[tuple[bytes, bytes]]:
-    out = [(b"content-type", content_type)]
-    if trace_key is not None:
-        out.append((TRACE_HEADER, trace_key.encode()))
-    if version:
-        out.append((b"x-practicum-model-version", version.encode()))
-    return out
-
-
-def _trace_header(exchange: Exchange) -> str | None:
-    """The trace id to send back: the one the client named, or the new trace's when the
-    deployment does not stitch. A stitched call's trace is found later, off the response path,
-    so none is sent (customer feedback refers to the completion's `id`)."""
-    return None if exchange.stitch else exchange.trace_key
-
-
-async def _send_json(send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": headers or [(b"content-type", b"application/json")],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
-
-
-async def _read_body(receive, limit: int, *, declared: bytes | None = None, timeout: float | None = None) -> bytes:
-    """The body, refused from its Content-Length (`declared`) when that is over `limit`, cut
-    off as it streams past `limit`, and given up on after `timeout` seconds."""
-    if declared is not None and declared.strip().isdigit() and int(declared) > limit:
-        raise GatewayError(413, f"request body of {int(declared)} bytes; at most {limit}", code="request_too_large")
-    parts, size = [], 0
-    try:
-        async with asyncio.timeout(timeout):
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    raise GatewayError(400, "the client disconnected before sending the whole body")
-                chunk = message.get("body", b"")
-                size += len(chunk)
-                if size > limit:
-                    raise GatewayError(413, f"request body over {limit} bytes", code="request_too_large")
-                parts.append(chunk)
-                if not message.get("more_body"):
-                    return b"".join(parts)
-    except TimeoutError:
-        raise GatewayError(
-            408, f"the request body did not arrive within {timeout:g} seconds", code="request_timeout"
-        ) from None
-
-
-def _strip_choice(choice: dict[str, Any], logprobs: bool, token_ids: bool) -> dict[str, Any]:
-    choice = dict(choice)
-    if not logprobs:
-        choice["logprobs"] = None
-    if not token_ids:
-        choice.pop("token_ids", None)
-    return choice
-
-
-def _strip_response(body: dict[str, Any], logprobs: bool, token_ids: bool) -> dict[str, Any]:
-    """The response as the client asked for it (the log keeps the whole one)."""
-    out = dict(body)
-    out["choices"] = [_strip_choice(c, logprobs, token_ids) for c in body.get("choices") or []]
-    if not token_ids:
-        out.pop("prompt_token_ids", None)
-    return out
-
-
-def _strip_chunk(chunk: dict[str, Any], logprobs: bool, token_ids: bool, usage: bool) -> dict[str, Any] | None:
-    if not usage and chunk.get("usage") and not chunk.get("choices"):
-        return None  # the usage-only chunk the client did not ask for
-    out = _strip_response(chunk, logprobs, token_ids)
-    if not usage:
-        out.pop("usage", None)
-    return out
-
-
-def _upstream_error(status: int, content: bytes) -> GatewayError:
-    """An upstream error as the client should see it: its own 4xx (a bad request stays the
-    client's), 502 for an upstream failure, 503/504 as they are."""
-    detail = error_detail(status, content)
-    if 400 <= status < 500:
-        return GatewayError(status, detail.message, param=detail.param, code=detail.code)
-    if status in (503, 504):
-        return GatewayError(status, f"upstream: {detail.message}", code="upstream_unavailable")
-    return GatewayError(502, f"upstream error ({status}): {detail.message}", code="upstream_error")
-
-
-def _transport_error(exc: InferenceError) -> GatewayError:
-    if isinstance(exc, InferenceUnavailable) and exc.timed_out:
-        return GatewayError(504, "the inference server did not answer in time", code="upstream_timeout")
-    if isinstance(exc, InferenceUnavailable):
-        return GatewayError(503, "the inference server is unavailable", code="upstream_unavailable")
-    return GatewayError(502, f"the inference server connection failed: {exc}", code="upstream_error")
 
 
 class GatewayApp:
@@ -222,7 +115,7 @@ class GatewayApp:
         except GatewayError as exc:
             # A body refused for its size or its lateness is not read on: the connection closes.
             close = [(b"connection", b"close")] if exc.status in (408, 413) else []
-            await _send_json(send, exc.status, exc.body(), [(b"content-type", b"application/json"), *close])
+            await send_json(send, exc.status, exc.body(), [(b"content-type", b"application/json"), *close])
 
     @staticmethod
     def _header(scope, name: bytes) -> bytes | None:
@@ -235,7 +128,7 @@ class GatewayApp:
         """The log writer's state (no key needed: it holds no trace data). 503 when the writer
         is not running or its queue is full, so a load balancer can take the process out."""
         report = self.recorder.health()
-        await _send_json(send, 200 if report["status"] == "ok" else 503, orjson.dumps({"recorder": report}))
+        await send_json(send, 200 if report["status"] == "ok" else 503, orjson.dumps({"recorder": report}))
 
     async def models(self, scope, send) -> None:
         principal = await self.access.principal(self._header(scope, b"authorization"))
@@ -251,7 +144,7 @@ class GatewayApp:
                 }
             ],
         }
-        await _send_json(send, 200, orjson.dumps(body))
+        await send_json(send, 200, orjson.dumps(body))
 
     async def chat_completions(self, scope, receive, send) -> None:
         t0 = time.perf_counter()
@@ -267,21 +160,21 @@ class GatewayApp:
             elif key == SESSION_HEADER:
                 session_header = value
         principal = await self.access.principal(authorization)
-        request = self._parse(await _read_body(receive, self.max_body, declared=declared, timeout=self.body_timeout))
+        request = self._parse(await read_body(receive, self.max_body, declared=declared, timeout=self.body_timeout))
         messages, tools = self._validate(request)
         metadata = self._metadata(request.pop("metadata", None))
         # Both identifiers are checked before the model is called: the trace id is echoed in a
         # response header, where a CR/LF or NUL would make the server drop the connection after
         # the model had answered (and the turn would be logged as if the client had it).
         if trace_header:
-            trace_key = _identifier(trace_header.decode("utf-8", "replace"), "X-Practicum-Trace-Id", 150)
+            trace_key = client_identifier(trace_header.decode("utf-8", "replace"), "X-Practicum-Trace-Id", 150)
         else:
-            trace_key = _identifier(metadata.get("trace_id"), "metadata.trace_id", 150)
+            trace_key = client_identifier(metadata.get("trace_id"), "metadata.trace_id", 150)
         explicit = bool(trace_key)
         if session_header:
-            session = _identifier(session_header.decode("utf-8", "replace"), "X-Practicum-Session-Id", 200)
+            session = client_identifier(session_header.decode("utf-8", "replace"), "X-Practicum-Session-Id", 200)
         else:
-            session = _identifier(metadata.get("session_id"), "metadata.session_id", 200, allow_empty=True)
+            session = client_identifier(metadata.get("session_id"), "metadata.session_id", 200, allow_empty=True)
         session = session or ""
         route = await self.access.route(principal)
 
@@ -410,7 +303,7 @@ class GatewayApp:
             )
             content = await response.read()
         except InferenceError as exc:
-            error = _transport_error(exc)
+            error = transport_error(exc)
             self._fail(exchange, error, t0)
             raise error from exc
         except GatewayError as error:
@@ -420,7 +313,7 @@ class GatewayApp:
             if replica is not None:
                 self.balancer.done(replica)
         if response.status != 200:
-            error = _upstream_error(response.status, content)
+            error = upstream_status_error(response.status, content)
             self._fail(exchange, error, t0, content[:2000].decode(errors="replace"))
             raise error
         try:
@@ -435,10 +328,12 @@ class GatewayApp:
             exchange.error = {"status": 499, "message": "the client disconnected before the answer was sent"}
             exchange.latency_ms = (time.perf_counter() - t0) * 1000
             return
-        out = body if want_logprobs and want_token_ids else _strip_response(body, want_logprobs, want_token_ids)
+        out = body if want_logprobs and want_token_ids else response_stripped(body, want_logprobs, want_token_ids)
         data = orjson.dumps(out)
         exchange.latency_ms = (time.perf_counter() - t0) * 1000
-        await _send_json(send, 200, data, _headers(_trace_header(exchange), route.version_name, b"application/json"))
+        await send_json(
+            send, 200, data, response_headers(exchange_trace_header(exchange), route.version_name, b"application/json")
+        )
 
     async def _stream(
         self, send, receive, route: Route, payload, exchange, t0, want_logprobs, want_token_ids, want_usage
@@ -448,7 +343,7 @@ class GatewayApp:
                 route.upstream_urls, route.version_name, "/v1/chat/completions", payload
             )
         except InferenceError as exc:
-            error = _transport_error(exc)
+            error = transport_error(exc)
             self._fail(exchange, error, t0)
             raise error from exc
         except GatewayError as error:
@@ -470,7 +365,7 @@ class GatewayApp:
                     content = await response.read()
                 except InferenceError:
                     content = b""
-                error = _upstream_error(response.status, content)
+                error = upstream_status_error(response.status, content)
                 self._fail(exchange, error, t0, content[:2000].decode(errors="replace"))
                 raise error
             watcher = asyncio.create_task(watch())
@@ -479,7 +374,7 @@ class GatewayApp:
                     "type": "http.response.start",
                     "status": 200,
                     "headers": [
-                        *_headers(_trace_header(exchange), route.version_name, b"text/event-stream"),
+                        *response_headers(exchange_trace_header(exchange), route.version_name, b"text/event-stream"),
                         (b"cache-control", b"no-cache"),
                     ],
                 }
@@ -502,7 +397,7 @@ class GatewayApp:
                             exchange.status = ExchangeStatus.ERROR
                             exchange.error = {"status": 502, "message": str(chunk["error"])[:2000]}
                         if strip:
-                            kept = _strip_chunk(chunk, want_logprobs, want_token_ids, want_usage)
+                            kept = chunk_stripped(chunk, want_logprobs, want_token_ids, want_usage)
                             if kept is not None:
                                 out.append(b"data: " + orjson.dumps(kept) + b"\n\n")
                         else:
@@ -516,7 +411,7 @@ class GatewayApp:
                             exchange.ttft_ms = (time.perf_counter() - t0) * 1000
             except InferenceError as exc:
                 # The upstream died mid-stream: tell the client in-band (the status line is sent).
-                error = _transport_error(exc)
+                error = transport_error(exc)
                 exchange.status = ExchangeStatus.ERROR
                 exchange.error = {**error.as_dict(), "mid_stream": True}
                 if not disconnected.is_set():

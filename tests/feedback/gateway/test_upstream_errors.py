@@ -10,7 +10,7 @@ import socket
 
 import pytest
 
-from feedback.gateway.app import _transport_error
+from feedback.gateway.errors import transport_error
 from feedback.gateway.upstream import UpstreamClosed, UpstreamPool
 from training.inference.client import InferenceBadAnswer, InferenceError, InferenceUnavailable
 
@@ -70,7 +70,7 @@ def test_an_upstream_failure_is_the_clients_error_kind_and_the_agent_gets_its_st
     assert (type(error) is UpstreamClosed) == (behaviour == "hangs_up")
     if isinstance(error, InferenceUnavailable):
         assert error.timed_out == (behaviour == "silent")
-    answer = _transport_error(error)
+    answer = transport_error(error)
     assert (answer.status, answer.code) == (status, code)
 
 
