@@ -13,7 +13,8 @@ from django.conf import settings
 
 from feedback.models import Message, OtelSpan, OtelTrace
 from feedback.services.chat_format import FieldError, ParsedMessage, parse_message
-from feedback.services.otlp import OtlpError, SpanReading, plain_message
+from feedback.services.otlp import OtlpError
+from feedback.services.otlp_messages import SpanReading, plain_message
 from training.serving.models import Deployment
 
 NO_CONTENT = (
