@@ -87,7 +87,7 @@ class AuditEventAdmin(ReadOnlyAdmin):
 
 @admin.action(description="Roll back to the version live before")
 def rollback_action(modeladmin, request, queryset) -> None:
-    from training.services.release import rollback_request
+    from training.services.rollback import rollback_request
 
     _each(
         modeladmin,

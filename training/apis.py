@@ -41,7 +41,7 @@ from training.services.promotion import (
     promotion_request_create,
     promotion_withdraw,
 )
-from training.services.release import rollback_request
+from training.services.rollback import rollback_request
 from training.serving.models import Deployment, ModelVersion
 from webapp.api_errors import error_response, limit_param
 from webapp.auth import ThrottledBasicAuthentication

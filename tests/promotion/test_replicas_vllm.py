@@ -24,6 +24,7 @@ import pytest
 from django.conf import settings
 
 import training.services.release as release_service
+import training.services.rollback as rollback_service
 from feedback.models import Trace
 from feedback.services.api_keys import api_key_create
 from tests.factories import DeploymentFactory
@@ -218,7 +219,7 @@ def test_a_release_reaches_both_replicas_and_a_killed_replica_loses_no_request_a
 
     # --- rollback through the same path; then the adapter that left service is unloaded from both
     back = release_service.release_run(
-        release_id=release_service.rollback_request(deployment=deployment, user=approver).pk
+        release_id=rollback_service.rollback_request(deployment=deployment, user=approver).pk
     )
     assert back.status == WorkStatus.FINISHED and back.kind == ReleaseKind.ROLLBACK, back.error
     assert len(back.smoke["replicas"]) == 2

@@ -14,7 +14,8 @@ from tests.promotion.test_release_lifecycle import server_that_works  # noqa: F4
 from training.promotion.models import AuditAction, AuditEvent, PromotionStatus, Release
 from training.services.promotion import promotion_approve, promotion_request_create
 from training.services.promotion_checks import PromotionRefused
-from training.services.release import release_run, rollback_target
+from training.services.release import release_run
+from training.services.rollback import rollback_target
 from training.serving.models import LiveVersion
 from training.serving.services import ModelRegistryError, live_version_set, model_version_create
 from webapp.work import WorkStatus
@@ -133,7 +134,7 @@ def test_a_request_made_before_the_rollback_cannot_be_approved_after_it(registry
         requested_by=operator,
         requested_at=first.requested_at,
     )
-    from training.services.release import rollback_request
+    from training.services.rollback import rollback_request
 
     release_run(release_id=rollback_request(deployment=registry.deployment, user=approver).pk)
     assert live(registry) == registry.base_version

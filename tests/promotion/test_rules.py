@@ -17,7 +17,8 @@ from training.services.promotion import (
     promotion_withdraw,
 )
 from training.services.promotion_checks import PromotionRefused
-from training.services.release import release_run, rollback_request, rollback_target
+from training.services.release import release_run
+from training.services.rollback import rollback_request, rollback_target
 from training.serving.models import LiveVersion
 from webapp.work import WorkStatus
 

@@ -49,7 +49,7 @@ from training.services.promotion import (
 from training.services.promotion_checks import APPROVE, PromotionRefused, check_harm, lineage
 from training.services.promotion_signals import KIND_PREFIX, evaluation_signals, promotion_signals
 from training.services.promotion_verdict import promotion_overrides, promotion_verdict
-from training.services.release import rollback_check, rollback_request, rollback_target
+from training.services.rollback import rollback_check, rollback_request, rollback_target
 from training.serving.models import Deployment, ModelVersion
 from training.serving.selectors import live_version_get
 from webapp.form_problems import FormProblems, django_form_problems

@@ -24,7 +24,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError, transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
@@ -41,16 +40,14 @@ from training.promotion.models import (
 )
 from training.services.audit import audit_record
 from training.services.inference import version_servers
-from training.services.promotion_checks import APPROVE, Precondition, PromotionRefused, raise_first_unmet
+from training.services.promotion_checks import PromotionRefused
 from training.serving.models import (
     Deployment,
     LiveChangeKind,
     LiveVersion,
     ModelVersion,
     ModelVersionKind,
-    ModelVersionStatus,
 )
-from training.serving.selectors import live_rollback_target
 from training.serving.services import ModelRegistryError, live_version_set
 from webapp.stale_work import stale_work_settle
 from webapp.work import WorkStatus, work_attempts_exceeded, work_beat, work_claim, work_end, work_worker_name
@@ -152,92 +149,6 @@ def release_queue(
     except IntegrityError as exc:
         raise PromotionRefused(f"another release to {deployment.name} is in progress", field="release") from exc
     release_run_task.apply_async_on_commit(args=[release.pk], queue="deploy")
-    return release
-
-
-# Rollback ------------------------------------------------------------------------------
-
-
-def rollback_target(*, deployment: Deployment) -> ModelVersion | None:
-    """The version a rollback returns to: the most recent one live before the current one
-    that the deployment did not withdraw (`live_rollback_target`). A version rolled back
-    from is never the target: it comes back only through a new approved request."""
-    return live_rollback_target(deployment_id=deployment.pk)[0]
-
-
-def rollback_check(*, deployment: Deployment, user=None) -> list[Precondition]:
-    checks = []
-    if user is not None:
-        allowed = user.is_authenticated and user.has_perm(APPROVE)
-        checks.append(
-            Precondition("permission", "Approver", allowed, "" if allowed else f"your role does not include {APPROVE}")
-        )
-    target, passed = live_rollback_target(deployment_id=deployment.pk)
-    if target is not None:
-        detail = f"back to {target.name}" + (
-            f" (not {', '.join(w.version.name for w in passed)}: withdrawn)" if passed else ""
-        )
-    elif passed:
-        detail = (
-            f"{deployment.name} has no earlier version to return to: "
-            + "; ".join(w.describe() for w in passed)
-            + ". A withdrawn version goes live again only through a new promotion request, approved by another person"
-        )
-    else:
-        detail = f"{deployment.name} has no earlier live version"
-    checks.append(Precondition("previous", "A previous version", target is not None, detail, "deployment"))
-    if target is not None:
-        ok = target.status != ModelVersionStatus.FAILED and target.kind != ModelVersionKind.FULL
-        checks.append(
-            Precondition("deployable", "Deployable", ok, "" if ok else f"{target.name} cannot be served again")
-        )
-    running = release_in_progress(deployment=deployment)
-    checks.append(
-        Precondition(
-            "release",
-            "No release in progress",
-            running is None,
-            f"release {running.pk} is in progress" if running else "",
-        )
-    )
-    return checks
-
-
-@transaction.atomic
-def rollback_request(*, deployment: Deployment, user, reason: str = "") -> Release:
-    """Return the deployment to its previous version (load if needed, smoke, flip)."""
-    checks = rollback_check(deployment=deployment, user=user)
-    if checks[0].ok:
-        releases_fail_stale()
-    if not checks[0].ok:
-        raise PermissionDenied(checks[0].detail)
-    raise_first_unmet(checks)
-    target = rollback_target(deployment=deployment)
-    live = LiveVersion.objects.select_related("version").get(deployment=deployment)
-    # The request that put the current version live, so its page shows the rollback too.
-    undone = (
-        PromotionRequest.objects.filter(deployment=deployment, candidate=live.version, status=PromotionStatus.DEPLOYED)
-        .order_by("-decided_at", "-id")
-        .first()
-    )
-    release = release_queue(
-        deployment=deployment,
-        version=target,
-        kind=ReleaseKind.ROLLBACK,
-        user=user,
-        promotion=undone,
-        reason=reason or f"rollback from {live.version.name}",
-    )
-    audit_record(
-        action=AuditAction.ROLLBACK_REQUESTED,
-        deployment=deployment,
-        actor=user,
-        from_version=live.version,
-        to_version=target,
-        promotion=undone,
-        release=release,
-        detail=reason,
-    )
     return release
 
 
