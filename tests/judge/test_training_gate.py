@@ -295,7 +295,7 @@ def test_a_training_set_with_the_judges_output_needs_the_gate_or_an_override(dep
 
 def test_every_score_candidates_call_a_job_makes_is_stored(deployment, gate_settings, settings):
     from feedback.judge.client import JudgeCallFailed
-    from training.services.job_runner import scorer_for
+    from training.services.job_scoring import scorer_for
     from training.trainer.items import TurnItem
 
     settings.JUDGE_PRICE_INPUT_PER_MTOK, settings.JUDGE_PRICE_OUTPUT_PER_MTOK = 2.0, 8.0

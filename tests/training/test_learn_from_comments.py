@@ -203,7 +203,8 @@ def test_the_judge_scores_fresh_samples_under_the_operators_comment(tiny_model_d
     from tests.factories import MessageFactory, TraceFactory, user_with_role
     from tests.fixtures.judge import presented_responses, user_prompt
     from training.services.feedback_sets import training_set_from_feedback
-    from training.services.job_runner import scorer_for, training_set_items
+    from training.services.job_runner import training_set_items
+    from training.services.job_scoring import scorer_for
     from training.trainer.config import GRPOConfig
     from training.trainer.grpo import grpo_train
 

@@ -30,6 +30,7 @@ from training.models import (
     TrainingSet,
     TrainingSplit,
 )
+from training.services.job_scoring import episode_judge, scorer_for
 from training.serving.models import ModelVersion, ModelVersionKind
 from training.trainer.config import config_from_dict
 from training.trainer.items import TurnItem
@@ -152,64 +153,6 @@ def training_set_items(training_set: TrainingSet) -> tuple[list[TurnItem], list[
     return train, heldout
 
 
-def scorer_for(items: list[TurnItem], *, deployment=None, job_id: int | None = None):
-    """Each item's grader when it has one; else the judge under the item's rubric (the
-    deployment's own judge endpoint when it has one). Every judge call is stored
-    (`CandidateScoring`, with `job_id`)."""
-    from training.trainer.items import grader_scorer
-
-    graded = grader_scorer()
-    judge = None
-
-    def score(item: TurnItem, candidates: list[str]) -> list[float]:
-        nonlocal judge
-        if item.grader:
-            return graded(item, candidates)
-        if judge is None:
-            judge = _judge_scorer(deployment, job_id)
-        return judge(item, candidates)
-
-    return score
-
-
-def _scored_and_stored(endpoint, deployment, job_id: int | None, key: str, context, rubric, candidates, tools):
-    """One `score_candidates` call, stored like a judgement whether it succeeds or fails."""
-    from feedback.judge.client import JudgeCallFailed
-    from feedback.judge.scoring import score_candidates
-    from feedback.models import ScoringPurpose
-    from feedback.services.judge_gate import candidate_scoring_record
-
-    common = {
-        "purpose": ScoringPurpose.TRAINING,
-        "endpoint": endpoint,
-        "rubric": rubric,
-        "candidates": len(candidates),
-        "deployment": deployment,
-        "training_job_id": job_id,
-        "item_key": key,
-    }
-    try:
-        scores = score_candidates(context, rubric, candidates, endpoint=endpoint, tools=tools or ())
-    except JudgeCallFailed as exc:
-        candidate_scoring_record(failure=exc, **common)
-        raise
-    candidate_scoring_record(scores=scores, **common)
-    return [float(s) for s in scores]
-
-
-def _judge_scorer(deployment, job_id: int | None = None):
-    from feedback.selectors.judge import judge_endpoint_for
-
-    endpoint = judge_endpoint_for(deployment=deployment)
-
-    def score(item: TurnItem, candidates: list[str]) -> list[float]:
-        return _scored_and_stored(
-            endpoint, deployment, job_id, item.id, item.messages, item.rubric, candidates, item.tools
-        )
-
-    return score
-
-
 def _train(job: TrainingJob, worker: str, *, owner: bool = True):
     """Run the job's loop. `owner`: this process writes the job's row and events (a
     data-parallel job's other processes train their shards with empty hooks)."""
@@ -276,7 +219,7 @@ def _train_episodes(job: TrainingJob, config, run_dir: Path, hooks):
     train, heldout = episode_job_tasks(env.tasks())
     if config.record_traces and job.deployment is not None:
         hooks.on_episodes = _episode_recorder(job, env.name, hooks)
-    judge = _episode_judge(job.deployment, config.judge_rubric, job.pk) if config.judge_weight > 0 else None
+    judge = episode_judge(job.deployment, config.judge_rubric, job.pk) if config.judge_weight > 0 else None
     return episodes_train(
         config=config,
         env=env,
@@ -313,35 +256,6 @@ def _episode_recorder(job: TrainingJob, environment: str, hooks):
             )
 
     return on_episodes
-
-
-def _episode_judge(deployment, rubric: str, job_id: int | None = None):
-    """The judge scores the G episodes of a task side by side, each as its transcript."""
-    from feedback.selectors.judge import judge_endpoint_for
-
-    endpoint = judge_endpoint_for(deployment=deployment)
-
-    def judge(task, episodes: list) -> list[float]:
-        candidates = [_transcript(e.messages[len(task.first_messages()) :]) for e in episodes]
-        key = str(getattr(task, "id", "") or "")
-        return _scored_and_stored(
-            endpoint, deployment, job_id, key, task.first_messages(), rubric, candidates, task.tools
-        )
-
-    return judge
-
-
-def _transcript(messages: list[dict]) -> str:
-    lines = []
-    for m in messages:
-        if m.get("role") == "assistant":
-            calls = " ".join(
-                f"{c['function']['name']}({c['function'].get('arguments', '')})" for c in m.get("tool_calls") or []
-            )
-            lines.append(f"assistant: {m.get('content') or ''} {calls}".strip())
-        else:
-            lines.append(f"{m.get('role')}: {m.get('content') or ''}")
-    return "\n".join(lines)
 
 
 def job_phase_set(job_id: int, worker: str, name: str, done: int = 0, total: int = 0) -> None:
