@@ -42,14 +42,9 @@ from feedback.gateway.exchange import Exchange, ExchangeStatus
 from feedback.models import Message, Trace, TraceSource, TraceStatus
 from feedback.services.assistant_turns import exchange_assistant_turns
 from feedback.services.chat_format import ParsedMessage
-from feedback.services.ingest import (
-    message_row,
-    messages_insert,
-    strip_nul,
-    trace_counts,
-    traces_insert,
-)
+from feedback.services.ingest import trace_counts
 from feedback.services.stitching import Stitcher
+from feedback.services.trace_rows import message_row, messages_insert, strip_nul, traces_insert
 
 UNSEEN_FINISH_REASONS = frozenset({"error", "client_disconnect"})
 MAX_FORK_DEPTH = 16

@@ -11,7 +11,7 @@ from django.db.models import Q, Sum
 from django.utils import timezone
 
 from feedback.models import ApiKey
-from feedback.services.ingest import strip_nul
+from feedback.services.trace_rows import strip_nul
 from training.finetuning.lines import FineTuningError, file_check
 from training.finetuning.models import FileStatus, FineTuningFile, FineTuningJob
 from training.services.jobs import training_job_awaits_set

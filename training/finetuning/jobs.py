@@ -25,7 +25,7 @@ from django.conf import settings
 from django.db import transaction
 
 from feedback.models import ApiKey
-from feedback.services.ingest import strip_nul
+from feedback.services.trace_rows import strip_nul
 from training.finetuning.files import (
     FineTuningNotFound,
     _content_drop_if_unneeded,

@@ -18,7 +18,7 @@ from typing import Any
 from django.conf import settings
 
 from feedback.services.chat_format import MAX_JSON_DEPTH, json_depth
-from feedback.services.ingest import strip_nul
+from feedback.services.trace_rows import strip_nul
 from training.inference.codec import message_served_text
 from training.models import TrainingItemKind
 from training.trainer import openai_graders

@@ -19,7 +19,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from feedback.services.ingest import strip_nul
+from feedback.services.trace_rows import strip_nul
 from training.promotion.models import AuditAction, Evaluation, EvaluationItem, EvaluationItemKind
 from training.services.audit import audit_record
 from training.services.evaluation_episodes import episode_item_run

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from feedback.services.ingest import strip_nul
+from feedback.services.trace_rows import strip_nul
 from training.promotion.models import Evaluation, EvaluationItem
 from training.serving.models import ModelVersion
 

@@ -18,7 +18,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
-from feedback.services.ingest import strip_nul
+from feedback.services.trace_rows import strip_nul
 from training.inference.codec import message_served_text
 from training.models import (
     PHASE_LABELS,
