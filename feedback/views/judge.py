@@ -24,6 +24,7 @@ from feedback.selectors.judge import (
     judge_result_doubts,
     judge_results_for_messages,
 )
+from feedback.selectors.judge_gate import judgements_mark_unverified
 from feedback.services.judge_jobs import judge_job_cancel, judge_job_create
 from feedback.services.judging import JudgeError, judge_request
 from feedback.views.common import dashboard_view, safe_next
@@ -67,7 +68,8 @@ def _jobs_context() -> dict:
 def judge_overview(request: HttpRequest) -> HttpResponse:
     if request.htmx and request.GET.get("part") == "jobs":
         return render(request, "feedback/judge_overview.html#jobs", _jobs_context())
-    recent = JudgeResult.objects.select_related("trace", "message").order_by("-created_at", "-id")[:50]
+    recent = list(JudgeResult.objects.select_related("trace", "message").order_by("-created_at", "-id")[:50])
+    judgements_mark_unverified(recent)
     context = {
         "endpoint": _endpoint_summary(),
         "form": BackfillForm(),
@@ -121,6 +123,7 @@ def judge_result_detail(request: HttpRequest, result_id: int) -> HttpResponse:
         JudgeResult.objects.select_related("trace__deployment", "message", "job", "requested_by"), pk=result_id
     )
     trace_or_404(request, result.trace_id)
+    judgements_mark_unverified([result])
     context = {
         "result": result,
         "comments": result.comments.select_related("author"),
