@@ -5,7 +5,8 @@
 # the judge pointed at the local model; then the demo agent works a few dozen support tasks
 # through the gateway so traces, comments and customer feedback are there to start from.
 #
-#   scripts/demo.sh [--fast]     --fast: the tiny random test model instead of SmolLM2
+#   scripts/demo.sh [--fast]     --fast: a tiny model (built here in seconds, fitted to answer every
+#                                prompt with a greeting) instead of SmolLM2
 #
 # Ctrl-C (or SIGTERM) stops everything it started and exits 0: each child runs in its own
 # process group (set -m), and the vLLM supervisor stops its server's group when told to stop.
@@ -20,7 +21,7 @@ FAST=0
 for arg in "$@"; do
   case "$arg" in
     --fast) FAST=1 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "unknown argument: $arg (use --fast)" >&2; exit 2 ;;
   esac
 done
@@ -35,7 +36,7 @@ export PRACTICUM_DATA_DIR=$DATA_DIR
 LOGS="$DATA_DIR/logs"
 mkdir -p "$LOGS"
 if [ "$FAST" = 1 ]; then
-  KIND=tiny; BASE=tiny; EPISODES=${PRACTICUM_DEMO_EPISODES:-12}
+  KIND=tiny-talking; BASE=tiny-talking; EPISODES=${PRACTICUM_DEMO_EPISODES:-12}
 else
   KIND=smollm2; BASE=smollm2-135m-instruct; EPISODES=${PRACTICUM_DEMO_EPISODES:-36}
 fi
@@ -44,6 +45,11 @@ URL="http://$HOST:$PORT"
 # The judge: our own vLLM, through structured output. A 135M model only proves the path (its
 # rewards mean little); point PRACTICUM_JUDGE_* at a stronger model for real judgements.
 # Tight bounds keep a small model from repeating itself up to max_tokens.
+# Our own server's context is 2048 tokens (serve_inference's max_model_len): the conversation a
+# judgement reads is trimmed to fit beside its answer, or the server refuses it with an HTTP 400.
+if [ -z "${PRACTICUM_JUDGE_BASE_URL:-}" ]; then
+  export PRACTICUM_JUDGE_CONTEXT_TOKENS=${PRACTICUM_JUDGE_CONTEXT_TOKENS:-2048}
+fi
 export PRACTICUM_JUDGE_BASE_URL=${PRACTICUM_JUDGE_BASE_URL:-$PRACTICUM_INFERENCE_URL/v1}
 export PRACTICUM_JUDGE_MODEL=${PRACTICUM_JUDGE_MODEL:-$BASE}
 export PRACTICUM_JUDGE_MAX_TOKENS=${PRACTICUM_JUDGE_MAX_TOKENS:-400}

@@ -232,3 +232,70 @@ def tiny_prepare(dest: Path, *, force: bool = False, seed: int = 0) -> Path:
     model.generation_config.pad_token_id = config.pad_token_id
     model.save_pretrained(tmp, safe_serialization=True)
     return _publish(tmp, dest)
+
+
+# What the FAST demo's model answers to everything: the random tiny model itself answers only
+# newlines, which a release's smoke test rightly refuses (a version that serves blank replies).
+TINY_TALKING_TEXT = "Hello! How can I help you today?"
+
+
+def _talking_prompts() -> list[tuple[list[dict], list[dict] | None]]:
+    """Chat prompts like those the demo sends: the release's smoke request, short chats, and
+    the support desk's first turns with its tools (so the demo agent's requests get the
+    answer too)."""
+    from training.environments import environment_get
+
+    prompts: list[tuple[list[dict], list[dict] | None]] = [
+        ([{"role": "user", "content": "Say hello."}], None),
+        ([{"role": "user", "content": "hello"}], None),
+        (
+            [{"role": "system", "content": "You are a support agent."}, {"role": "user", "content": "Refund please"}],
+            None,
+        ),
+        ([{"role": "user", "content": "Where is my order A1001?"}], None),
+    ]
+    tasks = environment_get("support-desk").tasks()
+    for task in tasks[:: max(1, len(tasks) // 3)][:3]:
+        prompts.append((task.first_messages(), task.tools))
+    return prompts
+
+
+def tiny_talking_prepare(
+    dest: Path, *, force: bool = False, text: str = TINY_TALKING_TEXT, steps: int = 40, seed: int = 0
+) -> Path:
+    """The tiny model, its weights then fitted (a few seconds on a CPU) to answer every chat
+    prompt with `text`: a model that talks, built here with no download, for the FAST demo.
+    A LoRA trained over it starts from a version that answers; greedy decoding reproduces
+    `text`."""
+    if (dest / "config.json").exists() and (dest / "model.safetensors").exists() and not force:
+        return dest
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    random_weights = tiny_prepare(dest.with_name(dest.name + ".random"), seed=seed)
+    tokenizer = AutoTokenizer.from_pretrained(random_weights)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(random_weights, dtype=torch.float32)
+    answer = tokenizer(text + "<|im_end|>", add_special_tokens=False)["input_ids"]
+    batch = []
+    for messages, tools in _talking_prompts():
+        prompt = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        batch.append((ids, len(ids)))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(steps):
+        loss = 0.0
+        for prompt_ids, n in batch:
+            ids = torch.tensor([prompt_ids + answer])
+            labels = ids.clone()
+            labels[0, :n] = -100
+            loss = loss + model(input_ids=ids, labels=labels).loss
+        optimizer.zero_grad()
+        (loss / len(batch)).backward()
+        optimizer.step()
+    model.eval()
+    tmp = _staging(dest)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    return _publish(tmp, dest)
