@@ -82,6 +82,7 @@ done
 # each group in turn (the vLLM supervisor first stops its server, which runs in its own session).
 pids=()
 agent=""
+preparing=""
 start() {  # start LOGFILE CMD...
   local log=$1; shift
   "$@" >>"$log" 2>&1 &
@@ -98,6 +99,8 @@ cleanup() {
   [ "$stopping" = 1 ] && return
   stopping=1
   trap '' INT TERM
+  # A background job of a script ignores SIGINT: the model's preparation is stopped by name.
+  [ -n "$preparing" ] && { kill -TERM "$preparing" 2>/dev/null || true; }
   if [ ${#pids[@]} -eq 0 ] && [ -z "$agent" ]; then return; fi  # nothing started yet
   set +m  # no job-status lines while stopping
   echo; say "Stopping …"
@@ -125,9 +128,20 @@ trap 'cleanup' EXIT
 say "Preparing the database and the $BASE model (cached after the first run) …"
 $PY manage.py migrate --noinput -v 0
 # The conversion's own output (and any progress bars) goes to its log; the console gets one line.
-if ! $PY manage.py prepare_model "$KIND" --name "$BASE" >>"$LOGS/prepare.log" 2>&1; then
-  tail -n 20 "$LOGS/prepare.log" >&2; exit 1
+# A first run builds the model (SmolLM2: converted; FAST: fitted to talk), which takes a while
+# on a CPU: a line every 15 s says it is still at it.
+$PY manage.py prepare_model "$KIND" --name "$BASE" >>"$LOGS/prepare.log" 2>&1 &
+preparing=$!
+waited=0
+while kill -0 "$preparing" 2>/dev/null; do
+  sleep 1
+  waited=$((waited + 1))
+  if [ $((waited % 15)) = 0 ]; then echo "  … preparing $BASE: $waited s (a first run builds it; later runs find it ready)"; fi
+done
+if ! wait "$preparing"; then
+  preparing=""; tail -n 20 "$LOGS/prepare.log" >&2; exit 1
 fi
+preparing=""
 echo "  $BASE is ready (details in $LOGS/prepare.log)"
 $PY manage.py demo_setup --serve-base "$BASE"
 set -m
@@ -141,29 +155,11 @@ start "$LOGS/training.log" .venv/bin/celery -A webapp worker -Q training --concu
   --hostname "training@%h" --loglevel WARNING
 start "$LOGS/web.log" .venv/bin/uvicorn webapp.asgi:application --host "$HOST" --port "$PORT" --log-level warning
 
-wait_http() {  # wait_http URL SECONDS WHAT: until URL answers 200, or a child dies
-  $PY - "$1" "$2" "$3" "${pids[@]}" <<'PYEOF'
-import os, sys, time, urllib.request
-url, seconds, what, pids = sys.argv[1], float(sys.argv[2]), sys.argv[3], [int(p) for p in sys.argv[4:]]
-deadline = time.monotonic() + seconds
-while time.monotonic() < deadline:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            if r.status == 200:
-                sys.exit(0)
-    except OSError:
-        pass
-    for pid in pids:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            sys.exit(f"a process of the demo exited while waiting for {what}: see the logs")
-    time.sleep(0.5)
-sys.exit(f"{what} did not answer {url} within {seconds:.0f} s")
-PYEOF
+wait_http() {  # wait_http URL SECONDS WHAT [LOG]: until URL answers 200, or a child dies; a line every 15 s
+  $PY scripts/wait_ready.py "$1" "$2" "$3" ${4:+--log "$4"} "${pids[@]}"
 }
 
-wait_http "$URL/healthz" 120 "the web server" || { tail -n 20 "$LOGS/web.log" >&2; exit 1; }
+wait_http "$URL/healthz" 120 "the web server" "$LOGS/web.log" || { tail -n 20 "$LOGS/web.log" >&2; exit 1; }
 cat <<MSG
 
   The web server is up at $URL/tour/ — the tour shows how far the demo is (n/$EPISODES episodes);
@@ -172,8 +168,8 @@ cat <<MSG
   Logs:    $LOGS/
 
 MSG
-say "Waiting for the inference server ($BASE on vLLM, CPU; about a minute) …"
-wait_http "$PRACTICUM_INFERENCE_URL/health" 900 "the inference server" || { tail -n 30 "$LOGS/inference.log" >&2; exit 1; }
+say "Waiting for the inference server ($BASE on vLLM, CPU; one to four minutes: a line every 15 s says where it is) …"
+wait_http "$PRACTICUM_INFERENCE_URL/health" 900 "the inference server" "$LOGS/inference.log" || { tail -n 30 "$LOGS/inference.log" >&2; exit 1; }
 
 if [ "${PRACTICUM_DEMO_AGENT:-1}" != 0 ]; then
   # What an earlier start left: training-split episodes, and the base's test-split run.
