@@ -74,6 +74,9 @@ def test_the_fast_demos_tiny_model_answers_in_words_where_the_random_one_answers
     from django.conf import settings
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from feedback.judge.client import JudgeEndpoint
+    from feedback.judge.prompts import FeedbackItem, turn_prompt_messages
+    from feedback.judge.scoring import prompt_chars
     from training.environments import environment_get
     from training.modelprep import TINY_TALKING_TEXT, tiny_talking_prepare
 
@@ -91,3 +94,16 @@ def test_the_fast_demos_tiny_model_answers_in_words_where_the_random_one_answers
         ids = torch.tensor([tokenizer(prompt, add_special_tokens=False)["input_ids"]])
         out = model.generate(ids, max_new_tokens=32, do_sample=False)
         assert tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True) == TINY_TALKING_TEXT
+    # A judge's prompt (as the demo's judge sends it) gets a judgement's JSON, which the judge's
+    # structured output then holds to its schema.
+    judge = turn_prompt_messages(
+        context=unseen.first_messages(),
+        turn={"role": "assistant", "content": TINY_TALKING_TEXT},
+        feedback=[FeedbackItem(kind="comment", text="It should refund the order.")],
+        tools=unseen.tools,
+        max_chars=prompt_chars(JudgeEndpoint(base_url="x", model="x", max_tokens=400, context_tokens=2048)),
+    )
+    prompt = tokenizer.apply_chat_template(judge, add_generation_prompt=True, tokenize=False)
+    ids = torch.tensor([tokenizer(prompt, add_special_tokens=False)["input_ids"]])
+    out = model.generate(ids, max_new_tokens=8, do_sample=False)
+    assert tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True).startswith('{"rubric": {"')
