@@ -61,6 +61,15 @@ def _endpoint_summary() -> dict:
 
 def _jobs_context() -> dict:
     jobs = list(JudgeJob.objects.select_related("deployment", "created_by")[:20])
+    # A backfill's failures say why, in the words of its latest one (one query, however many).
+    failing = [j.pk for j in jobs if j.failed]
+    latest: dict[int, str] = {}
+    if failing:
+        rows = JudgeResult.objects.filter(job_id__in=failing, status=JudgeStatus.FAILED).order_by("-id")
+        for job_id, reason in rows.values_list("job_id", "failure_reason")[: 20 * len(failing)]:
+            latest.setdefault(job_id, reason)
+    for job in jobs:
+        job.latest_failure = latest.get(job.pk, "")
     return {"jobs": jobs, "any_active": any(j.is_active for j in jobs)}
 
 

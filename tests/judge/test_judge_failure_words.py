@@ -143,3 +143,20 @@ def test_a_judgement_is_unverified_until_its_judges_agreement_gate_passes(
     judge_calibration_run(deployment=deployment, rng=random.Random(0))
     badges, api_says = shown()
     assert badges == [False, False, False] and api_says is None
+
+
+def test_a_backfill_that_failed_says_why_beside_its_count(make_trace, operator, judge_settings, client):
+    from feedback.services.judge_jobs import judge_job_create, judge_job_run
+
+    for i in range(2):
+        trace = make_trace(external_id=f"conv-{i}")
+        comment_add(message=trace.messages.get(position=4), author=operator, body="It should give the tracking number.")
+    JudgeResult.objects.all().delete()  # the comments queued judgements; the backfill judges them
+    judge_settings.respond_with(lambda request: Reply.error(400, CONTEXT_ERROR))
+    job = judge_job_create(created_by=operator, limit=10)
+    judge_job_run(job=job)
+
+    client.force_login(operator)
+    html = client.get("/judge/").content.decode()
+    assert '2/2 · <span class="error">2 failed</span>' in html
+    assert "latest: the judge model&#x27;s context is too small for this turn" in html
