@@ -292,7 +292,7 @@ def _talking_prompts() -> list[tuple[list[dict], list[dict] | None, str]]:
 def tiny_talking_prepare(
     dest: Path, *, force: bool = False, text: str = TINY_TALKING_TEXT, steps: int = 100, seed: int = 0
 ) -> Path:
-    """The tiny model, its weights then fitted (under a minute on a CPU) to answer every chat
+    """The tiny model, its weights then fitted (a few minutes on a busy CPU, once) to answer every chat
     prompt with `text`, and a judge's prompt with TINY_JUDGEMENT: a model that talks, built
     here with no download, for the FAST demo. A LoRA trained over it starts from a version
     that answers; greedy decoding reproduces `text`."""
