@@ -5,8 +5,8 @@
 # the judge pointed at the local model; then the demo agent works a few dozen support tasks
 # through the gateway so traces, comments and customer feedback are there to start from.
 #
-#   scripts/demo.sh [--fast]     --fast: a tiny model (built here in seconds, fitted to answer every
-#                                prompt with a greeting) instead of SmolLM2
+#   scripts/demo.sh [--fast]     --fast: a tiny model (built and fitted here once, a few minutes on a
+#                                CPU, to answer with a greeting and one judgement) instead of SmolLM2
 #
 # Ctrl-C (or SIGTERM) stops everything it started and exits 0: each child runs in its own
 # process group (set -m), and the vLLM supervisor stops its server's group when told to stop.
