@@ -378,9 +378,10 @@ def _parse_json(text: str) -> Any:
 
 
 def _status_error(exc: openai.APIStatusError) -> str:
-    body = exc.response.text[:500] if exc.response is not None else ""
+    text = exc.response.text if exc.response is not None else ""
+    body = text[:500]
     try:  # OpenAI-compatible servers wrap the words in {"error": {"message": ...}}
-        error = json.loads(body).get("error")
+        error = json.loads(text).get("error")
         body = str(error.get("message") if isinstance(error, dict) else error or body)[:500]
     except (ValueError, AttributeError):
         pass
