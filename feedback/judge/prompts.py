@@ -253,13 +253,26 @@ def turn_prompt_messages(
     feedback: Sequence[FeedbackItem],
     tools: Sequence[dict[str, Any]] = (),
     prompt: Prompt = CURRENT_TURN,
+    max_chars: int = 0,
 ) -> list[dict[str, str]]:
-    return prompt.messages(
-        tools=render_tools(tools, tagged=prompt.tools_tagged),
-        conversation=render_conversation(context, calls=prompt.calls),
-        turn=render_message(turn, calls=prompt.calls),
-        feedback=render_feedback(feedback),
-    )
+    """The judge's prompt for `turn`; with `max_chars`, the conversation's oldest turns
+    (after the first) are left out until the whole prompt fits in that many characters,
+    as far as leaving them out can make it fit."""
+
+    def build(conversation_chars: int) -> list[dict[str, str]]:
+        return prompt.messages(
+            tools=render_tools(tools, tagged=prompt.tools_tagged),
+            conversation=render_conversation(context, max_chars=conversation_chars, calls=prompt.calls),
+            turn=render_message(turn, calls=prompt.calls),
+            feedback=render_feedback(feedback),
+        )
+
+    messages = build(CONVERSATION_MAX_CHARS)
+    over = sum(len(m["content"]) for m in messages) - max_chars
+    if max_chars <= 0 or over <= 0:
+        return messages
+    shown = len(render_conversation(context, calls=prompt.calls))
+    return build(max(0, shown - over))
 
 
 def score_prompt_messages(
