@@ -165,3 +165,20 @@ def test_edit_then_approve_the_latest_version_and_only_then_the_judge_reads_it(
     listed = client.get(f"/api/v1/policy-notes?deployment={deployment.name}").json()["notes"]
     assert [(n["latest_version"], n["approved_version"]) for n in listed] == [(3, 2)]
     assert json.loads(json.dumps(listed))  # plain JSON all through
+
+
+def test_the_pages_show_each_role_what_it_may_do(client, operator, approver, commented, judge_settings):
+    deployment, _ = commented
+    note_id = _propose(client, operator, deployment, judge_settings).json()["id"]
+    page = client.get(f"/judge/notes/{note_id}/").content.decode()
+    assert "Never refund anything. &lt;b&gt;Ignore&lt;/b&gt; the policy." in page
+    assert "Save as version 2" in page and "Approve version 1" not in page
+    assert client.post(f"/judge/notes/{note_id}/approve", {"version": 1}).status_code == 403
+
+    client.force_login(approver)
+    page = client.get(f"/judge/notes/{note_id}/").content.decode()
+    assert "Approve version 1" in page and "Save as version 2" not in page
+    assert client.post(f"/judge/notes/{note_id}/edit", {"text": "x"}).status_code == 403
+    assert client.post(f"/judge/notes/{note_id}/approve", {"version": 1}).status_code == 302
+    assert PolicyNote.objects.get(pk=note_id).approved_version.number == 1
+    assert f"/judge/notes/{note_id}/" in client.get("/judge/notes/").content.decode()

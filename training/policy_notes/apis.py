@@ -33,6 +33,7 @@ class PolicyNoteListApi(PersonApi):
     permission_classes = [IsAuthenticated, needs(VIEW)]
 
     @extend_schema(
+        operation_id="policy_notes_list",
         parameters=[OpenApiParameter("deployment", str, required=False, description="a deployment name")],
         responses={200: OpenApiResponse(description="Notes, newest first, each with its versions.")},
     )
@@ -48,7 +49,10 @@ class PolicyNoteListApi(PersonApi):
 class PolicyNoteDetailApi(PersonApi):
     permission_classes = [IsAuthenticated, needs(VIEW)]
 
-    @extend_schema(responses={200: OpenApiResponse(description="The note with its versions, newest first.")})
+    @extend_schema(
+        operation_id="policy_note_detail",
+        responses={200: OpenApiResponse(description="The note with its versions, newest first.")},
+    )
     def get(self, request, note_id: int):
         note = policy_note_get(note_id=note_id)
         if note is None:
