@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from feedback.models import JudgeTrigger, PolicyNote
 from feedback.services.judging import judge_request, judge_run
@@ -182,3 +184,19 @@ def test_the_pages_show_each_role_what_it_may_do(client, operator, approver, com
     assert client.post(f"/judge/notes/{note_id}/approve", {"version": 1}).status_code == 302
     assert PolicyNote.objects.get(pk=note_id).approved_version.number == 1
     assert f"/judge/notes/{note_id}/" in client.get("/judge/notes/").content.decode()
+
+
+def test_the_list_reads_a_fixed_number_of_queries_however_many_notes(client, operator, commented, judge_settings):
+    deployment, _ = commented
+    _propose(client, operator, deployment, judge_settings)
+
+    def count() -> int:
+        with CaptureQueriesContext(connection) as queries:
+            assert client.get("/api/v1/policy-notes").status_code == 200
+        return len(queries)
+
+    one = count()
+    second = _propose(client, operator, deployment, judge_settings).json()["id"]
+    edit = {"text": "Refund within a week."}
+    client.post(f"/api/v1/policy-notes/{second}/versions", edit, content_type="application/json")
+    assert count() == one
