@@ -238,12 +238,38 @@ NAME_CLUSTER_V1 = Prompt(
     ),
 )
 
+POLICY_NOTE_V1 = Prompt(
+    version="policy-note/v1",
+    system=(
+        "You read operators' comments on an AI assistant's turns in one deployment and find the rule "
+        "they state together, which no single comment may state in full. " + _DATA_RULE + " Answer with "
+        "one JSON object and nothing else."
+    ),
+    user=(
+        "Each item shows what the assistant knew at the turn (the last tool result), the turn itself, and "
+        "an operator's comment on it.\n\n<items>\n{items}\n</items>\n\n"
+        "Write a JSON object with:\n"
+        '- "text": the one rule most comments state, in one or two sentences an operator would write.\n'
+        '- "rule": the rule on the fields the tool results show, {{"conditions": [{{"field": <a field name '
+        'as the tool results spell it>, "op": one of "=", "!=", "<", "<=", ">", ">=", "value": <a string, '
+        'a number or true/false>}}, ...], "action": <the action, e.g. refund>, "otherwise": <the action '
+        "when a condition does not hold, or null>}}, all conditions together; null when the rule cannot "
+        "be put on the fields.\n"
+        '- "supporting": the numbers of the items whose comment agrees with the rule.\n'
+        '- "contradicting": the numbers of the items whose comment asks for the opposite of the rule.'
+    ),
+)
+
 # The prompts new results are produced with.
 CURRENT_TURN = JUDGE_TURN_V2
 CURRENT_SCORE = SCORE_CANDIDATES_V1
 CURRENT_NAME = NAME_CLUSTER_V1
 CURRENT_ACTION = JUDGE_ACTION_V1
-PROMPTS = {p.version: p for p in (JUDGE_TURN_V1, JUDGE_TURN_V2, JUDGE_ACTION_V1, SCORE_CANDIDATES_V1, NAME_CLUSTER_V1)}
+CURRENT_POLICY_NOTE = POLICY_NOTE_V1
+PROMPTS = {
+    p.version: p
+    for p in (JUDGE_TURN_V1, JUDGE_TURN_V2, JUDGE_ACTION_V1, SCORE_CANDIDATES_V1, NAME_CLUSTER_V1, POLICY_NOTE_V1)
+}
 
 
 def turn_prompt_messages(
