@@ -16,6 +16,7 @@ from feedback.auth import ApiKeyPrincipal, scope_required
 from feedback.models import ApiKeyScope, CorrectionMode, DeploymentJudge, JudgeResult, SchemaMode
 from feedback.selectors import trace_visible_to
 from feedback.selectors.judge import agreement_as_dict, agreement_by_version
+from feedback.selectors.judge_gate import judgements_mark_unverified
 from training.serving.models import Deployment
 from webapp.api_errors import error_response
 from webapp.auth import ThrottledBasicAuthentication
@@ -35,6 +36,8 @@ def judge_result_as_dict(r: JudgeResult) -> dict:
         "prompt_version": r.prompt_version,
         "rubric": r.rubric,
         "reward": r.reward,
+        # Why the judge is not verified (its agreement gate has not passed), or null.
+        "unverified": getattr(r, "unverified", "") or None,
         "rationale": r.rationale,
         "corrected_response": r.corrected_response or None,
         "corrected_response_author": "judge" if r.corrected_response else None,
@@ -95,12 +98,13 @@ class TraceJudgementsApi(APIView):
     @extend_schema(responses={200: OpenApiResponse(description="The trace's judgements.")})
     def get(self, request, trace_id: int):
         trace = get_object_or_404(trace_visible_to(request.user), pk=trace_id)
-        results = (
+        results = list(
             JudgeResult.objects.filter(trace=trace)
             .select_related("message")
             .prefetch_related("comments", "customer_feedback")
             .order_by("-created_at", "-id")
         )
+        judgements_mark_unverified(results)
         return Response({"trace_id": trace.pk, "judgements": [judge_result_as_dict(r) for r in results]})
 
 

@@ -5,7 +5,8 @@
 # the judge pointed at the local model; then the demo agent works a few dozen support tasks
 # through the gateway so traces, comments and customer feedback are there to start from.
 #
-#   scripts/demo.sh [--fast]     --fast: the tiny random test model instead of SmolLM2
+#   scripts/demo.sh [--fast]     --fast: a tiny model (built and fitted here once, a few minutes on a
+#                                CPU, to answer with a greeting and one judgement) instead of SmolLM2
 #
 # Ctrl-C (or SIGTERM) stops everything it started and exits 0: each child runs in its own
 # process group (set -m), and the vLLM supervisor stops its server's group when told to stop.
@@ -20,7 +21,7 @@ FAST=0
 for arg in "$@"; do
   case "$arg" in
     --fast) FAST=1 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "unknown argument: $arg (use --fast)" >&2; exit 2 ;;
   esac
 done
@@ -35,7 +36,7 @@ export PRACTICUM_DATA_DIR=$DATA_DIR
 LOGS="$DATA_DIR/logs"
 mkdir -p "$LOGS"
 if [ "$FAST" = 1 ]; then
-  KIND=tiny; BASE=tiny; EPISODES=${PRACTICUM_DEMO_EPISODES:-12}
+  KIND=tiny-talking; BASE=tiny-talking; EPISODES=${PRACTICUM_DEMO_EPISODES:-12}
 else
   KIND=smollm2; BASE=smollm2-135m-instruct; EPISODES=${PRACTICUM_DEMO_EPISODES:-36}
 fi
@@ -44,6 +45,11 @@ URL="http://$HOST:$PORT"
 # The judge: our own vLLM, through structured output. A 135M model only proves the path (its
 # rewards mean little); point PRACTICUM_JUDGE_* at a stronger model for real judgements.
 # Tight bounds keep a small model from repeating itself up to max_tokens.
+# Our own server's context is 2048 tokens (serve_inference's max_model_len): the conversation a
+# judgement reads is trimmed to fit beside its answer, or the server refuses it with an HTTP 400.
+if [ -z "${PRACTICUM_JUDGE_BASE_URL:-}" ]; then
+  export PRACTICUM_JUDGE_CONTEXT_TOKENS=${PRACTICUM_JUDGE_CONTEXT_TOKENS:-2048}
+fi
 export PRACTICUM_JUDGE_BASE_URL=${PRACTICUM_JUDGE_BASE_URL:-$PRACTICUM_INFERENCE_URL/v1}
 export PRACTICUM_JUDGE_MODEL=${PRACTICUM_JUDGE_MODEL:-$BASE}
 export PRACTICUM_JUDGE_MAX_TOKENS=${PRACTICUM_JUDGE_MAX_TOKENS:-400}
@@ -76,6 +82,7 @@ done
 # each group in turn (the vLLM supervisor first stops its server, which runs in its own session).
 pids=()
 agent=""
+preparing=""
 start() {  # start LOGFILE CMD...
   local log=$1; shift
   "$@" >>"$log" 2>&1 &
@@ -92,6 +99,8 @@ cleanup() {
   [ "$stopping" = 1 ] && return
   stopping=1
   trap '' INT TERM
+  # A background job of a script ignores SIGINT: the model's preparation is stopped by name.
+  [ -n "$preparing" ] && { kill -TERM "$preparing" 2>/dev/null || true; }
   if [ ${#pids[@]} -eq 0 ] && [ -z "$agent" ]; then return; fi  # nothing started yet
   set +m  # no job-status lines while stopping
   echo; say "Stopping …"
@@ -119,9 +128,20 @@ trap 'cleanup' EXIT
 say "Preparing the database and the $BASE model (cached after the first run) …"
 $PY manage.py migrate --noinput -v 0
 # The conversion's own output (and any progress bars) goes to its log; the console gets one line.
-if ! $PY manage.py prepare_model "$KIND" --name "$BASE" >>"$LOGS/prepare.log" 2>&1; then
-  tail -n 20 "$LOGS/prepare.log" >&2; exit 1
+# A first run builds the model (SmolLM2: converted; FAST: fitted to talk), which takes a while
+# on a CPU: a line every 15 s says it is still at it.
+$PY manage.py prepare_model "$KIND" --name "$BASE" >>"$LOGS/prepare.log" 2>&1 &
+preparing=$!
+waited=0
+while kill -0 "$preparing" 2>/dev/null; do
+  sleep 1
+  waited=$((waited + 1))
+  if [ $((waited % 15)) = 0 ]; then echo "  … preparing $BASE: $waited s (a first run builds it; later runs find it ready)"; fi
+done
+if ! wait "$preparing"; then
+  preparing=""; tail -n 20 "$LOGS/prepare.log" >&2; exit 1
 fi
+preparing=""
 echo "  $BASE is ready (details in $LOGS/prepare.log)"
 $PY manage.py demo_setup --serve-base "$BASE"
 set -m
@@ -135,29 +155,11 @@ start "$LOGS/training.log" .venv/bin/celery -A webapp worker -Q training --concu
   --hostname "training@%h" --loglevel WARNING
 start "$LOGS/web.log" .venv/bin/uvicorn webapp.asgi:application --host "$HOST" --port "$PORT" --log-level warning
 
-wait_http() {  # wait_http URL SECONDS WHAT: until URL answers 200, or a child dies
-  $PY - "$1" "$2" "$3" "${pids[@]}" <<'PYEOF'
-import os, sys, time, urllib.request
-url, seconds, what, pids = sys.argv[1], float(sys.argv[2]), sys.argv[3], [int(p) for p in sys.argv[4:]]
-deadline = time.monotonic() + seconds
-while time.monotonic() < deadline:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            if r.status == 200:
-                sys.exit(0)
-    except OSError:
-        pass
-    for pid in pids:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            sys.exit(f"a process of the demo exited while waiting for {what}: see the logs")
-    time.sleep(0.5)
-sys.exit(f"{what} did not answer {url} within {seconds:.0f} s")
-PYEOF
+wait_http() {  # wait_http URL SECONDS WHAT [LOG]: until URL answers 200, or a child dies; a line every 15 s
+  $PY scripts/wait_ready.py "$1" "$2" "$3" ${4:+--log "$4"} "${pids[@]}"
 }
 
-wait_http "$URL/healthz" 120 "the web server" || { tail -n 20 "$LOGS/web.log" >&2; exit 1; }
+wait_http "$URL/healthz" 120 "the web server" "$LOGS/web.log" || { tail -n 20 "$LOGS/web.log" >&2; exit 1; }
 cat <<MSG
 
   The web server is up at $URL/tour/ — the tour shows how far the demo is (n/$EPISODES episodes);
@@ -166,8 +168,8 @@ cat <<MSG
   Logs:    $LOGS/
 
 MSG
-say "Waiting for the inference server ($BASE on vLLM, CPU; about a minute) …"
-wait_http "$PRACTICUM_INFERENCE_URL/health" 900 "the inference server" || { tail -n 30 "$LOGS/inference.log" >&2; exit 1; }
+say "Waiting for the inference server ($BASE on vLLM, CPU; one to four minutes: a line every 15 s says where it is) …"
+wait_http "$PRACTICUM_INFERENCE_URL/health" 900 "the inference server" "$LOGS/inference.log" || { tail -n 30 "$LOGS/inference.log" >&2; exit 1; }
 
 if [ "${PRACTICUM_DEMO_AGENT:-1}" != 0 ]; then
   # What an earlier start left: training-split episodes, and the base's test-split run.

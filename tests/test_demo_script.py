@@ -61,7 +61,7 @@ def test_the_fast_demo_serves_the_tour_and_ctrl_c_stops_everything(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PRACTICUM_", "DATABASE_URL", "CELERY_"))}
     env |= {
         "PRACTICUM_DATA_DIR": str(tmp_path),
-        # The tiny model the test session builds anyway: `prepare_model tiny` finds it ready.
+        # The talking tiny model test_modelprep builds there: `prepare_model tiny-talking` finds it.
         "PRACTICUM_MODELS_DIR": str(settings.DATA_DIR / "test-models"),
         "PRACTICUM_PORT": str(port),
         "PRACTICUM_INFERENCE_PORT": str(inference_port),
@@ -101,7 +101,7 @@ def test_the_fast_demo_serves_the_tour_and_ctrl_c_stops_everything(tmp_path):
             assert answer.status_code == 302, answer.text[:500]
             tour = web.get("/tour/")
             assert tour.status_code == 200
-            assert "deployment <b>support-bot</b>" in tour.text and '<b id="tour-live">tiny</b>' in tour.text
+            assert "deployment <b>support-bot</b>" in tour.text and '<b id="tour-live">tiny-talking</b>' in tour.text
             # The demo agent's episodes came through the gateway: the first step is ticked.
             assert 'id="step-traces" class="tour-step done' in tour.text, output()[-3000:]
         # The inference server answers only with its own key, generated into the data folder.
@@ -109,7 +109,7 @@ def test_the_fast_demo_serves_the_tour_and_ctrl_c_stops_everything(tmp_path):
         served = httpx.get(
             f"http://127.0.0.1:{inference_port}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=10
         ).json()
-        assert [m["id"] for m in served["data"]] == ["tiny"]
+        assert [m["id"] for m in served["data"]] == ["tiny-talking"]
 
         tree = descendants(demo.pid)
         assert len(tree) >= 5  # vLLM supervisor and server, two workers, the web server

@@ -9,12 +9,13 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from feedback.models import JudgeResult, JudgeStatus
+from feedback.models import Grade, GradeOutcome, JudgeResult, JudgeStatus
 from feedback.services.review import comment_add
 from tests.factories import DeploymentFactory, MessageFactory, TraceFactory, user_with_role
 from tests.promotion.conftest import evaluation_row, make_adapter_folder
 from training.models import TrainingJob
 from training.promotion.models import PromotionRequest, PromotionStatus
+from training.services.feedback_sets import training_set_from_feedback
 from training.services.training_sets import training_set_create
 from training.serving.services import base_model_register, live_version_set, model_version_create
 from webapp.work import WorkStatus
@@ -93,18 +94,40 @@ def test_the_steps_tick_as_the_loop_goes_round(tour_page, operator, tmp_path):
     assert done_steps(html) == ["traces", "comment", "judge"]
     assert "latest reward 0.20 under a rubric of 1 criterion" in html
 
-    training_set = training_set_create(
-        name="refunds",
-        items=[
-            {
-                "key": "turn:1",
-                "messages": [{"role": "user", "content": "Refund order A1"}],
-                "feedback": "look it up",
-                "trace_id": trace.pk,
-                "message_id": turn.pk,
-            }
-        ],
+    # A set from a fine-tuning file (an SDK script's) is not the step's artefact, nor a job on it.
+    imported = training_set_create(
+        name="fine-tuning-file-1",
+        items=[{"key": "ft:1", "messages": [{"role": "user", "content": "Hi"}], "corrected_response": "Hello"}],
+        deployment=deployment,
+        selection={"kind": "fine-tuning file", "training_file": "file-1"},
         heldout_fraction=0.0,
+    )
+    TrainingJob.objects.create(
+        kind="sft",
+        status=WorkStatus.FINISHED,
+        config={"kind": "sft", "steps": 4},
+        base_version=base_version,
+        training_set=imported,
+        deployment=deployment,
+        result_version=model_version_create(
+            name="smol-sdk",
+            base_model=base,
+            kind="lora",
+            path=make_adapter_folder(tmp_path / "sdk"),
+            parent=base_version,
+        ),
+        finished_at=timezone.now(),
+    )
+    html = tour_page()
+    assert done_steps(html) == ["traces", "comment", "judge"]
+    assert "fine-tuning-file-1" in html and "not this step&#x27;s" in html
+
+    training_set = training_set_from_feedback(
+        name="refunds",
+        filters={"comment": "yes", "deployment": deployment.pk},
+        heldout_fraction=0.0,
+        user=operator,
+        judge_gate_override_reason="the tour's walk-through",
     )
     assert done_steps(tour_page())[-1] == "training_set"
 
@@ -149,9 +172,20 @@ def test_the_steps_tick_as_the_loop_goes_round(tour_page, operator, tmp_path):
     assert '<b id="tour-live">smol-v1</b>' in html
     assert 'id="run-agent"' in html
 
-    new_trace = TraceFactory(deployment=deployment, model_version=candidate)
-    MessageFactory(trace=new_trace, position=0, role="user", content="Refund order B2")
+    # One call through the gateway is not the agent's run.
+    TraceFactory(deployment=deployment, model_version=candidate, metadata={})
+    assert done_steps(tour_page())[-1] == "promote"
+    # An episode of the agent served by the new version: the run; the improvement needs grades.
+    episode = TraceFactory(deployment=deployment, model_version=candidate, metadata={"task_id": "t1", "split": "test"})
+    MessageFactory(trace=episode, position=0, role="user", content="Refund order B2")
     html = tour_page()
+    assert done_steps(html)[-1] == "rerun" and "needs graded episodes of the new version" in html
+    Grade.objects.create(deployment=deployment, trace=episode, outcome=GradeOutcome.SUCCESS, source="support-desk")
+    html = tour_page()
+    assert done_steps(html)[-1] == "rerun" and "none of another version to compare" in html
+    Grade.objects.create(deployment=deployment, trace=trace, outcome=GradeOutcome.FAILURE, source="support-desk")
+    html = tour_page()
+    assert "1 graded episodes of smol-v1, beside another version" in html
     assert done_steps(html) == [
         "traces",
         "comment",

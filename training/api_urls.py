@@ -2,6 +2,7 @@ from django.urls import path
 
 from training import apis, apis_jobs, apis_sets
 from training.learning_policies import apis as policy_apis
+from training.policy_notes import apis as note_apis
 
 urlpatterns = [
     path("evaluations", apis.EvaluationCreateApi.as_view(), name="api-evaluation-create"),
@@ -35,6 +36,13 @@ urlpatterns = [
         "failure-modes/clusters/<str:cluster_id>/evaluation-slice",
         apis_sets.FailureClusterSliceApi.as_view(),
         name="api-failure-cluster-slice",
+    ),
+    path("policy-notes", note_apis.PolicyNoteListApi.as_view(), name="api-policy-notes"),
+    path("policy-notes/propose", note_apis.PolicyNoteProposeApi.as_view(), name="api-policy-note-propose"),
+    path("policy-notes/<int:note_id>", note_apis.PolicyNoteDetailApi.as_view(), name="api-policy-note-detail"),
+    path("policy-notes/<int:note_id>/versions", note_apis.PolicyNoteEditApi.as_view(), name="api-policy-note-edit"),
+    path(
+        "policy-notes/<int:note_id>/approve", note_apis.PolicyNoteApproveApi.as_view(), name="api-policy-note-approve"
     ),
     path("learning-policies/", policy_apis.LearningPoliciesApi.as_view(), name="api-learning-policies"),
     path(

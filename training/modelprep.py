@@ -232,3 +232,99 @@ def tiny_prepare(dest: Path, *, force: bool = False, seed: int = 0) -> Path:
     model.generation_config.pad_token_id = config.pad_token_id
     model.save_pretrained(tmp, safe_serialization=True)
     return _publish(tmp, dest)
+
+
+# What the FAST demo's model answers to everything: the random tiny model itself answers only
+# newlines, which a release's smoke test rightly refuses (a version that serves blank replies).
+TINY_TALKING_TEXT = "Hello! How can I help you today?"
+
+
+# What it answers a judge's prompt (feedback.judge, judge-turn): one fixed judgement in the
+# judge's schema, so the FAST demo's judge step runs the whole path (structured output,
+# validation, storage, the tour's tick). It means nothing, and the pages say so: a judge
+# the agreement gate has not passed is shown as unverified.
+TINY_JUDGEMENT = {
+    "rubric": {"criteria": [{"criterion": "Does what the comment asks", "weight": 1}]},
+    "rationale": "As the comment says.",
+    "reward": 0.2,
+    "corrected_response": "",
+}
+
+
+def _talking_prompts() -> list[tuple[list[dict], list[dict] | None, str]]:
+    """(messages, tools, answer) like those the demo sends: the release's smoke request,
+    short chats and the support desk's first turns with its tools (answered with
+    TINY_TALKING_TEXT), and the judge's prompt on such turns (answered with TINY_JUDGEMENT)."""
+    from feedback.judge.client import JudgeEndpoint
+    from feedback.judge.prompts import FeedbackItem, turn_prompt_messages
+    from feedback.judge.scoring import prompt_chars
+    from training.environments import environment_get
+
+    chats: list[tuple[list[dict], list[dict] | None]] = [
+        ([{"role": "user", "content": "Say hello."}], None),
+        ([{"role": "user", "content": "hello"}], None),
+        (
+            [{"role": "system", "content": "You are a support agent."}, {"role": "user", "content": "Refund please"}],
+            None,
+        ),
+        ([{"role": "user", "content": "Where is my order A1001?"}], None),
+    ]
+    tasks = environment_get("support-desk").tasks()
+    for task in tasks[:: max(1, len(tasks) // 3)][:3]:
+        chats.append((task.first_messages(), task.tools))
+    prompts = [(messages, tools, TINY_TALKING_TEXT) for messages, tools in chats]
+    judgement = json.dumps(TINY_JUDGEMENT)
+    # The judge's prompt as the demo sends it: fitted to 2048 tokens beside a 400-token answer.
+    fitted = prompt_chars(JudgeEndpoint(base_url="-", model="-", max_tokens=400, context_tokens=2048))
+    for i, task in enumerate(tasks[1 :: max(1, len(tasks) // 2)][:2]):
+        comment = ["It should look the order up before answering.", "It never told the customer the status."][i]
+        messages = turn_prompt_messages(
+            context=task.first_messages(),
+            turn={"role": "assistant", "content": TINY_TALKING_TEXT},
+            feedback=[FeedbackItem(kind="comment", text=comment)],
+            tools=task.tools,
+            max_chars=fitted,
+        )
+        prompts.append((messages, None, judgement))
+    return prompts
+
+
+def tiny_talking_prepare(
+    dest: Path, *, force: bool = False, text: str = TINY_TALKING_TEXT, steps: int = 100, seed: int = 0
+) -> Path:
+    """The tiny model, its weights then fitted (a few minutes on a busy CPU, once) to answer every chat
+    prompt with `text`, and a judge's prompt with TINY_JUDGEMENT: a model that talks, built
+    here with no download, for the FAST demo. A LoRA trained over it starts from a version
+    that answers; greedy decoding reproduces `text`."""
+    if (dest / "config.json").exists() and (dest / "model.safetensors").exists() and not force:
+        return dest
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    random_weights = tiny_prepare(dest.with_name(dest.name + ".random"), seed=seed)
+    tokenizer = AutoTokenizer.from_pretrained(random_weights)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(random_weights, dtype=torch.float32)
+    batch = []
+    for messages, tools, reply in _talking_prompts():
+        prompt = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        answer = text if reply == TINY_TALKING_TEXT else reply
+        batch.append((ids + tokenizer(answer + "<|im_end|>", add_special_tokens=False)["input_ids"], len(ids)))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(steps):
+        loss = 0.0
+        for sequence, n in batch:
+            ids = torch.tensor([sequence])
+            labels = ids.clone()
+            labels[0, :n] = -100
+            loss = loss + model(input_ids=ids, labels=labels).loss
+        optimizer.zero_grad()
+        (loss / len(batch)).backward()
+        optimizer.step()
+    model.eval()
+    tmp = _staging(dest)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    return _publish(tmp, dest)

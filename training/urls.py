@@ -2,6 +2,7 @@ from django.urls import path
 
 from training import views
 from training.learning_policies import views as policy_views
+from training.policy_notes import views as note_views
 
 app_name = "training"
 urlpatterns = [
@@ -16,6 +17,10 @@ urlpatterns = [
         views.failure_cluster_slice,
         name="failure-cluster-slice",
     ),
+    path("judge/notes/", note_views.policy_note_list, name="policy-notes"),
+    path("judge/notes/<int:note_id>/", note_views.policy_note_detail, name="policy-note"),
+    path("judge/notes/<int:note_id>/edit", note_views.policy_note_edit_view, name="policy-note-edit"),
+    path("judge/notes/<int:note_id>/approve", note_views.policy_note_approve_view, name="policy-note-approve"),
     path("training/policies/", policy_views.policy_list, name="policy-list"),
     path("training/policies/<int:policy_id>/", policy_views.policy_detail, name="policy-detail"),
 ]

@@ -11,16 +11,18 @@ from urllib.parse import urlencode
 from django.db.models import Q
 from django.urls import reverse
 
-from feedback.models import Comment, CustomerFeedback, JudgeResult, JudgeStatus, Trace, TraceSource
+from feedback.models import Comment, CustomerFeedback, Grade, JudgeResult, JudgeStatus, Trace, TraceSource
 from training.models import TrainingJob, TrainingSet
 from training.promotion.models import Evaluation, PromotionRequest, PromotionStatus
 from training.serving.models import Deployment, LiveVersion, ModelVersion, ModelVersionKind
 from webapp.selectors import HELD_OUT_SPLITS
+from webapp.selectors_measurements import OUTCOME_GRADE
 from webapp.work import WorkStatus
 
 DEFAULT_TOUR_DEPLOYMENT = "support-bot"
 # What a set of the agent's episodes with corrected turns trains on, named where it is offered.
 ORACLE_LABELS = "oracle labels (computed from the environment's hidden answer)"
+GRADED_SHOWN = 50  # graded episodes counted at most (a LIMIT, never the table)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,8 +169,17 @@ def tour_get(*, deployment: Deployment | None, demo_target: int = 0) -> Tour:
         )
     )
 
-    sets = TrainingSet.objects.filter(Q(deployment=deployment) | Q(items__trace__deployment=deployment)).distinct()
+    # The step's own artefact: a set built from feedback (the dashboard's filters or a queue,
+    # not a file, the agent's episodes or a task list) whose items are commented turns.
+    sets = comment_sets(deployment=deployment)
     latest_set = sets.order_by("-created_at", "-id").first()
+    other_set = (
+        None
+        if latest_set
+        else TrainingSet.objects.filter(Q(deployment=deployment) | Q(items__trace__deployment=deployment))
+        .order_by("-created_at", "-id")
+        .first()
+    )
     commented = urlencode({"filters": f"comment=yes&deployment={deployment.pk}"})
     steps.append(
         TourStep(
@@ -186,18 +197,16 @@ def tour_get(*, deployment: Deployment | None, demo_target: int = 0) -> Tour:
                 f"{latest_set} ({_set_source(latest_set)}): {latest_set.train_count} to train on, "
                 f"{latest_set.heldout_count} held out"
                 if latest_set
-                else "no training set yet"
+                else "no set built from commented turns yet"
+                + (f" ({other_set} came from {_set_source(other_set)}: not this step's)" if other_set else "")
             ),
             link=reverse("training:job-list") + f"?{commented}#build-set",
             link_text="Training",
         )
     )
 
-    jobs = TrainingJob.objects.filter(
-        Q(deployment=deployment)
-        | Q(training_set__in=sets.values("pk"))
-        | Q(base_version__live_for__deployment=deployment)
-    ).distinct()
+    # A job on such a set: one on a fine-tuning file or an episode set is another story.
+    jobs = TrainingJob.objects.filter(training_set__in=sets.values("pk"))
     finished = jobs.filter(status=WorkStatus.FINISHED, result_version__isnull=False).order_by("-finished_at").first()
     active = jobs.filter(status__in=[WorkStatus.QUEUED, WorkStatus.RUNNING]).order_by("-created_at").first()
     steps.append(
@@ -217,7 +226,11 @@ def tour_get(*, deployment: Deployment | None, demo_target: int = 0) -> Tour:
             detail=(
                 f"job {finished.pk} finished: candidate {finished.result_version.name}"
                 if finished
-                else (f"job {active.pk}: step {active.step}/{active.total_steps}" if active else "no finished job yet")
+                else (
+                    f"job {active.pk}: step {active.step}/{active.total_steps}"
+                    if active
+                    else "no finished job on a set of commented turns yet"
+                )
             ),
             link=reverse("training:job-detail", args=[(finished or active).pk])
             if (finished or active)
@@ -279,11 +292,15 @@ def tour_get(*, deployment: Deployment | None, demo_target: int = 0) -> Tour:
         )
     )
 
-    served_by_live = (
-        traces.filter(model_version=live).order_by("-started_at", "-id").only("id").first()
-        if live is not None and live.kind != ModelVersionKind.BASE
-        else None
+    # The agent's run: its episodes (traces of a task) served by the trained version since
+    # it went live; a single call through the gateway is not a run of the agent.
+    trained_live = live is not None and live.kind != ModelVersionKind.BASE
+    episodes_of_live = (
+        traces.filter(model_version=live, started_at__gte=live_row.changed_at, metadata__has_key="task_id")
+        if trained_live
+        else traces.none()
     )
+    served_by_live = episodes_of_live.order_by("-started_at", "-id").only("id").first() if trained_live else None
     steps.append(
         TourStep(
             key="rerun",
@@ -291,15 +308,29 @@ def tour_get(*, deployment: Deployment | None, demo_target: int = 0) -> Tour:
             how="Send the agent test tasks (never trained on) through the gateway: the live version answers them now.",
             done=served_by_live is not None,
             detail=(
-                f"traces served by {live.name} have arrived"
+                f"episodes served by {live.name} since it went live have arrived"
                 if served_by_live
-                else (f"{live.name} is live; no traces of it yet" if live else "no live version")
+                else (
+                    f"{live.name} is live; no episode of the agent served by it yet"
+                    if trained_live
+                    else (f"{live.name} is live, not a trained version yet" if live else "no live version")
+                )
             ),
             link=f"{trace_list}&version={live.pk}" if live is not None else trace_list,
             link_text=f"Traces of {live.name}" if live is not None else "Trace list",
         )
     )
 
+    # What the overview compares: graded episodes of the new version beside another's.
+    graded = Grade.objects.filter(deployment=deployment, name=OUTCOME_GRADE)
+    graded_live = (
+        graded.filter(trace__in=episodes_of_live.values("pk")).values("id")[:GRADED_SHOWN].count()
+        if trained_live
+        else 0
+    )
+    graded_other = (
+        graded_live and graded.filter(trace__model_version__isnull=False).exclude(trace__model_version=live).exists()
+    )
     overview = _overview_url()
     steps.append(
         TourStep(
@@ -310,9 +341,17 @@ def tour_get(*, deployment: Deployment | None, demo_target: int = 0) -> Tour:
                 "beside the base run by run on the same test tasks: success and collateral changes "
                 "(writes to other customers' orders), with intervals over seeds."
             ),
-            done=served_by_live is not None
-            and traces.exclude(model_version=live).filter(model_version__isnull=False).exists(),
-            detail="two versions' traces to compare" if served_by_live else "needs traces of the new version",
+            done=bool(graded_live and graded_other),
+            detail=(
+                f"{graded_live}{'+' if graded_live == GRADED_SHOWN else ''} graded episodes of {live.name}, "
+                "beside another version's"
+                if graded_live and graded_other
+                else (
+                    f"{graded_live} graded episodes of {live.name}; none of another version to compare"
+                    if graded_live
+                    else "needs graded episodes of the new version (run the agent again)"
+                )
+            ),
             link=overview or trace_list,
             link_text="Overview" if overview else "Trace list",
         )
@@ -323,6 +362,19 @@ def tour_get(*, deployment: Deployment | None, demo_target: int = 0) -> Tour:
         steps=steps,
         demo_have=demo_readiness(deployment=deployment, target=demo_target),
         demo_target=demo_target,
+    )
+
+
+def comment_sets(*, deployment: Deployment):
+    """The deployment's training sets built from operators' comments: from feedback (the
+    dashboard's filters or a queue; not a file, episodes, tasks or a slice), holding at
+    least one commented turn."""
+    return (
+        TrainingSet.objects.filter(Q(deployment=deployment) | Q(items__trace__deployment=deployment))
+        .filter(selection__has_key="filters")
+        .exclude(selection__has_key="kind")
+        .filter(items__message__comments__isnull=False)
+        .distinct()
     )
 
 

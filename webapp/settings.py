@@ -298,6 +298,9 @@ JUDGE_DEADLINE_S = float(os.environ.get("PRACTICUM_JUDGE_DEADLINE_S", 300))
 JUDGE_STALE_GRACE_S = float(os.environ.get("PRACTICUM_JUDGE_STALE_GRACE_S", 120))
 JUDGE_STALE_CHECK_SECONDS = float(os.environ.get("PRACTICUM_JUDGE_STALE_CHECK_SECONDS", 60))
 JUDGE_MAX_TOKENS = int(os.environ.get("PRACTICUM_JUDGE_MAX_TOKENS", 1024))
+# The judge model's context window in tokens (0: not known). When set, the conversation sent
+# is trimmed so that the prompt and JUDGE_MAX_TOKENS fit in it (`make demo`: the served 2048).
+JUDGE_CONTEXT_TOKENS = int(os.environ.get("PRACTICUM_JUDGE_CONTEXT_TOKENS", 0))
 # The most bytes one judge response body may have (error bodies too); a bigger one fails the call.
 JUDGE_MAX_RESPONSE_BYTES = int(os.environ.get("PRACTICUM_JUDGE_MAX_RESPONSE_BYTES", 2_000_000))
 # "full" sends the whole output schema; "portable" leaves out length/range bounds that some

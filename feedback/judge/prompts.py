@@ -238,12 +238,38 @@ NAME_CLUSTER_V1 = Prompt(
     ),
 )
 
+POLICY_NOTE_V1 = Prompt(
+    version="policy-note/v1",
+    system=(
+        "You read operators' comments on an AI assistant's turns in one deployment and find the rule "
+        "they state together, which no single comment may state in full. " + _DATA_RULE + " Answer with "
+        "one JSON object and nothing else."
+    ),
+    user=(
+        "Each item shows what the assistant knew at the turn (the last tool result), the turn itself, and "
+        "an operator's comment on it.\n\n<items>\n{items}\n</items>\n\n"
+        "Write a JSON object with:\n"
+        '- "text": the one rule most comments state, in one or two sentences an operator would write.\n'
+        '- "rule": the rule on the fields the tool results show, {{"conditions": [{{"field": <a field name '
+        'as the tool results spell it>, "op": one of "=", "!=", "<", "<=", ">", ">=", "value": <a string, '
+        'a number or true/false>}}, ...], "action": <the action, e.g. refund>, "otherwise": <the action '
+        "when a condition does not hold, or null>}}, all conditions together; null when the rule cannot "
+        "be put on the fields.\n"
+        '- "supporting": the numbers of the items whose comment agrees with the rule.\n'
+        '- "contradicting": the numbers of the items whose comment asks for the opposite of the rule.'
+    ),
+)
+
 # The prompts new results are produced with.
 CURRENT_TURN = JUDGE_TURN_V2
 CURRENT_SCORE = SCORE_CANDIDATES_V1
 CURRENT_NAME = NAME_CLUSTER_V1
 CURRENT_ACTION = JUDGE_ACTION_V1
-PROMPTS = {p.version: p for p in (JUDGE_TURN_V1, JUDGE_TURN_V2, JUDGE_ACTION_V1, SCORE_CANDIDATES_V1, NAME_CLUSTER_V1)}
+CURRENT_POLICY_NOTE = POLICY_NOTE_V1
+PROMPTS = {
+    p.version: p
+    for p in (JUDGE_TURN_V1, JUDGE_TURN_V2, JUDGE_ACTION_V1, SCORE_CANDIDATES_V1, NAME_CLUSTER_V1, POLICY_NOTE_V1)
+}
 
 
 def turn_prompt_messages(
@@ -253,13 +279,26 @@ def turn_prompt_messages(
     feedback: Sequence[FeedbackItem],
     tools: Sequence[dict[str, Any]] = (),
     prompt: Prompt = CURRENT_TURN,
+    max_chars: int = 0,
 ) -> list[dict[str, str]]:
-    return prompt.messages(
-        tools=render_tools(tools, tagged=prompt.tools_tagged),
-        conversation=render_conversation(context, calls=prompt.calls),
-        turn=render_message(turn, calls=prompt.calls),
-        feedback=render_feedback(feedback),
-    )
+    """The judge's prompt for `turn`; with `max_chars`, the conversation's oldest turns
+    (after the first) are left out until the whole prompt fits in that many characters,
+    as far as leaving them out can make it fit."""
+
+    def build(conversation_chars: int) -> list[dict[str, str]]:
+        return prompt.messages(
+            tools=render_tools(tools, tagged=prompt.tools_tagged),
+            conversation=render_conversation(context, max_chars=conversation_chars, calls=prompt.calls),
+            turn=render_message(turn, calls=prompt.calls),
+            feedback=render_feedback(feedback),
+        )
+
+    messages = build(CONVERSATION_MAX_CHARS)
+    over = sum(len(m["content"]) for m in messages) - max_chars
+    if max_chars <= 0 or over <= 0:
+        return messages
+    shown = len(render_conversation(context, calls=prompt.calls))
+    return build(max(0, shown - over))
 
 
 def score_prompt_messages(

@@ -70,6 +70,21 @@ class TurnOutcome:
         return 0.0 if self.guard_reason else self.judgement.reward
 
 
+# Characters a token stands for, counted low: English averages 3 to 4 with a large vocabulary,
+# the demo's tiny model (1,024 tokens) about 1.75; fewer makes a prompt fit with room to spare.
+CHARS_PER_TOKEN = 1.5
+# What the chat template adds around the messages, in tokens.
+TEMPLATE_TOKENS = 32
+
+
+def prompt_chars(endpoint: JudgeEndpoint) -> int:
+    """How many characters of prompt fit in the judge's context beside its answer (0: no
+    limit known). A prompt that still does not fit fails with the judge's words for it."""
+    if endpoint.context_tokens <= 0:
+        return 0
+    return max(1, int((endpoint.context_tokens - endpoint.max_tokens - TEMPLATE_TOKENS) * CHARS_PER_TOKEN))
+
+
 def judge_turn(
     *,
     context: Sequence[dict[str, Any]],
@@ -85,7 +100,9 @@ def judge_turn(
     Raises `JudgeCallFailed`."""
     if endpoint.correction_mode == "actions":
         return judge_turn_action(context=context, turn=turn, feedback=feedback, endpoint=endpoint, tools=tools)
-    messages = turn_prompt_messages(context=context, turn=turn, feedback=feedback, tools=tools, prompt=prompt)
+    messages = turn_prompt_messages(
+        context=context, turn=turn, feedback=feedback, tools=tools, prompt=prompt, max_chars=prompt_chars(endpoint)
+    )
     schema = turn_judgement_schema(endpoint.limits)
     result = call_structured(
         endpoint=endpoint,

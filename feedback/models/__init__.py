@@ -16,6 +16,7 @@ from feedback.models.judge import (
     SchemaMode,
     ScoringPurpose,
 )
+from feedback.models.policy_notes import PolicyNote, PolicyNoteAuthor, PolicyNoteVersion
 from feedback.models.queues import (
     AnnotationQueue,
     QueueItem,
@@ -76,6 +77,9 @@ __all__ = [
     "OrderSwapCheck",
     "OtelSpan",
     "OtelTrace",
+    "PolicyNote",
+    "PolicyNoteAuthor",
+    "PolicyNoteVersion",
     "QueueItem",
     "QueueItemStatus",
     "QueueScore",

@@ -15,6 +15,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
+from feedback.models.policy_notes import PolicyNoteVersion
 from feedback.models.review import Comment, Correction, CustomerFeedback
 from feedback.models.traces import Message, Trace
 from training.serving.models import Deployment
@@ -147,6 +148,8 @@ class JudgeResult(models.Model):
     comments = models.ManyToManyField(Comment, blank=True, related_name="judge_results")
     customer_feedback = models.ManyToManyField(CustomerFeedback, blank=True, related_name="judge_results")
     human_corrections = models.ManyToManyField(Correction, blank=True, related_name="judge_results")
+    # The approved policy notes of the deployment the judge read with it.
+    policy_notes = models.ManyToManyField(PolicyNoteVersion, blank=True, related_name="judge_results")
 
     status = models.CharField(max_length=20, choices=JudgeStatus.choices, default=JudgeStatus.PENDING)
     failure_reason = models.TextField(blank=True, default="")

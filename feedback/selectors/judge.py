@@ -68,9 +68,14 @@ def judge_is_configured(*, deployment: Deployment | None = None) -> bool:
 
 
 def judge_results_for_messages(*, message_ids: list[int]) -> dict[int, list[JudgeResult]]:
-    """Each message's judgements, newest first, each with its `doubts` (judge_result_doubts)."""
+    """Each message's judgements, newest first, each with its `doubts` (judge_result_doubts);
+    the latest also with `unverified` (judgements_mark_unverified)."""
+    from feedback.selectors.judge_gate import judgements_mark_unverified  # it reads this module
+
     out: dict[int, list[JudgeResult]] = {}
-    for r in JudgeResult.objects.filter(message_id__in=message_ids).order_by("-created_at", "-id"):
+    results = list(JudgeResult.objects.filter(message_id__in=message_ids).order_by("-created_at", "-id"))
+    judgements_mark_unverified(r for r in results if r.is_latest)
+    for r in results:
         r.doubts = judge_result_doubts(r)
         out.setdefault(r.message_id, []).append(r)
     return out

@@ -15,6 +15,7 @@ on evidence rather than a point estimate:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -24,7 +25,7 @@ from django.db.models import Avg, Count, Q
 from feedback.judge.agreement import kappa_estimate
 from feedback.judge.client import JudgeNotConfigured
 from feedback.judge.prompts import CURRENT_SCORE
-from feedback.models import CandidateScoring, JudgeStatus, OrderSwapCheck, ScoringPurpose
+from feedback.models import CandidateScoring, JudgeResult, JudgeStatus, OrderSwapCheck, ScoringPurpose, Trace
 from feedback.selectors.judge import human_labels, judge_endpoint_for
 from training.serving.models import Deployment
 
@@ -193,3 +194,28 @@ def _action_conditions(
                 f"below {t['min_action_agreement']:.0%}"
             )
     return {k: a.as_dict() for k, a in kinds.items()}, unmet
+
+
+def judgements_mark_unverified(results: Iterable[JudgeResult]) -> None:
+    """Set `unverified` on each succeeded judgement: why its judge (its model at its URL,
+    for its trace's deployment) has not passed the agreement gate, or "" when it has. A
+    listed judgement from an unverified judge is shown as such: its rubric and reward are
+    a model's opinion no one has checked against people's. One gate per distinct judge."""
+    results = list(results)
+    todo = [r for r in results if r.status == JudgeStatus.SUCCEEDED]
+    for r in results:
+        r.unverified = ""
+    if not todo:
+        return
+    deployment_of = dict(Trace.objects.filter(pk__in={r.trace_id for r in todo}).values_list("pk", "deployment_id"))
+    deployments = Deployment.objects.in_bulk(set(deployment_of.values()) - {None})
+    gates: dict[tuple, TrainingGate] = {}
+    for r in todo:
+        deployment_id = deployment_of.get(r.trace_id)
+        key = (deployment_id, r.judge_model, r.judge_base_url)
+        if key not in gates:
+            gates[key] = judge_training_gate(
+                deployment=deployments.get(deployment_id), judge_model=r.judge_model, judge_base_url=r.judge_base_url
+            )
+        gate = gates[key]
+        r.unverified = "" if gate.allowed else f"the judge's agreement gate has not passed: {gate.reason}"

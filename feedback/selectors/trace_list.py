@@ -14,7 +14,7 @@ from django.db.models import BooleanField, Exists, OuterRef, Q, QuerySet
 from django.db.models.expressions import RawSQL
 
 from feedback.forms import OUTCOME_VALUES, RATING_VALUES
-from feedback.models import Message, MessageRole, Trace, TraceFlag
+from feedback.models import Message, MessageRole, Trace, TraceFlag, TraceSource
 from feedback.services.search import SEARCH_CONFIG, search_match_sql
 
 PAGE_SIZE = 50
@@ -197,3 +197,12 @@ def flag_names(limit: int = 200) -> list[str]:
             [limit],
         )
         return [r[0] for r in cursor.fetchall()]
+
+
+def demo_agent_starting() -> bool:
+    """`make demo` is running (it sets PRACTICUM_DEMO_EPISODES) and no episode of its agent
+    has come through the gateway yet: the agent is still starting (the model server loads
+    first), so an empty trace list is waiting, not wanting."""
+    from django.conf import settings
+
+    return settings.DEMO_EPISODES > 0 and not Trace.objects.filter(source=TraceSource.GATEWAY).exists()

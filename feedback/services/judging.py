@@ -38,6 +38,7 @@ from feedback.models import (
     Trace,
 )
 from feedback.selectors.judge import judge_endpoint_for, judge_is_configured
+from feedback.selectors.policy_notes import policy_note_item, policy_notes_approved
 from feedback.selectors.traces import message_as_openai
 from feedback.tasks import judge_result_run_task, order_swap_check_task
 from training.inference.codec import message_served_text
@@ -299,6 +300,11 @@ def _judge_claimed(result: JudgeResult, endpoint: JudgeEndpoint | None) -> Judge
     result.prompt_version = CURRENT_ACTION.version if endpoint.correction_mode == "actions" else CURRENT_TURN.version
     if not items:
         return _fail(result, "no feedback on this turn to judge it by")
+    # Approved policy notes join the turn's feedback, so the rubric the judge writes
+    # carries the deployment's rules; a note nobody approved is never read.
+    notes = policy_notes_approved(deployment=message.trace.deployment)
+    result.policy_notes.set(notes)
+    items = [*items, *(policy_note_item(v) for v in notes)]
     try:
         outcome = judge_turn(context=context, turn=turn, feedback=items, tools=message.trace.tools, endpoint=endpoint)
     except JudgeCallFailed as exc:

@@ -24,6 +24,7 @@ from feedback.selectors.judge import (
     judge_result_doubts,
     judge_results_for_messages,
 )
+from feedback.selectors.judge_gate import judgements_mark_unverified
 from feedback.services.judge_jobs import judge_job_cancel, judge_job_create
 from feedback.services.judging import JudgeError, deployment_judge_set, judge_request
 from feedback.views.common import dashboard_view, safe_next
@@ -63,6 +64,15 @@ def _endpoint_summary() -> dict:
 
 def _jobs_context() -> dict:
     jobs = list(JudgeJob.objects.select_related("deployment", "created_by")[:20])
+    # A backfill's failures say why, in the words of its latest one (one query, however many).
+    failing = [j.pk for j in jobs if j.failed]
+    latest: dict[int, str] = {}
+    if failing:
+        rows = JudgeResult.objects.filter(job_id__in=failing, status=JudgeStatus.FAILED).order_by("-id")
+        for job_id, reason in rows.values_list("job_id", "failure_reason")[: 20 * len(failing)]:
+            latest.setdefault(job_id, reason)
+    for job in jobs:
+        job.latest_failure = latest.get(job.pk, "")
     return {"jobs": jobs, "any_active": any(j.is_active for j in jobs)}
 
 
@@ -75,7 +85,8 @@ def judge_overview(request: HttpRequest) -> HttpResponse:
 
 def _judge_page(request: HttpRequest, form: BackfillForm, *, status: int = 200) -> HttpResponse:
     """The judge page, with the backfill form as given (bound, with its errors, when it came back)."""
-    recent = JudgeResult.objects.select_related("trace", "message").order_by("-created_at", "-id")[:50]
+    recent = list(JudgeResult.objects.select_related("trace", "message").order_by("-created_at", "-id")[:50])
+    judgements_mark_unverified(recent)
     context = {
         "endpoint": _endpoint_summary(),
         "form": form,
@@ -153,6 +164,7 @@ def judge_result_detail(request: HttpRequest, result_id: int) -> HttpResponse:
         JudgeResult.objects.select_related("trace__deployment", "message", "job", "requested_by"), pk=result_id
     )
     trace_or_404(request, result.trace_id)
+    judgements_mark_unverified([result])
     context = {
         "result": result,
         "comments": result.comments.select_related("author"),

@@ -16,7 +16,14 @@ from feedback.models import Message, Trace
 from feedback.permissions import BROWSE, BUILD_QUEUE, can_annotate, can_see_trace
 from feedback.selectors.judge import judge_results_for_messages
 from feedback.selectors.review import json_pretty, trace_by_id, trace_review
-from feedback.selectors.trace_list import PAGE_SIZE, Cursor, flag_names, trace_neighbour, trace_page
+from feedback.selectors.trace_list import (
+    PAGE_SIZE,
+    Cursor,
+    demo_agent_starting,
+    flag_names,
+    trace_neighbour,
+    trace_page,
+)
 from feedback.selectors.traces import message_as_openai
 from feedback.services.review import REVIEW_LIMITS
 from feedback.templatetags.judge_tags import reward_class
@@ -60,6 +67,8 @@ def trace_list(request: HttpRequest) -> HttpResponse:
         "next_url": f"?{query}&after={page.next_cursor.encode()}&shown={total}" if page.next_cursor else None,
         "can_build_queue": request.user.has_perm(BUILD_QUEUE),
         "filter_pairs": parse_qsl(query),
+        # Asked only of an empty first page: under `make demo`, nothing yet means its agent is starting.
+        "demo_starting": not page.rows and after is None and demo_agent_starting(),
     }
     htmx = request.htmx
     if htmx and not htmx.history_restore_request:

@@ -103,7 +103,8 @@ def test_an_unreachable_judge_fails_with_the_reason():
     endpoint = JudgeEndpoint(base_url="http://127.0.0.1:9/v1", model="m", max_attempts=2, backoff_s=0, timeout_s=2)
     with pytest.raises(JudgeCallFailed) as info:
         call(endpoint)
-    assert info.value.reason.startswith("connection failed")
+    assert info.value.detail.startswith("connection failed")
+    assert info.value.reason.startswith("the judge endpoint does not answer")
     assert len(info.value.record.attempts) == 2
 
 
@@ -244,7 +245,7 @@ def test_a_response_body_over_the_size_cap_fails_the_call_without_reading_it_all
     judge_server.script(Reply.raw(huge), Reply.raw(huge), Reply.raw(huge))
     with pytest.raises(JudgeCallFailed) as failed:
         call(judge_server.endpoint())
-    assert failed.value.reason == (
+    assert failed.value.detail == (
         "the response body is larger than 2000000 bytes (PRACTICUM_JUDGE_MAX_RESPONSE_BYTES): "
         "it was not read further (after 1 attempt)"
     )
@@ -290,5 +291,5 @@ def test_a_body_in_a_compression_nobody_asked_for_is_not_read(judge_server):
     judge_server.script(Reply.raw(b"\x8b\x00\x80" * 1000).with_headers(content_encoding="br"))
     with pytest.raises(JudgeCallFailed) as failed:
         call(judge_server.endpoint())
-    assert failed.value.reason.startswith("the response body is compressed with 'br', which was not asked for")
+    assert failed.value.detail.startswith("the response body is compressed with 'br', which was not asked for")
     assert len(judge_server.headers) == 1 and judge_server.headers[0]["accept-encoding"] == "identity"

@@ -175,8 +175,9 @@ def test_trace_judgements_api_lists_every_version_in_pinned_queries(
     judge_run(result=judge_request(message=answer, trigger=JudgeTrigger.MANUAL, enqueue=False))
     key = api_key_create(deployment=deployment, scopes=["read"]).plaintext
 
-    # key lookup, trace, judgements, their messages, comments, customer feedback
-    with django_assert_num_queries(6):
+    # key lookup, trace, judgements, their messages, comments, customer feedback; then the
+    # agreement gate once per distinct judge (the traces' deployments, and five for the gate)
+    with django_assert_num_queries(11):
         data = client.get(f"/api/v1/traces/{trace.pk}/judgements", HTTP_AUTHORIZATION=f"Bearer {key}").json()
     newest, oldest = data["judgements"]
     assert newest["status"] == "failed" and newest["reward"] is None and "after 3 attempts" in newest["failure_reason"]

@@ -65,3 +65,45 @@ def test_two_preparations_of_one_model_at_once_both_succeed(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny"]  # no staging folder left
     assert (tmp_path / "tiny" / "model.safetensors").exists() and (tmp_path / "tiny" / "tokenizer.json").exists()
     assert (tmp_path / "tiny").stat().st_mode & 0o755 == 0o755
+
+
+def test_the_fast_demos_tiny_model_answers_in_words_where_the_random_one_answers_newlines():
+    """`make demo FAST=1` serves this model: a release's smoke test refuses blank replies, so
+    the model it serves, and the candidates trained over it, must say something."""
+    import torch
+    from django.conf import settings
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from feedback.judge.client import JudgeEndpoint
+    from feedback.judge.prompts import FeedbackItem, turn_prompt_messages
+    from feedback.judge.scoring import prompt_chars
+    from training.environments import environment_get
+    from training.modelprep import TINY_TALKING_TEXT, tiny_talking_prepare
+
+    # Where the demo's own test (PRACTICUM_MODELS_DIR=test-models) prepares it: built once.
+    path = tiny_talking_prepare(settings.DATA_DIR / "test-models" / "tiny-talking")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    unseen = environment_get("support-desk").tasks()[7]  # not among the prompts it was fitted on
+    for messages, tools in [
+        ([{"role": "user", "content": settings.RELEASE_SMOKE_PROMPT}], None),
+        ([{"role": "user", "content": "What is the weather like on Mars?"}], None),
+        (unseen.first_messages(), unseen.tools),
+    ]:
+        prompt = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+        ids = torch.tensor([tokenizer(prompt, add_special_tokens=False)["input_ids"]])
+        out = model.generate(ids, max_new_tokens=32, do_sample=False)
+        assert tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True) == TINY_TALKING_TEXT
+    # A judge's prompt (as the demo's judge sends it) gets a judgement's JSON, which the judge's
+    # structured output then holds to its schema.
+    judge = turn_prompt_messages(
+        context=unseen.first_messages(),
+        turn={"role": "assistant", "content": TINY_TALKING_TEXT},
+        feedback=[FeedbackItem(kind="comment", text="It should refund the order.")],
+        tools=unseen.tools,
+        max_chars=prompt_chars(JudgeEndpoint(base_url="x", model="x", max_tokens=400, context_tokens=2048)),
+    )
+    prompt = tokenizer.apply_chat_template(judge, add_generation_prompt=True, tokenize=False)
+    ids = torch.tensor([tokenizer(prompt, add_special_tokens=False)["input_ids"]])
+    out = model.generate(ids, max_new_tokens=8, do_sample=False)
+    assert tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True).startswith('{"rubric": {"')

@@ -256,6 +256,8 @@ class AuditAction(models.TextChoices):
     PASSWORD_SET = "password_set", "Password set"
     ACCOUNT_DELETED = "account_deleted", "Account deleted"
     ROLE_CHANGED = "role_changed", "Role's permissions changed"
+    # Policy notes (`training.policy_notes`): the version the deployment's judge now reads.
+    POLICY_NOTE_APPROVED = "policy_note_approved", "Policy note approved"
 
 
 class AuditImmutable(Exception):

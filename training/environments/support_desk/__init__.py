@@ -25,9 +25,10 @@ so that a candidate is also measured on cases no training set can have contained
 The same seed gives the same store on every machine.
 
 The package: `store` (the orders, the policy, the requests), `environment` (the tools and the
-grade), `oracle` (the policy's own turns, as labels) and `transcripts` (reading an episode's
-messages). Importing it registers the environment; the names below are the ones the
-experiment scripts and the demo use.
+grade), `oracle` (the policy's own turns, as labels), `policy_notes` (a decision point labelled
+by an approved note) and `transcripts` (reading an episode's messages). Importing it registers
+the environment; the names below are the ones the demo, the experiment scripts and the other
+packages use.
 """
 
 from training.environments.support_desk.environment import SupportDesk, tasks_sample
@@ -38,6 +39,7 @@ from training.environments.support_desk.oracle import (
     turn_reference,
     turn_target,
 )
+from training.environments.support_desk.policy_notes import decision_fields, policy_note_label
 from training.environments.support_desk.store import (
     FRESH_SPLIT,
     KINDS,
@@ -57,7 +59,9 @@ __all__ = [
     "TOOLS",
     "SupportDesk",
     "counterfactual_turns",
+    "decision_fields",
     "oracle_turns",
+    "policy_note_label",
     "tasks_sample",
     "turn_reference",
     "turn_target",

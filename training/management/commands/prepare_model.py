@@ -13,17 +13,19 @@ from training.serving.services import (
     registered_folder_owner,
 )
 
-DEFAULT_NAMES = {"smollm2": "smollm2-135m-instruct", "tiny": "tiny"}
+DEFAULT_NAMES = {"smollm2": "smollm2-135m-instruct", "tiny": "tiny", "tiny-talking": "tiny-talking"}
+PREPARE = {"smollm2": "smollm2_prepare", "tiny": "tiny_prepare", "tiny-talking": "tiny_talking_prepare"}
 
 
 class Command(BaseCommand):
     help = (
         "Prepare a base model folder and register it: `smollm2` converts the packaged SmolLM2-135M-Instruct "
-        "GGUF, `tiny` builds the tiny test model, `local` registers any local Hugging Face folder (--path)."
+        "GGUF, `tiny` builds the tiny test model (random weights: it answers newlines), `tiny-talking` the same model "
+        "fitted to answer every prompt with a short greeting (the FAST demo's), `local` registers any local Hugging Face folder (--path)."
     )
 
     def add_arguments(self, parser) -> None:
-        parser.add_argument("kind", choices=["smollm2", "tiny", "local"])
+        parser.add_argument("kind", choices=["smollm2", "tiny", "tiny-talking", "local"])
         parser.add_argument("--path", type=Path, help="folder to write (smollm2/tiny) or to register (local)")
         parser.add_argument("--name", help="the base model's name, also the name the inference server serves")
         parser.add_argument("--live-for", metavar="DEPLOYMENT", help="make the base version live for this deployment")
@@ -52,7 +54,7 @@ class Command(BaseCommand):
                     "Prepare into another --path and register it under a new --name."
                 )
             self.stdout.write(f"Preparing {kind} at {path} …")
-            prepare = modelprep.smollm2_prepare if kind == "smollm2" else modelprep.tiny_prepare
+            prepare = getattr(modelprep, PREPARE[kind])
             path = prepare(path, force=opts["force"])
         try:
             base, version = base_model_register(name=name, path=path, metadata={"prepared_as": kind})
