@@ -266,6 +266,11 @@ class NodeError(Exception):
     """This machine cannot join the job's processes; the message says why."""
 
 
+def _count(value: str | None) -> int | None:
+    """A node count as torchrun reads it: ASCII digits (`isdigit()` also takes "²", which `int()` refuses)."""
+    return int(value) if value and re.fullmatch(r"[0-9]{1,9}", value) else None
+
+
 def _option(words: list[str], name: str) -> str | None:
     """The value of torchrun option `name` in `words` (its last one, as torchrun reads them)."""
     value = None
@@ -282,7 +287,7 @@ def _nodes(args: str) -> int:
         value = _option(shlex.split(args), "--nnodes")
     except ValueError:
         return 1
-    return int(value) if value and value.isdigit() else 1
+    return _count(value) or 1
 
 
 def group_size_problem(args: str, processes: int, prompts_per_step: int) -> str | None:
@@ -319,8 +324,9 @@ def node_launch_check(args: str, node_rank: int) -> None:
             f"the {backend} rendezvous gives rank 0, which owns the job, to whichever node joins first: "
             "use a static one (--nnodes M --node-rank 0 --master-addr HEAD --master-port P on the worker)"
         )
-    if not nodes.isdigit() or not 1 <= node_rank < int(nodes):
-        raise NodeError(f"--node-rank must be from 1 to {int(nodes) - 1 if nodes.isdigit() else 'nnodes - 1'}")
+    count = _count(nodes)
+    if count is None or not 1 <= node_rank < count:
+        raise NodeError(f"--node-rank must be from 1 to {count - 1 if count is not None else 'nnodes - 1'}")
 
 
 def training_job_node_run(
