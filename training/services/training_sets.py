@@ -108,8 +108,9 @@ def training_set_create(
     `key` required and unique; items with the same optional `split_key` fall on the same
     side of the train/held-out split, e.g. copies of one turn; an item's own `split` wins,
     e.g. a validation file's lines, except that a turn of a trace an evaluation slice holds is
-    always held out; see `_splits`: with a held-out share and two or more items, at least one
-    is held out). Validates everything before writing anything."""
+    always held out; see `_splits`: no item changes sides across versions of `name`, and with
+    a held-out share and two or more items, at least one is held out unless every item was
+    trained on by an earlier version). Validates everything before writing anything."""
     errors: list[tuple[str, str]] = []
     if not 0 <= heldout_fraction < 1:
         errors.append(("heldout_fraction", "must be in [0, 1)"))
