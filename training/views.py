@@ -20,6 +20,7 @@ from training.models import JobKind, TrainingSet
 from training.services.jobs import JobError, training_job_cancel, training_job_create
 from training.serving.models import ModelVersion
 from webapp.form_problems import FormProblems, json_object_error, problems
+from webapp.ids import form_id, parse_id
 
 # The form's common fields; anything else goes in the JSON box.
 FORM_FIELDS = {
@@ -72,6 +73,9 @@ def job_list(request: HttpRequest) -> HttpResponse:
     form = {"kind": "grpo", "config": "{}"}
     forms: dict = {}
     if request.method == "GET" and request.htmx and request.GET.get("part") == "usable":
+        _, wrong = form_id(request.GET, "training_set")
+        if wrong:
+            return HttpResponse(f"training_set: {wrong[0][1]}", status=400, content_type="text/plain")
         return render(request, "training/job_list.html#usable", _usable_context(request.GET.dict()))
     if request.method == "GET":
         # The tour links here with its path filled in: the set from operators' comments
@@ -155,18 +159,14 @@ def _create_from_form(request: HttpRequest):
                 config[name] = cast(raw)
             except ValueError:
                 errors.append((name, "must be a whole number" if cast is int else "must be a number"))
-    version = (
-        ModelVersion.objects.filter(pk=data.get("base_version") or 0).first()
-        if _is_int(data.get("base_version"))
-        else None
-    )
-    training_set = (
-        TrainingSet.objects.filter(pk=data.get("training_set")).first() if _is_int(data.get("training_set")) else None
-    )
+    version_id, wrong_version = form_id(data, "base_version")
+    set_id, wrong_set = form_id(data, "training_set")
+    version = ModelVersion.objects.filter(pk=version_id).first() if version_id else None
+    training_set = TrainingSet.objects.filter(pk=set_id).first() if set_id else None
     if version is None:
-        errors.append(("base_version", "choose a model version to train from"))
-    if training_set is None and data.get("kind") != JobKind.EPISODES:
-        errors.append(("training_set", "choose a training set"))
+        errors += wrong_version or [("base_version", "choose a model version to train from")]
+    if training_set is None and (wrong_set or data.get("kind") != JobKind.EPISODES):
+        errors += wrong_set or [("training_set", "choose a training set")]
     if errors:
         return None, errors
     try:
@@ -183,18 +183,14 @@ def _create_from_form(request: HttpRequest):
     return job, []
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, str) and value.isdigit()
-
-
 def _usable_context(data: dict, *, training_sets: list[TrainingSet] | None = None) -> dict:
     """What the job form says before Start: how many of the chosen set's items the chosen
     method can train on."""
-    chosen = data.get("training_set") or ""
+    chosen, _ = form_id(data, "training_set")
     if training_sets is not None:
-        training_set = next((s for s in training_sets if str(s.pk) == chosen), None)
+        training_set = next((s for s in training_sets if s.pk == chosen), None)
     else:
-        training_set = TrainingSet.objects.filter(pk=chosen).first() if _is_int(chosen) else None
+        training_set = TrainingSet.objects.filter(pk=chosen).first() if chosen else None
     kind = data.get("kind") or JobKind.GRPO
     usable = selectors.training_set_usable(kind=kind, training_set=training_set) if training_set else None
     return {"usable": usable}
@@ -211,8 +207,8 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
         job=job, series=series, evals=evals, checkpoints=selectors.job_checkpoint_steps(job=job)
     )
     sample_steps = selectors.job_sample_steps(job=job)
-    chosen = request.GET.get("sample_step")
-    sample_step = int(chosen) if chosen and chosen.isdigit() else (sample_steps[-1] if sample_steps else None)
+    chosen = parse_id(request.GET.get("sample_step"))
+    sample_step = chosen if chosen is not None else (sample_steps[-1] if sample_steps else None)
     context = {
         "job": job,
         "charts": charts,
@@ -288,20 +284,22 @@ def training_set_build(request: HttpRequest) -> HttpResponse:
     query = (data.get("filters") or "").strip().lstrip("?")
     if "?" in query:  # a whole trace-list URL was pasted
         query = query.split("?", 1)[1]
-    filters = None
+    filters, queue_id = None, None
     if not queue:
         form = TraceFilterForm(_deployment_by_name(QueryDict(query, mutable=True)))
         filters = form.filters()
         errors += [(f"filters.{field}", "; ".join(msgs)) for field, msgs in form.errors.items()]
-    elif not queue.isdigit():
-        errors.append(("queue", "choose a queue"))
+    else:
+        queue_id, wrong = form_id(data, "queue")
+        if queue_id is None:
+            errors += wrong or [("queue", "choose a queue")]
     built = None
     if not errors:
         try:
             built = training_set_from_feedback(
                 name=name,
                 filters=filters,
-                queue_id=int(queue) if queue else None,
+                queue_id=queue_id,
                 heldout_fraction=heldout,
                 user=request.user,
                 judge_gate_override_reason=data.get("judge_gate_override_reason") or "",
@@ -321,7 +319,7 @@ def _deployment_by_name(query):
     from training.serving.models import Deployment
 
     wanted = query.get("deployment") or ""
-    if wanted and not wanted.isdigit():
+    if wanted and parse_id(wanted) is None:
         found = Deployment.objects.filter(name=wanted).values_list("pk", flat=True).first()
         if found is not None:
             query["deployment"] = str(found)

@@ -117,6 +117,10 @@ def json_object_error(text: str) -> str | None:
         else:
             what = exc.msg[0].lower() + exc.msg[1:]
         return f"not valid JSON at line {exc.lineno}, column {exc.colno}: {what}"
+    except ValueError:
+        # Python refuses to read an integer of more than 4,300 digits (a guard against slow
+        # conversions); the text is JSON, but no number in a setting is that long.
+        return "holds a number too long to read (more than 4,300 digits)"
     if not isinstance(value, dict):
         return f"must be a JSON object ({{…}}), not {_json_kind(value)}"
     return None

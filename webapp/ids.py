@@ -22,3 +22,20 @@ def parse_id(value: object) -> int | None:
     if isinstance(value, str) and _ID.fullmatch(value):
         return int(value)
     return None
+
+
+ID_REASON = "must be an id: a whole number from 1, in the digits 0 to 9"
+
+
+def form_id(data, field: str) -> tuple[int | None, list[tuple[str, str]]]:
+    """The id a form or query string gives in `field`: (the id, []) when it is one, (None, [])
+    when the field is absent or blank, and (None, [(field, reason)]) otherwise — the error to
+    show beside that field, never an `int()` that raises."""
+    raw = data.get(field)
+    text = raw.strip() if isinstance(raw, str) else raw
+    if text in (None, ""):
+        return None, []
+    pk = parse_id(text)
+    if pk is None or pk < 1:
+        return None, [(field, ID_REASON)]
+    return pk, []

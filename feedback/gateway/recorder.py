@@ -39,10 +39,16 @@ from django.utils import timezone
 from feedback.gateway.exchange import Exchange
 from feedback.services.capture import TraceDigestCache, exchanges_record
 from feedback.services.stitching import conversation_tips_expire
+from webapp.ids import parse_id
 
 logger = logging.getLogger(__name__)
 
 _STOP = object()
+
+
+def _pid(text: str) -> int:
+    """The process id a spill file's name carries, or -1 when the name holds none."""
+    return parse_id(text) if parse_id(text) is not None else -1
 
 
 def _pid_alive(pid: int) -> bool:
@@ -280,12 +286,12 @@ class Recorder:
         for path in sorted(self.spill_dir.iterdir()):
             name = path.name
             if name.startswith("spill-") and name.endswith(".jsonl"):
-                pid = int(name[6:-6]) if name[6:-6].isdigit() else -1
+                pid = _pid(name[6:-6])
                 if pid != me and _pid_alive(pid):
                     continue
             elif name.startswith("claimed-") and name.endswith(".jsonl"):
                 pid_part = name.split("-")[1]
-                pid = int(pid_part) if pid_part.isdigit() else -1
+                pid = _pid(pid_part)
                 if pid != me and _pid_alive(pid):
                     continue
             else:

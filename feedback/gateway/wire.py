@@ -62,7 +62,8 @@ async def send_json(send, status: int, body: bytes, headers: list[tuple[bytes, b
 async def read_body(receive, limit: int, *, declared: bytes | None = None, timeout: float | None = None) -> bytes:
     """The body, refused from its Content-Length (`declared`) when that is over `limit`, cut
     off as it streams past `limit`, and given up on after `timeout` seconds."""
-    if declared is not None and declared.strip().isdigit() and int(declared) > limit:
+    # ASCII digits only: `int()` refuses other scripts' digits, which `isdigit()` takes.
+    if declared is not None and re.fullmatch(rb"[0-9]{1,30}", declared.strip()) and int(declared) > limit:
         raise GatewayError(413, f"request body of {int(declared)} bytes; at most {limit}", code="request_too_large")
     parts, size = [], 0
     try:

@@ -67,6 +67,42 @@ def test_six_turns_at_a_fifth_held_out_keep_one_out_and_a_rebuild_keeps_it_out()
     assert "held_out_to_evaluate" not in again.selection
 
 
+def sides(training_set) -> dict[str, str]:
+    return dict(training_set.items.values_list("key", "split"))
+
+
+def test_an_item_trained_on_in_one_version_is_never_held_out_in_the_next():
+    # Two items the hash trains on: v1 holds out the nearer to the line (a) to be evaluable.
+    a, b, c, d = sorted(keys_on_the_train_side(4), key=_fraction)
+    v1 = training_set_create(name="moving", items=turn_items([a, b, d]), heldout_fraction=0.2)
+    assert sides(v1) == {a: TrainingSplit.HELDOUT, b: TrainingSplit.TRAIN, d: TrainingSplit.TRAIN}
+    # v2 drops a: b, which a v1 candidate trained on, stays on the train side although its
+    # hash is now the nearest to the line; the new item c is held out instead.
+    v2 = training_set_create(name="moving", items=turn_items([b, c]), heldout_fraction=0.2)
+    assert sides(v2) == {b: TrainingSplit.TRAIN, c: TrainingSplit.HELDOUT}
+    assert v2.selection["held_out_to_evaluate"] == c
+    # With no new item to hold out, the version is built with nothing held out, and says so.
+    v3 = training_set_create(name="moving", items=turn_items([b, d]), heldout_fraction=0.2)
+    assert not v3.evaluable and sides(v3) == {b: TrainingSplit.TRAIN, d: TrainingSplit.TRAIN}
+    v4 = training_set_create(name="moving", items=turn_items([a, b, c]), heldout_fraction=0.2)
+    assert sides(v4) == {a: TrainingSplit.HELDOUT, b: TrainingSplit.TRAIN, c: TrainingSplit.HELDOUT}
+
+
+def test_raising_the_share_holds_out_new_items_only():
+    between = [k for k in (f"turn-{i}" for i in range(1000)) if 0.1 <= _fraction(k) < 0.5][:4]
+    v1 = training_set_create(name="raised", items=turn_items(between), heldout_fraction=0.1)
+    trained = {k for k, side in sides(v1).items() if side == TrainingSplit.TRAIN}
+    assert trained and len(trained) >= 3
+    new = next(f"new-{i}" for i in range(1000) if _fraction(f"new-{i}") < 0.5)
+    v2 = training_set_create(name="raised", items=turn_items([*between, new]), heldout_fraction=0.5)
+    assert {k for k, side in sides(v2).items() if side == TrainingSplit.TRAIN} == trained
+    assert sides(v2)[new] == TrainingSplit.HELDOUT
+
+
+def _fraction(key: str) -> float:
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64
+
+
 def test_a_few_items_at_a_large_share_still_leave_one_to_train_on():
     keys = [k for k in (f"turn-{i}" for i in range(1000)) if split_for(k, 0.9) == TrainingSplit.HELDOUT][:3]
     built = training_set_create(name="most-out", items=turn_items(keys), heldout_fraction=0.9)

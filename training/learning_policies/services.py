@@ -13,6 +13,7 @@ from training.learning_policies.models import LearningPolicy, PolicySignal
 from training.serving.models import Deployment
 from training.serving.selectors import live_version_get
 from webapp.errors import Invalid
+from webapp.ids import parse_id
 
 # Fields a person sets; the rest is the tick's.
 EDITABLE = (
@@ -166,16 +167,14 @@ def learning_policy_refs(
             errors.append((name, f"no {what} with such a name"))
             return
         row = queryset.filter(**{by: text}).first()
-        if row is None and by != "pk" and text.isascii() and text.isdigit():
-            row = queryset.filter(pk=int(text)).first()
+        if row is None and by != "pk" and parse_id(text) is not None:
+            row = queryset.filter(pk=parse_id(text)).first()
         if row is None:
             errors.append((name, f"no {what} {text!r}"))
         out[name] = row
 
     one("deployment", deployment, Deployment.objects.all(), "name", "deployment")
-    if eval_training_set not in (None, "") and not (
-        str(eval_training_set).isascii() and str(eval_training_set).isdigit()
-    ):
+    if eval_training_set not in (None, "") and not parse_id(str(eval_training_set)):
         errors.append(("eval_training_set", "a training set's id"))
     else:
         one("eval_training_set", eval_training_set, TrainingSet.objects.all(), "pk", "training set")

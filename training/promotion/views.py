@@ -53,6 +53,7 @@ from training.services.rollback import rollback_check, rollback_request, rollbac
 from training.serving.models import Deployment, ModelVersion
 from training.serving.selectors import live_version_get
 from webapp.form_problems import FormProblems, django_form_problems
+from webapp.ids import parse_id
 
 VIEW = "training.view_promotionrequest"
 EVALUATE = "training.add_evaluation"
@@ -424,9 +425,9 @@ def rollback_view(request: HttpRequest, deployment: str) -> HttpResponse:
         _refused(request, exc)
     else:
         flash.success(request, f"Rolling {target.name} back to {release.version.name} (release {release.pk}).")
-    back = request.POST.get("promotion")
-    if back and back.isdigit() and PromotionRequest.objects.filter(pk=back).exists():
-        return redirect("promotion:promotion", promotion_id=int(back))
+    back = parse_id(request.POST.get("promotion"))
+    if back is not None and PromotionRequest.objects.filter(pk=back).exists():
+        return redirect("promotion:promotion", promotion_id=back)
     return redirect("promotion:models")
 
 
@@ -440,8 +441,7 @@ def audit_log(request: HttpRequest) -> HttpResponse:
         deployment = Deployment.objects.filter(name=request.GET["deployment"]).first()
         if deployment is None:
             raise Http404("no such deployment")
-    before = request.GET.get("before")
-    before_id = int(before) if before and before.isdigit() else None
+    before_id = parse_id(request.GET.get("before"))
     events = audit_events(deployment=deployment, before_id=before_id, limit=100)
     context = {
         "events": events,

@@ -37,6 +37,7 @@ from training.services.job_runner import (
     job_run_dir,
     training_job_held_run,
 )
+from training.services.torchrun_args import NodeError, group_size_problem, node_count, node_launch_check
 from training.trainer.config import ConfigError, config_from_dict
 from training.trainer.launch import LAUNCH_TAG, launch_tag, parent_death_signal_setter, tagged_stop
 from webapp.work import WorkStatus
@@ -128,7 +129,7 @@ def training_job_processes_run(job: TrainingJob, worker: str, *, poll_seconds: f
             reason = "the training processes exited without ending the job"
         else:
             reason = processes_failure(log_path.read_text(errors="replace"), processes=processes, code=code)
-            if _nodes(args) > 1:
+            if node_count(args) > 1:
                 reason += f" (on the worker's node; the other nodes' output: {NODE_LOG_NAME.format(node='*')})"
         # A no-op when rank 0 ended the job (finished, cancelled, stopped, or failed with its own error).
         error = f"{reason} (log: {log_path})"[:2000]
@@ -198,7 +199,7 @@ def _unformed_stop(job_id: int, worker: str) -> bool:
     """Stop a group that has not formed: its job was cancelled (the loop that reads the flag
     is not running yet), or this worker no longer holds it. Only for several nodes: on one
     node the group forms within seconds of the launch."""
-    if _nodes(settings.TRAINING_TORCHRUN_ARGS) < 2:
+    if node_count(settings.TRAINING_TORCHRUN_ARGS) < 2:
         return False
     try:
         row = TrainingJob.objects.filter(pk=job_id).values("cancel_requested", "worker", "status").first()
@@ -260,67 +261,6 @@ def _failure_entry(body: str) -> dict[str, str]:
         "exitcode": re.sub(r"\s*\(pid: \d+\)", "", fields.get("exitcode", "?")),
         "cause": cause,
     }
-
-
-class NodeError(Exception):
-    """This machine cannot join the job's processes; the message says why."""
-
-
-def _option(words: list[str], name: str) -> str | None:
-    """The value of torchrun option `name` in `words` (its last one, as torchrun reads them)."""
-    value = None
-    for i, word in enumerate(words):
-        if word == name and i + 1 < len(words):
-            value = words[i + 1]
-        elif word.startswith(name + "="):
-            value = word.split("=", 1)[1]
-    return value
-
-
-def _nodes(args: str) -> int:
-    try:
-        value = _option(shlex.split(args), "--nnodes")
-    except ValueError:
-        return 1
-    return int(value) if value and value.isdigit() else 1
-
-
-def group_size_problem(args: str, processes: int, prompts_per_step: int) -> str | None:
-    """Why a group of `processes` per node over the launch's nodes cannot share the batch:
-    every process needs at least one of the step's prompts."""
-    total = _nodes(args) * processes
-    if total > prompts_per_step:
-        return (
-            f"the group has {total} processes ({_nodes(args)} nodes of {processes}) but a step has "
-            f"{prompts_per_step} prompts: every process needs one (raise prompts_per_step or use fewer)"
-        )
-    return None
-
-
-def node_launch_check(args: str, node_rank: int) -> None:
-    """Why this machine cannot be node `node_rank` of a group launched with `args`
-    (`TRAINING_TORCHRUN_ARGS`), if it cannot. The worker's node must be node 0, whose first
-    process owns the job: only a static rendezvous (`--nnodes M --node-rank 0 --master-addr
-    HEAD --master-port P`) fixes that; a dynamic one (c10d, etcd) gives rank 0 to whichever
-    node joins first, which may be this one."""
-    try:
-        words = shlex.split(args)
-    except ValueError as exc:
-        raise NodeError(f"PRACTICUM_TRAINING_TORCHRUN_ARGS cannot be read: {exc}") from None
-    nodes = _option(words, "--nnodes")
-    if "--standalone" in words or nodes is None:
-        raise NodeError(
-            "PRACTICUM_TRAINING_TORCHRUN_ARGS names no other node (it needs --nnodes, --master-addr and "
-            f"--master-port, not {args!r}): the job's processes all run on the worker's machine"
-        )
-    backend = _option(words, "--rdzv-backend") or _option(words, "--rdzv_backend") or "static"
-    if backend != "static":
-        raise NodeError(
-            f"the {backend} rendezvous gives rank 0, which owns the job, to whichever node joins first: "
-            "use a static one (--nnodes M --node-rank 0 --master-addr HEAD --master-port P on the worker)"
-        )
-    if not nodes.isdigit() or not 1 <= node_rank < int(nodes):
-        raise NodeError(f"--node-rank must be from 1 to {int(nodes) - 1 if nodes.isdigit() else 'nnodes - 1'}")
 
 
 def training_job_node_run(

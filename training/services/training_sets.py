@@ -38,26 +38,32 @@ def _splits(
     """Each item's side, and the group held out to keep the set evaluable ("" if none was).
 
     An item's own `split` and a slice's trace are fixed; the others go by the hash of their
-    group (`split_key`, else `key`). A group held out by an earlier version of `name` stays
-    held out, so no candidate trained on a later version has seen a test an earlier one was
-    measured on. When the hash holds nothing out of a set of two or more groups (6 items at
-    0.2: 26 % of the time), the group whose hash is lowest — the nearest to the line — is
-    held out: a set built to be evaluated always can be. Likewise, when it holds every group
-    out, the highest trains (unless an earlier version held it out)."""
+    group (`split_key`, else `key`), and no group changes sides across versions of `name`: one
+    held out by an earlier version stays held out, so no candidate trained on a later version
+    has seen a test an earlier one was measured on; one trained on by an earlier version is
+    never held out (even where a larger share now puts its hash below the line), so no
+    candidate trained on an earlier version is measured on its own training items. (A group
+    that earlier versions put on both sides stays held out.) When the hash holds nothing out
+    of a set of two or more groups (6 items at 0.2: 26 % of the time), the new group — in no
+    earlier version — whose hash is lowest, the nearest to the line, is held out; with no new
+    group, nothing is, and the set says it cannot be evaluated. Likewise, when the hash holds
+    every group out, the highest trains (unless an earlier version held it out)."""
     fixed: list[str | None] = [
         TrainingSplit.HELDOUT if it.get("trace_id") in held_for_slices else it.get("split") for it in items
     ]
     groups = {it.get("split_key") or it["key"] for it, side in zip(items, fixed, strict=True) if side is None}
-    held_before = set(
-        TrainingItem.objects.filter(
-            training_set__name=name, split=TrainingSplit.HELDOUT, key__in=[it["key"] for it in items]
-        ).values_list("key", flat=True)
-    )
-    sticky = {it.get("split_key") or it["key"] for it in items if it["key"] in held_before}
-    held = {g for g in groups if _hash_fraction(g) < heldout_fraction} | sticky
+    before: dict[str, set[str]] = {TrainingSplit.HELDOUT: set(), TrainingSplit.TRAIN: set()}
+    for key, split in TrainingItem.objects.filter(
+        training_set__name=name, key__in=[it["key"] for it in items]
+    ).values_list("key", "split"):
+        before.setdefault(split, set()).add(key)
+    sticky = {it.get("split_key") or it["key"] for it in items if it["key"] in before[TrainingSplit.HELDOUT]}
+    trained = {it.get("split_key") or it["key"] for it in items if it["key"] in before[TrainingSplit.TRAIN]}
+    held = {g for g in groups - trained if _hash_fraction(g) < heldout_fraction} | sticky
     kept = ""
-    if heldout_fraction > 0 and len(groups) >= 2 and not held and TrainingSplit.HELDOUT not in fixed:
-        kept = min(groups, key=_hash_fraction)
+    new = groups - trained - sticky
+    if heldout_fraction > 0 and len(groups) >= 2 and not held and TrainingSplit.HELDOUT not in fixed and new:
+        kept = min(new, key=_hash_fraction)
         held.add(kept)
     if len(groups) >= 2 and not groups - held and TrainingSplit.TRAIN not in fixed and groups - sticky:
         # Nothing left to train on (a few items at a large share): the farthest from the line
@@ -102,8 +108,9 @@ def training_set_create(
     `key` required and unique; items with the same optional `split_key` fall on the same
     side of the train/held-out split, e.g. copies of one turn; an item's own `split` wins,
     e.g. a validation file's lines, except that a turn of a trace an evaluation slice holds is
-    always held out; see `_splits`: with a held-out share and two or more items, at least one
-    is held out). Validates everything before writing anything."""
+    always held out; see `_splits`: no item changes sides across versions of `name`, and with
+    a held-out share and two or more items, at least one is held out unless every item was
+    trained on by an earlier version). Validates everything before writing anything."""
     errors: list[tuple[str, str]] = []
     if not 0 <= heldout_fraction < 1:
         errors.append(("heldout_fraction", "must be in [0, 1)"))

@@ -72,7 +72,7 @@ def tagged_stop(tag: str) -> list[int]:
     if not proc.is_dir():
         return stopped
     for entry in proc.iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+        if not (entry.name.isascii() and entry.name.isdigit()) or int(entry.name) == os.getpid():
             continue
         try:
             environ = (entry / "environ").read_bytes()  # a zombie's reads empty

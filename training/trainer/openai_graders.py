@@ -71,7 +71,9 @@ def _lookup(value: Any, path: list[str]) -> Any:
     for part in path:
         if isinstance(value, dict) and part in value:
             value = value[part]
-        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+        elif (
+            isinstance(value, list) and part.isascii() and part.isdigit() and len(part) < 10 and int(part) < len(value)
+        ):
             value = value[int(part)]
         else:
             return None
