@@ -180,8 +180,11 @@ JUDGE_TURN_V2 = Prompt(
     tools_tagged=True,
 )
 
+# Every version of the prompt that has the judge choose an action starts with this.
+ACTION_PROMPT_PREFIX = "judge-action/"
+
 JUDGE_ACTION_V1 = Prompt(
-    version="judge-action/v1",
+    version=ACTION_PROMPT_PREFIX + "v1",
     system=(
         "You are a careful evaluator of an AI assistant's turns. People who reviewed a logged "
         "conversation wrote feedback about one assistant turn. You decide which action the feedback "
