@@ -94,11 +94,16 @@ def render_conversation(
     lines = [f"[{i}] {render_message(m, calls=calls)}" for i, m in enumerate(messages)]
     total = sum(len(line) + 1 for line in lines)
     dropped = 0
-    while total > max_chars and len(lines) > 2:
+
+    def marker(n: int) -> str:
+        return f"[… {n} earlier messages omitted …]"
+
+    # The marker's own length counts: a prompt fitted to the limit stays within it.
+    while len(lines) > 2 and total + (len(marker(dropped)) + 1 if dropped else 0) > max_chars:
         total -= len(lines.pop(1)) + 1
         dropped += 1
     if dropped:
-        lines.insert(1, f"[… {dropped} earlier messages omitted …]")
+        lines.insert(1, marker(dropped))
     return "\n".join(lines)
 
 
