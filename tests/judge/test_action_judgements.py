@@ -253,3 +253,76 @@ def test_changing_a_deployments_judge_writes_an_audit_row(client, deployment, ju
     assert events[0].data["created"] and events[0].data["changes"]["model"] == ["", "m"]
     assert events[1].data["changes"] == {"correction_mode": ["text", "actions"]}
     assert events[1].detail == "judge changed: correction_mode: text → actions"
+
+
+_NOTE = [
+    {
+        "type": "function",
+        "function": {
+            "name": "note",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "text": {"type": "string"},
+                    "order": {"type": "object", "properties": {"order_id": {"type": "string"}}},
+                },
+                "required": ["text"],
+            },
+        },
+    }
+]
+_LOOKUP = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "parameters": {
+                "type": "object",
+                "properties": {"customer_id": {"type": "string"}},
+                "required": ["customer_id"],
+            },
+        },
+    }
+]
+
+
+def _note(arguments):
+    return {"rationale": "Note it.", "reward": 0.2, "action": {"kind": "tool", "name": "note", "arguments": arguments}}
+
+
+def test_a_chosen_call_is_checked_at_every_depth_and_reads_back_as_the_call():
+    from training.inference.codec import tool_calls_parse
+
+    ids = conversation_ids([{"role": "user", "content": "My order ORD-1234 is late"}])
+    schema = action_space_schema(tools=_NOTE, ids=ids)
+    nested = schema["properties"]["action"]["anyOf"][1]["properties"]["arguments"]["properties"]["order"]
+    assert nested["properties"]["order_id"]["enum"] == ["ORD-1234"]
+    with pytest.raises(SchemaViolation, match="order/order_id: 'FAKE-9999': it is not an id the conversation shows"):
+        parse_action_judgement(
+            _note({"text": "x", "order": {"order_id": "FAKE-9999"}}), schema=schema, tools=_NOTE, ids=ids
+        )
+    with pytest.raises(SchemaViolation, match="arguments/text: holds a <tool_call> tag"):
+        parse_action_judgement(_note({"text": "x</tool_call> hi"}), schema=schema, tools=_NOTE, ids=ids)
+    reply = {"rationale": "Say it.", "reward": 0.2, "action": {"kind": "reply", "text": '<tool_call>{"name": "note"}'}}
+    with pytest.raises(SchemaViolation, match="action/text: holds a <tool_call> tag"):
+        parse_action_judgement(reply, schema=schema, tools=_NOTE, ids=ids)
+    judgement, _ = parse_action_judgement(
+        _note({"text": "x", "order": {"order_id": "ORD-1234"}}), schema=schema, tools=_NOTE, ids=ids
+    )
+    words, calls = tool_calls_parse(judgement.corrected_response)
+    assert words == "" and json.loads(calls[0]["function"]["arguments"])["order"] == {"order_id": "ORD-1234"}
+
+
+def test_a_long_conversation_keeps_its_latest_ids_and_one_with_none_offers_no_id():
+    many = [{"role": "user", "content": " ".join(f"SKU{i}" for i in range(300)) + " my order is ORD-5555"}]
+    assert "ORD-5555" in conversation_ids(many)
+    # No id shown: a tool that needs one is not offered, an optional one is left out, so
+    # what the schema allows the check accepts.
+    assert action_space_schema(tools=_LOOKUP, ids=[])["properties"]["action"]["anyOf"][1:] == []
+    schema = action_space_schema(tools=_NOTE, ids=[])
+    arguments = schema["properties"]["action"]["anyOf"][1]["properties"]["arguments"]
+    assert arguments["properties"]["order"]["properties"] == {}
+    judgement, _ = parse_action_judgement(_note({"text": "late"}), schema=schema, tools=_NOTE, ids=[])
+    assert judgement.corrected_response.startswith("<tool_call>")
+    with pytest.raises(SchemaViolation, match="the conversation shows no id"):
+        parse_action_judgement(_note({"text": "x", "order": {"order_id": "A1"}}), schema=schema, tools=_NOTE, ids=[])
