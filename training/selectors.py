@@ -354,18 +354,24 @@ def versions_to_train_from() -> QuerySet[ModelVersion]:
 
 def versions_with_gaps() -> list[ModelVersion]:
     """The versions to train from, each with `gap_probe` (its latest student-teacher gap
-    probe, or None) and `hint_offered` (whether distillation and hinted GRPO are offered)."""
-    from django.conf import settings
+    probe, or None), `hint_refused` ((placement, `HintOffer`) for each placement of the comment
+    at which distillation and hinted GRPO are not offered) and `hint_offered` (none refused)."""
 
     from training.models import GapProbe
+    from training.services.gap_probes import HINT_PLACEMENTS, hint_offer
 
     versions = list(versions_to_train_from())
-    latest: dict[int, GapProbe] = {}
+    probes: dict[int, list[GapProbe]] = {}
     for probe in GapProbe.objects.filter(version__in=[v.pk for v in versions]).order_by("-created_at", "-id"):
-        latest.setdefault(probe.version_id, probe)
+        probes.setdefault(probe.version_id, []).append(probe)
     for v in versions:
-        v.gap_probe = latest.get(v.pk)
-        v.hint_offered = v.gap_probe is None or v.gap_probe.gap >= settings.TRAINING_MIN_HINT_GAP
+        mine = probes.get(v.pk, [])
+        v.gap_probe = mine[0] if mine else None
+        # Per placement, the same rule the job check applies (`hint_offer`).
+        v.hint_refused = [
+            (at, offer) for at in HINT_PLACEMENTS if not (offer := hint_offer(probes=mine, hint_at=at)).offered
+        ]
+        v.hint_offered = not v.hint_refused
     return versions
 
 

@@ -3,8 +3,10 @@ turn, it chooses it within the agent's own action space, and the product renders
 
 The action space is read off the judged conversation: each tool the agent was offered, with
 its own parameters schema, except that an id argument (a string property named `id` or
-ending in `_id`) must be one of the ids the conversation shows (copied from the customer's
-messages and the tools' results, never made up), plus `reply` with words to the user. The
+ending in `_id`, at any depth of the arguments) must be one of the ids the conversation
+shows (copied from the customer's messages and the tools' results, never made up), plus
+`reply` with words to the user. A conversation that shows no id offers no tool that needs
+one (an optional id argument is left out), so the schema and the check agree: no id. The
 schema is sent as structured output, so a grammar backend (vLLM) cannot write anything else,
 and checked here again for endpoints that enforce less. Choosing is classification, far
 easier for a small judge than writing a call in free text.
@@ -28,8 +30,10 @@ from feedback.judge.schemas import (
     validate,
 )
 from feedback.schema_validation import tool_parameter_schemas
+from training.inference.codec import tool_calls_parse
 
-MAX_IDS = 64
+# The most recent ids are kept past this many: the judged turn answers the end.
+MAX_IDS = 256
 ID_MAX_CHARS = 40
 # A token with a digit in it: "A1", "ORD-43443", "LF642079", "7043918"; a bare number only
 # from four digits (not a day count such as "12"); a price ("16.8") splits at the dot.
@@ -46,7 +50,8 @@ def _texts(message: dict[str, Any]) -> list[str]:
 
 def conversation_ids(context: Sequence[dict[str, Any]]) -> list[str]:
     """The ids the conversation shows, in the order they first appear: tokens with a digit
-    in the user's messages and in the tools' results (what the agent read, not what it wrote)."""
+    in the user's messages and in the tools' results (what the agent read, not what it wrote);
+    past `MAX_IDS`, the latest to appear."""
     out: list[str] = []
     for message in context:
         if message.get("role") not in ("user", "tool"):
@@ -56,11 +61,14 @@ def conversation_ids(context: Sequence[dict[str, Any]]) -> list[str]:
                 token = match.group(0).strip("-_")
                 # A bare number is an id only when it is long enough not to be a count.
                 shortest = 4 if token.isdigit() else 2
-                if shortest <= len(token) <= ID_MAX_CHARS and token not in out:
+                if shortest <= len(token) <= ID_MAX_CHARS:
+                    if token in out:
+                        out.remove(token)
                     out.append(token)
-                if len(out) >= MAX_IDS:
-                    return out
-    return out
+    if len(out) <= MAX_IDS:
+        return out
+    latest = set(out[-MAX_IDS:])
+    return [token for token in out if token in latest]
 
 
 def id_params(parameters: dict[str, Any]) -> list[str]:
@@ -75,17 +83,41 @@ def id_params(parameters: dict[str, Any]) -> list[str]:
     ]
 
 
-def _arguments_schema(parameters: dict[str, Any] | None, ids: Sequence[str]) -> dict[str, Any]:
+def _ids_restrict(schema: dict[str, Any], ids: Sequence[str]) -> bool:
+    """Limit every id property of `schema` (nested objects and arrays' items included) to
+    `ids`; with none, leave optional ones out. False when a required one cannot be given."""
+    props = schema.get("properties")
+    if not isinstance(props, dict):
+        return True
+    required = schema.get("required") if isinstance(schema.get("required"), list) else []
+    for name, spec in list(props.items()):
+        if not isinstance(spec, dict):
+            continue
+        if _ID_PARAM.search(name) and spec.get("type") == "string":
+            if ids:
+                spec["enum"] = list(ids)
+                spec.pop("pattern", None)
+                continue
+            ok = False
+        else:
+            ok = _ids_restrict(spec, ids)
+            if ok and isinstance(spec.get("items"), dict):
+                ok = _ids_restrict(spec["items"], ids)
+        if not ok:
+            if name in required:
+                return False
+            del props[name]
+    return True
+
+
+def _arguments_schema(parameters: dict[str, Any] | None, ids: Sequence[str]) -> dict[str, Any] | None:
+    """The tool's arguments with ids among `ids`, or None when the tool cannot be called
+    without an id and the conversation shows none."""
     if not isinstance(parameters, dict):
         return {"type": "object"}
     schema = json.loads(json.dumps(parameters))  # a copy that is plain JSON
     schema.setdefault("type", "object")
-    if ids:
-        for name in id_params(schema):
-            spec = schema["properties"][name]
-            spec["enum"] = list(ids)
-            spec.pop("pattern", None)
-    return schema
+    return schema if _ids_restrict(schema, ids) else None
 
 
 def action_space_schema(
@@ -107,6 +139,9 @@ def action_space_schema(
         }
     ]
     for name, parameters in tool_parameter_schemas(list(tools)).items():
+        arguments = _arguments_schema(parameters, ids)
+        if arguments is None:
+            continue
         choices.append(
             {
                 "type": "object",
@@ -115,7 +150,7 @@ def action_space_schema(
                 "properties": {
                     "kind": {"type": "string", "enum": ["tool"]},
                     "name": {"type": "string", "enum": [name]},
-                    "arguments": _arguments_schema(parameters, ids),
+                    "arguments": arguments,
                 },
             }
         )
@@ -155,16 +190,36 @@ class ChosenAction:
         return {"kind": "reply", "text": self.text}
 
 
-def _ids_check(data: Any, *, tools: Sequence[dict[str, Any]], ids: Sequence[str]) -> None:
-    """`SchemaViolation` when a chosen call's id argument is not one the conversation shows."""
+_TAG = re.compile(r"</?tool_call>", re.IGNORECASE)
+
+
+def _arguments_check(value: Any, path: str, ids: Sequence[str]) -> None:
+    """Every id-named key at any depth holds an id the conversation shows, and no string
+    holds a `<tool_call>` tag, which would end the rendered call early."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            where = f"{path}/{key}"
+            if _ID_PARAM.search(str(key)) and isinstance(item, str) and item not in ids:
+                shown = "the conversation shows no id" if not ids else "it is not an id the conversation shows"
+                raise SchemaViolation(f"{where}: {item[:60]!r}: {shown}")
+            _arguments_check(item, where, ids)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _arguments_check(item, f"{path}/{i}", ids)
+    elif isinstance(value, str) and _TAG.search(value):
+        raise SchemaViolation(f"{path}: holds a <tool_call> tag, which the agent's turn cannot carry in an argument")
+
+
+def _ids_check(data: Any, *, ids: Sequence[str]) -> None:
+    """`SchemaViolation` naming the argument when a chosen call's id (at any depth) is not
+    one the conversation shows, or an argument or a reply holds a `<tool_call>` tag."""
     raw = data.get("action") if isinstance(data, dict) else None
-    if not isinstance(raw, dict) or raw.get("kind") != "tool" or not isinstance(raw.get("arguments"), dict):
+    if not isinstance(raw, dict):
         return
-    parameters = tool_parameter_schemas(list(tools)).get(str(raw.get("name")))
-    for param in id_params(parameters or {}):
-        value = raw["arguments"].get(param)
-        if value is not None and value not in ids:
-            raise SchemaViolation(f"action/arguments/{param}: {str(value)[:60]!r} is not an id the conversation shows")
+    if raw.get("kind") == "reply" and isinstance(raw.get("text"), str) and _TAG.search(raw["text"]):
+        raise SchemaViolation("action/text: holds a <tool_call> tag; a reply is words to the user")
+    if raw.get("kind") == "tool" and isinstance(raw.get("arguments"), dict):
+        _arguments_check(raw["arguments"], "action/arguments", ids)
 
 
 def parse_action_judgement(
@@ -173,7 +228,7 @@ def parse_action_judgement(
     """The judgement with the chosen action rendered as its corrected response, or
     `SchemaViolation` (the judge is asked again) naming what is wrong: an id the conversation
     does not show included, whatever the endpoint enforced."""
-    _ids_check(data, tools=tools, ids=ids)  # first: the schema's own message would not say which id
+    _ids_check(data, ids=ids)  # first: the schema's own message would not say which id
     validate(data, schema)
     raw = data["action"]
     rationale = data["rationale"].strip()
@@ -186,6 +241,10 @@ def parse_action_judgement(
         action = ChosenAction(kind="reply", name="", arguments={}, text=text)
     else:
         action = ChosenAction(kind="tool", name=raw["name"], arguments=raw["arguments"], text="")
+        # What the agent's own parser reads back must be this call, or the correction is not it.
+        words, calls = tool_calls_parse(action.rendered())
+        if words.strip() or len(calls) != 1 or json.loads(calls[0]["function"]["arguments"]) != action.arguments:
+            raise SchemaViolation("action/arguments: the call does not read back as one tool call")
     criterion = f"The turn is this action: {action.rendered()}"[:240]
     judgement = TurnJudgement(
         rubric=Rubric.from_data([{"criterion": criterion, "weight": 3}]),

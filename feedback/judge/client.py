@@ -345,11 +345,20 @@ def _read_body(response: Any, attempt_deadline: float, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def _json_loads(text: str | bytes) -> Any:
+    """`json.loads`, with a document nested deeper than the parser can follow refused as
+    not JSON (ValueError) rather than raising RecursionError out of the call."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply to read") from None
+
+
 def _completion_from(body: bytes) -> ChatCompletion:
     """The body as a chat completion, or a retryable failure saying what it was instead."""
     shown = body[:200].decode("utf-8", "replace")
     try:
-        data = json.loads(body)
+        data = _json_loads(body)
     except ValueError:
         raise _Retryable(f"the response is not a chat completion (not JSON): {shown!r}") from None
     if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
@@ -381,14 +390,14 @@ def _parse_json(text: str) -> Any:
     if stripped.startswith("```"):
         stripped = stripped.split("\n", 1)[1] if "\n" in stripped else ""
         stripped = stripped.rsplit("```", 1)[0]
-    return json.loads(stripped)
+    return _json_loads(stripped)
 
 
 def _status_error(exc: openai.APIStatusError) -> str:
     text = exc.response.text if exc.response is not None else ""
     body = text[:500]
     try:  # OpenAI-compatible servers wrap the words in {"error": {"message": ...}}
-        error = json.loads(text).get("error")
+        error = _json_loads(text).get("error")
         body = str(error.get("message") if isinstance(error, dict) else error or body)[:500]
     except (ValueError, AttributeError):
         pass
@@ -518,6 +527,8 @@ def _one_attempt(
             value = parse(data)
         except SchemaViolation as exc:
             raise _Retryable(f"output does not match the schema: {exc}", reask=True) from exc
+        except RecursionError:
+            raise _Retryable("output does not match the schema: nested too deeply to check", reask=True) from None
     except (_Retryable, _Fatal) as exc:
         record.attempts.append(
             Attempt(number, (time.perf_counter() - started) * 1000, str(exc), text[:RAW_KEEP_CHARS], finish)

@@ -94,11 +94,16 @@ def render_conversation(
     lines = [f"[{i}] {render_message(m, calls=calls)}" for i, m in enumerate(messages)]
     total = sum(len(line) + 1 for line in lines)
     dropped = 0
-    while total > max_chars and len(lines) > 2:
+
+    def marker(n: int) -> str:
+        return f"[… {n} earlier messages omitted …]"
+
+    # The marker's own length counts: a prompt fitted to the limit stays within it.
+    while len(lines) > 2 and total + (len(marker(dropped)) + 1 if dropped else 0) > max_chars:
         total -= len(lines.pop(1)) + 1
         dropped += 1
     if dropped:
-        lines.insert(1, f"[… {dropped} earlier messages omitted …]")
+        lines.insert(1, marker(dropped))
     return "\n".join(lines)
 
 
@@ -180,8 +185,11 @@ JUDGE_TURN_V2 = Prompt(
     tools_tagged=True,
 )
 
+# Every version of the prompt that has the judge choose an action starts with this.
+ACTION_PROMPT_PREFIX = "judge-action/"
+
 JUDGE_ACTION_V1 = Prompt(
-    version="judge-action/v1",
+    version=ACTION_PROMPT_PREFIX + "v1",
     system=(
         "You are a careful evaluator of an AI assistant's turns. People who reviewed a logged "
         "conversation wrote feedback about one assistant turn. You decide which action the feedback "

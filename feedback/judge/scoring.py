@@ -137,7 +137,9 @@ def judge_turn_action(
     rubric naming the action. Raises `JudgeCallFailed`."""
     ids = conversation_ids(context)
     schema = action_space_schema(tools=tools, ids=ids, limits=endpoint.limits)
-    messages = turn_prompt_messages(context=context, turn=turn, feedback=feedback, tools=tools, prompt=prompt)
+    messages = turn_prompt_messages(
+        context=context, turn=turn, feedback=feedback, tools=tools, prompt=prompt, max_chars=prompt_chars(endpoint)
+    )
     result = call_structured(
         endpoint=endpoint,
         messages=messages,

@@ -24,7 +24,7 @@ from django.db.models import Avg, Count, Q
 
 from feedback.judge.agreement import kappa_estimate
 from feedback.judge.client import JudgeNotConfigured
-from feedback.judge.prompts import CURRENT_SCORE
+from feedback.judge.prompts import ACTION_PROMPT_PREFIX, CURRENT_SCORE
 from feedback.models import CandidateScoring, JudgeResult, JudgeStatus, OrderSwapCheck, ScoringPurpose, Trace
 from feedback.selectors.judge import human_labels, judge_endpoint_for
 from training.serving.models import Deployment
@@ -74,7 +74,10 @@ def judge_training_gate(
     evidence counted is that of this judge: its model name at its URL. Another server that
     answers to the same name (an endpoint edited to point elsewhere) starts uncalibrated.
     A judge that chooses actions (`correction_mode` "actions") must also agree with the
-    operators' own corrections on every kind (`judge_actions.action_agreement`)."""
+    operators' own corrections on every kind (`judge_actions.action_agreement`). Resolved
+    from the deployment, the gate asks this of a judge in "actions" mode now, and of one
+    that has chosen actions before: a switch back to written corrections leaves the chosen
+    ones in the data training reads."""
     version = CURRENT_SCORE.version
     t = _thresholds()
     if judge_model is None:
@@ -86,6 +89,8 @@ def judge_training_gate(
             )
         judge_model, judge_base_url = endpoint.model, endpoint.base_url
         correction_mode = endpoint.correction_mode
+        if correction_mode != "actions" and _has_chosen_actions(deployment, judge_model, judge_base_url):
+            correction_mode = "actions"
     calls = CandidateScoring.objects.filter(
         purpose=ScoringPurpose.CALIBRATION, judge_model=judge_model, prompt_version=version
     )
@@ -173,6 +178,23 @@ def judge_training_gate(
     )
 
 
+def judgement_correction_mode(result: JudgeResult) -> str:
+    """The mode a judgement was made in, from its own prompt, whatever its deployment's
+    judge is set to now."""
+    return "actions" if result.prompt_version.startswith(ACTION_PROMPT_PREFIX) else "text"
+
+
+def _has_chosen_actions(deployment: Deployment | None, judge_model: str, judge_base_url: str | None) -> bool:
+    made = JudgeResult.objects.filter(
+        status=JudgeStatus.SUCCEEDED, judge_model=judge_model, prompt_version__startswith=ACTION_PROMPT_PREFIX
+    )
+    if judge_base_url is not None:
+        made = made.filter(judge_base_url=judge_base_url)
+    if deployment is not None:
+        made = made.filter(trace__deployment=deployment)
+    return made.exists()
+
+
 def _action_conditions(
     deployment: Deployment | None, judge_model: str, judge_base_url: str | None, t: dict[str, float]
 ) -> tuple[dict[str, dict[str, Any]], list[str]]:
@@ -200,7 +222,9 @@ def judgements_mark_unverified(results: Iterable[JudgeResult]) -> None:
     """Set `unverified` on each succeeded judgement: why its judge (its model at its URL,
     for its trace's deployment) has not passed the agreement gate, or "" when it has. A
     listed judgement from an unverified judge is shown as such: its rubric and reward are
-    a model's opinion no one has checked against people's. One gate per distinct judge."""
+    a model's opinion no one has checked against people's. A judgement that chose an action
+    is held to the action agreement too, by its own prompt rather than the deployment's
+    mode now. One gate per distinct judge and mode."""
     results = list(results)
     todo = [r for r in results if r.status == JudgeStatus.SUCCEEDED]
     for r in results:
@@ -212,10 +236,14 @@ def judgements_mark_unverified(results: Iterable[JudgeResult]) -> None:
     gates: dict[tuple, TrainingGate] = {}
     for r in todo:
         deployment_id = deployment_of.get(r.trace_id)
-        key = (deployment_id, r.judge_model, r.judge_base_url)
+        mode = judgement_correction_mode(r)
+        key = (deployment_id, r.judge_model, r.judge_base_url, mode)
         if key not in gates:
             gates[key] = judge_training_gate(
-                deployment=deployments.get(deployment_id), judge_model=r.judge_model, judge_base_url=r.judge_base_url
+                deployment=deployments.get(deployment_id),
+                judge_model=r.judge_model,
+                judge_base_url=r.judge_base_url,
+                correction_mode=mode,
             )
         gate = gates[key]
         r.unverified = "" if gate.allowed else f"the judge's agreement gate has not passed: {gate.reason}"

@@ -17,6 +17,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Min, Q
+from django.dispatch import Signal
 from django.utils import timezone
 
 from feedback.judge.client import JudgeCallFailed, JudgeEndpoint, JudgeNotConfigured
@@ -406,6 +407,14 @@ def order_swap_check_run(
     return check
 
 
+# Sent by `deployment_judge_set` with `judge` and `changes` ({field: [before, after]},
+# empty for a save that changed nothing; `created`), so the append-only audit log of the
+# apps above this one records who changed a deployment's judge without this app importing it.
+deployment_judge_changed = Signal()
+
+_AUDITED_FIELDS = ("base_url", "model", "api_key_env", "schema_mode", "correction_mode")
+
+
 @transaction.atomic
 def deployment_judge_set(
     *,
@@ -422,9 +431,13 @@ def deployment_judge_set(
     `correction_mode` "actions" has the judge choose the corrected turn among the agent's
     actions instead of writing it."""
     judge = DeploymentJudge.objects.filter(deployment=deployment).first() or DeploymentJudge(deployment=deployment)
+    created = judge._state.adding
+    before = {f: getattr(judge, f) for f in _AUDITED_FIELDS}
     judge.base_url, judge.model, judge.api_key_env, judge.schema_mode = base_url, model, api_key_env, schema_mode
     judge.correction_mode = correction_mode
     judge.updated_at = timezone.now()
     judge.full_clean()
     judge.save()
+    changes = {f: [before[f], getattr(judge, f)] for f in _AUDITED_FIELDS if created or before[f] != getattr(judge, f)}
+    deployment_judge_changed.send(sender=DeploymentJudge, judge=judge, changes=changes, created=created)
     return judge

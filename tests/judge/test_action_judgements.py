@@ -206,7 +206,123 @@ def test_the_training_gate_asks_a_judge_choosing_actions_to_agree_with_operators
     gate = judge_training_gate(deployment=deployment)
     assert "chosen actions of kind long_past agree with operators on 33% of 3, below 80%" in gate.reason
 
-    # A judge that writes its corrections is not asked this.
+    # Switched back to written corrections, the actions it chose are still in the data
+    # training reads: the gate still asks.
     DeploymentJudge.objects.filter(deployment=deployment).update(correction_mode="text")
     gate = judge_training_gate(deployment=deployment)
-    assert gate.action_agreement == {} and "chosen actions" not in gate.reason
+    assert "chosen actions of kind long_past agree with operators on 33% of 3, below 80%" in gate.reason
+
+
+def test_a_judgement_that_chose_an_action_is_unverified_until_the_actions_agree(
+    make_trace, operator, deployment, judge_server, settings
+):
+    """The badge goes by the judgement's own prompt, whatever the deployment's mode is now."""
+    from feedback.selectors.judge_gate import judge_training_gate, judgements_mark_unverified
+
+    settings.JUDGE_ACTION_MIN_N = 3
+    DeploymentJudge.objects.create(deployment=deployment, base_url=judge_server.base_url, model="test-judge")
+    _chosen_and_corrected(make_trace, operator, deployment, judge_server, 0, kind="long_past", agree=True)
+    chosen = JudgeResult.objects.get()
+    written = JudgeResult(
+        trace=chosen.trace,
+        message=chosen.message,
+        status=JudgeStatus.SUCCEEDED,
+        judge_model="test-judge",
+        judge_base_url=judge_server.base_url,
+        prompt_version="judge-turn/v1",
+    )
+    judgements_mark_unverified([chosen, written])
+    assert "chosen actions of kind long_past: only 1 corrected turns; 3 needed" in chosen.unverified
+    assert "chosen actions" not in written.unverified
+    assert "chosen actions of kind long_past" in judge_training_gate(deployment=deployment).reason
+
+
+def test_changing_a_deployments_judge_writes_an_audit_row(client, deployment, judge_server):
+    from training.promotion.models import AuditAction, AuditEvent
+
+    url = reverse("api-deployment-judge", args=[deployment.name])
+    client = _admin_api(client)
+    body = {"base_url": judge_server.base_url, "model": "m"}
+    assert client.put(url, body, content_type="application/json").status_code == 200
+    assert client.put(url, body, content_type="application/json").status_code == 200  # nothing changed
+    judge = DeploymentJudge.objects.get(deployment=deployment)
+    client.post(reverse("feedback:deployment-judge-mode", args=[judge.pk]), {"correction_mode": "actions"})
+    events = list(AuditEvent.objects.filter(action=AuditAction.JUDGE_CHANGED).order_by("id"))
+    assert [e.actor_name for e in events] == ["ada", "ada"]
+    assert all(e.deployment_id == deployment.pk for e in events)
+    assert events[0].data["created"] and events[0].data["changes"]["model"] == ["", "m"]
+    assert events[1].data["changes"] == {"correction_mode": ["text", "actions"]}
+    assert events[1].detail == "judge changed: correction_mode: text → actions"
+
+
+_NOTE = [
+    {
+        "type": "function",
+        "function": {
+            "name": "note",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "text": {"type": "string"},
+                    "order": {"type": "object", "properties": {"order_id": {"type": "string"}}},
+                },
+                "required": ["text"],
+            },
+        },
+    }
+]
+_LOOKUP = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "parameters": {
+                "type": "object",
+                "properties": {"customer_id": {"type": "string"}},
+                "required": ["customer_id"],
+            },
+        },
+    }
+]
+
+
+def _note(arguments):
+    return {"rationale": "Note it.", "reward": 0.2, "action": {"kind": "tool", "name": "note", "arguments": arguments}}
+
+
+def test_a_chosen_call_is_checked_at_every_depth_and_reads_back_as_the_call():
+    from training.inference.codec import tool_calls_parse
+
+    ids = conversation_ids([{"role": "user", "content": "My order ORD-1234 is late"}])
+    schema = action_space_schema(tools=_NOTE, ids=ids)
+    nested = schema["properties"]["action"]["anyOf"][1]["properties"]["arguments"]["properties"]["order"]
+    assert nested["properties"]["order_id"]["enum"] == ["ORD-1234"]
+    with pytest.raises(SchemaViolation, match="order/order_id: 'FAKE-9999': it is not an id the conversation shows"):
+        parse_action_judgement(
+            _note({"text": "x", "order": {"order_id": "FAKE-9999"}}), schema=schema, tools=_NOTE, ids=ids
+        )
+    with pytest.raises(SchemaViolation, match="arguments/text: holds a <tool_call> tag"):
+        parse_action_judgement(_note({"text": "x</tool_call> hi"}), schema=schema, tools=_NOTE, ids=ids)
+    reply = {"rationale": "Say it.", "reward": 0.2, "action": {"kind": "reply", "text": '<tool_call>{"name": "note"}'}}
+    with pytest.raises(SchemaViolation, match="action/text: holds a <tool_call> tag"):
+        parse_action_judgement(reply, schema=schema, tools=_NOTE, ids=ids)
+    judgement, _ = parse_action_judgement(
+        _note({"text": "x", "order": {"order_id": "ORD-1234"}}), schema=schema, tools=_NOTE, ids=ids
+    )
+    words, calls = tool_calls_parse(judgement.corrected_response)
+    assert words == "" and json.loads(calls[0]["function"]["arguments"])["order"] == {"order_id": "ORD-1234"}
+
+
+def test_a_long_conversation_keeps_its_latest_ids_and_one_with_none_offers_no_id():
+    many = [{"role": "user", "content": " ".join(f"SKU{i}" for i in range(300)) + " my order is ORD-5555"}]
+    assert "ORD-5555" in conversation_ids(many)
+    # No id shown: a tool that needs one is not offered, an optional one is left out, so
+    # what the schema allows the check accepts.
+    assert action_space_schema(tools=_LOOKUP, ids=[])["properties"]["action"]["anyOf"][1:] == []
+    schema = action_space_schema(tools=_NOTE, ids=[])
+    arguments = schema["properties"]["action"]["anyOf"][1]["properties"]["arguments"]
+    assert arguments["properties"]["order"]["properties"] == {}
+    judgement, _ = parse_action_judgement(_note({"text": "late"}), schema=schema, tools=_NOTE, ids=[])
+    assert judgement.corrected_response.startswith("<tool_call>")
+    with pytest.raises(SchemaViolation, match="the conversation shows no id"):
+        parse_action_judgement(_note({"text": "x", "order": {"order_id": "A1"}}), schema=schema, tools=_NOTE, ids=[])

@@ -138,6 +138,19 @@ def test_a_200_that_is_not_a_chat_completion_is_a_retryable_failure(judge_server
     assert "502 Bad Gateway" in errors[1] and errors[3] == ""
 
 
+def test_json_nested_too_deeply_is_a_failure_in_words_not_a_crash(judge_server):
+    deep = "[" * 200_000
+    judge_server.script(Reply.error(400, deep))
+    with pytest.raises(JudgeCallFailed) as info:
+        call(judge_server.endpoint())
+    assert "The judge said: HTTP 400: [[[" in info.value.reason and len(info.value.record.attempts) == 1
+    judge_server.script(Reply.raw(deep.encode()), Reply.text(deep), Reply.json(VALID_JUDGEMENT))
+    result = call(judge_server.endpoint(max_attempts=3))
+    errors = [a.error for a in result.record.attempts]
+    assert errors[0].startswith("the response is not a chat completion (not JSON)")
+    assert errors[1] == "output is not JSON: nested too deeply to read" and errors[2] == ""
+
+
 def test_a_trickled_body_cannot_outlive_the_attempts_time_limit(judge_server):
     # Each piece arrives well within the per-read timeout; the whole takes 6 s.
     judge_server.script(Reply.json(VALID_JUDGEMENT).trickle(6.0), Reply.json(VALID_JUDGEMENT))

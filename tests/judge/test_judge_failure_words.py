@@ -106,6 +106,14 @@ def test_a_judge_with_a_small_context_gets_the_conversation_trimmed_to_fit(judge
     judge_turn(context=long_history, turn=turn, feedback=feedback, endpoint=small.with_(context_tokens=0))
     assert "earlier messages omitted" not in user_prompt(judge_settings.requests[-1])
 
+    # A judge that chooses actions is fitted the same way.
+    chosen = {"rationale": "Give the tracking number.", "action": {"kind": "reply", "text": "Tracking: TN1."}}
+    judge_settings.script(Reply.json({**chosen, "reward": 0.0}))
+    judge_turn(context=long_history, turn=turn, feedback=feedback, endpoint=small.with_(correction_mode="actions"))
+    sent = judge_settings.requests[-1]["messages"]
+    assert sum(len(m["content"]) for m in sent) <= prompt_chars(small)
+    assert "earlier messages omitted" in user_prompt(judge_settings.requests[-1])
+
 
 def test_a_judgement_is_unverified_until_its_judges_agreement_gate_passes(
     make_trace, operator, judge_settings, client, deployment, settings

@@ -115,20 +115,58 @@ def test_a_model_not_probed_is_allowed_with_a_warning_and_a_probed_one_with_its_
     )
     logs = [e.data["message"] for e in TrainingJobEvent.objects.filter(job=job)]
     assert any(m.startswith("warning: tiny-base was not probed with the comment at system") for m in logs)
-    # A probe of another placement is not this job's.
+    # A probe of another placement above the minimum is said, with a warning.
     from training.services.gap_probes import gap_probe_record
 
     gap_probe_record(
-        version=base_version, result={"n": 40, "p_with": 0.5, "p_without": 0.5, "gap": 0.0}, hint_at="last"
+        version=base_version, result={"n": 40, "p_with": 0.75, "p_without": 0.5, "gap": 0.25}, hint_at="last"
     )
     job = training_job_create(
         kind="distill", config={"steps": 1}, base_version=base_version, training_set=training_set, enqueue=False
     )
     logs = [e.data["message"] for e in TrainingJobEvent.objects.filter(job=job)]
     assert any(m.startswith("warning: tiny-base was not probed with the comment at system") for m in logs)
+    assert any("with the comment at last: +0.250" in m for m in logs)
     _probe(base_version, 0.25)
     job = training_job_create(
         kind="distill", config={"steps": 1}, base_version=base_version, training_set=training_set, enqueue=False
     )
     logs = [e.data["message"] for e in TrainingJobEvent.objects.filter(job=job)]
-    assert any("student-teacher gap of tiny-base: +0.250" in m for m in logs)
+    assert any("student-teacher gap of tiny-base with the comment at system: +0.250" in m for m in logs)
+
+
+def test_the_other_placement_is_no_way_around_a_gap_below_the_minimum(base_version, admin_client):
+    """Probed below the minimum at one placement, a job placing the comment at the other,
+    never probed, is refused as well, and the job form says so for each placement; a probe
+    at that placement decides for it."""
+    from training.services.gap_probes import gap_probe_record
+    from training.services.jobs import JobError, training_job_create
+
+    training_set = _distill_set()
+    _probe(base_version, 0.01)
+    with pytest.raises(JobError, match="not probed with the comment at last"):
+        training_job_create(
+            kind="distill",
+            config={"steps": 1, "hint_at": "last"},
+            base_version=base_version,
+            training_set=training_set,
+            enqueue=False,
+        )
+    page = admin_client.get(reverse("training:job-list")).content.decode()
+    assert "with the comment at system are not offered" in page
+    assert "with the comment at last are not offered: its student\u2013teacher gap with the comment at system" in page
+
+    gap_probe_record(
+        version=base_version, result={"n": 40, "p_with": 0.75, "p_without": 0.5, "gap": 0.25}, hint_at="last"
+    )
+    job = training_job_create(
+        kind="distill",
+        config={"steps": 1, "hint_at": "last"},
+        base_version=base_version,
+        training_set=training_set,
+        enqueue=False,
+    )
+    assert job.pk
+    page = admin_client.get(reverse("training:job-list")).content.decode()
+    assert "with the comment at system are not offered" in page
+    assert "with the comment at last are not offered" not in page

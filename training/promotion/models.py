@@ -258,6 +258,9 @@ class AuditAction(models.TextChoices):
     ROLE_CHANGED = "role_changed", "Role's permissions changed"
     # Policy notes (`training.policy_notes`): the version the deployment's judge now reads.
     POLICY_NOTE_APPROVED = "policy_note_approved", "Policy note approved"
+    # A deployment's judge (`feedback.services.judging.deployment_judge_set`): its endpoint,
+    # or how it gives corrected turns, which decides what the training gate asks of it.
+    JUDGE_CHANGED = "judge_changed", "Deployment judge changed"
 
 
 class AuditImmutable(Exception):
