@@ -218,7 +218,7 @@ def _write(deployment: Deployment, works: list[TraceExtension], now: datetime, c
         for r in w.spans:
             held = id(r) in parked
             data = {"call_id": r.call_id, "name": r.tool_name, "result": r.result} if held else {}
-            spans.append((w.external_id, r.span_id, min(r.start_ns, 2**63 - 1), data, held))
+            spans.append((w.external_id, r.span_id, r.start_ns, data, held))
     _spans_save(deployment, spans, now)
 
 

@@ -12,7 +12,7 @@ import orjson
 from django.conf import settings
 
 from feedback.models import Message, OtelSpan, OtelTrace
-from feedback.services.chat_format import FieldError, ParsedMessage, parse_message
+from feedback.services.chat_format import MAX_JSON_DEPTH, FieldError, ParsedMessage, json_depth, parse_message
 from feedback.services.otlp import OtlpError, SpanReading, plain_message
 from training.serving.models import Deployment
 
@@ -237,6 +237,8 @@ class TraceExtension:
             if value and not s.get(key):
                 s[key] = value
         if r.metadata:
+            if json_depth(r.metadata) > MAX_JSON_DEPTH:  # as every other way in refuses it
+                raise Rejected(f"span {r.span_id}: metadata: nested more than {MAX_JSON_DEPTH} levels deep")
             s["metadata"] = {**s.get("metadata", {}), **r.metadata}
             self.added_bytes += _size(r.metadata)
 

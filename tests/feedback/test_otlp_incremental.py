@@ -270,3 +270,40 @@ def test_a_held_result_is_not_counted_again_against_the_call_that_takes_it(deplo
     assert result.rejected_spans == 0 and result.traces["created"] == 1
     assert [m.role for m in Trace.objects.get().messages.order_by("position")] == ["user", "assistant", "tool"]
     assert not OtelSpan.objects.filter(held=True).exists() and OtelTrace.objects.get().held == 0
+
+
+def test_times_past_64_bits_and_unusual_metadata_are_answered_not_a_500(client, deployment, ingest_key):
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {ingest_key}"}
+
+    def post(*spans: dict, trace: str = TRACE) -> ExportTraceServiceResponse:
+        answer = client.post(PATH, _request(*spans, trace=trace).SerializeToString(), "application/x-protobuf", **auth)
+        assert answer.status_code == 200, answer.content
+        return ExportTraceServiceResponse.FromString(answer.content).partial_success
+
+    assert post(_chat(_span_id(0), 10, [_text("user", "hi")], _text("assistant", "ok"))).rejected_spans == 0
+    late = 2**64 - 20  # the protocol's unsigned nanoseconds, past the year 2262
+    history = [_text("user", "hi"), _text("assistant", "ok"), _text("user", "more")]
+    assert post(_chat(_span_id(1), late, history, _text("assistant", "ok2"))).rejected_spans == 0
+    assert (
+        post(_chat(_span_id(0), late, [_text("user", "hi")], _text("assistant", "ok")), trace="5a" * 16).rejected_spans
+        == 0
+    )
+    assert Trace.objects.get(external_id=TRACE).message_count == 4
+
+    big = _chat(
+        _span_id(0), 10, [_text("user", "hi")], _text("assistant", "ok"), metadata='{"big": 18446744073709551616}'
+    )
+    assert post(big, trace="5b" * 16).rejected_spans == 0
+    assert float(Trace.objects.get(external_id="5b" * 16).metadata["big"]) == 2.0**64  # as the batch API reads it
+
+    def deep(n: int) -> str:
+        return '{"a":' * n + "1" + "}" * n
+
+    for depth in (150, 300):  # on a stored trace and on one still held
+        for trace in (TRACE, "5c" * 16):
+            tool = _tool(_span_id(depth), 20, "", "x", metadata=deep(depth), **{"gen_ai.tool.name": "t"})
+            partial = post(tool, trace=trace)
+            assert partial.rejected_spans == 1
+            assert "metadata: nested more than 64 levels deep" in partial.error_message
+    assert "a" not in Trace.objects.get(external_id=TRACE).metadata
+    assert not OtelTrace.objects.filter(external_id="5c" * 16).exists()
