@@ -205,7 +205,8 @@ def _write(deployment: Deployment, works: list[TraceExtension], now: datetime, c
     for w in kept:
         if w.state.trace_id is not None:  # they are the trace's now: the state carries no copy
             w.state.summary.pop("metadata", None)
-            w.state.summary.pop("tools", None)
+            if w.state.summary.pop("tools", None):
+                w.state.summary["tools_stored"] = True
         w.state.held = max(0, w.state.held - len(w.taken)) + len(w.parked)
         w.state.stored_bytes += w.added_bytes
         w.state.updated_at = now

@@ -23,6 +23,9 @@ NO_CONTENT = (
 REWRITE = "differs from the stored message at this position; a stored trace can only be extended, not rewritten"
 
 
+_ABSENT = object()
+
+
 class Rejected(Exception):
     """This trace's spans of the export are refused, with the reason; the others go on."""
 
@@ -190,7 +193,8 @@ class TraceExtension:
             self.state.frontier_start_ns, self.state.frontier_end_ns = r.key
             s = self.state.summary
             s["model"] = r.model or s.get("model", "")
-            if r.tools:
+            if r.tools and not s.get("tools") and not s.get("tools_stored"):
+                # The trace keeps the first definitions a call names (`Trace.tools`), once.
                 s["tools"] = r.tools
                 self.added_bytes += _size(r.tools)
             return
@@ -239,8 +243,13 @@ class TraceExtension:
         if r.metadata:
             if json_depth(r.metadata) > MAX_JSON_DEPTH:  # as every other way in refuses it
                 raise Rejected(f"span {r.span_id}: metadata: nested more than {MAX_JSON_DEPTH} levels deep")
-            s["metadata"] = {**s.get("metadata", {}), **r.metadata}
-            self.added_bytes += _size(r.metadata)
+            held = s.get("metadata", {})
+            stored = self.trace["metadata"] if self.trace and isinstance(self.trace["metadata"], dict) else {}
+            # Only what changes the trace's metadata is stored: a run's every span may repeat it.
+            changed = {k: v for k, v in r.metadata.items() if (held[k] if k in held else stored.get(k, _ABSENT)) != v}
+            if changed:
+                s["metadata"] = {**held, **changed}
+                self.added_bytes += _size(changed)
 
 
 def _calls(message: dict[str, Any]) -> list[list[str]]:

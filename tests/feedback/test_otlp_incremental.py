@@ -307,3 +307,30 @@ def test_times_past_64_bits_and_unusual_metadata_are_answered_not_a_500(client, 
             assert "metadata: nested more than 64 levels deep" in partial.error_message
     assert "a" not in Trace.objects.get(external_id=TRACE).metadata
     assert not OtelTrace.objects.filter(external_id="5c" * 16).exists()
+
+
+def test_tool_definitions_and_metadata_every_call_repeats_count_once_toward_the_trace_bound(deployment, settings):
+    settings.OTEL_TRACE_MAX_BYTES = 60_000
+    tools = [
+        {"type": "function", "function": {"name": f"tool{i}", "description": "d" * 900, "parameters": {}}}
+        for i in range(20)
+    ]
+    extra = {"gen_ai.tool.definitions": json.dumps(tools), "metadata": json.dumps({"notes": "n" * 10_000})}
+    history = [_text("user", "hi")]
+    for n in range(6):  # each call carries the same 30 kB again; stored once, they count once
+        answer = _text("assistant", f"answer {n}")
+        result = otlp_ingest(
+            deployment=deployment, request=_request(_chat(_span_id(n), 10 * (n + 1), history, answer, **extra))
+        )
+        assert result.rejected_spans == 0, result.error_message
+        history = [*history, answer, _text("user", f"q{n}")]
+
+    trace = Trace.objects.get()
+    assert trace.message_count == 12 and len(trace.tools) == 20
+    stored = sum(len(json.dumps(raw).encode()) for raw in trace.messages.values_list("raw", flat=True))
+    assert OtelTrace.objects.get().stored_bytes < stored + 35_000
+    # New metadata still counts.
+    settings.OTEL_TRACE_MAX_BYTES = OtelTrace.objects.get().stored_bytes + 5_000
+    grown = _chat(_span_id(9), 100, history, _text("assistant", "end"), metadata=json.dumps({"more": "m" * 10_000}))
+    result = otlp_ingest(deployment=deployment, request=_request(grown))
+    assert result.rejected_spans == 1 and "PRACTICUM_OTEL_TRACE_MAX_BYTES" in result.error_message
