@@ -334,3 +334,48 @@ def test_tool_definitions_and_metadata_every_call_repeats_count_once_toward_the_
     grown = _chat(_span_id(9), 100, history, _text("assistant", "end"), metadata=json.dumps({"more": "m" * 10_000}))
     result = otlp_ingest(deployment=deployment, request=_request(grown))
     assert result.rejected_spans == 1 and "PRACTICUM_OTEL_TRACE_MAX_BYTES" in result.error_message
+
+
+@pytest.mark.django_db(transaction=True)
+def test_upgrading_keeps_the_tool_results_the_earlier_release_was_holding():
+    from django.db.migrations.executor import MigrationExecutor
+    from django.utils import timezone
+
+    leaves = MigrationExecutor(connection).loader.graph.leaf_nodes()
+    executor = MigrationExecutor(connection)
+    executor.migrate([("feedback", "0020_judge_correction_mode")])
+    old = executor.loader.project_state([("feedback", "0020_judge_correction_mode")]).apps
+    OldSpan = old.get_model("feedback", "OtelSpan")
+    deployment_id = old.get_model("serving", "Deployment").objects.create(name="support-bot").pk
+
+    def whole(span_id: str, start: int, attributes: dict) -> None:  # a span as the earlier release kept it
+        data = {"name": "span", "parent": "", "end_ns": start + 10, "error": False, "attributes": attributes}
+        OldSpan.objects.create(
+            deployment_id=deployment_id,
+            trace_id=TRACE,
+            span_id=span_id,
+            start_ns=start,
+            data={**data, "events": [], "resource": {}},
+            received_at=timezone.now(),
+        )
+
+    tool = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.call.id": "c1"}
+    whole(_span_id(0), 15, {**tool, "gen_ai.tool.call.result": "REFUND ISSUED #R-7781", "app.blob": "x" * 5_000})
+    whole(_span_id(1), 16, {"http.route": "/refunds", "app.blob": "x" * 5_000})
+
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(leaves)
+
+    from training.serving.models import Deployment
+
+    assert _stored_span_bytes() < 200  # what no mapping reads is gone
+    result = otlp_ingest(
+        deployment=Deployment.objects.get(pk=deployment_id),
+        request=_request(_chat(_span_id(2), 10, [_text("user", "refund ORD-1000")], _call("c1"))),
+    )
+
+    assert result.rejected_spans == 0, result.error_message
+    messages = Trace.objects.get().messages.order_by("position")
+    assert [(m.role, m.content) for m in messages][-1] == ("tool", "REFUND ISSUED #R-7781")
+    assert not OtelSpan.objects.filter(held=True).exists()
