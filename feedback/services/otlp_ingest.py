@@ -13,9 +13,9 @@ export re-reads the spans before it: a span is kept as its id alone, so a retry 
 once, or, held, as its call id, tool name and result.
 
 Bounds: what one span leaves stored (the messages it adds, or its parked result) is at most
-`OTEL_SPAN_MAX_BYTES`, else the export is refused whole (`OtlpError`, a 400) and nothing of
-it is stored; what all spans of a trace left stored is at most `OTEL_TRACE_MAX_BYTES`, else
-that trace's spans of the export are rejected (the export's other traces are taken).
+`OTEL_SPAN_MAX_BYTES`, and what all spans of a trace left stored at most
+`OTEL_TRACE_MAX_BYTES`; past either, that trace's spans of the export are rejected and
+nothing of them is stored (the export's other traces are taken).
 """
 
 from __future__ import annotations

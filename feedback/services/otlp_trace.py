@@ -13,7 +13,7 @@ from django.conf import settings
 
 from feedback.models import Message, OtelSpan, OtelTrace
 from feedback.services.chat_format import MAX_JSON_DEPTH, FieldError, ParsedMessage, json_depth, parse_message
-from feedback.services.otlp import OtlpError, SpanReading, plain_message
+from feedback.services.otlp import SpanReading, plain_message
 from training.serving.models import Deployment
 
 NO_CONTENT = (
@@ -175,11 +175,9 @@ class TraceExtension:
             elif r.kind == "tool":
                 self._tool(r)
             if self.added_bytes - before > settings.OTEL_SPAN_MAX_BYTES:
-                raise OtlpError(
-                    "spans",
-                    f"span {r.span_id} of trace {self.external_id} would store {self.added_bytes - before} bytes; "
-                    f"at most {settings.OTEL_SPAN_MAX_BYTES} per span (PRACTICUM_OTEL_SPAN_MAX_BYTES). "
-                    "Nothing of this export was stored",
+                raise Rejected(
+                    f"span {r.span_id} would store {self.added_bytes - before} bytes; "
+                    f"at most {settings.OTEL_SPAN_MAX_BYTES} per span (PRACTICUM_OTEL_SPAN_MAX_BYTES)"
                 )
 
     def _model_call(self, r: SpanReading) -> None:

@@ -16,7 +16,6 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from feedback.models import OtelSpan, OtelTrace, Trace
 from feedback.services import otlp_ingest as ingest_module
-from feedback.services.otlp import OtlpError
 from feedback.services.otlp_ingest import otlp_ingest
 
 pytestmark = pytest.mark.django_db
@@ -94,11 +93,12 @@ def test_a_parked_span_keeps_only_what_the_mapping_reads(deployment):
     assert parked.data == {"call_id": "c9", "name": "", "result": "a result waiting for its call"}
 
 
-def test_a_span_over_the_per_span_bound_refuses_the_export_with_the_setting_and_keeps_what_is_stored(
+def test_a_span_over_the_per_span_bound_rejects_its_trace_alone_and_keeps_what_is_stored(
     client, deployment, ingest_key, settings
 ):
     settings.OTEL_SPAN_MAX_BYTES = 50_000
     auth = {"HTTP_AUTHORIZATION": f"Bearer {ingest_key}"}
+    other = "7e" * 16
     start = _request(_chat(_span_id(0), 10, [_text("user", "Where is A1?")], _call("c1")))
     assert (
         client.post(PATH, start.SerializeToString(), content_type="application/x-protobuf", **auth).status_code == 200
@@ -106,17 +106,28 @@ def test_a_span_over_the_per_span_bound_refuses_the_export_with_the_setting_and_
     before = (Trace.objects.get().message_count, OtelSpan.objects.count(), OtelTrace.objects.get().stored_bytes)
 
     huge = _request(_tool(_span_id(1), 20, "c1", "y" * 3_000_000), _chat(_span_id(2), 30, [], _text("assistant", "ok")))
+    # Another run the SDK batched into the same export.
+    huge.resource_spans.extend(
+        _request(_chat(_span_id(9), 10, [_text("user", "hi")], _text("assistant", "hello")), trace=other).resource_spans
+    )
     answer = client.post(PATH, huge.SerializeToString(), content_type="application/x-protobuf", **auth)
 
-    assert answer.status_code == 400
-    error = answer.json()["errors"][0]
-    assert error["field"] == "spans"
-    assert f"span {_span_id(1)}" in error["reason"] and "PRACTICUM_OTEL_SPAN_MAX_BYTES" in error["reason"]
-    assert (Trace.objects.get().message_count, OtelSpan.objects.count(), OtelTrace.objects.get().stored_bytes) == before
+    assert answer.status_code == 200
+    partial = ExportTraceServiceResponse.FromString(answer.content).partial_success
+    assert partial.rejected_spans == 2
+    assert f"trace {TRACE}: span {_span_id(1)}" in partial.error_message
+    assert "PRACTICUM_OTEL_SPAN_MAX_BYTES" in partial.error_message
+    assert Trace.objects.get(external_id=other).message_count == 2
+    mine = (
+        Trace.objects.get(external_id=TRACE).message_count,
+        OtelSpan.objects.filter(trace_id=TRACE).count(),
+        OtelTrace.objects.get(external_id=TRACE).stored_bytes,
+    )
+    assert mine == before
     # The run goes on with spans inside the bound.
     fine = _request(_tool(_span_id(3), 20, "c1", "shipped"))
     assert client.post(PATH, fine.SerializeToString(), content_type="application/x-protobuf", **auth).status_code == 200
-    assert [m.content for m in Trace.objects.get().messages.order_by("position")][-1] == "shipped"
+    assert [m.content for m in Trace.objects.get(external_id=TRACE).messages.order_by("position")][-1] == "shipped"
 
 
 def test_a_trace_past_its_byte_bound_takes_no_more_spans_and_the_export_s_other_traces_land(deployment, settings):
@@ -217,22 +228,22 @@ def test_a_lost_state_is_read_again_from_the_stored_messages(deployment):
     assert Trace.objects.get().message_count == len(history) + 1
 
 
-def test_an_oversized_span_is_an_otlp_error_before_anything_is_written(deployment, settings):
+def test_an_oversized_span_rejects_its_trace_before_anything_is_written(deployment, settings):
     settings.OTEL_SPAN_MAX_BYTES = 1_000
-    with pytest.raises(OtlpError, match="PRACTICUM_OTEL_SPAN_MAX_BYTES"):
-        otlp_ingest(
-            deployment=deployment,
-            request=_request(_chat(_span_id(0), 10, [_text("user", "q" * 5_000)], _text("assistant", "a"))),
-        )
-    assert not Trace.objects.exists() and not OtelSpan.objects.exists()
+    result = otlp_ingest(
+        deployment=deployment,
+        request=_request(_chat(_span_id(0), 10, [_text("user", "q" * 5_000)], _text("assistant", "a"))),
+    )
+    assert result.rejected_spans == 1 and "PRACTICUM_OTEL_SPAN_MAX_BYTES" in result.error_message
+    assert not Trace.objects.exists() and not OtelSpan.objects.exists() and not OtelTrace.objects.exists()
 
 
 def test_metadata_and_tool_definitions_count_toward_the_span_bound(deployment, settings):
     settings.OTEL_SPAN_MAX_BYTES = 10_000
     span = _chat(_span_id(0), 10, [_text("user", "hi")], _text("assistant", "hello"))
     span["attributes"]["metadata"] = json.dumps({"notes": "n" * 20_000})  # OpenInference's run metadata
-    with pytest.raises(OtlpError, match=f"span {_span_id(0)}"):
-        otlp_ingest(deployment=deployment, request=_request(span))
+    result = otlp_ingest(deployment=deployment, request=_request(span))
+    assert result.rejected_spans == 1 and f"span {_span_id(0)}" in result.error_message
 
     settings.OTEL_SPAN_MAX_BYTES = 100_000
     assert otlp_ingest(deployment=deployment, request=_request(span)).rejected_spans == 0
