@@ -20,6 +20,9 @@ NO_CONTENT = (
     "the model-call spans carry no message content; turn content capture on "
     "(OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true)"
 )
+UNTAKEN = (
+    "the result of call {call_id} differs from the tool message stored from a later call's input; the stored one stays"
+)
 REWRITE = "differs from the stored message at this position; a stored trace can only be extended, not rewritten"
 
 
@@ -224,7 +227,9 @@ class TraceExtension:
             ).values_list("content", flat=True)[:1]
             if answered:
                 if answered[0] != r.result:
-                    raise Rejected(f"span {r.span_id}: the result of call {r.call_id} {REWRITE}")
+                    # The next call's input, exported first, gave its words: they are stored and
+                    # stay (a stored turn is never rewritten), and the run's other spans go on.
+                    self.notes.append(f"span {r.span_id}: {UNTAKEN.format(call_id=r.call_id)}")
                 return
         self.parked.append(r)  # its call is still to come
         self.added_bytes += len(r.result.encode())

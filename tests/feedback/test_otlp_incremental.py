@@ -390,3 +390,27 @@ def test_upgrading_keeps_the_tool_results_the_earlier_release_was_holding():
     messages = Trace.objects.get().messages.order_by("position")
     assert [(m.role, m.content) for m in messages][-1] == ("tool", "REFUND ISSUED #R-7781")
     assert not OtelSpan.objects.filter(held=True).exists()
+
+
+def test_a_tool_span_after_the_call_that_repeats_its_result_keeps_the_stored_words_and_the_export(deployment):
+    asked = _chat(_span_id(0), 10, [_text("user", "Where is ORD-1000?")], _call("c1"))
+    repeated = {
+        "role": "tool",
+        "id": "c1",
+        "parts": [{"type": "tool_call_response", "id": "c1", "response": "shipped"}],
+    }
+    final = _chat(
+        _span_id(2), 30, [_text("user", "Where is ORD-1000?"), _call("c1"), repeated], _text("assistant", "It shipped")
+    )
+    assert otlp_ingest(deployment=deployment, request=_request(asked, final)).rejected_spans == 0
+
+    # The tool's own span, later, in words other than the input's, with the run's next call.
+    nxt = _chat(_span_id(3), 40, [], _text("assistant", "Anything else?"))
+    result = otlp_ingest(
+        deployment=deployment, request=_request(_tool(_span_id(1), 20, "c1", '{"status": "shipped"}'), nxt)
+    )
+
+    assert result.rejected_spans == 0
+    assert f"span {_span_id(1)}: the result of call c1 differs" in result.error_message
+    messages = list(Trace.objects.get().messages.order_by("position").values_list("role", "content"))
+    assert messages[2:] == [("tool", "shipped"), ("assistant", "It shipped"), ("assistant", "Anything else?")]
