@@ -409,8 +409,8 @@ FAILURE_MODE_STALE_AFTER_SECONDS = float(os.environ.get("PRACTICUM_FAILURE_MODE_
 # several exports); a run that lasts longer is read from the spans still kept.
 OTEL_SPAN_RETENTION_SECONDS = float(os.environ.get("PRACTICUM_OTEL_SPAN_RETENTION_SECONDS", 24 * 3600))
 # What one OpenTelemetry span may leave stored (the messages it adds to its trace, or the tool
-# result it parks until its call arrives), and what all spans of one trace may: an export with
-# a span past the first is refused (400); a trace past the second takes no more spans.
+# result it parks until its call arrives), and what all spans of one trace may: past either,
+# that trace's spans of the export are rejected (partialSuccess), its other traces taken.
 OTEL_SPAN_MAX_BYTES = int(os.environ.get("PRACTICUM_OTEL_SPAN_MAX_BYTES", 1024 * 1024))
 OTEL_TRACE_MAX_BYTES = int(os.environ.get("PRACTICUM_OTEL_TRACE_MAX_BYTES", 32 * 1024 * 1024))
 # The largest JSONL a fine-tuning upload (/api/openai/v1/files) may be; it is stored in the database.

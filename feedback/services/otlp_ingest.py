@@ -13,9 +13,9 @@ export re-reads the spans before it: a span is kept as its id alone, so a retry 
 once, or, held, as its call id, tool name and result.
 
 Bounds: what one span leaves stored (the messages it adds, or its parked result) is at most
-`OTEL_SPAN_MAX_BYTES`, else the export is refused whole (`OtlpError`, a 400) and nothing of
-it is stored; what all spans of a trace left stored is at most `OTEL_TRACE_MAX_BYTES`, else
-that trace's spans of the export are rejected (the export's other traces are taken).
+`OTEL_SPAN_MAX_BYTES`, and what all spans of a trace left stored at most
+`OTEL_TRACE_MAX_BYTES`; past either, that trace's spans of the export are rejected and
+nothing of them is stored (the export's other traces are taken).
 """
 
 from __future__ import annotations
@@ -199,7 +199,8 @@ def _write(deployment: Deployment, works: list[TraceExtension], now: datetime, c
     for w in kept:
         if w.state.trace_id is not None:  # they are the trace's now: the state carries no copy
             w.state.summary.pop("metadata", None)
-            w.state.summary.pop("tools", None)
+            if w.state.summary.pop("tools", None):
+                w.state.summary["tools_stored"] = True
         w.state.held = max(0, w.state.held - len(w.taken)) + len(w.parked)
         w.state.stored_bytes += w.added_bytes
         w.state.updated_at = now
@@ -212,7 +213,7 @@ def _write(deployment: Deployment, works: list[TraceExtension], now: datetime, c
         for r in w.spans:
             held = id(r) in parked
             data = {"call_id": r.call_id, "name": r.tool_name, "result": r.result} if held else {}
-            spans.append((w.external_id, r.span_id, min(r.start_ns, 2**63 - 1), data, held))
+            spans.append((w.external_id, r.span_id, r.start_ns, data, held))
     _spans_save(deployment, spans, now)
 
 

@@ -38,7 +38,7 @@ def _json_value(value: Any) -> Any:
     """An attribute that holds JSON: as a string (most instrumentations) or already structured."""
     if isinstance(value, str):
         try:
-            loaded = json.loads(value, parse_constant=_no_constant, parse_float=_finite)
+            loaded = json.loads(value, parse_constant=_no_constant, parse_float=_finite, parse_int=_int)
         except (ValueError, RecursionError):
             return None
         # NaN and infinities are null already; only an escaped NUL needs the walk.
@@ -48,6 +48,12 @@ def _json_value(value: Any) -> Any:
 
 def _no_constant(_: str) -> None:
     return None
+
+
+def _int(text: str) -> int | float | None:
+    """An integer as the batch API reads it (orjson): past 64 bits, a float."""
+    number = int(text)
+    return number if -(2**63) <= number < 2**64 else _finite(text)
 
 
 def _finite(text: str) -> float | None:
@@ -287,6 +293,9 @@ def _tool_definitions(span: SpanRecord) -> list[dict[str, Any]]:
     return [t for _, t in sorted(indexed, key=lambda x: x[0])]
 
 
+MAX_NS = 2**63 - 1
+
+
 @dataclass
 class SpanReading:
     """What the trace mapping reads of one span, and nothing else: the rest of its attributes
@@ -317,7 +326,8 @@ class SpanReading:
 def span_read(span: SpanRecord) -> SpanReading:
     """The span as the mapping reads it (see the module's docstring)."""
     a = span.attributes
-    reading = SpanReading(span.span_id, span.start_ns, span.end_ns, span.error, "")
+    # Past the signed 64 bits the database keeps (the year 2262): read as its last instant.
+    reading = SpanReading(span.span_id, min(span.start_ns, MAX_NS), min(span.end_ns, MAX_NS), span.error, "")
     operation = span.operation
     if operation in LLM_OPERATIONS:
         reading.kind = "llm"

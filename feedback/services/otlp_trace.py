@@ -12,8 +12,7 @@ import orjson
 from django.conf import settings
 
 from feedback.models import Message, OtelSpan, OtelTrace
-from feedback.services.chat_format import FieldError, ParsedMessage, parse_message
-from feedback.services.otlp import OtlpError
+from feedback.services.chat_format import MAX_JSON_DEPTH, FieldError, ParsedMessage, json_depth, parse_message
 from feedback.services.otlp_messages import SpanReading, plain_message
 from training.serving.models import Deployment
 
@@ -21,7 +20,13 @@ NO_CONTENT = (
     "the model-call spans carry no message content; turn content capture on "
     "(OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true)"
 )
+UNTAKEN = (
+    "the result of call {call_id} differs from the tool message stored from a later call's input; the stored one stays"
+)
 REWRITE = "differs from the stored message at this position; a stored trace can only be extended, not rewritten"
+
+
+_ABSENT = object()
 
 
 class Rejected(Exception):
@@ -173,11 +178,9 @@ class TraceExtension:
             elif r.kind == "tool":
                 self._tool(r)
             if self.added_bytes - before > settings.OTEL_SPAN_MAX_BYTES:
-                raise OtlpError(
-                    "spans",
-                    f"span {r.span_id} of trace {self.external_id} would store {self.added_bytes - before} bytes; "
-                    f"at most {settings.OTEL_SPAN_MAX_BYTES} per span (PRACTICUM_OTEL_SPAN_MAX_BYTES). "
-                    "Nothing of this export was stored",
+                raise Rejected(
+                    f"span {r.span_id} would store {self.added_bytes - before} bytes; "
+                    f"at most {settings.OTEL_SPAN_MAX_BYTES} per span (PRACTICUM_OTEL_SPAN_MAX_BYTES)"
                 )
 
     def _model_call(self, r: SpanReading) -> None:
@@ -191,7 +194,8 @@ class TraceExtension:
             self.state.frontier_start_ns, self.state.frontier_end_ns = r.key
             s = self.state.summary
             s["model"] = r.model or s.get("model", "")
-            if r.tools:
+            if r.tools and not s.get("tools") and not s.get("tools_stored"):
+                # The trace keeps the first definitions a call names (`Trace.tools`), once.
                 s["tools"] = r.tools
                 self.added_bytes += _size(r.tools)
             return
@@ -223,7 +227,9 @@ class TraceExtension:
             ).values_list("content", flat=True)[:1]
             if answered:
                 if answered[0] != r.result:
-                    raise Rejected(f"span {r.span_id}: the result of call {r.call_id} {REWRITE}")
+                    # The next call's input, exported first, gave its words: they are stored and
+                    # stay (a stored turn is never rewritten), and the run's other spans go on.
+                    self.notes.append(f"span {r.span_id}: {UNTAKEN.format(call_id=r.call_id)}")
                 return
         self.parked.append(r)  # its call is still to come
         self.added_bytes += len(r.result.encode())
@@ -238,8 +244,15 @@ class TraceExtension:
             if value and not s.get(key):
                 s[key] = value
         if r.metadata:
-            s["metadata"] = {**s.get("metadata", {}), **r.metadata}
-            self.added_bytes += _size(r.metadata)
+            if json_depth(r.metadata) > MAX_JSON_DEPTH:  # as every other way in refuses it
+                raise Rejected(f"span {r.span_id}: metadata: nested more than {MAX_JSON_DEPTH} levels deep")
+            held = s.get("metadata", {})
+            stored = self.trace["metadata"] if self.trace and isinstance(self.trace["metadata"], dict) else {}
+            # Only what changes the trace's metadata is stored: a run's every span may repeat it.
+            changed = {k: v for k, v in r.metadata.items() if (held[k] if k in held else stored.get(k, _ABSENT)) != v}
+            if changed:
+                s["metadata"] = {**held, **changed}
+                self.added_bytes += _size(changed)
 
 
 def _calls(message: dict[str, Any]) -> list[list[str]]:

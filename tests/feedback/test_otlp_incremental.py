@@ -16,7 +16,6 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from feedback.models import OtelSpan, OtelTrace, Trace
 from feedback.services import otlp_ingest as ingest_module
-from feedback.services.otlp import OtlpError
 from feedback.services.otlp_ingest import otlp_ingest
 
 pytestmark = pytest.mark.django_db
@@ -94,11 +93,12 @@ def test_a_parked_span_keeps_only_what_the_mapping_reads(deployment):
     assert parked.data == {"call_id": "c9", "name": "", "result": "a result waiting for its call"}
 
 
-def test_a_span_over_the_per_span_bound_refuses_the_export_with_the_setting_and_keeps_what_is_stored(
+def test_a_span_over_the_per_span_bound_rejects_its_trace_alone_and_keeps_what_is_stored(
     client, deployment, ingest_key, settings
 ):
     settings.OTEL_SPAN_MAX_BYTES = 50_000
     auth = {"HTTP_AUTHORIZATION": f"Bearer {ingest_key}"}
+    other = "7e" * 16
     start = _request(_chat(_span_id(0), 10, [_text("user", "Where is A1?")], _call("c1")))
     assert (
         client.post(PATH, start.SerializeToString(), content_type="application/x-protobuf", **auth).status_code == 200
@@ -106,17 +106,28 @@ def test_a_span_over_the_per_span_bound_refuses_the_export_with_the_setting_and_
     before = (Trace.objects.get().message_count, OtelSpan.objects.count(), OtelTrace.objects.get().stored_bytes)
 
     huge = _request(_tool(_span_id(1), 20, "c1", "y" * 3_000_000), _chat(_span_id(2), 30, [], _text("assistant", "ok")))
+    # Another run the SDK batched into the same export.
+    huge.resource_spans.extend(
+        _request(_chat(_span_id(9), 10, [_text("user", "hi")], _text("assistant", "hello")), trace=other).resource_spans
+    )
     answer = client.post(PATH, huge.SerializeToString(), content_type="application/x-protobuf", **auth)
 
-    assert answer.status_code == 400
-    error = answer.json()["errors"][0]
-    assert error["field"] == "spans"
-    assert f"span {_span_id(1)}" in error["reason"] and "PRACTICUM_OTEL_SPAN_MAX_BYTES" in error["reason"]
-    assert (Trace.objects.get().message_count, OtelSpan.objects.count(), OtelTrace.objects.get().stored_bytes) == before
+    assert answer.status_code == 200
+    partial = ExportTraceServiceResponse.FromString(answer.content).partial_success
+    assert partial.rejected_spans == 2
+    assert f"trace {TRACE}: span {_span_id(1)}" in partial.error_message
+    assert "PRACTICUM_OTEL_SPAN_MAX_BYTES" in partial.error_message
+    assert Trace.objects.get(external_id=other).message_count == 2
+    mine = (
+        Trace.objects.get(external_id=TRACE).message_count,
+        OtelSpan.objects.filter(trace_id=TRACE).count(),
+        OtelTrace.objects.get(external_id=TRACE).stored_bytes,
+    )
+    assert mine == before
     # The run goes on with spans inside the bound.
     fine = _request(_tool(_span_id(3), 20, "c1", "shipped"))
     assert client.post(PATH, fine.SerializeToString(), content_type="application/x-protobuf", **auth).status_code == 200
-    assert [m.content for m in Trace.objects.get().messages.order_by("position")][-1] == "shipped"
+    assert [m.content for m in Trace.objects.get(external_id=TRACE).messages.order_by("position")][-1] == "shipped"
 
 
 def test_a_trace_past_its_byte_bound_takes_no_more_spans_and_the_export_s_other_traces_land(deployment, settings):
@@ -217,22 +228,22 @@ def test_a_lost_state_is_read_again_from_the_stored_messages(deployment):
     assert Trace.objects.get().message_count == len(history) + 1
 
 
-def test_an_oversized_span_is_an_otlp_error_before_anything_is_written(deployment, settings):
+def test_an_oversized_span_rejects_its_trace_before_anything_is_written(deployment, settings):
     settings.OTEL_SPAN_MAX_BYTES = 1_000
-    with pytest.raises(OtlpError, match="PRACTICUM_OTEL_SPAN_MAX_BYTES"):
-        otlp_ingest(
-            deployment=deployment,
-            request=_request(_chat(_span_id(0), 10, [_text("user", "q" * 5_000)], _text("assistant", "a"))),
-        )
-    assert not Trace.objects.exists() and not OtelSpan.objects.exists()
+    result = otlp_ingest(
+        deployment=deployment,
+        request=_request(_chat(_span_id(0), 10, [_text("user", "q" * 5_000)], _text("assistant", "a"))),
+    )
+    assert result.rejected_spans == 1 and "PRACTICUM_OTEL_SPAN_MAX_BYTES" in result.error_message
+    assert not Trace.objects.exists() and not OtelSpan.objects.exists() and not OtelTrace.objects.exists()
 
 
 def test_metadata_and_tool_definitions_count_toward_the_span_bound(deployment, settings):
     settings.OTEL_SPAN_MAX_BYTES = 10_000
     span = _chat(_span_id(0), 10, [_text("user", "hi")], _text("assistant", "hello"))
     span["attributes"]["metadata"] = json.dumps({"notes": "n" * 20_000})  # OpenInference's run metadata
-    with pytest.raises(OtlpError, match=f"span {_span_id(0)}"):
-        otlp_ingest(deployment=deployment, request=_request(span))
+    result = otlp_ingest(deployment=deployment, request=_request(span))
+    assert result.rejected_spans == 1 and f"span {_span_id(0)}" in result.error_message
 
     settings.OTEL_SPAN_MAX_BYTES = 100_000
     assert otlp_ingest(deployment=deployment, request=_request(span)).rejected_spans == 0
@@ -270,3 +281,136 @@ def test_a_held_result_is_not_counted_again_against_the_call_that_takes_it(deplo
     assert result.rejected_spans == 0 and result.traces["created"] == 1
     assert [m.role for m in Trace.objects.get().messages.order_by("position")] == ["user", "assistant", "tool"]
     assert not OtelSpan.objects.filter(held=True).exists() and OtelTrace.objects.get().held == 0
+
+
+def test_times_past_64_bits_and_unusual_metadata_are_answered_not_a_500(client, deployment, ingest_key):
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {ingest_key}"}
+
+    def post(*spans: dict, trace: str = TRACE) -> ExportTraceServiceResponse:
+        answer = client.post(PATH, _request(*spans, trace=trace).SerializeToString(), "application/x-protobuf", **auth)
+        assert answer.status_code == 200, answer.content
+        return ExportTraceServiceResponse.FromString(answer.content).partial_success
+
+    assert post(_chat(_span_id(0), 10, [_text("user", "hi")], _text("assistant", "ok"))).rejected_spans == 0
+    late = 2**64 - 20  # the protocol's unsigned nanoseconds, past the year 2262
+    history = [_text("user", "hi"), _text("assistant", "ok"), _text("user", "more")]
+    assert post(_chat(_span_id(1), late, history, _text("assistant", "ok2"))).rejected_spans == 0
+    assert (
+        post(_chat(_span_id(0), late, [_text("user", "hi")], _text("assistant", "ok")), trace="5a" * 16).rejected_spans
+        == 0
+    )
+    assert Trace.objects.get(external_id=TRACE).message_count == 4
+
+    big = _chat(
+        _span_id(0), 10, [_text("user", "hi")], _text("assistant", "ok"), metadata='{"big": 18446744073709551616}'
+    )
+    assert post(big, trace="5b" * 16).rejected_spans == 0
+    assert float(Trace.objects.get(external_id="5b" * 16).metadata["big"]) == 2.0**64  # as the batch API reads it
+
+    def deep(n: int) -> str:
+        return '{"a":' * n + "1" + "}" * n
+
+    for depth in (150, 300):  # on a stored trace and on one still held
+        for trace in (TRACE, "5c" * 16):
+            tool = _tool(_span_id(depth), 20, "", "x", metadata=deep(depth), **{"gen_ai.tool.name": "t"})
+            partial = post(tool, trace=trace)
+            assert partial.rejected_spans == 1
+            assert "metadata: nested more than 64 levels deep" in partial.error_message
+    assert "a" not in Trace.objects.get(external_id=TRACE).metadata
+    assert not OtelTrace.objects.filter(external_id="5c" * 16).exists()
+
+
+def test_tool_definitions_and_metadata_every_call_repeats_count_once_toward_the_trace_bound(deployment, settings):
+    settings.OTEL_TRACE_MAX_BYTES = 60_000
+    tools = [
+        {"type": "function", "function": {"name": f"tool{i}", "description": "d" * 900, "parameters": {}}}
+        for i in range(20)
+    ]
+    extra = {"gen_ai.tool.definitions": json.dumps(tools), "metadata": json.dumps({"notes": "n" * 10_000})}
+    history = [_text("user", "hi")]
+    for n in range(6):  # each call carries the same 30 kB again; stored once, they count once
+        answer = _text("assistant", f"answer {n}")
+        result = otlp_ingest(
+            deployment=deployment, request=_request(_chat(_span_id(n), 10 * (n + 1), history, answer, **extra))
+        )
+        assert result.rejected_spans == 0, result.error_message
+        history = [*history, answer, _text("user", f"q{n}")]
+
+    trace = Trace.objects.get()
+    assert trace.message_count == 12 and len(trace.tools) == 20
+    stored = sum(len(json.dumps(raw).encode()) for raw in trace.messages.values_list("raw", flat=True))
+    assert OtelTrace.objects.get().stored_bytes < stored + 35_000
+    # New metadata still counts.
+    settings.OTEL_TRACE_MAX_BYTES = OtelTrace.objects.get().stored_bytes + 5_000
+    grown = _chat(_span_id(9), 100, history, _text("assistant", "end"), metadata=json.dumps({"more": "m" * 10_000}))
+    result = otlp_ingest(deployment=deployment, request=_request(grown))
+    assert result.rejected_spans == 1 and "PRACTICUM_OTEL_TRACE_MAX_BYTES" in result.error_message
+
+
+@pytest.mark.django_db(transaction=True)
+def test_upgrading_keeps_the_tool_results_the_earlier_release_was_holding():
+    from django.db.migrations.executor import MigrationExecutor
+    from django.utils import timezone
+
+    leaves = MigrationExecutor(connection).loader.graph.leaf_nodes()
+    executor = MigrationExecutor(connection)
+    executor.migrate([("feedback", "0020_judge_correction_mode")])
+    old = executor.loader.project_state([("feedback", "0020_judge_correction_mode")]).apps
+    OldSpan = old.get_model("feedback", "OtelSpan")
+    deployment_id = old.get_model("serving", "Deployment").objects.create(name="support-bot").pk
+
+    def whole(span_id: str, start: int, attributes: dict) -> None:  # a span as the earlier release kept it
+        data = {"name": "span", "parent": "", "end_ns": start + 10, "error": False, "attributes": attributes}
+        OldSpan.objects.create(
+            deployment_id=deployment_id,
+            trace_id=TRACE,
+            span_id=span_id,
+            start_ns=start,
+            data={**data, "events": [], "resource": {}},
+            received_at=timezone.now(),
+        )
+
+    tool = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.call.id": "c1"}
+    whole(_span_id(0), 15, {**tool, "gen_ai.tool.call.result": "REFUND ISSUED #R-7781", "app.blob": "x" * 5_000})
+    whole(_span_id(1), 16, {"http.route": "/refunds", "app.blob": "x" * 5_000})
+
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(leaves)
+
+    from training.serving.models import Deployment
+
+    assert _stored_span_bytes() < 200  # what no mapping reads is gone
+    result = otlp_ingest(
+        deployment=Deployment.objects.get(pk=deployment_id),
+        request=_request(_chat(_span_id(2), 10, [_text("user", "refund ORD-1000")], _call("c1"))),
+    )
+
+    assert result.rejected_spans == 0, result.error_message
+    messages = Trace.objects.get().messages.order_by("position")
+    assert [(m.role, m.content) for m in messages][-1] == ("tool", "REFUND ISSUED #R-7781")
+    assert not OtelSpan.objects.filter(held=True).exists()
+
+
+def test_a_tool_span_after_the_call_that_repeats_its_result_keeps_the_stored_words_and_the_export(deployment):
+    asked = _chat(_span_id(0), 10, [_text("user", "Where is ORD-1000?")], _call("c1"))
+    repeated = {
+        "role": "tool",
+        "id": "c1",
+        "parts": [{"type": "tool_call_response", "id": "c1", "response": "shipped"}],
+    }
+    final = _chat(
+        _span_id(2), 30, [_text("user", "Where is ORD-1000?"), _call("c1"), repeated], _text("assistant", "It shipped")
+    )
+    assert otlp_ingest(deployment=deployment, request=_request(asked, final)).rejected_spans == 0
+
+    # The tool's own span, later, in words other than the input's, with the run's next call.
+    nxt = _chat(_span_id(3), 40, [], _text("assistant", "Anything else?"))
+    result = otlp_ingest(
+        deployment=deployment, request=_request(_tool(_span_id(1), 20, "c1", '{"status": "shipped"}'), nxt)
+    )
+
+    assert result.rejected_spans == 0
+    assert f"span {_span_id(1)}: the result of call c1 differs" in result.error_message
+    messages = list(Trace.objects.get().messages.order_by("position").values_list("role", "content"))
+    assert messages[2:] == [("tool", "shipped"), ("assistant", "It shipped"), ("assistant", "Anything else?")]
