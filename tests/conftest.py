@@ -57,6 +57,8 @@ _MARKER_BY_FIXTURE = {
     "deploy_worker": "redis",
     "vllm_server": "vllm",
     "tiny_base": "vllm",
+    "tiny_talking_server": "vllm",
+    "tiny_talking_base": "vllm",
 }
 
 

@@ -1,7 +1,9 @@
-"""The guided tour, walked in real headless Chromium on the tiny model, with everything real
-behind it: the demo agent drives the gateway (uvicorn) with the openai client in front of a
-vLLM server; a Celery worker on Redis runs the judge calls, the training job, the evaluation
-and the release; only the judge is a double (it speaks the OpenAI wire protocol).
+"""The guided tour, walked in real headless Chromium as `make demo FAST=1` sets it up, with
+everything real behind it: the demo agent drives the gateway (uvicorn) with the openai client
+in front of a vLLM server that serves `tiny-talking`, the FAST demo's model; the judge is that
+server's model, through the product's judge client with the demo's settings (read from
+scripts/demo.sh); a Celery worker on Redis runs the judge calls, the training job, the
+evaluation and the release.
 
 Each step asserts its effect: the agent's traces appear, the judge's result appears under
 the commented turn, the job finishes with a candidate, the approval is recorded, the live
@@ -17,39 +19,26 @@ from pathlib import Path
 
 import pytest
 
-from feedback.models import ApiKey, Comment, DeploymentJudge, JudgeResult, JudgeStatus, Trace
+from feedback.models import ApiKey, Comment, JudgeResult, JudgeStatus, Trace
 from tests.factories import DeploymentFactory, user_with_role
-from tests.fixtures.inference import talking_version_create
-from tests.fixtures.judge import presented_responses
 from tests.fixtures.worker import celery_worker
+from training.modelprep import TINY_JUDGEMENT
 from training.models import TrainingJob, TrainingSet
-from training.promotion.models import AuditEvent, PromotionRequest, PromotionStatus
+from training.promotion.models import AuditEvent, EvaluationItem, PromotionRequest, PromotionStatus
 from training.serving.models import LiveVersion, ModelVersion
 from webapp.work import WorkStatus
 
 pytestmark = [pytest.mark.browser, pytest.mark.vllm, pytest.mark.redis, pytest.mark.postgres, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 
-JUDGEMENT = {
-    "rubric": {"criteria": [{"criterion": "Looks the order up before refunding it", "weight": 2}]},
-    "rationale": "The operator says the agent refunded without checking the order.",
-    "reward": 0.25,
-    "corrected_response": "Let me look order A1001 up first.",
-}
 
-
-def judge_answers(request: dict) -> dict:
-    """The judge double: a judgement for a turn, or scores for a group of candidates."""
-    schema = (request.get("response_format") or {}).get("json_schema", {}).get("name")
-    if schema == "candidate_scores":
-        shown = presented_responses(request)
-        return {
-            "scores": [
-                {"response": i, "reason": "mentions the order", "score": 0.9 if "order" in text else 0.1}
-                for i, text in enumerate(shown, 1)
-            ]
-        }
-    return JUDGEMENT
+def demo_judge_env() -> dict[str, str]:
+    """The judge's settings scripts/demo.sh exports for its own server (`export
+    PRACTICUM_JUDGE_X=${PRACTICUM_JUDGE_X:-value}`), so the test follows the demo when it changes."""
+    text = (ROOT / "scripts" / "demo.sh").read_text()
+    found = dict(re.findall(r"^\s*export (PRACTICUM_JUDGE_\w+)=\$\{\1:-([^}$]+)\}$", text, re.M))
+    assert found.get("PRACTICUM_JUDGE_CONTEXT_TOKENS") == "2048" and "PRACTICUM_JUDGE_AUTO" in found, found
+    return found
 
 
 def wait_until(predicate, timeout: float, what: str):
@@ -67,13 +56,32 @@ def step_done(page, key: str) -> bool:
 
 
 @pytest.fixture
-def worker(monkeypatch, tmp_path, judge_server, gateway):
+def fast_judge(monkeypatch, settings, tiny_talking_server):
+    """The FAST demo's judge: the served model, at its server, under the demo's settings; for
+    the worker (its environment) and for the pages (this process's settings)."""
+    env = {
+        **demo_judge_env(),
+        "PRACTICUM_JUDGE_BASE_URL": f"{tiny_talking_server.url}/v1",
+        "PRACTICUM_JUDGE_MODEL": tiny_talking_server.served_name,
+        # The demo's settings send the server's own key to a judge at the inference URL.
+        "PRACTICUM_JUDGE_API_KEY": tiny_talking_server.api_key,
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+        setting = name.removeprefix("PRACTICUM_")
+        current = getattr(settings, setting)
+        if isinstance(current, bool):
+            setattr(settings, setting, value.lower() in ("1", "true", "yes", "on"))
+        else:
+            setattr(settings, setting, type(current)(value) if current is not None else value)
+    return env
+
+
+@pytest.fixture
+def worker(monkeypatch, tmp_path, fast_judge, gateway):
     """One worker on every queue (judge calls, training, evaluation, release, the agent)."""
-    monkeypatch.setenv("PRACTICUM_JUDGE_BASE_URL", judge_server.base_url)
     # The agent the tour runs again goes to the configured gateway, as in production.
     monkeypatch.setenv("PRACTICUM_GATEWAY_URL", gateway.url)
-    monkeypatch.setenv("PRACTICUM_JUDGE_MODEL", "test-judge")
-    monkeypatch.setenv("PRACTICUM_JUDGE_RETRY_BACKOFF_S", "0")
     monkeypatch.setenv("PRACTICUM_TRAINING_DIR", str(tmp_path / "training"))
     monkeypatch.setenv("PRACTICUM_MODELS_DIR", str(tmp_path / "models"))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
@@ -88,22 +96,18 @@ def worker(monkeypatch, tmp_path, judge_server, gateway):
         yield name
 
 
-def test_the_whole_tour_in_the_browser(
-    open_page, screenshot, settings, vllm_server, tiny_base, talking_adapter_path, gateway, judge_server, worker
-):
+def test_the_whole_tour_in_the_browser(open_page, screenshot, settings, tiny_talking_base, gateway, fast_judge, worker):
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     from feedback.demo.agent import demo_agent_run
     from feedback.services.api_keys import api_key_create
     from training.serving.services import live_version_set
 
-    judge_server.respond_with(judge_answers)
     settings.DEMO_AGENT_EPISODES = 2
     operator, approver = user_with_role("operator", "olga"), user_with_role("approver", "arno")
     deployment = DeploymentFactory(name="support-bot")
-    base_version = ModelVersion.objects.get(name=tiny_base.name)
+    base_version = ModelVersion.objects.get(name=tiny_talking_base.name)
     live_version_set(deployment=deployment, version=base_version)
-    DeploymentJudge.objects.create(deployment=deployment, base_url=judge_server.base_url, model="test-judge")
 
     # The agent works: its traces arrive through the gateway, as `make demo` has it do.
     key = api_key_create(deployment=deployment, scopes=["ingest", "feedback"]).plaintext
@@ -116,7 +120,7 @@ def test_the_whole_tour_in_the_browser(
     page = open_page(operator)
     page.goto("/tour/")
     assert step_done(page, "traces") and not step_done(page, "comment")
-    assert page.inner_text("#tour-live") == tiny_base.name
+    assert page.inner_text("#tour-live") == tiny_talking_base.name
     screenshot(page, "tour-start", full_page=True)
 
     # 1. Browse: the trace list shows the agent's conversations.
@@ -141,20 +145,24 @@ def test_the_whole_tour_in_the_browser(
     box.locator(".comment-body").wait_for()
     assert Comment.objects.get(message=turn).author == operator
 
-    # 3. The judge turns the comment into a rubric and a reward (the worker calls it).
-    # (The agent's graded outcome on this trace may have been judged already; the comment's
-    # judgement is the latest one of the turn.)
-    result = wait_until(
-        lambda: JudgeResult.objects.filter(
-            message=turn, trigger="comment", is_latest=True, status=JudgeStatus.SUCCEEDED
-        ).first(),
-        90,
-        "the judgement of the comment",
-    )
-    assert result.reward == 0.25
-    page.reload()
+    # 3. The judge turns the comment into a rubric and a reward. The FAST demo judges by hand
+    # (PRACTICUM_JUDGE_AUTO=false): the tour says to press "Judge this turn"; the worker asks the
+    # served model, whose structured output is the one judgement it was fitted to give.
+    assert fast_judge["PRACTICUM_JUDGE_AUTO"] == "false" and not JudgeResult.objects.filter(message=turn).exists()
+    page.goto("/tour/")
+    assert "Judge this turn" in page.inner_text("#step-judge")
+    page.goto(f"/traces/{trace.pk}/")
     judged = page.locator(f"#judge-{turn.position}")
-    assert "reward 0.25" in judged.inner_text() and "Looks the order up before refunding it" in judged.inner_text()
+    judged.locator("button:has-text('Judge this turn')").click()
+    # The result arrives in place (the block polls while the judgement runs).
+    page.locator(f"#judge-{turn.position} .badge.reward").wait_for(timeout=120_000)
+    result = JudgeResult.objects.get(message=turn, is_latest=True)
+    assert (result.status, result.requested_by) == (JudgeStatus.SUCCEEDED, operator), result.failure_reason
+    assert (result.reward, result.rubric) == (TINY_JUDGEMENT["reward"], TINY_JUDGEMENT["rubric"])
+    judged = page.locator(f"#judge-{turn.position}")
+    criterion = TINY_JUDGEMENT["rubric"]["criteria"][0]["criterion"]
+    assert "reward 0.20" in judged.inner_text() and criterion in judged.inner_text()
+    assert judged.locator(".badge.unverified").count() == 1  # a judge no agreement gate has passed
     page.goto("/tour/")
     assert step_done(page, "comment") and step_done(page, "judge")
 
@@ -172,15 +180,12 @@ def test_the_whole_tour_in_the_browser(
     training_set = TrainingSet.objects.get(name="tour-refunds")
     assert training_set.train_count == 1
 
-    # 5. Start the tour's job, self-distillation on the comment, and watch it finish. It trains
-    # on from an adapter over the base that talks: the random tiny model answers only
-    # newlines, and so would a version trained from it in two steps, which no release's smoke
-    # test passes. The base stays the candidate's ancestor, so the candidate may replace it.
-    talking = talking_version_create(tiny_base, talking_adapter_path)
+    # 5. Start the tour's job, self-distillation on the comment, and watch it finish: a LoRA
+    # over the live base, which greets, so the candidate passes the release's smoke test.
     page.goto("/tour/")
     page.click("#step-job a:has-text('Training')")
     assert page.input_value("select[name=kind]") == "distill"
-    page.select_option("select[name=base_version]", str(talking.pk))
+    page.select_option("select[name=base_version]", str(base_version.pk))
     page.select_option("select[name=training_set]", str(training_set.pk))
     for name, value in [("steps", "2"), ("prompts_per_step", "1"), ("max_new_tokens", "8")]:
         page.fill(f"input[name={name}]", value)
@@ -195,7 +200,7 @@ def test_the_whole_tour_in_the_browser(
     job.refresh_from_db()
     assert job.status == WorkStatus.FINISHED, (job.status, job.error)
     candidate = job.result_version
-    assert candidate is not None and candidate.parent == talking
+    assert candidate is not None and candidate.parent == base_version
     page.reload()
     screenshot(page, "training-job", full_page=True)
     page.goto("/tour/")
@@ -210,6 +215,17 @@ def test_the_whole_tour_in_the_browser(
     page.click("button:has-text('Evaluate')")
     page.wait_for_url(re.compile(r"/evaluations/\d+/$"))
     page.wait_for_selector("#evaluation-status:has-text('Finished')", timeout=180_000)
+    # The served judge is asked to score both versions' answers under the comment's rubric.
+    # The FAST model was fitted to one turn judgement, not to scoring candidates: under the
+    # schema it runs to its token limit, and the page says so in words, with the way out.
+    item = EvaluationItem.objects.get(evaluation__candidate=candidate)
+    assert item.rubric == TINY_JUDGEMENT["rubric"]
+    assert "reward" not in item.candidate and "cut off at its token limit" in item.judge_error, item.judge_error
+    evaluation_url = page.url
+    page.click(f"a:has-text('{item.key}')")
+    said = page.inner_text("dd.error")
+    assert "cut off at its token limit" in said and "connect a stronger judge" in said
+    page.goto(evaluation_url)
 
     # 7. The operator requests the promotion; the approver approves; the release goes live.
     page.click("text=Request promotion →")
