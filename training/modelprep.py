@@ -289,13 +289,40 @@ def _talking_prompts() -> list[tuple[list[dict], list[dict] | None, str]]:
     return prompts
 
 
+FIT_MARGIN = 2.0  # logits between each answer token and the runner-up, at every position
+
+
+def greedy_margin(model, batch: list[tuple[list[int], int]]) -> float:
+    """min over every answer position of logit(answer token) - max logit(any other token),
+    with teacher forcing: above 0, greedy decoding of each prompt reproduces its answer
+    exactly. `batch`: (prompt + answer token ids, prompt length)."""
+    import torch
+
+    worst = float("inf")
+    model.eval()
+    with torch.no_grad():
+        for sequence, n in batch:
+            ids = torch.tensor([sequence])
+            logits = model(input_ids=ids).logits[0, n - 1 : -1]  # (answer length, vocab)
+            target = ids[0, n:]
+            right = logits.gather(1, target[:, None])[:, 0]
+            rest = logits.scatter(1, target[:, None], float("-inf")).max(dim=1).values
+            worst = min(worst, float((right - rest).min()))
+    model.train()
+    return worst
+
+
 def tiny_talking_prepare(
-    dest: Path, *, force: bool = False, text: str = TINY_TALKING_TEXT, steps: int = 100, seed: int = 0
+    dest: Path, *, force: bool = False, text: str = TINY_TALKING_TEXT, max_steps: int = 600, seed: int = 0
 ) -> Path:
     """The tiny model, its weights then fitted (a few minutes on a busy CPU, once) to answer every chat
     prompt with `text`, and a judge's prompt with TINY_JUDGEMENT: a model that talks, built
     here with no download, for the FAST demo. A LoRA trained over it starts from a version
-    that answers; greedy decoding reproduces `text`."""
+    that answers; greedy decoding reproduces `text`.
+
+    It trains until every answer token beats the runner-up by FIT_MARGIN logits (checked every
+    10 steps, at most `max_steps`): a bare low loss left some builds one token off the judgement,
+    as another machine's or thread count's arithmetic tipped a close call."""
     if (dest / "config.json").exists() and (dest / "model.safetensors").exists() and not force:
         return dest
     import torch
@@ -313,7 +340,7 @@ def tiny_talking_prepare(
         batch.append((ids + tokenizer(answer + "<|im_end|>", add_special_tokens=False)["input_ids"], len(ids)))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     model.train()
-    for _ in range(steps):
+    for step in range(max_steps):
         loss = 0.0
         for sequence, n in batch:
             ids = torch.tensor([sequence])
@@ -323,6 +350,10 @@ def tiny_talking_prepare(
         optimizer.zero_grad()
         (loss / len(batch)).backward()
         optimizer.step()
+        if (step + 1) % 10 == 0 and greedy_margin(model, batch) >= FIT_MARGIN:
+            break
+    else:
+        raise RuntimeError(f"the tiny model did not fit its answers within {max_steps} steps")
     model.eval()
     tmp = _staging(dest)
     model.save_pretrained(tmp, safe_serialization=True)
