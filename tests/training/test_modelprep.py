@@ -107,3 +107,21 @@ def test_the_fast_demos_tiny_model_answers_in_words_where_the_random_one_answers
     ids = torch.tensor([tokenizer(prompt, add_special_tokens=False)["input_ids"]])
     out = model.generate(ids, max_new_tokens=8, do_sample=False)
     assert tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True).startswith('{"rubric": {"')
+
+
+def test_greedy_margin_is_the_closest_call_between_an_answer_token_and_its_runner_up():
+    """By hand: prompt of 2 tokens, answer [1, 2]. The logits that predict token 1 are
+    [0, 3, 1] (margin 3 - 1 = 2), those that predict token 2 are [4, 0, 3.5] (margin
+    3.5 - 4 = -0.5: greedy decoding would say 0 there)."""
+    import torch
+
+    from training.modelprep import greedy_margin
+
+    class Fixed(torch.nn.Module):
+        def forward(self, input_ids):
+            logits = torch.tensor([[[9.0, 0, 0], [0, 3, 1], [4, 0, 3.5], [0, 0, 0]]])
+            return type("Out", (), {"logits": logits})()
+
+    model = Fixed()
+    assert greedy_margin(model, [([7, 8, 1, 2], 2)]) == -0.5
+    assert model.training  # left in training mode, as the fitting loop needs it
