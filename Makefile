@@ -89,8 +89,8 @@ bench: install ## run the benchmarks under bench/ (needs PostgreSQL)
 inference: migrate ## serve the live base model and adapters with vLLM on 127.0.0.1:8001 (BASE=name to choose)
 	$(PY) manage.py serve_inference $(if $(BASE),--base $(BASE))
 
-browser-deps: ## install Debian's chromium for the browser tests (root)
-	@test -x /usr/bin/chromium || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
+browser-deps: ## install Debian's chromium for the browser tests, and jq for the docs' examples (root)
+	@test -x /usr/bin/chromium -a -x /usr/bin/jq || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium jq)
 
 screenshots: install ## regenerate docs/screenshots/ from the browser tests (a plain test run writes var/screenshots/)
 	DATABASE_URL="$(TEST_DATABASE_URL)" CELERY_BROKER_URL="$(TEST_BROKER_URL)" \

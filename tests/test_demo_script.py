@@ -1,6 +1,7 @@
 """`make demo --fast` end to end: scripts/demo.sh on free ports and a fresh data folder (SQLite,
 filesystem broker, the tiny model on a real vLLM server), the demo agent's traces, a logged-in
-tour page; then Ctrl-C leaves no process of it behind and frees its ports."""
+tour page, the documentation's examples run against it as printed (tests/docs/examples.py);
+then Ctrl-C leaves no process of it behind and frees its ports."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import httpx
 import pytest
 from django.conf import settings
 
+from tests.docs.examples import page_failures
 from tests.fixtures.inference import free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -111,6 +113,10 @@ def test_the_fast_demo_serves_the_tour_and_ctrl_c_stops_everything(tmp_path):
         ).json()
         assert [m["id"] for m in served["data"]] == ["tiny-talking"]
 
+        # Run while the demo is up; asserted after its stop, so a stale example never hides
+        # a process left behind.
+        examples_failed = page_failures(url=base, env=env)
+
         tree = descendants(demo.pid)
         assert len(tree) >= 5  # vLLM supervisor and server, two workers, the web server
         # The console: no raw progress bars, the agent's progress as n/N episodes.
@@ -134,4 +140,5 @@ def test_the_fast_demo_serves_the_tour_and_ctrl_c_stops_everything(tmp_path):
     left = sorted(pid for pid in tree if running(pid))
     assert left == [], f"processes left behind: {left}"
     assert not port_open(port) and not port_open(inference_port)
+    assert examples_failed == [], "\n\n".join(examples_failed)
     print(f"fast demo ready after {ready_after:.0f} s; stopped cleanly")

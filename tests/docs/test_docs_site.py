@@ -103,3 +103,37 @@ def test_the_readme_prints_what_make_demo_prints():
     for line in block.splitlines():
         if line.strip() != "…":
             assert line in script, f"make demo does not print {line.strip()!r}"
+
+
+def _examples():
+    from tests.docs import examples
+
+    return examples
+
+
+def test_the_examples_that_run_against_the_demo_are_found():
+    """The pages tests/test_demo_script.py runs against the demo, each with its examples; an
+    example that talks to the site is a ```bash or ```python block, run or marked with why not."""
+    ex = _examples()
+    running = {p.relative_to(ROOT).as_posix(): len(ex.examples(p)) for p in ex.pages() if ex.examples(p)}
+    assert set(running) == set(ex.PRINTS), running
+    for page in ex.pages():
+        for block in ex.blocks(page):
+            if not ex.talks_to_the_site(block):
+                continue
+            commands = [line for line in block.code.splitlines() if line.startswith(("curl", ".venv/", "python"))]
+            assert block.language in {"bash", "python"} or not commands, (
+                f"{block.where}: a command block with no language"
+            )
+            if block.language in {"bash", "python"} and page.relative_to(ROOT).as_posix() not in running:
+                assert block.not_run, f"{block.where}: an example on a page whose examples are not run"
+
+
+def test_the_examples_log_in_as_the_demo_people():
+    """Run or not, an example logs in as someone `make demo` creates, with their password."""
+    ex = _examples()
+    for page in ex.pages():
+        for block in ex.blocks(page):
+            for login in re.findall(r"-u ([^\s]+)", block.code):
+                assert login in ex.DEMO_LOGINS, f"{block.where}: -u {login} is not a demo login"
+            assert "localhost:8000" not in block.code, f"{block.where}: the demo prints 127.0.0.1:8000"
