@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from django.contrib import messages
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import get_object_or_404, redirect, render
-from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from feedback.forms import FILTER_FIELDS, QueueCreateForm, TraceFilterForm
@@ -24,8 +23,8 @@ from feedback.services.chat_format import FieldError
 from feedback.services.queue_scores import dimensions_text, queue_item_scores_save, queue_rubric_set
 from feedback.services.queues import QueueItemNotHeld, queue_create, queue_item_done, queue_item_skip, queue_next_item
 from feedback.views.common import dashboard_view
-from feedback.views.traces import trace_detail_context, trace_or_404
-from webapp.form_problems import django_form_problems
+from feedback.views.traces import QUEUE_DEFAULTS, trace_detail_context, trace_list_page, trace_or_404
+from webapp.form_problems import django_form_problems, problems
 
 
 @dashboard_view("feedback.view_annotationqueue")
@@ -55,13 +54,22 @@ def queue_create_view(request: HttpRequest) -> HttpResponse:
                 dimensions=form.cleaned_data["dimensions"],
             )
         except FieldError as exc:
-            messages.error(request, f"{exc.field}: {exc.reason}")
+            refused = problems([(exc.field, exc.reason)], labels=_QUEUE_LABELS, prefix="queue")
         else:
             messages.success(request, f"Queue “{queue.name}” holds {queue.item_count} traces.")
             return redirect("feedback:queue-detail", queue_id=queue.pk)
     else:
-        messages.error(request, django_form_problems(form).text())
-    return redirect(reverse("feedback:trace-list"))
+        refused = django_form_problems(form, prefix="queue")
+    # The list under the same filter, the form open with what was typed and each reason beside
+    # its field: a refused queue loses nothing.
+    shown = QueryDict(mutable=True)
+    for key in FILTER_FIELDS:
+        shown.setlist(key, request.POST.getlist(key))
+    typed = {key: request.POST.get(key, "") for key in QUEUE_DEFAULTS}
+    return trace_list_page(request, shown, queue_values=typed, queue_problems=refused)
+
+
+_QUEUE_LABELS = {name: str(field.label or name.capitalize()) for name, field in QueueCreateForm.base_fields.items()}
 
 
 @dashboard_view("feedback.view_annotationqueue")

@@ -6,7 +6,7 @@ from datetime import datetime
 from urllib.parse import parse_qsl
 
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django_htmx.http import push_url, replace_url
@@ -32,19 +32,31 @@ from feedback.views.common import dashboard_view, filter_query, with_csp
 
 @dashboard_view(BROWSE)
 def trace_list(request: HttpRequest) -> HttpResponse:
-    form = TraceFilterForm(request.GET if any(request.GET.values()) else None)
+    return trace_list_page(request, request.GET)
+
+
+# The queue form's fields as the page first shows them.
+QUEUE_DEFAULTS = {"name": "", "limit": "100", "lock_minutes": "10", "instructions": "", "rubric": "", "dimensions": ""}
+
+
+def trace_list_page(
+    request: HttpRequest, params: QueryDict, *, queue_values: dict | None = None, queue_problems=None
+) -> HttpResponse:
+    """The list under the filter in `params`. With `queue_problems` (a queue that could not be
+    built from it) the queue form is open again with what was typed and why it was refused."""
+    form = TraceFilterForm(params if any(params.values()) else None)
     filters = form.filters()
-    after = Cursor.decode(request.GET.get("after"))
+    after = Cursor.decode(params.get("after"))
     # `shown`: how many rows the list showed ("Load more" adds a page). The address bar keeps
     # it, so back/forward and a reload show the rows that were loaded, at the same scroll.
-    shown = _shown(request.GET.get("shown"))
+    shown = _shown(params.get("shown"))
     if after is None:
         page = trace_page(filters=filters, limit=shown)
         total = len(page.rows)
     else:
         page = trace_page(filters=filters, after=after)
         total = shown + len(page.rows)
-    query = filter_query(request.GET)
+    query = filter_query(params)
     # Row links and labels are built here, not with {% url %}/filters per row: the list
     # renders 50 rows per request and template tags are the slowest part of it.
     suffix = f"/?{query}" if query else "/"
@@ -69,9 +81,11 @@ def trace_list(request: HttpRequest) -> HttpResponse:
         "filter_pairs": parse_qsl(query),
         # Asked only of an empty first page: under `make demo`, nothing yet means its agent is starting.
         "demo_starting": not page.rows and after is None and demo_agent_starting(),
+        "queue": {**QUEUE_DEFAULTS, **(queue_values or {})},
+        "queue_problems": queue_problems,
     }
     htmx = request.htmx
-    if htmx and not htmx.history_restore_request:
+    if htmx and not htmx.history_restore_request and queue_problems is None:
         if after is not None:
             listed = f"{prefix}?{query}&shown={total}" if query else f"{prefix}?shown={total}"
             return replace_url(render(request, "feedback/trace_list.html#rows", context), listed)
@@ -81,7 +95,7 @@ def trace_list(request: HttpRequest) -> HttpResponse:
         )
     context["flag_names"] = flag_names()
     context["selects"] = form.selects()
-    return render(request, "feedback/trace_list.html", context)
+    return render(request, "feedback/trace_list.html", context, status=400 if queue_problems else 200)
 
 
 MAX_SHOWN = 1_000

@@ -123,3 +123,36 @@ def test_working_a_queue_through_the_pages(client, five, operator, reviewer):
     assert '<b id="queue-done-count">1</b> of 2 done' in detail and "rita" in detail
     # A reviewer cannot build queues.
     assert client.post("/queues/new", {"name": "x", "limit": 1, "lock_minutes": 5}).status_code == 403
+
+
+def test_a_refused_queue_keeps_what_was_typed_and_the_filter_and_says_why_beside_the_field(client, five, operator):
+    client.force_login(operator)
+    typed = {
+        "name": "web <b>chats</b>",
+        "limit": 10,
+        "lock_minutes": 5,
+        "environment": "web",
+        "instructions": "Read the last turn first.",
+        "rubric": "Good: the order's status in one sentence.",
+        "dimensions": "helpfulness: numeric 5-1 | How far it solved the problem",
+    }
+    response = client.post("/queues/new", typed)
+    page = response.content.decode()
+    assert response.status_code == 400 and AnnotationQueue.objects.count() == 0
+    # The form is open again with every value typed (escaped), under the same filter.
+    assert '<details class="queue-build" open>' in page
+    assert 'value="web &lt;b&gt;chats&lt;/b&gt;"' in page and 'name="limit" value="10"' in page
+    assert (
+        ">Read the last turn first.</textarea>" in page
+        and "numeric 5-1 | How far it solved the problem</textarea>" in page
+    )
+    assert '<input type="hidden" name="environment" value="web">' in page
+    # The reason is beside the field, in the summary too, and the list is the filtered one.
+    assert 'id="queue-dimensions-error"' in page and "line 1: the range 5-1 is empty" in page
+    assert "One thing stops this form" in page and page.count('class="trace-row"') == 2
+
+    # A form error (no name) is kept the same way.
+    response = client.post("/queues/new", {**typed, "name": "", "dimensions": ""})
+    page = response.content.decode()
+    assert response.status_code == 400 and 'id="queue-name-error"' in page
+    assert ">Good: the order&#x27;s status in one sentence.</textarea>" in page and AnnotationQueue.objects.count() == 0
