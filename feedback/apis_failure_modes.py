@@ -22,9 +22,9 @@ from feedback.models import AnnotationQueue, FailureCluster
 from feedback.permissions import BROWSE, BUILD_QUEUE
 from feedback.selectors.failure_modes import failure_cluster_get
 from feedback.services.queues import queue_from_failure_cluster
-from webapp.auth import ThrottledBasicAuthentication
-from webapp.errors import Invalid
-from webapp.ids import parse_id
+from webapp.kernel.auth import ThrottledBasicAuthentication
+from webapp.kernel.errors import Invalid
+from webapp.kernel.ids import parse_id
 
 
 def may(*permissions: str) -> type[BasePermission]:

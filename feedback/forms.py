@@ -125,7 +125,7 @@ def trace_filters(data: Mapping[str, Any], *, also: Iterable[str] = (), prefix: 
     """The cleaned trace-list filters in `data` (a query string's or a JSON object's), for an
     API: a parameter that is no filter (nor one of `also`) or a value that cannot be read is a
     `FieldError` naming it (after `prefix`), never silently "any"."""
-    from feedback.services.chat_format import FieldError
+    from webapp.kernel.chat_format import FieldError
 
     unknown = sorted(set(map(str, data)) - {*FILTER_FIELDS, *also})
     if unknown:

@@ -268,7 +268,7 @@ def main() -> int:
         import django
 
         django.setup()
-        from webapp.selectors_measurements import measured_runs
+        from webapp.site.selectors_measurements import measured_runs
 
         per_seed, slices = measured_runs(deployment="support-bot")
         for line in summary_lines(per_seed, slices):

@@ -28,9 +28,9 @@ from training.inference.codec import tool_calls_parse
 from training.models import TrainingItem, TrainingSet, TrainingSplit
 from training.services.training_sets import ITEM_FIELDS as STORED_ITEM_FIELDS
 from training.services.training_sets import TrainingSetError
-from webapp.api_errors import error_response
-from webapp.errors import Invalid
-from webapp.streaming import PARQUET, streamed
+from webapp.kernel.api_errors import error_response
+from webapp.kernel.errors import Invalid
+from webapp.kernel.streaming import PARQUET, streamed
 
 VIEW_SETS = "training.view_trainingset"
 BUILD_SETS = "training.add_trainingset"
@@ -159,7 +159,7 @@ class TrainingSetItemsApi(PersonApi):
 
 
 class TrainingSetItemsParquetApi(PersonApi):
-    """The same rows as one Parquet file (`webapp.parquet`: `messages` as a list of structs,
+    """The same rows as one Parquet file (`webapp.kernel.parquet`: `messages` as a list of structs,
     free-form fields as JSON text)."""
 
     permission_classes = [IsAuthenticated, needs(VIEW_SETS)]
@@ -170,7 +170,7 @@ class TrainingSetItemsParquetApi(PersonApi):
         responses={200: OpenApiResponse(description="application/vnd.apache.parquet")},
     )
     def get(self, request, set_id: int):
-        from webapp.parquet import parquet_file
+        from webapp.kernel.parquet import parquet_file
 
         training_set, items, kind = _items_asked(request, set_id)
         columns = {"tools": "json"} if kind == "chat" else ITEM_COLUMNS

@@ -7,7 +7,7 @@ from django.db import models
 from django.utils import timezone
 
 from training.serving.models import Deployment, ModelVersion
-from webapp.work import WorkItem, WorkStatus
+from webapp.kernel.work import WorkItem, WorkStatus
 
 
 class TrainingSet(models.Model):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from webapp.work import work_worker_name
+from webapp.kernel.work import work_worker_name
 
 
 @shared_task(bind=True, name="training.run_job", queue="training", acks_late=True, reject_on_worker_lost=True)

@@ -19,8 +19,8 @@ from training import selectors
 from training.models import JobKind, TrainingSet
 from training.services.jobs import JobError, training_job_cancel, training_job_create
 from training.serving.models import ModelVersion
-from webapp.form_problems import FormProblems, json_object_error, problems
-from webapp.ids import form_id, parse_id
+from webapp.kernel.form_problems import FormProblems, json_object_error, problems
+from webapp.kernel.ids import form_id, parse_id
 
 # The form's common fields; anything else goes in the JSON box.
 FORM_FIELDS = {

@@ -94,18 +94,18 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    # First, so every response of the site carries the policy (webapp/csp.py).
-    "webapp.csp.ContentSecurityPolicyMiddleware",
+    # First, so every response of the site carries the policy (webapp/kernel/csp.py).
+    "webapp.kernel.csp.ContentSecurityPolicyMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
-    # Before the views and CSRF: a NUL in a parameter, form field or path is a 400 (webapp/nul.py).
-    "webapp.nul.NulRefusalMiddleware",
+    # Before the views and CSRF: a NUL in a parameter, form field or path is a 400 (webapp/kernel/nul.py).
+    "webapp.kernel.nul.NulRefusalMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
-    # Who is acting, for the audit rows of account and role changes (webapp/actor.py).
-    "webapp.actor.ActorMiddleware",
+    # Who is acting, for the audit rows of account and role changes (webapp/kernel/actor.py).
+    "webapp.kernel.actor.ActorMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
@@ -213,11 +213,11 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": [
-        "webapp.api_errors.JSONParser",
+        "webapp.kernel.api_errors.JSONParser",
         "rest_framework.parsers.FormParser",
         "rest_framework.parsers.MultiPartParser",
     ],
-    "EXCEPTION_HANDLER": "webapp.api_errors.exception_handler",
+    "EXCEPTION_HANDLER": "webapp.kernel.api_errors.exception_handler",
     "UNAUTHENTICATED_USER": None,
 }
 SPECTACULAR_SETTINGS = {
@@ -235,7 +235,7 @@ INGEST_MAX_TRACES_PER_BATCH = int(os.environ.get("PRACTICUM_INGEST_MAX_TRACES", 
 INGEST_MAX_MESSAGES_PER_TRACE = int(os.environ.get("PRACTICUM_INGEST_MAX_MESSAGES", 2000))
 # Django's own cap on a request body read through request.body.
 DATA_UPLOAD_MAX_MEMORY_SIZE = INGEST_MAX_BODY_BYTES
-# Request bodies (webapp/request_bodies.py), read before a request takes a slot: at most
+# Request bodies (webapp/site/request_bodies.py), read before a request takes a slot: at most
 # WEB_MAX_BODY_BYTES (a fine-tuning upload: its file limit and the multipart around it), at
 # most WEB_ANONYMOUS_MAX_BODY_BYTES to a route anyone may post to (login, feedback links),
 # credentials checked first everywhere else, and the whole body in within
@@ -482,7 +482,7 @@ RELEASE_LOAD_TIMEOUT = float(os.environ.get("PRACTICUM_RELEASE_LOAD_TIMEOUT", 12
 RELEASE_STALE_SECONDS = float(os.environ.get("PRACTICUM_RELEASE_STALE_SECONDS", 600))
 # Judge jobs, failure-mode runs, evaluations and releases are taken over at once by a
 # redelivered task; one that has been started this many times is failed at the next
-# takeover instead (its work kills every worker it reaches), `webapp.work.work_claim`.
+# takeover instead (its work kills every worker it reaches), `webapp.kernel.work.work_claim`.
 WORK_MAX_ATTEMPTS = int(os.environ.get("PRACTICUM_WORK_MAX_ATTEMPTS", 3))
 # After a flip the version that went out of service is unloaded from every replica this many
 # seconds later: by then no request that started on it can still be running (the gateway

@@ -41,10 +41,10 @@ from django.utils import timezone
 from feedback.gateway.exchange import Exchange, ExchangeStatus
 from feedback.models import Message, Trace, TraceSource, TraceStatus
 from feedback.services.assistant_turns import exchange_assistant_turns
-from feedback.services.chat_format import ParsedMessage
 from feedback.services.ingest import trace_counts
 from feedback.services.stitching import Stitcher
 from feedback.services.trace_rows import message_row, messages_insert, strip_nul, traces_insert
+from webapp.kernel.chat_format import ParsedMessage
 
 UNSEEN_FINISH_REASONS = frozenset({"error", "client_disconnect"})
 MAX_FORK_DEPTH = 16

@@ -26,8 +26,8 @@ from django.db.models import Count
 from django.utils import timezone
 
 from feedback.models import AnnotationQueue, QueueItem, QueueItemStatus, QueueScore, ScoreDimension, ScoreKind
-from feedback.services.chat_format import FieldError
 from feedback.services.queues import QueueItemNotHeld
+from webapp.kernel.chat_format import FieldError
 
 MAX_DIMENSIONS = 12
 MAX_CATEGORIES = 20

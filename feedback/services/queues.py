@@ -14,7 +14,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from feedback.models import AnnotationQueue, FailureCluster, QueueItem, QueueItemStatus, QueueSkip, Trace
-from feedback.services.chat_format import FieldError
+from webapp.kernel.chat_format import FieldError
 
 MAX_QUEUE_ITEMS = 5_000
 

@@ -252,7 +252,7 @@ def _absorb(target_id: int, source_id: int) -> None:
 
 
 def _recount(trace_id: int) -> None:
-    from feedback.services.chat_format import ParsedMessage
+    from webapp.kernel.chat_format import ParsedMessage
 
     messages = [
         ParsedMessage(

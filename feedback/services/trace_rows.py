@@ -13,8 +13,8 @@ import orjson
 from django.db import connection
 
 from feedback.models import Message, Trace
-from feedback.services.chat_format import ParsedMessage
 from feedback.services.search import traces_search_index_later
+from webapp.kernel.chat_format import ParsedMessage
 
 MESSAGE_COLUMNS = (
     "trace_id",

@@ -1,5 +1,5 @@
 """What every dashboard view shares: login, a role check, and a strict Content-Security-Policy
-(webapp/csp.py; the site's middleware also sends it with every other response)."""
+(webapp/kernel/csp.py; the site's middleware also sends it with every other response)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django_htmx.http import HttpResponseClientRedirect
 
 from feedback.forms import FILTER_FIELDS
-from webapp.csp import with_csp
+from webapp.kernel.csp import with_csp
 
 
 def dashboard_view(permission: str | None = None) -> Callable:

@@ -15,7 +15,6 @@ from django_htmx.http import HttpResponseClientRedirect
 from feedback.models import FailureCluster, FailureModeRun
 from feedback.permissions import BROWSE, BUILD_QUEUE
 from feedback.selectors.failure_modes import failure_mode_runs, flag_counts_by_day, latest_finished_run, run_clusters
-from feedback.services.chat_format import FieldError
 from feedback.services.failure_modes import (
     FailureModeError,
     failure_cluster_dismiss,
@@ -25,8 +24,9 @@ from feedback.services.failure_modes import (
 from feedback.services.queues import queue_from_failure_cluster
 from feedback.views.common import dashboard_view
 from training.serving.models import Deployment
-from webapp.form_problems import django_form_problems
-from webapp.ids import parse_id
+from webapp.kernel.chat_format import FieldError
+from webapp.kernel.form_problems import django_form_problems
+from webapp.kernel.ids import parse_id
 
 START_RUN = "feedback.add_failuremoderun"
 # "Make an evaluation slice" builds a training set: the training sets' permission, by name,

@@ -30,7 +30,7 @@ from feedback.services.judging import JudgeError, deployment_judge_set, judge_re
 from feedback.views.common import dashboard_view, safe_next
 from feedback.views.traces import trace_or_404
 from training.serving.models import Deployment
-from webapp.form_problems import django_form_problems
+from webapp.kernel.form_problems import django_form_problems
 
 RUN_JUDGE = "feedback.add_judgejob"
 SET_JUDGE = "feedback.change_deploymentjudge"

@@ -16,7 +16,7 @@ from feedback.services.ingest import traces_ingest
 from tests.factories import DeploymentFactory, user_with_role
 from tests.failure_modes.seeded import GROUPS, seeded_notes
 from tests.fixtures.judge import Reply, user_prompt
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 

@@ -16,8 +16,8 @@ import feedback.services.failure_modes as pipeline
 from feedback.models import FailureModeRun, Trace
 from feedback.services.failure_modes import failure_mode_run_execute, failure_mode_runs_fail_stale
 from tests.factories import DeploymentFactory, TraceFactory
+from webapp.kernel.work import WorkStatus
 from webapp.tasks import stale_work_sweep_task
-from webapp.work import WorkStatus
 
 pytestmark = pytest.mark.django_db
 

@@ -21,7 +21,7 @@ from training.models import JobEventKind, TrainingJob
 from training.services.job_processes import processes_failure
 from training.services.job_runner import job_run_dir, training_job_run
 from training.services.jobs import training_job_cancel, training_job_create
-from webapp.work import WorkStatus, work_worker_name
+from webapp.kernel.work import WorkStatus, work_worker_name
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = {

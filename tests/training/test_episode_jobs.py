@@ -12,7 +12,7 @@ from tests.factories import user_with_role
 from training.models import JobEventKind, TrainingJob
 from training.services.jobs import JobError, training_job_create
 from training.serving.models import BaseModel, Deployment, ModelVersion, ModelVersionKind
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 FAST = {
     "environment": "files",

@@ -10,7 +10,7 @@ import pytest
 from tests.factories import user_with_role
 from training.models import JobEventKind, TrainingJob
 from training.services.jobs import JobError, training_job_create
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 pytestmark = pytest.mark.django_db
 

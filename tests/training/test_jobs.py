@@ -13,7 +13,7 @@ from training.models import JobEventKind, TrainingJob, TrainingSplit
 from training.services.jobs import JobError, training_job_cancel, training_job_create, training_jobs_check_stale
 from training.services.training_sets import split_for, training_set_from_tasks
 from training.serving.models import LiveVersion, ModelVersion, ModelVersionKind, ModelVersionStatus
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 pytestmark = pytest.mark.django_db
 

@@ -22,7 +22,7 @@ from training.finetuning.models import FineTuningFile, FineTuningJob
 from training.models import TrainingItem, TrainingJob, TrainingJobEvent, TrainingSet
 from training.services.job_runner import training_job_run
 from training.serving.models import ModelVersion
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 pytestmark = pytest.mark.django_db
 

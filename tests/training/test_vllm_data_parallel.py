@@ -93,7 +93,7 @@ def test_the_worker_runs_a_two_process_job_whose_rollouts_come_from_the_base_mod
     from training.services.jobs import training_job_create
     from training.services.training_sets import training_set_from_tasks
     from training.serving.models import ModelVersionKind
-    from webapp.work import WorkStatus, work_worker_name
+    from webapp.kernel.work import WorkStatus, work_worker_name
 
     base = base_version.base_model  # the served weights are the trained ones
     base.path = base_version.path = str(vllm_server.model_path)

@@ -16,7 +16,7 @@ from training.finetuning.lines import FineTuningError, file_check
 from training.finetuning.models import FileStatus, FineTuningFile, FineTuningJob
 from training.services.jobs import training_job_awaits_set
 from training.serving.models import Deployment
-from webapp.errors import NotFound
+from webapp.kernel.errors import NotFound
 
 PURPOSE = "fine-tune"
 

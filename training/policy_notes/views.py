@@ -25,7 +25,7 @@ from training.policy_notes.services import (
     policy_note_propose,
 )
 from training.serving.models import Deployment
-from webapp.ids import parse_id
+from webapp.kernel.ids import parse_id
 
 VIEW = "feedback.view_trace"
 

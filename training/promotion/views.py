@@ -52,8 +52,8 @@ from training.services.promotion_verdict import promotion_overrides, promotion_v
 from training.services.rollback import rollback_check, rollback_request, rollback_target
 from training.serving.models import Deployment, ModelVersion
 from training.serving.selectors import live_version_get
-from webapp.form_problems import FormProblems, django_form_problems
-from webapp.ids import parse_id
+from webapp.kernel.form_problems import FormProblems, django_form_problems
+from webapp.kernel.ids import parse_id
 
 VIEW = "training.view_promotionrequest"
 EVALUATE = "training.add_evaluation"

@@ -33,8 +33,8 @@ from training.services.evaluation_items import (
 )
 from training.serving.models import Deployment, ModelVersion, ModelVersionKind, ModelVersionStatus
 from training.serving.selectors import live_version_get
-from webapp.stale_work import stale_work_fail
-from webapp.work import (
+from webapp.kernel.stale_work import stale_work_fail
+from webapp.kernel.work import (
     WorkStatus,
     work_attempts_exceeded,
     work_beat,

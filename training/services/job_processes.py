@@ -40,7 +40,7 @@ from training.services.job_runner import (
 from training.services.torchrun_args import NodeError, group_size_problem, node_count, node_launch_check
 from training.trainer.config import ConfigError, config_from_dict
 from training.trainer.launch import LAUNCH_TAG, launch_tag, parent_death_signal_setter, tagged_stop
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]

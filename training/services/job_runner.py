@@ -34,7 +34,7 @@ from training.services.job_scoring import episode_judge, scorer_for
 from training.serving.models import ModelVersion, ModelVersionKind
 from training.trainer.config import config_from_dict
 from training.trainer.items import TurnItem
-from webapp.work import WorkStatus, work_beat, work_claim, work_end, work_held
+from webapp.kernel.work import WorkStatus, work_beat, work_claim, work_end, work_held
 
 log = logging.getLogger(__name__)
 MAX_SAMPLE_ROWS = 64

@@ -11,8 +11,8 @@ from django.utils import timezone
 from training.promotion.models import Evaluation, PromotionRequest
 from training.serving.models import Deployment, ModelVersion, ModelVersionKind, ModelVersionStatus
 from training.serving.selectors import live_withdrawals
-from webapp.errors import Conflict
-from webapp.work import WorkStatus
+from webapp.kernel.errors import Conflict
+from webapp.kernel.work import WorkStatus
 
 APPROVE = "training.approve_promotion"
 REQUEST = "training.add_promotionrequest"

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 from django.utils.dateparse import parse_datetime
 
-from webapp.errors import Invalid
+from webapp.kernel.errors import Invalid
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 SERVING_KEYS = ("token_ids", "token_logprobs", "latency_ms", "finish_reason", "usage", "response_id")

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from django.http import HttpRequest, HttpResponse, JsonResponse, QueryDict
 from django.utils.html import escape
 
-from webapp.errors import Invalid
+from webapp.kernel.errors import Invalid
 
 FORM = "application/x-www-form-urlencoded"
 
