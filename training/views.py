@@ -14,13 +14,13 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from feedback.views.common import dashboard_view
 from training import selectors
 from training.models import JobKind, TrainingSet
 from training.services.jobs import JobError, training_job_cancel, training_job_create
 from training.serving.models import ModelVersion
 from webapp.kernel.form_problems import FormProblems, json_object_error, problems
 from webapp.kernel.ids import form_id, parse_id
+from webapp.kernel.pages import dashboard_view
 
 # The form's common fields; anything else goes in the JSON box.
 FORM_FIELDS = {

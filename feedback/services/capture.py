@@ -43,8 +43,9 @@ from feedback.models import Message, Trace, TraceSource, TraceStatus
 from feedback.services.assistant_turns import exchange_assistant_turns
 from feedback.services.ingest import trace_counts
 from feedback.services.stitching import Stitcher
-from feedback.services.trace_rows import message_row, messages_insert, strip_nul, traces_insert
+from feedback.services.trace_rows import message_row, messages_insert, traces_insert
 from webapp.kernel.chat_format import ParsedMessage
+from webapp.kernel.nul import strip_nul
 
 UNSEEN_FINISH_REASONS = frozenset({"error", "client_disconnect"})
 MAX_FORK_DEPTH = 16

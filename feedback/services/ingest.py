@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from feedback.models import Trace, TraceSource, TraceStatus
 from feedback.services.grades import GradeIn, grades_parse, grades_write
-from feedback.services.trace_rows import message_row, messages_insert, strip_nul, traces_insert
+from feedback.services.trace_rows import message_row, messages_insert, traces_insert
 from training.serving.models import Deployment
 from webapp.kernel.chat_format import (
     SERVING_KEYS,
@@ -32,6 +32,7 @@ from webapp.kernel.chat_format import (
     parse_timestamp,
     parse_tools,
 )
+from webapp.kernel.nul import strip_nul
 
 PREVIEW_CHARS = 300
 

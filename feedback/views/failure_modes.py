@@ -22,11 +22,11 @@ from feedback.services.failure_modes import (
     failure_mode_run_create,
 )
 from feedback.services.queues import queue_from_failure_cluster
-from feedback.views.common import dashboard_view
 from training.serving.models import Deployment
 from webapp.kernel.chat_format import FieldError
 from webapp.kernel.form_problems import django_form_problems
 from webapp.kernel.ids import parse_id
+from webapp.kernel.pages import dashboard_view
 
 START_RUN = "feedback.add_failuremoderun"
 # "Make an evaluation slice" builds a training set: the training sets' permission, by name,

@@ -30,8 +30,8 @@ from feedback.services.review import (
     turn_rating_clear,
     turn_rating_set,
 )
-from feedback.views.common import dashboard_view, safe_next
 from webapp.kernel.chat_format import FieldError
+from webapp.kernel.pages import dashboard_view, safe_next
 
 
 def _message(request: HttpRequest, trace_id: int, position: int) -> Message:

@@ -25,7 +25,6 @@ from django.conf import settings
 from django.db import transaction
 
 from feedback.models import ApiKey
-from feedback.services.trace_rows import strip_nul
 from training.finetuning.files import (
     FineTuningNotFound,
     _content_drop_if_unneeded,
@@ -51,6 +50,7 @@ from training.serving.models import Deployment, ModelVersion
 from training.trainer import openai_graders
 from training.trainer.config import GRPOConfig, SFTConfig
 from webapp.kernel.ids import parse_id
+from webapp.kernel.nul import strip_nul
 from webapp.kernel.work import WorkStatus
 
 MAX_GRADER_BYTES = 8_192

@@ -18,7 +18,6 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
-from feedback.services.trace_rows import strip_nul
 from training.inference.codec import message_served_text
 from training.models import (
     PHASE_LABELS,
@@ -34,6 +33,7 @@ from training.services.job_scoring import episode_judge, scorer_for
 from training.serving.models import ModelVersion, ModelVersionKind
 from training.trainer.config import config_from_dict
 from training.trainer.items import TurnItem
+from webapp.kernel.nul import strip_nul
 from webapp.kernel.work import WorkStatus, work_beat, work_claim, work_end, work_held
 
 log = logging.getLogger(__name__)

@@ -7,9 +7,9 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from feedback.views.common import dashboard_view
 from training.charts import chart_spec
 from webapp.kernel.ids import parse_id
+from webapp.kernel.pages import dashboard_view
 from webapp.site.selectors import ROLLING, deployments_overview
 from webapp.site.selectors_drift import live_drift
 from webapp.site.selectors_story import STORY_DAYS, deployment_story, story_curve
