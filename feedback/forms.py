@@ -24,10 +24,7 @@ RATINGS = [
     ("neutral", "neutral (3)"),
     ("positive", "positive (thumbs up, 4-5)"),
 ]
-RATING_VALUES = {"negative": -1, "neutral": 0, "positive": 1}
 OUTCOMES = [("", "any"), ("failure", "failure"), ("success", "success"), ("ungraded", "ungraded")]
-# The stored outcome of each choice: an ungraded trace's is blank.
-OUTCOME_VALUES = {"failure": "failure", "success": "success", "ungraded": ""}
 # The parameters that make up a filter (the cursor `after` is not one).
 FILTER_FIELDS = (
     "q",
