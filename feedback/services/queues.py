@@ -14,13 +14,10 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from feedback.models import AnnotationQueue, FailureCluster, QueueItem, QueueItemStatus, QueueSkip, Trace
+from feedback.services.queue_scores import QueueItemNotHeld, queue_rubric_set
 from webapp.kernel.chat_format import FieldError
 
 MAX_QUEUE_ITEMS = 5_000
-
-
-class QueueItemNotHeld(Exception):
-    """The item is locked by someone else (or already done)."""
 
 
 @transaction.atomic
@@ -41,8 +38,6 @@ def queue_create(
     """A queue of (at most `limit`) traces, in the order of the filtered list, with what its
     reviewers are asked to do: `instructions`, a `rubric` and score `dimensions` (their text,
     one a line: see feedback.services.queue_scores)."""
-    from feedback.services.queue_scores import queue_rubric_set
-
     name = (name or "").strip()
     if not name:
         raise FieldError("name", "required")

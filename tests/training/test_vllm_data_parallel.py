@@ -89,7 +89,7 @@ def test_the_worker_runs_a_two_process_job_whose_rollouts_come_from_the_base_mod
     ends with a candidate version, and its events are one owner's."""
     from tests.training.test_data_parallel import CONFIG
     from training.models import JobEventKind, TrainingJob
-    from training.services.job_runner import training_job_run
+    from training.services.job_start import training_job_run
     from training.services.jobs import training_job_create
     from training.services.training_sets import training_set_from_tasks
     from training.serving.models import ModelVersionKind

@@ -40,7 +40,7 @@ from training.promotion.models import (
 )
 from training.services.audit import audit_record
 from training.services.inference import version_servers
-from training.services.promotion_checks import PromotionRefused
+from training.services.promotion_refused import PromotionRefused
 from training.serving.models import (
     Deployment,
     LiveChangeKind,

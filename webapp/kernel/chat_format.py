@@ -48,7 +48,7 @@ class ParsedMessage:
     tool_call_id: str
     raw: dict[str, Any]
     serving: dict[str, Any] = field(default_factory=dict)
-    digest: str | None = None  # what it says, hashed (`capture.parsed_digest` fills it once)
+    digest: str | None = None  # what it says, hashed (`message_digests.parsed_digest` fills it once)
 
 
 def json_depth(value: Any, *, stop_after: int = MAX_JSON_DEPTH) -> int:
