@@ -16,8 +16,8 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
+from feedback.failure_modes.services import failure_mode_runs_fail_stale
 from feedback.models import FailureModeRun, JudgeJob
-from feedback.services.failure_modes import failure_mode_runs_fail_stale
 from feedback.services.judge_jobs import judge_jobs_fail_stale
 from tests.factories import DeploymentFactory
 from training.models import TrainingJob
@@ -169,7 +169,7 @@ def _run_judge_job(item):
 
 
 def _run_failure_modes(item):
-    from feedback.services.failure_modes import failure_mode_run_execute
+    from feedback.failure_modes.services import failure_mode_run_execute
 
     return failure_mode_run_execute(run=item, worker="w-next")
 

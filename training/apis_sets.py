@@ -20,7 +20,7 @@ from rest_framework import serializers
 from rest_framework.permissions import SAFE_METHODS, IsAuthenticated
 from rest_framework.response import Response
 
-from feedback.apis_failure_modes import made_from_failure_mode_responses
+from feedback.failure_modes.apis import made_from_failure_mode_responses
 from feedback.forms import trace_filters
 from feedback.judge.scoring import served_calls_problem
 from training.apis import PersonApi, needs
@@ -245,7 +245,7 @@ class FailureClusterSliceApi(PersonApi):
         responses=made_from_failure_mode_responses("training_set"),
     )
     def post(self, request, cluster_id: str):
-        from feedback.apis_failure_modes import cluster_as_dict, failure_cluster_for
+        from feedback.failure_modes.apis import cluster_as_dict, failure_cluster_for
         from training.services.evaluation_slices import evaluation_slice_from_failure_cluster
 
         cluster = failure_cluster_for(cluster_id)

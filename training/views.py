@@ -422,9 +422,9 @@ def training_set_detail(request: HttpRequest, set_id: int) -> HttpResponse:
 def failure_cluster_slice(request: HttpRequest, cluster_id: int) -> HttpResponse:
     """The failure-modes page's "Make an evaluation slice" button: the cluster's turns as a
     set of held-out items, opened; a second click opens the same set."""
+    from feedback.failure_modes.views import cluster_refused, go_to
     from feedback.models import FailureCluster
     from feedback.permissions import BROWSE
-    from feedback.views.failure_modes import cluster_refused, go_to
     from training.services.evaluation_slices import evaluation_slice_from_failure_cluster
     from training.services.training_sets import TrainingSetError
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from feedback.failure_modes.services import failure_cluster_rename, failure_mode_run_execute
 from feedback.models import AnnotationQueue, Comment, FailureCluster, FailureClusterMember, FailureModeRun, Trace
-from feedback.services.failure_modes import failure_cluster_rename, failure_mode_run_execute
 from feedback.services.ingest import traces_ingest
 from feedback.services.queues import queue_from_failure_cluster
 from tests.factories import user_with_role

@@ -12,15 +12,15 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
-from feedback.models import FailureCluster, FailureModeRun
-from feedback.permissions import BROWSE, BUILD_QUEUE
-from feedback.selectors.failure_modes import failure_mode_runs, flag_counts_by_day, latest_finished_run, run_clusters
-from feedback.services.failure_modes import (
+from feedback.failure_modes.selectors import failure_mode_runs, flag_counts_by_day, latest_finished_run, run_clusters
+from feedback.failure_modes.services import (
     FailureModeError,
     failure_cluster_dismiss,
     failure_cluster_rename,
     failure_mode_run_create,
 )
+from feedback.models import FailureCluster, FailureModeRun
+from feedback.permissions import BROWSE, BUILD_QUEUE
 from feedback.services.queues import queue_from_failure_cluster
 from training.serving.models import Deployment
 from webapp.kernel.chat_format import FieldError
