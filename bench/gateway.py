@@ -457,7 +457,7 @@ def recorder_runs(args) -> None:
 
 def _exchange(k: int, conversations: int, stitch: bool, deployment_id: int, version_id: int):
     from feedback.gateway.exchange import Exchange
-    from feedback.services.chat_format import parse_message
+    from webapp.kernel.chat_format import parse_message
 
     conv, turn = k % conversations, k // conversations
     raw = [{"role": "system", "content": "You are a support agent."}]

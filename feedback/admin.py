@@ -146,8 +146,8 @@ from django.contrib.auth.admin import GroupAdmin, UserAdmin  # noqa: E402
 from django.contrib.auth.models import Group, Permission  # noqa: E402
 from django.db.models import Q  # noqa: E402
 
-from feedback.services.roles import PROMOTING  # noqa: E402
-from webapp.ids import parse_id  # noqa: E402
+from webapp.kernel.ids import parse_id  # noqa: E402
+from webapp.kernel.roles import PROMOTING  # noqa: E402
 
 User = get_user_model()
 
@@ -221,7 +221,7 @@ class PracticumGroupAdmin(GroupAdmin):
     def get_readonly_fields(self, request, obj=None):
         fields = list(super().get_readonly_fields(request, obj))
         if not request.user.is_superuser:
-            # A role's permissions come from the code (feedback/services/roles.py), which finds
+            # A role's permissions come from the code (webapp/kernel/roles.py), which finds
             # each role by its name: renamed, another group would receive its permissions.
             fields += ["name", "permissions"]
         return fields

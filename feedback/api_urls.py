@@ -1,6 +1,7 @@
 from django.urls import path
 
-from feedback import apis, apis_failure_modes, apis_judge, apis_otlp, apis_review
+from feedback import apis, apis_judge, apis_otlp, apis_review
+from feedback.failure_modes import apis as apis_failure_modes
 
 urlpatterns = [
     path("traces", apis.TraceIngestApi.as_view(), name="api-trace-ingest"),

@@ -31,9 +31,9 @@ from feedback.services.customer_feedback import (
 from feedback.services.grades import grade_record
 from feedback.services.ingest import traces_ingest
 from feedback.services.jsonl import traces_jsonl_lines, traces_parquet
-from webapp.api_errors import error_response, limit_param
-from webapp.errors import Refused
-from webapp.streaming import PARQUET, streamed
+from webapp.kernel.api_errors import error_response, limit_param
+from webapp.kernel.errors import Refused
+from webapp.kernel.streaming import PARQUET, streamed
 
 _message_schema = inline_serializer(
     "ChatMessage",

@@ -18,8 +18,8 @@ from feedback.selectors import trace_visible_to
 from feedback.selectors.judge import agreement_as_dict, agreement_by_version
 from feedback.selectors.judge_gate import judgements_mark_unverified
 from training.serving.models import Deployment
-from webapp.api_errors import error_response
-from webapp.auth import ThrottledBasicAuthentication
+from webapp.kernel.api_errors import error_response
+from webapp.kernel.auth import ThrottledBasicAuthentication
 
 SET_JUDGE = "feedback.change_deploymentjudge"
 

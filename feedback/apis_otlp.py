@@ -13,7 +13,7 @@ from feedback.auth import ApiKeyPrincipal, scope_required
 from feedback.models import ApiKeyScope
 from feedback.services.otlp import OtlpError, export_response, otlp_decode
 from feedback.services.otlp_ingest import otlp_ingest
-from webapp.api_errors import error_response
+from webapp.kernel.api_errors import error_response
 
 
 class OtlpTracesApi(APIView):

@@ -22,10 +22,10 @@ from feedback.auth import ApiKeyAuthentication, ApiKeyPrincipal
 from feedback.models import ApiKeyScope, Comment, Message, RatingKind, Trace
 from feedback.permissions import ANNOTATE, can_see_trace
 from feedback.selectors import trace_visible_to
-from feedback.services.chat_format import FieldError
 from feedback.services.review import comment_add, turn_rating_clear, turn_rating_set
-from webapp.api_errors import error_response
-from webapp.auth import ThrottledBasicAuthentication
+from webapp.kernel.api_errors import error_response
+from webapp.kernel.auth import ThrottledBasicAuthentication
+from webapp.kernel.chat_format import FieldError
 
 RATE = "feedback.add_turnrating"
 

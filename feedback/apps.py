@@ -9,7 +9,7 @@ def _sync_roles(sender, using: str = "default", **kwargs) -> None:
     # Permissions of apps migrated after this one do not exist yet when this handler runs.
     for app_config in global_apps.get_app_configs():
         create_permissions(app_config, verbosity=0, using=using, apps=global_apps)
-    from feedback.services.roles import roles_sync
+    from webapp.kernel.roles import roles_sync
 
     roles_sync(apps=global_apps)
 

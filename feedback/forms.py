@@ -24,10 +24,7 @@ RATINGS = [
     ("neutral", "neutral (3)"),
     ("positive", "positive (thumbs up, 4-5)"),
 ]
-RATING_VALUES = {"negative": -1, "neutral": 0, "positive": 1}
 OUTCOMES = [("", "any"), ("failure", "failure"), ("success", "success"), ("ungraded", "ungraded")]
-# The stored outcome of each choice: an ungraded trace's is blank.
-OUTCOME_VALUES = {"failure": "failure", "success": "success", "ungraded": ""}
 # The parameters that make up a filter (the cursor `after` is not one).
 FILTER_FIELDS = (
     "q",
@@ -125,7 +122,7 @@ def trace_filters(data: Mapping[str, Any], *, also: Iterable[str] = (), prefix: 
     """The cleaned trace-list filters in `data` (a query string's or a JSON object's), for an
     API: a parameter that is no filter (nor one of `also`) or a value that cannot be read is a
     `FieldError` naming it (after `prefix`), never silently "any"."""
-    from feedback.services.chat_format import FieldError
+    from webapp.kernel.chat_format import FieldError
 
     unknown = sorted(set(map(str, data)) - {*FILTER_FIELDS, *also})
     if unknown:

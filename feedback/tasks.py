@@ -47,7 +47,7 @@ def order_swap_check_task(result_id: int) -> None:
 
 @shared_task(name="feedback.failure_mode_run", queue="default")
 def failure_mode_run_task(run_id: int) -> None:
-    from feedback.services.failure_modes import failure_mode_run_execute
+    from feedback.failure_modes.services import failure_mode_run_execute
 
     run = FailureModeRun.objects.filter(pk=run_id).first()
     if run is not None:

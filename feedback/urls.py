@@ -1,6 +1,7 @@
 from django.urls import path, re_path
 
-from feedback.views import failure_modes, judge, links, queues, review, traces
+from feedback.failure_modes import views as failure_modes
+from feedback.views import judge, links, queues, review, traces
 
 app_name = "feedback"
 urlpatterns = [

@@ -68,7 +68,7 @@ def main() -> int:
     from django.core.management import call_command
 
     from training.models import JobEventKind, TrainingJob
-    from training.services.job_runner import training_job_run
+    from training.services.job_start import training_job_run
     from training.services.jobs import training_job_create
     from training.serving.services import base_model_register, deployment_get_or_create
 

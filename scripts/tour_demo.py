@@ -268,7 +268,7 @@ def main() -> int:
         import django
 
         django.setup()
-        from webapp.selectors_measurements import measured_runs
+        from webapp.site.selectors_measurements import measured_runs
 
         per_seed, slices = measured_runs(deployment="support-bot")
         for line in summary_lines(per_seed, slices):
@@ -299,7 +299,7 @@ def main() -> int:
     from training.inference.server import InferenceServer, ServerSpec
     from training.services.episode_sets import training_set_from_episodes
     from training.services.inference import inference_client
-    from training.services.job_runner import training_job_run
+    from training.services.job_start import training_job_run
     from training.services.jobs import training_job_create
     from training.serving.models import ModelVersion
     from training.serving.services import base_model_register, deployment_get_or_create, live_version_set

@@ -20,7 +20,7 @@ from tests.training.test_job_pages import chart_of
 from training.models import TrainingItem, TrainingJob
 from training.promotion.models import Evaluation, PromotionRequest
 from training.services.training_sets import training_set_create
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 pytestmark = pytest.mark.django_db
 
@@ -224,7 +224,7 @@ def test_a_bad_window_is_a_400_an_unknown_deployment_a_404_and_reviewers_are_kep
 
 
 def test_a_version_not_trained_here_says_so_and_items_without_provenance_count_nothing(story):
-    from webapp.selectors_story import _learned, deployment_story
+    from webapp.site.selectors_story import _learned, deployment_story
 
     training_set = training_set_create(
         name="plain",
@@ -249,7 +249,7 @@ def test_the_window_is_whole_days_and_nothing_before_its_first_day_is_counted_or
     """'The last 30 days' is today and the 29 before it: grades from the evening of the day
     before is neither in the totals nor drawn left of the chart's axis."""
     from feedback.models import Grade
-    from webapp.selectors_story import deployment_story, story_curve
+    from webapp.site.selectors_story import deployment_story, story_curve
 
     deployment, base_version = story["deployment"], story["base_version"]
     now = timezone.now().replace(hour=12, minute=0)
@@ -276,7 +276,7 @@ def test_the_story_axis_fits_its_data_not_the_whole_window(story):
     """One day of traffic in a 90-day window sits in the middle of a week-wide axis, not at
     the edge of 90 days; a longer story gets an axis as long as its data."""
     from feedback.models import Grade
-    from webapp.selectors_story import deployment_story, story_curve
+    from webapp.site.selectors_story import deployment_story, story_curve
 
     deployment, base_version = story["deployment"], story["base_version"]
     now = timezone.now().replace(hour=12, minute=0)

@@ -9,7 +9,6 @@ from rest_framework.response import Response
 from rest_framework.test import APIRequestFactory
 from rest_framework.views import APIView
 
-from feedback.services.chat_format import FieldError
 from feedback.services.customer_feedback import (
     FeedbackLinkError,
     FeedbackLinkUsed,
@@ -20,8 +19,9 @@ from training.services.evaluation_items import EvaluationError
 from training.services.jobs import JobError
 from training.services.judge_gate import OVERRIDE_FIELD, JudgeGateClosed
 from training.services.promotion_checks import PromotionRefused
-from webapp.api_errors import error_response, exception_handler
-from webapp.errors import Conflict, DomainError
+from webapp.kernel.api_errors import error_response, exception_handler
+from webapp.kernel.chat_format import FieldError
+from webapp.kernel.errors import Conflict, DomainError
 
 
 class QuotaSpent(DomainError):

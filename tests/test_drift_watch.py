@@ -11,7 +11,7 @@ from django.utils import timezone
 from feedback.models import CustomerFeedback, Grade
 from tests.factories import DeploymentFactory, TraceFactory, user_with_role
 from training.serving.models import BaseModel, ModelVersion
-from webapp.selectors_drift import live_drift, rate_drop
+from webapp.site.selectors_drift import live_drift, rate_drop
 
 pytestmark = pytest.mark.django_db
 

@@ -1,6 +1,6 @@
 import pytest
 
-from webapp.ids import parse_id
+from webapp.kernel.ids import parse_id
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 import pyarrow.parquet as pq
 
-from webapp.parquet import parquet_file
+from webapp.kernel.parquet import parquet_file
 
 
 def _rows(messages):

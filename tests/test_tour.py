@@ -18,7 +18,7 @@ from training.promotion.models import PromotionRequest, PromotionStatus
 from training.services.feedback_sets import training_set_from_feedback
 from training.services.training_sets import training_set_create
 from training.serving.services import base_model_register, live_version_set, model_version_create
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 pytestmark = pytest.mark.django_db
 
@@ -237,7 +237,7 @@ def test_the_job_step_offers_settings_a_job_accepts(tour_page):
     import json
 
     from training.trainer.config import config_from_dict
-    from webapp.selectors_tour import comment_job_settings, episode_job_settings
+    from webapp.site.selectors_tour import comment_job_settings, episode_job_settings
 
     DeploymentFactory(name="support-bot")
     page = tour_page()
@@ -277,7 +277,7 @@ def test_the_training_steps_lead_to_the_comments_set_and_a_distillation_job(tour
 
 
 def test_the_trace_to_comment_on_is_never_a_held_out_tasks():
-    from webapp.selectors_tour import tour_get
+    from webapp.site.selectors_tour import tour_get
 
     deployment = DeploymentFactory(name="support-bot")
     train = TraceFactory(deployment=deployment, external_id="t-train", metadata={"split": "train"})

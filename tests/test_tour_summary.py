@@ -122,7 +122,7 @@ def _store_runs(tmp_path, runs):
 
 
 def measured_runs(**kwargs):
-    from webapp.selectors_measurements import measured_runs
+    from webapp.site.selectors_measurements import measured_runs
 
     return measured_runs(**kwargs)
 

@@ -1,4 +1,4 @@
-"""The one lifecycle of background work (webapp/work.py), on every kind that uses it: of two
+"""The one lifecycle of background work (webapp/kernel/work.py), on every kind that uses it: of two
 workers claiming one item only one runs it, a redelivered item is taken over and the first
 worker's writes change nothing, a worker the sweep took the item from is told to stop and
 cannot finish over the sweep's outcome, and a cancel ends a queued item at once and asks a
@@ -16,8 +16,8 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
+from feedback.failure_modes.services import failure_mode_runs_fail_stale
 from feedback.models import FailureModeRun, JudgeJob
-from feedback.services.failure_modes import failure_mode_runs_fail_stale
 from feedback.services.judge_jobs import judge_jobs_fail_stale
 from tests.factories import DeploymentFactory
 from training.models import TrainingJob
@@ -25,7 +25,7 @@ from training.promotion.models import Evaluation
 from training.services.evaluation import evaluations_fail_stale
 from training.services.jobs import training_jobs_check_stale
 from training.serving.models import BaseModel, ModelVersion
-from webapp.work import WorkItem, WorkStatus, work_beat, work_cancel, work_claim, work_end
+from webapp.kernel.work import WorkItem, WorkStatus, work_beat, work_cancel, work_claim, work_end
 
 
 def _version(name: str, kind: str = "base") -> ModelVersion:
@@ -169,7 +169,7 @@ def _run_judge_job(item):
 
 
 def _run_failure_modes(item):
-    from feedback.services.failure_modes import failure_mode_run_execute
+    from feedback.failure_modes.services import failure_mode_run_execute
 
     return failure_mode_run_execute(run=item, worker="w-next")
 

@@ -43,9 +43,9 @@ from training.services.promotion import (
 )
 from training.services.rollback import rollback_request
 from training.serving.models import Deployment, ModelVersion
-from webapp.api_errors import error_response, limit_param
-from webapp.auth import ThrottledBasicAuthentication
-from webapp.ids import parse_id
+from webapp.kernel.api_errors import error_response, limit_param
+from webapp.kernel.auth import ThrottledBasicAuthentication
+from webapp.kernel.ids import parse_id
 
 VIEW = "training.view_promotionrequest"
 EVALUATE = "training.add_evaluation"

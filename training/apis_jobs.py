@@ -17,15 +17,15 @@ from rest_framework import serializers
 from rest_framework.permissions import SAFE_METHODS, IsAuthenticated
 from rest_framework.response import Response
 
-from feedback.services.chat_format import MAX_JSON_DEPTH, json_depth
 from training import selectors
 from training.apis import PersonApi, needs
 from training.models import JobKind, TrainingJob, TrainingSet
 from training.services.jobs import JobError, training_job_cancel, training_job_create
 from training.serving.models import ModelVersion
-from webapp.api_errors import error_response, limit_param
-from webapp.ids import parse_id
-from webapp.work import WorkStatus
+from webapp.kernel.api_errors import error_response, limit_param
+from webapp.kernel.chat_format import MAX_JSON_DEPTH, json_depth
+from webapp.kernel.ids import parse_id
+from webapp.kernel.work import WorkStatus
 
 VIEW_JOBS = "training.view_trainingjob"
 START_JOBS = "training.add_trainingjob"

@@ -20,7 +20,7 @@ from rest_framework import serializers
 from rest_framework.permissions import SAFE_METHODS, IsAuthenticated
 from rest_framework.response import Response
 
-from feedback.apis_failure_modes import made_from_failure_mode_responses
+from feedback.failure_modes.apis import made_from_failure_mode_responses
 from feedback.forms import trace_filters
 from feedback.judge.scoring import served_calls_problem
 from training.apis import PersonApi, needs
@@ -28,9 +28,9 @@ from training.inference.codec import tool_calls_parse
 from training.models import TrainingItem, TrainingSet, TrainingSplit
 from training.services.training_sets import ITEM_FIELDS as STORED_ITEM_FIELDS
 from training.services.training_sets import TrainingSetError
-from webapp.api_errors import error_response
-from webapp.errors import Invalid
-from webapp.streaming import PARQUET, streamed
+from webapp.kernel.api_errors import error_response
+from webapp.kernel.errors import Invalid
+from webapp.kernel.streaming import PARQUET, streamed
 
 VIEW_SETS = "training.view_trainingset"
 BUILD_SETS = "training.add_trainingset"
@@ -159,7 +159,7 @@ class TrainingSetItemsApi(PersonApi):
 
 
 class TrainingSetItemsParquetApi(PersonApi):
-    """The same rows as one Parquet file (`webapp.parquet`: `messages` as a list of structs,
+    """The same rows as one Parquet file (`webapp.kernel.parquet`: `messages` as a list of structs,
     free-form fields as JSON text)."""
 
     permission_classes = [IsAuthenticated, needs(VIEW_SETS)]
@@ -170,7 +170,7 @@ class TrainingSetItemsParquetApi(PersonApi):
         responses={200: OpenApiResponse(description="application/vnd.apache.parquet")},
     )
     def get(self, request, set_id: int):
-        from webapp.parquet import parquet_file
+        from webapp.kernel.parquet import parquet_file
 
         training_set, items, kind = _items_asked(request, set_id)
         columns = {"tools": "json"} if kind == "chat" else ITEM_COLUMNS
@@ -245,7 +245,7 @@ class FailureClusterSliceApi(PersonApi):
         responses=made_from_failure_mode_responses("training_set"),
     )
     def post(self, request, cluster_id: str):
-        from feedback.apis_failure_modes import cluster_as_dict, failure_cluster_for
+        from feedback.failure_modes.apis import cluster_as_dict, failure_cluster_for
         from training.services.evaluation_slices import evaluation_slice_from_failure_cluster
 
         cluster = failure_cluster_for(cluster_id)

@@ -1,9 +1,22 @@
+from importlib import import_module
+
 from django.apps import AppConfig
+
+# The app's models besides `training.models` (which Django imports itself): promotion's and
+# learning policies' live beside their code, under the app label `training` (their tables,
+# content types and permissions are training's), and are imported with it, before any app is
+# ready; no module imports another only to register it.
+MODEL_MODULES = ("training.promotion.models", "training.learning_policies.models")
 
 
 class TrainingConfig(AppConfig):
     name = "training"
     verbose_name = "Training and models"
+
+    def import_models(self) -> None:
+        super().import_models()
+        for module in MODEL_MODULES:
+            import_module(module)
 
     def ready(self) -> None:
         from django.conf import settings

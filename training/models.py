@@ -7,7 +7,7 @@ from django.db import models
 from django.utils import timezone
 
 from training.serving.models import Deployment, ModelVersion
-from webapp.work import WorkItem, WorkStatus
+from webapp.kernel.work import WorkItem, WorkStatus
 
 
 class TrainingSet(models.Model):
@@ -248,11 +248,3 @@ class GapProbe(models.Model):
 
     def __str__(self) -> str:
         return f"gap {self.gap:+.3f} of {self.version_id} (n={self.n})"
-
-
-# Django registers an app's models from its `models` module; promotion's live in
-# `training/promotion/models.py` and learning policies' in `training/learning_policies/models.py`
-# (app label `training`, the same tables), imported here only
-# so they are registered. Callers import them from there.
-import training.learning_policies.models  # noqa: E402
-import training.promotion.models  # noqa: E402, F401

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from webapp.work import work_worker_name
+from webapp.kernel.work import work_worker_name
 
 
 @shared_task(bind=True, name="training.run_job", queue="training", acks_late=True, reject_on_worker_lost=True)
 def training_job_run_task(self, job_id: int) -> None:
-    from training.services.job_runner import training_job_run
+    from training.services.job_start import training_job_run
 
     training_job_run(job_id=job_id, worker=work_worker_name(self.request.hostname))
 

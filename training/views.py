@@ -14,13 +14,13 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from feedback.views.common import dashboard_view
 from training import selectors
 from training.models import JobKind, TrainingSet
 from training.services.jobs import JobError, training_job_cancel, training_job_create
 from training.serving.models import ModelVersion
-from webapp.form_problems import FormProblems, json_object_error, problems
-from webapp.ids import form_id, parse_id
+from webapp.kernel.form_problems import FormProblems, json_object_error, problems
+from webapp.kernel.ids import form_id, parse_id
+from webapp.kernel.pages import dashboard_view
 
 # The form's common fields; anything else goes in the JSON box.
 FORM_FIELDS = {
@@ -422,9 +422,9 @@ def training_set_detail(request: HttpRequest, set_id: int) -> HttpResponse:
 def failure_cluster_slice(request: HttpRequest, cluster_id: int) -> HttpResponse:
     """The failure-modes page's "Make an evaluation slice" button: the cluster's turns as a
     set of held-out items, opened; a second click opens the same set."""
+    from feedback.failure_modes.views import cluster_refused, go_to
     from feedback.models import FailureCluster
     from feedback.permissions import BROWSE
-    from feedback.views.failure_modes import cluster_refused, go_to
     from training.services.evaluation_slices import evaluation_slice_from_failure_cluster
     from training.services.training_sets import TrainingSetError
 

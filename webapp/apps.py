@@ -7,4 +7,4 @@ class WebappConfig(AppConfig):
 
     def ready(self) -> None:
         # The OpenAPI schema's description of our authentication classes.
-        from webapp import schema  # noqa: F401
+        from webapp.kernel import schema  # noqa: F401

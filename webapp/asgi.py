@@ -9,8 +9,8 @@ django.setup(set_prefix=False)
 from django.conf import settings  # noqa: E402
 
 from feedback.gateway.app import mount  # noqa: E402
-from webapp.concurrency import bounded  # noqa: E402
-from webapp.request_bodies import ReadAheadASGIHandler, body_gate  # noqa: E402
+from webapp.site.concurrency import bounded  # noqa: E402
+from webapp.site.request_bodies import ReadAheadASGIHandler, body_gate  # noqa: E402
 
 # Django's handler (as `get_asgi_application()` makes it), taking a body read ahead of it.
 django_application = ReadAheadASGIHandler()

@@ -12,22 +12,13 @@ from pathlib import Path
 
 import dj_database_url
 
+from webapp.settings_env import env_bool, env_list
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("PRACTICUM_DATA_DIR", BASE_DIR / "var")).resolve()
 DATA_DIR.mkdir(parents=True, exist_ok=True)
 # Prepared model folders (SmolLM2 converted from its GGUF, the tiny test model, adapters).
 MODELS_DIR = Path(os.environ.get("PRACTICUM_MODELS_DIR", DATA_DIR / "models")).resolve()
-
-
-def env_bool(name: str, default: bool) -> bool:
-    value = os.environ.get(name)
-    if value is None:
-        return default
-    return value.strip().lower() in {"1", "true", "yes", "on"}
-
-
-def env_list(name: str, default: str) -> list[str]:
-    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
 
 # PRACTICUM_PRODUCTION=1: the settings for a deployment behind HTTPS (README, Security):
@@ -94,18 +85,18 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    # First, so every response of the site carries the policy (webapp/csp.py).
-    "webapp.csp.ContentSecurityPolicyMiddleware",
+    # First, so every response of the site carries the policy (webapp/kernel/csp.py).
+    "webapp.kernel.csp.ContentSecurityPolicyMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
-    # Before the views and CSRF: a NUL in a parameter, form field or path is a 400 (webapp/nul.py).
-    "webapp.nul.NulRefusalMiddleware",
+    # Before the views and CSRF: a NUL in a parameter, form field or path is a 400 (webapp/kernel/nul.py).
+    "webapp.kernel.nul.NulRefusalMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
-    # Who is acting, for the audit rows of account and role changes (webapp/actor.py).
-    "webapp.actor.ActorMiddleware",
+    # Who is acting, for the audit rows of account and role changes (webapp/kernel/actor.py).
+    "webapp.kernel.actor.ActorMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
@@ -213,11 +204,11 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": [
-        "webapp.api_errors.JSONParser",
+        "webapp.kernel.api_errors.JSONParser",
         "rest_framework.parsers.FormParser",
         "rest_framework.parsers.MultiPartParser",
     ],
-    "EXCEPTION_HANDLER": "webapp.api_errors.exception_handler",
+    "EXCEPTION_HANDLER": "webapp.kernel.api_errors.exception_handler",
     "UNAUTHENTICATED_USER": None,
 }
 SPECTACULAR_SETTINGS = {
@@ -235,7 +226,7 @@ INGEST_MAX_TRACES_PER_BATCH = int(os.environ.get("PRACTICUM_INGEST_MAX_TRACES", 
 INGEST_MAX_MESSAGES_PER_TRACE = int(os.environ.get("PRACTICUM_INGEST_MAX_MESSAGES", 2000))
 # Django's own cap on a request body read through request.body.
 DATA_UPLOAD_MAX_MEMORY_SIZE = INGEST_MAX_BODY_BYTES
-# Request bodies (webapp/request_bodies.py), read before a request takes a slot: at most
+# Request bodies (webapp/site/request_bodies.py), read before a request takes a slot: at most
 # WEB_MAX_BODY_BYTES (a fine-tuning upload: its file limit and the multipart around it), at
 # most WEB_ANONYMOUS_MAX_BODY_BYTES to a route anyone may post to (login, feedback links),
 # credentials checked first everywhere else, and the whole body in within
@@ -281,77 +272,8 @@ LOGGING = {
 FEEDBACK_LINK_DEFAULT_AGE = int(os.environ.get("PRACTICUM_FEEDBACK_LINK_DEFAULT_AGE", 24 * 3600))
 FEEDBACK_LINK_MAX_AGE = int(os.environ.get("PRACTICUM_FEEDBACK_LINK_MAX_AGE", 7 * 24 * 3600))
 
-# The LLM judge: any OpenAI-compatible chat-completions endpoint (a hosted model, or one
-# served by our own vLLM). No base URL means no judge: judging is then not offered.
-JUDGE_BASE_URL = os.environ.get("PRACTICUM_JUDGE_BASE_URL", "")
-JUDGE_MODEL = os.environ.get("PRACTICUM_JUDGE_MODEL", "")
-JUDGE_API_KEY = os.environ.get("PRACTICUM_JUDGE_API_KEY", "")
-JUDGE_TIMEOUT_S = float(os.environ.get("PRACTICUM_JUDGE_TIMEOUT_S", 60))
-JUDGE_MAX_ATTEMPTS = int(os.environ.get("PRACTICUM_JUDGE_MAX_ATTEMPTS", 3))
-JUDGE_RETRY_BACKOFF_S = float(os.environ.get("PRACTICUM_JUDGE_RETRY_BACKOFF_S", 1.0))
-# The most one judge call may take, every attempt and every wait between them included.
-JUDGE_DEADLINE_S = float(os.environ.get("PRACTICUM_JUDGE_DEADLINE_S", 300))
-# A judgement still "running" this long past the deadline is failed by the stale-work sweep
-# (its worker died). The sweep's interval (webapp/celery.py) is the shorter of
-# JUDGE_STALE_CHECK_SECONDS and TRAINING_STALE_CHECK_SECONDS unless
-# PRACTICUM_STALE_WORK_CHECK_SECONDS says.
-JUDGE_STALE_GRACE_S = float(os.environ.get("PRACTICUM_JUDGE_STALE_GRACE_S", 120))
-JUDGE_STALE_CHECK_SECONDS = float(os.environ.get("PRACTICUM_JUDGE_STALE_CHECK_SECONDS", 60))
-JUDGE_MAX_TOKENS = int(os.environ.get("PRACTICUM_JUDGE_MAX_TOKENS", 1024))
-# The judge model's context window in tokens (0: not known). When set, the conversation sent
-# is trimmed so that the prompt and JUDGE_MAX_TOKENS fit in it (`make demo`: the served 2048).
-JUDGE_CONTEXT_TOKENS = int(os.environ.get("PRACTICUM_JUDGE_CONTEXT_TOKENS", 0))
-# The most bytes one judge response body may have (error bodies too); a bigger one fails the call.
-JUDGE_MAX_RESPONSE_BYTES = int(os.environ.get("PRACTICUM_JUDGE_MAX_RESPONSE_BYTES", 2_000_000))
-# "full" sends the whole output schema; "portable" leaves out length/range bounds that some
-# hosted providers' strict mode rejects (they are still checked on the answer).
-JUDGE_SCHEMA_MODE = os.environ.get("PRACTICUM_JUDGE_SCHEMA_MODE", "full")
-# "text": the judge writes a corrected turn; "actions": it chooses the turn among the agent's
-# own tools (ids copied from the conversation) or a reply, and the product renders it.
-JUDGE_CORRECTION_MODE = os.environ.get("PRACTICUM_JUDGE_CORRECTION_MODE", "text")
-JUDGE_PRICE_INPUT_PER_MTOK = (
-    float(os.environ["PRACTICUM_JUDGE_PRICE_INPUT_PER_MTOK"])
-    if os.environ.get("PRACTICUM_JUDGE_PRICE_INPUT_PER_MTOK")
-    else None
-)
-JUDGE_PRICE_OUTPUT_PER_MTOK = (
-    float(os.environ["PRACTICUM_JUDGE_PRICE_OUTPUT_PER_MTOK"])
-    if os.environ.get("PRACTICUM_JUDGE_PRICE_OUTPUT_PER_MTOK")
-    else None
-)
-# Caps on what the judge writes (characters): they bound cost and latency per judgement.
-JUDGE_RATIONALE_MAX_CHARS = int(os.environ.get("PRACTICUM_JUDGE_RATIONALE_MAX_CHARS", 800))
-JUDGE_CORRECTION_MAX_CHARS = int(os.environ.get("PRACTICUM_JUDGE_CORRECTION_MAX_CHARS", 2000))
-JUDGE_MAX_CRITERIA = int(os.environ.get("PRACTICUM_JUDGE_MAX_CRITERIA", 6))
-# Judge on every new operator comment / customer feedback (when a judge is configured).
-JUDGE_AUTO = env_bool("PRACTICUM_JUDGE_AUTO", True)
-# Training uses judge rewards automatically only when the judge version agrees with
-# operators' ratings at least this well (Cohen's kappa on pass/fail) over at least n turns.
-JUDGE_REWARD_MIN_KAPPA = float(os.environ.get("PRACTICUM_JUDGE_REWARD_MIN_KAPPA", 0.6))
-JUDGE_REWARD_MIN_N = int(os.environ.get("PRACTICUM_JUDGE_REWARD_MIN_N", 30))
-# The training gate (feedback/selectors/judge_gate.py) also asks the score-candidates prompt
-# for at least this many order-swap checks, this consistency, and at most this failure rate;
-# the kappa minimum applies to the lower bound of its 95% interval.
-JUDGE_GATE_MIN_SWAP_N = int(os.environ.get("PRACTICUM_JUDGE_GATE_MIN_SWAP_N", 10))
-JUDGE_GATE_MIN_SWAP_AGREEMENT = float(os.environ.get("PRACTICUM_JUDGE_GATE_MIN_SWAP_AGREEMENT", 0.8))
-JUDGE_GATE_MAX_FAILURE_RATE = float(os.environ.get("PRACTICUM_JUDGE_GATE_MAX_FAILURE_RATE", 0.1))
-# A judge that chooses actions (PRACTICUM_JUDGE_CORRECTION_MODE / a deployment judge's
-# correction mode "actions") must also agree with operators' own corrections at least this
-# often on each kind of turn, measured on at least this many corrected turns of that kind.
-JUDGE_ACTION_MIN_AGREEMENT = float(os.environ.get("PRACTICUM_JUDGE_ACTION_MIN_AGREEMENT", 0.8))
-JUDGE_ACTION_MIN_N = int(os.environ.get("PRACTICUM_JUDGE_ACTION_MIN_N", 10))  # corrected turns per kind, at least
-# The general rubric for a turn that carries none of its own: what calibration scores a rated
-# turn without a judgement under, and what the evaluation uses for held-out turns.
-_GENERAL_RUBRIC = (
-    "Answers the user's last message correctly and helpfully; calls a tool, with valid arguments, "
-    "when the answer needs one; does not invent facts."
-)
-JUDGE_CALIBRATION_RUBRIC = os.environ.get("PRACTICUM_JUDGE_CALIBRATION_RUBRIC", _GENERAL_RUBRIC)
-# A judge reward at or above this counts as "pass" when compared with thumbs up/down.
-JUDGE_PASS_THRESHOLD = float(os.environ.get("PRACTICUM_JUDGE_PASS_THRESHOLD", 0.5))
-# Share of judgements with a correction that are followed by an order-swap check (the
-# logged turn and the correction scored in both orders), for the agreement page.
-JUDGE_SWAP_CHECK_RATE = float(os.environ.get("PRACTICUM_JUDGE_SWAP_CHECK_RATE", 0.2))
+# The LLM judge (webapp/settings_judge.py).
+from webapp.settings_judge import *  # noqa: E402, F403
 
 # Inference server (a vLLM OpenAI-compatible server the project starts, bound to loopback)
 # and the /v1/ completion gateway in front of it.
@@ -382,7 +304,8 @@ if not INFERENCE_API_KEY:
     INFERENCE_API_KEY = _inference_key_file.read_text().strip()
 # A judge served by our own inference server (as `make demo` runs it) gets that server's key
 # unless PRACTICUM_JUDGE_API_KEY says otherwise; no other judge URL is sent it.
-if JUDGE_BASE_URL and not JUDGE_API_KEY and JUDGE_BASE_URL.rstrip("/").removesuffix("/v1") == INFERENCE_URL.rstrip("/"):
+_judge_url = JUDGE_BASE_URL.rstrip("/").removesuffix("/v1")  # noqa: F405
+if JUDGE_BASE_URL and not JUDGE_API_KEY and _judge_url == INFERENCE_URL.rstrip("/"):  # noqa: F405
     JUDGE_API_KEY = INFERENCE_API_KEY
 # Other OpenAI-compatible servers a training job may sample rollouts from, besides each base
 # model's own inference server (comma-separated base URLs). A job config cannot name any other.
@@ -471,7 +394,7 @@ DRIFT_DROP = float(os.environ.get("PRACTICUM_DRIFT_DROP", 0.15))
 # 120 s each (960 s).
 EVALUATION_STALE_AFTER_SECONDS = float(os.environ.get("PRACTICUM_EVALUATION_STALE_AFTER_SECONDS", 1800))
 # The rubric for held-out turns that carry none of their own (no judgement yet).
-EVAL_DEFAULT_RUBRIC = os.environ.get("PRACTICUM_EVAL_DEFAULT_RUBRIC", _GENERAL_RUBRIC)
+EVAL_DEFAULT_RUBRIC = os.environ.get("PRACTICUM_EVAL_DEFAULT_RUBRIC", GENERAL_RUBRIC)  # noqa: F405
 RELEASE_SMOKE_PROMPT = os.environ.get("PRACTICUM_RELEASE_SMOKE_PROMPT", "Say hello.")
 RELEASE_SMOKE_MAX_TOKENS = int(os.environ.get("PRACTICUM_RELEASE_SMOKE_MAX_TOKENS", 8))
 RELEASE_SMOKE_TIMEOUT = float(os.environ.get("PRACTICUM_RELEASE_SMOKE_TIMEOUT", 60))
@@ -482,7 +405,7 @@ RELEASE_LOAD_TIMEOUT = float(os.environ.get("PRACTICUM_RELEASE_LOAD_TIMEOUT", 12
 RELEASE_STALE_SECONDS = float(os.environ.get("PRACTICUM_RELEASE_STALE_SECONDS", 600))
 # Judge jobs, failure-mode runs, evaluations and releases are taken over at once by a
 # redelivered task; one that has been started this many times is failed at the next
-# takeover instead (its work kills every worker it reaches), `webapp.work.work_claim`.
+# takeover instead (its work kills every worker it reaches), `webapp.kernel.work.work_claim`.
 WORK_MAX_ATTEMPTS = int(os.environ.get("PRACTICUM_WORK_MAX_ATTEMPTS", 3))
 # After a flip the version that went out of service is unloaded from every replica this many
 # seconds later: by then no request that started on it can still be running (the gateway

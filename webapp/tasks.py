@@ -11,12 +11,12 @@ logger = logging.getLogger(__name__)
 
 @shared_task(name="webapp.stale_work_sweep", queue="default", ignore_result=True)
 def stale_work_sweep_task() -> None:
-    """The one sweep for background work whose worker died (webapp/stale_work.py): training
+    """The one sweep for background work whose worker died (webapp/kernel/stale_work.py): training
     jobs resume from their checkpoint or fail; judgements, judge jobs, failure-mode runs,
     evaluations and releases fail (a release queued with no worker taking it, too, as it
     blocks its deployment's next one). Each kind is swept on its own, so one kind's error does not keep
     the others running forever."""
-    from feedback.services.failure_modes import failure_mode_runs_fail_stale
+    from feedback.failure_modes.services import failure_mode_runs_fail_stale
     from feedback.services.judge_jobs import judge_jobs_fail_stale
     from feedback.services.judging import judge_results_fail_stale
     from training.services.evaluation import evaluations_fail_stale

@@ -3,7 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 
-from webapp import views
+from webapp.site import views
 
 urlpatterns = [
     path("", views.home, name="home"),

@@ -20,7 +20,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 
 from feedback.schema_validation import UnusableSchema, schema_errors, schema_validator
-from feedback.services.chat_format import json_loads_bounded
+from webapp.kernel.chat_format import json_loads_bounded
 
 TOOL_ERROR = "tool_error"
 INVALID_TOOL_ARGS = "invalid_tool_args"

@@ -30,8 +30,8 @@ from feedback.gateway.wire import (
     send_json,
 )
 from feedback.services.capture import new_trace_key
-from feedback.services.chat_format import FieldError, json_depth_check, parse_message, parse_tools
 from training.inference.client import InferenceError
+from webapp.kernel.chat_format import FieldError, json_depth_check, parse_message, parse_tools
 
 logger = logging.getLogger(__name__)
 

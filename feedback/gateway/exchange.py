@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from feedback.services.chat_format import ParsedMessage, parse_message
+from webapp.kernel.chat_format import ParsedMessage, parse_message
 
 
 class ExchangeStatus:

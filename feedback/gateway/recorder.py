@@ -39,7 +39,7 @@ from django.utils import timezone
 from feedback.gateway.exchange import Exchange
 from feedback.services.capture import TraceDigestCache, exchanges_record
 from feedback.services.stitching import conversation_tips_expire
-from webapp.ids import parse_id
+from webapp.kernel.ids import parse_id
 
 logger = logging.getLogger(__name__)
 

@@ -18,27 +18,37 @@ After the last attempt it raises
 `JudgeCallFailed` with the reason and every attempt's record: a caller never gets a
 default value in place of a judgement. Errors that retrying cannot fix (400, 401, 403,
 404, 422) fail at once.
+
+The body's cap, time limit and decoding are `feedback/judge/wire.py`'s; a failure's words
+(`failure_explained`) are `feedback/judge/failures.py`'s.
 """
 
 from __future__ import annotations
 
 import copy
-import email.utils
 import json
 import random
 import time
-import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 from typing import Any, Generic, TypeVar
 
-import httpx2
 import openai
-import pydantic
-from openai.types.chat import ChatCompletion
 
+from feedback.judge.failures import failure_explained
 from feedback.judge.schemas import OutputLimits, SchemaViolation
+from feedback.judge.wire import (
+    BodyTooLarge,
+    BodyTooSlow,
+    Fatal,
+    Retryable,
+    body_read,
+    completion_from,
+    json_parse,
+    judge_openai_client,
+    retry_after_seconds,
+    status_error,
+)
 
 T = TypeVar("T")
 
@@ -201,176 +211,6 @@ class JudgeCallFailed(Exception):
         self.record = record
 
 
-class _Retryable(Exception):
-    def __init__(self, message: str, *, retry_after: float | None = None, reask: bool = False) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after  # seconds the endpoint asked us to wait
-        self.reask = reask  # the answer was malformed: ask again, saying why
-
-
-class _Fatal(Exception):
-    pass
-
-
-class _TooSlow(Exception):
-    pass
-
-
-class _TooLarge(Exception):
-    def __init__(self, limit: int, message: str = "") -> None:
-        super().__init__(
-            message
-            or f"the response body is larger than {limit} bytes (PRACTICUM_JUDGE_MAX_RESPONSE_BYTES): "
-            "it was not read further"
-        )
-
-
-class _CappedStream(httpx2.SyncByteStream):
-    """A response body that raises `_TooLarge` once more than `limit` bytes have come."""
-
-    def __init__(self, stream: httpx2.SyncByteStream, limit: int, message: str = "") -> None:
-        self._stream = stream
-        self._limit = limit
-        self._message = message
-
-    def __iter__(self):
-        seen = 0
-        for chunk in self._stream:
-            seen += len(chunk)
-            if seen > self._limit:
-                raise _TooLarge(self._limit, self._message)
-            yield chunk
-
-    def close(self) -> None:
-        self._stream.close()
-
-
-_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
-_PIECE = 64 * 1024
-
-
-class _Inflated(httpx2.SyncByteStream):
-    """A gzip or deflate body decoded here, at most `_PIECE` bytes at a time, so that the
-    cap counts what it becomes as it grows (a small compressed body can decode to gigabytes)."""
-
-    def __init__(self, stream: httpx2.SyncByteStream, wbits: int) -> None:
-        self._stream = stream
-        self._wbits = wbits
-
-    def __iter__(self):
-        inflate = zlib.decompressobj(self._wbits)
-        for chunk in self._stream:
-            data = chunk
-            while data:
-                piece = inflate.decompress(data, _PIECE)
-                if piece:
-                    yield piece
-                data = inflate.unconsumed_tail
-        tail = inflate.flush()
-        if tail:
-            yield tail
-
-    def close(self) -> None:
-        self._stream.close()
-
-
-def _capped(response: httpx2.Response, limit: int) -> None:
-    """Install the cap on a response before anything reads it: on the bytes as received and,
-    for a compressed body, on the bytes it decodes to."""
-    encoding = response.headers.get("content-encoding", "").strip().lower()
-    if encoding in _WBITS:
-        del response.headers["content-encoding"]  # decoded here, not again by the client
-        response.stream = _CappedStream(_Inflated(_CappedStream(response.stream, limit), _WBITS[encoding]), limit)
-    elif encoding and encoding != "identity":
-        # Not asked for, and not one this module can decode with a bound on its size.
-        refused = f"the response body is compressed with {encoding[:50]!r}, which was not asked for: it was not read"
-        response.stream = _CappedStream(response.stream, 0, refused)
-    else:
-        response.stream = _CappedStream(response.stream, limit)
-
-
-@lru_cache(maxsize=16)
-def _client(base_url: str, api_key: str, max_response_bytes: int) -> openai.OpenAI:
-    # Retries are ours (they also cover malformed output), so the SDK's are off; the
-    # timeout is given per attempt. Every body is read through the cap (`_capped`), the
-    # error bodies the SDK reads itself included; an uncompressed one is asked for.
-    http_client = openai.DefaultHttpxClient(event_hooks={"response": [lambda r: _capped(r, max_response_bytes)]})
-    return openai.OpenAI(
-        base_url=base_url,
-        api_key=api_key or "unset",
-        max_retries=0,
-        http_client=http_client,
-        default_headers={"Accept-Encoding": "identity"},
-    )
-
-
-def retry_after_seconds(headers: Any, *, now: float | None = None) -> float | None:
-    """The wait an error response asks for (`retry-after-ms`, `retry-after` in seconds or
-    as an HTTP date), or None."""
-    if headers is None:
-        return None
-    for name, divisor in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
-        value = headers.get(name)
-        if value is None:
-            continue
-        try:
-            seconds = float(value) / divisor
-        except ValueError:
-            if name != "retry-after":
-                continue
-            try:
-                when = email.utils.parsedate_to_datetime(value)
-            except (TypeError, ValueError):
-                continue
-            seconds = when.timestamp() - (time.time() if now is None else now)
-        if seconds == seconds and seconds >= 0:  # not NaN
-            return min(seconds, 24 * 3600.0)
-    return None
-
-
-def _read_body(response: Any, attempt_deadline: float, limit: int) -> bytes:
-    """The whole body, or `_TooSlow` once the attempt's time is up: a body trickled in
-    small pieces must not outlive the limit that a single read respects; or `_TooLarge`
-    once more than `limit` bytes have been decoded (a compressed body is counted again
-    here, as it grows)."""
-    chunks: list[bytes] = []
-    size = 0
-    for chunk in response.iter_bytes():
-        size += len(chunk)
-        if size > limit:
-            raise _TooLarge(limit)
-        chunks.append(chunk)
-        if time.monotonic() > attempt_deadline:
-            raise _TooSlow()
-    return b"".join(chunks)
-
-
-def _json_loads(text: str | bytes) -> Any:
-    """`json.loads`, with a document nested deeper than the parser can follow refused as
-    not JSON (ValueError) rather than raising RecursionError out of the call."""
-    try:
-        return json.loads(text)
-    except RecursionError:
-        raise ValueError("nested too deeply to read") from None
-
-
-def _completion_from(body: bytes) -> ChatCompletion:
-    """The body as a chat completion, or a retryable failure saying what it was instead."""
-    shown = body[:200].decode("utf-8", "replace")
-    try:
-        data = _json_loads(body)
-    except ValueError:
-        raise _Retryable(f"the response is not a chat completion (not JSON): {shown!r}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
-        raise _Retryable(f"the response is not a chat completion (no choices): {shown!r}")
-    try:
-        return ChatCompletion.model_validate(data)
-    except pydantic.ValidationError as exc:
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        raise _Retryable(f"the response is not a chat completion ({where}: {first.get('msg', exc)})") from None
-
-
 def portable_schema(schema: dict[str, Any]) -> dict[str, Any]:
     """`schema` without the bounds strict hosted subsets reject (see `_PORTABLE_DROP`)."""
 
@@ -384,85 +224,6 @@ def portable_schema(schema: dict[str, Any]) -> dict[str, Any]:
     return strip(copy.deepcopy(schema))
 
 
-def _parse_json(text: str) -> Any:
-    stripped = text.strip()
-    # Endpoints that ignore response_format sometimes wrap the object in a code fence.
-    if stripped.startswith("```"):
-        stripped = stripped.split("\n", 1)[1] if "\n" in stripped else ""
-        stripped = stripped.rsplit("```", 1)[0]
-    return _json_loads(stripped)
-
-
-def _status_error(exc: openai.APIStatusError) -> str:
-    text = exc.response.text if exc.response is not None else ""
-    body = text[:500]
-    try:  # OpenAI-compatible servers wrap the words in {"error": {"message": ...}}
-        error = _json_loads(text).get("error")
-        body = str(error.get("message") if isinstance(error, dict) else error or body)[:500]
-    except (ValueError, AttributeError):
-        pass
-    return f"HTTP {exc.status_code}: {body or exc.message}"
-
-
-JUDGE_DOCS = "docs/how-to/connect-a-judge.md"
-# What each kind of failure means for the person reading it, and what fixes it, in order of
-# precedence: (a phrase of the recorded reason, lower-cased) → the words.
-_EXPLAINED: tuple[tuple[tuple[str, ...], str], ...] = (
-    (
-        ("maximum context length", "context length", "context window", "too many tokens", "prompt is too long"),
-        "the judge model's context is too small for this turn — connect a judge with a longer context, or set "
-        "PRACTICUM_JUDGE_CONTEXT_TOKENS to its window so the conversation is trimmed to fit",
-    ),
-    (
-        ("http 401", "http 403"),
-        "the judge endpoint refused the key — check PRACTICUM_JUDGE_API_KEY (or the deployment's judge key)",
-    ),
-    (
-        ("http 404",),
-        "the judge endpoint does not know this model or path — check PRACTICUM_JUDGE_BASE_URL (it ends in /v1) "
-        "and PRACTICUM_JUDGE_MODEL",
-    ),
-    (("http 429",), "the judge endpoint is rate-limiting these calls — judge again later, or raise its quota"),
-    (
-        ("connection failed",),
-        "the judge endpoint does not answer — is it running, and is PRACTICUM_JUDGE_BASE_URL right?",
-    ),
-    (
-        ("timed out", "no time left", "would pass the deadline"),
-        "the judge took too long — raise PRACTICUM_JUDGE_TIMEOUT_S and PRACTICUM_JUDGE_DEADLINE_S, or connect a "
-        "faster judge",
-    ),
-    (
-        ("cut off at max_tokens",),
-        "the judge's answer was cut off at its token limit — raise PRACTICUM_JUDGE_MAX_TOKENS, or connect a "
-        "stronger judge that answers briefly",
-    ),
-    (
-        ("not json", "does not match the schema", "empty output", "no choices"),
-        "the judge did not answer in the required JSON — connect a model that follows structured output",
-    ),
-    (("the judge refused",), "the judge model refused to judge this turn — judge again, or connect another judge"),
-    (("http 5",), "the judge endpoint had an error of its own — judge again later"),
-    (
-        ("practicum_judge_max_response_bytes",),
-        "the judge's answer was larger than allowed — raise PRACTICUM_JUDGE_MAX_RESPONSE_BYTES, or lower "
-        "PRACTICUM_JUDGE_MAX_TOKENS",
-    ),
-)
-
-
-def failure_explained(reason: str) -> str:
-    """The recorded `reason` of a failed judge call in words, with what fixes it and where
-    to read more, followed by the endpoint's own words; a reason already explained is kept."""
-    if JUDGE_DOCS in reason:
-        return reason
-    lowered = reason.lower()
-    for phrases, words in _EXPLAINED:
-        if any(phrase in lowered for phrase in phrases):
-            return f"{words} (see {JUDGE_DOCS}). The judge said: {reason}"
-    return f"the judge call failed (see {JUDGE_DOCS}). The judge said: {reason}"
-
-
 def _one_attempt(
     endpoint: JudgeEndpoint,
     messages: Sequence[dict[str, Any]],
@@ -473,7 +234,9 @@ def _one_attempt(
     seed: int | None,
     budget_s: float,
 ) -> tuple[T, Any, str]:
-    client = _client(endpoint.base_url, endpoint.api_key, endpoint.max_response_bytes).with_options(timeout=budget_s)
+    client = judge_openai_client(endpoint.base_url, endpoint.api_key, endpoint.max_response_bytes).with_options(
+        timeout=budget_s
+    )
     started = time.perf_counter()
     attempt_deadline = time.monotonic() + budget_s
     text, finish = "", ""
@@ -487,49 +250,49 @@ def _one_attempt(
                 max_completion_tokens=endpoint.max_tokens,
                 seed=seed,
             ) as raw_response:
-                body = _read_body(raw_response, attempt_deadline, endpoint.max_response_bytes)
-        except _TooLarge as exc:
-            raise _Fatal(str(exc)) from exc
-        except (openai.APITimeoutError, _TooSlow) as exc:
-            raise _Retryable(f"timed out after {budget_s:g} s") from exc
+                body = body_read(raw_response, attempt_deadline, endpoint.max_response_bytes)
+        except BodyTooLarge as exc:
+            raise Fatal(str(exc)) from exc
+        except (openai.APITimeoutError, BodyTooSlow) as exc:
+            raise Retryable(f"timed out after {budget_s:g} s") from exc
         except openai.APIConnectionError as exc:
-            raise _Retryable(f"connection failed: {exc.__cause__ or exc}") from exc
+            raise Retryable(f"connection failed: {exc.__cause__ or exc}") from exc
         except openai.APIStatusError as exc:
             if exc.status_code >= 500 or exc.status_code in _TRANSIENT_STATUS:
                 wait = retry_after_seconds(exc.response.headers if exc.response is not None else None)
-                raise _Retryable(_status_error(exc), retry_after=wait) from exc
-            raise _Fatal(_status_error(exc)) from exc
+                raise Retryable(status_error(exc), retry_after=wait) from exc
+            raise Fatal(status_error(exc)) from exc
         except Exception as exc:  # anything else the transport raises is a failed attempt too
-            raise _Retryable(f"the call failed: {type(exc).__name__}: {exc}") from exc
-        response = _completion_from(body)
+            raise Retryable(f"the call failed: {type(exc).__name__}: {exc}") from exc
+        response = completion_from(body)
         if response.model:
             record.served_model = response.model
         if response.usage is not None:
             record.prompt_tokens += response.usage.prompt_tokens or 0
             record.completion_tokens += response.usage.completion_tokens or 0
         if not response.choices:
-            raise _Retryable("the response has no choices")
+            raise Retryable("the response has no choices")
         choice = response.choices[0]
         finish = choice.finish_reason or ""
         text = choice.message.content or ""
         refusal = getattr(choice.message, "refusal", None)
         if refusal:
-            raise _Retryable(f"the judge refused: {refusal[:300]}")
+            raise Retryable(f"the judge refused: {refusal[:300]}")
         if finish == "length":
-            raise _Retryable(f"output cut off at max_tokens ({endpoint.max_tokens})", reask=True)
+            raise Retryable(f"output cut off at max_tokens ({endpoint.max_tokens})", reask=True)
         if not text.strip():
-            raise _Retryable("empty output")
+            raise Retryable("empty output")
         try:
-            data = _parse_json(text)
+            data = json_parse(text)
         except (json.JSONDecodeError, ValueError) as exc:
-            raise _Retryable(f"output is not JSON: {exc}", reask=True) from exc
+            raise Retryable(f"output is not JSON: {exc}", reask=True) from exc
         try:
             value = parse(data)
         except SchemaViolation as exc:
-            raise _Retryable(f"output does not match the schema: {exc}", reask=True) from exc
+            raise Retryable(f"output does not match the schema: {exc}", reask=True) from exc
         except RecursionError:
-            raise _Retryable("output does not match the schema: nested too deeply to check", reask=True) from None
-    except (_Retryable, _Fatal) as exc:
+            raise Retryable("output does not match the schema: nested too deeply to check", reask=True) from None
+    except (Retryable, Fatal) as exc:
         record.attempts.append(
             Attempt(number, (time.perf_counter() - started) * 1000, str(exc), text[:RAW_KEEP_CHARS], finish)
         )
@@ -595,10 +358,10 @@ def call_structured(
             value, data, text = _one_attempt(
                 endpoint, prompt, response_format, parse, record, number, seed, min(endpoint.timeout_s, remaining)
             )
-        except _Fatal as exc:
+        except Fatal as exc:
             last_error = str(exc)
             break
-        except _Retryable as exc:
+        except Retryable as exc:
             last_error = str(exc)
             if number == endpoint.max_attempts:
                 break

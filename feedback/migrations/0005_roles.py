@@ -6,7 +6,7 @@ from django.db import migrations
 def forwards(apps, schema_editor):
     from django.contrib.auth.management import create_permissions
 
-    from feedback.services.roles import roles_sync
+    from webapp.kernel.roles import roles_sync
 
     # Model permissions are normally created after all migrations; the groups need them now.
     for app_config in apps.get_app_configs():

@@ -2,7 +2,7 @@
 
 from django.db import migrations, models
 
-# One status vocabulary for background work (webapp/work.py): a judge job or failure-mode
+# One status vocabulary for background work (webapp/kernel/work.py): a judge job or failure-mode
 # run that ended well says "finished", as training jobs and evaluations do.
 
 

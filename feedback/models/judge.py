@@ -19,7 +19,7 @@ from feedback.models.policy_notes import PolicyNoteVersion
 from feedback.models.review import Comment, Correction, CustomerFeedback
 from feedback.models.traces import Message, Trace
 from training.serving.models import Deployment
-from webapp.work import WorkItem, WorkStatus
+from webapp.kernel.work import WorkItem, WorkStatus
 
 
 class JudgeStatus(models.TextChoices):

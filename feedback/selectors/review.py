@@ -24,7 +24,7 @@ from feedback.models import (
     TurnRating,
 )
 from feedback.permissions import can_see_customer_feedback
-from feedback.services.chat_format import MAX_JSON_DEPTH, json_depth, json_loads_bounded
+from webapp.kernel.chat_format import MAX_JSON_DEPTH, json_depth, json_loads_bounded
 
 # Characters of a message shown before "show more"; the rest is fetched on demand.
 HEAD_CHARS = 2_000

@@ -13,11 +13,14 @@ from django.db import connection
 from django.db.models import BooleanField, Exists, OuterRef, Q, QuerySet
 from django.db.models.expressions import RawSQL
 
-from feedback.forms import OUTCOME_VALUES, RATING_VALUES
 from feedback.models import Message, MessageRole, Trace, TraceFlag, TraceSource
 from feedback.services.search import SEARCH_CONFIG, search_match_sql
 
 PAGE_SIZE = 50
+# What each choice of the filter's rating and outcome fields stands for in the rows (the
+# form, feedback/forms.py, offers the choices); an ungraded trace's stored outcome is blank.
+RATING_VALUES = {"negative": -1, "neutral": 0, "positive": 1}
+OUTCOME_VALUES = {"failure": "failure", "success": "success", "ungraded": ""}
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICRO = timedelta(microseconds=1)
 LIST_COLUMNS = (

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from feedback.gateway.exchange import Exchange, ExchangeStatus
-from feedback.services.chat_format import ParsedMessage
+from webapp.kernel.chat_format import ParsedMessage
 
 
 def _serving(ex: Exchange, response_id: str, finish_reason: str, usage: Any) -> dict[str, Any]:

@@ -25,8 +25,6 @@ sending the original trace id keeps extending the same fork; nothing stored is r
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -41,44 +39,15 @@ from django.utils import timezone
 from feedback.gateway.exchange import Exchange, ExchangeStatus
 from feedback.models import Message, Trace, TraceSource, TraceStatus
 from feedback.services.assistant_turns import exchange_assistant_turns
-from feedback.services.chat_format import ParsedMessage
 from feedback.services.ingest import trace_counts
+from feedback.services.message_digests import UNSEEN_FINISH_REASONS, message_digest, parsed_digest
 from feedback.services.stitching import Stitcher
-from feedback.services.trace_rows import message_row, messages_insert, strip_nul, traces_insert
+from feedback.services.trace_rows import message_row, messages_insert, traces_insert
+from webapp.kernel.chat_format import ParsedMessage
+from webapp.kernel.nul import strip_nul
 
-UNSEEN_FINISH_REASONS = frozenset({"error", "client_disconnect"})
 MAX_FORK_DEPTH = 16
 TRACE_KEY_MAX = 200
-
-
-def message_digest(
-    role: str, content: str, tool_calls: list[dict[str, Any]] | None, tool_call_id: str, name: str
-) -> str:
-    """A stable digest of what a message says (the same in every process)."""
-    calls = []
-    for call in tool_calls or []:
-        function = call.get("function") or {}
-        arguments = function.get("arguments", "")
-        if isinstance(arguments, str):
-            with contextlib.suppress(orjson.JSONDecodeError):
-                arguments = orjson.loads(arguments) if arguments else ""
-        calls.append((call.get("id") or "", function.get("name") or "", arguments))
-    body = orjson.dumps((role, content or "", calls, tool_call_id or "", name or ""), option=orjson.OPT_SORT_KEYS)
-    return hashlib.blake2b(body, digest_size=10).hexdigest()
-
-
-def parsed_digest(m: ParsedMessage) -> str | None:
-    """The message's digest; None for a turn the client never saw."""
-    if m.role == "assistant" and m.serving.get("finish_reason") in UNSEEN_FINISH_REASONS:
-        return None
-    return content_digest(m)
-
-
-def content_digest(m: ParsedMessage) -> str:
-    """The digest of what the message says, computed once per message."""
-    if m.digest is None:
-        m.digest = message_digest(m.role, m.content, m.tool_calls, m.tool_call_id, m.name)
-    return m.digest
 
 
 def fork_key(root: str, position: int, digest: str) -> str:

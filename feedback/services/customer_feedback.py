@@ -34,11 +34,11 @@ from feedback.models import (
     Trace,
     rating_sentiment,
 )
-from feedback.services.chat_format import FieldError
 from feedback.services.judging import judge_on_customer_feedback
 from training.serving.models import Deployment
-from webapp.errors import Conflict, NotFound, Refused
-from webapp.ids import parse_id
+from webapp.kernel.chat_format import FieldError
+from webapp.kernel.errors import Conflict, NotFound, Refused
+from webapp.kernel.ids import parse_id
 
 MAX_TEXT_CHARS = 20_000
 LINK_SALT = "practicum.feedback-link"

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from feedback.services.api_keys import api_key_create, api_key_revoke
 from training.serving.models import Deployment
-from webapp.errors import Invalid
+from webapp.kernel.errors import Invalid
 
 SPLITS = ("train", "test")
 MAX_EPISODES = 200

@@ -7,7 +7,7 @@ from django.core.validators import validate_slug
 from django.utils import timezone
 
 from feedback.models import Trace, TraceFlag
-from feedback.services.chat_format import FieldError
+from webapp.kernel.chat_format import FieldError
 
 
 def trace_flag_set(*, trace: Trace, name: str, source: str = "", detail: str = "") -> TraceFlag:

@@ -23,8 +23,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from feedback.models import ApiKey, Grade, GradeOutcome, Trace
-from feedback.services.chat_format import FieldError
 from training.serving.models import Deployment
+from webapp.kernel.chat_format import FieldError
 
 DEFAULT_NAME = "outcome"
 MAX_GRADES_PER_TRACE = 20

@@ -19,7 +19,10 @@ from django.db import IntegrityError, OperationalError, transaction
 from django.utils import timezone
 
 from feedback.models import Trace, TraceSource, TraceStatus
-from feedback.services.chat_format import (
+from feedback.services.grades import GradeIn, grades_parse, grades_write
+from feedback.services.trace_rows import message_row, messages_insert, traces_insert
+from training.serving.models import Deployment
+from webapp.kernel.chat_format import (
     SERVING_KEYS,
     FieldError,
     ParsedMessage,
@@ -29,9 +32,7 @@ from feedback.services.chat_format import (
     parse_timestamp,
     parse_tools,
 )
-from feedback.services.grades import GradeIn, grades_parse, grades_write
-from feedback.services.trace_rows import message_row, messages_insert, strip_nul, traces_insert
-from training.serving.models import Deployment
+from webapp.kernel.nul import strip_nul
 
 PREVIEW_CHARS = 300
 

@@ -90,8 +90,8 @@ def traces_jsonl_lines(*, traces: Any, limit: int | None = None, chunk_size: int
 
 
 def traces_parquet(*, traces: Any, limit: int | None = None) -> IO[bytes]:
-    """The same rows as Parquet (`webapp.parquet`), with each trace's id and external id."""
-    from webapp.parquet import parquet_file
+    """The same rows as Parquet (`webapp.kernel.parquet`), with each trace's id and external id."""
+    from webapp.kernel.parquet import parquet_file
 
     rows = (
         {**row, "trace_id": trace.pk, "external_id": trace.external_id}

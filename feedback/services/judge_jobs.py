@@ -27,8 +27,8 @@ from feedback.models import (
 from feedback.selectors.judge import judge_endpoint_for
 from feedback.services.judging import JudgeError, judge_request, judge_run
 from feedback.tasks import judge_job_run_task
-from webapp.stale_work import stale_work_fail
-from webapp.work import (
+from webapp.kernel.stale_work import stale_work_fail
+from webapp.kernel.work import (
     WorkStatus,
     work_attempts_exceeded,
     work_beat,

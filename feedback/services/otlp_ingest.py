@@ -34,13 +34,14 @@ from django.db.models import F
 from django.utils import timezone
 
 from feedback.models import OtelSpan, OtelTrace, Trace, TraceSource
-from feedback.services.chat_format import parse_timestamp
 from feedback.services.ingest import trace_counts, traces_ingest
 from feedback.services.otlp import MAX_ERROR_CHARS, MAX_SPANS, MAX_SPANS_PER_TRACE, spans_of
 from feedback.services.otlp_messages import SpanReading, ns_iso, span_read
 from feedback.services.otlp_trace import Rejected, TraceExtension, extension_check, state_resync
-from feedback.services.trace_rows import message_row, messages_insert, strip_nul
+from feedback.services.trace_rows import message_row, messages_insert
 from training.serving.models import Deployment
+from webapp.kernel.chat_format import parse_timestamp
+from webapp.kernel.nul import strip_nul
 
 _NO_GENAI = "no GenAI or OpenInference model-call span in this trace"
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from feedback.services.chat_format import SERVING_KEYS
 from feedback.services.otlp import LLM_OPERATIONS, TOOL_OPERATION, SpanRecord, as_dict, as_list, jsonb_clean
+from webapp.kernel.chat_format import SERVING_KEYS
 
 _ROLES = frozenset({"system", "user", "assistant", "tool"})
 _OPENINFERENCE_MESSAGE = re.compile(r"^llm\.(input|output)_messages\.(\d+)\.message\.(.+)$")

@@ -12,9 +12,9 @@ import orjson
 from django.conf import settings
 
 from feedback.models import Message, OtelSpan, OtelTrace
-from feedback.services.chat_format import MAX_JSON_DEPTH, FieldError, ParsedMessage, json_depth, parse_message
 from feedback.services.otlp_messages import SpanReading, plain_message
 from training.serving.models import Deployment
+from webapp.kernel.chat_format import MAX_JSON_DEPTH, FieldError, ParsedMessage, json_depth, parse_message
 
 NO_CONTENT = (
     "the model-call spans carry no message content; turn content capture on "

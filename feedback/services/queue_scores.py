@@ -26,8 +26,7 @@ from django.db.models import Count
 from django.utils import timezone
 
 from feedback.models import AnnotationQueue, QueueItem, QueueItemStatus, QueueScore, ScoreDimension, ScoreKind
-from feedback.services.chat_format import FieldError
-from feedback.services.queues import QueueItemNotHeld
+from webapp.kernel.chat_format import FieldError
 
 MAX_DIMENSIONS = 12
 MAX_CATEGORIES = 20
@@ -39,6 +38,10 @@ _NAME = re.compile(r"[-a-z0-9_]{1,100}")
 _RANGE = re.compile(r"(-?\d+(?:\.\d+)?)\s*(?:-|\u2013|to|\.\.)\s*(-?\d+(?:\.\d+)?)")
 _YES = {"yes", "true", "1", "on"}
 _NO = {"no", "false", "0", "off"}
+
+
+class QueueItemNotHeld(Exception):
+    """The item is locked by someone else (or already done)."""
 
 
 @dataclass(frozen=True, slots=True)

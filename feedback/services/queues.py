@@ -14,13 +14,10 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from feedback.models import AnnotationQueue, FailureCluster, QueueItem, QueueItemStatus, QueueSkip, Trace
-from feedback.services.chat_format import FieldError
+from feedback.services.queue_scores import QueueItemNotHeld, queue_rubric_set
+from webapp.kernel.chat_format import FieldError
 
 MAX_QUEUE_ITEMS = 5_000
-
-
-class QueueItemNotHeld(Exception):
-    """The item is locked by someone else (or already done)."""
 
 
 @transaction.atomic
@@ -41,8 +38,6 @@ def queue_create(
     """A queue of (at most `limit`) traces, in the order of the filtered list, with what its
     reviewers are asked to do: `instructions`, a `rubric` and score `dimensions` (their text,
     one a line: see feedback.services.queue_scores)."""
-    from feedback.services.queue_scores import queue_rubric_set
-
     name = (name or "").strip()
     if not name:
         raise FieldError("name", "required")
@@ -81,7 +76,7 @@ def queue_from_failure_cluster(*, cluster: FailureCluster, created_by) -> tuple[
     """A queue of the traces a failure mode's notes are on ("Review in a queue"), newest
     first, named after the failure mode; `(queue, True)`. A cluster has one queue: asked
     again, it returns the one already made, as it stands (`(queue, False)`)."""
-    from feedback.selectors.failure_modes import failure_cluster_trace_ids
+    from feedback.failure_modes.selectors import failure_cluster_trace_ids
 
     # Two clicks at once wait for each other here, so the second finds the first's queue.
     locked = FailureCluster.objects.select_for_update(of=("self",)).select_related("run").filter(pk=cluster.pk).first()

@@ -17,8 +17,8 @@ from django.utils.crypto import get_random_string
 
 from feedback.models import Comment, Correction, Message, MessageRole, RatingKind, Trace, TurnRating
 from feedback.schema_validation import tool_arguments_error, tool_parameter_schemas
-from feedback.services.chat_format import FieldError, json_depth_check
 from feedback.services.judging import judge_on_comment
+from webapp.kernel.chat_format import FieldError, json_depth_check
 
 MAX_COMMENT_CHARS = 20_000
 MAX_CORRECTION_CHARS = 100_000

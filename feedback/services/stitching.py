@@ -8,7 +8,7 @@ trace; what follows the history in the call (a tool result, the user's next word
 new answer are appended by the same prefix rule as a call that names its trace.
 
 - **Digests.** A message's digest covers its role, text, tool calls (name, id, arguments as
-  JSON) and tool-call id (`capture.message_digest`, the same comparison the prefix rule uses,
+  JSON) and tool-call id (`message_digests.message_digest`, the same comparison the prefix rule uses,
   so SDK re-serialisation does not matter); a history's digest chains them
   (`history_chain`), so every prefix of a call is hashed in one pass and looked up in one
   indexed query, whatever the conversation's length: `O(assistant turns of the call)`
@@ -51,7 +51,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from django.conf import settings
 from django.db import connection
@@ -59,6 +59,7 @@ from django.db.models import F, Window
 from django.db.models.functions import RowNumber
 
 from feedback.models import ConversationTip
+from feedback.services.message_digests import content_digest
 
 TIPS_PER_HISTORY = 4
 _TIPS_SQL = f"""
@@ -78,7 +79,15 @@ ON CONFLICT (deployment_id, digest, trace_id) DO NOTHING
 
 if TYPE_CHECKING:
     from feedback.gateway.exchange import Exchange
-    from feedback.services.capture import _Batch
+
+
+class TraceBatch(Protocol):
+    """The capture's batch as the stitcher reads it: the traces of a deployment loaded once,
+    locked, by key (feedback/services/capture.py), each with its `id` and message `digests`."""
+
+    states: dict[tuple[int, str], Any]
+
+    def load(self, deployment_id: int, keys: Sequence[str]) -> None: ...
 
 
 def stitch_scope(*, session_id: str, api_key_id: int | None) -> str:
@@ -128,7 +137,7 @@ class _Call:
 class Stitcher:
     """Resolves the trace of each stitched exchange of a batch and records the new tips."""
 
-    def __init__(self, batch: _Batch, now: datetime) -> None:
+    def __init__(self, batch: TraceBatch, now: datetime) -> None:
         self.batch = batch
         self.now = now
         self.cutoff = now - timedelta(seconds=settings.GATEWAY_STITCH_WINDOW_SECONDS)
@@ -144,8 +153,6 @@ class Stitcher:
     # -- before the batch: one query per deployment ---------------------------------------------
 
     def prepare(self, exchanges: Sequence[Exchange]) -> None:
-        from feedback.services.capture import content_digest
-
         wanted: dict[int, set[str]] = {}
         for ex in exchanges:
             digests = [content_digest(m) for m in ex.messages]

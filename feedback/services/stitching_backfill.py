@@ -45,9 +45,9 @@ from feedback.models import (
     TraceSource,
     TurnRating,
 )
-from feedback.services.capture import UNSEEN_FINISH_REASONS, message_digest
 from feedback.services.grades import trace_outcomes_refresh
 from feedback.services.ingest import trace_counts
+from feedback.services.message_digests import UNSEEN_FINISH_REASONS, message_digest
 from feedback.services.stitching import history_chain, stitch_scope
 
 GENERATED_KEY = re.compile(r"^gw-[0-9a-f]{32}$")
@@ -252,7 +252,7 @@ def _absorb(target_id: int, source_id: int) -> None:
 
 
 def _recount(trace_id: int) -> None:
-    from feedback.services.chat_format import ParsedMessage
+    from webapp.kernel.chat_format import ParsedMessage
 
     messages = [
         ParsedMessage(

@@ -1,6 +1,6 @@
 """Writing trace and message rows in bulk: one COPY per table on PostgreSQL (a bulk insert
 elsewhere), JSON serialised once with orjson, and NUL taken out of untrusted text first
-(`strip_nul`: PostgreSQL text and jsonb cannot hold it). Every source of traces (batch
+(`strip_nul`, webapp/kernel/nul.py: PostgreSQL text and jsonb cannot hold it). Every source of traces (batch
 ingest, the gateway's capture, OTLP) writes through here."""
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ import orjson
 from django.db import connection
 
 from feedback.models import Message, Trace
-from feedback.services.chat_format import ParsedMessage
 from feedback.services.search import traces_search_index_later
+from webapp.kernel.chat_format import ParsedMessage
+from webapp.kernel.nul import strip_nul
 
 MESSAGE_COLUMNS = (
     "trace_id",
@@ -92,18 +93,6 @@ def message_row(*, trace_id: int, position: int, message: ParsedMessage, now: da
         s.get("usage"),
         s.get("model_version_id"),
     )
-
-
-def strip_nul(value: Any) -> Any:
-    """`value` with U+0000 replaced by U+FFFD in every string: PostgreSQL's text and jsonb
-    cannot hold NUL, and untrusted trace content (or a model's output) may contain it."""
-    if isinstance(value, str):
-        return value.replace("\x00", "\ufffd")
-    if isinstance(value, list):
-        return [strip_nul(v) for v in value]
-    if isinstance(value, dict):
-        return {strip_nul(k): strip_nul(v) for k, v in value.items()}
-    return value
 
 
 def _copy(table: str, columns: Sequence[str], json_columns: set[str], rows: Iterable[tuple]) -> None:

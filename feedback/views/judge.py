@@ -27,10 +27,10 @@ from feedback.selectors.judge import (
 from feedback.selectors.judge_gate import judgements_mark_unverified
 from feedback.services.judge_jobs import judge_job_cancel, judge_job_create
 from feedback.services.judging import JudgeError, deployment_judge_set, judge_request
-from feedback.views.common import dashboard_view, safe_next
 from feedback.views.traces import trace_or_404
 from training.serving.models import Deployment
-from webapp.form_problems import django_form_problems
+from webapp.kernel.form_problems import django_form_problems
+from webapp.kernel.pages import dashboard_view, safe_next
 
 RUN_JUDGE = "feedback.add_judgejob"
 SET_JUDGE = "feedback.change_deploymentjudge"

@@ -8,7 +8,6 @@ from django.shortcuts import render
 from django.views.decorators.http import require_http_methods
 
 from feedback.models import FeedbackSource
-from feedback.services.chat_format import FieldError
 from feedback.services.customer_feedback import (
     MAX_TEXT_CHARS,
     FeedbackLinkError,
@@ -16,7 +15,8 @@ from feedback.services.customer_feedback import (
     customer_feedback_create,
     feedback_link_resolve,
 )
-from feedback.views.common import with_csp
+from webapp.kernel.chat_format import FieldError
+from webapp.kernel.csp import with_csp
 
 _FIELD_NAMES = {"comment": "Your comment", "correction": "Your suggested answer"}
 

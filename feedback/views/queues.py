@@ -19,12 +19,12 @@ from feedback.selectors.queues import (
     queues_with_progress,
 )
 from feedback.selectors.trace_list import traces_filtered
-from feedback.services.chat_format import FieldError
 from feedback.services.queue_scores import dimensions_text, queue_item_scores_save, queue_rubric_set
 from feedback.services.queues import QueueItemNotHeld, queue_create, queue_item_done, queue_item_skip, queue_next_item
-from feedback.views.common import dashboard_view
 from feedback.views.traces import QUEUE_DEFAULTS, trace_detail_context, trace_list_page, trace_or_404
-from webapp.form_problems import django_form_problems, problems
+from webapp.kernel.chat_format import FieldError
+from webapp.kernel.form_problems import django_form_problems, problems
+from webapp.kernel.pages import dashboard_view
 
 
 @dashboard_view("feedback.view_annotationqueue")

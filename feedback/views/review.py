@@ -19,7 +19,6 @@ from feedback.forms import CommentForm
 from feedback.models import Comment, Correction, Message, RatingKind
 from feedback.permissions import ANNOTATE, can_see_trace
 from feedback.selectors.review import pretty_json, tool_names, trace_by_id, turn_single
-from feedback.services.chat_format import FieldError
 from feedback.services.review import (
     REVIEW_LIMITS,
     comment_add,
@@ -31,7 +30,8 @@ from feedback.services.review import (
     turn_rating_clear,
     turn_rating_set,
 )
-from feedback.views.common import dashboard_view, safe_next
+from webapp.kernel.chat_format import FieldError
+from webapp.kernel.pages import dashboard_view, safe_next
 
 
 def _message(request: HttpRequest, trace_id: int, position: int) -> Message:

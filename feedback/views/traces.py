@@ -27,7 +27,9 @@ from feedback.selectors.trace_list import (
 from feedback.selectors.traces import message_as_openai
 from feedback.services.review import REVIEW_LIMITS
 from feedback.templatetags.judge_tags import reward_class
-from feedback.views.common import dashboard_view, filter_query, with_csp
+from feedback.views.common import filter_query
+from webapp.kernel.csp import with_csp
+from webapp.kernel.pages import dashboard_view
 
 
 @dashboard_view(BROWSE)

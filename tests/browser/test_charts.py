@@ -14,7 +14,7 @@ from tests.factories import user_with_role
 from training.models import JobEventKind, TrainingJob, TrainingJobEvent
 from training.services.training_sets import training_set_from_tasks
 from training.serving.models import BaseModel, ModelVersion
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 WIDTHS = (1400, 390)

@@ -8,7 +8,7 @@ import pytest
 
 from tests.factories import user_with_role
 from tests.promotion.test_evaluation import TOOL_GRADED, local_registry  # noqa: F401 - the fixture
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 pytestmark = [pytest.mark.browser, pytest.mark.postgres]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from feedback.failure_modes.services import failure_mode_run_execute
 from feedback.models import FailureCluster, FailureModeRun, TraceFlag
-from feedback.services.failure_modes import failure_mode_run_execute
 from tests.factories import user_with_role
 from tests.failure_modes.test_cluster_names_and_flags import embed, noted  # noqa: F401
 from tests.fixtures.judge import Reply

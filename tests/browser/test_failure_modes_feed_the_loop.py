@@ -7,8 +7,8 @@ import re
 
 import pytest
 
+from feedback.failure_modes.services import failure_cluster_rename
 from feedback.models import AnnotationQueue
-from feedback.services.failure_modes import failure_cluster_rename
 from tests.factories import user_with_role
 from tests.failure_modes.test_cluster_names_and_flags import noted  # noqa: F401
 from tests.failure_modes.test_feed_the_loop import HOSTILE, modes  # noqa: F401

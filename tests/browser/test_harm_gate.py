@@ -10,7 +10,7 @@ import pytest
 from tests.factories import user_with_role
 from tests.promotion.test_harm_gate import HELD_OUT_TASKS, harmful_evaluation_create
 from training.promotion.models import PromotionStatus
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 pytestmark = [pytest.mark.browser, pytest.mark.postgres, pytest.mark.slow]
 

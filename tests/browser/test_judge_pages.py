@@ -14,7 +14,7 @@ from tests.feedback.conftest import TOOLS, tool_conversation
 from tests.fixtures.judge import Reply
 from tests.judge.conftest import VALID_JUDGEMENT
 from training.serving.services import deployment_get_or_create
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

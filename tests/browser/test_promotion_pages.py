@@ -14,7 +14,7 @@ from tests.fixtures.inference import talking_version_create
 from tests.fixtures.judge import scores_lookups
 from training.promotion.models import PromotionRequest
 from training.serving.models import LiveVersion
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 pytestmark = [pytest.mark.browser, pytest.mark.vllm, pytest.mark.redis, pytest.mark.postgres, pytest.mark.slow]
 

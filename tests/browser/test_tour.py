@@ -26,7 +26,7 @@ from training.modelprep import TINY_JUDGEMENT
 from training.models import TrainingJob, TrainingSet
 from training.promotion.models import AuditEvent, EvaluationItem, PromotionRequest, PromotionStatus
 from training.serving.models import LiveVersion, ModelVersion
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 pytestmark = [pytest.mark.browser, pytest.mark.vllm, pytest.mark.redis, pytest.mark.postgres, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,20 +7,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from feedback.judge.quality import name_from_texts, name_is_readable, text_is_praise
-from feedback.models import Comment, FailureCluster, FailureClusterMember, FailureModeRun, TraceFlag
-from feedback.services.chat_format import FieldError
-from feedback.services.failure_modes import (
+from feedback.failure_modes.services import (
     failure_cluster_dismiss,
     failure_cluster_rename,
     failure_mode_run_execute,
 )
+from feedback.judge.quality import name_from_texts, name_is_readable, text_is_praise
+from feedback.models import Comment, FailureCluster, FailureClusterMember, FailureModeRun, TraceFlag
 from feedback.services.ingest import traces_ingest
 from feedback.services.review import turn_rating_set
 from tests.factories import DeploymentFactory, user_with_role
 from tests.feedback.conftest import TOOLS, tool_conversation
 from tests.fixtures.judge import Reply
-from webapp.work import WorkStatus
+from webapp.kernel.chat_format import FieldError
+from webapp.kernel.work import WorkStatus
 
 pytestmark = pytest.mark.django_db
 

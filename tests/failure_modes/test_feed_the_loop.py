@@ -8,9 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from feedback.failure_modes.services import failure_cluster_rename, failure_mode_run_execute
 from feedback.models import AnnotationQueue, Comment, FailureCluster, FailureClusterMember, FailureModeRun, Trace
-from feedback.services.chat_format import FieldError
-from feedback.services.failure_modes import failure_cluster_rename, failure_mode_run_execute
 from feedback.services.ingest import traces_ingest
 from feedback.services.queues import queue_from_failure_cluster
 from tests.factories import user_with_role
@@ -22,7 +21,8 @@ from training.models import TrainingItem, TrainingSet, TrainingSplit
 from training.promotion.models import EvaluationItem
 from training.services.evaluation_slices import evaluation_slice_from_failure_cluster
 from training.services.training_sets import TrainingSetError
-from webapp.work import WorkStatus
+from webapp.kernel.chat_format import FieldError
+from webapp.kernel.work import WorkStatus
 
 pytestmark = pytest.mark.django_db
 

@@ -10,13 +10,13 @@ from collections import Counter
 import pytest
 
 from feedback.failure_modes.clustering import adjusted_rand_index
+from feedback.failure_modes.services import failure_mode_run_create, failure_mode_run_execute
 from feedback.models import Comment, FailureCluster, FailureClusterMember, FailureModeRun, Trace, TraceFlag
-from feedback.services.failure_modes import failure_mode_run_create, failure_mode_run_execute
 from feedback.services.ingest import traces_ingest
 from tests.factories import DeploymentFactory, user_with_role
 from tests.failure_modes.seeded import GROUPS, seeded_notes
 from tests.fixtures.judge import Reply, user_prompt
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 

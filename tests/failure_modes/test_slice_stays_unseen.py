@@ -18,7 +18,7 @@ from training.services.evaluation_items import EvaluationError
 from training.services.evaluation_slices import evaluation_slice_from_failure_cluster
 from training.services.feedback_sets import training_set_from_feedback
 from training.services.jobs import training_job_create
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 pytestmark = pytest.mark.django_db
 
@@ -124,10 +124,10 @@ def test_a_failure_mode_replaced_while_its_button_is_pressed_is_refused_not_a_cr
     """A run found running restarts and deletes its clusters: the page a person pressed the
     button on still names the old one. Both services answer on `cluster`, nothing is stored."""
     from feedback.models import AnnotationQueue, FailureCluster
-    from feedback.services.chat_format import FieldError
     from feedback.services.queues import queue_from_failure_cluster
     from training.models import TrainingSet
     from training.services.training_sets import TrainingSetError
+    from webapp.kernel.chat_format import FieldError
 
     stale = modes["tracking"]
     FailureCluster.objects.filter(pk=stale.pk).delete()

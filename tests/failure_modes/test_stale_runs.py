@@ -12,12 +12,12 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
-import feedback.services.failure_modes as pipeline
+import feedback.failure_modes.services as pipeline
+from feedback.failure_modes.services import failure_mode_run_execute, failure_mode_runs_fail_stale
 from feedback.models import FailureModeRun, Trace
-from feedback.services.failure_modes import failure_mode_run_execute, failure_mode_runs_fail_stale
 from tests.factories import DeploymentFactory, TraceFactory
+from webapp.kernel.work import WorkStatus
 from webapp.tasks import stale_work_sweep_task
-from webapp.work import WorkStatus
 
 pytestmark = pytest.mark.django_db
 

@@ -10,8 +10,8 @@ from feedback.gateway.exchange import Exchange, ExchangeStatus
 from feedback.gateway.recorder import Recorder
 from feedback.models import Trace
 from feedback.services.capture import TraceDigestCache, exchanges_record
-from feedback.services.chat_format import parse_message
 from tests.factories import DeploymentFactory
+from webapp.kernel.chat_format import parse_message
 
 
 def answer(text: str, *, n: int = 1, rid: str = "chatcmpl-1") -> dict:

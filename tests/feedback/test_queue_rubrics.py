@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from feedback.models import AnnotationQueue, QueueScore, ScoreDimension
-from feedback.services.chat_format import FieldError
 from feedback.services.queue_scores import queue_item_scores_save, queue_rubric_set, score_dimensions_parse
 from feedback.services.queues import QueueItemNotHeld, queue_next_item
 from tests.factories import user_with_role
+from webapp.kernel.chat_format import FieldError
 
 pytestmark = pytest.mark.django_db
 DIMENSIONS = """helpfulness: numeric 1-5 | How far the answer solved the customer's problem

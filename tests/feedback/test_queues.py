@@ -12,8 +12,8 @@ from feedback.models import AnnotationQueue, QueueItem
 from feedback.selectors.queues import queue_progress
 from feedback.selectors.trace_list import traces_filtered
 from feedback.services.queues import QueueItemNotHeld, queue_create, queue_item_done, queue_item_skip, queue_next_item
-from feedback.services.roles import ROLE_PERMISSIONS
 from tests.factories import user_with_role
+from webapp.kernel.roles import ROLE_PERMISSIONS
 
 pytestmark = pytest.mark.django_db
 

@@ -8,7 +8,6 @@ import pytest
 from django.core.exceptions import PermissionDenied
 
 from feedback.models import Comment, Correction, Message, Trace, TurnRating
-from feedback.services.chat_format import FieldError
 from feedback.services.review import (
     comment_add,
     comment_delete,
@@ -19,6 +18,7 @@ from feedback.services.review import (
     turn_rating_set,
 )
 from tests.factories import user_with_role
+from webapp.kernel.chat_format import FieldError
 
 pytestmark = pytest.mark.django_db
 

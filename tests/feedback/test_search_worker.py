@@ -52,8 +52,8 @@ def test_every_message_writer_queues_its_traces_for_indexing(
     deployment, operator_client, django_capture_on_commit_callbacks, eager_tasks
 ):
     from feedback.models import Trace
-    from feedback.services.chat_format import parse_message
     from feedback.services.ingest import trace_append_messages, traces_ingest
+    from webapp.kernel.chat_format import parse_message
 
     with django_capture_on_commit_callbacks(execute=True) as callbacks:
         (result,) = traces_ingest(

@@ -11,9 +11,9 @@ from django.core.management import call_command
 from feedback.gateway.exchange import Exchange
 from feedback.models import Comment, Trace, TurnRating
 from feedback.services.capture import exchanges_record, new_trace_key
-from feedback.services.chat_format import parse_message
 from feedback.services.review import comment_add
 from tests.factories import DeploymentFactory, user_with_role
+from webapp.kernel.chat_format import parse_message
 
 pytestmark = pytest.mark.django_db
 

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from feedback.judge.client import JUDGE_DOCS, failure_explained
+from feedback.judge.failures import JUDGE_DOCS, failure_explained
 from feedback.judge.prompts import FeedbackItem
 from feedback.judge.scoring import judge_turn, prompt_chars
 from feedback.models import JudgeResult, JudgeStatus

@@ -11,7 +11,7 @@ from feedback.tasks import judge_job_run_task
 from tests.factories import DeploymentFactory, user_with_role
 from tests.fixtures.judge import Reply, user_prompt
 from tests.judge.conftest import VALID_JUDGEMENT
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 pytestmark = pytest.mark.django_db
 

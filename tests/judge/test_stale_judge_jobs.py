@@ -13,8 +13,8 @@ from feedback.services.judge_jobs import judge_job_create, judge_job_run, judge_
 from tests.fixtures.judge import Reply
 from tests.judge.conftest import VALID_JUDGEMENT
 from tests.judge.test_judge_pages import commented_traces
+from webapp.kernel.work import WorkStatus
 from webapp.tasks import stale_work_sweep_task
-from webapp.work import WorkStatus
 
 pytestmark = pytest.mark.django_db
 

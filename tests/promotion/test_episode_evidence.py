@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 TASKS = 4
 

@@ -121,7 +121,7 @@ ITEMS = [
 def test_a_local_evaluation_scores_both_versions_side_by_side(local_registry, judge_settings, operator):
     from training.promotion.models import AuditAction, AuditEvent
     from training.services.evaluation import evaluation_create, evaluation_run
-    from webapp.work import WorkStatus
+    from webapp.kernel.work import WorkStatus
 
     deployment, base_version, candidate = local_registry
 
@@ -281,7 +281,7 @@ TOOL_GRADED = [
 
 def test_an_evaluation_grades_a_tool_calling_candidate_right_on_both_outcomes(local_registry, operator):
     from training.services.evaluation import evaluation_create, evaluation_run
-    from webapp.work import WorkStatus
+    from webapp.kernel.work import WorkStatus
 
     deployment, _, candidate = local_registry
     evaluation = evaluation_create(

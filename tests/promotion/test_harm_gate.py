@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 HELD_OUT_TASKS = 6
 

@@ -263,7 +263,7 @@ def test_a_comment_with_a_nul_character_is_a_400_naming_comment_and_nothing_chan
     assert approve.status_code == 400 and b"comment: contains a NUL character" in approve.content
     reject = client.post(reject_url(by_omar), {"comment": "no\x00"})
     assert reject.status_code == 400 and b"comment: contains a NUL character" in reject.content
-    # The request's own page: refused at the door (webapp/nul.py), never a 500.
+    # The request's own page: refused at the door (webapp/kernel/nul.py), never a 500.
     page = client.post(f"/promotions/{by_omar.pk}/reject", {"comment": "no\x00"})
     assert page.status_code == 400 and b"comment: contains a NUL character" in page.content
     assert set(PromotionRequest.objects.values_list("status", flat=True)) == {PromotionStatus.PENDING}

@@ -1,4 +1,4 @@
-"""A release is a work item: claimed, beaten at each step and ended through `webapp.work`,
+"""A release is a work item: claimed, beaten at each step and ended through `webapp.kernel.work`,
 and swept by the one stale-work sweep. What people rely on: a release whose worker died
 does not block the deployment forever, and the live pointer moves if and only if the
 release ended finished, whichever of the worker and the sweep gets there first."""
@@ -16,8 +16,8 @@ from training.promotion.models import AuditAction, AuditEvent, PromotionStatus, 
 from training.services.promotion import promotion_approve, promotion_request_create
 from training.services.release import release_run
 from training.serving.models import LiveVersion
+from webapp.kernel.work import WorkStatus, work_beat, work_claim, work_end
 from webapp.tasks import stale_work_sweep_task
-from webapp.work import WorkStatus, work_beat, work_claim, work_end
 
 
 def approved_release(registry, operator, approver) -> Release:

@@ -18,8 +18,8 @@ from training.promotion.models import AuditAction, AuditEvent, PromotionStatus, 
 from training.services.release import ReleaseFailed, release_run, releases_fail_stale
 from training.services.rollback import rollback_request
 from training.serving.models import LiveVersion, ModelVersionStatus
+from webapp.kernel.work import WorkStatus, work_claim
 from webapp.tasks import stale_work_sweep_task
-from webapp.work import WorkStatus, work_claim
 
 
 class Unloads:

@@ -15,7 +15,7 @@ from training.promotion.models import AuditAction, AuditEvent, PromotionStatus
 from training.services.promotion import promotion_approve, promotion_request_create
 from training.services.release import release_run
 from training.serving.models import LiveVersion
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from training.services.release import release_run
 from training.services.rollback import rollback_request
 from training.serving.models import LiveVersion, ModelVersion
 from training.serving.services import model_version_create
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 pytestmark = [pytest.mark.vllm, pytest.mark.postgres]
 

@@ -35,7 +35,7 @@ from training.inference.client import InferenceClient
 from training.promotion.models import ReleaseKind
 from training.serving.models import LiveVersion
 from training.serving.services import base_model_replicas_set, live_version_set, model_version_create
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 pytestmark = [pytest.mark.vllm, pytest.mark.postgres, pytest.mark.slow]
 

@@ -18,7 +18,7 @@ from training.services.release import release_run
 from training.services.rollback import rollback_target
 from training.serving.models import LiveVersion
 from training.serving.services import ModelRegistryError, live_version_set, model_version_create
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 pytestmark = pytest.mark.usefixtures("server_that_works")
 

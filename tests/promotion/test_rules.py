@@ -20,7 +20,7 @@ from training.services.promotion_checks import PromotionRefused
 from training.services.release import release_run
 from training.services.rollback import rollback_request, rollback_target
 from training.serving.models import LiveVersion
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 
 def request(registry, user, evaluation, **kwargs):

@@ -25,7 +25,7 @@ from training.services.promotion_signals import (
     evaluation_signals,
     signal_from_dict,
 )
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 S = SignalStatus
 

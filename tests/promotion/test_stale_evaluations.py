@@ -13,8 +13,8 @@ from tests.promotion.conftest import evaluation_row
 from training.promotion.models import AuditAction, AuditEvent, EvaluationItem
 from training.services import evaluation as evaluation_service
 from training.services.evaluation import evaluation_run, evaluations_fail_stale
+from webapp.kernel.work import WorkStatus
 from webapp.tasks import stale_work_sweep_task
-from webapp.work import WorkStatus
 
 pytestmark = pytest.mark.django_db
 

@@ -7,13 +7,13 @@ import io
 
 import pytest
 
+from feedback.failure_modes.services import failure_mode_run_execute
 from feedback.models import FailureModeRun, Message, Trace, TraceFlag
-from feedback.services.failure_modes import failure_mode_run_execute
 from feedback.services.jsonl import traces_import_jsonl
 from feedback.services.queues import queue_create, queue_next_item
 from feedback.services.review import FieldError, correction_add
 from tests.feedback.conftest import TOOLS, tool_conversation
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 pytestmark = pytest.mark.django_db
 DEEP_TEXT = "[" * 3000 + "]" * 3000  # 6 kB

@@ -176,8 +176,8 @@ class TestRolloutUrl:
 
     def test_the_worker_refuses_a_config_changed_after_it_was_created(self, base_version):
         from training.models import TrainingJob
-        from training.services.job_runner import training_job_run
-        from webapp.work import WorkStatus
+        from training.services.job_start import training_job_run
+        from webapp.kernel.work import WorkStatus
 
         server, seen = recording_server(status=200, body=b'{"data": [{"id": "tiny"}]}')
         try:

@@ -67,7 +67,7 @@ def test_the_api_schema_needs_a_login_or_a_key(client, make_key):
     ["/", "/tour/", "/overview/", "/training/jobs/", "/models/", "/login/", "/admin/", "/admin/login/", "/nope/"],
 )
 def test_every_page_sends_the_content_security_policy(client, path):
-    from webapp.csp import CSP
+    from webapp.kernel.csp import CSP
 
     client.force_login(user_with_role("admin", "ada", is_staff=True))
     response = client.get(path)

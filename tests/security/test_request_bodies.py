@@ -230,7 +230,7 @@ def _basic(username: str, password: str) -> bytes:
 def test_credentials_are_checked_from_the_headers_alone(client, keys, settings):
     from axes.models import AccessAttempt
 
-    from webapp.request_bodies import credentials_check
+    from webapp.site.request_bodies import credentials_check
 
     user = get_user_model().objects.create_user("basil", password="a-long-password-2")
     assert credentials_check({b"authorization": f"Bearer {keys['ingest']}".encode()}, None) == ""

@@ -14,7 +14,7 @@ from training.learning_policies.services import learning_policy_create
 from training.models import TrainingJob
 from training.promotion.models import Evaluation
 from training.services.training_sets import training_set_from_tasks
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 TASKS = [{"prompt": f"Say something about order A{i}.", "reference": "e", "grader": "contains"} for i in range(12)]
 

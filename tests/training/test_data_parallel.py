@@ -19,9 +19,10 @@ from tests.fixtures.worker import _database_url, process_group_stop, wait_for
 from tests.training.test_jobs_worker import _job, _start_worker
 from training.models import JobEventKind, TrainingJob
 from training.services.job_processes import processes_failure
-from training.services.job_runner import job_run_dir, training_job_run
+from training.services.job_runner import job_run_dir
+from training.services.job_start import training_job_run
 from training.services.jobs import training_job_cancel, training_job_create
-from webapp.work import WorkStatus, work_worker_name
+from webapp.kernel.work import WorkStatus, work_worker_name
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = {

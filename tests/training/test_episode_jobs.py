@@ -12,7 +12,7 @@ from tests.factories import user_with_role
 from training.models import JobEventKind, TrainingJob
 from training.services.jobs import JobError, training_job_create
 from training.serving.models import BaseModel, Deployment, ModelVersion, ModelVersionKind
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 FAST = {
     "environment": "files",
@@ -41,7 +41,7 @@ def version(db, tiny_model_dir, settings, tmp_path):
 
 @pytest.mark.django_db
 def test_an_episode_job_records_its_episodes_as_traces_and_yields_a_candidate(version, client):
-    from training.services.job_runner import training_job_run
+    from training.services.job_start import training_job_run
 
     job = training_job_create(kind="episodes", config=FAST, base_version=version, training_set=None)
     assert job.deployment == version.deployment and job.training_set is None
@@ -148,7 +148,7 @@ def test_a_celery_worker_runs_an_episode_job(tiny_model_dir, tmp_path):
 @pytest.mark.django_db
 def test_episode_rewards_combine_the_grader_with_the_judge_by_the_configured_weights(version, judge_settings):
     from tests.fixtures.judge import presented_responses
-    from training.services.job_runner import training_job_run
+    from training.services.job_start import training_job_run
 
     def judge(request):
         shown = presented_responses(request)

@@ -9,8 +9,8 @@ from django.urls import reverse
 
 from tests.training.test_job_pages import client_in, running_job, training_set, version  # noqa: F401 - fixtures
 from training.models import TrainingJob
-from webapp.form_problems import json_object_error
-from webapp.ids import ID_REASON, form_id
+from webapp.kernel.form_problems import json_object_error
+from webapp.kernel.ids import ID_REASON, form_id
 
 pytestmark = pytest.mark.django_db
 HUGE = '{"steps": ' + "1" * 5000 + "}"

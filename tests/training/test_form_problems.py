@@ -20,8 +20,8 @@ from tests.promotion.test_regression_gate import glowing_evaluation, regressing_
 from training.models import TrainingJob, TrainingSplit
 from training.promotion.models import Evaluation, PromotionRequest
 from training.services.training_sets import split_for, training_set_create
-from webapp.form_problems import json_object_error, problems
-from webapp.work import WorkStatus
+from webapp.kernel.form_problems import json_object_error, problems
+from webapp.kernel.work import WorkStatus
 
 pytestmark = pytest.mark.django_db
 

@@ -10,7 +10,7 @@ import pytest
 from tests.factories import user_with_role
 from training.models import JobEventKind, TrainingJob
 from training.services.jobs import JobError, training_job_create
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 pytestmark = pytest.mark.django_db
 
@@ -40,7 +40,7 @@ def test_hint_samples_on_a_set_without_comments_are_refused_by_the_service_and_t
 
 
 def test_a_hinted_job_from_the_jobs_page_runs_and_logs_what_its_hints_did(client, base_version):
-    from training.services.job_runner import training_job_run
+    from training.services.job_start import training_job_run
     from training.services.training_sets import training_set_from_tasks
 
     # Graded against a word the tiny random model does not write: every group fails.

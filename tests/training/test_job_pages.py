@@ -11,7 +11,7 @@ from training.charts import chart_spec, line_chart
 from training.models import JobEventKind, TrainingJob, TrainingJobEvent
 from training.services.training_sets import training_set_from_tasks
 from training.serving.models import BaseModel, ModelVersion
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 pytestmark = pytest.mark.django_db
 XSS = '<script>alert("x")</script>'

@@ -13,7 +13,7 @@ from training.models import JobEventKind, TrainingJob, TrainingSplit
 from training.services.jobs import JobError, training_job_cancel, training_job_create, training_jobs_check_stale
 from training.services.training_sets import split_for, training_set_from_tasks
 from training.serving.models import LiveVersion, ModelVersion, ModelVersionKind, ModelVersionStatus
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 pytestmark = pytest.mark.django_db
 
@@ -32,7 +32,7 @@ FAST = {
 
 
 def test_a_job_runs_to_a_candidate_version_without_touching_the_live_one(base_version, task_set):
-    from training.services.job_runner import training_job_run
+    from training.services.job_start import training_job_run
 
     job = training_job_create(kind="grpo", config=FAST, base_version=base_version, training_set=task_set)
     assert job.status == WorkStatus.QUEUED and job.total_steps == 3
@@ -102,7 +102,7 @@ def test_bad_requests_name_the_field(base_version, task_set):
 
 
 def test_cancel_before_and_during_a_run(base_version, task_set):
-    from training.services.job_runner import training_job_run
+    from training.services.job_start import training_job_run
 
     queued = training_job_create(kind="grpo", config=FAST, base_version=base_version, training_set=task_set)
     assert training_job_cancel(job=queued).status == WorkStatus.CANCELLED
@@ -169,7 +169,7 @@ def test_import_tasks_command(tmp_path):
 
 
 def test_a_job_can_continue_from_a_lora_candidate(base_version, task_set):
-    from training.services.job_runner import training_job_run
+    from training.services.job_start import training_job_run
 
     first = training_job_create(kind="grpo", config=FAST, base_version=base_version, training_set=task_set)
     training_job_run(job_id=first.pk, worker="w1")
@@ -193,7 +193,7 @@ def test_a_job_continued_from_a_lora_version_measures_its_kl_from_that_version(b
     """The reference is base + the version's adapter, not the bare base model: before the
     first update the policy is that version, so the first step's KL is 0."""
     from tests.fixtures.adapters import random_adapter_make
-    from training.services.job_runner import training_job_run
+    from training.services.job_start import training_job_run
 
     adapter = random_adapter_make(Path(base_version.path), tmp_path / "adapter")
     version = ModelVersion.objects.create(
@@ -227,7 +227,7 @@ def test_grpo_on_logged_turns_scores_each_group_with_the_judge(base_version, jud
     from feedback.models import CandidateScoring
     from tests.factories import user_with_role
     from tests.fixtures.judge import presented_responses, user_prompt
-    from training.services.job_runner import training_job_run
+    from training.services.job_start import training_job_run
     from training.services.training_sets import training_set_create
 
     def judge(request):
@@ -314,7 +314,7 @@ def test_a_worker_that_ends_after_the_stale_check_failed_its_job_does_not_overwr
 def test_a_worker_whose_job_another_took_over_writes_nothing_more(base_version, task_set, monkeypatch):
     """The sweep gave the job to worker B while A was still training: A's next step writes
     no event and no checkpoint into the folder B resumes from, and A ends as "skipped"."""
-    from training.services import job_runner
+    from training.services import job_runner, job_start
 
     job = training_job_create(
         kind="grpo",
@@ -331,7 +331,7 @@ def test_a_worker_whose_job_another_took_over_writes_nothing_more(base_version, 
 
     monkeypatch.setattr(job_runner, "job_phase_set", taken_over_at_step_3)
 
-    assert job_runner.training_job_run(job_id=job.pk, worker="A") == "skipped"
+    assert job_start.training_job_run(job_id=job.pk, worker="A") == "skipped"
     job.refresh_from_db()
     assert job.worker == "B" and job.status == WorkStatus.RUNNING  # B's, untouched by A
     assert [e.step for e in job.events.filter(kind=JobEventKind.STEP)] == [1, 2]
@@ -345,12 +345,12 @@ def test_a_models_text_with_nul_is_logged_without_failing_the_job(base_version, 
     """A model may generate U+0000 (a random tiny one did, in a sample row); PostgreSQL's jsonb
     cannot hold it, and the job failed writing its samples."""
     from training.models import TrainingJobEvent
-    from training.services.job_runner import _event_id
+    from training.services.job_runner import job_event_add
     from training.services.jobs import training_job_create
 
     job = training_job_create(kind="grpo", config={}, base_version=base_version, training_set=task_set, enqueue=False)
 
-    _event_id(job.pk, "sample", 1, {"rows": [{"response": "refund\x00 please", "a\x00": 1}]})
+    job_event_add(job.pk, "sample", 1, {"rows": [{"response": "refund\x00 please", "a\x00": 1}]})
 
     (event,) = TrainingJobEvent.objects.filter(job=job, kind="sample")
     assert event.data == {"rows": [{"response": "refund\ufffd please", "a\ufffd": 1}]}

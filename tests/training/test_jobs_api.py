@@ -7,7 +7,7 @@ import pytest
 
 from tests.factories import user_with_role
 from training.models import JobEventKind, TrainingJob, TrainingJobEvent
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 pytestmark = pytest.mark.django_db
 CONFIG = {"steps": 3, "prompts_per_step": 2, "group_size": 4, "max_new_tokens": 6, "eval_every": 0}

@@ -19,7 +19,7 @@ from training.models import JobEventKind, TrainingJob
 from training.services.jobs import training_job_cancel, training_job_create
 from training.services.training_sets import training_set_from_tasks
 from training.serving.models import BaseModel, LiveVersion, ModelVersion, ModelVersionKind, ModelVersionStatus
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 pytestmark = [pytest.mark.redis, pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 ROOT = Path(__file__).resolve().parents[2]

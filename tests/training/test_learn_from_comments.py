@@ -244,7 +244,7 @@ def test_the_judge_scores_fresh_samples_under_the_operators_comment(tiny_model_d
 
 def test_the_tours_distillation_settings_are_the_ones_the_comparison_measures():
     from training.trainer.config import DistillConfig
-    from webapp.selectors_tour import comment_job_settings
+    from webapp.site.selectors_tour import comment_job_settings
 
     options = lfc.Options()
     measured = DistillConfig.from_dict(lfc._common(options, 0) | {"samples_per_prompt": options.distill_samples})

@@ -20,7 +20,7 @@ from training.learning_policies.tick import learning_policies_tick
 from training.models import TrainingJob
 from training.promotion.models import PromotionRequest, PromotionStatus
 from training.serving.models import LiveVersion, LiveVersionChange
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 pytestmark = pytest.mark.django_db
 

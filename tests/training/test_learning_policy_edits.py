@@ -97,7 +97,7 @@ def test_the_form_refuses_bad_input_with_a_400_naming_the_field(world, client, v
     client.force_login(world["olga"])
     response = client.post("/training/policies/", FORM | values)
     assert response.status_code == 400
-    if any("\x00" in v for v in values.values()):  # refused at the door (webapp/nul.py)
+    if any("\x00" in v for v in values.values()):  # refused at the door (webapp/kernel/nul.py)
         assert f"{field}: contains a NUL character".encode() in response.content
         return
     assert [f for f, _ in response.context["errors"]] == [field]

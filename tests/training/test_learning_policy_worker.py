@@ -23,7 +23,7 @@ from training.learning_policies.services import learning_policy_create
 from training.promotion.models import PromotionRequest, PromotionStatus
 from training.services.training_sets import training_set_from_tasks
 from training.serving.models import BaseModel, LiveVersion, LiveVersionChange, ModelVersion, ModelVersionKind
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 pytestmark = [pytest.mark.redis, pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 ROOT = Path(__file__).resolve().parents[2]

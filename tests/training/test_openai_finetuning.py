@@ -20,9 +20,9 @@ from training.finetuning.files import file_validate
 from training.finetuning.jobs import fine_tuning_job_prepare
 from training.finetuning.models import FineTuningFile, FineTuningJob
 from training.models import TrainingItem, TrainingJob, TrainingJobEvent, TrainingSet
-from training.services.job_runner import training_job_run
+from training.services.job_start import training_job_run
 from training.serving.models import ModelVersion
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 pytestmark = pytest.mark.django_db
 

@@ -20,7 +20,7 @@ from training.serving.services import (
     deployment_get_or_create,
     live_version_set,
 )
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 pytestmark = pytest.mark.django_db
 

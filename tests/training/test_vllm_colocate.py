@@ -142,9 +142,9 @@ def test_the_worker_runs_a_colocated_job_in_a_process_of_its_own(base_version, p
     not start: the worker runs the job through torchrun, as one process, and supervises it.
     The job ends with a candidate version, as a job sampling locally does."""
     from training.models import JobEventKind, TrainingJob
-    from training.services.job_runner import training_job_run
+    from training.services.job_start import training_job_run
     from training.serving.models import ModelVersionKind
-    from webapp.work import WorkStatus, work_worker_name
+    from webapp.kernel.work import WorkStatus, work_worker_name
 
     job = _colocated_job(base_version, steps=2)
 
@@ -265,8 +265,8 @@ def test_a_colocated_job_whose_process_is_killed_fails_and_leaves_no_engine_runn
     import time
 
     from training.models import JobEventKind, TrainingJob
-    from training.services.job_runner import training_job_run
-    from webapp.work import WorkStatus, work_worker_name
+    from training.services.job_start import training_job_run
+    from webapp.kernel.work import WorkStatus, work_worker_name
 
     job = _colocated_job(base_version, steps=500)
     outcome = {}

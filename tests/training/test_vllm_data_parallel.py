@@ -89,11 +89,11 @@ def test_the_worker_runs_a_two_process_job_whose_rollouts_come_from_the_base_mod
     ends with a candidate version, and its events are one owner's."""
     from tests.training.test_data_parallel import CONFIG
     from training.models import JobEventKind, TrainingJob
-    from training.services.job_runner import training_job_run
+    from training.services.job_start import training_job_run
     from training.services.jobs import training_job_create
     from training.services.training_sets import training_set_from_tasks
     from training.serving.models import ModelVersionKind
-    from webapp.work import WorkStatus, work_worker_name
+    from webapp.kernel.work import WorkStatus, work_worker_name
 
     base = base_version.base_model  # the served weights are the trained ones
     base.path = base_version.path = str(vllm_server.model_path)

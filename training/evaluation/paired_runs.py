@@ -7,7 +7,7 @@ A seed is one pair of runs on the same tasks with the same sampling seeds: the b
 the candidate's figures, each {"version", "graded", "success_rate", "collateral_rate" (None:
 not measured), "violation_rate" (None: not measured), "per_episode": [{"index", "task",
 "success", "kind", "violations"}]}, the shape `scripts/tour_demo.py` writes and
-`webapp.selectors_measurements` rebuilds from traces (files written before kinds and
+`webapp.site.selectors_measurements` rebuilds from traces (files written before kinds and
 violations were measured lack them: one stratum, no violation figure).
 Pure: no database, no Django.
 """

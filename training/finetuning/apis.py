@@ -22,7 +22,7 @@ from rest_framework.views import APIView
 from feedback.auth import ApiKeyAuthentication, ApiKeyPrincipal
 from training.finetuning import files, jobs, selectors
 from training.finetuning.models import FineTuningFile, FineTuningJob
-from webapp.api_errors import JSONParser, exception_handler, limit_param
+from webapp.kernel.api_errors import JSONParser, exception_handler, limit_param
 
 TAG = ["OpenAI fine-tuning"]
 ERRORS = {

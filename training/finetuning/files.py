@@ -11,12 +11,12 @@ from django.db.models import Q, Sum
 from django.utils import timezone
 
 from feedback.models import ApiKey
-from feedback.services.trace_rows import strip_nul
 from training.finetuning.lines import FineTuningError, file_check
 from training.finetuning.models import FileStatus, FineTuningFile, FineTuningJob
 from training.services.jobs import training_job_awaits_set
 from training.serving.models import Deployment
-from webapp.errors import NotFound
+from webapp.kernel.errors import NotFound
+from webapp.kernel.nul import strip_nul
 
 PURPOSE = "fine-tune"
 

@@ -25,7 +25,6 @@ from django.conf import settings
 from django.db import transaction
 
 from feedback.models import ApiKey
-from feedback.services.trace_rows import strip_nul
 from training.finetuning.files import (
     FineTuningNotFound,
     _content_drop_if_unneeded,
@@ -50,8 +49,9 @@ from training.services.training_sets import TrainingSetError, training_set_creat
 from training.serving.models import Deployment, ModelVersion
 from training.trainer import openai_graders
 from training.trainer.config import GRPOConfig, SFTConfig
-from webapp.ids import parse_id
-from webapp.work import WorkStatus
+from webapp.kernel.ids import parse_id
+from webapp.kernel.nul import strip_nul
+from webapp.kernel.work import WorkStatus
 
 MAX_GRADER_BYTES = 8_192
 MAX_EPOCHS = 50
@@ -446,7 +446,7 @@ def fine_tuning_job_cancel(*, api_key: ApiKey, job_id: str) -> FineTuningJob:
     if found.job.status == WorkStatus.CANCELLING:
         return found  # asked already: it stops at its next step
     if not found.job.is_active:
-        from webapp.errors import Conflict
+        from webapp.kernel.errors import Conflict
 
         raise Conflict(f"the job has already ended ({found.job.status})", field="fine_tuning_job_id")
     found.job = training_job_cancel(job=found.job, user=None)

@@ -17,12 +17,12 @@ from typing import Any
 
 from django.conf import settings
 
-from feedback.services.chat_format import MAX_JSON_DEPTH, json_depth
-from feedback.services.trace_rows import strip_nul
 from training.inference.codec import message_served_text
 from training.models import TrainingItemKind
 from training.trainer import openai_graders
-from webapp.errors import Invalid
+from webapp.kernel.chat_format import MAX_JSON_DEPTH, json_depth
+from webapp.kernel.errors import Invalid
+from webapp.kernel.nul import strip_nul
 
 MAX_LINE_ERRORS = 5
 MAX_LINES = 10_000

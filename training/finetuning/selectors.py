@@ -10,7 +10,7 @@ from training.finetuning.lines import FineTuningError
 from training.finetuning.models import FineTuningJob
 from training.models import JobEventKind, TrainingJob, TrainingJobEvent
 from training.services.jobs import training_job_awaits_set
-from webapp.ids import parse_id
+from webapp.kernel.ids import parse_id
 
 
 def job_events(*, ft: FineTuningJob, after: str | None = None, limit: int = 20) -> list[TrainingJobEvent]:

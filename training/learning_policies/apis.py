@@ -12,7 +12,6 @@ from rest_framework import serializers
 from rest_framework.permissions import SAFE_METHODS, IsAuthenticated
 from rest_framework.response import Response
 
-from feedback.services.chat_format import MAX_JSON_DEPTH, json_depth
 from training.apis import PersonApi, needs
 from training.learning_policies.models import PolicySignal
 from training.learning_policies.selectors import learning_policy_get, learning_policy_list, policy_as_dict
@@ -24,7 +23,8 @@ from training.learning_policies.services import (
 )
 from training.models import JobKind
 from training.serving.models import Deployment
-from webapp.api_errors import error_response
+from webapp.kernel.api_errors import error_response
+from webapp.kernel.chat_format import MAX_JSON_DEPTH, json_depth
 
 VIEW = "training.view_learningpolicy"
 ADD = "training.add_learningpolicy"

@@ -12,8 +12,8 @@ from django.utils.text import slugify
 from training.learning_policies.models import LearningPolicy, PolicySignal
 from training.serving.models import Deployment
 from training.serving.selectors import live_version_get
-from webapp.errors import Invalid
-from webapp.ids import parse_id
+from webapp.kernel.errors import Invalid
+from webapp.kernel.ids import parse_id
 
 # Fields a person sets; the rest is the tick's.
 EDITABLE = (

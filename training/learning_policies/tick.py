@@ -39,8 +39,8 @@ from training.learning_policies.models import (
 from training.learning_policies.new_feedback import _items_for, new_signal
 from training.learning_policies.services import RUNS_NEED, PolicyError
 from training.serving.selectors import live_version_get
-from webapp.errors import DomainError
-from webapp.work import WorkStatus
+from webapp.kernel.errors import DomainError
+from webapp.kernel.work import WorkStatus
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,6 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import redirect, render
 
-from feedback.services.chat_format import json_loads_bounded
 from training.learning_policies.models import LearningPolicy, PolicySignal
 from training.learning_policies.selectors import learning_policy_get, learning_policy_list
 from training.learning_policies.services import (
@@ -24,8 +23,9 @@ from training.learning_policies.services import (
 )
 from training.models import JobKind, TrainingSet
 from training.serving.models import Deployment
-from webapp.form_problems import json_object_error, problems
-from webapp.ids import parse_id
+from webapp.kernel.chat_format import json_loads_bounded
+from webapp.kernel.form_problems import json_object_error, problems
+from webapp.kernel.ids import parse_id
 
 # The form's fields as its labels name them (errors are said in these words).
 POLICY_LABELS = {

@@ -21,7 +21,7 @@ from training.promotion.selectors import evaluation_items_source
 from training.services.promotion_checks import APPROVE, Precondition, check_harm
 from training.services.promotion_signals import Signal, evaluation_signals, signal_from_dict
 from training.services.promotion_verdict import Verdict, promotion_overrides, promotion_verdict
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 MAX_SHOWN = 50
 

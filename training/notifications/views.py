@@ -20,7 +20,6 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from feedback.views.common import dashboard_view
 from training.notifications.selectors import (
     AWAITING_JOINS,
     awaiting_decision,
@@ -37,6 +36,7 @@ from training.services.promotion import (
     promotion_reject,
 )
 from training.services.promotion_checks import APPROVE, PromotionRefused
+from webapp.kernel.pages import dashboard_view
 
 COMMENT_LIMIT = 5000
 

@@ -24,7 +24,7 @@ from training.policy_notes.services import (
     policy_note_propose,
 )
 from training.serving.models import Deployment
-from webapp.api_errors import error_response
+from webapp.kernel.api_errors import error_response
 
 VIEW = "feedback.view_trace"  # a note shows operators' comments
 

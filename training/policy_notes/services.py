@@ -26,7 +26,7 @@ from training.inference.codec import message_served_text
 from training.promotion.models import AuditAction
 from training.services.audit import audit_record
 from training.serving.models import Deployment
-from webapp.errors import DomainError
+from webapp.kernel.errors import DomainError
 
 # Who may approve: the approvers of promotions. A note changes what the judge rewards,
 # and so what training teaches, as much as a promotion changes what is served.

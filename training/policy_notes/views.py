@@ -12,7 +12,6 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 
-from feedback.views.common import dashboard_view
 from training.environments.policy_rules import RuleError, rule_from_text
 from training.policy_notes.selectors import policy_note_get, policy_notes, rule_text
 from training.policy_notes.services import (
@@ -25,7 +24,8 @@ from training.policy_notes.services import (
     policy_note_propose,
 )
 from training.serving.models import Deployment
-from webapp.ids import parse_id
+from webapp.kernel.ids import parse_id
+from webapp.kernel.pages import dashboard_view
 
 VIEW = "feedback.view_trace"
 

@@ -21,7 +21,7 @@ from django.db import models
 from django.utils import timezone
 
 from training.serving.models import Deployment, ModelVersion
-from webapp.work import WorkItem, WorkStatus
+from webapp.kernel.work import WorkItem, WorkStatus
 
 
 class Evaluation(WorkItem):
@@ -180,7 +180,7 @@ class ReleaseStep(models.TextChoices):
 
 class Release(WorkItem):
     """Putting `version` live for `deployment` on the inference server: load it, send a
-    smoke request, flip the live pointer. A work item (`webapp.work`): queued, running
+    smoke request, flip the live pointer. A work item (`webapp.kernel.work`): queued, running
     (through `step`), then finished (the pointer flipped, in the same transaction), failed
     or cancelled; any end but finished leaves `from_version` live."""
 

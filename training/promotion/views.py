@@ -14,7 +14,6 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from feedback.views.common import dashboard_view
 from training.models import TrainingSet
 from training.promotion.models import (
     AuditAction,
@@ -52,8 +51,9 @@ from training.services.promotion_verdict import promotion_overrides, promotion_v
 from training.services.rollback import rollback_check, rollback_request, rollback_target
 from training.serving.models import Deployment, ModelVersion
 from training.serving.selectors import live_version_get
-from webapp.form_problems import FormProblems, django_form_problems
-from webapp.ids import parse_id
+from webapp.kernel.form_problems import FormProblems, django_form_problems
+from webapp.kernel.ids import parse_id
+from webapp.kernel.pages import dashboard_view
 
 VIEW = "training.view_promotionrequest"
 EVALUATE = "training.add_evaluation"

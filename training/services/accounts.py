@@ -5,7 +5,7 @@ admin's user, password and group forms today), is an `AuditEvent` row: account c
 changed (`username`, `is_active`, `is_staff`, `is_superuser`), roles changed (groups or
 permissions given or taken), password set, deleted; and a role's own permissions or name
 changed. The model signals catch them whatever code writes; the person is the request's
-(`webapp.actor`). Changes with no signed-in person (a migration, `createsuperuser`, the
+(`webapp.kernel.actor`). Changes with no signed-in person (a migration, `createsuperuser`, the
 shell) are not recorded: whoever runs them can write the database directly.
 
 `account_ties` answers the four-eyes question the log makes possible: did the approver
@@ -29,7 +29,7 @@ from django.db.models.signals import m2m_changed, post_delete, post_save, pre_sa
 
 from training.promotion.models import AuditAction, AuditEvent
 from training.services.audit import audit_record
-from webapp.actor import current_actor
+from webapp.kernel.actor import current_actor
 
 ACCOUNT_ACTIONS = (
     AuditAction.ACCOUNT_CREATED,

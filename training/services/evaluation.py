@@ -19,7 +19,6 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from feedback.services.trace_rows import strip_nul
 from training.promotion.models import AuditAction, Evaluation, EvaluationItem, EvaluationItemKind
 from training.services.audit import audit_record
 from training.services.evaluation_episodes import episode_item_run
@@ -33,8 +32,9 @@ from training.services.evaluation_items import (
 )
 from training.serving.models import Deployment, ModelVersion, ModelVersionKind, ModelVersionStatus
 from training.serving.selectors import live_version_get
-from webapp.stale_work import stale_work_fail
-from webapp.work import (
+from webapp.kernel.nul import strip_nul
+from webapp.kernel.stale_work import stale_work_fail
+from webapp.kernel.work import (
     WorkStatus,
     work_attempts_exceeded,
     work_beat,

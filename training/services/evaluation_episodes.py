@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from feedback.services.trace_rows import strip_nul
 from training.promotion.models import Evaluation, EvaluationItem
 from training.serving.models import ModelVersion
+from webapp.kernel.nul import strip_nul
 
 TRANSCRIPT_MESSAGES = 40
 TRANSCRIPT_CHARS = 2000

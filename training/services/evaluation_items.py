@@ -9,7 +9,7 @@ from typing import Any
 from feedback.models import Message, Trace
 from training.promotion.models import EvaluationItemKind
 from training.serving.models import Deployment
-from webapp.errors import Invalid
+from webapp.kernel.errors import Invalid
 
 NOTHING_HELD_OUT = (
     "holds nothing out of training, so it cannot be evaluated: rebuild it with a held-out "

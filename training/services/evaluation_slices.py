@@ -15,8 +15,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils.text import slugify
 
+from feedback.failure_modes.selectors import failure_cluster_turn_ids
 from feedback.models import FailureCluster, FailureClusterMember, Message
-from feedback.selectors.failure_modes import failure_cluster_turn_ids
 from feedback.services.queues import REPLACED
 from training.models import TrainingSet, TrainingSplit
 from training.services.feedback_sets import turn_items

@@ -30,17 +30,17 @@ from django.db import DatabaseError, connection
 
 from training.models import JobEventKind, TrainingJob
 from training.services.job_runner import (
-    _event_id,
-    _train,
     job_end_logged,
+    job_event_add,
     job_heartbeat,
     job_run_dir,
+    job_train,
     training_job_held_run,
 )
 from training.services.torchrun_args import NodeError, group_size_problem, node_count, node_launch_check
 from training.trainer.config import ConfigError, config_from_dict
 from training.trainer.launch import LAUNCH_TAG, launch_tag, parent_death_signal_setter, tagged_stop
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,7 +98,7 @@ def training_job_processes_run(job: TrainingJob, worker: str, *, poll_seconds: f
         job_end_logged(job.pk, worker, status=WorkStatus.FAILED, error=problem, message=f"failed: {problem}")
         return WorkStatus.FAILED
     what = f"{processes} training processes" if processes > 1 else "the training process"
-    _event_id(job.pk, JobEventKind.LOG, job.step, {"message": f"starting {what} (torchrun)"})
+    job_event_add(job.pk, JobEventKind.LOG, job.step, {"message": f"starting {what} (torchrun)"})
     stop_beat = threading.Event()
     # Rank 0 beats too, once it runs; this covers the start (imports, the model's load).
     beat = threading.Thread(target=job_heartbeat, args=(job.pk, worker, stop_beat), daemon=True)
@@ -149,7 +149,7 @@ def _leftovers_stop(job_id: int, tag: str) -> None:
         log.warning("training job %s: %s", job_id, message)
         with contextlib.suppress(DatabaseError):
             step = TrainingJob.objects.filter(pk=job_id).values_list("step", flat=True).first() or 0
-            _event_id(job_id, JobEventKind.LOG, step, {"message": message})
+            job_event_add(job_id, JobEventKind.LOG, step, {"message": message})
 
 
 def _supervise(launched: subprocess.Popen, poll_seconds: float, *, stop) -> int | None:
@@ -219,7 +219,7 @@ def group_joined_mark(job: TrainingJob, worker: str, processes: int) -> None:
         return
     (job_run_dir(job) / JOINED_NAME).write_text(worker)
     joined = f"all {processes} training processes joined" if processes > 1 else "the training process started"
-    _event_id(job.pk, JobEventKind.LOG, job.step, {"message": joined})
+    job_event_add(job.pk, JobEventKind.LOG, job.step, {"message": joined})
 
 
 _SUMMARY = re.compile(r"^(?:Failures|Root Cause \(first observed failure\)):\s*$", re.M)
@@ -430,7 +430,7 @@ def training_job_rank_run(*, job_id: int, worker: str) -> str:
             # A broken group (a peer died) is the supervisor's to report: it knows which.
             status = training_job_held_run(job, worker, leave=(GroupBroken, DistError))
         else:
-            _train(job, worker, owner=False)
+            job_train(job, worker, owner=False)
             status = "trained"
         return status
     finally:

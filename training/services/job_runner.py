@@ -1,7 +1,8 @@
 """Training jobs, worker side: claim the row, run the loop with callbacks that write
 progress, heartbeat, metrics, samples and breaches, then register the candidate.
 
-Imported only by the Celery task (torch is imported inside `training_job_run`)."""
+Imported only by workers (torch is imported inside the functions that train); the entry
+point, which runs a job here or in torchrun's processes, is `job_start.training_job_run`."""
 
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
-from feedback.services.trace_rows import strip_nul
 from training.inference.codec import message_served_text
 from training.models import (
     PHASE_LABELS,
@@ -34,7 +34,8 @@ from training.services.job_scoring import episode_judge, scorer_for
 from training.serving.models import ModelVersion, ModelVersionKind
 from training.trainer.config import config_from_dict
 from training.trainer.items import TurnItem
-from webapp.work import WorkStatus, work_beat, work_claim, work_end, work_held
+from webapp.kernel.nul import strip_nul
+from webapp.kernel.work import WorkStatus, work_beat, work_claim, work_end, work_held
 
 log = logging.getLogger(__name__)
 MAX_SAMPLE_ROWS = 64
@@ -44,7 +45,7 @@ def job_run_dir(job: TrainingJob) -> Path:
     return Path(settings.TRAINING_DIR) / f"job-{job.pk}"
 
 
-def _claim(job_id: int, worker: str) -> TrainingJob | None:
+def training_job_claim(job_id: int, worker: str) -> TrainingJob | None:
     """Take the job for this worker, or None when there is nothing to do: it is gone,
     over, or another live worker holds it (a duplicate delivery)."""
     with transaction.atomic():
@@ -53,35 +54,6 @@ def _claim(job_id: int, worker: str) -> TrainingJob | None:
             verb = "resuming" if job.attempts > 1 else "started"
             _event(job, JobEventKind.LOG, job.step, {"message": f"{verb} on {worker} (attempt {job.attempts})"})
     return job
-
-
-def training_job_run(*, job_id: int, worker: str) -> str:
-    """Run (or resume) a job to its end. Returns the final status, or "skipped". A job of
-    `processes` > 1, or one that starts its own vLLM engine (`rollout: "colocate"`), runs in
-    torchrun's processes, this worker supervising them: the engine's core is a child
-    process, which a worker's pool process (a daemon) may not start."""
-    job = _claim(job_id, worker)
-    if job is None:
-        return "skipped"
-    if _launched(job):
-        from training.services.job_processes import training_job_processes_run
-
-        return training_job_processes_run(job, worker)
-    return training_job_held_run(job, worker)
-
-
-def _launched(job: TrainingJob) -> bool:
-    """Whether the job runs in processes of its own, once its config validates: a config
-    written past the create service (out of range, not an int) must not reach torchrun's
-    command line. False for a config that does not validate: that run fails the job with
-    its errors."""
-    from training.trainer.config import ConfigError
-
-    try:
-        config = config_from_dict(job.config)
-    except ConfigError:
-        return False
-    return config.processes > 1 or getattr(config, "rollout", "local") == "colocate"
 
 
 def training_job_held_run(job: TrainingJob, worker: str, *, leave: tuple[type[BaseException], ...] = ()) -> str:
@@ -95,7 +67,7 @@ def training_job_held_run(job: TrainingJob, worker: str, *, leave: tuple[type[Ba
     from training.trainer.common import WorkLost
 
     try:
-        result = _train(job, worker)
+        result = job_train(job, worker)
     except WorkLost as lost:
         log.info("training job %s: %s", job.pk, lost)
         return "skipped"
@@ -153,7 +125,7 @@ def training_set_items(training_set: TrainingSet) -> tuple[list[TurnItem], list[
     return train, heldout
 
 
-def _train(job: TrainingJob, worker: str, *, owner: bool = True):
+def job_train(job: TrainingJob, worker: str, *, owner: bool = True):
     """Run the job's loop. `owner`: this process writes the job's row and events (a
     data-parallel job's other processes train their shards with empty hooks)."""
     from training.trainer.common import Hooks
@@ -251,7 +223,7 @@ def _episode_recorder(job: TrainingJob, environment: str, hooks):
         )
         failed = [r for r in results if r.status == "error"]
         if failed:
-            _event_id(
+            job_event_add(
                 job.pk, JobEventKind.LOG, step, {"message": f"{len(failed)} episodes not recorded: {failed[0].errors}"}
             )
 
@@ -272,7 +244,7 @@ def job_phase_set(job_id: int, worker: str, name: str, done: int = 0, total: int
     work_beat(TrainingJob, pk=job_id, worker=worker, now=now, phase=phase)
     if previous.get("name") != name and name not in ("sampling", "update"):
         size = f" ({total} to go)" if total and name == "evaluation" else ""
-        _event_id(job_id, JobEventKind.LOG, row["step"], {"message": f"{PHASE_LABELS.get(name, name)}{size}"})
+        job_event_add(job_id, JobEventKind.LOG, row["step"], {"message": f"{PHASE_LABELS.get(name, name)}{size}"})
 
 
 def _hooks(job_id: int, worker: str, Hooks):
@@ -309,7 +281,7 @@ def _hooks(job_id: int, worker: str, Hooks):
 
     def on_checkpoint(step: int, path: Path) -> None:
         jobs.update(checkpoint_path=str(path), checkpoint_step=step)
-        _event_id(job_id, JobEventKind.LOG, step, {"message": f"checkpoint at step {step}"})
+        job_event_add(job_id, JobEventKind.LOG, step, {"message": f"checkpoint at step {step}"})
 
     def on_breach(step: int, breaches: list[dict]) -> None:
         held()
@@ -327,7 +299,7 @@ def _hooks(job_id: int, worker: str, Hooks):
         return True
 
     def log_line(message: str) -> None:
-        _event_id(job_id, JobEventKind.LOG, 0, {"message": message})
+        job_event_add(job_id, JobEventKind.LOG, 0, {"message": message})
 
     def on_phase(name: str, done: int, total: int) -> None:
         job_phase_set(job_id, worker, name, done, total)
@@ -433,7 +405,7 @@ def job_end_logged(job_id: int, worker: str, *, status: str, message: str, error
         worker=worker,
         status=status,
         error=error,
-        on_end=lambda row: _event_id(row.pk, JobEventKind.LOG, row.step, {"message": message}),
+        on_end=lambda row: job_event_add(row.pk, JobEventKind.LOG, row.step, {"message": message}),
     )
 
 
@@ -447,5 +419,5 @@ def _event_create(**fields) -> TrainingJobEvent:
     return TrainingJobEvent.objects.create(**(fields | {"data": strip_nul(fields.get("data"))}))
 
 
-def _event_id(job_id: int, kind: str, step: int, data: dict) -> None:
+def job_event_add(job_id: int, kind: str, step: int, data: dict) -> None:
     _event_create(job_id=job_id, kind=kind, step=step, data=data)

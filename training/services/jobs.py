@@ -24,9 +24,9 @@ from training.models import (
 from training.serving.models import ModelVersion, ModelVersionKind
 from training.serving.selectors import base_model_replica_urls
 from training.trainer.config import ConfigError, config_from_dict
-from webapp.errors import Invalid
-from webapp.stale_work import stale_work_settle
-from webapp.work import WorkStatus, work_cancel
+from webapp.kernel.errors import Invalid
+from webapp.kernel.stale_work import stale_work_settle
+from webapp.kernel.work import WorkStatus, work_cancel
 
 
 class JobError(Invalid, ValueError):

@@ -10,7 +10,7 @@ from feedback.models import DeploymentJudge
 from feedback.services.judging import deployment_judge_changed
 from training.promotion.models import AuditAction
 from training.services.audit import audit_record
-from webapp.actor import current_actor
+from webapp.kernel.actor import current_actor
 
 
 def judge_change_record(

@@ -16,7 +16,7 @@ from feedback.selectors.judge_gate import judge_training_gate
 from training.promotion.models import AuditAction
 from training.services.audit import audit_record
 from training.serving.models import Deployment
-from webapp.errors import Invalid
+from webapp.kernel.errors import Invalid
 
 OVERRIDE_FIELD = "judge_gate_override_reason"
 

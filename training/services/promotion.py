@@ -39,7 +39,7 @@ from training.services.promotion_checks import (
 )
 from training.serving.models import Deployment, ModelVersion
 from training.serving.selectors import live_version_get
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 # Request -------------------------------------------------------------------------------
 

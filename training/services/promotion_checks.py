@@ -9,17 +9,14 @@ from typing import Any
 from django.utils import timezone
 
 from training.promotion.models import Evaluation, PromotionRequest
+from training.services.promotion_refused import PromotionRefused
+from training.services.release import release_in_progress
 from training.serving.models import Deployment, ModelVersion, ModelVersionKind, ModelVersionStatus
 from training.serving.selectors import live_withdrawals
-from webapp.errors import Conflict
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 APPROVE = "training.approve_promotion"
 REQUEST = "training.add_promotionrequest"
-
-
-class PromotionRefused(Conflict):
-    """A precondition does not hold; `field` names what, the message says why (409)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,8 +316,6 @@ def check_not_withdrawn_since(promotion: PromotionRequest) -> Precondition:
 
 
 def check_no_release_running(deployment: Deployment) -> Precondition:
-    from training.services.release import release_in_progress
-
     running = release_in_progress(deployment=deployment)
     if running is not None:
         return Precondition(

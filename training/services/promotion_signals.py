@@ -47,7 +47,7 @@ from django.utils.text import slugify
 from training.evaluation.metrics import Z_95, wilson_interval
 from training.promotion.models import Evaluation
 from training.serving.models import ModelVersion
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 THRESHOLDS: dict[str, float] = {
     "job_heldout": 0.05,

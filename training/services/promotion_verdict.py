@@ -27,7 +27,7 @@ from typing import Any
 from training.promotion.models import Evaluation
 from training.services.promotion_checks import Precondition
 from training.services.promotion_signals import KIND_PREFIX, Signal, SignalStatus
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 # A candidate's share of empty or cut-off answers from which it is a red flag: a few cut
 # answers are a length limit; one in ten is a broken model or a prompt it cannot read.

@@ -6,7 +6,7 @@ base model's server (a LoRA adapter is hot-loaded; base weights must already be 
 sends one smoke request to each through the inference client, then flips the live pointer
 (`live_version_set`) in the transaction that ends the release finished; a failure on any
 replica fails the release. The version that went out of service is unloaded from every
-replica once requests that started on it can no longer be running. A release is a work item (`webapp.work`): claimed, beaten at each step and ended
+replica once requests that started on it can no longer be running. A release is a work item (`webapp.kernel.work`): claimed, beaten at each step and ended
 through the shared functions, so the stale-work sweep's failure of a release whose worker
 went silent and the worker's flip lock the same row, and only one of them happens.
 The gateway reads the pointer per request (cached for a moment, and told of the flip at
@@ -40,7 +40,7 @@ from training.promotion.models import (
 )
 from training.services.audit import audit_record
 from training.services.inference import version_servers
-from training.services.promotion_checks import PromotionRefused
+from training.services.promotion_refused import PromotionRefused
 from training.serving.models import (
     Deployment,
     LiveChangeKind,
@@ -49,8 +49,8 @@ from training.serving.models import (
     ModelVersionKind,
 )
 from training.serving.services import ModelRegistryError, live_version_set
-from webapp.stale_work import stale_work_settle
-from webapp.work import WorkStatus, work_attempts_exceeded, work_beat, work_claim, work_end, work_worker_name
+from webapp.kernel.stale_work import stale_work_settle
+from webapp.kernel.work import WorkStatus, work_attempts_exceeded, work_beat, work_claim, work_end, work_worker_name
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from django.db.models import Max
 
 from training.models import TrainingItem, TrainingItemKind, TrainingSet, TrainingSplit
 from training.trainer.graders import GRADERS
-from webapp.errors import Invalid
+from webapp.kernel.errors import Invalid
 
 # `selection["kind"]` of a failure mode's evaluation slice (training.services.evaluation_slices).
 SLICE_KIND = "failure_mode"

@@ -32,7 +32,7 @@ from training.serving.models import (
     ModelVersionStatus,
 )
 from training.serving.selectors import live_withdrawals
-from webapp.errors import Invalid
+from webapp.kernel.errors import Invalid
 
 # PostgreSQL channel a live-pointer flip is announced on (the payload is the deployment id);
 # the gateway listens and drops its cached route at once instead of waiting for its TTL.

@@ -56,7 +56,7 @@ def interval(value: Any, digits: int = 3) -> str:
 def pretty(value: Any) -> str:
     """JSON for a <pre>: tool-call arguments, rubrics, raw results (escaped by the template)."""
     from feedback.selectors.review import json_pretty
-    from feedback.services.chat_format import json_loads_bounded
+    from webapp.kernel.chat_format import json_loads_bounded
 
     # Values come from traces and model output: one nested too deeply never breaks the page.
     if isinstance(value, str):

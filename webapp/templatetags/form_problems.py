@@ -1,4 +1,4 @@
-"""Tags that tie a hand-written form's fields to its problems (webapp.form_problems):
+"""Tags that tie a hand-written form's fields to its problems (webapp.kernel.form_problems):
 `{% field_attrs problems "name" %}` gives an input its id, and `aria-invalid` with the
 error's id when it has one; `{% field_error problems "name" %}` is the error beside it."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from django import template
 from django.utils.html import format_html
 
-from webapp.form_problems import FormProblems, field_id
+from webapp.kernel.form_problems import FormProblems, field_id
 
 register = template.Library()
 

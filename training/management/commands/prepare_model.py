@@ -5,11 +5,11 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from training.services.live_set import live_set_by_command
 from training.serving.services import (
     ModelRegistryError,
     base_model_register,
     deployment_get_or_create,
-    live_version_set,
     registered_folder_owner,
 )
 
@@ -63,5 +63,5 @@ class Command(BaseCommand):
         self.stdout.write(self.style.SUCCESS(f"Registered base model {base.name} ({base.path})"))
         if opts["live_for"]:
             deployment = deployment_get_or_create(name=opts["live_for"])
-            live_version_set(deployment=deployment, version=version, reason="prepare_model --live-for")
+            live_set_by_command(deployment=deployment, version=version, reason="prepare_model --live-for")
             self.stdout.write(f"{deployment.name} now serves {version.name}")

@@ -4,8 +4,9 @@ from django.core.management.base import BaseCommand, CommandError
 
 from training.inference.client import InferenceError
 from training.services.inference import version_servers
+from training.services.live_set import live_set_by_command
 from training.serving.models import ModelVersion, ModelVersionKind
-from training.serving.services import ModelRegistryError, deployment_get_or_create, live_version_set
+from training.serving.services import ModelRegistryError, deployment_get_or_create
 
 
 class Command(BaseCommand):
@@ -34,7 +35,7 @@ class Command(BaseCommand):
                 except InferenceError as exc:
                     raise CommandError(f"could not load {version.name} into {server.url}: {exc}") from exc
         try:
-            live_version_set(deployment=deployment, version=version, reason=opts["reason"] or "set_live command")
+            live_set_by_command(deployment=deployment, version=version, reason=opts["reason"] or "set_live command")
         except ModelRegistryError as exc:
             raise CommandError(str(exc)) from exc
         self.stdout.write(self.style.SUCCESS(f"{deployment.name} now serves {version.name}"))

@@ -41,8 +41,8 @@ class Command(BaseCommand):
         self.stdout.write("demo deployment 'support-bot' and logins operator, approver, reviewer, admin are ready")
 
     def _serve(self, deployment, base_name: str) -> None:
+        from training.services.live_set import live_set_by_command
         from training.serving.models import LiveVersion, ModelVersion, ModelVersionKind
-        from training.serving.services import live_version_set
 
         version = ModelVersion.objects.filter(name=base_name, kind=ModelVersionKind.BASE).first()
         if version is None:
@@ -51,5 +51,5 @@ class Command(BaseCommand):
         if live is not None and live.version.base_model_id == version.base_model_id:
             self.stdout.write(f"support-bot serves {live.version.name}")
             return
-        live_version_set(deployment=deployment, version=version, reason="make demo")
+        live_set_by_command(deployment=deployment, version=version, reason="make demo")
         self.stdout.write(f"support-bot now serves {version.name}")

@@ -2,7 +2,7 @@
 
 A service raises a `DomainError` subclass naming the field and the reason; it knows nothing of
 HTTP beyond the status class attribute each kind carries. The DRF exception handler
-(`webapp.api_errors.exception_handler`) turns any of them into the one error body
+(`webapp.kernel.api_errors.exception_handler`) turns any of them into the one error body
 `{"detail": summary, "errors": [{"field", "reason"}]}` with that status, so an API view lets
 them propagate instead of catching each by hand. Plain Python: nothing here imports Django.
 """

@@ -15,9 +15,9 @@ from feedback.models import Comment, CustomerFeedback, Grade, JudgeResult, Judge
 from training.models import TrainingJob, TrainingSet
 from training.promotion.models import Evaluation, PromotionRequest, PromotionStatus
 from training.serving.models import Deployment, LiveVersion, ModelVersion, ModelVersionKind
-from webapp.selectors import HELD_OUT_SPLITS
-from webapp.selectors_measurements import OUTCOME_GRADE
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
+from webapp.site.selectors import HELD_OUT_SPLITS
+from webapp.site.selectors_measurements import OUTCOME_GRADE
 
 DEFAULT_TOUR_DEPLOYMENT = "support-bot"
 # What a set of the agent's episodes with corrected turns trains on, named where it is offered.

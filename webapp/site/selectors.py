@@ -29,7 +29,7 @@ from feedback.models.judge import JudgeResult, JudgeStatus
 from training.environments import environment_kinds
 from training.evaluation.paired_runs import SliceSummary, slice_summaries
 from training.serving.models import Deployment, LiveVersion, LiveVersionChange
-from webapp.selectors_measurements import OUTCOME_GRADE, measured_runs
+from webapp.site.selectors_measurements import OUTCOME_GRADE, measured_runs
 
 MAX_DEPLOYMENTS = 20
 ROLLING = 10  # graded episodes per point of the success-rate curve

@@ -7,13 +7,13 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from feedback.views.common import dashboard_view
 from training.charts import chart_spec
-from webapp.ids import parse_id
-from webapp.selectors import ROLLING, deployments_overview
-from webapp.selectors_drift import live_drift
-from webapp.selectors_story import STORY_DAYS, deployment_story, story_curve
-from webapp.selectors_tour import tour_deployment, tour_get
+from webapp.kernel.ids import parse_id
+from webapp.kernel.pages import dashboard_view
+from webapp.site.selectors import ROLLING, deployments_overview
+from webapp.site.selectors_drift import live_drift
+from webapp.site.selectors_story import STORY_DAYS, deployment_story, story_curve
+from webapp.site.selectors_tour import tour_deployment, tour_get
 
 DAYS_CHOICES = (14, 7, 30, 90)
 

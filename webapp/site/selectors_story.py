@@ -29,8 +29,8 @@ from training.models import CorrectionSource, TrainingItem
 from training.promotion.models import Evaluation, PromotionRequest, PromotionStatus
 from training.promotion.selectors import evaluation_items_source
 from training.serving.models import Deployment, LiveVersion, LiveVersionChange, ModelVersion
-from webapp.selectors_measurements import OUTCOME_GRADE
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
+from webapp.site.selectors_measurements import OUTCOME_GRADE
 
 MAX_VERSIONS = 50
 MAX_CHANGES = 500

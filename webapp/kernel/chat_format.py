@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 from django.utils.dateparse import parse_datetime
 
-from webapp.errors import Invalid
+from webapp.kernel.errors import Invalid
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 SERVING_KEYS = ("token_ids", "token_logprobs", "latency_ms", "finish_reason", "usage", "response_id")
@@ -48,7 +48,7 @@ class ParsedMessage:
     tool_call_id: str
     raw: dict[str, Any]
     serving: dict[str, Any] = field(default_factory=dict)
-    digest: str | None = None  # what it says, hashed (`capture.parsed_digest` fills it once)
+    digest: str | None = None  # what it says, hashed (`message_digests.parsed_digest` fills it once)
 
 
 def json_depth(value: Any, *, stop_after: int = MAX_JSON_DEPTH) -> int:

@@ -17,7 +17,7 @@ from django.db.models import Q
 
 from feedback.models import CustomerFeedback, Grade, GradeOutcome
 from training.serving.models import Deployment, LiveVersion
-from webapp.selectors_measurements import OUTCOME_GRADE
+from webapp.site.selectors_measurements import OUTCOME_GRADE
 
 
 @dataclass(frozen=True, slots=True)

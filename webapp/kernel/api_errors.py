@@ -1,6 +1,6 @@
 """One error body for every API: `{"detail": summary, "errors": [{"field", "reason"}]}`.
 
-A `webapp.errors.DomainError` raised anywhere under an API view is answered here with its
+A `webapp.kernel.errors.DomainError` raised anywhere under an API view is answered here with its
 status and its (field, reason) pairs; API views do not catch them one by one."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from rest_framework import exceptions, parsers
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from webapp.errors import DomainError
+from webapp.kernel.errors import DomainError
 
 
 def _flatten(detail: Any, prefix: str = "") -> list[dict[str, str]]:
@@ -56,7 +56,7 @@ def error_response(status: int, field: str, reason: str) -> Response:
 def limit_param(params, *, default: int, maximum: int) -> int:
     """The `limit` query parameter, 1 to `maximum` (`default` when absent); anything else,
     an empty value too, is a 400 naming it."""
-    from webapp.errors import Invalid
+    from webapp.kernel.errors import Invalid
 
     raw = params.get("limit")
     try:

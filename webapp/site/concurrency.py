@@ -8,7 +8,7 @@ for a slot in the event loop — costing neither a thread nor a connection — a
 `limit` run at once, each borrowing one connection from the process's pool
 (`DB_POOL_MAX_SIZE`). Waiting requests are served in arrival order; none is refused.
 
-A slot is taken only once the request's body is in (`admit`, `webapp/request_bodies.py`):
+A slot is taken only once the request's body is in (`admit`, `webapp/site/request_bodies.py`):
 a client that sends its headers and then nothing holds no slot while it waits.
 """
 

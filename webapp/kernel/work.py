@@ -12,7 +12,7 @@ functions.
   item; it answers whether to go on (no once a cancel was asked for or the item left it).
 - `work_cancel`: a queued item is cancelled at once, a running one is asked to stop.
 - `work_end`: finished, failed or cancelled, only if still held: the sweep's outcome
-  (`webapp/stale_work.py`) is never overwritten by a worker that was only slow.
+  (`webapp/kernel/stale_work.py`) is never overwritten by a worker that was only slow.
 
 A kind uses the statuses it needs: only training jobs are stopped by a monitor or wind down
 through `cancelling`. A kind with steps of its own keeps them in a field beside the status

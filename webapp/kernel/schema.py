@@ -19,7 +19,7 @@ class ApiKeyScheme(OpenApiAuthenticationExtension):
 
 
 class ThrottledBasicScheme(OpenApiAuthenticationExtension):
-    target_class = "webapp.auth.ThrottledBasicAuthentication"
+    target_class = "webapp.kernel.auth.ThrottledBasicAuthentication"
     name = "basicAuth"
 
     def get_security_definition(self, auto_schema):

@@ -20,7 +20,7 @@ from feedback.models import (
     TraceFlag,
 )
 from training.serving.models import Deployment
-from webapp.work import WorkStatus
+from webapp.kernel.work import WorkStatus
 
 
 @dataclass(slots=True)

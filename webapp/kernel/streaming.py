@@ -10,7 +10,7 @@ import orjson
 from asgiref.sync import sync_to_async
 
 logger = logging.getLogger(__name__)
-PARQUET = "application/vnd.apache.parquet"  # the exports' Parquet files (`webapp.parquet`)
+PARQUET = "application/vnd.apache.parquet"  # the exports' Parquet files (`webapp.kernel.parquet`)
 
 
 async def streamed(lines: Iterator[bytes], per_chunk: int = 200) -> AsyncIterator[bytes]:

@@ -49,11 +49,11 @@ from feedback.models import (
     TurnRating,
 )
 from feedback.selectors.judge import judge_endpoint_for
-from feedback.services.chat_format import FieldError
 from feedback.tasks import failure_mode_run_task
-from webapp.errors import Invalid
-from webapp.stale_work import stale_work_fail
-from webapp.work import WorkStatus, work_attempts_exceeded, work_beat, work_claim, work_end, work_worker_name
+from webapp.kernel.chat_format import FieldError
+from webapp.kernel.errors import Invalid
+from webapp.kernel.stale_work import stale_work_fail
+from webapp.kernel.work import WorkStatus, work_attempts_exceeded, work_beat, work_claim, work_end, work_worker_name
 
 logger = logging.getLogger(__name__)
 

@@ -18,13 +18,13 @@ from rest_framework.permissions import BasePermission, IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from feedback.failure_modes.selectors import failure_cluster_get
 from feedback.models import AnnotationQueue, FailureCluster
 from feedback.permissions import BROWSE, BUILD_QUEUE
-from feedback.selectors.failure_modes import failure_cluster_get
 from feedback.services.queues import queue_from_failure_cluster
-from webapp.auth import ThrottledBasicAuthentication
-from webapp.errors import Invalid
-from webapp.ids import parse_id
+from webapp.kernel.auth import ThrottledBasicAuthentication
+from webapp.kernel.errors import Invalid
+from webapp.kernel.ids import parse_id
 
 
 def may(*permissions: str) -> type[BasePermission]:

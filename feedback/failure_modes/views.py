@@ -12,21 +12,21 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
-from feedback.models import FailureCluster, FailureModeRun
-from feedback.permissions import BROWSE, BUILD_QUEUE
-from feedback.selectors.failure_modes import failure_mode_runs, flag_counts_by_day, latest_finished_run, run_clusters
-from feedback.services.chat_format import FieldError
-from feedback.services.failure_modes import (
+from feedback.failure_modes.selectors import failure_mode_runs, flag_counts_by_day, latest_finished_run, run_clusters
+from feedback.failure_modes.services import (
     FailureModeError,
     failure_cluster_dismiss,
     failure_cluster_rename,
     failure_mode_run_create,
 )
+from feedback.models import FailureCluster, FailureModeRun
+from feedback.permissions import BROWSE, BUILD_QUEUE
 from feedback.services.queues import queue_from_failure_cluster
-from feedback.views.common import dashboard_view
 from training.serving.models import Deployment
-from webapp.form_problems import django_form_problems
-from webapp.ids import parse_id
+from webapp.kernel.chat_format import FieldError
+from webapp.kernel.form_problems import django_form_problems
+from webapp.kernel.ids import parse_id
+from webapp.kernel.pages import dashboard_view
 
 START_RUN = "feedback.add_failuremoderun"
 # "Make an evaluation slice" builds a training set: the training sets' permission, by name,

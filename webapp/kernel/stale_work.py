@@ -1,4 +1,4 @@
-"""Background work whose worker died: one rule for every kind of `webapp.work.WorkItem`.
+"""Background work whose worker died: one rule for every kind of `webapp.kernel.work.WorkItem`.
 
 An item still held (running, or cancelling) whose `heartbeat_at` (or, before its first beat,
 `started_at`) is older than the kind's silence limit is ended through `work_end`, with an
@@ -19,7 +19,7 @@ from typing import TypeVar
 from django.db import transaction
 from django.db.models import Q
 
-from webapp.work import WorkItem, WorkStatus, work_end
+from webapp.kernel.work import WorkItem, WorkStatus, work_end
 
 W = TypeVar("W", bound=WorkItem)
 

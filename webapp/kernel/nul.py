@@ -11,11 +11,12 @@ stores on purpose (a model's output may contain one)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse, QueryDict
 from django.utils.html import escape
 
-from webapp.errors import Invalid
+from webapp.kernel.errors import Invalid
 
 FORM = "application/x-www-form-urlencoded"
 
@@ -55,3 +56,15 @@ class NulRefusalMiddleware:
             status=400,
             content_type="text/html; charset=utf-8",
         )
+
+
+def strip_nul(value: Any) -> Any:
+    """`value` with U+0000 replaced by U+FFFD in every string: PostgreSQL's text and jsonb
+    cannot hold NUL, and untrusted trace content (or a model's output) may contain it."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, list):
+        return [strip_nul(v) for v in value]
+    if isinstance(value, dict):
+        return {strip_nul(k): strip_nul(v) for k, v in value.items()}
+    return value

@@ -15,7 +15,7 @@ For every request that declares a body (a Content-Length above 0, or chunked):
    limit), into a spooled temporary file as Django would, holding no slot: a client that
    sends its headers and then waits costs a connection, never a slot, and is answered 408.
 
-Then the request waits for a slot (`webapp/concurrency.py`) and Django handles it with the
+Then the request waits for a slot (`webapp/site/concurrency.py`) and Django handles it with the
 body already read (`ReadAheadASGIHandler`). Refusals close the connection, so the rest of a
 refused body goes nowhere.
 """
@@ -243,7 +243,7 @@ def _declared_length(headers: dict[bytes, bytes]) -> int | None:
 
 
 def body_gate(*, timeout: float | None = None) -> Callable[..., Awaitable[Any]]:
-    """The `admit` step of `webapp.concurrency.bounded`: checks, then reads, a request's body
+    """The `admit` step of `webapp.site.concurrency.bounded`: checks, then reads, a request's body
     before the request takes its slot. Returns the `receive` Django is to use, or None when
     the request has been answered here."""
 
