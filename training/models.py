@@ -255,4 +255,5 @@ class GapProbe(models.Model):
 # (app label `training`, the same tables), imported here only
 # so they are registered. Callers import them from there.
 import training.learning_policies.models  # noqa: E402
-import training.promotion.models  # noqa: E402, F401
+import training.promotion.models  # noqa: E402
+import training.promotion.rollout_models  # noqa: E402, F401

@@ -17,6 +17,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from training.promotion.models import AuditAction, Evaluation, PromotionRequest, PromotionStatus, Release
+from training.promotion.rollout_models import ReleasePlan
 from training.services.accounts import account_ties
 from training.services.audit import audit_record
 from training.services.promotion_checks import (
@@ -282,14 +283,15 @@ class ApprovalEffect:
     token: str  # names this effect: a confirmation of another (the live version moved since) is stale
 
 
-def promotion_approval_effect(*, promotion: PromotionRequest) -> ApprovalEffect:
+def promotion_approval_effect(*, promotion: PromotionRequest, plan: ReleasePlan | None = None) -> ApprovalEffect:
+    """With a progressive `plan` the candidate first takes its first step's share."""
     live = live_version_get(deployment_id=promotion.deployment_id)
     token = f"{promotion.pk}:{promotion.deployment_id}:{promotion.candidate_id}:{live.pk if live else 0}"
     return ApprovalEffect(
         deployment=promotion.deployment,
         candidate=promotion.candidate,
         replaces=live,
-        traffic_share=1.0,
+        traffic_share=float(plan.steps[0]["share"]) if plan is not None and live is not None else 1.0,
         token=token,
     )
 
@@ -311,9 +313,13 @@ def _locked(promotion: PromotionRequest) -> PromotionRequest:
 
 
 @transaction.atomic
-def promotion_approve(*, promotion: PromotionRequest, user, comment: str = "") -> Release:
+def promotion_approve(
+    *, promotion: PromotionRequest, user, comment: str = "", plan: ReleasePlan | None = None
+) -> Release:
     """Approve and queue the release. Raises PermissionDenied (not an approver, or the
-    requester) or PromotionRefused (a precondition that does not hold)."""
+    requester) or PromotionRefused (a precondition that does not hold). With a `plan` whose
+    first step is a share of the traffic, the release starts a progressive release
+    (`training.services.rollouts`) instead of taking all traffic at once."""
     from training.services.release import release_queue, releases_fail_stale
 
     promotion = _locked(promotion)
@@ -323,6 +329,12 @@ def promotion_approve(*, promotion: PromotionRequest, user, comment: str = "") -
     releases_fail_stale()
     raise_first_unmet(checks)
     live = live_version_get(deployment_id=promotion.deployment_id)
+    progressive = plan is not None and plan.steps[0]["share"] < 1
+    if progressive and live is None:
+        raise PromotionRefused(
+            f"{promotion.deployment.name} has no live version to share its traffic with: approve all at once",
+            field="plan",
+        )
     promotion.status = PromotionStatus.APPROVED
     promotion.decided_by = user
     promotion.decided_at = timezone.now()
@@ -339,14 +351,19 @@ def promotion_approve(*, promotion: PromotionRequest, user, comment: str = "") -
         promotion=promotion,
         detail=comment,
     )
-    return release_queue(
+    release = release_queue(
         deployment=promotion.deployment,
         version=promotion.candidate,
         kind="promotion",
         promotion=promotion,
         user=user,
-        reason=f"promotion {promotion.pk}",
+        reason=f"promotion {promotion.pk}" + (f", plan {plan.name}" if plan is not None else ""),
     )
+    if progressive:
+        from training.services.rollouts import rollout_create
+
+        rollout_create(promotion=promotion, release=release, plan=plan, user=user)
+    return release
 
 
 @transaction.atomic

@@ -329,4 +329,20 @@ def check_no_release_running(deployment: Deployment) -> Precondition:
             False,
             f"release {running.pk} of {running.version.name} to {deployment.name} is in progress",
         )
+    return check_no_rollout_running(deployment)
+
+
+def check_no_rollout_running(deployment: Deployment) -> Precondition:
+    """A progressive release under way owns the deployment's traffic until it ends."""
+    from training.services.rollouts import rollout_active
+
+    rollout = rollout_active(deployment_id=deployment.pk)
+    if rollout is not None:
+        return Precondition(
+            "release",
+            "No release in progress",
+            False,
+            f"the progressive release {rollout.pk} of {rollout.candidate.name} to {deployment.name} is "
+            f"{rollout.get_state_display().lower()}: advance or roll it back first",
+        )
     return Precondition("release", "No release in progress", True, "")
