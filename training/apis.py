@@ -228,8 +228,13 @@ class CommentSerializer(serializers.Serializer):
 
 
 class ApproveSerializer(CommentSerializer):
-    # A release plan's id (`progressive release`); empty: all traffic at once.
-    plan = serializers.CharField(required=False, allow_blank=True, max_length=20, default="")
+    plan = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        max_length=20,
+        default="",
+        help_text="a release plan's id: the candidate takes the traffic in its steps; empty: all at once",
+    )
 
 
 class PromotionApproveApi(PersonApi):

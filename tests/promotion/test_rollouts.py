@@ -135,14 +135,20 @@ def test_the_step_waits_for_its_minimum_of_conversations_and_minutes(registry, r
     assert rollout.step == 0 and rollout.last_check["action"] == "wait"
 
 
-def test_empty_answers_roll_back_at_the_first_step_with_the_reason(registry, rollout, operator, approver, mailoutbox):
+@pytest.mark.redis  # the candidate's unload is queued once the rollback commits
+def test_empty_answers_roll_back_at_the_first_step_with_the_reason(
+    registry, rollout, operator, approver, mailoutbox, django_capture_on_commit_callbacks
+):
     operator.email, approver.email = "olga@example.com", "arno@example.com"
     operator.save()
     approver.save()
     traffic(registry, rollout, candidate=5, answer="\n\n")
     # Before the step's minutes: a regression beyond noise does not wait for them.
-    decision = rollout_check(rollout_id=rollout.pk, now=rollout.step_started_at + timedelta(minutes=2))
+    with django_capture_on_commit_callbacks(execute=True):
+        decision = rollout_check(rollout_id=rollout.pk, now=rollout.step_started_at + timedelta(minutes=2))
     assert decision.action == "rollback"
+    assert [sorted(m.to) for m in mailoutbox] == [["arno@example.com", "olga@example.com"]]
+    assert "Empty answers" in mailoutbox[0].body and mailoutbox[0].subject.startswith("Rolled back: smol-v1")
     rollout.refresh_from_db()
     assert rollout.state == RolloutState.ROLLED_BACK and rollout.share == 0.0
     assert "Empty answers 1.000 vs live 0.000" in rollout.reason
@@ -304,3 +310,26 @@ def test_the_api_approves_with_a_plan_and_refuses_a_plan_of_another_deployment(
     )
     assert ok.status_code == 202
     assert Rollout.objects.get(promotion=promotion).plan["steps"] == STEPS
+
+
+def test_the_command_creates_and_lists_plans(registry, capsys):
+    from django.core.management import CommandError, call_command
+
+    call_command(
+        "release_plan", "steady", "--deployment", "support-bot", "--steps", "10:5:1,50:20:5,100", "--default",
+        "--threshold", "latency=0.5",
+    )  # fmt: skip
+    call_command("release_plan", "--list", "--deployment", "support-bot")
+    assert "steady\t10 % -> 50 % -> 100 %  (default)" in capsys.readouterr().out
+    with pytest.raises(CommandError, match=r"steps\[1\]\.share"):
+        call_command("release_plan", "odd", "--steps", "50,25,100")
+
+
+def test_an_automatic_rollback_is_on_the_approvers_notifications(client, registry, rollout, approver, operator):
+    traffic(registry, rollout, candidate=5, answer="")
+    rollout_check(rollout_id=rollout.pk, now=rollout.step_started_at + timedelta(minutes=2))
+    client.force_login(approver)
+    html = client.get("/notifications/").content.decode()
+    assert f'id="rollout-news-{rollout.pk}"' in html and "Rolled back" in html and "Empty answers" in html
+    client.force_login(operator)
+    assert "rollout-news" not in client.get("/notifications/").content.decode()

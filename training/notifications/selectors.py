@@ -126,3 +126,28 @@ def promotion_decided_get(*, promotion_id: int) -> PromotionRequest | None:
         .filter(pk=promotion_id)
         .first()
     )
+
+
+RELEASE_NEWS_DAYS = 7
+
+
+def rollouts_needing_attention(*, user) -> list:
+    """For an approver: progressive releases under way, and those the automatic check rolled
+    back in the last week (with the reason it wrote), newest first."""
+    from datetime import timedelta
+
+    from django.db.models import Q
+    from django.utils import timezone
+
+    from training.promotion.rollout_models import ACTIVE_STATES, Rollout, RolloutState
+
+    if not _may_decide(user):
+        return []
+    since = timezone.now() - timedelta(days=RELEASE_NEWS_DAYS)
+    rolled_back = Q(state=RolloutState.ROLLED_BACK, ended_at__gte=since, changes__actor__isnull=True)
+    return list(
+        Rollout.objects.filter(Q(state__in=ACTIVE_STATES) | rolled_back)
+        .select_related("deployment", "candidate", "baseline")
+        .distinct()
+        .order_by("-started_at")[:MAX_SHOWN]
+    )

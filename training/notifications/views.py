@@ -27,6 +27,7 @@ from training.notifications.selectors import (
     promotion_decided_get,
     promotions_awaiting,
     promotions_awaiting_count,
+    rollouts_needing_attention,
 )
 from training.promotion.models import PromotionRequest, PromotionStatus
 from training.services.promotion import (
@@ -58,6 +59,7 @@ def _page(
         "confirming": confirming or {},
         # A request decided meanwhile has no card left to carry its refusal: say it above them.
         "refused": [f"Promotion #{pk}: {error}" for pk, error in errors.items() if pk not in shown],
+        "rollouts": rollouts_needing_attention(user=request.user),
     }
     return render(request, "training/notifications.html", context, status=status)
 

@@ -67,7 +67,9 @@ class RolloutActionApi(PersonApi):
         class Meta:
             ref_name = "RolloutActionInput"
 
-        reason = serializers.CharField(required=False, allow_blank=True, max_length=500, default="")
+        reason = serializers.CharField(
+            required=False, allow_blank=True, max_length=500, default="", help_text="why, kept in its change log"
+        )
 
     @extend_schema(request=InputSerializer, responses={200: OpenApiResponse(description="The progressive release.")})
     def post(self, request, rollout_id: int, action: str):
