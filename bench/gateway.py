@@ -45,7 +45,7 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gateway_split import split_deployment, split_report  # noqa: E402  (bench/, the script's own folder)
+from gateway_split import split_deployment, split_report, split_served  # noqa: E402  (bench/, the script's own folder)
 from support import fresh_database  # noqa: E402
 
 N_TOKENS = 16
@@ -398,6 +398,8 @@ def main() -> None:
             print("non-streaming latency (ms), a progressive release's split vs none")
             targets = [("split", gw, split), ("plain", gw, stitched), ("direct", up, json_headers)]
             split_report(uvloop.run(latency(targets, args.requests, False)), ms)
+            recorder_idle(gw)
+            print(f"  the split deployment's conversations, by the version that served them: {split_served(db_url)}")
             return
         for stream, label in ((False, "non-streaming latency (ms)"), (True, "streaming TTFT (ms)")):
             print(label)

@@ -53,3 +53,17 @@ def split_report(times: dict[str, list[float]], ms) -> None:
         f"  added latency with a {SHARE:.0%} split / without: {ratio:.3f} (median paired gaps "
         f"{added['split']:.3f} / {added['plain']:.3f} ms): {verdict} the 10 % goal"
     )
+
+
+def split_served(db_url: str) -> str:
+    """How `bench-split`'s conversations were served, from the logged traces."""
+    import psycopg
+
+    with psycopg.connect(db_url) as conn:
+        rows = conn.execute(
+            "SELECT v.name, count(*) FROM feedback_trace t JOIN feedback_deployment d ON d.id = t.deployment_id"
+            " JOIN training_modelversion v ON v.id = t.model_version_id WHERE d.name = 'bench-split' GROUP BY v.name"
+            " ORDER BY v.name"
+        ).fetchall()
+    total = sum(n for _, n in rows) or 1
+    return ", ".join(f"{name} {n} ({n / total:.0%})" for name, n in rows)

@@ -64,8 +64,8 @@ def test_the_approver_chooses_a_plan_and_the_release_page_shows_the_steps(
     candidate = model_version_create(
         name="smol-v1", base_model=base, kind="lora", path=make_adapter_folder(tmp_path / "v1"), parent=live
     )
-    release_plan_create(name="all-in-one-go-plus", deployment=deployment, steps=[{"share": 0.5}, {"share": 1}])
-    plan = release_plan_create(name="careful", deployment=deployment, steps=STEPS, is_default=True)
+    plan = release_plan_create(name="careful", deployment=deployment, steps=STEPS)
+    release_plan_create(name="halves", deployment=deployment, steps=[{"share": 0.5}, {"share": 1}], is_default=True)
     promotion = promotion_request_create(
         candidate=candidate,
         deployment=deployment,
@@ -75,10 +75,12 @@ def test_the_approver_chooses_a_plan_and_the_release_page_shows_the_steps(
 
     page = open_page(approver)
     page.goto(f"/promotions/{promotion.pk}/")
-    assert page.locator("#plan-choice option:checked").inner_text().startswith("careful: 5 % → 25 % → 100 %")
-    page.select_option("#plan-choice", label=page.locator(f"#plan-choice option[value='{plan.pk}']").inner_text())
+    # The deployment's default is preselected; the approver chooses another.
+    assert page.locator("#plan-choice option:checked").inner_text() == "halves: 50 % → 100 %"
+    page.select_option("#plan-choice", value=str(plan.pk))
     page.click("#approve")
-    assert "careful" in page.inner_text("#approval-plan") and "5 % → 25 % → 100 %" in page.inner_text("#approval-plan")
+    chosen = page.inner_text("#approval-plan")
+    assert chosen.startswith("careful: 5 % (at least 2 conversations and 0 min) → 25 %") and "→ 100 %." in chosen
     assert "5 %" in page.inner_text("#confirm-approve")
     page.click("#confirm-approve")
     page.wait_for_selector("#promotion-status:has-text('Approved, deploying')")
@@ -95,10 +97,11 @@ def test_the_approver_chooses_a_plan_and_the_release_page_shows_the_steps(
     page.evaluate("window.__same_page = true")
 
     rollout.refresh_from_db()
-    at = rollout.step_started_at + timedelta(seconds=1)
+    at = rollout.step_started_at
     served(deployment, live, 8, at, "Happy to help.")
     served(deployment, candidate, 3, at, "Happy to help <b>now</b>.")
-    rollout_check(rollout_id=rollout.pk)
+    decision = rollout_check(rollout_id=rollout.pk, now=at + timedelta(seconds=5))
+    assert decision.action == "advance", decision.reason
     wait_text(page, "#rollout-share", "25 %")
     assert page.evaluate("window.__same_page") is True  # htmx swapped the panel in
     rows = page.locator("#rollout-changes tr.rollout-change")

@@ -100,6 +100,11 @@ def test_approval_with_a_plan_routes_the_first_step_and_keeps_the_pointer(regist
     changes = list(rollout.changes.values_list("actor_name", "from_state", "to_state", "to_share"))
     assert changes == [("arno", "", "starting", 0.0), ("automatic", "starting", "running", 0.05)]
     assert rollout.promotion.status == PromotionStatus.APPROVED
+    # A restarted inference server loads the candidate beside live; nothing unloads it meanwhile.
+    from training.serving.selectors import live_versions_for_base
+
+    assert set(live_versions_for_base(base_model_id=registry.base.pk)) == {registry.base_version, registry.candidate}
+    assert release_service.release_adapter_unload(version_id=registry.candidate.pk) == []
 
 
 def test_a_good_candidate_walks_every_step_by_itself(registry, rollout):

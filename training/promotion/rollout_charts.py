@@ -43,8 +43,8 @@ def rollout_charts(rollout: Rollout) -> list[dict[str, Any]]:
     checks = rollout.checks or []
     for code, label in LABELS.items():
         rows = [(_minutes(rollout, c["at"]), c["signals"][code]) for c in checks if code in c.get("signals", {})]
-        if not rows:
-            continue
+        if not any(v[0] is not None or v[1] is not None for _, v in rows):
+            continue  # not measured at any check: nothing to draw
         charts.append(
             {
                 "code": code,
