@@ -338,3 +338,15 @@ def test_an_automatic_rollback_is_on_the_approvers_notifications(client, registr
     assert f'id="rollout-news-{rollout.pk}"' in html and "Rolled back" in html and "Empty answers" in html
     client.force_login(operator)
     assert "rollout-news" not in client.get("/notifications/").content.decode()
+
+
+def test_the_demo_offers_a_short_plan_without_making_it_the_default(registry):
+    from django.core.management import call_command
+
+    from training.services.release_plans import release_plan_default, release_plans_for
+
+    call_command("demo_setup")
+    call_command("demo_setup")  # idempotent
+    plans = release_plans_for(deployment=registry.deployment)
+    assert [p.name for p in plans] == ["demo-steps"] and plans[0].steps[0]["share"] == 0.1
+    assert release_plan_default(deployment=registry.deployment) is None

@@ -160,3 +160,27 @@ def test_share_fractions_follow_the_share():
     for share in (0.05, 0.25):
         taken = sum(conversation_bucket(k) < share for k in keys) / len(keys)
         assert abs(taken - share) < 0.02, (share, taken)
+
+
+def test_with_several_replicas_each_conversation_keeps_its_version_whichever_replica_answers(
+    gateway, openai_client, deployment, fake_live, candidate, chat_upstream
+):
+    from tests.fixtures.chat_upstream import ChatUpstream
+    from training.serving.services import base_model_replicas_set
+
+    second = ChatUpstream(reply=chat_upstream.reply)
+    try:
+        base_model_replicas_set(base=fake_live.base_model, urls=[second.url])
+        canary_split_set(deployment=deployment, version=candidate, share=0.25, rollout_id=5)
+        inside, outside = sessions_by_side(0.25, 6)
+        histories = {s: [{"role": "user", "content": f"hi {s}"}] for s in inside + outside}
+        for turn in range(4):
+            for session, history in histories.items():
+                expected = candidate.name if session in inside else fake_live.name
+                assert chat(openai_client, session, history) == f"answer from {expected}", (session, turn)
+                history.append({"role": "user", "content": "go on"})
+        # Both replicas answered, for both versions.
+        for upstream in (chat_upstream, second):
+            assert {r["model"] for r in upstream.requests} == {candidate.name, fake_live.name}
+    finally:
+        second.close()
