@@ -350,3 +350,18 @@ def test_the_demo_offers_a_short_plan_without_making_it_the_default(registry):
     plans = release_plans_for(deployment=registry.deployment)
     assert [p.name for p in plans] == ["demo-steps"] and plans[0].steps[0]["share"] == 0.1
     assert release_plan_default(deployment=registry.deployment) is None
+
+
+def test_approving_from_the_notifications_takes_the_deployments_default_plan(
+    client, registry, plan, operator, approver
+):
+    evaluation = evaluation_row(registry.candidate, registry.deployment, registry.base_version)
+    promotion = promotion_request_create(
+        candidate=registry.candidate, deployment=registry.deployment, evaluation=evaluation, requested_by=operator
+    )
+    client.force_login(approver)
+    asked = client.post(f"/notifications/promotions/{promotion.pk}/approve").content.decode()
+    assert 'id="approval-plan"' in asked and "careful" in asked and "Approve: send 5 %" in asked
+    token = asked.split('name="confirm" value="')[1].split('"')[0]
+    client.post(f"/notifications/promotions/{promotion.pk}/approve", {"confirm": token})
+    assert Rollout.objects.get(promotion=promotion).plan["name"] == "careful"

@@ -108,5 +108,8 @@ def test_a_database_at_the_old_schema_moves_to_serving_with_its_rows_and_grants_
     back = old.get_model("auth", "Group").objects.get(name="release-managers")
     assert grants(back) == ["feedback.change_deployment", "training.approve_promotion", "training.view_liveversion"]
     assert old.get_model("feedback", "Trace").objects.get(pk=trace.pk).model_version_id == version.pk
-    assert not old.get_model("contenttypes", "ContentType").objects.filter(app_label="serving").exists()
+    # The moved models' content types went back; those of models born in serving later stay
+    # behind as stale rows, as Django leaves any model's on migrating back.
+    serving_types = old.get_model("contenttypes", "ContentType").objects.filter(app_label="serving")
+    assert not serving_types.exclude(model__in=BORN_IN_SERVING).exists()
     migrate(leaves)

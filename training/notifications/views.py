@@ -38,6 +38,7 @@ from training.services.promotion import (
     promotion_reject,
 )
 from training.services.promotion_checks import APPROVE, PromotionRefused
+from training.services.release_plans import release_plan_default
 
 COMMENT_LIMIT = 5000
 
@@ -128,12 +129,15 @@ def _decide(
 
 
 def _approve(request: HttpRequest, promotion: PromotionRequest, comment: str) -> str:
-    effect = promotion_approval_effect(promotion=promotion)
+    # The deployment's default release plan, as the request's page preselects it (the
+    # confirmation names it; choosing another is the request page's).
+    plan = release_plan_default(deployment=promotion.deployment)
+    effect = promotion_approval_effect(promotion=promotion, plan=plan)
     confirmed = request.POST.get("confirm", "")
     if confirmed != effect.token:
         promotion_approve_refusal(promotion=promotion, user=request.user)
         raise _AskToConfirm(effect, comment, stale=bool(confirmed))
-    release = promotion_approve(promotion=promotion, user=request.user, comment=comment)
+    release = promotion_approve(promotion=promotion, user=request.user, comment=comment, plan=effect.plan)
     return (
         f"Approved promotion #{promotion.pk} of {release.version.name} for {release.deployment.name}: "
         f"release {release.pk} is queued; its worker loads, smoke-tests and then switches the live version."

@@ -281,18 +281,21 @@ class ApprovalEffect:
     replaces: ModelVersion | None
     traffic_share: float
     token: str  # names this effect: a confirmation of another (the live version moved since) is stale
+    plan: ReleasePlan | None = None  # a progressive release's plan: `traffic_share` is its first step's
 
 
 def promotion_approval_effect(*, promotion: PromotionRequest, plan: ReleasePlan | None = None) -> ApprovalEffect:
     """With a progressive `plan` the candidate first takes its first step's share."""
     live = live_version_get(deployment_id=promotion.deployment_id)
     token = f"{promotion.pk}:{promotion.deployment_id}:{promotion.candidate_id}:{live.pk if live else 0}"
+    progressive = plan is not None and live is not None and plan.steps[0]["share"] < 1
     return ApprovalEffect(
         deployment=promotion.deployment,
         candidate=promotion.candidate,
         replaces=live,
-        traffic_share=float(plan.steps[0]["share"]) if plan is not None and live is not None else 1.0,
-        token=token,
+        traffic_share=float(plan.steps[0]["share"]) if progressive else 1.0,
+        token=token + (f":plan{plan.pk}" if progressive else ""),
+        plan=plan if progressive else None,
     )
 
 
