@@ -12,7 +12,9 @@ went silent and the worker's flip lock the same row, and only one of them happen
 The gateway reads the pointer per request (cached for a moment, and told of the flip at
 once on PostgreSQL), so the next request goes to the new version, while requests in
 flight finish on the old one, which stays loaded until then. Any failure leaves the old version
-live and marks the release failed with the reason.
+live and marks the release failed with the reason. A release that starts a progressive release
+(`training.services.rollouts`) ends where it would flip: the candidate takes its plan's first
+share of conversations instead, and the pointer moves only at the plan's last step.
 """
 
 from __future__ import annotations
