@@ -22,6 +22,9 @@ upstream, alternating one by one, from one client:
   the same exchanges all at once: its own rate (`--recorder-only` runs just these). On and
   off alternate `--rounds` times (3), and the medians are printed.
 
+`--split` measures only the added latency with a progressive release's split against none,
+side by side (bench/gateway_split.py).
+
 Uses its own database (<name>_gwbench), dropped and recreated each run.
 """
 
@@ -42,7 +45,8 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from support import fresh_database  # noqa: E402  (bench/, the script's own folder)
+from gateway_split import split_deployment, split_report, split_served  # noqa: E402  (bench/, the script's own folder)
+from support import fresh_database  # noqa: E402
 
 N_TOKENS = 16
 
@@ -339,6 +343,7 @@ def main() -> None:
     parser.add_argument("--recorder-seconds", type=float, default=10)
     parser.add_argument("--recorder-only", action="store_true", help="skip the gateway runs")
     parser.add_argument("--rounds", type=int, default=3, help="recorder runs per setting, alternating")
+    parser.add_argument("--split", action="store_true", help="only the added latency with a split vs without")
     parser.add_argument("--stub", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.stub:
@@ -354,6 +359,7 @@ def main() -> None:
     up_port = args.port + 1
     upstream = f"http://127.0.0.1:{up_port}"
     key, plain_key = create_deployment(db_url, upstream, ROOT / "var" / "bench-model")
+    split_key = split_deployment(ROOT / "var" / "bench-model") if args.split else ""
     if args.recorder_only:
         recorder_runs(args)
         return
@@ -387,6 +393,14 @@ def main() -> None:
         wait_port(up_port)
         wait_port(args.port)
         print(f"{'':34} {'p50':>8} {'p90':>8} {'added p50':>10} {'paired gap p50':>15}")
+        if args.split:
+            split = {"authorization": f"Bearer {split_key}", **json_headers}
+            print("non-streaming latency (ms), a progressive release's split vs none")
+            targets = [("split", gw, split), ("plain", gw, stitched), ("direct", up, json_headers)]
+            split_report(uvloop.run(latency(targets, args.requests, False)), ms)
+            recorder_idle(gw)
+            print(f"  the split deployment's conversations, by the version that served them: {split_served(db_url)}")
+            return
         for stream, label in ((False, "non-streaming latency (ms)"), (True, "streaming TTFT (ms)")):
             print(label)
             times = uvloop.run(

@@ -3,6 +3,7 @@ from django.urls import path
 from training import apis, apis_jobs, apis_sets
 from training.learning_policies import apis as policy_apis
 from training.policy_notes import apis as note_apis
+from training.promotion import rollout_apis
 
 urlpatterns = [
     path("evaluations", apis.EvaluationCreateApi.as_view(), name="api-evaluation-create"),
@@ -15,6 +16,8 @@ urlpatterns = [
     path("promotions/<int:promotion_id>/withdraw", apis.PromotionWithdrawApi.as_view(), name="api-promotion-withdraw"),
     path("deployments/<str:deployment>/rollback", apis.RollbackApi.as_view(), name="api-deployment-rollback"),
     path("releases/<int:release_id>", apis.ReleaseDetailApi.as_view(), name="api-release-detail"),
+    path("rollouts/<int:rollout_id>", rollout_apis.RolloutDetailApi.as_view(), name="api-rollout-detail"),
+    path("rollouts/<int:rollout_id>/<str:action>", rollout_apis.RolloutActionApi.as_view(), name="api-rollout-action"),
     path("audit", apis.AuditLogApi.as_view(), name="api-audit-log"),
     path("jobs", apis_jobs.JobsApi.as_view(), name="api-jobs"),
     path("jobs/<int:job_id>", apis_jobs.JobDetailApi.as_view(), name="api-job-detail"),

@@ -41,6 +41,7 @@ from training.services.promotion import (
     promotion_request_create,
     promotion_withdraw,
 )
+from training.services.release_plans import release_plan_for_approval
 from training.services.rollback import rollback_request
 from training.serving.models import Deployment, ModelVersion
 from webapp.kernel.api_errors import error_response, limit_param
@@ -226,17 +227,31 @@ class CommentSerializer(serializers.Serializer):
     comment = serializers.CharField(required=False, allow_blank=True, max_length=5000, default="")
 
 
+class ApproveSerializer(CommentSerializer):
+    plan = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        max_length=20,
+        default="",
+        help_text="a release plan's id: the candidate takes the traffic in its steps; empty: all at once",
+    )
+
+
 class PromotionApproveApi(PersonApi):
-    """Approve (not your own request): the release is queued; poll `GET releases/<id>`."""
+    """Approve (not your own request): the release is queued; poll `GET releases/<id>`. With a
+    `plan` the candidate takes its traffic in steps: follow `GET rollouts/<id>`."""
 
     permission_classes = [IsAuthenticated]
 
-    @extend_schema(request=CommentSerializer, responses={202: OpenApiResponse(description="The queued release.")})
+    @extend_schema(request=ApproveSerializer, responses={202: OpenApiResponse(description="The queued release.")})
     def post(self, request, promotion_id: int):
         promotion = get_object_or_404(PromotionRequest, pk=promotion_id)
-        data = CommentSerializer(data=request.data)
+        data = ApproveSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        release = promotion_approve(promotion=promotion, user=request.user, comment=data.validated_data["comment"])
+        plan = release_plan_for_approval(deployment=promotion.deployment, plan_id=data.validated_data["plan"])
+        release = promotion_approve(
+            promotion=promotion, user=request.user, comment=data.validated_data["comment"], plan=plan
+        )
         return Response(release_as_dict(release_get(release_id=release.pk)), status=202)
 
 

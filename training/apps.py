@@ -6,7 +6,7 @@ from django.apps import AppConfig
 # learning policies' live beside their code, under the app label `training` (their tables,
 # content types and permissions are training's), and are imported with it, before any app is
 # ready; no module imports another only to register it.
-MODEL_MODULES = ("training.promotion.models", "training.learning_policies.models")
+MODEL_MODULES = ("training.promotion.models", "training.promotion.rollout_models", "training.learning_policies.models")
 
 
 class TrainingConfig(AppConfig):

@@ -7,6 +7,8 @@
 - `training.release_adapter_unload`: `deploy`, queued by a release's flip with a countdown.
 - `training.learning_policies_tick`: `default`, from the beat schedule (`webapp/celery.py`);
   it queues jobs and evaluations and never waits for them.
+- `training.rollouts_tick`: `default`, from the beat schedule: each running progressive
+  release's check (`training.services.rollouts`).
 """
 
 from __future__ import annotations
@@ -49,3 +51,11 @@ def learning_policies_tick_task() -> None:
     from training.learning_policies.tick import learning_policies_tick
 
     learning_policies_tick()
+
+
+@shared_task(name="training.rollouts_tick", queue="default", ignore_result=True)
+def rollouts_tick_task() -> None:
+    """Every running progressive release's check: advance, roll back or wait."""
+    from training.services.rollouts import rollouts_tick
+
+    rollouts_tick()

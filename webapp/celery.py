@@ -38,6 +38,8 @@ _STALE_CHECK_SECONDS = float(
 )
 # Learning policies: each tick moves every policy one step (fire, evaluate, check) and returns.
 _LEARNING_POLICY_TICK_SECONDS = float(os.environ.get("PRACTICUM_LEARNING_POLICY_TICK_SECONDS", 60))
+# Progressive releases: each tick reads every running one's live signals and moves it on.
+_ROLLOUT_TICK_SECONDS = float(os.environ.get("PRACTICUM_ROLLOUT_TICK_SECONDS", 30))
 app.conf.beat_schedule = {
     "stale-work": {"task": "webapp.stale_work_sweep", "schedule": _STALE_CHECK_SECONDS},
     # A tick that waited past the next one is dropped: a busy worker does not work off a backlog.
@@ -45,5 +47,10 @@ app.conf.beat_schedule = {
         "task": "training.learning_policies_tick",
         "schedule": _LEARNING_POLICY_TICK_SECONDS,
         "options": {"expires": _LEARNING_POLICY_TICK_SECONDS},
+    },
+    "rollouts": {
+        "task": "training.rollouts_tick",
+        "schedule": _ROLLOUT_TICK_SECONDS,
+        "options": {"expires": _ROLLOUT_TICK_SECONDS},
     },
 }

@@ -320,6 +320,10 @@ GATEWAY_UPSTREAM_TIMEOUT = float(os.environ.get("PRACTICUM_GATEWAY_UPSTREAM_TIME
 # a revoked key or a flipped live pointer takes effect within this many seconds.
 GATEWAY_AUTH_CACHE_SECONDS = float(os.environ.get("PRACTICUM_GATEWAY_AUTH_CACHE_SECONDS", 10))
 GATEWAY_LIVE_CACHE_SECONDS = float(os.environ.get("PRACTICUM_GATEWAY_LIVE_CACHE_SECONDS", 2))
+# While a progressive release splits a deployment's traffic, each gateway process remembers for
+# this long after a conversation's last call which version served it, so a step that widens the
+# candidate's share does not move a conversation in flight (0: route by the share alone).
+GATEWAY_PIN_SECONDS = float(os.environ.get("PRACTICUM_GATEWAY_PIN_SECONDS", 6 * 3600))
 # On PostgreSQL the gateway also LISTENs for live-pointer flips and drops the cached route at
 # once, so a promotion or rollback applies from the next request (the TTL stays as a fallback).
 GATEWAY_LIVE_LISTEN = env_bool("PRACTICUM_GATEWAY_LIVE_LISTEN", True)

@@ -45,6 +45,10 @@ class Route:
     version_name: str
     upstream_urls: tuple[str, ...]  # the base model's replicas, the first one first
     created: int
+    # A progressive release's candidate and its share of conversations (`feedback.gateway.split`).
+    canary: Route | None = None
+    canary_share: float = 0.0
+    rollout_id: int | None = None
 
 
 class TTLCache:
@@ -135,16 +139,28 @@ def _authenticate_sync(token: str) -> Principal | GatewayError:
 
 
 def _route_sync(deployment_id: int) -> Route | None:
-    from training.serving.selectors import base_model_replica_urls, live_version_get
+    from training.serving.selectors import base_model_replica_urls, canary_split_get, live_version_get
 
     version = live_version_get(deployment_id=deployment_id)
     if version is None:
         return None
+    split = canary_split_get(deployment_id=deployment_id)
+    canary = None
+    if split is not None and split.version_id != version.id:
+        canary = Route(
+            version_id=split.version.id,
+            version_name=split.version.name,
+            upstream_urls=tuple(base_model_replica_urls(base=split.version.base_model)),
+            created=int(split.version.created_at.timestamp()),
+        )
     return Route(
         version_id=version.id,
         version_name=version.name,
         upstream_urls=tuple(base_model_replica_urls(base=version.base_model)),
         created=int(version.created_at.timestamp()),
+        canary=canary,
+        canary_share=split.share if canary is not None else 0.0,
+        rollout_id=split.rollout_id if canary is not None else None,
     )
 
 

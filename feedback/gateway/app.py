@@ -18,6 +18,7 @@ from feedback.gateway.balancer import Balancer
 from feedback.gateway.errors import GatewayError, error_body, transport_error, upstream_status_error
 from feedback.gateway.exchange import Exchange, ExchangeStatus
 from feedback.gateway.recorder import Recorder
+from feedback.gateway.split import Pins, release_metadata, route_for_call
 from feedback.gateway.wire import (
     SESSION_HEADER,
     TRACE_HEADER,
@@ -82,6 +83,7 @@ class GatewayApp:
         self.body_timeout = settings.WEB_BODY_TIMEOUT_SECONDS
         # One per process: its replicas' outstanding counts and health are this process's view.
         self.balancer = Balancer(api_key=settings.INFERENCE_API_KEY, read_timeout=self.timeout)
+        self.pins = Pins(ttl=settings.GATEWAY_PIN_SECONDS)
 
     async def startup(self) -> None:
         self.recorder.start()
@@ -177,6 +179,16 @@ class GatewayApp:
             session = client_identifier(metadata.get("session_id"), "metadata.session_id", 200, allow_empty=True)
         session = session or ""
         route = await self.access.route(principal)
+        live_route = route
+        route, canary = route_for_call(
+            route,
+            self.pins,
+            deployment_id=principal.deployment_id,
+            key_id=principal.key_id,
+            session=session,
+            trace_key=trace_key,
+            messages=messages,
+        )
 
         params = {k: request[k] for k in PARAM_KEYS if k in request}
         stream = bool(request.get("stream"))
@@ -202,7 +214,7 @@ class GatewayApp:
             messages=messages,
             tools=tools,
             params=params,
-            metadata={k: v for k, v in metadata.items() if k not in ("trace_id", "session_id")},
+            metadata=release_metadata(metadata, live_route, canary),
             started_at=started_at,
             latency_ms=0.0,
             api_key_id=principal.key_id,

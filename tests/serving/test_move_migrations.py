@@ -22,6 +22,7 @@ BEFORE = [
     ("admin", "0003_logentry_add_action_flag_choices"),
 ]
 MOVED = {"deployment", "basemodel", "modelversion", "liveversion", "liveversionchange"}
+BORN_IN_SERVING = {"canarysplit"}  # models the serving app added after the move
 
 
 def migrate(targets):
@@ -78,7 +79,7 @@ def test_a_database_at_the_old_schema_moves_to_serving_with_its_rows_and_grants_
     migrate(leaves)
 
     assert ContentType.objects.count() == content_types  # relabelled, none made twice
-    assert {ct.model for ct in ContentType.objects.filter(app_label="serving")} == MOVED
+    assert {ct.model for ct in ContentType.objects.filter(app_label="serving")} == MOVED | BORN_IN_SERVING
     assert not ContentType.objects.filter(model__in=MOVED).exclude(app_label="serving").exists()
     live = Deployment.objects.get(name="support-bot").live
     assert (live.version.name, live.version.base_model, live.version.deployment_id) == (
@@ -107,5 +108,8 @@ def test_a_database_at_the_old_schema_moves_to_serving_with_its_rows_and_grants_
     back = old.get_model("auth", "Group").objects.get(name="release-managers")
     assert grants(back) == ["feedback.change_deployment", "training.approve_promotion", "training.view_liveversion"]
     assert old.get_model("feedback", "Trace").objects.get(pk=trace.pk).model_version_id == version.pk
-    assert not old.get_model("contenttypes", "ContentType").objects.filter(app_label="serving").exists()
+    # The moved models' content types went back; those of models born in serving later stay
+    # behind as stale rows, as Django leaves any model's on migrating back.
+    serving_types = old.get_model("contenttypes", "ContentType").objects.filter(app_label="serving")
+    assert not serving_types.exclude(model__in=BORN_IN_SERVING).exists()
     migrate(leaves)

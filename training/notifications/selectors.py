@@ -18,7 +18,8 @@ from django.db.models import QuerySet
 
 from training.promotion.models import PromotionRequest, PromotionStatus
 from training.promotion.selectors import evaluation_items_source
-from training.services.promotion_checks import APPROVE, Precondition, check_harm
+from training.services.promotion_checks import Precondition, check_harm
+from training.services.promotion_refused import APPROVE
 from training.services.promotion_signals import Signal, evaluation_signals, signal_from_dict
 from training.services.promotion_verdict import Verdict, promotion_overrides, promotion_verdict
 from webapp.kernel.work import WorkStatus
@@ -125,4 +126,29 @@ def promotion_decided_get(*, promotion_id: int) -> PromotionRequest | None:
         PromotionRequest.objects.select_related("candidate", "deployment", "decided_by", "requested_by")
         .filter(pk=promotion_id)
         .first()
+    )
+
+
+RELEASE_NEWS_DAYS = 7
+
+
+def rollouts_needing_attention(*, user) -> list:
+    """For an approver: progressive releases under way, and those the automatic check rolled
+    back in the last week (with the reason it wrote), newest first."""
+    from datetime import timedelta
+
+    from django.db.models import Q
+    from django.utils import timezone
+
+    from training.promotion.rollout_models import ACTIVE_STATES, Rollout, RolloutState
+
+    if not _may_decide(user):
+        return []
+    since = timezone.now() - timedelta(days=RELEASE_NEWS_DAYS)
+    rolled_back = Q(state=RolloutState.ROLLED_BACK, ended_at__gte=since, changes__actor__isnull=True)
+    return list(
+        Rollout.objects.filter(Q(state__in=ACTIVE_STATES) | rolled_back)
+        .select_related("deployment", "candidate", "baseline")
+        .distinct()
+        .order_by("-started_at")[:MAX_SHOWN]
     )

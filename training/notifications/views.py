@@ -26,6 +26,7 @@ from training.notifications.selectors import (
     promotion_decided_get,
     promotions_awaiting,
     promotions_awaiting_count,
+    rollouts_needing_attention,
 )
 from training.promotion.models import PromotionRequest, PromotionStatus
 from training.services.promotion import (
@@ -35,7 +36,8 @@ from training.services.promotion import (
     promotion_approve_refusal,
     promotion_reject,
 )
-from training.services.promotion_checks import APPROVE, PromotionRefused
+from training.services.promotion_refused import APPROVE, PromotionRefused
+from training.services.release_plans import release_plan_default
 from webapp.kernel.pages import dashboard_view
 
 COMMENT_LIMIT = 5000
@@ -58,6 +60,7 @@ def _page(
         "confirming": confirming or {},
         # A request decided meanwhile has no card left to carry its refusal: say it above them.
         "refused": [f"Promotion #{pk}: {error}" for pk, error in errors.items() if pk not in shown],
+        "rollouts": rollouts_needing_attention(user=request.user),
     }
     return render(request, "training/notifications.html", context, status=status)
 
@@ -126,12 +129,15 @@ def _decide(
 
 
 def _approve(request: HttpRequest, promotion: PromotionRequest, comment: str) -> str:
-    effect = promotion_approval_effect(promotion=promotion)
+    # The deployment's default release plan, as the request's page preselects it (the
+    # confirmation names it; choosing another is the request page's).
+    plan = release_plan_default(deployment=promotion.deployment)
+    effect = promotion_approval_effect(promotion=promotion, plan=plan)
     confirmed = request.POST.get("confirm", "")
     if confirmed != effect.token:
         promotion_approve_refusal(promotion=promotion, user=request.user)
         raise _AskToConfirm(effect, comment, stale=bool(confirmed))
-    release = promotion_approve(promotion=promotion, user=request.user, comment=comment)
+    release = promotion_approve(promotion=promotion, user=request.user, comment=comment, plan=effect.plan)
     return (
         f"Approved promotion #{promotion.pk} of {release.version.name} for {release.deployment.name}: "
         f"release {release.pk} is queued; its worker loads, smoke-tests and then switches the live version."

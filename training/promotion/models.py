@@ -176,6 +176,8 @@ class ReleaseStep(models.TextChoices):
     LOADING = "loading", "Loading weights"
     SMOKE_TEST = "smoke_test", "Smoke test"
     SWITCH = "switch", "Switching the live pointer"
+    # Finished without flipping: a progressive release routes its first step's share instead.
+    CANARY = "canary", "Serving a share of traffic"
 
 
 class Release(WorkItem):
@@ -223,14 +225,14 @@ class Release(WorkItem):
         if self.status == WorkStatus.RUNNING:
             return self.step or WorkStatus.RUNNING
         if self.status == WorkStatus.FINISHED:
-            return "live"
+            return "canary" if self.step == ReleaseStep.CANARY else "live"
         return self.status
 
     def get_state_display(self) -> str:
         if self.status == WorkStatus.RUNNING:
             return self.get_step_display() if self.step else WorkStatus.RUNNING.label
         if self.status == WorkStatus.FINISHED:
-            return "Live"
+            return ReleaseStep.CANARY.label if self.step == ReleaseStep.CANARY else "Live"
         return self.get_status_display()
 
 
@@ -261,6 +263,9 @@ class AuditAction(models.TextChoices):
     # A deployment's judge (`feedback.services.judging.deployment_judge_set`): its endpoint,
     # or how it gives corrected turns, which decides what the training gate asks of it.
     JUDGE_CHANGED = "judge_changed", "Deployment judge changed"
+    # A progressive release's step or state moved (`training.services.rollouts`), by a person
+    # or by the automatic check; its own log (`RolloutChange`) keeps the signals it read.
+    ROLLOUT_CHANGED = "rollout_changed", "Progressive release changed"
 
 
 class AuditImmutable(Exception):

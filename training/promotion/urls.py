@@ -1,6 +1,6 @@
 from django.urls import path
 
-from training.promotion import views
+from training.promotion import rollout_views, views
 
 app_name = "promotion"
 urlpatterns = [
@@ -16,5 +16,7 @@ urlpatterns = [
     path("promotions/<int:promotion_id>/reject", views.promotion_reject_view, name="promotion-reject"),
     path("promotions/<int:promotion_id>/withdraw", views.promotion_withdraw_view, name="promotion-withdraw"),
     path("deployments/<str:deployment>/rollback", views.rollback_view, name="rollback"),
+    path("rollouts/<int:rollout_id>/", rollout_views.rollout_detail, name="rollout"),
+    path("rollouts/<int:rollout_id>/<str:action>", rollout_views.rollout_action_view, name="rollout-action"),
     path("audit/", views.audit_log, name="audit"),
 ]

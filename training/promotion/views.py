@@ -45,9 +45,16 @@ from training.services.promotion import (
     promotion_request_create,
     promotion_withdraw,
 )
-from training.services.promotion_checks import APPROVE, PromotionRefused, check_harm, lineage
+from training.services.promotion_checks import PromotionRefused, check_harm, lineage
+from training.services.promotion_refused import APPROVE
 from training.services.promotion_signals import KIND_PREFIX, evaluation_signals, promotion_signals
 from training.services.promotion_verdict import promotion_overrides, promotion_verdict
+from training.services.release_plans import (
+    PlanInvalid,
+    release_plan_default,
+    release_plan_for_approval,
+    release_plans_for,
+)
 from training.services.rollback import rollback_check, rollback_request, rollback_target
 from training.serving.models import Deployment, ModelVersion
 from training.serving.selectors import live_version_get
@@ -336,6 +343,8 @@ def _promotion_context(request: HttpRequest, promotion: PromotionRequest) -> dic
             breaches=((snapshot or {}).get("monitors") or {}).get("breaches"),
         ),
         "effect": promotion_approval_effect(promotion=promotion) if pending else None,
+        "plans": release_plans_for(deployment=promotion.deployment) if pending else [],
+        "default_plan": release_plan_default(deployment=promotion.deployment) if pending else None,
         "releases": releases,
         "release": releases[0] if releases else None,
         "release_active": bool(releases) and releases[0].is_active,
@@ -387,7 +396,12 @@ def promotion_approve_view(request: HttpRequest, promotion_id: int) -> HttpRespo
     promotion = promotion_get(promotion_id=promotion_id)
     if promotion is None:
         raise Http404("no such promotion request")
-    effect = promotion_approval_effect(promotion=promotion)
+    try:
+        plan = release_plan_for_approval(deployment=promotion.deployment, plan_id=request.POST.get("plan"))
+    except PlanInvalid as exc:
+        _refused(request, exc)
+        return redirect("promotion:promotion", promotion_id=promotion_id)
+    effect = promotion_approval_effect(promotion=promotion, plan=plan)
     confirmed = request.POST.get("confirm", "")
     if confirmed != effect.token:
         try:
@@ -396,9 +410,11 @@ def promotion_approve_view(request: HttpRequest, promotion_id: int) -> HttpRespo
             _refused(request, exc)
             return redirect("promotion:promotion", promotion_id=promotion_id)
         context = {**_promotion_context(request, promotion), "comment": comment, "stale": bool(confirmed)}
-        return render(request, "training/promotion_confirm.html", context)
+        return render(request, "training/promotion_confirm.html", {**context, "effect": effect, "plan": plan})
     return _decision(
-        request, promotion_id, lambda p: promotion_approve(promotion=p, user=request.user, comment=comment)
+        request,
+        promotion_id,
+        lambda p: promotion_approve(promotion=p, user=request.user, comment=comment, plan=plan),
     )
 
 

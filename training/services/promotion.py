@@ -17,10 +17,10 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from training.promotion.models import AuditAction, Evaluation, PromotionRequest, PromotionStatus, Release
-from training.services.accounts import account_ties
+from training.promotion.rollout_models import ReleasePlan
 from training.services.audit import audit_record
+from training.services.four_eyes import check_independent
 from training.services.promotion_checks import (
-    APPROVE,
     REQUEST,
     Precondition,
     PromotionRefused,
@@ -37,6 +37,7 @@ from training.services.promotion_checks import (
     raise_first_unmet,
     snapshot,
 )
+from training.services.promotion_refused import APPROVE
 from training.serving.models import Deployment, ModelVersion
 from training.serving.selectors import live_version_get
 from webapp.kernel.work import WorkStatus
@@ -196,32 +197,6 @@ def _decider(promotion: PromotionRequest, user) -> list[Precondition]:
     ]
 
 
-def check_independent(promotion: PromotionRequest, user) -> Precondition:
-    """Four eyes against one person with two accounts: the approver did not create or
-    change the requester's account or roles (a password they set, a role they gave), nor
-    the requester the approver's (`account_ties`)."""
-    label = "Independent of the requester"
-    requester = promotion.requested_by
-    # The requester deciding is the four-eyes check's refusal (403), not this one's.
-    mine = not user.is_authenticated or user.pk == requester.pk
-    ties = [] if mine else account_ties(requester=requester, approver=user)
-    if not ties:
-        return Precondition("independent", label, True, "")
-    tie = ties[0]
-    when = f"{tie.get_action_display().lower()} on {tie.at:%Y-%m-%d %H:%M:%S %Z}"
-    if tie.actor_id == user.pk:
-        detail = f"you created or changed {requester.get_username()}'s account or roles ({when})"
-    else:
-        detail = f"{requester.get_username()} created or changed your account or roles ({when})"
-    return Precondition(
-        "independent",
-        label,
-        False,
-        f"{detail}: another approver, with no hand in either account, must decide",
-        "requested_by",
-    )
-
-
 def _refuse_decider(checks: list[Precondition]) -> None:
     """Not an approver, or the requester: a matter of who may act (403), not of state."""
     for check in checks:
@@ -280,17 +255,21 @@ class ApprovalEffect:
     replaces: ModelVersion | None
     traffic_share: float
     token: str  # names this effect: a confirmation of another (the live version moved since) is stale
+    plan: ReleasePlan | None = None  # a progressive release's plan: `traffic_share` is its first step's
 
 
-def promotion_approval_effect(*, promotion: PromotionRequest) -> ApprovalEffect:
+def promotion_approval_effect(*, promotion: PromotionRequest, plan: ReleasePlan | None = None) -> ApprovalEffect:
+    """With a progressive `plan` the candidate first takes its first step's share."""
     live = live_version_get(deployment_id=promotion.deployment_id)
     token = f"{promotion.pk}:{promotion.deployment_id}:{promotion.candidate_id}:{live.pk if live else 0}"
+    progressive = plan is not None and live is not None and plan.steps[0]["share"] < 1
     return ApprovalEffect(
         deployment=promotion.deployment,
         candidate=promotion.candidate,
         replaces=live,
-        traffic_share=1.0,
-        token=token,
+        traffic_share=float(plan.steps[0]["share"]) if progressive else 1.0,
+        token=token + (f":plan{plan.pk}" if progressive else ""),
+        plan=plan if progressive else None,
     )
 
 
@@ -311,9 +290,13 @@ def _locked(promotion: PromotionRequest) -> PromotionRequest:
 
 
 @transaction.atomic
-def promotion_approve(*, promotion: PromotionRequest, user, comment: str = "") -> Release:
+def promotion_approve(
+    *, promotion: PromotionRequest, user, comment: str = "", plan: ReleasePlan | None = None
+) -> Release:
     """Approve and queue the release. Raises PermissionDenied (not an approver, or the
-    requester) or PromotionRefused (a precondition that does not hold)."""
+    requester) or PromotionRefused (a precondition that does not hold). With a `plan` whose
+    first step is a share of the traffic, the release starts a progressive release
+    (`training.services.rollouts`) instead of taking all traffic at once."""
     from training.services.release import release_queue, releases_fail_stale
 
     promotion = _locked(promotion)
@@ -323,6 +306,12 @@ def promotion_approve(*, promotion: PromotionRequest, user, comment: str = "") -
     releases_fail_stale()
     raise_first_unmet(checks)
     live = live_version_get(deployment_id=promotion.deployment_id)
+    progressive = plan is not None and plan.steps[0]["share"] < 1
+    if progressive and live is None:
+        raise PromotionRefused(
+            f"{promotion.deployment.name} has no live version to share its traffic with: approve all at once",
+            field="plan",
+        )
     promotion.status = PromotionStatus.APPROVED
     promotion.decided_by = user
     promotion.decided_at = timezone.now()
@@ -339,14 +328,19 @@ def promotion_approve(*, promotion: PromotionRequest, user, comment: str = "") -
         promotion=promotion,
         detail=comment,
     )
-    return release_queue(
+    release = release_queue(
         deployment=promotion.deployment,
         version=promotion.candidate,
         kind="promotion",
         promotion=promotion,
         user=user,
-        reason=f"promotion {promotion.pk}",
+        reason=f"promotion {promotion.pk}" + (f", plan {plan.name}" if plan is not None else ""),
     )
+    if progressive:
+        from training.services.rollouts import rollout_create
+
+        rollout_create(promotion=promotion, release=release, plan=plan, user=user)
+    return release
 
 
 @transaction.atomic

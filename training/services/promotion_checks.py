@@ -3,35 +3,18 @@ request records (the producing job's monitors, the judge's agreement)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from django.utils import timezone
 
 from training.promotion.models import Evaluation, PromotionRequest
-from training.services.promotion_refused import PromotionRefused
+from training.services.promotion_refused import Precondition, PromotionRefused
 from training.services.release import release_in_progress
 from training.serving.models import Deployment, ModelVersion, ModelVersionKind, ModelVersionStatus
 from training.serving.selectors import live_withdrawals
 from webapp.kernel.work import WorkStatus
 
-APPROVE = "training.approve_promotion"
 REQUEST = "training.add_promotionrequest"
-
-
-@dataclass(frozen=True, slots=True)
-class Precondition:
-    code: str
-    label: str
-    ok: bool
-    detail: str
-    field: str = ""
-    # Holds, but on evidence that cannot decide it (inconclusive or unmeasured signals): the
-    # page marks it neither passed nor failed.
-    warn: bool = False
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"code": self.code, "label": self.label, "ok": self.ok, "detail": self.detail, "warn": self.warn}
 
 
 def raise_first_unmet(checks: list[Precondition]) -> None:
@@ -323,5 +306,21 @@ def check_no_release_running(deployment: Deployment) -> Precondition:
             "No release in progress",
             False,
             f"release {running.pk} of {running.version.name} to {deployment.name} is in progress",
+        )
+    return check_no_rollout_running(deployment)
+
+
+def check_no_rollout_running(deployment: Deployment) -> Precondition:
+    """A progressive release under way owns the deployment's traffic until it ends."""
+    from training.services.rollouts import rollout_active
+
+    rollout = rollout_active(deployment_id=deployment.pk)
+    if rollout is not None:
+        return Precondition(
+            "release",
+            "No release in progress",
+            False,
+            f"the progressive release {rollout.pk} of {rollout.candidate.name} to {deployment.name} is "
+            f"{rollout.get_state_display().lower()}: advance or roll it back first",
         )
     return Precondition("release", "No release in progress", True, "")

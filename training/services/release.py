@@ -12,7 +12,9 @@ went silent and the worker's flip lock the same row, and only one of them happen
 The gateway reads the pointer per request (cached for a moment, and told of the flip at
 once on PostgreSQL), so the next request goes to the new version, while requests in
 flight finish on the old one, which stays loaded until then. Any failure leaves the old version
-live and marks the release failed with the reason.
+live and marks the release failed with the reason. A release that starts a progressive release
+(`training.services.rollouts`) ends where it would flip: the candidate takes its plan's first
+share of conversations instead, and the pointer moves only at the plan's last step.
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ from training.promotion.models import (
 from training.services.audit import audit_record
 from training.services.inference import version_servers
 from training.services.promotion_refused import PromotionRefused
+from training.services.rollouts import rollout_begin, rollout_release_ended
 from training.serving.models import (
+    CanarySplit,
     Deployment,
     LiveChangeKind,
     LiveVersion,
@@ -260,7 +264,7 @@ def release_adapter_unload(*, version_id: int) -> list[str]:
     version = ModelVersion.objects.select_related("base_model").filter(pk=version_id).first()
     if version is None or version.kind != ModelVersionKind.LORA:
         return []
-    if LiveVersion.objects.filter(version=version).exists():
+    if LiveVersion.objects.filter(version=version).exists() or CanarySplit.objects.filter(version=version).exists():
         return []
     if Release.objects.filter(version=version, status__in=IN_PROGRESS).exists():
         return []
@@ -382,6 +386,14 @@ def _flip(release: Release, worker: str) -> Release | None:
     switched: dict[str, Any] = {}
 
     def switch(locked: Release) -> list[str]:
+        if rollout_begin(release=release):
+            # A progressive release: the candidate takes its first step's share, the pointer stays.
+            switched["canary"] = True
+            locked.step, locked.timings = (
+                ReleaseStep.CANARY,
+                {**locked.timings, "canary_ms": _ms_since(release.created_at)},
+            )
+            return ["step", "timings"]
         before = LiveVersion.objects.filter(deployment=release.deployment).select_related("version").first()
         switched["previous"] = previous = before.version if before else None
         promoting = release.kind == ReleaseKind.PROMOTION
@@ -404,6 +416,8 @@ def _flip(release: Release, worker: str) -> Release | None:
         return ["timings"]
 
     def record(ended: Release) -> None:
+        if switched.get("canary"):
+            return
         audit_record(
             action=AuditAction.LIVE_SWITCHED,
             deployment=release.deployment,
@@ -426,6 +440,7 @@ def _release_ended(release: Release) -> None:
     still live."""
     release.timings = {**release.timings, f"{release.status}_ms": _ms_since(release.created_at)}
     release.save(update_fields=["timings"])
+    rollout_release_ended(release=release)
     if release.kind == ReleaseKind.PROMOTION and release.promotion_id:
         PromotionRequest.objects.filter(pk=release.promotion_id).update(status=PromotionStatus.FAILED)
     live = LiveVersion.objects.filter(deployment_id=release.deployment_id).select_related("version").first()

@@ -14,7 +14,8 @@ from training.promotion.models import (
     ReleaseKind,
 )
 from training.services.audit import audit_record
-from training.services.promotion_checks import APPROVE, Precondition, raise_first_unmet
+from training.services.promotion_checks import Precondition, check_no_rollout_running, raise_first_unmet
+from training.services.promotion_refused import APPROVE
 from training.services.release import release_in_progress, release_queue, releases_fail_stale
 from training.serving.models import (
     Deployment,
@@ -68,6 +69,8 @@ def rollback_check(*, deployment: Deployment, user=None) -> list[Precondition]:
             f"release {running.pk} is in progress" if running else "",
         )
     )
+    if running is None:
+        checks[-1] = check_no_rollout_running(deployment)
     return checks
 
 

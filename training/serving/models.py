@@ -158,3 +158,28 @@ class LiveVersionChange(models.Model):
 
     def __str__(self) -> str:
         return f"{self.deployment_id}: {self.from_version_id} → {self.to_version_id}"
+
+
+class CanarySplit(models.Model):
+    """A share of a deployment's conversations served by a candidate beside the live version:
+    the current step of a progressive release (`training.promotion.rollout_models.Rollout`).
+    The deployment is the primary key, so at most one candidate takes traffic at a time.
+
+    Which conversations: those whose key hashes below `share` (`feedback.gateway.split`), so
+    every gateway process routes a conversation alike without asking any other."""
+
+    deployment = models.OneToOneField(Deployment, primary_key=True, on_delete=models.CASCADE, related_name="canary")
+    version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="canary_for")
+    share = models.FloatField(help_text="the fraction of conversations the candidate serves, above 0 and below 1")
+    # The rollout behind the split, by id: serving sits below the app that keeps rollouts.
+    rollout_id = models.PositiveBigIntegerField()
+    changed_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        db_table = "serving_canarysplit"
+        constraints = [
+            models.CheckConstraint(condition=models.Q(share__gt=0, share__lt=1), name="canarysplit_share_range"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.deployment_id}: {self.version_id} at {self.share:.0%}"

@@ -6,9 +6,17 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.conf import settings
+from django.db.models import Q
 
 from training.inference.client import server_root
-from training.serving.models import BaseModel, LiveChangeKind, LiveVersion, LiveVersionChange, ModelVersion
+from training.serving.models import (
+    BaseModel,
+    CanarySplit,
+    LiveChangeKind,
+    LiveVersion,
+    LiveVersionChange,
+    ModelVersion,
+)
 
 
 def live_version_get(*, deployment_id: int) -> ModelVersion | None:
@@ -85,9 +93,11 @@ def live_rollback_target(*, deployment_id: int) -> tuple[ModelVersion | None, li
 
 
 def live_versions_for_base(*, base_model_id: int) -> list[ModelVersion]:
-    """The distinct versions over one base model that some deployment serves now."""
+    """The distinct versions over one base model that some deployment serves now: its live
+    versions and the candidates a progressive release routes a share of traffic to."""
     return list(
-        ModelVersion.objects.filter(base_model_id=base_model_id, live_for__isnull=False)
+        ModelVersion.objects.filter(base_model_id=base_model_id)
+        .filter(Q(live_for__isnull=False) | Q(canary_for__isnull=False))
         .select_related("base_model")
         .distinct()
     )
@@ -104,3 +114,8 @@ def base_model_replica_urls(*, base: BaseModel) -> list[str]:
         if root and root not in out:
             out.append(root)
     return out
+
+
+def canary_split_get(*, deployment_id: int) -> CanarySplit | None:
+    """The candidate a deployment routes a share of its conversations to, with its base model."""
+    return CanarySplit.objects.select_related("version__base_model").filter(deployment_id=deployment_id).first()

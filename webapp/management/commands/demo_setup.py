@@ -14,6 +14,15 @@ DEMO_USERS = [
     ("admin", "admin-demo", True, "admin"),
 ]
 
+# A plan short enough for the demo agent's few conversations a minute (share, least
+# conversations, least minutes per step).
+DEMO_PLAN = "demo-steps"
+DEMO_PLAN_STEPS = [
+    {"share": 0.1, "min_conversations": 3, "min_minutes": 1},
+    {"share": 0.5, "min_conversations": 5, "min_minutes": 1},
+    {"share": 1.0},
+]
+
 
 class Command(BaseCommand):
     help = "Create the demo deployment and the demo logins (idempotent). For local demos only."
@@ -39,6 +48,21 @@ class Command(BaseCommand):
                 user.save()
             user.groups.add(Group.objects.get(name=role))
         self.stdout.write("demo deployment 'support-bot' and logins operator, approver, reviewer, admin are ready")
+        self._plan(deployment)
+
+    def _plan(self, deployment) -> None:
+        """A short release plan the demo agent's traffic walks in minutes (chosen on approval;
+        the default stays "all at once", as the tour expects)."""
+        from training.promotion.rollout_models import ReleasePlan
+        from training.services.release_plans import release_plan_create
+
+        if not ReleasePlan.objects.filter(deployment=deployment, name=DEMO_PLAN).exists():
+            release_plan_create(
+                name=DEMO_PLAN,
+                deployment=deployment,
+                steps=DEMO_PLAN_STEPS,
+                description="the demo's short progressive release: 10 % then 50 % of conversations, then all",
+            )
 
     def _serve(self, deployment, base_name: str) -> None:
         from training.services.live_set import live_set_by_command
