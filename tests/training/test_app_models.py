@@ -17,8 +17,9 @@ OWN_APPS = {"serving", "finetuning"}
 def test_every_models_module_under_training_is_named_by_the_app_config():
     found = {
         ".".join(("training", *path.relative_to(TRAINING).with_suffix("").parts))
-        for path in TRAINING.glob("*/models.py")
-        if path.parent.name not in OWN_APPS
+        for pattern in ("*/models.py", "*/*_models.py")
+        for path in TRAINING.glob(pattern)
+        if path.parent.name not in OWN_APPS | {"migrations"}
     }
     assert found == set(MODEL_MODULES)
 
