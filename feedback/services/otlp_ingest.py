@@ -90,14 +90,19 @@ def otlp_ingest(*, deployment: Deployment, request, now: datetime | None = None)
             else:
                 valid.append(trace_id)
         _traces_lock(deployment.pk, valid)
+        states = {s.external_id: s for s in OtelTrace.objects.filter(deployment=deployment, external_id__in=valid)}
+        # Spans are kept only beside their trace's state and expire no later than it, so a
+        # trace without one (every trace of a fresh run) has no span to look up.
+        known = [t for t in valid if t in states]
         seen = set(
             OtelSpan.objects.filter(
                 deployment=deployment,
-                trace_id__in=valid,
-                span_id__in={s for t in valid for s in incoming[t]},
+                trace_id__in=known,
+                span_id__in={s for t in known for s in incoming[t]},
             ).values_list("trace_id", "span_id")
+            if known
+            else ()
         )
-        states = {s.external_id: s for s in OtelTrace.objects.filter(deployment=deployment, external_id__in=valid)}
         traces = {
             t["external_id"]: t
             for t in Trace.objects.select_for_update()
@@ -328,6 +333,8 @@ def _spans_expire(now: datetime) -> None:
             if not ids:
                 break
             model.objects.filter(pk__in=ids).delete()
+        else:
+            return  # spans left past this round's bound: their states wait, as the lookup assumes
 
 
 def _traces_lock(deployment_id: int, trace_ids: list[str]) -> None:
