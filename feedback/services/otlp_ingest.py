@@ -245,18 +245,20 @@ def _states_save(deployment: Deployment, states: list[OtelTrace]) -> None:
         for state in states:
             state.save()
         return
-    columns = [[getattr(st, f) for st in states] for f in _STATE_FIELDS]
-    for at in (_STATE_FIELDS.index("open_calls"), _STATE_FIELDS.index("summary")):
-        columns[at] = [orjson.dumps(strip_nul(v), default=str).decode() for v in columns[at]]
+    rows = [{f: getattr(st, f) for f in _STATE_FIELDS} | {"external_id": st.external_id} for st in states]
+    for row in rows:
+        row["open_calls"], row["summary"] = strip_nul(row["open_calls"]), strip_nul(row["summary"])
     types = ("bigint", "int", "int", "text", "jsonb", "bigint", "bigint", "int", "bigint", "jsonb", "timestamptz")
     names = ", ".join(_STATE_FIELDS)
+    # The rows as one JSON parameter: serialised in C, where arrays would be in Python.
     with connection.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {OtelTrace._meta.db_table} (deployment_id, external_id, {names}) "
-            f"SELECT %s, * FROM unnest(%s::text[], {', '.join(f'%s::{t}[]' for t in types)}) "
-            f"ON CONFLICT (deployment_id, external_id) DO UPDATE SET "
+            f"SELECT %s, external_id, {names} FROM jsonb_to_recordset(%s::jsonb) AS u(external_id text, "
+            + ", ".join(f"{f} {t}" for f, t in zip(_STATE_FIELDS, types, strict=True))
+            + ") ON CONFLICT (deployment_id, external_id) DO UPDATE SET "
             + ", ".join(f"{f} = EXCLUDED.{f}" for f in _STATE_FIELDS),
-            [deployment.pk, [st.external_id for st in states], *columns],
+            [deployment.pk, orjson.dumps(rows, default=str).decode()],
         )
 
 
@@ -273,14 +275,13 @@ def _spans_save(deployment: Deployment, spans: list[tuple[str, str, int, dict, b
             ignore_conflicts=True,
         )
         return
-    t, s, n, d, h = zip(*spans, strict=True)
     with connection.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {OtelSpan._meta.db_table} "
             "(deployment_id, trace_id, span_id, start_ns, data, held, received_at) "
-            "SELECT %s, t, s, n, d, h, %s FROM unnest(%s::text[], %s::text[], %s::bigint[], %s::jsonb[], %s::bool[]) "
-            "AS u(t, s, n, d, h) ON CONFLICT DO NOTHING",
-            [deployment.pk, now, list(t), list(s), list(n), [orjson.dumps(x).decode() for x in d], list(h)],
+            "SELECT %s, u->>0, u->>1, (u->>2)::bigint, u->3, (u->>4)::bool, %s FROM jsonb_array_elements(%s::jsonb) u "
+            "ON CONFLICT DO NOTHING",
+            [deployment.pk, now, orjson.dumps(spans).decode()],
         )
 
 
