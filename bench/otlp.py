@@ -7,8 +7,10 @@ batch API gets it: one trace item. As an instrumented agent exports it (OpenTele
 conventions): an agent span, four chat spans whose input repeats the conversation so far,
 and three tool spans — 8 spans, one export request per 50 runs (what the SDK's batch
 processor sends). Both go to uvicorn (--workers, default 2) from --clients concurrent
-clients; rounds alternate OTLP and batch so machine noise hits both. Prints runs/s for both,
-spans/s for OTLP, and the ratio. Uses its own database (<name>_bench), recreated each run.
+clients; rounds alternate OTLP and batch so machine noise hits both. After the warm-up
+requests the tables are ANALYZEd, as autovacuum would (a server without it plans worse as
+the tables grow). Prints runs/s for both, spans/s for OTLP, and the ratio. Uses its own
+database (<name>_bench), recreated each run.
 
 Then one long run, as a long-running agent exports it: the real OpenTelemetry SDK's OTLP/HTTP
 exporter behind a SimpleSpanProcessor (one export per finished span) sends --spans spans of
@@ -150,6 +152,16 @@ def create_key(db_url: str) -> str:
     return api_key_create(deployment=deployment_get_or_create(name="bench"), scopes=["ingest"]).plaintext
 
 
+def analyze(db_url: str) -> None:
+    """Table statistics, as autovacuum keeps them on a server that runs it: without any, the
+    planner reads a trace by its deployment's index and filters every row of the run so far
+    (a cost that grows with the table, on both sides, not the one this bench compares)."""
+    import psycopg
+
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("ANALYZE")
+
+
 def send_all(base: str, key: str, bodies: list[bytes], clients: int, *, otlp: bool) -> float:
     path, kind = (
         ("/api/v1/otel/v1/traces", "application/x-protobuf") if otlp else ("/api/v1/traces", "application/json")
@@ -201,6 +213,7 @@ def main() -> None:
             print(f"{size:>7}B bytes a request of {RUNS_PER_REQUEST} runs: OTLP {sizes[0]:,}, batch {sizes[1]:,}")
             send_all(base, key, [otlp_body(f"w{size}", size)], 1, otlp=True)
             send_all(base, key, [batch_body(f"w{size}", size)], 1, otlp=False)
+            analyze(db_url)
             otlp_rates, batch_rates = [], []
             for r in range(args.rounds):
                 runs = args.requests * RUNS_PER_REQUEST
