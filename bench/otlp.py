@@ -10,7 +10,8 @@ processor sends). Both go to uvicorn (--workers, default 2) from --clients concu
 clients; rounds alternate OTLP and batch so machine noise hits both. After the warm-up
 requests the tables are ANALYZEd, as autovacuum would (a server without it plans worse as
 the tables grow). Prints runs/s for both, spans/s for OTLP, and the ratio. Uses its own
-database (<name>_bench), recreated each run.
+database (<name>_bench), recreated each run; --stored-spans N puts N spans of earlier runs in
+it first, as a server holds them over its retention window.
 
 Then one long run, as a long-running agent exports it: the real OpenTelemetry SDK's OTLP/HTTP
 exporter behind a SimpleSpanProcessor (one export per finished span) sends --spans spans of
@@ -162,6 +163,20 @@ def analyze(db_url: str) -> None:
         conn.execute("ANALYZE")
 
 
+def spans_store(db_url: str, spans: int) -> None:
+    """`spans` spans of earlier runs (8 a trace), as a server holds them over its retention
+    window (a day by default), so that a lookup whose cost follows the table shows."""
+    import psycopg
+
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO feedback_otelspan (deployment_id, trace_id, span_id, start_ns, data, held, received_at) "
+            "SELECT d.id, md5('kept' || (g / 8)::text), lpad(to_hex(g), 16, '0'), 0, '{}', false, now() "
+            "FROM generate_series(1, %s) g, feedback_deployment d WHERE d.name = 'bench'",
+            [spans],
+        )
+
+
 def send_all(base: str, key: str, bodies: list[bytes], clients: int, *, otlp: bool) -> float:
     path, kind = (
         ("/api/v1/otel/v1/traces", "application/x-protobuf") if otlp else ("/api/v1/traces", "application/json")
@@ -197,6 +212,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
     parser.add_argument("--port", type=int, default=8766)
     parser.add_argument("--spans", type=int, default=1200, help="spans of the long run (0: none; 5000: the limit)")
+    parser.add_argument("--stored-spans", type=int, default=0, help="spans of earlier runs the server holds already")
     args = parser.parse_args()
 
     base_url = os.environ.get("DATABASE_URL", "")
@@ -204,6 +220,8 @@ def main() -> None:
         sys.exit("bench/otlp.py needs DATABASE_URL=postgres://…")
     db_url = fresh_database(base_url, "_bench")
     key = create_key(db_url)
+    if args.stored_spans:
+        spans_store(db_url, args.stored_spans)
     with site(db_url, port=args.port, workers=args.workers) as base:
         print(
             f"{'message':>8} {'round':>5} {'OTLP runs/s':>12} {'OTLP spans/s':>13} {'batch runs/s':>13} {'OTLP/batch':>11}"

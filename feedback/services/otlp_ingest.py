@@ -93,16 +93,7 @@ def otlp_ingest(*, deployment: Deployment, request, now: datetime | None = None)
         states = {s.external_id: s for s in OtelTrace.objects.filter(deployment=deployment, external_id__in=valid)}
         # Spans are kept only beside their trace's state and expire no later than it, so a
         # trace without one (every trace of a fresh run) has no span to look up.
-        known = [t for t in valid if t in states]
-        seen = set(
-            OtelSpan.objects.filter(
-                deployment=deployment,
-                trace_id__in=known,
-                span_id__in={s for t in known for s in incoming[t]},
-            ).values_list("trace_id", "span_id")
-            if known
-            else ()
-        )
+        seen = _spans_seen(deployment, [(t, s) for t in valid if t in states for s in incoming[t]])
         traces = {
             t["external_id"]: t
             for t in Trace.objects.select_for_update()
@@ -139,6 +130,25 @@ def otlp_ingest(*, deployment: Deployment, request, now: datetime | None = None)
         _write(deployment, works, now, counts, reject)
     _spans_expire(now)
     return OtlpResult(traces=counts, rejected_spans=rejected, error_message="; ".join(reasons)[:MAX_ERROR_CHARS])
+
+
+def _spans_seen(deployment: Deployment, pairs: list[tuple[str, str]]) -> set[tuple[str, str]]:
+    """Which (trace id, span id) pairs are stored already: a lookup per pair in the unique
+    index, so its cost follows the export, not the spans kept (a day's worth by default; two
+    lists of ids made PostgreSQL scan the whole table)."""
+    if not pairs:
+        return set()
+    if connection.vendor != "postgresql":
+        traces, spans = {t for t, _ in pairs}, {s for _, s in pairs}
+        found = OtelSpan.objects.filter(deployment=deployment, trace_id__in=traces, span_id__in=spans)
+        return set(found.values_list("trace_id", "span_id")) & set(pairs)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT u.t, u.s FROM unnest(%s::text[], %s::text[]) AS u(t, s) WHERE EXISTS (SELECT 1 FROM "
+            f"{OtelSpan._meta.db_table} o WHERE o.deployment_id = %s AND o.trace_id = u.t AND o.span_id = u.s)",
+            [[t for t, _ in pairs], [s for _, s in pairs], deployment.pk],
+        )
+        return set(cursor.fetchall())
 
 
 def _metadata(work: TraceExtension, before: dict[str, Any]) -> dict[str, Any]:
