@@ -7,8 +7,11 @@ batch API gets it: one trace item. As an instrumented agent exports it (OpenTele
 conventions): an agent span, four chat spans whose input repeats the conversation so far,
 and three tool spans — 8 spans, one export request per 50 runs (what the SDK's batch
 processor sends). Both go to uvicorn (--workers, default 2) from --clients concurrent
-clients; rounds alternate OTLP and batch so machine noise hits both. Prints runs/s for both,
-spans/s for OTLP, and the ratio. Uses its own database (<name>_bench), recreated each run.
+clients; rounds alternate OTLP and batch so machine noise hits both. After the warm-up
+requests the tables are ANALYZEd, as autovacuum would (a server without it plans worse as
+the tables grow). Prints runs/s for both, spans/s for OTLP, and the ratio. Uses its own
+database (<name>_bench), recreated each run; --stored-spans N puts N spans of earlier runs in
+it first, as a server holds them over its retention window.
 
 Then one long run, as a long-running agent exports it: the real OpenTelemetry SDK's OTLP/HTTP
 exporter behind a SimpleSpanProcessor (one export per finished span) sends --spans spans of
@@ -150,6 +153,30 @@ def create_key(db_url: str) -> str:
     return api_key_create(deployment=deployment_get_or_create(name="bench"), scopes=["ingest"]).plaintext
 
 
+def analyze(db_url: str) -> None:
+    """Table statistics, as autovacuum keeps them on a server that runs it: without any, the
+    planner reads a trace by its deployment's index and filters every row of the run so far
+    (a cost that grows with the table, on both sides, not the one this bench compares)."""
+    import psycopg
+
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("ANALYZE")
+
+
+def spans_store(db_url: str, spans: int) -> None:
+    """`spans` spans of earlier runs (8 a trace), as a server holds them over its retention
+    window (a day by default), so that a lookup whose cost follows the table shows."""
+    import psycopg
+
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO feedback_otelspan (deployment_id, trace_id, span_id, start_ns, data, held, received_at) "
+            "SELECT d.id, md5('kept' || (g / 8)::text), lpad(to_hex(g), 16, '0'), 0, '{}', false, now() "
+            "FROM generate_series(1, %s) g, feedback_deployment d WHERE d.name = 'bench'",
+            [spans],
+        )
+
+
 def send_all(base: str, key: str, bodies: list[bytes], clients: int, *, otlp: bool) -> float:
     path, kind = (
         ("/api/v1/otel/v1/traces", "application/x-protobuf") if otlp else ("/api/v1/traces", "application/json")
@@ -185,6 +212,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
     parser.add_argument("--port", type=int, default=8766)
     parser.add_argument("--spans", type=int, default=1200, help="spans of the long run (0: none; 5000: the limit)")
+    parser.add_argument("--stored-spans", type=int, default=0, help="spans of earlier runs the server holds already")
     args = parser.parse_args()
 
     base_url = os.environ.get("DATABASE_URL", "")
@@ -192,6 +220,8 @@ def main() -> None:
         sys.exit("bench/otlp.py needs DATABASE_URL=postgres://…")
     db_url = fresh_database(base_url, "_bench")
     key = create_key(db_url)
+    if args.stored_spans:
+        spans_store(db_url, args.stored_spans)
     with site(db_url, port=args.port, workers=args.workers) as base:
         print(
             f"{'message':>8} {'round':>5} {'OTLP runs/s':>12} {'OTLP spans/s':>13} {'batch runs/s':>13} {'OTLP/batch':>11}"
@@ -201,6 +231,7 @@ def main() -> None:
             print(f"{size:>7}B bytes a request of {RUNS_PER_REQUEST} runs: OTLP {sizes[0]:,}, batch {sizes[1]:,}")
             send_all(base, key, [otlp_body(f"w{size}", size)], 1, otlp=True)
             send_all(base, key, [batch_body(f"w{size}", size)], 1, otlp=False)
+            analyze(db_url)
             otlp_rates, batch_rates = [], []
             for r in range(args.rounds):
                 runs = args.requests * RUNS_PER_REQUEST

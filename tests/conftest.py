@@ -11,13 +11,15 @@ import pytest
 from django.conf import settings
 
 # Session-scoped test servers and fixtures shared by every part's tests: browser (Chromium, live
-# server, logged-in pages), a real Celery worker, the vLLM server, and the scriptable judge.
+# server, logged-in pages), a real Celery worker, the vLLM server, the scriptable judge, and the
+# row-deleting flush after transactional tests.
 pytest_plugins = [
     "tests.fixtures.browser",
     "tests.fixtures.worker",
     "tests.fixtures.inference",
     "tests.fixtures.judge",
     "tests.fixtures.wsgi",
+    "tests.fixtures.db_flush",
 ]
 
 

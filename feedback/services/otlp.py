@@ -158,6 +158,9 @@ def any_value(value) -> Any:
     """An OTLP AnyValue as plain Python that PostgreSQL can store: bytes as base64 text,
     NUL in text as U+FFFD, a NaN or infinite double as null."""
     kind = value.WhichOneof("value")
+    if kind == "string_value":  # nearly every attribute: spared the general walk
+        text = value.string_value
+        return text.replace("\x00", "\ufffd") if "\x00" in text else text
     if kind is None:
         return None
     if kind == "array_value":

@@ -91,14 +91,10 @@ def otlp_ingest(*, deployment: Deployment, request, now: datetime | None = None)
             else:
                 valid.append(trace_id)
         _traces_lock(deployment.pk, valid)
-        seen = set(
-            OtelSpan.objects.filter(
-                deployment=deployment,
-                trace_id__in=valid,
-                span_id__in={s for t in valid for s in incoming[t]},
-            ).values_list("trace_id", "span_id")
-        )
         states = {s.external_id: s for s in OtelTrace.objects.filter(deployment=deployment, external_id__in=valid)}
+        # Spans are kept only beside their trace's state and expire no later than it, so a
+        # trace without one (every trace of a fresh run) has no span to look up.
+        seen = _spans_seen(deployment, [(t, s) for t in valid if t in states for s in incoming[t]])
         traces = {
             t["external_id"]: t
             for t in Trace.objects.select_for_update()
@@ -135,6 +131,25 @@ def otlp_ingest(*, deployment: Deployment, request, now: datetime | None = None)
         _write(deployment, works, now, counts, reject)
     _spans_expire(now)
     return OtlpResult(traces=counts, rejected_spans=rejected, error_message="; ".join(reasons)[:MAX_ERROR_CHARS])
+
+
+def _spans_seen(deployment: Deployment, pairs: list[tuple[str, str]]) -> set[tuple[str, str]]:
+    """Which (trace id, span id) pairs are stored already: a lookup per pair in the unique
+    index, so its cost follows the export, not the spans kept (a day's worth by default; two
+    lists of ids made PostgreSQL scan the whole table)."""
+    if not pairs:
+        return set()
+    if connection.vendor != "postgresql":
+        traces, spans = {t for t, _ in pairs}, {s for _, s in pairs}
+        found = OtelSpan.objects.filter(deployment=deployment, trace_id__in=traces, span_id__in=spans)
+        return set(found.values_list("trace_id", "span_id")) & set(pairs)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT u.t, u.s FROM unnest(%s::text[], %s::text[]) AS u(t, s) WHERE EXISTS (SELECT 1 FROM "
+            f"{OtelSpan._meta.db_table} o WHERE o.deployment_id = %s AND o.trace_id = u.t AND o.span_id = u.s)",
+            [[t for t, _ in pairs], [s for _, s in pairs], deployment.pk],
+        )
+        return set(cursor.fetchall())
 
 
 def _metadata(work: TraceExtension, before: dict[str, Any]) -> dict[str, Any]:
@@ -241,18 +256,20 @@ def _states_save(deployment: Deployment, states: list[OtelTrace]) -> None:
         for state in states:
             state.save()
         return
-    columns = [[getattr(st, f) for st in states] for f in _STATE_FIELDS]
-    for at in (_STATE_FIELDS.index("open_calls"), _STATE_FIELDS.index("summary")):
-        columns[at] = [orjson.dumps(strip_nul(v), default=str).decode() for v in columns[at]]
+    rows = [{f: getattr(st, f) for f in _STATE_FIELDS} | {"external_id": st.external_id} for st in states]
+    for row in rows:
+        row["open_calls"], row["summary"] = strip_nul(row["open_calls"]), strip_nul(row["summary"])
     types = ("bigint", "int", "int", "text", "jsonb", "bigint", "bigint", "int", "bigint", "jsonb", "timestamptz")
     names = ", ".join(_STATE_FIELDS)
+    # The rows as one JSON parameter: serialised in C, where arrays would be in Python.
     with connection.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {OtelTrace._meta.db_table} (deployment_id, external_id, {names}) "
-            f"SELECT %s, * FROM unnest(%s::text[], {', '.join(f'%s::{t}[]' for t in types)}) "
-            f"ON CONFLICT (deployment_id, external_id) DO UPDATE SET "
+            f"SELECT %s, external_id, {names} FROM jsonb_to_recordset(%s::jsonb) AS u(external_id text, "
+            + ", ".join(f"{f} {t}" for f, t in zip(_STATE_FIELDS, types, strict=True))
+            + ") ON CONFLICT (deployment_id, external_id) DO UPDATE SET "
             + ", ".join(f"{f} = EXCLUDED.{f}" for f in _STATE_FIELDS),
-            [deployment.pk, [st.external_id for st in states], *columns],
+            [deployment.pk, orjson.dumps(rows, default=str).decode()],
         )
 
 
@@ -269,14 +286,13 @@ def _spans_save(deployment: Deployment, spans: list[tuple[str, str, int, dict, b
             ignore_conflicts=True,
         )
         return
-    t, s, n, d, h = zip(*spans, strict=True)
     with connection.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {OtelSpan._meta.db_table} "
             "(deployment_id, trace_id, span_id, start_ns, data, held, received_at) "
-            "SELECT %s, t, s, n, d, h, %s FROM unnest(%s::text[], %s::text[], %s::bigint[], %s::jsonb[], %s::bool[]) "
-            "AS u(t, s, n, d, h) ON CONFLICT DO NOTHING",
-            [deployment.pk, now, list(t), list(s), list(n), [orjson.dumps(x).decode() for x in d], list(h)],
+            "SELECT %s, u->>0, u->>1, (u->>2)::bigint, u->3, (u->>4)::bool, %s FROM jsonb_array_elements(%s::jsonb) u "
+            "ON CONFLICT DO NOTHING",
+            [deployment.pk, now, orjson.dumps(spans).decode()],
         )
 
 
@@ -329,6 +345,8 @@ def _spans_expire(now: datetime) -> None:
             if not ids:
                 break
             model.objects.filter(pk__in=ids).delete()
+        else:
+            return  # spans left past this round's bound: their states wait, as the lookup assumes
 
 
 def _traces_lock(deployment_id: int, trace_ids: list[str]) -> None:

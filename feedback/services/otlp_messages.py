@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
+
 from feedback.services.otlp import LLM_OPERATIONS, TOOL_OPERATION, SpanRecord, as_dict, as_list, jsonb_clean
 from webapp.kernel.chat_format import SERVING_KEYS
 
@@ -38,9 +40,14 @@ def _json_value(value: Any) -> Any:
     """An attribute that holds JSON: as a string (most instrumentations) or already structured."""
     if isinstance(value, str):
         try:
-            loaded = json.loads(value, parse_constant=_no_constant, parse_float=_finite, parse_int=_int)
-        except (ValueError, RecursionError):
-            return None
+            # orjson reads what the batch API reads; what it refuses (NaN, an infinity, a lone
+            # surrogate) the slower reader takes with the same rules.
+            loaded = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            try:
+                loaded = json.loads(value, parse_constant=_no_constant, parse_float=_finite, parse_int=_int)
+            except (ValueError, RecursionError):
+                return None
         # NaN and infinities are null already; only an escaped NUL needs the walk.
         return jsonb_clean(loaded) if "\\u0000" in value else loaded
     return value

@@ -1,4 +1,4 @@
-"""The tiny model, built once per test session, and one torch thread for every test."""
+"""The tiny model, built once and shared with the inference tests, and one torch thread for every test."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ from tests.training.policies import world  # noqa: F401 - the learning policy te
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory):
+def tiny_model_dir(tiny_model_path):
+    """The tiny model the inference server serves (tests/fixtures/inference.py): one build a
+    session, not two (the tests only read the folder)."""
     import torch
 
-    from training.modelprep import tiny_prepare
-
     torch.set_num_threads(1)
-    return tiny_prepare(tmp_path_factory.mktemp("models") / "tiny")
+    return tiny_model_path
 
 
 @pytest.fixture
