@@ -107,8 +107,8 @@ def setup(*, model: Path, run: str, args) -> tuple[Any, Any]:
     from django.contrib.auth.models import Group
 
     from training.learning_policies.services import learning_policy_create
+    from training.services.live_set import live_set_by_command
     from training.serving.models import BaseModel, Deployment, ModelVersion, ModelVersionKind
-    from training.serving.services import live_version_set
 
     base, _ = BaseModel.objects.get_or_create(name=f"smollm2-loop-{run}", defaults={"path": str(model)})
     version = ModelVersion.objects.create(
@@ -117,7 +117,7 @@ def setup(*, model: Path, run: str, args) -> tuple[Any, Any]:
     deployment = Deployment.objects.create(
         name=f"desk-loop-{run}", description="the continuous loop's rounds on the support desk"
     )
-    live_version_set(deployment=deployment, version=version)
+    live_set_by_command(deployment=deployment, version=version, reason="the loop's starting model")
     users = get_user_model().objects
     # The policy's owner (a policy whose owner may no longer act does not fire) and the
     # approver it notifies: accounts with no usable password, so nobody signs in as them

@@ -301,8 +301,9 @@ def main() -> int:
     from training.services.inference import inference_client
     from training.services.job_start import training_job_run
     from training.services.jobs import training_job_create
+    from training.services.live_set import live_set_by_command
     from training.serving.models import ModelVersion
-    from training.serving.services import base_model_register, deployment_get_or_create, live_version_set
+    from training.serving.services import base_model_register, deployment_get_or_create
 
     torch.set_num_threads(1)
     # Ctrl-C or a TERM stops the server and the site on the way out.
@@ -414,7 +415,9 @@ def main() -> int:
         print(f"test split look {look['look']} for {family!r}, logged", flush=True)
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             print(f"\n=== seed {seed} ===", flush=True)
-            live_version_set(deployment=deployment, version=base_version, reason=f"tour-demo seed {seed}: base model")
+            live_set_by_command(
+                deployment=deployment, version=base_version, reason=f"tour-demo seed {seed}: base model"
+            )
             before = measure(seed, base_version.name)
             t = mark("test run, base model", t)
             if args.candidate:
@@ -497,7 +500,9 @@ def main() -> int:
                 t = mark("training job", t)
                 candidate = start_version
             inference_client(url).adapter_load(candidate.name, candidate.path)
-            live_version_set(deployment=deployment, version=candidate, reason=f"tour-demo seed {seed}: the candidate")
+            live_set_by_command(
+                deployment=deployment, version=candidate, reason=f"tour-demo seed {seed}: the candidate"
+            )
             t = mark("release of the candidate", t)
             after = measure(seed, candidate.name)
             t = mark("test run, candidate", t)
@@ -522,7 +527,7 @@ def main() -> int:
             (args.out / "result.json").write_text(json.dumps(result, indent=1))
             for line in summary_lines(per_seed, slices):
                 print(line, flush=True)
-        live_version_set(deployment=deployment, version=base_version, reason="tour-demo: done, base model live")
+        live_set_by_command(deployment=deployment, version=base_version, reason="tour-demo: done, base model live")
     finally:
         site.terminate()
         site.wait(30)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from django.contrib import messages
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from feedback.forms import FILTER_FIELDS, QueueCreateForm, TraceFilterForm
+from feedback.forms import FILTER_FIELDS, QueueCreateForm, trace_filters
 from feedback.models import AnnotationQueue, QueueItem, QueueItemStatus
 from feedback.permissions import BUILD_QUEUE, WORK_QUEUE, can_browse
 from feedback.selectors.queues import (
@@ -37,9 +38,18 @@ def queue_list(request: HttpRequest) -> HttpResponse:
 def queue_create_view(request: HttpRequest) -> HttpResponse:
     """Build a queue from the trace-list filter posted with it (the same parameter names)."""
     form = QueueCreateForm(request.POST)
-    filter_form = TraceFilterForm(request.POST)
-    filters = filter_form.filters()
-    if form.is_valid():
+    # The filter as the list shows it: only its fields, none of the form's own.
+    shown = QueryDict(mutable=True)
+    for key in FILTER_FIELDS:
+        shown.setlist(key, request.POST.getlist(key))
+    try:
+        # A filter value that cannot be read is refused, never widened to "any".
+        filters = trace_filters({k: v for k in FILTER_FIELDS if (v := request.POST.get(k, ""))})
+    except FieldError as exc:
+        refused = problems([("", f"the list's filter {exc.field}: {exc.reason}")], labels={}, prefix="queue")
+    else:
+        refused = None
+    if refused is None and form.is_valid():
         try:
             queue = queue_create(
                 name=form.cleaned_data["name"],
@@ -58,13 +68,13 @@ def queue_create_view(request: HttpRequest) -> HttpResponse:
         else:
             messages.success(request, f"Queue “{queue.name}” holds {queue.item_count} traces.")
             return redirect("feedback:queue-detail", queue_id=queue.pk)
-    else:
+    elif refused is None:
         refused = django_form_problems(form, prefix="queue")
+    if not can_browse(request.user):
+        # The page that keeps what was typed shows the trace list, which this account may not read.
+        raise PermissionDenied(f"{refused.text()} (and this account may not read the trace list)")
     # The list under the same filter, the form open with what was typed and each reason beside
     # its field: a refused queue loses nothing.
-    shown = QueryDict(mutable=True)
-    for key in FILTER_FIELDS:
-        shown.setlist(key, request.POST.getlist(key))
     typed = {key: request.POST.get(key, "") for key in QUEUE_DEFAULTS}
     return trace_list_page(request, shown, queue_values=typed, queue_problems=refused)
 

@@ -78,7 +78,8 @@ def trace_list_page(
         "form": form,
         "page": page,
         "query": query,
-        "next_url": f"?{query}&after={page.next_cursor.encode()}&shown={total}" if page.next_cursor else None,
+        # From the list's own address: the page may be answering a POST elsewhere (a refused queue).
+        "next_url": f"{prefix}?{query}&after={page.next_cursor.encode()}&shown={total}" if page.next_cursor else None,
         "can_build_queue": request.user.has_perm(BUILD_QUEUE),
         "filter_pairs": parse_qsl(query),
         # Asked only of an empty first page: under `make demo`, nothing yet means its agent is starting.

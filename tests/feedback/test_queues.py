@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -156,3 +157,31 @@ def test_a_refused_queue_keeps_what_was_typed_and_the_filter_and_says_why_beside
     page = response.content.decode()
     assert response.status_code == 400 and 'id="queue-name-error"' in page
     assert ">Good: the order&#x27;s status in one sentence.</textarea>" in page and AnnotationQueue.objects.count() == 0
+
+
+def test_a_queue_on_a_filter_that_cannot_be_read_is_refused_naming_it(client, five, operator):
+    client.force_login(operator)
+    response = client.post("/queues/new", {"name": "late", "limit": 10, "lock_minutes": 5, "start": "notadate"})
+    assert response.status_code == 400 and AnnotationQueue.objects.count() == 0
+    assert "the list&#x27;s filter start:" in response.content.decode()
+
+
+def test_a_refused_queue_shows_no_trace_to_an_account_that_may_not_read_them(client, five, db):
+    builder = user_with_role("reviewer", "bo")
+    builder.user_permissions.add(Permission.objects.get(codename="add_annotationqueue"))
+    builder.user_permissions.remove(*Permission.objects.filter(codename="view_trace"))
+    for group in builder.groups.all():
+        builder.groups.remove(group)
+    builder.user_permissions.add(Permission.objects.get(codename="add_annotationqueue"))
+    client.force_login(builder)
+    assert client.get("/traces/").status_code == 403
+    response = client.post("/queues/new", {"name": "", "limit": 10, "lock_minutes": 5})
+    assert response.status_code == 403 and "trace-row" not in response.content.decode()
+
+
+def test_load_more_on_a_refused_queue_page_goes_to_the_list(client, deployment, ingest, operator):
+    ingest(deployment, *[{"external_id": f"m{i}", "messages": [{"role": "user", "content": "hi"}]} for i in range(55)])
+    client.force_login(operator)
+    page = client.post("/queues/new", {"name": "", "limit": 10, "lock_minutes": 5}).content.decode()
+    more = re.search(r'href="([^"]*after=[^"]*)"', page).group(1).replace("&amp;", "&")
+    assert more.startswith("/traces/?") and client.get(more).status_code == 200

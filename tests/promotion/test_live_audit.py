@@ -63,3 +63,26 @@ def test_demo_setup_serving_a_base_leaves_a_live_switched_row(db, base_folder):
     assert _switches("support-bot") == [(None, "tiny", "make demo")]
     call_command("demo_setup", "--serve-base", "tiny")  # a restart: already served, nothing new
     assert len(_switches("support-bot")) == 1
+
+
+def test_every_route_to_live_in_the_product_and_its_scripts_writes_the_audit_row():
+    """Only the release, a progressive release completing and the hand route (which all write
+    `live_switched`) call the pointer's low-level setter; a new caller must go through one."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    callers = {
+        path.relative_to(root).as_posix()
+        for folder in ("feedback", "training", "webapp", "scripts")
+        for path in (root / folder).rglob("*.py")
+        if "migrations" not in path.parts and re.search(r"\blive_version_set\(", path.read_text())
+    }
+    assert callers == {
+        "training/serving/services.py",  # where it is defined
+        "training/services/release.py",
+        "training/services/rollouts.py",
+        "training/services/live_set.py",
+    }
+    for module in ("training/services/release.py", "training/services/rollouts.py", "training/services/live_set.py"):
+        assert "AuditAction.LIVE_SWITCHED" in (root / module).read_text(), module

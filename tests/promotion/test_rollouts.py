@@ -123,6 +123,9 @@ def test_a_good_candidate_walks_every_step_by_itself(registry, rollout):
     assert not CanarySplit.objects.filter(deployment=registry.deployment).exists()
     rollout.promotion.refresh_from_db()
     assert rollout.promotion.status == PromotionStatus.DEPLOYED
+    # Going live at the end writes the row every route to live writes.
+    switched = AuditEvent.objects.get(action=AuditAction.LIVE_SWITCHED)
+    assert (switched.from_version, switched.to_version) == (registry.base_version, registry.candidate)
     steps = list(rollout.changes.values_list("actor_name", "from_share", "to_share", "to_state"))
     assert steps[-2:] == [("automatic", 0.05, 0.25, "running"), ("automatic", 0.25, 1.0, "complete")]
     assert "every signal at least inconclusive and not worse" in rollout.changes.last().reason

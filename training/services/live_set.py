@@ -1,6 +1,6 @@
-"""The live pointer moved by hand (`set_live`, `prepare_model --live-for`, `demo_setup`), with
-the audit row a release writes when it switches: one trail of what went live, whichever
-route it took. The release itself switches in `training/services/release.py`."""
+"""The live pointer moved by hand (`set_live`, `prepare_model --live-for`, `demo_setup`, the
+experiment scripts), with the audit row a release writes when it switches: one trail of what
+went live, whichever route it took. The release itself switches in `training/services/release.py`."""
 
 from __future__ import annotations
 

@@ -168,13 +168,24 @@ def _advance(rollout: Rollout, user, reason: str, signals: list | None = None) -
         rollout.step = len(rollout.steps) - 1
         rollout.state, rollout.ended_at = RolloutState.COMPLETE, now
         canary_split_clear(deployment=rollout.deployment)
+        person = user if getattr(user, "pk", None) else None
         live_version_set(
             deployment=rollout.deployment,
             version=rollout.candidate,
-            user=user if getattr(user, "pk", None) else None,
+            user=person,
             reason=f"progressive release {rollout.pk} complete",
             kind=LiveChangeKind.PROMOTION,
             request_made_at=rollout.promotion.requested_at,
+        )
+        # The same row a release writes when it switches: one trail of what went live.
+        audit_record(
+            action=AuditAction.LIVE_SWITCHED,
+            deployment=rollout.deployment,
+            actor=person,
+            from_version=rollout.baseline,
+            to_version=rollout.candidate,
+            promotion=rollout.promotion,
+            detail=f"Progressive release {rollout.pk} complete",
         )
         PromotionRequest.objects.filter(pk=rollout.promotion_id).update(status=PromotionStatus.DEPLOYED)
         _unload_later(rollout.baseline)
