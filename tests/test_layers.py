@@ -113,7 +113,30 @@ def _floor_plan() -> list[set[str]]:
 
 
 def _children(package: str) -> set[str]:
-    return {f"{package}.{m.name}" for m in pkgutil.iter_modules([str(ROOT / package.replace(".", "/"))])}
+    """Every child of `package` that holds Python: modules, and folders with Python files in
+    them whether or not they have an `__init__.py` (an implicit namespace package imports as
+    well, and the linter does not see it)."""
+    folder = ROOT / package.replace(".", "/")
+    found = {f"{package}.{m.name}" for m in pkgutil.iter_modules([str(folder)])}
+    for child in folder.iterdir():
+        if child.is_dir() and child.name != "__pycache__" and any(child.rglob("*.py")):
+            found.add(f"{package}.{child.name}")
+    return found
+
+
+def test_every_folder_of_python_in_the_apps_is_a_package():
+    """The import linter skips a folder without `__init__.py`, so a module there could import
+    across the floor plan unseen."""
+    missing = sorted(
+        folder.relative_to(ROOT).as_posix()
+        for app in ("webapp", "feedback", "training")
+        for folder in [ROOT / app, *(ROOT / app).rglob("*")]
+        if folder.is_dir()
+        and folder.name != "__pycache__"
+        and any(p.suffix == ".py" for p in folder.iterdir())
+        and not (folder / "__init__.py").exists()
+    )
+    assert missing == []
 
 
 def test_every_module_of_the_apps_sits_in_one_layer_of_the_floor_plan():

@@ -23,6 +23,7 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -37,7 +38,7 @@ FULL_MODEL, FAST_MODEL = "smollm2-135m-instruct", "tiny-talking"
 # What each page's examples print when they did what the page says, beyond exiting 0.
 PRINTS = {
     "docs/how-to/connect-an-agent.md": "chatcmpl-",
-    "docs/how-to/opentelemetry.md": "trace ",
+    "docs/how-to/opentelemetry.md": "\nWhere is my order A1042?\n",
     "docs/how-to/review-in-the-browser.md": '"api_url":',
     "docs/how-to/review-traces.md": '"outcome":"success"',
     "docs/how-to/send-traces.md": '"body":"Say when it shipped',
@@ -122,17 +123,25 @@ def scratch_folder() -> Path:
 
 def run_page(page: Path, *, url: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
     folder = scratch_folder()
+    # Its own process group, so a timeout stops what the examples started (a polling loop).
+    process = subprocess.Popen(
+        ["bash", "-c", script(examples(page), url=url)],
+        cwd=folder,
+        env={**env, "PATH": f"{folder / 'bin'}:{env.get('PATH', os.defpath)}"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
-        return subprocess.run(
-            ["bash", "-c", script(examples(page), url=url)],
-            cwd=folder,
-            env={**env, "PATH": f"{folder / 'bin'}:{env.get('PATH', os.defpath)}"},
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        stderr += f"\n(stopped after {timeout:.0f} s)"
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
 def page_failures(*, url: str, env: dict[str, str]) -> list[str]:
