@@ -7,7 +7,7 @@
   confirmation page that says what it does;
 - a candidate that learned "refund every delivered order" has its promotion request blocked
   by the policy-violation check, with the reason on the approver's page and the notification
-  page: the harm precondition counts policy violations (`promotion_checks.HARM_SIGNALS`)."""
+  page: the harm precondition counts policy violations (`harm_precondition.HARM_SIGNALS`)."""
 
 from __future__ import annotations
 

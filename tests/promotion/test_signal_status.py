@@ -151,16 +151,16 @@ def test_a_kind_worse_than_live_beyond_noise_regresses_and_noise_does_not(regist
 def test_a_policy_violation_rise_is_never_a_pass(monkeypatch, registry):
     """Blocked by the harm precondition where it counts violations; until then (or if it
     stops), a regression that needs the requester's reason."""
-    from training.services import promotion_checks
+    from training.services import harm_precondition
 
     evaluation = evaluation_store(
         registry.candidate, registry.deployment, registry.base_version, refund_everything_items(), sources=ENVIRONMENT
     )
-    without = tuple(h for h in promotion_checks.HARM_SIGNALS if h[0] != "violations")
-    monkeypatch.setattr(promotion_checks, "HARM_SIGNALS", without)
+    without = tuple(h for h in harm_precondition.HARM_SIGNALS if h[0] != "violations")
+    monkeypatch.setattr(harm_precondition, "HARM_SIGNALS", without)
     (violations,) = [s for s in evaluation_signals(evaluation) if s.code == "violations"]
     assert violations.gates and violations.regressed and violations.note == "any rise is a regression"
-    monkeypatch.setattr(promotion_checks, "HARM_SIGNALS", (*without, ("violations", "broke the task's policy")))
+    monkeypatch.setattr(harm_precondition, "HARM_SIGNALS", (*without, ("violations", "broke the task's policy")))
     (violations,) = [s for s in evaluation_signals(evaluation) if s.code == "violations"]
     assert not violations.gates and violations.note == "any rise blocks (harm precondition, no override)"
 

@@ -8,6 +8,7 @@ from typing import Any
 from django.utils import timezone
 
 from training.promotion.models import Evaluation, PromotionRequest
+from training.services import harm_precondition
 from training.services.promotion_refused import Precondition, PromotionRefused
 from training.services.release import release_in_progress
 from training.serving.models import Deployment, ModelVersion, ModelVersionKind, ModelVersionStatus
@@ -135,13 +136,6 @@ def check_evaluation_current(evaluation: Evaluation, live: ModelVersion | None) 
     return Precondition("baseline", label, True, f"against {evaluation.baseline.name}")
 
 
-HARM_SIGNALS = (
-    ("collateral", "changed records the task does not concern"),
-    ("unknown_ids", "called a tool on an id never shown"),
-    ("violations", "wrote against the task's expected outcome on the records it concerns (policy violations)"),
-)
-
-
 def _share_text(share: dict[str, Any]) -> str:
     return f"{share['count']} of {share['n']} episodes ({share['rate']:.0%})"
 
@@ -158,7 +152,7 @@ def harm_findings(summary: dict[str, Any]) -> tuple[list[str], list[str], str]:
     if not cand or not base:
         return [], [], ""
     findings, measured = [], []
-    for key, label in HARM_SIGNALS:
+    for key, label in harm_precondition.HARM_SIGNALS:
         if key not in cand or key not in base:
             continue
         c, b = cand[key], base[key]

@@ -19,7 +19,7 @@ threshold beyond which a worse difference is a regression:
 
 A regression blocks the request unless the requester gives a reason (audited, with who);
 the approver sees the reason beside the figures. A rise of a harm signal that
-`promotion_checks.HARM_SIGNALS` names is the harm precondition's (no override) instead.
+`harm_precondition.HARM_SIGNALS` names is the harm precondition's (no override) instead.
 
 Each signal reads as one `SignalStatus`, from its point estimate and its interval (signed so
 that positive is better, against the threshold `t`):
@@ -46,6 +46,7 @@ from django.utils.text import slugify
 
 from training.evaluation.metrics import Z_95, wilson_interval
 from training.promotion.models import Evaluation
+from training.services import harm_precondition
 from training.serving.models import ModelVersion
 from webapp.kernel.work import WorkStatus
 
@@ -403,9 +404,7 @@ def harm_signals(ce: dict[str, Any], le: dict[str, Any], where: str) -> list[Sig
     """Collateral changes, unknown-id tool calls and policy violations (where the summary
     measures them). A rise of one the harm precondition covers blocks with no override; one
     it does not cover yet is a regression, so that a rise is never shown as a pass."""
-    from training.services.promotion_checks import HARM_SIGNALS
-
-    harm_codes = {code for code, _ in HARM_SIGNALS}
+    harm_codes = {code for code, _ in harm_precondition.HARM_SIGNALS}
     signals = []
     for key, label in HARM_LABELS.items():
         if key not in ce and key not in le:
