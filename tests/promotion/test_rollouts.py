@@ -428,6 +428,33 @@ def test_the_page_and_the_api_send_the_step_they_showed(client, registry, rollou
     assert done.status_code == 200 and done.json()["state"] == "complete"
 
 
+def test_the_api_approves_with_the_deployments_default_plan_unless_told_all_at_once(
+    client, registry, plan, operator, approver
+):
+    def pending():
+        evaluation = evaluation_row(registry.candidate, registry.deployment, registry.base_version)
+        return promotion_request_create(
+            candidate=registry.candidate, deployment=registry.deployment, evaluation=evaluation, requested_by=operator
+        )
+
+    client.force_login(approver)
+    promotion = pending()
+    assert (
+        client.post(f"/api/v1/promotions/{promotion.pk}/approve", {}, content_type="application/json").status_code
+        == 202
+    )
+    assert Rollout.objects.get(promotion=promotion).plan["name"] == "careful"
+    Release.objects.filter(promotion=promotion).update(status=WorkStatus.FAILED)
+    Rollout.objects.filter(promotion=promotion).update(state=RolloutState.FAILED)
+    promotion = pending()
+    body = {"plan": None, "comment": "all at once"}
+    assert (
+        client.post(f"/api/v1/promotions/{promotion.pk}/approve", body, content_type="application/json").status_code
+        == 202
+    )
+    assert not Rollout.objects.filter(promotion=promotion).exists()
+
+
 def test_the_promotion_page_polls_at_the_release_pages_pace_while_a_rollout_runs(client, rollout, approver):
     client.force_login(approver)
     html = client.get(f"/promotions/{rollout.promotion_id}/").content.decode()
