@@ -455,6 +455,25 @@ def test_the_api_approves_with_the_deployments_default_plan_unless_told_all_at_o
     assert not Rollout.objects.filter(promotion=promotion).exists()
 
 
+def test_the_release_reads_as_its_rollout_ended(registry, rollout, approver):
+    rollout_rollback(rollout=rollout, user=approver, reason="complaints")
+    release = Release.objects.get(pk=rollout.release_id)
+    assert (release.state, release.get_state_display()) == ("rolled_back", "Rolled back")
+
+
+def test_a_complete_rollouts_release_reads_live(registry, rollout, approver):
+    rollout_advance(rollout=rollout, user=approver, seen_step=0)
+    rollout_advance(rollout=rollout, user=approver, seen_step=1)
+    release = Release.objects.get(pk=rollout.release_id)
+    assert (release.state, release.get_state_display()) == ("live", "Live")
+
+
+def test_a_rollback_by_hand_is_not_news_of_an_automatic_one(client, registry, rollout, approver):
+    rollout_rollback(rollout=rollout, user=approver, reason="by hand")
+    client.force_login(approver)
+    assert f'id="rollout-news-{rollout.pk}"' not in client.get("/notifications/").content.decode()
+
+
 def test_the_promotion_page_polls_at_the_release_pages_pace_while_a_rollout_runs(client, rollout, approver):
     client.force_login(approver)
     html = client.get(f"/promotions/{rollout.promotion_id}/").content.decode()
