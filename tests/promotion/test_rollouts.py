@@ -474,6 +474,18 @@ def test_a_rollback_by_hand_is_not_news_of_an_automatic_one(client, registry, ro
     assert f'id="rollout-news-{rollout.pk}"' not in client.get("/notifications/").content.decode()
 
 
+@pytest.mark.parametrize(
+    ("steps", "field"),
+    [("5:nan:1,100", r"steps\[0\]\.min_conversations"), ("5:1e400,100", r"steps\[0\]\.min_conversations"),
+     ("5:1:inf,100", r"steps\[0\]\.min_minutes"), ("nan,100", r"steps\[0\]\.share"), ("5:1:1:1,100", "at most")],
+)  # fmt: skip
+def test_the_command_names_a_step_field_that_is_not_a_finite_number(registry, steps, field):
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match=field):
+        call_command("release_plan", "odd", "--steps", steps)
+
+
 def test_the_promotion_page_polls_at_the_release_pages_pace_while_a_rollout_runs(client, rollout, approver):
     client.force_login(approver)
     html = client.get(f"/promotions/{rollout.promotion_id}/").content.decode()
