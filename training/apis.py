@@ -41,7 +41,7 @@ from training.services.promotion import (
     promotion_request_create,
     promotion_withdraw,
 )
-from training.services.release_plans import release_plan_for_approval
+from training.services.release_plans import release_plan_default, release_plan_for_approval
 from training.services.rollback import rollback_request
 from training.serving.models import Deployment, ModelVersion
 from webapp.kernel.api_errors import error_response, limit_param
@@ -231,15 +231,20 @@ class ApproveSerializer(CommentSerializer):
     plan = serializers.CharField(
         required=False,
         allow_blank=True,
+        allow_null=True,
         max_length=20,
-        default="",
-        help_text="a release plan's id: the candidate takes the traffic in its steps; empty: all at once",
+        help_text=(
+            "a release plan's id: the candidate takes the traffic in its steps; absent: the deployment's "
+            "default plan (as the approval form preselects), all at once where it has none; null or "
+            "empty: all at once"
+        ),
     )
 
 
 class PromotionApproveApi(PersonApi):
     """Approve (not your own request): the release is queued; poll `GET releases/<id>`. With a
-    `plan` the candidate takes its traffic in steps: follow `GET rollouts/<id>`."""
+    plan the candidate takes its traffic in steps: follow `GET rollouts/<id>`. Without `plan`
+    the deployment's default plan is taken, as on the page; `"plan": null` deploys all at once."""
 
     permission_classes = [IsAuthenticated]
 
@@ -248,7 +253,11 @@ class PromotionApproveApi(PersonApi):
         promotion = get_object_or_404(PromotionRequest, pk=promotion_id)
         data = ApproveSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        plan = release_plan_for_approval(deployment=promotion.deployment, plan_id=data.validated_data["plan"])
+        if "plan" in data.validated_data:
+            plan = release_plan_for_approval(deployment=promotion.deployment, plan_id=data.validated_data["plan"])
+        else:
+            # The same plan the page preselects and the notifications' approval takes.
+            plan = release_plan_default(deployment=promotion.deployment)
         release = promotion_approve(
             promotion=promotion, user=request.user, comment=data.validated_data["comment"], plan=plan
         )

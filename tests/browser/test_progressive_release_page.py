@@ -1,7 +1,9 @@
 """Progressive release in headless Chromium: the approver chooses a plan on the approval form,
 reads what it does on the confirmation, and the release page shows the steps as they happen
 (htmx, no reload): the first step once the release has loaded the candidate, then the next one
-the check decides, with who decided it and why. What the page shows of a reason is escaped."""
+the check decides, with who decided it and why. Its buttons act on the step the page was loaded
+at, and a reason being typed survives the panel's redraws. What the page shows of a reason is
+escaped."""
 
 from __future__ import annotations
 
@@ -112,9 +114,25 @@ def test_the_approver_chooses_a_plan_and_the_release_page_shows_the_steps(
     )
     assert page.locator("#chart-share svg").count() == 1 and page.locator("#chart-empty_rate svg").count() == 1
 
-    page.fill("input[name=reason]", "<img src=x onerror=alert(1)> watching")
+    # The buttons were drawn at 5 %: the redrawn panel says the release moved, and "advance"
+    # from there is refused instead of taking 25 % to all traffic.
+    wait_text(page, "#rollout-moved", "moved to 25 %")
+    page.click("#rollout-advance")
+    wait_text(page, ".flash", "moved to 25 % since you loaded the page")
+    rollout.refresh_from_db()
+    assert (rollout.state, rollout.step) == (RolloutState.RUNNING, 1)
+
+    # A reason typed survives the panel's redraws (every 2 s): it is outside the panel.
+    assert "25 %" in page.inner_text("#rollout-seen")
+    page.fill("#rollout-reason-input", "<img src=x onerror=alert(1)> watching")
+    for _ in range(2):  # a mark on the panel goes with it when a redraw replaces it
+        page.evaluate("document.getElementById('rollout-panel').dataset.mark = 'seen'")
+        page.wait_for_selector("#rollout-panel:not([data-mark])", timeout=10_000)
+    assert page.input_value("#rollout-reason-input") == "<img src=x onerror=alert(1)> watching"
     page.click("#rollout-hold")
     wait_text(page, "#rollout-state", "Held")
     assert "<img src=x onerror=alert(1)> watching" in page.inner_text("#rollout-reason")
     assert page.locator("#rollout-reason img").count() == 0
+    last = page.locator("#rollout-changes tr.rollout-change").last.inner_text()
+    assert "arno" in last and "<img src=x onerror=alert(1)> watching" in last
     screenshot(page, "progressive-release", full_page=True)

@@ -368,3 +368,125 @@ def test_approving_from_the_notifications_takes_the_deployments_default_plan(
     token = asked.split('name="confirm" value="')[1].split('"')[0]
     client.post(f"/notifications/promotions/{promotion.pk}/approve", {"confirm": token})
     assert Rollout.objects.get(promotion=promotion).plan["name"] == "careful"
+
+
+def _advanced_by_the_check(registry, rollout) -> Rollout:
+    traffic(registry, rollout)
+    assert rollout_check(rollout_id=rollout.pk, now=rollout.step_started_at + timedelta(minutes=11)).action == "advance"
+    rollout.refresh_from_db()
+    assert rollout.share == 0.25
+    return rollout
+
+
+def test_advance_and_hold_are_refused_once_the_release_moved_past_what_was_seen(registry, rollout, approver):
+    """The check moved 5 % -> 25 %; "advance" meant 25 %, not all traffic."""
+    rollout = _advanced_by_the_check(registry, rollout)
+    for act in (rollout_advance, rollout_hold):
+        with pytest.raises(PromotionRefused, match="moved to 25 % since you loaded the page") as caught:
+            act(rollout=rollout, user=approver, reason="go to 25 %", seen_step=0)
+        assert caught.value.field == "step" and "you saw 5 %" in str(caught.value)
+    with pytest.raises(PromotionRefused, match="moved to 25 %") as caught:
+        rollout_advance(rollout=rollout, user=approver, seen_share=0.05)
+    assert caught.value.field == "share"
+    rollout.refresh_from_db()
+    assert (rollout.state, rollout.step) == (RolloutState.RUNNING, 1)
+    assert LiveVersion.objects.get(deployment=registry.deployment).version == registry.base_version
+    # What was seen is where it is: the move is made.
+    rollout_hold(rollout=rollout, user=approver, seen_step=1, seen_share=0.25)
+    assert rollout_advance(rollout=rollout, user=approver, seen_step=1).state == RolloutState.COMPLETE
+
+
+def test_a_rollback_is_not_refused_for_a_step_it_did_not_see(registry, rollout, approver):
+    rollout = _advanced_by_the_check(registry, rollout)
+    assert rollout_rollback(rollout=rollout, user=approver, seen_step=0).state == RolloutState.ROLLED_BACK
+
+
+def test_the_page_and_the_api_send_the_step_they_showed(client, registry, rollout, approver):
+    client.force_login(approver)
+    html = client.get(f"/rollouts/{rollout.pk}/").content.decode()
+    assert '<input type="hidden" name="step" value="0">' in html and 'name="share" value="0.05"' in html
+    rollout = _advanced_by_the_check(registry, rollout)
+    # The page loaded at 5 % posts that; the release is at 25 % now.
+    page = client.post(f"/rollouts/{rollout.pk}/advance", {"step": "0", "share": "0.05", "reason": "go"}, follow=True)
+    assert "moved to 25 % since you loaded the page" in page.content.decode()
+    url = f"/api/v1/rollouts/{rollout.pk}/advance"
+    missing = client.post(url, {"reason": "go"}, content_type="application/json")
+    assert missing.status_code == 400 and missing.json()["errors"][0]["field"] == "step"
+    stale = client.post(url, {"step": 0}, content_type="application/json")
+    assert stale.status_code == 409 and stale.json()["errors"][0]["field"] == "step"
+    assert "moved to 25 % since you loaded the page" in stale.json()["errors"][0]["reason"]
+    assert client.post(url, {"step": 9}, content_type="application/json").status_code == 400
+    assert client.post(url, {"share": "NaN"}, content_type="application/json").status_code == 400
+    assert client.post(f"/rollouts/{rollout.pk}/advance", {"step": "x"}).status_code == 302
+    rollout.refresh_from_db()
+    assert (rollout.state, rollout.step) == (RolloutState.RUNNING, 1)
+    # The panel redrawn since says the release moved; the form is not in it.
+    panel = client.get(f"/rollouts/{rollout.pk}/?part=panel&seen_step=0&seen_state=running").content.decode()
+    assert 'id="rollout-moved"' in panel and 'name="reason"' not in panel
+    assert 'id="rollout-moved"' not in client.get(f"/rollouts/{rollout.pk}/").content.decode()
+    done = client.post(url, {"step": 1, "share": 0.25}, content_type="application/json")
+    assert done.status_code == 200 and done.json()["state"] == "complete"
+
+
+def test_the_api_approves_with_the_deployments_default_plan_unless_told_all_at_once(
+    client, registry, plan, operator, approver
+):
+    def pending():
+        evaluation = evaluation_row(registry.candidate, registry.deployment, registry.base_version)
+        return promotion_request_create(
+            candidate=registry.candidate, deployment=registry.deployment, evaluation=evaluation, requested_by=operator
+        )
+
+    client.force_login(approver)
+    promotion = pending()
+    assert (
+        client.post(f"/api/v1/promotions/{promotion.pk}/approve", {}, content_type="application/json").status_code
+        == 202
+    )
+    assert Rollout.objects.get(promotion=promotion).plan["name"] == "careful"
+    Release.objects.filter(promotion=promotion).update(status=WorkStatus.FAILED)
+    Rollout.objects.filter(promotion=promotion).update(state=RolloutState.FAILED)
+    promotion = pending()
+    body = {"plan": None, "comment": "all at once"}
+    assert (
+        client.post(f"/api/v1/promotions/{promotion.pk}/approve", body, content_type="application/json").status_code
+        == 202
+    )
+    assert not Rollout.objects.filter(promotion=promotion).exists()
+
+
+def test_the_release_reads_as_its_rollout_ended(registry, rollout, approver):
+    rollout_rollback(rollout=rollout, user=approver, reason="complaints")
+    release = Release.objects.get(pk=rollout.release_id)
+    assert (release.state, release.get_state_display()) == ("rolled_back", "Rolled back")
+
+
+def test_a_complete_rollouts_release_reads_live(registry, rollout, approver):
+    rollout_advance(rollout=rollout, user=approver, seen_step=0)
+    rollout_advance(rollout=rollout, user=approver, seen_step=1)
+    release = Release.objects.get(pk=rollout.release_id)
+    assert (release.state, release.get_state_display()) == ("live", "Live")
+
+
+def test_a_rollback_by_hand_is_not_news_of_an_automatic_one(client, registry, rollout, approver):
+    rollout_rollback(rollout=rollout, user=approver, reason="by hand")
+    client.force_login(approver)
+    assert f'id="rollout-news-{rollout.pk}"' not in client.get("/notifications/").content.decode()
+
+
+@pytest.mark.parametrize(
+    ("steps", "field"),
+    [("5:nan:1,100", r"steps\[0\]\.min_conversations"), ("5:1e400,100", r"steps\[0\]\.min_conversations"),
+     ("5:1:inf,100", r"steps\[0\]\.min_minutes"), ("nan,100", r"steps\[0\]\.share"), ("5:1:1:1,100", "at most")],
+)  # fmt: skip
+def test_the_command_names_a_step_field_that_is_not_a_finite_number(registry, steps, field):
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match=field):
+        call_command("release_plan", "odd", "--steps", steps)
+
+
+def test_the_promotion_page_polls_at_the_release_pages_pace_while_a_rollout_runs(client, rollout, approver):
+    client.force_login(approver)
+    html = client.get(f"/promotions/{rollout.promotion_id}/").content.decode()
+    assert 'hx-trigger="every 2s"' in html and "every 1s" not in html

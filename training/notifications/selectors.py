@@ -145,7 +145,14 @@ def rollouts_needing_attention(*, user) -> list:
     if not _may_decide(user):
         return []
     since = timezone.now() - timedelta(days=RELEASE_NEWS_DAYS)
-    rolled_back = Q(state=RolloutState.ROLLED_BACK, ended_at__gte=since, changes__actor__isnull=True)
+    # The rollback change itself by the check: one filter() call, so both conditions read the
+    # same change (the start of every rollout is recorded as automatic too).
+    rolled_back = Q(
+        state=RolloutState.ROLLED_BACK,
+        ended_at__gte=since,
+        changes__to_state=RolloutState.ROLLED_BACK,
+        changes__actor__isnull=True,
+    )
     return list(
         Rollout.objects.filter(Q(state__in=ACTIVE_STATES) | rolled_back)
         .select_related("deployment", "candidate", "baseline")

@@ -218,6 +218,19 @@ class Release(WorkItem):
     def __str__(self) -> str:
         return f"release {self.pk}: {self.version_id} → {self.deployment_id} ({self.state})"
 
+    def _canary_end(self) -> tuple[str, str] | None:
+        """Where a release that routed a progressive release's first step stands once that
+        rollout ended: live once complete, rolled back (or failed); None while it runs. The
+        rollout's state, not the release's step, says so: the step stays where the worker left it."""
+        from training.promotion.rollout_models import ACTIVE_STATES, RolloutState  # it imports this module
+
+        rollout = next(iter(self.rollouts.all()), None)  # one; a prefetch serves it
+        if rollout is None or rollout.state in ACTIVE_STATES:
+            return None
+        if rollout.state == RolloutState.COMPLETE:
+            return "live", "Live"
+        return rollout.state, rollout.get_state_display()
+
     @property
     def state(self) -> str:
         """What the pages show and style: the step while running, "live" once finished,
@@ -225,14 +238,20 @@ class Release(WorkItem):
         if self.status == WorkStatus.RUNNING:
             return self.step or WorkStatus.RUNNING
         if self.status == WorkStatus.FINISHED:
-            return "canary" if self.step == ReleaseStep.CANARY else "live"
+            if self.step != ReleaseStep.CANARY:
+                return "live"
+            ended = self._canary_end()
+            return ended[0] if ended else "canary"
         return self.status
 
     def get_state_display(self) -> str:
         if self.status == WorkStatus.RUNNING:
             return self.get_step_display() if self.step else WorkStatus.RUNNING.label
         if self.status == WorkStatus.FINISHED:
-            return ReleaseStep.CANARY.label if self.step == ReleaseStep.CANARY else "Live"
+            if self.step != ReleaseStep.CANARY:
+                return "Live"
+            ended = self._canary_end()
+            return ended[1] if ended else ReleaseStep.CANARY.label
         return self.get_status_display()
 
 

@@ -59,7 +59,9 @@ class RolloutDetailApi(PersonApi):
 
 
 class RolloutActionApi(PersonApi):
-    """Hold, resume, advance or roll back (`action`); `reason` is kept in its change log."""
+    """Hold, resume, advance or roll back (`action`); `reason` is kept in its change log.
+    `step` (and or `share`) is where you saw the release (`GET rollouts/<id>`): a hold, resume
+    or advance is refused (409, naming it) where the release has moved since. Advance needs it."""
 
     permission_classes = [IsAuthenticated]  # the service names the permission it needs
 
@@ -70,6 +72,12 @@ class RolloutActionApi(PersonApi):
         reason = serializers.CharField(
             required=False, allow_blank=True, max_length=500, default="", help_text="why, kept in its change log"
         )
+        step = serializers.IntegerField(
+            required=False, min_value=0, max_value=100, help_text="the step you saw (`step` of GET rollouts/<id>)"
+        )
+        share = serializers.FloatField(
+            required=False, min_value=0, max_value=1, help_text="the candidate's share you saw, 0 to 1"
+        )
 
     @extend_schema(request=InputSerializer, responses={200: OpenApiResponse(description="The progressive release.")})
     def post(self, request, rollout_id: int, action: str):
@@ -78,5 +86,14 @@ class RolloutActionApi(PersonApi):
             return error_response(404, "action", "one of hold, resume, advance, rollback")
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        rollout = act(rollout=_get(rollout_id), user=request.user, reason=data.validated_data["reason"])
+        v = data.validated_data
+        if action == "advance" and v.get("step") is None and v.get("share") is None:
+            return error_response(400, "step", "the step you saw (GET rollouts/<id>): a move since is refused")
+        rollout = act(
+            rollout=_get(rollout_id),
+            user=request.user,
+            reason=v["reason"],
+            seen_step=v.get("step"),
+            seen_share=v.get("share"),
+        )
         return Response(rollout_as_dict(_get(rollout.pk)))

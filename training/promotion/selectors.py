@@ -87,7 +87,9 @@ def release_get(*, release_id: int) -> Release | None:
 
 
 def releases_of(*, promotion: PromotionRequest) -> list[Release]:
-    return list(promotion.releases.select_related("version", "from_version").order_by("-created_at", "-id"))
+    # A progressive release's state reads its rollout's (`Release.state`).
+    releases = promotion.releases.select_related("version", "from_version").prefetch_related("rollouts")
+    return list(releases.order_by("-created_at", "-id"))
 
 
 def audit_events(
@@ -119,7 +121,8 @@ def deployment_states() -> list[DeploymentState]:
         lv.deployment_id: lv.version for lv in LiveVersion.objects.select_related("version__base_model", "deployment")
     }
     releases: dict[int, list[Release]] = {}
-    for release in Release.objects.select_related("version", "from_version").order_by("-created_at", "-id")[:200]:
+    rows = Release.objects.select_related("version", "from_version").prefetch_related("rollouts")
+    for release in rows.order_by("-created_at", "-id")[:200]:
         releases.setdefault(release.deployment_id, []).append(release)
     out = []
     for deployment in Deployment.objects.order_by("name"):

@@ -7,6 +7,7 @@ plan: the candidate takes all traffic when its release goes live, as before ther
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from django.db import transaction
@@ -34,7 +35,9 @@ class PlanInvalid(Invalid, ValueError):
 
 
 def _number(value: Any, where: str, *, low: float, high: float, integer: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+    # An infinity would reach int() below (OverflowError), a NaN pass every comparison.
+    finite = isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
+    if isinstance(value, bool) or not finite:
         raise PlanInvalid(f"a number from {low:g} to {high:g}", field=where)
     if integer and int(value) != value:
         raise PlanInvalid("a whole number", field=where)

@@ -10,7 +10,9 @@
 - **By hand.** An approver may hold (the check leaves it alone), resume, advance or roll back at
   any step. Advancing to all traffic before the plan's last step was reached by itself is a
   promotion on less evidence than the plan asks: it takes the same four eyes as approval
-  (another approver than the requester, with no hand in the requester's account).
+  (another approver than the requester, with no hand in the requester's account). A hold,
+  resume or advance names the step the person saw and is refused where the rollout has moved
+  since (the check runs beside the page).
 - **End.** The last step flips the live pointer (a promotion, the request's) and drops the
   split; a rollback drops the split, so every conversation goes back to the live version that
   never stopped serving, and unloads the candidate once no request can still be running on it.
@@ -39,6 +41,7 @@ from training.services.rollout_signals import Decision, rollout_decision, rollou
 from training.serving.models import LiveChangeKind, ModelVersionKind
 from training.serving.services import live_version_set
 from training.serving.splits import canary_split_clear, canary_split_set
+from webapp.kernel.errors import Invalid
 
 logger = logging.getLogger(__name__)
 
@@ -237,14 +240,41 @@ def _reason(reason: str) -> str:
     return reason
 
 
+def _share_text(share: float) -> str:
+    return f"{100 * share:g} %"
+
+
+def _as_seen(rollout: Rollout, seen_step: int | None, seen_share: float | None) -> None:
+    """Refuse a move decided on a step the rollout has since left (the check advanced it, or
+    another approver did): "advance" meant from there, not from here. Called under the row lock."""
+    if seen_step is not None and not 0 <= seen_step < len(rollout.steps):
+        raise Invalid(f"a step of this plan, 0 to {len(rollout.steps) - 1}", field="step")
+    if seen_share is not None and not 0 <= seen_share <= 1:  # NaN fails this too
+        raise Invalid("a share from 0 to 1", field="share")
+    if seen_step is not None and seen_step != rollout.step:
+        field, seen = "step", rollout.steps[seen_step]["share"]
+    elif seen_share is not None and abs(seen_share - rollout.share) > 1e-9:
+        field, seen = "share", seen_share
+    else:
+        return
+    raise PromotionRefused(
+        f"the release moved to {_share_text(rollout.share)} since you loaded the page "
+        f"(you saw {_share_text(seen)}): reload it and decide again",
+        field=field,
+    )
+
+
 @transaction.atomic
-def rollout_hold(*, rollout: Rollout, user, reason: str = "") -> Rollout:
+def rollout_hold(
+    *, rollout: Rollout, user, reason: str = "", seen_step: int | None = None, seen_share: float | None = None
+) -> Rollout:
     """Keep the candidate at its step: the automatic check leaves a held rollout alone."""
     _may_act(user)
     reason = _reason(reason)
     rollout = _locked(rollout.pk)
     if rollout.state != RolloutState.RUNNING:
         raise PromotionRefused(f"rollout {rollout.pk} is {rollout.get_state_display().lower()}", field="state")
+    _as_seen(rollout, seen_step, seen_share)
     rollout.state, rollout.reason = RolloutState.HELD, (reason or f"held by {user.username}")[:500]
     rollout.save(update_fields=["state", "reason"])
     _change(rollout, user, RolloutState.RUNNING, rollout.step, rollout.share, reason or "held")
@@ -252,13 +282,16 @@ def rollout_hold(*, rollout: Rollout, user, reason: str = "") -> Rollout:
 
 
 @transaction.atomic
-def rollout_resume(*, rollout: Rollout, user, reason: str = "") -> Rollout:
+def rollout_resume(
+    *, rollout: Rollout, user, reason: str = "", seen_step: int | None = None, seen_share: float | None = None
+) -> Rollout:
     """Let the automatic check decide a held rollout's steps again."""
     _may_act(user)
     reason = _reason(reason)
     rollout = _locked(rollout.pk)
     if rollout.state != RolloutState.HELD:
         raise PromotionRefused(f"rollout {rollout.pk} is {rollout.get_state_display().lower()}", field="state")
+    _as_seen(rollout, seen_step, seen_share)
     rollout.state, rollout.reason = RolloutState.RUNNING, (reason or f"resumed by {user.username}")[:500]
     rollout.save(update_fields=["state", "reason"])
     _change(rollout, user, RolloutState.HELD, rollout.step, rollout.share, reason or "resumed")
@@ -277,22 +310,29 @@ def _four_eyes(rollout: Rollout, user) -> None:
 
 
 @transaction.atomic
-def rollout_advance(*, rollout: Rollout, user, reason: str = "") -> Rollout:
-    """Move to the next step now, whatever the check would say. Reaching all traffic this way
-    takes the four eyes of an approval."""
+def rollout_advance(
+    *, rollout: Rollout, user, reason: str = "", seen_step: int | None = None, seen_share: float | None = None
+) -> Rollout:
+    """Move from the step the person saw (`seen_step` / `seen_share`) to the next one now,
+    whatever the check would say. Reaching all traffic this way takes the four eyes of an
+    approval."""
     _may_act(user)
     reason = _reason(reason)
     rollout = _locked(rollout.pk)
     if rollout.state not in (RolloutState.RUNNING, RolloutState.HELD):
         raise PromotionRefused(f"rollout {rollout.pk} is {rollout.get_state_display().lower()}", field="state")
+    _as_seen(rollout, seen_step, seen_share)
     if rollout.step + 1 >= len(rollout.steps) - 1:
         _four_eyes(rollout, user)
     return _advance(rollout, user, reason or f"advanced by {user.username}")
 
 
 @transaction.atomic
-def rollout_rollback(*, rollout: Rollout, user, reason: str = "") -> Rollout:
-    """End the rollout now: every conversation goes back to the live version."""
+def rollout_rollback(
+    *, rollout: Rollout, user, reason: str = "", seen_step: int | None = None, seen_share: float | None = None
+) -> Rollout:
+    """End the rollout now: every conversation goes back to the live version. What was seen is
+    not held against it: going back to live is what was asked at any step."""
     _may_act(user)
     reason = _reason(reason)
     rollout = _locked(rollout.pk)
