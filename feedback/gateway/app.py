@@ -19,7 +19,7 @@ from feedback.gateway.errors import GatewayError, error_body, transport_error, u
 from feedback.gateway.exchange import Exchange, ExchangeStatus
 from feedback.gateway.pins import Pins, served_version_sync
 from feedback.gateway.recorder import Recorder
-from feedback.gateway.split import release_metadata, route_for_call
+from feedback.gateway.split import pin_first_answer, release_metadata, route_for_call
 from feedback.gateway.wire import (
     SESSION_HEADER,
     TRACE_HEADER,
@@ -181,7 +181,7 @@ class GatewayApp:
         session = session or ""
         route = await self.access.route(principal)
         live_route = route
-        route, canary = await route_for_call(
+        route, canary, opening = await route_for_call(
             route,
             self.pins,
             deployment_id=principal.deployment_id,
@@ -241,6 +241,8 @@ class GatewayApp:
         finally:
             if not exchange.latency_ms:
                 exchange.latency_ms = (time.perf_counter() - t0) * 1000
+            if opening is not None and exchange.status == ExchangeStatus.OK:
+                pin_first_answer(self.pins, deployment_id=principal.deployment_id, key=opening, exchange=exchange)
             self.recorder.submit(exchange, expected=True)
 
     @staticmethod

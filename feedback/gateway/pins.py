@@ -88,10 +88,16 @@ class Pins:
             items.popitem(last=False)
 
 
+_RECENT = 20
+
+
 def _stitched_version(deployment_id: int, api_key_id: int | None, messages: Sequence[Any]) -> int | None:
     """The version of the trace the stitcher continues for this call: the tip of the longest
-    history it resends that ends on an answer, else (a history trimmed or rewritten from the
-    start, keeping its first message) the tip of its last answer."""
+    history it resends that ends on an answer (any shorter one too: the latest exchange may
+    not be logged yet). Else, for a history trimmed or rewritten from the start that keeps its
+    first message, the tips of its last answer given later in a conversation than the call
+    places it (so a shorter history), when they all name one version: an answer many
+    conversations share (a fixed greeting) says nothing, and the call goes by its point."""
     from feedback.models import ConversationTip
     from feedback.services.message_digests import content_digest
     from feedback.services.stitching import answer_key, history_chain, stitch_scope
@@ -101,17 +107,23 @@ def _stitched_version(deployment_id: int, api_key_id: int | None, messages: Sequ
         return None
     digests = [content_digest(m) for m in messages[: answers[-1] + 1]]
     scope = stitch_scope(session_id="", api_key_id=api_key_id)
+    chain = history_chain(digests, after=scope)
     tips = ConversationTip.objects.filter(
         deployment_id=deployment_id,
         created_at__gte=timezone.now() - timedelta(seconds=settings.GATEWAY_STITCH_WINDOW_SECONDS),
-    ).order_by("-created_at")
+    )
     version = (
-        tips.filter(digest=history_chain(digests, after=scope)[-1]).values_list("trace__model_version_id", flat=True)
-    ).first()
-    if version is None:
-        last = answer_key(digests[0], digests[-1], scope=scope)
-        version = tips.filter(last_digest=last).values_list("trace__model_version_id", flat=True).first()
-    return version
+        tips.filter(digest__in=[chain[i] for i in answers])
+        .order_by("-length", "-created_at")
+        .values_list("trace__model_version_id", flat=True)
+        .first()
+    )
+    if version is not None:
+        return version
+    last = answer_key(digests[0], digests[-1], scope=scope)
+    later = tips.filter(last_digest=last, length__gt=len(digests)).order_by("-created_at")
+    versions = set(later.values_list("trace__model_version_id", flat=True)[:_RECENT])
+    return versions.pop() if len(versions) == 1 else None
 
 
 def served_version_sync(

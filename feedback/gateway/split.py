@@ -61,6 +61,10 @@ def serves_candidate(*, key: str, share: float, pinned: int | None, live_id: int
     return conversation_bucket(key) < share
 
 
+def _with_answer(key: str, answer: Any) -> str:
+    return f"{key}\x1d{answer or ''}"
+
+
 def pin_key(key: str, messages: Sequence[Any]) -> str:
     """What a pin remembers a conversation by: its key, and for a stitched call that continues
     a conversation, its first answer too (so two conversations that open alike, one begun
@@ -69,8 +73,32 @@ def pin_key(key: str, messages: Sequence[Any]) -> str:
         return key
     for message in messages:
         if message.role == "assistant":
-            return f"{key}\x1d{message.content}"
+            return _with_answer(key, message.content)
     return key
+
+
+def first_answer(exchange) -> str | None:
+    """The answer a stitched conversation's first call received (choice 0), as its next call
+    will resend it; None when the call failed."""
+    if exchange.response is not None:
+        choices = exchange.response.get("choices") or [{}]
+        return (choices[0].get("message") or {}).get("content") or ""
+    if exchange.chunks is not None:
+        parts = []
+        for chunk in exchange.chunks:
+            for choice in chunk.get("choices") or ():
+                if choice.get("index", 0) == 0:
+                    parts.append((choice.get("delta") or {}).get("content") or "")
+        return "".join(parts)
+    return None
+
+
+def pin_first_answer(pins: Pins, *, deployment_id: int, key: str, exchange) -> None:
+    """Pin a stitched conversation by its opening and first answer once that answer is known,
+    so its next call finds its version in this process before the log writer has stored it."""
+    answer = first_answer(exchange)
+    if answer is not None and exchange.version_id is not None:
+        pins.put(deployment_id, key_digest(_with_answer(key, answer)), exchange.version_id)
 
 
 Lookup = Callable[[], Awaitable[int | None]]
@@ -86,14 +114,15 @@ async def route_for_call(
     trace_key: str | None,
     messages,
     served_before: Lookup,
-) -> tuple[Any, bool]:
-    """The route that serves this call (the live one, or its canary), and whether it is the
-    canary. `served_before` asks the trace store which version served the conversation; it is
-    awaited only on a pin miss for a call that may continue one."""
+) -> tuple[Any, bool, str | None]:
+    """The route that serves this call (the live one, or its canary), whether it is the canary,
+    and for the first call of a stitched conversation its key (to pin with its answer,
+    `pin_first_answer`). `served_before` asks the trace store which version served the
+    conversation; it is awaited only on a pin miss for a call that may continue one."""
     canary = route.canary
     pins.follow(deployment_id, route.rollout_id if canary is not None else None)
     if canary is None:
-        return route, False
+        return route, False, None
     key = conversation_key(session=session, trace_key=trace_key, api_key_id=key_id, messages=messages)
     continues = may_continue(session=session, trace_key=trace_key, messages=messages)
     digest = key_digest(pin_key(key, messages))
@@ -106,7 +135,7 @@ async def route_for_call(
     served = canary if chosen else route
     if continues:
         pins.put(deployment_id, digest, served.version_id)
-    return served, chosen
+    return served, chosen, None if continues else key
 
 
 RELEASE_KEY = "practicum_release"
