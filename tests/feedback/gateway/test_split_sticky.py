@@ -146,6 +146,23 @@ def test_a_restart_moves_no_conversation_nor_does_trimming_its_history(
     assert fake_live.name in first
 
 
+def test_two_conversations_that_open_alike_across_the_first_step_keep_a_version_each(
+    gateway, openai_client, deployment, fake_live, echoing
+):
+    opening = stitched_movers(key_id(deployment), 0.5, 1)[0]
+    before = [*opening]
+    assert served_by(chat(openai_client, None, before)) == fake_live.name
+    gateway.drain()
+    canary_split_set(deployment=deployment, version=echoing, share=0.5, rollout_id=9)
+    after = [*opening]
+    assert served_by(chat(openai_client, None, after)) == echoing.name
+    for turn in range(2):
+        before.append({"role": "user", "content": f"before, turn {turn}"})
+        after.append({"role": "user", "content": f"after, turn {turn}"})
+        assert served_by(chat(openai_client, None, before)) == fake_live.name
+        assert served_by(chat(openai_client, None, after)) == echoing.name
+
+
 def test_the_pins_of_a_split_that_ended_are_dropped(gateway, openai_client, deployment, fake_live, echoing):
     canary_split_set(deployment=deployment, version=echoing, share=0.5, rollout_id=9)
     for session in sessions_by_side(0.5, 3)[0]:
@@ -173,6 +190,21 @@ def test_pin_memory_is_bounded_by_count_and_keeps_a_fixed_size_digest(monkeypatc
     pins.put(1, key_digest("s:new"), 20)
     assert len(pins) == 1
     assert Pins(ttl=0).get(1, key_digest("a")) is None
+
+
+def test_a_hundred_thousand_pins_of_long_openings_take_under_32_mib():
+    import tracemalloc
+
+    opening = "You are a support agent. " * 200
+    tracemalloc.start()
+    try:
+        pins = Pins(ttl=3600, size=100_000)
+        for i in range(100_000):
+            pins.put(1, key_digest(f"o:1\x1e{opening}\x1e{i}"), 10)
+        used, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(pins) == 100_000 and used < 32 * 2**20, used
 
 
 def test_a_pin_belongs_to_one_release():
