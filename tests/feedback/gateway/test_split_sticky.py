@@ -163,6 +163,38 @@ def test_two_conversations_that_open_alike_across_the_first_step_keep_a_version_
         assert served_by(chat(openai_client, None, after)) == echoing.name
 
 
+def test_a_greeting_many_conversations_received_says_nothing_about_a_new_one(
+    gateway, openai_client, deployment, fake_live, chat_upstream
+):
+    """The next call of a conversation whose first call is not logged yet (it reached another
+    process a moment ago) is not claimed by other conversations' identical first answer."""
+    from feedback.gateway.pins import served_version_sync
+
+    chat_upstream.reply = lambda request: {"content": "Hello, how can I help?"}
+    system = {"role": "system", "content": "You are a support agent."}
+    for i in range(3):
+        chat(openai_client, None, [system, {"role": "user", "content": f"order {i}"}])
+    gateway.drain()
+
+    def version_of(raw):
+        return served_version_sync(
+            deployment_id=deployment.pk,
+            session="",
+            trace_key=None,
+            api_key_id=key_id(deployment),
+            messages=[parse_message(m, "m") for m in raw],
+        )
+
+    logged = [
+        system,
+        {"role": "user", "content": "order 1"},
+        {"role": "assistant", "content": "Hello, how can I help?"},
+    ]
+    assert version_of([*logged, {"role": "user", "content": "more"}]) == fake_live.pk
+    unlogged = [system, {"role": "user", "content": "order 9"}, logged[2], {"role": "user", "content": "more"}]
+    assert version_of(unlogged) is None
+
+
 def test_the_pins_of_a_split_that_ended_are_dropped(gateway, openai_client, deployment, fake_live, echoing):
     canary_split_set(deployment=deployment, version=echoing, share=0.5, rollout_id=9)
     for session in sessions_by_side(0.5, 3)[0]:
