@@ -45,7 +45,7 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gateway_split import split_deployment, split_report, split_served  # noqa: E402  (bench/, the script's own folder)
+from gateway_split import lookup_report, split_deployment, split_report, split_served  # noqa: E402  (bench/, the script's own folder)
 from support import fresh_database  # noqa: E402
 
 N_TOKENS = 16
@@ -400,6 +400,7 @@ def main() -> None:
             split_report(uvloop.run(latency(targets, args.requests, False)), ms)
             recorder_idle(gw)
             print(f"  the split deployment's conversations, by the version that served them: {split_served(db_url)}")
+            lookup_report(lambda i: orjson.loads(body(False, i, conversation=f"split-n{i // TURNS}"))["messages"], 200)
             return
         for stream, label in ((False, "non-streaming latency (ms)"), (True, "streaming TTFT (ms)")):
             print(label)

@@ -67,3 +67,38 @@ def split_served(db_url: str) -> str:
         ).fetchall()
     total = sum(n for _, n in rows) or 1
     return ", ".join(f"{name} {n} ({n / total:.0%})" for name, n in rows)
+
+
+def lookup_report(messages_of, calls: int) -> None:
+    """What a gateway process that never routed a conversation pays on its next call: the
+    trace store's answer to "which version served it?" (`served_version_sync`), timed for the
+    split deployment's continuing calls of the latency run (a session or a named trace id is
+    one indexed row; a stitched call, one or two tip lookups)."""
+    import statistics
+    import time
+
+    from feedback.gateway.pins import served_version_sync
+    from feedback.models import ApiKey
+    from training.serving.models import Deployment
+    from webapp.kernel.chat_format import parse_message
+
+    dep = Deployment.objects.get(name="bench-split")
+    key_id = ApiKey.objects.get(deployment=dep).pk
+    times, found = [], 0
+    for i in range(calls):
+        raw = messages_of(i)
+        if not any(m["role"] == "assistant" for m in raw):
+            continue
+        messages = [parse_message(m, "m") for m in raw]
+        t0 = time.perf_counter()
+        version = served_version_sync(
+            deployment_id=dep.pk, session="", trace_key=None, api_key_id=key_id, messages=messages
+        )
+        times.append(time.perf_counter() - t0)
+        found += version is not None
+    times.sort()
+    print(
+        f"  a process that never routed the conversation asks the trace store once: p50 "
+        f"{statistics.median(times) * 1000:.3f} ms, p90 {times[int(0.9 * len(times))] * 1000:.3f} ms "
+        f"({found} of {len(times)} continuing calls found their version)"
+    )

@@ -321,8 +321,9 @@ GATEWAY_UPSTREAM_TIMEOUT = float(os.environ.get("PRACTICUM_GATEWAY_UPSTREAM_TIME
 GATEWAY_AUTH_CACHE_SECONDS = float(os.environ.get("PRACTICUM_GATEWAY_AUTH_CACHE_SECONDS", 10))
 GATEWAY_LIVE_CACHE_SECONDS = float(os.environ.get("PRACTICUM_GATEWAY_LIVE_CACHE_SECONDS", 2))
 # While a progressive release splits a deployment's traffic, each gateway process remembers for
-# this long after a conversation's last call which version served it, so a step that widens the
-# candidate's share does not move a conversation in flight (0: route by the share alone).
+# this long after a conversation's last call which version served it (at most 100,000
+# conversations); a conversation it does not remember is looked up once in the trace store, so
+# no step, process or restart moves a conversation in flight (0: look up every continuing call).
 GATEWAY_PIN_SECONDS = float(os.environ.get("PRACTICUM_GATEWAY_PIN_SECONDS", 6 * 3600))
 # On PostgreSQL the gateway also LISTENs for live-pointer flips and drops the cached route at
 # once, so a promotion or rollback applies from the next request (the TTL stays as a fallback).

@@ -10,6 +10,7 @@ the cached route as it arrives, so the next request already goes to the new vers
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -175,6 +176,10 @@ class Access:
 
     async def _in_db_thread(self, fn, arg):
         return await asyncio.get_running_loop().run_in_executor(self._db, fn, arg)
+
+    async def in_db_thread(self, fn, **kwargs):
+        """`fn(**kwargs)` on the thread that owns the gateway's database connection."""
+        return await asyncio.get_running_loop().run_in_executor(self._db, functools.partial(fn, **kwargs))
 
     def _route_changed(self, deployment_id: int | None) -> None:
         if deployment_id is None:

@@ -17,8 +17,9 @@ from feedback.gateway.access import Access, Route
 from feedback.gateway.balancer import Balancer
 from feedback.gateway.errors import GatewayError, error_body, transport_error, upstream_status_error
 from feedback.gateway.exchange import Exchange, ExchangeStatus
+from feedback.gateway.pins import Pins, served_version_sync
 from feedback.gateway.recorder import Recorder
-from feedback.gateway.split import Pins, release_metadata, route_for_call
+from feedback.gateway.split import pin_first_answer, release_metadata, route_for_call
 from feedback.gateway.wire import (
     SESSION_HEADER,
     TRACE_HEADER,
@@ -180,7 +181,7 @@ class GatewayApp:
         session = session or ""
         route = await self.access.route(principal)
         live_route = route
-        route, canary = route_for_call(
+        route, canary, opening = await route_for_call(
             route,
             self.pins,
             deployment_id=principal.deployment_id,
@@ -188,6 +189,14 @@ class GatewayApp:
             session=session,
             trace_key=trace_key,
             messages=messages,
+            served_before=lambda: self.access.in_db_thread(
+                served_version_sync,
+                deployment_id=principal.deployment_id,
+                session=session,
+                trace_key=trace_key,
+                api_key_id=principal.key_id,
+                messages=messages,
+            ),
         )
 
         params = {k: request[k] for k in PARAM_KEYS if k in request}
@@ -232,6 +241,8 @@ class GatewayApp:
         finally:
             if not exchange.latency_ms:
                 exchange.latency_ms = (time.perf_counter() - t0) * 1000
+            if opening is not None and exchange.status == ExchangeStatus.OK:
+                pin_first_answer(self.pins, deployment_id=principal.deployment_id, key=opening, exchange=exchange)
             self.recorder.submit(exchange, expected=True)
 
     @staticmethod

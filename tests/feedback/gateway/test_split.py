@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from feedback.gateway.split import Pins, conversation_bucket, conversation_key, serves_candidate
+from feedback.gateway.split import conversation_bucket, conversation_key, serves_candidate
 from feedback.models import Message, Trace
 from training.serving.services import model_version_create
 from training.serving.splits import canary_split_clear, canary_split_set
@@ -145,14 +145,11 @@ def test_the_key_prefers_the_session_then_the_trace_then_the_opening():
     assert 0 <= conversation_bucket("anything") < 1
 
 
-def test_pins_hold_a_conversation_to_its_version():
-    pins = Pins(ttl=60, size=2)
-    pins.put(1, "a", 10)
-    assert serves_candidate(key="a", share=0.99, pinned=pins.get(1, "a"), live_id=10, candidate_id=20) is False
-    pins.put(1, "b", 20)
-    pins.put(1, "c", 20)
-    assert pins.get(1, "a") is None  # the oldest went first
-    assert Pins(ttl=0).get(1, "a") is None
+def test_a_pin_holds_a_conversation_to_its_version():
+    assert serves_candidate(key="a", share=0.99, pinned=10, live_id=10, candidate_id=20) is False
+    assert serves_candidate(key="a", share=0.0, pinned=20, live_id=10, candidate_id=20) is True
+    # A pin to a version neither side serves now (an earlier release's) is not followed.
+    assert serves_candidate(key="a", share=0.99, pinned=5, live_id=10, candidate_id=20) is True
 
 
 def test_share_fractions_follow_the_share():
