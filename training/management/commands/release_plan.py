@@ -15,8 +15,9 @@ def _steps(text: str) -> list[dict]:
             share, *rest = (float(f) for f in fields)
         except ValueError as exc:
             raise CommandError(f"--steps, step {i + 1} ({part!r}): numbers as share:conversations:minutes") from exc
-        step = {"share": share / 100, "min_conversations": int(rest[0]) if rest else 0}
-        step["min_minutes"] = rest[1] if len(rest) > 1 else 0
+        step = {"share": share / 100, "min_minutes": rest[1] if len(rest) > 1 else 0}
+        if rest:  # else the plan's default minimum
+            step["min_conversations"] = int(rest[0])
         steps.append(step)
     return steps
 
