@@ -29,7 +29,8 @@ The decision (`rollout_decision`), in this order:
   that signal (so one or two unlucky answers never end a release; a broken candidate is still
   ended on its first dozen conversations, whatever the step's minimum);
 - **wait** while the step's minimum (conversations the candidate served, at least 1; minutes)
-  is not met, while the candidate has no data on a signal on answers (`ANSWER_SIGNALS`), or
+  is not met, while the candidate has no data on a signal on answers (`ANSWER_SIGNALS`;
+  latency only where live's answers have one), or
   while a signal's point estimate is past its threshold;
 - **advance** otherwise: every signal is better, within its threshold, inconclusive but not
   worse than its threshold, or (ratings, grades, the judge, latency with no live answer) not
@@ -320,7 +321,12 @@ def rollout_decision(
             f"{minutes:.1f} of {need_min:g} minutes",
             signals,
         )
-    blind = [s.label for s in signals if s.code in ANSWER_SIGNALS and s.candidate is None]
+    # Latency is blind only where live's answers have one: traces may carry none at all.
+    blind = [
+        s.label
+        for s in signals
+        if s.code in ANSWER_SIGNALS and s.candidate is None and (s.code in _ABSOLUTE or s.live is not None)
+    ]
     if blind:
         return Decision("wait", "no answer of the candidate's to measure: " + ", ".join(blind), signals)
     worse = [s for s in signals if worse_than_threshold(s)]
