@@ -189,7 +189,8 @@ def test_a_candidate_that_answers_customers_with_nothing_is_rolled_back_at_5_per
     # Its smoke request passes: only customers see what it does.
     rollout = approve(deployment, live, candidate, plan, operator, approver)
     customers, taken = Customers(gateway, key), set()
-    early, stay = sessions(0.0, 0.05, 3, taken), sessions(0.05, 1.0, 6, taken)
+    # A rollback needs 10 of the candidate's answers at least: one or two never end a release.
+    early, stay = sessions(0.0, 0.05, 10, taken), sessions(0.05, 1.0, 12, taken)
     for session in early:
         assert customers.say(session).strip() == ""
     for session in stay:

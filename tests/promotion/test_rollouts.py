@@ -18,7 +18,7 @@ from training.promotion.rollout_models import Rollout, RolloutChange, RolloutSta
 from training.services.promotion import promotion_approve, promotion_request_create
 from training.services.promotion_checks import PromotionRefused
 from training.services.release_plans import PlanInvalid, release_plan_create, release_plan_for_approval
-from training.services.rollout_signals import Side, rollout_decision, rollout_signals
+from training.services.rollout_signals import Side, rollout_evaluate, rollout_signals
 from training.services.rollouts import (
     rollout_advance,
     rollout_begin,
@@ -150,7 +150,7 @@ def test_empty_answers_roll_back_at_the_first_step_with_the_reason(
     operator.email, approver.email = "olga@example.com", "arno@example.com"
     operator.save()
     approver.save()
-    traffic(registry, rollout, candidate=5, answer="\n\n")
+    traffic(registry, rollout, candidate=10, answer="\n\n")
     # Before the step's minutes: a regression beyond noise does not wait for them.
     with django_capture_on_commit_callbacks(execute=True):
         decision = rollout_check(rollout_id=rollout.pk, now=rollout.step_started_at + timedelta(minutes=2))
@@ -179,12 +179,15 @@ def test_a_few_bad_answers_within_noise_wait_instead_of_rolling_back(registry, r
     assert decision.action == "wait" and "within noise" in decision.reason and "Empty answers" in decision.reason
 
 
-def test_a_held_rollout_is_left_alone_until_resumed(registry, rollout, approver):
+def test_a_held_rollout_is_watched_but_not_advanced_until_resumed(registry, rollout, approver):
     rollout_hold(rollout=rollout, user=approver, reason="watching a complaint")
     traffic(registry, rollout)
-    assert rollouts_tick(now=rollout.step_started_at + timedelta(minutes=11)) == {}
+    now = rollout.step_started_at + timedelta(minutes=11)
+    assert rollouts_tick(now=now) == {rollout.pk: "wait"}
     rollout.refresh_from_db()
     assert rollout.state == RolloutState.HELD and rollout.step == 0
+    # The page's signals keep updating while it is held.
+    assert rollout.checked_at == now and rollout.last_check["reason"].startswith("held: every signal")
     rollout_resume(rollout=rollout, user=approver)
     assert rollouts_tick(now=rollout.step_started_at + timedelta(minutes=11)) == {rollout.pk: "advance"}
     actors = list(rollout.changes.values_list("actor_name", "to_state", "reason"))
@@ -196,7 +199,10 @@ def test_all_traffic_before_the_plan_completes_takes_four_eyes(registry, rollout
 
     operator.groups.add(Group.objects.get(name="approver"))
     operator = type(operator).objects.get(pk=operator.pk)
-    rollout_advance(rollout=rollout, user=operator, reason="looks fine")  # 5 % -> 25 %: no four eyes
+    # Every step by hand skips evidence, not only the last: never the requester's own call.
+    with pytest.raises(PermissionDenied, match="another approver"):
+        rollout_advance(rollout=rollout, user=operator, reason="looks fine")
+    rollout_advance(rollout=rollout, user=approver, reason="looks fine")  # 5 % -> 25 %
     with pytest.raises(PermissionDenied, match="another approver"):
         rollout_advance(rollout=rollout, user=operator)
     rollout = rollout_advance(rollout=rollout, user=second_approver, reason="enough seen")
@@ -224,12 +230,19 @@ def test_no_other_release_while_one_is_under_way(registry, rollout, approver):
 
 def test_decision_reads_latency_relative_to_live():
     def side(latency, n):
-        return Side(conversations=n, answers=n, latency_mean=latency, latency_sq=latency * latency + 25, latency_n=n)
+        return Side(
+            conversations=n,
+            answers=n,
+            delivered=n,
+            latency_mean=latency,
+            latency_sq=latency * latency + 25,
+            latency_n=n,
+        )
 
     signals = rollout_signals(deployment=None, cand=side(200.0, 40), live=side(100.0, 400), judge=False)
     latency = next(s for s in signals if s.code == "latency")
     assert latency.delta == pytest.approx(1.0) and latency.ci_high < 1.1
-    decision = rollout_decision(signals=signals, conversations=40, minutes=60, step=STEPS[0])
+    decision = rollout_evaluate(deployment=None, cand=side(200.0, 40), live=side(100.0, 400), step=STEPS[0], minutes=60)
     assert decision.action == "rollback" and "Latency" in decision.reason
 
 
@@ -334,7 +347,7 @@ def test_the_command_creates_and_lists_plans(registry, capsys):
 
 
 def test_an_automatic_rollback_is_on_the_approvers_notifications(client, registry, rollout, approver, operator):
-    traffic(registry, rollout, candidate=5, answer="")
+    traffic(registry, rollout, candidate=10, answer="")
     rollout_check(rollout_id=rollout.pk, now=rollout.step_started_at + timedelta(minutes=2))
     client.force_login(approver)
     html = client.get("/notifications/").content.decode()

@@ -315,6 +315,7 @@ def check_no_rollout_running(deployment: Deployment) -> Precondition:
             "No release in progress",
             False,
             f"the progressive release {rollout.pk} of {rollout.candidate.name} to {deployment.name} is "
-            f"{rollout.get_state_display().lower()}: advance or roll it back first",
+            f"{rollout.get_state_display().lower()}: let it complete, or roll it back on /rollouts/{rollout.pk}/ "
+            f"(POST /api/v1/rollouts/{rollout.pk}/rollback) first",
         )
     return Precondition("release", "No release in progress", True, "")

@@ -20,6 +20,9 @@ from training.serving.models import Deployment
 from webapp.kernel.errors import Invalid
 
 MAX_STEPS = 10
+# A step's least number of conversations the candidate must serve where the plan names none
+# (every step but the last needs at least 1: a step never advances on no evidence).
+DEFAULT_MIN_CONVERSATIONS = 50
 # A plan's threshold is a worsening of a rate or a mean (latency's is relative: 0.25 is 25 %).
 THRESHOLD_LIMITS = {code: (0.0, 10.0 if code == "latency" else 1.0) for code in DEFAULT_THRESHOLDS}
 # What `release_plan_ensure_default` creates for a deployment with no plan of its own.
@@ -47,7 +50,8 @@ def _number(value: Any, where: str, *, low: float, high: float, integer: bool = 
 
 
 def plan_steps_clean(steps: Any) -> list[dict[str, Any]]:
-    """The steps as stored: 1 to 10, shares rising above 0 to exactly 1 at the last."""
+    """The steps as stored: 1 to 10, shares rising above 0 to exactly 1 at the last; each but
+    the last with a minimum of at least 1 conversation (`DEFAULT_MIN_CONVERSATIONS` if absent)."""
     if not isinstance(steps, list) or not 1 <= len(steps) <= MAX_STEPS:
         raise PlanInvalid(f"a list of 1 to {MAX_STEPS} steps", field="steps")
     out: list[dict[str, Any]] = []
@@ -61,11 +65,17 @@ def plan_steps_clean(steps: Any) -> list[dict[str, Any]]:
         share = _number(step.get("share"), f"{where}.share", low=0.001, high=1.0)
         if out and share <= out[-1]["share"]:
             raise PlanInvalid("each step's share must be larger than the one before", field=f"{where}.share")
+        # The last step is where the plan ends, never checked; every other needs evidence.
+        last = i == len(steps) - 1
         out.append(
             {
                 "share": share,
                 "min_conversations": _number(
-                    step.get("min_conversations", 0), f"{where}.min_conversations", low=0, high=10**7, integer=True
+                    step.get("min_conversations", 0 if last else DEFAULT_MIN_CONVERSATIONS),
+                    f"{where}.min_conversations",
+                    low=0 if last else 1,
+                    high=10**7,
+                    integer=True,
                 ),
                 "min_minutes": _number(step.get("min_minutes", 0), f"{where}.min_minutes", low=0, high=60 * 24 * 30),
             }

@@ -4,15 +4,15 @@
   loads and smoke-tests the candidate on every replica; where that release would flip the live
   pointer, it routes the first step's share to the candidate instead (`rollout_begin`, under
   the release's row lock) and the rollout runs. A release that fails ends the rollout `failed`.
-- **Check.** `rollouts_tick` (Celery beat) reads each running rollout's signals on the
+- **Check.** `rollouts_tick` (Celery beat) reads each running or held rollout's signals on the
   conversations both versions served since the step began and acts on the decision
-  (`rollout_signals.rollout_decision`): the next step, a rollback, or nothing yet.
-- **By hand.** An approver may hold (the check leaves it alone), resume, advance or roll back at
-  any step. Advancing to all traffic before the plan's last step was reached by itself is a
-  promotion on less evidence than the plan asks: it takes the same four eyes as approval
-  (another approver than the requester, with no hand in the requester's account). A hold,
-  resume or advance names the step the person saw and is refused where the rollout has moved
-  since (the check runs beside the page).
+  (`rollout_signals.rollout_decision`): the next step, a rollback, or nothing yet. A held
+  rollout does not advance, but is still rolled back.
+- **By hand.** An approver may hold, resume, advance or roll back at any step. Advancing by
+  hand moves on less evidence than the plan asks, and resuming another person's hold overrules
+  them: both take the same four eyes as approval (another approver than the requester, with no
+  hand in the requester's account). A hold, resume or advance names the step the person saw
+  and is refused where the rollout has moved since (the check runs beside the page).
 - **End.** The last step flips the live pointer (a promotion, the request's) and drops the
   split; a rollback drops the split, so every conversation goes back to the live version that
   never stopped serving, and unloads the candidate once no request can still be running on it.
@@ -37,7 +37,7 @@ from training.promotion.rollout_models import ACTIVE_STATES, ReleasePlan, Rollou
 from training.services.audit import audit_record
 from training.services.four_eyes import check_independent
 from training.services.promotion_refused import APPROVE, PromotionRefused
-from training.services.rollout_signals import Decision, rollout_decision, rollout_signals, side_measure
+from training.services.rollout_signals import Decision, rollout_evaluate, side_measure
 from training.serving.models import LiveChangeKind, ModelVersionKind
 from training.serving.services import live_version_set
 from training.serving.splits import canary_split_clear, canary_split_set
@@ -47,6 +47,8 @@ logger = logging.getLogger(__name__)
 
 AUTOMATIC = "automatic"
 MAX_CHECKS = 500
+# The states the check reads: a held rollout does not advance, but is still rolled back.
+WATCHED = (RolloutState.RUNNING, RolloutState.HELD)
 
 
 def rollout_create(*, promotion: PromotionRequest, release: Release, plan: ReleasePlan, user) -> Rollout:
@@ -292,18 +294,25 @@ def rollout_resume(
     if rollout.state != RolloutState.HELD:
         raise PromotionRefused(f"rollout {rollout.pk} is {rollout.get_state_display().lower()}", field="state")
     _as_seen(rollout, seen_step, seen_share)
+    _resume_four_eyes(rollout, user)
     rollout.state, rollout.reason = RolloutState.RUNNING, (reason or f"resumed by {user.username}")[:500]
     rollout.save(update_fields=["state", "reason"])
     _change(rollout, user, RolloutState.HELD, rollout.step, rollout.share, reason or "resumed")
     return rollout
 
 
-def _four_eyes(rollout: Rollout, user) -> None:
+def _resume_four_eyes(rollout: Rollout, user) -> None:
+    """Resuming one's own hold is anyone's; resuming another person's hold overrules them,
+    which the requester may not do."""
+    hold = rollout.changes.filter(to_state=RolloutState.HELD).order_by("-pk").first()
+    if hold is not None and hold.actor_id != user.pk:
+        _four_eyes(rollout, user)
 
+
+def _four_eyes(rollout: Rollout, user) -> None:
+    """A step by hand skips the evidence the plan asks for: never the requester's own call."""
     if rollout.promotion.requested_by_id == user.pk:
-        raise PermissionDenied(
-            "you requested this promotion: another approver must send it to all traffic before its plan is complete"
-        )
+        raise PermissionDenied("you requested this promotion: another approver must take this step by hand")
     independent = check_independent(rollout.promotion, user)
     if not independent.ok:
         raise PermissionDenied(independent.detail)
@@ -314,16 +323,15 @@ def rollout_advance(
     *, rollout: Rollout, user, reason: str = "", seen_step: int | None = None, seen_share: float | None = None
 ) -> Rollout:
     """Move from the step the person saw (`seen_step` / `seen_share`) to the next one now,
-    whatever the check would say. Reaching all traffic this way takes the four eyes of an
-    approval."""
+    whatever the check would say: on less evidence than the plan asks, so it takes the four
+    eyes of an approval."""
     _may_act(user)
     reason = _reason(reason)
     rollout = _locked(rollout.pk)
     if rollout.state not in (RolloutState.RUNNING, RolloutState.HELD):
         raise PromotionRefused(f"rollout {rollout.pk} is {rollout.get_state_display().lower()}", field="state")
     _as_seen(rollout, seen_step, seen_share)
-    if rollout.step + 1 >= len(rollout.steps) - 1:
-        _four_eyes(rollout, user)
+    _four_eyes(rollout, user)
     return _advance(rollout, user, reason or f"advanced by {user.username}")
 
 
@@ -349,13 +357,16 @@ def rollout_measure(rollout: Rollout, now: datetime) -> tuple[Decision, dict]:
     since = rollout.step_started_at or rollout.started_at
     cand = side_measure(deployment_id=rollout.deployment_id, version_id=rollout.candidate_id, since=since, until=now)
     live = side_measure(deployment_id=rollout.deployment_id, version_id=rollout.baseline_id, since=since, until=now)
-    signals = rollout_signals(
-        deployment=rollout.deployment, cand=cand, live=live, thresholds=rollout.plan.get("thresholds")
-    )
     minutes = (now - since).total_seconds() / 60
-    decision = rollout_decision(
-        signals=signals, conversations=cand.conversations, minutes=minutes, step=rollout.steps[rollout.step]
+    decision = rollout_evaluate(
+        deployment=rollout.deployment,
+        cand=cand,
+        live=live,
+        step=rollout.steps[rollout.step],
+        minutes=minutes,
+        thresholds=rollout.plan.get("thresholds"),
     )
+    signals = decision.signals
     read = {
         "at": now.isoformat(),
         "step": rollout.step,
@@ -372,12 +383,16 @@ def rollout_measure(rollout: Rollout, now: datetime) -> tuple[Decision, dict]:
 
 @transaction.atomic
 def rollout_check(*, rollout_id: int, now: datetime | None = None) -> Decision | None:
-    """Read one running rollout's signals and act on them; None when it is not running."""
+    """Read one running or held rollout's signals and act on them; None when it is neither.
+    A hold stops the advance, not the rollback: a held candidate that regresses is taken out."""
     now = now or timezone.now()
     rollout = _locked(rollout_id)
-    if rollout.state != RolloutState.RUNNING:
+    if rollout.state not in WATCHED:
         return None
     decision, read = rollout_measure(rollout, now)
+    if rollout.state == RolloutState.HELD and decision.action == "advance":
+        decision = Decision("wait", f"held: {decision.reason}", decision.signals)
+        read |= {"action": decision.action, "reason": decision.reason}
     rollout.checked_at, rollout.last_check = now, read
     brief = {k: read[k] for k in ("at", "step", "share", "action")} | {"signals": _brief(read["signals"])}
     rollout.checks = [*rollout.checks[-(MAX_CHECKS - 1) :], brief]
@@ -395,9 +410,9 @@ def _brief(signals: list[dict]) -> dict[str, list]:
 
 
 def rollouts_tick(*, now: datetime | None = None) -> dict[int, str]:
-    """Check every running rollout once; returns what each did ("advance", "wait", "rollback")."""
+    """Check every running or held rollout once; returns what each did ("advance", "wait", "rollback")."""
     done: dict[int, str] = {}
-    for pk in Rollout.objects.filter(state=RolloutState.RUNNING).values_list("pk", flat=True):
+    for pk in Rollout.objects.filter(state__in=WATCHED).values_list("pk", flat=True):
         try:
             decision = rollout_check(rollout_id=pk, now=now)
         except Exception:

@@ -6,6 +6,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from training.services.live_set import live_set_by_command
+from training.services.promotion_refused import PromotionRefused
 from training.serving.services import (
     ModelRegistryError,
     base_model_register,
@@ -63,5 +64,8 @@ class Command(BaseCommand):
         self.stdout.write(self.style.SUCCESS(f"Registered base model {base.name} ({base.path})"))
         if opts["live_for"]:
             deployment = deployment_get_or_create(name=opts["live_for"])
-            live_set_by_command(deployment=deployment, version=version, reason="prepare_model --live-for")
+            try:
+                live_set_by_command(deployment=deployment, version=version, reason="prepare_model --live-for")
+            except PromotionRefused as exc:
+                raise CommandError(str(exc)) from exc
             self.stdout.write(f"{deployment.name} now serves {version.name}")

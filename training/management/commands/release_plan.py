@@ -18,8 +18,9 @@ def _steps(text: str) -> list[dict]:
         if len(rest) > 2:
             raise CommandError(f"--steps, step {i + 1} ({part!r}): at most share:conversations:minutes")
         # As read, not rounded: the plan's validation names a NaN, an infinity or a fraction by its field.
-        step = {"share": share / 100, "min_conversations": rest[0] if rest else 0}
-        step["min_minutes"] = rest[1] if len(rest) > 1 else 0
+        step = {"share": share / 100, "min_minutes": rest[1] if len(rest) > 1 else 0}
+        if rest:  # else the plan's default minimum
+            step["min_conversations"] = rest[0]
         steps.append(step)
     return steps
 

@@ -5,6 +5,8 @@ from django.core.management.base import BaseCommand, CommandError
 from training.inference.client import InferenceError
 from training.services.inference import version_servers
 from training.services.live_set import live_set_by_command
+from training.services.promotion_checks import check_no_rollout_running
+from training.services.promotion_refused import PromotionRefused
 from training.serving.models import ModelVersion, ModelVersionKind
 from training.serving.services import ModelRegistryError, deployment_get_or_create
 
@@ -27,6 +29,9 @@ class Command(BaseCommand):
         if version is None:
             raise CommandError(f"no model version named {opts['version']!r}")
         deployment = deployment_get_or_create(name=opts["deployment"])
+        running = check_no_rollout_running(deployment)  # before loading anything into the servers
+        if not running.ok:
+            raise CommandError(running.detail)
         if version.kind == ModelVersionKind.LORA and not opts["no_load"]:
             # Every replica first: the gateway may send the next request to any of them.
             for server in version_servers(version):
@@ -36,6 +41,6 @@ class Command(BaseCommand):
                     raise CommandError(f"could not load {version.name} into {server.url}: {exc}") from exc
         try:
             live_set_by_command(deployment=deployment, version=version, reason=opts["reason"] or "set_live command")
-        except ModelRegistryError as exc:
+        except (ModelRegistryError, PromotionRefused) as exc:
             raise CommandError(str(exc)) from exc
         self.stdout.write(self.style.SUCCESS(f"{deployment.name} now serves {version.name}"))

@@ -66,6 +66,7 @@ class Command(BaseCommand):
 
     def _serve(self, deployment, base_name: str) -> None:
         from training.services.live_set import live_set_by_command
+        from training.services.promotion_refused import PromotionRefused
         from training.serving.models import LiveVersion, ModelVersion, ModelVersionKind
 
         version = ModelVersion.objects.filter(name=base_name, kind=ModelVersionKind.BASE).first()
@@ -75,5 +76,8 @@ class Command(BaseCommand):
         if live is not None and live.version.base_model_id == version.base_model_id:
             self.stdout.write(f"support-bot serves {live.version.name}")
             return
-        live_set_by_command(deployment=deployment, version=version, reason="make demo")
+        try:
+            live_set_by_command(deployment=deployment, version=version, reason="make demo")
+        except PromotionRefused as exc:
+            raise CommandError(str(exc)) from exc
         self.stdout.write(f"support-bot now serves {version.name}")
