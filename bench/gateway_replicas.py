@@ -35,7 +35,8 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gateway import RawClient, _completion, wait_port  # noqa: E402  (bench/, the script's own folder)
+from gateway import RawClient, wait_port  # noqa: E402  (bench/, the script's own folder)
+from gateway_stub import _completion  # noqa: E402
 from support import free_port, fresh_database, site  # noqa: E402
 
 # ---- a replica that serves one request at a time -------------------------------------------------
