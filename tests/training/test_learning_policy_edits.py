@@ -229,3 +229,15 @@ def test_a_name_taken_at_the_same_moment_is_a_policy_error_not_an_integrity_erro
     monkeypatch.setattr(services.LearningPolicy.objects, "filter", never_seen)
     with pytest.raises(PolicyError, match="already has a policy named fix-lookups"):
         policy(world)
+
+
+def test_a_single_group_whose_hash_falls_under_the_line_still_trains():
+    """Seen in a full run: one commented turn whose key hashed under a 0.01 held-out share
+    was held out whole, and the policy's run had nothing to train on."""
+    from itertools import count
+
+    from training.services.training_sets import _hash_fraction, _splits
+
+    key = next(k for k in (f"turn:1:conv-{i}:1" for i in count()) if _hash_fraction(k) < 0.01)
+    sides, kept = _splits([{"key": key}], name="one-group", heldout_fraction=0.01, held_for_slices=set())
+    assert sides == ["train"] and kept == ""

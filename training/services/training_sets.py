@@ -37,17 +37,18 @@ def _splits(
 ) -> tuple[list[str], str]:
     """Each item's side, and the group held out to keep the set evaluable ("" if none was).
 
-    An item's own `split` and a slice's trace are fixed; the others go by the hash of their
-    group (`split_key`, else `key`), and no group changes sides across versions of `name`: one
-    held out by an earlier version stays held out, so no candidate trained on a later version
-    has seen a test an earlier one was measured on; one trained on by an earlier version is
-    never held out (even where a larger share now puts its hash below the line), so no
-    candidate trained on an earlier version is measured on its own training items. (A group
-    that earlier versions put on both sides stays held out.) When the hash holds nothing out
-    of a set of two or more groups (6 items at 0.2: 26 % of the time), the new group — in no
-    earlier version — whose hash is lowest, the nearest to the line, is held out; with no new
-    group, nothing is, and the set says it cannot be evaluated. Likewise, when the hash holds
-    every group out, the highest trains (unless an earlier version held it out)."""
+        An item's own `split` and a slice's trace are fixed; the others go by the hash of their
+        group (`split_key`, else `key`), and no group changes sides across versions of `name`: one
+        held out by an earlier version stays held out, so no candidate trained on a later version
+        has seen a test an earlier one was measured on; one trained on by an earlier version is
+        never held out (even where a larger share now puts its hash below the line), so no
+        candidate trained on an earlier version is measured on its own training items. (A group
+        that earlier versions put on both sides stays held out.) When the hash holds nothing out
+        of a set of two or more groups (6 items at 0.2: 26 % of the time), the new group — in no
+        earlier version — whose hash is lowest, the nearest to the line, is held out; with no new
+        group, nothing is, and the set says it cannot be evaluated. Likewise, when the hash holds
+        every group out, the highest trains (unless an earlier version held it out), so a single
+    group, which cannot be split, always trains."""
     fixed: list[str | None] = [
         TrainingSplit.HELDOUT if it.get("trace_id") in held_for_slices else it.get("split") for it in items
     ]
@@ -65,9 +66,10 @@ def _splits(
     if heldout_fraction > 0 and len(groups) >= 2 and not held and TrainingSplit.HELDOUT not in fixed and new:
         kept = min(new, key=_hash_fraction)
         held.add(kept)
-    if len(groups) >= 2 and not groups - held and TrainingSplit.TRAIN not in fixed and groups - sticky:
-        # Nothing left to train on (a few items at a large share): the farthest from the line
-        # trains, unless an earlier version held it out.
+    if groups and not groups - held and TrainingSplit.TRAIN not in fixed and groups - sticky:
+        # Nothing left to train on (a few items at a large share, or one group whose hash fell
+        # under the line): the farthest from the line trains, unless an earlier version held
+        # it out. One group is never split, so it trains.
         held.discard(max(groups - sticky, key=_hash_fraction))
     sides = [
         side or (TrainingSplit.HELDOUT if (it.get("split_key") or it["key"]) in held else TrainingSplit.TRAIN)
