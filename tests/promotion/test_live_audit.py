@@ -86,3 +86,19 @@ def test_every_route_to_live_in_the_product_and_its_scripts_writes_the_audit_row
     }
     for module in ("training/services/release.py", "training/services/rollouts.py", "training/services/live_set.py"):
         assert "AuditAction.LIVE_SWITCHED" in (root / module).read_text(), module
+
+
+@pytest.mark.django_db
+def test_an_audit_event_is_written_once():
+    from training.promotion.models import AuditAction, AuditEvent, AuditImmutable
+    from training.services.audit import audit_record
+
+    event = audit_record(action=AuditAction.LIVE_SWITCHED, deployment=None, detail="x")
+    event.detail = "rewritten"
+    with pytest.raises(AuditImmutable, match="an event cannot be changed"):
+        event.save()
+    with pytest.raises(AuditImmutable, match="an event cannot be deleted"):
+        event.delete()
+    with pytest.raises(AuditImmutable, match="the audit log is append-only"):
+        AuditEvent.objects.filter(pk=event.pk).update(detail="y")
+    assert AuditEvent.objects.get(pk=event.pk).detail == "x"

@@ -291,15 +291,40 @@ class AuditImmutable(Exception):
     """An audit row was about to be changed or deleted."""
 
 
-class AuditEventQuerySet(models.QuerySet):
+class AppendOnlyQuerySet(models.QuerySet):
+    """Bulk updates and deletes refused, with `refused` as the reason."""
+
+    refused = "append-only"
+
     def update(self, **kwargs):
-        raise AuditImmutable("the audit log is append-only")
+        raise AuditImmutable(self.refused)
 
     def delete(self):
-        raise AuditImmutable("the audit log is append-only")
+        raise AuditImmutable(self.refused)
 
 
-class AuditEvent(models.Model):
+class AppendOnly:
+    """A model whose rows are written once: saving a stored row or deleting one is refused,
+    with `edit_refused` / `delete_refused` as the reason (the database's trigger refuses it
+    too, for what does not come through the model)."""
+
+    edit_refused = "append-only: a row cannot be changed"
+    delete_refused = "append-only: a row cannot be deleted"
+
+    def save(self, *args, **kwargs) -> None:
+        if self.pk is not None and not self._state.adding:
+            raise AuditImmutable(self.edit_refused)
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise AuditImmutable(self.delete_refused)
+
+
+class AuditEventQuerySet(AppendOnlyQuerySet):
+    refused = "the audit log is append-only"
+
+
+class AuditEvent(AppendOnly, models.Model):
     """One step of evaluation, promotion, release or rollback: who, when, what, from
     which version to which; or a change to a person's account or roles (no deployment;
     `data` names the account: `user_id`, `username`). Append-only."""
@@ -335,6 +360,8 @@ class AuditEvent(models.Model):
     data = models.JSONField(default=dict, blank=True)
 
     objects = AuditEventQuerySet.as_manager()
+    edit_refused = "the audit log is append-only: an event cannot be changed"
+    delete_refused = "the audit log is append-only: an event cannot be deleted"
 
     class Meta:
         ordering = ["-at", "-id"]
@@ -342,11 +369,3 @@ class AuditEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor_name or 'system'} {self.action}"
-
-    def save(self, *args, **kwargs) -> None:
-        if self.pk is not None and not self._state.adding:
-            raise AuditImmutable("the audit log is append-only: an event cannot be changed")
-        super().save(*args, **kwargs)
-
-    def delete(self, *args, **kwargs):
-        raise AuditImmutable("the audit log is append-only: an event cannot be deleted")

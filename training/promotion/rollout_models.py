@@ -21,7 +21,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from training.promotion.models import AuditImmutable, PromotionRequest, Release
+from training.promotion.models import AppendOnly, AppendOnlyQuerySet, PromotionRequest, Release
 from training.serving.models import Deployment, ModelVersion
 
 
@@ -126,15 +126,11 @@ class Rollout(models.Model):
         return self.state in ACTIVE_STATES
 
 
-class RolloutChangeQuerySet(models.QuerySet):
-    def update(self, **kwargs):
-        raise AuditImmutable("the rollout's changes are append-only")
-
-    def delete(self):
-        raise AuditImmutable("the rollout's changes are append-only")
+class RolloutChangeQuerySet(AppendOnlyQuerySet):
+    refused = "the rollout's changes are append-only"
 
 
-class RolloutChange(models.Model):
+class RolloutChange(AppendOnly, models.Model):
     rollout = models.ForeignKey(Rollout, on_delete=models.PROTECT, related_name="changes")
     at = models.DateTimeField(default=timezone.now)
     actor = models.ForeignKey(
@@ -156,6 +152,8 @@ class RolloutChange(models.Model):
     signals = models.JSONField(default=list, blank=True, help_text="the signals as read when it was decided")
 
     objects = RolloutChangeQuerySet.as_manager()
+    edit_refused = "the rollout's changes are append-only: a change cannot be edited"
+    delete_refused = "the rollout's changes are append-only: a change cannot be deleted"
 
     class Meta:
         app_label = "training"
@@ -163,11 +161,3 @@ class RolloutChange(models.Model):
 
     def __str__(self) -> str:
         return f"rollout {self.rollout_id}: {self.from_state}/{self.from_step} → {self.to_state}/{self.to_step}"
-
-    def save(self, *args, **kwargs) -> None:
-        if self.pk is not None and not self._state.adding:
-            raise AuditImmutable("the rollout's changes are append-only: a change cannot be edited")
-        super().save(*args, **kwargs)
-
-    def delete(self, *args, **kwargs):
-        raise AuditImmutable("the rollout's changes are append-only: a change cannot be deleted")
