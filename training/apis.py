@@ -12,12 +12,10 @@ from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
-from rest_framework.authentication import SessionAuthentication
-from rest_framework.exceptions import PermissionDenied as ApiPermissionDenied
-from rest_framework.permissions import BasePermission, IsAuthenticated
+from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
+from training.api_person import VIEW, PersonApi, needs
 from training.models import TrainingSet
 from training.promotion.models import Evaluation, PromotionRequest, PromotionStatus
 from training.promotion.selectors import (
@@ -45,33 +43,9 @@ from training.services.release_plans import release_plan_default, release_plan_f
 from training.services.rollback import rollback_request
 from training.serving.models import Deployment, ModelVersion
 from webapp.kernel.api_errors import error_response, limit_param
-from webapp.kernel.auth import ThrottledBasicAuthentication
 from webapp.kernel.ids import parse_id
 
-VIEW = "training.view_promotionrequest"
 EVALUATE = "training.add_evaluation"
-
-
-def needs(permission: str) -> type[BasePermission]:
-    class HasPermission(BasePermission):
-        message = f"your role does not include {permission}"
-
-        def has_permission(self, request, view) -> bool:
-            return bool(request.user and request.user.is_authenticated and request.user.has_perm(permission))
-
-    HasPermission.__name__ = f"Has_{permission.replace('.', '_')}"
-    return HasPermission
-
-
-class PersonApi(APIView):
-    authentication_classes = [SessionAuthentication, ThrottledBasicAuthentication]
-    permission_classes = [IsAuthenticated, needs(VIEW)]
-
-    def handle_exception(self, exc):
-        if isinstance(exc, PermissionDenied):
-            exc = ApiPermissionDenied(str(exc))
-        return super().handle_exception(exc)
-
 
 _versions = ModelVersion.objects.select_related("base_model")
 
