@@ -115,8 +115,8 @@ def summary_lines(per_seed: list[dict], slices: list[str]) -> list[str]:
     violations (mean with its t interval over seeds), the gain with its task-bootstrap
     interval (tasks stratified by kind, and seeds), and successes and violations per kind."""
     from training.environments.support_desk import KINDS
-    from training.evaluation.paired_runs import slice_summaries
-    from training.evaluation.seeds import interval_format as _text
+    from training.promotion.evaluation.paired_runs import slice_summaries
+    from training.promotion.evaluation.seeds import interval_format as _text
 
     lines = []
     for s in slice_summaries(per_seed, slices, labels=KINDS):
@@ -275,7 +275,7 @@ def main() -> int:
             print(line)
         return 0
 
-    from training.evaluation.split_looks import SecondLook, split_look_check, split_look_record
+    from training.promotion.evaluation.split_looks import SecondLook, split_look_check, split_look_record
 
     family = args.family or f"tour-{args.method}"
     try:

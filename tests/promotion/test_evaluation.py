@@ -11,14 +11,14 @@ import pytest
 
 from tests.fixtures.adapters import LOOKUP_TOOL
 from tests.fixtures.judge import presented_responses
-from training.evaluation.metrics import (
+from training.inference.codec import tool_calls_parse
+from training.promotion.evaluation.metrics import (
     compare,
     kl_k3,
     response_checks,
     summarize,
     wilson_interval,
 )
-from training.inference.codec import tool_calls_parse
 
 
 def test_wilson_interval_matches_a_hand_computation():

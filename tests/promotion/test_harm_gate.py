@@ -72,7 +72,7 @@ def test_a_memorising_candidate_changes_other_customers_orders_and_its_promotion
 
 
 def _side(success: int, collateral: int, unknown: int, n: int = 10, violations: int = 0) -> dict:
-    from training.evaluation.metrics import episode_summary
+    from training.promotion.evaluation.metrics import episode_summary
 
     sides = [
         {
@@ -141,7 +141,7 @@ def test_the_harm_check_blocks_more_policy_violations_whatever_the_success():
 
 
 def test_episode_summary_counts_violations_and_splits_success_by_kind():
-    from training.evaluation.metrics import episode_summary
+    from training.promotion.evaluation.metrics import episode_summary
 
     def side(kind, success, violations=()):
         return {
@@ -179,7 +179,7 @@ def test_episode_summary_gives_each_rate_its_wilson_interval():
     s = _side(8, 2, 1)["episodes"]
     assert (s["n"], s["success"]["count"], s["collateral"]["count"], s["unknown_ids"]["count"]) == (10, 8, 2, 1)
     assert s["collateral"]["rate"] == 0.2 and 0.05 < s["collateral"]["ci_low"] < 0.06
-    from training.evaluation.metrics import episode_summary
+    from training.promotion.evaluation.metrics import episode_summary
 
     assert episode_summary([{"reward": 1.0}]) is None  # turn items only: no episode figures
 

@@ -60,7 +60,7 @@ def test_a_signal_regresses_only_in_its_own_worse_direction_beyond_its_threshold
 
 
 def test_the_mean_reward_difference_carries_its_interval():
-    from training.evaluation.metrics import summarize
+    from training.promotion.evaluation.metrics import summarize
 
     def side(reward):
         return {"reward": reward}

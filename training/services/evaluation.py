@@ -242,7 +242,7 @@ def evaluations_fail_stale(*, now: datetime | None = None) -> list[int]:
 
 
 def _make_generator(config: dict[str, Any]):
-    from training.evaluation.generate import LocalGenerator, ServerGenerator
+    from training.promotion.evaluation.generate import LocalGenerator, ServerGenerator
 
     options = {"temperature": float(config.get("temperature", 0.0)), "seed": int(config.get("seed", 0))}
     if config.get("generator") == "local":
@@ -275,8 +275,8 @@ def evaluation_item_run(*, item: EvaluationItem, evaluation: Evaluation, generat
     from feedback.judge.client import JudgeCallFailed
     from feedback.judge.schemas import SchemaViolation
     from feedback.judge.scoring import score_candidates
-    from training.evaluation.generate import GenerationError, same_tokenizer
-    from training.evaluation.metrics import compare, kl_k3, response_checks
+    from training.promotion.evaluation.generate import GenerationError, same_tokenizer
+    from training.promotion.evaluation.metrics import compare, kl_k3, response_checks
     from training.trainer.graders import grade
 
     if item.kind == EvaluationItemKind.EPISODE:
@@ -349,7 +349,7 @@ def evaluation_item_run(*, item: EvaluationItem, evaluation: Evaluation, generat
 
 
 def evaluation_summary(*, evaluation: Evaluation) -> dict[str, Any]:
-    from training.evaluation.metrics import summarize
+    from training.promotion.evaluation.metrics import summarize
 
     rows = (
         evaluation.items.filter(done=True)
@@ -363,7 +363,7 @@ def evaluation_summary(*, evaluation: Evaluation) -> dict[str, Any]:
 
 def evaluation_run(*, evaluation_id: int, worker: str | None = None) -> Evaluation | None:
     """Run (or resume) an evaluation. A finished, failed or cancelled one is left alone."""
-    from training.evaluation.generate import GenerationError
+    from training.promotion.evaluation.generate import GenerationError
 
     worker = (worker or work_worker_name())[:200]
     # A redelivered run (its worker died) is taken over at once and resumes after the last

@@ -48,7 +48,7 @@ from django.db.models import Avg, Count, F, Q
 
 from feedback.models import Message, Trace
 from feedback.selectors.judge_gate import judge_training_gate
-from training.evaluation.metrics import Z_95, wilson_interval
+from training.promotion.evaluation.metrics import Z_95, wilson_interval
 from training.services.promotion_signals import Signal, difference_interval
 from training.serving.models import Deployment
 
