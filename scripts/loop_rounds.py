@@ -107,7 +107,7 @@ def setup(*, model: Path, run: str, args) -> tuple[Any, Any]:
     from django.contrib.auth.models import Group
 
     from training.learning_policies.services import learning_policy_create
-    from training.services.live_set import live_set_by_command
+    from training.promotion.services.live_set import live_set_by_command
     from training.serving.models import BaseModel, Deployment, ModelVersion, ModelVersionKind
 
     base, _ = BaseModel.objects.get_or_create(name=f"smollm2-loop-{run}", defaults={"path": str(model)})

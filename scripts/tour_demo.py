@@ -297,11 +297,11 @@ def main() -> int:
     from feedback.demo.agent import ACT_OR_REPLY_REGEX, demo_agent_run
     from feedback.services.api_keys import api_key_create
     from training.inference.server import InferenceServer, ServerSpec
+    from training.promotion.services.live_set import live_set_by_command
     from training.services.episode_sets import training_set_from_episodes
     from training.services.inference import inference_client
     from training.services.job_start import training_job_run
     from training.services.jobs import training_job_create
-    from training.services.live_set import live_set_by_command
     from training.serving.models import ModelVersion
     from training.serving.services import base_model_register, deployment_get_or_create
 

@@ -15,10 +15,10 @@ from feedback.services.customer_feedback import (
     FeedbackTargetNotFound,
     IdempotencyConflict,
 )
-from training.services.evaluation_items import EvaluationError
+from training.promotion.services.evaluation_items import EvaluationError
+from training.promotion.services.promotion_checks import PromotionRefused
 from training.services.jobs import JobError
 from training.services.judge_gate import OVERRIDE_FIELD, JudgeGateClosed
-from training.services.promotion_checks import PromotionRefused
 from webapp.kernel.api_errors import error_response, exception_handler
 from webapp.kernel.chat_format import FieldError
 from webapp.kernel.errors import Conflict, DomainError

@@ -57,7 +57,7 @@ PROBES = [
     ("training/inference/codec.py", "import torch", {NO_TORCH_ON_THE_WEB}),
     ("feedback/services/stitching.py", "import feedback.services.capture", {ACYCLIC}),
     ("training/services/job_runner.py", "import training.services.job_processes", {ACYCLIC}),
-    ("training/services/release.py", "import training.services.promotion_checks", {ACYCLIC}),
+    ("training/promotion/services/release.py", "import training.promotion.services.promotion_checks", {ACYCLIC}),
 ]
 
 

@@ -31,16 +31,16 @@ from training.promotion.selectors import (
     release_as_dict,
     release_get,
 )
-from training.services.evaluation import GENERATORS, evaluation_cancel, evaluation_create
-from training.services.promotion import (
+from training.promotion.services.evaluation import GENERATORS, evaluation_cancel, evaluation_create
+from training.promotion.services.promotion import (
     promotion_approve,
     promotion_approve_check,
     promotion_reject,
     promotion_request_create,
     promotion_withdraw,
 )
-from training.services.release_plans import release_plan_default, release_plan_for_approval
-from training.services.rollback import rollback_request
+from training.promotion.services.release_plans import release_plan_default, release_plan_for_approval
+from training.promotion.services.rollback import rollback_request
 from training.serving.models import Deployment, ModelVersion
 from webapp.kernel.api_errors import error_response, limit_param
 from webapp.kernel.ids import parse_id

@@ -18,7 +18,7 @@ from tests.training.policies import commented_turns, finish_evaluation, finish_j
 from training.learning_policies.models import LearningPolicy
 from training.learning_policies.tick import learning_policies_tick
 from training.promotion.models import PromotionStatus, Release
-from training.services import release as release_service
+from training.promotion.services import release as release_service
 from training.serving.models import LiveVersion, LiveVersionChange
 
 pytestmark = [pytest.mark.browser, pytest.mark.postgres, pytest.mark.django_db(transaction=True)]

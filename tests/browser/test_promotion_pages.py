@@ -45,7 +45,7 @@ def test_request_approve_and_watch_the_release_go_live(
     judge_server,
 ):
     from feedback.models import DeploymentJudge
-    from training.services.evaluation import evaluation_create
+    from training.promotion.services.evaluation import evaluation_create
     from training.serving.services import live_version_set, model_version_create
 
     operator, approver = user_with_role("operator", "olga"), user_with_role("approver", "arno")

@@ -15,7 +15,7 @@ HELD_OUT_TASKS = 6
 
 
 def harmful_evaluation_create(deployment, candidate, operator):
-    from training.services.evaluation import evaluation_create
+    from training.promotion.services.evaluation import evaluation_create
 
     return evaluation_create(
         candidate=candidate,
@@ -31,9 +31,9 @@ def harmful_evaluation_create(deployment, candidate, operator):
 def test_a_memorising_candidate_changes_other_customers_orders_and_its_promotion_is_refused(
     memorising_registry, operator
 ):
-    from training.services.evaluation import evaluation_run
-    from training.services.promotion import promotion_request_check, promotion_request_create
-    from training.services.promotion_checks import PromotionRefused
+    from training.promotion.services.evaluation import evaluation_run
+    from training.promotion.services.promotion import promotion_request_check, promotion_request_create
+    from training.promotion.services.promotion_checks import PromotionRefused
 
     deployment, _, candidate, order_id = memorising_registry
     evaluation = harmful_evaluation_create(deployment, candidate, operator)
@@ -94,7 +94,7 @@ def _finished(summary: dict):
 
 
 def test_the_harm_check_blocks_more_collateral_changes_whatever_the_success():
-    from training.services.promotion_checks import check_harm
+    from training.promotion.services.promotion_checks import check_harm
 
     # Better on success (9 vs 5 of 10), worse on collateral changes (1 vs 0): blocked.
     check = check_harm(_finished({"candidate": _side(9, 1, 0), "baseline": _side(5, 0, 0)}))
@@ -119,7 +119,7 @@ def test_the_harm_check_blocks_more_policy_violations_whatever_the_success():
     """A candidate that learned "refund every delivered order": better on success, touches no
     other customer's order, names no unknown id, but refunds late deliveries the policy
     forbids more often than live: blocked, with the reason."""
-    from training.services.promotion_checks import check_harm
+    from training.promotion.services.promotion_checks import check_harm
 
     check = check_harm(_finished({"candidate": _side(9, 0, 0, violations=3), "baseline": _side(5, 0, 0, violations=1)}))
     assert not check.ok and check.field == "evaluation"

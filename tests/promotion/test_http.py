@@ -19,7 +19,7 @@ from training.promotion.models import (
     PromotionRequest,
     PromotionStatus,
 )
-from training.services.promotion import promotion_request_create
+from training.promotion.services.promotion import promotion_request_create
 
 
 @pytest.fixture
@@ -145,7 +145,7 @@ def test_the_audit_log_cannot_be_changed(registry, pending):
 def test_the_audit_api_pages_newest_first_in_constant_queries(
     client, registry, pending, approver, django_assert_num_queries
 ):
-    from training.services.promotion import promotion_reject
+    from training.promotion.services.promotion import promotion_reject
 
     promotion_reject(promotion=pending, user=approver, comment="not yet")
     as_user(client, approver)

@@ -80,11 +80,15 @@ def test_every_route_to_live_in_the_product_and_its_scripts_writes_the_audit_row
     }
     assert callers == {
         "training/serving/services.py",  # where it is defined
-        "training/services/release.py",
-        "training/services/rollouts.py",
-        "training/services/live_set.py",
+        "training/promotion/services/release.py",
+        "training/promotion/services/rollouts.py",
+        "training/promotion/services/live_set.py",
     }
-    for module in ("training/services/release.py", "training/services/rollouts.py", "training/services/live_set.py"):
+    for module in (
+        "training/promotion/services/release.py",
+        "training/promotion/services/rollouts.py",
+        "training/promotion/services/live_set.py",
+    ):
         assert "AuditAction.LIVE_SWITCHED" in (root / module).read_text(), module
 
 

@@ -10,11 +10,11 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-import training.services.release as release_service
+import training.promotion.services.release as release_service
 from tests.promotion.conftest import evaluation_row
 from training.promotion.models import AuditAction, AuditEvent, PromotionStatus, Release, ReleaseStep
-from training.services.promotion import promotion_approve, promotion_request_create
-from training.services.release import release_run
+from training.promotion.services.promotion import promotion_approve, promotion_request_create
+from training.promotion.services.release import release_run
 from training.serving.models import LiveVersion
 from webapp.kernel.work import WorkStatus, work_beat, work_claim, work_end
 from webapp.tasks import stale_work_sweep_task

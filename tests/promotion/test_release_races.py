@@ -12,11 +12,11 @@ import pytest
 from django.db.models import F
 from django.utils import timezone
 
-import training.services.release as release_service
+import training.promotion.services.release as release_service
 from tests.promotion.test_release_lifecycle import approved_release, server_that_works, silence  # noqa: F401 (a fixture)
 from training.promotion.models import AuditAction, AuditEvent, PromotionStatus, Release, ReleaseKind
-from training.services.release import ReleaseFailed, release_run, releases_fail_stale
-from training.services.rollback import rollback_request
+from training.promotion.services.release import ReleaseFailed, release_run, releases_fail_stale
+from training.promotion.services.rollback import rollback_request
 from training.serving.models import LiveVersion, ModelVersionStatus
 from webapp.kernel.work import WorkStatus, work_claim
 from webapp.tasks import stale_work_sweep_task

@@ -13,9 +13,9 @@ import pytest
 from tests.fixtures.inference import talking_version_create
 from tests.promotion.conftest import evaluation_row
 from training.promotion.models import AuditAction, AuditEvent, PromotionStatus
-from training.services.promotion import promotion_approve, promotion_request_create
-from training.services.release import release_run
-from training.services.rollback import rollback_request
+from training.promotion.services.promotion import promotion_approve, promotion_request_create
+from training.promotion.services.release import release_run
+from training.promotion.services.rollback import rollback_request
 from training.serving.models import LiveVersion, ModelVersion
 from training.serving.services import model_version_create
 from webapp.kernel.work import WorkStatus

@@ -25,8 +25,8 @@ from tests.fixtures.adapters import PROMPTS, silent_adapter_train
 from tests.fixtures.inference import talking_version_create
 from tests.promotion.conftest import evaluation_row
 from training.promotion.rollout_models import Rollout, RolloutState
-from training.services.promotion import promotion_approve, promotion_request_create
-from training.services.release_plans import release_plan_create
+from training.promotion.services.promotion import promotion_approve, promotion_request_create
+from training.promotion.services.release_plans import release_plan_create
 from training.serving.models import LiveVersion
 from training.serving.services import live_version_set, model_version_create
 from training.tasks import rollouts_tick_task

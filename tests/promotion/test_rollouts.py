@@ -10,16 +10,16 @@ import pytest
 from django.core.exceptions import PermissionDenied
 from django.utils import timezone
 
-import training.services.release as release_service
+import training.promotion.services.release as release_service
 from feedback.models import Message, Trace
 from tests.promotion.conftest import evaluation_row
 from training.promotion.models import AuditAction, AuditEvent, PromotionStatus, Release, ReleaseStep
 from training.promotion.rollout_models import Rollout, RolloutChange, RolloutState
-from training.services.promotion import promotion_approve, promotion_request_create
-from training.services.promotion_checks import PromotionRefused
-from training.services.release_plans import PlanInvalid, release_plan_create, release_plan_for_approval
-from training.services.rollout_signals import Side, rollout_evaluate, rollout_signals
-from training.services.rollouts import (
+from training.promotion.services.promotion import promotion_approve, promotion_request_create
+from training.promotion.services.promotion_checks import PromotionRefused
+from training.promotion.services.release_plans import PlanInvalid, release_plan_create, release_plan_for_approval
+from training.promotion.services.rollout_signals import Side, rollout_evaluate, rollout_signals
+from training.promotion.services.rollouts import (
     rollout_advance,
     rollout_begin,
     rollout_check,
@@ -222,7 +222,7 @@ def test_a_person_rolls_back_and_nothing_moves_after(registry, rollout, approver
 
 
 def test_no_other_release_while_one_is_under_way(registry, rollout, approver):
-    from training.services.rollback import rollback_check
+    from training.promotion.services.rollback import rollback_check
 
     failed = [c for c in rollback_check(deployment=registry.deployment, user=approver) if not c.ok]
     assert any("progressive release" in c.detail for c in failed)
@@ -359,7 +359,7 @@ def test_an_automatic_rollback_is_on_the_approvers_notifications(client, registr
 def test_the_demo_offers_a_short_plan_without_making_it_the_default(registry):
     from django.core.management import call_command
 
-    from training.services.release_plans import release_plan_default, release_plans_for
+    from training.promotion.services.release_plans import release_plan_default, release_plans_for
 
     call_command("demo_setup")
     call_command("demo_setup")  # idempotent

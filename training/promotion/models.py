@@ -282,7 +282,7 @@ class AuditAction(models.TextChoices):
     # A deployment's judge (`feedback.services.judging.deployment_judge_set`): its endpoint,
     # or how it gives corrected turns, which decides what the training gate asks of it.
     JUDGE_CHANGED = "judge_changed", "Deployment judge changed"
-    # A progressive release's step or state moved (`training.services.rollouts`), by a person
+    # A progressive release's step or state moved (`training.promotion.services.rollouts`), by a person
     # or by the automatic check; its own log (`RolloutChange`) keeps the signals it read.
     ROLLOUT_CHANGED = "rollout_changed", "Progressive release changed"
 

@@ -1,5 +1,5 @@
 """The API of progressive releases: read one, and hold, resume, advance or roll it back; the
-same services as the release page's buttons (`training.services.rollouts`)."""
+same services as the release page's buttons (`training.promotion.services.rollouts`)."""
 
 from __future__ import annotations
 

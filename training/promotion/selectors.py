@@ -115,7 +115,7 @@ class DeploymentState:
 
 def deployment_states() -> list[DeploymentState]:
     """Each deployment's live version, the version a rollback would return to, and releases."""
-    from training.services.rollback import rollback_target
+    from training.promotion.services.rollback import rollback_target
 
     lives = {
         lv.deployment_id: lv.version for lv in LiveVersion.objects.select_related("version__base_model", "deployment")

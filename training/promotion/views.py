@@ -34,8 +34,8 @@ from training.promotion.selectors import (
     promotions_recent,
     releases_of,
 )
-from training.services.evaluation import EvaluationError, evaluation_cancel, evaluation_create
-from training.services.promotion import (
+from training.promotion.services.evaluation import EvaluationError, evaluation_cancel, evaluation_create
+from training.promotion.services.promotion import (
     promotion_approval_effect,
     promotion_approve,
     promotion_approve_check,
@@ -45,17 +45,17 @@ from training.services.promotion import (
     promotion_request_create,
     promotion_withdraw,
 )
-from training.services.promotion_checks import PromotionRefused, check_harm, lineage
-from training.services.promotion_refused import APPROVE
-from training.services.promotion_signals import KIND_PREFIX, evaluation_signals, promotion_signals
-from training.services.promotion_verdict import promotion_overrides, promotion_verdict
-from training.services.release_plans import (
+from training.promotion.services.promotion_checks import PromotionRefused, check_harm, lineage
+from training.promotion.services.promotion_refused import APPROVE
+from training.promotion.services.promotion_signals import KIND_PREFIX, evaluation_signals, promotion_signals
+from training.promotion.services.promotion_verdict import promotion_overrides, promotion_verdict
+from training.promotion.services.release_plans import (
     PlanInvalid,
     release_plan_default,
     release_plan_for_approval,
     release_plans_for,
 )
-from training.services.rollback import rollback_check, rollback_request, rollback_target
+from training.promotion.services.rollback import rollback_check, rollback_request, rollback_target
 from training.serving.models import Deployment, ModelVersion
 from training.serving.selectors import live_version_get
 from webapp.kernel.form_problems import FormProblems, django_form_problems

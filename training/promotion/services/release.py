@@ -13,7 +13,7 @@ The gateway reads the pointer per request (cached for a moment, and told of the 
 once on PostgreSQL), so the next request goes to the new version, while requests in
 flight finish on the old one, which stays loaded until then. Any failure leaves the old version
 live and marks the release failed with the reason. A release that starts a progressive release
-(`training.services.rollouts`) ends where it would flip: the candidate takes its plan's first
+(`training.promotion.services.rollouts`) ends where it would flip: the candidate takes its plan's first
 share of conversations instead, and the pointer moves only at the plan's last step.
 """
 
@@ -40,10 +40,10 @@ from training.promotion.models import (
     ReleaseKind,
     ReleaseStep,
 )
+from training.promotion.services.promotion_refused import PromotionRefused
+from training.promotion.services.rollouts import rollout_begin, rollout_release_ended
 from training.services.audit import audit_record
 from training.services.inference import version_servers
-from training.services.promotion_refused import PromotionRefused
-from training.services.rollouts import rollout_begin, rollout_release_ended
 from training.serving.models import (
     CanarySplit,
     Deployment,

@@ -34,10 +34,10 @@ from django.utils import timezone
 
 from training.promotion.models import AuditAction, PromotionRequest, PromotionStatus, Release
 from training.promotion.rollout_models import ACTIVE_STATES, ReleasePlan, Rollout, RolloutChange, RolloutState
+from training.promotion.services.four_eyes import check_independent
+from training.promotion.services.promotion_refused import APPROVE, PromotionRefused
+from training.promotion.services.rollout_signals import Decision, rollout_evaluate, side_measure
 from training.services.audit import audit_record
-from training.services.four_eyes import check_independent
-from training.services.promotion_refused import APPROVE, PromotionRefused
-from training.services.rollout_signals import Decision, rollout_evaluate, side_measure
 from training.serving.models import LiveChangeKind, ModelVersionKind
 from training.serving.services import live_version_set
 from training.serving.splits import canary_split_clear, canary_split_set

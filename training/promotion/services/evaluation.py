@@ -20,9 +20,8 @@ from django.db.models import F
 from django.utils import timezone
 
 from training.promotion.models import AuditAction, Evaluation, EvaluationItem, EvaluationItemKind
-from training.services.audit import audit_record
-from training.services.evaluation_episodes import episode_item_run
-from training.services.evaluation_items import (
+from training.promotion.services.evaluation_episodes import episode_item_run
+from training.promotion.services.evaluation_items import (
     EvaluationError,
     check_unseen,
     items_from_environment,
@@ -30,6 +29,7 @@ from training.services.evaluation_items import (
     items_from_training_set,
     items_given,
 )
+from training.services.audit import audit_record
 from training.serving.models import Deployment, ModelVersion, ModelVersionKind, ModelVersionStatus
 from training.serving.selectors import live_version_get
 from webapp.kernel.nul import strip_nul
@@ -137,7 +137,7 @@ def evaluation_create(
     chosen = _generator_for(candidate, generator or settings.EVAL_GENERATOR)
     config = {"generator": chosen, "max_tokens": max_tokens, "temperature": temperature, "seed": 0}
     if environment:
-        from training.services.evaluation_curve import decision_curve_config
+        from training.promotion.services.evaluation_curve import decision_curve_config
 
         config["decision_curve"] = decision_curve_config()
     evaluation = Evaluation.objects.create(
@@ -403,7 +403,7 @@ def evaluation_run(*, evaluation_id: int, worker: str | None = None) -> Evaluati
                 return _finish_if_running(evaluation, worker, WorkStatus.CANCELLED)
             evaluation_item_run(item=item, evaluation=evaluation, generator=generator, endpoint=endpoint)
             work_beat(Evaluation, pk=evaluation.pk, worker=worker, done=F("done") + 1)
-        from training.services.evaluation_curve import evaluation_decision_curve
+        from training.promotion.services.evaluation_curve import evaluation_decision_curve
 
         curve = evaluation_decision_curve(
             evaluation=evaluation,

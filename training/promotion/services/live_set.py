@@ -1,6 +1,6 @@
 """The live pointer moved by hand (`set_live`, `prepare_model --live-for`, `demo_setup`, the
 experiment scripts), with the audit row a release writes when it switches: one trail of what
-went live, whichever route it took. The release itself switches in `training/services/release.py`.
+went live, whichever route it took. The release itself switches in `training/promotion/services/release.py`.
 Refused while a progressive release is under way, as an approval is: its check compares the
 candidate with the version it replaces, and a pointer moved under it would change the baseline."""
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 from django.db import transaction
 
 from training.promotion.models import AuditAction
+from training.promotion.services.promotion_checks import check_no_rollout_running, raise_first_unmet
 from training.services.audit import audit_record
-from training.services.promotion_checks import check_no_rollout_running, raise_first_unmet
 from training.serving.models import Deployment, LiveChangeKind, LiveVersion, ModelVersion
 from training.serving.services import live_version_set
 
