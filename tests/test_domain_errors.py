@@ -107,7 +107,7 @@ def test_value_errors_stay_value_errors():
 @pytest.mark.parametrize(
     ("exc", "status", "field", "reason"),
     [
-        # What feedback/apis.py and training/apis.py answered by hand before the handler did.
+        # What feedback/apis.py and training/promotion/apis.py answered by hand before the handler did.
         (FieldError("rating", "up or down"), 400, "rating", "up or down"),
         (FeedbackTargetNotFound("trace_id", "no such trace"), 404, "trace_id", "no such trace"),
         (IdempotencyConflict("used for a different request"), 409, "idempotency_key", "used for a different request"),
