@@ -12,7 +12,7 @@ from django.utils import timezone
 
 import training.promotion.services.release as release_service
 from feedback.models import Message, Trace
-from tests.promotion.conftest import evaluation_row
+from tests.promotion.conftest import evaluation_row, live_moves
 from training.promotion.models import AuditAction, AuditEvent, PromotionStatus, Release, ReleaseStep
 from training.promotion.rollout_models import Rollout, RolloutChange, RolloutState
 from training.promotion.services.promotion import promotion_approve, promotion_request_create
@@ -96,7 +96,7 @@ def test_approval_with_a_plan_routes_the_first_step_and_keeps_the_pointer(regist
     assert (split.version, split.share, split.rollout_id) == (registry.candidate, 0.05, rollout.pk)
     assert LiveVersion.objects.get(deployment=registry.deployment).version == registry.base_version
     assert rollout.release.get_state_display() == "Serving a share of traffic"
-    assert not AuditEvent.objects.filter(action=AuditAction.LIVE_SWITCHED).exists()
+    assert len(live_moves(registry.deployment)) == 1  # the fixture's: the pointer stays
     changes = list(rollout.changes.values_list("actor_name", "from_state", "to_state", "to_share"))
     assert changes == [("arno", "", "starting", 0.0), ("automatic", "starting", "running", 0.05)]
     assert rollout.promotion.status == PromotionStatus.APPROVED
@@ -123,9 +123,18 @@ def test_a_good_candidate_walks_every_step_by_itself(registry, rollout):
     assert not CanarySplit.objects.filter(deployment=registry.deployment).exists()
     rollout.promotion.refresh_from_db()
     assert rollout.promotion.status == PromotionStatus.DEPLOYED
-    # Going live at the end writes the row every route to live writes.
-    switched = AuditEvent.objects.get(action=AuditAction.LIVE_SWITCHED)
-    assert (switched.from_version, switched.to_version) == (registry.base_version, registry.candidate)
+    # Going live at the end writes the row every route to live writes, in the pointer's trail.
+    assert live_moves(registry.deployment)[1:] == [
+        (
+            "smol",
+            "smol-v1",
+            "promotion",
+            None,  # the automatic check
+            f"progressive release {rollout.pk} complete",
+            rollout.promotion_id,
+            rollout.release_id,
+        )
+    ]
     steps = list(rollout.changes.values_list("actor_name", "from_share", "to_share", "to_state"))
     assert steps[-2:] == [("automatic", 0.05, 0.25, "running"), ("automatic", 0.25, 1.0, "complete")]
     assert "every signal at least inconclusive and not worse" in rollout.changes.last().reason

@@ -19,7 +19,7 @@ from training.promotion.services.promotion import (
 from training.promotion.services.promotion_checks import PromotionRefused
 from training.promotion.services.release import release_run
 from training.promotion.services.rollback import rollback_request, rollback_target
-from training.serving.models import LiveVersion
+from training.serving.models import LiveVersion, LiveVersionChange
 from webapp.kernel.work import WorkStatus
 
 
@@ -352,5 +352,6 @@ def test_a_worker_that_resumes_after_its_release_was_failed_as_stale_does_not_ta
     assert late.status == WorkStatus.FAILED
     assert "no sign of the release's worker for 660 s (the limit is 600 s)" in late.error
     assert LiveVersion.objects.get(deployment=registry.deployment).version == registry.candidate
-    late_actions = [AuditAction.RELEASE_LOADED, AuditAction.RELEASE_SMOKE_PASSED, AuditAction.LIVE_SWITCHED]
+    late_actions = [AuditAction.RELEASE_LOADED, AuditAction.RELEASE_SMOKE_PASSED]
     assert not AuditEvent.objects.filter(release=release, action__in=late_actions).exists()
+    assert not LiveVersionChange.objects.filter(release_id=release.pk).exists()

@@ -20,7 +20,9 @@ from training.models import TrainingSet
 from training.promotion.models import Evaluation, PromotionRequest, PromotionStatus
 from training.promotion.selectors import (
     audit_as_dict,
-    audit_events,
+    audit_cursor,
+    audit_cursor_text,
+    audit_trail,
     evaluation_as_dict,
     evaluation_get,
     evaluation_items,
@@ -43,7 +45,6 @@ from training.promotion.services.release_plans import release_plan_default, rele
 from training.promotion.services.rollback import rollback_request
 from training.serving.models import Deployment, ModelVersion
 from webapp.kernel.api_errors import error_response, limit_param
-from webapp.kernel.ids import parse_id
 
 EVALUATE = "training.add_evaluation"
 
@@ -287,14 +288,17 @@ class ReleaseDetailApi(PersonApi):
 
 
 class AuditLogApi(PersonApi):
-    """The audit log, newest first; page with `before=<id of the last event you got>`."""
+    """The audit log, newest first: its events and every move of a deployment's live
+    pointer (`action` `live_switched`: who, why in `detail`, how in `data.kind`; no event `id`,
+    its row of the trail in `live_change`). Page with `before=<next_before>`: an event's id,
+    or `live-<id>` where the page ended on a move."""
 
     permission_classes = [IsAuthenticated, needs("training.view_auditevent")]
 
     @extend_schema(
         parameters=[
             OpenApiParameter("deployment", str, required=False),
-            OpenApiParameter("before", int, required=False),
+            OpenApiParameter("before", str, required=False, description="the previous page's next_before"),
             OpenApiParameter("limit", int, required=False, description="1-500, default 100"),
         ],
         responses={200: OpenApiResponse(description="Audit events.")},
@@ -307,14 +311,14 @@ class AuditLogApi(PersonApi):
                 return error_response(400, "deployment", "no deployment of that name")
         before = None
         if request.query_params.get("before"):
-            before = parse_id(request.query_params["before"])
+            before = audit_cursor(request.query_params["before"])
             if before is None:
                 return error_response(400, "before", "an event id from this list")
         limit = limit_param(request.query_params, default=100, maximum=500)
-        events = audit_events(deployment=deployment, before_id=before, limit=limit)
+        events = audit_trail(deployment=deployment, before=before, limit=limit)
         return Response(
             {
                 "events": [audit_as_dict(e) for e in events],
-                "next_before": events[-1].pk if len(events) == limit else None,
+                "next_before": audit_cursor_text(events[-1]) if len(events) == limit else None,
             }
         )

@@ -23,13 +23,16 @@ from training.promotion.models import (
     PromotionStatus,
 )
 from training.promotion.selectors import (
-    audit_events,
+    audit_cursor,
+    audit_cursor_text,
+    audit_trail,
     candidate_versions,
     deployment_states,
     evaluation_get,
     evaluation_items,
     evaluations_recent,
     latest_evaluation,
+    promotion_audit,
     promotion_get,
     promotions_recent,
     releases_of,
@@ -362,7 +365,7 @@ def _promotion_context(request: HttpRequest, promotion: PromotionRequest) -> dic
         "rollback_to": rollback_target(deployment=promotion.deployment),
         "lineage": lineage(promotion.candidate)[:8],
         "snapshot": snapshot,
-        "audit": promotion.audit_events.select_related("from_version", "to_version").order_by("id"),
+        "audit": promotion_audit(promotion=promotion),
     }
 
 
@@ -457,13 +460,14 @@ def audit_log(request: HttpRequest) -> HttpResponse:
         deployment = Deployment.objects.filter(name=request.GET["deployment"]).first()
         if deployment is None:
             raise Http404("no such deployment")
-    before_id = parse_id(request.GET.get("before"))
-    events = audit_events(deployment=deployment, before_id=before_id, limit=100)
+    # A cursor that names no entry (a made-up or garbled link) shows the newest page.
+    before = audit_cursor(request.GET.get("before") or "")
+    events = audit_trail(deployment=deployment, before=before, limit=100)
     context = {
         "events": events,
         "deployment": deployment,
         "deployments": Deployment.objects.order_by("name").values_list("name", flat=True),
-        "next_before": events[-1].pk if len(events) == 100 else None,
+        "next_before": audit_cursor_text(events[-1]) if len(events) == 100 else None,
         "actions": AuditAction,
     }
     return render(request, "training/audit.html", context)

@@ -405,6 +405,8 @@ def _flip(release: Release, worker: str) -> Release | None:
             kind=LiveChangeKind.PROMOTION if promoting else LiveChangeKind.ROLLBACK,
             # The request behind it: a withdrawn version goes live only on a request made since.
             request_made_at=release.promotion.requested_at if promoting and release.promotion_id else None,
+            promotion_id=release.promotion_id,
+            release_id=release.pk,
         )
         locked.timings = {**locked.timings, "live_ms": _ms_since(release.created_at)}
         if release.kind == ReleaseKind.PROMOTION and release.promotion_id:
@@ -416,20 +418,9 @@ def _flip(release: Release, worker: str) -> Release | None:
         return ["timings"]
 
     def record(ended: Release) -> None:
-        if switched.get("canary"):
-            return
-        audit_record(
-            action=AuditAction.LIVE_SWITCHED,
-            deployment=release.deployment,
-            actor=release.requested_by,
-            from_version=switched["previous"],
-            to_version=version,
-            promotion=release.promotion,
-            release=ended,
-            detail=release.get_kind_display(),
-            data={"timings_ms": ended.timings},
-        )
-        _unload_later(switched["previous"])
+        # The move itself is in the pointer's trail, written by `live_version_set` above.
+        if not switched.get("canary"):
+            _unload_later(switched["previous"])
 
     return work_end(Release, pk=release.pk, worker=worker, status=WorkStatus.FINISHED, settle=switch, on_end=record)
 

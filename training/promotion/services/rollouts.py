@@ -181,16 +181,8 @@ def _advance(rollout: Rollout, user, reason: str, signals: list | None = None) -
             reason=f"progressive release {rollout.pk} complete",
             kind=LiveChangeKind.PROMOTION,
             request_made_at=rollout.promotion.requested_at,
-        )
-        # The same row a release writes when it switches: one trail of what went live.
-        audit_record(
-            action=AuditAction.LIVE_SWITCHED,
-            deployment=rollout.deployment,
-            actor=person,
-            from_version=rollout.baseline,
-            to_version=rollout.candidate,
-            promotion=rollout.promotion,
-            detail=f"Progressive release {rollout.pk} complete",
+            promotion_id=rollout.promotion_id,
+            release_id=rollout.release_id,
         )
         PromotionRequest.objects.filter(pk=rollout.promotion_id).update(status=PromotionStatus.DEPLOYED)
         _unload_later(rollout.baseline)
