@@ -74,7 +74,7 @@ def test_the_steps_tick_as_the_loop_goes_round(tour_page, operator, tmp_path):
         message=turn,
         trigger="comment",
         status=JudgeStatus.FAILED,
-        failure_reason="output cut off at max_tokens (400) (after 2 attempts)",
+        error="output cut off at max_tokens (400) (after 2 attempts)",
         is_latest=True,
     )
     html = tour_page()

@@ -156,8 +156,7 @@ def tour_get(*, deployment: Deployment | None, demo_target: int = 0) -> Tour:
                     "a judgement is running"
                     if pending
                     else (
-                        f"the latest judgement failed ({failed.failure_reason[:160]}): judge again, "
-                        "or connect a stronger judge"
+                        f"the latest judgement failed ({failed.error[:160]}): judge again, or connect a stronger judge"
                         if failed
                         else "no judgement yet"
                     )
