@@ -330,7 +330,12 @@ def test_the_api_approves_with_a_plan_and_refuses_a_plan_of_another_deployment(
         f"/api/v1/promotions/{promotion.pk}/approve", {"plan": str(plan.pk)}, content_type="application/json"
     )
     assert ok.status_code == 202
-    assert Rollout.objects.get(promotion=promotion).plan["steps"] == STEPS
+    started = Rollout.objects.get(promotion=promotion)
+    assert started.plan["steps"] == STEPS
+    # The answer names the progressive release to follow, and so does the request's release.
+    assert ok.json()["rollout"] == started.pk
+    shown = client.get(f"/api/v1/promotions/{promotion.pk}").json()
+    assert [r["rollout"] for r in shown["releases"]] == [started.pk]
 
 
 def test_the_command_creates_and_lists_plans(registry, capsys):
