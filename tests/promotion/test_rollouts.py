@@ -14,7 +14,7 @@ import training.services.release as release_service
 from feedback.models import Message, Trace
 from tests.promotion.conftest import evaluation_row
 from training.promotion.models import AuditAction, AuditEvent, PromotionStatus, Release, ReleaseStep
-from training.promotion.rollout_models import Rollout, RolloutChange, RolloutState
+from training.promotion.rollout_models import ReleasePlan, Rollout, RolloutChange, RolloutState
 from training.services.promotion import promotion_approve, promotion_request_create
 from training.services.promotion_checks import PromotionRefused
 from training.services.release_plans import PlanInvalid, release_plan_create, release_plan_for_approval
@@ -370,7 +370,14 @@ def test_the_demo_offers_a_short_plan_without_making_it_the_default(registry):
     call_command("demo_setup")  # idempotent
     plans = release_plans_for(deployment=registry.deployment)
     assert [p.name for p in plans] == ["demo-steps"] and plans[0].steps[0]["share"] == 0.1
+    # The demo's adapter against the bare base on a CPU: latency may double, the rest as default.
+    assert plans[0].thresholds == {"latency": 1.0}
     assert release_plan_default(deployment=registry.deployment) is None
+    # A data folder of an earlier demo gets the plan as it is now.
+    ReleasePlan.objects.filter(pk=plans[0].pk).update(thresholds={}, steps=STEPS)
+    call_command("demo_setup")
+    (plan,) = release_plans_for(deployment=registry.deployment)
+    assert (plan.thresholds, plan.steps[0]["share"]) == ({"latency": 1.0}, 0.1)
 
 
 def test_approving_from_the_notifications_takes_the_deployments_default_plan(
