@@ -515,3 +515,33 @@ def test_the_promotion_page_polls_at_the_release_pages_pace_while_a_rollout_runs
     client.force_login(approver)
     html = client.get(f"/promotions/{rollout.promotion_id}/").content.decode()
     assert 'hx-trigger="every 2s"' in html and "every 1s" not in html
+
+
+def test_the_command_prints_each_step_as_it_happens_until_the_release_ends(registry, rollout, capsys):
+    from django.core.management import CommandError, call_command
+
+    call_command("rollout_watch", "--deployment", "support-bot", "--once", "--checks")
+    out = capsys.readouterr().out.splitlines()
+    assert (
+        out[0]
+        == f"progressive release {rollout.pk}: smol -> smol-v1 for support-bot, plan careful (5 % -> 25 % -> 100 %)"
+    )
+    assert out[1].endswith("arno       approved by arno with plan careful")
+    assert "automatic  starting 0 % -> running 5 %: the candidate is loaded" in out[2]
+    assert out[-1].startswith("Running at 5 %")
+
+    for _ in range(2):
+        traffic(registry, rollout)
+        now = rollout.step_started_at + timedelta(minutes=11)
+        rollout_check(rollout_id=rollout.pk, now=now)
+        Rollout.objects.filter(pk=rollout.pk).update(step_started_at=now)
+        rollout.refresh_from_db()
+    # Not --once: it follows the release, and ends with it.
+    call_command("rollout_watch", str(rollout.pk), "--checks", "--every", "0.2", "--timeout", "30")
+    out = capsys.readouterr().out
+    assert "automatic  running 5 % -> running 25 %: every signal at least inconclusive and not worse" in out
+    assert "automatic  running 25 % -> complete 100 %: every signal" in out
+    assert "check      at 25 %: advance — every signal" in out
+    assert out.splitlines()[-1].startswith("Complete at 100 %")
+    with pytest.raises(CommandError, match="no progressive release of nope yet"):
+        call_command("rollout_watch", "--deployment", "nope")
