@@ -30,7 +30,7 @@ def judge_result_as_dict(r: JudgeResult) -> dict:
         "trace_id": r.trace_id,
         "message_position": r.message.position,
         "status": r.status,
-        "failure_reason": r.failure_reason or None,
+        "failure_reason": r.error or None,
         "trigger": r.trigger,
         "judge_model": r.judge_model,
         "prompt_version": r.prompt_version,

@@ -148,7 +148,9 @@ set -m
 
 # vLLM sets up its own OpenMP threads per core; the one-thread limit is for the other processes.
 start "$LOGS/inference.log" env -u OMP_NUM_THREADS $PY manage.py serve_inference --base "$BASE" --port "$PRACTICUM_INFERENCE_PORT"
-start "$LOGS/worker.log" .venv/bin/celery -A webapp worker -Q default,deploy --concurrency 1 \
+# Two at once: a run of the demo agent (the tour's "run the agent") holds one for minutes, and
+# the progressive release's periodic check, judge calls and releases must not wait behind it.
+start "$LOGS/worker.log" .venv/bin/celery -A webapp worker -Q default,deploy --concurrency 2 \
   --hostname "demo@%h" --loglevel WARNING -B --schedule "$DATA_DIR/celerybeat-schedule"
 # Training gets its own worker (one job at a time), so judge calls are not stuck behind it.
 start "$LOGS/training.log" .venv/bin/celery -A webapp worker -Q training --concurrency 1 \

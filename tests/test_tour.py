@@ -74,7 +74,7 @@ def test_the_steps_tick_as_the_loop_goes_round(tour_page, operator, tmp_path):
         message=turn,
         trigger="comment",
         status=JudgeStatus.FAILED,
-        failure_reason="output cut off at max_tokens (400) (after 2 attempts)",
+        error="output cut off at max_tokens (400) (after 2 attempts)",
         is_latest=True,
     )
     html = tour_page()
@@ -291,3 +291,56 @@ def test_the_trace_to_comment_on_is_never_a_held_out_tasks():
     unsplit.delete()
     (comment_step,) = [s for s in tour_get(deployment=deployment).steps if s.key == "comment"]
     assert comment_step.link == reverse("feedback:trace-detail", args=[train.pk])
+
+
+def test_while_a_release_walks_its_steps_the_tour_links_its_page_and_sends_enough_traffic(
+    tour_page, operator, tmp_path, settings
+):
+    from training.promotion.rollout_models import Rollout, RolloutState
+
+    settings.DEMO_AGENT_EPISODES = 4
+    deployment = DeploymentFactory(name="support-bot")
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "config.json").write_text("{}")
+    base, base_version = base_model_register(name="smol", path=tmp_path / "base")
+    live_version_set(deployment=deployment, version=base_version)
+    candidate = model_version_create(
+        name="smol-v1", base_model=base, kind="lora", path=make_adapter_folder(tmp_path / "a"), parent=base_version
+    )
+    promotion = PromotionRequest.objects.create(
+        deployment=deployment,
+        candidate=candidate,
+        from_version=base_version,
+        evaluation=evaluation_row(candidate, deployment, base_version),
+        requested_by=operator,
+        status=PromotionStatus.APPROVED,
+        decided_by=user_with_role("approver", "arno"),
+        decided_at=timezone.now(),
+    )
+    steps = [
+        {"share": 0.1, "min_conversations": 3, "min_minutes": 1},
+        {"share": 0.5, "min_conversations": 5, "min_minutes": 1},
+        {"share": 1.0, "min_conversations": 0, "min_minutes": 0},
+    ]
+    rollout = Rollout.objects.create(
+        deployment=deployment,
+        candidate=candidate,
+        baseline=base_version,
+        promotion=promotion,
+        plan={"name": "demo-steps", "steps": steps, "thresholds": {}},
+        state=RolloutState.RUNNING,
+    )
+
+    html = tour_page()
+    promote = re.search(r'id="step-promote".*?</li>', html, re.S).group(0)
+    assert "in steps: 10 % of new conversations, step 1 of 3 (running; plan demo-steps)" in promote
+    assert f'href="/rollouts/{rollout.pk}/"' in promote and "The release" in promote
+    rerun = re.search(r'id="step-rerun".*?</li>', html, re.S).group(0)
+    assert "smol-v1 answers 10 % of new conversations" in rerun
+    # At 10 % with a minimum of 3 conversations: 60 tasks, twice what the candidate needs on average.
+    assert 'name="episodes" value="60"' in rerun and "Run the agent on 60 test tasks" in rerun
+
+    Rollout.objects.filter(pk=rollout.pk).update(step=1)
+    assert 'name="episodes" value="20"' in tour_page()
+    Rollout.objects.filter(pk=rollout.pk).update(state=RolloutState.ROLLED_BACK)
+    assert 'name="episodes" value="4"' in tour_page()

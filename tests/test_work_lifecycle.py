@@ -17,9 +17,10 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from feedback.failure_modes.services import failure_mode_runs_fail_stale
-from feedback.models import FailureModeRun, JudgeJob
+from feedback.models import FailureModeRun, JudgeJob, JudgeResult
 from feedback.services.judge_jobs import judge_jobs_fail_stale
-from tests.factories import DeploymentFactory
+from feedback.services.judging import judge_results_fail_stale
+from tests.factories import DeploymentFactory, MessageFactory
 from training.models import TrainingJob
 from training.promotion.models import Evaluation
 from training.promotion.services.evaluation import evaluations_fail_stale
@@ -45,13 +46,18 @@ def _evaluation() -> Evaluation:
     )
 
 
+def _judgement() -> JudgeResult:
+    turn = MessageFactory(role="assistant", content="Your order has shipped.")
+    return JudgeResult.objects.create(trace=turn.trace, message=turn, trigger="manual")
+
+
 @dataclass(frozen=True)
 class Kind:
     model: type[WorkItem]
     make: Callable[[], WorkItem]
     sweep: Callable[[datetime], object]
-    # How the kind's worker claims a queued item (resume_after): training jobs resume one
-    # whose worker went silent; the others take over a redelivered one at once.
+    # How the kind's worker claims a queued item (resume_after): training jobs and judgements
+    # resume one whose worker went silent; the others take over a redelivered one at once.
     resume_after: float | None
 
     def __str__(self) -> str:
@@ -65,6 +71,8 @@ FAILURE_MODE_RUN = Kind(
 TRAINING_JOB = Kind(TrainingJob, _training_job, lambda now: training_jobs_check_stale(now=now), 600)
 EVALUATION = Kind(Evaluation, _evaluation, lambda now: evaluations_fail_stale(now=now), 0)
 KINDS = [JUDGE_JOB, FAILURE_MODE_RUN, TRAINING_JOB, EVALUATION]
+# Judgements wait as `pending` and are never cancelled (no page or API offers it).
+JUDGEMENT = Kind(JudgeResult, _judgement, lambda now: judge_results_fail_stale(now=now), 220)
 
 
 @pytest.fixture(autouse=True)
@@ -74,7 +82,7 @@ def _settings(settings):
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("kind", [JUDGE_JOB, TRAINING_JOB], ids=str)
+@pytest.mark.parametrize("kind", [JUDGE_JOB, TRAINING_JOB, JUDGEMENT], ids=str)
 def test_of_two_workers_claiming_one_item_at_once_only_one_runs_it(kind):
     item = kind.make()
     got: dict[str, WorkItem | None] = {}
@@ -129,7 +137,7 @@ def test_a_training_job_is_resumed_only_once_its_worker_is_silent():
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("kind", KINDS, ids=str)
+@pytest.mark.parametrize("kind", [*KINDS, JUDGEMENT], ids=str)
 def test_a_worker_the_sweep_took_the_item_from_is_told_to_stop_and_cannot_finish_over_it(kind):
     item = kind.make()
     assert work_claim(kind.model, pk=item.pk, worker="w1", resume_after=kind.resume_after)

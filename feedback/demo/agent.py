@@ -15,7 +15,11 @@ found. On a tracking task (no programmatic grade) it posts the customer's own wo
 the grades as the success rate per model version.
 
 The trace's metadata (sent as the request's `metadata`) names the environment, the task
-and its split, so held-out traffic can be told apart.
+and its split, so held-out traffic can be told apart. The session id is the customer's visit:
+their order within this run (`customer-<order>-<run>`). A progressive release keeps a session
+on the version that served it, so a session that outlived the run would tie every later run's
+customers to the version that served them first, and a candidate in its first steps would
+never see the agent's traffic.
 
 This module needs no Django: it talks HTTP only.
 """
@@ -262,7 +266,7 @@ def demo_agent_run(
                 ),
                 extra_headers={
                     "X-Practicum-Trace-Id": trace_id,
-                    "X-Practicum-Session-Id": f"customer-{task.hidden['order_id']}",
+                    "X-Practicum-Session-Id": f"customer-{task.hidden['order_id']}-{run_id}",
                 },
             )
             served.append(response.model)

@@ -23,10 +23,13 @@ from webapp.kernel.work import WorkItem, WorkStatus
 
 
 class JudgeStatus(models.TextChoices):
+    """A judgement's statuses (also those of a scoring call and an order-swap check). Running
+    and failed are the shared lifecycle's own values: its claim and its sweep write them."""
+
     PENDING = "pending", "Pending"
-    RUNNING = "running", "Running"
+    RUNNING = WorkStatus.RUNNING.value, "Running"
     SUCCEEDED = "succeeded", "Succeeded"
-    FAILED = "failed", "Failed"
+    FAILED = WorkStatus.FAILED.value, "Failed"
 
 
 class JudgeTrigger(models.TextChoices):
@@ -137,8 +140,12 @@ class JudgeJob(WorkItem):
         return round(100 * self.done / self.total) if self.total else (100 if self.status == WorkStatus.FINISHED else 0)
 
 
-class JudgeResult(models.Model):
-    """One judgement of one assistant turn, with everything needed to audit it."""
+class JudgeResult(WorkItem):
+    """One judgement of one assistant turn, with everything needed to audit it. Claimed,
+    ended and swept as a `WorkItem`, under its own names for waiting (`pending`) and
+    finishing well (`succeeded`); `error` says why it failed (`failure_reason` in the API)."""
+
+    QUEUED_STATUS = JudgeStatus.PENDING
 
     trace = models.ForeignKey(Trace, on_delete=models.CASCADE, related_name="judge_results")
     message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="judge_results")
@@ -152,7 +159,6 @@ class JudgeResult(models.Model):
     policy_notes = models.ManyToManyField(PolicyNoteVersion, blank=True, related_name="judge_results")
 
     status = models.CharField(max_length=20, choices=JudgeStatus.choices, default=JudgeStatus.PENDING)
-    failure_reason = models.TextField(blank=True, default="")
     judge_model = models.CharField(max_length=200, blank=True, default="")
     served_model = models.CharField(max_length=200, blank=True, default="")
     judge_base_url = models.CharField(max_length=500, blank=True, default="")
@@ -171,7 +177,9 @@ class JudgeResult(models.Model):
     )
 
     raw_output = models.TextField(blank=True, default="")
-    attempts = models.JSONField(default=list, blank=True)
+    # Each request of the judge call (its error, raw output, finish reason); `attempts` is the
+    # lifecycle's count of worker starts.
+    call_attempts = models.JSONField(default=list, blank=True)
     latency_ms = models.FloatField(null=True, blank=True)
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)
@@ -181,9 +189,8 @@ class JudgeResult(models.Model):
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
-    created_at = models.DateTimeField(default=timezone.now)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
+    # Older than the lifecycle: `requested_by` names the person, not a second column.
+    created_by = None
 
     class Meta:
         ordering = ["-created_at", "-id"]

@@ -383,7 +383,7 @@ def judge_result_doubts(result: JudgeResult) -> list[str]:
     if result.status != JudgeStatus.SUCCEEDED:
         return []
     doubts = []
-    attempts = result.attempts or []
+    attempts = result.call_attempts or []
     rejected = [a for a in attempts if a.get("error")]
     if rejected:
         first = str(rejected[0].get("error", ""))[:120]

@@ -6,7 +6,6 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
@@ -25,7 +24,7 @@ from feedback.models import (
     MessageRole,
 )
 from feedback.selectors.judge import judge_endpoint_for
-from feedback.services.judging import JudgeError, judge_request, judge_run
+from feedback.services.judging import JudgeError, judge_request, judge_run, judgement_silent_after
 from feedback.tasks import judge_job_run_task
 from webapp.kernel.stale_work import stale_work_fail
 from webapp.kernel.work import (
@@ -118,7 +117,11 @@ def judge_job_run(*, job: JudgeJob, endpoint: JudgeEndpoint | None = None, worke
         # silence is counted from now, not from the dead one's last beat.
         claimed = work_claim(JudgeJob, pk=job.pk, worker=worker, resume_after=0)
         if claimed is not None:
-            JudgeResult.objects.filter(job=job, status=JudgeStatus.RUNNING).update(status=JudgeStatus.PENDING)
+            # Pending again and no one's: the dead worker's late outcome is dropped, and
+            # this worker claims it anew.
+            JudgeResult.objects.filter(job=job, status=JudgeStatus.RUNNING).update(
+                status=JudgeStatus.PENDING, worker=""
+            )
     if claimed is None:
         job.refresh_from_db()
         return job
@@ -147,7 +150,7 @@ def judge_job_run(*, job: JudgeJob, endpoint: JudgeEndpoint | None = None, worke
         result = JudgeResult.objects.filter(job=job, message=message).first() or judge_request(
             message=message, trigger=JudgeTrigger.BACKFILL, job=job, requested_by=job.created_by, enqueue=False
         )
-        result = judge_run(result=result, endpoint=endpoint)
+        result = judge_run(result=result, endpoint=endpoint, worker=worker)
         counter = "succeeded" if result.status == JudgeStatus.SUCCEEDED else "failed"
         work_beat(JudgeJob, pk=job.pk, worker=worker, **{counter: F(counter) + 1})
     return _job_end(job, worker, WorkStatus.FINISHED)
@@ -158,7 +161,7 @@ def judge_jobs_fail_stale(*, now=None) -> list[int]:
     longer than one judgement may take (`JUDGE_DEADLINE_S`) plus `JUDGE_STALE_GRACE_S`."""
     return stale_work_fail(
         JudgeJob,
-        silent_after=settings.JUDGE_DEADLINE_S + settings.JUDGE_STALE_GRACE_S,
+        silent_after=judgement_silent_after(),
         now=now or timezone.now(),
         what="judge job's progress",
     )

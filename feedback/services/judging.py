@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import random
-from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -44,6 +43,8 @@ from feedback.selectors.traces import message_as_openai
 from feedback.tasks import judge_result_run_task, order_swap_check_task
 from training.inference.codec import message_served_text
 from training.serving.models import Deployment
+from webapp.kernel.stale_work import stale_work_fail
+from webapp.kernel.work import work_claim, work_end, work_worker_name
 
 logger = logging.getLogger(__name__)
 
@@ -171,27 +172,23 @@ def _update_trace_reward(trace_id: int) -> None:
     Trace.objects.filter(pk=trace_id).update(judge_reward=lowest)
 
 
-def _stale_before(now) -> Any:
-    """A judgement running since before this has outlived any call (the call's deadline,
+def judgement_silent_after() -> float:
+    """Seconds after which a judgement still held has outlived any call (the call's deadline,
     plus a grace for storing it): its worker died or hung."""
-    return now - timedelta(seconds=settings.JUDGE_DEADLINE_S + settings.JUDGE_STALE_GRACE_S)
+    return settings.JUDGE_DEADLINE_S + settings.JUDGE_STALE_GRACE_S
 
 
-def judge_run(*, result: JudgeResult, endpoint: JudgeEndpoint | None = None) -> JudgeResult:
+def judge_run(*, result: JudgeResult, endpoint: JudgeEndpoint | None = None, worker: str | None = None) -> JudgeResult:
     """Run a pending judgement and store its outcome. A result already finished, or
     running elsewhere (a redelivered task), is returned as it is. Whatever goes wrong
     while it runs (the judge, the data, a bug) marks it failed with the reason: it is
     never left `running`."""
-    now = timezone.now()
-    # A judgement left running by a worker that died is taken over once it is older than
-    # the longest a call can take; a live one is left to finish.
-    claimed = (
-        JudgeResult.objects.filter(pk=result.pk)
-        .filter(Q(status=JudgeStatus.PENDING) | Q(status=JudgeStatus.RUNNING, started_at__lt=_stale_before(now)))
-        .update(status=JudgeStatus.RUNNING, started_at=now)
-    )
+    worker = worker or work_worker_name()
+    # A judgement left running by a worker that died is taken over once it has been silent
+    # for longer than a call can take; a live one is left to finish.
+    claimed = work_claim(JudgeResult, pk=result.pk, worker=worker, resume_after=judgement_silent_after())
     result.refresh_from_db()
-    if not claimed:
+    if claimed is None:
         return result
     try:
         return _judge_claimed(result, endpoint)
@@ -199,30 +196,19 @@ def judge_run(*, result: JudgeResult, endpoint: JudgeEndpoint | None = None) -> 
         logger.exception("judgement %s of message %s failed unexpectedly", result.pk, result.message_id)
         reason = f"the judgement could not be completed: {type(exc).__name__}: {exc}"[:5000]
         # Only the outcome is written: no reward, and nothing half-set by the failed run.
-        _claimed_row(result).update(
-            status=JudgeStatus.FAILED, failure_reason=reason, reward=None, finished_at=timezone.now()
-        )
+        work_end(JudgeResult, pk=result.pk, worker=worker, status=JudgeStatus.FAILED, error=reason)
         result.refresh_from_db()
         return result
 
 
-def _claimed_row(result: JudgeResult) -> Any:
-    """The judgement's row while this worker still holds it: `running` since the moment
-    this worker claimed it (`started_at` is the claim). Once the sweep has failed it, or
-    another worker has taken it over, this matches nothing, and a late outcome is dropped."""
-    return JudgeResult.objects.filter(pk=result.pk, status=JudgeStatus.RUNNING, started_at=result.started_at)
-
-
-# What a finished run writes; everything else on the row is left as it is.
+# What a finished run writes besides the status, the error and `finished_at` (`work_end`'s);
+# everything else on the row is left as it is.
 _OUTCOME_FIELDS = (
-    "status",
-    "failure_reason",
-    "finished_at",
     "judge_model",
     "judge_base_url",
     "prompt_version",
     "served_model",
-    "attempts",
+    "call_attempts",
     "latency_ms",
     "prompt_tokens",
     "completion_tokens",
@@ -240,15 +226,33 @@ _OUTCOME_FIELDS = (
 def _finish(result: JudgeResult, *, latest: bool) -> bool:
     """Write the run's outcome if this worker still holds the judgement; False (and the
     row reloaded as it stands) when the sweep or another worker got there first."""
-    with transaction.atomic():
-        written = _claimed_row(result).update(**{f: getattr(result, f) for f in _OUTCOME_FIELDS})
-        if written and latest:
-            # The row stays locked by the UPDATE above until commit, so the sweep waits.
-            JudgeResult.objects.filter(message_id=result.message_id, is_latest=True).update(is_latest=False)
-            JudgeResult.objects.filter(pk=result.pk).update(is_latest=True)
-            _update_trace_reward(result.trace_id)
-            if _wants_swap_check(result):
-                order_swap_check_task.delay_on_commit(result.pk)
+    written = False
+
+    def settle(row: JudgeResult) -> tuple[str, ...]:
+        for name in _OUTCOME_FIELDS:
+            setattr(row, name, getattr(result, name))
+        return _OUTCOME_FIELDS
+
+    def on_end(row: JudgeResult) -> None:
+        # Under the row's lock, in the transaction that ends it: the sweep waits.
+        nonlocal written
+        written = True
+        if latest:
+            JudgeResult.objects.filter(message_id=row.message_id, is_latest=True).update(is_latest=False)
+            JudgeResult.objects.filter(pk=row.pk).update(is_latest=True)
+            _update_trace_reward(row.trace_id)
+            if _wants_swap_check(row):
+                order_swap_check_task.delay_on_commit(row.pk)
+
+    work_end(
+        JudgeResult,
+        pk=result.pk,
+        worker=result.worker,
+        status=result.status,
+        error=result.error,
+        settle=settle,
+        on_end=on_end,
+    )
     if not written:
         logger.warning(
             "judgement %s of message %s: a late %s outcome is dropped, the judgement was no longer this worker's",
@@ -257,31 +261,19 @@ def _finish(result: JudgeResult, *, latest: bool) -> bool:
             result.status,
         )
     result.refresh_from_db()
-    return bool(written)
+    return written
 
 
 def judge_results_fail_stale(*, now=None) -> list[int]:
-    """Mark failed every judgement still `running` long after any call could have ended
-    (its worker died or hung); the periodic sweep calls this. Returns their ids."""
-    now = now or timezone.now()
-    stale = list(
-        JudgeResult.objects.filter(status=JudgeStatus.RUNNING, started_at__lt=_stale_before(now)).values_list(
-            "pk", "started_at"
-        )
+    """Fail every judgement still held long after any call could have ended (its worker died
+    or hung), through the shared sweep; the periodic sweep calls this. Returns their ids."""
+    return stale_work_fail(
+        JudgeResult,
+        silent_after=judgement_silent_after(),
+        now=now or timezone.now(),
+        what="judgement's worker",
+        on_failed=lambda result: logger.warning("judgement %s: %s", result.pk, result.error),
     )
-    failed = []
-    for pk, started_at in stale:
-        seconds = int((now - started_at).total_seconds())
-        reason = (
-            f"the worker stopped while judging: running for {seconds} s, longer than a judge call may take "
-            f"(PRACTICUM_JUDGE_DEADLINE_S = {settings.JUDGE_DEADLINE_S:g} s)"
-        )
-        if JudgeResult.objects.filter(pk=pk, status=JudgeStatus.RUNNING, started_at=started_at).update(
-            status=JudgeStatus.FAILED, failure_reason=reason, finished_at=now
-        ):
-            failed.append(pk)
-            logger.warning("judgement %s: %s", pk, reason)
-    return failed
 
 
 def _judge_claimed(result: JudgeResult, endpoint: JudgeEndpoint | None) -> JudgeResult:
@@ -324,13 +316,12 @@ def _judge_claimed(result: JudgeResult, endpoint: JudgeEndpoint | None) -> Judge
     result.guard_reason = outcome.guard_reason or ""
     result.raw_output = outcome.raw[:RAW_OUTPUT_MAX]
     result.status = JudgeStatus.SUCCEEDED
-    result.finished_at = timezone.now()
     _finish(result, latest=True)
     return result
 
 
 def _record(result: JudgeResult, record) -> None:
-    result.attempts = record.attempts_as_dicts()
+    result.call_attempts = record.attempts_as_dicts()
     result.latency_ms = record.latency_ms
     result.prompt_tokens = record.prompt_tokens
     result.completion_tokens = record.completion_tokens
@@ -340,8 +331,7 @@ def _record(result: JudgeResult, record) -> None:
 
 def _fail(result: JudgeResult, reason: str) -> JudgeResult:
     result.status = JudgeStatus.FAILED
-    result.failure_reason = reason[:5000]
-    result.finished_at = timezone.now()
+    result.error = reason[:5000]
     if _finish(result, latest=False):
         logger.warning("judgement %s of message %s failed: %s", result.pk, result.message_id, reason)
     return result

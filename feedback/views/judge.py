@@ -69,7 +69,7 @@ def _jobs_context() -> dict:
     latest: dict[int, str] = {}
     if failing:
         rows = JudgeResult.objects.filter(job_id__in=failing, status=JudgeStatus.FAILED).order_by("-id")
-        for job_id, reason in rows.values_list("job_id", "failure_reason")[: 20 * len(failing)]:
+        for job_id, reason in rows.values_list("job_id", "error")[: 20 * len(failing)]:
             latest.setdefault(job_id, reason)
     for job in jobs:
         job.latest_failure = latest.get(job.pk, "")

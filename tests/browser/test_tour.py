@@ -157,7 +157,7 @@ def test_the_whole_tour_in_the_browser(open_page, screenshot, settings, tiny_tal
     # The result arrives in place (the block polls while the judgement runs).
     page.locator(f"#judge-{turn.position} .badge.reward").wait_for(timeout=120_000)
     result = JudgeResult.objects.get(message=turn, is_latest=True)
-    assert (result.status, result.requested_by) == (JudgeStatus.SUCCEEDED, operator), result.failure_reason
+    assert (result.status, result.requested_by) == (JudgeStatus.SUCCEEDED, operator), result.error
     assert (result.reward, result.rubric) == (TINY_JUDGEMENT["reward"], TINY_JUDGEMENT["rubric"])
     judged = page.locator(f"#judge-{turn.position}")
     criterion = TINY_JUDGEMENT["rubric"]["criteria"][0]["criterion"]

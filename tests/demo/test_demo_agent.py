@@ -4,6 +4,8 @@ graded outcomes reported as grades (not customer feedback), seeded operator comm
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.core.management import call_command
 
@@ -43,6 +45,10 @@ def test_each_episode_is_one_trace_of_the_live_version_with_its_graded_outcome(g
             "support-desk",
         )
         assert trace.metadata["task_id"] == ep.task_id and trace.metadata["split"] == "test"
+        # The customer's visit: their order, in this run only (a later run's customers are new
+        # to a progressive release, not tied to the version that served them here).
+        run = ep.trace_id.split("-")[1]
+        assert re.fullmatch(rf"customer-[^\s]+-{run}", trace.session_id), trace.session_id
         # The first turn is a tool call in the OpenAI format (the harness keeps the model to it).
         first = trace.messages.filter(role="assistant").order_by("position").first()
         assert first.tool_calls[0]["function"]["name"] in {"lookup_order", "issue_refund"}

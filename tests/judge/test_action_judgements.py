@@ -114,7 +114,7 @@ def test_a_comment_is_judged_into_a_chosen_action_and_the_rendered_turn(
     comment_add(message=trace.messages.get(position=4), author=operator, body="Look the order up, don't guess.")
     result = judge_run(result=JudgeResult.objects.get())
 
-    assert result.status == JudgeStatus.SUCCEEDED, result.failure_reason
+    assert result.status == JudgeStatus.SUCCEEDED, result.error
     assert result.prompt_version == "judge-action/v1"
     assert result.action == {"kind": "tool", "name": "lookup_order", "arguments": {"order_id": "A1"}}
     assert (

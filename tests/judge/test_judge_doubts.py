@@ -10,7 +10,7 @@ SOUND = {
     "status": JudgeStatus.SUCCEEDED,
     "rationale": "The agent guessed the status instead of calling lookup_order.",
     "rubric": {"criteria": [{"criterion": "Looks up the order first", "weight": 2}]},
-    "attempts": [{"number": 1, "error": "", "raw": "{}", "finish_reason": "stop"}],
+    "call_attempts": [{"number": 1, "error": "", "raw": "{}", "finish_reason": "stop"}],
 }
 
 
@@ -24,7 +24,7 @@ def test_garbled_words_retries_and_cut_output_are_doubts():
             **SOUND,
             "rationale": "ok ok ok ok ok ok ok",
             "rubric": {"criteria": [{"criterion": "}}} ]] ::: 0 0 ~~", "weight": 1}, SOUND["rubric"]["criteria"][0]]},
-            "attempts": [
+            "call_attempts": [
                 {"number": 1, "error": "not valid JSON", "raw": "{oops", "finish_reason": "stop"},
                 {"number": 2, "error": "", "raw": "{}", "finish_reason": "length"},
             ],

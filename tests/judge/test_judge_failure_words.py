@@ -44,11 +44,11 @@ def test_a_context_too_small_for_the_turn_is_said_in_words_on_the_pages_and_in_t
     result = judge_run(result=JudgeResult.objects.get())
 
     assert result.status == JudgeStatus.FAILED
-    assert result.failure_reason.startswith("the judge model's context is too small for this turn — connect a judge")
-    assert JUDGE_DOCS in result.failure_reason and "PRACTICUM_JUDGE_CONTEXT_TOKENS" in result.failure_reason
+    assert result.error.startswith("the judge model's context is too small for this turn — connect a judge")
+    assert JUDGE_DOCS in result.error and "PRACTICUM_JUDGE_CONTEXT_TOKENS" in result.error
     # The endpoint's own words follow, not its JSON envelope.
-    assert "maximum context length is 2048 tokens" in result.failure_reason
-    assert '{"error"' not in result.failure_reason
+    assert "maximum context length is 2048 tokens" in result.error
+    assert '{"error"' not in result.error
     assert len(judge_settings.requests) == 1  # a 400 is not asked again
 
     client.force_login(operator)
@@ -57,7 +57,7 @@ def test_a_context_too_small_for_the_turn_is_said_in_words_on_the_pages_and_in_t
         assert "the judge model&#x27;s context is too small for this turn" in html, page
     key = api_key_create(deployment=deployment, scopes=["read"]).plaintext
     data = client.get(f"/api/v1/traces/{trace.pk}/judgements", HTTP_AUTHORIZATION=f"Bearer {key}").json()
-    assert data["judgements"][0]["failure_reason"] == result.failure_reason
+    assert data["judgements"][0]["failure_reason"] == result.error
 
 
 @pytest.mark.parametrize(

@@ -64,5 +64,5 @@ def test_a_stored_row_naming_another_variable_is_refused_at_use(
     comment_add(message=answer, author=operator, body="It should have looked the order up.")
     judge_settings.script(Reply.json(VALID_JUDGEMENT))
     result = judge_run(result=judge_request(message=answer, trigger=JudgeTrigger.MANUAL, enqueue=False))
-    assert result.status == JudgeStatus.FAILED and "SECRET_KEY" in result.failure_reason
+    assert result.status == JudgeStatus.FAILED and "SECRET_KEY" in result.error
     assert judge_settings.requests == []

@@ -39,7 +39,7 @@ def test_backfill_judges_feedback_turns_and_counts_progress(make_trace, operator
     assert (job.status, job.total, job.succeeded, job.failed) == (WorkStatus.FINISHED, 5, 4, 1)
     assert job.percent == 100
     failed = JudgeResult.objects.get(status=JudgeStatus.FAILED)
-    assert failed.trace.external_id == "conv-3" and "not JSON" in failed.failure_reason
+    assert failed.trace.external_id == "conv-3" and "not JSON" in failed.error
 
     # A second backfill of unjudged turns only retries the failed one.
     judge_settings.respond_with(lambda request: Reply.json(VALID_JUDGEMENT))

@@ -91,8 +91,10 @@ def test_smollm2_judges_a_commented_turn_through_structured_output(
 
     result = judge_run(result=JudgeResult.objects.get())
 
-    print(f"\nSmolLM2 judge: {result.status}, reward {result.reward}, {result.latency_ms:.0f} ms, {result.attempts}")
-    assert result.status == JudgeStatus.SUCCEEDED, result.failure_reason
+    print(
+        f"\nSmolLM2 judge: {result.status}, reward {result.reward}, {result.latency_ms:.0f} ms, {result.call_attempts}"
+    )
+    assert result.status == JudgeStatus.SUCCEEDED, result.error
     assert 0.0 <= result.reward <= 1.0
     assert 1 <= len(result.rubric["criteria"]) <= 2
     assert result.judge_model == "smollm2-judge" and result.served_model == "smollm2-judge"

@@ -68,4 +68,4 @@ def test_customer_feedback_posted_to_the_api_is_judged_by_the_worker(
 
     result = wait_for(lambda: JudgeResult.objects.filter(status=JudgeStatus.SUCCEEDED).first())
     assert result.reward == pytest.approx(0.1) and result.trigger == "customer_feedback"
-    assert [a["error"][:18] for a in result.attempts] == ["output is not JSON", ""]
+    assert [a["error"][:18] for a in result.call_attempts] == ["output is not JSON", ""]

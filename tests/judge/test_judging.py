@@ -51,7 +51,7 @@ def test_an_operator_comment_is_judged_into_rubric_reward_and_correction(
     assert (result.judge_model, result.prompt_version) == ("test-judge", "judge-turn/v2")
     assert result.judge_base_url == judge_settings.base_url
     assert result.raw_output == Reply.json(VALID_JUDGEMENT).content
-    assert result.latency_ms > 0 and len(result.attempts) == 1
+    assert result.latency_ms > 0 and len(result.call_attempts) == 1
     assert (result.prompt_tokens, result.completion_tokens) == (1000, 200)
     assert result.cost == pytest.approx((1000 * 3.0 + 200 * 15.0) / 1e6)
     assert list(result.comments.all()) == [comment]
@@ -71,9 +71,9 @@ def test_malformed_output_is_retried_then_the_judgement_fails_visibly(make_trace
     result = judge_run(result=result)
 
     assert result.status == JudgeStatus.FAILED
-    assert "output does not match the schema" in result.failure_reason
-    assert "after 3 attempts" in result.failure_reason
-    assert [a["error"].split(":")[0] for a in result.attempts] == [
+    assert "output does not match the schema" in result.error
+    assert "after 3 attempts" in result.error
+    assert [a["error"].split(":")[0] for a in result.call_attempts] == [
         "output is not JSON",
         "output is not JSON",
         "output does not match the schema",
@@ -87,7 +87,7 @@ def test_a_turn_without_feedback_fails_with_the_reason(make_trace, judge_setting
     trace = make_trace()
     result = judge_run(result=judge_request(message=answer_of(trace), trigger=JudgeTrigger.MANUAL, enqueue=False))
     assert result.status == JudgeStatus.FAILED
-    assert result.failure_reason == "no feedback on this turn to judge it by"
+    assert result.error == "no feedback on this turn to judge it by"
     assert judge_settings.requests == []
 
 

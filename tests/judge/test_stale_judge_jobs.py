@@ -8,12 +8,13 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from feedback.models import JudgeJob
+from feedback.models import JudgeJob, JudgeResult, JudgeStatus, JudgeTrigger
 from feedback.services.judge_jobs import judge_job_create, judge_job_run, judge_jobs_fail_stale
+from feedback.services.judging import judge_request
 from tests.fixtures.judge import Reply
 from tests.judge.conftest import VALID_JUDGEMENT
 from tests.judge.test_judge_pages import commented_traces
-from webapp.kernel.work import WorkStatus
+from webapp.kernel.work import WorkStatus, work_claim, work_end
 from webapp.tasks import stale_work_sweep_task
 
 pytestmark = pytest.mark.django_db
@@ -101,3 +102,29 @@ def test_a_job_taken_up_again_counts_its_silence_from_the_new_worker(make_trace,
     after = judge_job_run(job=JudgeJob.objects.get(pk=job.pk))
 
     assert swept == [[]] and after.status == WorkStatus.FINISHED
+
+
+def test_a_job_taken_over_judges_again_the_turn_its_dead_worker_was_in_the_middle_of(
+    make_trace, operator, judge_settings
+):
+    traces = commented_traces(make_trace, operator, 1)
+    turn = traces[0].messages.get(position=4)
+    judge_settings.respond_with(lambda request: Reply.json(VALID_JUDGEMENT))
+    job = judge_job_create(created_by=operator)
+    # The first worker planned the job and had claimed its one judgement when it died; the
+    # judgement's own heartbeat is recent, so only the job's takeover can free it.
+    now = timezone.now()
+    JudgeJob.objects.filter(pk=job.pk).update(
+        status=WorkStatus.RUNNING, worker="w-died", started_at=now, heartbeat_at=now, attempts=1
+    )
+    JudgeJob.objects.filter(pk=job.pk).update(message_ids=[turn.pk], total=1)
+    stuck = judge_request(message=turn, trigger=JudgeTrigger.BACKFILL, job=job, enqueue=False)
+    assert work_claim(JudgeResult, pk=stuck.pk, worker="w-died")
+
+    after = judge_job_run(job=JudgeJob.objects.get(pk=job.pk), worker="w-next")
+
+    assert (after.status, after.succeeded, after.failed) == (WorkStatus.FINISHED, 1, 0)
+    judged = JudgeResult.objects.get(pk=stuck.pk)
+    assert (judged.status, judged.worker, judged.attempts) == (JudgeStatus.SUCCEEDED, "w-next", 2)
+    late = work_end(JudgeResult, pk=stuck.pk, worker="w-died", status=JudgeStatus.FAILED, error="late")
+    assert (late.status, late.error) == (JudgeStatus.SUCCEEDED, ""), "the dead worker's late outcome is dropped"

@@ -14,7 +14,7 @@ import training.promotion.services.release as release_service
 from feedback.models import Message, Trace
 from tests.promotion.conftest import evaluation_row, live_moves
 from training.promotion.models import AuditAction, AuditEvent, PromotionStatus, Release, ReleaseStep
-from training.promotion.rollout_models import Rollout, RolloutChange, RolloutState
+from training.promotion.rollout_models import ReleasePlan, Rollout, RolloutChange, RolloutState
 from training.promotion.services.promotion import promotion_approve, promotion_request_create
 from training.promotion.services.promotion_checks import PromotionRefused
 from training.promotion.services.release_plans import PlanInvalid, release_plan_create, release_plan_for_approval
@@ -339,7 +339,12 @@ def test_the_api_approves_with_a_plan_and_refuses_a_plan_of_another_deployment(
         f"/api/v1/promotions/{promotion.pk}/approve", {"plan": str(plan.pk)}, content_type="application/json"
     )
     assert ok.status_code == 202
-    assert Rollout.objects.get(promotion=promotion).plan["steps"] == STEPS
+    started = Rollout.objects.get(promotion=promotion)
+    assert started.plan["steps"] == STEPS
+    # The answer names the progressive release to follow, and so does the request's release.
+    assert ok.json()["rollout"] == started.pk
+    shown = client.get(f"/api/v1/promotions/{promotion.pk}").json()
+    assert [r["rollout"] for r in shown["releases"]] == [started.pk]
 
 
 def test_the_command_creates_and_lists_plans(registry, capsys):
@@ -374,7 +379,14 @@ def test_the_demo_offers_a_short_plan_without_making_it_the_default(registry):
     call_command("demo_setup")  # idempotent
     plans = release_plans_for(deployment=registry.deployment)
     assert [p.name for p in plans] == ["demo-steps"] and plans[0].steps[0]["share"] == 0.1
+    # The demo's adapter against the bare base on a CPU: latency may double, the rest as default.
+    assert plans[0].thresholds == {"latency": 1.0}
     assert release_plan_default(deployment=registry.deployment) is None
+    # A data folder of an earlier demo gets the plan as it is now.
+    ReleasePlan.objects.filter(pk=plans[0].pk).update(thresholds={}, steps=STEPS)
+    call_command("demo_setup")
+    (plan,) = release_plans_for(deployment=registry.deployment)
+    assert (plan.thresholds, plan.steps[0]["share"]) == ({"latency": 1.0}, 0.1)
 
 
 def test_approving_from_the_notifications_takes_the_deployments_default_plan(
@@ -512,3 +524,33 @@ def test_the_promotion_page_polls_at_the_release_pages_pace_while_a_rollout_runs
     client.force_login(approver)
     html = client.get(f"/promotions/{rollout.promotion_id}/").content.decode()
     assert 'hx-trigger="every 2s"' in html and "every 1s" not in html
+
+
+def test_the_command_prints_each_step_as_it_happens_until_the_release_ends(registry, rollout, capsys):
+    from django.core.management import CommandError, call_command
+
+    call_command("rollout_watch", "--deployment", "support-bot", "--once", "--checks")
+    out = capsys.readouterr().out.splitlines()
+    assert (
+        out[0]
+        == f"progressive release {rollout.pk}: smol -> smol-v1 for support-bot, plan careful (5 % -> 25 % -> 100 %)"
+    )
+    assert out[1].endswith("arno       approved by arno with plan careful")
+    assert "automatic  starting 0 % -> running 5 %: the candidate is loaded" in out[2]
+    assert out[-1].startswith("Running at 5 %")
+
+    for _ in range(2):
+        traffic(registry, rollout)
+        now = rollout.step_started_at + timedelta(minutes=11)
+        rollout_check(rollout_id=rollout.pk, now=now)
+        Rollout.objects.filter(pk=rollout.pk).update(step_started_at=now)
+        rollout.refresh_from_db()
+    # Not --once: it follows the release, and ends with it.
+    call_command("rollout_watch", str(rollout.pk), "--checks", "--every", "0.2", "--timeout", "30")
+    out = capsys.readouterr().out
+    assert "automatic  running 5 % -> running 25 %: every signal at least inconclusive and not worse" in out
+    assert "automatic  running 25 % -> complete 100 %: every signal" in out
+    assert "check      at 25 %: advance — every signal" in out
+    assert out.splitlines()[-1].startswith("Complete at 100 %")
+    with pytest.raises(CommandError, match="no progressive release of nope yet"):
+        call_command("rollout_watch", "--deployment", "nope")

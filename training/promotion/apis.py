@@ -218,7 +218,8 @@ class ApproveSerializer(CommentSerializer):
 
 class PromotionApproveApi(PersonApi):
     """Approve (not your own request): the release is queued; poll `GET releases/<id>`. With a
-    plan the candidate takes its traffic in steps: follow `GET rollouts/<id>`. Without `plan`
+    plan the candidate takes its traffic in steps: follow `GET rollouts/<id>` (the answer's
+    `rollout`). Without `plan`
     the deployment's default plan is taken, as on the page; `"plan": null` deploys all at once."""
 
     permission_classes = [IsAuthenticated]

@@ -84,6 +84,7 @@ def promotions_recent(*, limit: int = 50, status: str | None = None) -> list[Pro
 def release_get(*, release_id: int) -> Release | None:
     return (
         Release.objects.select_related("version", "from_version", "deployment", "promotion", "requested_by")
+        .prefetch_related("rollouts")
         .filter(pk=release_id)
         .first()
     )
@@ -313,6 +314,9 @@ def release_as_dict(r: Release) -> dict[str, Any]:
         "error": r.error or None,
         "smoke": r.smoke,
         "timings_ms": r.timings,
+        # A release approved with a plan loads the candidate for a progressive release: follow
+        # it at `GET rollouts/<id>`.
+        "rollout": next((ro.pk for ro in r.rollouts.all()), None),
         "requested_by": r.requested_by.username if r.requested_by else None,
         "created_at": r.created_at.isoformat(),
         "finished_at": r.finished_at.isoformat() if r.finished_at else None,

@@ -49,7 +49,7 @@ def stale_work_settle(
             if item is None or last is None or last >= cutoff:
                 continue
             if item.status != WorkStatus.CANCELLING and resume is not None and resume(item):
-                item.status, item.worker = WorkStatus.QUEUED, ""
+                item.status, item.worker = model.QUEUED_STATUS, ""
                 item.save(update_fields=["status", "worker"])
                 if on_resumed is not None:
                     on_resumed(item)

@@ -1,5 +1,5 @@
-"""One lifecycle for background work: judge jobs, failure-mode runs, training jobs,
-evaluations and releases are `WorkItem`s, moved through the same statuses by the same
+"""One lifecycle for background work: judgements, judge jobs, failure-mode runs, training
+jobs, evaluations and releases are `WorkItem`s, moved through the same statuses by the same
 functions.
 
 - `work_claim`: a worker takes a queued item under the row's lock, so of two deliveries of
@@ -15,7 +15,9 @@ functions.
   (`webapp/kernel/stale_work.py`) is never overwritten by a worker that was only slow.
 
 A kind uses the statuses it needs: only training jobs are stopped by a monitor or wind down
-through `cancelling`. A kind with steps of its own keeps them in a field beside the status
+through `cancelling`. A kind whose waiting status had its own name before the lifecycle
+(a judgement is `pending`) names it in `QUEUED_STATUS`; the held and failed statuses are
+always the shared ones. A kind with steps of its own keeps them in a field beside the status
 (a release's `step`: loading, smoke test, switching the live pointer).
 
 Nothing here imports an app, so every app can build on it.
@@ -55,6 +57,8 @@ class WorkItem(models.Model):
     # The statuses in which a worker holds the item; a kind that winds down through
     # `cancelling` (training jobs checkpoint first) adds it.
     HELD_STATUSES: ClassVar[tuple[str, ...]] = (WorkStatus.RUNNING,)
+    # The status an item waits in until a worker claims it.
+    QUEUED_STATUS: ClassVar[str] = WorkStatus.QUEUED
 
     status = models.CharField(max_length=20, choices=WorkStatus.choices, default=WorkStatus.QUEUED)
     cancel_requested = models.BooleanField(default=False)
@@ -74,7 +78,7 @@ class WorkItem(models.Model):
 
     @property
     def is_active(self) -> bool:
-        return self.status == WorkStatus.QUEUED or self.status in self.HELD_STATUSES
+        return self.status == self.QUEUED_STATUS or self.status in self.HELD_STATUSES
 
 
 W = TypeVar("W", bound=WorkItem)
@@ -110,7 +114,7 @@ def work_claim(
         item = model.objects.select_for_update().filter(pk=pk).first()
         if item is None:
             return None
-        if item.status != WorkStatus.QUEUED:
+        if item.status != model.QUEUED_STATUS:
             if resume_after is None or item.status not in model.HELD_STATUSES:
                 return None
             last = item.heartbeat_at or item.started_at
@@ -205,7 +209,7 @@ def work_cancel(
         item = model.objects.select_for_update().filter(pk=pk).first()
         if item is None:
             return None
-        if item.status == WorkStatus.QUEUED:
+        if item.status == model.QUEUED_STATUS:
             item.cancel_requested = True
             return _end(item, status=WorkStatus.CANCELLED, settle=lambda _: ["cancel_requested"], on_end=on_end)
         if item.status == WorkStatus.RUNNING and not item.cancel_requested:

@@ -5,6 +5,7 @@ page costs the same with a hundred traces or a million (no table is counted)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from urllib.parse import urlencode
 
@@ -14,6 +15,7 @@ from django.urls import reverse
 from feedback.models import Comment, CustomerFeedback, Grade, JudgeResult, JudgeStatus, Trace, TraceSource
 from training.models import TrainingJob, TrainingSet
 from training.promotion.models import Evaluation, PromotionRequest, PromotionStatus
+from training.promotion.rollout_models import Rollout, RolloutState
 from training.serving.models import Deployment, LiveVersion, ModelVersion, ModelVersionKind
 from webapp.kernel.work import WorkStatus
 from webapp.site.selectors import HELD_OUT_SPLITS
@@ -23,6 +25,11 @@ DEFAULT_TOUR_DEPLOYMENT = "support-bot"
 # What a set of the agent's episodes with corrected turns trains on, named where it is offered.
 ORACLE_LABELS = "oracle labels (computed from the environment's hidden answer)"
 GRADED_SHOWN = 50  # graded episodes counted at most (a LIMIT, never the table)
+# While a progressive release is under way, "run the agent" sends enough episodes for the
+# candidate to expect this many times its step's minimum of conversations at its share (one
+# press, not dozens); at most what one run may ask (feedback.services.demo_runs.MAX_EPISODES).
+ROLLOUT_TRAFFIC_FACTOR = 2
+AGENT_EPISODES_MAX = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +53,17 @@ class Tour:
     # `make demo`: episodes its agent has worked so far, of how many (0: not a demo run).
     demo_have: int = 0
     demo_target: int = 0
+    # The progressive release under way (running or held), if any.
+    rollout: Rollout | None = None
+
+    def agent_episodes(self, default: int) -> int:
+        """How many test tasks "run the agent" sends: `default`, or while a release is under
+        way enough for the candidate's share of them to meet its step's minimum."""
+        if self.rollout is None:
+            return default
+        step = self.rollout.steps[self.rollout.step]
+        wanted = math.ceil(ROLLOUT_TRAFFIC_FACTOR * max(step.get("min_conversations") or 1, 1) / step["share"])
+        return min(max(default, wanted), AGENT_EPISODES_MAX)
 
     @property
     def demo_filling(self) -> bool:
@@ -156,8 +174,7 @@ def tour_get(*, deployment: Deployment | None, demo_target: int = 0) -> Tour:
                     "a judgement is running"
                     if pending
                     else (
-                        f"the latest judgement failed ({failed.failure_reason[:160]}): judge again, "
-                        "or connect a stronger judge"
+                        f"the latest judgement failed ({failed.error[:160]}): judge again, or connect a stronger judge"
                         if failed
                         else "no judgement yet"
                     )
@@ -272,22 +289,43 @@ def tour_get(*, deployment: Deployment | None, demo_target: int = 0) -> Tour:
     )
     pending_request = promotions.filter(status=PromotionStatus.PENDING).order_by("-id").first()
     shown = approved or pending_request
+    # Approved with a release plan: the candidate takes its traffic in steps (the release page).
+    rollout = (
+        Rollout.objects.filter(deployment=deployment, state__in=(RolloutState.RUNNING, RolloutState.HELD))
+        .select_related("candidate")
+        .first()
+    )
+    in_steps = rollout if rollout is not None and approved is not None and rollout.promotion_id == approved.pk else None
     steps.append(
         TourStep(
             key="promote",
             title="Request the promotion; another person approves it",
-            how="The operator asks with a note; the approver (not the requester) approves and the release goes live.",
+            how=(
+                "The operator asks with a note; the approver (not the requester) approves and the release goes "
+                "live, at once or in the steps of a release plan."
+            ),
             done=approved is not None and approved.status == PromotionStatus.DEPLOYED,
             detail=(
                 f"{approved.candidate.name} approved by {approved.decided_by.username if approved.decided_by else '?'}"
-                f" — {approved.get_status_display().lower()}"
+                + (
+                    f" — in steps: {_share(in_steps.share)} of new conversations, step {in_steps.step + 1} of "
+                    f"{len(in_steps.steps)} ({in_steps.get_state_display().lower()}; plan {in_steps.plan.get('name')})"
+                    if in_steps
+                    else f" — {approved.get_status_display().lower()}"
+                )
                 if approved
                 else (
                     f"{pending_request.candidate.name} waits for an approver" if pending_request else "no request yet"
                 )
             ),
-            link=reverse("promotion:promotion", args=[shown.pk]) if shown else reverse("promotion:promotion-list"),
-            link_text="The request" if shown else "Promotion requests",
+            link=(
+                reverse("promotion:rollout", args=[in_steps.pk])
+                if in_steps
+                else reverse("promotion:promotion", args=[shown.pk])
+                if shown
+                else reverse("promotion:promotion-list")
+            ),
+            link_text="The release" if in_steps else "The request" if shown else "Promotion requests",
             in_progress=approved is not None and approved.status == PromotionStatus.APPROVED,
         )
     )
@@ -310,6 +348,10 @@ def tour_get(*, deployment: Deployment | None, demo_target: int = 0) -> Tour:
             detail=(
                 f"episodes served by {live.name} since it went live have arrived"
                 if served_by_live
+                else f"{rollout.candidate.name} answers {_share(rollout.share)} of new conversations, "
+                f"{live.name if live else 'the live version'} the others: the agent's episodes are the traffic "
+                "that walks the release's steps"
+                if rollout is not None
                 else (
                     f"{live.name} is live; no episode of the agent served by it yet"
                     if trained_live
@@ -362,7 +404,12 @@ def tour_get(*, deployment: Deployment | None, demo_target: int = 0) -> Tour:
         steps=steps,
         demo_have=demo_readiness(deployment=deployment, target=demo_target),
         demo_target=demo_target,
+        rollout=rollout,
     )
+
+
+def _share(share: float) -> str:
+    return f"{100 * share:g} %"
 
 
 def comment_sets(*, deployment: Deployment):

@@ -37,10 +37,12 @@ def tour(request: HttpRequest) -> HttpResponse:
     deployment = tour_deployment(name=name)
     if name and deployment is None:
         raise Http404("no such deployment")
+    tour = tour_get(deployment=deployment, demo_target=settings.DEMO_EPISODES)
     context = {
-        "tour": tour_get(deployment=deployment, demo_target=settings.DEMO_EPISODES),
+        "tour": tour,
         "can_run_agent": request.user.has_perm("training.add_trainingjob"),
-        "episodes": settings.DEMO_AGENT_EPISODES,
+        # More while a progressive release is under way: its candidate's share of them walks its steps.
+        "episodes": tour.agent_episodes(settings.DEMO_AGENT_EPISODES),
     }
     template = "tour.html#steps" if request.htmx else "tour.html"
     return render(request, template, context)

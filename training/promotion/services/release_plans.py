@@ -129,6 +129,22 @@ def release_plan_create(
     return plan
 
 
+def release_plan_revise(*, plan: ReleasePlan, steps: Any, thresholds: Any = None, description: str = "") -> bool:
+    """Give `plan` these steps, thresholds and description; False when it had them already.
+    A rollout keeps the copy of the plan it was approved with, so none under way changes."""
+    wanted = {
+        "steps": plan_steps_clean(steps),
+        "thresholds": plan_thresholds_clean(thresholds),
+        "description": description[:300],
+    }
+    if all(getattr(plan, k) == v for k, v in wanted.items()):
+        return False
+    for k, v in wanted.items():
+        setattr(plan, k, v)
+    plan.save(update_fields=list(wanted))
+    return True
+
+
 def release_plans_for(*, deployment: Deployment) -> list[ReleasePlan]:
     """The plans an approver of `deployment`'s requests may choose: its own, then the shared ones."""
     plans = ReleasePlan.objects.filter(Q(deployment=deployment) | Q(deployment__isnull=True))
