@@ -123,8 +123,8 @@ def main() -> None:
     from training.inference.server import InferenceServer, ServerSpec
     from training.modelprep import tiny_prepare
     from training.promotion.models import Evaluation, Release
-    from training.services.promotion import promotion_approve, promotion_request_create
-    from training.services.rollback import rollback_request
+    from training.promotion.services.promotion import promotion_approve, promotion_request_create
+    from training.promotion.services.rollback import rollback_request
     from training.serving.models import ModelVersion
     from training.serving.services import (
         base_model_register,

@@ -667,7 +667,7 @@ def slices(args, family: str) -> list[tuple[str, int | None]]:
     test split or a fresh slice is a look at held-out figures: refused when `family` was
     already measured there for this seed (without `--second-look REASON`), else logged in
     docs/experiments/test-split-looks.jsonl."""
-    from training.evaluation.split_looks import SecondLook, split_look_check, split_look_record
+    from training.promotion.evaluation.split_looks import SecondLook, split_look_check, split_look_record
 
     wanted = [] if args.only_fresh else [(args.split, None)]
     wanted += [("fresh", f) for f in args.fresh_seed]
@@ -837,7 +837,7 @@ def command_curve(args) -> None:
     import torch
 
     from training.environments.support_desk import SupportDesk
-    from training.evaluation.decision_curve import rule_step
+    from training.promotion.evaluation.decision_curve import rule_step
     from training.trainer.sampling import encode_prompt
 
     model, tokenizer = load_base()
@@ -941,7 +941,7 @@ def command_summary(args) -> None:
 
 def summary_print(records: list[dict[str, Any]]) -> None:
     """The per-seed and over-seeds tables of `records` (base and candidate runs)."""
-    from training.evaluation.seeds import interval_text
+    from training.promotion.evaluation.seeds import interval_text
 
     base = {}
     for r in records:
@@ -959,7 +959,7 @@ def summary_print(records: list[dict[str, Any]]) -> None:
         "refundable refunded | others left alone |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    from training.evaluation.bootstrap import PairedEpisode, task_bootstrap_gain
+    from training.promotion.evaluation.bootstrap import PairedEpisode, task_bootstrap_gain
 
     pooled: dict[tuple[str, str], list[tuple[dict, dict]]] = {}
     # Candidate minus base success of each (seed, task) pair: one episode each, same seeds.

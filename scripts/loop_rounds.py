@@ -107,7 +107,7 @@ def setup(*, model: Path, run: str, args) -> tuple[Any, Any]:
     from django.contrib.auth.models import Group
 
     from training.learning_policies.services import learning_policy_create
-    from training.services.live_set import live_set_by_command
+    from training.promotion.services.live_set import live_set_by_command
     from training.serving.models import BaseModel, Deployment, ModelVersion, ModelVersionKind
 
     base, _ = BaseModel.objects.get_or_create(name=f"smollm2-loop-{run}", defaults={"path": str(model)})
@@ -206,9 +206,9 @@ def candidate_harness(version, base_model, tokenizer):
 
 def paired(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
     """Success of both on the same tasks, and the gain paired by task with its interval from
-    a bootstrap over the tasks, stratified by kind (`training.evaluation.bootstrap`)."""
-    from training.evaluation.bootstrap import PairedEpisode, task_bootstrap_gain
-    from training.evaluation.metrics import wilson_interval
+    a bootstrap over the tasks, stratified by kind (`training.promotion.evaluation.bootstrap`)."""
+    from training.promotion.evaluation.bootstrap import PairedEpisode, task_bootstrap_gain
+    from training.promotion.evaluation.metrics import wilson_interval
 
     b = [1.0 if e["success"] else 0.0 for e in base["episodes"]]
     c = [1.0 if e["success"] else 0.0 for e in other["episodes"]]

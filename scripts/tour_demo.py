@@ -115,8 +115,8 @@ def summary_lines(per_seed: list[dict], slices: list[str]) -> list[str]:
     violations (mean with its t interval over seeds), the gain with its task-bootstrap
     interval (tasks stratified by kind, and seeds), and successes and violations per kind."""
     from training.environments.support_desk import KINDS
-    from training.evaluation.paired_runs import slice_summaries
-    from training.evaluation.seeds import interval_format as _text
+    from training.promotion.evaluation.paired_runs import slice_summaries
+    from training.promotion.evaluation.seeds import interval_format as _text
 
     lines = []
     for s in slice_summaries(per_seed, slices, labels=KINDS):
@@ -275,7 +275,7 @@ def main() -> int:
             print(line)
         return 0
 
-    from training.evaluation.split_looks import SecondLook, split_look_check, split_look_record
+    from training.promotion.evaluation.split_looks import SecondLook, split_look_check, split_look_record
 
     family = args.family or f"tour-{args.method}"
     try:
@@ -297,11 +297,11 @@ def main() -> int:
     from feedback.demo.agent import ACT_OR_REPLY_REGEX, demo_agent_run
     from feedback.services.api_keys import api_key_create
     from training.inference.server import InferenceServer, ServerSpec
+    from training.promotion.services.live_set import live_set_by_command
     from training.services.episode_sets import training_set_from_episodes
     from training.services.inference import inference_client
     from training.services.job_start import training_job_run
     from training.services.jobs import training_job_create
-    from training.services.live_set import live_set_by_command
     from training.serving.models import ModelVersion
     from training.serving.services import base_model_register, deployment_get_or_create
 

@@ -15,10 +15,10 @@ from feedback.services.customer_feedback import (
     FeedbackTargetNotFound,
     IdempotencyConflict,
 )
-from training.services.evaluation_items import EvaluationError
+from training.promotion.services.evaluation_items import EvaluationError
+from training.promotion.services.promotion_checks import PromotionRefused
 from training.services.jobs import JobError
 from training.services.judge_gate import OVERRIDE_FIELD, JudgeGateClosed
-from training.services.promotion_checks import PromotionRefused
 from webapp.kernel.api_errors import error_response, exception_handler
 from webapp.kernel.chat_format import FieldError
 from webapp.kernel.errors import Conflict, DomainError
@@ -107,7 +107,7 @@ def test_value_errors_stay_value_errors():
 @pytest.mark.parametrize(
     ("exc", "status", "field", "reason"),
     [
-        # What feedback/apis.py and training/apis.py answered by hand before the handler did.
+        # What feedback/apis.py and training/promotion/apis.py answered by hand before the handler did.
         (FieldError("rating", "up or down"), 400, "rating", "up or down"),
         (FeedbackTargetNotFound("trace_id", "no such trace"), 404, "trace_id", "no such trace"),
         (IdempotencyConflict("used for a different request"), 409, "idempotency_key", "used for a different request"),

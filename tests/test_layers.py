@@ -46,8 +46,8 @@ PROBES = [
     ("feedback/services/review.py", "import training.finetuning.models", {FLOOR_PLAN}),
     ("feedback/gateway/recorder.py", "import training.finetuning.jobs", {FLOOR_PLAN}),
     ("feedback/services/judging.py", "import training.trainer.loss", {NO_TORCH_ON_THE_WEB}),
-    ("training/evaluation/bootstrap.py", "import torch", {EVALUATION}),
-    ("training/evaluation/paired_runs.py", "import training.trainer.grpo", {EVALUATION}),
+    ("training/promotion/evaluation/bootstrap.py", "import torch", {EVALUATION}),
+    ("training/promotion/evaluation/paired_runs.py", "import training.trainer.grpo", {EVALUATION}),
     ("training/services/jobs.py", "import training.learning_policies.views", {NO_PAGES_BELOW}),
     ("feedback/selectors/review.py", "import feedback.forms", {NO_PAGES_BELOW, INSIDE_APPS}),
     ("training/serving/services.py", "import feedback.models", {FLOOR_PLAN}),
@@ -57,7 +57,7 @@ PROBES = [
     ("training/inference/codec.py", "import torch", {NO_TORCH_ON_THE_WEB}),
     ("feedback/services/stitching.py", "import feedback.services.capture", {ACYCLIC}),
     ("training/services/job_runner.py", "import training.services.job_processes", {ACYCLIC}),
-    ("training/services/release.py", "import training.services.promotion_checks", {ACYCLIC}),
+    ("training/promotion/services/release.py", "import training.promotion.services.promotion_checks", {ACYCLIC}),
 ]
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from training.evaluation.paired_runs import paired_gains, slice_summaries
-from training.evaluation.seeds import interval_text
+from training.promotion.evaluation.paired_runs import paired_gains, slice_summaries
+from training.promotion.evaluation.seeds import interval_text
 
 spec = importlib.util.spec_from_file_location("tour_demo", Path(__file__).parent.parent / "scripts" / "tour_demo.py")
 tour_demo = importlib.util.module_from_spec(spec)
@@ -332,7 +332,7 @@ def _clamped(interval):
 
 
 def mean_interval_of(values):
-    from training.evaluation.seeds import mean_interval
+    from training.promotion.evaluation.seeds import mean_interval
 
     return mean_interval(values)
 

@@ -23,7 +23,7 @@ from feedback.services.judging import judge_results_fail_stale
 from tests.factories import DeploymentFactory, MessageFactory
 from training.models import TrainingJob
 from training.promotion.models import Evaluation
-from training.services.evaluation import evaluations_fail_stale
+from training.promotion.services.evaluation import evaluations_fail_stale
 from training.services.jobs import training_jobs_check_stale
 from training.serving.models import BaseModel, ModelVersion
 from webapp.kernel.work import WorkItem, WorkStatus, work_beat, work_cancel, work_claim, work_end
@@ -183,7 +183,7 @@ def _run_failure_modes(item):
 
 
 def _run_evaluation(item):
-    from training.services.evaluation import evaluation_run
+    from training.promotion.services.evaluation import evaluation_run
 
     return evaluation_run(evaluation_id=item.pk, worker="w-next")
 

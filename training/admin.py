@@ -16,8 +16,8 @@ from training.serving.admin import LiveVersionAdmin, ReadOnlyAdmin
 
 
 def _each(modeladmin, request, queryset, act, done: str) -> None:
-    from training.services.evaluation import EvaluationError
-    from training.services.promotion_checks import PromotionRefused
+    from training.promotion.services.evaluation import EvaluationError
+    from training.promotion.services.promotion_checks import PromotionRefused
 
     for obj in queryset:
         try:
@@ -36,7 +36,7 @@ class PromotionRequestAdmin(ReadOnlyAdmin):
 
     @admin.action(description="Approve and deploy (not your own requests)")
     def approve(self, request, queryset) -> None:
-        from training.services.promotion import promotion_approve
+        from training.promotion.services.promotion import promotion_approve
 
         _each(
             self,
@@ -48,7 +48,7 @@ class PromotionRequestAdmin(ReadOnlyAdmin):
 
     @admin.action(description="Reject")
     def reject(self, request, queryset) -> None:
-        from training.services.promotion import promotion_reject
+        from training.promotion.services.promotion import promotion_reject
 
         _each(
             self,
@@ -73,7 +73,7 @@ class EvaluationAdmin(ReadOnlyAdmin):
 
     @admin.action(description="Cancel")
     def cancel(self, request, queryset) -> None:
-        from training.services.evaluation import evaluation_cancel
+        from training.promotion.services.evaluation import evaluation_cancel
 
         _each(self, request, queryset, lambda e: evaluation_cancel(evaluation=e, user=request.user), "cancelling")
 
@@ -87,7 +87,7 @@ class AuditEventAdmin(ReadOnlyAdmin):
 
 @admin.action(description="Roll back to the version live before")
 def rollback_action(modeladmin, request, queryset) -> None:
-    from training.services.rollback import rollback_request
+    from training.promotion.services.rollback import rollback_request
 
     _each(
         modeladmin,

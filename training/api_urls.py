@@ -1,9 +1,9 @@
 from django.urls import path
 
-from training import apis, apis_jobs, apis_sets
+from training import apis_jobs, apis_sets
 from training.learning_policies import apis as policy_apis
 from training.policy_notes import apis as note_apis
-from training.promotion import rollout_apis
+from training.promotion import apis, rollout_apis
 
 urlpatterns = [
     path("evaluations", apis.EvaluationCreateApi.as_view(), name="api-evaluation-create"),

@@ -18,7 +18,7 @@ from rest_framework.permissions import SAFE_METHODS, IsAuthenticated
 from rest_framework.response import Response
 
 from training import selectors
-from training.apis import PersonApi, needs
+from training.api_person import PersonApi, needs
 from training.models import JobKind, TrainingJob, TrainingSet
 from training.services.jobs import JobError, training_job_cancel, training_job_create
 from training.serving.models import ModelVersion

@@ -23,7 +23,7 @@ from rest_framework.response import Response
 from feedback.failure_modes.apis import made_from_failure_mode_responses
 from feedback.forms import trace_filters
 from feedback.judge.scoring import served_calls_problem
-from training.apis import PersonApi, needs
+from training.api_person import PersonApi, needs
 from training.inference.codec import tool_calls_parse
 from training.models import TrainingItem, TrainingSet, TrainingSplit
 from training.services.training_sets import ITEM_FIELDS as STORED_ITEM_FIELDS

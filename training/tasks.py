@@ -8,7 +8,7 @@
 - `training.learning_policies_tick`: `default`, from the beat schedule (`webapp/celery.py`);
   it queues jobs and evaluations and never waits for them.
 - `training.rollouts_tick`: `default`, from the beat schedule: each running progressive
-  release's check (`training.services.rollouts`).
+  release's check (`training.promotion.services.rollouts`).
 """
 
 from __future__ import annotations
@@ -27,21 +27,21 @@ def training_job_run_task(self, job_id: int) -> None:
 
 @shared_task(bind=True, name="training.evaluation_run", queue="default", acks_late=True, reject_on_worker_lost=True)
 def evaluation_run_task(self, evaluation_id: int) -> None:
-    from training.services.evaluation import evaluation_run
+    from training.promotion.services.evaluation import evaluation_run
 
     evaluation_run(evaluation_id=evaluation_id, worker=work_worker_name(self.request.hostname))
 
 
 @shared_task(bind=True, name="training.release_run", queue="deploy", acks_late=True, reject_on_worker_lost=True)
 def release_run_task(self, release_id: int) -> None:
-    from training.services.release import release_run
+    from training.promotion.services.release import release_run
 
     release_run(release_id=release_id, worker=work_worker_name(self.request.hostname))
 
 
 @shared_task(name="training.release_adapter_unload", queue="deploy", ignore_result=True)
 def release_adapter_unload_task(version_id: int) -> None:
-    from training.services.release import release_adapter_unload
+    from training.promotion.services.release import release_adapter_unload
 
     release_adapter_unload(version_id=version_id)
 
@@ -56,6 +56,6 @@ def learning_policies_tick_task() -> None:
 @shared_task(name="training.rollouts_tick", queue="default", ignore_result=True)
 def rollouts_tick_task() -> None:
     """Every running progressive release's check: advance, roll back or wait."""
-    from training.services.rollouts import rollouts_tick
+    from training.promotion.services.rollouts import rollouts_tick
 
     rollouts_tick()

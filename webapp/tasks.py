@@ -19,9 +19,9 @@ def stale_work_sweep_task() -> None:
     from feedback.failure_modes.services import failure_mode_runs_fail_stale
     from feedback.services.judge_jobs import judge_jobs_fail_stale
     from feedback.services.judging import judge_results_fail_stale
-    from training.services.evaluation import evaluations_fail_stale
+    from training.promotion.services.evaluation import evaluations_fail_stale
+    from training.promotion.services.release import releases_fail_stale
     from training.services.jobs import training_jobs_check_stale
-    from training.services.release import releases_fail_stale
 
     for sweep in (
         _legacy_done_to_finished,

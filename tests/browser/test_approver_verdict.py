@@ -40,7 +40,7 @@ def test_the_demos_evaluation_reads_inconclusive_above_the_buttons_and_approval_
     registry,  # noqa: F811
 ):
     from feedback.models import DeploymentJudge
-    from training.services.promotion import promotion_request_create
+    from training.promotion.services.promotion import promotion_request_create
 
     operator, approver = user_with_role("operator", "olga"), user_with_role("approver", "arno")
     DeploymentJudge.objects.create(deployment=registry.deployment, base_url="http://127.0.0.1:9/v1", model="judge")
@@ -111,7 +111,7 @@ def test_a_refund_everything_candidate_is_blocked_by_the_policy_violation_check(
     screenshot,
     registry,  # noqa: F811
 ):
-    from training.services.promotion import promotion_request_create
+    from training.promotion.services.promotion import promotion_request_create
 
     operator, approver = user_with_role("operator", "olga"), user_with_role("approver", "arno")
     items = refund_everything_items()

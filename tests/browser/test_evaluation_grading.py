@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.postgres]
 
 
 def test_the_report_grades_a_served_tool_call_as_the_call_it_was(open_page, local_registry):  # noqa: F811
-    from training.services.evaluation import evaluation_create, evaluation_run
+    from training.promotion.services.evaluation import evaluation_create, evaluation_run
 
     operator = user_with_role("operator", "olga")
     deployment, _, candidate = local_registry

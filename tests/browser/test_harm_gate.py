@@ -16,8 +16,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.postgres, pytest.mark.slow]
 
 
 def test_the_approver_sees_the_harm_and_cannot_approve(open_page, screenshot, memorising_registry):
-    from training.services.evaluation import evaluation_run
-    from training.services.promotion import promotion_request_create
+    from training.promotion.services.evaluation import evaluation_run
+    from training.promotion.services.promotion import promotion_request_create
 
     deployment, _, candidate, order_id = memorising_registry
     operator, approver = user_with_role("operator", "olga"), user_with_role("approver", "arno")

@@ -12,16 +12,16 @@ from datetime import timedelta
 
 import pytest
 
-import training.services.release as release_service
+import training.promotion.services.release as release_service
 from feedback.models import Message, Trace
 from tests.factories import DeploymentFactory, user_with_role
 from tests.fixtures.inference import free_port
 from tests.promotion.conftest import evaluation_row, make_adapter_folder
 from training.promotion.models import Release
 from training.promotion.rollout_models import Rollout, RolloutState
-from training.services.promotion import promotion_request_create
-from training.services.release_plans import release_plan_create
-from training.services.rollouts import rollout_check
+from training.promotion.services.promotion import promotion_request_create
+from training.promotion.services.release_plans import release_plan_create
+from training.promotion.services.rollouts import rollout_check
 from training.serving.services import base_model_register, live_version_set, model_version_create
 from webapp.kernel.work import work_claim
 

@@ -45,7 +45,7 @@ def test_request_approve_and_watch_the_release_go_live(
     judge_server,
 ):
     from feedback.models import DeploymentJudge
-    from training.services.evaluation import evaluation_create
+    from training.promotion.services.evaluation import evaluation_create
     from training.serving.services import live_version_set, model_version_create
 
     operator, approver = user_with_role("operator", "olga"), user_with_role("approver", "arno")
@@ -114,5 +114,8 @@ def test_request_approve_and_watch_the_release_go_live(
     review.wait_for_selector("#promotion-status:has-text('Rolled back')", timeout=60_000)
     assert LiveVersion.objects.get(deployment=deployment).version == base_version
     review.goto("/audit/")
-    assert review.locator("table.audit tbody tr").count() == 11
+    # The steps, and the pointer's three moves: the base going live, the release, the rollback.
+    assert review.locator("table.audit tbody tr").count() == 12
+    moves = review.locator("table.audit tbody tr:has-text('Live version switched')")
+    assert moves.count() == 3 and "Live version switched · Rollback" in moves.first.inner_text()
     screenshot(review, "audit-log")

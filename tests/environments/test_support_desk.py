@@ -479,7 +479,7 @@ def test_a_logged_turn_with_arguments_nested_past_the_parsers_depth_still_gets_a
 
 
 def test_decision_contexts_show_each_day_and_status_after_the_lookup_of_held_out_requests():
-    from training.evaluation.decision_curve import calls_action, curve_summary, rule_step
+    from training.promotion.evaluation.decision_curve import calls_action, curve_summary, rule_step
 
     desk = SupportDesk()
     tasks = desk.tasks_for(split="test")

@@ -146,8 +146,8 @@ def test_a_failure_mode_without_usable_turns_is_refused_and_nothing_is_stored(no
 
 
 def test_the_slice_is_a_policys_evaluation_set_and_the_promotions_regression_slice(modes, world):  # noqa: F811
-    from training.services.promotion_checks import check_regressions
-    from training.services.promotion_signals import evaluation_signals
+    from training.promotion.services.promotion_checks import check_regressions
+    from training.promotion.services.promotion_signals import evaluation_signals
 
     built, _ = evaluation_slice_from_failure_cluster(cluster=modes["tracking"], user=world["olga"])
     p = policy(world, eval_training_set=built, min_new_turns=1)

@@ -14,7 +14,7 @@ from tests.training.policies import finish_job, policy, world  # noqa: F401
 from training.learning_policies.tick import learning_policies_tick
 from training.models import TrainingItem, TrainingJob, TrainingSplit
 from training.promotion.models import Evaluation
-from training.services.evaluation_items import EvaluationError
+from training.promotion.services.evaluation_items import EvaluationError
 from training.services.evaluation_slices import evaluation_slice_from_failure_cluster
 from training.services.feedback_sets import training_set_from_feedback
 from training.services.jobs import training_job_create
@@ -75,7 +75,7 @@ def _candidate(world, name, *, parent=None):  # noqa: F811
 def test_a_candidate_trained_on_the_slices_turns_is_not_evaluated_on_it(modes, world):  # noqa: F811
     """A set built before the slice took its turns as training items: the candidate trained on
     it, and one trained from that candidate, saw the test; one that did not may take it."""
-    from training.services.evaluation import evaluation_create
+    from training.promotion.services.evaluation import evaluation_create
 
     earlier = training_set_from_feedback(name="before-the-slice", filters={}, heldout_fraction=0.0)
     job = training_job_create(
@@ -106,7 +106,7 @@ def test_the_slice_is_judged_on_the_mistake_its_notes_name(modes, world):  # noq
     candidate that leaves the tracking link out again could still win. Each item's rubric holds
     the reviewers' words, and the evaluation scores both answers under it."""
     from training.promotion.models import EvaluationItem
-    from training.services.evaluation import evaluation_create
+    from training.promotion.services.evaluation import evaluation_create
 
     built, _ = evaluation_slice_from_failure_cluster(cluster=modes["tracking"], user=None)
     for item in TrainingItem.objects.filter(training_set=built):

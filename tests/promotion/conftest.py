@@ -103,3 +103,25 @@ def approving_operator(db):
 
     user.groups.add(Group.objects.get(name="approver"))
     return user
+
+
+def live_moves(deployment) -> list[tuple]:
+    """The deployment's trail of live moves, oldest first: (from, to, how, who, why, the
+    request's id, the release's id), the versions and the person by name."""
+    from training.serving.models import LiveVersionChange
+
+    rows = LiveVersionChange.objects.filter(deployment=deployment).select_related(
+        "from_version", "to_version", "changed_by"
+    )
+    return [
+        (
+            c.from_version.name if c.from_version else None,
+            c.to_version.name,
+            c.kind,
+            c.changed_by.username if c.changed_by else None,
+            c.reason,
+            c.promotion_id,
+            c.release_id,
+        )
+        for c in rows.order_by("id")
+    ]

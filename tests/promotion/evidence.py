@@ -1,7 +1,7 @@
 """Evaluations stored with the figures the measurement produces, for the pages and checks
 that read them: per-item results as `evaluation_item_run` / `episode_side_run` write them
 (each episode side with its task's `kind` and its `policy_violations`), and the summary that
-`training.evaluation.metrics.summarize` makes of them.
+`training.promotion.evaluation.metrics.summarize` makes of them.
 
 Two candidates from the issue that asked for honest evidence:
 
@@ -19,7 +19,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from training.evaluation.metrics import summarize, wilson_interval
+from training.promotion.evaluation.metrics import summarize, wilson_interval
 
 KIND_LABELS = {
     "refundable_recent": "refundable, delivered ≤ 21 days ago",

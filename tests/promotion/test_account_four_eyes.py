@@ -200,7 +200,7 @@ def test_account_changes_are_logged_with_who_made_them(client, root):
     assert (events[3][2]["added"], events[4][2]["removed"]) == (["reviewer"], ["reviewer"])
     assert all(data["user_id"] == user.pk and data["username"] == "nina" for _, _, data in events)
     # The audit log refuses to forget them.
-    from training.promotion.models import AuditImmutable
+    from webapp.kernel.append_only import AuditImmutable
 
     with pytest.raises(AuditImmutable):
         AuditEvent.objects.filter(action=AuditAction.ACCOUNT_CREATED).delete()

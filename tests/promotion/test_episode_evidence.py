@@ -33,7 +33,7 @@ def test_an_episode_evaluation_records_kinds_violations_the_gain_and_the_decisio
     tool_registry, operator, settings
 ):
     from training.environments.support_desk import KINDS, REFUND_WINDOW_DAYS, SupportDesk
-    from training.services.evaluation import evaluation_create, evaluation_run
+    from training.promotion.services.evaluation import evaluation_create, evaluation_run
 
     settings.EVAL_DECISION_CURVE_PER_POINT = 1
     settings.EVAL_DECISION_CURVE_EVERY = 6  # 0, 6, …, 60 and 31: 12 days, and 3 statuses
@@ -92,7 +92,7 @@ def test_an_episode_evaluation_records_kinds_violations_the_gain_and_the_decisio
 
 
 def test_no_curve_where_it_is_turned_off_or_the_evaluation_has_no_environment(tool_registry, operator, settings):
-    from training.services.evaluation import evaluation_create
+    from training.promotion.services.evaluation import evaluation_create
 
     settings.EVAL_DECISION_CURVE_PER_POINT = 0
     deployment, candidate = tool_registry

@@ -11,14 +11,14 @@ import pytest
 
 from tests.fixtures.adapters import LOOKUP_TOOL
 from tests.fixtures.judge import presented_responses
-from training.evaluation.metrics import (
+from training.inference.codec import tool_calls_parse
+from training.promotion.evaluation.metrics import (
     compare,
     kl_k3,
     response_checks,
     summarize,
     wilson_interval,
 )
-from training.inference.codec import tool_calls_parse
 
 
 def test_wilson_interval_matches_a_hand_computation():
@@ -120,7 +120,7 @@ ITEMS = [
 
 def test_a_local_evaluation_scores_both_versions_side_by_side(local_registry, judge_settings, operator):
     from training.promotion.models import AuditAction, AuditEvent
-    from training.services.evaluation import evaluation_create, evaluation_run
+    from training.promotion.services.evaluation import evaluation_create, evaluation_run
     from webapp.kernel.work import WorkStatus
 
     deployment, base_version, candidate = local_registry
@@ -187,7 +187,7 @@ def test_a_local_evaluation_scores_both_versions_side_by_side(local_registry, ju
 
 def test_evaluation_input_is_checked_before_anything_is_stored(local_registry, operator):
     from training.promotion.models import Evaluation
-    from training.services.evaluation import EvaluationError, evaluation_create
+    from training.promotion.services.evaluation import EvaluationError, evaluation_create
 
     deployment, base_version, candidate = local_registry
     bad = [
@@ -239,7 +239,7 @@ LOOKUP_A1001 = {
 def test_a_served_tool_call_is_graded_as_the_call_it_is():
     """A served message carries its call in `tool_calls` (the server parsed the block out of
     the text): the grader reads it back through the same codec, as the call it was."""
-    from training.services.evaluation import _grading_text
+    from training.promotion.services.evaluation import _grading_text
     from training.trainer.graders import grade
 
     served = {"role": "assistant", "content": None, "tool_calls": [LOOKUP_A1001]}
@@ -280,7 +280,7 @@ TOOL_GRADED = [
 
 
 def test_an_evaluation_grades_a_tool_calling_candidate_right_on_both_outcomes(local_registry, operator):
-    from training.services.evaluation import evaluation_create, evaluation_run
+    from training.promotion.services.evaluation import evaluation_create, evaluation_run
     from webapp.kernel.work import WorkStatus
 
     deployment, _, candidate = local_registry

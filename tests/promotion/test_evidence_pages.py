@@ -18,7 +18,7 @@ from tests.promotion.evidence import (
     refund_everything_items,
 )
 from training.promotion.models import AuditAction, AuditEvent, PromotionStatus, Release
-from training.services.promotion import promotion_request_create
+from training.promotion.services.promotion import promotion_request_create
 
 
 def demo_request(registry, operator):

@@ -14,12 +14,12 @@ from tests.promotion.conftest import evaluation_row
 from training.promotion.models import (
     AuditAction,
     AuditEvent,
-    AuditImmutable,
     EvaluationItem,
     PromotionRequest,
     PromotionStatus,
 )
-from training.services.promotion import promotion_request_create
+from training.promotion.services.promotion import promotion_request_create
+from webapp.kernel.append_only import AuditImmutable
 
 
 @pytest.fixture
@@ -145,17 +145,20 @@ def test_the_audit_log_cannot_be_changed(registry, pending):
 def test_the_audit_api_pages_newest_first_in_constant_queries(
     client, registry, pending, approver, django_assert_num_queries
 ):
-    from training.services.promotion import promotion_reject
+    from training.promotion.services.promotion import promotion_reject
 
     promotion_reject(promotion=pending, user=approver, comment="not yet")
     as_user(client, approver)
-    # session, user, two permission queries, the deployment, the events (versions joined)
-    with django_assert_num_queries(6):
+    # session, user, two permission queries, the deployment, the events and the live pointer's
+    # moves (versions joined)
+    with django_assert_num_queries(7):
         first = client.get("/api/v1/audit?deployment=support-bot&limit=1").json()
     assert [e["action"] for e in first["events"]] == ["promotion_rejected"]
     assert first["events"][0]["actor"] == "arno" and first["events"][0]["to_version"] == "smol-v1"
     rest = client.get(f"/api/v1/audit?deployment=support-bot&before={first['next_before']}").json()
-    assert [e["action"] for e in rest["events"]] == ["promotion_requested"] and rest["next_before"] is None
+    # The base went live first (the fixture's move, from the pointer's trail).
+    assert [e["action"] for e in rest["events"]] == ["promotion_requested", "live_switched"]
+    assert rest["events"][1]["to_version"] == "smol" and rest["next_before"] is None
     assert client.get("/api/v1/audit?limit=0").status_code == 400
     for bad in ("\u00b2", "9" * 30, "-1"):
         refused = client.get("/api/v1/audit", {"before": bad})

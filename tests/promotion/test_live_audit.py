@@ -1,17 +1,34 @@
-"""Every route to the live pointer leaves the audit row a release leaves when it switches
-(`live_switched`, from and to): the commands as much as a promotion's release."""
+"""One audit trail for live: every route to the live pointer leaves exactly one row in the
+pointer's trail (`LiveVersionChange`, written by `live_version_set` in the move's transaction)
+with who moved it, why and how (`kind`), and the audit log, page and API, shows that row among
+its events. No route writes a `live_switched` audit event of its own any more."""
 
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connection, transaction
 
+import training.promotion.services.release as release_service
+from tests.factories import user_with_role
+from tests.promotion.conftest import evaluation_row, live_moves, make_adapter_folder
 from training.promotion.models import AuditAction, AuditEvent
-from training.serving.models import LiveVersion, ModelVersion, ModelVersionStatus
-from training.serving.services import base_model_register, model_version_create
+from training.promotion.rollout_models import Rollout
+from training.promotion.services.promotion import promotion_approve, promotion_request_create
+from training.promotion.services.release import release_run
+from training.promotion.services.release_plans import release_plan_create
+from training.promotion.services.rollback import rollback_request
+from training.promotion.services.rollouts import rollout_advance
+from training.serving.models import Deployment, LiveVersion, LiveVersionChange, ModelVersion, ModelVersionStatus
+from training.serving.services import base_model_register, live_version_set, model_version_create
+from webapp.kernel.append_only import AuditImmutable
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -28,22 +45,40 @@ def adapter_folder(tmp_path):
     return tmp_path / "lora"
 
 
-def _switches(deployment: str) -> list[tuple[str | None, str, str]]:
-    rows = AuditEvent.objects.filter(action=AuditAction.LIVE_SWITCHED, deployment__name=deployment).order_by("id")
-    return [
-        (e.from_version.name if e.from_version else None, e.to_version.name, e.detail)
-        for e in rows.select_related("from_version", "to_version")
-    ]
+def shown(client, deployment: str) -> tuple[str, list[dict]]:
+    """The audit log's page and its API's entries for `deployment`, read by an auditor."""
+    client.force_login(user_with_role("approver", "audrey"))
+    page = client.get("/audit/", {"deployment": deployment})
+    api = client.get("/api/v1/audit", {"deployment": deployment})
+    assert page.status_code == api.status_code == 200
+    return page.content.decode(), api.json()["events"]
 
 
-def test_prepare_model_and_set_live_each_leave_a_live_switched_row(db, base_folder, adapter_folder):
+def no_live_switched_events() -> bool:
+    return not AuditEvent.objects.filter(action=AuditAction.LIVE_SWITCHED).exists()
+
+
+def test_prepare_model_and_set_live_each_leave_one_row_the_audit_log_shows(db, client, base_folder, adapter_folder):
     call_command("prepare_model", "local", "--path", str(base_folder), "--name", "m", "--live-for", "bot")
     call_command("register_version", "m-v2", "--base", "m", "--path", str(adapter_folder))
     call_command("set_live", "bot", "m-v2", "--no-load", "--reason", "hotfix")
-    assert _switches("bot") == [(None, "m", "prepare_model --live-for"), ("m", "m-v2", "hotfix")]
+    assert live_moves(Deployment.objects.get(name="bot")) == [
+        (None, "m", "set", None, "prepare_model --live-for", None, None),
+        ("m", "m-v2", "set", None, "hotfix", None, None),
+    ]
     # Already live: the pointer does not move, and nothing is recorded.
     call_command("set_live", "bot", "m-v2", "--no-load")
-    assert len(_switches("bot")) == 2
+    assert len(live_moves(Deployment.objects.get(name="bot"))) == 2
+    assert no_live_switched_events()
+
+    page, entries = shown(client, "bot")
+    assert page.count("Live version switched · Set by a command") == 2
+    assert "hotfix" in page and "prepare_model --live-for" in page
+    assert [(e["action"], e["from_version"], e["to_version"], e["detail"], e["data"]) for e in entries] == [
+        ("live_switched", "m", "m-v2", "hotfix", {"kind": "set"}),
+        ("live_switched", None, "m", "prepare_model --live-for", {"kind": "set"}),
+    ]
+    assert all(e["id"] is None and e["live_change"] for e in entries)
 
 
 def test_a_refused_switch_records_nothing(db, base_folder, adapter_folder):
@@ -54,51 +89,154 @@ def test_a_refused_switch_records_nothing(db, base_folder, adapter_folder):
     with pytest.raises(CommandError, match="failed"):
         call_command("set_live", "bot", "m-bad", "--no-load")
     assert LiveVersion.objects.get(deployment__name="bot").version.name == "m"
-    assert _switches("bot") == [(None, "m", "prepare_model --live-for")]
+    assert live_moves(Deployment.objects.get(name="bot")) == [
+        (None, "m", "set", None, "prepare_model --live-for", None, None)
+    ]
 
 
-def test_demo_setup_serving_a_base_leaves_a_live_switched_row(db, base_folder):
+def test_demo_setup_serving_a_base_leaves_one_row(db, client, base_folder):
     base_model_register(name="tiny", path=base_folder)
     call_command("demo_setup", "--serve-base", "tiny")
-    assert _switches("support-bot") == [(None, "tiny", "make demo")]
+    deployment = Deployment.objects.get(name="support-bot")
+    assert live_moves(deployment) == [(None, "tiny", "set", None, "make demo", None, None)]
     call_command("demo_setup", "--serve-base", "tiny")  # a restart: already served, nothing new
-    assert len(_switches("support-bot")) == 1
+    assert len(live_moves(deployment)) == 1
+    page, entries = shown(client, "support-bot")
+    assert "make demo" in page and [e["detail"] for e in entries] == ["make demo"]
 
 
-def test_every_route_to_live_in_the_product_and_its_scripts_writes_the_audit_row():
-    """Only the release, a progressive release completing and the hand route (which all write
-    `live_switched`) call the pointer's low-level setter; a new caller must go through one."""
-    import re
-    from pathlib import Path
+def test_a_release_a_rollback_and_a_progressive_release_each_leave_one_row_the_audit_log_shows(
+    client, registry, operator, approver, monkeypatch
+):
+    monkeypatch.setattr(release_service, "release_load", lambda version: {"loaded": "lora", "name": version.name})
+    monkeypatch.setattr(release_service, "release_smoke", lambda version: {"tokens": 3, "content": "Hello"})
 
-    root = Path(__file__).resolve().parents[2]
-    callers = {
-        path.relative_to(root).as_posix()
-        for folder in ("feedback", "training", "webapp", "scripts")
-        for path in (root / folder).rglob("*.py")
-        if "migrations" not in path.parts and re.search(r"\blive_version_set\(", path.read_text())
-    }
-    assert callers == {
-        "training/serving/services.py",  # where it is defined
-        "training/services/release.py",
-        "training/services/rollouts.py",
-        "training/services/live_set.py",
-    }
-    for module in ("training/services/release.py", "training/services/rollouts.py", "training/services/live_set.py"):
-        assert "AuditAction.LIVE_SWITCHED" in (root / module).read_text(), module
+    def request():
+        evaluation = evaluation_row(registry.candidate, registry.deployment, registry.base_version)
+        return promotion_request_create(
+            candidate=registry.candidate, deployment=registry.deployment, evaluation=evaluation, requested_by=operator
+        )
+
+    first = request()
+    promoted = release_run(release_id=promotion_approve(promotion=first, user=approver).pk)
+    back = release_run(release_id=rollback_request(deployment=registry.deployment, user=approver).pk)
+    plan = release_plan_create(
+        name="two-steps",
+        deployment=registry.deployment,
+        steps=[
+            {"share": 0.05, "min_conversations": 4, "min_minutes": 10},
+            {"share": 1.0, "min_conversations": 0, "min_minutes": 0},
+        ],
+    )
+    second = request()  # made after the rollback: the withdrawn candidate may come back through it
+    stepped = release_run(release_id=promotion_approve(promotion=second, user=approver, plan=plan).pk)
+    rollout = Rollout.objects.get(release=stepped)
+    assert len(live_moves(registry.deployment)) == 3  # the first step moved no pointer
+    rollout_advance(rollout=rollout, user=approver, seen_step=0, seen_share=0.05)
+
+    assert live_moves(registry.deployment) == [
+        (None, "smol", "set", None, "", None, None),  # the fixture's, through the setter itself
+        ("smol", "smol-v1", "promotion", "arno", f"promotion (release {promoted.pk})", first.pk, promoted.pk),
+        ("smol-v1", "smol", "rollback", "arno", f"rollback (release {back.pk})", first.pk, back.pk),
+        (
+            "smol",
+            "smol-v1",
+            "promotion",
+            "arno",
+            f"progressive release {rollout.pk} complete",
+            second.pk,
+            stepped.pk,
+        ),
+    ]
+    assert no_live_switched_events()
+
+    page, entries = shown(client, "support-bot")
+    for text in (
+        f"promotion (release {promoted.pk})",
+        f"rollback (release {back.pk})",
+        f"progressive release {rollout.pk} complete",
+        "Live version switched · Promotion (an approved request)",
+        "Live version switched · Rollback",
+    ):
+        assert text in page, text
+    moves = [e for e in entries if e["action"] == "live_switched"]
+    assert [(e["actor"], e["data"]["kind"], e["promotion"], e["release"]) for e in moves] == [
+        ("arno", "promotion", second.pk, stepped.pk),
+        ("arno", "rollback", first.pk, back.pk),
+        ("arno", "promotion", first.pk, promoted.pk),
+        (None, "set", None, None),
+    ]
+    # A request's page shows the moves its releases made, among its own steps.
+    request_page = client.get(f"/promotions/{first.pk}/").content.decode()
+    assert request_page.count("Live version switched · ") == 2
 
 
-@pytest.mark.django_db
-def test_an_audit_event_is_written_once():
-    from training.promotion.models import AuditAction, AuditEvent, AuditImmutable
+def test_the_audit_log_pages_through_events_and_moves_as_one_list(client, registry, approver, tmp_path):
     from training.services.audit import audit_record
 
-    event = audit_record(action=AuditAction.LIVE_SWITCHED, deployment=None, detail="x")
-    event.detail = "rewritten"
-    with pytest.raises(AuditImmutable, match="an event cannot be changed"):
-        event.save()
-    with pytest.raises(AuditImmutable, match="an event cannot be deleted"):
-        event.delete()
-    with pytest.raises(AuditImmutable, match="the audit log is append-only"):
-        AuditEvent.objects.filter(pk=event.pk).update(detail="y")
-    assert AuditEvent.objects.get(pk=event.pk).detail == "x"
+    for name in ("smol-v2", "smol-v3"):
+        version = model_version_create(
+            name=name, base_model=registry.base, kind="lora", path=make_adapter_folder(tmp_path / name)
+        )
+        live_version_set(deployment=registry.deployment, version=version, reason=f"to {name}")
+        if name == "smol-v2":
+            audit_record(action=AuditAction.JUDGE_CHANGED, deployment=registry.deployment, detail="between")
+    client.force_login(approver)
+    seen, before = [], None
+    while True:
+        query = {"deployment": "support-bot", "limit": 2, **({"before": before} if before else {})}
+        page = client.get("/api/v1/audit", query).json()
+        seen += [e["detail"] if e["action"] == "live_switched" else e["action"] for e in page["events"]]
+        before = page["next_before"]
+        if before is None:
+            break
+    assert seen == ["to smol-v3", "judge_changed", "to smol-v2", None]  # the fixture's move: no reason
+    assert client.get("/api/v1/audit", {"before": "live-x"}).status_code == 400
+    assert client.get("/api/v1/audit", {"before": "live-999999"}).status_code == 400
+
+
+def test_every_route_to_live_goes_through_the_one_setter_and_nothing_else_writes_a_move():
+    """The release, a progressive release completing and the hand route (commands, demo_setup,
+    the scripts) call the pointer's setter, which alone writes the trail; no module writes a
+    `live_switched` audit event beside it."""
+    modules = [
+        path
+        for folder in ("feedback", "training", "webapp", "scripts")
+        for path in (ROOT / folder).rglob("*.py")
+        if "migrations" not in path.parts
+    ]
+    callers = {p.relative_to(ROOT).as_posix() for p in modules if re.search(r"\blive_version_set\(", p.read_text())}
+    assert callers == {
+        "training/serving/services.py",  # where it is defined
+        "training/promotion/services/release.py",
+        "training/promotion/services/rollouts.py",
+        "training/promotion/services/live_set.py",
+    }
+    writers = {p.relative_to(ROOT).as_posix() for p in modules if "LiveVersionChange.objects.create(" in p.read_text()}
+    assert writers == {"training/serving/services.py"}
+    event_writes = re.compile(r"(audit_record|AuditEvent\.objects\.create)\([^)]*LIVE_SWITCHED", re.DOTALL)
+    assert not [p for p in modules if event_writes.search(p.read_text())]
+
+
+def test_a_move_is_written_once(registry, django_user_model, tmp_path):
+    mover = django_user_model.objects.create_user("mover")
+    version = model_version_create(
+        name="smol-v2", base_model=registry.base, kind="lora", path=make_adapter_folder(tmp_path / "v2")
+    )
+    live_version_set(deployment=registry.deployment, version=version, user=mover, reason="why")
+    move = LiveVersionChange.objects.get(to_version=version)
+    move.reason = "rewritten"
+    with pytest.raises(AuditImmutable, match="a move cannot be changed"):
+        move.save()
+    with pytest.raises(AuditImmutable, match="a move cannot be deleted"):
+        move.delete()
+    with pytest.raises(AuditImmutable, match="the trail of live moves is append-only"):
+        LiveVersionChange.objects.filter(pk=move.pk).update(reason="y")
+    assert LiveVersionChange.objects.get(pk=move.pk).reason == "why"
+    if connection.vendor == "postgresql":
+        with pytest.raises(Exception, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("UPDATE training_liveversionchange SET reason = 'x'")
+        # An account's deletion blanks who moved it (SET_NULL), and changes nothing else.
+        mover.delete()
+        move = LiveVersionChange.objects.get(pk=move.pk)
+        assert (move.changed_by_id, move.reason, move.to_version) == (None, "why", version)

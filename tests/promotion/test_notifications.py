@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from tests.promotion.conftest import evaluation_row, make_adapter_folder
 from training.notifications.selectors import promotions_awaiting, promotions_awaiting_count
 from training.promotion.models import AuditAction, AuditEvent, PromotionRequest, PromotionStatus, Release
-from training.services.promotion import promotion_request_create
+from training.promotion.services.promotion import promotion_request_create
 from training.serving.models import LiveVersion
 
 XSS = "<script>window.__inbox_xss = 1</script>"
@@ -309,7 +309,7 @@ def test_two_approvers_deciding_at_once_one_approves_or_rejects_and_the_other_is
     from django.db import connections
     from django.test import Client
 
-    import training.services.promotion as promotion_service
+    import training.promotion.services.promotion as promotion_service
 
     promotion = request_for(registry, registry.candidate, operator)
     confirmed = promotion_service.promotion_approval_effect(promotion=promotion).token

@@ -10,9 +10,9 @@ import pytest
 
 from tests.promotion.conftest import evaluation_row
 from training.promotion.models import AuditAction, AuditEvent
-from training.services.promotion import promotion_approve_check, promotion_request_create
-from training.services.promotion_checks import PromotionRefused
-from training.services.promotion_signals import Signal, difference_interval
+from training.promotion.services.promotion import promotion_approve_check, promotion_request_create
+from training.promotion.services.promotion_checks import PromotionRefused
+from training.promotion.services.promotion_signals import Signal, difference_interval
 
 
 def regressing_job(registry, *, curve=((0, 0.217), (10, 0.15), (20, 0.067)), n=60):
@@ -60,7 +60,7 @@ def test_a_signal_regresses_only_in_its_own_worse_direction_beyond_its_threshold
 
 
 def test_the_mean_reward_difference_carries_its_interval():
-    from training.evaluation.metrics import summarize
+    from training.promotion.evaluation.metrics import summarize
 
     def side(reward):
         return {"reward": reward}

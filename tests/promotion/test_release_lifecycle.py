@@ -10,11 +10,11 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-import training.services.release as release_service
-from tests.promotion.conftest import evaluation_row
+import training.promotion.services.release as release_service
+from tests.promotion.conftest import evaluation_row, live_moves
 from training.promotion.models import AuditAction, AuditEvent, PromotionStatus, Release, ReleaseStep
-from training.services.promotion import promotion_approve, promotion_request_create
-from training.services.release import release_run
+from training.promotion.services.promotion import promotion_approve, promotion_request_create
+from training.promotion.services.release import release_run
 from training.serving.models import LiveVersion
 from webapp.kernel.work import WorkStatus, work_beat, work_claim, work_end
 from webapp.tasks import stale_work_sweep_task
@@ -88,7 +88,7 @@ def test_the_sweep_between_the_smoke_test_and_the_switch_wins_and_nothing_goes_l
 
     assert (late.status, late.step) == (WorkStatus.FAILED, ReleaseStep.SWITCH)
     assert LiveVersion.objects.get(deployment=registry.deployment).version == registry.base_version
-    assert not AuditEvent.objects.filter(action=AuditAction.LIVE_SWITCHED).exists()
+    assert len(live_moves(registry.deployment)) == 1  # the fixture's: nothing moved since
     assert late.promotion.status == PromotionStatus.FAILED
 
 
@@ -134,7 +134,9 @@ def test_a_redelivered_task_takes_the_release_over_and_the_first_workers_writes_
         WorkStatus.FINISHED
     )
     assert release_run(release_id=release.pk).status == WorkStatus.FINISHED  # a redelivery after the end: nothing
-    assert AuditEvent.objects.filter(action=AuditAction.LIVE_SWITCHED).count() == 1
+    assert live_moves(registry.deployment)[1:] == [
+        ("smol", "smol-v1", "promotion", "arno", f"promotion (release {release.pk})", release.promotion_id, release.pk)
+    ]
 
 
 def test_the_pages_and_the_api_show_where_a_running_release_is(client, registry, operator, approver):

@@ -12,11 +12,12 @@ import pytest
 from django.db.models import F
 from django.utils import timezone
 
-import training.services.release as release_service
+import training.promotion.services.release as release_service
+from tests.promotion.conftest import live_moves
 from tests.promotion.test_release_lifecycle import approved_release, server_that_works, silence  # noqa: F401 (a fixture)
 from training.promotion.models import AuditAction, AuditEvent, PromotionStatus, Release, ReleaseKind
-from training.services.release import ReleaseFailed, release_run, releases_fail_stale
-from training.services.rollback import rollback_request
+from training.promotion.services.release import ReleaseFailed, release_run, releases_fail_stale
+from training.promotion.services.rollback import rollback_request
 from training.serving.models import LiveVersion, ModelVersionStatus
 from webapp.kernel.work import WorkStatus, work_claim
 from webapp.tasks import stale_work_sweep_task
@@ -53,7 +54,7 @@ def test_a_flip_the_registry_refuses_fails_the_release_and_moves_nothing(
     assert out.status == WorkStatus.FAILED, out.error
     assert LiveVersion.objects.get(deployment=registry.deployment).version == registry.base_version
     assert out.promotion.status == PromotionStatus.FAILED
-    assert not AuditEvent.objects.filter(action=AuditAction.LIVE_SWITCHED).exists()
+    assert len(live_moves(registry.deployment)) == 1  # the fixture's: nothing moved since
     assert AuditEvent.objects.filter(action=AuditAction.RELEASE_FAILED).count() == 1
     assert "live_ms" not in out.timings
     assert unloaded == [registry.candidate.name]
@@ -81,7 +82,7 @@ def test_the_first_workers_late_failure_after_a_takeover_neither_fails_nor_unloa
     assert out.status == WorkStatus.FINISHED
     assert unloaded == []
     assert AuditEvent.objects.filter(action=AuditAction.RELEASE_FAILED).count() == 0
-    assert AuditEvent.objects.filter(action=AuditAction.LIVE_SWITCHED).count() == 1
+    assert [move[:3] for move in live_moves(registry.deployment)[1:]] == [("smol", "smol-v1", "promotion")]
     assert LiveVersion.objects.get(deployment=registry.deployment).version == registry.candidate
 
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-import training.services.release as release_service
+import training.promotion.services.release as release_service
 from tests.fixtures.chat_upstream import ChatUpstream
 from tests.promotion.conftest import evaluation_row, make_adapter_folder
 from training.promotion.models import AuditAction, AuditEvent, PromotionStatus
-from training.services.promotion import promotion_approve, promotion_request_create
-from training.services.release import release_run
+from training.promotion.services.promotion import promotion_approve, promotion_request_create
+from training.promotion.services.release import release_run
 from training.serving.models import LiveVersion
 from webapp.kernel.work import WorkStatus
 

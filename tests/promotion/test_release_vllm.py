@@ -13,10 +13,10 @@ import pytest
 from tests.fixtures.inference import talking_version_create
 from tests.promotion.conftest import evaluation_row
 from training.promotion.models import AuditAction, AuditEvent, PromotionStatus
-from training.services.promotion import promotion_approve, promotion_request_create
-from training.services.release import release_run
-from training.services.rollback import rollback_request
-from training.serving.models import LiveVersion, ModelVersion
+from training.promotion.services.promotion import promotion_approve, promotion_request_create
+from training.promotion.services.release import release_run
+from training.promotion.services.rollback import rollback_request
+from training.serving.models import LiveVersion, LiveVersionChange, ModelVersion
 from training.serving.services import model_version_create
 from webapp.kernel.work import WorkStatus
 
@@ -103,11 +103,14 @@ def test_release_serves_the_adapter_then_rollback_restores_the_version_before(
         (AuditAction.PROMOTION_APPROVED, base_version.pk, candidate.pk),
         (AuditAction.RELEASE_LOADED, base_version.pk, candidate.pk),
         (AuditAction.RELEASE_SMOKE_PASSED, base_version.pk, candidate.pk),
-        (AuditAction.LIVE_SWITCHED, base_version.pk, candidate.pk),
         (AuditAction.ROLLBACK_REQUESTED, candidate.pk, base_version.pk),
         (AuditAction.RELEASE_LOADED, candidate.pk, base_version.pk),
         (AuditAction.RELEASE_SMOKE_PASSED, candidate.pk, base_version.pk),
-        (AuditAction.LIVE_SWITCHED, candidate.pk, base_version.pk),
+    ]
+    moves = LiveVersionChange.objects.filter(deployment=deployment).order_by("id")
+    assert list(moves.values_list("from_version", "to_version", "kind"))[-2:] == [
+        (base_version.pk, candidate.pk, "promotion"),
+        (candidate.pk, base_version.pk, "rollback"),
     ]
 
 

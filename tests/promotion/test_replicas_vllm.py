@@ -23,8 +23,8 @@ import httpx
 import pytest
 from django.conf import settings
 
-import training.services.release as release_service
-import training.services.rollback as rollback_service
+import training.promotion.services.release as release_service
+import training.promotion.services.rollback as rollback_service
 from feedback.models import Trace
 from feedback.services.api_keys import api_key_create
 from tests.factories import DeploymentFactory

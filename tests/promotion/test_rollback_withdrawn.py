@@ -12,10 +12,10 @@ from django.core.management.base import CommandError
 from tests.promotion.conftest import evaluation_row, make_adapter_folder
 from tests.promotion.test_release_lifecycle import server_that_works  # noqa: F401 (a fixture)
 from training.promotion.models import AuditAction, AuditEvent, PromotionStatus, Release
-from training.services.promotion import promotion_approve, promotion_request_create
-from training.services.promotion_checks import PromotionRefused
-from training.services.release import release_run
-from training.services.rollback import rollback_target
+from training.promotion.services.promotion import promotion_approve, promotion_request_create
+from training.promotion.services.promotion_checks import PromotionRefused
+from training.promotion.services.release import release_run
+from training.promotion.services.rollback import rollback_target
 from training.serving.models import LiveVersion
 from training.serving.services import ModelRegistryError, live_version_set, model_version_create
 from webapp.kernel.work import WorkStatus
@@ -134,7 +134,7 @@ def test_a_request_made_before_the_rollback_cannot_be_approved_after_it(registry
         requested_by=operator,
         requested_at=first.requested_at,
     )
-    from training.services.rollback import rollback_request
+    from training.promotion.services.rollback import rollback_request
 
     release_run(release_id=rollback_request(deployment=registry.deployment, user=approver).pk)
     assert live(registry) == registry.base_version

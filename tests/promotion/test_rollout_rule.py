@@ -15,14 +15,20 @@ from django.core.exceptions import PermissionDenied
 from django.core.management import CommandError, call_command
 
 import tests.promotion.test_rollouts as base
-import training.services.rollout_signals as rollout_signals_module
+import training.promotion.services.rollout_signals as rollout_signals_module
 from feedback.models import Message, Trace
 from training.promotion.rollout_models import Rollout, RolloutState
-from training.services.live_set import live_set_by_command
-from training.services.promotion_checks import PromotionRefused
-from training.services.release_plans import DEFAULT_MIN_CONVERSATIONS, PlanInvalid, release_plan_create
-from training.services.rollout_signals import Side, rollout_evaluate, rollout_signals
-from training.services.rollouts import rollout_advance, rollout_check, rollout_hold, rollout_resume, rollouts_tick
+from training.promotion.services.live_set import live_set_by_command
+from training.promotion.services.promotion_checks import PromotionRefused
+from training.promotion.services.release_plans import DEFAULT_MIN_CONVERSATIONS, PlanInvalid, release_plan_create
+from training.promotion.services.rollout_signals import Side, rollout_evaluate, rollout_signals
+from training.promotion.services.rollouts import (
+    rollout_advance,
+    rollout_check,
+    rollout_hold,
+    rollout_resume,
+    rollouts_tick,
+)
 from training.serving.models import LiveVersion
 
 plan, rollout = base.plan, base.rollout  # the fixtures: a rollout at its first step (5 %)

@@ -29,8 +29,8 @@ from tests.fixtures.inference import GatewayServer, _ThreadedUvicorn, free_port,
 from tests.promotion.conftest import evaluation_row
 from tests.promotion.test_replicas_vllm import second_replica, served  # noqa: F401 (fixture)
 from training.promotion.rollout_models import Rollout, RolloutState
-from training.services.promotion import promotion_approve, promotion_request_create
-from training.services.release_plans import release_plan_create
+from training.promotion.services.promotion import promotion_approve, promotion_request_create
+from training.promotion.services.release_plans import release_plan_create
 from training.serving.models import LiveVersion
 from training.serving.services import live_version_set, model_version_create
 from training.tasks import rollouts_tick_task

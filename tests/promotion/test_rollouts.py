@@ -10,16 +10,16 @@ import pytest
 from django.core.exceptions import PermissionDenied
 from django.utils import timezone
 
-import training.services.release as release_service
+import training.promotion.services.release as release_service
 from feedback.models import Message, Trace
-from tests.promotion.conftest import evaluation_row
+from tests.promotion.conftest import evaluation_row, live_moves
 from training.promotion.models import AuditAction, AuditEvent, PromotionStatus, Release, ReleaseStep
 from training.promotion.rollout_models import ReleasePlan, Rollout, RolloutChange, RolloutState
-from training.services.promotion import promotion_approve, promotion_request_create
-from training.services.promotion_checks import PromotionRefused
-from training.services.release_plans import PlanInvalid, release_plan_create, release_plan_for_approval
-from training.services.rollout_signals import Side, rollout_evaluate, rollout_signals
-from training.services.rollouts import (
+from training.promotion.services.promotion import promotion_approve, promotion_request_create
+from training.promotion.services.promotion_checks import PromotionRefused
+from training.promotion.services.release_plans import PlanInvalid, release_plan_create, release_plan_for_approval
+from training.promotion.services.rollout_signals import Side, rollout_evaluate, rollout_signals
+from training.promotion.services.rollouts import (
     rollout_advance,
     rollout_begin,
     rollout_check,
@@ -96,7 +96,7 @@ def test_approval_with_a_plan_routes_the_first_step_and_keeps_the_pointer(regist
     assert (split.version, split.share, split.rollout_id) == (registry.candidate, 0.05, rollout.pk)
     assert LiveVersion.objects.get(deployment=registry.deployment).version == registry.base_version
     assert rollout.release.get_state_display() == "Serving a share of traffic"
-    assert not AuditEvent.objects.filter(action=AuditAction.LIVE_SWITCHED).exists()
+    assert len(live_moves(registry.deployment)) == 1  # the fixture's: the pointer stays
     changes = list(rollout.changes.values_list("actor_name", "from_state", "to_state", "to_share"))
     assert changes == [("arno", "", "starting", 0.0), ("automatic", "starting", "running", 0.05)]
     assert rollout.promotion.status == PromotionStatus.APPROVED
@@ -123,9 +123,18 @@ def test_a_good_candidate_walks_every_step_by_itself(registry, rollout):
     assert not CanarySplit.objects.filter(deployment=registry.deployment).exists()
     rollout.promotion.refresh_from_db()
     assert rollout.promotion.status == PromotionStatus.DEPLOYED
-    # Going live at the end writes the row every route to live writes.
-    switched = AuditEvent.objects.get(action=AuditAction.LIVE_SWITCHED)
-    assert (switched.from_version, switched.to_version) == (registry.base_version, registry.candidate)
+    # Going live at the end writes the row every route to live writes, in the pointer's trail.
+    assert live_moves(registry.deployment)[1:] == [
+        (
+            "smol",
+            "smol-v1",
+            "promotion",
+            None,  # the automatic check
+            f"progressive release {rollout.pk} complete",
+            rollout.promotion_id,
+            rollout.release_id,
+        )
+    ]
     steps = list(rollout.changes.values_list("actor_name", "from_share", "to_share", "to_state"))
     assert steps[-2:] == [("automatic", 0.05, 0.25, "running"), ("automatic", 0.25, 1.0, "complete")]
     assert "every signal at least inconclusive and not worse" in rollout.changes.last().reason
@@ -222,7 +231,7 @@ def test_a_person_rolls_back_and_nothing_moves_after(registry, rollout, approver
 
 
 def test_no_other_release_while_one_is_under_way(registry, rollout, approver):
-    from training.services.rollback import rollback_check
+    from training.promotion.services.rollback import rollback_check
 
     failed = [c for c in rollback_check(deployment=registry.deployment, user=approver) if not c.ok]
     assert any("progressive release" in c.detail for c in failed)
@@ -364,7 +373,7 @@ def test_an_automatic_rollback_is_on_the_approvers_notifications(client, registr
 def test_the_demo_offers_a_short_plan_without_making_it_the_default(registry):
     from django.core.management import call_command
 
-    from training.services.release_plans import release_plan_default, release_plans_for
+    from training.promotion.services.release_plans import release_plan_default, release_plans_for
 
     call_command("demo_setup")
     call_command("demo_setup")  # idempotent

@@ -9,17 +9,17 @@ from django.core.exceptions import PermissionDenied
 from tests.factories import user_with_role
 from tests.promotion.conftest import evaluation_row
 from training.promotion.models import AuditAction, AuditEvent, PromotionStatus, Release
-from training.services.promotion import (
+from training.promotion.services.promotion import (
     promotion_approve,
     promotion_approve_check,
     promotion_reject,
     promotion_request_create,
     promotion_withdraw,
 )
-from training.services.promotion_checks import PromotionRefused
-from training.services.release import release_run
-from training.services.rollback import rollback_request, rollback_target
-from training.serving.models import LiveVersion
+from training.promotion.services.promotion_checks import PromotionRefused
+from training.promotion.services.release import release_run
+from training.promotion.services.rollback import rollback_request, rollback_target
+from training.serving.models import LiveVersion, LiveVersionChange
 from webapp.kernel.work import WorkStatus
 
 
@@ -268,7 +268,7 @@ def test_a_monitor_breach_of_the_training_job_needs_a_reason_to_override(registr
 
 def test_an_evaluation_takes_the_held_out_items_of_a_training_set(registry, operator):
     from training.models import TrainingItem
-    from training.services.evaluation import evaluation_create
+    from training.promotion.services.evaluation import evaluation_create
     from training.services.training_sets import training_set_create
 
     items = [
@@ -331,8 +331,8 @@ def test_a_worker_that_resumes_after_its_release_was_failed_as_stale_does_not_ta
 
     from django.utils import timezone
 
-    import training.services.release as release_service
-    from training.services.release import releases_fail_stale
+    import training.promotion.services.release as release_service
+    from training.promotion.services.release import releases_fail_stale
     from training.serving.services import live_version_set
 
     live_version_set(deployment=registry.deployment, version=registry.candidate)
@@ -352,5 +352,6 @@ def test_a_worker_that_resumes_after_its_release_was_failed_as_stale_does_not_ta
     assert late.status == WorkStatus.FAILED
     assert "no sign of the release's worker for 660 s (the limit is 600 s)" in late.error
     assert LiveVersion.objects.get(deployment=registry.deployment).version == registry.candidate
-    late_actions = [AuditAction.RELEASE_LOADED, AuditAction.RELEASE_SMOKE_PASSED, AuditAction.LIVE_SWITCHED]
+    late_actions = [AuditAction.RELEASE_LOADED, AuditAction.RELEASE_SMOKE_PASSED]
     assert not AuditEvent.objects.filter(release=release, action__in=late_actions).exists()
+    assert not LiveVersionChange.objects.filter(release_id=release.pk).exists()

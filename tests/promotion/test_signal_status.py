@@ -18,7 +18,7 @@ from tests.promotion.evidence import (
     summary_of,
 )
 from training.promotion.models import Evaluation
-from training.services.promotion_signals import (
+from training.promotion.services.promotion_signals import (
     MIN_PAIRED_N,
     Signal,
     SignalStatus,
@@ -151,7 +151,7 @@ def test_a_kind_worse_than_live_beyond_noise_regresses_and_noise_does_not(regist
 def test_a_policy_violation_rise_is_never_a_pass(monkeypatch, registry):
     """Blocked by the harm precondition where it counts violations; until then (or if it
     stops), a regression that needs the requester's reason."""
-    from training.services import harm_precondition
+    from training.promotion.services import harm_precondition
 
     evaluation = evaluation_store(
         registry.candidate, registry.deployment, registry.base_version, refund_everything_items(), sources=ENVIRONMENT
@@ -166,7 +166,7 @@ def test_a_policy_violation_rise_is_never_a_pass(monkeypatch, registry):
 
 
 def test_the_regression_precondition_reports_inconclusive_signals(registry, demo_evaluation):
-    from training.services.promotion_checks import check_regressions
+    from training.promotion.services.promotion_checks import check_regressions
 
     check = check_regressions(registry.candidate, demo_evaluation, "")
     assert check.ok and check.warn
@@ -176,8 +176,8 @@ def test_the_regression_precondition_reports_inconclusive_signals(registry, demo
 
 
 def test_the_verdict_names_sample_sizes_and_what_is_open(registry, demo_evaluation):
-    from training.services.promotion_signals import promotion_signals
-    from training.services.promotion_verdict import promotion_verdict
+    from training.promotion.services.promotion_signals import promotion_signals
+    from training.promotion.services.promotion_verdict import promotion_verdict
 
     agreement = {"gate": {"allowed": False, "reason": "no rated turns to measure agreement on", "n": 0}}
     verdict = promotion_verdict(
@@ -210,8 +210,8 @@ def test_the_verdict_names_sample_sizes_and_what_is_open(registry, demo_evaluati
 
 def test_a_refund_everything_candidates_request_is_refused_by_the_policy_violation_check(registry, operator):
     """Whatever its success and whatever reason the requester gives for its regressions."""
-    from training.services.promotion import promotion_request_create
-    from training.services.promotion_checks import PromotionRefused
+    from training.promotion.services.promotion import promotion_request_create
+    from training.promotion.services.promotion_checks import PromotionRefused
 
     evaluation = evaluation_store(
         registry.candidate,

@@ -11,8 +11,8 @@ from django.utils import timezone
 
 from tests.promotion.conftest import evaluation_row
 from training.promotion.models import AuditAction, AuditEvent, EvaluationItem
-from training.services import evaluation as evaluation_service
-from training.services.evaluation import evaluation_run, evaluations_fail_stale
+from training.promotion.services import evaluation as evaluation_service
+from training.promotion.services.evaluation import evaluation_run, evaluations_fail_stale
 from webapp.kernel.work import WorkStatus
 from webapp.tasks import stale_work_sweep_task
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-import training.services.release as release_service
+import training.promotion.services.release as release_service
 from tests.promotion.conftest import evaluation_row
-from training.services.release import release_adapter_unload
+from training.promotion.services.release import release_adapter_unload
 
 
 class Unloads:

@@ -3,6 +3,10 @@ finished work the learning policy tests build on (the `world` fixture is in conf
 
 from __future__ import annotations
 
+import contextlib
+from datetime import timedelta
+from unittest import mock
+
 import pytest
 from django.utils import timezone
 
@@ -20,7 +24,10 @@ TASKS = [{"prompt": f"Say something about order A{i}.", "reference": "e", "grade
 
 
 @pytest.fixture
-def world(tmp_path, settings):
+def world(request, tmp_path, settings):
+    """A deployment serving a base version, two people and an evaluation set. A test may have
+    the base go live some days back (`@pytest.mark.parametrize("world", [{"live_days_ago": 8}],
+    indirect=True)`): the pointer's trail is append-only, so it cannot be backdated after."""
     from training.serving.services import base_model_register, live_version_set
 
     settings.EVAL_GENERATOR = "local"
@@ -28,7 +35,10 @@ def world(tmp_path, settings):
     (tmp_path / "base" / "config.json").write_text("{}")
     base, base_version = base_model_register(name="smol", path=tmp_path / "base")
     deployment = DeploymentFactory(name="support-bot")
-    live_version_set(deployment=deployment, version=base_version)
+    days = getattr(request, "param", {}).get("live_days_ago", 0)
+    then = timezone.now() - timedelta(days=days)
+    with mock.patch.object(timezone, "now", return_value=then) if days else contextlib.nullcontext():
+        live_version_set(deployment=deployment, version=base_version)
     olga = user_with_role("operator", "olga")
     arno = user_with_role("approver", "arno", email="arno@example.com")
     eval_set = training_set_from_tasks(name="orders", tasks=TASKS, heldout_fraction=0.25)

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from training.evaluation.bootstrap import PairedEpisode, task_bootstrap_gain, task_bootstrap_replicates
+from training.promotion.evaluation.bootstrap import PairedEpisode, task_bootstrap_gain, task_bootstrap_replicates
 
 
 def pairs(diffs: list[int], *, seed=0, kinds: list[str] | None = None, prefix: str = "t") -> list[PairedEpisode]:
@@ -93,7 +93,7 @@ def test_a_task_missing_from_a_seed_counts_only_where_it_was_played():
 
 
 def test_the_interval_is_reproducible_and_wider_than_pairs_counted_as_independent():
-    from training.evaluation.seeds import mean_interval
+    from training.promotion.evaluation.seeds import mean_interval
 
     # 3 seeds x 20 tasks; the candidate gains on the same 8 tasks in every seed: the
     # seed-to-seed agreement makes pairs look like 60 independent draws, but there are

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from training.evaluation.seeds import interval_text, mean_interval
+from training.promotion.evaluation.seeds import interval_text, mean_interval
 
 
 def test_three_seeds_by_hand():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from training.evaluation.split_looks import SecondLook, split_look_check, split_look_record, split_looks
+from training.promotion.evaluation.split_looks import SecondLook, split_look_check, split_look_record, split_looks
 
 
 def test_each_look_is_logged_and_a_second_look_needs_a_reason(tmp_path):

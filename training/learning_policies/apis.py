@@ -12,7 +12,7 @@ from rest_framework import serializers
 from rest_framework.permissions import SAFE_METHODS, IsAuthenticated
 from rest_framework.response import Response
 
-from training.apis import PersonApi, needs
+from training.api_person import PersonApi, needs
 from training.learning_policies.models import PolicySignal
 from training.learning_policies.selectors import learning_policy_get, learning_policy_list, policy_as_dict
 from training.learning_policies.services import (

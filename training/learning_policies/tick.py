@@ -9,7 +9,7 @@ call moves every policy one step at most and returns.
                                                  └─► checks failed, reasons kept  [done]
 
 A policy never puts a version live: the request waits for another person's approval, as one
-a person opened would (`training.services.promotion`).
+a person opened would (`training.promotion.services.promotion`).
 """
 
 from __future__ import annotations
@@ -244,7 +244,7 @@ def _advance(policy: LearningPolicy, run: LearningPolicyRun, now: datetime) -> s
 
 
 def _evaluate(policy: LearningPolicy, run: LearningPolicyRun, candidate, now: datetime) -> str:
-    from training.services.evaluation import evaluation_create
+    from training.promotion.services.evaluation import evaluation_create
 
     own = run.training_set if run.training_set is not None and run.training_set.heldout_count else None
     try:
@@ -269,7 +269,7 @@ def policy_requirements(*, policy: LearningPolicy, evaluation) -> list:
     """Each requirement of the policy as a promotion `Precondition`: the win rate and its
     lower bound, then the promotion's own checks (harm, monitors, regressions — the job's
     canaries among them — lineage, baseline still live) with no override."""
-    from training.services.promotion_checks import (
+    from training.promotion.services.promotion_checks import (
         Precondition,
         check_deployable,
         check_evaluation_current,
@@ -318,8 +318,8 @@ def policy_requirements(*, policy: LearningPolicy, evaluation) -> list:
 
 
 def _conclude(policy: LearningPolicy, run: LearningPolicyRun, evaluation, now: datetime) -> str:
-    from training.services.promotion import promotion_request_create
-    from training.services.promotion_checks import PromotionRefused
+    from training.promotion.services.promotion import promotion_request_create
+    from training.promotion.services.promotion_checks import PromotionRefused
 
     checks = policy_requirements(policy=policy, evaluation=evaluation)
     run.checks = [c.as_dict() for c in checks]

@@ -18,10 +18,10 @@ from django.db.models import QuerySet
 
 from training.promotion.models import PromotionRequest, PromotionStatus
 from training.promotion.selectors import evaluation_items_source
-from training.services.promotion_checks import Precondition, check_harm
-from training.services.promotion_refused import APPROVE
-from training.services.promotion_signals import Signal, evaluation_signals, signal_from_dict
-from training.services.promotion_verdict import Verdict, promotion_overrides, promotion_verdict
+from training.promotion.services.promotion_checks import Precondition, check_harm
+from training.promotion.services.promotion_refused import APPROVE
+from training.promotion.services.promotion_signals import Signal, evaluation_signals, signal_from_dict
+from training.promotion.services.promotion_verdict import Verdict, promotion_overrides, promotion_verdict
 from webapp.kernel.work import WorkStatus
 
 MAX_SHOWN = 50

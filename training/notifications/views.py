@@ -29,15 +29,15 @@ from training.notifications.selectors import (
     rollouts_needing_attention,
 )
 from training.promotion.models import PromotionRequest, PromotionStatus
-from training.services.promotion import (
+from training.promotion.services.promotion import (
     ApprovalEffect,
     promotion_approval_effect,
     promotion_approve,
     promotion_approve_refusal,
     promotion_reject,
 )
-from training.services.promotion_refused import APPROVE, PromotionRefused
-from training.services.release_plans import release_plan_default
+from training.promotion.services.promotion_refused import APPROVE, PromotionRefused
+from training.promotion.services.release_plans import release_plan_default
 from webapp.kernel.pages import dashboard_view
 
 COMMENT_LIMIT = 5000

@@ -13,7 +13,7 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
 from feedback.models import PolicyNote
-from training.apis import PersonApi, needs
+from training.api_person import PersonApi, needs
 from training.policy_notes.selectors import policy_note_as_dict, policy_note_get, policy_notes
 from training.policy_notes.services import (
     MAX_COMMENTS,

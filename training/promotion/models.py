@@ -11,7 +11,9 @@
 - `AuditEvent`: append-only; every step above writes one, and so does every change a
   signed-in person makes to an account or a role (`training.services.accounts`). Rows
   cannot be changed or deleted through the ORM (and on PostgreSQL a trigger refuses UPDATE
-  and DELETE).
+  and DELETE). A move of the live pointer is not one of them: it is a row of the pointer's
+  own trail (`training.serving.models.LiveVersionChange`), which the audit log shows among
+  its events (`training.promotion.selectors.audit_trail`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from django.db import models
 from django.utils import timezone
 
 from training.serving.models import Deployment, ModelVersion
+from webapp.kernel.append_only import AppendOnly, AppendOnlyQuerySet
 from webapp.kernel.work import WorkItem, WorkStatus
 
 
@@ -267,6 +270,9 @@ class AuditAction(models.TextChoices):
     ROLLBACK_REQUESTED = "rollback_requested", "Rollback requested"
     RELEASE_LOADED = "release_loaded", "Weights loaded"
     RELEASE_SMOKE_PASSED = "release_smoke_passed", "Smoke test passed"
+    # No longer written: a move of the live pointer is a row of the pointer's own trail
+    # (`training.serving.models.LiveVersionChange`), which the audit log shows under this
+    # action; the events written before it stay, and the pages show the trail's row instead.
     LIVE_SWITCHED = "live_switched", "Live version switched"
     RELEASE_FAILED = "release_failed", "Release failed"
     JUDGE_GATE_OVERRIDDEN = "judge_gate_overridden", "Judge training gate overridden"
@@ -282,42 +288,9 @@ class AuditAction(models.TextChoices):
     # A deployment's judge (`feedback.services.judging.deployment_judge_set`): its endpoint,
     # or how it gives corrected turns, which decides what the training gate asks of it.
     JUDGE_CHANGED = "judge_changed", "Deployment judge changed"
-    # A progressive release's step or state moved (`training.services.rollouts`), by a person
+    # A progressive release's step or state moved (`training.promotion.services.rollouts`), by a person
     # or by the automatic check; its own log (`RolloutChange`) keeps the signals it read.
     ROLLOUT_CHANGED = "rollout_changed", "Progressive release changed"
-
-
-class AuditImmutable(Exception):
-    """An audit row was about to be changed or deleted."""
-
-
-class AppendOnlyQuerySet(models.QuerySet):
-    """Bulk updates and deletes refused, with `refused` as the reason."""
-
-    refused = "append-only"
-
-    def update(self, **kwargs):
-        raise AuditImmutable(self.refused)
-
-    def delete(self):
-        raise AuditImmutable(self.refused)
-
-
-class AppendOnly:
-    """A model whose rows are written once: saving a stored row or deleting one is refused,
-    with `edit_refused` / `delete_refused` as the reason (the database's trigger refuses it
-    too, for what does not come through the model)."""
-
-    edit_refused = "append-only: a row cannot be changed"
-    delete_refused = "append-only: a row cannot be deleted"
-
-    def save(self, *args, **kwargs) -> None:
-        if self.pk is not None and not self._state.adding:
-            raise AuditImmutable(self.edit_refused)
-        super().save(*args, **kwargs)
-
-    def delete(self, *args, **kwargs):
-        raise AuditImmutable(self.delete_refused)
 
 
 class AuditEventQuerySet(AppendOnlyQuerySet):

@@ -1,5 +1,5 @@
 """The API of progressive releases: read one, and hold, resume, advance or roll it back; the
-same services as the release page's buttons (`training.services.rollouts`)."""
+same services as the release page's buttons (`training.promotion.services.rollouts`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from rest_framework import serializers
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
-from training.apis import PersonApi, needs
+from training.api_person import PersonApi, needs
 from training.promotion.rollout_models import Rollout
 from training.promotion.rollout_views import ACTIONS, JOINS
 from webapp.kernel.api_errors import error_response

@@ -12,7 +12,7 @@ from django.utils.safestring import mark_safe
 
 from training.charts import series_chart
 from training.promotion.rollout_models import Rollout
-from training.services.rollout_signals import LABELS
+from training.promotion.services.rollout_signals import LABELS
 
 
 def _minutes(rollout: Rollout, at: datetime | str) -> float:

@@ -21,8 +21,9 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from training.promotion.models import AppendOnly, AppendOnlyQuerySet, PromotionRequest, Release
+from training.promotion.models import PromotionRequest, Release
 from training.serving.models import Deployment, ModelVersion
+from webapp.kernel.append_only import AppendOnly, AppendOnlyQuerySet
 
 
 class ReleasePlan(models.Model):

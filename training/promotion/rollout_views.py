@@ -6,7 +6,7 @@ why; while the rollout is under way its panel reloads itself (htmx). The buttons
 sit outside that panel, so a redraw never wipes what is being typed, and they post the step the
 page was loaded at: a move since is refused (409), not applied to a step nobody saw. Hold, resume,
 advance and roll back post to views that call the services the API calls
-(`training.services.rollouts`): the same permission (403), the same state rules (409) and four
+(`training.promotion.services.rollouts`): the same permission (403), the same state rules (409) and four
 eyes for all traffic early.
 The API is `training.promotion.rollout_apis`.
 """
@@ -21,9 +21,9 @@ from django.views.decorators.http import require_POST
 
 from training.promotion.rollout_charts import rollout_charts
 from training.promotion.rollout_models import Rollout
-from training.services.promotion_checks import PromotionRefused
-from training.services.promotion_refused import APPROVE
-from training.services.rollouts import rollout_advance, rollout_hold, rollout_resume, rollout_rollback
+from training.promotion.services.promotion_checks import PromotionRefused
+from training.promotion.services.promotion_refused import APPROVE
+from training.promotion.services.rollouts import rollout_advance, rollout_hold, rollout_resume, rollout_rollback
 from webapp.kernel.errors import Invalid
 from webapp.kernel.ids import parse_id
 from webapp.kernel.pages import dashboard_view

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from training.promotion.models import (
+    AuditAction,
     AuditEvent,
     Evaluation,
     EvaluationItem,
@@ -15,7 +17,8 @@ from training.promotion.models import (
     PromotionStatus,
     Release,
 )
-from training.serving.models import Deployment, LiveVersion, ModelVersion, ModelVersionStatus
+from training.serving.models import Deployment, LiveVersion, LiveVersionChange, ModelVersion, ModelVersionStatus
+from webapp.kernel.ids import parse_id
 
 
 def evaluation_get(*, evaluation_id: int) -> Evaluation | None:
@@ -93,16 +96,107 @@ def releases_of(*, promotion: PromotionRequest) -> list[Release]:
     return list(releases.order_by("-created_at", "-id"))
 
 
-def audit_events(
-    *, deployment: Deployment | None = None, before_id: int | None = None, limit: int = 100
-) -> list[AuditEvent]:
-    """Newest first, keyset-paged by id."""
-    qs = AuditEvent.objects.select_related("deployment", "from_version", "to_version").order_by("-id")
+# The audit log: its events and the live pointer's trail, in one list ----------------------
+
+
+class LiveMove:
+    """A move of a deployment's live pointer as the audit log shows it, beside its events
+    (the attributes a page and `audit_as_dict` read of an `AuditEvent`). The row is the
+    pointer's trail (`LiveVersionChange`), the one record of every route to live, written by
+    `live_version_set` in the move's transaction."""
+
+    action = AuditAction.LIVE_SWITCHED
+    pk = None  # not an audit event: `audit_cursor_text` names it
+    evaluation_id = None
+
+    def __init__(self, change: LiveVersionChange) -> None:
+        self.change = change
+        self.at = change.changed_at
+        self.actor_name = change.changed_by.username if change.changed_by_id else ""
+        self.deployment = change.deployment
+        self.from_version, self.to_version = change.from_version, change.to_version
+        self.promotion_id, self.release_id = change.promotion_id, change.release_id
+        self.detail = change.reason
+        self.data = {"kind": change.kind}
+
+    def get_action_display(self) -> str:
+        return f"{AuditAction.LIVE_SWITCHED.label} · {self.change.get_kind_display()}"
+
+
+AuditEntry = AuditEvent | LiveMove
+LIVE_CURSOR = "live-"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class AuditCursor:
+    """Where a page of the audit log ends: entries are ordered by (time, table, id), newest
+    first, so the two tables page as one list. `rank` 1 is an event, 0 a live move."""
+
+    at: datetime
+    rank: int
+    id: int
+
+
+def _key(entry: AuditEntry) -> AuditCursor:
+    if isinstance(entry, LiveMove):
+        return AuditCursor(entry.at, 0, entry.change.pk)
+    return AuditCursor(entry.at, 1, entry.pk)
+
+
+def audit_cursor_text(entry: AuditEntry) -> int | str:
+    """What `before` takes to go on after `entry`: an event's id, or `live-<id>` for a move."""
+    return f"{LIVE_CURSOR}{entry.change.pk}" if isinstance(entry, LiveMove) else entry.pk
+
+
+def audit_cursor(value: str) -> AuditCursor | None:
+    """The entry `value` names (`audit_cursor_text`), or None when it names none."""
+    if value.startswith(LIVE_CURSOR):
+        pk = parse_id(value.removeprefix(LIVE_CURSOR))
+        at = LiveVersionChange.objects.filter(pk=pk).values_list("changed_at", flat=True).first() if pk else None
+        return AuditCursor(at, 0, pk) if at else None
+    pk = parse_id(value)
+    at = AuditEvent.objects.filter(pk=pk).values_list("at", flat=True).first() if pk else None
+    return AuditCursor(at, 1, pk) if at else None
+
+
+def _older(cursor: AuditCursor | None, *, rank: int, at: str) -> Q:
+    """The rows of one table (all of rank `rank`, their time in field `at`) after `cursor`."""
+    if cursor is None:
+        return Q()
+    if rank != cursor.rank:
+        return Q(**{f"{at}__lte" if rank < cursor.rank else f"{at}__lt": cursor.at})
+    return Q(**{f"{at}__lt": cursor.at}) | Q(**{at: cursor.at, "id__lt": cursor.id})
+
+
+def audit_trail(
+    *, deployment: Deployment | None = None, before: AuditCursor | None = None, limit: int = 100
+) -> list[AuditEntry]:
+    """The audit log, newest first, keyset-paged: its events and every move of a live pointer.
+    The `live_switched` events written before the trail was the record are left out: each of
+    those moves is the trail's row (migration training 0024)."""
+    events = AuditEvent.objects.select_related("deployment", "from_version", "to_version").exclude(
+        action=AuditAction.LIVE_SWITCHED
+    )
+    moves = LiveVersionChange.objects.select_related("deployment", "from_version", "to_version", "changed_by")
     if deployment is not None:
-        qs = qs.filter(deployment=deployment)
-    if before_id is not None:
-        qs = qs.filter(id__lt=before_id)
-    return list(qs[:limit])
+        events, moves = events.filter(deployment=deployment), moves.filter(deployment=deployment)
+    entries: list[AuditEntry] = [
+        *events.filter(_older(before, rank=1, at="at")).order_by("-at", "-id")[:limit],
+        *map(LiveMove, moves.filter(_older(before, rank=0, at="changed_at")).order_by("-changed_at", "-id")[:limit]),
+    ]
+    return sorted(entries, key=_key, reverse=True)[:limit]
+
+
+def promotion_audit(*, promotion: PromotionRequest) -> list[AuditEntry]:
+    """A request's own audit trail, oldest first: its events and the moves of the live pointer
+    its releases made (to its candidate, or back from it by a rollback)."""
+    events = promotion.audit_events.select_related("deployment", "from_version", "to_version").exclude(
+        action=AuditAction.LIVE_SWITCHED
+    )
+    moves = LiveVersionChange.objects.filter(promotion_id=promotion.pk).select_related(
+        "deployment", "from_version", "to_version", "changed_by"
+    )
+    return sorted([*events, *map(LiveMove, moves)], key=_key)
 
 
 @dataclass
@@ -116,7 +210,7 @@ class DeploymentState:
 
 def deployment_states() -> list[DeploymentState]:
     """Each deployment's live version, the version a rollback would return to, and releases."""
-    from training.services.rollback import rollback_target
+    from training.promotion.services.rollback import rollback_target
 
     lives = {
         lv.deployment_id: lv.version for lv in LiveVersion.objects.select_related("version__base_model", "deployment")
@@ -269,9 +363,12 @@ def promotion_summary_as_dict(p: PromotionRequest) -> dict[str, Any]:
     }
 
 
-def audit_as_dict(a: AuditEvent) -> dict[str, Any]:
+def audit_as_dict(a: AuditEntry) -> dict[str, Any]:
+    """An entry of the audit log; a move of a live pointer has no event id (`id` null) and
+    names its row of the trail (`live_change`), with how it moved in `data.kind`."""
     return {
         "id": a.pk,
+        "live_change": a.change.pk if isinstance(a, LiveMove) else None,
         "at": a.at.isoformat(),
         "actor": a.actor_name or None,
         "action": a.action,

@@ -23,19 +23,22 @@ from training.promotion.models import (
     PromotionStatus,
 )
 from training.promotion.selectors import (
-    audit_events,
+    audit_cursor,
+    audit_cursor_text,
+    audit_trail,
     candidate_versions,
     deployment_states,
     evaluation_get,
     evaluation_items,
     evaluations_recent,
     latest_evaluation,
+    promotion_audit,
     promotion_get,
     promotions_recent,
     releases_of,
 )
-from training.services.evaluation import EvaluationError, evaluation_cancel, evaluation_create
-from training.services.promotion import (
+from training.promotion.services.evaluation import EvaluationError, evaluation_cancel, evaluation_create
+from training.promotion.services.promotion import (
     promotion_approval_effect,
     promotion_approve,
     promotion_approve_check,
@@ -45,17 +48,17 @@ from training.services.promotion import (
     promotion_request_create,
     promotion_withdraw,
 )
-from training.services.promotion_checks import PromotionRefused, check_harm, lineage
-from training.services.promotion_refused import APPROVE
-from training.services.promotion_signals import KIND_PREFIX, evaluation_signals, promotion_signals
-from training.services.promotion_verdict import promotion_overrides, promotion_verdict
-from training.services.release_plans import (
+from training.promotion.services.promotion_checks import PromotionRefused, check_harm, lineage
+from training.promotion.services.promotion_refused import APPROVE
+from training.promotion.services.promotion_signals import KIND_PREFIX, evaluation_signals, promotion_signals
+from training.promotion.services.promotion_verdict import promotion_overrides, promotion_verdict
+from training.promotion.services.release_plans import (
     PlanInvalid,
     release_plan_default,
     release_plan_for_approval,
     release_plans_for,
 )
-from training.services.rollback import rollback_check, rollback_request, rollback_target
+from training.promotion.services.rollback import rollback_check, rollback_request, rollback_target
 from training.serving.models import Deployment, ModelVersion
 from training.serving.selectors import live_version_get
 from webapp.kernel.form_problems import FormProblems, django_form_problems
@@ -362,7 +365,7 @@ def _promotion_context(request: HttpRequest, promotion: PromotionRequest) -> dic
         "rollback_to": rollback_target(deployment=promotion.deployment),
         "lineage": lineage(promotion.candidate)[:8],
         "snapshot": snapshot,
-        "audit": promotion.audit_events.select_related("from_version", "to_version").order_by("id"),
+        "audit": promotion_audit(promotion=promotion),
     }
 
 
@@ -457,13 +460,14 @@ def audit_log(request: HttpRequest) -> HttpResponse:
         deployment = Deployment.objects.filter(name=request.GET["deployment"]).first()
         if deployment is None:
             raise Http404("no such deployment")
-    before_id = parse_id(request.GET.get("before"))
-    events = audit_events(deployment=deployment, before_id=before_id, limit=100)
+    # A cursor that names no entry (a made-up or garbled link) shows the newest page.
+    before = audit_cursor(request.GET.get("before") or "")
+    events = audit_trail(deployment=deployment, before=before, limit=100)
     context = {
         "events": events,
         "deployment": deployment,
         "deployments": Deployment.objects.order_by("name").values_list("name", flat=True),
-        "next_before": events[-1].pk if len(events) == 100 else None,
+        "next_before": audit_cursor_text(events[-1]) if len(events) == 100 else None,
         "actions": AuditAction,
     }
     return render(request, "training/audit.html", context)

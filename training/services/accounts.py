@@ -11,7 +11,7 @@ shell) are not recorded: whoever runs them can write the database directly.
 `account_ties` answers the four-eyes question the log makes possible: did the approver
 create or change the requester's account or roles, or the requester the approver's? One
 person then holds both accounts (a password they set, a role they gave), so the approval
-is refused (`training.services.promotion`).
+is refused (`training.promotion.services.promotion`).
 
 The log is the promotion audit log (`AuditEvent`, append-only, what the audit page and API
 show), not Django's admin history (`LogEntry`), which any code may edit or delete and which

@@ -12,6 +12,8 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from webapp.kernel.append_only import AppendOnly, AppendOnlyQuerySet
+
 
 class Deployment(models.Model):
     """A named agent in production, e.g. "support-bot"."""
@@ -138,8 +140,17 @@ class LiveChangeKind(models.TextChoices):
     SET = "set", "Set by a command"
 
 
-class LiveVersionChange(models.Model):
-    """Audit row for every flip of a deployment's live pointer: who, when, from what, to what."""
+class LiveVersionChangeQuerySet(AppendOnlyQuerySet):
+    refused = "the trail of live moves is append-only"
+
+
+class LiveVersionChange(AppendOnly, models.Model):
+    """The trail of a deployment's live pointer: one row for every move, whatever its route
+    (a release, a progressive release completing, a command): who, when, from what, to what,
+    how (`kind`) and why (`reason`). It is the one record of what went live: written only by
+    `training.serving.services.live_version_set`, in the move's transaction, and shown by the
+    audit log among its events. Append-only (on PostgreSQL a trigger refuses an UPDATE but an
+    account's deletion blanking `changed_by`); the rows go with their deployment."""
 
     deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="live_changes")
     from_version = models.ForeignKey(ModelVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
@@ -150,6 +161,14 @@ class LiveVersionChange(models.Model):
     )
     reason = models.CharField(max_length=300, blank=True, default="")
     kind = models.CharField(max_length=10, choices=LiveChangeKind.choices, default=LiveChangeKind.SET)
+    # The promotion request and the release behind a move, by id: serving sits below the app
+    # that keeps them (`training.promotion`). Blank for a command's move.
+    promotion_id = models.PositiveBigIntegerField(null=True, blank=True)
+    release_id = models.PositiveBigIntegerField(null=True, blank=True)
+
+    objects = LiveVersionChangeQuerySet.as_manager()
+    edit_refused = "the trail of live moves is append-only: a move cannot be changed"
+    delete_refused = "the trail of live moves is append-only: a move cannot be deleted"
 
     class Meta:
         ordering = ["-changed_at", "-id"]

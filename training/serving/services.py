@@ -1,8 +1,9 @@
 """Deployments, base models, model versions and the live pointer.
 
 Flipping the live pointer is one small transaction (`live_version_set`): the LiveVersion row
-(primary key = deployment) is updated or created, the version statuses follow, and an audit
-row records who moved it from what to what. Loading the weights into the inference server
+(primary key = deployment) is updated or created, the version statuses follow, and the
+pointer's trail (`LiveVersionChange`, the one record of every live move, which the audit log
+shows) records who moved it from what to what, how and why. Loading the weights into the inference server
 is a separate step (`training.inference`): promotion checks that first, then flips.
 """
 
@@ -267,8 +268,13 @@ def live_version_set(
     reason: str = "",
     kind: str = LiveChangeKind.SET,
     request_made_at: datetime | None = None,
+    promotion_id: int | None = None,
+    release_id: int | None = None,
 ) -> LiveVersion:
     """Point `deployment` at `version`. Returns the live row; a no-op when it already is live.
+
+    Every move writes one row of the pointer's trail, here and nowhere else: `user` (who),
+    `reason` (why), `kind` and the promotion request and release behind it (by id).
 
     `kind` says how (a release's promotion or rollback, or a command). A version the
     deployment withdrew (`live_withdrawals`) comes back only through a promotion whose
@@ -308,8 +314,10 @@ def live_version_set(
         to_version=version,
         changed_at=now,
         changed_by=user,
-        reason=reason,
+        reason=reason[:300],
         kind=kind,
+        promotion_id=promotion_id,
+        release_id=release_id,
     )
     live_version_announce(deployment_id=deployment.pk)
     if version.status != ModelVersionStatus.LIVE:

@@ -1,6 +1,6 @@
 """The canary split: which candidate serves which share of a deployment's conversations.
 
-Set and cleared by a progressive release (`training.services.rollouts`) in the transaction
+Set and cleared by a progressive release (`training.promotion.services.rollouts`) in the transaction
 that records its step; announced on the live-pointer channel like a flip, so the gateway drops
 its cached route at once on PostgreSQL (elsewhere within its TTL).
 """

@@ -283,7 +283,7 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
 
     k3 = exp(r) - r - 1 with r = log π_ref(y_t) - log π_θ(y_t). Unbiased, always ≥ 0,
     low variance. Element-wise, any shape: (B, T) → (B, T); average it with `masked_mean`.
-    `training.evaluation.metrics.kl_k3` uses it to compare two versions on evaluation items."""
+    `training.promotion.evaluation.metrics.kl_k3` uses it to compare two versions on evaluation items."""
     log_ratio = ref_logprobs - logprobs  # (B, T)
     return torch.exp(log_ratio) - log_ratio - 1.0
 

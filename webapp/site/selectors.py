@@ -27,7 +27,7 @@ from django.utils import timezone
 from feedback.models import Comment, CustomerFeedback, Grade, GradeOutcome, Trace, TraceFlag
 from feedback.models.judge import JudgeResult, JudgeStatus
 from training.environments import environment_kinds
-from training.evaluation.paired_runs import SliceSummary, slice_summaries
+from training.promotion.evaluation.paired_runs import SliceSummary, slice_summaries
 from training.serving.models import Deployment, LiveVersion, LiveVersionChange
 from webapp.site.selectors_measurements import OUTCOME_GRADE, measured_runs
 

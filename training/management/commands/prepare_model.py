@@ -5,8 +5,8 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from training.services.live_set import live_set_by_command
-from training.services.promotion_refused import PromotionRefused
+from training.promotion.services.live_set import live_set_by_command
+from training.promotion.services.promotion_refused import PromotionRefused
 from training.serving.services import (
     ModelRegistryError,
     base_model_register,

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from training.services.release_plans import PlanInvalid, release_plan_create, release_plans_for
+from training.promotion.services.release_plans import PlanInvalid, release_plan_create, release_plans_for
 from training.serving.models import Deployment
 
 

@@ -3,10 +3,10 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from training.inference.client import InferenceError
+from training.promotion.services.live_set import live_set_by_command
+from training.promotion.services.promotion_checks import check_no_rollout_running
+from training.promotion.services.promotion_refused import PromotionRefused
 from training.services.inference import version_servers
-from training.services.live_set import live_set_by_command
-from training.services.promotion_checks import check_no_rollout_running
-from training.services.promotion_refused import PromotionRefused
 from training.serving.models import ModelVersion, ModelVersionKind
 from training.serving.services import ModelRegistryError, deployment_get_or_create
 

@@ -64,7 +64,7 @@ class Command(BaseCommand):
         """A short release plan the demo agent's traffic walks in minutes (chosen on approval;
         the default stays "all at once", as the tour expects)."""
         from training.promotion.rollout_models import ReleasePlan
-        from training.services.release_plans import release_plan_create, release_plan_revise
+        from training.promotion.services.release_plans import release_plan_create, release_plan_revise
 
         plan = ReleasePlan.objects.filter(deployment=deployment, name=DEMO_PLAN).first()
         if plan is None:
@@ -82,8 +82,8 @@ class Command(BaseCommand):
         )
 
     def _serve(self, deployment, base_name: str) -> None:
-        from training.services.live_set import live_set_by_command
-        from training.services.promotion_refused import PromotionRefused
+        from training.promotion.services.live_set import live_set_by_command
+        from training.promotion.services.promotion_refused import PromotionRefused
         from training.serving.models import LiveVersion, ModelVersion, ModelVersionKind
 
         version = ModelVersion.objects.filter(name=base_name, kind=ModelVersionKind.BASE).first()

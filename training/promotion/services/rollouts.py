@@ -34,10 +34,10 @@ from django.utils import timezone
 
 from training.promotion.models import AuditAction, PromotionRequest, PromotionStatus, Release
 from training.promotion.rollout_models import ACTIVE_STATES, ReleasePlan, Rollout, RolloutChange, RolloutState
+from training.promotion.services.four_eyes import check_independent
+from training.promotion.services.promotion_refused import APPROVE, PromotionRefused
+from training.promotion.services.rollout_signals import Decision, rollout_evaluate, side_measure
 from training.services.audit import audit_record
-from training.services.four_eyes import check_independent
-from training.services.promotion_refused import APPROVE, PromotionRefused
-from training.services.rollout_signals import Decision, rollout_evaluate, side_measure
 from training.serving.models import LiveChangeKind, ModelVersionKind
 from training.serving.services import live_version_set
 from training.serving.splits import canary_split_clear, canary_split_set
@@ -181,16 +181,8 @@ def _advance(rollout: Rollout, user, reason: str, signals: list | None = None) -
             reason=f"progressive release {rollout.pk} complete",
             kind=LiveChangeKind.PROMOTION,
             request_made_at=rollout.promotion.requested_at,
-        )
-        # The same row a release writes when it switches: one trail of what went live.
-        audit_record(
-            action=AuditAction.LIVE_SWITCHED,
-            deployment=rollout.deployment,
-            actor=person,
-            from_version=rollout.baseline,
-            to_version=rollout.candidate,
-            promotion=rollout.promotion,
-            detail=f"Progressive release {rollout.pk} complete",
+            promotion_id=rollout.promotion_id,
+            release_id=rollout.release_id,
         )
         PromotionRequest.objects.filter(pk=rollout.promotion_id).update(status=PromotionStatus.DEPLOYED)
         _unload_later(rollout.baseline)

@@ -48,8 +48,8 @@ from django.db.models import Avg, Count, F, Q
 
 from feedback.models import Message, Trace
 from feedback.selectors.judge_gate import judge_training_gate
-from training.evaluation.metrics import Z_95, wilson_interval
-from training.services.promotion_signals import Signal, difference_interval
+from training.promotion.evaluation.metrics import Z_95, wilson_interval
+from training.promotion.services.promotion_signals import Signal, difference_interval
 from training.serving.models import Deployment
 
 DEFAULT_THRESHOLDS: dict[str, float] = {

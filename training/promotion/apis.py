@@ -12,17 +12,17 @@ from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
-from rest_framework.authentication import SessionAuthentication
-from rest_framework.exceptions import PermissionDenied as ApiPermissionDenied
-from rest_framework.permissions import BasePermission, IsAuthenticated
+from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
+from training.api_person import VIEW, PersonApi, needs
 from training.models import TrainingSet
 from training.promotion.models import Evaluation, PromotionRequest, PromotionStatus
 from training.promotion.selectors import (
     audit_as_dict,
-    audit_events,
+    audit_cursor,
+    audit_cursor_text,
+    audit_trail,
     evaluation_as_dict,
     evaluation_get,
     evaluation_items,
@@ -33,45 +33,20 @@ from training.promotion.selectors import (
     release_as_dict,
     release_get,
 )
-from training.services.evaluation import GENERATORS, evaluation_cancel, evaluation_create
-from training.services.promotion import (
+from training.promotion.services.evaluation import GENERATORS, evaluation_cancel, evaluation_create
+from training.promotion.services.promotion import (
     promotion_approve,
     promotion_approve_check,
     promotion_reject,
     promotion_request_create,
     promotion_withdraw,
 )
-from training.services.release_plans import release_plan_default, release_plan_for_approval
-from training.services.rollback import rollback_request
+from training.promotion.services.release_plans import release_plan_default, release_plan_for_approval
+from training.promotion.services.rollback import rollback_request
 from training.serving.models import Deployment, ModelVersion
 from webapp.kernel.api_errors import error_response, limit_param
-from webapp.kernel.auth import ThrottledBasicAuthentication
-from webapp.kernel.ids import parse_id
 
-VIEW = "training.view_promotionrequest"
 EVALUATE = "training.add_evaluation"
-
-
-def needs(permission: str) -> type[BasePermission]:
-    class HasPermission(BasePermission):
-        message = f"your role does not include {permission}"
-
-        def has_permission(self, request, view) -> bool:
-            return bool(request.user and request.user.is_authenticated and request.user.has_perm(permission))
-
-    HasPermission.__name__ = f"Has_{permission.replace('.', '_')}"
-    return HasPermission
-
-
-class PersonApi(APIView):
-    authentication_classes = [SessionAuthentication, ThrottledBasicAuthentication]
-    permission_classes = [IsAuthenticated, needs(VIEW)]
-
-    def handle_exception(self, exc):
-        if isinstance(exc, PermissionDenied):
-            exc = ApiPermissionDenied(str(exc))
-        return super().handle_exception(exc)
-
 
 _versions = ModelVersion.objects.select_related("base_model")
 
@@ -314,14 +289,17 @@ class ReleaseDetailApi(PersonApi):
 
 
 class AuditLogApi(PersonApi):
-    """The audit log, newest first; page with `before=<id of the last event you got>`."""
+    """The audit log, newest first: its events and every move of a deployment's live
+    pointer (`action` `live_switched`: who, why in `detail`, how in `data.kind`; no event `id`,
+    its row of the trail in `live_change`). Page with `before=<next_before>`: an event's id,
+    or `live-<id>` where the page ended on a move."""
 
     permission_classes = [IsAuthenticated, needs("training.view_auditevent")]
 
     @extend_schema(
         parameters=[
             OpenApiParameter("deployment", str, required=False),
-            OpenApiParameter("before", int, required=False),
+            OpenApiParameter("before", str, required=False, description="the previous page's next_before"),
             OpenApiParameter("limit", int, required=False, description="1-500, default 100"),
         ],
         responses={200: OpenApiResponse(description="Audit events.")},
@@ -334,14 +312,14 @@ class AuditLogApi(PersonApi):
                 return error_response(400, "deployment", "no deployment of that name")
         before = None
         if request.query_params.get("before"):
-            before = parse_id(request.query_params["before"])
+            before = audit_cursor(request.query_params["before"])
             if before is None:
                 return error_response(400, "before", "an event id from this list")
         limit = limit_param(request.query_params, default=100, maximum=500)
-        events = audit_events(deployment=deployment, before_id=before, limit=limit)
+        events = audit_trail(deployment=deployment, before=before, limit=limit)
         return Response(
             {
                 "events": [audit_as_dict(e) for e in events],
-                "next_before": events[-1].pk if len(events) == limit else None,
+                "next_before": audit_cursor_text(events[-1]) if len(events) == limit else None,
             }
         )

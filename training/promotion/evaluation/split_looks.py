@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LOG = ROOT / "docs" / "experiments" / "test-split-looks.jsonl"
 
 

@@ -42,7 +42,7 @@ def episode_side_run(*, env, task, version: ModelVersion, generator, max_tokens:
     its tool calls run in a fresh sandbox, then the grade and the audit of what it changed
     or named outside its task."""
     from training.environments.episodes import Completion, episode_run
-    from training.evaluation.metrics import response_checks
+    from training.promotion.evaluation.metrics import response_checks
 
     def complete(messages: list[dict[str, Any]], tools: list[dict[str, Any]], remaining: int) -> Completion:
         g = generator.generate(version, messages=messages, tools=tools or None, max_tokens=min(max_tokens, remaining))
@@ -86,8 +86,8 @@ def episode_side_run(*, env, task, version: ModelVersion, generator, max_tokens:
 def episode_item_run(*, item: EvaluationItem, evaluation: Evaluation, generator) -> None:
     """Both versions run the item's task as a whole episode; the outcome compares their
     grades. A generation error ends that side with an error, as for a single turn."""
-    from training.evaluation.generate import GenerationError
-    from training.evaluation.metrics import compare
+    from training.promotion.evaluation.generate import GenerationError
+    from training.promotion.evaluation.metrics import compare
 
     env, task = _episode_task(item.source)
     max_tokens = int(evaluation.config.get("max_tokens", 256))

@@ -13,7 +13,7 @@ The gateway reads the pointer per request (cached for a moment, and told of the 
 once on PostgreSQL), so the next request goes to the new version, while requests in
 flight finish on the old one, which stays loaded until then. Any failure leaves the old version
 live and marks the release failed with the reason. A release that starts a progressive release
-(`training.services.rollouts`) ends where it would flip: the candidate takes its plan's first
+(`training.promotion.services.rollouts`) ends where it would flip: the candidate takes its plan's first
 share of conversations instead, and the pointer moves only at the plan's last step.
 """
 
@@ -40,10 +40,10 @@ from training.promotion.models import (
     ReleaseKind,
     ReleaseStep,
 )
+from training.promotion.services.promotion_refused import PromotionRefused
+from training.promotion.services.rollouts import rollout_begin, rollout_release_ended
 from training.services.audit import audit_record
 from training.services.inference import version_servers
-from training.services.promotion_refused import PromotionRefused
-from training.services.rollouts import rollout_begin, rollout_release_ended
 from training.serving.models import (
     CanarySplit,
     Deployment,
@@ -405,6 +405,8 @@ def _flip(release: Release, worker: str) -> Release | None:
             kind=LiveChangeKind.PROMOTION if promoting else LiveChangeKind.ROLLBACK,
             # The request behind it: a withdrawn version goes live only on a request made since.
             request_made_at=release.promotion.requested_at if promoting and release.promotion_id else None,
+            promotion_id=release.promotion_id,
+            release_id=release.pk,
         )
         locked.timings = {**locked.timings, "live_ms": _ms_since(release.created_at)}
         if release.kind == ReleaseKind.PROMOTION and release.promotion_id:
@@ -416,20 +418,9 @@ def _flip(release: Release, worker: str) -> Release | None:
         return ["timings"]
 
     def record(ended: Release) -> None:
-        if switched.get("canary"):
-            return
-        audit_record(
-            action=AuditAction.LIVE_SWITCHED,
-            deployment=release.deployment,
-            actor=release.requested_by,
-            from_version=switched["previous"],
-            to_version=version,
-            promotion=release.promotion,
-            release=ended,
-            detail=release.get_kind_display(),
-            data={"timings_ms": ended.timings},
-        )
-        _unload_later(switched["previous"])
+        # The move itself is in the pointer's trail, written by `live_version_set` above.
+        if not switched.get("canary"):
+            _unload_later(switched["previous"])
 
     return work_end(Release, pk=release.pk, worker=worker, status=WorkStatus.FINISHED, settle=switch, on_end=record)
 

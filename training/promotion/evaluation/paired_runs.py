@@ -1,6 +1,6 @@
 """Base vs candidate over paired runs: per slice and over seeds, success, collateral-change
 and policy-violation rates with their 95 % t intervals, the gain with its task-bootstrap
-interval (tasks stratified by kind, and seeds: `training.evaluation.bootstrap`), successes
+interval (tasks stratified by kind, and seeds: `training.promotion.evaluation.bootstrap`), successes
 per kind, and the gain paired episode by episode.
 
 A seed is one pair of runs on the same tasks with the same sampling seeds: the base's and
@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from training.evaluation.bootstrap import Gain, PairedEpisode, task_bootstrap_gain
-from training.evaluation.seeds import mean_interval
+from training.promotion.evaluation.bootstrap import Gain, PairedEpisode, task_bootstrap_gain
+from training.promotion.evaluation.seeds import mean_interval
 
 Interval = tuple[float, float, float]  # mean, low, high
 

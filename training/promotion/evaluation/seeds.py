@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from statistics import fmean
 
-from training.evaluation import metrics
+from training.promotion.evaluation import metrics
 
 # Two-sided 95 % quantiles of Student's t by degrees of freedom (1 to 30); 1.96 beyond.
 T_95 = (

@@ -44,9 +44,9 @@ from typing import Any
 
 from django.utils.text import slugify
 
-from training.evaluation.metrics import Z_95, wilson_interval
+from training.promotion.evaluation.metrics import Z_95, wilson_interval
 from training.promotion.models import Evaluation
-from training.services import harm_precondition
+from training.promotion.services import harm_precondition
 from training.serving.models import ModelVersion
 from webapp.kernel.work import WorkStatus
 

@@ -8,9 +8,9 @@ from typing import Any
 from django.utils import timezone
 
 from training.promotion.models import Evaluation, PromotionRequest
-from training.services import harm_precondition
-from training.services.promotion_refused import Precondition, PromotionRefused
-from training.services.release import release_in_progress
+from training.promotion.services import harm_precondition
+from training.promotion.services.promotion_refused import Precondition, PromotionRefused
+from training.promotion.services.release import release_in_progress
 from training.serving.models import Deployment, ModelVersion, ModelVersionKind, ModelVersionStatus
 from training.serving.selectors import live_withdrawals
 from webapp.kernel.work import WorkStatus
@@ -73,7 +73,7 @@ def agreement_snapshot(deployment: Deployment) -> dict[str, Any]:
 
 
 def snapshot(candidate: ModelVersion, deployment: Deployment, evaluation: Evaluation) -> dict[str, Any]:
-    from training.services.promotion_signals import promotion_signals
+    from training.promotion.services.promotion_signals import promotion_signals
 
     return {
         "signals": [s.as_dict() for s in promotion_signals(candidate=candidate, evaluation=evaluation)],
@@ -191,7 +191,7 @@ def check_regressions(
     """No signal regresses beyond its threshold (see `promotion_signals`) — or the requester
     gave a reason, recorded with their name. It holds with a warning when signals it counts
     are inconclusive or not measured, and says which: "no regression" is not "no drop"."""
-    from training.services.promotion_signals import SignalStatus, promotion_signals, regressions
+    from training.promotion.services.promotion_signals import SignalStatus, promotion_signals, regressions
 
     label = "No signal regresses beyond its threshold"
     signals = promotion_signals(candidate=candidate, evaluation=evaluation)
@@ -306,7 +306,7 @@ def check_no_release_running(deployment: Deployment) -> Precondition:
 
 def check_no_rollout_running(deployment: Deployment) -> Precondition:
     """A progressive release under way owns the deployment's traffic until it ends."""
-    from training.services.rollouts import rollout_active
+    from training.promotion.services.rollouts import rollout_active
 
     rollout = rollout_active(deployment_id=deployment.pk)
     if rollout is not None:

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from training.promotion.models import Evaluation
-from training.services.promotion_checks import Precondition
-from training.services.promotion_signals import KIND_PREFIX, Signal, SignalStatus
+from training.promotion.services.promotion_checks import Precondition
+from training.promotion.services.promotion_signals import KIND_PREFIX, Signal, SignalStatus
 from webapp.kernel.work import WorkStatus
 
 # A candidate's share of empty or cut-off answers from which it is a red flag: a few cut

@@ -237,8 +237,8 @@ def summarize(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def episode_gain(items: Sequence[dict[str, Any]], *, seed: int = 0) -> dict[str, Any] | None:
     """The candidate's gain in task success over the graded episodes both versions finished,
     with its interval from a bootstrap over the tasks stratified by kind (one evaluation is
-    one seed; `training.evaluation.bootstrap`); None without such episodes."""
-    from training.evaluation.bootstrap import PairedEpisode, task_bootstrap_gain
+    one seed; `training.promotion.evaluation.bootstrap`); None without such episodes."""
+    from training.promotion.evaluation.bootstrap import PairedEpisode, task_bootstrap_gain
 
     pairs = []
     for i in items:

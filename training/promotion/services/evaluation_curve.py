@@ -3,7 +3,7 @@ desk's 30-day refund window), how often each version's turn right after a lookup
 rule's action, per value of the number the rule reads, on held-out contexts built from the
 tasks the evaluation measures (`Environment.decision_contexts`). Generated through the
 evaluation's own generator, so the curve is decoded as the evaluation's episodes are. The
-stored shape is `training.evaluation.decision_curve.curve_summary`'s."""
+stored shape is `training.promotion.evaluation.decision_curve.curve_summary`'s."""
 
 from __future__ import annotations
 
@@ -42,8 +42,8 @@ def evaluation_decision_curve(
     the error instead of failing the evaluation: the episodes are the evidence, the curve
     a reading of them."""
     from training.environments import environment_get
-    from training.evaluation.decision_curve import calls_action, curve_summary
-    from training.evaluation.generate import GenerationError
+    from training.promotion.evaluation.decision_curve import calls_action, curve_summary
+    from training.promotion.evaluation.generate import GenerationError
 
     source = (evaluation.sources or {}).get("environment")
     wanted = evaluation.config.get("decision_curve") or {}

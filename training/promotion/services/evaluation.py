@@ -20,9 +20,8 @@ from django.db.models import F
 from django.utils import timezone
 
 from training.promotion.models import AuditAction, Evaluation, EvaluationItem, EvaluationItemKind
-from training.services.audit import audit_record
-from training.services.evaluation_episodes import episode_item_run
-from training.services.evaluation_items import (
+from training.promotion.services.evaluation_episodes import episode_item_run
+from training.promotion.services.evaluation_items import (
     EvaluationError,
     check_unseen,
     items_from_environment,
@@ -30,6 +29,7 @@ from training.services.evaluation_items import (
     items_from_training_set,
     items_given,
 )
+from training.services.audit import audit_record
 from training.serving.models import Deployment, ModelVersion, ModelVersionKind, ModelVersionStatus
 from training.serving.selectors import live_version_get
 from webapp.kernel.nul import strip_nul
@@ -137,7 +137,7 @@ def evaluation_create(
     chosen = _generator_for(candidate, generator or settings.EVAL_GENERATOR)
     config = {"generator": chosen, "max_tokens": max_tokens, "temperature": temperature, "seed": 0}
     if environment:
-        from training.services.evaluation_curve import decision_curve_config
+        from training.promotion.services.evaluation_curve import decision_curve_config
 
         config["decision_curve"] = decision_curve_config()
     evaluation = Evaluation.objects.create(
@@ -242,7 +242,7 @@ def evaluations_fail_stale(*, now: datetime | None = None) -> list[int]:
 
 
 def _make_generator(config: dict[str, Any]):
-    from training.evaluation.generate import LocalGenerator, ServerGenerator
+    from training.promotion.evaluation.generate import LocalGenerator, ServerGenerator
 
     options = {"temperature": float(config.get("temperature", 0.0)), "seed": int(config.get("seed", 0))}
     if config.get("generator") == "local":
@@ -275,8 +275,8 @@ def evaluation_item_run(*, item: EvaluationItem, evaluation: Evaluation, generat
     from feedback.judge.client import JudgeCallFailed
     from feedback.judge.schemas import SchemaViolation
     from feedback.judge.scoring import score_candidates
-    from training.evaluation.generate import GenerationError, same_tokenizer
-    from training.evaluation.metrics import compare, kl_k3, response_checks
+    from training.promotion.evaluation.generate import GenerationError, same_tokenizer
+    from training.promotion.evaluation.metrics import compare, kl_k3, response_checks
     from training.trainer.graders import grade
 
     if item.kind == EvaluationItemKind.EPISODE:
@@ -349,7 +349,7 @@ def evaluation_item_run(*, item: EvaluationItem, evaluation: Evaluation, generat
 
 
 def evaluation_summary(*, evaluation: Evaluation) -> dict[str, Any]:
-    from training.evaluation.metrics import summarize
+    from training.promotion.evaluation.metrics import summarize
 
     rows = (
         evaluation.items.filter(done=True)
@@ -363,7 +363,7 @@ def evaluation_summary(*, evaluation: Evaluation) -> dict[str, Any]:
 
 def evaluation_run(*, evaluation_id: int, worker: str | None = None) -> Evaluation | None:
     """Run (or resume) an evaluation. A finished, failed or cancelled one is left alone."""
-    from training.evaluation.generate import GenerationError
+    from training.promotion.evaluation.generate import GenerationError
 
     worker = (worker or work_worker_name())[:200]
     # A redelivered run (its worker died) is taken over at once and resumes after the last
@@ -403,7 +403,7 @@ def evaluation_run(*, evaluation_id: int, worker: str | None = None) -> Evaluati
                 return _finish_if_running(evaluation, worker, WorkStatus.CANCELLED)
             evaluation_item_run(item=item, evaluation=evaluation, generator=generator, endpoint=endpoint)
             work_beat(Evaluation, pk=evaluation.pk, worker=worker, done=F("done") + 1)
-        from training.services.evaluation_curve import evaluation_decision_curve
+        from training.promotion.services.evaluation_curve import evaluation_decision_curve
 
         curve = evaluation_decision_curve(
             evaluation=evaluation,

@@ -1,5 +1,5 @@
 """Release plans: the steps a candidate's share of traffic goes through, with each step's
-minimum and the thresholds of the live signals (`training.services.rollout_signals`).
+minimum and the thresholds of the live signals (`training.promotion.services.rollout_signals`).
 
 A deployment is offered its own plans and those of no deployment, plus "all at once" (no
 plan: the candidate takes all traffic when its release goes live, as before there were plans).
@@ -15,7 +15,7 @@ from django.db.models import Q
 from django.utils.text import slugify
 
 from training.promotion.rollout_models import ReleasePlan
-from training.services.rollout_signals import DEFAULT_THRESHOLDS
+from training.promotion.services.rollout_signals import DEFAULT_THRESHOLDS
 from training.serving.models import Deployment
 from webapp.kernel.errors import Invalid
 

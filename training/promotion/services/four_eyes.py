@@ -4,8 +4,8 @@ the step of a rollout to all traffic before its plan completed."""
 from __future__ import annotations
 
 from training.promotion.models import PromotionRequest
+from training.promotion.services.promotion_refused import Precondition
 from training.services.accounts import account_ties
-from training.services.promotion_refused import Precondition
 
 
 def check_independent(promotion: PromotionRequest, user) -> Precondition:

@@ -1,5 +1,5 @@
 """Rollback: which version a deployment goes back to, whether it may, and the request that
-queues the release putting it live (`training.services.release` runs it)."""
+queues the release putting it live (`training.promotion.services.release` runs it)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from training.promotion.models import (
     Release,
     ReleaseKind,
 )
+from training.promotion.services.promotion_checks import Precondition, check_no_rollout_running, raise_first_unmet
+from training.promotion.services.promotion_refused import APPROVE
+from training.promotion.services.release import release_in_progress, release_queue, releases_fail_stale
 from training.services.audit import audit_record
-from training.services.promotion_checks import Precondition, check_no_rollout_running, raise_first_unmet
-from training.services.promotion_refused import APPROVE
-from training.services.release import release_in_progress, release_queue, releases_fail_stale
 from training.serving.models import (
     Deployment,
     LiveVersion,

@@ -1,6 +1,6 @@
 """The refusal of a promotion, a release, a rollout's step or a rollback whose precondition
 does not hold, the precondition itself, and who may approve: below the promotion checks, the
-release and the rollouts, which all read them (training/services/promotion_checks.py names
+release and the rollouts, which all read them (training/promotion/services/promotion_checks.py names
 the preconditions)."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Check-then-execute: `promotion_request_check` / `promotion_approve_check` return every
 precondition with whether it holds (the request page lists them) and the `*_execute`
 functions raise `PromotionRefused` naming the first unmet one before changing anything.
-Approval queues a release (see `training.services.release`) after commit. The pages ask
+Approval queues a release (see `training.promotion.services.release`) after commit. The pages ask
 the approver to confirm what approval does first (`promotion_approval_effect`); a call to
 the API's approve is that confirmation itself, refused for the same preconditions.
 """
@@ -18,9 +18,8 @@ from django.utils import timezone
 
 from training.promotion.models import AuditAction, Evaluation, PromotionRequest, PromotionStatus, Release
 from training.promotion.rollout_models import ReleasePlan
-from training.services.audit import audit_record
-from training.services.four_eyes import check_independent
-from training.services.promotion_checks import (
+from training.promotion.services.four_eyes import check_independent
+from training.promotion.services.promotion_checks import (
     REQUEST,
     Precondition,
     PromotionRefused,
@@ -37,7 +36,8 @@ from training.services.promotion_checks import (
     raise_first_unmet,
     snapshot,
 )
-from training.services.promotion_refused import APPROVE
+from training.promotion.services.promotion_refused import APPROVE
+from training.services.audit import audit_record
 from training.serving.models import Deployment, ModelVersion
 from training.serving.selectors import live_version_get
 from webapp.kernel.work import WorkStatus
@@ -296,8 +296,8 @@ def promotion_approve(
     """Approve and queue the release. Raises PermissionDenied (not an approver, or the
     requester) or PromotionRefused (a precondition that does not hold). With a `plan` whose
     first step is a share of the traffic, the release starts a progressive release
-    (`training.services.rollouts`) instead of taking all traffic at once."""
-    from training.services.release import release_queue, releases_fail_stale
+    (`training.promotion.services.rollouts`) instead of taking all traffic at once."""
+    from training.promotion.services.release import release_queue, releases_fail_stale
 
     promotion = _locked(promotion)
     checks = promotion_approve_check(promotion=promotion, user=user)
@@ -337,7 +337,7 @@ def promotion_approve(
         reason=f"promotion {promotion.pk}" + (f", plan {plan.name}" if plan is not None else ""),
     )
     if progressive:
-        from training.services.rollouts import rollout_create
+        from training.promotion.services.rollouts import rollout_create
 
         rollout_create(promotion=promotion, release=release, plan=plan, user=user)
     return release
