@@ -1,15 +1,15 @@
 from django.apps import AppConfig
+from django.apps import apps as global_apps
+from django.contrib.auth.management import create_permissions
 from django.db.models.signals import post_migrate
+
+from webapp.kernel.roles import roles_sync
 
 
 def _sync_roles(sender, using: str = "default", **kwargs) -> None:
-    from django.apps import apps as global_apps
-    from django.contrib.auth.management import create_permissions
-
     # Permissions of apps migrated after this one do not exist yet when this handler runs.
     for app_config in global_apps.get_app_configs():
         create_permissions(app_config, verbosity=0, using=using, apps=global_apps)
-    from webapp.kernel.roles import roles_sync
 
     roles_sync(apps=global_apps)
 

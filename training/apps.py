@@ -1,6 +1,9 @@
 from importlib import import_module
 
 from django.apps import AppConfig
+from django.conf import settings
+
+from training.environments.base import environment_modules_set
 
 # The app's models besides `training.models` (which Django imports itself): promotion's and
 # learning policies' live beside their code, under the app label `training` (their tables,
@@ -19,10 +22,7 @@ class TrainingConfig(AppConfig):
             import_module(module)
 
     def ready(self) -> None:
-        from django.conf import settings
-
         from feedback.services.stitching_backfill import trace_merged
-        from training.environments.base import environment_modules_set
         from training.services.accounts import account_signals_connect
         from training.services.judge_audit import judge_audit_connect
         from training.services.training_sets import training_items_follow_merge

@@ -27,12 +27,14 @@ from feedback.models import (
     DeploymentJudge,
     JudgeResult,
     JudgeStatus,
+    Message,
     OrderSwapCheck,
     RatingKind,
     TurnRating,
     rating_normalised,
 )
 from feedback.models.judge import judge_key_env_check
+from feedback.selectors.traces import message_as_openai
 from training.serving.models import Deployment
 
 
@@ -115,9 +117,6 @@ def judged_turns(
     """The latest successful judgement of each judged turn, newest first, with its context,
     in two queries whatever the number of turns. Check `judge_reward_gate` before using
     the rewards without a person's say-so."""
-    from feedback.models import Message
-    from feedback.selectors.traces import message_as_openai
-
     qs = JudgeResult.objects.filter(is_latest=True, status=JudgeStatus.SUCCEEDED).select_related("message", "trace")
     if deployment is not None:
         qs = qs.filter(trace__deployment=deployment)

@@ -20,6 +20,7 @@ from statistics import fmean
 from typing import Any
 
 from feedback.failure_modes.detectors import TraceView, detect_invalid_tool_args, detect_refusals
+from training.evaluation.bootstrap import PairedEpisode, task_bootstrap_gain
 from training.inference.codec import message_text, tool_call_blocks, tool_calls_parse
 
 # The codec's parser under the name earlier callers import from here (one parser, two names).
@@ -238,8 +239,6 @@ def episode_gain(items: Sequence[dict[str, Any]], *, seed: int = 0) -> dict[str,
     """The candidate's gain in task success over the graded episodes both versions finished,
     with its interval from a bootstrap over the tasks stratified by kind (one evaluation is
     one seed; `training.evaluation.bootstrap`); None without such episodes."""
-    from training.evaluation.bootstrap import PairedEpisode, task_bootstrap_gain
-
     pairs = []
     for i in items:
         cand, base = i.get("candidate") or {}, i.get("baseline") or {}

@@ -15,6 +15,7 @@ from training.promotion.models import (
     PromotionStatus,
     Release,
 )
+from training.services.rollback import rollback_target
 from training.serving.models import Deployment, LiveVersion, ModelVersion, ModelVersionStatus
 
 
@@ -115,8 +116,6 @@ class DeploymentState:
 
 def deployment_states() -> list[DeploymentState]:
     """Each deployment's live version, the version a rollback would return to, and releases."""
-    from training.services.rollback import rollback_target
-
     lives = {
         lv.deployment_id: lv.version for lv in LiveVersion.objects.select_related("version__base_model", "deployment")
     }

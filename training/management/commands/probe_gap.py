@@ -11,6 +11,7 @@ from django.core.management.base import BaseCommand, CommandError
 from training.services.gap_probes import gap_probe_record
 from training.services.jobs import model_paths
 from training.serving.models import ModelVersion
+from training.trainer.gap_probe import gap_probe_run
 
 
 class Command(BaseCommand):
@@ -30,8 +31,6 @@ class Command(BaseCommand):
 
     def handle(self, *args, **opts) -> None:
         import torch
-
-        from training.trainer.gap_probe import gap_probe_run
 
         version = ModelVersion.objects.select_related("base_model").filter(name=opts["version"]).first()
         if version is None:

@@ -4,6 +4,11 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand, CommandError
 
+from training.promotion.rollout_models import ReleasePlan
+from training.services.live_set import live_set_by_command
+from training.services.promotion_refused import PromotionRefused
+from training.services.release_plans import release_plan_create
+from training.serving.models import LiveVersion, ModelVersion, ModelVersionKind
 from training.serving.services import deployment_get_or_create
 
 DEMO_USERS = [
@@ -53,9 +58,6 @@ class Command(BaseCommand):
     def _plan(self, deployment) -> None:
         """A short release plan the demo agent's traffic walks in minutes (chosen on approval;
         the default stays "all at once", as the tour expects)."""
-        from training.promotion.rollout_models import ReleasePlan
-        from training.services.release_plans import release_plan_create
-
         if not ReleasePlan.objects.filter(deployment=deployment, name=DEMO_PLAN).exists():
             release_plan_create(
                 name=DEMO_PLAN,
@@ -65,10 +67,6 @@ class Command(BaseCommand):
             )
 
     def _serve(self, deployment, base_name: str) -> None:
-        from training.services.live_set import live_set_by_command
-        from training.services.promotion_refused import PromotionRefused
-        from training.serving.models import LiveVersion, ModelVersion, ModelVersionKind
-
         version = ModelVersion.objects.filter(name=base_name, kind=ModelVersionKind.BASE).first()
         if version is None:
             raise CommandError(f"no base model named {base_name!r}: run `manage.py prepare_model` first")
