@@ -170,7 +170,7 @@ class TrainingSetItemsParquetApi(PersonApi):
         responses={200: OpenApiResponse(description="application/vnd.apache.parquet")},
     )
     def get(self, request, set_id: int):
-        from webapp.kernel.parquet import parquet_file
+        from webapp.kernel.parquet import parquet_file  # noqa: PLC0415 — pyarrow (60 MB) for an export only
 
         training_set, items, kind = _items_asked(request, set_id)
         columns = {"tools": "json"} if kind == "chat" else ITEM_COLUMNS

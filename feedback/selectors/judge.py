@@ -72,7 +72,7 @@ def judge_is_configured(*, deployment: Deployment | None = None) -> bool:
 def judge_results_for_messages(*, message_ids: list[int]) -> dict[int, list[JudgeResult]]:
     """Each message's judgements, newest first, each with its `doubts` (judge_result_doubts);
     the latest also with `unverified` (judgements_mark_unverified)."""
-    from feedback.selectors.judge_gate import judgements_mark_unverified  # it reads this module
+    from feedback.selectors.judge_gate import judgements_mark_unverified  # noqa: PLC0415 — it imports this module
 
     out: dict[int, list[JudgeResult]] = {}
     results = list(JudgeResult.objects.filter(message_id__in=message_ids).order_by("-created_at", "-id"))

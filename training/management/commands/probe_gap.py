@@ -30,7 +30,7 @@ class Command(BaseCommand):
         parser.add_argument("--threads", type=int, default=1, help="torch threads")
 
     def handle(self, *args, **opts) -> None:
-        import torch
+        import torch  # noqa: PLC0415 — when it runs: `help` and the docs reference load every command
 
         version = ModelVersion.objects.select_related("base_model").filter(name=opts["version"]).first()
         if version is None:

@@ -24,7 +24,7 @@ class Command(BaseCommand):
         # with the worker that supervises it), this process must not train on, orphaned.
         parent_death_signal(signal.SIGKILL)
 
-        from torch.distributed.elastic.multiprocessing.errors import record
+        from torch.distributed.elastic.multiprocessing.errors import record  # noqa: PLC0415 — torch (seconds) loads once the signal is set
 
         # `record` writes an exception to the file torchrun names, so its summary (and the
         # job's error) says what this process raised.
