@@ -147,15 +147,15 @@ from django.contrib.auth.models import Group, Permission  # noqa: E402
 from django.db.models import Q  # noqa: E402
 
 from webapp.kernel.ids import parse_id  # noqa: E402
-from webapp.kernel.roles import PROMOTING  # noqa: E402
+from webapp.kernel.roles import superuser_only_permissions  # noqa: E402
 
 User = get_user_model()
 
 
 def _promoting_permissions() -> Q:
-    """The permissions that request or approve promotions (`roles.PROMOTING`)."""
+    """The permissions that request or approve promotions (the apps' `superuser_only`)."""
     query = Q(pk__in=[])
-    for name in PROMOTING:
+    for name in superuser_only_permissions():
         app_label, codename = name.split(".", 1)
         query |= Q(content_type__app_label=app_label, codename=codename)
     return query
@@ -178,7 +178,7 @@ def _grantable_groups(user):
     if user.is_superuser:
         return Group.objects.all()
     held = user.get_all_permissions()
-    promoting = set(PROMOTING)
+    promoting = superuser_only_permissions()
     return Group.objects.filter(
         pk__in=[
             g.pk
@@ -221,7 +221,7 @@ class PracticumGroupAdmin(GroupAdmin):
     def get_readonly_fields(self, request, obj=None):
         fields = list(super().get_readonly_fields(request, obj))
         if not request.user.is_superuser:
-            # A role's permissions come from the code (webapp/kernel/roles.py), which finds
+            # A role's permissions come from the code (each app's `AppConfig.roles`), which finds
             # each role by its name: renamed, another group would receive its permissions.
             fields += ["name", "permissions"]
         return fields

@@ -3,6 +3,7 @@ judgements of a trace."""
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -16,7 +17,8 @@ from feedback.auth import ApiKeyPrincipal, scope_required
 from feedback.models import ApiKeyScope, CorrectionMode, DeploymentJudge, JudgeResult, SchemaMode
 from feedback.selectors import trace_visible_to
 from feedback.selectors.judge import agreement_as_dict, agreement_by_version
-from feedback.selectors.judge_gate import judgements_mark_unverified
+from feedback.selectors.judge_gate import judge_training_gate, judgements_mark_unverified
+from feedback.services.judging import deployment_judge_set
 from training.serving.models import Deployment
 from webapp.kernel.api_errors import error_response
 from webapp.kernel.auth import ThrottledBasicAuthentication
@@ -64,10 +66,6 @@ class JudgeAgreementApi(APIView):
         responses={200: OpenApiResponse(description="Per judge version: kappa, Spearman, n, CIs, order-swap.")},
     )
     def get(self, request):
-        from django.conf import settings
-
-        from feedback.selectors.judge_gate import judge_training_gate
-
         deployment = None
         if isinstance(request.user, ApiKeyPrincipal):
             deployment = request.user.deployment
@@ -151,8 +149,6 @@ class DeploymentJudgeApi(APIView):
 
     @extend_schema(request=InputSerializer, responses={200: OpenApiResponse(description="The judge as set.")})
     def put(self, request, name: str):
-        from feedback.services.judging import deployment_judge_set
-
         deployment = get_object_or_404(Deployment, name=name)
         data = self.InputSerializer(data=request.data)
         if not data.is_valid():

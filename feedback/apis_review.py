@@ -14,6 +14,7 @@ from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.authentication import SessionAuthentication
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -47,8 +48,6 @@ def comment_as_dict(c: Comment) -> dict[str, Any]:
 def _trace_for(request, trace_id: int) -> Trace:
     trace = get_object_or_404(trace_visible_to(request.user), pk=trace_id)
     if not isinstance(request.user, ApiKeyPrincipal) and not can_see_trace(request.user, trace):
-        from rest_framework.exceptions import PermissionDenied
-
         raise PermissionDenied("you cannot see this trace")
     return trace
 

@@ -16,6 +16,7 @@ from django.utils.safestring import SafeString
 
 from feedback.models import TraceStatus
 from training.serving.models import Deployment, ModelVersion
+from webapp.kernel.chat_format import FieldError
 
 YES_NO = [("", "any"), ("yes", "yes"), ("no", "no")]
 RATINGS = [
@@ -122,8 +123,6 @@ def trace_filters(data: Mapping[str, Any], *, also: Iterable[str] = (), prefix: 
     """The cleaned trace-list filters in `data` (a query string's or a JSON object's), for an
     API: a parameter that is no filter (nor one of `also`) or a value that cannot be read is a
     `FieldError` naming it (after `prefix`), never silently "any"."""
-    from webapp.kernel.chat_format import FieldError
-
     unknown = sorted(set(map(str, data)) - {*FILTER_FIELDS, *also})
     if unknown:
         raise FieldError(prefix + unknown[0][:100], "not a filter of the trace list")

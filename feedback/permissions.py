@@ -1,4 +1,5 @@
-"""Who may do what in the dashboard; the role groups are defined in services/roles.py.
+"""Who may do what in the dashboard; the roles are `webapp/kernel/roles.py`'s, and what they
+may do in feedback `FeedbackConfig.roles` (feedback/apps.py) declares.
 
 Reviewers hold no `view_trace`: they see a trace only while they hold its queue item, or
 after they finished it.

@@ -8,6 +8,10 @@ from training.promotion.models import (
     PromotionRequest,
     Release,
 )
+from training.promotion.services.evaluation import EvaluationError, evaluation_cancel
+from training.promotion.services.promotion import promotion_approve, promotion_reject
+from training.promotion.services.promotion_checks import PromotionRefused
+from training.promotion.services.rollback import rollback_request
 from training.serving.admin import LiveVersionAdmin, ReadOnlyAdmin
 
 # Evaluation, promotion, release and the audit log: read-only here. Decisions go through the
@@ -16,9 +20,6 @@ from training.serving.admin import LiveVersionAdmin, ReadOnlyAdmin
 
 
 def _each(modeladmin, request, queryset, act, done: str) -> None:
-    from training.promotion.services.evaluation import EvaluationError
-    from training.promotion.services.promotion_checks import PromotionRefused
-
     for obj in queryset:
         try:
             act(obj)
@@ -36,8 +37,6 @@ class PromotionRequestAdmin(ReadOnlyAdmin):
 
     @admin.action(description="Approve and deploy (not your own requests)")
     def approve(self, request, queryset) -> None:
-        from training.promotion.services.promotion import promotion_approve
-
         _each(
             self,
             request,
@@ -48,8 +47,6 @@ class PromotionRequestAdmin(ReadOnlyAdmin):
 
     @admin.action(description="Reject")
     def reject(self, request, queryset) -> None:
-        from training.promotion.services.promotion import promotion_reject
-
         _each(
             self,
             request,
@@ -73,8 +70,6 @@ class EvaluationAdmin(ReadOnlyAdmin):
 
     @admin.action(description="Cancel")
     def cancel(self, request, queryset) -> None:
-        from training.promotion.services.evaluation import evaluation_cancel
-
         _each(self, request, queryset, lambda e: evaluation_cancel(evaluation=e, user=request.user), "cancelling")
 
 
@@ -87,8 +82,6 @@ class AuditEventAdmin(ReadOnlyAdmin):
 
 @admin.action(description="Roll back to the version live before")
 def rollback_action(modeladmin, request, queryset) -> None:
-    from training.promotion.services.rollback import rollback_request
-
     _each(
         modeladmin,
         request,

@@ -20,12 +20,14 @@ from rest_framework import serializers
 from rest_framework.permissions import SAFE_METHODS, IsAuthenticated
 from rest_framework.response import Response
 
-from feedback.failure_modes.apis import made_from_failure_mode_responses
+from feedback.failure_modes.apis import cluster_as_dict, failure_cluster_for, made_from_failure_mode_responses
 from feedback.forms import trace_filters
 from feedback.judge.scoring import served_calls_problem
 from training.api_person import PersonApi, needs
 from training.inference.codec import tool_calls_parse
 from training.models import TrainingItem, TrainingSet, TrainingSplit
+from training.services.evaluation_slices import evaluation_slice_from_failure_cluster
+from training.services.feedback_sets import training_set_from_feedback
 from training.services.training_sets import ITEM_FIELDS as STORED_ITEM_FIELDS
 from training.services.training_sets import TrainingSetError
 from webapp.kernel.api_errors import error_response
@@ -82,8 +84,6 @@ class TrainingSetsApi(PersonApi):
 
     @extend_schema(request=InputSerializer, responses={201: OpenApiResponse(description="The set as built.")})
     def post(self, request):
-        from training.services.feedback_sets import training_set_from_feedback
-
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         given = data.validated_data
@@ -170,7 +170,7 @@ class TrainingSetItemsParquetApi(PersonApi):
         responses={200: OpenApiResponse(description="application/vnd.apache.parquet")},
     )
     def get(self, request, set_id: int):
-        from webapp.kernel.parquet import parquet_file
+        from webapp.kernel.parquet import parquet_file  # noqa: PLC0415 — pyarrow (60 MB) for an export only
 
         training_set, items, kind = _items_asked(request, set_id)
         columns = {"tools": "json"} if kind == "chat" else ITEM_COLUMNS
@@ -245,9 +245,6 @@ class FailureClusterSliceApi(PersonApi):
         responses=made_from_failure_mode_responses("training_set"),
     )
     def post(self, request, cluster_id: str):
-        from feedback.failure_modes.apis import cluster_as_dict, failure_cluster_for
-        from training.services.evaluation_slices import evaluation_slice_from_failure_cluster
-
         cluster = failure_cluster_for(cluster_id)
         built, created = evaluation_slice_from_failure_cluster(cluster=cluster, user=request.user)
         built = TrainingSet.objects.select_related("deployment", "created_by").get(pk=built.pk)

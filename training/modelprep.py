@@ -18,6 +18,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from feedback.judge.client import JudgeEndpoint
+from feedback.judge.prompts import FeedbackItem, turn_prompt_messages
+from feedback.judge.scoring import prompt_chars
+from training.environments import environment_get
+
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TINY_VOCAB = 1024
 
@@ -255,11 +260,6 @@ def _talking_prompts() -> list[tuple[list[dict], list[dict] | None, str]]:
     """(messages, tools, answer) like those the demo sends: the release's smoke request,
     short chats and the support desk's first turns with its tools (answered with
     TINY_TALKING_TEXT), and the judge's prompt on such turns (answered with TINY_JUDGEMENT)."""
-    from feedback.judge.client import JudgeEndpoint
-    from feedback.judge.prompts import FeedbackItem, turn_prompt_messages
-    from feedback.judge.scoring import prompt_chars
-    from training.environments import environment_get
-
     chats: list[tuple[list[dict], list[dict] | None]] = [
         ([{"role": "user", "content": "Say hello."}], None),
         ([{"role": "user", "content": "hello"}], None),

@@ -9,8 +9,10 @@ from typing import Any
 
 from django.db.models import Q, QuerySet
 
+from training.charts import chart_spec
 from training.models import (
     PHASE_LABELS,
+    GapProbe,
     JobEventKind,
     JobKind,
     TrainingItem,
@@ -19,6 +21,7 @@ from training.models import (
     TrainingJobEvent,
     TrainingSet,
 )
+from training.services.gap_probes import HINT_PLACEMENTS, hint_offer
 from training.serving.models import LiveVersion, ModelVersion
 
 CHARTS = [
@@ -231,8 +234,6 @@ def job_chart_specs(
     per step, with the held-out evaluations' line where they measure it (reward, response
     length; step 0 is the starting model), the mean ± std band of the reward, and the steps
     with a checkpoint marked."""
-    from training.charts import chart_spec
-
     elapsed = {str(s): seconds for s, seconds in series.get("elapsed", [])}
     markers = [{"x": float(s), "label": f"checkpoint {s}"} for s in checkpoints]
     specs = []
@@ -356,9 +357,6 @@ def versions_with_gaps() -> list[ModelVersion]:
     """The versions to train from, each with `gap_probe` (its latest student-teacher gap
     probe, or None), `hint_refused` ((placement, `HintOffer`) for each placement of the comment
     at which distillation and hinted GRPO are not offered) and `hint_offered` (none refused)."""
-
-    from training.models import GapProbe
-    from training.services.gap_probes import HINT_PLACEMENTS, hint_offer
 
     versions = list(versions_to_train_from())
     probes: dict[int, list[GapProbe]] = {}

@@ -9,15 +9,24 @@ from django.conf import settings
 from django.contrib import messages as flash
 from django.contrib.auth.decorators import login_required, permission_required
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
+from feedback.failure_modes.views import cluster_refused, go_to
+from feedback.forms import TraceFilterForm
+from feedback.models import AnnotationQueue, FailureCluster
+from feedback.permissions import BROWSE
 from training import selectors
+from training.environments import environment_names
 from training.models import JobKind, TrainingSet
+from training.services.episode_sets import training_set_from_episodes
+from training.services.evaluation_slices import evaluation_slice_from_failure_cluster
+from training.services.feedback_sets import training_set_from_feedback
 from training.services.jobs import JobError, training_job_cancel, training_job_create
-from training.serving.models import ModelVersion
+from training.services.training_sets import TrainingSetError
+from training.serving.models import Deployment, ModelVersion
 from webapp.kernel.form_problems import FormProblems, json_object_error, problems
 from webapp.kernel.ids import form_id, parse_id
 from webapp.kernel.pages import dashboard_view
@@ -272,12 +281,6 @@ def _set_name_and_heldout(data, *, default_heldout: float) -> tuple[str, float, 
 @require_POST
 def training_set_build(request: HttpRequest) -> HttpResponse:
     """Build a training set from the trace list's filters (its query string) or a queue."""
-    from django.http import QueryDict
-
-    from feedback.forms import TraceFilterForm
-    from training.services.feedback_sets import training_set_from_feedback
-    from training.services.training_sets import TrainingSetError
-
     data = request.POST
     name, heldout, errors = _set_name_and_heldout(data, default_heldout=0.2)
     queue = data.get("queue") or ""
@@ -316,8 +319,6 @@ def training_set_build(request: HttpRequest) -> HttpResponse:
 def _deployment_by_name(query):
     """The trace list's filter takes a deployment's id; a name typed or pasted in its place
     means that deployment."""
-    from training.serving.models import Deployment
-
     wanted = query.get("deployment") or ""
     if wanted and parse_id(wanted) is None:
         found = Deployment.objects.filter(name=wanted).values_list("pk", flat=True).first()
@@ -341,10 +342,6 @@ def _built_message(request: HttpRequest, built: TrainingSet) -> None:
 @require_POST
 def training_set_build_episodes(request: HttpRequest) -> HttpResponse:
     """Build a training set from a deployment's logged, graded episodes of an environment."""
-    from training.services.episode_sets import training_set_from_episodes
-    from training.services.training_sets import TrainingSetError
-    from training.serving.models import Deployment
-
     data = request.POST
     name, heldout, errors = _set_name_and_heldout(data, default_heldout=0.15)
     deployment = Deployment.objects.filter(name=data.get("deployment") or "").first()
@@ -381,20 +378,14 @@ def training_set_build_episodes(request: HttpRequest) -> HttpResponse:
 
 
 def _environments() -> list[str]:
-    from training.environments import environment_names
-
     return environment_names()
 
 
 def _episode_choices() -> dict:
-    from training.serving.models import Deployment
-
     return {"deployments": Deployment.objects.order_by("name")[:100], "environments": _environments()}
 
 
 def _queues():
-    from feedback.models import AnnotationQueue
-
     return AnnotationQueue.objects.only("id", "name", "item_count")[:100]
 
 
@@ -422,12 +413,6 @@ def training_set_detail(request: HttpRequest, set_id: int) -> HttpResponse:
 def failure_cluster_slice(request: HttpRequest, cluster_id: int) -> HttpResponse:
     """The failure-modes page's "Make an evaluation slice" button: the cluster's turns as a
     set of held-out items, opened; a second click opens the same set."""
-    from feedback.failure_modes.views import cluster_refused, go_to
-    from feedback.models import FailureCluster
-    from feedback.permissions import BROWSE
-    from training.services.evaluation_slices import evaluation_slice_from_failure_cluster
-    from training.services.training_sets import TrainingSetError
-
     if not request.user.has_perm(BROWSE):
         raise PermissionDenied(f"your role does not include {BROWSE}")
     cluster = get_object_or_404(FailureCluster, pk=cluster_id)

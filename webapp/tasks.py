@@ -6,6 +6,14 @@ import logging
 
 from celery import shared_task
 
+from feedback.failure_modes.services import failure_mode_runs_fail_stale
+from feedback.models import FailureModeRun, JudgeJob
+from feedback.services.judge_jobs import judge_jobs_fail_stale
+from feedback.services.judging import judge_results_fail_stale
+from training.promotion.services.evaluation import evaluations_fail_stale
+from training.promotion.services.release import releases_fail_stale
+from training.services.jobs import training_jobs_check_stale
+
 logger = logging.getLogger(__name__)
 
 
@@ -16,13 +24,6 @@ def stale_work_sweep_task() -> None:
     evaluations and releases fail (a release queued with no worker taking it, too, as it
     blocks its deployment's next one). Each kind is swept on its own, so one kind's error does not keep
     the others running forever."""
-    from feedback.failure_modes.services import failure_mode_runs_fail_stale
-    from feedback.services.judge_jobs import judge_jobs_fail_stale
-    from feedback.services.judging import judge_results_fail_stale
-    from training.promotion.services.evaluation import evaluations_fail_stale
-    from training.promotion.services.release import releases_fail_stale
-    from training.services.jobs import training_jobs_check_stale
-
     for sweep in (
         _legacy_done_to_finished,
         training_jobs_check_stale,
@@ -41,8 +42,6 @@ def stale_work_sweep_task() -> None:
 def _legacy_done_to_finished() -> None:
     """A worker still on the code before one status vocabulary may write "done" after the
     migration (a rolling upgrade); its rows are read as "finished" from the next sweep on."""
-    from feedback.models import FailureModeRun, JudgeJob
-
     for model in (JudgeJob, FailureModeRun):
         model.objects.filter(status="done").update(status="finished")
 

@@ -29,10 +29,12 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import openai
 
 from training.environments.episodes import Completion, episode_run
 from training.environments.support_desk import FRESH_SPLIT, ORDER_ID_PATTERN, SPLITS, SupportDesk, tasks_sample
@@ -216,10 +218,6 @@ def demo_agent_run(
     lists the episodes in task order whatever order they finish in. Batched decoding is not
     bit-identical to one request at a time, so runs compare only at one concurrency.
     """
-    from concurrent.futures import ThreadPoolExecutor, as_completed
-
-    import openai
-
     if split not in (*SPLITS, FRESH_SPLIT):
         raise ValueError(f"split must be one of {', '.join((*SPLITS, FRESH_SPLIT))}")
     if episodes < 1:

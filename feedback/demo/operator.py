@@ -17,6 +17,8 @@ from django.db import transaction
 from feedback.models import Comment, MessageRole, Trace
 from feedback.selectors.traces import message_as_openai
 from feedback.services.review import comment_add
+from training.environments import support_operator
+from training.environments.support_desk import SupportDesk
 
 logger = logging.getLogger(__name__)
 
@@ -49,9 +51,6 @@ def simulated_operator_review(
     a held-out one: words from a script that knows the policy must not reach the traces a
     candidate is measured on. Returns the counts by kind ("specific", "vague", "wrong"),
     "held_out", and "skipped" for traces of no known task or that cannot be read."""
-    from training.environments import support_operator
-    from training.environments.support_desk import SupportDesk
-
     env = SupportDesk()
     tasks = {t.id: t for t in env.tasks()}
     author = simulated_operator_user()

@@ -26,6 +26,7 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.text import slugify
 
+from feedback.failure_modes.clustering import MAX_TEXTS, central_indices, cluster_embeddings, embed_texts, keyword_name
 from feedback.failure_modes.detectors import (
     KINDS,
     LENGTH_OUTLIER,
@@ -35,7 +36,9 @@ from feedback.failure_modes.detectors import (
     detect_length_outliers,
     final_answer,
 )
+from feedback.failure_modes.naming import name_cluster
 from feedback.judge.client import JudgeCallFailed, JudgeEndpoint, JudgeNotConfigured
+from feedback.judge.quality import name_from_texts, name_is_readable, text_is_praise
 from feedback.models import (
     Comment,
     FailureCluster,
@@ -202,9 +205,6 @@ def _notes(trace_ids: Sequence[int]) -> list[dict[str, Any]]:
     newest first (what people and the judge said went wrong). Only negative feedback is a
     failure note: a comment whose author rated the same turn well, or that only praises
     ("Great answer!"), is left out."""
-    from feedback.failure_modes.clustering import MAX_TEXTS
-    from feedback.judge.quality import text_is_praise
-
     ids = list(trace_ids)
     praised = _praised_turns(ids)
     notes: list[dict[str, Any]] = []
@@ -233,10 +233,6 @@ def _notes(trace_ids: Sequence[int]) -> list[dict[str, Any]]:
 
 
 def _name(texts: list[str], others: list[str], endpoint: JudgeEndpoint | None) -> dict[str, str]:
-    from feedback.failure_modes.clustering import keyword_name
-    from feedback.failure_modes.naming import name_cluster
-    from feedback.judge.quality import name_from_texts, name_is_readable
-
     if endpoint is not None:
         try:
             named = name_cluster(texts=texts, endpoint=endpoint)
@@ -283,8 +279,6 @@ def _cluster(
     endpoint: JudgeEndpoint | None,
     embed: Callable[[Sequence[str]], np.ndarray] | None,
 ) -> int:
-    from feedback.failure_modes.clustering import central_indices, cluster_embeddings, embed_texts
-
     notes = _notes(trace_ids)
     _progress(run, stage="embedding notes", notes_clustered=len(notes))
     TraceFlag.objects.filter(trace_id__in=trace_ids, source=CLUSTER_SOURCE).delete()

@@ -19,11 +19,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 from django.db import connections
 
 from feedback.gateway.errors import GatewayError
 from feedback.models import ApiKeyScope
 from feedback.services.api_keys import ApiKeyError, api_key_authenticate
+from training.serving.selectors import base_model_replica_urls, canary_split_get, live_version_get
+from training.serving.services import LIVE_CHANNEL
 
 logger = logging.getLogger(__name__)
 
@@ -102,10 +105,6 @@ class LiveListener:
         return {k: v for k, v in params.items() if v}
 
     def _run(self) -> None:
-        import psycopg
-
-        from training.serving.services import LIVE_CHANNEL
-
         while not self._stop.is_set():
             try:
                 with psycopg.connect(**self._conninfo(), autocommit=True, connect_timeout=5) as conn:
@@ -140,8 +139,6 @@ def _authenticate_sync(token: str) -> Principal | GatewayError:
 
 
 def _route_sync(deployment_id: int) -> Route | None:
-    from training.serving.selectors import base_model_replica_urls, canary_split_get, live_version_get
-
     version = live_version_get(deployment_id=deployment_id)
     if version is None:
         return None

@@ -29,6 +29,10 @@ from django.conf import settings
 from django.db import DatabaseError
 from django.utils import timezone
 
+from feedback.models import ConversationTip, Trace
+from feedback.services.message_digests import content_digest
+from feedback.services.stitching import answer_key, history_chain, stitch_scope
+
 logger = logging.getLogger(__name__)
 
 DIGEST_SIZE = 16
@@ -98,10 +102,6 @@ def _stitched_version(deployment_id: int, api_key_id: int | None, messages: Sequ
     first message, the tips of its last answer given later in a conversation than the call
     places it (so a shorter history), when they all name one version: an answer many
     conversations share (a fixed greeting) says nothing, and the call goes by its point."""
-    from feedback.models import ConversationTip
-    from feedback.services.message_digests import content_digest
-    from feedback.services.stitching import answer_key, history_chain, stitch_scope
-
     answers = [i for i, m in enumerate(messages) if m.role == "assistant"]
     if not answers:
         return None
@@ -139,8 +139,6 @@ def served_version_sync(
 
 
 def _served_version(deployment_id, session, trace_key, api_key_id, messages) -> int | None:
-    from feedback.models import Trace
-
     if session:
         rows = Trace.objects.filter(deployment_id=deployment_id, session_id=session).order_by("-started_at", "-id")
     elif trace_key:

@@ -92,7 +92,7 @@ class JudgeEndpoint:
 
     @classmethod
     def from_settings(cls, **overrides: Any) -> JudgeEndpoint:
-        from django.conf import settings
+        from django.conf import settings  # noqa: PLC0415 — the judge client imports no Django but here
 
         values: dict[str, Any] = {
             "base_url": settings.JUDGE_BASE_URL,

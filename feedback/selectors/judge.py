@@ -27,12 +27,14 @@ from feedback.models import (
     DeploymentJudge,
     JudgeResult,
     JudgeStatus,
+    Message,
     OrderSwapCheck,
     RatingKind,
     TurnRating,
     rating_normalised,
 )
 from feedback.models.judge import judge_key_env_check
+from feedback.selectors.traces import message_as_openai
 from training.serving.models import Deployment
 
 
@@ -70,7 +72,7 @@ def judge_is_configured(*, deployment: Deployment | None = None) -> bool:
 def judge_results_for_messages(*, message_ids: list[int]) -> dict[int, list[JudgeResult]]:
     """Each message's judgements, newest first, each with its `doubts` (judge_result_doubts);
     the latest also with `unverified` (judgements_mark_unverified)."""
-    from feedback.selectors.judge_gate import judgements_mark_unverified  # it reads this module
+    from feedback.selectors.judge_gate import judgements_mark_unverified  # noqa: PLC0415 — it imports this module
 
     out: dict[int, list[JudgeResult]] = {}
     results = list(JudgeResult.objects.filter(message_id__in=message_ids).order_by("-created_at", "-id"))
@@ -115,9 +117,6 @@ def judged_turns(
     """The latest successful judgement of each judged turn, newest first, with its context,
     in two queries whatever the number of turns. Check `judge_reward_gate` before using
     the rewards without a person's say-so."""
-    from feedback.models import Message
-    from feedback.selectors.traces import message_as_openai
-
     qs = JudgeResult.objects.filter(is_latest=True, status=JudgeStatus.SUCCEEDED).select_related("message", "trace")
     if deployment is not None:
         qs = qs.filter(trace__deployment=deployment)

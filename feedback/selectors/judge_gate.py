@@ -27,6 +27,7 @@ from feedback.judge.client import JudgeNotConfigured
 from feedback.judge.prompts import ACTION_PROMPT_PREFIX, CURRENT_SCORE
 from feedback.models import CandidateScoring, JudgeResult, JudgeStatus, OrderSwapCheck, ScoringPurpose, Trace
 from feedback.selectors.judge import human_labels, judge_endpoint_for
+from feedback.selectors.judge_actions import action_agreement
 from training.serving.models import Deployment
 
 
@@ -201,8 +202,6 @@ def _action_conditions(
     """Per kind agreement of the judge's chosen actions with operators' corrections, and
     the conditions it leaves unmet: every kind measured on at least `min_action_n` turns,
     each agreeing at least `min_action_agreement`."""
-    from feedback.selectors.judge_actions import action_agreement
-
     kinds = action_agreement(deployment=deployment, judge_model=judge_model, judge_base_url=judge_base_url)
     unmet = []
     if not kinds:

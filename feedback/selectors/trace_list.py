@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 
+from django.conf import settings
 from django.db import connection
 from django.db.models import BooleanField, Exists, OuterRef, Q, QuerySet
 from django.db.models.expressions import RawSQL
@@ -206,6 +207,4 @@ def demo_agent_starting() -> bool:
     """`make demo` is running (it sets PRACTICUM_DEMO_EPISODES) and no episode of its agent
     has come through the gateway yet: the agent is still starting (the model server loads
     first), so an empty trace list is waiting, not wanting."""
-    from django.conf import settings
-
     return settings.DEMO_EPISODES > 0 and not Trace.objects.filter(source=TraceSource.GATEWAY).exists()

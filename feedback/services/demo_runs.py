@@ -12,7 +12,9 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
+from feedback.demo.agent import demo_agent_run
 from feedback.services.api_keys import api_key_create, api_key_revoke
+from feedback.tasks import demo_agent_run_task
 from training.serving.models import Deployment
 from webapp.kernel.errors import Invalid
 
@@ -40,15 +42,12 @@ def demo_agent_run_enqueue(*, deployment: Deployment, split: str, episodes: int)
         errors.append(("PRACTICUM_GATEWAY_URL", "must be an http(s) URL"))
     if errors:
         raise DemoRunError(errors)
-    from feedback.tasks import demo_agent_run_task
 
     demo_agent_run_task.delay_on_commit(deployment.pk, split, episodes)
 
 
 def demo_agent_run_for(*, deployment: Deployment, split: str, episodes: int, seed: int = 0) -> Any:
     """Run the demo agent against the configured gateway with a key made for this run."""
-    from feedback.demo.agent import demo_agent_run
-
     base_url = settings.GATEWAY_URL
     created = api_key_create(
         deployment=deployment,

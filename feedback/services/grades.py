@@ -23,6 +23,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from feedback.models import ApiKey, Grade, GradeOutcome, Trace
+from feedback.services.customer_feedback import feedback_target_find
 from training.serving.models import Deployment
 from webapp.kernel.chat_format import FieldError
 
@@ -182,8 +183,6 @@ def grade_record(
     """Validate and store one grade sent on its own (`POST /api/v1/grades`): the body names
     its trace by `trace_id` or `external_id`. Returns the grade and whether it is new (a grade
     of that name on the trace is replaced)."""
-    from feedback.services.customer_feedback import feedback_target_find
-
     if not isinstance(data, dict):
         raise FieldError("", "the body must be a JSON object")
     if data.get("response_id"):

@@ -21,6 +21,7 @@ from feedback.judge.scoring import CandidateScores, score_candidates
 from feedback.models import CandidateScoring, JudgeResult, JudgeStatus, Message, OrderSwapCheck, ScoringPurpose
 from feedback.selectors.judge import human_labels, judge_endpoint_for
 from feedback.selectors.traces import message_as_openai
+from feedback.services.judging import order_swap_check_run
 from training.serving.models import Deployment
 
 RAW_OUTPUT_MAX = 50_000
@@ -87,8 +88,6 @@ def judge_calibration_run(
     (the latest judgement's, else PRACTICUM_JUDGE_CALIBRATION_RUBRIC), feedback left out.
     With `swap_checks`, rated turns with a judgement and a correction also get an
     order-swap check. Every call is stored; returns counts."""
-    from feedback.services.judging import order_swap_check_run
-
     endpoint = endpoint or judge_endpoint_for(deployment=deployment)
     rng = rng or random.Random()
     labels = human_labels(deployment=deployment)

@@ -34,6 +34,13 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
 MAX_SPANS = 20_000  # per export request
 MAX_SPANS_PER_TRACE = 5_000
 MAX_ERROR_CHARS = 2_000
@@ -78,10 +85,6 @@ def otlp_decode(body: bytes, *, content_type: str, content_encoding: str, max_by
     """The export request in `body` (an `ExportTraceServiceRequest`) and whether it came as
     JSON. Raises `OtlpError` for a body that is not one; a gzip body may unpack to at most
     `max_bytes`."""
-    from google.protobuf import json_format
-    from google.protobuf.message import DecodeError
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
     encoding = (content_encoding or "").strip().lower()
     if encoding == "gzip":
         body = _gunzip(body, max_bytes)
@@ -217,9 +220,6 @@ def spans_of(request) -> list[SpanRecord]:
 
 def export_response(*, rejected: int, message: str, as_json: bool) -> tuple[bytes, str]:
     """The `ExportTraceServiceResponse` body and its content type."""
-    from google.protobuf import json_format
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
-
     response = ExportTraceServiceResponse()
     if rejected or message:
         response.partial_success.rejected_spans = rejected

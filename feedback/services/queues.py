@@ -13,6 +13,7 @@ from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
+from feedback.failure_modes.selectors import failure_cluster_trace_ids
 from feedback.models import AnnotationQueue, FailureCluster, QueueItem, QueueItemStatus, QueueSkip, Trace
 from feedback.services.queue_scores import QueueItemNotHeld, queue_rubric_set
 from webapp.kernel.chat_format import FieldError
@@ -76,8 +77,6 @@ def queue_from_failure_cluster(*, cluster: FailureCluster, created_by) -> tuple[
     """A queue of the traces a failure mode's notes are on ("Review in a queue"), newest
     first, named after the failure mode; `(queue, True)`. A cluster has one queue: asked
     again, it returns the one already made, as it stands (`(queue, False)`)."""
-    from feedback.failure_modes.selectors import failure_cluster_trace_ids
-
     # Two clicks at once wait for each other here, so the second finds the first's queue.
     locked = FailureCluster.objects.select_for_update(of=("self",)).select_related("run").filter(pk=cluster.pk).first()
     if locked is None:

@@ -35,6 +35,7 @@ from django.db.models import BooleanField
 from django.db.models.expressions import RawSQL
 
 from feedback.models import Message, Trace
+from feedback.tasks import search_index
 
 logger = logging.getLogger(__name__)
 
@@ -99,8 +100,6 @@ def traces_search_index_later(*, trace_ids: Sequence[int]) -> None:
     ids = list(trace_ids)
 
     def enqueue() -> None:
-        from feedback.tasks import search_index
-
         search_index.delay(ids)
 
     transaction.on_commit(enqueue, robust=True)

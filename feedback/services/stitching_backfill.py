@@ -48,7 +48,9 @@ from feedback.models import (
 from feedback.services.grades import trace_outcomes_refresh
 from feedback.services.ingest import trace_counts
 from feedback.services.message_digests import UNSEEN_FINISH_REASONS, message_digest
+from feedback.services.search import traces_search_index_later
 from feedback.services.stitching import history_chain, stitch_scope
+from webapp.kernel.chat_format import ParsedMessage
 
 GENERATED_KEY = re.compile(r"^gw-[0-9a-f]{32}$")
 
@@ -231,8 +233,6 @@ def traces_stitch_apply(*, plan: StitchPlan) -> None:
         _recount(trace_id)
     trace_outcomes_refresh(trace_ids=sorted(touched))
     if touched:
-        from feedback.services.search import traces_search_index_later
-
         traces_search_index_later(trace_ids=sorted(touched))
 
 
@@ -252,8 +252,6 @@ def _absorb(target_id: int, source_id: int) -> None:
 
 
 def _recount(trace_id: int) -> None:
-    from webapp.kernel.chat_format import ParsedMessage
-
     messages = [
         ParsedMessage(
             role=role,

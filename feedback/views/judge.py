@@ -24,7 +24,7 @@ from feedback.selectors.judge import (
     judge_result_doubts,
     judge_results_for_messages,
 )
-from feedback.selectors.judge_gate import judgements_mark_unverified
+from feedback.selectors.judge_gate import judge_training_gate, judgements_mark_unverified
 from feedback.services.judge_jobs import judge_job_cancel, judge_job_create
 from feedback.services.judging import JudgeError, deployment_judge_set, judge_request
 from feedback.views.traces import trace_or_404
@@ -240,7 +240,6 @@ def judge_agreement(request: HttpRequest) -> HttpResponse:
         deployment = Deployment.objects.filter(name=request.GET["deployment"]).first()
         if deployment is None:
             raise Http404("no such deployment")
-    from feedback.selectors.judge_gate import judge_training_gate
 
     context = {
         "rows": agreement_by_version(deployment=deployment),

@@ -14,7 +14,7 @@ from feedback.selectors.queues import queue_progress
 from feedback.selectors.trace_list import traces_filtered
 from feedback.services.queues import QueueItemNotHeld, queue_create, queue_item_done, queue_item_skip, queue_next_item
 from tests.factories import user_with_role
-from webapp.kernel.roles import ROLE_PERMISSIONS
+from webapp.kernel.roles import ROLES
 
 pytestmark = pytest.mark.django_db
 
@@ -35,7 +35,7 @@ def five(deployment, ingest):
 
 
 def test_roles_are_groups_with_their_permissions(db):
-    for role in ROLE_PERMISSIONS:
+    for role in ROLES:
         assert Group.objects.filter(name=role).exists()
     approver = user_with_role("approver", "amy")
     assert approver.has_perm("training.approve_promotion")

@@ -108,7 +108,7 @@ def test_cpu_replicas_each_bind_to_their_own_cpus(monkeypatch):
 def test_serve_inference_takes_its_replicas_off_the_list_when_one_gives_up_and_when_it_stops(base, monkeypatch):
     # Left listed, a stopped replica would be probed by every gateway process forever and
     # fail every release of the base model ("cannot connect … at http://127.0.0.1:8002").
-    from training.inference import server as server_module
+    from training.management.commands import serve_inference as command_module
 
     seen = {}
 
@@ -121,8 +121,8 @@ def test_serve_inference_takes_its_replicas_off_the_list_when_one_gives_up_and_w
         base_model_replicas_set(base=base, urls=[*base.inference_replicas, "http://gpu9:8001"])  # someone else's
         return 0
 
-    monkeypatch.setattr(server_module, "vllm_missing_reason", lambda: None)
-    monkeypatch.setattr(server_module, "supervise_all", supervise_all)
+    monkeypatch.setattr(command_module, "vllm_missing_reason", lambda: None)
+    monkeypatch.setattr(command_module, "supervise_all", supervise_all)
     call_command("serve_inference", "--base", "smol", "--port", "8001", "--replicas", "3")
     assert seen["running"] == ["http://127.0.0.1:8002", "http://127.0.0.1:8003"]
     assert seen["after_give_up"] == ["http://127.0.0.1:8003"]
@@ -131,11 +131,11 @@ def test_serve_inference_takes_its_replicas_off_the_list_when_one_gives_up_and_w
 
 
 def test_serve_inference_without_replicas_says_which_recorded_ones_it_does_not_start(base, monkeypatch, capsys):
-    from training.inference import server as server_module
+    from training.management.commands import serve_inference as command_module
 
     base_model_replicas_set(base=base, urls=["http://127.0.0.1:8002"])
-    monkeypatch.setattr(server_module, "vllm_missing_reason", lambda: None)
-    monkeypatch.setattr(server_module, "supervise_all", lambda servers, **kw: 0)
+    monkeypatch.setattr(command_module, "vllm_missing_reason", lambda: None)
+    monkeypatch.setattr(command_module, "supervise_all", lambda servers, **kw: 0)
     call_command("serve_inference", "--base", "smol", "--port", "8001")
     assert "also lists the replicas http://127.0.0.1:8002" in capsys.readouterr().err
 

@@ -14,6 +14,7 @@ the episode loop enforces. Environments register by name with `@register`.
 
 from __future__ import annotations
 
+import importlib
 import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -234,8 +235,6 @@ def register(cls: type[Environment]) -> type[Environment]:
 
 def _load_builtin() -> None:
     # The built-in environments register themselves on import.
-    import importlib
-
     for module in _MODULES:
         importlib.import_module(module)
 

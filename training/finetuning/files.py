@@ -13,6 +13,7 @@ from django.utils import timezone
 from feedback.models import ApiKey
 from training.finetuning.lines import FineTuningError, file_check
 from training.finetuning.models import FileStatus, FineTuningFile, FineTuningJob
+from training.finetuning.tasks import file_validate_task
 from training.services.jobs import training_job_awaits_set
 from training.serving.models import Deployment
 from webapp.kernel.errors import NotFound
@@ -90,7 +91,6 @@ def file_create(*, api_key: ApiKey, filename: str, purpose: str, data: bytes) ->
             bytes=len(data),
             stored_bytes=len(data),
         )
-        from training.finetuning.tasks import file_validate_task
 
         file_validate_task.delay_on_commit(created.id)
         return created

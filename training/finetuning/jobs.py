@@ -36,6 +36,7 @@ from training.finetuning.files import (
 )
 from training.finetuning.lines import FineTuningError, reinforcement_items, supervised_items
 from training.finetuning.models import FileStatus, FineTuningFile, FineTuningJob
+from training.finetuning.tasks import fine_tuning_job_prepare_task
 from training.models import JobEventKind, JobKind, TrainingJob, TrainingJobEvent
 from training.services.jobs import (
     JobError,
@@ -45,10 +46,12 @@ from training.services.jobs import (
     training_job_refuse,
     training_job_set_attach,
 )
+from training.services.judge_gate import JudgeGateClosed, judge_gate_pass
 from training.services.training_sets import TrainingSetError, training_set_create
 from training.serving.models import Deployment, ModelVersion
 from training.trainer import openai_graders
 from training.trainer.config import GRPOConfig, SFTConfig
+from webapp.kernel.errors import Conflict
 from webapp.kernel.ids import parse_id
 from webapp.kernel.nul import strip_nul
 from webapp.kernel.work import WorkStatus
@@ -261,8 +264,6 @@ def fine_tuning_job_create(
         metadata=tags,
     )
     if enqueue:
-        from training.finetuning.tasks import fine_tuning_job_prepare_task
-
         fine_tuning_job_prepare_task.delay_on_commit(job.pk)
     return ft
 
@@ -390,8 +391,6 @@ def _asked(ft: FineTuningJob) -> dict[str, Any]:
 
 def _judge_gate_open(api_key: ApiKey) -> None:
     """A score_model grader is the deployment's judge: its training gate must be open."""
-    from training.services.judge_gate import JudgeGateClosed, judge_gate_pass
-
     try:
         judge_gate_pass(deployments=[api_key.deployment], uses="a GRPO job rewarded by the judge")
     except JudgeGateClosed as exc:
@@ -446,8 +445,6 @@ def fine_tuning_job_cancel(*, api_key: ApiKey, job_id: str) -> FineTuningJob:
     if found.job.status == WorkStatus.CANCELLING:
         return found  # asked already: it stops at its next step
     if not found.job.is_active:
-        from webapp.kernel.errors import Conflict
-
         raise Conflict(f"the job has already ended ({found.job.status})", field="fine_tuning_job_id")
     found.job = training_job_cancel(job=found.job, user=None)
     return found

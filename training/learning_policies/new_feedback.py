@@ -8,12 +8,16 @@ from typing import Any
 
 from django.db.models import Max
 
+from feedback.models import Comment, CustomerFeedback, JudgeResult, Trace
+from feedback.models.judge import JudgeStatus
 from training.learning_policies.models import (
     LearningPolicy,
     LearningPolicyUse,
     PolicySignal,
     UseKind,
 )
+from training.services.episode_sets import episode_turn_items
+from training.services.feedback_sets import MAX_TRACES, turn_items
 
 
 @dataclass
@@ -33,9 +37,6 @@ def _unused(policy: LearningPolicy, kind: str):
 
 def _signal_rows(policy: LearningPolicy):
     """(queryset of new rows, the use kind, what a unit is called, the field naming its turn)."""
-    from feedback.models import Comment, CustomerFeedback, JudgeResult, Trace
-    from feedback.models.judge import JudgeStatus
-
     deployment = policy.deployment
     if policy.signal == PolicySignal.COMMENTS:
         rows = Comment.objects.filter(trace__deployment=deployment, message__role="assistant")
@@ -68,9 +69,6 @@ def _items_for(policy: LearningPolicy) -> tuple[list[dict[str, Any]], str, set[i
     A turn is included when it carries at least one row of the signal no run used; its item
     is built as `training_set_from_feedback` builds it (with the turn's other feedback as
     context), and only the new rows are recorded as used."""
-    from training.services.episode_sets import episode_turn_items
-    from training.services.feedback_sets import MAX_TRACES, turn_items
-
     rows, kind, _what, _turn = _signal_rows(policy)
     if kind == UseKind.EPISODE:
         new_traces = set(rows.values_list("pk", flat=True)[:MAX_TRACES])

@@ -5,11 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
+from training.environments import environment_get
 from training.learning_policies.models import LearningPolicy, PolicySignal
+from training.models import JobKind, TrainingSet
+from training.services.jobs import JobError, training_job_config_check
 from training.serving.models import Deployment
 from training.serving.selectors import live_version_get
 from webapp.kernel.errors import Invalid
@@ -61,10 +65,6 @@ class PolicyError(Invalid, ValueError):
 def learning_policy_check(*, deployment: Deployment | None, values: dict[str, Any]) -> None:
     """Every problem with `values` for a policy of `deployment`, as one `PolicyError`. The
     recipe goes through the jobs' own config validation, from the live version it will train."""
-    from training.environments import environment_get
-    from training.models import JobKind
-    from training.services.jobs import JobError, training_job_config_check
-
     errors: list[tuple[str, str]] = []
     if deployment is None:
         raise PolicyError([("deployment", "choose a deployment")])
@@ -149,10 +149,6 @@ def learning_policy_refs(
     """The rows a form or an API body names (a deployment by name or id, a training set by
     id, a group and a user by name); only the ones given, blank meaning none. Raises
     `PolicyError` naming each one that does not exist."""
-    from django.contrib.auth.models import Group
-
-    from training.models import TrainingSet
-
     out: dict[str, Any] = {}
     errors: list[tuple[str, str]] = []
 

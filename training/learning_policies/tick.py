@@ -20,6 +20,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
 from django.core.exceptions import PermissionDenied
 from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
@@ -27,6 +28,7 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.text import slugify
 
+from feedback.selectors.judge_gate import judge_training_gate
 from training.learning_policies.models import (
     LearningPolicy,
     LearningPolicyRun,
@@ -38,6 +40,24 @@ from training.learning_policies.models import (
 )
 from training.learning_policies.new_feedback import _items_for, new_signal
 from training.learning_policies.services import RUNS_NEED, PolicyError
+from training.models import TrainingJob
+from training.promotion.models import Evaluation
+from training.promotion.services.evaluation import evaluation_create
+from training.promotion.services.promotion import promotion_request_create
+from training.promotion.services.promotion_checks import (
+    Precondition,
+    PromotionRefused,
+    check_deployable,
+    check_evaluation_current,
+    check_harm,
+    check_lineage,
+    check_monitors,
+    check_not_live,
+    check_regressions,
+)
+from training.services.jobs import training_job_create
+from training.services.judge_gate import judge_gate_pass
+from training.services.training_sets import training_set_create
 from training.serving.selectors import live_version_get
 from webapp.kernel.errors import DomainError
 from webapp.kernel.work import WorkStatus
@@ -108,8 +128,6 @@ def _decide(policy: LearningPolicy, now: datetime) -> tuple[str, str]:
         if now < due:
             return f"the last run was at {last.fired_at:%Y-%m-%d %H:%M}; the next may fire from {due:%H:%M}", ""
     if policy.signal == PolicySignal.JUDGE:
-        from feedback.selectors.judge_gate import judge_training_gate
-
         gate = judge_training_gate(deployment=policy.deployment)
         if not gate.allowed:
             return f"the judge's training gate is closed: {gate.reason}", ""
@@ -132,9 +150,6 @@ def _decide(policy: LearningPolicy, now: datetime) -> tuple[str, str]:
 
 
 def _fire(policy: LearningPolicy, why: str, now: datetime) -> str:
-    from training.services.jobs import training_job_create
-    from training.services.training_sets import training_set_create
-
     try:
         with transaction.atomic():
             run = LearningPolicyRun.objects.create(policy=policy, fired_at=now, reason=why[:500])
@@ -193,7 +208,6 @@ def _judge_gate(policy: LearningPolicy, items: list[dict[str, Any]]) -> dict[str
     a closed gate refuses (a policy never overrides it)."""
     if not any((it.get("provenance") or {}).get("judge_result") is not None for it in items):
         return None
-    from training.services.judge_gate import judge_gate_pass
 
     return judge_gate_pass(
         deployments=[policy.deployment], uses="a learning policy's set with the judge's rubrics, rewards or corrections"
@@ -216,9 +230,6 @@ def _provenance(items: list[dict[str, Any]], kind: str, used: set[int]) -> dict[
 
 
 def _advance(policy: LearningPolicy, run: LearningPolicyRun, now: datetime) -> str:
-    from training.models import TrainingJob
-    from training.promotion.models import Evaluation
-
     if run.stage == RunStage.TRAINING:
         job = TrainingJob.objects.filter(pk=run.job_id).select_related("result_version").first()
         if job is None:
@@ -244,8 +255,6 @@ def _advance(policy: LearningPolicy, run: LearningPolicyRun, now: datetime) -> s
 
 
 def _evaluate(policy: LearningPolicy, run: LearningPolicyRun, candidate, now: datetime) -> str:
-    from training.promotion.services.evaluation import evaluation_create
-
     own = run.training_set if run.training_set is not None and run.training_set.heldout_count else None
     try:
         with transaction.atomic():
@@ -269,17 +278,6 @@ def policy_requirements(*, policy: LearningPolicy, evaluation) -> list:
     """Each requirement of the policy as a promotion `Precondition`: the win rate and its
     lower bound, then the promotion's own checks (harm, monitors, regressions — the job's
     canaries among them — lineage, baseline still live) with no override."""
-    from training.promotion.services.promotion_checks import (
-        Precondition,
-        check_deployable,
-        check_evaluation_current,
-        check_harm,
-        check_lineage,
-        check_monitors,
-        check_not_live,
-        check_regressions,
-    )
-
     comparison = (evaluation.summary or {}).get("comparison") or {}
     rate, low, n = comparison.get("win_rate"), comparison.get("ci_low"), comparison.get("n", 0)
     ok = rate is not None and rate >= policy.min_win_rate
@@ -318,9 +316,6 @@ def policy_requirements(*, policy: LearningPolicy, evaluation) -> list:
 
 
 def _conclude(policy: LearningPolicy, run: LearningPolicyRun, evaluation, now: datetime) -> str:
-    from training.promotion.services.promotion import promotion_request_create
-    from training.promotion.services.promotion_checks import PromotionRefused
-
     checks = policy_requirements(policy=policy, evaluation=evaluation)
     run.checks = [c.as_dict() for c in checks]
     failed = [c for c in checks if not c.ok]
@@ -364,8 +359,6 @@ def _notify(policy: LearningPolicy, promotion) -> list[str]:
     they cannot approve their own request; so is anyone of the group (or the user named)
     who may not approve promotions: they could not act on it, and the request is not theirs
     to read."""
-    from django.contrib.auth.models import Permission
-
     users = get_user_model().objects.filter(is_active=True).exclude(pk=policy.created_by_id)
     chosen = Q(pk=policy.notify_user_id) if policy.notify_user_id else Q(pk__in=[])
     if policy.notify_group_id:

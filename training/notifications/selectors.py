@@ -12,11 +12,14 @@ many requests wait. Each card opens with the same verdict as the request's page.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
+from django.utils import timezone
 
 from training.promotion.models import PromotionRequest, PromotionStatus
+from training.promotion.rollout_models import ACTIVE_STATES, Rollout, RolloutState
 from training.promotion.selectors import evaluation_items_source
 from training.promotion.services.promotion_checks import Precondition, check_harm
 from training.promotion.services.promotion_refused import APPROVE
@@ -135,13 +138,6 @@ RELEASE_NEWS_DAYS = 7
 def rollouts_needing_attention(*, user) -> list:
     """For an approver: progressive releases under way, and those the automatic check rolled
     back in the last week (with the reason it wrote), newest first."""
-    from datetime import timedelta
-
-    from django.db.models import Q
-    from django.utils import timezone
-
-    from training.promotion.rollout_models import ACTIVE_STATES, Rollout, RolloutState
-
     if not _may_decide(user):
         return []
     since = timezone.now() - timedelta(days=RELEASE_NEWS_DAYS)

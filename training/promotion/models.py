@@ -225,7 +225,7 @@ class Release(WorkItem):
         """Where a release that routed a progressive release's first step stands once that
         rollout ended: live once complete, rolled back (or failed); None while it runs. The
         rollout's state, not the release's step, says so: the step stays where the worker left it."""
-        from training.promotion.rollout_models import ACTIVE_STATES, RolloutState  # it imports this module
+        from training.promotion.rollout_models import ACTIVE_STATES, RolloutState  # noqa: PLC0415 — it imports this module
 
         rollout = next(iter(self.rollouts.all()), None)  # one; a prefetch serves it
         if rollout is None or rollout.state in ACTIVE_STATES:

@@ -17,6 +17,7 @@ from training.promotion.models import (
     PromotionStatus,
     Release,
 )
+from training.promotion.services.rollback import rollback_target
 from training.serving.models import Deployment, LiveVersion, LiveVersionChange, ModelVersion, ModelVersionStatus
 from webapp.kernel.ids import parse_id
 
@@ -210,8 +211,6 @@ class DeploymentState:
 
 def deployment_states() -> list[DeploymentState]:
     """Each deployment's live version, the version a rollback would return to, and releases."""
-    from training.promotion.services.rollback import rollback_target
-
     lives = {
         lv.deployment_id: lv.version for lv in LiveVersion.objects.select_related("version__base_model", "deployment")
     }

@@ -14,6 +14,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
+from training.environments import environment_names
 from training.models import TrainingSet
 from training.promotion.models import (
     AuditAction,
@@ -109,8 +110,6 @@ class EvaluateForm(forms.Form):
     environment_tasks = forms.IntegerField(min_value=1, max_value=500, required=False, label="tasks")
 
     def __init__(self, *args, **kwargs) -> None:
-        from training.environments import environment_names
-
         super().__init__(*args, **kwargs)
         self.fields["environment"].choices = [("", "(none)")] + [(n, n) for n in environment_names()]
 

@@ -14,9 +14,11 @@ from typing import Any
 from feedback.judge.scoring import BRACKET_CALL
 from feedback.models import Comment, Correction, CustomerFeedback, JudgeResult, Message, QueueItem, Trace
 from feedback.models.judge import JudgeStatus
+from feedback.selectors.trace_list import traces_filtered
 from feedback.selectors.traces import message_as_openai
 from training.inference.codec import message_served_text
 from training.models import CorrectionSource, TrainingItemKind, TrainingSet
+from training.services.judge_gate import JudgeGateClosed, judge_gate_pass
 from training.services.training_sets import TrainingSetError, training_set_create
 from training.serving.models import Deployment
 
@@ -40,8 +42,6 @@ def training_set_from_feedback(
     Items that carry the judge's rubric, reward or written correction need the judge's
     training gate open for their deployments, or `judge_gate_override_reason` from `user`
     (audited); the gate as it stood is kept in the set's `selection`."""
-    from feedback.selectors.trace_list import traces_filtered
-
     if (filters is None) == (queue_id is None):
         raise TrainingSetError([("source", "give either trace filters or a queue")])
     if queue_id is not None:
@@ -58,8 +58,6 @@ def training_set_from_feedback(
     selection |= {"queue": queue_id, "traces": len(trace_ids)}
     judged = [it for it in items if it["provenance"]["judge_result"] is not None]
     if judged:
-        from training.services.judge_gate import JudgeGateClosed, judge_gate_pass
-
         trace_deployments = dict(
             Trace.objects.filter(pk__in={it["trace_id"] for it in judged}).values_list("pk", "deployment")
         )

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import math
 import os
 import re
 import shlex
@@ -23,6 +24,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from django.conf import settings
@@ -275,8 +277,6 @@ def training_job_node_run(
     its torchrun runs it watches the job: if another worker takes the job over (it resumed
     elsewhere, with a rendezvous this torchrun is not part of) or the job ends and torchrun
     does not exit by itself, it stops torchrun and raises `NodeError` saying why."""
-    import math
-
     node_launch_check(settings.TRAINING_TORCHRUN_ARGS, node_rank)
     if not (math.isfinite(wait_seconds) and wait_seconds >= 0):
         raise NodeError("the wait must be a number of seconds, 0 or more")
@@ -330,8 +330,6 @@ def node_claim(job_id: int, node_rank: int):
 
 
 def _node_run(job_id: int, node_rank: int, wait_seconds: float, poll_seconds: float, claim: NodeClaim) -> int:
-    import time
-
     deadline = time.monotonic() + wait_seconds
     while True:
         job = TrainingJob.objects.filter(pk=job_id).first()

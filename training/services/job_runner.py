@@ -19,6 +19,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
+from training.environments.base import environment_get
 from training.inference.codec import message_served_text
 from training.models import (
     PHASE_LABELS,
@@ -30,8 +31,11 @@ from training.models import (
     TrainingSet,
     TrainingSplit,
 )
+from training.services.episodes import episodes_record
 from training.services.job_scoring import episode_judge, scorer_for
+from training.services.jobs import rollout_url_resolve
 from training.serving.models import ModelVersion, ModelVersionKind
+from training.serving.services import model_folder_claim, model_version_create, model_version_name_free
 from training.trainer.config import config_from_dict
 from training.trainer.items import TurnItem
 from webapp.kernel.nul import strip_nul
@@ -132,8 +136,6 @@ def job_train(job: TrainingJob, worker: str, *, owner: bool = True):
 
     config = config_from_dict(job.config)
     if getattr(config, "vllm_url", ""):
-        from training.services.jobs import rollout_url_resolve
-
         # Checked again here: a config written past the create service must not send the
         # inference server's key, and this worker's rollouts, anywhere else.
         config.vllm_url = rollout_url_resolve(base_model=job.base_version.base_model, requested=config.vllm_url)
@@ -184,7 +186,6 @@ def _train_episodes(job: TrainingJob, config, run_dir: Path, hooks):
     (or "heldout") tasks are the job's evaluation. A "test" task is never touched: the test
     split is for measuring the candidate afterwards. Every episode is recorded as a trace of
     the job's deployment."""
-    from training.environments.base import environment_get
     from training.trainer.episodes import episodes_train
 
     env = environment_get(config.environment, **config.environment_options)
@@ -205,8 +206,6 @@ def _train_episodes(job: TrainingJob, config, run_dir: Path, hooks):
 
 
 def _episode_recorder(job: TrainingJob, environment: str, hooks):
-    from training.services.episodes import episodes_record
-
     deployment, version = job.deployment, job.base_version.name
 
     def on_episodes(step: int, phase: str, episodes: list) -> None:
@@ -353,7 +352,6 @@ def _register_candidate(job: TrainingJob, export_path: Path | None) -> ModelVers
     pointer is not touched: promotion is a separate, approved step."""
     if export_path is None:
         raise RuntimeError("the job finished without an exported model")
-    from training.serving.services import model_folder_claim, model_version_create, model_version_name_free
 
     parent = job.base_version
     # The parent's name is cut so the job's own suffix always survives: a long chain of

@@ -4,15 +4,18 @@ stored (`CandidateScoring`) with the job's id. Worker side, like `job_runner`.""
 
 from __future__ import annotations
 
-from training.trainer.items import TurnItem
+from feedback.judge.client import JudgeCallFailed
+from feedback.judge.scoring import score_candidates
+from feedback.models import ScoringPurpose
+from feedback.selectors.judge import judge_endpoint_for
+from feedback.services.judge_gate import candidate_scoring_record
+from training.trainer.items import TurnItem, grader_scorer
 
 
 def scorer_for(items: list[TurnItem], *, deployment=None, job_id: int | None = None):
     """Each item's grader when it has one; else the judge under the item's rubric (the
     deployment's own judge endpoint when it has one). Every judge call is stored
     (`CandidateScoring`, with `job_id`)."""
-    from training.trainer.items import grader_scorer
-
     graded = grader_scorer()
     judge = None
 
@@ -29,11 +32,6 @@ def scorer_for(items: list[TurnItem], *, deployment=None, job_id: int | None = N
 
 def _scored_and_stored(endpoint, deployment, job_id: int | None, key: str, context, rubric, candidates, tools):
     """One `score_candidates` call, stored like a judgement whether it succeeds or fails."""
-    from feedback.judge.client import JudgeCallFailed
-    from feedback.judge.scoring import score_candidates
-    from feedback.models import ScoringPurpose
-    from feedback.services.judge_gate import candidate_scoring_record
-
     common = {
         "purpose": ScoringPurpose.TRAINING,
         "endpoint": endpoint,
@@ -53,8 +51,6 @@ def _scored_and_stored(endpoint, deployment, job_id: int | None, key: str, conte
 
 
 def _judge_scorer(deployment, job_id: int | None = None):
-    from feedback.selectors.judge import judge_endpoint_for
-
     endpoint = judge_endpoint_for(deployment=deployment)
 
     def score(item: TurnItem, candidates: list[str]) -> list[float]:
@@ -67,8 +63,6 @@ def _judge_scorer(deployment, job_id: int | None = None):
 
 def episode_judge(deployment, rubric: str, job_id: int | None = None):
     """The judge scores the G episodes of a task side by side, each as its transcript."""
-    from feedback.selectors.judge import judge_endpoint_for
-
     endpoint = judge_endpoint_for(deployment=deployment)
 
     def judge(task, episodes: list) -> list[float]:

@@ -21,8 +21,11 @@ from training.models import (
     TrainingJobEvent,
     TrainingSet,
 )
-from training.serving.models import ModelVersion, ModelVersionKind
+from training.services.gap_probes import hint_gap_verdict
+from training.services.judge_gate import JudgeGateClosed, judge_gate_pass
+from training.serving.models import Deployment, ModelVersion, ModelVersionKind
 from training.serving.selectors import base_model_replica_urls
+from training.tasks import training_job_run_task
 from training.trainer.config import ConfigError, config_from_dict
 from webapp.kernel.errors import Invalid
 from webapp.kernel.stale_work import stale_work_settle
@@ -180,8 +183,6 @@ def training_job_create(
 def _hint_gap_pass(kind: str, parsed, base_version: ModelVersion) -> str:
     """What the job's log says about the version's student-teacher gap ("" for a job that
     uses no hint); `JobError` on the base version when the gap is too small."""
-    from training.services.gap_probes import hint_gap_verdict
-
     allowed, said = hint_gap_verdict(kind=kind, config=parsed, version=base_version)
     if not allowed:
         raise JobError([("base_version", said)])
@@ -194,7 +195,6 @@ def _gate_pass(kind: str, parsed, training_set, deployment, user, override_reaso
     uses = _judge_scored(kind, parsed, training_set)
     if not uses:
         return None
-    from training.services.judge_gate import JudgeGateClosed, judge_gate_pass
 
     try:
         return judge_gate_pass(
@@ -290,8 +290,6 @@ def training_job_refuse(*, job_id: int, reason: str) -> TrainingJob | None:
 def _trained_on(training_set: TrainingSet | None) -> list:
     """The deployments whose conversations a set's items come from (where an override of the
     settings' judge is audited)."""
-    from training.serving.models import Deployment
-
     if training_set is None:
         return []
     traces = training_set.items.filter(trace__isnull=False).values("trace__deployment")
@@ -345,8 +343,6 @@ def _check_items(kind: str, training_set: TrainingSet, *, hint_samples: int = 0)
 
 
 def _enqueue(job: TrainingJob) -> None:
-    from training.tasks import training_job_run_task
-
     training_job_run_task.delay_on_commit(job.pk)
 
 

@@ -5,6 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from django import template
+from django.utils.safestring import mark_safe
+
+from feedback.selectors.review import json_pretty
+from training.charts import line_chart, series_chart
+from webapp.kernel.chat_format import json_loads_bounded
 
 register = template.Library()
 
@@ -55,9 +60,6 @@ def interval(value: Any, digits: int = 3) -> str:
 @register.filter
 def pretty(value: Any) -> str:
     """JSON for a <pre>: tool-call arguments, rubrics, raw results (escaped by the template)."""
-    from feedback.selectors.review import json_pretty
-    from webapp.kernel.chat_format import json_loads_bounded
-
     # Values come from traces and model output: one nested too deeply never breaks the page.
     if isinstance(value, str):
         try:
@@ -97,10 +99,6 @@ def is_blank(text: Any) -> bool:
 @register.filter
 def curve_svg(points: Any, title: str = "") -> str:
     """A small line chart of (step, value) points (numbers only; the title is escaped)."""
-    from django.utils.safestring import mark_safe
-
-    from training.charts import line_chart
-
     if not points:
         return ""
     return mark_safe(line_chart([(float(x), float(y)) for x, y in points], title=title, width=260, height=110))
@@ -140,10 +138,6 @@ def decision_curve_svg(curve: Any) -> str:
     """The candidate's and the live version's decision curves on one chart (P of the action
     against the rule's variable), with the rule's threshold as a marker. Numbers only; the
     labels are escaped."""
-    from django.utils.safestring import mark_safe
-
-    from training.charts import series_chart
-
     if not isinstance(curve, dict) or not isinstance(curve.get("series"), dict):
         return ""
     series = [

@@ -19,6 +19,7 @@ from training.trainer.config import GRPOConfig, TrainConfig
 from training.trainer.items import Scorer, TurnItem
 from training.trainer.parallel import SeenRollout
 from training.trainer.sampling import Rollout, encode_prompt, sample
+from training.trainer.sharding import lockstep
 
 
 @dataclass
@@ -140,7 +141,6 @@ def evaluate(
     passes only: they sample and do not score (their rewards read 0; rank 0's are the job's)."""
     if not items:
         return {}
-    from training.trainer.sharding import lockstep
 
     scoring = (ranks := lockstep(policy.model)) is None or ranks.owner
     samples = samples or config.eval_samples

@@ -10,6 +10,9 @@ import string
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from training.environments.base import environment_names
+from training.trainer.graders import GRADERS
+
 # No count a job takes goes past this (a step counter is a 32-bit column).
 MAX_INT_SETTING = 1_000_000_000
 # Hinted samples per zero-variance group: each is a full sample and a forward pass more.
@@ -149,8 +152,6 @@ class TrainConfig:
         if not isinstance(self.canaries, list):
             errors.append(("canaries", "must be a list"))
         else:
-            from training.trainer.graders import GRADERS
-
             for i, canary in enumerate(self.canaries):
                 if not isinstance(canary, dict) or not (canary.get("prompt") or canary.get("messages")):
                     errors.append((f"canaries[{i}]", "needs a prompt (or messages)"))
@@ -389,8 +390,6 @@ class EpisodesConfig(GRPOConfig):
         if not isinstance(self.environment_options, dict):
             errors.append(("environment_options", "must be an object"))
         else:
-            from training.environments.base import environment_names
-
             if self.environment not in environment_names():
                 known = ", ".join(environment_names()) or "none"
                 errors.append(("environment", f"unknown environment {self.environment!r}; registered: {known}"))

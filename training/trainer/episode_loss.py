@@ -14,7 +14,7 @@ from training.trainer.common import TokenMeans, micro_batches
 from training.trainer.config import EpisodesConfig
 from training.trainer.episode_tokens import episode_segments, episode_tokens, episode_values
 from training.trainer.policy import Policy
-from training.trainer.sampling import common_prefix_length, left_pad, token_logprobs
+from training.trainer.sampling import common_prefix_length, gather_logprobs, left_pad, position_ids, token_logprobs
 
 
 @dataclass
@@ -115,8 +115,6 @@ def sequence_logprobs(
         logprobs = token_logprobs(model, ids, attn, keep=keep, temperature=temperature)
         return logprobs, mask_padded[:, 1:].to(device).float()
     from transformers import DynamicCache
-
-    from training.trainer.sampling import gather_logprobs, position_ids
 
     cache = DynamicCache()
     prefix = torch.tensor([sequences[0][:shared]], device=device)

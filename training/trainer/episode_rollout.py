@@ -7,7 +7,9 @@ on the CPU/GPU (`local_generate`) or a vLLM server serving the current adapter
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,8 +75,6 @@ def vllm_generate(server, policy: Policy, config: EpisodesConfig) -> Generate:
     current (the contexts go as token ids, so the server reads exactly what training
     will); requests go concurrently and the server batches them. Each turn keeps the
     server's log-prob of every id it sampled, for the sampling correction."""
-    from concurrent.futures import ThreadPoolExecutor
-
     stop = sorted(eos_ids(policy.model, policy.tokenizer))
 
     def one(context: list[int], limit: int, seed: int | None) -> SampledTurn:
@@ -207,8 +207,6 @@ def _close_all(steps: list) -> None:
     cut short), each on its own: one sandbox whose teardown fails must not leave the others
     open. The first teardown error is raised once all are closed, unless another error is
     already on its way out (that one is the cause, and stays the one reported)."""
-    import sys
-
     failure: BaseException | None = None
     for episode in steps:
         try:

@@ -39,6 +39,7 @@ from training.trainer.run import (
     turn_monitors,
 )
 from training.trainer.sampling import eos_ids
+from training.trainer.vllm_rollout import VllmRollouts
 
 # judge(task, episodes) -> one score in [0, 1] per episode
 EpisodeJudge = Callable[[Task, list[Episode]], list[float]]
@@ -162,8 +163,6 @@ def episodes_train(
     policy = trainer.policy
     stop_ids = set(eos_ids(policy.model, policy.tokenizer))
     if config.rollout == "vllm":
-        from training.trainer.vllm_rollout import VllmRollouts
-
         server = VllmRollouts(base_url=config.vllm_url, run_dir=run_dir, api_key=vllm_api_key)
         generate = vllm_generate(server, policy, config)
     else:

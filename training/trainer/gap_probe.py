@@ -26,6 +26,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from training.environments.support_desk import SupportDesk, oracle_turns
+from training.environments.support_operator import operator_comment
+from training.trainer.items import with_hint
+
 REFUND_OPENING = '<tool_call>{"name": "issue_refund"'
 DEFAULT_CONTEXTS = 40
 HINT_TEMPLATE = "Feedback on earlier answers, follow it: {feedback}"
@@ -99,9 +103,6 @@ def _wrong_turn(order_id: str, refund: bool) -> dict[str, Any]:
 def probe_cases(*, count: int = DEFAULT_CONTEXTS, split: str = "train", seed: int = 0) -> list[ProbeCase]:
     """`count` decision contexts of the support desk's `split` (graded refund requests, a
     seeded draw), each with the simulated lead's specific comment on the wrong turn there."""
-    from training.environments.support_desk import SupportDesk, oracle_turns
-    from training.environments.support_operator import operator_comment
-
     desk = SupportDesk()
     tasks = desk.tasks_for(split=split, graded=True)
     tasks = random.Random(seed).sample(tasks, len(tasks))
@@ -140,8 +141,6 @@ def probe_gap(
 ) -> GapResult:
     """The gap over `cases`, with `p_refund(messages, tools)` the model's probability of
     starting the refund call."""
-    from training.trainer.items import with_hint
-
     p_with, p_without = [], []
     for case in cases:
         hinted = with_hint(case.messages, hint_template.format(feedback=case.comment), at=hint_at)

@@ -54,6 +54,8 @@ from training.trainer.run import (
     turn_monitors,
 )
 from training.trainer.sampling import Rollout, sample, token_logprobs
+from training.trainer.vllm_colocate import ColocatedRollouts, adapter_rank
+from training.trainer.vllm_rollout import VllmRollouts
 
 
 def grpo_train(
@@ -85,12 +87,8 @@ def grpo_train(
     prompts = PromptCache(trainer.policy.tokenizer)
     server = None
     if config.rollout == "vllm":
-        from training.trainer.vllm_rollout import VllmRollouts
-
         server = VllmRollouts(base_url=config.vllm_url, run_dir=run_dir, api_key=vllm_api_key, ranks=trainer.ranks)
     elif config.rollout == "colocate":
-        from training.trainer.vllm_colocate import ColocatedRollouts, adapter_rank
-
         server = ColocatedRollouts(config=config, run_dir=run_dir, lora_rank=adapter_rank(trainer.policy))
 
     def evaluate_now(step: int, state: RunState) -> dict:

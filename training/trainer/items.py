@@ -6,6 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from training.trainer.graders import grade
+
 
 @dataclass
 class TurnItem:
@@ -61,7 +63,6 @@ def judge_scorer(score_candidates: Callable[[list[dict], str, list[str]], list[f
 
 def grader_scorer(default_grader: str = "") -> Scorer:
     """Score with each item's programmatic grader against its reference answer."""
-    from training.trainer.graders import grade
 
     def score(item: TurnItem, candidates: list[str]) -> list[float]:
         name = item.grader or default_grader

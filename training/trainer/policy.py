@@ -4,6 +4,7 @@ saving checkpoints, resuming from them, and exporting the trained version."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import random
 import re
@@ -15,7 +16,9 @@ from typing import Any
 
 import torch
 
+from training.trainer import sharding
 from training.trainer.config import TrainConfig
+from training.trainer.sharding import trainable_state
 
 REFERENCE_ADAPTER = "reference"  # the frozen copy of a starting adapter, beside peft's "default"
 
@@ -154,8 +157,6 @@ def load_policy(
             model = get_peft_model(model, lora)
     else:
         if reference:
-            import copy
-
             ref = copy.deepcopy(model).eval()
             ref.requires_grad_(False)
         if config.trainable_layers is not None:
@@ -235,8 +236,6 @@ def save_checkpoint(
     from safetensors.torch import save_file
 
     if trainable is None:
-        from training.trainer.sharding import trainable_state
-
         trainable = trainable_state(policy.model)
     save_file(trainable, str(tmp / "trainable.safetensors"))
     torch.save(optimizer.state_dict() if optimizer_state is None else optimizer_state, tmp / "optimizer.pt")
@@ -315,7 +314,6 @@ def load_checkpoint(
     missing = [n for n in weights if n not in params]
     if missing:
         raise RuntimeError(f"checkpoint {path} does not fit this model: {missing[:3]}…")
-    from training.trainer import sharding
 
     sharding.trainable_load(policy.model, weights)
     optimizer_state = torch.load(path / "optimizer.pt", map_location=policy.device, weights_only=True)

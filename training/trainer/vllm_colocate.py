@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from training.trainer.parallel import Ranks
 from training.trainer.vllm_rollout import VllmError, VllmRollouts
 
 # vLLM's LoRA slots come in these ranks; an adapter of rank r needs a slot ≥ r.
@@ -48,7 +49,6 @@ class ColocatedRollouts(VllmRollouts):
         self.name_prefix = ""  # the engine is the job's own: no other job's names to avoid
         self.loaded: str | None = None
         self.base_model = None
-        from training.trainer.parallel import Ranks
 
         self.ranks = Ranks()  # one process (the config refuses more)
         self.cuda = pick_cuda(config)

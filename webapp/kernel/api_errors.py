@@ -11,7 +11,7 @@ from rest_framework import exceptions, parsers
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from webapp.kernel.errors import DomainError
+from webapp.kernel.errors import DomainError, Invalid
 
 
 def _flatten(detail: Any, prefix: str = "") -> list[dict[str, str]]:
@@ -56,8 +56,6 @@ def error_response(status: int, field: str, reason: str) -> Response:
 def limit_param(params, *, default: int, maximum: int) -> int:
     """The `limit` query parameter, 1 to `maximum` (`default` when absent); anything else,
     an empty value too, is a 400 naming it."""
-    from webapp.kernel.errors import Invalid
-
     raw = params.get("limit")
     try:
         limit = default if raw is None else int(raw)

@@ -36,7 +36,15 @@ from urllib.parse import quote
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.contrib.auth import authenticate, get_user
+from django.core.exceptions import PermissionDenied
 from django.core.handlers.asgi import ASGIHandler
+from django.db import close_old_connections
+from django.http import HttpRequest
+from django.shortcuts import resolve_url
+from django.urls import Resolver404, resolve
+
+from feedback.services.api_keys import ApiKeyError, api_key_authenticate
 
 # Views anyone may post to: the login and logout forms (the site's and the admin's) and the
 # customer feedback links, whose signed token is the credential.
@@ -72,8 +80,6 @@ class _AfterBody:
 
 
 def _view_name(path: str) -> str:
-    from django.urls import Resolver404, resolve
-
     try:
         return resolve(path).view_name
     except Resolver404:
@@ -100,8 +106,6 @@ def credentials_check(headers: dict[bytes, bytes], client: tuple[str, int] | Non
     """ "" when the headers carry credentials that are valid now (an API key, a logged-in
     session, HTTP Basic), else why not. Runs in a thread (it reads the database); a wrong
     Basic password counts as a failed login (django-axes), as it would in the view."""
-    from django.db import close_old_connections
-
     try:
         return _credentials_check(headers, client)
     finally:
@@ -109,12 +113,6 @@ def credentials_check(headers: dict[bytes, bytes], client: tuple[str, int] | Non
 
 
 def _credentials_check(headers: dict[bytes, bytes], client: tuple[str, int] | None) -> str:
-    from django.contrib.auth import authenticate, get_user
-    from django.core.exceptions import PermissionDenied
-    from django.http import HttpRequest
-
-    from feedback.services.api_keys import ApiKeyError, api_key_authenticate
-
     authorization = headers.get(b"authorization", b"").decode("latin-1").strip()
     scheme, _, credentials = authorization.partition(" ")
     credentials = credentials.strip()
@@ -189,8 +187,6 @@ async def _refuse(scope, send, status: int, field: str, reason: str) -> None:
 
 
 async def _to_login(scope, send) -> None:
-    from django.shortcuts import resolve_url
-
     target = f"{resolve_url(settings.LOGIN_URL)}?next={quote(scope['path'])}".encode()
     await _answer(send, 302, b"", b"text/plain; charset=utf-8", [(b"location", target)])
 

@@ -33,6 +33,7 @@ from django.utils import timezone
 from feedback.models import Grade, GradeOutcome, Message, Trace
 from feedback.selectors.traces import message_as_openai
 from training.environments import Environment, Task, environment_get, episode_replay
+from training.serving.models import ModelVersionKind
 
 OUTCOME_GRADE = "outcome"  # the grade the overview's success rates count (a grade's default name)
 MEASURED_SPLITS = ("test", "fresh")
@@ -135,8 +136,6 @@ def measured_runs(
     last `days` days, if given), whole runs only: the oldest run is left out when the cap
     cuts into it. The answer is cached (two minutes at most) until a trace, a message or a
     grade arrives."""
-    from training.serving.models import ModelVersionKind
-
     recent = Trace.objects.filter(
         deployment__name=deployment,
         external_id__startswith="demo-",

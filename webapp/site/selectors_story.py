@@ -24,6 +24,7 @@ from django.db.models.functions import TruncDate
 from django.utils import timezone
 
 from feedback.models import CustomerFeedback, Grade, GradeOutcome
+from training.charts import chart_spec
 from training.learning_policies.models import LearningPolicyRun
 from training.models import CorrectionSource, TrainingItem
 from training.promotion.models import Evaluation, PromotionRequest, PromotionStatus
@@ -380,8 +381,6 @@ def story_curve(story: DeploymentStory) -> dict[str, Any]:
     half a day either side of it, at least MIN_AXIS_DAYS wide around its middle — not the
     whole window: one day of traffic sits in the middle of its axis, not at the edge of 90
     days."""
-    from training.charts import chart_spec
-
     graded: dict[str, list[tuple[float, float]]] = {}
     rated: dict[str, list[tuple[float, float]]] = {}
     for p in story.points:

@@ -5,12 +5,13 @@ page costs the same with a hundred traces or a million (no table is counted)."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from urllib.parse import urlencode
 
 from django.db.models import Q
-from django.urls import reverse
+from django.urls import NoReverseMatch, reverse
 
 from feedback.models import Comment, CustomerFeedback, Grade, JudgeResult, JudgeStatus, Trace, TraceSource
 from training.models import TrainingJob, TrainingSet
@@ -428,8 +429,6 @@ def comment_sets(*, deployment: Deployment):
 def comment_job_settings() -> str:
     """The settings of the self-distillation job `make learn-from-comments` trains on the
     operators' comments (scripts/learn_from_comments.py; a test keeps the two the same)."""
-    import json
-
     config = {
         "steps": 40,
         "prompts_per_step": 4,
@@ -456,8 +455,6 @@ def episode_job_settings() -> str:
     """The settings of the SFT job the tour's measurement (`make tour-demo`) trains the demo
     agent's episodes with: each logged turn's accepted action as the corrected response,
     LoRA on the top blocks, about four passes over two hundred turns."""
-    import json
-
     config = {
         "steps": 200,
         "prompts_per_step": 4,
@@ -474,8 +471,6 @@ def _criteria(rubric) -> str:
 
 
 def _overview_url() -> str:
-    from django.urls import NoReverseMatch
-
     try:
         return reverse("overview")
     except NoReverseMatch:

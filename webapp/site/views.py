@@ -1,3 +1,5 @@
+from datetime import UTC, datetime, time
+
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required, permission_required
@@ -7,7 +9,9 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
+from feedback.services.demo_runs import DemoRunError, demo_agent_run_enqueue
 from training.charts import chart_spec
+from training.serving.models import Deployment
 from webapp.kernel.ids import parse_id
 from webapp.kernel.pages import dashboard_view
 from webapp.site.selectors import ROLLING, deployments_overview
@@ -52,9 +56,6 @@ def tour(request: HttpRequest) -> HttpResponse:
 @require_POST
 def tour_agent_run(request: HttpRequest, deployment: str) -> HttpResponse:
     """Queue a run of the demo agent on test tasks (never trained on), through the gateway."""
-    from feedback.services.demo_runs import DemoRunError, demo_agent_run_enqueue
-    from training.serving.models import Deployment
-
     if not request.user.has_perm("training.add_trainingjob"):
         raise PermissionDenied("running the agent needs the operator or admin role")
     target = Deployment.objects.filter(name=deployment).first()
@@ -111,7 +112,6 @@ def overview(request: HttpRequest) -> HttpResponse:
 def _overview_charts(o) -> list[dict]:
     """A deployment's charts on the overview: its traces per day as bars over the window, and
     each version's rolling success rate on the compared split."""
-    from datetime import UTC, datetime, time
 
     def start(day) -> float:
         return datetime.combine(day, time(0), tzinfo=UTC).timestamp()
@@ -149,8 +149,6 @@ def deployment_story_view(request: HttpRequest, deployment: str) -> HttpResponse
     """One deployment over time: its versions newest first (when each went live, what it
     learned from, its evaluation, who asked and who approved) and its live traffic's success
     per day across the versions, with the version changes marked."""
-    from training.serving.models import Deployment
-
     target = Deployment.objects.filter(name=deployment[:100]).first()
     if target is None:
         raise Http404("no such deployment")

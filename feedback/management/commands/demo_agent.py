@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 
+import openai
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
@@ -49,8 +50,6 @@ class Command(BaseCommand):
                     f"[{done}/{opts['episodes']}] {ep.trace_id} {ep.task_id:<16} {ep.model:<24} {outcome:<8} "
                     f"{ep.reason[:70]}"
                 )
-
-        import openai
 
         try:
             result = demo_agent_run(

@@ -3,6 +3,8 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from feedback.judge.client import JudgeNotConfigured
+from feedback.selectors.judge_gate import judge_training_gate
+from feedback.services.judge_gate import judge_calibration_run
 from training.serving.models import Deployment
 
 
@@ -18,9 +20,6 @@ class Command(BaseCommand):
         parser.add_argument("--no-swap-checks", action="store_true")
 
     def handle(self, *args, **opts) -> None:
-        from feedback.selectors.judge_gate import judge_training_gate
-        from feedback.services.judge_gate import judge_calibration_run
-
         deployment = Deployment.objects.filter(name=opts["deployment"]).first()
         if deployment is None:
             raise CommandError(f"no deployment named {opts['deployment']!r}")

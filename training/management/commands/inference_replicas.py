@@ -3,6 +3,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from training.inference.client import InferenceError, server_root
+from training.services.inference import inference_client, live_adapters_load
 from training.serving.models import BaseModel
 from training.serving.selectors import base_model_replica_urls
 from training.serving.services import ModelRegistryError, base_model_replicas_set
@@ -29,7 +30,6 @@ class Command(BaseCommand):
         if opts["urls"] or opts["clear"]:
             if opts["urls"] and opts["clear"]:
                 raise CommandError("give URLs or --clear, not both")
-            from training.services.inference import inference_client, live_adapters_load
 
             # Before it is listed: the gateway sends it traffic within its route cache's TTL,
             # and a replica lacking the live adapters answers each request with a 404.

@@ -5,6 +5,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from training import modelprep
 from training.promotion.services.live_set import live_set_by_command
 from training.promotion.services.promotion_refused import PromotionRefused
 from training.serving.services import (
@@ -42,8 +43,6 @@ class Command(BaseCommand):
             if path is None:
                 raise CommandError("--path is required with `local`")
         else:
-            from training import modelprep  # torch/transformers: only on this command's path
-
             path = path or settings.MODELS_DIR / name
             owner = registered_folder_owner(path)
             complete = (path / "config.json").is_file() and (path / "model.safetensors").is_file()

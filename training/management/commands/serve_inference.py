@@ -7,8 +7,11 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from training.inference.client import server_root
+from training.inference.server import InferenceServer, cpu_shares, supervise_all, vllm_missing_reason
+from training.services.inference import live_adapters_load, server_spec_for_base
 from training.serving.models import BaseModel
 from training.serving.selectors import base_model_replica_urls
+from training.serving.services import ModelRegistryError, base_model_replicas_drop, base_model_replicas_set
 
 
 class Command(BaseCommand):
@@ -47,10 +50,6 @@ class Command(BaseCommand):
         parser.add_argument("--print-command", action="store_true", help="print the server command(s) and exit")
 
     def handle(self, *args, **opts) -> None:
-        from training.inference.server import InferenceServer, cpu_shares, supervise_all, vllm_missing_reason
-        from training.services.inference import live_adapters_load, server_spec_for_base
-        from training.serving.services import ModelRegistryError, base_model_replicas_drop, base_model_replicas_set
-
         base = self._base(opts["base"])
         replicas = opts["replicas"]
         if replicas is not None and not 1 <= replicas <= 64:

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
+from training.services.job_processes import NodeError, training_job_node_run
+
 
 class Command(BaseCommand):
     help = (
@@ -17,8 +19,6 @@ class Command(BaseCommand):
         parser.add_argument("--wait", type=float, default=600.0, help="seconds to wait for a worker to start it")
 
     def handle(self, *args, **opts) -> None:
-        from training.services.job_processes import NodeError, training_job_node_run
-
         try:
             code = training_job_node_run(job_id=opts["job"], node_rank=opts["node_rank"], wait_seconds=opts["wait"])
         except NodeError as exc:

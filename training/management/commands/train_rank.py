@@ -4,6 +4,9 @@ import signal
 
 from django.core.management.base import BaseCommand
 
+from training.services.job_processes import training_job_rank_run
+from training.trainer.launch import parent_death_signal
+
 
 class Command(BaseCommand):
     help = (
@@ -17,15 +20,11 @@ class Command(BaseCommand):
         parser.add_argument("--worker", required=True, help="the name of the worker that holds the job")
 
     def handle(self, *args, **opts) -> None:
-        from training.trainer.launch import parent_death_signal
-
         # torchrun starts this process in a session of its own: should torchrun die (killed
         # with the worker that supervises it), this process must not train on, orphaned.
         parent_death_signal(signal.SIGKILL)
 
-        from torch.distributed.elastic.multiprocessing.errors import record
-
-        from training.services.job_processes import training_job_rank_run
+        from torch.distributed.elastic.multiprocessing.errors import record  # noqa: PLC0415 — torch (seconds) loads once the signal is set
 
         # `record` writes an exception to the file torchrun names, so its summary (and the
         # job's error) says what this process raised.

@@ -14,6 +14,7 @@ Both decode greedily unless a temperature is configured.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -176,8 +177,6 @@ class LocalGenerator:
 
     def _model(self, version: ModelVersion):
         """(callable model context, tokenizer) with the version's weights active."""
-        import contextlib
-
         if version.kind == ModelVersionKind.FULL:
             model, tokenizer = self._full[version.pk]
             return contextlib.nullcontext(model), tokenizer, model

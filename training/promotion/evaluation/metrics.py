@@ -21,6 +21,7 @@ from typing import Any
 
 from feedback.failure_modes.detectors import TraceView, detect_invalid_tool_args, detect_refusals
 from training.inference.codec import message_text, tool_call_blocks, tool_calls_parse
+from training.promotion.evaluation.bootstrap import PairedEpisode, task_bootstrap_gain
 
 # The codec's parser under the name earlier callers import from here (one parser, two names).
 parse_tool_call_blocks = tool_calls_parse
@@ -238,7 +239,6 @@ def episode_gain(items: Sequence[dict[str, Any]], *, seed: int = 0) -> dict[str,
     """The candidate's gain in task success over the graded episodes both versions finished,
     with its interval from a bootstrap over the tasks stratified by kind (one evaluation is
     one seed; `training.promotion.evaluation.bootstrap`); None without such episodes."""
-    from training.promotion.evaluation.bootstrap import PairedEpisode, task_bootstrap_gain
 
     pairs = []
     for i in items:

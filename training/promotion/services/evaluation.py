@@ -19,7 +19,15 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from feedback.judge.client import JudgeCallFailed, JudgeNotConfigured
+from feedback.judge.schemas import SchemaViolation
+from feedback.judge.scoring import score_candidates
+from feedback.selectors.judge import judge_endpoint_for
+from training.inference.codec import message_served_text
+from training.promotion.evaluation.generate import GenerationError, LocalGenerator, ServerGenerator, same_tokenizer
+from training.promotion.evaluation.metrics import compare, kl_k3, response_checks, summarize
 from training.promotion.models import AuditAction, Evaluation, EvaluationItem, EvaluationItemKind
+from training.promotion.services.evaluation_curve import decision_curve_config, evaluation_decision_curve
 from training.promotion.services.evaluation_episodes import episode_item_run
 from training.promotion.services.evaluation_items import (
     EvaluationError,
@@ -30,8 +38,11 @@ from training.promotion.services.evaluation_items import (
     items_given,
 )
 from training.services.audit import audit_record
+from training.services.inference import version_server
 from training.serving.models import Deployment, ModelVersion, ModelVersionKind, ModelVersionStatus
 from training.serving.selectors import live_version_get
+from training.tasks import evaluation_run_task
+from training.trainer.graders import grade
 from webapp.kernel.nul import strip_nul
 from webapp.kernel.stale_work import stale_work_fail
 from webapp.kernel.work import (
@@ -53,8 +64,6 @@ GENERATORS = ("auto", "server", "local")
 
 
 def _generator_for(candidate: ModelVersion, requested: str) -> str:
-    from training.services.inference import version_server
-
     if requested not in GENERATORS:
         raise EvaluationError([("generator", f"one of {', '.join(GENERATORS)}")])
     if requested != "auto":
@@ -137,8 +146,6 @@ def evaluation_create(
     chosen = _generator_for(candidate, generator or settings.EVAL_GENERATOR)
     config = {"generator": chosen, "max_tokens": max_tokens, "temperature": temperature, "seed": 0}
     if environment:
-        from training.promotion.services.evaluation_curve import decision_curve_config
-
         config["decision_curve"] = decision_curve_config()
     evaluation = Evaluation.objects.create(
         deployment=deployment,
@@ -162,7 +169,6 @@ def evaluation_create(
         evaluation=evaluation,
         detail=f"{len(rows)} items, generator {chosen}",
     )
-    from training.tasks import evaluation_run_task
 
     # Local generation loads the model: it belongs with the training queue's single slot.
     queue = "training" if chosen == "local" else "default"
@@ -242,8 +248,6 @@ def evaluations_fail_stale(*, now: datetime | None = None) -> list[int]:
 
 
 def _make_generator(config: dict[str, Any]):
-    from training.promotion.evaluation.generate import LocalGenerator, ServerGenerator
-
     options = {"temperature": float(config.get("temperature", 0.0)), "seed": int(config.get("seed", 0))}
     if config.get("generator") == "local":
         return LocalGenerator(**options)
@@ -251,9 +255,6 @@ def _make_generator(config: dict[str, Any]):
 
 
 def _judge_endpoint(deployment: Deployment):
-    from feedback.judge.client import JudgeNotConfigured
-    from feedback.selectors.judge import judge_endpoint_for
-
     try:
         return judge_endpoint_for(deployment=deployment)
     except JudgeNotConfigured:
@@ -264,21 +265,12 @@ def _grading_text(message: dict[str, Any]) -> str:
     """What a grader reads of a served message: the text the model produced, its tool calls
     written back as the blocks the chat codec (and the graders, the environment's completer
     and the monitors through it) parse."""
-    from training.inference.codec import message_served_text
-
     return message_served_text(message)
 
 
 def evaluation_item_run(*, item: EvaluationItem, evaluation: Evaluation, generator, endpoint) -> None:
     """Both versions' responses to one item, their checks, judge rewards under the item's
     rubric (one call scoring both, shuffled), grader scores, the outcome and the KL."""
-    from feedback.judge.client import JudgeCallFailed
-    from feedback.judge.schemas import SchemaViolation
-    from feedback.judge.scoring import score_candidates
-    from training.promotion.evaluation.generate import GenerationError, same_tokenizer
-    from training.promotion.evaluation.metrics import compare, kl_k3, response_checks
-    from training.trainer.graders import grade
-
     if item.kind == EvaluationItemKind.EPISODE:
         episode_item_run(item=item, evaluation=evaluation, generator=generator)
         return
@@ -349,8 +341,6 @@ def evaluation_item_run(*, item: EvaluationItem, evaluation: Evaluation, generat
 
 
 def evaluation_summary(*, evaluation: Evaluation) -> dict[str, Any]:
-    from training.promotion.evaluation.metrics import summarize
-
     rows = (
         evaluation.items.filter(done=True)
         .order_by("position")
@@ -363,8 +353,6 @@ def evaluation_summary(*, evaluation: Evaluation) -> dict[str, Any]:
 
 def evaluation_run(*, evaluation_id: int, worker: str | None = None) -> Evaluation | None:
     """Run (or resume) an evaluation. A finished, failed or cancelled one is left alone."""
-    from training.promotion.evaluation.generate import GenerationError
-
     worker = (worker or work_worker_name())[:200]
     # A redelivered run (its worker died) is taken over at once and resumes after the last
     # finished item.
@@ -403,7 +391,6 @@ def evaluation_run(*, evaluation_id: int, worker: str | None = None) -> Evaluati
                 return _finish_if_running(evaluation, worker, WorkStatus.CANCELLED)
             evaluation_item_run(item=item, evaluation=evaluation, generator=generator, endpoint=endpoint)
             work_beat(Evaluation, pk=evaluation.pk, worker=worker, done=F("done") + 1)
-        from training.promotion.services.evaluation_curve import evaluation_decision_curve
 
         curve = evaluation_decision_curve(
             evaluation=evaluation,

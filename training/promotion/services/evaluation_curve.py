@@ -13,6 +13,9 @@ from typing import Any
 
 from django.conf import settings
 
+from training.environments import environment_get
+from training.promotion.evaluation.decision_curve import calls_action, curve_summary
+from training.promotion.evaluation.generate import GenerationError
 from training.promotion.models import Evaluation, EvaluationItemKind
 
 logger = logging.getLogger(__name__)
@@ -41,10 +44,6 @@ def evaluation_decision_curve(
     curve stops and None is returned. A version that cannot answer leaves the curve with
     the error instead of failing the evaluation: the episodes are the evidence, the curve
     a reading of them."""
-    from training.environments import environment_get
-    from training.promotion.evaluation.decision_curve import calls_action, curve_summary
-    from training.promotion.evaluation.generate import GenerationError
-
     source = (evaluation.sources or {}).get("environment")
     wanted = evaluation.config.get("decision_curve") or {}
     per_point, every = int(wanted.get("per_point", 0)), int(wanted.get("every", 1))

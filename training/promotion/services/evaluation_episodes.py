@@ -6,6 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from training.environments import environment_get
+from training.environments.episodes import Completion, episode_run
+from training.promotion.evaluation.generate import GenerationError
+from training.promotion.evaluation.metrics import compare, response_checks
 from training.promotion.models import Evaluation, EvaluationItem
 from training.serving.models import ModelVersion
 from webapp.kernel.nul import strip_nul
@@ -17,8 +21,6 @@ TRANSCRIPT_CHARS = 2000
 def _episode_task(source: dict[str, Any]):
     """The task an episode item names, from its environment (a fresh slice is generated
     again from its seed: the same seed gives the same tasks)."""
-    from training.environments import environment_get
-
     env = environment_get(source["environment"])
     if source.get("fresh_seed") is not None:
         tasks = {t.id: t for t in env.tasks_fresh(seed=int(source["fresh_seed"]))}
@@ -41,8 +43,6 @@ def episode_side_run(*, env, task, version: ModelVersion, generator, max_tokens:
     """One version's whole episode of `task`: every turn generated as it would be served,
     its tool calls run in a fresh sandbox, then the grade and the audit of what it changed
     or named outside its task."""
-    from training.environments.episodes import Completion, episode_run
-    from training.promotion.evaluation.metrics import response_checks
 
     def complete(messages: list[dict[str, Any]], tools: list[dict[str, Any]], remaining: int) -> Completion:
         g = generator.generate(version, messages=messages, tools=tools or None, max_tokens=min(max_tokens, remaining))
@@ -86,9 +86,6 @@ def episode_side_run(*, env, task, version: ModelVersion, generator, max_tokens:
 def episode_item_run(*, item: EvaluationItem, evaluation: Evaluation, generator) -> None:
     """Both versions run the item's task as a whole episode; the outcome compares their
     grades. A generation error ends that side with an error, as for a single turn."""
-    from training.promotion.evaluation.generate import GenerationError
-    from training.promotion.evaluation.metrics import compare
-
     env, task = _episode_task(item.source)
     max_tokens = int(evaluation.config.get("max_tokens", 256))
     results: dict[str, dict[str, Any]] = {}

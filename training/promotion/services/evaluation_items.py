@@ -6,9 +6,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from django.db.models import Q
+
+from feedback.judge.schemas import Rubric, SchemaViolation
 from feedback.models import Message, Trace
+from feedback.selectors.judge import judge_results_for_messages
+from feedback.selectors.traces import message_as_openai
+from training.environments import environment_get
+from training.models import TrainingItem, TrainingItemKind, TrainingJob, TrainingSet, TrainingSplit
 from training.promotion.models import EvaluationItemKind
-from training.serving.models import Deployment
+from training.services.training_sets import SLICE_KIND
+from training.serving.models import Deployment, ModelVersion
+from training.trainer.graders import GRADERS
 from webapp.kernel.errors import Invalid
 
 NOTHING_HELD_OUT = (
@@ -27,9 +36,6 @@ class EvaluationError(Invalid, ValueError):
 def _turn_items_of_trace(trace: Trace, messages: list[Message]) -> list[dict[str, Any]]:
     """A hand-picked trace's assistant turns that a judge has given a rubric, or, when none
     has, its last assistant turn (scored under the default rubric)."""
-    from feedback.selectors.judge import judge_results_for_messages
-    from feedback.selectors.traces import message_as_openai
-
     turns = [m for m in messages if m.role == "assistant"]
     if not turns:
         return []
@@ -71,8 +77,6 @@ def items_from_traces(*, trace_ids: Sequence[int], deployment: Deployment) -> li
 
 
 def _check_given_item(i: int, item: Any) -> list[tuple[str, str]]:
-    from training.trainer.graders import GRADERS
-
     where = f"items[{i}]"
     if not isinstance(item, dict):
         return [(where, "must be an object")]
@@ -90,8 +94,6 @@ def _check_given_item(i: int, item: Any) -> list[tuple[str, str]]:
     if grader and not isinstance(item.get("reference"), str):
         errors.append((f"{where}.reference", "a graded item needs its reference answer"))
     if item.get("rubric") is not None:
-        from feedback.judge.schemas import Rubric, SchemaViolation
-
         try:
             Rubric.from_data(item["rubric"])
         except SchemaViolation as exc:
@@ -123,8 +125,6 @@ def items_given(items: Sequence[Any]) -> list[dict[str, Any]]:
 def items_from_training_set(*, training_set) -> list[dict[str, Any]]:
     """The set's held-out items: logged turns (scored by the judge under their rubric) and
     replayable tasks (graded against their reference)."""
-    from training.models import TrainingItem, TrainingItemKind, TrainingSplit
-
     rows = TrainingItem.objects.filter(training_set=training_set, split=TrainingSplit.HELDOUT).order_by("id")
     out = []
     for item in rows:
@@ -158,12 +158,6 @@ def check_unseen(*, candidate, training_set) -> None:
     of them from, or, for a failure mode's evaluation slice, any turn of the same trace (the
     slice is the test of that mistake; a turn after it answers the same conversation). A
     comparison there measures what was learnt, not whether it carries over."""
-    from django.db.models import Q
-
-    from training.models import TrainingItem, TrainingJob, TrainingSet, TrainingSplit
-    from training.services.training_sets import SLICE_KIND
-    from training.serving.models import ModelVersion
-
     lineage, version_id = [], candidate.pk
     while version_id is not None and version_id not in lineage:
         lineage.append(version_id)
@@ -209,8 +203,6 @@ def environment_split_default(env) -> str:
 def environment_tasks(*, environment: str, split: str = "", fresh_seed: int | None = None) -> list:
     """The tasks of `environment`'s `split` (its default when empty), or, with `fresh_seed`,
     a slice generated anew from that seed (`Environment.tasks_fresh`)."""
-    from training.environments import environment_get
-
     try:
         env = environment_get(environment)
     except KeyError as exc:

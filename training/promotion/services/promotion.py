@@ -37,6 +37,8 @@ from training.promotion.services.promotion_checks import (
     snapshot,
 )
 from training.promotion.services.promotion_refused import APPROVE
+from training.promotion.services.release import release_queue, releases_fail_stale
+from training.promotion.services.rollouts import rollout_create
 from training.services.audit import audit_record
 from training.serving.models import Deployment, ModelVersion
 from training.serving.selectors import live_version_get
@@ -297,7 +299,6 @@ def promotion_approve(
     requester) or PromotionRefused (a precondition that does not hold). With a `plan` whose
     first step is a share of the traffic, the release starts a progressive release
     (`training.promotion.services.rollouts`) instead of taking all traffic at once."""
-    from training.promotion.services.release import release_queue, releases_fail_stale
 
     promotion = _locked(promotion)
     checks = promotion_approve_check(promotion=promotion, user=user)
@@ -337,8 +338,6 @@ def promotion_approve(
         reason=f"promotion {promotion.pk}" + (f", plan {plan.name}" if plan is not None else ""),
     )
     if progressive:
-        from training.promotion.services.rollouts import rollout_create
-
         rollout_create(promotion=promotion, release=release, plan=plan, user=user)
     return release
 

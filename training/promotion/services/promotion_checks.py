@@ -7,10 +7,13 @@ from typing import Any
 
 from django.utils import timezone
 
+from feedback.selectors.judge import agreement_as_dict, agreement_by_version, judge_reward_gate
 from training.promotion.models import Evaluation, PromotionRequest
 from training.promotion.services import harm_precondition
 from training.promotion.services.promotion_refused import Precondition, PromotionRefused
+from training.promotion.services.promotion_signals import SignalStatus, promotion_signals, regressions
 from training.promotion.services.release import release_in_progress
+from training.promotion.services.rollouts import rollout_active
 from training.serving.models import Deployment, ModelVersion, ModelVersionKind, ModelVersionStatus
 from training.serving.selectors import live_withdrawals
 from webapp.kernel.work import WorkStatus
@@ -55,8 +58,6 @@ def monitors_snapshot(version: ModelVersion) -> dict[str, Any]:
 
 def agreement_snapshot(deployment: Deployment) -> dict[str, Any]:
     """The judge's agreement with operators now, per judge version, and the training gate."""
-    from feedback.selectors.judge import agreement_as_dict, agreement_by_version, judge_reward_gate
-
     gate = judge_reward_gate(deployment=deployment)
     return {
         "at": timezone.now().isoformat(),
@@ -73,8 +74,6 @@ def agreement_snapshot(deployment: Deployment) -> dict[str, Any]:
 
 
 def snapshot(candidate: ModelVersion, deployment: Deployment, evaluation: Evaluation) -> dict[str, Any]:
-    from training.promotion.services.promotion_signals import promotion_signals
-
     return {
         "signals": [s.as_dict() for s in promotion_signals(candidate=candidate, evaluation=evaluation)],
         "at": timezone.now().isoformat(),
@@ -191,8 +190,6 @@ def check_regressions(
     """No signal regresses beyond its threshold (see `promotion_signals`) — or the requester
     gave a reason, recorded with their name. It holds with a warning when signals it counts
     are inconclusive or not measured, and says which: "no regression" is not "no drop"."""
-    from training.promotion.services.promotion_signals import SignalStatus, promotion_signals, regressions
-
     label = "No signal regresses beyond its threshold"
     signals = promotion_signals(candidate=candidate, evaluation=evaluation)
     worse = regressions(signals)
@@ -306,8 +303,6 @@ def check_no_release_running(deployment: Deployment) -> Precondition:
 
 def check_no_rollout_running(deployment: Deployment) -> Precondition:
     """A progressive release under way owns the deployment's traffic until it ends."""
-    from training.promotion.services.rollouts import rollout_active
-
     rollout = rollout_active(deployment_id=deployment.pk)
     if rollout is not None:
         return Precondition(

@@ -44,6 +44,7 @@ from typing import Any
 
 from django.utils.text import slugify
 
+from training.models import JobEventKind, TrainingJobEvent
 from training.promotion.evaluation.metrics import Z_95, wilson_interval
 from training.promotion.models import Evaluation
 from training.promotion.services import harm_precondition
@@ -250,8 +251,6 @@ def _share(side: dict[str, Any] | None, key: str) -> tuple[float | None, int]:
 def job_signals(candidate: ModelVersion) -> list[Signal]:
     """The producing job's own held-out curve and canaries: its last evaluation against its
     first (the starting model, step 0)."""
-    from training.models import JobEventKind, TrainingJobEvent
-
     job = getattr(candidate, "produced_by_job", None)
     if job is None:
         return []

@@ -30,6 +30,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
+from training.inference.adapters import adapter_problems
 from training.inference.client import InferenceClient, InferenceError
 from training.promotion.models import (
     AuditAction,
@@ -53,6 +54,7 @@ from training.serving.models import (
     ModelVersionKind,
 )
 from training.serving.services import ModelRegistryError, live_version_set
+from training.tasks import release_adapter_unload_task, release_run_task
 from webapp.kernel.stale_work import stale_work_settle
 from webapp.kernel.work import WorkStatus, work_attempts_exceeded, work_beat, work_claim, work_end, work_worker_name
 
@@ -136,8 +138,6 @@ def release_queue(
     reason: str = "",
 ) -> Release:
     """Store a release and queue it on the `deploy` queue after the transaction commits."""
-    from training.tasks import release_run_task
-
     live = LiveVersion.objects.filter(deployment=deployment).select_related("version").first()
     try:
         with transaction.atomic():
@@ -169,8 +169,6 @@ def release_load(version: ModelVersion) -> dict[str, Any]:
         return f" at {server.url}" if len(servers) > 1 else ""
 
     if version.kind == ModelVersionKind.LORA:
-        from training.inference.adapters import adapter_problems
-
         problems = adapter_problems(version.path)
         if problems:
             raise ReleaseFailed(f"{version.name} was not loaded: " + "; ".join(problems), reached_server=False)
@@ -292,7 +290,6 @@ def _unload_later(version: ModelVersion | None) -> None:
     started on it can still be running (`RELEASE_UNLOAD_AFTER_SECONDS`)."""
     if version is None or version.kind != ModelVersionKind.LORA:
         return
-    from training.tasks import release_adapter_unload_task
 
     release_adapter_unload_task.apply_async_on_commit(
         args=[version.pk], queue="deploy", countdown=settings.RELEASE_UNLOAD_AFTER_SECONDS

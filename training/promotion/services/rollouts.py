@@ -41,6 +41,7 @@ from training.services.audit import audit_record
 from training.serving.models import LiveChangeKind, ModelVersionKind
 from training.serving.services import live_version_set
 from training.serving.splits import canary_split_clear, canary_split_set
+from training.tasks import release_adapter_unload_task
 from webapp.kernel.errors import Invalid
 
 logger = logging.getLogger(__name__)
@@ -157,7 +158,6 @@ def rollout_release_ended(*, release: Release) -> None:
 def _unload_later(version) -> None:
     if version is None or version.kind != ModelVersionKind.LORA:
         return
-    from training.tasks import release_adapter_unload_task
 
     release_adapter_unload_task.apply_async_on_commit(
         args=[version.pk], queue="deploy", countdown=settings.RELEASE_UNLOAD_AFTER_SECONDS

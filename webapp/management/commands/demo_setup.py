@@ -4,6 +4,11 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand, CommandError
 
+from training.promotion.rollout_models import ReleasePlan
+from training.promotion.services.live_set import live_set_by_command
+from training.promotion.services.promotion_refused import PromotionRefused
+from training.promotion.services.release_plans import release_plan_create, release_plan_revise
+from training.serving.models import LiveVersion, ModelVersion, ModelVersionKind
 from training.serving.services import deployment_get_or_create
 
 DEMO_USERS = [
@@ -63,9 +68,6 @@ class Command(BaseCommand):
     def _plan(self, deployment) -> None:
         """A short release plan the demo agent's traffic walks in minutes (chosen on approval;
         the default stays "all at once", as the tour expects)."""
-        from training.promotion.rollout_models import ReleasePlan
-        from training.promotion.services.release_plans import release_plan_create, release_plan_revise
-
         plan = ReleasePlan.objects.filter(deployment=deployment, name=DEMO_PLAN).first()
         if plan is None:
             release_plan_create(
@@ -82,10 +84,6 @@ class Command(BaseCommand):
         )
 
     def _serve(self, deployment, base_name: str) -> None:
-        from training.promotion.services.live_set import live_set_by_command
-        from training.promotion.services.promotion_refused import PromotionRefused
-        from training.serving.models import LiveVersion, ModelVersion, ModelVersionKind
-
         version = ModelVersion.objects.filter(name=base_name, kind=ModelVersionKind.BASE).first()
         if version is None:
             raise CommandError(f"no base model named {base_name!r}: run `manage.py prepare_model` first")
