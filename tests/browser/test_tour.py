@@ -22,7 +22,6 @@ import pytest
 from feedback.models import ApiKey, Comment, JudgeResult, JudgeStatus, Trace
 from tests.factories import DeploymentFactory, user_with_role
 from tests.fixtures.worker import celery_worker
-from training.modelprep import TINY_JUDGEMENT
 from training.models import TrainingJob, TrainingSet
 from training.promotion.models import AuditEvent, EvaluationItem, PromotionRequest, PromotionStatus
 from training.serving.models import LiveVersion, ModelVersion
@@ -158,10 +157,12 @@ def test_the_whole_tour_in_the_browser(open_page, screenshot, settings, tiny_tal
     page.locator(f"#judge-{turn.position} .badge.reward").wait_for(timeout=120_000)
     result = JudgeResult.objects.get(message=turn, is_latest=True)
     assert (result.status, result.requested_by) == (JudgeStatus.SUCCEEDED, operator), result.error
-    assert (result.reward, result.rubric) == (TINY_JUDGEMENT["reward"], TINY_JUDGEMENT["rubric"])
+    # The tiny model was fitted on two other comments and tasks: what it answers this one
+    # varies with the task the agent drew, but structured output keeps it a judgement.
+    assert 0.0 <= result.reward <= 1.0 and result.rubric["criteria"], result.raw_output
     judged = page.locator(f"#judge-{turn.position}")
-    criterion = TINY_JUDGEMENT["rubric"]["criteria"][0]["criterion"]
-    assert "reward 0.20" in judged.inner_text() and criterion in judged.inner_text()
+    criterion = result.rubric["criteria"][0]["criterion"]
+    assert f"reward {result.reward:.2f}" in judged.inner_text() and criterion in judged.inner_text()
     assert judged.locator(".badge.unverified").count() == 1  # a judge no agreement gate has passed
     page.goto("/tour/")
     assert step_done(page, "comment") and step_done(page, "judge")
@@ -219,7 +220,7 @@ def test_the_whole_tour_in_the_browser(open_page, screenshot, settings, tiny_tal
     # The FAST model was fitted to one turn judgement, not to scoring candidates: under the
     # schema it runs to its token limit, and the page says so in words, with the way out.
     item = EvaluationItem.objects.get(evaluation__candidate=candidate)
-    assert item.rubric == TINY_JUDGEMENT["rubric"]
+    assert item.rubric == result.rubric
     assert "reward" not in item.candidate and "cut off at its token limit" in item.judge_error, item.judge_error
     evaluation_url = page.url
     page.click(f"a:has-text('{item.key}')")
