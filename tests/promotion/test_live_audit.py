@@ -13,6 +13,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection, transaction
+from django.db.models import ProtectedError
 
 import training.promotion.services.release as release_service
 from tests.factories import user_with_role
@@ -240,3 +241,24 @@ def test_a_move_is_written_once(registry, django_user_model, tmp_path):
         mover.delete()
         move = LiveVersionChange.objects.get(pk=move.pk)
         assert (move.changed_by_id, move.reason, move.to_version) == (None, "why", version)
+
+
+def test_a_deployment_that_went_live_keeps_its_trail_it_cannot_be_deleted(db, base_folder, adapter_folder):
+    # Moves made by command only: the trail is their one record.
+    call_command("prepare_model", "local", "--path", str(base_folder), "--name", "m", "--live-for", "bot")
+    call_command("register_version", "m-v2", "--base", "m", "--path", str(adapter_folder))
+    call_command("set_live", "bot", "m-v2", "--no-load", "--reason", "hotfix")
+    bot = Deployment.objects.get(name="bot")
+    with pytest.raises(ProtectedError), transaction.atomic():
+        bot.delete()
+    assert len(live_moves(Deployment.objects.get(name="bot"))) == 2
+
+
+@pytest.mark.parametrize("before", ["live-", "live-x", "live-0", "-1", "1.5", "999999", "live-99999999999999999999"])
+def test_the_audit_page_refuses_a_cursor_that_names_no_entry_as_the_api_does(db, client, base_folder, before):
+    call_command("prepare_model", "local", "--path", str(base_folder), "--name", "m", "--live-for", "bot")
+    client.force_login(user_with_role("approver", "audrey"))
+    page = client.get("/audit/", {"before": before})
+    assert page.status_code == client.get("/api/v1/audit", {"before": before}).status_code == 400
+    text = page.content.decode()
+    assert "names no entry of the audit log" in text and "prepare_model --live-for" not in text

@@ -459,14 +459,18 @@ def audit_log(request: HttpRequest) -> HttpResponse:
         deployment = Deployment.objects.filter(name=request.GET["deployment"]).first()
         if deployment is None:
             raise Http404("no such deployment")
-    # A cursor that names no entry (a made-up or garbled link) shows the newest page.
-    before = audit_cursor(request.GET.get("before") or "")
-    events = audit_trail(deployment=deployment, before=before, limit=100)
+    asked = request.GET.get("before") or ""
+    before = audit_cursor(asked) if asked else None
     context = {
-        "events": events,
         "deployment": deployment,
         "deployments": Deployment.objects.order_by("name").values_list("name", flat=True),
-        "next_before": audit_cursor_text(events[-1]) if len(events) == 100 else None,
         "actions": AuditAction,
     }
+    if asked and before is None:
+        # As the API answers: a cursor that names no entry is a bad link, never the first page
+        # shown as if it were the one asked for.
+        context.update(events=[], next_before=None, problem=f"before: {asked[:40]!r} names no entry of the audit log")
+        return render(request, "training/audit.html", context, status=400)
+    events = audit_trail(deployment=deployment, before=before, limit=100)
+    context.update(events=events, next_before=audit_cursor_text(events[-1]) if len(events) == 100 else None)
     return render(request, "training/audit.html", context)

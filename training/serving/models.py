@@ -150,9 +150,11 @@ class LiveVersionChange(AppendOnly, models.Model):
     how (`kind`) and why (`reason`). It is the one record of what went live: written only by
     `training.serving.services.live_version_set`, in the move's transaction, and shown by the
     audit log among its events. Append-only (on PostgreSQL a trigger refuses an UPDATE but an
-    account's deletion blanking `changed_by`); the rows go with their deployment."""
+    account's deletion blanking `changed_by`); a deployment with a move cannot be deleted."""
 
-    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="live_changes")
+    # PROTECT: the trail is the only record of a move made by a command, so a deployment that
+    # ever went live keeps it (as the audit log's rows keep theirs).
+    deployment = models.ForeignKey(Deployment, on_delete=models.PROTECT, related_name="live_changes")
     from_version = models.ForeignKey(ModelVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     to_version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="+")
     changed_at = models.DateTimeField(default=timezone.now)
