@@ -254,7 +254,9 @@ def test_a_deployment_that_went_live_keeps_its_trail_it_cannot_be_deleted(db, ba
     assert len(live_moves(Deployment.objects.get(name="bot"))) == 2
 
 
-@pytest.mark.parametrize("before", ["live-", "live-x", "live-0", "-1", "1.5", "999999", "live-99999999999999999999"])
+@pytest.mark.parametrize(
+    "before", ["live-", "live-x", "live-0", "-1", "1.5", "\u00b2", "999999", "live-99999999999999999999"]
+)
 def test_the_audit_page_refuses_a_cursor_that_names_no_entry_as_the_api_does(db, client, base_folder, before):
     call_command("prepare_model", "local", "--path", str(base_folder), "--name", "m", "--live-for", "bot")
     client.force_login(user_with_role("approver", "audrey"))
