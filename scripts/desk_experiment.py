@@ -88,6 +88,10 @@ BASE_RECIPE: dict[str, Any] = {
     "variants": 0,
     # More copies, each near the line (22-40 days since delivery: NEAR_LINE_CASES).
     "near_line_variants": 0,
+    # Which of `_case`'s eight cases the `variants` copies are drawn from (all by default:
+    # four refundable, so a delivered order is refundable in 4 copies of 6). "balanced":
+    # BALANCED_CASES, as many refusals of a delivered order as refunds.
+    "variant_cases": "all",
     # With focus "decisions": keep one in N first turns (the lookup) and one in N
     # confirmations after a refund; every decision turn (after the lookup) is kept.
     "keep_first": 2,
@@ -176,7 +180,32 @@ RECIPES: dict[str, dict[str, Any]] = {
         "near_line_variants": 3,
         "keep_first": 4,
     },
+    # 2026-12-06, second family (aimed at the refusals past the line): the copies drawn so
+    # that a delivered order is refused as often as refunded (BALANCED_CASES); then 3 more
+    # copies near the line, as in cf3-near3.
+    "bal6": {
+        "focus": "decisions",
+        "steps": 150,
+        "learning_rate": 1e-3,
+        "first_token_weight": 32.0,
+        "validate_at": [50, 100, 150],
+        "variants": 6,
+        "variant_cases": "balanced",
+    },
+    "bal6-near3": {
+        "focus": "decisions",
+        "steps": 150,
+        "learning_rate": 1e-3,
+        "first_token_weight": 32.0,
+        "validate_at": [50, 100, 150],
+        "variants": 6,
+        "variant_cases": "balanced",
+        "near_line_variants": 3,
+    },
 }
+# `_case`'s cases: one refundable recent, one refundable near the line, one late near the
+# line, one long past, one shipping, one processing or refunded.
+BALANCED_CASES = (0, 3, 4, 5, 6, 7)
 
 
 def cpu_attention() -> None:
@@ -443,10 +472,18 @@ def eval_tasks(*, split: str, episodes: int, seed: int, fresh_seed: int | None =
 # --- training ----------------------------------------------------------------------------
 
 
-def oracle_items(tasks, *, prefix: str, variants: int = 0, near_line: int = 0, rng: random.Random | None = None):
+def oracle_items(
+    tasks,
+    *,
+    prefix: str,
+    variants: int = 0,
+    near_line: int = 0,
+    rng: random.Random | None = None,
+    cases: tuple[int, ...] = tuple(range(8)),
+):
     """One SFT item per oracle turn of each task (see `oracle_turns`), and `variants`
-    counterfactual copies of each decision point (`counterfactual_turns`), and `near_line`
-    more drawn near the refund window's line."""
+    counterfactual copies of each decision point (`counterfactual_turns`, drawn over
+    `cases`), and `near_line` more drawn near the refund window's line."""
     from training.environments.support_desk import NEAR_LINE_CASES, SupportDesk, counterfactual_turns, oracle_turns
     from training.trainer.items import TurnItem
 
@@ -455,7 +492,7 @@ def oracle_items(tasks, *, prefix: str, variants: int = 0, near_line: int = 0, r
     items = []
     for task in tasks:
         for k, turn in enumerate(oracle_turns(task=task, env=env)):
-            extra = counterfactual_turns(task=task, messages=turn["messages"], count=variants, rng=rng)
+            extra = counterfactual_turns(task=task, messages=turn["messages"], count=variants, rng=rng, cases=cases)
             if near_line:
                 extra += counterfactual_turns(
                     task=task, messages=turn["messages"], count=near_line, rng=rng, cases=NEAR_LINE_CASES
@@ -523,6 +560,7 @@ def train(recipe: dict[str, Any], *, seed: int, run_dir: Path, model: Path = MOD
         variants=recipe["variants"],
         near_line=recipe["near_line_variants"],
         rng=random.Random(f"variants-{seed}"),
+        cases=BALANCED_CASES if recipe["variant_cases"] == "balanced" else tuple(range(8)),
     )
     if recipe["focus"] == "decisions":
         # context length → keep one in N (first turn, decision, confirmation)
