@@ -269,3 +269,115 @@ def test_end_tokens_stop_rows_and_the_rest_are_truncated(tiny):
         assert rollout.attention_mask[row, P:].tolist() == rollout.response_mask[row].tolist()
         assert rollout.truncated[row] == (stop not in free[row])
     assert 1 <= sum(rollout.truncated) < len(expected)
+
+
+# --- a group's prompt through the model once, in the update ----------------------------------
+
+
+def test_rows_that_share_a_prompt_send_it_through_once_with_the_same_values_and_gradients(tiny_model_dir):
+    """GRPO's update scores G samples of each prompt: `token_logprobs` takes each distinct
+    prompt through the model once and the responses on its copied cache. The log-probs and
+    the gradient they give are those of one pass over every full row, with left padding
+    between prompts of different lengths."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from training.trainer.sampling import forward_logits, gather_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompts = prompt_sets(tokenizer)["shared system prompt"]
+    torch.manual_seed(3)
+    rollout = sample(model.eval(), tokenizer, prompts, num_samples=4, max_new_tokens=8, temperature=1.0)
+    model.train()
+    ids, attn, width = rollout.input_ids, rollout.attention_mask, rollout.response_ids.shape[1]
+    mask = rollout.response_mask.float()
+    weights = torch.linspace(-1.0, 1.0, ids.shape[0]).unsqueeze(1)  # advantages of both signs
+
+    def scored(logprobs_of):
+        model.zero_grad(set_to_none=True)
+        logprobs = logprobs_of()
+        (logprobs * mask * weights).sum().backward()
+        return logprobs.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    batches: list[int] = []
+    hook = model.register_forward_hook(
+        lambda _m, args, kwargs, _out: batches.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
+    try:
+        shared, shared_grads = scored(lambda: token_logprobs(model, ids, attn, keep=width, temperature=0.7))
+    finally:
+        hook.remove()
+    single, single_grads = scored(
+        lambda: gather_logprobs(forward_logits(model, ids, attn, keep=width, temperature=0.7), ids[:, -width:])
+    )
+    assert batches == [len(prompts), ids.shape[0]]  # the prompts once, then every row's response
+    on = rollout.response_mask.bool()
+    assert torch.allclose(shared[on], single[on], atol=1e-5)
+    for name, grad in single_grads.items():
+        assert torch.allclose(shared_grads[name], grad, atol=1e-5, rtol=1e-4), name
+
+
+def test_rows_with_distinct_prompts_take_one_pass(tiny):
+    from training.trainer.sampling import shared_prompt_logprobs
+
+    model, tokenizer = tiny
+    prompts = prompt_sets(tokenizer)["shared system prompt"]
+    rollout = sample(model, tokenizer, prompts, num_samples=1, max_new_tokens=4, temperature=1.0)
+    width = rollout.response_ids.shape[1]
+    with torch.no_grad():
+        assert shared_prompt_logprobs(model, rollout.input_ids, rollout.attention_mask, keep=width) is None
+
+
+def test_a_decode_cache_that_runs_out_of_room_grows_as_before(tiny):
+    """The decode loop writes each new key/value into room reserved after the prefill;
+    past that room the cache grows by concatenation, and the tokens are the same."""
+    from training.trainer.sampling import cache_reserve, decode_from, prefill
+
+    model, tokenizer = tiny
+    prompts = prompt_sets(tokenizer)["duplicates"]
+    pad = tokenizer.pad_token_id
+
+    def greedy(room: int | None) -> torch.Tensor:
+        with torch.no_grad():
+            logits, cache, mask, position = prefill(model, prompts, copies=2, pad_id=pad)
+            if room is not None:
+                cache_reserve(cache, room)  # decode_from leaves an already reserved layer as it is
+            out = decode_from(
+                model,
+                logits,
+                cache,
+                mask,
+                position,
+                max_new_tokens=9,
+                temperature=0,
+                top_p=1.0,
+                eos_ids=[-1],
+                pad_id=pad,
+            )
+            kinds = {type(layer).__name__ for layer in cache.layers}
+        return out, kinds, cache.get_seq_length()
+
+    full, kinds, length = greedy(None)
+    short, _, short_length = greedy(2)
+    assert kinds == {"ReservedDynamicLayer"} and full.shape[1] == 9
+    assert torch.equal(short, full) and short_length == length
+
+
+def test_grouped_query_attention_on_the_cpu_gives_the_logits_of_copied_heads(tiny, monkeypatch):
+    """`cpu_grouped_attention` lets SDPA read the shared key/value heads itself under a
+    padding mask (the tiny model has 2 query heads for 1 key/value head)."""
+    import transformers.integrations.sdpa_attention as sdpa
+
+    from training.trainer.policy import cpu_grouped_attention
+
+    model, _ = tiny
+    assert model.config.num_key_value_heads < model.config.num_attention_heads
+    ids, attn = left_pad([[11, 12, 13, 14, 15, 16], [21, 22, 23]], pad_id=0)
+    monkeypatch.setattr(sdpa, "use_gqa_in_sdpa", lambda *args: False)
+    with torch.no_grad():
+        copied = model(input_ids=ids, attention_mask=attn).logits
+    cpu_grouped_attention()
+    assert sdpa.use_gqa_in_sdpa(attn, torch.zeros(1, 1, 2, 8), torch.zeros(1, 1, 2, 8)) is True
+    with torch.no_grad():
+        grouped = model(input_ids=ids, attention_mask=attn).logits
+    assert torch.allclose(grouped[attn.bool()], copied[attn.bool()], atol=1e-5)

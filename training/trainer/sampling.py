@@ -13,6 +13,8 @@ multi-turn training where the mask covers several spans.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -274,9 +276,10 @@ def prefix_decode(
     """Sample `copies` continuations of each context after one `prefill`: (N contexts) →
     (N · copies, T ≤ max_new_tokens), context-major; rows that ended get `pad_id`.
     `generators`: one per context (see `sample`)."""
-    logits, cache, mask, next_position = prefill(
-        model, contexts, copies=copies, pad_id=pad_id, share_prefix=share_prefix
-    )
+    with torch.inference_mode() if sharding.lockstep(model) is None else contextlib.nullcontext():
+        logits, cache, mask, next_position = prefill(
+            model, contexts, copies=copies, pad_id=pad_id, share_prefix=share_prefix
+        )
     return decode_from(
         model,
         logits,
@@ -325,30 +328,87 @@ def decode_from(
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     tokens: list[torch.Tensor] = []
     lockstep = sharding.lockstep(model)
-    for _ in range(max_new_tokens):
-        chosen = next_tokens(
-            logits, finished, temperature=temperature, top_p=top_p, generators=generators, pad_id=pad_id
-        )
-        tokens.append(chosen)
-        finished |= torch.isin(chosen, eos)
-        running = not bool(finished.all())
-        if lockstep is not None:  # until every process's rows have ended
-            running = bool(sharding.most(lockstep, int(running)))
-        if not running or len(tokens) == max_new_tokens:
-            break
-        mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=device)], dim=1)
-        out = model(
-            input_ids=chosen.unsqueeze(1),
-            attention_mask=mask,
-            position_ids=next_position,
-            past_key_values=cache,
-            use_cache=True,
-        )
-        logits = out.logits[:, -1, :]
-        next_position = next_position + 1
-    if not tokens:
-        return torch.empty((batch, 0), dtype=torch.long, device=device)
-    return torch.stack(tokens, dim=1)
+    # Autograd's bookkeeping off as well (about a tenth of a small model's decode step on
+    # a CPU); a sharded model's passes keep no_grad, as its collectives were written for.
+    with torch.inference_mode() if lockstep is None else contextlib.nullcontext():
+        cache_reserve(cache, max_new_tokens)
+        width = mask.shape[1]
+        mask = torch.cat([mask, torch.ones((batch, max_new_tokens), dtype=mask.dtype, device=device)], dim=1)
+        for _ in range(max_new_tokens):
+            chosen = next_tokens(
+                logits, finished, temperature=temperature, top_p=top_p, generators=generators, pad_id=pad_id
+            )
+            tokens.append(chosen)
+            finished |= torch.isin(chosen, eos)
+            running = not bool(finished.all())
+            if lockstep is not None:  # until every process's rows have ended
+                running = bool(sharding.most(lockstep, int(running)))
+            if not running or len(tokens) == max_new_tokens:
+                break
+            out = model(
+                input_ids=chosen.unsqueeze(1),
+                attention_mask=mask[:, : width + len(tokens)],
+                position_ids=next_position,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            logits = out.logits[:, -1, :]
+            next_position = next_position + 1
+        out_tokens = torch.stack(tokens, dim=1) if tokens else torch.empty((batch, 0), dtype=torch.long, device=device)
+    # A copy made outside inference mode: the rollout's ids go into a pass with gradient.
+    return out_tokens.clone() if lockstep is None else out_tokens
+
+
+class _ReservedLayer:
+    """A transformers `DynamicLayer` whose keys and values live at the front of buffers with
+    room for more tokens: a decode step writes its one position in place, where the
+    dynamic layer concatenates (copies) the whole cache at every layer and step. Grows by
+    concatenation, as before, once the room is used up."""
+
+    def __init__(self, layer, room: int):
+        self.__dict__.update(layer.__dict__)
+        self._dynamic = type(layer)
+        shape = list(layer.keys.shape)
+        length = shape[-2]
+        shape[-2] = length + room
+        self._key_room = layer.keys.new_empty(shape)
+        self._value_room = layer.values.new_empty(shape)
+        self._key_room[..., :length, :] = layer.keys
+        self._value_room[..., :length, :] = layer.values
+        self.keys = self._key_room[..., :length, :]
+        self.values = self._value_room[..., :length, :]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        length, more = self.keys.shape[-2], key_states.shape[-2]
+        if length + more > self._key_room.shape[-2]:
+            return self._dynamic.update(self, key_states, value_states, *args, **kwargs)
+        self._key_room[..., length : length + more, :] = key_states
+        self._value_room[..., length : length + more, :] = value_states
+        self.keys = self._key_room[..., : length + more, :]
+        self.values = self._value_room[..., : length + more, :]
+        return self.keys, self.values
+
+
+def cache_reserve(cache, room: int) -> None:
+    """Give each plain dynamic layer of a transformers cache `room` more positions up front
+    (`_ReservedLayer`); sliding-window, static and other layers are left as they are."""
+    from transformers.cache_utils import DynamicLayer
+
+    layers = getattr(cache, "layers", None)
+    if not layers or room < 1:
+        return
+    for i, layer in enumerate(layers):
+        if type(layer) is DynamicLayer and layer.is_initialized and layer.keys.dim() == 4:
+            layers[i] = _reserved_class()(layer, room)
+
+
+@functools.cache
+def _reserved_class() -> type:
+    """`_ReservedLayer` as a `DynamicLayer` (built on first use: transformers is not
+    imported with this module)."""
+    from transformers.cache_utils import DynamicLayer
+
+    return type("ReservedDynamicLayer", (_ReservedLayer, DynamicLayer), {})
 
 
 def next_tokens(
@@ -368,11 +428,11 @@ def next_tokens(
     if temperature <= 0:
         chosen = logits.argmax(dim=-1)
     else:
-        probs = torch.softmax(logits / temperature, dim=-1)
+        probs = torch.softmax(logits / temperature if temperature != 1.0 else logits, dim=-1)
         if top_p < 1.0:
             probs = _nucleus(probs, top_p)
         chosen = _inverse_cdf(probs, _uniforms(generators, logits.shape[0], logits.device))
-    return torch.where(finished, torch.full_like(chosen, pad_id), chosen)
+    return chosen.masked_fill_(finished, pad_id)
 
 
 def _uniforms(generators: Sequence[torch.Generator] | None, batch: int, device) -> torch.Tensor | None:
@@ -473,8 +533,65 @@ def token_logprobs(
     """(B, keep) log-probs of the last `keep` tokens of each row, with gradient if enabled.
 
     For a Rollout, keep = T (the response width); for a multi-span mask from
-    `chat_tokens`, keep = L - 1 (every token but the first)."""
+    `chat_tokens`, keep = L - 1 (every token but the first). Rows that share their first
+    L - keep tokens (a group's samples of one prompt) send that prompt through the model
+    once (`shared_prompt_logprobs`)."""
+    shared = shared_prompt_logprobs(model, input_ids, attention_mask, keep=keep, temperature=temperature)
+    if shared is not None:
+        return shared
     logits = forward_logits(model, input_ids, attention_mask, keep=keep, temperature=temperature)
+    return gather_logprobs(logits, input_ids[:, -keep:])
+
+
+def shared_prompt_logprobs(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, keep: int, temperature: float = 1.0
+) -> torch.Tensor | None:
+    """`token_logprobs` in two passes when rows repeat a prompt (their first P = L - keep
+    tokens and mask), as GRPO's G samples of a prompt do: each distinct prompt goes
+    through the model once, its key/value cache (with gradient) is indexed out to the rows
+    that continue it, and the responses' first keep - 1 tokens go through on that cache.
+    log p(r_1) comes from the prompt pass's last position, log p(r_t) (t > 1) from the
+    response pass; positions and masks are the single pass's, so the values and gradients
+    are the same up to float rounding, for about P · (B - distinct) fewer token positions
+    forward and backward.
+
+    None (use the single pass) when it would not save: fewer than two rows per distinct
+    prompt on average, a prompt or response under two tokens, or a model sharded over
+    processes (its passes are collectives every process must take alike)."""
+    from transformers import DynamicCache
+
+    rows, width = input_ids.shape
+    prompt = width - keep
+    if prompt < 2 or keep < 2 or rows < 2 or sharding.lockstep(model) is not None:
+        return None
+    heads = torch.cat([input_ids[:, :prompt], attention_mask[:, :prompt].to(input_ids.dtype)], dim=1)
+    distinct, inverse = torch.unique(heads, dim=0, return_inverse=True)
+    if 2 * len(distinct) > rows:
+        return None
+    first = torch.empty(len(distinct), dtype=torch.long, device=input_ids.device)
+    first[inverse] = torch.arange(rows, device=input_ids.device)  # any row of each prompt
+    positions = position_ids(attention_mask)
+    cache = DynamicCache()
+    out = model(
+        input_ids=input_ids[first, :prompt],
+        attention_mask=attention_mask[first, :prompt],
+        position_ids=positions[first, :prompt],
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    head = out.logits[:, -1:, :][inverse]  # (B, 1, V): predicts each row's first response token
+    cache.reorder_cache(inverse)
+    out = model(
+        input_ids=input_ids[:, prompt:-1],
+        attention_mask=attention_mask[:, :-1],
+        position_ids=positions[:, prompt:-1],
+        past_key_values=cache,
+        use_cache=True,
+    )
+    logits = torch.cat([head, out.logits], dim=1)  # (B, keep, V)
+    if temperature != 1.0:
+        logits = logits / temperature
     return gather_logprobs(logits, input_ids[:, -keep:])
 
 
