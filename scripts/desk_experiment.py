@@ -99,6 +99,12 @@ BASE_RECIPE: dict[str, Any] = {
     # Each decision turn (and its copies) this many times in the set: its weight in a step's
     # sampling, against the lookups and confirmations.
     "decision_repeats": 1,
+    # "oracle": the hidden policy's turns and copies; "note": the decision points of the
+    # training orders and `variants` copies of each, labelled by a policy note a reader wrote
+    # from the comment bank (`note_items`: words only, no oracle label), the note of the
+    # run's seed in `note_arm` of NOTES.
+    "labels": "oracle",
+    "note_arm": "",
 }
 RECIPES: dict[str, dict[str, Any]] = {
     "memorise": {"orders": 8, "steps": 200},
@@ -203,6 +209,21 @@ RECIPES: dict[str, dict[str, Any]] = {
         "near_line_variants": 3,
     },
 }
+# Issue 39's words-only arm (A2) and its control (A3), bal6's settings with labels from a
+# policy note: the note the reader wrote from the comments on their own cases, or from the
+# comments each moved to another case (`scripts/note_probe.py`).
+for _arm, _note in (("words-note", "paired"), ("words-note-shuffled", "shuffled")):
+    RECIPES[_arm] = {
+        "focus": "decisions",
+        "steps": 150,
+        "learning_rate": 1e-3,
+        "first_token_weight": 32.0,
+        "validate_at": [50, 100, 150],
+        "variants": 6,
+        "labels": "note",
+        "note_arm": _note,
+    }
+NOTES = ROOT / "docs" / "experiments" / "2026-12-06-notes-from-words.jsonl"
 # `_case`'s cases: one refundable recent, one refundable near the line, one late near the
 # line, one long past, one shipping, one processing or refunded.
 BALANCED_CASES = (0, 3, 4, 5, 6, 7)
@@ -510,6 +531,99 @@ def oracle_items(
     return items
 
 
+def note_of(arm: str, seed: int, path: Path = NOTES):
+    """The rule and text of the note `scripts/note_probe.py` logged for `arm` and `seed`."""
+    from training.environments.policy_rules import rule_parse
+
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    found = [r for r in rows if r["arm"] == arm and r["seed"] == seed and r.get("rule")]
+    if not found:
+        raise SystemExit(f"no {arm} note with a rule for seed {seed} in {path}")
+    return rule_parse(found[-1]["rule"]), found[-1]["text"]
+
+
+def note_turn(order_id: str, refund: bool, text: str) -> tuple[str, str]:
+    """(target, accepted actions) of a decision turn the note labels: the refund call on
+    the order the lookup showed, or a refusal that quotes the note."""
+    if refund:
+        call = {"name": "issue_refund", "arguments": {"order_id": order_id}}
+        return f"<tool_call>{json.dumps(call)}</tool_call>", json.dumps(
+            [{"tool": "issue_refund", "arguments": {"order_id": order_id}}]
+        )
+    return f"I am sorry, order {order_id} cannot be refunded. {text}", json.dumps([{"reply": True}])
+
+
+def _note_label(rule, messages) -> bool | None:
+    from training.environments.base import DecisionContext
+    from training.environments.support_desk import policy_note_label
+
+    return policy_note_label(rule, DecisionContext(status="", x=None, messages=messages, tools=[], acts=False))
+
+
+def note_items(tasks, *, rule, text: str, variants: int, rng: random.Random):
+    """Words only (issue 39's A2): each training order's decision point (its request and
+    the lookup of the order, as an episode logs them) and `variants` copies whose lookup
+    shows another status and age, every turn labelled by the note's `rule` alone. The copies
+    are drawn from the training split's statuses and day counts, as many that the note
+    refunds as that it refuses (the note's own line, not the policy's); a case the rule does
+    not cover is left out. No target, reference or case choice reads the hidden policy."""
+    from training.environments.support_desk import SupportDesk
+    from training.environments.support_desk.store import DAY_VALUES
+    from training.environments.support_desk.transcripts import lookup_messages
+    from training.trainer.items import TurnItem
+
+    desk = SupportDesk()
+    days = list(DAY_VALUES["train"])
+    items = []
+    for task in tasks:
+        row = desk.table.row(task.hidden["order_id"])  # the situation: the store's order, not its answer
+        first = task.first_messages()
+        shown = [row]
+        wanted = {True: variants // 2, False: variants - variants // 2}
+        for _ in range(50 * max(1, variants)):
+            if not any(wanted.values()):
+                break
+            status = rng.choice(["delivered", "shipped", "processing", "refunded"])
+            age = rng.choice(days) if status in ("delivered", "refunded") else None
+            changed = {
+                **row,
+                "status": status,
+                "delivered_days_ago": age,
+                "refunded_amount": row["price"] if status == "refunded" else 0.0,
+            }
+            label = _note_label(rule, [*first, *lookup_messages(row["order_id"], changed)])
+            if label is not None and wanted[label] > 0:
+                wanted[label] -= 1
+                shown.append(changed)
+        for j, looked in enumerate(shown):
+            messages = [*first, *lookup_messages(row["order_id"], looked)]
+            label = _note_label(rule, messages)
+            if label is None:
+                continue
+            target, reference = note_turn(row["order_id"], label, text)
+            items.append(
+                TurnItem(
+                    id=f"train:{task.id}:note" + (f":v{j}" if j else ""),
+                    messages=messages,
+                    tools=task.tools,
+                    target=target,
+                    reference=reference,
+                    grader="tool_action",
+                )
+            )
+    return items
+
+
+def words_only_check(items, *, rule, text: str) -> None:
+    """Refuse a words-only set any of whose targets is not the note's own label of its
+    context (so none came from the hidden policy)."""
+    for item in items:
+        row = json.loads(item.messages[-1]["content"])
+        label = _note_label(rule, item.messages)
+        if label is None or (item.target, item.reference) != note_turn(row["order_id"], label, text):
+            raise SystemExit(f"{item.id}: a target the note does not give; not a words-only set")
+
+
 def base_answers(harness: Harness, tasks, *, seed: int, prefix: str):
     """The base model's own first turns on `tasks` (other turns: tracking questions), as
     SFT items that keep that behaviour."""
@@ -553,14 +667,22 @@ def train(recipe: dict[str, Any], *, seed: int, run_dir: Path, model: Path = MOD
         refundable = [t for t in train_tasks if t.hidden["refund"]][: recipe["orders"] // 2]
         refused = [t for t in train_tasks if not t.hidden["refund"]][: recipe["orders"] - len(refundable)]
         train_tasks = refundable + refused
-    items = oracle_items(
-        train_tasks,
-        prefix="train",
-        variants=recipe["variants"],
-        near_line=recipe["near_line_variants"],
-        rng=random.Random(f"variants-{seed}"),
-        cases=BALANCED_CASES if recipe["variant_cases"] == "balanced" else tuple(range(8)),
-    )
+    if recipe["labels"] == "note":
+        rule, text = note_of(recipe["note_arm"], seed)
+        log(f"labels from the {recipe['note_arm']} note of seed {seed}: {rule.text()}")
+        items = note_items(
+            train_tasks, rule=rule, text=text, variants=recipe["variants"], rng=random.Random(f"variants-{seed}")
+        )
+        words_only_check(items, rule=rule, text=text)
+    else:
+        items = oracle_items(
+            train_tasks,
+            prefix="train",
+            variants=recipe["variants"],
+            near_line=recipe["near_line_variants"],
+            rng=random.Random(f"variants-{seed}"),
+            cases=BALANCED_CASES if recipe["variant_cases"] == "balanced" else tuple(range(8)),
+        )
     if recipe["focus"] == "decisions":
         # context length → keep one in N (first turn, decision, confirmation)
         keep_every = {2: recipe["keep_first"], 4: 1, 6: recipe["keep_confirm"]}
