@@ -317,6 +317,40 @@ def test_rows_that_share_a_prompt_send_it_through_once_with_the_same_values_and_
         assert torch.allclose(shared_grads[name], grad, atol=1e-5, rtol=1e-4), name
 
 
+def test_a_model_with_linear_attention_layers_takes_one_pass():
+    """A hybrid model's cached state (linear attention, convolutions) is updated in place,
+    which the gradient cannot go through: its rows take the single pass, and score as it does."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    from training.trainer.sampling import forward_logits, gather_logprobs, shared_prompt_logprobs
+
+    config = Qwen3_5TextConfig(
+        vocab_size=100,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        pad_token_id=0,
+        head_dim=32,
+        layer_types=["linear_attention", "full_attention"],
+        linear_num_value_heads=2,
+        linear_num_key_heads=1,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+    )
+    torch.manual_seed(0)
+    model = Qwen3_5ForCausalLM(config).train()
+    prompt = [5, 6, 7, 8]
+    ids = torch.tensor([[*prompt, 10 + i, 20 + i, 30 + i] for i in range(4)])
+    attn = torch.ones_like(ids)
+    assert shared_prompt_logprobs(model, ids, attn, keep=3) is None
+    single = gather_logprobs(forward_logits(model, ids, attn, keep=3), ids[:, -3:])
+    scored = token_logprobs(model, ids, attn, keep=3)
+    scored.sum().backward()
+    assert torch.allclose(scored, single)
+
+
 def test_rows_with_distinct_prompts_take_one_pass(tiny):
     from training.trainer.sampling import shared_prompt_logprobs
 
@@ -330,7 +364,8 @@ def test_rows_with_distinct_prompts_take_one_pass(tiny):
 
 def test_a_decode_cache_that_runs_out_of_room_grows_as_before(tiny):
     """The decode loop writes each new key/value into room reserved after the prefill;
-    past that room the cache grows by concatenation, and the tokens are the same."""
+    past that room the cache grows by concatenation, and the tokens are the same. After the
+    loop the cache is transformers' own again: reordered and stepped, it stays consistent."""
     from training.trainer.sampling import cache_reserve, decode_from, prefill
 
     model, tokenizer = tiny
@@ -359,8 +394,27 @@ def test_a_decode_cache_that_runs_out_of_room_grows_as_before(tiny):
 
     full, kinds, length = greedy(None)
     short, _, short_length = greedy(2)
-    assert kinds == {"ReservedDynamicLayer"} and full.shape[1] == 9
+    # Handed back as transformers' own layers, holding what was written.
+    assert kinds == {"DynamicLayer"} and full.shape[1] == 9
     assert torch.equal(short, full) and short_length == length
+
+
+def test_a_cache_after_the_decode_loop_reorders_and_decodes_on(tiny):
+    from training.trainer.sampling import decode_from, prefill
+
+    model, tokenizer = tiny
+    prompts = prompt_sets(tokenizer)["duplicates"]
+    with torch.no_grad():
+        logits, cache, mask, position = prefill(model, prompts, pad_id=tokenizer.pad_token_id)
+        out = decode_from(
+            model, logits, cache, mask, position, max_new_tokens=4, temperature=0, top_p=1.0, eos_ids=[-1], pad_id=0
+        )
+        keys = cache.layers[0].keys.clone()
+        order = torch.tensor([2, 0, 1])
+        cache.reorder_cache(order)
+        assert torch.equal(cache.layers[0].keys, keys[order])
+        model(input_ids=out[order, -1:], past_key_values=cache, use_cache=True)
+    assert cache.get_seq_length() == keys.shape[-2] + 1
 
 
 def test_grouped_query_attention_on_the_cpu_gives_the_logits_of_copied_heads(tiny, monkeypatch):

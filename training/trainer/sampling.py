@@ -311,7 +311,8 @@ def decode_from(
     generators: Sequence[torch.Generator] | None = None,
 ) -> torch.Tensor:
     """The sampling loop after a prefill: `logits` (B, V) predict the first new token,
-    `cache` is the prefill's key/value cache (extended in place), `mask` (B, P) the
+    `cache` is the prefill's key/value cache (extended in place, with inference-mode
+    tensors unless the model is sharded: reusable for more decoding), `mask` (B, P) the
     attention mask so far and `next_position` (B, 1) the position of the first new token.
     Returns (B, T ≤ max_new_tokens).
 
@@ -355,6 +356,7 @@ def decode_from(
             logits = out.logits[:, -1, :]
             next_position = next_position + 1
         out_tokens = torch.stack(tokens, dim=1) if tokens else torch.empty((batch, 0), dtype=torch.long, device=device)
+    cache_unreserve(cache)
     # A copy made outside inference mode: the rollout's ids go into a pass with gradient.
     return out_tokens.clone() if lockstep is None else out_tokens
 
@@ -400,6 +402,22 @@ def cache_reserve(cache, room: int) -> None:
     for i, layer in enumerate(layers):
         if type(layer) is DynamicLayer and layer.is_initialized and layer.keys.dim() == 4:
             layers[i] = _reserved_class()(layer, room)
+
+
+def cache_unreserve(cache) -> None:
+    """Turn `cache_reserve`'s layers back into plain dynamic layers holding what was written
+    (views of the buffers), so a cache used after the decode loop reorders, repeats and
+    grows as transformers' own does."""
+    from transformers.cache_utils import DynamicLayer
+
+    layers = getattr(cache, "layers", None) or []
+    for i, layer in enumerate(layers):
+        if isinstance(layer, _ReservedLayer):
+            plain = DynamicLayer.__new__(DynamicLayer)
+            plain.__dict__.update(
+                {k: v for k, v in layer.__dict__.items() if k not in ("_key_room", "_value_room", "_dynamic")}
+            )
+            layers[i] = plain
 
 
 @functools.cache
@@ -527,6 +545,17 @@ def gather_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return picked - torch.logsumexp(logits, dim=-1)
 
 
+def _attention_only(model) -> bool:
+    """Every layer of the model is (full or sliding-window) attention, as far as its config
+    names its layers' types."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return False
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    kinds = getattr(text, "layer_types", None)
+    return not kinds or all(kind in ("full_attention", "sliding_attention") for kind in kinds)
+
+
 def token_logprobs(
     model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, keep: int, temperature: float = 1.0
 ) -> torch.Tensor:
@@ -557,12 +586,14 @@ def shared_prompt_logprobs(
 
     None (use the single pass) when it would not save: fewer than two rows per distinct
     prompt on average, a prompt or response under two tokens, or a model sharded over
-    processes (its passes are collectives every process must take alike)."""
+    processes (its passes are collectives every process must take alike); and for a model
+    with layers other than attention (linear attention, convolutions: their cached state is
+    updated in place, which the gradient cannot go through)."""
     from transformers import DynamicCache
 
     rows, width = input_ids.shape
     prompt = width - keep
-    if prompt < 2 or keep < 2 or rows < 2 or sharding.lockstep(model) is not None:
+    if prompt < 2 or keep < 2 or rows < 2 or sharding.lockstep(model) is not None or not _attention_only(model):
         return None
     heads = torch.cat([input_ids[:, :prompt], attention_mask[:, :prompt].to(input_ids.dtype)], dim=1)
     distinct, inverse = torch.unique(heads, dim=0, return_inverse=True)
