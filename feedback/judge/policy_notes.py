@@ -55,12 +55,14 @@ def proposal_schema(n: int) -> dict[str, Any]:
 
 def proposal_parse(data: Any, n: int) -> Proposal:
     """The judge's answer as a `Proposal`; `SchemaViolation` when it does not fit (an item
-    number out of range, an item both supporting and contradicting, a malformed rule)."""
+    number out of range, a malformed rule). An item listed both as supporting and as
+    contradicting the rule is in neither list: the judge did not decide it, and the rule and
+    the other items stand (a small judge does this often, and asking again costs a whole
+    note's answer)."""
     validate(data, proposal_schema(n))
-    supporting, contradicting = sorted(set(data["supporting"])), sorted(set(data["contradicting"]))
-    both = set(supporting) & set(contradicting)
-    if both:
-        raise SchemaViolation(f"item {min(both)} is listed as both supporting and contradicting the rule")
+    both = set(data["supporting"]) & set(data["contradicting"])
+    supporting = sorted(set(data["supporting"]) - both)
+    contradicting = sorted(set(data["contradicting"]) - both)
     try:
         rule = rule_parse(data["rule"]) if data["rule"] is not None else None
     except RuleError as exc:

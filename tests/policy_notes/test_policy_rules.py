@@ -69,3 +69,22 @@ def test_an_approved_note_labels_the_support_desks_decision_points_as_its_policy
     ten = next(c for c in contexts if c.status == "delivered" and c.x == 10)
     assert decision_fields(ten.messages)["days_since_delivery"] == 10
     assert policy_note_label(WINDOW, ten) is True
+
+
+def test_a_judge_answer_that_lists_an_item_on_both_sides_keeps_the_rule_and_drops_the_item():
+    """A small judge often names one comment as supporting and contradicting: the note is
+    kept with that comment in neither list; an item out of range is still refused."""
+    from feedback.judge.policy_notes import proposal_parse
+    from feedback.judge.schemas import SchemaViolation
+
+    answer = {
+        "text": "Refund delivered orders within 30 days.",
+        "rule": WINDOW.as_dict(),
+        "supporting": [1, 2, 3],
+        "contradicting": [3, 4],
+    }
+    proposal = proposal_parse(answer, 4)
+    assert proposal.rule == WINDOW
+    assert proposal.supporting == (0, 1) and proposal.contradicting == (3,)
+    with pytest.raises(SchemaViolation):
+        proposal_parse({**answer, "contradicting": [5]}, 4)
