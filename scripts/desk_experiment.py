@@ -105,6 +105,7 @@ BASE_RECIPE: dict[str, Any] = {
     # run's seed in `note_arm` of NOTES.
     "labels": "oracle",
     "note_arm": "",
+    "note_prompt": "",
 }
 RECIPES: dict[str, dict[str, Any]] = {
     "memorise": {"orders": 8, "steps": 200},
@@ -212,7 +213,14 @@ RECIPES: dict[str, dict[str, Any]] = {
 # Issue 39's words-only arm (A2) and its control (A3), bal6's settings with labels from a
 # policy note: the note the reader wrote from the comments on their own cases, or from the
 # comments each moved to another case (`scripts/note_probe.py`).
-for _arm, _note in (("words-note", "paired"), ("words-note-shuffled", "shuffled")):
+# `-v2`: the notes written under the policy-note prompt v2 (the rule carries every fact its
+# text names, and an otherwise).
+for _arm, _note, _prompt in (
+    ("words-note", "paired", "policy-note/v1"),
+    ("words-note-shuffled", "shuffled", "policy-note/v1"),
+    ("words-note-v2", "paired", "policy-note/v2"),
+    ("words-note-v2-shuffled", "shuffled", "policy-note/v2"),
+):
     RECIPES[_arm] = {
         "focus": "decisions",
         "steps": 150,
@@ -222,6 +230,7 @@ for _arm, _note in (("words-note", "paired"), ("words-note-shuffled", "shuffled"
         "variants": 6,
         "labels": "note",
         "note_arm": _note,
+        "note_prompt": _prompt,
     }
 NOTES = ROOT / "docs" / "experiments" / "2026-12-06-notes-from-words.jsonl"
 # `_case`'s cases: one refundable recent, one refundable near the line, one late near the
@@ -531,14 +540,19 @@ def oracle_items(
     return items
 
 
-def note_of(arm: str, seed: int, path: Path = NOTES):
-    """The rule and text of the note `scripts/note_probe.py` logged for `arm` and `seed`."""
+def note_of(arm: str, seed: int, *, prompt: str, path: Path = NOTES):
+    """The rule and text of the note `scripts/note_probe.py` logged for `arm` and `seed`
+    under the policy-note prompt `prompt` (the first runs logged no prompt: v1)."""
     from training.environments.policy_rules import rule_parse
 
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    found = [r for r in rows if r["arm"] == arm and r["seed"] == seed and r.get("rule")]
+    found = [
+        r
+        for r in rows
+        if r["arm"] == arm and r["seed"] == seed and r.get("rule") and r.get("prompt", "policy-note/v1") == prompt
+    ]
     if not found:
-        raise SystemExit(f"no {arm} note with a rule for seed {seed} in {path}")
+        raise SystemExit(f"no {arm} note with a rule for seed {seed} under {prompt} in {path}")
     return rule_parse(found[-1]["rule"]), found[-1]["text"]
 
 
@@ -668,7 +682,7 @@ def train(recipe: dict[str, Any], *, seed: int, run_dir: Path, model: Path = MOD
         refused = [t for t in train_tasks if not t.hidden["refund"]][: recipe["orders"] - len(refundable)]
         train_tasks = refundable + refused
     if recipe["labels"] == "note":
-        rule, text = note_of(recipe["note_arm"], seed)
+        rule, text = note_of(recipe["note_arm"], seed, prompt=recipe["note_prompt"])
         log(f"labels from the {recipe['note_arm']} note of seed {seed}: {rule.text()}")
         items = note_items(
             train_tasks, rule=rule, text=text, variants=recipe["variants"], rng=random.Random(f"variants-{seed}")

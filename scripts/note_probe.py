@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     django.setup()
     from feedback.judge.client import JudgeCallFailed, JudgeEndpoint
     from feedback.judge.policy_notes import propose_note
+    from feedback.judge.prompts import CURRENT_POLICY_NOTE
     from training.environments.comment_bank import bank_cases
     from training.environments.support_desk import SupportDesk
     from training.inference.server import InferenceServer, ServerSpec
@@ -150,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                     error = str(exc)[:300]
                 row = {
                     "reader": args.model.name,
+                    "prompt": CURRENT_POLICY_NOTE.version,
                     "seed": seed,
                     "arm": arm,
                     "comments": len(items),

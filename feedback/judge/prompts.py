@@ -268,15 +268,47 @@ POLICY_NOTE_V1 = Prompt(
     ),
 )
 
+# v2: the rule must carry everything the text says, and what to do when it does not hold.
+# The local 1.5B judge, under v1, wrote "Refund orders that are delivered within 30 days" with
+# the rule `delivered_days_ago <= 30 -> refund` and no otherwise: the status dropped, and the
+# rule silent past the line (docs/experiments/2026-12-06-notes-from-words.md).
+POLICY_NOTE_V2 = Prompt(
+    version="policy-note/v2",
+    system=POLICY_NOTE_V1.system,
+    user=(
+        "Each item shows what the assistant knew at the turn (the last tool result), the turn itself, and "
+        "an operator's comment on it.\n\n<items>\n{items}\n</items>\n\n"
+        "Write a JSON object with:\n"
+        '- "text": the one rule most comments state, in one or two sentences an operator would write.\n'
+        '- "rule": the same rule on the fields the tool results show, {{"conditions": [{{"field": <a field '
+        'name as the tool results spell it>, "op": one of "=", "!=", "<", "<=", ">", ">=", "value": <a '
+        'string, a number or true/false>}}, ...], "action": <the action, e.g. refund>, "otherwise": <the '
+        "action when a condition does not hold>}}. All conditions must hold together for the action. Write "
+        "one condition for every fact your text names (a status the record must have, a limit on a "
+        "number), so that the rule allows the action exactly where the text does; give the action the "
+        'comments ask for otherwise (e.g. "answer"). null when the rule cannot be put on the fields.\n'
+        '- "supporting": the numbers of the items whose comment agrees with the rule.\n'
+        '- "contradicting": the numbers of the items whose comment asks for the opposite of the rule.'
+    ),
+)
+
 # The prompts new results are produced with.
 CURRENT_TURN = JUDGE_TURN_V2
 CURRENT_SCORE = SCORE_CANDIDATES_V1
 CURRENT_NAME = NAME_CLUSTER_V1
 CURRENT_ACTION = JUDGE_ACTION_V1
-CURRENT_POLICY_NOTE = POLICY_NOTE_V1
+CURRENT_POLICY_NOTE = POLICY_NOTE_V2
 PROMPTS = {
     p.version: p
-    for p in (JUDGE_TURN_V1, JUDGE_TURN_V2, JUDGE_ACTION_V1, SCORE_CANDIDATES_V1, NAME_CLUSTER_V1, POLICY_NOTE_V1)
+    for p in (
+        JUDGE_TURN_V1,
+        JUDGE_TURN_V2,
+        JUDGE_ACTION_V1,
+        SCORE_CANDIDATES_V1,
+        NAME_CLUSTER_V1,
+        POLICY_NOTE_V1,
+        POLICY_NOTE_V2,
+    )
 }
 
 

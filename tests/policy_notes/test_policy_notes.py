@@ -48,7 +48,7 @@ def test_the_judge_proposes_a_note_with_the_comments_that_support_and_contradict
     note = response.json()
     (version,) = note["versions"]
     assert note["approved_version"] is None
-    assert version["author"] == "judge" and version["prompt_version"] == "policy-note/v1"
+    assert version["author"] == "judge" and version["prompt_version"] == "policy-note/v2"
     assert version["rule_text"] == "status = delivered and delivered_days_ago ≤ 30 → refund; otherwise → answer"
     assert [c["id"] for c in version["supporting"]] == [c.pk for c in comments[:4]]
     assert [c["id"] for c in version["contradicting"]] == [comments[4].pk]
