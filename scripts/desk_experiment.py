@@ -1004,7 +1004,9 @@ def command_curve(args) -> None:
     """The decision curve on `--split`'s held-out decision contexts (`decision_contexts`):
     P(the turn after a lookup is a refund call) by days since delivery, and per other status,
     read off the model as the probability of the call's opening tokens
-    (`<tool_call>{"name": "issue_refund"`), for the base and a run's kept adapter. A model
+    (`<tool_call>{"name": "issue_refund`) under the harness's constraint and temperature
+    (`p_refund`: unconstrained, the call's opening is all but impossible for every model,
+    which the harness's regex then forces), for the base and a run's kept adapter. A model
     that learned the rule draws a step down after day 30 and nowhere before; the mean of
     each side of the line is printed."""
     import torch
@@ -1026,17 +1028,32 @@ def command_curve(args) -> None:
     model.eval()
     desk = SupportDesk()
     curve = desk.decision_curve()
-    opening = tokenizer.encode('<tool_call>{"name": "issue_refund"', add_special_tokens=False)
+    # Without the closing quote, which the call's text merges with the comma after it.
+    opening = tokenizer.encode('<tool_call>{"name": "issue_refund', add_special_tokens=False)
     contexts = desk.decision_contexts(
         tasks=desk.tasks_for(split=args.split, graded=True), per_point=args.per_point, every=args.every
     )
 
+    harness = Harness(model, tokenizer)
+
     def p_refund(context) -> float:
+        """The probability that the harness's sampling writes the opening along its own
+        tokens: at each of them, the token's share among the `TOP_K` likeliest that keep the
+        turn a prefix of `ACT_OR_REPLY_REGEX`, at the harness's temperature (as `_pick`
+        draws). Other tokenizations of the same text are not counted: a lower bound."""
         prompt = encode_prompt(tokenizer, context.messages, context.tools)
         ids = torch.tensor([prompt + opening])
         with torch.no_grad():
-            logp = torch.log_softmax(model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float(), -1)
-        return float(torch.exp(logp.gather(1, torch.tensor(opening)[:, None]).sum()))
+            logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+        p, text = 1.0, ""
+        for row, token in zip(logits, opening, strict=True):
+            order = torch.topk(row, TOP_K).indices.tolist()
+            allowed = [t for t in order if harness._ok(t, text, harness.later, False)]
+            if token not in allowed:
+                return 0.0
+            p *= float(torch.softmax(row[allowed] / harness.temperature, dim=0)[allowed.index(token)])
+            text += harness.vocab[token]
+        return p
 
     points: dict[Any, list[float]] = {}
     for context in contexts:
