@@ -256,7 +256,7 @@ def measure_saved(shape: dict, *, layers: int = 2, batch: int = 1, seq: int = 64
     import torch
     from transformers import DynamicCache, Qwen2ForCausalLM
 
-    from training.trainer.sampling import token_logprobs
+    from training.trainer.logprobs import token_logprobs
 
     config = qwen2_config(shape, layers=layers, tied=True)
     with torch.device("meta"):
@@ -325,7 +325,7 @@ def peak_one(shape: dict, *, batch: int, seq: int, scored: int) -> dict:
     import torch
     from transformers import Qwen2ForCausalLM
 
-    from training.trainer.sampling import token_logprobs
+    from training.trainer.logprobs import token_logprobs
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from training.trainer.logprobs import token_logprobs
 from training.trainer.sampling import (
     chat_tokens,
     common_prefix_length,
@@ -13,7 +14,6 @@ from training.trainer.sampling import (
     prefix_decode,
     response_mask_from_ids,
     sample,
-    token_logprobs,
 )
 
 
@@ -281,7 +281,7 @@ def test_rows_that_share_a_prompt_send_it_through_once_with_the_same_values_and_
     between prompts of different lengths."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from training.trainer.sampling import forward_logits, gather_logprobs
+    from training.trainer.logprobs import forward_logits, gather_logprobs
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -322,7 +322,7 @@ def test_a_model_with_linear_attention_layers_takes_one_pass():
     which the gradient cannot go through: its rows take the single pass, and score as it does."""
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
-    from training.trainer.sampling import forward_logits, gather_logprobs, shared_prompt_logprobs
+    from training.trainer.logprobs import forward_logits, gather_logprobs, shared_prompt_logprobs
 
     config = Qwen3_5TextConfig(
         vocab_size=100,
@@ -352,7 +352,7 @@ def test_a_model_with_linear_attention_layers_takes_one_pass():
 
 
 def test_rows_with_distinct_prompts_take_one_pass(tiny):
-    from training.trainer.sampling import shared_prompt_logprobs
+    from training.trainer.logprobs import shared_prompt_logprobs
 
     model, tokenizer = tiny
     prompts = prompt_sets(tokenizer)["shared system prompt"]
@@ -366,7 +366,8 @@ def test_a_decode_cache_that_runs_out_of_room_grows_as_before(tiny):
     """The decode loop writes each new key/value into room reserved after the prefill;
     past that room the cache grows by concatenation, and the tokens are the same. After the
     loop the cache is transformers' own again: reordered and stepped, it stays consistent."""
-    from training.trainer.sampling import cache_reserve, decode_from, prefill
+    from training.trainer.decode_cache import cache_reserve
+    from training.trainer.sampling import decode_from, prefill
 
     model, tokenizer = tiny
     prompts = prompt_sets(tokenizer)["duplicates"]

@@ -13,8 +13,9 @@ from training.trainer.config import ConfigError, EpisodesConfig, GRPOConfig, con
 from training.trainer.grpo import grpo_train
 from training.trainer.hints import hint_messages
 from training.trainer.items import TurnItem
+from training.trainer.logprobs import token_logprobs
 from training.trainer.run import Trainer
-from training.trainer.sampling import encode_prompt, token_logprobs
+from training.trainer.sampling import encode_prompt
 
 GROUP, HINTS = 4, 2
 COMMENT = "Apologise first, then give the tracking number."

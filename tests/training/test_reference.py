@@ -150,7 +150,7 @@ def test_with_beta_each_step_logs_the_loss_and_kl_of_a_hand_computation(tiny_mod
     response tokens / (prompts · G · max_new_tokens), and KL = the token mean of k3, with
     π the policy before the update and π_start a copy of the starting model loaded apart."""
     from training.trainer import grpo
-    from training.trainer.sampling import token_logprobs
+    from training.trainer.logprobs import token_logprobs
 
     beta = 0.05
     config = config_for(tiny_model_dir, adapter="full", steps=2, beta=beta, drop_zero_variance=False)

@@ -174,8 +174,8 @@ def test_the_engine_samples_under_the_models_generation_defaults_as_a_server_doe
     import torch
 
     from training.trainer.config import GRPOConfig
+    from training.trainer.logprobs import forward_logits
     from training.trainer.policy import load_policy
-    from training.trainer.sampling import forward_logits
     from training.trainer.vllm_colocate import ColocatedRollouts, adapter_rank
 
     model = tmp_path / "model"

@@ -15,8 +15,8 @@ from training.trainer.common import PromptCache, evaluate
 from training.trainer.config import GRPOConfig
 from training.trainer.grpo import grpo_train
 from training.trainer.items import TurnItem
+from training.trainer.logprobs import token_logprobs
 from training.trainer.policy import load_policy
-from training.trainer.sampling import token_logprobs
 from training.trainer.vllm_rollout import VllmRollouts
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

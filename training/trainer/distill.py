@@ -17,6 +17,7 @@ from training.trainer import loss as L
 from training.trainer.common import Hooks, PromptCache, evaluate, rollout_stats
 from training.trainer.config import DistillConfig, SFTConfig, TrainConfig
 from training.trainer.items import Scorer, TurnItem, with_hint
+from training.trainer.logprobs import forward_logits, token_logprobs
 from training.trainer.parallel import item_generators, rollout_seen
 from training.trainer.policy import Policy
 from training.trainer.run import (
@@ -30,14 +31,7 @@ from training.trainer.run import (
     trainer_setup,
     turn_monitors,
 )
-from training.trainer.sampling import (
-    encode_target,
-    forward_logits,
-    left_pad,
-    rollout_from_tokens,
-    sample,
-    token_logprobs,
-)
+from training.trainer.sampling import encode_target, left_pad, rollout_from_tokens, sample
 
 
 def distill_train(

@@ -13,8 +13,9 @@ from training.trainer import loss as L
 from training.trainer.common import TokenMeans, micro_batches
 from training.trainer.config import EpisodesConfig
 from training.trainer.episode_tokens import episode_segments, episode_tokens, episode_values
+from training.trainer.logprobs import gather_logprobs, token_logprobs
 from training.trainer.policy import Policy
-from training.trainer.sampling import common_prefix_length, gather_logprobs, left_pad, position_ids, token_logprobs
+from training.trainer.sampling import common_prefix_length, left_pad, position_ids
 
 
 @dataclass

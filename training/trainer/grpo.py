@@ -41,6 +41,7 @@ from training.trainer.common import (
 )
 from training.trainer.config import GRPOConfig
 from training.trainer.items import Scorer, TurnItem, canary_items, grader_scorer
+from training.trainer.logprobs import token_logprobs
 from training.trainer.parallel import item_generators, item_seeds, rollout_seen
 from training.trainer.policy import Policy
 from training.trainer.run import (
@@ -53,7 +54,7 @@ from training.trainer.run import (
     trainer_setup,
     turn_monitors,
 )
-from training.trainer.sampling import Rollout, sample, token_logprobs
+from training.trainer.sampling import Rollout, sample
 from training.trainer.vllm_colocate import ColocatedRollouts, adapter_rank
 from training.trainer.vllm_rollout import VllmRollouts
 

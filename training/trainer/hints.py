@@ -19,7 +19,8 @@ from training.trainer import loss as L
 from training.trainer.common import PromptCache, group_rewards, micro_batches
 from training.trainer.config import GRPOConfig
 from training.trainer.items import Scorer, TurnItem, with_hint
-from training.trainer.sampling import Rollout, eos_ids, rollout_from_tokens, sample, token_logprobs
+from training.trainer.logprobs import token_logprobs
+from training.trainer.sampling import Rollout, eos_ids, rollout_from_tokens, sample
 
 
 @dataclass

@@ -191,7 +191,8 @@ class LocalGenerator:
     def generate(
         self, version: ModelVersion, *, messages: list[dict], tools: list[dict] | None, max_tokens: int
     ) -> Generated:
-        from training.trainer.sampling import encode_prompt, eos_ids, token_logprobs
+        from training.trainer.logprobs import token_logprobs
+        from training.trainer.sampling import encode_prompt, eos_ids
 
         torch = self._torch
         context, tokenizer, model = self._model(version)
@@ -236,7 +237,7 @@ class LocalGenerator:
     def token_logprobs(
         self, version: ModelVersion, *, prompt_token_ids: list[int], token_ids: list[int]
     ) -> list[float] | None:
-        from training.trainer.sampling import token_logprobs
+        from training.trainer.logprobs import token_logprobs
 
         if not token_ids:
             return None
