@@ -290,8 +290,19 @@ def measure_saved(shape: dict, *, layers: int = 2, batch: int = 1, seq: int = 64
     ids = torch.randint(0, shape["vocab"], (batch, seq))
     attention = torch.ones_like(ids)
     attention[0, :4] = 0
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        token_logprobs(net, ids, attention, keep=scored)
+    # The recipe's figures are for GPU jobs: transformers' own grouped-query attention, which
+    # under a mask copies the key/value heads out (and autograd keeps the copies), not the
+    # CPU jobs' `cpu_grouped_attention`, which keeps 2 · (heads - kv heads) · head_dim fewer
+    # values a token and layer.
+    import transformers.integrations.sdpa_attention as sdpa
+
+    installed = sdpa.use_gqa_in_sdpa
+    sdpa.use_gqa_in_sdpa = getattr(installed, "chosen", installed)
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            token_logprobs(net, ids, attention, keep=scored)
+    finally:
+        sdpa.use_gqa_in_sdpa = installed
     by = {}
     for place, nbytes in seen.values():
         by[place] = by.get(place, 0) + nbytes

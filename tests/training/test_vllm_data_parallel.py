@@ -38,8 +38,12 @@ def test_two_processes_sampling_from_one_server_train_what_one_process_trains(
     assert any(float(v.abs().max()) > 0 for n, v in reference.items() if "lora_B" in n)  # it trained
     adapter = _adapter(tmp_path / f"two-{sharding}")
     assert adapter.keys() == reference.keys()
+    # Sharded, each pass is a collective, so the job scores its rows in one pass; one process
+    # takes a group's prompt once (`shared_prompt_logprobs`). The same gradient up to float
+    # rounding, which Adam's steps carry to ~3e-5 on weights of ~0.1 after three steps.
+    tolerance = 1e-4 if sharding == "fsdp" else 1e-5
     for name, value in reference.items():
-        assert torch.allclose(adapter[name], value, atol=1e-5, rtol=0), name
+        assert torch.allclose(adapter[name], value, atol=tolerance, rtol=0), name
 
     # Rank 0 unloaded the job's last adapter when it ended (the server is the session's).
     served = httpx.get(f"{url}/models", timeout=10, headers=vllm_server.headers).json()["data"]

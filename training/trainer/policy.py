@@ -193,6 +193,7 @@ def cpu_grouped_attention() -> None:
         return chosen(attention_mask, key, value)
 
     use_gqa.cpu_grouped = True  # type: ignore[attr-defined]
+    use_gqa.chosen = chosen  # type: ignore[attr-defined]  # transformers' own, as a CUDA job runs
     sdpa.use_gqa_in_sdpa = use_gqa
 
 
