@@ -127,10 +127,13 @@ def test_worker_runs_cancels_and_resumes_a_killed_job(setup, tmp_path):
     assert any(m.startswith("resuming on second@") for m in logs)
     steps = sorted({e.step for e in job.events.filter(kind=JobEventKind.STEP)})
     assert steps == list(range(1, 15))
-    # After the restart the loop went on from the checkpoint, not from step 1.
+    # After the restart the loop went on from a checkpoint, not from step 1: the last one the
+    # job recorded, or one the killed worker wrote to disk after it and did not get to record
+    # (every 3 steps, at most the step it had reached).
     resumed = job.events.get(kind=JobEventKind.LOG, data__message__startswith="resuming on second@")
     first_after = job.events.filter(kind=JobEventKind.STEP, id__gt=resumed.id).order_by("id").first()
-    assert first_after.step == killed_at.checkpoint_step + 1
+    assert killed_at.checkpoint_step + 1 <= first_after.step <= killed_at.step + 1
+    assert (first_after.step - 1) % 3 == 0
 
     candidate = job.result_version
     assert candidate.status == ModelVersionStatus.CANDIDATE and candidate.parent == version
