@@ -199,17 +199,8 @@ RECIPES: dict[str, dict[str, Any]] = {
         "variants": 6,
         "variant_cases": "balanced",
     },
-    "bal6-near3": {
-        "focus": "decisions",
-        "steps": 150,
-        "learning_rate": 1e-3,
-        "first_token_weight": 32.0,
-        "validate_at": [50, 100, 150],
-        "variants": 6,
-        "variant_cases": "balanced",
-        "near_line_variants": 3,
-    },
 }
+RECIPES["bal6-near3"] = {**RECIPES["bal6"], "near_line_variants": 3}
 # Issue 39's words-only arm (A2) and its control (A3), bal6's settings with labels from a
 # policy note: the note the reader wrote from the comments on their own cases, or from the
 # comments each moved to another case (`scripts/note_probe.py`).
@@ -222,12 +213,7 @@ for _arm, _note, _prompt in (
     ("words-note-v2-shuffled", "shuffled", "policy-note/v2"),
 ):
     RECIPES[_arm] = {
-        "focus": "decisions",
-        "steps": 150,
-        "learning_rate": 1e-3,
-        "first_token_weight": 32.0,
-        "validate_at": [50, 100, 150],
-        "variants": 6,
+        **{k: v for k, v in RECIPES["bal6"].items() if k != "variant_cases"},
         "labels": "note",
         "note_arm": _note,
         "note_prompt": _prompt,
