@@ -90,7 +90,7 @@ BASE_RECIPE: dict[str, Any] = {
     "near_line_variants": 0,
     # Which of `_case`'s eight cases the `variants` copies are drawn from (all by default:
     # four refundable, so a delivered order is refundable in 4 copies of 6). "balanced":
-    # BALANCED_CASES, as many refusals of a delivered order as refunds.
+    # BALANCED_CASES, as many refusals of a delivered order as refunds; "past": PAST_CASES.
     "variant_cases": "all",
     # With focus "decisions": keep one in N first turns (the lookup) and one in N
     # confirmations after a refund; every decision turn (after the lookup) is kept.
@@ -201,6 +201,11 @@ RECIPES: dict[str, dict[str, Any]] = {
     },
 }
 RECIPES["bal6-near3"] = {**RECIPES["bal6"], "near_line_variants": 3}
+# 2026-12-06, third family (aimed at the 40s and 50s): bal6's copies drawn over
+# PAST_CASES, where a delivered copy is refundable or late as often, and the late ones are
+# 31-40, 41-60 and past 60 days old equally often; then the same with 10 copies.
+RECIPES["past6"] = {**RECIPES["bal6"], "variant_cases": "past"}
+RECIPES["past10"] = {**RECIPES["past6"], "variants": 10}
 # Issue 39's words-only arm (A2) and its control (A3), bal6's settings with labels from a
 # policy note: the note the reader wrote from the comments on their own cases, or from the
 # comments each moved to another case (`scripts/note_probe.py`).
@@ -222,6 +227,10 @@ NOTES = ROOT / "docs" / "experiments" / "2026-12-06-notes-from-words.jsonl"
 # `_case`'s cases: one refundable recent, one refundable near the line, one late near the
 # line, one long past, one shipping, one processing or refunded.
 BALANCED_CASES = (0, 3, 4, 5, 6, 7)
+# Three refundable (one recent, two 22-30 days old), three late (31-40, 41-60 through
+# `_case`'s kind 8, and 41-180, mostly past 60), one shipping, one processing or refunded.
+PAST_CASES = (0, 3, 3, 4, 8, 5, 6, 7)
+VARIANT_CASES = {"all": tuple(range(8)), "balanced": BALANCED_CASES, "past": PAST_CASES}
 
 
 def cpu_attention() -> None:
@@ -681,7 +690,7 @@ def train(recipe: dict[str, Any], *, seed: int, run_dir: Path, model: Path = MOD
             variants=recipe["variants"],
             near_line=recipe["near_line_variants"],
             rng=random.Random(f"variants-{seed}"),
-            cases=BALANCED_CASES if recipe["variant_cases"] == "balanced" else tuple(range(8)),
+            cases=VARIANT_CASES[recipe["variant_cases"]],
         )
     if recipe["focus"] == "decisions":
         # context length → keep one in N (first turn, decision, confirmation)

@@ -531,3 +531,16 @@ def test_decision_contexts_show_each_day_and_status_after_the_lookup_of_held_out
     assert rule_step(summary["series"]["candidate"], REFUND_WINDOW_DAYS) == (1.0, 1.0)
     assert summary["series"]["live"][0] == [0, 1.0, 2] and summary["rule"] == {"threshold": 30, "status": "delivered"}
     assert desk.decision_contexts(tasks=[t for t in tasks if not t.hidden["graded"]], per_point=2) == []
+
+
+def test_copies_drawn_from_the_extra_case_are_delivered_41_to_60_days_ago_and_refused():
+    # Kind 8 exists for counterfactual copies: the ages past the line that kind 5 (mostly
+    # past two months) seldom shows. Training's day counts only, and every copy refused.
+    desk = SupportDesk()
+    task = refund_task(desk, allowed=True)
+    decision = next(t for t in oracle_turns(task=task, env=desk) if t["messages"][-1]["role"] == "tool")
+    variants = counterfactual_turns(task=task, messages=decision["messages"], count=30, rng=random.Random(5), cases=(8,))
+    ages = {json.loads(v["messages"][-1]["content"])["delivered_days_ago"] for v in variants}
+    assert ages and all(41 <= d <= 60 and d in DAY_VALUES["train"] for d in ages)
+    assert len(ages) > 3
+    assert all(json.loads(v["reference"]) == [{"reply": True}] for v in variants)

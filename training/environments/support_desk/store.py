@@ -272,7 +272,11 @@ def _case(rng: random.Random, kind: int, split: str) -> tuple[str, int | None, b
     """(status, days since delivery, already refunded) for the `kind`-th case of eight:
     four refundable (one of them close to the line), four not (two of those just past it
     or long past it, one shipping, one processing or already refunded); the days drawn
-    from `split`'s own day counts (`DAY_VALUES`)."""
+    from `split`'s own day counts (`DAY_VALUES`). Kind 8 is for counterfactual copies only
+    (a store's orders cycle through the first eight): delivered 41-60 days ago, the ages
+    that kind 5 shows seldom, its range being mostly past two months."""
+    if kind == 8:
+        return "delivered", _days(rng, REFUND_WINDOW_DAYS + 11, 60, split), False
     if kind in (0, 1, 2):
         return "delivered", _days(rng, 0, REFUND_WINDOW_DAYS - 9, split), False
     if kind == 3:
