@@ -1,0 +1,121 @@
+"""Operators' comments → a training set: the base's training-split episodes stored as traces,
+the simulated lead's comments on them through the comment service, the set built from the
+comments and the check that it carries words only; and the oracle reward, looked up beside
+the items rather than in them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from desk import log
+from desk.harness import Harness
+
+from comments.options import Options
+
+
+class OracleLeak(RuntimeError):
+    """A comments-only training set carries something only the hidden policy knows."""
+
+
+def comments_set(*, harness: Harness, seed: int, options: Options) -> dict[str, Any]:
+    """Steps 1 to 3 for one seed: the base's training episodes as traces, the simulated lead's
+    comments on them through the comment service, and the set built from the comments.
+    Returns the set, its deployment, the review's counts and the episodes' outcome."""
+    from feedback.demo.operator import simulated_operator_review
+    from feedback.models import Trace
+    from training.environments.support_desk import SupportDesk, tasks_sample
+    from training.services.episodes import episodes_record
+    from training.services.feedback_sets import training_set_from_feedback
+    from training.serving.models import Deployment
+
+    tasks = tasks_sample(split="train", count=options.train_episodes, seed=20_000 + seed, graded_share=1.0)
+    log(f"seed {seed}: the base plays {len(tasks)} training-split episodes for the lead to review")
+    played = harness.episodes(tasks, seed=seed * 1_000 + 500)
+    deployment, _ = Deployment.objects.get_or_create(
+        name=f"lfc-{options.run}-seed{seed}",
+        defaults={"description": "learn-from-comments: the base's training-split episodes, for the simulated lead"},
+    )
+    results = episodes_record(
+        deployment=deployment,
+        environment=SupportDesk.name,
+        episodes=played,
+        model_version="base",
+        job_id=None,
+        step=0,
+        phase=f"train-seed{seed}",
+    )
+    failed = [r for r in results if r.status == "error"]
+    if failed:
+        raise RuntimeError(f"{len(failed)} episodes were not recorded: {failed[0].errors}")
+    counts = simulated_operator_review(
+        traces=Trace.objects.filter(deployment=deployment),
+        seed=seed,
+        vague_rate=options.vague_rate,
+        wrong_rate=options.wrong_rate,
+    )
+    training_set = training_set_from_feedback(
+        name=f"lfc-{options.run}-seed{seed}",
+        filters={"comment": "yes"},
+        deployment=deployment,
+        heldout_fraction=0.0,
+        description="the simulated lead's comments on the base's failed training-split episodes",
+    )
+    words_only_check(training_set)
+    return {
+        "training_set": training_set,
+        "deployment": deployment,
+        "review": dict(counts),
+        "episodes": len(played),
+        "successes": sum(e.reward >= 1.0 for e in played),
+    }
+
+
+def words_only_check(training_set) -> None:
+    """Refuse a comments set that carries anything the hidden policy knows: every item must
+    have a comment by the simulated lead and no corrected response, reference answer,
+    grader or judgement (which, without a judge, could only come from `turn_target`)."""
+    from feedback.demo.operator import SIMULATED_OPERATOR
+
+    problems = []
+    for row in training_set.items.all():
+        found = [
+            name
+            for name, value in (
+                ("corrected_response", row.corrected_response),
+                ("reference", row.reference),
+                ("grader", row.grader),
+                ("rubric", row.rubric),
+            )
+            if value
+        ]
+        if not row.feedback.strip():
+            found.append("no comment")
+        if row.provenance.get("comment_authors") != [SIMULATED_OPERATOR]:
+            found.append(f"comments by {row.provenance.get('comment_authors')}")
+        if found:
+            problems.append(f"{row.key}: {', '.join(found)}")
+    if problems:
+        raise OracleLeak(f"{len(problems)} items carry more than the lead's words: {problems[:3]}")
+
+
+def item_tasks(training_set) -> dict[str, Any]:
+    """Each item's support-desk task, read from its trace's metadata. Kept apart from the
+    items: only the oracle reward reads it, never the training set."""
+    from training.environments.support_desk import SupportDesk
+
+    tasks = {t.id: t for t in SupportDesk().tasks()}
+    rows = training_set.items.select_related("trace").only("key", "trace__metadata")
+    return {row.key: tasks[row.trace.metadata["task_id"]] for row in rows}
+
+
+def oracle_reward(task_of: dict[str, Any]):
+    """The ORACLE scorer: the `tool_action` grade of each candidate turn against the
+    actions the hidden policy accepts at that point (`turn_reference`)."""
+    from training.environments.support_desk import turn_reference
+    from training.trainer.graders import grade
+
+    def score(item, candidates: list[str]) -> list[float]:
+        reference = turn_reference(task=task_of[item.id], messages=item.messages) or ""
+        return [grade("tool_action", c, reference) for c in candidates]
+
+    return score

@@ -1,0 +1,134 @@
+"""The judge arm's judge: its endpoint for a run (a local vLLM server or a URL), and its
+corrections of the commented turns through the product's judging path."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import Any
+
+from desk import log
+
+from comments.comment_set import item_tasks
+from comments.options import EXPERIMENTER, Options
+
+
+class JudgeServer:
+    """The judge endpoint for a run: a vLLM server of `options.judge` started once (and
+    stopped at the end), or the endpoint `options.judge_url` names."""
+
+    def __init__(self, options: Options):
+        self.options = options
+        self.server = None
+        self.failed = ""
+        self.url, self.model, self.key = options.judge_url, options.judge_model, options.judge_key
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.options.judge_url or self.options.judge)
+
+    def __enter__(self) -> JudgeServer:
+        if self.options.judge and not self.options.judge_url:
+            from training.inference.server import InferenceServer, ServerFailed, ServerSpec
+
+            spec = ServerSpec(
+                model_path=str(self.options.judge), served_name="judge", port=8071, max_model_len=4096, kv_cache_gib=2
+            )
+            self.server = InferenceServer(spec, log_path=self.options.out / "judge-server.log")
+            log(f"starting the judge {self.options.judge} on {spec.url}")
+            try:
+                self.server.start_ready(timeout=900)
+            except ServerFailed as exc:  # the arm is skipped and says why; the others run
+                self.failed = str(exc)[-500:]
+                return self
+            self.url, self.model, self.key = f"{spec.url}/v1", "judge", spec.api_key
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+
+def judge_corrections(*, comments: dict[str, Any], seed: int, options: Options, judge: JudgeServer):
+    """Every commented turn of the seed's comments set judged through the product's path
+    (`judge_request` + `judge_run`, the deployment's own judge endpoint), then the set
+    rebuilt from feedback so that each item carries the judge's corrected response.
+    Returns (the set, the judge's figures)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.conf import settings
+    from django.contrib.auth import get_user_model
+    from django.db import connection
+    from django.test import override_settings
+
+    from feedback.models import DeploymentJudge, JudgeResult, JudgeTrigger, Message
+    from feedback.services.judging import judge_request, judge_run
+    from training.environments.support_desk import turn_reference
+    from training.services.feedback_sets import training_set_from_feedback
+    from training.trainer.graders import grade
+
+    deployment = comments["deployment"]
+    variable = re.sub(r"[^A-Z0-9_]", "_", f"PRACTICUM_JUDGE_KEY_LFC_{options.run.upper()}_{seed}")
+    os.environ[variable] = judge.key
+    DeploymentJudge.objects.update_or_create(
+        deployment=deployment, defaults={"base_url": judge.url, "model": judge.model, "api_key_env": variable}
+    )
+    turns = Message.objects.filter(pk__in=comments["training_set"].items.values("message_id"))
+    pending = [judge_request(message=m, trigger=JudgeTrigger.COMMENT, enqueue=False) for m in turns]
+
+    # A local judge on a CPU answers in minutes, not seconds; the order-swap check would
+    # double the calls and measures the judge, which the record does by the oracle instead.
+    patient = override_settings(
+        JUDGE_TIMEOUT_S=max(settings.JUDGE_TIMEOUT_S, 900.0),
+        JUDGE_DEADLINE_S=max(settings.JUDGE_DEADLINE_S, 2700.0),
+        JUDGE_SWAP_CHECK_RATE=0.0,
+    )
+    started = time.time()
+    with patient:
+        if options.judge_concurrency <= 1:
+            for result in pending:
+                judge_run(result=result)
+        else:
+
+            def run_one(result) -> None:
+                try:
+                    judge_run(result=result)
+                finally:
+                    connection.close()  # this thread's own connection
+
+            with ThreadPoolExecutor(options.judge_concurrency) as pool:
+                list(pool.map(run_one, pending))
+    seconds = round(time.time() - started, 1)
+    experimenter, _ = get_user_model().objects.get_or_create(username=EXPERIMENTER, defaults={"is_active": False})
+    training_set = training_set_from_feedback(
+        name=f"lfc-{options.run}-seed{seed}-judge",
+        filters={"comment": "yes"},
+        deployment=deployment,
+        heldout_fraction=0.0,
+        user=experimenter,
+        judge_gate_override_reason=(
+            "learn-from-comments judge arm: the local judge's agreement with people is not measured; "
+            "each correction's oracle grade is kept in the run's record"
+        ),
+        description="the simulated lead's comments, turned into corrected responses by the judge",
+    )
+    task_of = item_tasks(training_set)
+    graded = []
+    for row in training_set.items.all():
+        if row.corrected_response:
+            reference = turn_reference(task=task_of[row.key], messages=row.messages) or ""
+            graded.append(grade("tool_action", row.corrected_response, reference))
+    results = JudgeResult.objects.filter(pk__in=[r.pk for r in pending])
+    figures = {
+        "judged": len(pending),
+        "succeeded": results.filter(status="succeeded").count(),
+        "failed": results.filter(status="failed").count(),
+        "corrections": len(graded),
+        # A measurement of the judge only (never used in training): the share of its
+        # corrections the hidden policy accepts.
+        "corrections_right_by_oracle": round(sum(graded) / len(graded), 3) if graded else None,
+        "judge": str(options.judge or options.judge_url),
+        "judge_seconds": seconds,
+    }
+    return training_set, figures

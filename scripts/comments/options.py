@@ -1,0 +1,64 @@
+"""A run's settings (`Options`), the arms it trains and the names its record uses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from desk.harness import MODEL
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+OUT = ROOT / "var" / "learn-from-comments"
+ARMS = ("distill", "hinted-grpo", "judge-sft", "oracle-sft")
+JUDGE_DIR = ROOT / "var" / "judges" / "qwen2.5-coder-1.5b-instruct"  # `make local-judge`
+EXPERIMENTER = "learn-from-comments"  # the account that answers for the judge gate's override
+HINT_FIGURES = (
+    "zero_variance_groups",
+    "hinted_groups",
+    "hinted_groups_with_variance",
+    "hint_reward_mean",
+    "hint_weight_mean",
+    "hint_truncated_share",
+)
+ORACLE_RECIPE = "decisions-weighted-32-cf3"
+GRPO_REWARDS = {
+    "oracle": "ORACLE: the support desk's tool_action grade of each sampled turn against the actions "
+    "the hidden refund policy accepts (turn_reference)",
+    "judge": "the judge's score_candidates of each group under the operator's comment as the rubric",
+}
+
+
+@dataclass
+class Options:
+    """One run's sizes and settings (the command line's, or a test's)."""
+
+    model: Path = MODEL
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    arms: tuple[str, ...] = ARMS
+    train_episodes: int = 48
+    test_episodes: int = 48
+    validate_episodes: int = 16
+    fresh_seeds: list[int] = field(default_factory=lambda: [3])
+    steps: int = 40
+    validate_at: list[int] = field(default_factory=lambda: [20, 40])
+    oracle_steps: int = 75  # the recipe's first checkpoint; 150 steps took 50 min a seed
+    learning_rate: float = 5e-4
+    lora_rank: int = 16
+    trainable_layers: int = 6
+    prompts_per_step: int = 4
+    max_new_tokens: int = 48
+    group_size: int = 4
+    hint_samples: int = 4
+    hint_cap: float = 3.0
+    distill_samples: int = 2
+    hint_at: str = "system"  # where the teacher / hinted samples read the comment: "system" or "last"
+    grpo_reward: str = "oracle"
+    judge: Path | None = None  # an HF folder served by vLLM as the judge
+    judge_url: str = ""  # or an OpenAI-compatible endpoint (…/v1)
+    judge_model: str = ""
+    judge_key: str = ""
+    judge_concurrency: int = 8
+    vague_rate: float | None = None  # None: the simulated lead's own defaults
+    wrong_rate: float | None = None
+    out: Path = OUT
+    run: str = ""

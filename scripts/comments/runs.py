@@ -1,0 +1,127 @@
+"""A run: every seed's comments, arms and measurements, each appended to the runs' record;
+and the record's tables."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from desk import log
+from desk.harness import Harness, load_base
+from desk.measure import eval_tasks, measure, slim
+from desk.summary import summary_print
+
+from comments.arms import arm_train
+from comments.comment_set import comments_set
+from comments.judge import JudgeServer
+from comments.options import Options
+
+
+def append(options: Options, record: dict[str, Any]) -> None:
+    options.out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    with (options.out / "runs.jsonl").open("a") as f:
+        f.write(json.dumps({"run": options.run, "at": stamp, **record}, default=str) + "\n")
+
+
+def comments_log(options: Options, seed: int, comments: dict[str, Any]) -> None:
+    training_set = comments["training_set"]
+    append(
+        options,
+        {
+            "kind": "comments",
+            "seed": seed,
+            "training_set": str(training_set),
+            "items": training_set.item_count,
+            "review": comments["review"],
+            "episodes": comments["episodes"],
+            "successes": comments["successes"],
+        },
+    )
+
+
+def slices(options: Options) -> list[tuple[str, int | None]]:
+    return [("test", None), *(("fresh", f) for f in options.fresh_seeds)]
+
+
+def measures(harness: Harness, *, seed: int, options: Options, label: str) -> dict[str, Any]:
+    """The test split and each fresh slice, played once each with the seed's sampling seeds."""
+    out = {}
+    for split, fresh in slices(options):
+        tasks = eval_tasks(split=split, episodes=options.test_episodes, seed=seed, fresh_seed=fresh)
+        key = split if fresh is None else f"fresh-{fresh}"
+        out[key] = measure(harness, tasks, seed=seed, label=f"{label} {key} seed {seed}")
+        log(f"{label} {key} seed {seed}: {json.dumps(slim(out[key]))}")
+    return out
+
+
+def run(options: Options) -> None:
+    """Every seed of `options`: comments, arms, measurements; each record appended."""
+    options.run = options.run or time.strftime("%Y%m%d-%H%M%S")
+    base_model, tokenizer = load_base(options.model)
+    base = Harness(base_model, tokenizer)
+    judge = JudgeServer(options) if "judge-sft" in options.arms else None
+    with judge or contextlib.nullcontext():
+        _run_seeds(options, base, judge)
+
+
+def _run_seeds(options: Options, base, judge: JudgeServer | None) -> None:
+    for seed in options.seeds:
+        random.seed(seed)
+        comments = comments_set(harness=base, seed=seed, options=options)
+        training_set = comments["training_set"]
+        log(f"seed {seed}: {comments['review']} on {comments['episodes']} episodes → {training_set}")
+        comments_log(options, seed, comments)
+        for key, result in measures(base, seed=seed, options=options, label="base").items():
+            split, _, fresh = key.partition("-")
+            append(
+                options,
+                {
+                    "kind": "base",
+                    "seed": seed,
+                    "split": split,
+                    "fresh_seed": int(fresh) if fresh else None,
+                    "measure": result,
+                },
+            )
+        for arm in options.arms:
+            run_dir = options.out / "runs" / f"{options.run}-{arm}-seed{seed}"
+            log(f"{arm} seed {seed}: training")
+            policy, info = arm_train(arm, comments=comments, seed=seed, options=options, run_dir=run_dir, judge=judge)
+            if policy is None:
+                log(f"{arm} seed {seed} skipped: {info}")
+                append(options, {"kind": "skipped", "recipe": arm, "seed": seed, "reason": info})
+                continue
+            harness = Harness(policy.model, policy.tokenizer)
+            found = measures(harness, seed=seed, options=options, label=arm)
+            append(options, {"kind": "candidate", "recipe": arm, "seed": seed, "train": info, "measures": found})
+            del policy, harness
+
+
+def summary(path: Path, run_id: str = "") -> None:
+    """The run's tables (the latest run in `path` unless `run_id` is given)."""
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    if not records:
+        print(f"no runs in {path}")
+        return
+    run_id = run_id or records[-1]["run"]
+    records = [r for r in records if r.get("run") == run_id]
+    print(f"Run {run_id}.\n")
+    print("Comments (the simulated lead on the base's training-split episodes):\n")
+    for r in records:
+        if r["kind"] == "comments":
+            print(
+                f"  seed {r['seed']}: {r['successes']}/{r['episodes']} episodes succeeded; "
+                f"comments {r['review']}; {r['items']} items in {r['training_set']}"
+            )
+    for r in records:
+        if r["kind"] == "candidate" and "reward" in r["train"]:
+            print(f"\n  {r['recipe']} seed {r['seed']}: reward = {r['train']['reward']}")
+        if r["kind"] == "skipped":
+            print(f"\n  {r['recipe']} seed {r['seed']} skipped: {r['reason']}")
+    print()
+    summary_print([r for r in records if r["kind"] in ("base", "candidate")])
