@@ -539,7 +539,9 @@ def test_copies_drawn_from_the_extra_case_are_delivered_41_to_60_days_ago_and_re
     desk = SupportDesk()
     task = refund_task(desk, allowed=True)
     decision = next(t for t in oracle_turns(task=task, env=desk) if t["messages"][-1]["role"] == "tool")
-    variants = counterfactual_turns(task=task, messages=decision["messages"], count=30, rng=random.Random(5), cases=(8,))
+    variants = counterfactual_turns(
+        task=task, messages=decision["messages"], count=30, rng=random.Random(5), cases=(8,)
+    )
     ages = {json.loads(v["messages"][-1]["content"])["delivered_days_ago"] for v in variants}
     assert ages and all(41 <= d <= 60 and d in DAY_VALUES["train"] for d in ages)
     assert len(ages) > 3
