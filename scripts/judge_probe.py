@@ -21,6 +21,7 @@ any OpenAI-compatible endpoint (`--judge-url`, `--judge-model`, `--judge-key`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -115,28 +116,31 @@ def main(argv: list[str] | None = None) -> int:
 
     from concurrent.futures import ThreadPoolExecutor
 
+    from served_judge import served_judge  # scripts/, this script's own folder
+
     from feedback.judge.client import JudgeEndpoint
     from feedback.judge.prompts import CURRENT_TURN
     from training.environments.support_desk import SupportDesk, tasks_sample
-    from training.inference.server import InferenceServer, ServerSpec
 
-    server = None
     if args.judge_url:
-        endpoint = JudgeEndpoint(base_url=args.judge_url, model=args.judge_model, api_key=args.judge_key)
+        judge = contextlib.nullcontext(
+            JudgeEndpoint(base_url=args.judge_url, model=args.judge_model, api_key=args.judge_key)
+        )
     else:
         if args.model is None:
             p.error("give --model (an HF folder) or --judge-url")
-        spec = ServerSpec(
-            model_path=str(args.model), served_name="judge", port=args.port, max_model_len=4096, kv_cache_gib=2
+        judge = served_judge(
+            args.model,
+            served_name="judge",
+            port=args.port,
+            max_model_len=4096,
+            log_path=ROOT / "var" / "judge-probe-server.log",
+            start_timeout=900,
+            timeout_s=600,
+            deadline_s=1800,
         )
-        server = InferenceServer(spec, log_path=ROOT / "var" / "judge-probe-server.log")
-        print(f"starting vLLM for {args.model} on {spec.url} …", flush=True)
-        server.start_ready(timeout=900)
-        endpoint = JudgeEndpoint(
-            base_url=f"{spec.url}/v1", model="judge", api_key=spec.api_key, timeout_s=600, deadline_s=1800
-        )
-    run = args.run or time.strftime("%Y%m%d-%H%M%S")
-    try:
+    with judge as endpoint:
+        run = args.run or time.strftime("%Y%m%d-%H%M%S")
         env = SupportDesk()
         tasks = tasks_sample(split="train", count=args.turns, seed=7 + args.seed, graded_share=1.0)
         jobs = [(task, ("id", "decision")[i % 2], args.seed * 100_003 + i) for i, task in enumerate(tasks)]
@@ -144,9 +148,6 @@ def main(argv: list[str] | None = None) -> int:
         with ThreadPoolExecutor(args.concurrency) as pool:
             found = list(pool.map(lambda job: _judge_one(*job, env=env, endpoint=endpoint), jobs))
         rows = [r for r in found if r is not None]
-    finally:
-        if server is not None:
-            server.stop()
     args.log.parent.mkdir(parents=True, exist_ok=True)
     with args.log.open("a") as f:
         for row in rows:

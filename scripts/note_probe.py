@@ -110,70 +110,67 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
     django.setup()
-    from feedback.judge.client import JudgeCallFailed, JudgeEndpoint
+    from served_judge import served_judge  # scripts/, this script's own folder
+
+    from feedback.judge.client import JudgeCallFailed
     from feedback.judge.policy_notes import propose_note
     from feedback.judge.prompts import CURRENT_POLICY_NOTE
     from training.environments.comment_bank import bank_cases
     from training.environments.support_desk import SupportDesk
-    from training.inference.server import InferenceServer, ServerSpec
 
     if not (args.model / "config.json").exists():
         raise SystemExit(f"no model folder at {args.model}: run `make local-judge` first")
     desk = SupportDesk()
     train = desk.decision_contexts(tasks=desk.tasks_for(split="train", graded=True), per_point=1)
     points = desk.decision_contexts(tasks=desk.tasks_for(split="validation", graded=True), per_point=1)
-    spec = ServerSpec(
-        model_path=str(args.model), served_name="reader", port=args.port, max_model_len=8192, kv_cache_gib=2
-    )
-    server = InferenceServer(spec, log_path=ROOT / "var" / "note-probe-server.log")
-    print(f"starting vLLM for {args.model} on {spec.url} …", flush=True)
-    server.start_ready(timeout=1200)
-    endpoint = JudgeEndpoint(
-        base_url=f"{spec.url}/v1",
-        model="reader",
-        api_key=spec.api_key,
+    rows = []
+    with served_judge(
+        args.model,
+        served_name="reader",
+        port=args.port,
+        max_model_len=8192,
+        log_path=ROOT / "var" / "note-probe-server.log",
+        start_timeout=1200,
         timeout_s=900,
         deadline_s=2400,
         max_tokens=args.max_tokens,
-    )
-    rows = []
-    try:
-        for seed in args.seeds:
-            cases = bank_cases(contexts=train, seed=seed)
-            for arm in args.arms:
-                items = items_for(cases, arm, random.Random(f"{arm}-{seed}"))
-                started = time.monotonic()
-                rule, text, error = None, "", ""
-                try:
-                    answer = propose_note(items=items, endpoint=endpoint)
-                    rule, text = answer.value.rule, answer.value.text
-                except JudgeCallFailed as exc:
-                    error = str(exc)[:300]
-                row = {
-                    "reader": args.model.name,
-                    "prompt": CURRENT_POLICY_NOTE.version,
-                    "seed": seed,
-                    "arm": arm,
-                    "comments": len(items),
-                    "text": text,
-                    "rule": rule.as_dict() if rule else None,
-                    "rule_text": rule.text() if rule else "",
-                    "error": error,
-                    "seconds": round(time.monotonic() - started, 1),
-                    **score(rule, points),
-                }
-                rows.append(row)
-                print(
-                    f"seed {seed} {arm:18} {row['comments']:2} comments  agree {row['agree']}/{row['points']} "
-                    f"(covered {row['covered']})  {row['rule_text'] or '(no rule)'}  {error}",
-                    flush=True,
-                )
-    finally:
-        server.stop()
-        args.log.parent.mkdir(parents=True, exist_ok=True)
-        with args.log.open("a") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
+    ) as endpoint:
+        try:
+            for seed in args.seeds:
+                cases = bank_cases(contexts=train, seed=seed)
+                for arm in args.arms:
+                    items = items_for(cases, arm, random.Random(f"{arm}-{seed}"))
+                    started = time.monotonic()
+                    rule, text, error = None, "", ""
+                    try:
+                        answer = propose_note(items=items, endpoint=endpoint)
+                        rule, text = answer.value.rule, answer.value.text
+                    except JudgeCallFailed as exc:
+                        error = str(exc)[:300]
+                    row = {
+                        "reader": args.model.name,
+                        "prompt": CURRENT_POLICY_NOTE.version,
+                        "seed": seed,
+                        "arm": arm,
+                        "comments": len(items),
+                        "text": text,
+                        "rule": rule.as_dict() if rule else None,
+                        "rule_text": rule.text() if rule else "",
+                        "error": error,
+                        "seconds": round(time.monotonic() - started, 1),
+                        **score(rule, points),
+                    }
+                    rows.append(row)
+                    print(
+                        f"seed {seed} {arm:18} {row['comments']:2} comments  agree {row['agree']}/{row['points']} "
+                        f"(covered {row['covered']})  {row['rule_text'] or '(no rule)'}  {error}",
+                        flush=True,
+                    )
+        finally:
+            args.log.parent.mkdir(parents=True, exist_ok=True)
+            with args.log.open("a") as f:
+                for row in rows:
+                    f.write(json.dumps(row) + "\n")
     print("\n| arm | seeds | rule agrees with the policy at every point | mean agreement |")
     print("|---|---|---|---|")
     for arm in args.arms:

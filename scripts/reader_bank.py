@@ -20,6 +20,7 @@ do not say it). Nothing is trained.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -103,15 +104,17 @@ def main(argv: list[str] | None = None) -> int:
 
     from concurrent.futures import ThreadPoolExecutor
 
+    from served_judge import served_judge  # scripts/, this script's own folder
+
     from feedback.judge.client import JudgeEndpoint
     from training.environments.comment_bank import bank_cases
     from training.environments.support_desk import SupportDesk
-    from training.inference.server import InferenceServer, ServerSpec
 
-    server = None
     if args.judge_url:
-        endpoint = JudgeEndpoint(
-            base_url=args.judge_url, model=args.judge_model, api_key=args.judge_key, correction_mode="actions"
+        judge = contextlib.nullcontext(
+            JudgeEndpoint(
+                base_url=args.judge_url, model=args.judge_model, api_key=args.judge_key, correction_mode="actions"
+            )
         )
         reader = args.judge_model
     else:
@@ -120,32 +123,26 @@ def main(argv: list[str] | None = None) -> int:
             from training.modelprep import smollm2_prepare
 
             model = smollm2_prepare(ROOT / "var" / "models" / "smollm2-135m-instruct")
-        spec = ServerSpec(
-            model_path=str(model), served_name="reader", port=args.port, max_model_len=4096, kv_cache_gib=2
-        )
-        server = InferenceServer(spec, log_path=ROOT / "var" / "reader-bank-server.log")
-        print(f"starting vLLM for {model} on {spec.url} …", flush=True)
-        server.start_ready(timeout=900)
-        endpoint = JudgeEndpoint(
-            base_url=f"{spec.url}/v1",
-            model="reader",
-            api_key=spec.api_key,
+        judge = served_judge(
+            model,
+            served_name="reader",
+            port=args.port,
+            max_model_len=4096,
+            log_path=ROOT / "var" / "reader-bank-server.log",
+            start_timeout=900,
             timeout_s=600,
             deadline_s=1800,
             max_tokens=400,
             correction_mode="actions",
         )
         reader = model.name
-    desk = SupportDesk()
-    contexts = desk.decision_contexts(tasks=desk.tasks_for(split=args.split, graded=True), per_point=1)
-    cases = bank_cases(contexts=contexts, seed=args.seed)
-    started = time.monotonic()
-    try:
+    with judge as endpoint:
+        desk = SupportDesk()
+        contexts = desk.decision_contexts(tasks=desk.tasks_for(split=args.split, graded=True), per_point=1)
+        cases = bank_cases(contexts=contexts, seed=args.seed)
+        started = time.monotonic()
         with ThreadPoolExecutor(args.concurrency) as pool:
             rows = list(pool.map(lambda case: read_one(case, endpoint=endpoint), cases))
-    finally:
-        if server is not None:
-            server.stop()
     args.log.parent.mkdir(parents=True, exist_ok=True)
     with args.log.open("a") as f:
         for row in rows:
