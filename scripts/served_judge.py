@@ -3,9 +3,10 @@ product's inference server (`training.inference.server`, vLLM on a loopback port
 of its own), reached through the product's judge client (`feedback.judge.client`), and
 stopped when the run is done.
 
-The probes and experiments that measure a reader or a judge (`judge_probe.py`,
-`reader_bank.py`, `note_probe.py`, `learn_from_comments.py`) start it the same way; only
-the names, the ports, the context length and the endpoint's limits differ.
+The probes and experiments that measure a reader or a judge start it the same way
+(`judge_probe.py`, `reader_bank.py`, `note_probe.py`, and the judge arm of
+`learn_from_comments.py` in `comments/judge.py`); only the names, the ports, the context
+length and the endpoint's limits differ.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ corrections of the commented turns through the product's judging path."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
@@ -20,7 +21,7 @@ class JudgeServer:
 
     def __init__(self, options: Options):
         self.options = options
-        self.server = None
+        self.served = contextlib.ExitStack()
         self.failed = ""
         self.url, self.model, self.key = options.judge_url, options.judge_model, options.judge_key
 
@@ -30,24 +31,30 @@ class JudgeServer:
 
     def __enter__(self) -> JudgeServer:
         if self.options.judge and not self.options.judge_url:
-            from training.inference.server import InferenceServer, ServerFailed, ServerSpec
+            from served_judge import served_judge
 
-            spec = ServerSpec(
-                model_path=str(self.options.judge), served_name="judge", port=8071, max_model_len=4096, kv_cache_gib=2
-            )
-            self.server = InferenceServer(spec, log_path=self.options.out / "judge-server.log")
-            log(f"starting the judge {self.options.judge} on {spec.url}")
+            from training.inference.server import ServerFailed
+
             try:
-                self.server.start_ready(timeout=900)
+                endpoint = self.served.enter_context(
+                    served_judge(
+                        self.options.judge,
+                        served_name="judge",
+                        port=8071,
+                        max_model_len=4096,
+                        log_path=self.options.out / "judge-server.log",
+                        start_timeout=900,
+                        announce=lambda url: log(f"starting the judge {self.options.judge} on {url}"),
+                    )
+                )
             except ServerFailed as exc:  # the arm is skipped and says why; the others run
                 self.failed = str(exc)[-500:]
                 return self
-            self.url, self.model, self.key = f"{spec.url}/v1", "judge", spec.api_key
+            self.url, self.model, self.key = endpoint.base_url, endpoint.model, endpoint.api_key
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.server is not None:
-            self.server.stop()
+        self.served.close()
 
 
 def judge_corrections(*, comments: dict[str, Any], seed: int, options: Options, judge: JudgeServer):
