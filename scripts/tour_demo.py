@@ -52,7 +52,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+
+# The parts (scripts/tour/) after the environment above: what they import inside their
+# functions (Django) then finds it set.
+from tour.jobs import job_configs  # noqa: E402
+from tour.summary import outcome, per_seed_from_results, summary_lines  # noqa: E402
+
+# What the tests read from here.
+__all__ = ["per_seed_from_results", "summary_lines"]
 
 
 def free_port() -> int:
@@ -74,100 +83,6 @@ def wait_http(url: str, timeout: float = 60.0) -> None:
         if time.monotonic() > deadline:
             raise RuntimeError(f"{url} did not answer within {timeout:.0f} s")
         time.sleep(0.5)
-
-
-def outcome(run) -> dict:
-    """A run's graded figures: success, collateral-change and policy-violation rates with
-    their counts, and each graded episode's task, kind, success and violations."""
-    graded = [ep for ep in run.episodes if ep.reward is not None]
-    done = [ep for ep in run.episodes if ep.end != "error"]
-    return {
-        "episodes": len(run.episodes),
-        "graded": len(graded),
-        "successes": sum(1 for ep in graded if ep.success),
-        "success_rate": run.success_rate,
-        "collateral": sum(1 for ep in done if ep.collateral_changes),
-        "collateral_rate": run.collateral_rate,
-        "violations": sum(1 for ep in done if ep.policy_violations),
-        "violation_rate": run.violation_rate,
-        "unknown_id_episodes": sum(1 for ep in done if ep.unknown_ids),
-        # Per graded episode, in task order: a base and a candidate of one seed play the same
-        # tasks with the same sampling seeds, so these pair up episode by episode.
-        "per_episode": [
-            {
-                "index": ep.trace_id.rsplit("-", 1)[-1],
-                "task": ep.task_id,
-                "kind": ep.kind,
-                "success": bool(ep.success),
-                "violations": ep.policy_violations,
-            }
-            for ep in graded
-        ],
-    }
-
-
-def _count(cell: list[int]) -> str:
-    return f"{cell[0]}/{cell[1]}" if cell[1] else "-"
-
-
-def summary_lines(per_seed: list[dict], slices: list[str]) -> list[str]:
-    """Per slice, base and candidate over the seeds: success, collateral changes and policy
-    violations (mean with its t interval over seeds), the gain with its task-bootstrap
-    interval (tasks stratified by kind, and seeds), and successes and violations per kind."""
-    from training.environments.support_desk import KINDS
-    from training.promotion.evaluation.paired_runs import slice_summaries
-    from training.promotion.evaluation.seeds import interval_format as _text
-
-    lines = []
-    for s in slice_summaries(per_seed, slices, labels=KINDS):
-        lines.append(
-            f"{s.slice} ({s.seeds} seeds, {s.episodes} graded episodes each; mean [95 % interval]):\n"
-            f"  success             base {_text(s.base_success, s.seeds)}  "
-            f"candidate {_text(s.candidate_success, s.seeds)}  gain {_text(s.gain, s.seeds)} (t over seeds)"
-            + (
-                f"\n  collateral changes  base {_text(s.base_collateral, s.seeds)}  "
-                f"candidate {_text(s.candidate_collateral, s.seeds)}"
-                if s.base_collateral is not None and s.candidate_collateral is not None
-                else ""
-            )
-            + (
-                f"\n  policy violations   base {_text(s.base_violations, s.seeds)}  "
-                f"candidate {_text(s.candidate_violations, s.seeds)}"
-                if s.base_violations is not None and s.candidate_violations is not None
-                else ""
-            )
-        )
-        if s.task_gain is not None:
-            lines.append(f"  gain {s.task_gain.text()}")
-        if s.by_kind:
-            lines.append("  by kind, every seed (successes base → candidate; policy violations base → candidate):")
-            width = max(len(row["label"]) for row in s.by_kind.values())
-            for row in s.by_kind.values():
-                lines.append(
-                    f"    {row['label']:<{width}}  {_count(row['base']):>7} → {_count(row['candidate']):<7}  "
-                    f"violations {_count(row['base_violations'])} → {_count(row['candidate_violations'])}"
-                )
-        if s.paired is not None:
-            lines.append(
-                f"  gain paired by episode over {s.pairs} (seed, task) pairs  {_text(s.paired, s.pairs)}"
-                " (pairs counted as independent: too narrow)"
-            )
-    return lines
-
-
-def per_seed_from_results(paths: list[Path]) -> tuple[list[dict], list[str]]:
-    """The seeds of several result.json files (runs of one recipe, e.g. a seed rerun after a
-    stop) as one list; a seed measured in two files is an error, not a silent overwrite."""
-    per_seed: list[dict] = []
-    slices: list[str] = []
-    for path in paths:
-        result = json.loads(path.read_text())
-        for row in result["seeds"]:
-            if any(r["seed"] == row["seed"] for r in per_seed):
-                raise SystemExit(f"{path}: seed {row['seed']} is already in an earlier file")
-            per_seed.append(row)
-            slices += [k for k in row["base"] if k not in slices]
-    return sorted(per_seed, key=lambda r: r["seed"]), slices
 
 
 def main() -> int:
@@ -294,7 +209,7 @@ def main() -> int:
     from django.conf import settings
     from django.core.management import call_command
 
-    from feedback.demo.agent import ACT_OR_REPLY_REGEX, demo_agent_run
+    from feedback.demo.agent import demo_agent_run
     from feedback.services.api_keys import api_key_create
     from training.inference.server import InferenceServer, ServerSpec
     from training.promotion.services.live_set import live_set_by_command
@@ -447,43 +362,7 @@ def main() -> int:
                     variants=args.variants if args.method != "grpo" else 0,
                 )
                 print(f"{training_set}: {training_set.train_count} turns", flush=True)
-                lora = {
-                    "adapter": "lora",
-                    "lora_rank": args.lora_rank,
-                    "lora_alpha": 2 * args.lora_rank,
-                    "trainable_layers": args.layers,
-                    "seed": seed,
-                    "torch_threads": args.train_threads,
-                }
-                quiet = {"eval_every": 10, "eval_samples": 2, "checkpoint_every": 0, "samples_every": 0}
-                jobs = []
-                if args.method in ("sft", "sft+grpo"):
-                    config = {
-                        **lora,
-                        **quiet,
-                        "learning_rate": args.sft_lr,
-                        "first_token_weight": args.first_token_weight,
-                        "steps": args.sft_steps,
-                        "prompts_per_step": args.sft_prompts,
-                    }
-                    jobs.append(("sft", config))
-                if args.method in ("grpo", "sft+grpo"):
-                    config = {
-                        **lora,
-                        **quiet,
-                        "learning_rate": args.lr,
-                        "steps": args.steps,
-                        "prompts_per_step": args.prompts,
-                        "group_size": args.group_size,
-                        "max_new_tokens": 48,
-                        # Rollouts on the vLLM server, under the constraint the agent's harness serves with.
-                        "rollout": "vllm",
-                        "vllm_url": url.rstrip("/") + "/v1",
-                        "structured_outputs": {"regex": ACT_OR_REPLY_REGEX},
-                        "temperature": args.temperature,
-                        "log_kl": False,
-                    }
-                    jobs.append(("grpo", config))
+                jobs = job_configs(args, seed=seed, inference_url=url)
                 start_version = base_version
                 job_ids = []
                 for kind, config in jobs:
