@@ -52,6 +52,15 @@ BASE_RECIPE: dict[str, Any] = {
     "note_arm": "",
     "note_prompt": "",
 }
+# The dealt split's recipes share these (`cf3-ckpt`); each later one names its one change.
+_CF3: dict[str, Any] = {
+    "focus": "decisions",
+    "steps": 150,
+    "learning_rate": 1e-3,
+    "first_token_weight": 32.0,
+    "validate_at": [50, 100, 150],
+    "variants": 3,
+}
 RECIPES: dict[str, dict[str, Any]] = {
     "memorise": {"orders": 8, "steps": 200},
     "templates": {},
@@ -95,55 +104,14 @@ RECIPES: dict[str, dict[str, Any]] = {
     # 2026-12-06 (the dealt split): the checkpoint chosen on 16 validation episodes at 50, 100
     # or 150 steps; then, one at a time: 3 more copies near the line, decision turns twice
     # in the set, fewer lookup targets.
-    "cf3-ckpt": {
-        "focus": "decisions",
-        "steps": 150,
-        "learning_rate": 1e-3,
-        "first_token_weight": 32.0,
-        "validate_at": [50, 100, 150],
-        "variants": 3,
-    },
-    "cf3-near3": {
-        "focus": "decisions",
-        "steps": 150,
-        "learning_rate": 1e-3,
-        "first_token_weight": 32.0,
-        "validate_at": [50, 100, 150],
-        "variants": 3,
-        "near_line_variants": 3,
-    },
-    "cf3-near3-dec2": {
-        "focus": "decisions",
-        "steps": 150,
-        "learning_rate": 1e-3,
-        "first_token_weight": 32.0,
-        "validate_at": [50, 100, 150],
-        "variants": 3,
-        "near_line_variants": 3,
-        "decision_repeats": 2,
-    },
-    "cf3-near3-lookup4": {
-        "focus": "decisions",
-        "steps": 150,
-        "learning_rate": 1e-3,
-        "first_token_weight": 32.0,
-        "validate_at": [50, 100, 150],
-        "variants": 3,
-        "near_line_variants": 3,
-        "keep_first": 4,
-    },
+    "cf3-ckpt": _CF3,
+    "cf3-near3": {**_CF3, "near_line_variants": 3},
+    "cf3-near3-dec2": {**_CF3, "near_line_variants": 3, "decision_repeats": 2},
+    "cf3-near3-lookup4": {**_CF3, "near_line_variants": 3, "keep_first": 4},
     # 2026-12-06, second family (aimed at the refusals past the line): the copies drawn so
     # that a delivered order is refused as often as refunded (BALANCED_CASES); then 3 more
     # copies near the line, as in cf3-near3.
-    "bal6": {
-        "focus": "decisions",
-        "steps": 150,
-        "learning_rate": 1e-3,
-        "first_token_weight": 32.0,
-        "validate_at": [50, 100, 150],
-        "variants": 6,
-        "variant_cases": "balanced",
-    },
+    "bal6": {**_CF3, "variants": 6, "variant_cases": "balanced"},
 }
 RECIPES["bal6-near3"] = {**RECIPES["bal6"], "near_line_variants": 3}
 # 2026-12-06, third family (aimed at the 40s and 50s): bal6's copies drawn over
