@@ -35,7 +35,8 @@ BASE_RECIPE: dict[str, Any] = {
     "near_line_variants": 0,
     # Which of `_case`'s eight cases the `variants` copies are drawn from (all by default:
     # four refundable, so a delivered order is refundable in 4 copies of 6). "balanced":
-    # BALANCED_CASES, as many refusals of a delivered order as refunds; "past": PAST_CASES.
+    # BALANCED_CASES, as many refusals of a delivered order as refunds; "past": PAST_CASES;
+    # "even": EVEN_CASES.
     "variant_cases": "all",
     # With focus "decisions": keep one in N first turns (the lookup) and one in N
     # confirmations after a refund; every decision turn (after the lookup) is kept.
@@ -119,6 +120,10 @@ RECIPES["bal6-near3"] = {**RECIPES["bal6"], "near_line_variants": 3}
 # 31-40, 41-60 and past 60 days old equally often; then the same with 10 copies.
 RECIPES["past6"] = {**RECIPES["bal6"], "variant_cases": "past"}
 RECIPES["past10"] = {**RECIPES["past6"], "variants": 10}
+# 2026-12-07, fourth family (aimed at the first-digit reading): the copies' refundable ages
+# spread evenly over 0-30 and the late ones over 31-60 (EVEN_CASES); then 10 copies.
+RECIPES["even6"] = {**RECIPES["bal6"], "variant_cases": "even"}
+RECIPES["even10"] = {**RECIPES["even6"], "variants": 10}
 # Issue 39's words-only arm (A2) and its control (A3), bal6's settings with labels from a
 # policy note: the note the reader wrote from the comments on their own cases, or from the
 # comments each moved to another case (`scripts/note_probe.py`).
@@ -143,4 +148,8 @@ BALANCED_CASES = (0, 3, 4, 5, 6, 7)
 # Three refundable (one recent, two 22-30 days old), three late (31-40, 41-60 through
 # `_case`'s kind 8, and 41-180, mostly past 60), one shipping, one processing or refunded.
 PAST_CASES = (0, 3, 3, 4, 8, 5, 6, 7)
-VARIANT_CASES = {"all": tuple(range(8)), "balanced": BALANCED_CASES, "past": PAST_CASES}
+# Three refundable, each 0-30 days old with every age as likely (`_case`'s kind 9), three
+# late (two 31-60 days old alike, kind 10; one 41-180, kind 5), one shipping, one processing
+# or refunded: PAST_CASES's shape with the ages spread evenly on either side of the line.
+EVEN_CASES = (9, 9, 9, 10, 10, 5, 6, 7)
+VARIANT_CASES = {"all": tuple(range(8)), "balanced": BALANCED_CASES, "past": PAST_CASES, "even": EVEN_CASES}

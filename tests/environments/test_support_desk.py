@@ -546,3 +546,19 @@ def test_copies_drawn_from_the_extra_case_are_delivered_41_to_60_days_ago_and_re
     assert ages and all(41 <= d <= 60 and d in DAY_VALUES["train"] for d in ages)
     assert len(ages) > 3
     assert all(json.loads(v["reference"]) == [{"reply": True}] for v in variants)
+
+
+def test_copies_of_the_even_cases_spread_their_ages_on_either_side_of_the_line():
+    # Kinds 9 and 10: refundable 0-30 and late 31-60, every training age of each stretch
+    # drawn, so the copies hold 30 (refunded) beside 31-39 and the teens beside the 40s.
+    desk = SupportDesk()
+    task = refund_task(desk, allowed=True)
+    decision = next(t for t in oracle_turns(task=task, env=desk) if t["messages"][-1]["role"] == "tool")
+    for kind, low, high, reference in ((9, 0, 30, "refund"), (10, 31, 60, "reply")):
+        variants = counterfactual_turns(
+            task=task, messages=decision["messages"], count=300, rng=random.Random(kind), cases=(kind,)
+        )
+        ages = {json.loads(v["messages"][-1]["content"])["delivered_days_ago"] for v in variants}
+        assert ages == {d for d in DAY_VALUES["train"] if low <= d <= high}
+        refunds = ["issue_refund" in v["reference"] for v in variants]
+        assert all(refunds) if reference == "refund" else not any(refunds)

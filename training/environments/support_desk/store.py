@@ -274,9 +274,15 @@ def _case(rng: random.Random, kind: int, split: str) -> tuple[str, int | None, b
     or long past it, one shipping, one processing or already refunded); the days drawn
     from `split`'s own day counts (`DAY_VALUES`). Kind 8 is for counterfactual copies only
     (a store's orders cycle through the first eight): delivered 41-60 days ago, the ages
-    that kind 5 shows seldom, its range being mostly past two months."""
+    that kind 5 shows seldom, its range being mostly past two months. Kinds 9 and 10 are
+    for copies too: delivered 0-30 days ago (refundable) and 31-60 (late), each age of the
+    stretch as likely as any other, so that no first digit of the age alone tells them apart."""
     if kind == 8:
         return "delivered", _days(rng, REFUND_WINDOW_DAYS + 11, 60, split), False
+    if kind == 9:
+        return "delivered", _days(rng, 0, REFUND_WINDOW_DAYS, split), False
+    if kind == 10:
+        return "delivered", _days(rng, REFUND_WINDOW_DAYS + 1, 60, split), False
     if kind in (0, 1, 2):
         return "delivered", _days(rng, 0, REFUND_WINDOW_DAYS - 9, split), False
     if kind == 3:
