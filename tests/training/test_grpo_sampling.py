@@ -436,3 +436,23 @@ def test_grouped_query_attention_on_the_cpu_gives_the_logits_of_copied_heads(tin
     with torch.no_grad():
         grouped = model(input_ids=ids, attention_mask=attn).logits
     assert torch.allclose(grouped[attn.bool()], copied[attn.bool()], atol=1e-5)
+
+
+def test_the_decode_steps_four_d_padding_mask_draws_what_the_two_d_mask_draws(tiny, monkeypatch):
+    """The decode loop hands SDPA the padding mask in 4-D (transformers then builds no mask
+    of its own at each step): with prompts of three lengths, left-padded, the same seed
+    draws the same tokens as with the 2-D mask transformers expands itself."""
+    from training.trainer import sampling
+
+    model, tokenizer = tiny
+    prompts = prompt_sets(tokenizer)["shared system prompt"]
+    assert len({len(p) for p in prompts}) == 3
+    assert sampling._step_mask(model, torch.ones(2, 5, dtype=torch.long)).shape == (2, 1, 1, 5)
+    options = {"num_samples": 4, "max_new_tokens": 12, "temperature": 1.0}
+    torch.manual_seed(3)
+    four_d = sample(model, tokenizer, prompts, **options)
+    monkeypatch.setattr(sampling, "_step_mask", lambda _model, mask: mask)
+    torch.manual_seed(3)
+    two_d = sample(model, tokenizer, prompts, **options)
+    assert torch.equal(four_d.response_ids, two_d.response_ids)
+    assert torch.equal(four_d.response_mask, two_d.response_mask)
