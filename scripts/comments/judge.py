@@ -57,17 +57,39 @@ class JudgeServer:
         self.served.close()
 
 
-def judge_corrections(*, comments: dict[str, Any], seed: int, options: Options, judge: JudgeServer):
+def judge_patience():
+    """The judge's settings for a run: a local judge on a CPU answers in minutes, not
+    seconds; the order-swap check would double the calls and measures the judge, which the
+    record does by the oracle instead."""
+    from django.conf import settings
+    from django.test import override_settings
+
+    return override_settings(
+        JUDGE_TIMEOUT_S=max(settings.JUDGE_TIMEOUT_S, 900.0),
+        JUDGE_DEADLINE_S=max(settings.JUDGE_DEADLINE_S, 2700.0),
+        JUDGE_SWAP_CHECK_RATE=0.0,
+    )
+
+
+def judge_corrections(
+    *,
+    comments: dict[str, Any],
+    seed: int,
+    options: Options,
+    judge: JudgeServer,
+    mode: str = "text",
+    name: str = "",
+):
     """Every commented turn of the seed's comments set judged through the product's path
     (`judge_request` + `judge_run`, the deployment's own judge endpoint), then the set
-    rebuilt from feedback so that each item carries the judge's corrected response.
-    Returns (the set, the judge's figures)."""
+    rebuilt from feedback (named `name`, by default `lfc-{run}-seed{seed}-judge`) so that
+    each item carries the judge's corrected response. `mode` is the deployment judge's
+    `correction_mode`: "text" (the judge writes the turn) or "actions" (it chooses the turn
+    among the agent's actions). Returns (the set, the judge's figures)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from django.conf import settings
     from django.contrib.auth import get_user_model
     from django.db import connection
-    from django.test import override_settings
 
     from feedback.models import DeploymentJudge, JudgeResult, JudgeTrigger, Message
     from feedback.services.judging import judge_request, judge_run
@@ -79,20 +101,14 @@ def judge_corrections(*, comments: dict[str, Any], seed: int, options: Options, 
     variable = re.sub(r"[^A-Z0-9_]", "_", f"PRACTICUM_JUDGE_KEY_LFC_{options.run.upper()}_{seed}")
     os.environ[variable] = judge.key
     DeploymentJudge.objects.update_or_create(
-        deployment=deployment, defaults={"base_url": judge.url, "model": judge.model, "api_key_env": variable}
+        deployment=deployment,
+        defaults={"base_url": judge.url, "model": judge.model, "api_key_env": variable, "correction_mode": mode},
     )
     turns = Message.objects.filter(pk__in=comments["training_set"].items.values("message_id"))
     pending = [judge_request(message=m, trigger=JudgeTrigger.COMMENT, enqueue=False) for m in turns]
 
-    # A local judge on a CPU answers in minutes, not seconds; the order-swap check would
-    # double the calls and measures the judge, which the record does by the oracle instead.
-    patient = override_settings(
-        JUDGE_TIMEOUT_S=max(settings.JUDGE_TIMEOUT_S, 900.0),
-        JUDGE_DEADLINE_S=max(settings.JUDGE_DEADLINE_S, 2700.0),
-        JUDGE_SWAP_CHECK_RATE=0.0,
-    )
     started = time.time()
-    with patient:
+    with judge_patience():
         if options.judge_concurrency <= 1:
             for result in pending:
                 judge_run(result=result)
@@ -109,7 +125,7 @@ def judge_corrections(*, comments: dict[str, Any], seed: int, options: Options, 
     seconds = round(time.time() - started, 1)
     experimenter, _ = get_user_model().objects.get_or_create(username=EXPERIMENTER, defaults={"is_active": False})
     training_set = training_set_from_feedback(
-        name=f"lfc-{options.run}-seed{seed}-judge",
+        name=name or f"lfc-{options.run}-seed{seed}-judge",
         filters={"comment": "yes"},
         deployment=deployment,
         heldout_fraction=0.0,
@@ -135,6 +151,7 @@ def judge_corrections(*, comments: dict[str, Any], seed: int, options: Options, 
         # A measurement of the judge only (never used in training): the share of its
         # corrections the hidden policy accepts.
         "corrections_right_by_oracle": round(sum(graded) / len(graded), 3) if graded else None,
+        "correction_mode": mode,
         "judge": str(options.judge or options.judge_url),
         "judge_seconds": seconds,
     }
