@@ -99,13 +99,7 @@ def grpo_config(options: Options, seed: int):
 
 def judge_sft_train(*, comments: dict[str, Any], seed: int, options: Options, run_dir: Path, judge: JudgeServer):
     """SFT on the judge's corrections, with the oracle recipe's settings (not tuned here)."""
-    import torch
-
     from training.services.job_runner import training_set_items
-    from training.trainer.common import Hooks
-    from training.trainer.config import SFTConfig
-    from training.trainer.distill import sft_train
-    from training.trainer.policy import load_policy
 
     if not judge.configured:
         return None, "no judge: `make local-judge` and --judge var/judges/…, or --judge-url"
@@ -116,24 +110,41 @@ def judge_sft_train(*, comments: dict[str, Any], seed: int, options: Options, ru
     items = [it for it in items if it.target]
     if not items:
         return None, f"the judge wrote no correction ({figures})"
-    recipe = RECIPES[ORACLE_RECIPE]
-    config = SFTConfig.from_dict(
-        _common(options, seed)
-        | {"learning_rate": recipe["learning_rate"], "first_token_weight": recipe["first_token_weight"]}
-    )
-    torch.manual_seed(seed)
-    policy = load_policy(config)
-    keeper = _Keeper(policy, seed=seed, options=options, label=f"judge-sft seed {seed}")
-    started = time.time()
-    result = sft_train(
-        config=config, items=items, run_dir=run_dir, policy=policy, export=False, hooks=Hooks(on_step=keeper.on_step)
+    policy, trained = sft_arm(
+        items, recipe=ORACLE_RECIPE, seed=seed, options=options, run_dir=run_dir, label="judge-sft"
     )
     return policy, {
         "signal": "the simulated lead's comments (words only), turned into corrected responses by the judge",
         "judge": figures,
         "training_set": str(training_set),
-        **_trained(config, items, result, keeper, started),
+        **trained,
     }
+
+
+def sft_arm(items: list, *, recipe: str, seed: int, options: Options, run_dir: Path, label: str):
+    """SFT from the base on `items` for `options.steps` steps with the learning rate and
+    first-token weight of desk recipe `recipe`, the checkpoint chosen on validation:
+    (policy, its training record)."""
+    import torch
+
+    from training.trainer.common import Hooks
+    from training.trainer.config import SFTConfig
+    from training.trainer.distill import sft_train
+    from training.trainer.policy import load_policy
+
+    settings = RECIPES[recipe]
+    config = SFTConfig.from_dict(
+        _common(options, seed)
+        | {"learning_rate": settings["learning_rate"], "first_token_weight": settings["first_token_weight"]}
+    )
+    torch.manual_seed(seed)
+    policy = load_policy(config)
+    keeper = _Keeper(policy, seed=seed, options=options, label=f"{label} seed {seed}")
+    started = time.time()
+    result = sft_train(
+        config=config, items=items, run_dir=run_dir, policy=policy, export=False, hooks=Hooks(on_step=keeper.on_step)
+    )
+    return policy, _trained(config, items, result, keeper, started)
 
 
 def _trained(config, items: list, result, keeper: _Keeper, started: float) -> dict[str, Any]:
