@@ -38,6 +38,16 @@ For each seed:
    - `oracle-sft`: the ceiling — SFT on oracle labels (`desk_experiment`'s
      `decisions-weighted-32-cf3` recipe: every training order's turns as the hidden policy
      plays them, with counterfactual copies), computed from the environment's hidden answer.
+   - `words` (issue 39's A2, words only): the same judge, choosing each commented turn's
+     correction among the agent's actions (`correction_mode` "actions", prompt
+     `judge-action/v1`), and a policy note it proposes from the same comments
+     (`policy_note_propose`, stored unapproved as version 1 and used as written: nobody
+     corrects it), whose rule labels the training split's decision points and 6 copies of
+     each (`desk.items.note_items`). SFT on both with `bal6`'s learning rate and first-token
+     weight, `--steps`. `words_set_check` refuses the set unless every target is the
+     judge's stored correction or the note's own label. Needs the judge, like `judge-sft`.
+   - `words-shuffled` (A3, the control): the same pipeline on a twin deployment holding the
+     same episodes, each comment moved to another commented turn (a seeded derangement).
 5. The base and every arm play the same TEST-split tasks with the same sampling seeds
    (once, after the choice), and a freshly generated slice (`--fresh-seed`).
 
@@ -67,10 +77,21 @@ from comments.comment_set import OracleLeak, words_only_check  # noqa: E402
 from comments.options import ARMS, EXPERIMENTER, GRPO_REWARDS, JUDGE_DIR, OUT, Options  # noqa: E402
 from comments.probe import hint_probe  # noqa: E402
 from comments.runs import run, summary  # noqa: E402
+from comments.words import words_set_check  # noqa: E402
 from desk.harness import MODEL, cpu_attention  # noqa: E402
 
 # What the tests read from here.
-__all__ = ["EXPERIMENTER", "Options", "OracleLeak", "_common", "hint_probe", "run", "summary", "words_only_check"]
+__all__ = [
+    "EXPERIMENTER",
+    "Options",
+    "OracleLeak",
+    "_common",
+    "hint_probe",
+    "run",
+    "summary",
+    "words_only_check",
+    "words_set_check",
+]
 
 
 def options_from(args) -> Options:
@@ -132,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--validate-episodes", type=int, default=d.validate_episodes)
     p.add_argument("--fresh-seed", type=int, action="append", default=None, help="fresh slices (default: 3)")
     p.add_argument("--no-fresh", action="store_true", help="measure the test split only")
-    p.add_argument("--steps", type=int, default=d.steps, help="distill and hinted-GRPO steps")
+    p.add_argument("--steps", type=int, default=d.steps, help="steps of every arm but oracle-sft")
     p.add_argument("--validate-at", type=int, nargs="*", help="steps measured on validation (default: half, end)")
     p.add_argument("--oracle-steps", type=int, default=d.oracle_steps)
     p.add_argument("--lr", type=float, default=d.learning_rate)

@@ -1,6 +1,7 @@
 """The arms, each trained from the base for one seed: comment-conditioned distillation,
-hinted GRPO, SFT on the judge's corrections and the oracle-label ceiling; each keeps the
-checkpoint that did best on validation-split episodes."""
+hinted GRPO, SFT on the judge's corrections, the words-only arm and its control
+(`comments.words`) and the oracle-label ceiling; each keeps the checkpoint that did best on
+validation-split episodes."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from desk.train import train
 
 from comments.comment_set import item_tasks, oracle_reward
 from comments.judge import JudgeServer, judge_corrections
-from comments.options import GRPO_REWARDS, HINT_FIGURES, ORACLE_RECIPE, Options
+from comments.options import GRPO_REWARDS, HINT_FIGURES, NO_JUDGE, ORACLE_RECIPE, WORDS_ARMS, Options
 
 
 class _Keeper:
@@ -102,7 +103,7 @@ def judge_sft_train(*, comments: dict[str, Any], seed: int, options: Options, ru
     from training.services.job_runner import training_set_items
 
     if not judge.configured:
-        return None, "no judge: `make local-judge` and --judge var/judges/…, or --judge-url"
+        return None, NO_JUDGE
     if judge.failed:
         return None, f"the judge did not start: {judge.failed}"
     training_set, figures = judge_corrections(comments=comments, seed=seed, options=options, judge=judge)
@@ -193,6 +194,12 @@ def arm_train(
     if arm == "judge-sft":
         return judge_sft_train(
             comments=comments, seed=seed, options=options, run_dir=run_dir, judge=judge or JudgeServer(options)
+        )
+    if arm in WORDS_ARMS:
+        from comments.words import words_train  # it trains with `sft_arm` from here
+
+        return words_train(
+            arm, comments=comments, seed=seed, options=options, run_dir=run_dir, judge=judge or JudgeServer(options)
         )
     items, _ = training_set_items(comments["training_set"])
     if arm == "hinted-grpo":

@@ -20,9 +20,11 @@ class OracleLeak(RuntimeError):
 def comments_set(*, harness: Harness, seed: int, options: Options) -> dict[str, Any]:
     """Steps 1 to 3 for one seed: the base's training episodes as traces, the simulated lead's
     comments on them through the comment service, and the set built from the comments.
-    Returns the set, its deployment, the review's counts and the episodes' outcome."""
-    from feedback.demo.operator import simulated_operator_review
-    from feedback.models import Trace
+    Returns the set, its deployment, the review's counts, the episodes' outcome, the
+    episodes themselves (`played`) and the commented turns as (trace, message) pairs in the
+    order the lead wrote the comments (`commented`)."""
+    from feedback.demo.operator import simulated_operator_review, simulated_operator_user
+    from feedback.models import Comment, Trace
     from training.environments.support_desk import SupportDesk, tasks_sample
     from training.services.episodes import episodes_record
     from training.services.feedback_sets import training_set_from_feedback
@@ -61,12 +63,17 @@ def comments_set(*, harness: Harness, seed: int, options: Options) -> dict[str, 
         description="the simulated lead's comments on the base's failed training-split episodes",
     )
     words_only_check(training_set)
+    written = Comment.objects.filter(
+        trace__deployment=deployment, author=simulated_operator_user(), message__role="assistant"
+    ).select_related("trace", "message")
     return {
         "training_set": training_set,
         "deployment": deployment,
         "review": dict(counts),
         "episodes": len(played),
         "successes": sum(e.reward >= 1.0 for e in played),
+        "played": played,
+        "commented": [(c.trace, c.message) for c in written.order_by("id")],
     }
 
 

@@ -9,7 +9,13 @@ from desk.harness import MODEL
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 OUT = ROOT / "var" / "learn-from-comments"
-ARMS = ("distill", "hinted-grpo", "judge-sft", "oracle-sft")
+ARMS = ("distill", "hinted-grpo", "judge-sft", "oracle-sft", "words", "words-shuffled")
+# Issue 39's A2 (the judge's chosen actions and a policy note, from the comments alone) and
+# A3 (the same pipeline on the same turns, each comment moved to another turn).
+WORDS_ARMS = ("words", "words-shuffled")
+# The arms that call the judge: a run starts it (or reaches --judge-url) when one is asked for.
+JUDGE_ARMS = ("judge-sft", *WORDS_ARMS)
+NO_JUDGE = "no judge: `make local-judge` and --judge var/judges/…, or --judge-url"
 JUDGE_DIR = ROOT / "var" / "judges" / "qwen2.5-coder-1.5b-instruct"  # `make local-judge`
 EXPERIMENTER = "learn-from-comments"  # the account that answers for the judge gate's override
 HINT_FIGURES = (

@@ -18,7 +18,7 @@ from desk.summary import summary_print
 from comments.arms import arm_train
 from comments.comment_set import comments_set
 from comments.judge import JudgeServer
-from comments.options import Options
+from comments.options import JUDGE_ARMS, Options
 
 
 def append(options: Options, record: dict[str, Any]) -> None:
@@ -64,7 +64,7 @@ def run(options: Options) -> None:
     options.run = options.run or time.strftime("%Y%m%d-%H%M%S")
     base_model, tokenizer = load_base(options.model)
     base = Harness(base_model, tokenizer)
-    judge = JudgeServer(options) if "judge-sft" in options.arms else None
+    judge = JudgeServer(options) if set(JUDGE_ARMS) & set(options.arms) else None
     with judge or contextlib.nullcontext():
         _run_seeds(options, base, judge)
 
@@ -121,6 +121,12 @@ def summary(path: Path, run_id: str = "") -> None:
     for r in records:
         if r["kind"] == "candidate" and "reward" in r["train"]:
             print(f"\n  {r['recipe']} seed {r['seed']}: reward = {r['train']['reward']}")
+        if r["kind"] == "candidate" and "note" in r["train"]:
+            note, items = r["train"]["note"], r["train"]["items"]
+            print(
+                f"\n  {r['recipe']} seed {r['seed']}: note: {note.get('rule_text') or note.get('none')}; "
+                f"{items['judge']} judge items, {items['note']} note items"
+            )
         if r["kind"] == "skipped":
             print(f"\n  {r['recipe']} seed {r['seed']} skipped: {r['reason']}")
     print()

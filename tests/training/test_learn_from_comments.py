@@ -267,3 +267,156 @@ def test_the_hint_probe_measures_each_commented_turn_with_and_without_the_commen
     out = capsys.readouterr().out
     assert "ORACLE grade, measurement only" in out
     assert any(line.split()[:1] == [probes[0]["turn"].split()[0]] for line in out.splitlines())
+
+
+NOTE_RULE = {
+    "conditions": [
+        {"field": "status", "op": "=", "value": "delivered"},
+        {"field": "delivered_days_ago", "op": "<=", "value": 30},
+    ],
+    "action": "issue_refund",
+    "otherwise": "reply",
+}
+
+
+def _words_judge(request):
+    """The test judge of the words arms, answering by the schema the request asks for: a
+    policy note with NOTE_RULE, or the first action the action schema allows (the first
+    tool whose id arguments the conversation can fill, else a reply)."""
+    asked = request["response_format"]["json_schema"]
+    if asked["name"] == "policy_note":
+        return {
+            "text": "Refund delivered orders within 30 days.",
+            "rule": NOTE_RULE,
+            "supporting": [1],
+            "contradicting": [],
+        }
+    assert asked["name"] == "action_judgement", asked["name"]
+    for choice in asked["schema"]["properties"]["action"]["anyOf"]:
+        props = choice["properties"]
+        if props["kind"]["enum"] != ["tool"]:
+            continue
+        arguments = {k: v["enum"][-1] for k, v in props["arguments"]["properties"].items() if v.get("enum")}
+        if set(props["arguments"].get("required", [])) <= set(arguments):
+            action = {"kind": "tool", "name": props["name"]["enum"][0], "arguments": arguments}
+            return {"rationale": "The comment asks for this.", "action": action, "reward": 0.0}
+    action = {"kind": "reply", "text": "Sorry, this order cannot be refunded."}
+    return {"rationale": "The comment asks for this.", "action": action, "reward": 0.0}
+
+
+@pytest.mark.slow
+def test_the_words_arm_and_its_shuffled_control_learn_from_the_judges_actions_and_note(
+    tiny_model_dir, tmp_path, judge_server
+):
+    """Issue 39's A2 and A3: the judge (choosing among the agent's actions) reads each
+    commented turn, and proposes a policy note from the same comments; the policy learns from
+    the chosen actions and the decision points the note labels. A3 does the same on a twin
+    deployment where every comment sits on another commented turn."""
+    import dataclasses
+    from collections import Counter
+
+    from comments.words import judge_set_items, note_labelled
+    from desk.items import note_turn, oracle_items
+
+    from feedback.judge.prompts import CURRENT_ACTION
+    from feedback.models import Comment, JudgeResult, PolicyNote
+    from training.environments.policy_rules import rule_parse
+    from training.environments.support_desk import SupportDesk
+    from training.models import CorrectionSource, TrainingSet
+
+    judge_server.respond_with(_words_judge)
+    options = _options(
+        tiny_model_dir,
+        tmp_path,
+        seeds=[0],
+        arms=("words", "words-shuffled"),
+        fresh_seeds=[],
+        judge_url=judge_server.base_url,
+        judge_model="test-judge",
+        judge_key="test-key",
+        judge_concurrency=1,
+    )
+
+    lfc.run(options)
+
+    records = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    trained = {r["recipe"]: r for r in records if r["kind"] == "candidate"}
+    assert set(trained) == {"words", "words-shuffled"}, [r for r in records if r["kind"] == "skipped"]
+    for r in trained.values():
+        train = r["train"]
+        assert train["steps_run"] == 1 and "test" in r["measures"]
+        assert train["note"]["rule"] == NOTE_RULE and train["note"]["read_comments"] >= 2
+        assert "used unedited" in train["note"]["use"] and "no oracle label" in train["signal"]
+        assert train["judge"]["correction_mode"] == "actions"
+        assert train["judge"]["judged"] == train["judge"]["succeeded"] > 0
+        assert 0.0 <= train["judge"]["corrections_right_by_oracle"] <= 1.0  # the judge measured, not trained on
+        assert train["items"]["judge"] > 0 and train["items"]["note"] > 0
+        assert train["train_items"] == train["items"]["judge"] + train["items"]["note"]
+
+    # The judge chose among the agent's actions on both deployments' turns.
+    judged = JudgeResult.objects.select_related("trace__deployment")
+    assert {r.prompt_version for r in judged} == {CURRENT_ACTION.version}
+    assert {r.trace.deployment.name for r in judged} == {"lfc-t-seed0", "lfc-t-seed0-shuffled"}
+    # The reader's note is on each deployment's policy-note page, as an unapproved version 1.
+    for name in ("lfc-t-seed0", "lfc-t-seed0-shuffled"):
+        note = PolicyNote.objects.get(deployment__name=name)
+        assert note.approved_version is None
+        assert [(v.number, v.rule) for v in note.versions.all()] == [(1, NOTE_RULE)]
+
+    # The twin: the same comments on the same turns, none on the turn it was written for.
+    def turns(name):
+        comments = Comment.objects.filter(trace__deployment__name=name).select_related("trace", "message")
+        return {(c.trace.external_id, c.trace.metadata["task_id"], c.message.position): c.body for c in comments}
+
+    original, shuffled = turns("lfc-t-seed0"), turns("lfc-t-seed0-shuffled")
+    assert len(original) >= 2 and set(shuffled) == set(original)
+    assert Counter(shuffled.values()) == Counter(original.values())
+    assert all(shuffled[turn] != original[turn] for turn in original)
+    assert trained["words-shuffled"]["train"]["shuffled"]["same_words"] == 0
+
+    # Each set holds the judge's corrections and the note's labels only, and the check
+    # refuses a set into which an oracle target is slipped.
+    rule, text = rule_parse(NOTE_RULE), "Refund delivered orders within 30 days."
+    note_items = note_labelled(rule=rule, text=text, seed=0)
+    for arm in ("words", "words-shuffled"):
+        judge_set = TrainingSet.objects.get(name=f"lfc-t-seed0-{arm}-judge")
+        assert {it.correction_source for it in judge_set.items.all()} == {CorrectionSource.JUDGE}
+        items = judge_set_items(judge_set)
+        lfc.words_set_check(judge_set=judge_set, judge_items=items, note_items=note_items, rule=rule, text=text)
+    desk = SupportDesk()
+    oracle = oracle_items(desk.tasks_for(split="train", graded=True)[:8], prefix="train")
+    wrong_target = next(o for o in oracle if o.target != items[0].target)
+    with pytest.raises(lfc.OracleLeak, match="not the judge's correction"):
+        lfc.words_set_check(
+            judge_set=judge_set,
+            judge_items=[dataclasses.replace(items[0], target=wrong_target.target), *items[1:]],
+            note_items=note_items,
+            rule=rule,
+            text=text,
+        )
+    decision = next(
+        o
+        for o in oracle
+        if len(o.messages) == 4
+        and (o.target, o.reference)
+        != note_turn(json.loads(o.messages[-1]["content"])["order_id"], "refund" in o.reference, text)
+    )
+    with pytest.raises(lfc.OracleLeak, match="a target the note does not give"):
+        lfc.words_set_check(
+            judge_set=judge_set, judge_items=items, note_items=[*note_items, decision], rule=rule, text=text
+        )
+
+
+def test_the_control_moves_every_comment_to_another_turn_with_other_words():
+    """The shuffle's derangement: no comment stays on its turn, and where it can be helped
+    no turn receives words equal to its own (vague comments repeat)."""
+    import random
+
+    from comments.words import derangement
+
+    bodies = ["vague", "refund it", "vague", "look it up", "vague", "no refund"]
+    for seed in range(20):
+        sigma = derangement(bodies, random.Random(seed))
+        assert sorted(sigma) == list(range(len(bodies)))
+        assert all(sigma[i] != i and bodies[sigma[i]] != bodies[i] for i in range(len(bodies)))
+    assert derangement(["same", "same"], random.Random(0)) == [1, 0]  # equal words: still moved
