@@ -113,7 +113,7 @@ gpu-check: ## a short GRPO job on random SmolLM2- and 0.5B-shaped models on a CU
 tour-demo: migrate ## the tour's training step on SmolLM2 (CPU): base vs candidate on the test split and fresh slice 2, 3 seeds (~150 min); ARGS="..." for more
 	nice -n 10 $(PY) scripts/tour_demo.py --fresh-seed 2 $(ARGS)
 
-learn-from-comments: migrate ## operators' comments -> self-distillation and hinted GRPO vs oracle-label SFT on SmolLM2 (CPU), test split, 3 seeds; ARGS="--seeds 1 ..." for less
+learn-from-comments: migrate ## operators' comments -> distillation, hinted GRPO, judge SFT, words only (and shuffled) vs oracle-label SFT on SmolLM2 (CPU), test split, 3 seeds; ARGS="--seeds 1 ..." for less
 	nice -n 10 $(PY) scripts/learn_from_comments.py run $(ARGS)
 	$(PY) scripts/learn_from_comments.py summary
 
