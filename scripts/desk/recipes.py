@@ -124,6 +124,10 @@ RECIPES["past10"] = {**RECIPES["past6"], "variants": 10}
 # spread evenly over 0-30 and the late ones over 31-60 (EVEN_CASES); then 10 copies.
 RECIPES["even6"] = {**RECIPES["bal6"], "variant_cases": "even"}
 RECIPES["even10"] = {**RECIPES["even6"], "variants": 10}
+# 2026-12-07, fifth family (what the model is trained with, not which copies it sees): bal6
+# with adapters on all 30 blocks of SmolLM2-135M; bal6 for 300 steps.
+RECIPES["bal6-all30"] = {**RECIPES["bal6"], "trainable_layers": 30}
+RECIPES["bal6-s300"] = {**RECIPES["bal6"], "steps": 300, "validate_at": [100, 200, 300]}
 # Issue 39's words-only arm (A2) and its control (A3), bal6's settings with labels from a
 # policy note: the note the reader wrote from the comments on their own cases, or from the
 # comments each moved to another case (`scripts/note_probe.py`).
