@@ -79,6 +79,7 @@ bench: install ## run the benchmarks under bench/ (needs PostgreSQL)
 	nice -n 10 $(PY) bench/turn_sampling.py
 	nice -n 10 $(PY) bench/micro_batch_memory.py
 	nice -n 10 $(PY) bench/static_decode.py
+	nice -n 10 $(PY) bench/decode_mask.py
 	nice -n 10 $(PY) bench/memory_recipe.py
 	nice -n 10 $(PY) bench/ddp_step.py
 	$(PIP) install -q -c constraints.txt -r requirements-bench.txt
