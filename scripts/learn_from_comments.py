@@ -3,6 +3,7 @@ oracle-label ceiling, on the support desk's TEST split, SmolLM2-135M on the CPU.
 
     DATABASE_URL=… nice -n 10 .venv/bin/python scripts/learn_from_comments.py run    # or: make learn-from-comments
     .venv/bin/python scripts/learn_from_comments.py summary                           # the latest run's table
+    … run --quick --seeds 1 --model … --judge-url …   # the pipeline end to end in minutes; figures mean nothing
 
 For each seed:
 1. The base policy plays `--train-episodes` training-split tasks under the demo agent's
@@ -60,6 +61,7 @@ episode, as `desk_experiment.py summary` prints them.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -74,7 +76,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # above: what they import inside their functions (torch, Django) then finds it set.
 from comments.arms import _common  # noqa: E402
 from comments.comment_set import OracleLeak, words_only_check  # noqa: E402
-from comments.options import ARMS, EXPERIMENTER, GRPO_REWARDS, JUDGE_DIR, OUT, Options  # noqa: E402
+from comments.options import ARMS, EXPERIMENTER, GRPO_REWARDS, JUDGE_DIR, OUT, QUICK, Options  # noqa: E402
 from comments.probe import hint_probe  # noqa: E402
 from comments.runs import run, summary  # noqa: E402
 from comments.words import words_set_check  # noqa: E402
@@ -95,7 +97,7 @@ __all__ = [
 
 
 def options_from(args) -> Options:
-    return Options(
+    options = Options(
         model=args.model,
         seeds=list(range(args.first_seed, args.first_seed + args.seeds)),
         arms=tuple(args.arms),
@@ -118,7 +120,11 @@ def options_from(args) -> Options:
         judge_key=os.environ.get("PRACTICUM_LFC_JUDGE_KEY", ""),
         judge_concurrency=args.judge_concurrency,
         run=args.run,
+        out=args.out,
     )
+    if args.quick:
+        options = dataclasses.replace(options, **QUICK)
+    return options
 
 
 def _probe_main(args) -> int:
@@ -171,6 +177,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--judge-model", default="", help="the model name at --judge-url")
     p.add_argument("--judge-concurrency", type=int, default=d.judge_concurrency)
     p.add_argument("--run", default="", help="the run's id in the log (default: the start time)")
+    p.add_argument("--out", type=Path, default=d.out, help="where the log (runs.jsonl) and the runs go")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="the pipeline end to end in minutes (tiny sizes; its figures measure nothing)",
+    )
     h = sub.add_parser("probe", help="how often the comment as a hint makes the base's own turn right")
     h.add_argument("--model", type=Path, default=d.model)
     h.add_argument("--seeds", type=int, default=1)

@@ -34,6 +34,25 @@ GRPO_REWARDS = {
 }
 
 
+# `--quick`: a check that the pipeline runs end to end in minutes (CI runs it on the tiny
+# test model); its figures measure nothing.
+QUICK: dict = {
+    "train_episodes": 6,
+    "test_episodes": 3,
+    "validate_episodes": 2,
+    "steps": 1,
+    "validate_at": [1],
+    "oracle_steps": 1,
+    "lora_rank": 4,
+    "trainable_layers": 1,
+    "prompts_per_step": 2,
+    "max_new_tokens": 8,
+    "group_size": 2,
+    "hint_samples": 2,
+    "distill_samples": 1,
+}
+
+
 @dataclass
 class Options:
     """One run's sizes and settings (the command line's, or a test's)."""

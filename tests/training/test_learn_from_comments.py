@@ -306,9 +306,9 @@ def _words_judge(request):
 
 @pytest.mark.slow
 def test_the_words_arm_and_its_shuffled_control_learn_from_the_judges_actions_and_note(
-    tiny_model_dir, tmp_path, judge_server
+    tiny_model_dir, tmp_path, judge_server, monkeypatch
 ):
-    """Issue 39's A2 and A3: the judge (choosing among the agent's actions) reads each
+    """Issue 39's comparison, `--quick`: A1 oracle labels, and A2 and A3: the judge (choosing among the agent's actions) reads each
     commented turn, and proposes a policy note from the same comments; the policy learns from
     the chosen actions and the decision points the note labels. A3 does the same on a twin
     deployment where every comment sits on another commented turn."""
@@ -325,23 +325,40 @@ def test_the_words_arm_and_its_shuffled_control_learn_from_the_judges_actions_an
     from training.models import CorrectionSource, TrainingSet
 
     judge_server.respond_with(_words_judge)
-    options = _options(
-        tiny_model_dir,
-        tmp_path,
-        seeds=[0],
-        arms=("words", "words-shuffled"),
-        fresh_seeds=[],
-        judge_url=judge_server.base_url,
-        judge_model="test-judge",
-        judge_key="test-key",
-        judge_concurrency=1,
+    monkeypatch.setenv("PRACTICUM_LFC_JUDGE_KEY", "test-key")
+    # The comparison as a user starts it (A0 is the base every arm is measured against),
+    # in the quick mode's sizes.
+    lfc.main(
+        [
+            "run",
+            "--quick",
+            "--seeds",
+            "1",
+            "--no-fresh",
+            "--model",
+            str(tiny_model_dir),
+            "--out",
+            str(tmp_path),
+            "--run",
+            "t",
+            "--arms",
+            "oracle-sft",
+            "words",
+            "words-shuffled",
+            "--judge-url",
+            judge_server.base_url,
+            "--judge-model",
+            "test-judge",
+            "--judge-concurrency",
+            "1",
+        ]
     )
 
-    lfc.run(options)
-
     records = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    assert [(r["seed"], r["split"]) for r in records if r["kind"] == "base"] == [(0, "test")]
     trained = {r["recipe"]: r for r in records if r["kind"] == "candidate"}
-    assert set(trained) == {"words", "words-shuffled"}, [r for r in records if r["kind"] == "skipped"]
+    assert set(trained) == {"oracle-sft", "words", "words-shuffled"}, [r for r in records if r["kind"] == "skipped"]
+    assert "oracle labels" in trained.pop("oracle-sft")["train"]["signal"]
     for r in trained.values():
         train = r["train"]
         assert train["steps_run"] == 1 and "test" in r["measures"]
