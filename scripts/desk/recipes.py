@@ -120,7 +120,7 @@ RECIPES["bal6-near3"] = {**RECIPES["bal6"], "near_line_variants": 3}
 # 31-40, 41-60 and past 60 days old equally often; then the same with 10 copies.
 RECIPES["past6"] = {**RECIPES["bal6"], "variant_cases": "past"}
 RECIPES["past10"] = {**RECIPES["past6"], "variants": 10}
-# 2026-12-07, fourth family (aimed at the first-digit reading): the copies' refundable ages
+# 2026-12-07, fourth family (every age shown as often as any other): the copies' refundable ages
 # spread evenly over 0-30 and the late ones over 31-60 (EVEN_CASES); then 10 copies.
 RECIPES["even6"] = {**RECIPES["bal6"], "variant_cases": "even"}
 RECIPES["even10"] = {**RECIPES["even6"], "variants": 10}

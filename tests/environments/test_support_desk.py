@@ -550,7 +550,7 @@ def test_copies_drawn_from_the_extra_case_are_delivered_41_to_60_days_ago_and_re
 
 def test_copies_of_the_even_cases_spread_their_ages_on_either_side_of_the_line():
     # Kinds 9 and 10: refundable 0-30 and late 31-60, every training age of each stretch
-    # drawn, so the copies hold 30 (refunded) beside 31-39 and the teens beside the 40s.
+    # drawn (training's day counts hold neither 30 nor 31), each refunded or refused.
     desk = SupportDesk()
     task = refund_task(desk, allowed=True)
     decision = next(t for t in oracle_turns(task=task, env=desk) if t["messages"][-1]["role"] == "tool")

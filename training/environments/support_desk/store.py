@@ -276,7 +276,7 @@ def _case(rng: random.Random, kind: int, split: str) -> tuple[str, int | None, b
     (a store's orders cycle through the first eight): delivered 41-60 days ago, the ages
     that kind 5 shows seldom, its range being mostly past two months. Kinds 9 and 10 are
     for copies too: delivered 0-30 days ago (refundable) and 31-60 (late), each age of the
-    stretch as likely as any other, so that no first digit of the age alone tells them apart."""
+    split's stretch as likely as any other."""
     if kind == 8:
         return "delivered", _days(rng, REFUND_WINDOW_DAYS + 11, 60, split), False
     if kind == 9:
