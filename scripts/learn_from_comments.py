@@ -123,7 +123,12 @@ def options_from(args) -> Options:
         out=args.out,
     )
     if args.quick:
-        options = dataclasses.replace(options, **QUICK)
+        # The quick sizes, except where the command line names its own.
+        given = {k for k in QUICK if getattr(args, k, None) not in (None, getattr(Options(), k))}
+        quick = {k: v for k, v in QUICK.items() if k not in given}
+        if "steps" in given and not args.validate_at:
+            quick["validate_at"] = [max(1, args.steps // 2), args.steps]
+        options = dataclasses.replace(options, **quick)
     return options
 
 
@@ -145,7 +150,8 @@ def _probe_main(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, parsed (a run's fresh slices filled in)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("run", help="comments → arms → test-split measurements, appended to the log")
@@ -181,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="the pipeline end to end in minutes (tiny sizes; its figures measure nothing)",
+        help="the pipeline end to end in minutes: tiny sizes where no size is given (its figures measure nothing)",
     )
     h = sub.add_parser("probe", help="how often the comment as a hint makes the base's own turn right")
     h.add_argument("--model", type=Path, default=d.model)
@@ -194,13 +200,18 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--runs", type=Path, default=OUT / "runs.jsonl")
     s.add_argument("--run", default="", help="the run's id (default: the latest)")
     args = parser.parse_args(argv)
+    if args.command == "run" and args.fresh_seed is None:
+        args.fresh_seed = [] if args.no_fresh else list(d.fresh_seeds)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments(argv)
     if args.command == "summary":
         summary(args.runs, args.run)
         return 0
     if args.command == "probe":
         return _probe_main(args)
-    if args.fresh_seed is None:
-        args.fresh_seed = [] if args.no_fresh else list(d.fresh_seeds)
     import django
 
     django.setup()

@@ -106,9 +106,10 @@ def judge_sft_train(*, comments: dict[str, Any], seed: int, options: Options, ru
         return None, NO_JUDGE
     if judge.failed:
         return None, f"the judge did not start: {judge.failed}"
-    training_set, figures = judge_corrections(comments=comments, seed=seed, options=options, judge=judge)
+    training_set, figures, ours = judge_corrections(comments=comments, seed=seed, options=options, judge=judge)
+    judged_here = {row.key for row in training_set.items.all() if row.provenance.get("judge_result") in ours}
     items, _ = training_set_items(training_set)
-    items = [it for it in items if it.target]
+    items = [it for it in items if it.target and it.id in judged_here]
     if not items:
         return None, f"the judge wrote no correction ({figures})"
     policy, trained = sft_arm(

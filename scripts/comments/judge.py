@@ -85,7 +85,8 @@ def judge_corrections(
     rebuilt from feedback (named `name`, by default `lfc-{run}-seed{seed}-judge`) so that
     each item carries the judge's corrected response. `mode` is the deployment judge's
     `correction_mode`: "text" (the judge writes the turn) or "actions" (it chooses the turn
-    among the agent's actions). Returns (the set, the judge's figures)."""
+    among the agent's actions). Returns (the set, the judge's figures, the ids of this call's
+    judgements: a set item whose judgement is not among them is not this call's correction)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from django.contrib.auth import get_user_model
@@ -137,9 +138,12 @@ def judge_corrections(
         description="the simulated lead's comments, turned into corrected responses by the judge",
     )
     task_of = item_tasks(training_set)
+    # A turn whose judgement failed here keeps the latest earlier one in the set (another
+    # arm's, in another mode): only this call's corrections count and are trained on.
+    ours = {r.pk for r in pending}
     graded = []
     for row in training_set.items.all():
-        if row.corrected_response:
+        if row.corrected_response and row.provenance.get("judge_result") in ours:
             reference = turn_reference(task=task_of[row.key], messages=row.messages) or ""
             graded.append(grade("tool_action", row.corrected_response, reference))
     results = JudgeResult.objects.filter(pk__in=[r.pk for r in pending])
@@ -155,4 +159,4 @@ def judge_corrections(
         "judge": str(options.judge or options.judge_url),
         "judge_seconds": seconds,
     }
-    return training_set, figures
+    return training_set, figures, ours

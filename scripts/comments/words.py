@@ -55,7 +55,7 @@ def words_train(arm: str, *, comments: dict[str, Any], seed: int, options: Optio
         record["shuffled"] = {k: str(source[k]) for k in ("deployment", "training_set")} | {
             k: source[k] for k in ("moved", "same_words")
         }
-    judge_set, figures = judge_corrections(
+    judge_set, figures, ours = judge_corrections(
         comments=source,
         seed=seed,
         options=options,
@@ -63,12 +63,18 @@ def words_train(arm: str, *, comments: dict[str, Any], seed: int, options: Optio
         mode="actions",
         name=f"lfc-{options.run}-seed{seed}-{arm}-judge",
     )
-    judge_items = judge_set_items(judge_set)
+    judge_items = judge_set_items(judge_set, ours)
     rule, text, note = words_note(deployment=source["deployment"])
+    # A3's note part equals A2's where the reader takes the rule from the words alone (they
+    # state it, whichever turn they sit on): then only the judge part is controlled.
+    if arm == "words":
+        comments["words_rule"] = note.get("rule")
+    elif "words_rule" in comments:
+        note["rule_same_as_words"] = note.get("rule") == comments["words_rule"]
     items = note_labelled(rule=rule, text=text, seed=seed) if rule is not None else []
     if not judge_items and not items:
         return None, f"neither part gave an item: the judge wrote no correction ({figures}); note: {note}"
-    words_set_check(judge_set=judge_set, judge_items=judge_items, note_items=items, rule=rule, text=text)
+    words_set_check(judge_set=judge_set, ours=ours, judge_items=judge_items, note_items=items, rule=rule, text=text)
     log(f"{arm} seed {seed}: {len(judge_items)} judge items, {len(items)} note items")
     policy, trained = sft_arm(
         judge_items + items, recipe=RECIPE, seed=seed, options=options, run_dir=run_dir, label=arm
@@ -86,12 +92,15 @@ def words_train(arm: str, *, comments: dict[str, Any], seed: int, options: Optio
     }
 
 
-def judge_set_items(judge_set) -> list:
-    """The judge set's items that carry the judge's chosen action as their target."""
+def judge_set_items(judge_set, ours: set[int]) -> list:
+    """The judge set's items that carry, as their target, the action a judgement of this
+    call (`ours`) chose: a turn whose judgement failed here is left out, not given an
+    earlier arm's correction."""
     from training.services.job_runner import training_set_items
 
+    judged_here = {row.key for row in judge_set.items.all() if row.provenance.get("judge_result") in ours}
     items, _ = training_set_items(judge_set)
-    return [it for it in items if it.target]
+    return [it for it in items if it.target and it.id in judged_here]
 
 
 def words_note(*, deployment) -> tuple[Any, str, dict[str, Any]]:
@@ -143,7 +152,7 @@ def note_labelled(*, rule, text: str, seed: int) -> list:
     )
 
 
-def words_set_check(*, judge_set, judge_items: list, note_items: list, rule, text: str) -> None:
+def words_set_check(*, judge_set, ours: set[int], judge_items: list, note_items: list, rule, text: str) -> None:
     """Refuse (`OracleLeak`) a words set that holds anything but the judge's corrections and
     the note's labels: every judge item's target must be the correction of the judgement its
     row names (correction source "judge", the lead's comment beside it, no reference or
@@ -168,6 +177,8 @@ def words_set_check(*, judge_set, judge_items: list, note_items: list, rule, tex
             found.append(f"correction source {row.correction_source}")
         if result is None or result.status != JudgeStatus.SUCCEEDED:
             found.append("no judgement behind it")
+        elif result.pk not in ours:
+            found.append(f"judgement {result.pk} is not one of this arm's")
         elif not item.target or item.target != row.corrected_response or item.target != result.corrected_response:
             found.append("a target that is not the judge's correction")
         if row.reference or row.grader or item.reference or item.grader:
@@ -229,6 +240,11 @@ def shuffled_twin(*, comments: dict[str, Any], seed: int, options: Options) -> d
         name=f"lfc-{options.run}-seed{seed}-shuffled",
         defaults={"description": "learn-from-comments: the base's episodes again, each comment on another turn"},
     )
+    author = simulated_operator_user()
+    if Comment.objects.filter(trace__deployment=twin, author=author).exists():
+        # Adding them again would put two comments on each turn (the original's review
+        # skips the traces it has commented on; comment_add does not).
+        return {"skipped": f"{twin.name} already holds the comments of an earlier run with this id: use a new --run"}
     results = episodes_record(
         deployment=twin,
         environment=SupportDesk.name,
@@ -248,7 +264,6 @@ def shuffled_twin(*, comments: dict[str, Any], seed: int, options: Options) -> d
         for m in Message.objects.filter(trace__deployment=twin, role="assistant").select_related("trace")
     }
     sigma = derangement(bodies, random.Random(f"shuffle-{seed}"))
-    author = simulated_operator_user()
     moved = []
     for i, body in enumerate(bodies):
         trace, message = commented[sigma[i]]

@@ -395,17 +395,30 @@ def test_the_words_arm_and_its_shuffled_control_learn_from_the_judges_actions_an
     # refuses a set into which an oracle target is slipped.
     rule, text = rule_parse(NOTE_RULE), "Refund delivered orders within 30 days."
     note_items = note_labelled(rule=rule, text=text, seed=0)
-    for arm in ("words", "words-shuffled"):
+    for arm, deployment in (("words", "lfc-t-seed0"), ("words-shuffled", "lfc-t-seed0-shuffled")):
         judge_set = TrainingSet.objects.get(name=f"lfc-t-seed0-{arm}-judge")
         assert {it.correction_source for it in judge_set.items.all()} == {CorrectionSource.JUDGE}
-        items = judge_set_items(judge_set)
-        lfc.words_set_check(judge_set=judge_set, judge_items=items, note_items=note_items, rule=rule, text=text)
+        ours = set(JudgeResult.objects.filter(trace__deployment__name=deployment).values_list("pk", flat=True))
+        items = judge_set_items(judge_set, ours)
+        assert len(items) == trained[arm]["train"]["items"]["judge"]
+        lfc.words_set_check(
+            judge_set=judge_set, ours=ours, judge_items=items, note_items=note_items, rule=rule, text=text
+        )
+    # The same canned note on both deployments: the control's note part is A2's, and says so.
+    assert trained["words-shuffled"]["train"]["note"]["rule_same_as_words"] is True
+    # A correction that is not this arm's own judgement (an earlier arm's, where this one's
+    # failed) is refused.
+    with pytest.raises(lfc.OracleLeak, match="is not one of this arm's"):
+        lfc.words_set_check(
+            judge_set=judge_set, ours=set(), judge_items=items, note_items=note_items, rule=rule, text=text
+        )
     desk = SupportDesk()
     oracle = oracle_items(desk.tasks_for(split="train", graded=True)[:8], prefix="train")
     wrong_target = next(o for o in oracle if o.target != items[0].target)
     with pytest.raises(lfc.OracleLeak, match="not the judge's correction"):
         lfc.words_set_check(
             judge_set=judge_set,
+            ours=ours,
             judge_items=[dataclasses.replace(items[0], target=wrong_target.target), *items[1:]],
             note_items=note_items,
             rule=rule,
@@ -420,7 +433,12 @@ def test_the_words_arm_and_its_shuffled_control_learn_from_the_judges_actions_an
     )
     with pytest.raises(lfc.OracleLeak, match="a target the note does not give"):
         lfc.words_set_check(
-            judge_set=judge_set, judge_items=items, note_items=[*note_items, decision], rule=rule, text=text
+            judge_set=judge_set,
+            ours=ours,
+            judge_items=items,
+            note_items=[*note_items, decision],
+            rule=rule,
+            text=text,
         )
 
 
@@ -437,3 +455,12 @@ def test_the_control_moves_every_comment_to_another_turn_with_other_words():
         assert sorted(sigma) == list(range(len(bodies)))
         assert all(sigma[i] != i and bodies[sigma[i]] != bodies[i] for i in range(len(bodies)))
     assert derangement(["same", "same"], random.Random(0)) == [1, 0]  # equal words: still moved
+
+
+def test_quick_gives_tiny_sizes_except_those_the_command_line_names():
+    quick = lfc.options_from(lfc.arguments(["run", "--quick"]))
+    assert (quick.train_episodes, quick.steps, quick.validate_at, quick.test_episodes) == (6, 1, [1], 3)
+    named = lfc.options_from(lfc.arguments(["run", "--quick", "--train-episodes", "20", "--steps", "4"]))
+    assert (named.train_episodes, named.steps, named.validate_at, named.test_episodes) == (20, 4, [2, 4], 3)
+    full = lfc.options_from(lfc.arguments(["run"]))
+    assert (full.train_episodes, full.steps) == (lfc.Options().train_episodes, lfc.Options().steps)

@@ -363,14 +363,16 @@ def decode_from(
 
 
 def _step_mask(model, mask: torch.Tensor) -> torch.Tensor:
-    """The decode loop's attention mask: (B, 1, 1, K) booleans where the model attends by
-    SDPA over every earlier position, else `mask` (B, K) as it is. A decode step's one query
-    is the last position, so the causal part allows every key and the mask is the padding
-    alone; given in 4-D, transformers takes it as it is instead of building it again at every
-    step (about a twentieth of a small model's decode step on a CPU). A sliding window,
-    another layer type or another attention function gets the 2-D mask and its own rules."""
+    """The decode loop's attention mask on the CPU: (B, 1, 1, K) booleans where the model
+    attends by SDPA over every earlier position, else `mask` (B, K) as it is. A decode step's
+    one query is the last position, so the causal part allows every key and the mask is the
+    padding alone; given in 4-D, transformers takes it as it is instead of building it again
+    at every step (`bench/decode_mask.py` measures the difference). Not on other devices: there
+    transformers drops an all-ones mask, which lets CUDA's kernels share grouped key/value
+    heads, and a 4-D mask would stop that. A sliding window, another layer type or another
+    attention function gets the 2-D mask and its own rules."""
     config = getattr(model, "config", None)
-    if getattr(config, "_attn_implementation", None) != "sdpa":
+    if mask.device.type != "cpu" or getattr(config, "_attn_implementation", None) != "sdpa":
         return mask
     if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
         return mask
