@@ -11,7 +11,9 @@ holds any.
 
 A3 runs the same pipeline on a twin of the seed's deployment: the same episodes, the same
 commented turns, each comment moved to another commented turn by a seeded derangement. What
-A2 gains over A3 is what the words say about their own turns, not their mere presence.
+A2 gains over A3 is what the words say about their own turns, not their mere presence. Where
+the comments state the rule themselves, the reader may write A3 the same note as A2 (the
+record's `rule_same_as_words`), and then only the judge's part is controlled.
 """
 
 from __future__ import annotations
