@@ -25,8 +25,7 @@ def comments_set(*, harness: Harness, seed: int, options: Options) -> dict[str, 
     order the lead wrote the comments (`commented`)."""
     from feedback.demo.operator import simulated_operator_review, simulated_operator_user
     from feedback.models import Comment, Trace
-    from training.environments.support_desk import SupportDesk, tasks_sample
-    from training.services.episodes import episodes_record
+    from training.environments.support_desk import tasks_sample
     from training.services.feedback_sets import training_set_from_feedback
     from training.serving.models import Deployment
 
@@ -37,18 +36,7 @@ def comments_set(*, harness: Harness, seed: int, options: Options) -> dict[str, 
         name=f"lfc-{options.run}-seed{seed}",
         defaults={"description": "learn-from-comments: the base's training-split episodes, for the simulated lead"},
     )
-    results = episodes_record(
-        deployment=deployment,
-        environment=SupportDesk.name,
-        episodes=played,
-        model_version="base",
-        job_id=None,
-        step=0,
-        phase=f"train-seed{seed}",
-    )
-    failed = [r for r in results if r.status == "error"]
-    if failed:
-        raise RuntimeError(f"{len(failed)} episodes were not recorded: {failed[0].errors}")
+    episodes_store(deployment=deployment, played=played, seed=seed)
     counts = simulated_operator_review(
         traces=Trace.objects.filter(deployment=deployment),
         seed=seed,
@@ -75,6 +63,26 @@ def comments_set(*, harness: Harness, seed: int, options: Options) -> dict[str, 
         "played": played,
         "commented": [(c.trace, c.message) for c in written.order_by("id")],
     }
+
+
+def episodes_store(*, deployment, played, seed: int) -> None:
+    """The base's played training-split episodes as traces of `deployment` (a second call
+    with the same episodes stores nothing new)."""
+    from training.environments.support_desk import SupportDesk
+    from training.services.episodes import episodes_record
+
+    results = episodes_record(
+        deployment=deployment,
+        environment=SupportDesk.name,
+        episodes=played,
+        model_version="base",
+        job_id=None,
+        step=0,
+        phase=f"train-seed{seed}",
+    )
+    failed = [r for r in results if r.status == "error"]
+    if failed:
+        raise RuntimeError(f"{len(failed)} episodes were not recorded on {deployment.name}: {failed[0].errors}")
 
 
 def words_only_check(training_set) -> None:

@@ -26,7 +26,7 @@ from desk import log
 from desk.recipes import RECIPES
 
 from comments.arms import sft_arm
-from comments.comment_set import OracleLeak, words_only_check
+from comments.comment_set import OracleLeak, episodes_store, words_only_check
 from comments.judge import JudgeServer, judge_corrections, judge_patience
 from comments.options import EXPERIMENTER, NO_JUDGE, Options
 
@@ -228,8 +228,6 @@ def shuffled_twin(*, comments: dict[str, Any], seed: int, options: Options) -> d
     from feedback.demo.operator import simulated_operator_user
     from feedback.models import Comment, Message
     from feedback.services.review import comment_add
-    from training.environments.support_desk import SupportDesk
-    from training.services.episodes import episodes_record
     from training.services.feedback_sets import training_set_from_feedback
     from training.serving.models import Deployment
 
@@ -247,18 +245,7 @@ def shuffled_twin(*, comments: dict[str, Any], seed: int, options: Options) -> d
         # Adding them again would put two comments on each turn (the original's review
         # skips the traces it has commented on; comment_add does not).
         return {"skipped": f"{twin.name} already holds the comments of an earlier run with this id: use a new --run"}
-    results = episodes_record(
-        deployment=twin,
-        environment=SupportDesk.name,
-        episodes=comments["played"],
-        model_version="base",
-        job_id=None,
-        step=0,
-        phase=f"train-seed{seed}",
-    )
-    failed = [r for r in results if r.status == "error"]
-    if failed:
-        raise RuntimeError(f"{len(failed)} episodes were not recorded on the twin: {failed[0].errors}")
+    episodes_store(deployment=twin, played=comments["played"], seed=seed)
     # The same turn of the same episode: its trace's external id (task and episode index)
     # and the message's position.
     turns = {

@@ -23,26 +23,7 @@ pytestmark = pytest.mark.django_db
 
 
 def _options(tiny_model_dir, tmp_path, **overrides):
-    sizes = {
-        "model": tiny_model_dir,
-        "seeds": [0, 1],
-        "train_episodes": 6,
-        "test_episodes": 3,
-        "validate_episodes": 2,
-        "fresh_seeds": [3],
-        "steps": 1,
-        "validate_at": [1],
-        "oracle_steps": 1,
-        "lora_rank": 4,
-        "trainable_layers": 1,
-        "prompts_per_step": 2,
-        "max_new_tokens": 8,
-        "group_size": 2,
-        "hint_samples": 2,
-        "distill_samples": 1,
-        "out": tmp_path,
-        "run": "t",
-    }
+    sizes = {"model": tiny_model_dir, "seeds": [0, 1], "fresh_seeds": [3], "out": tmp_path, "run": "t", **lfc.QUICK}
     return lfc.Options(**(sizes | overrides))
 
 
