@@ -21,6 +21,7 @@ engine's KV cache (`VLLM_CPU_KVCACHE_SPACE`, 1 GiB unless set) stays allocated.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import shutil
 from pathlib import Path
@@ -52,7 +53,10 @@ class ColocatedRollouts(VllmRollouts):
 
         self.ranks = Ranks()  # one process (the config refuses more)
         self.cuda = pick_cuda(config)
+        self.processes: list = []
+        before = set(multiprocessing.active_children())
         self.engine = colocated_engine(config, cuda=self.cuda, lora_rank=lora_rank)
+        self.processes = [p for p in multiprocessing.active_children() if p not in before]
         # The model's generation_config sampling defaults (top_k, min_p, penalties), which a
         # server applies to every field a request leaves out: the engine must sample as the
         # server would, and `SamplingParams` given explicitly skips them.
@@ -139,6 +143,14 @@ class ColocatedRollouts(VllmRollouts):
                 engine.llm_engine.engine_core.shutdown()
         except Exception:
             logger.exception("the colocated vLLM engine did not shut down cleanly")
+        # The shutdown kills a core that outlives its grace period without waiting for it:
+        # on a loaded machine the process is still exiting (its memory being freed) when the
+        # job ends. Waited for and reaped here, so the job ends with the engine gone.
+        for process in self.processes:
+            process.join(timeout=60)
+            if process.is_alive():
+                logger.error("the colocated vLLM engine's process %s is still running after its shutdown", process.pid)
+        self.processes = []
         shutil.rmtree(self.run_dir / "rollout-adapters", ignore_errors=True)
 
 
