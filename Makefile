@@ -12,7 +12,7 @@ REDIS_URL ?= redis://127.0.0.1:6379/15
 TEST_DATABASE_URL = $(or $(DATABASE_URL),$(shell pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null && echo $(PG_URL)))
 TEST_BROKER_URL = $(or $(CELERY_BROKER_URL),$(shell (redis-cli -h 127.0.0.1 ping 2>/dev/null | grep -q PONG) && echo $(REDIS_URL)))
 
-.PHONY: help install demo test test-fast lint format bench migrate browser-deps screenshots clean inference learn-demo episodes-demo gpu-check learn-from-comments local-judge loop-rounds docs docs-build
+.PHONY: help install demo test test-fast lint format bench migrate browser-deps screenshots clean inference learn-demo episodes-demo gpu-check learn-from-comments local-judge local-judge-server loop-rounds docs docs-build
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -120,6 +120,9 @@ learn-from-comments: migrate ## operators' comments -> distillation, hinted GRPO
 
 local-judge: install ## a local judge for offline experiments (Qwen2.5-Coder-1.5B-Instruct GGUF, from PyPI) in var/judges/
 	scripts/local_judge.sh
+
+local-judge-server: install ## llama.cpp's server, built from PyPI's source, to serve the local judge's GGUF as it is (var/judges/llama-server)
+	scripts/llama_server.sh
 
 loop-rounds: migrate ## the continuous loop on SmolLM2: 2 unattended rounds of a learning policy (worker + beat; needs Redis), test split
 	CELERY_BROKER_URL="$(or $(TEST_BROKER_URL),$(REDIS_URL))" $(PY) scripts/loop_rounds.py $(ARGS)
