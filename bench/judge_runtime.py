@@ -1,0 +1,113 @@
+"""The local judge served two ways, side by side on the same judgements: vLLM on the fp32
+folder that `make local-judge` converts, and llama.cpp's `llama-server` on the Q4_K_M GGUF
+that folder was converted from (`make local-judge-server`) — the same weights.
+
+Each judgement is one comment of the comment bank on a support-desk decision context, read
+through the product's path in actions mode (`reader_bank.read_one`: `judge_turn_action`, the
+action-space schema as `response_format`). Both servers run at once, idle but for the
+request in flight; the judgements alternate between them, one request at a time, and which
+server goes first alternates too, so machine noise hits both alike. Prints, for each, the
+median seconds a judgement (the re-asks included), its actions right, the calls that
+failed, and the ratio of the medians; then how often the two chose the same action.
+
+    .venv/bin/python bench/judge_runtime.py [--cases 8]
+
+Needs `make local-judge` and `make local-judge-server`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from support import free_port  # noqa: E402  (bench/, the script's own folder)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cases", type=int, default=8, help="bank comments judged by each server")
+    p.add_argument("--folder", type=Path, default=ROOT / "var" / "judges" / "qwen2.5-coder-1.5b-instruct")
+    p.add_argument("--gguf", type=Path, default=ROOT / "var" / "judges" / "qwen2.5-coder-1.5b-instruct.gguf")
+    p.add_argument("--split", default="test", choices=["validation", "test"])
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+
+    import contextlib
+
+    from reader_bank import read_one
+    from served_judge import served_judge
+
+    from training.environments.comment_bank import bank_cases
+    from training.environments.support_desk import SupportDesk
+
+    desk = SupportDesk()
+    contexts = desk.decision_contexts(tasks=desk.tasks_for(split=args.split, graded=True), per_point=1)
+    cases = bank_cases(contexts=contexts, seed=args.seed)[: args.cases]
+    limits = {"timeout_s": 900, "deadline_s": 2700, "max_tokens": 400, "correction_mode": "actions"}
+    rows: dict[str, list[dict]] = {"vLLM fp32": [], "llama-server Q4_K_M": []}
+    with contextlib.ExitStack() as stack:
+        started = time.monotonic()
+        endpoints = {
+            "vLLM fp32": stack.enter_context(
+                served_judge(
+                    args.folder,
+                    served_name="judge",
+                    port=free_port(),
+                    max_model_len=4096,
+                    log_path=ROOT / "var" / "bench-judge-vllm.log",
+                    start_timeout=900,
+                    **limits,
+                )
+            )
+        }
+        print(f"vLLM ready in {time.monotonic() - started:.0f} s", flush=True)
+        started = time.monotonic()
+        endpoints["llama-server Q4_K_M"] = stack.enter_context(
+            served_judge(
+                args.gguf,
+                served_name="judge",
+                port=free_port(),
+                max_model_len=4096,
+                log_path=ROOT / "var" / "bench-judge-llama.log",
+                start_timeout=900,
+                **limits,
+            )
+        )
+        print(f"llama-server ready in {time.monotonic() - started:.0f} s", flush=True)
+        names = list(endpoints)
+        for i, case in enumerate(cases):
+            for name in names if i % 2 == 0 else names[::-1]:
+                row = read_one(case, endpoint=endpoints[name])
+                rows[name].append(row)
+                print(
+                    f"{i + 1}/{len(cases)} {name:20} {row['seconds']:7.1f} s  chose={row['chose'] or '-':12} "
+                    f"right={row['right']!s:5} {row['error'][:80]}",
+                    flush=True,
+                )
+    print(f"\n{len(cases)} bank comments ({args.split} contexts), judged one at a time by each:")
+    medians = {}
+    for name, found in rows.items():
+        medians[name] = statistics.median(r["seconds"] for r in found)
+        print(
+            f"  {name:20} median {medians[name]:6.1f} s a judgement, "
+            f"{sum(r['right'] for r in found)}/{len(found)} actions right, "
+            f"{sum(bool(r['error']) for r in found)} calls failed"
+        )
+    vllm, llama = names
+    print(f"  ratio llama-server / vLLM, median seconds: {medians[llama] / medians[vllm]:.2f}")
+    same = sum(a["chose"] == b["chose"] for a, b in zip(rows[vllm], rows[llama], strict=True))
+    print(f"  the same action chosen: {same}/{len(cases)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
