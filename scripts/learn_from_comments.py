@@ -12,6 +12,10 @@ For each seed:
    the simulated support lead (`simulated_operator_review`) comments on the failed ones
    through the product's comment service, under the inactive `simulated-operator` account:
    words only, sometimes vague, now and then wrong (the lead's default rates).
+   `--comments bank` rewrites each comment on a decision turn (right after the lookup of
+   the customer's order) in a phrasing of the comment bank, written apart from the lead's
+   templates (`comments.comment_set.bank_words`): the final runs' readers read words no
+   template of the simulator wrote.
 3. A training set from those comments (`training_set_from_feedback`): each commented turn
    with its context and the comment as `feedback`. `words_only_check` refuses the set if
    any item carries a corrected response, a reference answer or a grader — nothing in it
@@ -36,9 +40,10 @@ For each seed:
      policy; each correction's oracle grade is written to the record as a measurement
      of the judge only. Without a judge the arm is skipped and says so. The SFT settings
      are the oracle recipe's (chosen earlier on the validation split), with `--steps`.
-   - `oracle-sft`: the ceiling — SFT on oracle labels (`desk_experiment`'s
-     `decisions-weighted-32-cf3` recipe: every training order's turns as the hidden policy
-     plays them, with counterfactual copies), computed from the environment's hidden answer.
+   - `oracle-sft`: the ceiling — SFT on oracle labels (a `desk_experiment` recipe,
+     `--oracle-recipe`, by default `decisions-weighted-32-cf3`: every training order's turns
+     as the hidden policy plays them, with counterfactual copies), computed from the
+     environment's hidden answer.
    - `words` (issue 39's A2, words only): the same judge, choosing each commented turn's
      correction among the agent's actions (`correction_mode` "actions", prompt
      `judge-action/v1`), and a policy note it proposes from the same comments
@@ -76,11 +81,22 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # above: what they import inside their functions (torch, Django) then finds it set.
 from comments.arms import _common  # noqa: E402
 from comments.comment_set import OracleLeak, words_only_check  # noqa: E402
-from comments.options import ARMS, EXPERIMENTER, GRPO_REWARDS, JUDGE_DIR, OUT, QUICK, Options  # noqa: E402
+from comments.options import (  # noqa: E402
+    ARMS,
+    COMMENT_SOURCES,
+    EXPERIMENTER,
+    GRPO_REWARDS,
+    JUDGE_DIR,
+    ORACLE_RECIPE,
+    OUT,
+    QUICK,
+    Options,
+)
 from comments.probe import hint_probe  # noqa: E402
 from comments.runs import run, summary  # noqa: E402
 from comments.words import words_set_check  # noqa: E402
 from desk.harness import MODEL, cpu_attention  # noqa: E402
+from desk.recipes import RECIPES  # noqa: E402
 
 # What the tests read from here.
 __all__ = [
@@ -107,7 +123,12 @@ def options_from(args) -> Options:
         fresh_seeds=args.fresh_seed,
         steps=args.steps,
         validate_at=args.validate_at or [max(1, args.steps // 2), args.steps],
-        oracle_steps=args.oracle_steps,
+        oracle_recipe=args.oracle_recipe,
+        # A recipe named on the command line keeps its own steps and checkpoints unless given.
+        oracle_steps=args.oracle_steps
+        if args.oracle_steps is not None
+        else (Options().oracle_steps if args.oracle_recipe == ORACLE_RECIPE else None),
+        comments=args.comments,
         learning_rate=args.lr,
         trainable_layers=args.trainable_layers,
         group_size=args.group_size,
@@ -167,7 +188,25 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-fresh", action="store_true", help="measure the test split only")
     p.add_argument("--steps", type=int, default=d.steps, help="steps of every arm but oracle-sft")
     p.add_argument("--validate-at", type=int, nargs="*", help="steps measured on validation (default: half, end)")
-    p.add_argument("--oracle-steps", type=int, default=d.oracle_steps)
+    p.add_argument(
+        "--oracle-recipe",
+        choices=sorted(RECIPES),
+        default=d.oracle_recipe,
+        help="A1's recipe (scripts/desk/recipes.py): oracle labels, the ceiling",
+    )
+    p.add_argument(
+        "--oracle-steps",
+        type=int,
+        default=None,
+        help=f"A1's steps, checkpoints at half and end (default: {d.oracle_steps} for {ORACLE_RECIPE}, "
+        "another recipe's own steps and checkpoints)",
+    )
+    p.add_argument(
+        "--comments",
+        choices=COMMENT_SOURCES,
+        default=d.comments,
+        help="the words on the decision turns: the simulated lead's, or the comment bank's (written apart)",
+    )
     p.add_argument("--lr", type=float, default=d.learning_rate)
     p.add_argument("--trainable-layers", type=int, default=d.trainable_layers)
     p.add_argument("--group-size", type=int, default=d.group_size)
@@ -175,7 +214,10 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--grpo-reward", choices=sorted(GRPO_REWARDS), default=d.grpo_reward)
     p.add_argument("--hint-at", choices=["system", "last"], default=d.hint_at, help="where the comment is read")
     p.add_argument(
-        "--judge", type=Path, help=f"the judge's HF folder, served by vLLM (`make local-judge`: {JUDGE_DIR})"
+        "--judge",
+        type=Path,
+        help=f"the judge: an HF folder served by vLLM (`make local-judge`: {JUDGE_DIR}), or a .gguf file "
+        "served by llama-server (`make local-judge-server`)",
     )
     p.add_argument(
         "--judge-url", default="", help="an OpenAI-compatible judge endpoint instead (key: $PRACTICUM_LFC_JUDGE_KEY)"

@@ -179,18 +179,22 @@ def arm_train(
     from training.trainer.policy import load_policy
 
     if arm == "oracle-sft":
-        steps = options.oracle_steps
-        recipe = {**BASE_RECIPE, **RECIPES[ORACLE_RECIPE]}
+        recipe = {**BASE_RECIPE, **RECIPES[options.oracle_recipe]}
+        if options.oracle_steps is not None:
+            steps = options.oracle_steps
+            recipe |= {"steps": steps, "validate_at": sorted({max(1, steps // 2), steps})}
         recipe |= {
-            "steps": steps,
-            "validate_at": sorted({max(1, steps // 2), steps}),
             "validate_episodes": options.validate_episodes,
             "lora_rank": options.lora_rank,
             "lora_alpha": 2 * options.lora_rank,
             "trainable_layers": options.trainable_layers,
         }
         policy, info = train(recipe, seed=seed, run_dir=run_dir, model=options.model)
-        return policy, info | {"settings": recipe, "signal": "oracle labels (computed from the hidden policy)"}
+        return policy, info | {
+            "recipe": options.oracle_recipe,
+            "settings": recipe,
+            "signal": "oracle labels (computed from the hidden policy)",
+        }
 
     if arm == "judge-sft":
         return judge_sft_train(

@@ -43,6 +43,7 @@ def comments_set(*, harness: Harness, seed: int, options: Options) -> dict[str, 
         vague_rate=options.vague_rate,
         wrong_rate=options.wrong_rate,
     )
+    bank = bank_words(deployment=deployment, seed=seed, options=options) if options.comments == "bank" else None
     training_set = training_set_from_feedback(
         name=f"lfc-{options.run}-seed{seed}",
         filters={"comment": "yes"},
@@ -57,12 +58,78 @@ def comments_set(*, harness: Harness, seed: int, options: Options) -> dict[str, 
     return {
         "training_set": training_set,
         "deployment": deployment,
-        "review": dict(counts),
+        "review": dict(counts) | ({"bank": bank} if bank is not None else {}),
         "episodes": len(played),
         "successes": sum(e.reward >= 1.0 for e in played),
         "played": played,
         "commented": [(c.trace, c.message) for c in written.order_by("id")],
     }
+
+
+def bank_words(*, deployment, seed: int, options: Options) -> dict[str, Any]:
+    """`--comments bank`: the lead's comment on each decision turn (the turn right after the
+    lookup of the customer's own order) is rewritten, through the comment service, in a
+    phrasing of the comment bank (`training.environments.comment_bank`, written apart from
+    the simulated lead) about that order. The lead still decides which turns get a comment;
+    whether it is specific, vague or wrong is drawn again at the lead's rates, and a specific
+    comment asks for the policy's action, a wrong one for the other. Comments on other turns
+    (a lookup of the wrong order, a missing lookup) keep the lead's words: the bank has no
+    phrasing for them. So a final run's readers read words no template of the simulator
+    wrote; only the readers' outputs (actions, a note's labels) reach the policy's targets.
+    Returns the counts: rewritten by kind, and the lead's comments kept."""
+    import json
+    import random
+    from collections import Counter
+
+    from feedback.demo.operator import simulated_operator_user
+    from feedback.models import Comment
+    from feedback.services.review import comment_edit
+    from training.environments.comment_bank import FITS, comment_bank
+    from training.environments.records import key_normalized
+    from training.environments.support_desk import SupportDesk
+    from training.environments.support_desk.store import order_kind
+    from training.environments.support_operator import VAGUE_RATE, WRONG_RATE
+
+    vague = VAGUE_RATE if options.vague_rate is None else options.vague_rate
+    wrong = WRONG_RATE if options.wrong_rate is None else options.wrong_rate
+    tasks = {t.id: t for t in SupportDesk().tasks()}
+    author = simulated_operator_user()
+    counts: Counter = Counter()
+    written = Comment.objects.filter(trace__deployment=deployment, author=author).select_related("trace", "message")
+    for comment in written.order_by("id"):
+        task = tasks.get((comment.trace.metadata or {}).get("task_id"))
+        before = comment.trace.messages.filter(position__lt=comment.message.position).order_by("-position").first()
+        try:
+            row = json.loads(before.content) if before is not None and before.role == "tool" else None
+        except (TypeError, ValueError):
+            row = None
+        if (
+            task is None
+            or not isinstance(row, dict)
+            or "status" not in row
+            or key_normalized(str(row.get("order_id", ""))) != key_normalized(task.hidden["order_id"])
+        ):
+            counts["lead_kept"] += 1
+            continue
+        kind_of_order = order_kind(row)
+        policy = "refund" if kind_of_order in FITS["refundable"] else "reply"
+        # One stream per trace, apart from the lead's: the same turn gets the same words.
+        rng = random.Random(f"bank:{seed}:{comment.trace.external_id}")
+        draw = rng.random()
+        kind = "wrong" if draw < wrong else "vague" if draw < wrong + vague else "specific"
+        fitting = [
+            c
+            for c in comment_bank()
+            if c.kind == kind
+            and c.fits_kind(kind_of_order)
+            and (c.asks is None or (c.asks == policy) == (kind == "specific"))
+        ]
+        if not fitting:
+            counts["lead_kept"] += 1
+            continue
+        comment_edit(comment=comment, user=author, body=rng.choice(fitting).render(row))
+        counts[f"bank_{kind}"] += 1
+    return dict(counts)
 
 
 def episodes_store(*, deployment, played, seed: int) -> None:

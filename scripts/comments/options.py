@@ -27,6 +27,7 @@ HINT_FIGURES = (
     "hint_truncated_share",
 )
 ORACLE_RECIPE = "decisions-weighted-32-cf3"
+COMMENT_SOURCES = ("lead", "bank")
 GRPO_REWARDS = {
     "oracle": "ORACLE: the support desk's tool_action grade of each sampled turn against the actions "
     "the hidden refund policy accepts (turn_reference)",
@@ -66,7 +67,10 @@ class Options:
     fresh_seeds: list[int] = field(default_factory=lambda: [3])
     steps: int = 40
     validate_at: list[int] = field(default_factory=lambda: [20, 40])
-    oracle_steps: int = 75  # the recipe's first checkpoint; 150 steps took 50 min a seed
+    # A1's recipe (scripts/desk/recipes.py) and its steps; None: the recipe's own steps and
+    # checkpoints. 75 is decisions-weighted-32-cf3's first checkpoint (150 took 50 min a seed).
+    oracle_recipe: str = ORACLE_RECIPE
+    oracle_steps: int | None = 75
     learning_rate: float = 5e-4
     lora_rank: int = 16
     trainable_layers: int = 6
@@ -83,6 +87,9 @@ class Options:
     judge_model: str = ""
     judge_key: str = ""
     judge_concurrency: int = 8
+    # Whose words the decision turns' comments are in: "lead" (the simulated lead's
+    # templates) or "bank" (the comment bank's phrasings, written apart: `bank_words`).
+    comments: str = "lead"
     vague_rate: float | None = None  # None: the simulated lead's own defaults
     wrong_rate: float | None = None
     out: Path = OUT

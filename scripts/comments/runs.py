@@ -38,6 +38,8 @@ def comments_log(options: Options, seed: int, comments: dict[str, Any]) -> None:
             "training_set": str(training_set),
             "items": training_set.item_count,
             "review": comments["review"],
+            # Whose words: the simulated lead's, or the bank's on the decision turns.
+            "comments": options.comments,
             "episodes": comments["episodes"],
             "successes": comments["successes"],
         },
@@ -96,6 +98,9 @@ def _run_seeds(options: Options, base, judge: JudgeServer | None) -> None:
                 log(f"{arm} seed {seed} skipped: {info}")
                 append(options, {"kind": "skipped", "recipe": arm, "seed": seed, "reason": info})
                 continue
+            # Kept, to draw its decision curve later: desk_experiment.py curve --adapter DIR.
+            policy.model.save_pretrained(run_dir / "adapter")
+            info["adapter"] = str(run_dir / "adapter")
             harness = Harness(policy.model, policy.tokenizer)
             found = measures(harness, seed=seed, options=options, label=arm)
             append(options, {"kind": "candidate", "recipe": arm, "seed": seed, "train": info, "measures": found})

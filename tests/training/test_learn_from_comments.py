@@ -72,6 +72,8 @@ def test_comments_become_a_words_only_set_and_each_arm_is_measured_against_the_b
                 r["train"]["hint_steps"][0]
             )
     assert all(r["train"]["steps_run"] == 1 and r["train"]["step_kept"] == 1 for r in trained)
+    # Each arm's adapter is kept, for its decision curve (desk_experiment.py curve --adapter).
+    assert all((Path(r["train"]["adapter"]) / "adapter_config.json").is_file() for r in trained)
     # The arms play the base's test and fresh tasks, in the same order: they pair by episode.
     base = {(r["seed"], r["split"], r["fresh_seed"]): r["measure"] for r in records if r["kind"] == "base"}
     for r in trained:
@@ -445,3 +447,102 @@ def test_quick_gives_tiny_sizes_except_those_the_command_line_names():
     assert (named.train_episodes, named.steps, named.validate_at, named.test_episodes) == (20, 4, [2, 4], 3)
     full = lfc.options_from(lfc.arguments(["run"]))
     assert (full.train_episodes, full.steps) == (lfc.Options().train_episodes, lfc.Options().steps)
+
+
+def test_an_oracle_recipe_named_keeps_its_own_steps_unless_they_are_given():
+    default = lfc.options_from(lfc.arguments(["run"]))
+    assert (default.oracle_recipe, default.oracle_steps) == (lfc.Options().oracle_recipe, 75)
+    named = lfc.options_from(lfc.arguments(["run", "--oracle-recipe", "bal6-s300"]))
+    assert (named.oracle_recipe, named.oracle_steps) == ("bal6-s300", None)
+    both = lfc.options_from(lfc.arguments(["run", "--oracle-recipe", "bal6-s300", "--oracle-steps", "40"]))
+    assert both.oracle_steps == 40
+    with pytest.raises(SystemExit):
+        lfc.arguments(["run", "--oracle-recipe", "no-such-recipe"])
+
+
+def _episode(external_id: str, task, reply: dict | None) -> dict:
+    """A logged support-desk episode: the lookup of the customer's order and `reply` after
+    it, or (reply None) an answer with no lookup at all."""
+    from training.environments.support_desk import SupportDesk
+
+    env = SupportDesk()
+    order_id = task.hidden["order_id"]
+    start = [{"role": "system", "content": task.system}, {"role": "user", "content": task.prompt}]
+    if reply is None:
+        messages = [*start, {"role": "assistant", "content": "Your order is fine."}]
+    else:
+        call = {
+            "id": "c0",
+            "type": "function",
+            "function": {"name": "lookup_order", "arguments": json.dumps({"order_id": order_id})},
+        }
+        row = env.call(env.reset(task), "lookup_order", {"order_id": order_id})
+        messages = [
+            *start,
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c0", "content": row},
+            reply,
+        ]
+    return {
+        "external_id": external_id,
+        "environment": "support-desk",
+        "messages": messages,
+        "metadata": {"environment": "support-desk", "task_id": task.id, "split": task.split},
+    }
+
+
+def test_bank_comments_replace_the_leads_words_on_decision_turns_only():
+    """`--comments bank`: the lead picks the turns; on a decision turn its words become a
+    bank phrasing about the same order that asks for what the policy does (specific), and
+    a turn the bank has no words for keeps the lead's comment."""
+    from comments.comment_set import bank_words
+
+    from feedback.demo.operator import simulated_operator_review
+    from feedback.models import Comment, Trace
+    from feedback.services.ingest import traces_ingest
+    from tests.factories import DeploymentFactory
+    from training.environments.comment_bank import comment_bank
+    from training.environments.support_desk import SupportDesk
+
+    deployment = DeploymentFactory(name="lfc-bank")
+    tasks = SupportDesk().tasks_for(split="train", graded=True)
+    due = next(t for t in tasks if t.hidden["refund"])
+    late = next(t for t in tasks if t.hidden["kind"] == "late_near_line")
+    refund = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {"name": "issue_refund", "arguments": json.dumps({"order_id": late.hidden["order_id"]})},
+            }
+        ],
+    }
+    results = traces_ingest(
+        deployment=deployment,
+        items=[
+            _episode("refused", due, {"role": "assistant", "content": "Sorry, no refund for this order."}),
+            _episode("refunded", late, refund),
+            _episode("no-lookup", due, None),
+        ],
+    )
+    assert all(r.status != "error" for r in results), results
+    simulated_operator_review(traces=Trace.objects.filter(deployment=deployment), seed=0, vague_rate=0, wrong_rate=0)
+    lead = {c.trace.external_id: c.body for c in Comment.objects.select_related("trace")}
+    assert set(lead) == {"refused", "refunded", "no-lookup"}
+
+    counts = bank_words(
+        deployment=deployment, seed=0, options=lfc.Options(comments="bank", vague_rate=0.0, wrong_rate=0.0)
+    )
+
+    assert counts == {"bank_specific": 2, "lead_kept": 1}
+    now = {c.trace.external_id: c for c in Comment.objects.select_related("trace")}
+    assert now["no-lookup"].body == lead["no-lookup"] and now["no-lookup"].edited_at is None
+    desk = SupportDesk()
+    for name, task, asks in (("refused", due, "refund"), ("refunded", late, "reply")):
+        row = json.loads(desk.call(desk.reset(task), "lookup_order", {"order_id": task.hidden["order_id"]}))
+        phrasings = {c.render(row): c for c in comment_bank() if c.kind == "specific"}
+        assert now[name].body != lead[name] and now[name].edited_at is not None
+        assert now[name].body in phrasings, now[name].body
+        assert phrasings[now[name].body].asks == asks
