@@ -67,8 +67,6 @@ class GgufSpec:
             self.host,
             "--port",
             str(self.port),
-            "--api-key",
-            self.api_key,
             "--ctx-size",
             str(self.max_model_len * self.slots),
             "--parallel",
@@ -79,7 +77,8 @@ class GgufSpec:
             "--jinja",
             "--no-webui",
         ]
-        return argv, dict(os.environ)
+        # The key through the environment, as vLLM's: an argument is readable by every local user.
+        return argv, {**os.environ, "LLAMA_API_KEY": self.api_key}
 
 
 @contextlib.contextmanager

@@ -31,8 +31,10 @@ def test_llama_server_is_started_behind_a_key_on_loopback_with_the_models_own_te
     binary = tmp_path / "llama-server"
     binary.write_text("")
     spec = GgufSpec(model_path="m.gguf", served_name="judge", port=8123, max_model_len=4096, slots=4, binary=binary)
-    argv, _env = spec.command()
+    argv, env = spec.command()
     flags = dict(zip(argv[1::2], argv[2::2], strict=False))
-    assert flags["--host"] == "127.0.0.1" and flags["--api-key"] == spec.api_key and len(spec.api_key) >= 32
+    # The key in the environment, not on a command line that `ps` shows every local user.
+    assert env["LLAMA_API_KEY"] == spec.api_key and len(spec.api_key) >= 32 and spec.api_key not in " ".join(argv)
+    assert flags["--host"] == "127.0.0.1"
     assert flags["--alias"] == "judge" and flags["--ctx-size"] == str(4096 * 4) and flags["--parallel"] == "4"
     assert "--jinja" in argv and spec.url == "http://127.0.0.1:8123"
