@@ -83,6 +83,7 @@ from comments.arms import _common  # noqa: E402
 from comments.comment_set import OracleLeak, words_only_check  # noqa: E402
 from comments.options import (  # noqa: E402
     ARMS,
+    BANK_ARMS,
     COMMENT_SOURCES,
     EXPERIMENTER,
     GRPO_REWARDS,
@@ -96,7 +97,7 @@ from comments.probe import hint_probe  # noqa: E402
 from comments.runs import run, summary  # noqa: E402
 from comments.words import words_set_check  # noqa: E402
 from desk.harness import MODEL, cpu_attention  # noqa: E402
-from desk.recipes import RECIPES  # noqa: E402
+from desk.recipes import BASE_RECIPE, RECIPES  # noqa: E402
 
 # What the tests read from here.
 __all__ = [
@@ -190,7 +191,7 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--validate-at", type=int, nargs="*", help="steps measured on validation (default: half, end)")
     p.add_argument(
         "--oracle-recipe",
-        choices=sorted(RECIPES),
+        choices=sorted(k for k, v in RECIPES.items() if {**BASE_RECIPE, **v}["labels"] == "oracle"),
         default=d.oracle_recipe,
         help="A1's recipe (scripts/desk/recipes.py): oracle labels, the ceiling",
     )
@@ -242,6 +243,10 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     s.add_argument("--runs", type=Path, default=OUT / "runs.jsonl")
     s.add_argument("--run", default="", help="the run's id (default: the latest)")
     args = parser.parse_args(argv)
+    if args.command == "run" and args.comments == "bank" and set(args.arms) - set(BANK_ARMS):
+        # Those arms train the policy on the comment's text itself (as a hint, or through a
+        # judge's free text): the bank is for readers to read, never for a policy to learn.
+        parser.error(f"--comments bank runs only the arms {', '.join(BANK_ARMS)} (pass --arms)")
     if args.command == "run" and args.fresh_seed is None:
         args.fresh_seed = [] if args.no_fresh else list(d.fresh_seeds)
     return args

@@ -164,6 +164,24 @@ def _trained(config, items: list, result, keeper: _Keeper, started: float) -> di
     }
 
 
+def oracle_settings(options: Options) -> dict[str, Any]:
+    """A1's settings: its desk recipe, with the run's validation episodes, `--oracle-steps`
+    where given (checkpoints at half and end) and the run's adapter where it names one other
+    than the default (--quick's, for the tiny model)."""
+    recipe = {**BASE_RECIPE, **RECIPES[options.oracle_recipe]}
+    if options.oracle_steps is not None:
+        steps = options.oracle_steps
+        recipe |= {"steps": steps, "validate_at": sorted({max(1, steps // 2), steps})}
+    recipe["validate_episodes"] = options.validate_episodes
+    if (options.lora_rank, options.trainable_layers) != (Options.lora_rank, Options.trainable_layers):
+        recipe |= {
+            "lora_rank": options.lora_rank,
+            "lora_alpha": 2 * options.lora_rank,
+            "trainable_layers": options.trainable_layers,
+        }
+    return recipe
+
+
 def arm_train(
     arm: str, *, comments: dict[str, Any], seed: int, options: Options, run_dir: Path, judge: JudgeServer | None = None
 ):
@@ -179,16 +197,7 @@ def arm_train(
     from training.trainer.policy import load_policy
 
     if arm == "oracle-sft":
-        recipe = {**BASE_RECIPE, **RECIPES[options.oracle_recipe]}
-        if options.oracle_steps is not None:
-            steps = options.oracle_steps
-            recipe |= {"steps": steps, "validate_at": sorted({max(1, steps // 2), steps})}
-        recipe |= {
-            "validate_episodes": options.validate_episodes,
-            "lora_rank": options.lora_rank,
-            "lora_alpha": 2 * options.lora_rank,
-            "trainable_layers": options.trainable_layers,
-        }
+        recipe = oracle_settings(options)
         policy, info = train(recipe, seed=seed, run_dir=run_dir, model=options.model)
         return policy, info | {
             "recipe": options.oracle_recipe,

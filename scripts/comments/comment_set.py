@@ -43,7 +43,9 @@ def comments_set(*, harness: Harness, seed: int, options: Options) -> dict[str, 
         vague_rate=options.vague_rate,
         wrong_rate=options.wrong_rate,
     )
-    bank = bank_words(deployment=deployment, seed=seed, options=options) if options.comments == "bank" else None
+    bank, words = (
+        bank_words(deployment=deployment, seed=seed, options=options) if options.comments == "bank" else (None, {})
+    )
     training_set = training_set_from_feedback(
         name=f"lfc-{options.run}-seed{seed}",
         filters={"comment": "yes"},
@@ -59,6 +61,8 @@ def comments_set(*, harness: Harness, seed: int, options: Options) -> dict[str, 
         "training_set": training_set,
         "deployment": deployment,
         "review": dict(counts) | ({"bank": bank} if bank is not None else {}),
+        # Whose words each commented turn holds (by message id), for the judge's figures by words.
+        "words": words,
         "episodes": len(played),
         "successes": sum(e.reward >= 1.0 for e in played),
         "played": played,
@@ -66,18 +70,22 @@ def comments_set(*, harness: Harness, seed: int, options: Options) -> dict[str, 
     }
 
 
-def bank_words(*, deployment, seed: int, options: Options) -> dict[str, Any]:
-    """`--comments bank`: the lead's comment on each decision turn (the turn right after the
-    lookup of the customer's own order) is rewritten, through the comment service, in a
-    phrasing of the comment bank (`training.environments.comment_bank`, written apart from
-    the simulated lead) about that order. The lead still decides which turns get a comment;
-    whether it is specific, vague or wrong is drawn again at the lead's rates, and a specific
-    comment asks for the policy's action, a wrong one for the other. Comments on other turns
-    (a lookup of the wrong order, a missing lookup) keep the lead's words: the bank has no
-    phrasing for them. So a final run's readers read words no template of the simulator
+def bank_words(*, deployment, seed: int, options: Options) -> tuple[dict[str, int], dict[int, str]]:
+    """`--comments bank`: the lead's comment on each decision turn (a plain refund of the
+    customer's order, or an answer, right after the lookup of that order) is rewritten,
+    through the comment service, in a phrasing of the comment bank
+    (`training.environments.comment_bank`, written apart from the simulated lead) about
+    that order. The lead still decides which turns get a comment; whether it is specific,
+    vague or wrong is drawn again at the lead's rates, and a specific comment asks for the
+    policy's action, a wrong one for the other. Other comments keep the lead's words: on a
+    turn that is no such decision (a missing lookup, another order, a wrong amount) the bank
+    has no phrasing that says what went wrong, and now and then no bank phrasing of the drawn
+    kind fits the order. So a final run's readers read words no template of the simulator
     wrote; only the readers' outputs (actions, a note's labels) reach the policy's targets.
-    Returns the counts: rewritten by kind, and the lead's comments kept."""
-    import json
+
+    Returns the counts (rewritten by kind; kept because the turn is no decision; kept
+    because nothing fitted) and each commented message's words by id: "bank-<kind>/<bank
+    id>" or "lead"."""
     import random
     from collections import Counter
 
@@ -95,21 +103,13 @@ def bank_words(*, deployment, seed: int, options: Options) -> dict[str, Any]:
     tasks = {t.id: t for t in SupportDesk().tasks()}
     author = simulated_operator_user()
     counts: Counter = Counter()
+    words: dict[int, str] = {}
     written = Comment.objects.filter(trace__deployment=deployment, author=author).select_related("trace", "message")
     for comment in written.order_by("id"):
-        task = tasks.get((comment.trace.metadata or {}).get("task_id"))
-        before = comment.trace.messages.filter(position__lt=comment.message.position).order_by("-position").first()
-        try:
-            row = json.loads(before.content) if before is not None and before.role == "tool" else None
-        except (TypeError, ValueError):
-            row = None
-        if (
-            task is None
-            or not isinstance(row, dict)
-            or "status" not in row
-            or key_normalized(str(row.get("order_id", ""))) != key_normalized(task.hidden["order_id"])
-        ):
-            counts["lead_kept"] += 1
+        words[comment.message_id] = "lead"
+        row = _decision_row(comment, tasks, key_normalized)
+        if row is None:
+            counts["lead_no_decision"] += 1
             continue
         kind_of_order = order_kind(row)
         policy = "refund" if kind_of_order in FITS["refundable"] else "reply"
@@ -125,11 +125,56 @@ def bank_words(*, deployment, seed: int, options: Options) -> dict[str, Any]:
             and (c.asks is None or (c.asks == policy) == (kind == "specific"))
         ]
         if not fitting:
-            counts["lead_kept"] += 1
+            counts["lead_nothing_fits"] += 1
             continue
-        comment_edit(comment=comment, user=author, body=rng.choice(fitting).render(row))
+        chosen = rng.choice(fitting)
+        comment_edit(comment=comment, user=author, body=chosen.render(row))
         counts[f"bank_{kind}"] += 1
-    return dict(counts)
+        words[comment.message_id] = f"bank-{kind}/{chosen.id}"
+    return dict(counts), words
+
+
+def _decision_row(comment, tasks: dict, key_normalized) -> dict[str, Any] | None:
+    """The looked-up row of the customer's order when `comment` is on a decision turn right
+    after that lookup (a reply, or a refund of that order with no amount of its own); else
+    None. Logged content is untrusted: anything unexpected is no decision."""
+    import json
+
+    meta = comment.trace.metadata if isinstance(comment.trace.metadata, dict) else {}
+    task_id = meta.get("task_id")
+    task = tasks.get(task_id) if isinstance(task_id, str) else None
+    if task is None:
+        return None
+    order = key_normalized(task.hidden["order_id"])
+    calls = comment.message.tool_calls or []
+    for call in calls if isinstance(calls, list) else [None]:
+        function = call.get("function") if isinstance(call, dict) else None
+        try:
+            arguments = json.loads(function.get("arguments") or "{}") if isinstance(function, dict) else None
+        except (TypeError, ValueError):
+            arguments = None
+        if (
+            not isinstance(arguments, dict)
+            or function.get("name") != "issue_refund"
+            or key_normalized(str(arguments.get("order_id", ""))) != order
+            or "amount" in arguments
+        ):
+            return None
+    before = comment.trace.messages.filter(position__lt=comment.message.position).order_by("-position").first()
+    if before is None or before.role != "tool":
+        return None
+    try:
+        row = json.loads(before.content)
+    except (TypeError, ValueError):
+        return None
+    if (
+        not isinstance(row, dict)
+        or not isinstance(row.get("status"), str)
+        or key_normalized(str(row.get("order_id", ""))) != order
+        or not (row.get("delivered_days_ago") is None or type(row["delivered_days_ago"]) is int)
+    ):
+        return None
+    return row
 
 
 def episodes_store(*, deployment, played, seed: int) -> None:

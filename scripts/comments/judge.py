@@ -142,10 +142,15 @@ def judge_corrections(
     # arm's, in another mode): only this call's corrections count and are trained on.
     ours = {r.pk for r in pending}
     graded = []
+    # By whose words the turn's comment is in ("lead", "bank-<kind>/<id>" → "bank-<kind>").
+    by_words: dict[str, list[float]] = {}
+    words = comments.get("words") or {}
     for row in training_set.items.all():
         if row.corrected_response and row.provenance.get("judge_result") in ours:
             reference = turn_reference(task=task_of[row.key], messages=row.messages) or ""
             graded.append(grade("tool_action", row.corrected_response, reference))
+            if row.message_id in words:
+                by_words.setdefault(words[row.message_id].split("/")[0], []).append(graded[-1])
     results = JudgeResult.objects.filter(pk__in=[r.pk for r in pending])
     figures = {
         "judged": len(pending),
@@ -155,6 +160,7 @@ def judge_corrections(
         # A measurement of the judge only (never used in training): the share of its
         # corrections the hidden policy accepts.
         "corrections_right_by_oracle": round(sum(graded) / len(graded), 3) if graded else None,
+        "corrections_right_by_oracle_by_words": {k: f"{sum(v):g}/{len(v)}" for k, v in sorted(by_words.items())},
         "correction_mode": mode,
         "judge": str(options.judge or options.judge_url),
         "judge_seconds": seconds,

@@ -28,6 +28,9 @@ HINT_FIGURES = (
 )
 ORACLE_RECIPE = "decisions-weighted-32-cf3"
 COMMENT_SOURCES = ("lead", "bank")
+# The arms a run on the bank's words may train: the ceiling, which reads no words, and those
+# whose policy learns only what a reader made of the words (its chosen actions, a note's labels).
+BANK_ARMS = ("oracle-sft", *WORDS_ARMS)
 GRPO_REWARDS = {
     "oracle": "ORACLE: the support desk's tool_action grade of each sampled turn against the actions "
     "the hidden refund policy accepts (turn_reference)",
@@ -82,7 +85,7 @@ class Options:
     distill_samples: int = 2
     hint_at: str = "system"  # where the teacher / hinted samples read the comment: "system" or "last"
     grpo_reward: str = "oracle"
-    judge: Path | None = None  # an HF folder served by vLLM as the judge
+    judge: Path | None = None  # the judge: an HF folder (vLLM) or a .gguf file (llama-server)
     judge_url: str = ""  # or an OpenAI-compatible endpoint (…/v1)
     judge_model: str = ""
     judge_key: str = ""

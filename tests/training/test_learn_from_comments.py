@@ -450,14 +450,33 @@ def test_quick_gives_tiny_sizes_except_those_the_command_line_names():
 
 
 def test_an_oracle_recipe_named_keeps_its_own_steps_unless_they_are_given():
+    from comments.arms import oracle_settings
+
     default = lfc.options_from(lfc.arguments(["run"]))
     assert (default.oracle_recipe, default.oracle_steps) == (lfc.Options().oracle_recipe, 75)
     named = lfc.options_from(lfc.arguments(["run", "--oracle-recipe", "bal6-s300"]))
     assert (named.oracle_recipe, named.oracle_steps) == ("bal6-s300", None)
+    # What A1 then trains with: the recipe's 300 steps, its three checkpoints, its adapter.
+    settings = oracle_settings(named)
+    assert (settings["steps"], settings["validate_at"], settings["validate_episodes"]) == (300, [100, 200, 300], 16)
+    assert (settings["trainable_layers"], settings["variant_cases"]) == (6, "balanced")
+    wide = oracle_settings(lfc.options_from(lfc.arguments(["run", "--oracle-recipe", "bal6-all30"])))
+    assert wide["trainable_layers"] == 30  # not the run's default of 6
     both = lfc.options_from(lfc.arguments(["run", "--oracle-recipe", "bal6-s300", "--oracle-steps", "40"]))
-    assert both.oracle_steps == 40
+    assert (oracle_settings(both)["steps"], oracle_settings(both)["validate_at"]) == (40, [20, 40])
+    quick = oracle_settings(lfc.options_from(lfc.arguments(["run", "--quick", "--oracle-recipe", "bal6-s300"])))
+    assert (quick["steps"], quick["trainable_layers"], quick["lora_rank"]) == (1, 1, 4)  # the tiny model's
+    for refused in ("no-such-recipe", "words-note"):  # a note's labels are no oracle labels
+        with pytest.raises(SystemExit):
+            lfc.arguments(["run", "--oracle-recipe", refused])
+
+
+def test_bank_words_run_only_the_arms_that_never_train_on_the_words(capsys):
     with pytest.raises(SystemExit):
-        lfc.arguments(["run", "--oracle-recipe", "no-such-recipe"])
+        lfc.arguments(["run", "--comments", "bank"])  # every arm, distillation on the words included
+    assert "--comments bank runs only the arms" in capsys.readouterr().err
+    args = lfc.arguments(["run", "--comments", "bank", "--arms", "oracle-sft", "words", "words-shuffled"])
+    assert lfc.options_from(args).comments == "bank"
 
 
 def _episode(external_id: str, task, reply: dict | None) -> dict:
@@ -491,6 +510,15 @@ def _episode(external_id: str, task, reply: dict | None) -> dict:
     }
 
 
+def _refund(order_id: str, **extra) -> dict:
+    arguments = json.dumps({"order_id": order_id, **extra})
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "issue_refund", "arguments": arguments}}],
+    }
+
+
 def test_bank_comments_replace_the_leads_words_on_decision_turns_only():
     """`--comments bank`: the lead picks the turns; on a decision turn its words become a
     bank phrasing about the same order that asks for what the policy does (specific), and
@@ -506,43 +534,72 @@ def test_bank_comments_replace_the_leads_words_on_decision_turns_only():
 
     deployment = DeploymentFactory(name="lfc-bank")
     tasks = SupportDesk().tasks_for(split="train", graded=True)
-    due = next(t for t in tasks if t.hidden["refund"])
+    due = [t for t in tasks if t.hidden["refund"]]
     late = next(t for t in tasks if t.hidden["kind"] == "late_near_line")
-    refund = {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [
-            {
-                "id": "c1",
-                "type": "function",
-                "function": {"name": "issue_refund", "arguments": json.dumps({"order_id": late.hidden["order_id"]})},
-            }
-        ],
-    }
+    odd = _episode("not-json", due[2], {"role": "assistant", "content": "Sorry, no refund for this order."})
+    odd["messages"][3]["content"] = "<b>store down</b>"  # the lookup answered with no row
     results = traces_ingest(
         deployment=deployment,
         items=[
-            _episode("refused", due, {"role": "assistant", "content": "Sorry, no refund for this order."}),
-            _episode("refunded", late, refund),
-            _episode("no-lookup", due, None),
+            _episode("refused", due[0], {"role": "assistant", "content": "Sorry, no refund for this order."}),
+            _episode("refunded", late, _refund(late.hidden["order_id"])),
+            _episode("no-lookup", due[1], None),
+            # A refund of the right order for a made-up amount: what went wrong is the amount,
+            # which no bank phrasing says.
+            _episode("amount", due[3], _refund(due[3].hidden["order_id"], amount=0.01)),
+            odd,
         ],
     )
     assert all(r.status != "error" for r in results), results
     simulated_operator_review(traces=Trace.objects.filter(deployment=deployment), seed=0, vague_rate=0, wrong_rate=0)
     lead = {c.trace.external_id: c.body for c in Comment.objects.select_related("trace")}
-    assert set(lead) == {"refused", "refunded", "no-lookup"}
+    assert {"refused", "refunded", "no-lookup", "amount"} <= set(lead)
 
-    counts = bank_words(
+    counts, words = bank_words(
         deployment=deployment, seed=0, options=lfc.Options(comments="bank", vague_rate=0.0, wrong_rate=0.0)
     )
 
-    assert counts == {"bank_specific": 2, "lead_kept": 1}
-    now = {c.trace.external_id: c for c in Comment.objects.select_related("trace")}
-    assert now["no-lookup"].body == lead["no-lookup"] and now["no-lookup"].edited_at is None
+    assert counts == {"bank_specific": 2, "lead_no_decision": len(lead) - 2}
+    now = {c.trace.external_id: c for c in Comment.objects.select_related("trace", "message")}
+    for kept in set(lead) - {"refused", "refunded"}:
+        assert now[kept].body == lead[kept] and now[kept].edited_at is None
+        assert words[now[kept].message_id] == "lead"
     desk = SupportDesk()
-    for name, task, asks in (("refused", due, "refund"), ("refunded", late, "reply")):
+    for name, task, asks in (("refused", due[0], "refund"), ("refunded", late, "reply")):
         row = json.loads(desk.call(desk.reset(task), "lookup_order", {"order_id": task.hidden["order_id"]}))
         phrasings = {c.render(row): c for c in comment_bank() if c.kind == "specific"}
         assert now[name].body != lead[name] and now[name].edited_at is not None
         assert now[name].body in phrasings, now[name].body
         assert phrasings[now[name].body].asks == asks
+        assert words[now[name].message_id] == f"bank-specific/{phrasings[now[name].body].id}"
+
+
+def test_bank_comments_are_vague_and_wrong_at_the_rates_asked():
+    """Every decision turn drawn wrong asks for the opposite of the policy; drawn vague,
+    asks for nothing."""
+    from comments.comment_set import bank_words
+
+    from feedback.demo.operator import simulated_operator_review
+    from feedback.models import Comment, Trace
+    from feedback.services.ingest import traces_ingest
+    from tests.factories import DeploymentFactory
+    from training.environments.comment_bank import comment_bank
+    from training.environments.support_desk import SupportDesk
+
+    by_id = {c.id: c for c in comment_bank()}
+    tasks = [t for t in SupportDesk().tasks_for(split="train", graded=True) if t.hidden["refund"]][:6]
+    for rate, kind, asks in (("wrong_rate", "wrong", "reply"), ("vague_rate", "vague", None)):
+        deployment = DeploymentFactory(name=f"lfc-bank-{kind}")
+        items = [
+            _episode(f"{kind}-{i}", t, {"role": "assistant", "content": "No refund."}) for i, t in enumerate(tasks)
+        ]
+        assert all(r.status != "error" for r in traces_ingest(deployment=deployment, items=items))
+        simulated_operator_review(
+            traces=Trace.objects.filter(deployment=deployment), seed=0, vague_rate=0, wrong_rate=0
+        )
+        options = lfc.Options(comments="bank", **({"vague_rate": 0.0, "wrong_rate": 0.0} | {rate: 1.0}))
+        counts, words = bank_words(deployment=deployment, seed=0, options=options)
+        assert counts == {f"bank_{kind}": len(tasks)}
+        chosen = [by_id[w.split("/")[1]] for w in words.values()]
+        assert all(c.kind == kind and c.asks == asks for c in chosen)
+        assert Comment.objects.filter(trace__deployment=deployment, edited_at__isnull=False).count() == len(tasks)

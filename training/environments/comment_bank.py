@@ -5,9 +5,12 @@ or a final run is measured on words its training never saw.
 The bank (`data/comment_bank.json`) holds specific comments that state the decision,
 vague ones that do not (a fifth), and wrong ones that ask for the opposite of the policy
 (a tenth), each with the kind of order it can be written about and the action it asks
-for. It is for evaluation only: no training path imports this module (an import-linter
-contract and a test keep it so), so that no training set can hold one of its phrasings.
-Django-free.
+for. It is for evaluation only: no product path imports this module (an import-linter
+contract and a test keep it so), so that no policy is trained on one of its phrasings. Its
+readers are the probes and the final runs of `scripts/learn_from_comments.py --comments
+bank`, where a judge reads the bank's words and the policy learns only what the judge made
+of them (its chosen actions, a note's labels), never the words themselves; that script
+refuses the arms that would train on them. Django-free.
 """
 
 from __future__ import annotations
