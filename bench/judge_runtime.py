@@ -10,7 +10,7 @@ server goes first alternates too, so machine noise hits both alike. Prints, for 
 median seconds a judgement (the re-asks included), its actions right, the calls that
 failed, and the ratio of the medians; then how often the two chose the same action.
 
-    .venv/bin/python bench/judge_runtime.py [--cases 8]
+    .venv/bin/python bench/judge_runtime.py [--cases N]     # default: all 30 of the bank
 
 Needs `make local-judge` and `make local-judge-server`.
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import sys
 import time
@@ -34,7 +35,7 @@ from support import free_port  # noqa: E402  (bench/, the script's own folder)
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--cases", type=int, default=8, help="bank comments judged by each server")
+    p.add_argument("--cases", type=int, default=0, help="bank comments judged by each server (0: all)")
     p.add_argument("--folder", type=Path, default=ROOT / "var" / "judges" / "qwen2.5-coder-1.5b-instruct")
     p.add_argument("--gguf", type=Path, default=ROOT / "var" / "judges" / "qwen2.5-coder-1.5b-instruct.gguf")
     p.add_argument("--split", default="test", choices=["validation", "test"])
@@ -51,7 +52,10 @@ def main() -> int:
 
     desk = SupportDesk()
     contexts = desk.decision_contexts(tasks=desk.tasks_for(split=args.split, graded=True), per_point=1)
-    cases = bank_cases(contexts=contexts, seed=args.seed)[: args.cases]
+    cases = bank_cases(contexts=contexts, seed=args.seed)
+    # The bank lists its comments by kind: a sample of them is drawn across the kinds.
+    random.Random(args.seed).shuffle(cases)
+    cases = cases[: args.cases or None]
     limits = {"timeout_s": 900, "deadline_s": 2700, "max_tokens": 400, "correction_mode": "actions"}
     rows: dict[str, list[dict]] = {"vLLM fp32": [], "llama-server Q4_K_M": []}
     with contextlib.ExitStack() as stack:
