@@ -23,6 +23,24 @@ def rates(measure: dict[str, Any], n: int) -> dict[str, Any]:
     }
 
 
+def latest_runs(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One candidate record per (recipe, seed): a seed trained again replaces its earlier
+    run, and a later look at a kept adapter (`measure`) adds its slices to that adapter's
+    run (or replaces a slice it measured before), so no seed counts twice in a table."""
+    latest: dict[tuple[str, int], dict[str, Any]] = {}
+    last: dict[tuple[str, int], int] = {}
+    for i, r in enumerate(records):
+        if r["kind"] != "candidate":
+            continue
+        kept = latest.get((r["recipe"], r["seed"]))
+        same = kept is not None and kept["train"].get("adapter") == r["train"].get("adapter")
+        latest[(r["recipe"], r["seed"])] = {**r, "measures": {**(kept["measures"] if same else {}), **r["measures"]}}
+        last[(r["recipe"], r["seed"])] = i
+    # In the order of each seed's latest record, as the log reads (the bootstrap's draws
+    # follow the order of its pairs, so the printed intervals stay those of earlier pages).
+    return [latest[key] for key in sorted(latest, key=last.__getitem__)]
+
+
 def summary_print(records: list[dict[str, Any]]) -> None:
     """The per-seed and over-seeds tables of `records` (base and candidate runs)."""
     from training.promotion.evaluation.seeds import interval_text
@@ -32,10 +50,10 @@ def summary_print(records: list[dict[str, Any]]) -> None:
         if r["kind"] == "base":
             key = r["split"] if r["fresh_seed"] is None else f"fresh-{r['fresh_seed']}"
             base[(key, r["seed"])] = r["measure"]
-    by_recipe: dict[str, list[dict]] = {}
-    for r in records:
-        if r["kind"] == "candidate":
-            by_recipe.setdefault(r["recipe"], []).append(r)
+    # Recipes in the order the log first names them.
+    by_recipe: dict[str, list[dict]] = {r["recipe"]: [] for r in records if r["kind"] == "candidate"}
+    for r in latest_runs(records):
+        by_recipe[r["recipe"]].append(r)
     print("Per seed (oracle-graded episodes; base and candidate on the same tasks and sampling seeds):\n")
     print(
         "| recipe | slice | seed | episodes | steps kept | success base → candidate | collateral changes "
@@ -115,7 +133,15 @@ def kinds_table(records: list[dict[str, Any]], slice_key: str = "test") -> None:
     from training.environments.support_desk import KINDS
 
     columns: dict[str, dict[str, list[int]]] = {}
-    for r in records:
+    # The base's latest measurement of each (slice, seed), then each seed's latest run.
+    bases = {
+        (r["split"] if r["fresh_seed"] is None else f"fresh-{r['fresh_seed']}", r["seed"]): r
+        for r in records
+        if r["kind"] == "base"
+    }
+    runs = latest_runs(records)
+    first = {r["recipe"]: i for i, r in reversed(list(enumerate(records))) if r["kind"] == "candidate"}
+    for r in [*bases.values(), *sorted(runs, key=lambda r: first[r["recipe"]])]:
         if r["kind"] == "base":
             key = r["split"] if r["fresh_seed"] is None else f"fresh-{r['fresh_seed']}"
             measures = {"base": r["measure"]} if key == slice_key else {}
