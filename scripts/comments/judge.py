@@ -15,6 +15,14 @@ from comments.comment_set import item_tasks
 from comments.options import EXPERIMENTER, Options
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class JudgeServer:
     """The judge endpoint for a run: a vLLM server of `options.judge` started once (and
     stopped at the end), or the endpoint `options.judge_url` names."""
@@ -40,7 +48,7 @@ class JudgeServer:
                     served_judge(
                         self.options.judge,
                         served_name="judge",
-                        port=8071,
+                        port=free_port(),  # two runs at once each start their own
                         max_model_len=4096,
                         log_path=self.options.out / "judge-server.log",
                         start_timeout=900,
