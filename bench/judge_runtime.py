@@ -57,36 +57,24 @@ def main() -> int:
     random.Random(args.seed).shuffle(cases)
     cases = cases[: args.cases or None]
     limits = {"timeout_s": 900, "deadline_s": 2700, "max_tokens": 400, "correction_mode": "actions"}
-    rows: dict[str, list[dict]] = {"vLLM fp32": [], "llama-server Q4_K_M": []}
+    served = {"vLLM fp32": (args.folder, "vllm"), "llama-server Q4_K_M": (args.gguf, "llama")}
+    rows: dict[str, list[dict]] = {name: [] for name in served}
     with contextlib.ExitStack() as stack:
-        started = time.monotonic()
-        endpoints = {
-            "vLLM fp32": stack.enter_context(
+        endpoints = {}
+        for name, (model, log) in served.items():
+            started = time.monotonic()
+            endpoints[name] = stack.enter_context(
                 served_judge(
-                    args.folder,
+                    model,
                     served_name="judge",
                     port=free_port(),
                     max_model_len=4096,
-                    log_path=ROOT / "var" / "bench-judge-vllm.log",
+                    log_path=ROOT / "var" / f"bench-judge-{log}.log",
                     start_timeout=900,
                     **limits,
                 )
             )
-        }
-        print(f"vLLM ready in {time.monotonic() - started:.0f} s", flush=True)
-        started = time.monotonic()
-        endpoints["llama-server Q4_K_M"] = stack.enter_context(
-            served_judge(
-                args.gguf,
-                served_name="judge",
-                port=free_port(),
-                max_model_len=4096,
-                log_path=ROOT / "var" / "bench-judge-llama.log",
-                start_timeout=900,
-                **limits,
-            )
-        )
-        print(f"llama-server ready in {time.monotonic() - started:.0f} s", flush=True)
+            print(f"{name} ready in {time.monotonic() - started:.0f} s", flush=True)
         names = list(endpoints)
         for i, case in enumerate(cases):
             for name in names if i % 2 == 0 else names[::-1]:
