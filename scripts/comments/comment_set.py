@@ -93,7 +93,6 @@ def bank_words(*, deployment, seed: int, options: Options) -> tuple[dict[str, in
     from feedback.models import Comment
     from feedback.services.review import comment_edit
     from training.environments.comment_bank import FITS, comment_bank
-    from training.environments.records import key_normalized
     from training.environments.support_desk import SupportDesk
     from training.environments.support_desk.store import order_kind
     from training.environments.support_operator import VAGUE_RATE, WRONG_RATE
@@ -107,7 +106,7 @@ def bank_words(*, deployment, seed: int, options: Options) -> tuple[dict[str, in
     written = Comment.objects.filter(trace__deployment=deployment, author=author).select_related("trace", "message")
     for comment in written.order_by("id"):
         words[comment.message_id] = "lead"
-        row = _decision_row(comment, tasks, key_normalized)
+        row = _decision_row(comment, tasks)
         if row is None:
             counts["lead_no_decision"] += 1
             continue
@@ -134,11 +133,13 @@ def bank_words(*, deployment, seed: int, options: Options) -> tuple[dict[str, in
     return dict(counts), words
 
 
-def _decision_row(comment, tasks: dict, key_normalized) -> dict[str, Any] | None:
+def _decision_row(comment, tasks: dict) -> dict[str, Any] | None:
     """The looked-up row of the customer's order when `comment` is on a decision turn right
     after that lookup (a reply, or a refund of that order with no amount of its own); else
     None. Logged content is untrusted: anything unexpected is no decision."""
     import json
+
+    from training.environments.records import key_normalized
 
     meta = comment.trace.metadata if isinstance(comment.trace.metadata, dict) else {}
     task_id = meta.get("task_id")
