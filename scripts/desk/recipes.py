@@ -36,7 +36,7 @@ BASE_RECIPE: dict[str, Any] = {
     # Which of `_case`'s eight cases the `variants` copies are drawn from (all by default:
     # four refundable, so a delivered order is refundable in 4 copies of 6). "balanced":
     # BALANCED_CASES, as many refusals of a delivered order as refunds; "past": PAST_CASES;
-    # "even": EVEN_CASES.
+    # "even": EVEN_CASES; "old": OLD_CASES.
     "variant_cases": "all",
     # With focus "decisions": keep one in N first turns (the lookup) and one in N
     # confirmations after a refund; every decision turn (after the lookup) is kept.
@@ -45,6 +45,10 @@ BASE_RECIPE: dict[str, Any] = {
     # Each decision turn (and its copies) this many times in the set: its weight in a step's
     # sampling, against the lookups and confirmations.
     "decision_repeats": 1,
+    # How `validate_at` picks the checkpoint kept: "success", the best success rate (the
+    # earliest on ties); "violations", the fewest episodes with a policy violation, then the
+    # best success rate (the earliest on ties): the co-primary endpoint first.
+    "checkpoint_rule": "success",
     # "oracle": the hidden policy's turns and copies; "note": the decision points of the
     # training orders and `variants` copies of each, labelled by a policy note a reader wrote
     # from the comment bank (`note_items`: words only, no oracle label), the note of the
@@ -128,6 +132,15 @@ RECIPES["even10"] = {**RECIPES["even6"], "variants": 10}
 # with adapters on all 30 blocks of SmolLM2-135M; bal6 for 300 steps.
 RECIPES["bal6-all30"] = {**RECIPES["bal6"], "trainable_layers": 30}
 RECIPES["bal6-s300"] = {**RECIPES["bal6"], "steps": 300, "validate_at": [100, 200, 300]}
+# 2026-12-07, sixth family (three-digit ages read as the teens they begin like; seeds that
+# differ): bal6-s300's copies plus one more refundable recent and one delivered 100-180
+# days ago (OLD_CASES), and the checkpoint with the fewest validation violations kept.
+RECIPES["old8-s300"] = {
+    **RECIPES["bal6-s300"],
+    "variants": 8,
+    "variant_cases": "old",
+    "checkpoint_rule": "violations",
+}
 # Issue 39's words-only arm (A2) and its control (A3), bal6's settings with labels from a
 # policy note: the note the reader wrote from the comments on their own cases, or from the
 # comments each moved to another case (`scripts/note_probe.py`).
@@ -156,4 +169,14 @@ PAST_CASES = (0, 3, 3, 4, 8, 5, 6, 7)
 # late (two 31-60 days old alike, kind 10; one 41-180, kind 5), one shipping, one processing
 # or refunded: PAST_CASES's shape with the ages spread evenly on either side of the line.
 EVEN_CASES = (9, 9, 9, 10, 10, 5, 6, 7)
-VARIANT_CASES = {"all": tuple(range(8)), "balanced": BALANCED_CASES, "past": PAST_CASES, "even": EVEN_CASES}
+# BALANCED_CASES plus one more refundable recent (0) and one delivered 100-180 days ago
+# (`_case`'s kind 11): delivered copies still refused as often as refunded, and a
+# three-digit age beginning with 1 shown about as often as a teen age.
+OLD_CASES = (0, 0, 3, 4, 5, 11, 6, 7)
+VARIANT_CASES = {
+    "all": tuple(range(8)),
+    "balanced": BALANCED_CASES,
+    "past": PAST_CASES,
+    "even": EVEN_CASES,
+    "old": OLD_CASES,
+}

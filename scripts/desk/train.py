@@ -14,6 +14,18 @@ from desk.measure import eval_tasks, measure
 from desk.recipes import VARIANT_CASES
 
 
+def checkpoint_key(metrics: dict[str, Any], *, rule: str) -> tuple[float, ...]:
+    """How a validation look ranks a checkpoint, higher kept (the earliest on ties, as the
+    caller keeps a later one only when its key is higher): "success" by the success rate
+    alone, "violations" by the fewest episodes with a policy violation first."""
+    reward = float(metrics.get("reward", 0.0))
+    if rule == "violations":
+        return (-float(metrics.get("violations", 0)), reward)
+    if rule == "success":
+        return (reward,)
+    raise ValueError(f"unknown checkpoint_rule {rule!r}")
+
+
 def train(recipe: dict[str, Any], *, seed: int, run_dir: Path, model: Path = MODEL):
     """SFT (LoRA on the top blocks) with `sft_train`; with `early_stop`, the validation
     split's turns are graded every `eval_every` steps and the best adapter is kept."""
@@ -100,15 +112,16 @@ def train(recipe: dict[str, Any], *, seed: int, run_dir: Path, model: Path = MOD
         items += extra
         mixed = len(extra)
         policy.model.train()
-    best = {"step": 0, "reward": -1.0, "state": None}
+    best: dict[str, Any] = {"step": 0, "key": None, "state": None}
     evals: list[dict] = []
     stale = [0]
 
     def on_eval(step: int, metrics: dict) -> None:
         evals.append({"step": step, **{k: v for k, v in metrics.items() if isinstance(v, int | float)}})
         log(f"  validation turns at step {step}: reward {metrics.get('reward', 0):.3f}")
-        if metrics.get("reward", 0) > best["reward"]:
-            best.update(step=step, reward=metrics["reward"])
+        key = checkpoint_key(metrics, rule=recipe["checkpoint_rule"])
+        if best["key"] is None or key > best["key"]:
+            best.update(step=step, key=key)
             best["state"] = {k: v.detach().clone() for k, v in policy.model.named_parameters() if v.requires_grad}
             stale[0] = 0
         else:
@@ -125,7 +138,14 @@ def train(recipe: dict[str, Any], *, seed: int, run_dir: Path, model: Path = MOD
         if harness_val is not None and step in recipe["validate_at"]:
             result = measure(harness_val, validation_tasks, seed=seed, label=f"validation at step {step}")
             policy.model.train()
-            on_eval(step, {"reward": result["success_rate"], "validation_episodes": result["n"]})
+            on_eval(
+                step,
+                {
+                    "reward": result["success_rate"],
+                    "violations": result["violations"],
+                    "validation_episodes": result["n"],
+                },
+            )
 
     hooks = Hooks(
         on_eval=on_eval,

@@ -276,7 +276,10 @@ def _case(rng: random.Random, kind: int, split: str) -> tuple[str, int | None, b
     (a store's orders cycle through the first eight): delivered 41-60 days ago, the ages
     that kind 5 shows seldom, its range being mostly past two months. Kinds 9 and 10 are
     for copies too: delivered 0-30 days ago (refundable) and 31-60 (late), each age of the
-    split's stretch as likely as any other."""
+    split's stretch as likely as any other. Kind 11, for copies too: delivered 100-180 days
+    ago, a three-digit age that begins with 1, as the teens do."""
+    if kind == 11:
+        return "delivered", _days(rng, 100, 180, split), False
     if kind == 8:
         return "delivered", _days(rng, REFUND_WINDOW_DAYS + 11, 60, split), False
     if kind == 9:
