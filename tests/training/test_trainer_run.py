@@ -226,3 +226,34 @@ def test_a_breach_that_stops_the_job_is_checkpointed_first(tmp_path):
     assert result.status == "stopped" and result.step == 2
     assert events[-2:] == [("breach", 2, ["length"]), ("checkpoint", 2)]
     assert latest_checkpoint(tmp_path).name == "step-000002"
+
+
+def test_the_job_optimizer_is_fused_and_steps_as_torchs_reference_adamw(tiny_model_dir):
+    config = small(GRPOConfig, tiny_model_dir, steps=1, device="cpu")
+
+    def start():
+        torch.manual_seed(0)  # the adapter's initial weights
+        return load_policy(config)
+
+    fused, loop = start(), start()
+    optimizer = make_optimizer(fused, config)
+    assert optimizer.defaults["fused"] is True
+    assert not make_optimizer(loop, config, sharded=True).defaults["fused"]  # DTensor shards keep the loop
+    reference = torch.optim.AdamW(
+        loop.trainable_parameters(),
+        lr=config.learning_rate,
+        weight_decay=config.weight_decay,
+        betas=(0.9, 0.99),
+        foreach=False,
+    )
+    ids = torch.tensor([[5, 17, 33, 41, 9, 60, 2, 71]])
+    for _ in range(3):
+        for policy, opt in ((fused, optimizer), (loop, reference)):
+            opt.zero_grad(set_to_none=True)
+            policy.model(input_ids=ids).logits.pow(2).mean().backward()
+            opt.step()
+    for a, b in zip(fused.trainable_parameters(), loop.trainable_parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)  # float rounding only
+    assert any(
+        not torch.equal(a, b) for a, b in zip(fused.trainable_parameters(), start().trainable_parameters(), strict=True)
+    )

@@ -223,9 +223,19 @@ def _train_top_layers(model, count: int) -> None:
     model.model.norm.requires_grad_(True)
 
 
-def make_optimizer(policy: Policy, config: TrainConfig) -> torch.optim.Optimizer:
+def make_optimizer(policy: Policy, config: TrainConfig, *, sharded: bool = False) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters, fused (one kernel over every tensor, as TRL's
+    default `adamw_torch_fused` is) where the parameters allow it: on the CPU torch's own
+    default is the per-tensor loop, several times slower for a small model's many small
+    tensors. A sharded model's parameters are DTensors; they keep the per-tensor loop."""
+    parameters = policy.trainable_parameters()
+    fused = not sharded and all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in parameters)
     return torch.optim.AdamW(
-        policy.trainable_parameters(), lr=config.learning_rate, weight_decay=config.weight_decay, betas=(0.9, 0.99)
+        parameters,
+        lr=config.learning_rate,
+        weight_decay=config.weight_decay,
+        betas=(0.9, 0.99),
+        fused=fused or None,
     )
 
 

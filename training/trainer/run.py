@@ -149,7 +149,8 @@ def trainer_setup(config: TrainConfig, *, policy: Policy | None, reference: bool
         sharding.shard_model(policy.model, ranks)
     else:
         ranks.parameters_broadcast(policy.trainable_parameters())
-    return Trainer(policy=policy, optimizer=make_optimizer(policy, config), config=config, ranks=ranks)
+    optimizer = make_optimizer(policy, config, sharded=bool(sharded))
+    return Trainer(policy=policy, optimizer=optimizer, config=config, ranks=ranks)
 
 
 @dataclass
