@@ -24,7 +24,8 @@ BASE_RECIPE: dict[str, Any] = {
     # one in two first turns (the lookup) and one in four confirmations after a refund.
     "focus": "",
     # Checkpoint choice on whole validation-split episodes under the harness (the measure the
-    # test reports, on other orders): at these steps, the best success rate is kept.
+    # test reports, on other orders): at these steps, the checkpoint `checkpoint_rule` ranks
+    # first is kept (by default the best success rate).
     "validate_at": [],
     "validate_episodes": 16,
     "first_token_weight": 1.0,  # see training.trainer.loss.sft_loss

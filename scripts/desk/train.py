@@ -20,7 +20,9 @@ def checkpoint_key(metrics: dict[str, Any], *, rule: str) -> tuple[float, ...]:
     alone, "violations" by the fewest episodes with a policy violation first."""
     reward = float(metrics.get("reward", 0.0))
     if rule == "violations":
-        return (-float(metrics.get("violations", 0)), reward)
+        if "violations" not in metrics:  # a look that did not count them is not a clean one
+            raise ValueError("checkpoint_rule 'violations' needs the look's violations")
+        return (-float(metrics["violations"]), reward)
     if rule == "success":
         return (reward,)
     raise ValueError(f"unknown checkpoint_rule {rule!r}")

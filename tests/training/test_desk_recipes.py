@@ -61,6 +61,8 @@ def test_the_violation_rule_keeps_a_clean_checkpoint_over_a_better_scoring_one()
     assert looks_kept(looks, "violations") == 400
 
 
-def test_an_unknown_checkpoint_rule_is_an_error():
+def test_an_unknown_checkpoint_rule_or_a_look_without_violations_is_an_error():
     with pytest.raises(ValueError, match="checkpoint_rule"):
         checkpoint_key({"reward": 1.0}, rule="loss")
+    with pytest.raises(ValueError, match="violations"):
+        checkpoint_key({"reward": 1.0}, rule="violations")

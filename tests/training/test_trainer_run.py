@@ -16,7 +16,14 @@ from training.trainer.distill import sft_train
 from training.trainer.grpo import grpo_train
 from training.trainer.items import TurnItem
 from training.trainer.monitors import Breach
-from training.trainer.policy import Policy, latest_checkpoint, load_policy, make_optimizer, save_checkpoint
+from training.trainer.policy import (
+    Policy,
+    latest_checkpoint,
+    load_checkpoint,
+    load_policy,
+    make_optimizer,
+    save_checkpoint,
+)
 from training.trainer.run import RunState, StepOutput, Trainer, run_training
 
 ITEMS = [
@@ -229,7 +236,7 @@ def test_a_breach_that_stops_the_job_is_checkpointed_first(tmp_path):
 
 
 def test_the_job_optimizer_is_fused_and_steps_as_torchs_reference_adamw(tiny_model_dir):
-    config = small(GRPOConfig, tiny_model_dir, steps=1, device="cpu")
+    config = small(GRPOConfig, tiny_model_dir, steps=1, device="cpu", weight_decay=0.1)
 
     def start():
         torch.manual_seed(0)  # the adapter's initial weights
@@ -257,3 +264,22 @@ def test_the_job_optimizer_is_fused_and_steps_as_torchs_reference_adamw(tiny_mod
     assert any(
         not torch.equal(a, b) for a, b in zip(fused.trainable_parameters(), start().trainable_parameters(), strict=True)
     )
+
+
+def test_a_checkpoint_of_the_per_tensor_optimizer_resumes_fused(tiny_model_dir, tmp_path):
+    config = small(GRPOConfig, tiny_model_dir, steps=1, device="cpu")
+    policy = load_policy(config)
+    ids = torch.tensor([[5, 17, 33, 41, 9, 60, 2, 71]])
+    older = torch.optim.AdamW(policy.trainable_parameters(), lr=config.learning_rate, foreach=False)
+    policy.model(input_ids=ids).logits.pow(2).mean().backward()
+    older.step()
+    save_checkpoint(tmp_path, policy=policy, optimizer=older, step=1, config=config, state=_old_state())
+    optimizer = make_optimizer(policy, config)
+    load_checkpoint(latest_checkpoint(tmp_path), policy=policy, optimizer=optimizer)
+    assert optimizer.param_groups[0]["fused"] is True and not optimizer.param_groups[0]["foreach"]
+    moments = [optimizer.state[p]["exp_avg"].clone() for p in policy.trainable_parameters()]
+    assert any(bool(m.abs().sum() > 0) for m in moments)  # the saved moments, not a fresh start
+    optimizer.zero_grad(set_to_none=True)
+    policy.model(input_ids=ids).logits.pow(2).mean().backward()
+    optimizer.step()  # the fused kernel takes the loaded step counts
+    assert all(float(optimizer.state[p]["step"]) == 2.0 for p in policy.trainable_parameters())
