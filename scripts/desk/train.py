@@ -28,6 +28,16 @@ def checkpoint_key(metrics: dict[str, Any], *, rule: str) -> tuple[float, ...]:
     raise ValueError(f"unknown checkpoint_rule {rule!r}")
 
 
+def checkpoint_improves(
+    metrics: dict[str, Any], kept: tuple[float, ...] | None, *, rule: str
+) -> tuple[float, ...] | None:
+    """The look's key when it replaces the kept checkpoint (`kept`: that one's key, None
+    before the first look), else None: only a strictly higher key does, so ties keep the
+    earlier step."""
+    key = checkpoint_key(metrics, rule=rule)
+    return key if kept is None or key > kept else None
+
+
 def train(recipe: dict[str, Any], *, seed: int, run_dir: Path, model: Path = MODEL):
     """SFT (LoRA on the top blocks) with `sft_train`; with `early_stop`, the validation
     split's turns are graded every `eval_every` steps and the best adapter is kept."""
@@ -121,8 +131,8 @@ def train(recipe: dict[str, Any], *, seed: int, run_dir: Path, model: Path = MOD
     def on_eval(step: int, metrics: dict) -> None:
         evals.append({"step": step, **{k: v for k, v in metrics.items() if isinstance(v, int | float)}})
         log(f"  validation turns at step {step}: reward {metrics.get('reward', 0):.3f}")
-        key = checkpoint_key(metrics, rule=recipe["checkpoint_rule"])
-        if best["key"] is None or key > best["key"]:
+        key = checkpoint_improves(metrics, best["key"], rule=recipe["checkpoint_rule"])
+        if key is not None:
             best.update(step=step, key=key)
             best["state"] = {k: v.detach().clone() for k, v in policy.model.named_parameters() if v.requires_grad}
             stale[0] = 0

@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent / "scripts"))
 
 from desk.recipes import OLD_CASES, RECIPES, VARIANT_CASES
-from desk.train import checkpoint_key
+from desk.train import checkpoint_improves, checkpoint_key
 
 from training.environments.support_desk.store import DAY_VALUES, _case
 
@@ -40,11 +40,11 @@ def test_old_cases_refuse_a_delivered_copy_as_often_as_they_refund_it():
 
 
 def looks_kept(looks, rule):
-    """The step the training loop keeps: a later look replaces the kept one only when its key is higher."""
+    """The step the training loop keeps after these looks, in order."""
     kept, best = None, None
     for step, metrics in looks:
-        key = checkpoint_key(metrics, rule=rule)
-        if best is None or key > best:
+        key = checkpoint_improves(metrics, best, rule=rule)
+        if key is not None:
             kept, best = step, key
     return kept
 
