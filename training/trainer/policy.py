@@ -354,8 +354,7 @@ def load_checkpoint(
     # A saved group carries its implementation flags, and loading would put them back: a
     # checkpoint of the per-tensor optimizer would turn a fused one back into the loop, and a
     # fused checkpoint would force the fused kernel on a sharded job's DTensors.
-    live = optimizer.param_groups
-    for group, own in zip(optimizer_state.get("param_groups", []), live, strict=False):
+    for group, own in zip(optimizer_state.get("param_groups", []), optimizer.param_groups, strict=False):
         for flag in ("fused", "foreach"):
             if flag in own:
                 group[flag] = own[flag]

@@ -149,8 +149,7 @@ def trainer_setup(config: TrainConfig, *, policy: Policy | None, reference: bool
         sharding.shard_model(policy.model, ranks)
     else:
         ranks.parameters_broadcast(policy.trainable_parameters())
-    optimizer = make_optimizer(policy, config, sharded=bool(sharded))
-    return Trainer(policy=policy, optimizer=optimizer, config=config, ranks=ranks)
+    return Trainer(policy=policy, optimizer=make_optimizer(policy, config, sharded=sharded), config=config, ranks=ranks)
 
 
 @dataclass
