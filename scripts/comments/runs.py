@@ -4,6 +4,7 @@ and the record's tables."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import random
 import time
@@ -24,8 +25,14 @@ from comments.options import JUDGE_ARMS, Options
 def append(options: Options, record: dict[str, Any]) -> None:
     options.out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    line = json.dumps({"run": options.run, "at": stamp, **record}, default=str) + "\n"
     with (options.out / "runs.jsonl").open("a") as f:
-        f.write(json.dumps({"run": options.run, "at": stamp, **record}, default=str) + "\n")
+        # One seed's arms may run in processes of their own beside each other (`--arms`),
+        # appending to the same log: a record of a few hundred kB must land whole, which
+        # O_APPEND alone promises only for a write the kernel takes in one piece.
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.write(line)
+        f.flush()
 
 
 def comments_log(options: Options, seed: int, comments: dict[str, Any]) -> None:
@@ -134,5 +141,29 @@ def summary(path: Path, run_id: str = "") -> None:
             )
         if r["kind"] == "skipped":
             print(f"\n  {r['recipe']} seed {r['seed']} skipped: {r['reason']}")
+    for line in base_agreement(records):
+        print(line)
     print()
     summary_print([r for r in records if r["kind"] in ("base", "candidate")])
+
+
+def base_agreement(records: list[dict[str, Any]]) -> list[str]:
+    """One line per slice the base played more than once in a run (a seed's arms run in
+    processes of their own each measure it): whether every episode's transcript agreed.
+    The arms are paired with one base measurement, so a disagreement is printed, not
+    hidden by keeping the last."""
+    played: dict[tuple[int, str], list[list[Any]]] = {}
+    for r in records:
+        if r["kind"] == "base":
+            key = r["split"] if r["fresh_seed"] is None else f"fresh-{r['fresh_seed']}"
+            episodes = [(e["task"], e["success"], e["transcript"]) for e in r["measure"]["episodes"]]
+            played.setdefault((r["seed"], key), []).append(episodes)
+    lines = []
+    for (seed, key), plays in sorted(played.items()):
+        if len(plays) > 1:
+            same = all(p == plays[0] for p in plays[1:])
+            verdict = "the same episodes" if same else "DIFFERENT episodes (the last is paired)"
+            lines.append(f"  base seed {seed} {key}: played {len(plays)} times, {verdict}")
+    if lines:
+        lines.insert(0, "\nThe base, measured by each process of a seed:\n")
+    return lines

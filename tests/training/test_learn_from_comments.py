@@ -603,3 +603,17 @@ def test_bank_comments_are_vague_and_wrong_at_the_rates_asked():
         chosen = [by_id[w.split("/")[1]] for w in words.values()]
         assert all(c.kind == kind and c.asks == asks for c in chosen)
         assert Comment.objects.filter(trace__deployment=deployment, edited_at__isnull=False).count() == len(tasks)
+
+
+def _base(seed, transcript):
+    episodes = [{"task": "t1", "success": True, "transcript": transcript}]
+    return {"kind": "base", "seed": seed, "split": "test", "fresh_seed": None, "measure": {"episodes": episodes}}
+
+
+def test_a_base_measured_by_two_processes_of_a_seed_is_checked_for_the_same_episodes():
+    same = lfc.base_agreement([_base(0, ["lookup", "refund"]), _base(0, ["lookup", "refund"])])
+    assert any("base seed 0 test: played 2 times, the same episodes" in line for line in same)
+    differ = lfc.base_agreement([_base(0, ["lookup", "refund"]), _base(0, ["lookup", "reply"])])
+    assert any("DIFFERENT episodes" in line for line in differ)
+    # Measured once: nothing to compare, nothing printed.
+    assert lfc.base_agreement([_base(0, ["lookup"]), _base(1, ["lookup"])]) == []
