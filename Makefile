@@ -86,6 +86,7 @@ bench: install ## run the benchmarks under bench/ (needs PostgreSQL)
 	nice -n 10 $(PY) bench/grpo_vs_trl.py
 	DATABASE_URL="$(or $(TEST_DATABASE_URL),$(PG_URL))" CELERY_BROKER_URL="$(or $(TEST_BROKER_URL),$(REDIS_URL))" \
 	  nice -n 10 $(PY) bench/promotion.py
+	$(PY) bench/startup.py
 
 inference: migrate ## serve the live base model and adapters with vLLM on 127.0.0.1:8001 (BASE=name to choose)
 	$(PY) manage.py serve_inference $(if $(BASE),--base $(BASE))
