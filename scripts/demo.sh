@@ -13,7 +13,8 @@
 #
 # Environment: PRACTICUM_HOST/PRACTICUM_PORT (127.0.0.1:8000), PRACTICUM_INFERENCE_PORT (8001),
 # PRACTICUM_DATA_DIR (var/), PRACTICUM_DEMO_EPISODES (36, --fast 12), PRACTICUM_DEMO_AGENT=0 to
-# skip the agent run, PRACTICUM_JUDGE_* to use another judge.
+# skip the agent run, PRACTICUM_DEMO_AGENT_CONCURRENCY (4: training-split conversations at
+# once), PRACTICUM_JUDGE_* to use another judge.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -66,6 +67,7 @@ export PRACTICUM_GATEWAY_URL=${PRACTICUM_GATEWAY_URL:-${PRACTICUM_DEMO_AGENT_BAS
 export PRACTICUM_DEMO_AGENT_EPISODES=${PRACTICUM_DEMO_AGENT_EPISODES:-$(( EPISODES / 3 > 4 ? EPISODES / 3 : 4 ))}
 # The tour shows how far the agent has got (n/$EPISODES episodes) until the demo is ready.
 export PRACTICUM_DEMO_EPISODES=$EPISODES
+CONCURRENCY=${PRACTICUM_DEMO_AGENT_CONCURRENCY:-4}
 # No raw progress bars on the console (model conversion, downloads): the logs keep the details.
 export HF_HUB_DISABLE_PROGRESS_BARS=1 TQDM_DISABLE=1
 # One torch thread per process: several processes share the cores.
@@ -180,13 +182,17 @@ if [ "${PRACTICUM_DEMO_AGENT:-1}" != 0 ]; then
   have_test=$(count test "$PRACTICUM_DEMO_AGENT_EPISODES")
   if [ "$have" -lt "$EPISODES" ] || [ "$have_test" -lt "$PRACTICUM_DEMO_AGENT_EPISODES" ]; then
     key=$($PY manage.py create_api_key --deployment support-bot --scopes ingest,feedback --name "make demo agent" --expires-in-days 1 --quiet)
-    # In the background (its own process group), so Ctrl-C still reaches this script. Then
-    # the base model on test tasks: the tour's "run the agent again" plays the same tasks
-    # (seed 0) on the candidate, and the overview pairs the two runs episode by episode.
+    # In the background (its own process group), so Ctrl-C still reaches this script. The
+    # training-split conversations run several at once, as a deployed bot serves several
+    # customers (vLLM batches them: on a CPU a step of four costs little more than one). Then
+    # the base model on test tasks, one at a time: the tour's "run the agent again" plays the
+    # same tasks (seed 0) on the candidate one at a time, and the overview pairs the two runs
+    # episode by episode (batched decoding is not bit-identical to one request at a time).
     {
       if [ "$have" -lt "$EPISODES" ]; then
-        say "The demo agent works $EPISODES support tasks through the gateway (traces appear as they arrive) …"
-        LOG_LEVEL=WARNING $PY manage.py demo_agent --base-url "$URL" --api-key "$key" --split train --episodes "$EPISODES" || exit
+        say "The demo agent works $EPISODES support tasks through the gateway, $CONCURRENCY at once (traces appear as they arrive) …"
+        LOG_LEVEL=WARNING $PY manage.py demo_agent --base-url "$URL" --api-key "$key" --split train --episodes "$EPISODES" \
+          --concurrency "$CONCURRENCY" || exit
       fi
       if [ "$have_test" -lt "$PRACTICUM_DEMO_AGENT_EPISODES" ]; then
         say "The base model on $PRACTICUM_DEMO_AGENT_EPISODES test tasks, to compare the trained version with …"
