@@ -6,9 +6,10 @@
 Runs `scripts/demo.sh` (what `make demo` runs once `make install` is done) on the embedded
 default (SQLite, Celery's filesystem broker: DATABASE_URL and CELERY_BROKER_URL are left
 out), in a data folder of its own and on free ports, reads its console and times each phase
-by the line that starts the next: preparing the database and the model, the demo's setup,
+by the line that ends it: preparing the database and the model, the demo's setup,
 the web server, the inference server, the demo agent's episodes, until the console says
-"Ready". Then it stops the demo as Ctrl-C does and waits until it says "Stopped.". The first
+"Ready". Then it stops the demo with a Ctrl-C to each of its process groups and waits for it
+to exit. A run whose demo agent stopped early is an error, not a start-up time. The first
 run starts from an empty data folder (the model is built or converted there); each later run
 (`--runs`, default 2) reuses it, as a second `make demo` does. Prints each run's phases and
 seconds to "Ready" beside the goal (2 minutes FAST, 5 minutes full), with the load average
@@ -19,6 +20,7 @@ them from above.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import signal
@@ -39,6 +41,16 @@ PHASES = (
     ("inference server", re.compile(r"^(The demo agent|The base model on|Ready:)")),
     ("demo agent", re.compile(r"^Ready:")),
 )
+# A demo agent that failed still ends in "Ready": such a run is no start-up time.
+FAILED = re.compile(r"^the demo agent stopped early")
+OUTSIDE = (
+    "DATABASE_URL",
+    "CELERY_BROKER_URL",
+    "PRACTICUM_INFERENCE_URL",
+    "PRACTICUM_MODELS_DIR",
+    "FAST_DEMO",
+    "PRACTICUM_DEMO_AGENT",
+)
 GOALS = {"fast": 120.0, "full": 300.0}
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -49,7 +61,9 @@ def load() -> str:
 
 def one_run(data: Path, *, fast: bool, timeout: float) -> dict[str, float]:
     """Seconds from the start to the end of each phase (the last: the demo says "Ready")."""
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
+    # A newcomer's environment: the embedded default, and nothing that points the demo at
+    # another server, another model folder or the other kind of demo.
+    env = {k: v for k, v in os.environ.items() if k not in OUTSIDE}
     env |= {
         "PRACTICUM_DATA_DIR": str(data),
         "PRACTICUM_PORT": str(free_port()),
@@ -68,9 +82,9 @@ def one_run(data: Path, *, fast: bool, timeout: float) -> dict[str, float]:
     )
     ended: dict[str, float] = {}
     log = data / "bench-console.log"
-    # The console goes quiet while a phase waits: past the timeout the demo gets its Ctrl-C,
-    # which ends its output and so the loop below.
-    watchdog = threading.Timer(timeout, os.killpg, args=(demo.pid, signal.SIGINT))
+    # The console goes quiet while a phase waits: past the timeout the demo is stopped, which
+    # ends its output and so the loop below.
+    watchdog = threading.Timer(timeout, _signal_all, args=(demo.pid, signal.SIGINT))
     watchdog.start()
     try:
         with log.open("w", buffering=1) as out:
@@ -83,12 +97,15 @@ def one_run(data: Path, *, fast: bool, timeout: float) -> dict[str, float]:
                         if pattern.search(line):
                             ended[name] = now
                         break
+                if FAILED.search(line):
+                    break
                 if PHASES[-1][1].search(line):  # "Ready" ends the phases it skipped too
                     ended = {name: ended.get(name, now) for name, _ in PHASES}
                 if PHASES[-1][0] in ended:
                     break
     finally:
         watchdog.cancel()
+        watchdog.join()
         _stop(demo)
     if PHASES[-1][0] not in ended:
         tail = "\n".join(log.read_text().splitlines()[-20:])
@@ -96,15 +113,47 @@ def one_run(data: Path, *, fast: bool, timeout: float) -> dict[str, float]:
     return ended
 
 
+def _groups(pid: int) -> set[int]:
+    """The process groups of `pid` and of every process under it. With job control on
+    (`set -m`), each service and each foreground wait of demo.sh has a group of its own, and
+    bash holds a trapped Ctrl-C until its foreground command ends: signalling bash's group
+    alone can leave the demo waiting for minutes, or its services running."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        parents[int(stat.parent.name)] = int(fields[1])
+    tree, frontier = {pid}, [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier and child not in tree]
+        tree.update(children)
+        frontier = children
+    groups = set()
+    for member in tree:
+        with contextlib.suppress(ProcessLookupError):
+            groups.add(os.getpgid(member))
+    return groups
+
+
+def _signal_all(pid: int, sig: int) -> set[int]:
+    groups = _groups(pid)
+    for group in groups:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, sig)
+    return groups
+
+
 def _stop(demo: subprocess.Popen) -> None:
-    """Ctrl-C to the demo's group, as a terminal sends it; then, past a minute, KILL."""
+    """Ctrl-C to every group of the demo, as it stops on one; past 90 s, KILL to them all."""
+    groups = _signal_all(demo.pid, signal.SIGINT)
     try:
-        os.killpg(demo.pid, signal.SIGINT)
-        demo.communicate(timeout=60)
+        demo.communicate(timeout=90)
     except subprocess.TimeoutExpired:
-        os.killpg(demo.pid, signal.SIGKILL)
-        demo.wait()
-    except ProcessLookupError:
+        for group in groups | _groups(demo.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
         demo.wait()
 
 

@@ -22,7 +22,7 @@ FAST=0
 for arg in "$@"; do
   case "$arg" in
     --fast) FAST=1 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^[^#]/{/^#/p}' "$0"; exit 0 ;;  # the header comment, whatever its length
     *) echo "unknown argument: $arg (use --fast)" >&2; exit 2 ;;
   esac
 done

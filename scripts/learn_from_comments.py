@@ -94,7 +94,7 @@ from comments.options import (  # noqa: E402
     Options,
 )
 from comments.probe import hint_probe  # noqa: E402
-from comments.runs import base_agreement, run, summary  # noqa: E402
+from comments.runs import processes_agreement, run, summary  # noqa: E402
 from comments.words import words_set_check  # noqa: E402
 from desk.harness import MODEL, cpu_attention  # noqa: E402
 from desk.recipes import BASE_RECIPE, RECIPES  # noqa: E402
@@ -105,8 +105,8 @@ __all__ = [
     "Options",
     "OracleLeak",
     "_common",
-    "base_agreement",
     "hint_probe",
+    "processes_agreement",
     "run",
     "summary",
     "words_only_check",

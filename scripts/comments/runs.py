@@ -116,7 +116,9 @@ def _run_seeds(options: Options, base, judge: JudgeServer | None) -> None:
 
 def summary(path: Path, run_id: str = "") -> None:
     """The run's tables (the latest run in `path` unless `run_id` is given)."""
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    text = path.read_text() if path.exists() else ""
+    # A process of the run may be appending now: its record is whole only once its newline is.
+    records = [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]
     if not records:
         print(f"no runs in {path}")
         return
@@ -141,29 +143,35 @@ def summary(path: Path, run_id: str = "") -> None:
             )
         if r["kind"] == "skipped":
             print(f"\n  {r['recipe']} seed {r['seed']} skipped: {r['reason']}")
-    for line in base_agreement(records):
+    for line in processes_agreement(records):
         print(line)
     print()
     summary_print([r for r in records if r["kind"] in ("base", "candidate")])
 
 
-def base_agreement(records: list[dict[str, Any]]) -> list[str]:
-    """One line per slice the base played more than once in a run (a seed's arms run in
-    processes of their own each measure it): whether every episode's transcript agreed.
-    The arms are paired with one base measurement, so a disagreement is printed, not
-    hidden by keeping the last."""
-    played: dict[tuple[int, str], list[list[Any]]] = {}
+def processes_agreement(records: list[dict[str, Any]]) -> list[str]:
+    """One line per thing a run did more than once (a seed's arms run in processes of their
+    own each play the lead's episodes and the base): whether each time gave the same. The
+    lead's episodes and comments are what the arms train on; the base's test and fresh
+    episodes are what they are paired with (the last measurement), so a disagreement is
+    printed, not hidden."""
+    done: dict[tuple[int, str], list[Any]] = {}
     for r in records:
-        if r["kind"] == "base":
-            key = r["split"] if r["fresh_seed"] is None else f"fresh-{r['fresh_seed']}"
-            episodes = [(e["task"], e["success"], e["transcript"]) for e in r["measure"]["episodes"]]
-            played.setdefault((r["seed"], key), []).append(episodes)
+        if r["kind"] == "comments":
+            key = "the lead's episodes and comments"
+            what = [r["episodes"], r["successes"], r["review"], r["items"]]
+        elif r["kind"] == "base":
+            key = "base " + (r["split"] if r["fresh_seed"] is None else f"fresh-{r['fresh_seed']}")
+            what = r["measure"]["episodes"]
+        else:
+            continue
+        done.setdefault((r["seed"], key), []).append(what)
     lines = []
-    for (seed, key), plays in sorted(played.items()):
-        if len(plays) > 1:
-            same = all(p == plays[0] for p in plays[1:])
-            verdict = "the same episodes" if same else "DIFFERENT episodes (the last is paired)"
-            lines.append(f"  base seed {seed} {key}: played {len(plays)} times, {verdict}")
+    for (seed, key), times in sorted(done.items()):
+        if len(times) > 1:
+            same = all(t == times[0] for t in times[1:])
+            verdict = "the same each time" if same else "DIFFERENT (the last is used)"
+            lines.append(f"  seed {seed}, {key}: {len(times)} times, {verdict}")
     if lines:
-        lines.insert(0, "\nThe base, measured by each process of a seed:\n")
+        lines.insert(0, "\nDone more than once (each process of a seed does it):\n")
     return lines

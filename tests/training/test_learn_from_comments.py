@@ -610,10 +610,32 @@ def _base(seed, transcript):
     return {"kind": "base", "seed": seed, "split": "test", "fresh_seed": None, "measure": {"episodes": episodes}}
 
 
-def test_a_base_measured_by_two_processes_of_a_seed_is_checked_for_the_same_episodes():
-    same = lfc.base_agreement([_base(0, ["lookup", "refund"]), _base(0, ["lookup", "refund"])])
-    assert any("base seed 0 test: played 2 times, the same episodes" in line for line in same)
-    differ = lfc.base_agreement([_base(0, ["lookup", "refund"]), _base(0, ["lookup", "reply"])])
-    assert any("DIFFERENT episodes" in line for line in differ)
-    # Measured once: nothing to compare, nothing printed.
-    assert lfc.base_agreement([_base(0, ["lookup"]), _base(1, ["lookup"])]) == []
+def _comments(seed, review):
+    return {
+        "kind": "comments",
+        "seed": seed,
+        "episodes": 4,
+        "successes": 2,
+        "review": review,
+        "items": 2,
+        "training_set": "s",
+    }
+
+
+def test_what_two_processes_of_a_seed_each_did_is_checked_for_the_same_outcome():
+    same = lfc.processes_agreement([_base(0, ["lookup", "refund"]), _base(0, ["lookup", "refund"])])
+    assert "  seed 0, base test: 2 times, the same each time" in same
+    differ = lfc.processes_agreement([_base(0, ["lookup", "refund"]), _base(0, ["lookup", "reply"])])
+    assert "  seed 0, base test: 2 times, DIFFERENT (the last is used)" in differ
+    # The lead's comments, which the arms train on, are checked too.
+    comments = lfc.processes_agreement([_comments(1, {"specific": 2}), _comments(1, {"specific": 1, "vague": 1})])
+    assert "  seed 1, the lead's episodes and comments: 2 times, DIFFERENT (the last is used)" in comments
+    # Done once: nothing to compare, nothing printed.
+    assert lfc.processes_agreement([_base(0, ["lookup"]), _base(1, ["lookup"]), _comments(0, {})]) == []
+
+
+def test_the_summary_reads_a_log_that_a_process_is_appending_to(tmp_path, capsys):
+    record = json.dumps({"run": "r", "at": "-", **_comments(0, {"specific": 2})})
+    (tmp_path / "runs.jsonl").write_text(record + "\n" + record[:40])  # the second still being written
+    lfc.summary(tmp_path / "runs.jsonl")
+    assert "seed 0: 2/4 episodes succeeded" in capsys.readouterr().out
