@@ -109,7 +109,8 @@ def one_run(data: Path, *, fast: bool, timeout: float) -> dict[str, float]:
         _stop(demo)
     if PHASES[-1][0] not in ended:
         tail = "\n".join(log.read_text().splitlines()[-20:])
-        raise SystemExit(f"the demo was not ready within {timeout:.0f} s (exit {demo.returncode}):\n{tail}")
+        why = "its demo agent stopped early" if FAILED.search(tail) else f"it was not ready within {timeout:.0f} s"
+        raise SystemExit(f"no start-up time: {why} (exit {demo.returncode}):\n{tail}")
     return ended
 
 
@@ -118,18 +119,19 @@ def _groups(pid: int) -> set[int]:
     (`set -m`), each service and each foreground wait of demo.sh has a group of its own, and
     bash holds a trapped Ctrl-C until its foreground command ends: signalling bash's group
     alone can leave the demo waiting for minutes, or its services running."""
-    parents: dict[int, int] = {}
+    children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
             continue  # gone meanwhile
-        parents[int(stat.parent.name)] = int(fields[1])
-    tree, frontier = {pid}, [pid]
-    while frontier:
-        children = [child for child, parent in parents.items() if parent in frontier and child not in tree]
-        tree.update(children)
-        frontier = children
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    tree, todo = {pid}, [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in tree:
+                tree.add(child)
+                todo.append(child)
     groups = set()
     for member in tree:
         with contextlib.suppress(ProcessLookupError):
