@@ -78,7 +78,7 @@ def worker(args) -> None:
     from training.trainer.distill import sft_train
     from training.trainer.grpo import grpo_train
     from training.trainer.items import TurnItem, grader_scorer
-    from training.trainer.parallel import process_group_close, process_group_init
+    from training.trainer.parallel import process_exit, process_group_close, process_group_init
     from training.trainer.policy import load_policy
     from training.trainer.run import setup_torch
     from training.trainer.sharding import held
@@ -131,6 +131,7 @@ def worker(args) -> None:
         }
         Path(args.out).write_text(json.dumps(figures))
     process_group_close()
+    process_exit(0)
 
 
 def run_setting(kind: str, model: Path, processes: int, sharding: str, steps: int, batch: int) -> dict:

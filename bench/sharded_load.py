@@ -47,7 +47,7 @@ def worker(args) -> None:
     import torch
 
     from training.trainer.config import SFTConfig
-    from training.trainer.parallel import process_group_close, process_group_init
+    from training.trainer.parallel import process_exit, process_group_close, process_group_init
     from training.trainer.policy import load_policy
     from training.trainer.run import setup_torch, trainer_setup
     from training.trainer.sharding import held
@@ -89,6 +89,7 @@ def worker(args) -> None:
     }
     Path(f"{args.out}.{ranks.rank}").write_text(json.dumps(figures))
     process_group_close()
+    process_exit(0)
 
 
 def run_setting(model: Path, mode: str) -> list[dict]:

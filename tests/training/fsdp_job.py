@@ -30,7 +30,7 @@ def main() -> None:
     from training.trainer.config import GRPOConfig
     from training.trainer.grpo import grpo_train
     from training.trainer.items import TurnItem
-    from training.trainer.parallel import process_group_close, process_group_init, ranks_current
+    from training.trainer.parallel import process_exit, process_group_close, process_group_init, ranks_current
 
     parser = argparse.ArgumentParser()
     parser.add_argument("model")
@@ -89,6 +89,7 @@ def main() -> None:
         print(json.dumps(out), flush=True)
     if distributed:
         process_group_close(together=True)
+        process_exit(0)
 
 
 if __name__ == "__main__":

@@ -65,6 +65,22 @@ def test_a_sharded_job_trains_what_one_process_trains_and_resumes_where_it_stopp
             assert torch.allclose(adapter[name], value, atol=1e-5, rtol=0), (run, name)
 
 
+def test_a_process_that_left_the_group_runs_none_of_its_threads(tiny_model_dir, tmp_path):
+    """Leaving the group joins gloo's threads, even after loading a model imported torch's
+    FSDP modules (which evaluate the group into function defaults): threads that outlive
+    the group run on into the interpreter's exit."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    command += [str(SCRIPT.with_name("group_close_job.py")), str(tiny_model_dir), str(tmp_path)]
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=300, env=os.environ | {"OMP_NUM_THREADS": "1"}
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    processes = [json.loads(path.read_text()) for path in sorted(tmp_path.glob("*.json"))]
+    assert sorted(p["rank"] for p in processes) == [0, 1]
+    for process in processes:
+        assert not [t for t in process["threads"] if "gloo" in t], process
+
+
 def test_a_sharded_job_refuses_an_adapter_outside_the_blocks(tiny_model_dir):
     """An adapter on the output layer would sit in the root unit, which FSDP2 keeps gathered
     after a forward pass: refused with the layer's name before any collective."""

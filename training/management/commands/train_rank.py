@@ -3,6 +3,7 @@ from __future__ import annotations
 import signal
 
 from django.core.management.base import BaseCommand
+from django.db import connections
 
 from training.services.job_processes import training_job_rank_run
 from training.trainer.launch import parent_death_signal
@@ -26,8 +27,11 @@ class Command(BaseCommand):
 
         from torch.distributed.elastic.multiprocessing.errors import record  # noqa: PLC0415 — torch (seconds) loads once the signal is set
 
+        from training.trainer.parallel import process_exit  # noqa: PLC0415
+
         # `record` writes an exception to the file torchrun names, so its summary (and the
         # job's error) says what this process raised.
         status = record(training_job_rank_run)(job_id=opts["job"], worker=opts["worker"])
-        if status == "failed":
-            raise SystemExit(1)  # torchrun stops the other processes
+        connections.close_all()
+        # Exit 1 makes torchrun stop the other processes.
+        process_exit(1 if status == "failed" else 0)
