@@ -5,6 +5,7 @@ writes OUT_DIR/<rank>.json."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -27,7 +28,10 @@ def main() -> None:
     policy = load_policy(small(GRPOConfig, sys.argv[1]))
     ranks.parameters_broadcast(list(policy.model.parameters()))
     process_group_close(together=True)
-    threads = sorted(Path(f"/proc/self/task/{t}/comm").read_text().strip() for t in os.listdir("/proc/self/task"))
+    threads = []
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):  # a thread that ended since the listing
+            threads.append(Path(f"/proc/self/task/{task}/comm").read_text().strip())
     (Path(sys.argv[2]) / f"{ranks.rank}.json").write_text(json.dumps({"rank": ranks.rank, "threads": threads}))
 
 

@@ -17,6 +17,7 @@ one-process job runs the arithmetic it always ran.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import importlib
 import logging
@@ -186,11 +187,14 @@ def process_exit(code: int) -> NoReturn:
     the mesh holds the process group, so `destroy_process_group` cannot join gloo's
     threads: they are still running when the interpreter finalizes, and a process was seen
     to abort there ("terminate called without an active exception", 1 in about 30 sharded
-    runs). Output is flushed and logging shut down first; the launcher reads `code`."""
+    runs). Output (Python's and C's) is flushed and logging shut down first; the launcher
+    reads `code`."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # a closed pipe: nothing left to say
             stream.flush()
     logging.shutdown()
+    with contextlib.suppress(Exception):  # what native code wrote through C's stdio, which _exit drops
+        ctypes.CDLL(None).fflush(None)
     os._exit(code)
 
 

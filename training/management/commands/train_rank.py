@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import signal
+import traceback
 
 from django.core.management.base import BaseCommand
 from django.db import connections
@@ -31,7 +32,13 @@ class Command(BaseCommand):
 
         # `record` writes an exception to the file torchrun names, so its summary (and the
         # job's error) says what this process raised.
-        status = record(training_job_rank_run)(job_id=opts["job"], worker=opts["worker"])
+        try:
+            status = record(training_job_rank_run)(job_id=opts["job"], worker=opts["worker"])
+        except BaseException:
+            # Printed here, as the interpreter would have; `record` has written it for torchrun.
+            traceback.print_exc()
+            status = "failed"
         connections.close_all()
-        # Exit 1 makes torchrun stop the other processes.
+        # Exit 1 makes torchrun stop the other processes. A raise ends here too: the group's
+        # threads may outlive it as on a success (process_exit says why).
         process_exit(1 if status == "failed" else 0)
