@@ -33,6 +33,9 @@ from pathlib import Path
 
 from support import ROOT, free_port
 
+sys.path.insert(0, str(ROOT))
+from tests.fixtures.processes import descendants
+
 # Each phase and the console lines that end it (scripts/demo.sh), in order. A later run on
 # the same data folder finds the agent's episodes there and goes straight to "Ready".
 PHASES = (
@@ -119,21 +122,8 @@ def _groups(pid: int) -> set[int]:
     (`set -m`), each service and each foreground wait of demo.sh has a group of its own, and
     bash holds a trapped Ctrl-C until its foreground command ends: signalling bash's group
     alone can leave the demo waiting for minutes, or its services running."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue  # gone meanwhile
-        children.setdefault(parent, []).append(int(stat.parent.name))
-    tree, todo = {pid}, [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in tree:
-                tree.add(child)
-                todo.append(child)
     groups = set()
-    for member in tree:
+    for member in {pid} | descendants(pid):
         with contextlib.suppress(ProcessLookupError):
             groups.add(os.getpgid(member))
     return groups

@@ -20,28 +20,10 @@ from django.conf import settings
 
 from tests.docs.examples import page_failures
 from tests.fixtures.inference import free_port
+from tests.fixtures.processes import descendants
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def descendants(pid: int) -> set[int]:
-    """Every process below `pid` (by parent id), whatever its process group or session."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
 
 
 def running(pid: int) -> bool:
