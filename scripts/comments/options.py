@@ -97,3 +97,7 @@ class Options:
     wrong_rate: float | None = None
     out: Path = OUT
     run: str = ""
+    # Where each arm's look at the test split is logged (`split_looks`); None: beside the run's
+    # log, in `out` (a test's or a quick run's folder keeps its looks out of the project's log).
+    looks_log: Path | None = None
+    second_look: str = ""  # the reason for measuring an arm already measured on the test split

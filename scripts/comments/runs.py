@@ -7,6 +7,7 @@ import contextlib
 import fcntl
 import json
 import random
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -68,9 +69,43 @@ def measures(harness: Harness, *, seed: int, options: Options, label: str) -> di
     return out
 
 
+def look_family(arm: str, options: Options) -> str:
+    """The recipe family an arm's test-split measurement is a look at (A1 names its recipe)."""
+    return f"lfc-{arm}" + (f" ({options.oracle_recipe})" if arm == "oracle-sft" else "")
+
+
+def looks_check(options: Options) -> None:
+    """Refuse (`SecondLook`) the run before anything is played when an arm it would measure on
+    the test split was measured there already for one of its seeds, unless
+    `options.second_look` gives the reason."""
+    from training.promotion.evaluation.split_looks import split_look_check
+
+    log_path = options.looks_log or options.out / "test-split-looks.jsonl"
+    for arm in options.arms:
+        for seed in options.seeds:
+            split_look_check(family=look_family(arm, options), seeds=[seed], reason=options.second_look, path=log_path)
+
+
+def look_record(options: Options, arm: str, seed: int) -> None:
+    """Log one arm's look at the test split (and the fresh slices beside it), once its
+    checkpoint is chosen and just before it is measured."""
+    from training.promotion.evaluation.split_looks import split_look_record
+
+    split_look_record(
+        family=look_family(arm, options),
+        script="scripts/learn_from_comments.py",
+        argv=sys.argv[1:],
+        seeds=[seed],
+        reason=options.second_look,
+        path=options.looks_log or options.out / "test-split-looks.jsonl",
+    )
+
+
 def run(options: Options) -> None:
-    """Every seed of `options`: comments, arms, measurements; each record appended."""
+    """Every seed of `options`: comments, arms, measurements; each record appended. Each arm's
+    measurement on the test split is a look, checked first and logged (`looks_check`)."""
     options.run = options.run or time.strftime("%Y%m%d-%H%M%S")
+    looks_check(options)
     base_model, tokenizer = load_base(options.model)
     base = Harness(base_model, tokenizer)
     judge = JudgeServer(options) if set(JUDGE_ARMS) & set(options.arms) else None
@@ -109,6 +144,7 @@ def _run_seeds(options: Options, base, judge: JudgeServer | None) -> None:
             policy.model.save_pretrained(run_dir / "adapter")
             info["adapter"] = str(run_dir / "adapter")
             harness = Harness(policy.model, policy.tokenizer)
+            look_record(options, arm, seed)
             found = measures(harness, seed=seed, options=options, label=arm)
             append(options, {"kind": "candidate", "recipe": arm, "seed": seed, "train": info, "measures": found})
             del policy, harness

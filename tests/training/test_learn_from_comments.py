@@ -339,6 +339,13 @@ def test_the_words_arm_and_its_shuffled_control_learn_from_the_judges_actions_an
 
     records = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
     assert [(r["seed"], r["split"]) for r in records if r["kind"] == "base"] == [(0, "test")]
+    # Each arm's measurement on the test split is a look, logged beside the run's folder.
+    looks = [json.loads(line) for line in (tmp_path / "test-split-looks.jsonl").read_text().splitlines()]
+    assert [(x["family"], x["seeds"], x["look"]) for x in looks] == [
+        ("lfc-oracle-sft (decisions-weighted-32-cf3)", [0], 1),
+        ("lfc-words", [0], 1),
+        ("lfc-words-shuffled", [0], 1),
+    ]
     trained = {r["recipe"]: r for r in records if r["kind"] == "candidate"}
     assert set(trained) == {"oracle-sft", "words", "words-shuffled"}, [r for r in records if r["kind"] == "skipped"]
     assert "oracle labels" in trained.pop("oracle-sft")["train"]["signal"]
@@ -438,6 +445,28 @@ def test_the_control_moves_every_comment_to_another_turn_with_other_words():
         assert sorted(sigma) == list(range(len(bodies)))
         assert all(sigma[i] != i and bodies[sigma[i]] != bodies[i] for i in range(len(bodies)))
     assert derangement(["same", "same"], random.Random(0)) == [1, 0]  # equal words: still moved
+
+
+def test_a_second_look_at_an_arm_on_the_test_split_is_refused_before_anything_runs_unless_given_its_reason(
+    tmp_path,
+):
+    from training.promotion.evaluation.split_looks import LOG, split_looks
+
+    looks = tmp_path / "looks.jsonl"
+    argv = ["run", "--seeds", "2", "--first-seed", "1", "--arms", "words", "--looks-log", str(looks)]
+    options = lfc.options_from(lfc.arguments(argv))
+    lfc.looks_check(options)  # nothing logged yet: the run may measure
+    looks.write_text(json.dumps({"family": "lfc-words", "seeds": [2], "at": "2026-12-07T10:00:00Z"}) + "\n")
+    with pytest.raises(SystemExit, match="already measured for 'lfc-words'"):
+        lfc.main(argv)  # refused before the model loads or a database is touched
+    lfc.looks_check(lfc.options_from(lfc.arguments([*argv, "--second-look", "a seed rerun after a stop"])))
+    lfc.looks_check(lfc.options_from(lfc.arguments([*argv[:-3], "words-shuffled", *argv[-2:]])))  # another arm
+    # Where the looks go: the project's log for a real run in the project's folder; a quick
+    # run's (figures that measure nothing) and another folder's stay beside that run.
+    assert lfc.options_from(lfc.arguments(["run"])).looks_log == LOG
+    assert lfc.options_from(lfc.arguments(["run", "--quick"])).looks_log is None
+    assert lfc.options_from(lfc.arguments(["run", "--out", str(tmp_path)])).looks_log is None
+    assert [x["family"] for x in split_looks(looks)] == ["lfc-words"]
 
 
 def test_quick_gives_tiny_sizes_except_those_the_command_line_names():
