@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -12,6 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+# The project's one port picker, for the benches that start servers.
+from training.inference.server import free_port as free_port  # noqa: E402
 
 
 def fresh_database(base_url: str, suffix: str) -> str:
@@ -28,12 +31,6 @@ def fresh_database(base_url: str, suffix: str) -> str:
     env = {**os.environ, "DATABASE_URL": url}
     subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
     return url
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

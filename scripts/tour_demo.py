@@ -44,7 +44,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -60,14 +59,10 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 from tour.jobs import job_configs  # noqa: E402
 from tour.summary import outcome, per_seed_from_results, summary_lines  # noqa: E402
 
+from training.inference.server import free_port  # noqa: E402
+
 # What the tests read from here.
 __all__ = ["per_seed_from_results", "summary_lines"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_http(url: str, timeout: float = 60.0) -> None:

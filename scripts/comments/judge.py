@@ -15,14 +15,6 @@ from comments.comment_set import item_tasks
 from comments.options import EXPERIMENTER, Options
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class JudgeServer:
     """The judge endpoint for a run: a vLLM server of `options.judge` started once (and
     stopped at the end), or the endpoint `options.judge_url` names."""
@@ -41,7 +33,7 @@ class JudgeServer:
         if self.options.judge and not self.options.judge_url:
             from served_judge import served_judge
 
-            from training.inference.server import ServerFailed
+            from training.inference.server import ServerFailed, free_port
 
             try:
                 endpoint = self.served.enter_context(

@@ -17,6 +17,7 @@ from django.db import connection
 from tests.fixtures.configs import small
 from tests.fixtures.worker import _database_url, process_group_stop, wait_for
 from tests.training.test_jobs_worker import _job, _start_worker
+from training.inference.server import free_port
 from training.models import JobEventKind, TrainingJob
 from training.services.job_processes import processes_failure
 from training.services.job_runner import job_run_dir
@@ -420,14 +421,6 @@ def test_a_jobs_processes_do_not_outlive_the_worker_or_torchrun(tmp_path, killed
         supervisor.wait(timeout=30)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.postgres
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
@@ -442,7 +435,7 @@ def test_a_job_over_two_nodes_trains_the_adapter_one_process_trains(base_version
 
     from training.services.training_sets import training_set_from_tasks
 
-    rendezvous = f"--nnodes 2 --node-rank 0 --master-addr 127.0.0.1 --master-port {_free_port()}"
+    rendezvous = f"--nnodes 2 --node-rank 0 --master-addr 127.0.0.1 --master-port {free_port()}"
     tasks = [{"prompt": f"Where is order A{i}?", "target": f"A{i} shipped.", "grader": "contains"} for i in range(8)]
     training_set = training_set_from_tasks(name="orders", tasks=tasks, heldout_fraction=0.0)
     config = {k: v for k, v in CONFIG.items() if k != "group_size"}
@@ -564,7 +557,7 @@ def test_a_node_joins_once_and_leaves_when_its_job_moves_to_another_worker(
     (resumed elsewhere, with a rendezvous it is not part of), stops its torchrun and says why."""
     from training.services.job_processes import NodeError, training_job_node_run
 
-    rendezvous = f"--nnodes 2 --node-rank 0 --master-addr 127.0.0.1 --master-port {_free_port()}"
+    rendezvous = f"--nnodes 2 --node-rank 0 --master-addr 127.0.0.1 --master-port {free_port()}"
     settings.TRAINING_TORCHRUN_ARGS = rendezvous
     monkeypatch.setenv("PRACTICUM_TRAINING_TORCHRUN_ARGS", rendezvous)
     job = training_job_create(
@@ -611,7 +604,7 @@ def test_a_cancel_before_every_node_joined_stops_the_workers_processes(base_vers
     the worker stops its torchrun itself and ends the job cancelled."""
     import threading
 
-    settings.TRAINING_TORCHRUN_ARGS = f"--nnodes 2 --node-rank 0 --master-addr 127.0.0.1 --master-port {_free_port()}"
+    settings.TRAINING_TORCHRUN_ARGS = f"--nnodes 2 --node-rank 0 --master-addr 127.0.0.1 --master-port {free_port()}"
     job = training_job_create(
         kind="grpo", config=CONFIG | {"processes": 2}, base_version=base_version, training_set=task_set, enqueue=False
     )

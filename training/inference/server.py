@@ -28,6 +28,7 @@ import os
 import resource
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -43,6 +44,15 @@ from training.inference.server_auth import IMPORT_PATH as KEY_GUARD
 _PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 
 logger = logging.getLogger(__name__)
+
+
+def free_port() -> int:
+    """A loopback TCP port nothing listens on now, for a server this process is about to start.
+    Another process may take it before the server binds: callers that start several servers
+    pick a port for each just before it starts."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def vllm_missing_reason() -> str | None:

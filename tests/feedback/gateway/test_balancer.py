@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import socket
 
 import orjson
 import pytest
@@ -15,14 +14,9 @@ import pytest
 from feedback.gateway.balancer import Balancer
 from feedback.gateway.errors import GatewayError
 from training.inference.client import InferenceBadAnswer, InferenceUnavailable
+from training.inference.server import free_port
 
 MODEL = "support-v2"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Upstream:
@@ -170,7 +164,7 @@ def test_the_replica_with_fewest_requests_outstanding_gets_the_next():
 def test_a_replica_that_cannot_be_reached_is_taken_out_the_request_served_elsewhere_and_it_comes_back():
     async def scenario():
         b = await Upstream("b").start()
-        a = Upstream("a", models=(), port=_free_port())  # not started: connection refused
+        a = Upstream("a", models=(), port=free_port())  # not started: connection refused
         lb = balancer()
         try:
             urls = [a.url, b.url]
@@ -265,7 +259,7 @@ def test_a_replica_without_the_version_passes_the_request_on_and_stays_in():
 
 def test_no_healthy_replica_is_a_503_in_the_gateways_error_format():
     async def scenario():
-        urls = [f"http://127.0.0.1:{_free_port()}", f"http://127.0.0.1:{_free_port()}"]
+        urls = [f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"]
         lb = balancer()
         try:
             with pytest.raises(InferenceUnavailable):
@@ -327,7 +321,7 @@ def test_the_version_missing_everywhere_is_the_servers_404_once_each():
 def test_a_probe_survives_an_answer_it_cannot_read_and_brings_the_replica_back_later():
     async def scenario():
         b = await Upstream("b").start()
-        a = Upstream("a", port=_free_port())  # refused at first: taken out
+        a = Upstream("a", port=free_port())  # refused at first: taken out
         lb = balancer()
         try:
             urls = [a.url, b.url]

@@ -6,19 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import socket
 
 import pytest
 
 from feedback.gateway.errors import transport_error
 from feedback.gateway.upstream import UpstreamClosed, UpstreamPool
 from training.inference.client import InferenceBadAnswer, InferenceError, InferenceUnavailable
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from training.inference.server import free_port
 
 
 def _failure(behaviour: str) -> InferenceError:
@@ -34,7 +28,7 @@ def _failure(behaviour: str) -> InferenceError:
                 await asyncio.sleep(5)
 
         if behaviour == "absent":
-            port, server = _free_port(), None
+            port, server = free_port(), None
         else:
             server = await asyncio.start_server(handle, "127.0.0.1", 0)
             port = server.sockets[0].getsockname()[1]
