@@ -23,6 +23,12 @@ the environment names. The script only plays the agent's traffic and the reviewe
    tasks once with the same sampling seeds: success with its Wilson interval, and the gain
    paired by task with its 95 % interval from a bootstrap over the tasks, stratified by kind.
 
+Each round's measurement of its candidate on the test split is a look at held-out figures
+(family `loop-rounds round N (…)`, with the run's settings): a run whose rounds were measured
+there for its seed already is refused before anything starts, unless `--second-look REASON`,
+and each look is checked again and logged in docs/experiments/test-split-looks.jsonl (or
+`--looks-log`) just before the candidate plays.
+
 Nobody approves anything, so nothing goes live: round 2's traffic comes from the same live
 version, and its candidate learns from round 2's new comments. Every record is appended to
 var/loop-rounds/runs.jsonl.
@@ -47,6 +53,8 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import desk_experiment as desk  # noqa: E402  (the agent's harness and the measurement)
+
+from training.promotion.evaluation.split_looks import LOG as LOOKS_LOG  # noqa: E402
 
 OUT = ROOT / "var" / "loop-rounds"
 RECIPE = {  # learn-from-comments' distillation settings (decision 0027), chosen before any run here
@@ -230,6 +238,42 @@ def paired(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def look_family(args, round_no: int) -> str:
+    """The recipe family a round's candidate is: the loop's round with the settings that make it."""
+    return f"loop-rounds round {round_no} ({args.episodes} episodes a round, fires at {args.min_new_turns} turns)"
+
+
+def looks_check(args) -> None:
+    """Refuse (`SecondLook`) a run whose rounds' candidates were measured on the test split
+    already for its seed, unless `--second-look REASON`; no looks log, no check."""
+    from training.promotion.evaluation.split_looks import split_look_check
+
+    if getattr(args, "looks_log", None) is None:
+        return
+    for round_no in range(1, args.rounds + 1):
+        split_look_check(
+            family=look_family(args, round_no), seeds=[args.seed], reason=args.second_look, path=args.looks_log
+        )
+
+
+def look_take(args, round_no: int, run_id: str, commit: str) -> None:
+    """Check and log a round's look at the test split, just before its candidate is measured."""
+    from training.promotion.evaluation.split_looks import split_look_take
+
+    if getattr(args, "looks_log", None) is None:
+        return
+    split_look_take(
+        family=look_family(args, round_no),
+        script="scripts/loop_rounds.py",
+        argv=getattr(args, "argv", []),
+        seeds=[args.seed],
+        reason=args.second_look,
+        path=args.looks_log,
+        run=run_id,
+        commit=commit,
+    )
+
+
 def run(args) -> None:
     import torch
 
@@ -237,7 +281,11 @@ def run(args) -> None:
 
     torch.set_num_threads(1)
     desk.cpu_attention()
+    from training.promotion.evaluation.split_looks import SecondLook, repository_commit
+
     run_id = args.run or time.strftime("%Y%m%d-%H%M%S")
+    commit = repository_commit()  # the code that runs, not the one when a round ends
+    looks_check(args)
     out = args.out / run_id
     out.mkdir(parents=True, exist_ok=True)
     model_dir = smollm2_prepare(args.model)
@@ -283,6 +331,12 @@ def run(args) -> None:
             }
             job = policy_run.job
             version = job.result_version if job is not None else None
+            if version is not None:
+                try:
+                    look_take(args, round_no, run_id, commit)
+                except SecondLook as exc:
+                    record["not_measured"] = str(exc)
+                    version = None
             if version is not None:
                 harness, model = candidate_harness(version, base_model, tokenizer)
                 measured = desk.measure(harness, test, seed=args.seed, label=f"round {round_no} candidate test")
@@ -352,10 +406,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--round-timeout", type=float, default=5400)
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--run", default="", help="the run's id (default: the start time; summary: the latest)")
+    p.add_argument(
+        "--looks-log",
+        type=Path,
+        default=LOOKS_LOG,
+        help="where each round's look at the test split is checked and logged (default: %(default)s)",
+    )
+    p.add_argument(
+        "--second-look",
+        default="",
+        metavar="REASON",
+        help="measure rounds already measured on the test split for this seed, with the reason (logged)",
+    )
     args = p.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.command == "summary":
         summary(args.out / "runs.jsonl", args.run)
         return 0
+    from training.promotion.evaluation.split_looks import SecondLook
+
+    try:
+        looks_check(args)  # before anything starts: a refused look costs nothing
+    except SecondLook as exc:
+        raise SystemExit(str(exc)) from None
     import django
 
     django.setup()

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.worker import _database_url
+from training.promotion.evaluation.split_looks import SecondLook
 
 spec = importlib.util.spec_from_file_location(
     "loop_rounds", Path(__file__).parent.parent.parent / "scripts" / "loop_rounds.py"
@@ -44,6 +45,9 @@ def test_two_rounds_run_unattended_up_to_an_approver_and_nothing_goes_live(
         round_timeout=300,
         out=tmp_path / "out",
         run="t",
+        looks_log=tmp_path / "looks.jsonl",
+        second_look="",
+        argv=["--rounds", "2"],
     )
 
     loop_rounds.run(args)
@@ -67,6 +71,13 @@ def test_two_rounds_run_unattended_up_to_an_approver_and_nothing_goes_live(
         assert (
             r["test"]["n"] == 3 and r["test"]["gain_interval"][0] <= r["test"]["gain"] <= r["test"]["gain_interval"][1]
         )
+    # Each round's candidate measured on the test split is a look, logged before it played.
+    looks = [json.loads(x) for x in (tmp_path / "looks.jsonl").read_text().splitlines()]
+    assert [(x["family"], x["seeds"], x["run"]) for x in looks] == [
+        (f"loop-rounds round {n} (4 episodes a round, fires at 1 turns)", [0], "t") for n in (1, 2)
+    ]
+    with pytest.raises(SecondLook, match="already measured for 'loop-rounds round 1"):
+        loop_rounds.looks_check(args)  # the same rounds and seed again: refused
     # Unattended up to a person: the live pointer was set once, at the start, and never moved.
     assert LiveVersionChange.objects.count() == 1
     assert records[-1] == {"run": "t", "kind": "end", "live": "smollm2-loop-t-base"}
