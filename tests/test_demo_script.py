@@ -19,8 +19,8 @@ import pytest
 from django.conf import settings
 
 from tests.docs.examples import page_failures
-from tests.fixtures.inference import free_port
 from tests.fixtures.processes import descendants
+from training.inference.server import free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]

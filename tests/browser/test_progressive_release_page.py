@@ -15,8 +15,8 @@ import pytest
 import training.promotion.services.release as release_service
 from feedback.models import Message, Trace
 from tests.factories import DeploymentFactory, user_with_role
-from tests.fixtures.inference import free_port
 from tests.promotion.conftest import evaluation_row, make_adapter_folder
+from training.inference.server import free_port
 from training.promotion.models import Release
 from training.promotion.rollout_models import Rollout, RolloutState
 from training.promotion.services.promotion import promotion_request_create

@@ -17,7 +17,7 @@ from feedback.judge.scoring import score_candidates
 from feedback.models import DeploymentJudge, JudgeResult, JudgeStatus
 from feedback.services.judging import judge_run
 from feedback.services.review import comment_add
-from tests.fixtures.inference import free_port
+from training.inference.server import free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

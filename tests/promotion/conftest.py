@@ -14,7 +14,7 @@ import pytest
 from django.utils import timezone
 
 from tests.factories import DeploymentFactory, user_with_role
-from tests.fixtures.inference import free_port
+from training.inference.server import free_port
 
 
 @dataclass

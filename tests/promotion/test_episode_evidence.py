@@ -14,7 +14,7 @@ TASKS = 4
 @pytest.fixture
 def tool_registry(db, tiny_model_path, tool_call_adapter_path):
     from tests.factories import DeploymentFactory
-    from tests.fixtures.inference import free_port
+    from training.inference.server import free_port
     from training.serving.services import base_model_register, live_version_set, model_version_create
 
     base, base_version = base_model_register(

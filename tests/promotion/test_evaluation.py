@@ -80,7 +80,7 @@ def test_summary_counts_ties_as_half_a_win():
 @pytest.fixture
 def local_registry(db, tiny_model_path, tool_call_adapter_path):
     from tests.factories import DeploymentFactory
-    from tests.fixtures.inference import free_port
+    from training.inference.server import free_port
     from training.serving.services import base_model_register, live_version_set, model_version_create
 
     base, base_version = base_model_register(

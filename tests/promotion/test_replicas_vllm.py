@@ -28,10 +28,11 @@ import training.promotion.services.rollback as rollback_service
 from feedback.models import Trace
 from feedback.services.api_keys import api_key_create
 from tests.factories import DeploymentFactory
-from tests.fixtures.inference import free_port, talking_version_create
+from tests.fixtures.inference import talking_version_create
 from tests.fixtures.worker import _database_url
 from tests.promotion.test_release_vllm import approved_release
 from training.inference.client import InferenceClient
+from training.inference.server import free_port
 from training.promotion.models import ReleaseKind
 from training.serving.models import LiveVersion
 from training.serving.services import base_model_replicas_set, live_version_set, model_version_create

@@ -25,9 +25,10 @@ from feedback.models import Message, Trace
 from feedback.services.api_keys import api_key_create
 from tests.factories import DeploymentFactory
 from tests.fixtures.adapters import PROMPTS, silent_adapter_train
-from tests.fixtures.inference import GatewayServer, _ThreadedUvicorn, free_port, talking_version_create
+from tests.fixtures.inference import GatewayServer, _ThreadedUvicorn, talking_version_create
 from tests.promotion.conftest import evaluation_row
 from tests.promotion.test_replicas_vllm import second_replica, served  # noqa: F401 (fixture)
+from training.inference.server import free_port
 from training.promotion.rollout_models import Rollout, RolloutState
 from training.promotion.services.promotion import promotion_approve, promotion_request_create
 from training.promotion.services.release_plans import release_plan_create

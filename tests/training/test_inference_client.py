@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import socket
 import threading
 import time
 
@@ -18,6 +17,7 @@ from training.inference.client import (
     InferenceUnavailable,
     server_root,
 )
+from training.inference.server import free_port
 
 MODELS = json.dumps({"object": "list", "data": [{"id": "tiny", "root": "/m/tiny", "parent": None}]}).encode()
 CHAT = json.dumps(
@@ -111,10 +111,7 @@ def test_a_completion_is_not_repeated_unless_the_caller_says_so(scripted):
 
 
 def test_nothing_listening_is_unavailable():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    client = InferenceClient(f"http://127.0.0.1:{port}", api_key="k", retries=0)
+    client = InferenceClient(f"http://127.0.0.1:{free_port()}", api_key="k", retries=0)
     with pytest.raises(InferenceUnavailable) as info:
         client.models()
     assert info.value.status is None and not info.value.timed_out

@@ -62,8 +62,8 @@ def test_when_rank_0_cannot_load_the_adapter_every_process_fails_with_its_reason
     import subprocess
     import sys
 
-    from tests.fixtures.inference import free_port
     from tests.training.test_fsdp import SCRIPT
+    from training.inference.server import free_port
 
     env = os.environ | {"OMP_NUM_THREADS": "1"}
     if cause == "no server":

@@ -48,8 +48,8 @@ logger = logging.getLogger(__name__)
 
 def free_port() -> int:
     """A loopback TCP port nothing listens on now, for a server this process is about to start.
-    Another process may take it before the server binds: callers that start several servers
-    pick a port for each just before it starts."""
+    It is only free when it is returned: another process may bind it before the server does,
+    so a caller picks it as late as it can."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -14,7 +14,7 @@ import pytest
 
 from feedback.models import Message, Trace, TraceSource
 from tests.fixtures.adapters import LOOKUP_TOOL, TOOL_CALL_TEXT
-from tests.fixtures.inference import free_port
+from training.inference.server import free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.postgres]
 

@@ -23,7 +23,8 @@ def second_gateway(transactional_db, api_key):
     import openai
 
     from feedback.gateway.app import GatewayApp, mount
-    from tests.fixtures.inference import GatewayServer, _ThreadedUvicorn, free_port
+    from tests.fixtures.inference import GatewayServer, _ThreadedUvicorn
+    from training.inference.server import free_port
     from webapp.asgi import django_application
 
     app = GatewayApp(auth_ttl=0, route_ttl=0, upstream_timeout=60)
