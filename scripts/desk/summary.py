@@ -128,33 +128,47 @@ def summary_print(records: list[dict[str, Any]]) -> None:
 
 def kinds_table(records: list[dict[str, Any]], slice_key: str = "test") -> None:
     """Successes and policy violations per kind of task on `slice_key`, summed over seeds,
-    the base beside each recipe (records written before episodes named their kind are left
-    out: their store was another)."""
+    the base beside each recipe over the same seeds: where recipes have run on different
+    seeds (a comparison still running seed by seed), each set of seeds gets its own base
+    column, named with them. Records written before episodes named their kind are left out:
+    their store was another."""
     from training.environments.support_desk import KINDS
 
-    columns: dict[str, dict[str, list[int]]] = {}
     # The base's latest measurement of each (slice, seed), then each seed's latest run.
     bases = {
-        (r["split"] if r["fresh_seed"] is None else f"fresh-{r['fresh_seed']}", r["seed"]): r
+        (r["split"] if r["fresh_seed"] is None else f"fresh-{r['fresh_seed']}", r["seed"]): r["measure"]
         for r in records
         if r["kind"] == "base"
     }
     runs = latest_runs(records)
     first = {r["recipe"]: i for i, r in reversed(list(enumerate(records))) if r["kind"] == "candidate"}
-    for r in [*bases.values(), *sorted(runs, key=lambda r: first[r["recipe"]])]:
-        if r["kind"] == "base":
-            key = r["split"] if r["fresh_seed"] is None else f"fresh-{r['fresh_seed']}"
-            measures = {"base": r["measure"]} if key == slice_key else {}
-        else:
-            measures = {r["recipe"]: r["measures"][slice_key]} if slice_key in r["measures"] else {}
-        for name, m in measures.items():
+    measured: dict[str, dict[int, dict[str, Any]]] = {}
+    for r in sorted(runs, key=lambda r: first[r["recipe"]]):
+        if slice_key in r["measures"]:
+            measured.setdefault(r["recipe"], {})[r["seed"]] = r["measures"][slice_key]
+    seed_sets = list(dict.fromkeys(tuple(sorted(by_seed)) for by_seed in measured.values()))
+    columns: dict[str, dict[str, list[int]]] = {}
+
+    def add(name: str, measures: list[dict[str, Any]]) -> None:
+        column = columns.setdefault(name, {})
+        for m in measures:
             for e in m["episodes"]:
                 if not e.get("kind"):
                     continue
-                cell = columns.setdefault(name, {}).setdefault(e["kind"], [0, 0, 0])
+                cell = column.setdefault(e["kind"], [0, 0, 0])
                 cell[0] += int(e["success"])
                 cell[1] += 1
                 cell[2] += int(bool(e.get("violations")))
+
+    for seeds in seed_sets:
+        named = (
+            "base" if len(seed_sets) == 1 else f"base, seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+        )
+        add(named, [bases[(slice_key, seed)] for seed in seeds if (slice_key, seed) in bases])
+        for recipe, by_seed in measured.items():
+            if tuple(sorted(by_seed)) == seeds:
+                add(recipe, list(by_seed.values()))
+    columns = {name: column for name, column in columns.items() if column}
     if not columns:
         return
     kinds = [k for k in KINDS if any(k in c for c in columns.values())]

@@ -61,3 +61,25 @@ def test_a_seed_trained_again_replaces_its_earlier_run_and_a_later_look_joins_it
     assert "| r | validation | 2 |" in out  # two seeds over seeds, not three runs
     # By kind, on validation: seed 0's second run (3/4) and seed 1 (2/4), not the first run.
     assert "5/8 (0)" in out
+
+
+def test_by_kind_each_recipe_stands_beside_the_base_of_its_own_seeds(capsys):
+    """A comparison run seed by seed: one arm has seeds 0 and 1, another seed 0 only. Each
+    stands beside the base summed over its own seeds, not over every seed the base played."""
+    from desk.summary import kinds_table
+
+    def base(seed: int, successes: int) -> dict:
+        return {"kind": "base", "seed": seed, "split": "test", "fresh_seed": None, "measure": _episodes(successes)}
+
+    def run(recipe: str, seed: int, successes: int) -> dict:
+        return {**_run(seed, f"{recipe}{seed}", test=_episodes(successes)), "recipe": recipe}
+
+    records = [base(0, 1), base(1, 2), run("words", 0, 3), run("words", 1, 4), run("oracle", 0, 4)]
+    kinds_table(records, "test")
+    out = capsys.readouterr().out
+    assert "| kind of task | base, seeds 0, 1 | words | base, seed 0 | oracle |" in out
+    row = next(line for line in out.splitlines() if line.startswith("| delivered at most"))
+    assert row.split(" | ")[1:] == ["3/8 (0)", "7/8 (0)", "1/4 (0)", "4/4 (0) |"]
+    kinds_table(records[:4], "test")  # one set of seeds: one base column, over those seeds
+    out = capsys.readouterr().out
+    assert "| kind of task | base | words |" in out and "| 3/8 (0) | 7/8 (0) |" in out
