@@ -245,11 +245,9 @@ def look_family(args, round_no: int) -> str:
 
 def looks_check(args) -> None:
     """Refuse (`SecondLook`) a run whose rounds' candidates were measured on the test split
-    already for its seed, unless `--second-look REASON`; no looks log, no check."""
+    already for its seed, unless `--second-look REASON`."""
     from training.promotion.evaluation.split_looks import split_look_check
 
-    if getattr(args, "looks_log", None) is None:
-        return
     for round_no in range(1, args.rounds + 1):
         split_look_check(
             family=look_family(args, round_no), seeds=[args.seed], reason=args.second_look, path=args.looks_log
@@ -260,12 +258,10 @@ def look_take(args, round_no: int, run_id: str, commit: str) -> None:
     """Check and log a round's look at the test split, just before its candidate is measured."""
     from training.promotion.evaluation.split_looks import split_look_take
 
-    if getattr(args, "looks_log", None) is None:
-        return
     split_look_take(
         family=look_family(args, round_no),
         script="scripts/loop_rounds.py",
-        argv=getattr(args, "argv", []),
+        argv=args.argv,
         seeds=[args.seed],
         reason=args.second_look,
         path=args.looks_log,

@@ -37,12 +37,17 @@ def _parsed(text: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]
 
 
-def _refusal(looks: list[dict[str, Any]], *, family: str, seeds: list[int] | None, reason: str) -> str | None:
-    earlier = [
+def _earlier(looks: list[dict[str, Any]], *, family: str, seeds: list[int] | None) -> list[dict[str, Any]]:
+    """The looks at `family` already logged (for any of `seeds`, when given)."""
+    return [
         look
         for look in looks
         if look.get("family") == family and (seeds is None or set(seeds) & set(look.get("seeds") or []))
     ]
+
+
+def _refusal(looks: list[dict[str, Any]], *, family: str, seeds: list[int] | None, reason: str) -> str | None:
+    earlier = _earlier(looks, family=family, seeds=seeds)
     if not earlier or reason.strip():
         return None
     when = ", ".join(f"{look.get('at', '?')} (seeds {look.get('seeds')})" for look in earlier)
@@ -91,7 +96,7 @@ def _locked_append(
         looks = _parsed(f.read())
         if check and (refusal := _refusal(looks, family=family, seeds=seeds, reason=reason)):
             raise SecondLook(refusal)
-        earlier = [x for x in looks if x.get("family") == family and set(seeds) & set(x.get("seeds") or [])]
+        earlier = _earlier(looks, family=family, seeds=seeds)
         look = {
             "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "family": family,
