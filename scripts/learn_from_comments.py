@@ -64,8 +64,10 @@ for was measured there already for one of its seeds, unless `--second-look REASO
 look is checked again and appended to docs/experiments/test-split-looks.jsonl (or
 `--looks-log`) just before the arm is measured, so of two processes started with the same arm
 and seed, the second is refused then and says so in its record. A `--quick` run logs no look
-(its figures measure nothing) unless `--looks-log` is given. The base's measurement, which
-every process repeats to pair with its arms, is not a look: nothing is chosen from it.
+(its figures measure nothing) unless `--looks-log` is given. The base's measurement is not
+a look: nothing is chosen from it. A process whose run's log already holds the base's
+slices for its seed (another process of the run measured them) pairs its arms with those
+and does not play them again, unless `--measure-base-again`.
 
 Every record (the comments, base and each arm's measurements, a skipped arm) is appended
 to var/learn-from-comments/runs.jsonl with the run's id; `summary` prints the run's
@@ -162,6 +164,7 @@ def options_from(args, argv: list[str] | None = None) -> Options:
         # A quick run's figures measure nothing: it logs (and is refused) no look unless told where.
         looks_log=args.looks_log or (None if args.quick else LOOKS_LOG),
         second_look=args.second_look,
+        base_again=args.measure_base_again,
         argv=list(sys.argv[1:] if argv is None else argv),
     )
     if args.quick:
@@ -259,6 +262,11 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
         default="",
         metavar="REASON",
         help="measure an arm already measured on the test split for one of the seeds, with the reason (logged)",
+    )
+    p.add_argument(
+        "--measure-base-again",
+        action="store_true",
+        help="play the base's test and fresh slices even where the run's log has them for the seed",
     )
     p.add_argument(
         "--quick",

@@ -102,5 +102,7 @@ class Options:
     # measure nothing, and `Options()`'s) logs and refuses nothing.
     looks_log: Path | None = None
     second_look: str = ""  # the reason for measuring an arm already measured on the test split
+    # Measure the base again even where another process of the run logged it for the seed.
+    base_again: bool = False
     argv: list[str] = field(default_factory=list)  # the command line, for the looks log
     commit: str = ""  # the commit the run started at (filled in by `run`)

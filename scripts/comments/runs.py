@@ -69,6 +69,34 @@ def measures(harness: Harness, *, seed: int, options: Options, label: str) -> di
     return out
 
 
+def base_logged(options: Options, seed: int) -> dict[str, Any]:
+    """The base's measurements of `seed` already in the run's log, by slice ("test",
+    "fresh-3"): another process of the same run measured them."""
+    path = options.out / "runs.jsonl"
+    text = path.read_text() if path.exists() else ""
+    found: dict[str, Any] = {}
+    for line in text.split("\n")[:-1]:
+        r = json.loads(line) if line.strip() else {}
+        if r.get("kind") == "base" and r.get("run") == options.run and r.get("seed") == seed:
+            found[r["split"] if r["fresh_seed"] is None else f"fresh-{r['fresh_seed']}"] = r["measure"]
+    return found
+
+
+def base_measures(base: Harness, *, seed: int, options: Options) -> dict[str, Any]:
+    """The base's measurements of `seed` to pair with the arms: those another process of the
+    run logged already, unless `options.base_again`; what is missing, measured now. Taken
+    from the log they are the same figures: every slice is played with the seed's own
+    sampling seeds, and where seeds 0 and 1 were measured by three processes each the
+    episodes were the same each time (`processes_agreement`). A measurement taken from the
+    log is not appended again."""
+    logged = {} if options.base_again else base_logged(options, seed)
+    wanted = [split if fresh is None else f"fresh-{fresh}" for split, fresh in slices(options)]
+    if all(key in logged for key in wanted):
+        log(f"base seed {seed}: {', '.join(wanted)} from the run's log (--measure-base-again to play them)")
+        return {}
+    return measures(base, seed=seed, options=options, label="base")
+
+
 def look_family(arm: str, options: Options) -> str:
     """The recipe family an arm's test-split measurement is a look at: the arm with the
     settings that make it a recipe (A1: its oracle recipe; the others: whose words, how many
@@ -144,7 +172,7 @@ def _run_seeds(options: Options, base, judge: JudgeServer | None) -> None:
         training_set = comments["training_set"]
         log(f"seed {seed}: {comments['review']} on {comments['episodes']} episodes → {training_set}")
         comments_log(options, seed, comments)
-        for key, result in measures(base, seed=seed, options=options, label="base").items():
+        for key, result in base_measures(base, seed=seed, options=options).items():
             split, _, fresh = key.partition("-")
             append(
                 options,

@@ -707,3 +707,33 @@ def test_the_summary_reads_a_log_that_a_process_is_appending_to(tmp_path, capsys
     (tmp_path / "runs.jsonl").write_text(record + "\n" + record[:40])  # the second still being written
     lfc.summary(tmp_path / "runs.jsonl")
     assert "seed 0: 2/4 episodes succeeded" in capsys.readouterr().out
+
+
+def test_a_process_pairs_its_arms_with_the_base_another_process_of_the_run_measured(tmp_path, monkeypatch):
+    import comments.runs
+
+    played = []
+
+    def measures(harness, *, seed, options, label):
+        played.append(seed)
+        return {"test": {"episodes": []}, "fresh-3": {"episodes": []}}
+
+    monkeypatch.setattr(comments.runs, "measures", measures)
+    options = lfc.Options(out=tmp_path, run="r", fresh_seeds=[3])
+    fresh = _base(0, ["lookup"]) | {"split": "fresh", "fresh_seed": 3}
+    lines = [_base(0, ["lookup"]), fresh, _base(1, ["lookup"]) | {"run": "another run"}]
+    (tmp_path / "runs.jsonl").write_text(
+        "".join(json.dumps({"run": "r", **r} if "run" not in r else r) + "\n" for r in lines)
+    )
+
+    # Seed 0's slices are in the run's log: not played again, and nothing to append.
+    assert comments.runs.base_measures(None, seed=0, options=options) == {}
+    assert played == []
+    # Seed 1's base is another run's: played.
+    assert set(comments.runs.base_measures(None, seed=1, options=options)) == {"test", "fresh-3"}
+    # A slice missing (another fresh slice asked for) or the command line asking: played.
+    comments.runs.base_measures(None, seed=0, options=lfc.Options(out=tmp_path, run="r", fresh_seeds=[3, 4]))
+    comments.runs.base_measures(
+        None, seed=0, options=lfc.Options(out=tmp_path, run="r", fresh_seeds=[3], base_again=True)
+    )
+    assert played == [1, 0, 0]
