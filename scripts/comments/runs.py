@@ -84,11 +84,12 @@ def base_logged(options: Options, seed: int) -> dict[str, Any]:
 
 def base_measures(base: Harness, *, seed: int, options: Options) -> dict[str, Any]:
     """The base's measurements of `seed` to pair with the arms: those another process of the
-    run logged already, unless `options.base_again`; what is missing, measured now. Taken
-    from the log they are the same figures: every slice is played with the seed's own
-    sampling seeds, and where seeds 0 and 1 were measured by three processes each the
-    episodes were the same each time (`processes_agreement`). A measurement taken from the
-    log is not appended again."""
+    run logged already, unless `options.base_again`; what is missing, measured now. Every
+    slice is played with the seed's own sampling seeds, so a process playing it again gets
+    the same grades: where seeds 0 and 1 were played by two to four processes each, every
+    grade was the same each time, and one final reply's words differed once (floating-point
+    order on a differently loaded machine; `processes_agreement` reports it). A measurement
+    taken from the log is not appended again."""
     logged = {} if options.base_again else base_logged(options, seed)
     wanted = [split if fresh is None else f"fresh-{fresh}" for split, fresh in slices(options)]
     if all(key in logged for key in wanted):
