@@ -8,7 +8,9 @@ action-space schema as `response_format`). Both servers run at once, idle but fo
 request in flight; the judgements alternate between them, one request at a time, and which
 server goes first alternates too, so machine noise hits both alike. Prints, for each, the
 median seconds a judgement (the re-asks included), its actions right, the calls that
-failed, and the ratio of the medians; then how often the two chose the same action.
+failed, and the ratio of the medians; then how often the two chose the same action. The
+contexts are the validation split's; `--split test` is a look at the test split, logged
+(`reader_bank.bank_contexts`).
 
     .venv/bin/python bench/judge_runtime.py [--cases N]     # default: all 30 of the bank
 
@@ -38,20 +40,32 @@ def main() -> int:
     p.add_argument("--cases", type=int, default=0, help="bank comments judged by each server (0: all)")
     p.add_argument("--folder", type=Path, default=ROOT / "var" / "judges" / "qwen2.5-coder-1.5b-instruct")
     p.add_argument("--gguf", type=Path, default=ROOT / "var" / "judges" / "qwen2.5-coder-1.5b-instruct.gguf")
-    p.add_argument("--split", default="test", choices=["validation", "test"])
+    from reader_bank import bank_contexts, read_one, split_arguments  # scripts/
+
+    split_arguments(p)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
 
     import contextlib
 
-    from reader_bank import read_one
     from served_judge import served_judge
 
     from training.environments.comment_bank import bank_cases
-    from training.environments.support_desk import SupportDesk
+    from training.promotion.evaluation.split_looks import SecondLook
 
-    desk = SupportDesk()
-    contexts = desk.decision_contexts(tasks=desk.tasks_for(split=args.split, graded=True), per_point=1)
+    try:
+        contexts = bank_contexts(
+            split=args.split,
+            seed=args.seed,
+            family=f"judge-runtime ({args.folder.name} on vLLM, {args.gguf.name} on llama-server)",
+            script="bench/judge_runtime.py",
+            argv=sys.argv[1:],
+            second_look=args.second_look,
+            looks_log=args.looks_log,
+        )
+    except SecondLook as exc:
+        print(f"not run: {exc}", file=sys.stderr)
+        return 2
     cases = bank_cases(contexts=contexts, seed=args.seed)
     # The bank lists its comments by kind: a sample of them is drawn across the kinds.
     random.Random(args.seed).shuffle(cases)

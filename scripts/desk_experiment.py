@@ -245,6 +245,9 @@ def main() -> int:
     decisions.add_argument("--adapter", default="", help="a run's adapter folder (default: the base model)")
     decisions.add_argument("--turns", type=int, default=40)
     decisions.add_argument(
+        "--split", default="validation", choices=["validation", "test"], help="the held-out split beside train"
+    )
+    decisions.add_argument(
         "--hint", action="store_true", help="print how much the simulated lead's comment as a hint moves P(refund)"
     )
     decisions.add_argument("--hint-at", choices=["system", "last"], default="system", help="where the hint goes")

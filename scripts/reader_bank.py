@@ -11,7 +11,9 @@ policy calls for, under a vague comment), so the comment always asks for a chang
 
 Counted right: on a specific or a wrong comment, the action the comment asks for (a refund
 call on the customer's order id, or a reply); on a vague one, the policy's action (the words
-do not say it). Nothing is trained.
+do not say it). Nothing is trained. The contexts are the validation split's, where a reader
+is chosen; `--split test` reads the test split's, a look checked and logged as for a recipe
+(`docs/experiments/test-split-looks.jsonl`, `--second-look REASON` for another).
 
     .venv/bin/python scripts/reader_bank.py                       # SmolLM2-135M-Instruct, vLLM on CPU
     .venv/bin/python scripts/reader_bank.py --model var/judges/qwen2.5-coder-1.5b-instruct
@@ -42,6 +44,36 @@ def logged_turn(order_id: str, action: str) -> dict:
             ],
         }
     return {"role": "assistant", "content": "I am sorry, this order cannot be refunded."}
+
+
+def bank_contexts(*, split: str, seed: int, family: str, script: str, argv: list[str], second_look: str, looks_log):
+    """The support desk's decision contexts of `split` for the bank's comments. Reading the
+    test split's is a look at it (a reader, or a way to serve one, may be chosen from what
+    it reads), checked and logged in `looks_log` (`split_looks`) as `family` for `seed`
+    before anything is read: a second look needs `second_look`, its reason. Choose on the
+    validation split, the default."""
+    from training.environments.support_desk import SupportDesk
+
+    if split == "test" and looks_log is not None:
+        from training.promotion.evaluation.split_looks import split_look_take
+
+        split_look_take(family=family, script=script, argv=argv, seeds=[seed], reason=second_look, path=looks_log)
+    desk = SupportDesk()
+    return desk.decision_contexts(tasks=desk.tasks_for(split=split, graded=True), per_point=1)
+
+
+def split_arguments(p: argparse.ArgumentParser) -> None:
+    """`--split`, `--second-look` and `--looks-log`, as this script and bench/judge_runtime.py take them."""
+    from training.promotion.evaluation.split_looks import LOG
+
+    p.add_argument(
+        "--split",
+        default="validation",
+        choices=["validation", "test"],
+        help="whose decision contexts: test is a look at the test split, logged (and refused a second time)",
+    )
+    p.add_argument("--second-look", default="", metavar="REASON", help="read the test split again, with the reason")
+    p.add_argument("--looks-log", type=Path, default=LOG, help="where a look at the test split is checked and logged")
 
 
 def read_one(case, *, endpoint) -> dict:
@@ -95,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--judge-url", default="", help="an OpenAI-compatible endpoint instead (…/v1)")
     p.add_argument("--judge-model", default="")
     p.add_argument("--judge-key", default="")
-    p.add_argument("--split", default="test", choices=["validation", "test"])
+    split_arguments(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--port", type=int, default=8073)
@@ -108,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from feedback.judge.client import JudgeEndpoint
     from training.environments.comment_bank import bank_cases
-    from training.environments.support_desk import SupportDesk
+    from training.promotion.evaluation.split_looks import SecondLook
 
     if args.judge_url:
         judge = contextlib.nullcontext(
@@ -116,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                 base_url=args.judge_url, model=args.judge_model, api_key=args.judge_key, correction_mode="actions"
             )
         )
-        reader = args.judge_model
+        reader = args.judge_model or args.judge_url
     else:
         model = args.model
         if model is None:
@@ -136,9 +168,20 @@ def main(argv: list[str] | None = None) -> int:
             correction_mode="actions",
         )
         reader = model.name
+    try:
+        contexts = bank_contexts(
+            split=args.split,
+            seed=args.seed,
+            family=f"reader-bank ({reader})",
+            script="scripts/reader_bank.py",
+            argv=list(sys.argv[1:] if argv is None else argv),
+            second_look=args.second_look,
+            looks_log=args.looks_log,
+        )
+    except SecondLook as exc:
+        print(f"not read: {exc}", file=sys.stderr)
+        return 2
     with judge as endpoint:
-        desk = SupportDesk()
-        contexts = desk.decision_contexts(tasks=desk.tasks_for(split=args.split, graded=True), per_point=1)
         cases = bank_cases(contexts=contexts, seed=args.seed)
         started = time.monotonic()
         with ThreadPoolExecutor(args.concurrency) as pool:

@@ -13,10 +13,11 @@ from desk.items import oracle_items
 
 def command_decisions(args) -> None:
     """P(the turn after a lookup starts a tool call) — i.e. refunds — per kind of order,
-    on the first `--turns` decision contexts of the train and test splits: a model that
-    learned the policy puts it near 1 for delivered orders at most 30 days old and near 0
-    for the rest, on both splits; one that learned "refund after a lookup" puts it high
-    everywhere."""
+    on the first `--turns` decision contexts of the train split and of `--split` (validation
+    unless asked: an adapter's figures on the test split are part of its recipe's look): a
+    model that learned the policy puts it near 1 for delivered orders at most 30 days old and
+    near 0 for the rest, on both splits; one that learned "refund after a lookup" puts it
+    high everywhere."""
     import torch
 
     from training.environments.support_desk import REFUND_WINDOW_DAYS, SupportDesk
@@ -37,7 +38,7 @@ def command_decisions(args) -> None:
         with torch.no_grad():
             return float(torch.softmax(model(input_ids=ids, logits_to_keep=1).logits[0, -1].float(), -1)[start])
 
-    for split in ("train", "test"):
+    for split in ("train", args.split):
         items = oracle_items(desk.tasks_for(split=split, graded=True), prefix=split)
         kinds: dict[str, list[float]] = {}
         for item in [i for i in items if len(i.messages) == 4][: args.turns]:
