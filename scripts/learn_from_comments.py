@@ -106,7 +106,7 @@ from comments.options import (  # noqa: E402
     Options,
 )
 from comments.probe import hint_probe  # noqa: E402
-from comments.runs import looks_check, processes_agreement, run, summary  # noqa: E402
+from comments.runs import endpoints, looks_check, processes_agreement, run, summary  # noqa: E402
 from comments.words import words_set_check  # noqa: E402
 from desk.harness import MODEL, cpu_attention  # noqa: E402
 from desk.recipes import BASE_RECIPE, RECIPES  # noqa: E402
@@ -120,6 +120,7 @@ __all__ = [
     "Options",
     "OracleLeak",
     "_common",
+    "endpoints",
     "hint_probe",
     "processes_agreement",
     "run",
@@ -283,6 +284,12 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     s = sub.add_parser("summary", help="print a run's tables from the log")
     s.add_argument("--runs", type=Path, default=OUT / "runs.jsonl")
     s.add_argument("--run", default="", help="the run's id (default: the latest)")
+    s.add_argument(
+        "--seeds-registered",
+        type=int,
+        default=5,
+        help="the seeds the comparison registered: no endpoint is said to hold or fail before every arm has them",
+    )
     args = parser.parse_args(argv)
     if args.command == "run" and args.comments == "bank" and set(args.arms) - set(BANK_ARMS):
         # Those arms train the policy on the comment's text itself (as a hint, or through a
@@ -298,7 +305,7 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = arguments(argv)
     if args.command == "summary":
-        summary(args.runs, args.run)
+        summary(args.runs, args.run, seeds_registered=args.seeds_registered)
         return 0
     if args.command == "probe":
         return _probe_main(args)

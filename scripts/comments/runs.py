@@ -14,7 +14,7 @@ from typing import Any
 from desk import log
 from desk.harness import Harness, load_base
 from desk.measure import eval_tasks, measure, slim
-from desk.summary import summary_print
+from desk.summary import latest_runs, summary_print
 
 from comments.arms import arm_train
 from comments.comment_set import comments_set
@@ -208,7 +208,7 @@ def _run_seeds(options: Options, base, judge: JudgeServer | None) -> None:
             del policy, harness
 
 
-def summary(path: Path, run_id: str = "") -> None:
+def summary(path: Path, run_id: str = "", *, seeds_registered: int = 5) -> None:
     """The run's tables (the latest run in `path` unless `run_id` is given)."""
     text = path.read_text() if path.exists() else ""
     # A process of the run may be appending now: its record is whole only once its newline is.
@@ -241,6 +241,8 @@ def summary(path: Path, run_id: str = "") -> None:
         print(line)
     print()
     summary_print([r for r in records if r["kind"] in ("base", "candidate")])
+    for line in endpoints(records, seeds_registered=seeds_registered):
+        print(line)
 
 
 def processes_agreement(records: list[dict[str, Any]]) -> list[str]:
@@ -268,4 +270,85 @@ def processes_agreement(records: list[dict[str, Any]]) -> list[str]:
             lines.append(f"  seed {seed}, {key}: {len(times)} times, {verdict}")
     if lines:
         lines.insert(0, "\nDone more than once (each process of a seed does it):\n")
+    return lines
+
+
+def _test_episodes(records: list[dict[str, Any]]) -> tuple[dict[int, list[dict]], dict[tuple[str, int], list[dict]]]:
+    """The base's and each arm's test-split episodes by seed (an arm's latest run of a seed)."""
+    base = {r["seed"]: r["measure"]["episodes"] for r in records if r["kind"] == "base" and r["split"] == "test"}
+    arms = {
+        (r["recipe"], r["seed"]): r["measures"]["test"]["episodes"]
+        for r in latest_runs(records)
+        if r["kind"] == "candidate" and "test" in r["measures"]
+    }
+    return base, arms
+
+
+def _pairs(first: dict[int, list[dict]], second: dict[int, list[dict]]):
+    """(seed, first's episode, second's episode) on the seeds both played: the same tasks in
+    the same order with the same sampling seeds."""
+    from training.promotion.evaluation.bootstrap import PairedEpisode
+
+    return [
+        PairedEpisode(
+            seed=seed, task=b["task"], kind=b.get("kind", ""), base=float(b["success"]), candidate=float(c["success"])
+        )
+        for seed in sorted(set(first) & set(second))
+        for b, c in zip(first[seed], second[seed], strict=False)
+    ]
+
+
+def endpoints(records: list[dict[str, Any]], *, seeds_registered: int = 5) -> list[str]:
+    """The registered endpoints on the test split, over the seeds measured so far: (1) A2 - A0
+    at least +0.10 with the task-bootstrap interval's low end above 0; (2) A2 - A3 above 0,
+    paired by episode on the seeds both played; (3) A2's policy-violation rate (episodes with
+    one) no higher than A0's on A2's seeds; and the share of A1's gain A2 recovers,
+    (A2 - A0) / (A1 - A0), on the seeds all three played. Nothing is said to hold or fail
+    before every arm has `seeds_registered` seeds (the words-only comparison registered 5:
+    docs/experiments/2026-12-07-words-only-comparison.md)."""
+    from training.promotion.evaluation.bootstrap import task_bootstrap_gain
+
+    base, arms = _test_episodes(records)
+    by_arm = {
+        arm: {seed: eps for (name, seed), eps in arms.items() if name == arm}
+        for arm in ("words", "words-shuffled", "oracle-sft")
+    }
+    words, shuffled, oracle = by_arm["words"], by_arm["words-shuffled"], by_arm["oracle-sft"]
+    if not words:
+        return []
+    seeds_in = {arm: sorted(eps) for arm, eps in by_arm.items()}
+    complete = all(len(s) >= seeds_registered for s in seeds_in.values())
+    lines = [
+        "\nThe registered endpoints (test split; "
+        + ", ".join(f"{arm} seeds {seeds or 'none'}" for arm, seeds in seeds_in.items())
+        + ("" if complete else f"; {seeds_registered} seeds are registered: nothing is decided before they are in")
+        + "):\n"
+    ]
+
+    def verdict(holds: bool) -> str:
+        return ("holds" if holds else "fails") if complete else ("on course" if holds else "not met so far")
+
+    gain = task_bootstrap_gain(_pairs(base, words))
+    if gain:
+        lines.append(
+            f"  1. A2 - A0 = {gain.text()}: needs at least +0.10 with the low end above 0: "
+            f"{verdict(gain.mean >= 0.10 and gain.ci_low > 0)}"
+        )
+    versus = task_bootstrap_gain(_pairs(shuffled, words))
+    if versus:
+        lines.append(f"  2. A2 - A3 = {versus.text()}: needs above 0: {verdict(versus.mean > 0)}")
+    seeds = sorted(set(words) & set(base))
+    n = sum(min(len(base[s]), len(words[s])) for s in seeds)
+    if n:
+        v0 = sum(bool(e.get("violations")) for s in seeds for e in base[s][: len(words[s])])
+        v2 = sum(bool(e.get("violations")) for s in seeds for e in words[s][: len(base[s])])
+        lines.append(
+            f"  3. policy violations, A0 {v0}/{n} against A2 {v2}/{n}: needs A2's no higher: {verdict(v2 <= v0)}"
+        )
+    common = sorted(set(words) & set(oracle) & set(base))
+    if common:
+        a1 = task_bootstrap_gain(_pairs({s: base[s] for s in common}, {s: oracle[s] for s in common}))
+        a2 = task_bootstrap_gain(_pairs({s: base[s] for s in common}, {s: words[s] for s in common}))
+        share = f"{a2.mean / a1.mean:.0%}" if a1.mean > 0 else "- (A1 gained nothing)"
+        lines.append(f"  A1's gain that A2 recovers, seeds {common}: ({a2.mean:+.3f}) / ({a1.mean:+.3f}) = {share}")
     return lines

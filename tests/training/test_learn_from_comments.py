@@ -737,3 +737,52 @@ def test_a_process_pairs_its_arms_with_the_base_another_process_of_the_run_measu
         None, seed=0, options=lfc.Options(out=tmp_path, run="r", fresh_seeds=[3], base_again=True)
     )
     assert played == [1, 0, 0]
+
+
+def _arm(recipe, seed, successes, violations=()):
+    episodes = [
+        {
+            "task": f"t{i}",
+            "kind": "k" if i % 2 else "j",
+            "success": ok,
+            "violations": ["refund"] if i in violations else [],
+        }
+        for i, ok in enumerate(successes)
+    ]
+    if recipe == "base":
+        return {"kind": "base", "seed": seed, "split": "test", "fresh_seed": None, "measure": {"episodes": episodes}}
+    return {
+        "kind": "candidate",
+        "recipe": recipe,
+        "seed": seed,
+        "train": {},
+        "measures": {"test": {"episodes": episodes}},
+    }
+
+
+def test_the_summary_reads_the_registered_endpoints_and_decides_nothing_before_every_seed_is_in():
+    base = [False] * 4 + [True] * 4
+    records = []
+    for seed in (0, 1):
+        records += [
+            _arm("base", seed, base),
+            _arm("words", seed, [True] * 8, violations=(0,)),
+            _arm("words-shuffled", seed, [True, False] + [True] * 6),
+        ]
+    records.append(_arm("oracle-sft", 0, [True, True, True, False] + [True] * 4))
+
+    early = lfc.endpoints(records, seeds_registered=5)
+    assert "oracle-sft seeds [0]" in early[0] and "nothing is decided before they are in" in early[0]
+    one, two, three, share = early[1:]
+    # A2 right on the four tasks the base failed, on both seeds; A3 on three of them.
+    assert one.startswith("  1. A2 - A0 = +0.500 [+") and one.endswith("on course")
+    assert two.startswith("  2. A2 - A3 = +0.125") and two.endswith("on course")
+    # One violation a seed where the base had none.
+    assert three == "  3. policy violations, A0 0/16 against A2 2/16: needs A2's no higher: not met so far"
+    # On seed 0, the only one A1 has: A1 +0.375, A2 +0.5.
+    assert share == "  A1's gain that A2 recovers, seeds [0]: (+0.500) / (+0.375) = 133%"
+
+    # Once every arm has the seeds registered, each endpoint holds or fails.
+    decided = lfc.endpoints(records, seeds_registered=1)
+    assert "nothing is decided" not in decided[0]
+    assert [line.rsplit(": ", 1)[1] for line in decided[1:4]] == ["holds", "holds", "fails"]
