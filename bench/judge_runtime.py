@@ -53,23 +53,20 @@ def main() -> int:
     from training.environments.comment_bank import bank_cases
     from training.promotion.evaluation.split_looks import SecondLook
 
+    look = {
+        "split": args.split,
+        "seed": args.seed,
+        "family": f"judge-runtime ({args.folder.name} on vLLM, {args.gguf.name} on llama-server)",
+        "script": "bench/judge_runtime.py",
+        "argv": sys.argv[1:],
+        "second_look": args.second_look,
+        "looks_log": args.looks_log,
+    }
     try:
-        contexts = bank_contexts(
-            split=args.split,
-            seed=args.seed,
-            family=f"judge-runtime ({args.folder.name} on vLLM, {args.gguf.name} on llama-server)",
-            script="bench/judge_runtime.py",
-            argv=sys.argv[1:],
-            second_look=args.second_look,
-            looks_log=args.looks_log,
-        )
+        bank_contexts(**look, take=False)  # refused before either server starts
     except SecondLook as exc:
         print(f"not run: {exc}", file=sys.stderr)
         return 2
-    cases = bank_cases(contexts=contexts, seed=args.seed)
-    # The bank lists its comments by kind: a sample of them is drawn across the kinds.
-    random.Random(args.seed).shuffle(cases)
-    cases = cases[: args.cases or None]
     limits = {"timeout_s": 900, "deadline_s": 2700, "max_tokens": 400, "correction_mode": "actions"}
     served = {"vLLM fp32": (args.folder, "vllm"), "llama-server Q4_K_M": (args.gguf, "llama")}
     rows: dict[str, list[dict]] = {name: [] for name in served}
@@ -89,6 +86,15 @@ def main() -> int:
                 )
             )
             print(f"{name} ready in {time.monotonic() - started:.0f} s", flush=True)
+        try:
+            contexts = bank_contexts(**look)  # the look is logged once both are up
+        except SecondLook as exc:
+            print(f"not run: {exc}", file=sys.stderr)
+            return 2
+        cases = bank_cases(contexts=contexts, seed=args.seed)
+        # The bank lists its comments by kind: a sample of them is drawn across the kinds.
+        random.Random(args.seed).shuffle(cases)
+        cases = cases[: args.cases or None]
         names = list(endpoints)
         for i, case in enumerate(cases):
             for name in names if i % 2 == 0 else names[::-1]:

@@ -46,18 +46,35 @@ def logged_turn(order_id: str, action: str) -> dict:
     return {"role": "assistant", "content": "I am sorry, this order cannot be refunded."}
 
 
-def bank_contexts(*, split: str, seed: int, family: str, script: str, argv: list[str], second_look: str, looks_log):
+def bank_contexts(
+    *, split: str, seed: int, family: str, script: str, argv: list[str], second_look: str, looks_log, take: bool = True
+):
     """The support desk's decision contexts of `split` for the bank's comments. Reading the
     test split's is a look at it (a reader, or a way to serve one, may be chosen from what
-    it reads), checked and logged in `looks_log` (`split_looks`) as `family` for `seed`
-    before anything is read: a second look needs `second_look`, its reason. Choose on the
-    validation split, the default."""
+    it reads), logged in `looks_log` (`split_looks`) as `family` as the contexts are read,
+    so once the reader is up: a second look at the family needs `second_look`, its reason,
+    whatever the seed (`--seed` only deals the same test contexts to the comments another
+    way). `take=False`: the check alone, before anything starts (`SecondLook`), reading
+    nothing. Choose on the validation split, the default."""
     from training.environments.support_desk import SupportDesk
 
     if split == "test" and looks_log is not None:
-        from training.promotion.evaluation.split_looks import split_look_take
+        from training.promotion.evaluation.split_looks import split_look_check, split_look_take
 
-        split_look_take(family=family, script=script, argv=argv, seeds=[seed], reason=second_look, path=looks_log)
+        if not take:
+            split_look_check(family=family, reason=second_look, path=looks_log)
+            return []
+        split_look_take(
+            family=family,
+            script=script,
+            argv=argv,
+            seeds=[seed],
+            reason=second_look,
+            path=looks_log,
+            per_seed=False,
+        )
+    if not take:
+        return []
     desk = SupportDesk()
     return desk.decision_contexts(tasks=desk.tasks_for(split=split, graded=True), per_point=1)
 
@@ -168,24 +185,27 @@ def main(argv: list[str] | None = None) -> int:
             correction_mode="actions",
         )
         reader = model.name
+    look = {
+        "split": args.split,
+        "seed": args.seed,
+        # A remote reader is named by --judge-model (its URL without one).
+        "family": f"reader-bank ({reader})",
+        "script": "scripts/reader_bank.py",
+        "argv": list(sys.argv[1:] if argv is None else argv),
+        "second_look": args.second_look,
+        "looks_log": args.looks_log,
+    }
     try:
-        contexts = bank_contexts(
-            split=args.split,
-            seed=args.seed,
-            family=f"reader-bank ({reader})",
-            script="scripts/reader_bank.py",
-            argv=list(sys.argv[1:] if argv is None else argv),
-            second_look=args.second_look,
-            looks_log=args.looks_log,
-        )
+        bank_contexts(**look, take=False)  # refused before the reader starts
+        with judge as endpoint:
+            contexts = bank_contexts(**look)
+            cases = bank_cases(contexts=contexts, seed=args.seed)
+            started = time.monotonic()
+            with ThreadPoolExecutor(args.concurrency) as pool:
+                rows = list(pool.map(lambda case: read_one(case, endpoint=endpoint), cases))
     except SecondLook as exc:
         print(f"not read: {exc}", file=sys.stderr)
         return 2
-    with judge as endpoint:
-        cases = bank_cases(contexts=contexts, seed=args.seed)
-        started = time.monotonic()
-        with ThreadPoolExecutor(args.concurrency) as pool:
-            rows = list(pool.map(lambda case: read_one(case, endpoint=endpoint), cases))
     args.log.parent.mkdir(parents=True, exist_ok=True)
     with args.log.open("a") as f:
         for row in rows:

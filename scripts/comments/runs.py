@@ -58,44 +58,71 @@ def slices(options: Options) -> list[tuple[str, int | None]]:
     return [("test", None), *(("fresh", f) for f in options.fresh_seeds)]
 
 
-def measures(harness: Harness, *, seed: int, options: Options, label: str) -> dict[str, Any]:
-    """The test split and each fresh slice, played once each with the seed's sampling seeds."""
+def slice_key(split: str, fresh: int | None) -> str:
+    return split if fresh is None else f"fresh-{fresh}"
+
+
+def measures(
+    harness: Harness, *, seed: int, options: Options, label: str, skip: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """The test split and each fresh slice (but those in `skip`), played once each with the
+    seed's sampling seeds."""
     out = {}
     for split, fresh in slices(options):
+        key = slice_key(split, fresh)
+        if key in skip:
+            continue
         tasks = eval_tasks(split=split, episodes=options.test_episodes, seed=seed, fresh_seed=fresh)
-        key = split if fresh is None else f"fresh-{fresh}"
         out[key] = measure(harness, tasks, seed=seed, label=f"{label} {key} seed {seed}")
         log(f"{label} {key} seed {seed}: {json.dumps(slim(out[key]))}")
     return out
 
 
+def base_setup(options: Options) -> dict[str, Any]:
+    """What a base measurement was taken with, as its record keeps it: a process reuses one
+    only where the model and the episodes a slice are the same (`commit` is for the reader)."""
+    return {"model": str(options.model), "test_episodes": options.test_episodes, "commit": options.commit}
+
+
 def base_logged(options: Options, seed: int) -> dict[str, Any]:
     """The base's measurements of `seed` already in the run's log, by slice ("test",
-    "fresh-3"): another process of the same run measured them."""
+    "fresh-3"), taken with this process's model and episodes a slice: another process of
+    the same run measured them. A record that says no setup (written before records did)
+    is not reused; a line that does not parse (a process killed as it wrote) is passed over."""
     path = options.out / "runs.jsonl"
     text = path.read_text() if path.exists() else ""
+    mine = {k: v for k, v in base_setup(options).items() if k != "commit"}
     found: dict[str, Any] = {}
     for line in text.split("\n")[:-1]:
-        r = json.loads(line) if line.strip() else {}
-        if r.get("kind") == "base" and r.get("run") == options.run and r.get("seed") == seed:
-            found[r["split"] if r["fresh_seed"] is None else f"fresh-{r['fresh_seed']}"] = r["measure"]
+        try:
+            r = json.loads(line) if line.strip() else {}
+        except ValueError:
+            continue
+        setup = r.get("setup") or {}
+        if (
+            r.get("kind") == "base"
+            and r.get("run") == options.run
+            and r.get("seed") == seed
+            and all(setup.get(k) == v for k, v in mine.items())
+        ):
+            found[slice_key(r["split"], r["fresh_seed"])] = r["measure"]
     return found
 
 
 def base_measures(base: Harness, *, seed: int, options: Options) -> dict[str, Any]:
-    """The base's measurements of `seed` to pair with the arms: those another process of the
-    run logged already, unless `options.base_again`; what is missing, measured now. Every
+    """The base's slices of `seed` that this process must measure and log: those another
+    process of the run logged already with the same setup (`base_logged`) are not played
+    again, unless `options.base_again`, and the arms are paired with the logged ones. Every
     slice is played with the seed's own sampling seeds, so a process playing it again gets
     the same grades: where seeds 0 and 1 were played by two to four processes each, every
     grade was the same each time, and one final reply's words differed once (floating-point
-    order on a differently loaded machine; `processes_agreement` reports it). A measurement
-    taken from the log is not appended again."""
-    logged = {} if options.base_again else base_logged(options, seed)
-    wanted = [split if fresh is None else f"fresh-{fresh}" for split, fresh in slices(options)]
-    if all(key in logged for key in wanted):
-        log(f"base seed {seed}: {', '.join(wanted)} from the run's log (--measure-base-again to play them)")
-        return {}
-    return measures(base, seed=seed, options=options, label="base")
+    order on a differently loaded machine; `processes_agreement` reports it). A change to
+    the code that plays the base between two processes of a run is not seen here: give
+    `--measure-base-again` then."""
+    logged = frozenset() if options.base_again else frozenset(base_logged(options, seed))
+    if logged:
+        log(f"base seed {seed}: {', '.join(sorted(logged))} from the run's log (--measure-base-again to play them)")
+    return measures(base, seed=seed, options=options, label="base", skip=logged)
 
 
 def look_family(arm: str, options: Options) -> str:
@@ -152,8 +179,7 @@ def run(options: Options) -> None:
     """Every seed of `options`: comments, arms, measurements; each record appended. Each arm's
     measurement on the test split is a look: checked before anything runs (`looks_check`),
     checked again and logged just before it is measured (`look_take`). The base's
-    measurement, which every process of a run repeats to pair with its arms, is not a look:
-    nothing is chosen from it."""
+    measurement is not a look: nothing is chosen from it."""
     from training.promotion.evaluation.split_looks import repository_commit
 
     options.run = options.run or time.strftime("%Y%m%d-%H%M%S")
@@ -182,6 +208,7 @@ def _run_seeds(options: Options, base, judge: JudgeServer | None) -> None:
                     "seed": seed,
                     "split": split,
                     "fresh_seed": int(fresh) if fresh else None,
+                    "setup": base_setup(options),
                     "measure": result,
                 },
             )
@@ -284,30 +311,44 @@ def _test_episodes(records: list[dict[str, Any]]) -> tuple[dict[int, list[dict]]
     return base, arms
 
 
-def _pairs(first: dict[int, list[dict]], second: dict[int, list[dict]]):
-    """(seed, first's episode, second's episode) on the seeds both played: the same tasks in
-    the same order with the same sampling seeds."""
-    from training.promotion.evaluation.bootstrap import PairedEpisode
+def _paired(
+    first: dict[int, list[dict]], second: dict[int, list[dict]], *, what: str, left_out: list[str]
+) -> dict[int, tuple[list[dict], list[dict]]]:
+    """Each seed both played, with their episodes, where they played the same tasks in the
+    same order (with the same sampling seeds, as a run plays them); a seed where they did not
+    is left out and said in `left_out`."""
+    out = {}
+    for seed in sorted(set(first) & set(second)):
+        a, b = first[seed], second[seed]
+        if [e["task"] for e in a] != [e["task"] for e in b]:
+            left_out.append(f"seed {seed} left out of {what}: the two did not play the same tasks")
+            continue
+        out[seed] = (a, b)
+    return out
 
-    return [
+
+def _gain(paired: dict[int, tuple[list[dict], list[dict]]]):
+    """The second's gain over the first with its task-bootstrap interval (None: no pair)."""
+    from training.promotion.evaluation.bootstrap import PairedEpisode, task_bootstrap_gain
+
+    return task_bootstrap_gain(
         PairedEpisode(
-            seed=seed, task=b["task"], kind=b.get("kind", ""), base=float(b["success"]), candidate=float(c["success"])
+            seed=seed, task=x["task"], kind=x.get("kind", ""), base=float(x["success"]), candidate=float(y["success"])
         )
-        for seed in sorted(set(first) & set(second))
-        for b, c in zip(first[seed], second[seed], strict=False)
-    ]
+        for seed, (a, b) in paired.items()
+        for x, y in zip(a, b, strict=True)
+    )
 
 
 def endpoints(records: list[dict[str, Any]], *, seeds_registered: int = 5) -> list[str]:
-    """The registered endpoints on the test split, over the seeds measured so far: (1) A2 - A0
-    at least +0.10 with the task-bootstrap interval's low end above 0; (2) A2 - A3 above 0,
-    paired by episode on the seeds both played; (3) A2's policy-violation rate (episodes with
-    one) no higher than A0's on A2's seeds; and the share of A1's gain A2 recovers,
-    (A2 - A0) / (A1 - A0), on the seeds all three played. Nothing is said to hold or fail
-    before every arm has `seeds_registered` seeds (the words-only comparison registered 5:
-    docs/experiments/2026-12-07-words-only-comparison.md)."""
-    from training.promotion.evaluation.bootstrap import task_bootstrap_gain
-
+    """The words-only comparison's registered endpoints on the test split, over the seeds
+    measured so far: (1) A2 - A0 at least +0.10 with the task-bootstrap interval's low end
+    above 0; (2) A2 - A3 above 0, paired by episode on the seeds both played; (3) A2's
+    policy-violation rate (episodes with one) no higher than A0's on A2's seeds; and the
+    share of A1's gain A2 recovers, (A2 - A0) / (A1 - A0), on the seeds all three played.
+    Nothing is said to hold or fail before every arm has `seeds_registered` seeds (the
+    comparison registered 5: docs/experiments/2026-12-07-words-only-comparison.md). A seed
+    whose two measurements did not play the same tasks is left out, and said."""
     base, arms = _test_episodes(records)
     by_arm = {
         arm: {seed: eps for (name, seed), eps in arms.items() if name == arm}
@@ -319,36 +360,36 @@ def endpoints(records: list[dict[str, Any]], *, seeds_registered: int = 5) -> li
     seeds_in = {arm: sorted(eps) for arm, eps in by_arm.items()}
     complete = all(len(s) >= seeds_registered for s in seeds_in.values())
     lines = [
-        "\nThe registered endpoints (test split; "
+        "\nThe words-only comparison's registered endpoints (test split; "
         + ", ".join(f"{arm} seeds {seeds or 'none'}" for arm, seeds in seeds_in.items())
         + ("" if complete else f"; {seeds_registered} seeds are registered: nothing is decided before they are in")
         + "):\n"
     ]
+    left_out: list[str] = []
 
     def verdict(holds: bool) -> str:
         return ("holds" if holds else "fails") if complete else ("on course" if holds else "not met so far")
 
-    gain = task_bootstrap_gain(_pairs(base, words))
-    if gain:
+    with_base = _paired(base, words, what="A2 - A0", left_out=left_out)
+    if gain := _gain(with_base):
         lines.append(
             f"  1. A2 - A0 = {gain.text()}: needs at least +0.10 with the low end above 0: "
             f"{verdict(gain.mean >= 0.10 and gain.ci_low > 0)}"
         )
-    versus = task_bootstrap_gain(_pairs(shuffled, words))
-    if versus:
+    if versus := _gain(_paired(shuffled, words, what="A2 - A3", left_out=left_out)):
         lines.append(f"  2. A2 - A3 = {versus.text()}: needs above 0: {verdict(versus.mean > 0)}")
-    seeds = sorted(set(words) & set(base))
-    n = sum(min(len(base[s]), len(words[s])) for s in seeds)
-    if n:
-        v0 = sum(bool(e.get("violations")) for s in seeds for e in base[s][: len(words[s])])
-        v2 = sum(bool(e.get("violations")) for s in seeds for e in words[s][: len(base[s])])
+    if with_base:
+        n = sum(len(a) for a, _ in with_base.values())
+        v0 = sum(bool(e.get("violations")) for a, _ in with_base.values() for e in a)
+        v2 = sum(bool(e.get("violations")) for _, b in with_base.values() for e in b)
         lines.append(
             f"  3. policy violations, A0 {v0}/{n} against A2 {v2}/{n}: needs A2's no higher: {verdict(v2 <= v0)}"
         )
-    common = sorted(set(words) & set(oracle) & set(base))
-    if common:
-        a1 = task_bootstrap_gain(_pairs({s: base[s] for s in common}, {s: oracle[s] for s in common}))
-        a2 = task_bootstrap_gain(_pairs({s: base[s] for s in common}, {s: words[s] for s in common}))
-        share = f"{a2.mean / a1.mean:.0%}" if a1.mean > 0 else "- (A1 gained nothing)"
+    with_oracle = _paired(base, oracle, what="A1 - A0", left_out=left_out)
+    common = sorted(set(with_oracle) & set(with_base))
+    a1 = _gain({s: with_oracle[s] for s in common})
+    a2 = _gain({s: with_base[s] for s in common})
+    if a1 and a2:
+        share = f"{a2.mean / a1.mean:.0%}" if a1.mean > 0 else "- (A1's gain is not above 0)"
         lines.append(f"  A1's gain that A2 recovers, seeds {common}: ({a2.mean:+.3f}) / ({a1.mean:+.3f}) = {share}")
-    return lines
+    return lines + [f"  {line}" for line in left_out]

@@ -714,29 +714,55 @@ def test_a_process_pairs_its_arms_with_the_base_another_process_of_the_run_measu
 
     played = []
 
-    def measures(harness, *, seed, options, label):
-        played.append(seed)
-        return {"test": {"episodes": []}, "fresh-3": {"episodes": []}}
+    def measures(harness, *, seed, options, label, skip=frozenset()):
+        keys = [
+            k for k in ("test", "fresh-3", "fresh-4") if k in {"test", *(f"fresh-{f}" for f in options.fresh_seeds)}
+        ]
+        played.append((seed, [k for k in keys if k not in skip]))
+        return {k: {"episodes": []} for k in keys if k not in skip}
 
     monkeypatch.setattr(comments.runs, "measures", measures)
     options = lfc.Options(out=tmp_path, run="r", fresh_seeds=[3])
-    fresh = _base(0, ["lookup"]) | {"split": "fresh", "fresh_seed": 3}
-    lines = [_base(0, ["lookup"]), fresh, _base(1, ["lookup"]) | {"run": "another run"}]
+    setup = comments.runs.base_setup(options)
+
+    def base(seed, fresh=None, **extra):
+        split = {"split": "fresh", "fresh_seed": fresh} if fresh else {}
+        return json.dumps({"run": "r", **_base(seed, ["lookup"]), **split, "setup": setup, **extra}) + "\n"
+
     (tmp_path / "runs.jsonl").write_text(
-        "".join(json.dumps({"run": "r", **r} if "run" not in r else r) + "\n" for r in lines)
+        base(0)
+        + base(0, 3)
+        + '{"run": "r", "kind": "ba'  # a process killed as it wrote: passed over
+        + "\n"
+        + base(1, run="another run")
+        + base(1, 3, run="another run")
+        + base(2, setup={**setup, "test_episodes": 16})  # another setup
+        + base(2, 3, setup={**setup, "test_episodes": 16})
+        + base(3)
+        + json.dumps({"run": "r", **_base(3, ["lookup"]), "split": "fresh", "fresh_seed": 3})  # no setup said
+        + "\n"
     )
 
-    # Seed 0's slices are in the run's log: not played again, and nothing to append.
+    # Seed 0's slices are in the run's log with this setup: not played again, nothing to append.
     assert comments.runs.base_measures(None, seed=0, options=options) == {}
-    assert played == []
-    # Seed 1's base is another run's: played.
+    # Another run's, another setup's: played.
     assert set(comments.runs.base_measures(None, seed=1, options=options)) == {"test", "fresh-3"}
-    # A slice missing (another fresh slice asked for) or the command line asking: played.
+    assert set(comments.runs.base_measures(None, seed=2, options=options)) == {"test", "fresh-3"}
+    # Only what is missing is played: seed 3's fresh slice, whose record says no setup.
+    assert set(comments.runs.base_measures(None, seed=3, options=options)) == {"fresh-3"}
+    # A slice asked for that no one measured, or the command line asking: played.
     comments.runs.base_measures(None, seed=0, options=lfc.Options(out=tmp_path, run="r", fresh_seeds=[3, 4]))
     comments.runs.base_measures(
         None, seed=0, options=lfc.Options(out=tmp_path, run="r", fresh_seeds=[3], base_again=True)
     )
-    assert played == [1, 0, 0]
+    assert played == [
+        (0, []),
+        (1, ["test", "fresh-3"]),
+        (2, ["test", "fresh-3"]),
+        (3, ["fresh-3"]),
+        (0, ["fresh-4"]),
+        (0, ["test", "fresh-3"]),
+    ]
 
 
 def _arm(recipe, seed, successes, violations=()):
@@ -786,3 +812,16 @@ def test_the_summary_reads_the_registered_endpoints_and_decides_nothing_before_e
     decided = lfc.endpoints(records, seeds_registered=1)
     assert "nothing is decided" not in decided[0]
     assert [line.rsplit(": ", 1)[1] for line in decided[1:4]] == ["holds", "holds", "fails"]
+
+
+def test_the_endpoints_leave_out_a_seed_whose_two_measurements_did_not_play_the_same_tasks():
+    records = [_arm("base", 0, [False, True]), _arm("words", 0, [True, True])]
+    other = _arm("words", 1, [True, True])
+    other["measures"]["test"]["episodes"].reverse()  # t1, t0: not the base's order
+    records += [_arm("base", 1, [False, True]), other, _arm("oracle-sft", 0, [False, False])]
+    lines = lfc.endpoints(records)
+    assert lines[1].startswith("  1. A2 - A0 = +0.500") and "x 1 seed)" in lines[1]
+    assert "  3. policy violations, A0 0/2 against A2 0/2: needs A2's no higher: on course" in lines
+    assert "  seed 1 left out of A2 - A0: the two did not play the same tasks" in lines
+    # A1 lost on its one seed: no share of it is recovered.
+    assert "  A1's gain that A2 recovers, seeds [0]: (+0.500) / (-0.500) = - (A1's gain is not above 0)" in lines

@@ -59,8 +59,9 @@ def _refusal(looks: list[dict[str, Any]], *, family: str, seeds: list[int] | Non
 
 def split_look_check(*, family: str, seeds: list[int] | None = None, reason: str = "", path: Path = LOG) -> None:
     """Refuse (`SecondLook`) a look at `family` on the test split when one is logged already
-    (for any of `seeds`, when given: a family's seeds may run one at a time) and no `reason`
-    is given. A check ahead of a long run; `split_look_take` checks again as it records."""
+    (for any of `seeds`, when given: a family's seeds may run one at a time; None: whatever
+    its seeds) and no `reason` is given. A check ahead of a long run; `split_look_take`
+    checks again as it records."""
     if refusal := _refusal(split_looks(path), family=family, seeds=seeds, reason=reason):
         raise SecondLook(refusal)
 
@@ -69,23 +70,51 @@ def split_look_record(
     *, family: str, script: str, argv: list[str], seeds: list[int], reason: str = "", path: Path = LOG
 ) -> dict[str, Any]:
     """Append one look at the test split to the log and return it."""
-    return _locked_append(family=family, script=script, argv=argv, seeds=seeds, reason=reason, path=path, check=False)
+    return _locked_append(
+        family=family, script=script, argv=argv, seeds=seeds, reason=reason, path=path, check=False, refuse_seeds=seeds
+    )
 
 
 def split_look_take(
-    *, family: str, script: str, argv: list[str], seeds: list[int], reason: str = "", path: Path = LOG, **extra: Any
+    *,
+    family: str,
+    script: str,
+    argv: list[str],
+    seeds: list[int],
+    reason: str = "",
+    path: Path = LOG,
+    per_seed: bool = True,
+    **extra: Any,
 ) -> dict[str, Any]:
     """Check and record one look in one step, under a lock on the log: of two processes that
     passed `split_look_check` hours ago for the same family and seed, the second is refused
-    here (`SecondLook`), just before it would measure. `extra` goes into the line as it is
-    (the run's id, the commit the run started at)."""
+    here (`SecondLook`), just before it would measure. `per_seed=False`: an earlier look
+    at the family with any seeds refuses it (where the seed does not change what is read).
+    `extra` goes into the line as it is (the run's id, the commit the run started at)."""
     return _locked_append(
-        family=family, script=script, argv=argv, seeds=seeds, reason=reason, path=path, check=True, **extra
+        family=family,
+        script=script,
+        argv=argv,
+        seeds=seeds,
+        reason=reason,
+        path=path,
+        check=True,
+        refuse_seeds=seeds if per_seed else None,
+        **extra,
     )
 
 
 def _locked_append(
-    *, family: str, script: str, argv: list[str], seeds: list[int], reason: str, path: Path, check: bool, **extra: Any
+    *,
+    family: str,
+    script: str,
+    argv: list[str],
+    seeds: list[int],
+    reason: str,
+    path: Path,
+    check: bool,
+    refuse_seeds: list[int] | None,
+    **extra: Any,
 ) -> dict[str, Any]:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a+") as f:
@@ -94,9 +123,9 @@ def _locked_append(
         fcntl.flock(f, fcntl.LOCK_EX)
         f.seek(0)
         looks = _parsed(f.read())
-        if check and (refusal := _refusal(looks, family=family, seeds=seeds, reason=reason)):
+        if check and (refusal := _refusal(looks, family=family, seeds=refuse_seeds, reason=reason)):
             raise SecondLook(refusal)
-        earlier = _earlier(looks, family=family, seeds=seeds)
+        earlier = _earlier(looks, family=family, seeds=refuse_seeds)
         look = {
             "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "family": family,
