@@ -786,6 +786,25 @@ def _arm(recipe, seed, successes, violations=()):
     }
 
 
+@pytest.mark.slow
+def test_a_second_process_of_a_run_plays_the_lead_again_and_pairs_with_the_logged_base(tiny_model_dir, tmp_path):
+    first = _options(tiny_model_dir, tmp_path, seeds=[0], arms=("distill",))
+    lfc.run(first)
+    lfc.run(_options(tiny_model_dir, tmp_path, seeds=[0], arms=("oracle-sft",)))
+    records = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    kinds = [(r["kind"], r.get("recipe"), r.get("split")) for r in records]
+    # Each process plays the lead's episodes; the base's two slices are played once.
+    assert kinds.count(("comments", None, None)) == 2
+    assert [k for k in kinds if k[0] == "base"] == [("base", None, "test"), ("base", None, "fresh")]
+    assert records[1]["setup"]["model"] == str(tiny_model_dir)
+    (distill,) = [r for r in records if r.get("recipe") == "distill"]
+    (oracle,) = [r for r in records if r.get("recipe") == "oracle-sft"]
+    for key in ("test", "fresh-3"):
+        assert [e["task"] for e in oracle["measures"][key]["episodes"]] == [
+            e["task"] for e in distill["measures"][key]["episodes"]
+        ]
+
+
 def test_the_summary_reads_the_registered_endpoints_and_decides_nothing_before_every_seed_is_in():
     base = [False] * 4 + [True] * 4
     records = []
