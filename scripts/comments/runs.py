@@ -284,7 +284,7 @@ def processes_agreement(records: list[dict[str, Any]]) -> list[str]:
             key = "the lead's episodes and comments"
             what = [r["episodes"], r["successes"], r["review"], r["items"]]
         elif r["kind"] == "base":
-            key = "base " + (r["split"] if r["fresh_seed"] is None else f"fresh-{r['fresh_seed']}")
+            key = "base " + slice_key(r["split"], r["fresh_seed"])
             what = r["measure"]["episodes"]
         else:
             continue
